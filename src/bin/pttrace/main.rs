@@ -1,0 +1,5 @@
+//! `pttrace`: check, run, decode, dump and report Intel PT traces.
+
+fn main() {
+    println!("pttrace");
+}

@@ -1,0 +1,1 @@
+//! Decoder: PT + sideband + images -> drmemtrace-style records (libipt).

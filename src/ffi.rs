@@ -1,0 +1,1 @@
+//! C ABI: DynamoRIO's drpttracer API and drpttracer_ext_* extensions.

@@ -1,0 +1,4 @@
+//! On-disk formats.
+
+pub mod pdb;
+pub mod ptt;

@@ -1,0 +1,1 @@
+//! DynamoRIO's per-thread kernel syscall file (`<tid>.raw.pt`, PT Data Buffers).

@@ -1,0 +1,1 @@
+//! The shim's per-thread output files.

@@ -1,0 +1,1 @@
+//! LD_PRELOAD shim: traces syscall windows of unmodified binaries.

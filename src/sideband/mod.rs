@@ -1,0 +1,1 @@
+//! Sideband: perf records (mappings, comm, task, loss) and their sources.
