@@ -1,5 +1,51 @@
 //! `pttrace`: check, run, decode, dump and report Intel PT traces.
 
-fn main() {
-    println!("pttrace");
+mod check;
+mod decode;
+mod dump;
+mod report;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+/// Result of a subcommand; errors are printed as `pttrace <cmd>: <message>`.
+pub type CmdResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(Parser)]
+#[command(name = "pttrace", version, about = "Intel Processor Trace capture and decode")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tell whether Intel PT is usable here, why not, and which backend each mode uses.
+    Check(check::Args),
+    /// Run a program under the LD_PRELOAD shim and trace its syscall windows.
+    Run(run::Args),
+    /// Decode PT (+ sideband + images) into instruction records.
+    Decode(decode::Args),
+    /// List the packets of a PT file, like ptdump.
+    Dump(dump::Args),
+    /// Summarize a trace directory written by `pttrace run`.
+    Report(report::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let (name, result) = match cli.command {
+        Command::Check(a) => ("check", check::run(a)),
+        Command::Run(a) => ("run", run::run(a)),
+        Command::Decode(a) => ("decode", decode::run(a)),
+        Command::Dump(a) => ("dump", dump::run(a)),
+        Command::Report(a) => ("report", report::run(a)),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pttrace {name}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

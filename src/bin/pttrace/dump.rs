@@ -1,0 +1,10 @@
+//! `pttrace dump` (not yet implemented).
+
+use crate::CmdResult;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> CmdResult {
+    Err("'dump' is not implemented yet".into())
+}

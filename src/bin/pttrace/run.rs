@@ -1,0 +1,10 @@
+//! `pttrace run` (not yet implemented).
+
+use crate::CmdResult;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> CmdResult {
+    Err("'run' is not implemented yet".into())
+}
