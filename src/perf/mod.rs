@@ -1,6 +1,8 @@
 //! Hardware Intel PT backend: perf_event_open on the `intel_pt` PMU.
 
+pub mod event;
 pub mod pmu;
+pub mod ring;
 
 use crate::error::{Error, Result, Status};
 use crate::metadata::{BackendKind, ExtMetadata};
