@@ -296,50 +296,82 @@ pub fn copy_ring_records(
     w
 }
 
+/// Simulated perf mappings (control page, DATA ring, AUX ring) for tests: the producer
+/// side does what the kernel does, the consumer side is the production code.
 #[cfg(test)]
-mod tests {
+pub(crate) mod sim {
     use super::*;
-    use crate::sideband::record::{encode_aux, encode_lost, SampleId, SIDEBAND_SAMPLE_TYPE};
-
-    /// Simulated mapping: control page followed by a ring, like the kernel lays it out.
-    struct SimRing {
-        mem: Vec<u64>,
-        ring_len: usize,
-    }
 
     const PAGE: usize = 4096;
 
-    impl SimRing {
-        fn new(ring_len: usize) -> Self {
-            SimRing {
-                mem: vec![0u64; (PAGE + ring_len) / 8],
-                ring_len,
-            }
-        }
-        fn control(&mut self) -> ControlPage {
-            // SAFETY: the Vec holds PAGE >= CONTROL_PAGE_MIN bytes, u64-aligned.
-            unsafe { ControlPage::new(NonNull::new(self.mem.as_mut_ptr() as *mut u8).unwrap()) }
-        }
-        fn ring(&mut self) -> RingMemory {
-            // SAFETY: the ring_len bytes after the page are inside the Vec.
+    pub(crate) struct SimMapping {
+        mem: Vec<u64>,
+        data_len: usize,
+        aux_len: usize,
+    }
+
+    impl SimMapping {
+        pub(crate) fn new(data_len: usize, aux_len: usize) -> Self {
+            assert!(data_len.is_power_of_two() && aux_len.is_power_of_two());
+            let mut s = SimMapping {
+                mem: vec![0u64; (PAGE + data_len + aux_len) / 8],
+                data_len,
+                aux_len,
+            };
+            let base = s.base();
+            // SAFETY: the control page is the first PAGE bytes of the Vec.
             unsafe {
-                RingMemory::new(
-                    NonNull::new((self.mem.as_mut_ptr() as *mut u8).add(PAGE)).unwrap(),
-                    self.ring_len,
-                )
+                *(base.add(offset_of!(perf_event_mmap_page, data_offset)) as *mut u64) =
+                    PAGE as u64;
+                *(base.add(offset_of!(perf_event_mmap_page, data_size)) as *mut u64) =
+                    data_len as u64;
             }
+            s.ctl()
+                .set_aux_area((PAGE + data_len) as u64, aux_len as u64);
+            s
         }
-        /// Producer side: writes bytes at byte count `pos` with wrap-around.
-        fn produce(&mut self, pos: u64, bytes: &[u8]) {
-            let len = self.ring_len;
-            let base = self.mem.as_mut_ptr() as *mut u8;
+        fn base(&mut self) -> *mut u8 {
+            self.mem.as_mut_ptr() as *mut u8
+        }
+        pub(crate) fn ctl(&mut self) -> ControlPage {
+            // SAFETY: the Vec holds PAGE >= CONTROL_PAGE_MIN bytes, u64-aligned.
+            unsafe { ControlPage::new(NonNull::new(self.base()).unwrap()) }
+        }
+        pub(crate) fn data(&mut self) -> RingMemory {
+            // SAFETY: data_len bytes after the page are inside the Vec.
+            unsafe { RingMemory::new(NonNull::new(self.base().add(PAGE)).unwrap(), self.data_len) }
+        }
+        pub(crate) fn aux(&mut self) -> RingMemory {
+            let off = PAGE + self.data_len;
+            // SAFETY: aux_len bytes after the DATA ring are inside the Vec.
+            unsafe { RingMemory::new(NonNull::new(self.base().add(off)).unwrap(), self.aux_len) }
+        }
+        fn write(&mut self, start: usize, len: usize, pos: u64, bytes: &[u8]) {
+            let base = self.base();
             for (i, b) in bytes.iter().enumerate() {
-                let at = PAGE + ((pos as usize + i) & (len - 1));
-                // SAFETY: at < PAGE + len, inside the Vec.
+                let at = start + ((pos as usize + i) & (len - 1));
+                // SAFETY: at < start + len, inside the Vec.
                 unsafe { *base.add(at) = *b };
             }
         }
+        /// Kernel side: writes records at byte count `pos` and publishes the new data_head.
+        pub(crate) fn produce_data(&mut self, pos: u64, bytes: &[u8]) {
+            self.write(PAGE, self.data_len, pos, bytes);
+            self.ctl().set_data_head(pos + bytes.len() as u64);
+        }
+        /// Kernel side: writes PT bytes at byte count `pos` and publishes the new aux_head.
+        pub(crate) fn produce_aux(&mut self, pos: u64, bytes: &[u8]) {
+            self.write(PAGE + self.data_len, self.aux_len, pos, bytes);
+            self.ctl().set_aux_head(pos + bytes.len() as u64);
+        }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sim::SimMapping;
+    use super::*;
+    use crate::sideband::record::{encode_aux, encode_lost, SampleId, SIDEBAND_SAMPLE_TYPE};
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
         (0..n)
@@ -352,14 +384,12 @@ mod tests {
         let len = 64;
         for tail in 0..(2 * len as u64) {
             for n in [0usize, 1, 7, 63, 64] {
-                let mut sim = SimRing::new(len);
+                let mut sim = SimMapping::new(64, len);
                 let data = pattern(n, tail as u8);
-                sim.produce(tail, &data);
-                let ctl = sim.control();
-                ctl.set_aux_head(tail + n as u64);
-                let ring = sim.ring();
+                sim.produce_aux(tail, &data);
+                let ctl = sim.ctl();
                 let mut dst = vec![0u8; 128];
-                let w = copy_ring_bytes(&ring, tail, ctl.aux_head(), &mut dst);
+                let w = copy_ring_bytes(&sim.aux(), tail, ctl.aux_head(), &mut dst);
                 assert_eq!(w.copied, n, "tail {tail} n {n}");
                 assert!(!w.overwritten && !w.truncated_by_output);
                 assert_eq!(&dst[..n], &data[..], "tail {tail} n {n}");
@@ -369,8 +399,8 @@ mod tests {
 
     #[test]
     fn byte_copy_empty_full_overfull_and_small_output() {
-        let mut sim = SimRing::new(64);
-        let ring = sim.ring();
+        let mut sim = SimMapping::new(64, 64);
+        let ring = sim.aux();
         let mut dst = vec![0u8; 64];
         // empty window
         assert_eq!(
@@ -379,7 +409,7 @@ mod tests {
         );
         // exactly full, wrapped
         let data = pattern(64, 3);
-        sim.produce(10, &data);
+        sim.produce_aux(10, &data);
         let w = copy_ring_bytes(&ring, 10, 74, &mut dst);
         assert_eq!(
             (w.copied, w.overwritten, w.truncated_by_output),
@@ -388,7 +418,7 @@ mod tests {
         assert_eq!(dst, data);
         // over-full: 100 bytes written into a 64-byte ring -> newest 64 survive
         let data = pattern(100, 9);
-        sim.produce(5, &data);
+        sim.produce_aux(5, &data);
         let w = copy_ring_bytes(&ring, 5, 105, &mut dst);
         assert!(w.overwritten);
         assert_eq!(w.available, 100);
@@ -396,7 +426,7 @@ mod tests {
         assert_eq!(dst, data[36..]);
         // output smaller than the window: oldest bytes that fit, flagged
         let data = pattern(40, 1);
-        sim.produce(200, &data);
+        sim.produce_aux(200, &data);
         let mut small = vec![0u8; 16];
         let w = copy_ring_bytes(&ring, 200, 240, &mut small);
         assert_eq!((w.copied, w.truncated_by_output), (16, true));
@@ -419,13 +449,11 @@ mod tests {
         stream.extend(&lost);
         let len = 256;
         for tail in (0..(2 * len as u64)).step_by(8) {
-            let mut sim = SimRing::new(len);
-            sim.produce(tail, &stream);
-            let ctl = sim.control();
-            ctl.set_data_head(tail + stream.len() as u64);
-            let ring = sim.ring();
+            let mut sim = SimMapping::new(len, 64);
+            sim.produce_data(tail, &stream);
+            let ctl = sim.ctl();
             let mut dst = vec![0u8; 512];
-            let w = copy_ring_records(&ring, tail, ctl.data_head(), Some(&mut dst));
+            let w = copy_ring_records(&sim.data(), tail, ctl.data_head(), Some(&mut dst));
             assert_eq!(w.records, 2);
             assert_eq!(w.copied, stream.len());
             assert_eq!(&dst[..w.copied], &stream[..]);
@@ -436,9 +464,9 @@ mod tests {
             assert_eq!(ctl.data_tail(), ctl.data_head());
         }
         // output too small for the second record: first copied whole, second counted
-        let mut sim = SimRing::new(len);
-        sim.produce(0, &stream);
-        let ring = sim.ring();
+        let mut sim = SimMapping::new(len, 64);
+        sim.produce_data(0, &stream);
+        let ring = sim.data();
         let mut dst = vec![0u8; aux.len() + 8];
         let w = copy_ring_records(&ring, 0, stream.len() as u64, Some(&mut dst));
         assert_eq!(
