@@ -3,6 +3,7 @@
  * compile unchanged as C and as C++ and link against libdrpttracer. */
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "drpttracer.h"
 
@@ -33,7 +34,8 @@ int
 main(void)
 {
     void *drcontext = NULL;
-    per_thread_t pt = { NULL, NULL, { 0 } };
+    per_thread_t pt;
+    memset(&pt, 0, sizeof(pt));
     if (!drpttracer_init())
         return 1;
     bool ok = thread_init(drcontext, &pt, DRPTTRACER_TRACING_ONLY_USER);
