@@ -213,7 +213,11 @@ impl<'a> Writer<'a> {
         self.enc.offset().unwrap_or(self.cap as u64) as usize
     }
 
-    fn put_result(&self, r: std::result::Result<u32, libipt::error::PtError>, what: &str) -> Result<()> {
+    fn put_result(
+        &self,
+        r: std::result::Result<u32, libipt::error::PtError>,
+        what: &str,
+    ) -> Result<()> {
         match r {
             Ok(_) => Ok(()),
             Err(e) if e.code() == PtErrorCode::Eos => Err(Error::new(
@@ -355,16 +359,31 @@ pub fn encode_window(
         }
         if s.kind == STEP_SIGNAL {
             // A handler is entered before `pending` executes (the handler is not stepped).
-            if enabled && s.ip == pending {
-                w.async_pgd(pending, s.tsc)?;
+            if enabled {
+                let far_fall = match *cache.entry(pending).or_insert_with(|| classify(pending)) {
+                    Some(c) if c.flow == Flow::Far => Some(pending + u64::from(c.len)),
+                    _ => None,
+                };
+                if s.ip == pending {
+                    w.async_pgd(pending, s.tsc)?;
+                } else if far_fall == Some(s.ip) {
+                    // Delivered on the return from a syscall: the syscall disabled tracing
+                    // already; resume (later) after it.
+                    w.pgd_far()?;
+                    res.far_transfers += 1;
+                    if let Some(ips) = res.ips.as_mut() {
+                        ips.push(pending);
+                    }
+                    res.instructions += 1;
+                    pending = s.ip;
+                } else {
+                    // Interrupted somewhere we did not expect: make the discontinuity explicit.
+                    w.async_pgd(pending, s.tsc)?;
+                    res.gaps += 1;
+                }
                 enabled = false;
-                res.signals += 1;
-            } else if enabled {
-                // Interrupted somewhere we did not expect: make the discontinuity explicit.
-                w.async_pgd(pending, s.tsc)?;
-                enabled = false;
-                res.gaps += 1;
             }
+            res.signals += 1;
             last_tsc = s.tsc;
             i += 1;
             continue;

@@ -20,6 +20,7 @@
 //! TIP.PGD/TIP.PGE pairs like on user-only hardware; a thread created inside a window is not
 //! traced (its inherited TF is cleared at its first trap); a fork/vfork child is not traced.
 
+pub mod clock;
 pub mod encode;
 pub mod oracle;
 pub mod trap;
@@ -113,7 +114,8 @@ impl EmulatedBackend {
             ring_bytes.min(MAX_STEPS),
         )?));
         let sideband = SidebandEvent::open(current_tid(), sb_shift)?;
-        let conv = sideband.time_conv();
+        // The kernel's conversion when it publishes one, else measured against its records.
+        let conv = sideband.time_conv().or_else(clock::calibrated);
         let tc = conv.unwrap_or_default();
         let (family, model, stepping) = cpu_identity();
         let (eax, ebx) = cpuid_0x15();
@@ -189,6 +191,13 @@ impl CaptureBackend for EmulatedBackend {
                  this thread, or a debugger single-stepping it); stop that window first",
             ));
         }
+        if trap::sigtrap_blocked() {
+            return Err(Error::new(
+                Status::FailedToStartTracing,
+                "emulated backend: SIGTRAP is blocked on this thread; single-stepping needs it \
+                 delivered (unblock it with pthread_sigmask before start_tracing)",
+            ));
+        }
         trap::window_opening()?;
         self.synth.clear();
         if let Some(sb) = &self.sideband {
@@ -239,13 +248,8 @@ impl CaptureBackend for EmulatedBackend {
         let steps = self.buf.records();
         let limit = pt.len().min(self.ring_bytes);
         let keep = KEEP_IPS.with(Cell::get);
-        let enc = encode::encode_window(
-            self.first_ip,
-            self.start_tsc,
-            steps,
-            &mut pt[..limit],
-            keep,
-        );
+        let enc =
+            encode::encode_window(self.first_ip, self.start_tsc, steps, &mut pt[..limit], keep);
         if let Some(sb) = &self.sideband {
             let _ = sb.disable();
         }

@@ -19,7 +19,11 @@ use crate::error::{Error, Result, Status};
 pub enum OracleEvent {
     /// Tracing enabled at `ip` (after `index` instructions); `resumed` when it continues
     /// where an asynchronous disable left off.
-    Enabled { index: usize, ip: u64, resumed: bool },
+    Enabled {
+        index: usize,
+        ip: u64,
+        resumed: bool,
+    },
     /// Tracing disabled by a far transfer (syscall) after `index` instructions.
     Disabled { index: usize },
     /// Tracing disabled asynchronously before the instruction at `at`.
@@ -56,9 +60,12 @@ pub fn decode_own_memory(pt: &[u8]) -> Result<OracleDecode> {
         }
     }));
     // SAFETY: `buf` outlives the decoder (both are locals; the decoder is dropped first).
-    let builder =
-        unsafe { EncoderDecoderBuilder::<InsnDecoder>::new().buffer_from_raw(buf.as_mut_ptr(), buf.len()) };
-    let mut dec: InsnDecoder = builder.build().map_err(|e| dec_err("decoder allocation", e))?;
+    let builder = unsafe {
+        EncoderDecoderBuilder::<InsnDecoder>::new().buffer_from_raw(buf.as_mut_ptr(), buf.len())
+    };
+    let mut dec: InsnDecoder = builder
+        .build()
+        .map_err(|e| dec_err("decoder allocation", e))?;
     dec.set_image(Some(&mut image))
         .map_err(|e| dec_err("set_image", e))?;
 

@@ -214,6 +214,17 @@ pub fn clear_tf() {
     }
 }
 
+/// Whether SIGTRAP is blocked on the calling thread (a single-step trap would then kill the
+/// process: the kernel resets a blocked forced signal to its default action).
+pub fn sigtrap_blocked() -> bool {
+    // SAFETY: a null new set only queries the calling thread's mask.
+    unsafe {
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, ptr::null(), &mut cur) == 0
+            && libc::sigismember(&cur, libc::SIGTRAP) == 1
+    }
+}
+
 /// Whether EFLAGS.TF is set on the calling thread right now.
 #[inline(never)]
 pub fn tf_is_set() -> bool {
@@ -268,6 +279,8 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                 }
                 // SAFETY: rip points into the live ucontext.
                 let ip = unsafe { *rip } as u64;
+                // SAFETY: ctx is the kernel's ucontext for this delivery.
+                unsafe { keep_sigtrap_unblocked(ctx, ip) };
                 let ok = b.push(Step {
                     ip,
                     tsc: rdtsc(),
@@ -292,6 +305,100 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         }
     }
     chain_sigtrap(sig, info, ctx);
+}
+
+/// SIGTRAP bit in a kernel sigset.
+const SIGTRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
+
+/// Reads `len` bytes of our own memory without faulting (process_vm_readv).
+/// Async-signal-safe.
+fn safe_read(addr: u64, dst: *mut u8, len: usize) -> bool {
+    let local = libc::iovec {
+        iov_base: dst.cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: copies into `dst` (valid for `len`), EFAULT instead of a fault.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == len as isize
+}
+
+/// Writes `len` bytes into our own memory without faulting (process_vm_writev).
+fn safe_write(addr: u64, src: *const u8, len: usize) -> bool {
+    let local = libc::iovec {
+        iov_base: src as *mut libc::c_void,
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: copies from `src` (valid for `len`), EFAULT instead of a fault.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == len as isize
+}
+
+/// If the stepped thread is about to run `rt_sigprocmask` that would block SIGTRAP, performs
+/// the call here instead, leaving SIGTRAP unblocked. A single-step trap while SIGTRAP is
+/// blocked makes the kernel reset SIGTRAP to its default action, which kills the process
+/// (glibc's `raise`, `pthread_create`, `sigsetjmp`… block all signals for a moment).
+/// The call's effect is otherwise exact: old mask written, new mask applied through the
+/// ucontext (restored by rt_sigreturn), rax = 0, rip past the `syscall`.
+///
+/// # Safety
+/// `ctx` must be the kernel's ucontext of a SA_SIGINFO delivery.
+unsafe fn keep_sigtrap_unblocked(ctx: *mut libc::c_void, ip: u64) {
+    // SAFETY: per the contract.
+    let (rax, rdi, rsi, rdx, r10) = unsafe {
+        (
+            *uc_greg(ctx, libc::REG_RAX),
+            *uc_greg(ctx, libc::REG_RDI),
+            *uc_greg(ctx, libc::REG_RSI),
+            *uc_greg(ctx, libc::REG_RDX),
+            *uc_greg(ctx, libc::REG_R10),
+        )
+    };
+    if rax != libc::SYS_rt_sigprocmask || rsi == 0 || r10 != 8 {
+        return;
+    }
+    let how = rdi as i32;
+    if how != libc::SIG_BLOCK && how != libc::SIG_SETMASK {
+        return;
+    }
+    let mut insn = [0u8; 2];
+    if !safe_read(ip, insn.as_mut_ptr(), 2) || insn != [0x0f, 0x05] {
+        return;
+    }
+    let mut set = 0u64;
+    if !safe_read(rsi as u64, ptr::addr_of_mut!(set).cast(), 8) {
+        return; // let the kernel report EFAULT
+    }
+    if set & SIGTRAP_BIT == 0 {
+        return;
+    }
+    let uc = ctx.cast::<libc::ucontext_t>();
+    // SAFETY: uc_sigmask starts with the kernel's 64-bit mask of the interrupted thread.
+    let mask_ptr = unsafe { ptr::addr_of_mut!((*uc).uc_sigmask).cast::<u64>() };
+    // SAFETY: as above.
+    let cur = unsafe { mask_ptr.read_unaligned() };
+    if rdx != 0 && !safe_write(rdx as u64, ptr::addr_of!(cur).cast(), 8) {
+        return; // let the kernel report EFAULT
+    }
+    let unblockable = SIGTRAP_BIT | 1 << (libc::SIGKILL - 1) | 1 << (libc::SIGSTOP - 1);
+    let new = if how == libc::SIG_BLOCK {
+        cur | set
+    } else {
+        set
+    } & !unblockable;
+    // SAFETY: writes the mask rt_sigreturn will install, the result and the next rip.
+    unsafe {
+        mask_ptr.write_unaligned(new);
+        *uc_greg(ctx, libc::REG_RAX) = 0;
+        *uc_greg(ctx, libc::REG_RIP) = ip as i64 + 2;
+    }
 }
 
 /// Passes a SIGTRAP that is not ours to the disposition that was there before us.
@@ -434,7 +541,10 @@ fn install_trap_locked(st: &mut InstallState) -> Result<()> {
         return Ok(());
     }
     let prev = query(libc::SIGTRAP).ok_or_else(|| {
-        Error::from_errno(Status::FailedToStartTracing, "sigaction(SIGTRAP) query failed")
+        Error::from_errno(
+            Status::FailedToStartTracing,
+            "sigaction(SIGTRAP) query failed",
+        )
     })?;
     PREV_TRAP_FLAGS.store(prev.sa_flags, Ordering::Relaxed);
     PREV_TRAP_HANDLER.store(prev.sa_sigaction, Ordering::Release);
@@ -471,7 +581,7 @@ fn install_observers_locked(st: &mut InstallState) {
         }
         let Some(old) = query(sig) else { continue };
         let h = old.sa_sigaction;
-        if h == libc::SIG_DFL || h == libc::SIG_IGN || h == obs {
+        if h == libc::SIG_DFL || h == libc::SIG_IGN || h == obs || st.observed.contains(&sig) {
             continue;
         }
         OBS_FLAGS[sig as usize].store(old.sa_flags, Ordering::Relaxed);
@@ -507,9 +617,8 @@ fn remove_observers_locked(st: &mut InstallState) {
 pub fn window_opening() -> Result<()> {
     let mut st = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     install_trap_locked(&mut st)?;
-    if st.windows == 0 {
-        install_observers_locked(&mut st);
-    }
+    // Rescanned at every window: handlers installed since the last scan get wrapped too.
+    install_observers_locked(&mut st);
     st.windows += 1;
     Ok(())
 }
