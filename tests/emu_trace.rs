@@ -556,3 +556,42 @@ fn fork_and_thread_creation_inside_a_window() {
     // The new thread's code is not in this thread's trace.
     assert_eq!(count(&d.ips, leaf_c as *const () as u64), 0);
 }
+
+// ---- periodic PSB+: every segment decodes on its own ----
+
+#[test]
+fn every_psb_segment_decodes_independently() {
+    let mut t = tracer(8);
+    let mut out = OutputBuffers::new(8, 4).unwrap();
+    let table: [fn(u64) -> u64; 3] = [leaf_a, leaf_b, leaf_c];
+    let (_, status, rep) = trace(&mut t, &mut out, || {
+        let mut s = 0;
+        for i in 0..1500u64 {
+            s = table[(i % 3) as usize](s);
+        }
+        s
+    });
+    assert_eq!(status, Status::Success);
+    let full = decode_exact(&out, &rep);
+    let pt = out.pt_data();
+    let pattern = [0x02u8, 0x82].repeat(8);
+    let psbs: Vec<usize> = (0..pt.len().saturating_sub(16))
+        .filter(|&i| pt[i..i + 16] == pattern[..])
+        .collect();
+    assert!(psbs.len() >= 3, "{} PSBs in {} bytes", psbs.len(), pt.len());
+    // Consecutive PSBs are about one PSB period apart, like hardware's psb_period.
+    for w in psbs.windows(2) {
+        assert!(w[1] - w[0] >= emu::encode::PSB_PERIOD as usize);
+        assert!(w[1] - w[0] < emu::encode::PSB_PERIOD as usize + 256);
+    }
+    for &off in &psbs[1..] {
+        let seg = oracle::decode_own_memory(&pt[off..]).unwrap();
+        assert!(seg.errors.is_empty(), "segment at {off}: {:?}", seg.errors);
+        assert!(!seg.ips.is_empty());
+        let tail = &full.ips[full.ips.len() - seg.ips.len()..];
+        assert_eq!(
+            seg.ips, tail,
+            "segment at {off} is not a suffix of the window"
+        );
+    }
+}
