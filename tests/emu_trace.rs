@@ -542,7 +542,11 @@ fn fork_and_thread_creation_inside_a_window() {
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(pid, &mut st, 0) };
         let h = std::thread::spawn(|| leaf_c(std::hint::black_box(4)));
-        (st, h.join().unwrap())
+        let joined = h.join().unwrap();
+        // posix_spawn: a vfork-style child sharing our memory (and TLS) until it execs.
+        let spawned = std::process::Command::new("true").status().unwrap();
+        assert!(spawned.success());
+        (st, joined)
     });
     assert_eq!(status, Status::Success);
     // The child inherited TF, was not traced and exited normally (not killed by SIGTRAP).
@@ -552,6 +556,9 @@ fn fork_and_thread_creation_inside_a_window() {
     );
     assert_eq!(libc::WEXITSTATUS(child_status), 7);
     assert_eq!(joined, 7);
+    // The vfork-style child ran on our memory and TLS: its traps reached our handler, were
+    // recognised as another thread's and its stepping was stopped.
+    assert!(rep.foreign_traps >= 1, "{rep:?}");
     let d = decode_exact(&out, &rep);
     // The new thread's code is not in this thread's trace.
     assert_eq!(count(&d.ips, leaf_c as *const () as u64), 0);
@@ -594,4 +601,25 @@ fn every_psb_segment_decodes_independently() {
             "segment at {off} is not a suffix of the window"
         );
     }
+}
+
+// ---- stepping that ends before stop ----
+
+#[test]
+fn stepping_cleared_by_traced_code_is_reported_as_lost() {
+    let mut t = tracer(4);
+    let mut out = OutputBuffers::new(4, 4).unwrap();
+    let (_, status, rep) = trace(&mut t, &mut out, || {
+        asm_loop(std::hint::black_box(5));
+        // Code that restores flags saved without TF (here: clears TF directly).
+        // SAFETY: balanced pushfq/popfq clearing TF.
+        unsafe { core::arch::asm!("pushfq", "and qword ptr [rsp], -257", "popfq") };
+        asm_loop(std::hint::black_box(7))
+    });
+    assert_eq!(status, Status::OverwrittenPtTrace);
+    assert!(rep.stepping_lost && !rep.steps_overflowed);
+    let d = decode_exact(&out, &rep);
+    // The first loop is in the trace, the second (after TF was cleared) is not.
+    let dec_at = asm_loop(1);
+    assert_eq!(count(&d.ips, dec_at), 5);
 }

@@ -56,6 +56,9 @@ pub struct WindowReport {
     pub foreign_traps: u32,
     /// The step buffer filled up (stepping stopped early).
     pub steps_overflowed: bool,
+    /// Stepping stopped before the window was stopped, for a reason other than a full
+    /// buffer (reported as lost PT data).
+    pub stepping_lost: bool,
     /// The PT output filled up.
     pub out_of_space: bool,
     pub pt_size: usize,
@@ -89,6 +92,8 @@ pub struct EmulatedBackend {
     start_tsc: u64,
     window_pid: i32,
     armed: bool,
+    /// TF was already clear when the window was stopped (stepping ended early).
+    tf_lost: bool,
 }
 
 impl EmulatedBackend {
@@ -148,6 +153,7 @@ impl EmulatedBackend {
             start_tsc: 0,
             window_pid: 0,
             armed: false,
+            tf_lost: false,
         })
     }
 
@@ -161,10 +167,11 @@ impl EmulatedBackend {
 
     /// Ends stepping (idempotent); returns false when there was nothing to end.
     fn end_stepping(&mut self) -> bool {
-        trap::clear_tf();
+        let was_stepping = trap::clear_tf();
         if !self.armed {
             return false;
         }
+        self.tf_lost = !was_stepping;
         trap::disarm(&self.buf);
         self.armed = false;
         trap::window_closed();
@@ -256,7 +263,11 @@ impl CaptureBackend for EmulatedBackend {
         let enc = enc?;
         cap.pt_size = enc.size;
         let overflowed = self.buf.overflowed();
-        if overflowed || (enc.out_of_space && limit == self.ring_bytes) {
+        // Stepping ended before stop without the buffer filling up: the flow left our control
+        // (e.g. a signal handler that longjmp'd, or code that restored flags saved before the
+        // window). The trace ends at the last observed IP; the rest of the window is lost.
+        let stepping_lost = self.tf_lost && !overflowed;
+        if overflowed || stepping_lost || (enc.out_of_space && limit == self.ring_bytes) {
             cap.pt_lost = true;
         } else if enc.out_of_space {
             cap.pt_truncated_by_output = true;
@@ -282,9 +293,11 @@ impl CaptureBackend for EmulatedBackend {
             far_transfers: enc.far_transfers,
             foreign_traps: self.buf.foreign_traps(),
             steps_overflowed: overflowed,
+            stepping_lost,
             out_of_space: enc.out_of_space,
             pt_size: enc.size,
         };
+        self.buf.release_memory();
         LAST_WINDOW.with(|l| *l.borrow_mut() = Some(report));
         Ok(cap)
     }

@@ -5,7 +5,7 @@
 //! from the running process (no files), so it only works for traces of this process whose
 //! code is still mapped; the general decoder (`crate::decode`) works from files and sideband.
 
-use libipt::enc_dec_builder::EncoderDecoderBuilder;
+use libipt::enc_dec_builder::{Cpu, EncoderDecoderBuilder};
 use libipt::error::PtErrorCode;
 use libipt::event::EventType;
 use libipt::image::Image;
@@ -63,7 +63,10 @@ pub fn decode_own_memory(pt: &[u8]) -> Result<OracleDecode> {
     let builder = unsafe {
         EncoderDecoderBuilder::<InsnDecoder>::new().buffer_from_raw(buf.as_mut_ptr(), buf.len())
     };
+    // This CPU, so libipt applies the errata workarounds a real decode of it would.
+    let (family, model, stepping) = crate::metadata::cpu_identity();
     let mut dec: InsnDecoder = builder
+        .cpu(Cpu::intel(family, model, stepping))
         .build()
         .map_err(|e| dec_err("decoder allocation", e))?;
     dec.set_image(Some(&mut image))

@@ -133,6 +133,16 @@ impl StepBuffer {
         self.foreign.load(Ordering::Relaxed)
     }
 
+    /// Gives the memory of the recorded steps back to the kernel (after big windows).
+    pub fn release_memory(&self) {
+        let used = self.len.load(Ordering::Relaxed).min(self.cap) * std::mem::size_of::<Step>();
+        if used >= 1 << 20 {
+            // SAFETY: the range lies inside our private anonymous mapping, which is not armed;
+            // MADV_DONTNEED makes it read back as zeros.
+            unsafe { libc::madvise(self.recs.cast(), used, libc::MADV_DONTNEED) };
+        }
+    }
+
     /// The records of the window (call only while disarmed).
     pub fn records(&self) -> &[Step] {
         let n = self.len.load(Ordering::Acquire).min(self.cap);
@@ -205,13 +215,22 @@ pub fn set_tf() -> u64 {
     first
 }
 
-/// Clears EFLAGS.TF.
+/// Clears EFLAGS.TF; returns whether it was set.
 #[inline(never)]
-pub fn clear_tf() {
-    // SAFETY: balanced pushfq/popfq that only clears EFLAGS.TF.
+pub fn clear_tf() -> bool {
+    let before: u64;
+    // SAFETY: balanced pushfq/popfq that only clears EFLAGS.TF (the flags are read from the
+    // pushed copy before it is modified).
     unsafe {
-        core::arch::asm!("pushfq", "and qword ptr [rsp], -257", "popfq");
+        core::arch::asm!(
+            "pushfq",
+            "mov {b}, qword ptr [rsp]",
+            "and qword ptr [rsp], -257",
+            "popfq",
+            b = out(reg) before,
+        );
     }
+    before & EFLAGS_TF != 0
 }
 
 /// Whether SIGTRAP is blocked on the calling thread (a single-step trap would then kill the
