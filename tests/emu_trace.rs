@@ -623,3 +623,87 @@ fn stepping_cleared_by_traced_code_is_reported_as_lost() {
     let dec_at = asm_loop(1);
     assert_eq!(count(&d.ips, dec_at), 5);
 }
+
+// ---- decoding from files named by the sideband, like a hardware trace ----
+
+/// Decodes `pt` with an image built only from the window's MMAP2 records (files on disk)
+/// and the saved vDSO bytes, not from this process's memory.
+fn decode_from_sideband(pt: &[u8], sideband: &[u8]) -> (Vec<u64>, usize) {
+    use libipt::enc_dec_builder::EncoderDecoderBuilder;
+    use libipt::image::Image;
+    use libipt::insn::InsnDecoder;
+    let mut image = Image::new(Some("sideband")).unwrap();
+    let mut sections = 0;
+    let vdso_file = tempfile::NamedTempFile::new().unwrap();
+    let (vdso_addr, vdso) = drpttracer::sideband::synth::vdso_bytes().unwrap();
+    std::fs::write(vdso_file.path(), &vdso).unwrap();
+    for r in RecordIter::new(sideband, SIDEBAND_SAMPLE_TYPE) {
+        let (_, r) = r.unwrap();
+        let Record::Mmap2(m) = r.record else { continue };
+        if m.prot & libc::PROT_EXEC as u32 == 0 {
+            continue;
+        }
+        if m.filename == "[vdso]" {
+            image
+                .add_file(
+                    vdso_file.path().to_str().unwrap(),
+                    m.addr - vdso_addr,
+                    m.len,
+                    None,
+                    m.addr,
+                )
+                .unwrap();
+        } else if m.filename.starts_with('/') {
+            image
+                .add_file(&m.filename, m.pgoff, m.len, None, m.addr)
+                .unwrap();
+        } else {
+            continue;
+        }
+        sections += 1;
+    }
+    let mut buf = pt.to_vec();
+    // SAFETY: buf outlives the decoder.
+    let mut dec: InsnDecoder = unsafe {
+        EncoderDecoderBuilder::<InsnDecoder>::new().buffer_from_raw(buf.as_mut_ptr(), buf.len())
+    }
+    .build()
+    .unwrap();
+    dec.set_image(Some(&mut image)).unwrap();
+    let mut ips = Vec::new();
+    let mut status = dec.sync_forward().unwrap();
+    loop {
+        while status.event_pending() {
+            status = dec.event().unwrap().1;
+        }
+        if status.eos() {
+            break;
+        }
+        match dec.decode_next() {
+            Ok((insn, st)) => {
+                ips.push(insn.ip());
+                status = st;
+            }
+            Err(e) if e.code() == libipt::error::PtErrorCode::Eos => break,
+            Err(e) => panic!("decode error after {} instructions: {e:?}", ips.len()),
+        }
+    }
+    (ips, sections)
+}
+
+#[test]
+fn trace_decodes_from_sideband_images_alone() {
+    let mut t = tracer(6);
+    let mut out = OutputBuffers::new(6, 4).unwrap();
+    let table: [fn(u64) -> u64; 3] = [leaf_a, leaf_b, leaf_c];
+    let (_, status, rep) = trace(&mut t, &mut out, || {
+        known_flow(&std::hint::black_box(DATA), &ORDER, &table)
+    });
+    assert_eq!(status, Status::Success);
+    let (ips, sections) = decode_from_sideband(out.pt_data(), out.sideband_data());
+    assert!(
+        sections >= 2,
+        "{sections} executable sections in the sideband"
+    );
+    assert_eq!(Some(&ips), rep.ips.as_ref());
+}
