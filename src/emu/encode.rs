@@ -5,7 +5,7 @@
 //! memory and classified with iced-x86; packets are written with libipt's encoder:
 //! - PSB+ (PSB, TSC, MODE.Exec 64-bit, [FUP], PSBEND) at the start and every
 //!   [`PSB_PERIOD`] bytes, like hardware's psb_period;
-//! - TIP.PGE at the first instruction, TNT (short up to 6, long up to 47 bits) for
+//! - MODE.Exec + TIP.PGE at the first instruction, TNT (short up to 6, long up to 47 bits) for
 //!   conditional branches, TIP for indirect jumps/calls and returns (no return compression),
 //!   nothing for direct jumps/calls;
 //! - far transfers to the kernel (`syscall`, `int n`…) as user-only hardware shows them:
@@ -272,9 +272,11 @@ impl<'a> Writer<'a> {
         put!(self, Tip::new(ip, c), "TIP")
     }
 
+    /// TSC, MODE.Exec and TIP.PGE: hardware announces the execution mode with every enable.
     fn pge(&mut self, ip: u64, tsc: u64) -> Result<()> {
         self.flush_tnt()?;
         put!(self, Tsc::new(tsc), "TSC")?;
+        put!(self, Mode::new(Payload::Exec(Exec::CSL)), "MODE.Exec")?;
         let c = self.compress(ip);
         put!(self, TipPge::new(ip, c), "TIP.PGE")
     }
@@ -519,5 +521,183 @@ fn step_fits(cache: &mut HashMap<u64, Option<Class>>, ip: u64, next: u64) -> boo
         Flow::Cond { target } => next == fall || next == target,
         Flow::Direct { target } => next == target,
         Flow::Indirect | Flow::Far => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libipt::packet::{Packet, PacketDecoder};
+
+    /// Machine code that is only read (classified), never executed.
+    #[repr(C, align(64))]
+    struct Code([u8; 11]);
+    static CODE: Code = Code([
+        0x48, 0xff, 0xc9, // 0: dec rcx
+        0x75, 0xfb, //       3: jnz 0
+        0xff, 0xd0, //       5: call rax
+        0x0f, 0x05, //       7: syscall
+        0x90, //             9: nop
+        0xc3, //            10: ret
+    ]);
+
+    fn trap(ip: u64, tsc: u64) -> Step {
+        Step {
+            ip,
+            tsc,
+            kind: STEP_TRAP,
+            arg: 0,
+        }
+    }
+
+    /// Packets as (name, reconstructed IP or TNT bits) with last-IP decompression.
+    fn packets(pt: &[u8]) -> Vec<(String, u64)> {
+        let mut buf = pt.to_vec();
+        // SAFETY: buf outlives the decoder.
+        let mut dec: PacketDecoder<()> = unsafe {
+            EncoderDecoderBuilder::<PacketDecoder<()>>::new()
+                .buffer_from_raw(buf.as_mut_ptr(), buf.len())
+        }
+        .build()
+        .unwrap();
+        dec.sync_forward().unwrap();
+        let mut last = 0u64;
+        let mut ip = |raw: u64, c: Compression| -> u64 {
+            let v = match c {
+                Compression::Suppressed => return 0,
+                Compression::Update16 => (last & !0xffff) | (raw & 0xffff),
+                Compression::Update32 => (last & !0xffff_ffff) | (raw & 0xffff_ffff),
+                Compression::Sext48 => ((raw << 16) as i64 >> 16) as u64,
+                Compression::Update48 => (last & !0xffff_ffff_ffff) | (raw & 0xffff_ffff_ffff),
+                Compression::Full => raw,
+            };
+            last = v;
+            v
+        };
+        let mut out = Vec::new();
+        while let Ok(p) = dec.decode_next() {
+            out.push(match p {
+                Packet::Psb(_) => {
+                    ip(0, Compression::Full);
+                    ("PSB".into(), 0)
+                }
+                Packet::Psbend(_) => ("PSBEND".into(), 0),
+                Packet::Tsc(t) => ("TSC".into(), t.tsc()),
+                Packet::Mode(_) => ("MODE".into(), 0),
+                Packet::TipPge(t) => ("TIP.PGE".into(), ip(t.tippge(), t.compression())),
+                Packet::TipPgd(t) => ("TIP.PGD".into(), ip(t.tippgd(), t.compression())),
+                Packet::Tip(t) => ("TIP".into(), ip(t.tip(), t.compression())),
+                Packet::Fup(t) => ("FUP".into(), ip(t.fup(), t.compression())),
+                Packet::Tnt8(t) => (format!("TNT{}", t.bitsize()), u64::from(t.payload())),
+                other => (format!("{other:?}"), 0),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn window_becomes_the_packets_hardware_would_write() {
+        let b = CODE.0.as_ptr() as u64;
+        // Executed: dec, jnz(taken), dec, jnz(not taken), call rax -> ret, ret -> syscall,
+        // syscall (trap arrives after the next instruction), nop; stopped before ret.
+        let steps = [
+            trap(b + 3, 101),
+            trap(b, 102),
+            trap(b + 3, 103),
+            trap(b + 5, 104),
+            trap(b + 10, 105),
+            trap(b + 7, 106),
+            trap(b + 10, 107),
+        ];
+        let mut out = vec![0u8; 4096];
+        let enc = encode_window(b, 100, &steps, &mut out, true).unwrap();
+        assert_eq!(
+            enc.ips.as_deref(),
+            Some(&[b, b + 3, b, b + 3, b + 5, b + 10, b + 7, b + 9][..])
+        );
+        assert_eq!((enc.instructions, enc.gaps, enc.far_transfers), (8, 0, 1));
+        assert_eq!(&out[..16], &[0x02, 0x82].repeat(8)[..]);
+        let got = packets(&out[..enc.size]);
+        let s = |n: &str, v: u64| (n.to_string(), v);
+        assert_eq!(
+            got,
+            vec![
+                s("PSB", 0),
+                s("TSC", 100),
+                s("MODE", 0),
+                s("PSBEND", 0),
+                s("TSC", 100),
+                s("MODE", 0),
+                s("TIP.PGE", b),
+                s("TNT2", 0b10),  // taken, then not taken (oldest branch first)
+                s("TIP", b + 10), // call rax
+                s("TIP", b + 7),  // ret (no return compression)
+                s("TIP.PGD", 0),  // syscall: IP suppressed
+                s("TSC", 107),
+                s("MODE", 0),
+                s("TIP.PGE", b + 9), // back from the kernel at the return address
+                s("TSC", 107),
+                s("FUP", b + 10), // stopped before the ret
+                s("TIP.PGD", 0),
+            ]
+        );
+        // PSB+ and the closing PGD are one byte each where hardware uses one byte.
+        assert_eq!(out[enc.size - 1], 0x01);
+    }
+
+    #[test]
+    fn signal_and_rep_string_and_gap() {
+        #[repr(C, align(64))]
+        struct Rep([u8; 4]);
+        static REP: Rep = Rep([0xf3, 0xa4, 0x90, 0x90]); // rep movsb; nop; nop
+        let b = REP.0.as_ptr() as u64;
+        let signal = Step {
+            ip: b + 2,
+            tsc: 5,
+            kind: STEP_SIGNAL,
+            arg: 10,
+        };
+        // rep movsb traps per iteration (3 iterations), a handler runs before the first nop,
+        // then the nop; then an impossible successor (a gap) for the second nop.
+        let steps = [
+            trap(b, 1),
+            trap(b, 2),
+            trap(b + 2, 3),
+            signal,
+            trap(b + 3, 6),
+            trap(b + 0x1000, 7),
+        ];
+        let mut out = vec![0u8; 4096];
+        let enc = encode_window(b, 0, &steps, &mut out, true).unwrap();
+        // The rep instruction counts once; the second nop is not claimed as executed.
+        assert_eq!(enc.ips.as_deref(), Some(&[b, b + 2][..]));
+        assert_eq!((enc.signals, enc.gaps), (1, 1));
+        let got: Vec<String> = packets(&out[..enc.size])
+            .into_iter()
+            .map(|(n, v)| {
+                if v == 0 {
+                    n
+                } else {
+                    format!("{n}@{}", v.wrapping_sub(b))
+                }
+            })
+            .filter(|n| !n.starts_with("TSC") && n != "MODE")
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "PSB",
+                "PSBEND",
+                "TIP.PGE@0",
+                "FUP@2",
+                "TIP.PGD",
+                "TIP.PGE@2", // the handler: async disable, resume
+                "FUP@3",
+                "TIP.PGD",
+                "TIP.PGE@4096", // the gap: explicit
+                "FUP@4096",
+                "TIP.PGD",
+            ]
+        );
     }
 }
