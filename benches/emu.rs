@@ -136,4 +136,8 @@ fn main() {
         "  encode rate alone: {:.0} instructions/s",
         insns / encode.as_secs_f64()
     );
+    println!(
+        "  single steps reported as TRAP_BRKPT (hypervisor DR6 quirk): {}",
+        emu::trap::odd_dr6_steps()
+    );
 }

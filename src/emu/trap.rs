@@ -277,11 +277,32 @@ unsafe fn uc_greg(ctx: *mut libc::c_void, reg: libc::c_int) -> *mut i64 {
 static PREV_TRAP_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PREV_TRAP_FLAGS: AtomicI32 = AtomicI32::new(0);
 
+/// Single steps reported with si_code TRAP_BRKPT instead of TRAP_TRACE (DR6.BS missing).
+static ODD_DR6_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many single steps arrived as TRAP_BRKPT in this process (a hypervisor quirk).
+pub fn odd_dr6_steps() -> u64 {
+    ODD_DR6_STEPS.load(Ordering::Relaxed)
+}
+
 /// The SIGTRAP handler. Async-signal-safe.
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo (SA_SIGINFO).
     let code = unsafe { (*info).si_code };
-    if code == libc::TRAP_TRACE && !ctx.is_null() {
+    // TRAP_TRACE is a single step (after a TF-clearing popf the saved flags no longer have
+    // TF, so they are not checked). The kernel derives si_code from DR6; a hypervisor that
+    // hands the guest a DR6 without the BS bit turns a genuine step into TRAP_BRKPT, which
+    // counts as a step when TF is still set. (int3 gives SI_KERNEL, kill/tgkill give
+    // SI_USER/SI_TKILL: never ours.)
+    // SAFETY: ctx is the kernel's ucontext for this delivery when not null.
+    let stepping = !ctx.is_null()
+        && (code == libc::TRAP_TRACE
+            || (code == libc::TRAP_BRKPT
+                && unsafe { *uc_greg(ctx, libc::REG_EFL) } as u64 & EFLAGS_TF != 0));
+    if stepping {
+        if code != libc::TRAP_TRACE {
+            ODD_DR6_STEPS.fetch_add(1, Ordering::Relaxed);
+        }
         // SAFETY: ctx is the kernel's ucontext for this delivery.
         let (rip, efl) = unsafe { (uc_greg(ctx, libc::REG_RIP), uc_greg(ctx, libc::REG_EFL)) };
         let buf = current();
