@@ -707,3 +707,29 @@ fn trace_decodes_from_sideband_images_alone() {
     );
     assert_eq!(Some(&ips), rep.ips.as_ref());
 }
+
+// ---- misuse on one thread ----
+
+#[test]
+fn second_window_on_the_same_thread_is_refused_and_drop_ends_stepping() {
+    let mut a = tracer(4);
+    let mut b = tracer(4);
+    let mut out = OutputBuffers::new(4, 4).unwrap();
+    emu::keep_observed_ips(true);
+    a.start().unwrap();
+    let e = b.start().unwrap_err();
+    leaf_a(std::hint::black_box(1));
+    let cap = a.stop(&mut out).unwrap();
+    assert_eq!(e.status, Status::FailedToStartTracing);
+    assert!(e.message.contains("TF"), "{}", e.message);
+    assert_eq!(cap.status(), Status::Success);
+    let rep = emu::take_last_window().unwrap();
+    let d = decode_exact(&out, &rep);
+    assert_eq!(count(&d.ips, leaf_a as *const () as u64), 1);
+
+    // A handle dropped while its window is open stops the stepping of its thread.
+    b.start().unwrap();
+    assert!(emu::trap::tf_is_set());
+    drop(b);
+    assert!(!emu::trap::tf_is_set());
+}

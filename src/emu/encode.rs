@@ -3,7 +3,7 @@
 //! Input: the first stepped instruction, the [`Step`] records of a window (each trap gives
 //! the next instruction to execute) and TSCs. Each executed instruction is read from our own
 //! memory and classified with iced-x86; packets are written with libipt's encoder:
-//! - PSB+ (PSB, TSC, MODE.Exec 64-bit, [FUP], PSBEND) at the start and every
+//! - PSB+ (PSB, TSC, MODE.Exec 64-bit, FUP when enabled, PSBEND) at the start and every
 //!   [`PSB_PERIOD`] bytes, like hardware's psb_period;
 //! - MODE.Exec + TIP.PGE at the first instruction, TNT (short up to 6, long up to 47 bits) for
 //!   conditional branches, TIP for indirect jumps/calls and returns (no return compression),

@@ -15,10 +15,18 @@
 //! stops at that point, what was captured is closed with a clean FUP + TIP.PGD (so it still
 //! decodes) and the window reports `OVERWRITTEN_PT_TRACE`.
 //!
-//! Limits: user mode only; the stepped thread runs ~5 µs per instruction; signal handlers
-//! run untraced and appear as asynchronous disable/enable pairs; syscalls appear as
-//! TIP.PGD/TIP.PGE pairs like on user-only hardware; a thread created inside a window is not
-//! traced (its inherited TF is cleared at its first trap); a fork/vfork child is not traced.
+//! Time: TSC packets carry the TSC read at each trap; the metadata's conversion comes from
+//! the dummy event's mmap page, or, where the kernel publishes none (KVM guests), is measured
+//! once per process against kernel record timestamps ([`clock`]).
+//!
+//! Limits: user mode only (kernel modes fail with FAILED_TO_OPEN_PERF_EVENT); the stepped
+//! thread runs at one signal delivery per instruction (5-30 µs); signal handlers run
+//! untraced and appear as asynchronous disable/enable pairs (handlers installed while a
+//! window is open are not observed); syscalls appear as TIP.PGD/TIP.PGE pairs like on
+//! user-only hardware; a thread created inside a window and fork/vfork children are not
+//! traced; an application that replaces our SIGTRAP handler after the first window is
+//! refused at the next start; stepping that ends before stop (a handler that longjmps out,
+//! code restoring flags saved before the window) is reported as lost PT.
 
 pub mod clock;
 pub mod encode;

@@ -1,18 +1,33 @@
 //! Single-step capture: the SIGTRAP handler, the signal observers and the TF switches.
 //!
-//! **Async-signal-safe module.** [`on_sigtrap`] and [`on_observed_signal`] run inside signal
-//! handlers: they never allocate, lock, print, panic or call into std beyond thread-local
-//! `Cell` reads and atomics. They only write into a [`StepBuffer`] that was allocated
-//! before tracing started and that the tracing thread reaches through a thread-local
-//! pointer armed by [`arm`]. The install/arm functions run in normal context.
+//! **Async-signal-safe module.** `on_sigtrap` and `on_observed_signal` run inside signal
+//! handlers: they never allocate, lock, print or panic; they use only thread-local `Cell`
+//! reads, atomics and async-signal-safe system calls (gettid, process_vm_readv/writev,
+//! sigaction, raise). They write into a [`StepBuffer`] that was allocated before tracing
+//! started and that the tracing thread reaches through a thread-local pointer armed by
+//! [`arm`]. The install/arm functions ([`window_opening`], [`window_closed`], [`arm`],
+//! [`disarm`]) run in normal context.
 //!
 //! How it works: [`set_tf`] sets EFLAGS.TF with `pushfq/or/popfq`; from then on every
 //! user instruction of the calling thread ends in a debug trap, which the kernel turns into
 //! SIGTRAP (`si_code == TRAP_TRACE`). The handler appends the interrupted RIP (the next
 //! instruction to execute) and a TSC to the buffer. [`clear_tf`] ends the stepping.
 //! The kernel clears TF when it enters any signal handler and `rt_sigreturn` restores the
-//! interrupted flags, so handlers are never stepped; [`on_observed_signal`] records that such
-//! an asynchronous transfer happened so the encoder can emit FUP + TIP.PGD / TIP.PGE.
+//! interrupted flags, so handlers are never stepped; `on_observed_signal` (wrapped around
+//! the application's handlers while windows are open) records that such an asynchronous
+//! transfer happened so the encoder can emit FUP + TIP.PGD / TIP.PGE.
+//!
+//! Hazards handled here:
+//! - SIGTRAP must never be blocked while stepping (the kernel would reset it to SIG_DFL and
+//!   kill the process): `rt_sigprocmask` calls of the stepped thread that would block it are
+//!   performed by the handler with SIGTRAP left out (glibc's `raise`, `pthread_create`,
+//!   `posix_spawn` block all signals briefly);
+//! - traps of other threads that share our memory/TLS (vfork children) or inherited TF
+//!   (threads created inside a window, fork children) stop their stepping instead of being
+//!   recorded or killing the process;
+//! - a SIGTRAP that is not a single step (int3, kill, hardware breakpoints) goes to the
+//!   handler that was installed before ours (default action included);
+//! - a buffer that fills up stops the stepping (linear-mode semantics).
 
 use std::cell::Cell;
 use std::ptr;
