@@ -1,0 +1,396 @@
+//! The decoder: libipt's block decoder + the image over time -> [`Record`]s.
+//!
+//! Syncs forward to the first PSB, then decodes blocks and expands each into instruction
+//! records (following direct jumps/calls within a block, as libipt does). libipt events
+//! become markers. On any decode error a [`Record::Gap`] (PT offset, address, libipt's
+//! error text) is emitted and decoding resumes at the next PSB.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use super::config::TraceParams;
+use super::image::AddressSpace;
+use super::insn::InsnCache;
+use super::ipt::{self, BlockDecoder, Ev, PtErr, SharedImage, PTS_EOS, PTS_EVENT_PENDING};
+use super::records::{ExecMode, Gap, GapKind, Instruction, Record};
+use super::sideband::{ImageEvent, ImageResolver, ImageTimeline};
+use super::DecodeError;
+
+/// Per-window decoding options.
+#[derive(Debug, Clone, Default)]
+pub struct WindowOptions {
+    /// Name of the input (file path) used in gap records and errors.
+    pub source: String,
+    /// Emit a leading [`Record::WindowId`].
+    pub window_id: Option<u64>,
+    /// Emit a leading [`Record::Cpu`].
+    pub cpu: Option<u32>,
+    /// Offset of `pt` within the input file (added to every reported PT offset).
+    pub base_offset: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Start,
+    NeedSync,
+    Running(u32),
+    Done,
+}
+
+/// Iterator over the records of one PT window.
+pub struct PtDecoder<'a> {
+    dec: BlockDecoder<'a>,
+    shared: Rc<SharedImage>,
+    timeline: ImageTimeline,
+    resolver: ImageResolver,
+    params: TraceParams,
+    cache: InsnCache,
+    queue: VecDeque<Record>,
+    state: State,
+    opts: WindowOptions,
+    /// Sync offset of the last failed decode (resync must move past it).
+    last_error_sync: Option<u64>,
+    failed_syncs: u32,
+    /// Image warnings not yet reported (files that could not be opened...).
+    warnings: Vec<String>,
+    /// Emit a timestamp before the next instructions (set at sync points).
+    pending_timestamp: bool,
+    insns_after_eos: u64,
+}
+
+/// Instructions decoded after the end of the trace before giving up (see `run_once`).
+const MAX_INSNS_AFTER_EOS: u64 = 1 << 16;
+
+impl<'a> PtDecoder<'a> {
+    /// A decoder over `pt` (raw PT packets) with an initial `image` and the image changes
+    /// `events` (from sideband), resolved through `resolver`.
+    pub fn new(
+        pt: &'a [u8],
+        params: TraceParams,
+        image: AddressSpace,
+        events: Vec<ImageEvent>,
+        resolver: ImageResolver,
+        opts: WindowOptions,
+    ) -> Result<Self, DecodeError> {
+        let shared = Rc::new(SharedImage {
+            space: std::cell::RefCell::new(image),
+            last_nomap: std::cell::Cell::new(None),
+        });
+        let cfg = params.cpu.to_pt_config();
+        let (dec, state) = match BlockDecoder::new(cfg, pt, shared.clone()) {
+            Ok(d) => (d, State::Start),
+            Err(e) if e.is_eos() => {
+                // Empty trace: a decoder over one dummy byte that reports nothing.
+                static ONE: [u8; 1] = [0];
+                let d = BlockDecoder::new(cfg, &ONE, shared.clone()).map_err(|e| {
+                    DecodeError::new(&opts.source, opts.base_offset, e.text())
+                })?;
+                (d, State::Done)
+            }
+            Err(e) => {
+                return Err(DecodeError::new(
+                    &opts.source,
+                    opts.base_offset,
+                    format!("cannot create libipt decoder: {}", e.text()),
+                ))
+            }
+        };
+        let mut queue = VecDeque::with_capacity(1024);
+        if let Some(w) = opts.window_id {
+            queue.push_back(Record::WindowId(w));
+        }
+        if let Some(c) = opts.cpu {
+            queue.push_back(Record::Cpu(c));
+        }
+        Ok(PtDecoder {
+            dec,
+            shared,
+            timeline: ImageTimeline::new(events),
+            resolver,
+            params,
+            cache: InsnCache::default(),
+            queue,
+            state,
+            opts,
+            last_error_sync: None,
+            failed_syncs: 0,
+            warnings: Vec::new(),
+            pending_timestamp: false,
+            insns_after_eos: 0,
+        })
+    }
+
+    /// Image problems met so far (files named by sideband that could not be opened...).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    fn offset(&self) -> u64 {
+        self.opts.base_offset + self.dec.offset().unwrap_or(0)
+    }
+
+    fn push_gap(&mut self, err: PtErr, ip: Option<u64>) {
+        let mut error = err.text();
+        if err.is_nomap() {
+            if let Some(ip) = ip {
+                error = format!("{error}: no code image covers {ip:#x}");
+            }
+        }
+        self.queue.push_back(Record::Gap(Box::new(Gap {
+            kind: GapKind::DecodeError,
+            ip,
+            pt_offset: self.offset(),
+            source: self.opts.source.clone(),
+            error,
+        })));
+    }
+
+    fn timestamp(&mut self) {
+        if let Some(tsc) = self.dec.time().filter(|&t| t != u64::MAX) {
+            let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
+            self.queue.push_back(Record::Timestamp { tsc, perf_time });
+        }
+    }
+
+    /// Applies the sideband events that happened before the trace's current time.
+    fn advance_image(&mut self, all_if_no_time: bool) {
+        if self.timeline.is_done() {
+            return;
+        }
+        let now = match (self.params.time, self.dec.time()) {
+            (Some(conv), Some(tsc)) => Some(conv.tsc_to_perf_time(tsc)),
+            _ if all_if_no_time => None,
+            _ => return,
+        };
+        if let (Some(now), Some(next)) = (now, self.timeline.next_time()) {
+            if next > now {
+                return;
+            }
+        }
+        let Ok(mut space) = self.shared.space.try_borrow_mut() else {
+            return;
+        };
+        let w = self.timeline.advance(now, &mut space, &mut self.resolver);
+        drop(space);
+        for msg in w {
+            if !self.warnings.contains(&msg) {
+                self.warnings.push(msg);
+            }
+        }
+    }
+
+    fn sync(&mut self) {
+        let first = self.state == State::Start;
+        match self.dec.sync_forward() {
+            Ok(status) => {
+                let here = self.dec.sync_offset();
+                if !first && here.is_some() && here <= self.last_error_sync {
+                    // libipt came back to the PSB that failed: skip it.
+                    self.failed_syncs += 1;
+                    if self.failed_syncs > 2 {
+                        self.state = State::Done;
+                    }
+                    return;
+                }
+                self.failed_syncs = 0;
+                self.advance_image(true);
+                self.pending_timestamp = true;
+                self.state = State::Running(status);
+            }
+            Err(e) if e.is_eos() => self.state = State::Done,
+            Err(e) => {
+                let here = self.dec.offset();
+                self.push_gap(e, None);
+                if here.is_some() && here <= self.last_error_sync {
+                    self.state = State::Done;
+                } else {
+                    self.last_error_sync = here;
+                    self.state = State::NeedSync;
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, e: PtErr, ip: Option<u64>) {
+        if e.is_eos() {
+            self.state = State::Done;
+            return;
+        }
+        self.push_gap(e, ip);
+        self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
+        self.state = State::NeedSync;
+    }
+
+    fn event(&mut self) -> Result<u32, PtErr> {
+        let mut ev = ipt::empty_event();
+        let status = self.dec.event(&mut ev)?;
+        let (kind, tsc, status_update) = ipt::classify_event(&ev);
+        if status_update {
+            return Ok(status);
+        }
+        if tsc.is_some() {
+            self.pending_timestamp = false;
+        }
+        let ts = |q: &mut VecDeque<Record>, params: &TraceParams| {
+            if let Some(tsc) = tsc {
+                let perf_time = params.time.map(|c| c.tsc_to_perf_time(tsc));
+                q.push_back(Record::Timestamp { tsc, perf_time });
+            }
+        };
+        match kind {
+            Ev::Enabled { ip, .. } => {
+                ts(&mut self.queue, &self.params);
+                self.queue.push_back(Record::TraceEnabled { ip });
+            }
+            Ev::Disabled { ip } => {
+                ts(&mut self.queue, &self.params);
+                self.queue.push_back(Record::TraceDisabled { ip });
+            }
+            Ev::AsyncDisabled { at, .. } => {
+                ts(&mut self.queue, &self.params);
+                self.queue.push_back(Record::TraceDisabled { ip: Some(at) });
+            }
+            Ev::AsyncBranch { from, to } => {
+                ts(&mut self.queue, &self.params);
+                self.queue.push_back(Record::KernelXfer { from, to });
+            }
+            Ev::Overflow { ip } => {
+                ts(&mut self.queue, &self.params);
+                self.queue.push_back(Record::Overflow { ip });
+            }
+            Ev::Other => {}
+        }
+        Ok(status)
+    }
+
+    /// Expands a block into instruction records; returns the address after the last one.
+    fn expand(&mut self, blk: &libipt_sys::pt_block) -> Option<u64> {
+        let mode = match blk.mode {
+            libipt_sys::pt_exec_mode_ptem_16bit => ExecMode::Bit16,
+            libipt_sys::pt_exec_mode_ptem_32bit => ExecMode::Bit32,
+            libipt_sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
+            _ => ExecMode::Unknown,
+        };
+        let n = blk.ninsn;
+        let mut pc = blk.ip;
+        let Ok(space) = self.shared.space.try_borrow() else {
+            return None;
+        };
+        for i in 0..n {
+            let info = match self.cache.get(&space, pc, mode) {
+                Some(info) => info,
+                None if i + 1 == n && blk.truncated() != 0 => {
+                    let raw = &blk.raw[..usize::from(blk.size).min(15)];
+                    super::insn::decode_insn(raw, pc, mode)?
+                }
+                None => {
+                    drop(space);
+                    self.queue.push_back(Record::Gap(Box::new(Gap {
+                        kind: GapKind::DecodeError,
+                        ip: Some(pc),
+                        pt_offset: self.offset(),
+                        source: self.opts.source.clone(),
+                        error: "instruction bytes not readable from the image".into(),
+                    })));
+                    return None;
+                }
+            };
+            self.queue.push_back(Record::Instruction(Instruction {
+                pc,
+                size: info.size,
+                bytes: info.bytes,
+                class: info.class,
+                mode,
+            }));
+            if info.is_syscall {
+                self.queue.push_back(Record::Syscall { pc });
+            }
+            pc = match info.direct_target {
+                Some(t) if i + 1 < n => t,
+                _ => pc.wrapping_add(u64::from(info.size)),
+            };
+        }
+        Some(pc)
+    }
+
+    fn run_once(&mut self, mut status: u32) {
+        while status & PTS_EVENT_PENDING != 0 {
+            match self.event() {
+                Ok(s) => status = s,
+                Err(e) => return self.fail(e, None),
+            }
+        }
+        if status & PTS_EOS != 0 {
+            // Trace exhausted: libipt still yields what needs no trace, up to the next
+            // branch that would. Bound it (a `jmp .` loop needs no trace forever).
+            if self.insns_after_eos > MAX_INSNS_AFTER_EOS {
+                self.state = State::Done;
+                return;
+            }
+        }
+        self.advance_image(false);
+        if let Err(e) = self.dec.sync_image() {
+            return self.fail(e, None);
+        }
+        self.shared.last_nomap.set(None);
+        let mut blk = ipt::empty_block();
+        let r = self.dec.next_block(&mut blk);
+        if status & PTS_EOS != 0 {
+            self.insns_after_eos += u64::from(blk.ninsn);
+        }
+        if self.pending_timestamp && blk.ninsn > 0 {
+            self.pending_timestamp = false;
+            self.timestamp();
+        }
+        let next_ip = if blk.ninsn > 0 {
+            self.expand(&blk)
+        } else {
+            Some(blk.ip)
+        };
+        match r {
+            Ok(s) => self.state = State::Running(s),
+            // After the trace's end libipt fails the first query that needs trace: that
+            // is the normal end, not a gap.
+            Err(e) if status & PTS_EOS != 0 && (e.is_eos() || e.is_bad_query()) => {
+                self.state = State::Done
+            }
+            Err(e) => {
+                let ip = if e.is_nomap() {
+                    self.shared.last_nomap.get().or(next_ip)
+                } else {
+                    None
+                };
+                self.fail(e, ip)
+            }
+        }
+    }
+
+    /// Runs the decoder until at least one record is queued or the trace ends.
+    fn fill(&mut self) {
+        while self.queue.is_empty() {
+            match self.state {
+                State::Done => return,
+                State::Start | State::NeedSync => {
+                    if self.state == State::Start {
+                        if let Err(e) = self.dec.sync_image() {
+                            self.fail(e, None);
+                        }
+                    }
+                    self.sync()
+                }
+                State::Running(status) => self.run_once(status),
+            }
+        }
+    }
+}
+
+impl Iterator for PtDecoder<'_> {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        if self.queue.is_empty() {
+            self.fill();
+        }
+        self.queue.pop_front()
+    }
+}

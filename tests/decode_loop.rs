@@ -1,0 +1,33 @@
+//! The pipeline reproduces the oracle's instruction sequence for the synthetic loop program.
+
+use drpttracer::decode::testgen::LoopProgram;
+use drpttracer::decode::{AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions};
+
+#[test]
+fn loop_program_decodes_exactly() {
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, bits) = prog.trace(20_000, 1500, 7);
+    let expect = prog.simulate(&bits);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let dec = PtDecoder::new(
+        &trace,
+        TraceParams::default(),
+        space,
+        vec![],
+        ImageResolver::default(),
+        WindowOptions::default(),
+    )
+    .unwrap();
+    let recs: Vec<Record> = dec.collect();
+    let gaps: Vec<&Record> = recs.iter().filter(|r| matches!(r, Record::Gap(_))).collect();
+    assert!(gaps.is_empty(), "{gaps:?}");
+    let pcs: Vec<u64> = recs.iter().filter_map(|r| r.as_instruction()).map(|i| i.pc).collect();
+    assert!(pcs.len() > 10_000);
+    // The trace ends after a return's TIP: the decoder may run on until the next branch
+    // that needs trace; everything the oracle knows must match exactly.
+    assert_eq!(&pcs[..expect.len()], &expect[..]);
+    // ...and runs on through the unresolved branch (the jz at the loop top).
+    assert_eq!(pcs.len(), expect.len() + 1);
+}
+
