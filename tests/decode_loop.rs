@@ -31,3 +31,27 @@ fn loop_program_decodes_exactly() {
     assert_eq!(pcs.len(), expect.len() + 1);
 }
 
+
+#[test]
+fn parallel_decode_equals_sequential() {
+    use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
+    let prog = LoopProgram::new(0x40_0000);
+    for (size, psb_every, seed) in [(60_000, 700, 1u64), (30_000, 64, 2), (5_000, 4096, 3)] {
+        let (trace, _) = prog.trace(size, psb_every, seed);
+        let mut space = AddressSpace::new();
+        space.add_bytes("loop", prog.code.clone(), prog.base);
+        let opts = WindowOptions { window_id: Some(0), ..Default::default() };
+        let seq: Vec<Record> = PtDecoder::new(&trace, TraceParams::default(), space.clone(), vec![],
+            ImageResolver::default(), opts.clone()).unwrap().collect();
+        for threads in [1, 2, 3] {
+            if threads > 1 && size > 10_000 {
+                assert!(split_at_psbs(&trace, threads * 4).len() > 1);
+            }
+            let par = decode_parallel(&trace, &TraceParams::default(), &space, &[],
+                &ImageResolver::default(), &opts, threads).unwrap();
+            assert_eq!(par.len(), seq.len(), "size {size} psb {psb_every} threads {threads}");
+            let first = par.iter().zip(&seq).position(|(a, b)| a != b);
+            assert_eq!(first, None, "size {size} psb {psb_every} threads {threads}");
+        }
+    }
+}

@@ -372,7 +372,7 @@ impl Symbols {
 }
 
 /// Files opened once and shared between mappings of the same path.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct FileCache {
     files: HashMap<PathBuf, Option<Arc<Backing>>>,
 }

@@ -302,3 +302,126 @@ pub(crate) fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
     };
     (kind, tsc, ev.status_update() != 0)
 }
+
+/// A PSB found in a trace: its offset and the FUP IP of its PSB+ (tracing enabled there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PsbInfo {
+    pub offset: u64,
+    pub fup: Option<u64>,
+}
+
+/// An owned `pt_packet_decoder` over a borrowed trace buffer.
+pub(crate) struct PacketDecoder<'a> {
+    raw: std::ptr::NonNull<sys::pt_packet_decoder>,
+    _trace: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> PacketDecoder<'a> {
+    pub fn new(trace: &'a [u8]) -> Result<Self, PtErr> {
+        if trace.is_empty() {
+            return Err(PtErr(sys::pt_error_code_pte_eos as i32));
+        }
+        // SAFETY: zeroed pt_config = defaults; see CpuParams::to_pt_config.
+        let mut cfg: sys::pt_config = unsafe { std::mem::zeroed() };
+        cfg.size = std::mem::size_of::<sys::pt_config>();
+        cfg.begin = trace.as_ptr().cast_mut();
+        // SAFETY: one past the end of the same slice.
+        cfg.end = unsafe { cfg.begin.add(trace.len()) };
+        // SAFETY: cfg is initialised; the buffer outlives the decoder ('a).
+        let raw = unsafe { sys::pt_pkt_alloc_decoder(&cfg) };
+        let raw = std::ptr::NonNull::new(raw).ok_or(PtErr(sys::pt_error_code_pte_nomem as i32))?;
+        Ok(PacketDecoder {
+            raw,
+            _trace: std::marker::PhantomData,
+        })
+    }
+
+    pub fn sync_forward(&mut self) -> Result<u32, PtErr> {
+        // SAFETY: live decoder.
+        check(unsafe { sys::pt_pkt_sync_forward(self.raw.as_ptr()) })
+    }
+
+    pub fn sync_set(&mut self, offset: u64) -> Result<u32, PtErr> {
+        // SAFETY: live decoder.
+        check(unsafe { sys::pt_pkt_sync_set(self.raw.as_ptr(), offset) })
+    }
+
+    pub fn offset(&self) -> Option<u64> {
+        let mut off = 0u64;
+        // SAFETY: live decoder, valid out pointer.
+        check(unsafe { sys::pt_pkt_get_offset(self.raw.as_ptr(), &mut off) })
+            .ok()
+            .map(|_| off)
+    }
+
+    pub fn sync_offset(&self) -> Option<u64> {
+        let mut off = 0u64;
+        // SAFETY: live decoder, valid out pointer.
+        check(unsafe { sys::pt_pkt_get_sync_offset(self.raw.as_ptr(), &mut off) })
+            .ok()
+            .map(|_| off)
+    }
+
+    /// The next packet (size in bytes on success).
+    pub fn next(&mut self, pkt: &mut sys::pt_packet) -> Result<u32, PtErr> {
+        // SAFETY: live decoder; pkt is a valid pt_packet of the size we pass.
+        check(unsafe {
+            sys::pt_pkt_next(self.raw.as_ptr(), pkt, std::mem::size_of::<sys::pt_packet>())
+        })
+    }
+}
+
+impl Drop for PacketDecoder<'_> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by pt_pkt_alloc_decoder, freed exactly once.
+        unsafe { sys::pt_pkt_free_decoder(self.raw.as_ptr()) }
+    }
+}
+
+/// A zeroed packet (output buffer for `PacketDecoder::next`).
+pub(crate) fn empty_packet() -> sys::pt_packet {
+    // SAFETY: pt_packet is plain C data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Every PSB in `trace` with the FUP of its PSB+ (if any).
+pub fn psb_offsets(trace: &[u8]) -> Vec<PsbInfo> {
+    let mut out = Vec::new();
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return out;
+    };
+    let mut pkt = empty_packet();
+    while dec.sync_forward().is_ok() {
+        let Some(offset) = dec.sync_offset() else {
+            break;
+        };
+        let mut fup = None;
+        // Walk the PSB+ (PSB .. PSBEND) looking for its FUP.
+        for _ in 0..64 {
+            if dec.next(&mut pkt).is_err() {
+                break;
+            }
+            match pkt.type_ {
+                sys::pt_packet_type_ppt_psbend => break,
+                sys::pt_packet_type_ppt_fup => {
+                    // SAFETY: the union's `ip` variant is the one libipt fills for FUP.
+                    let ip = unsafe { pkt.payload.ip };
+                    if ip.ipc != sys::pt_ip_compression_pt_ipc_suppressed {
+                        fup = Some(ip_value(ip.ipc, ip.ip));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(PsbInfo { offset, fup });
+    }
+    out
+}
+
+/// The IP of a PSB+ FUP (no last-IP context: a PSB resets it to zero).
+fn ip_value(ipc: sys::pt_ip_compression, ip: u64) -> u64 {
+    match ipc {
+        sys::pt_ip_compression_pt_ipc_sext_48 => (((ip << 16) as i64) >> 16) as u64,
+        _ => ip,
+    }
+}

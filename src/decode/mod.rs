@@ -15,6 +15,7 @@ pub mod config;
 pub mod image;
 mod insn;
 mod ipt;
+pub use ipt::PsbInfo;
 pub mod parallel;
 pub mod pipeline;
 pub mod records;

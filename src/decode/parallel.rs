@@ -1,0 +1,186 @@
+//! Parallel decode by PSB segments (libipt's "Parallel Decode").
+//!
+//! The trace is cut at PSB offsets into chunks that threads decode independently; the
+//! chunks' records are then stitched so that the result equals a single sequential pass:
+//! - a chunk that ends inside straight-line code runs on (without trace) past the point
+//!   where the next chunk's PSB+ FUP resumes; that overlap, from the first instruction at
+//!   the FUP address onwards, is dropped from the earlier chunk;
+//! - a chunk that starts at a PSB+ with FUP (tracing on) drops the sync-point timestamp a
+//!   sequential pass does not emit there.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::config::TraceParams;
+use super::image::AddressSpace;
+use super::ipt::{psb_offsets, PsbInfo};
+use super::pipeline::{PtDecoder, WindowOptions};
+use super::records::{InsnClass, Record};
+use super::sideband::{ImageEvent, ImageResolver};
+use super::DecodeError;
+
+/// A chunk of the trace starting at a PSB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub start: usize,
+    pub end: usize,
+    /// FUP of the chunk's first PSB+ (tracing enabled there).
+    pub fup: Option<u64>,
+}
+
+/// Cuts `trace` into about `want` chunks of similar size at PSB boundaries. Bytes before
+/// the first PSB cannot be decoded by anyone and belong to no chunk.
+pub fn split_at_psbs(trace: &[u8], want: usize) -> Vec<Segment> {
+    let psbs: Vec<PsbInfo> = psb_offsets(trace);
+    let Some(first) = psbs.first() else {
+        return Vec::new();
+    };
+    let want = want.max(1);
+    let target = (trace.len() / want).max(1);
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut cur = Segment {
+        start: first.offset as usize,
+        end: trace.len(),
+        fup: first.fup,
+    };
+    for p in &psbs[1..] {
+        let off = p.offset as usize;
+        if off - cur.start >= target && segs.len() + 1 < want {
+            cur.end = off;
+            segs.push(cur);
+            cur = Segment {
+                start: off,
+                end: trace.len(),
+                fup: p.fup,
+            };
+        }
+    }
+    segs.push(cur);
+    segs
+}
+
+/// Instruction classes that consume trace (end a straight-line run).
+fn needs_trace(c: InsnClass) -> bool {
+    !matches!(c, InsnClass::Other | InsnClass::Ptwrite)
+        && !matches!(c, InsnClass::Call | InsnClass::Jump) // direct ones are fine; indirect
+                                                           // ones are checked by the caller
+}
+
+/// Drops from `recs` (an earlier chunk) the straight-line tail that the next chunk, which
+/// resumes at `fup`, decodes again.
+fn trim_overlap(recs: &mut Vec<Record>, fup: u64) {
+    // Walk back over the trailing run of instructions that needed no trace (the last one,
+    // the unresolved branch, may have).
+    let mut cut = None;
+    for (k, r) in recs.iter().enumerate().rev() {
+        let Record::Instruction(i) = r else {
+            match r {
+                Record::Syscall { .. } => continue,
+                _ => break,
+            }
+        };
+        if i.pc == fup {
+            cut = Some(k);
+        }
+        let is_last = recs[k + 1..]
+            .iter()
+            .all(|r| !matches!(r, Record::Instruction(_)));
+        if !is_last && needs_trace(i.class) {
+            break;
+        }
+    }
+    if let Some(k) = cut {
+        recs.truncate(k);
+    }
+}
+
+/// Decodes `trace` on `threads` threads (chunks handed out in order, 4 per thread) and
+/// returns records identical to one [`PtDecoder`] pass over the whole trace.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_parallel(
+    trace: &[u8],
+    params: &TraceParams,
+    image: &AddressSpace,
+    events: &[ImageEvent],
+    resolver: &ImageResolver,
+    opts: &WindowOptions,
+    threads: usize,
+) -> Result<Vec<Record>, DecodeError> {
+    let threads = threads.max(1);
+    let segs = split_at_psbs(trace, threads * 4);
+    if segs.len() <= 1 {
+        let dec = PtDecoder::new(
+            trace,
+            *params,
+            image.clone(),
+            events.to_vec(),
+            resolver.clone(),
+            opts.clone(),
+        )?;
+        return Ok(dec.collect());
+    }
+    let results: Vec<Mutex<Option<Result<Vec<Record>, DecodeError>>>> =
+        segs.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(segs.len()) {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(seg) = segs.get(k) else { break };
+                let mut o = WindowOptions {
+                    base_offset: opts.base_offset + seg.start as u64,
+                    ..opts.clone()
+                };
+                if k > 0 {
+                    o.window_id = None;
+                    o.cpu = None;
+                }
+                let r = PtDecoder::new(
+                    &trace[seg.start..seg.end],
+                    *params,
+                    image.clone(),
+                    events.to_vec(),
+                    resolver.clone(),
+                    o,
+                )
+                .map(|d| d.collect::<Vec<Record>>());
+                if let Ok(mut slot) = results[k].lock() {
+                    *slot = Some(r);
+                }
+            });
+        }
+    });
+    let mut chunks = Vec::with_capacity(segs.len());
+    for (k, m) in results.into_iter().enumerate() {
+        let r = m
+            .into_inner()
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Err(DecodeError::new(&opts.source, segs[k].start as u64, "decoder thread failed")))?;
+        chunks.push(r);
+    }
+    Ok(stitch(chunks, &segs))
+}
+
+/// Joins per-chunk records (see the module docs).
+fn stitch(chunks: Vec<Vec<Record>>, segs: &[Segment]) -> Vec<Record> {
+    let total = chunks.iter().map(Vec::len).sum();
+    let mut out: Vec<Record> = Vec::with_capacity(total);
+    for (k, mut recs) in chunks.into_iter().enumerate() {
+        let seg = segs[k];
+        let prev_clean = !matches!(out.last(), Some(Record::Gap(_)));
+        if let (true, Some(fup)) = (k > 0, seg.fup) {
+            if prev_clean {
+                trim_overlap(&mut out, fup);
+                // Sequential decoding crosses this PSB silently.
+                let lead = recs
+                    .iter()
+                    .take_while(|r| matches!(r, Record::Timestamp { .. }))
+                    .count();
+                recs.drain(..lead);
+            }
+        }
+        out.append(&mut recs);
+    }
+    out
+}

@@ -184,7 +184,7 @@ pub fn parse_records(
 }
 
 /// Resolves sideband file names to image bytes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ImageResolver {
     /// Prefix for the absolute paths in MMAP records.
     pub sysroot: Option<PathBuf>,

@@ -201,7 +201,14 @@ impl LoopProgram {
         while w.buf.len() < size {
             let outer: Vec<bool> = (0..LOOP_CONDS).map(|_| rng.below(2) == 1).collect();
             let inner: Vec<bool> = (0..FUNC_CONDS).map(|_| rng.below(2) == 1).collect();
-            w.tnt(&outer).tip(self.func).tnt(&inner).tip(self.after_call);
+            w.tnt(&outer).tip(self.func);
+            // PSBs land after either TIP, so chunks start in the loop or in the function.
+            if w.buf.len() - last_psb >= psb_every && rng.below(2) == 0 {
+                tsc += 1000;
+                last_psb = w.buf.len();
+                w.psb_plus(Some(tsc), Some(self.func));
+            }
+            w.tnt(&inner).tip(self.after_call);
             bits.extend(outer);
             bits.extend(inner);
             if w.buf.len() - last_psb >= psb_every {
