@@ -56,7 +56,12 @@ pub struct PtDecoder<'a> {
     /// Emit a timestamp before the next instructions (set at sync points).
     pending_timestamp: bool,
     insns_after_eos: u64,
+    progress_offset: Option<u64>,
+    insns_without_progress: u64,
 }
+
+/// Instructions decoded while the trace position stands still before declaring a gap.
+const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
 
 /// Instructions decoded after the end of the trace before giving up (see `run_once`).
 const MAX_INSNS_AFTER_EOS: u64 = 1 << 16;
@@ -117,6 +122,8 @@ impl<'a> PtDecoder<'a> {
             warnings: Vec::new(),
             pending_timestamp: false,
             insns_after_eos: 0,
+            progress_offset: None,
+            insns_without_progress: 0,
         })
     }
 
@@ -136,6 +143,10 @@ impl<'a> PtDecoder<'a> {
                 error = format!("{error}: no code image covers {ip:#x}");
             }
         }
+        self.push_gap_text(error, ip);
+    }
+
+    fn push_gap_text(&mut self, error: String, ip: Option<u64>) {
         self.queue.push_back(Record::Gap(Box::new(Gap {
             kind: GapKind::DecodeError,
             ip,
@@ -347,6 +358,28 @@ impl<'a> PtDecoder<'a> {
         } else {
             Some(blk.ip)
         };
+        // A loop of direct branches needs no trace and would never end: bound the
+        // instructions decoded without the trace position moving.
+        let off = self.dec.offset();
+        if off == self.progress_offset {
+            self.insns_without_progress += u64::from(blk.ninsn);
+            if self.insns_without_progress > MAX_INSNS_WITHOUT_TRACE && r.is_ok() {
+                self.push_gap_text(
+                    format!(
+                        "more than {MAX_INSNS_WITHOUT_TRACE} instructions without trace \
+                         (endless loop of direct branches: wrong image or corrupt trace)"
+                    ),
+                    next_ip,
+                );
+                self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
+                self.insns_without_progress = 0;
+                self.state = State::NeedSync;
+                return;
+            }
+        } else {
+            self.progress_offset = off;
+            self.insns_without_progress = 0;
+        }
         match r {
             Ok(s) => self.state = State::Running(s),
             // After the trace's end libipt fails the first query that needs trace: that
