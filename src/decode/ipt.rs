@@ -188,11 +188,6 @@ impl<'a> BlockDecoder<'a> {
         check(unsafe { sys::pt_blk_sync_forward(self.raw.as_ptr()) })
     }
 
-    pub fn sync_set(&mut self, offset: u64) -> Result<u32, PtErr> {
-        // SAFETY: live decoder.
-        check(unsafe { sys::pt_blk_sync_set(self.raw.as_ptr(), offset) })
-    }
-
     /// Current position in the trace (for error reports).
     pub fn offset(&self) -> Option<u64> {
         let mut off = 0u64;
@@ -210,16 +205,6 @@ impl<'a> BlockDecoder<'a> {
             .map(|_| off)
     }
 
-    /// The decoder's current TSC estimate.
-    pub fn time(&self) -> Option<u64> {
-        let (mut tsc, mut lost_mtc, mut lost_cyc) = (0u64, 0u32, 0u32);
-        // SAFETY: live decoder, valid out pointers.
-        let r = unsafe {
-            sys::pt_blk_time(self.raw.as_ptr(), &mut tsc, &mut lost_mtc, &mut lost_cyc)
-        };
-        (r >= 0).then_some(tsc)
-    }
-
     /// The next block. On error the block may still hold instructions decoded before it.
     pub fn next_block(&mut self, blk: &mut sys::pt_block) -> Result<u32, PtErr> {
         // SAFETY: live decoder; blk is a valid pt_block of the size we pass.
@@ -235,9 +220,6 @@ impl<'a> BlockDecoder<'a> {
         })
     }
 
-    pub fn shared(&self) -> &Rc<SharedImage> {
-        &self.shared
-    }
 }
 
 impl Drop for BlockDecoder<'_> {
@@ -341,11 +323,6 @@ impl<'a> PacketDecoder<'a> {
         check(unsafe { sys::pt_pkt_sync_forward(self.raw.as_ptr()) })
     }
 
-    pub fn sync_set(&mut self, offset: u64) -> Result<u32, PtErr> {
-        // SAFETY: live decoder.
-        check(unsafe { sys::pt_pkt_sync_set(self.raw.as_ptr(), offset) })
-    }
-
     pub fn offset(&self) -> Option<u64> {
         let mut off = 0u64;
         // SAFETY: live decoder, valid out pointer.
@@ -424,4 +401,20 @@ fn ip_value(ipc: sys::pt_ip_compression, ip: u64) -> u64 {
         sys::pt_ip_compression_pt_ipc_sext_48 => (((ip << 16) as i64) >> 16) as u64,
         _ => ip,
     }
+}
+
+/// Whether `trace` contains a TSC packet (stops at the first one).
+pub fn has_tsc(trace: &[u8]) -> bool {
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return false;
+    };
+    let mut pkt = empty_packet();
+    while dec.sync_forward().is_ok() {
+        while dec.next(&mut pkt).is_ok() {
+            if pkt.type_ == sys::pt_packet_type_ppt_tsc {
+                return true;
+            }
+        }
+    }
+    false
 }

@@ -58,6 +58,11 @@ pub struct PtDecoder<'a> {
     insns_after_eos: u64,
     progress_offset: Option<u64>,
     insns_without_progress: u64,
+    /// The trace's time: TSC of the latest event that carried one.
+    tsc: Option<u64>,
+    last_timestamp: Option<u64>,
+    /// Whether the trace has any TSC packet (else sideband applies without time order).
+    trace_has_tsc: bool,
 }
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
@@ -124,6 +129,9 @@ impl<'a> PtDecoder<'a> {
             insns_after_eos: 0,
             progress_offset: None,
             insns_without_progress: 0,
+            tsc: None,
+            last_timestamp: None,
+            trace_has_tsc: params.time.is_some() && ipt::has_tsc(pt),
         })
     }
 
@@ -156,22 +164,37 @@ impl<'a> PtDecoder<'a> {
         })));
     }
 
-    fn timestamp(&mut self) {
-        if let Some(tsc) = self.dec.time().filter(|&t| t != u64::MAX) {
-            let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
-            self.queue.push_back(Record::Timestamp { tsc, perf_time });
+    /// Emits a timestamp for `tsc` unless it repeats the last one.
+    fn timestamp(&mut self, tsc: u64) {
+        self.pending_timestamp = false;
+        if self.last_timestamp == Some(tsc) {
+            return;
+        }
+        self.last_timestamp = Some(tsc);
+        let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
+        self.queue.push_back(Record::Timestamp { tsc, perf_time });
+    }
+
+    /// The sync point's timestamp, once the trace's time is known.
+    fn flush_pending_timestamp(&mut self) {
+        if self.pending_timestamp {
+            if let Some(t) = self.tsc {
+                self.timestamp(t);
+            }
         }
     }
 
-    /// Applies the sideband events that happened before the trace's current time.
-    fn advance_image(&mut self, all_if_no_time: bool) {
+    /// Applies the sideband events that happened before the trace's current time. For a
+    /// trace without TSC packets (or without a time conversion), everything is applied.
+    fn advance_image(&mut self) {
         if self.timeline.is_done() {
             return;
         }
-        let now = match (self.params.time, self.dec.time()) {
+        let now = match (self.params.time, self.tsc) {
             (Some(conv), Some(tsc)) => Some(conv.tsc_to_perf_time(tsc)),
-            _ if all_if_no_time => None,
-            _ => return,
+            // Time comes with the trace's first events: wait for it.
+            (Some(_), None) if self.trace_has_tsc => return,
+            _ => None,
         };
         if let (Some(now), Some(next)) = (now, self.timeline.next_time()) {
             if next > now {
@@ -204,7 +227,6 @@ impl<'a> PtDecoder<'a> {
                     return;
                 }
                 self.failed_syncs = 0;
-                self.advance_image(true);
                 self.pending_timestamp = true;
                 self.state = State::Running(status);
             }
@@ -236,37 +258,30 @@ impl<'a> PtDecoder<'a> {
         let mut ev = ipt::empty_event();
         let status = self.dec.event(&mut ev)?;
         let (kind, tsc, status_update) = ipt::classify_event(&ev);
-        if status_update {
+        if let Some(t) = tsc {
+            self.tsc = Some(t);
+        }
+        if status_update || kind == Ev::Other {
             return Ok(status);
         }
-        if tsc.is_some() {
-            self.pending_timestamp = false;
+        match tsc {
+            Some(t) => self.timestamp(t),
+            None => self.flush_pending_timestamp(),
         }
-        let ts = |q: &mut VecDeque<Record>, params: &TraceParams| {
-            if let Some(tsc) = tsc {
-                let perf_time = params.time.map(|c| c.tsc_to_perf_time(tsc));
-                q.push_back(Record::Timestamp { tsc, perf_time });
-            }
-        };
         match kind {
             Ev::Enabled { ip, .. } => {
-                ts(&mut self.queue, &self.params);
                 self.queue.push_back(Record::TraceEnabled { ip });
             }
             Ev::Disabled { ip } => {
-                ts(&mut self.queue, &self.params);
                 self.queue.push_back(Record::TraceDisabled { ip });
             }
             Ev::AsyncDisabled { at, .. } => {
-                ts(&mut self.queue, &self.params);
                 self.queue.push_back(Record::TraceDisabled { ip: Some(at) });
             }
             Ev::AsyncBranch { from, to } => {
-                ts(&mut self.queue, &self.params);
                 self.queue.push_back(Record::KernelXfer { from, to });
             }
             Ev::Overflow { ip } => {
-                ts(&mut self.queue, &self.params);
                 self.queue.push_back(Record::Overflow { ip });
             }
             Ev::Other => {}
@@ -339,7 +354,7 @@ impl<'a> PtDecoder<'a> {
                 return;
             }
         }
-        self.advance_image(false);
+        self.advance_image();
         if let Err(e) = self.dec.sync_image() {
             return self.fail(e, None);
         }
@@ -349,9 +364,8 @@ impl<'a> PtDecoder<'a> {
         if status & PTS_EOS != 0 {
             self.insns_after_eos += u64::from(blk.ninsn);
         }
-        if self.pending_timestamp && blk.ninsn > 0 {
-            self.pending_timestamp = false;
-            self.timestamp();
+        if blk.ninsn > 0 {
+            self.flush_pending_timestamp();
         }
         let next_ip = if blk.ninsn > 0 {
             self.expand(&blk)
