@@ -13,13 +13,21 @@ use iced_x86::{BlockEncoderOptions, Decoder, Formatter, IntelFormatter};
 const BASE: u64 = 0x40_1000;
 
 /// Assembles `f`'s instructions at `base`; returns the code and each instruction's IP.
-fn asm(base: u64, f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> (Vec<u8>, Vec<u64>) {
+fn asm(
+    base: u64,
+    f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
+) -> (Vec<u8>, Vec<u64>) {
     let mut a = CodeAssembler::new(64).unwrap();
     f(&mut a).unwrap();
     let r = a
         .assemble_options(base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .unwrap();
-    let ips = r.inner.new_instruction_offsets.iter().map(|&o| base + u64::from(o)).collect();
+    let ips = r
+        .inner
+        .new_instruction_offsets
+        .iter()
+        .map(|&o| base + u64::from(o))
+        .collect();
     (r.inner.code_buffer, ips)
 }
 
@@ -49,18 +57,27 @@ fn decode(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
         &TraceParams::default(),
         space,
         &ImageSpec::default(),
-        &WindowOptions { source: "test.pt".into(), ..Default::default() },
+        &WindowOptions {
+            source: "test.pt".into(),
+            ..Default::default()
+        },
     )
     .unwrap()
 }
 
 fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter().filter_map(|r| r.as_instruction()).map(|i| i.pc).collect()
+    recs.iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.pc)
+        .collect()
 }
 
 /// Non-instruction records, for asserting markers.
 fn markers(recs: &[Record]) -> Vec<Record> {
-    recs.iter().filter(|r| r.as_instruction().is_none()).cloned().collect()
+    recs.iter()
+        .filter(|r| r.as_instruction().is_none())
+        .cloned()
+        .collect()
 }
 
 fn gaps(recs: &[Record]) -> Vec<Gap> {
@@ -84,10 +101,20 @@ fn straight_line_with_async_disable() {
     });
     assert_eq!(
         disasm(&code, BASE),
-        ["mov eax,1", "add eax,2", "nop", "mov ebx,eax", "xor ecx,ecx", "int3"]
+        [
+            "mov eax,1",
+            "add eax,2",
+            "nop",
+            "mov ebx,eax",
+            "xor ecx,ecx",
+            "int3"
+        ]
     );
     let mut w = PtWriter::new();
-    w.psb_plus(Some(10), None).tip_pge(ips[0]).fup(ips[4]).tip_pgd(None);
+    w.psb_plus(Some(10), None)
+        .tip_pge(ips[0])
+        .fup(ips[4])
+        .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
     assert_eq!(pcs(&recs), &ips[..4]);
     let insn = recs[2].as_instruction().unwrap();
@@ -95,7 +122,10 @@ fn straight_line_with_async_disable() {
     assert_eq!(
         markers(&recs),
         vec![
-            Record::Timestamp { tsc: 10, perf_time: None },
+            Record::Timestamp {
+                tsc: 10,
+                perf_time: None
+            },
             Record::TraceEnabled { ip: ips[0] },
             Record::TraceDisabled { ip: Some(ips[4]) },
         ]
@@ -143,7 +173,10 @@ fn conditional_branches_short_and_long_tnt() {
         assert_eq!(d.last().unwrap(), "jmp rax");
         let bits: Vec<bool> = (0..n).map(|k| (k * 7 + 3) % 3 == 0).collect();
         let mut w = PtWriter::new();
-        w.psb_plus(None, None).tip_pge(ips[0]).tnt(&bits).tip_pgd(None);
+        w.psb_plus(None, None)
+            .tip_pge(ips[0])
+            .tnt(&bits)
+            .tip_pgd(None);
         // 1..=6 bits fit a short TNT (1 byte), more need a long TNT (8 bytes).
         let tnt_len = if n <= 6 { 1 } else { 8 };
         let before = {
@@ -179,13 +212,29 @@ fn indirect_call_and_jump_use_tip() {
     });
     assert_eq!(
         disasm(&code, BASE),
-        ["call rax", "int3", "nop", "jmp rbx", "int3", "add eax,1", "jmp rcx"]
+        [
+            "call rax",
+            "int3",
+            "nop",
+            "jmp rbx",
+            "int3",
+            "add eax,1",
+            "jmp rcx"
+        ]
     );
     let mut w = PtWriter::new();
-    w.psb_plus(None, None).tip_pge(ips[0]).tip(ips[2]).tip(ips[5]).tip_pgd(None);
+    w.psb_plus(None, None)
+        .tip_pge(ips[0])
+        .tip(ips[2])
+        .tip(ips[5])
+        .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
     assert_eq!(pcs(&recs), vec![ips[0], ips[2], ips[3], ips[5], ips[6]]);
-    let classes: Vec<_> = recs.iter().filter_map(|r| r.as_instruction()).map(|i| i.class).collect();
+    let classes: Vec<_> = recs
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.class)
+        .collect();
     use drpttracer::decode::InsnClass::*;
     assert_eq!(classes, vec![Call, Other, Jump, Other, Jump]);
 }
@@ -210,10 +259,17 @@ fn returns_without_return_compression() {
     assert!(d[0].starts_with("call "), "{d:?}");
     assert_eq!(&d[2..], ["jmp rax", "nop", "ret", "inc ecx", "ret"]);
     let mut w = PtWriter::new();
-    w.psb_plus(None, None).tip_pge(ips[0]).tip(ips[1]).tip(ips[2]).tip_pgd(None);
+    w.psb_plus(None, None)
+        .tip_pge(ips[0])
+        .tip(ips[1])
+        .tip(ips[2])
+        .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
     assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
-    assert_eq!(pcs(&recs), vec![ips[0], ips[3], ips[4], ips[1], ips[5], ips[6], ips[2]]);
+    assert_eq!(
+        pcs(&recs),
+        vec![ips[0], ips[3], ips[4], ips[1], ips[5], ips[6], ips[2]]
+    );
 }
 
 #[test]
@@ -233,16 +289,30 @@ fn enable_disable_tip_pge_pgd() {
         .tip_pge(ips[3])
         .tip_pgd(Some(ips[0]));
     let recs = decode(&w.buf, &image(&code, BASE));
-    let insn = |k: usize| Record::Instruction(*recs.iter().filter_map(|r| r.as_instruction()).find(|i| i.pc == ips[k]).unwrap());
+    let insn = |k: usize| {
+        Record::Instruction(
+            *recs
+                .iter()
+                .filter_map(|r| r.as_instruction())
+                .find(|i| i.pc == ips[k])
+                .unwrap(),
+        )
+    };
     assert_eq!(
         recs,
         vec![
-            Record::Timestamp { tsc: 5, perf_time: None },
+            Record::Timestamp {
+                tsc: 5,
+                perf_time: None
+            },
             Record::TraceEnabled { ip: ips[0] },
             insn(0),
             insn(1),
             Record::TraceDisabled { ip: None },
-            Record::Timestamp { tsc: 9, perf_time: None },
+            Record::Timestamp {
+                tsc: 9,
+                perf_time: None
+            },
             Record::TraceEnabled { ip: ips[3] },
             insn(3),
             insn(4),
@@ -255,27 +325,44 @@ fn enable_disable_tip_pge_pgd() {
 fn corrupt_range_gives_gap_then_resyncs_at_next_psb() {
     let (code, ips) = cond_chain(4);
     let mut w = PtWriter::new();
-    w.psb_plus(Some(1), None).tip_pge(ips[0]).tnt(&[true, false]);
+    w.psb_plus(Some(1), None)
+        .tip_pge(ips[0])
+        .tnt(&[true, false]);
     let bad_at = w.buf.len();
     // 0x02 0xff: an extended opcode libipt does not know.
-    w.buf.extend_from_slice(&[0x02, 0xff, 0x13, 0x37, 0x02, 0xff]);
+    w.buf
+        .extend_from_slice(&[0x02, 0xff, 0x13, 0x37, 0x02, 0xff]);
     let psb_at = w.buf.len();
-    w.psb_plus(Some(2), Some(ips[8])).tnt(&[false, true]).tip_pgd(None);
+    w.psb_plus(Some(2), Some(ips[8]))
+        .tnt(&[false, true])
+        .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
     let g = gaps(&recs);
     assert_eq!(g.len(), 1, "{g:?}");
     assert_eq!(g[0].pt_offset, bad_at as u64, "{}", g[0]);
     assert_eq!(g[0].source, "test.pt");
     assert!(g[0].error.contains("unknown opcode"), "{}", g[0].error);
-    let gap_idx = recs.iter().position(|r| matches!(r, Record::Gap(_))).unwrap();
+    let gap_idx = recs
+        .iter()
+        .position(|r| matches!(r, Record::Gap(_)))
+        .unwrap();
     // Before: branch 0 (taken), then branch 1's jz: libipt reads ahead past the TNT and
     // fails on the bad packet before handing out the TNT's second bit.
     let before = pcs(&recs[..gap_idx]);
     assert_eq!(before, vec![ips[0], ips[1], ips[3], ips[4], ips[5]]);
     // After: resync at the PSB (timestamp 2), branches 2 (not taken) and 3 (taken).
-    assert_eq!(recs[gap_idx + 1], Record::Timestamp { tsc: 2, perf_time: None });
+    assert_eq!(
+        recs[gap_idx + 1],
+        Record::Timestamp {
+            tsc: 2,
+            perf_time: None
+        }
+    );
     let after = pcs(&recs[gap_idx..]);
-    assert_eq!(after, vec![ips[8], ips[9], ips[10], ips[11], ips[12], ips[13], ips[15], ips[16]]);
+    assert_eq!(
+        after,
+        vec![ips[8], ips[9], ips[10], ips[11], ips[12], ips[13], ips[15], ips[16]]
+    );
     assert!(psb_at > bad_at);
 }
 
@@ -283,7 +370,11 @@ fn corrupt_range_gives_gap_then_resyncs_at_next_psb() {
 fn missing_image_is_a_gap_with_the_address() {
     let (code, ips) = cond_chain(1);
     let mut w = PtWriter::new();
-    w.psb_plus(None, None).tip_pge(ips[0]).tnt(&[true]).tip(0x7777_0000).tip_pgd(None);
+    w.psb_plus(None, None)
+        .tip_pge(ips[0])
+        .tnt(&[true])
+        .tip(0x7777_0000)
+        .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
     let g = gaps(&recs);
     assert_eq!(g.len(), 1, "{g:?}");
@@ -307,7 +398,10 @@ fn image_switch_via_later_mmap2_at_same_address() {
         a.mov(ebx, 5)?;
         a.jmp(rax)
     });
-    assert_eq!(disasm(&code_b, addr), ["xor eax,eax", "inc eax", "mov ebx,5", "jmp rax"]);
+    assert_eq!(
+        disasm(&code_b, addr),
+        ["xor eax,eax", "inc eax", "mov ebx,5", "jmp rax"]
+    );
     // Files with some leading bytes: the mapping uses a page offset of 0x1000.
     let (fa, fb) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
     for (f, c) in [(&fa, &code_a), (&fb, &code_b)] {
@@ -321,7 +415,11 @@ fn image_switch_via_later_mmap2_at_same_address() {
     w.psb_plus(Some(100), None).tip_pge(addr).tip_pgd(None);
     w.psb_plus(Some(300), None).tip_pge(addr).tip_pgd(None);
     let params = TraceParams {
-        time: Some(TimeConv { time_shift: 0, time_mult: 1, time_zero: 0 }),
+        time: Some(TimeConv {
+            time_shift: 0,
+            time_mult: 1,
+            time_zero: 0,
+        }),
         ..Default::default()
     };
     let recs = decode_window(
@@ -330,14 +428,21 @@ fn image_switch_via_later_mmap2_at_same_address() {
         &params,
         &AddressSpace::new(),
         &ImageSpec::default(),
-        &WindowOptions { source: "switch.pt".into(), ..Default::default() },
+        &WindowOptions {
+            source: "switch.pt".into(),
+            ..Default::default()
+        },
     )
     .unwrap();
     assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
     let mut expect = ips_a.clone();
     expect.extend(&ips_b);
     assert_eq!(pcs(&recs), expect);
-    let second = recs.iter().filter_map(|r| r.as_instruction()).nth(3).unwrap();
+    let second = recs
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .nth(3)
+        .unwrap();
     assert_eq!(second.encoding(), &code_b[..2]);
 }
 
@@ -368,11 +473,22 @@ fn exec_comm_resets_the_image() {
     w.psb_plus(Some(100), None).tip_pge(addr).tip_pgd(None);
     w.psb_plus(Some(300), None).tip_pge(addr).tip_pgd(None);
     let params = TraceParams {
-        time: Some(TimeConv { time_shift: 0, time_mult: 1, time_zero: 0 }),
+        time: Some(TimeConv {
+            time_shift: 0,
+            time_mult: 1,
+            time_zero: 0,
+        }),
         ..Default::default()
     };
-    let recs = decode_window(&w.buf, Some((&sb, TEST_SAMPLE_TYPE)), &params, &AddressSpace::new(),
-        &ImageSpec::default(), &WindowOptions::default()).unwrap();
+    let recs = decode_window(
+        &w.buf,
+        Some((&sb, TEST_SAMPLE_TYPE)),
+        &params,
+        &AddressSpace::new(),
+        &ImageSpec::default(),
+        &WindowOptions::default(),
+    )
+    .unwrap();
     assert_eq!(pcs(&recs), ips);
     let g = gaps(&recs);
     assert_eq!(g.len(), 1, "{g:?}");
@@ -386,26 +502,59 @@ fn auxtrace_and_raw_pt_variants_decode_identically() {
     let prog = drpttracer::decode::testgen::LoopProgram::new(0x40_0000);
     let (trace, _) = prog.trace(6000, 1000, 11);
     let space = image(&prog.code, prog.base);
-    let opts = WindowOptions { source: "x".into(), ..Default::default() };
-    let run = |pt: &[u8]| decode_window(pt, None, &TraceParams::default(), &space, &ImageSpec::default(), &opts).unwrap();
+    let opts = WindowOptions {
+        source: "x".into(),
+        ..Default::default()
+    };
+    let run = |pt: &[u8]| {
+        decode_window(
+            pt,
+            None,
+            &TraceParams::default(),
+            &space,
+            &ImageSpec::default(),
+            &opts,
+        )
+        .unwrap()
+    };
     let raw = run(&trace);
     assert!(pcs(&raw).len() > 1000);
     let wrapped = auxtrace::wrap(&trace, 1024, 7, 0);
     let un = auxtrace::unwrap(&wrapped).unwrap();
     assert_eq!(un.pt, trace);
     assert_eq!(run(&un.pt), raw);
-    let md = PtMetadata { cpu_family: 6, cpu_model: 0x55, cpu_stepping: 4, ..Default::default() };
+    let md = PtMetadata {
+        cpu_family: 6,
+        cpu_model: 0x55,
+        cpu_stepping: 4,
+        ..Default::default()
+    };
     let mut w = pdb::PdbWriter::new(7, 7, &md);
     w.syscall(7, 7, 39, 0, &[1, 2], &trace);
     w.syscall(7, 7, 60, 1, &[], &trace[..0]);
     let f = pdb::parse(&w.buf).unwrap();
     assert_eq!(f.windows.len(), 2);
     let params = TraceParams::from_pt_metadata(&f.metadata);
-    let from_pdb = decode_window(&w.buf[f.windows[0].pt.clone()], None, &params, &space,
-        &ImageSpec::default(), &opts).unwrap();
+    let from_pdb = decode_window(
+        &w.buf[f.windows[0].pt.clone()],
+        None,
+        &params,
+        &space,
+        &ImageSpec::default(),
+        &opts,
+    )
+    .unwrap();
     assert_eq!(from_pdb, raw);
-    assert!(decode_window(&w.buf[f.windows[1].pt.clone()], None, &params, &space,
-        &ImageSpec::default(), &opts).unwrap().is_empty());
+    assert!(decode_window(
+        &w.buf[f.windows[1].pt.clone()],
+        None,
+        &params,
+        &space,
+        &ImageSpec::default(),
+        &opts
+    )
+    .unwrap()
+    .is_empty());
 }
 
 /// A minimal ELF64 core-style file (kcore) with one PT_LOAD at `vaddr`.
@@ -446,21 +595,43 @@ fn kernel_address_from_kcore_with_kallsyms_symbol() {
         a.pop(rbp)?;
         a.sysretq()
     });
-    assert_eq!(disasm(&code, kbase), ["push rbp", "mov rbp,rsp", "nop", "pop rbp", "sysretq"]);
+    assert_eq!(
+        disasm(&code, kbase),
+        ["push rbp", "mov rbp,rsp", "nop", "pop rbp", "sysretq"]
+    );
     let kcore = dir.path().join("kcore");
     std::fs::write(&kcore, kcore_elf(kbase, &code)).unwrap();
     let kallsyms = "ffffffff80ffff00 T before_func\nffffffff81000000 T entry_SYSCALL_test\nffffffff81001000 t next_func\n";
-    let spec = ImageSpec { kcore: Some(kcore.clone()), ..Default::default() };
+    let spec = ImageSpec {
+        kcore: Some(kcore.clone()),
+        ..Default::default()
+    };
     let space = spec.load().unwrap();
     let mut syms = Symbols::new();
-    syms.add_kallsyms(&dir.path().join("kallsyms"), kallsyms).unwrap();
+    syms.add_kallsyms(&dir.path().join("kallsyms"), kallsyms)
+        .unwrap();
     let mut w = PtWriter::new();
     w.psb_plus(None, None).tip_pge(ips[0]).tip_pgd(None);
-    let recs = decode_window(&w.buf, None, &TraceParams::default(), &space, &spec,
-        &WindowOptions::default()).unwrap();
+    let recs = decode_window(
+        &w.buf,
+        None,
+        &TraceParams::default(),
+        &space,
+        &spec,
+        &WindowOptions::default(),
+    )
+    .unwrap();
     assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
     assert_eq!(pcs(&recs), ips);
-    let last = recs.iter().filter_map(|r| r.as_instruction()).last().unwrap();
+    let last = recs
+        .iter()
+        .rev()
+        .filter_map(|r| r.as_instruction())
+        .next()
+        .unwrap();
     assert_eq!(last.class, drpttracer::decode::InsnClass::FarReturn);
-    assert_eq!(syms.lookup(ips[2]), Some(("entry_SYSCALL_test", ips[2] - kbase)));
+    assert_eq!(
+        syms.lookup(ips[2]),
+        Some(("entry_SYSCALL_test", ips[2] - kbase))
+    );
 }

@@ -1,7 +1,9 @@
 //! The pipeline reproduces the oracle's instruction sequence for the synthetic loop program.
 
 use drpttracer::decode::testgen::LoopProgram;
-use drpttracer::decode::{AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions};
+use drpttracer::decode::{
+    AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
+};
 
 #[test]
 fn loop_program_decodes_exactly() {
@@ -20,9 +22,16 @@ fn loop_program_decodes_exactly() {
     )
     .unwrap();
     let recs: Vec<Record> = dec.collect();
-    let gaps: Vec<&Record> = recs.iter().filter(|r| matches!(r, Record::Gap(_))).collect();
+    let gaps: Vec<&Record> = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Gap(_)))
+        .collect();
     assert!(gaps.is_empty(), "{gaps:?}");
-    let pcs: Vec<u64> = recs.iter().filter_map(|r| r.as_instruction()).map(|i| i.pc).collect();
+    let pcs: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.pc)
+        .collect();
     assert!(pcs.len() > 10_000);
     // The trace ends after a return's TIP: the decoder may run on until the next branch
     // that needs trace; everything the oracle knows must match exactly.
@@ -30,7 +39,6 @@ fn loop_program_decodes_exactly() {
     // ...and runs on through the unresolved branch (the jz at the loop top).
     assert_eq!(pcs.len(), expect.len() + 1);
 }
-
 
 #[test]
 fn parallel_decode_equals_sequential() {
@@ -40,16 +48,39 @@ fn parallel_decode_equals_sequential() {
         let (trace, _) = prog.trace(size, psb_every, seed);
         let mut space = AddressSpace::new();
         space.add_bytes("loop", prog.code.clone(), prog.base);
-        let opts = WindowOptions { window_id: Some(0), ..Default::default() };
-        let seq: Vec<Record> = PtDecoder::new(&trace, TraceParams::default(), space.clone(), vec![],
-            ImageResolver::default(), opts.clone()).unwrap().collect();
+        let opts = WindowOptions {
+            window_id: Some(0),
+            ..Default::default()
+        };
+        let seq: Vec<Record> = PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts.clone(),
+        )
+        .unwrap()
+        .collect();
         for threads in [1, 2, 3] {
             if threads > 1 && size > 10_000 {
                 assert!(split_at_psbs(&trace, threads * 4).len() > 1);
             }
-            let par = decode_parallel(&trace, &TraceParams::default(), &space, &[],
-                &ImageResolver::default(), &opts, threads).unwrap();
-            assert_eq!(par.len(), seq.len(), "size {size} psb {psb_every} threads {threads}");
+            let par = decode_parallel(
+                &trace,
+                &TraceParams::default(),
+                &space,
+                &[],
+                &ImageResolver::default(),
+                &opts,
+                threads,
+            )
+            .unwrap();
+            assert_eq!(
+                par.len(),
+                seq.len(),
+                "size {size} psb {psb_every} threads {threads}"
+            );
             let first = par.iter().zip(&seq).position(|(a, b)| a != b);
             assert_eq!(first, None, "size {size} psb {psb_every} threads {threads}");
         }

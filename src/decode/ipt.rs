@@ -56,8 +56,8 @@ fn check(ret: c_int) -> Result<u32, PtErr> {
 }
 
 /// Status flags returned by libipt on success.
-pub(crate) const PTS_EVENT_PENDING: u32 = sys::pt_status_flag_pts_event_pending as u32;
-pub(crate) const PTS_EOS: u32 = sys::pt_status_flag_pts_eos as u32;
+pub(crate) const PTS_EVENT_PENDING: u32 = sys::pt_status_flag_pts_event_pending;
+pub(crate) const PTS_EOS: u32 = sys::pt_status_flag_pts_eos;
 
 /// Reads memory for libipt from the [`SharedImage`] behind `context`.
 ///
@@ -219,7 +219,6 @@ impl<'a> BlockDecoder<'a> {
             sys::pt_blk_event(self.raw.as_ptr(), ev, std::mem::size_of::<sys::pt_event>())
         })
     }
-
 }
 
 impl Drop for BlockDecoder<'_> {
@@ -343,7 +342,11 @@ impl<'a> PacketDecoder<'a> {
     pub fn next(&mut self, pkt: &mut sys::pt_packet) -> Result<u32, PtErr> {
         // SAFETY: live decoder; pkt is a valid pt_packet of the size we pass.
         check(unsafe {
-            sys::pt_pkt_next(self.raw.as_ptr(), pkt, std::mem::size_of::<sys::pt_packet>())
+            sys::pt_pkt_next(
+                self.raw.as_ptr(),
+                pkt,
+                std::mem::size_of::<sys::pt_packet>(),
+            )
         })
     }
 }
@@ -417,4 +420,102 @@ pub fn has_tsc(trace: &[u8]) -> bool {
         }
     }
     false
+}
+
+/// ptdump-style name and payload text of a decoded packet.
+pub(crate) fn format_packet(p: &sys::pt_packet) -> (&'static str, String) {
+    let ipc_name = |ipc: sys::pt_ip_compression| match ipc {
+        sys::pt_ip_compression_pt_ipc_suppressed => "suppressed",
+        sys::pt_ip_compression_pt_ipc_update_16 => "upd16",
+        sys::pt_ip_compression_pt_ipc_update_32 => "upd32",
+        sys::pt_ip_compression_pt_ipc_update_48 => "upd48",
+        sys::pt_ip_compression_pt_ipc_sext_48 => "sext48",
+        sys::pt_ip_compression_pt_ipc_full => "full",
+        _ => "?",
+    };
+    // SAFETY: every arm reads the union variant libipt fills for that packet type
+    // (intel-pt.h documents the mapping); all variants are plain integer data.
+    unsafe {
+        let ip = |name: &'static str| {
+            let ip = p.payload.ip;
+            if ip.ipc == sys::pt_ip_compression_pt_ipc_suppressed {
+                (name, "ip suppressed".to_string())
+            } else {
+                (name, format!("{}: {:#x}", ipc_name(ip.ipc), ip.ip))
+            }
+        };
+        match p.type_ {
+            sys::pt_packet_type_ppt_pad => ("pad", String::new()),
+            sys::pt_packet_type_ppt_psb => ("psb", String::new()),
+            sys::pt_packet_type_ppt_psbend => ("psbend", String::new()),
+            sys::pt_packet_type_ppt_ovf => ("ovf", String::new()),
+            sys::pt_packet_type_ppt_stop => ("stop", String::new()),
+            sys::pt_packet_type_ppt_fup => ip("fup"),
+            sys::pt_packet_type_ppt_tip => ip("tip"),
+            sys::pt_packet_type_ppt_tip_pge => ip("tip.pge"),
+            sys::pt_packet_type_ppt_tip_pgd => ip("tip.pgd"),
+            sys::pt_packet_type_ppt_tnt_8 | sys::pt_packet_type_ppt_tnt_64 => {
+                let t = p.payload.tnt;
+                let n = u32::from(t.bit_size).min(64);
+                let bits: String = (0..n)
+                    .rev()
+                    .map(|k| if (t.payload >> k) & 1 == 1 { '!' } else { '.' })
+                    .collect();
+                let name = if p.type_ == sys::pt_packet_type_ppt_tnt_8 {
+                    "tnt.8"
+                } else {
+                    "tnt.64"
+                };
+                (name, bits)
+            }
+            sys::pt_packet_type_ppt_mode => {
+                let m = p.payload.mode;
+                if m.leaf == sys::pt_mode_leaf_pt_mol_exec {
+                    let e = m.bits.exec;
+                    let mode = match (e.csl(), e.csd()) {
+                        (1, _) => "64-bit",
+                        (0, 1) => "32-bit",
+                        _ => "16-bit",
+                    };
+                    ("mode.exec", mode.to_string())
+                } else {
+                    let t = m.bits.tsx;
+                    ("mode.tsx", format!("intx={} abrt={}", t.intx(), t.abrt()))
+                }
+            }
+            sys::pt_packet_type_ppt_pip => {
+                let pip = p.payload.pip;
+                ("pip", format!("cr3 {:#x}, nr={}", pip.cr3, pip.nr()))
+            }
+            sys::pt_packet_type_ppt_vmcs => ("vmcs", format!("{:#x}", p.payload.vmcs.base)),
+            sys::pt_packet_type_ppt_cbr => ("cbr", format!("{}", p.payload.cbr.ratio)),
+            sys::pt_packet_type_ppt_tsc => ("tsc", format!("{:#x}", p.payload.tsc.tsc)),
+            sys::pt_packet_type_ppt_tma => {
+                let t = p.payload.tma;
+                ("tma", format!("ctc {:#x}, fc {:#x}", t.ctc, t.fc))
+            }
+            sys::pt_packet_type_ppt_mtc => ("mtc", format!("{:#x}", p.payload.mtc.ctc)),
+            sys::pt_packet_type_ppt_cyc => ("cyc", format!("{:#x}", p.payload.cyc.value)),
+            sys::pt_packet_type_ppt_mnt => ("mnt", format!("{:#x}", p.payload.mnt.payload)),
+            sys::pt_packet_type_ppt_exstop => ("exstop", format!("ip={}", p.payload.exstop.ip())),
+            sys::pt_packet_type_ppt_mwait => {
+                let m = p.payload.mwait;
+                ("mwait", format!("hints {:#x}, ext {:#x}", m.hints, m.ext))
+            }
+            sys::pt_packet_type_ppt_pwre => {
+                let w = p.payload.pwre;
+                ("pwre", format!("c{}.{}", w.state, w.sub_state))
+            }
+            sys::pt_packet_type_ppt_pwrx => {
+                let w = p.payload.pwrx;
+                ("pwrx", format!("last c{}, deepest c{}", w.last, w.deepest))
+            }
+            sys::pt_packet_type_ppt_ptw => {
+                let w = p.payload.ptw;
+                ("ptw", format!("{:#x}, ip={}", w.payload, w.ip()))
+            }
+            sys::pt_packet_type_ppt_unknown => ("unknown", String::new()),
+            _ => ("other", format!("type {}", p.type_)),
+        }
+    }
 }

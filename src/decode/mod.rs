@@ -16,6 +16,7 @@ pub mod image;
 mod insn;
 mod ipt;
 pub use ipt::PsbInfo;
+pub mod packets;
 pub mod parallel;
 pub mod pipeline;
 pub mod records;
@@ -41,11 +42,7 @@ pub struct DecodeError {
 }
 
 impl DecodeError {
-    pub fn new(
-        source: impl std::fmt::Display,
-        offset: u64,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn new(source: impl std::fmt::Display, offset: u64, message: impl Into<String>) -> Self {
         DecodeError {
             source_name: source.to_string(),
             offset,

@@ -119,8 +119,8 @@ pub fn decode_parallel(
         )?;
         return Ok(dec.collect());
     }
-    let results: Vec<Mutex<Option<Result<Vec<Record>, DecodeError>>>> =
-        segs.iter().map(|_| Mutex::new(None)).collect();
+    type Slot = Mutex<Option<Result<Vec<Record>, DecodeError>>>;
+    let results: Vec<Slot> = segs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads.min(segs.len()) {
@@ -152,11 +152,13 @@ pub fn decode_parallel(
     });
     let mut chunks = Vec::with_capacity(segs.len());
     for (k, m) in results.into_iter().enumerate() {
-        let r = m
-            .into_inner()
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| Err(DecodeError::new(&opts.source, segs[k].start as u64, "decoder thread failed")))?;
+        let r = m.into_inner().ok().flatten().unwrap_or_else(|| {
+            Err(DecodeError::new(
+                &opts.source,
+                segs[k].start as u64,
+                "decoder thread failed",
+            ))
+        })?;
         chunks.push(r);
     }
     Ok(stitch(chunks, &segs))

@@ -92,9 +92,8 @@ impl<'a> PtDecoder<'a> {
             Err(e) if e.is_eos() => {
                 // Empty trace: a decoder over one dummy byte that reports nothing.
                 static ONE: [u8; 1] = [0];
-                let d = BlockDecoder::new(cfg, &ONE, shared.clone()).map_err(|e| {
-                    DecodeError::new(&opts.source, opts.base_offset, e.text())
-                })?;
+                let d = BlockDecoder::new(cfg, &ONE, shared.clone())
+                    .map_err(|e| DecodeError::new(&opts.source, opts.base_offset, e.text()))?;
                 (d, State::Done)
             }
             Err(e) => {

@@ -114,7 +114,11 @@ pub struct Gap {
 
 impl std::fmt::Display for Gap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: PT offset {:#x}: {}", self.source, self.pt_offset, self.error)?;
+        write!(
+            f,
+            "{}: PT offset {:#x}: {}",
+            self.source, self.pt_offset, self.error
+        )?;
         if let Some(ip) = self.ip {
             write!(f, " (ip {ip:#x})")?;
         }

@@ -341,7 +341,15 @@ mod tests {
     #[test]
     fn mmap2_roundtrip_and_garbage() {
         let mut buf = encode_mmap2(1, 2, 0x400000, 0x1000, 0, Path::new("/bin/x"), 77);
-        buf.extend(encode_mmap2(1, 2, 0x500000, 0x2000, 0x1000, Path::new("/y"), 5));
+        buf.extend(encode_mmap2(
+            1,
+            2,
+            0x500000,
+            0x2000,
+            0x1000,
+            Path::new("/y"),
+            5,
+        ));
         let ev = parse_records("sb", &buf, TEST_SAMPLE_TYPE).unwrap();
         assert_eq!(ev.len(), 2);
         // Sorted by time: the t=5 record first.

@@ -103,7 +103,10 @@ impl PtWriter {
     /// One TNT packet with `bits` (true = taken) in execution order: short TNT for up to
     /// 6 bits, long TNT for 7..=47.
     pub fn tnt(&mut self, bits: &[bool]) -> &mut Self {
-        assert!(!bits.is_empty() && bits.len() <= 47, "TNT holds 1..=47 bits");
+        assert!(
+            !bits.is_empty() && bits.len() <= 47,
+            "TNT holds 1..=47 bits"
+        );
         let mut payload = 0u64;
         for &b in bits {
             payload = (payload << 1) | u64::from(b);

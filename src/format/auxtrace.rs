@@ -127,7 +127,8 @@ pub fn unwrap(data: &[u8]) -> Result<AuxTrace, AuxError> {
 
 /// Wraps `pt` into AUXTRACE records of at most `chunk` bytes each (tests and tools).
 pub fn wrap(pt: &[u8], chunk: usize, tid: u32, cpu: u32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(pt.len() + AUXTRACE_HEADER_SIZE * (pt.len() / chunk.max(1) + 1));
+    let mut out =
+        Vec::with_capacity(pt.len() + AUXTRACE_HEADER_SIZE * (pt.len() / chunk.max(1) + 1));
     let mut aux_off = 0u64;
     for piece in pt.chunks(chunk.max(1)) {
         out.extend_from_slice(&PERF_RECORD_AUXTRACE.to_le_bytes());

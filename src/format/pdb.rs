@@ -95,11 +95,7 @@ fn entries(data: &[u8], pos: usize, types: &[u8]) -> Result<Vec<u64>, PdbError> 
 
 /// Parses a whole `.raw.pt` file.
 pub fn parse(data: &[u8]) -> Result<RawPtFile, PdbError> {
-    let h = entries(
-        data,
-        0,
-        &[PDB_PID, PDB_THREAD_ID, PDB_PT_METADATA_BOUNDARY],
-    )?;
+    let h = entries(data, 0, &[PDB_PID, PDB_THREAD_ID, PDB_PT_METADATA_BOUNDARY])?;
     if h[2] != PT_METADATA_SIZE as u64 {
         return Err(err(
             16,
@@ -124,16 +120,14 @@ pub fn parse(data: &[u8]) -> Result<RawPtFile, PdbError> {
             ],
         )?;
         let (boundary, nargs) = (h[2], h[5]);
-        let fixed = PDB_SYSCALL_HEADER_SIZE
-            .checked_add(nargs.checked_mul(8).unwrap_or(u64::MAX))
-            .unwrap_or(u64::MAX);
+        let fixed = PDB_SYSCALL_HEADER_SIZE.saturating_add(nargs.saturating_mul(8));
         if boundary < fixed {
             return Err(err(
                 pos + 16,
                 format!("PDB boundary {boundary} is smaller than its header and {nargs} args"),
             ));
         }
-        let end = (pos as u64).checked_add(boundary).unwrap_or(u64::MAX);
+        let end = (pos as u64).saturating_add(boundary);
         if end > data.len() as u64 {
             return Err(err(
                 pos + 16,
