@@ -134,6 +134,11 @@ impl<'a> PtDecoder<'a> {
         })
     }
 
+    /// The decoder's current position in the PT stream (for progress reporting).
+    pub fn position(&self) -> u64 {
+        self.opts.base_offset + self.dec.offset().unwrap_or(0)
+    }
+
     /// Image problems met so far (files named by sideband that could not be opened...).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
