@@ -30,8 +30,15 @@ pub enum Syntax {
     Att,
 }
 
+/// Boxed so that `Command::Decode` stays small (the options are many).
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    opts: Box<DecodeArgs>,
+}
+
+#[derive(clap::Args)]
+pub struct DecodeArgs {
     /// Raw PT packets.
     #[arg(long, value_name = "FILE", group = "input")]
     pt: Option<PathBuf>,
@@ -235,6 +242,7 @@ impl<W: Write> Printer<W> {
 }
 
 pub fn run(args: Args) -> CmdResult {
+    let args = *args.opts;
     // Input bytes and windows.
     let (data, windows, mut params) = if let Some(p) = &args.pt {
         let data = read(p)?;
