@@ -457,17 +457,17 @@ fn exec_comm_resets_the_image() {
     let f = dir.path().join("c.bin");
     std::fs::write(&f, &code).unwrap();
     let mut sb = encode_mmap2(1, 1, addr, 0x1000, 0, &f, 10);
-    // COMM with the exec flag at time 200 (sample_id: tid, time, cpu, identifier).
-    let mut comm = vec![];
-    comm.extend_from_slice(&3u32.to_le_bytes());
-    comm.extend_from_slice(&(0x2000u16 | 2).to_le_bytes());
-    comm.extend_from_slice(&(8u16 + 8 + 16 + 32).to_le_bytes());
-    comm.extend_from_slice(&1u32.to_le_bytes());
-    comm.extend_from_slice(&1u32.to_le_bytes());
-    comm.extend_from_slice(b"newprog\0\0\0\0\0\0\0\0\0");
-    comm.extend_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
-    comm.extend_from_slice(&200u64.to_le_bytes());
-    comm.extend_from_slice(&[0u8; 16]);
+    // COMM with the exec flag at time 200 (the lead's encoder, project sample_type).
+    use drpttracer::sideband::record::{encode_comm, SampleId};
+    let sample = SampleId {
+        pid: Some(1),
+        tid: Some(1),
+        time: Some(200),
+        cpu: Some(0),
+        identifier: Some(0),
+        ..Default::default()
+    };
+    let comm = encode_comm(1, 1, "newprog", true, &sample, TEST_SAMPLE_TYPE);
     sb.extend(comm);
     let mut w = PtWriter::new();
     w.psb_plus(Some(100), None).tip_pge(addr).tip_pgd(None);
@@ -633,5 +633,64 @@ fn kernel_address_from_kcore_with_kallsyms_symbol() {
     assert_eq!(
         syms.lookup(ips[2]),
         Some(("entry_SYSCALL_test", ips[2] - kbase))
+    );
+}
+
+#[test]
+fn aux_truncation_in_sideband_is_a_lost_data_gap() {
+    use drpttracer::decode::GapKind;
+    use drpttracer::sideband::record::{encode_aux, SampleId};
+    let (code, ips) = cond_chain(1);
+    let sample = SampleId {
+        pid: Some(1),
+        tid: Some(1),
+        time: Some(150),
+        cpu: Some(0),
+        identifier: Some(0),
+        ..Default::default()
+    };
+    let sb = encode_aux(0, 4096, 0x1, &sample, TEST_SAMPLE_TYPE);
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None)
+        .tip_pge(ips[0])
+        .tnt(&[true])
+        .tip_pgd(None);
+    w.psb_plus(Some(200), None)
+        .tip_pge(ips[0])
+        .tnt(&[false])
+        .tip_pgd(None);
+    let params = TraceParams {
+        time: Some(TimeConv {
+            time_shift: 0,
+            time_mult: 1,
+            time_zero: 0,
+        }),
+        ..Default::default()
+    };
+    let recs = decode_window(
+        &w.buf,
+        Some((&sb, TEST_SAMPLE_TYPE)),
+        &params,
+        &image(&code, BASE),
+        &ImageSpec::default(),
+        &WindowOptions {
+            source: "aux.pt".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let g = gaps(&recs);
+    assert_eq!(g.len(), 1, "{g:?}");
+    assert_eq!(g[0].kind, GapKind::LostData);
+    assert!(g[0].error.contains("truncated"), "{}", g[0].error);
+    // The gap sits between the two enabled stretches (after the first, before the second).
+    let gi = recs
+        .iter()
+        .position(|r| matches!(r, Record::Gap(_)))
+        .unwrap();
+    assert_eq!(pcs(&recs[..gi]), vec![ips[0], ips[1], ips[3], ips[4]]);
+    assert_eq!(
+        pcs(&recs[gi..]),
+        vec![ips[0], ips[1], ips[2], ips[3], ips[4]]
     );
 }

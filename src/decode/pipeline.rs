@@ -208,8 +208,18 @@ impl<'a> PtDecoder<'a> {
         let Ok(mut space) = self.shared.space.try_borrow_mut() else {
             return;
         };
-        let w = self.timeline.advance(now, &mut space, &mut self.resolver);
+        let (w, losses) = self.timeline.advance(now, &mut space, &mut self.resolver);
         drop(space);
+        for what in losses {
+            let pt_offset = self.offset();
+            self.queue.push_back(Record::Gap(Box::new(Gap {
+                kind: GapKind::LostData,
+                ip: None,
+                pt_offset,
+                source: self.opts.source.clone(),
+                error: what,
+            })));
+        }
         for msg in w {
             if !self.warnings.contains(&msg) {
                 self.warnings.push(msg);

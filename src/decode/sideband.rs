@@ -11,21 +11,13 @@ use std::path::{Path, PathBuf};
 use super::image::{AddressSpace, FileCache};
 use super::DecodeError;
 
-/// perf record types used here (see REFERENCE §2).
-pub const PERF_RECORD_MMAP: u32 = 1;
-pub const PERF_RECORD_LOST: u32 = 2;
-pub const PERF_RECORD_COMM: u32 = 3;
-pub const PERF_RECORD_MMAP2: u32 = 10;
-pub const PERF_RECORD_AUX: u32 = 11;
-/// `misc` flag of COMM records caused by exec.
-pub const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
-/// sample_type bits that put fields into the sample_id trailer.
-pub const PERF_SAMPLE_TID: u64 = 1 << 1;
-pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
-pub const PERF_SAMPLE_ID: u64 = 1 << 6;
-pub const PERF_SAMPLE_CPU: u64 = 1 << 7;
-pub const PERF_SAMPLE_STREAM_ID: u64 = 1 << 9;
-pub const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
+use crate::sideband::record::{
+    self as perf, Mapping, Record as PerfRecord, RecordIter, SampleId, PERF_AUX_FLAG_OVERWRITE,
+    PERF_AUX_FLAG_TRUNCATED,
+};
+
+/// `sample_type` used by [`encode_mmap2`] (the project's sideband sample_type).
+pub const TEST_SAMPLE_TYPE: u64 = perf::SIDEBAND_SAMPLE_TYPE;
 
 /// One change of the traced image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,131 +44,56 @@ pub struct ImageEvent {
 }
 
 /// Parses a buffer of raw perf records (as copied out of a perf DATA ring) with the given
-/// `sample_type` (it decides the sample_id trailer layout). Unknown record types are
-/// skipped; a malformed record stops parsing with an error naming its offset.
+/// `sample_type` (it decides the sample_id trailer layout) into image events, sorted by
+/// time. Records that do not change the image are skipped; a malformed record is an error
+/// naming `source` and its offset.
 pub fn parse_records(
     source: &str,
     data: &[u8],
     sample_type: u64,
 ) -> Result<Vec<ImageEvent>, DecodeError> {
+    const PROT_EXEC: u32 = 4;
     let mut out = Vec::new();
-    let mut pos = 0usize;
-    let trailer_len = [
-        PERF_SAMPLE_TID,
-        PERF_SAMPLE_TIME,
-        PERF_SAMPLE_ID,
-        PERF_SAMPLE_STREAM_ID,
-        PERF_SAMPLE_CPU,
-        PERF_SAMPLE_IDENTIFIER,
-    ]
-    .iter()
-    .filter(|&&b| sample_type & b != 0)
-    .count()
-        * 8;
-    let time_at = usize::from(sample_type & PERF_SAMPLE_TID != 0) * 8;
-    let cpu_at = time_at
-        + [PERF_SAMPLE_TIME, PERF_SAMPLE_ID, PERF_SAMPLE_STREAM_ID]
-            .iter()
-            .filter(|&&b| sample_type & b != 0)
-            .count()
-            * 8;
-    while pos + 8 <= data.len() {
-        let u32_at = |b: &[u8], o: usize| -> Option<u32> {
-            Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
-        };
-        let u64_at = |b: &[u8], o: usize| -> Option<u64> {
-            Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
-        };
-        let ty = u32_at(data, pos).unwrap_or(0);
-        let misc = u16::from_le_bytes([data[pos + 4], data[pos + 5]]);
-        let size = usize::from(u16::from_le_bytes([data[pos + 6], data[pos + 7]]));
-        if size < 8 || pos + size > data.len() {
-            return Err(DecodeError::new(
-                source,
-                pos as u64,
-                format!(
-                    "perf record (type {ty}) has size {size}, which does not fit the {} bytes left; \
-                     is --sample-type right?",
-                    data.len() - pos
-                ),
-            ));
-        }
-        let rec = &data[pos..pos + size];
-        let body_end = size.saturating_sub(trailer_len).max(8);
-        let trailer = rec.get(body_end..).unwrap_or(&[]);
-        let time = if sample_type & PERF_SAMPLE_TIME != 0 {
-            u64_at(trailer, time_at)
-        } else {
-            None
-        };
-        let cpu = if sample_type & PERF_SAMPLE_CPU != 0 {
-            u32_at(trailer, cpu_at)
-        } else {
-            None
-        };
-        let body = &rec[8..body_end];
-        let cstr = |b: &[u8]| -> String {
-            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-            String::from_utf8_lossy(&b[..end]).into_owned()
-        };
-        let bad = |what: &str| {
+    for item in RecordIter::new(data, sample_type) {
+        let (_, rec) = item.map_err(|e| {
             DecodeError::new(
                 source,
-                pos as u64,
-                format!("truncated {what} record (size {size})"),
+                e.offset as u64,
+                format!("{} (is --sample-type right?)", e.reason),
             )
+        })?;
+        let map = |m: Mapping| ImageChange::Map {
+            addr: m.addr,
+            len: m.len,
+            pgoff: m.pgoff,
+            filename: m.filename,
         };
-        let change = match ty {
-            PERF_RECORD_MMAP => {
-                let (addr, len, pgoff) = (
-                    u64_at(body, 8).ok_or_else(|| bad("MMAP"))?,
-                    u64_at(body, 16).ok_or_else(|| bad("MMAP"))?,
-                    u64_at(body, 24).ok_or_else(|| bad("MMAP"))?,
-                );
-                Some(ImageChange::Map {
-                    addr,
-                    len,
-                    pgoff,
-                    filename: cstr(body.get(32..).unwrap_or(&[])),
-                })
-            }
-            PERF_RECORD_MMAP2 => {
-                let (addr, len, pgoff) = (
-                    u64_at(body, 8).ok_or_else(|| bad("MMAP2"))?,
-                    u64_at(body, 16).ok_or_else(|| bad("MMAP2"))?,
-                    u64_at(body, 24).ok_or_else(|| bad("MMAP2"))?,
-                );
-                // maj/min/ino/ino_generation (or build id): 24 bytes, then prot, flags.
-                let prot = u32_at(body, 56).ok_or_else(|| bad("MMAP2"))?;
-                const PROT_EXEC: u32 = 4;
-                (prot & PROT_EXEC != 0).then(|| ImageChange::Map {
-                    addr,
-                    len,
-                    pgoff,
-                    filename: cstr(body.get(64..).unwrap_or(&[])),
-                })
-            }
-            PERF_RECORD_COMM if misc & PERF_RECORD_MISC_COMM_EXEC != 0 => Some(ImageChange::Exec {
-                comm: cstr(body.get(8..).unwrap_or(&[])),
+        let change = match rec.record {
+            // MMAP records exist for executable mappings only.
+            PerfRecord::Mmap(m) => Some(map(m)),
+            PerfRecord::Mmap2(m) if m.prot & PROT_EXEC != 0 => Some(map(m)),
+            PerfRecord::Comm {
+                comm, exec: true, ..
+            } => Some(ImageChange::Exec { comm }),
+            PerfRecord::Lost { lost, .. } => Some(ImageChange::Lost {
+                what: format!("{lost} sideband records lost"),
             }),
-            PERF_RECORD_LOST => Some(ImageChange::Lost {
-                what: format!(
-                    "{} sideband records lost",
-                    u64_at(body, 8).ok_or_else(|| bad("LOST"))?
-                ),
-            }),
-            PERF_RECORD_AUX => {
-                let flags = u64_at(body, 16).ok_or_else(|| bad("AUX"))?;
-                (flags & 0x3 != 0).then(|| ImageChange::Lost {
+            PerfRecord::Aux { flags, .. }
+                if flags & (PERF_AUX_FLAG_TRUNCATED | PERF_AUX_FLAG_OVERWRITE) != 0 =>
+            {
+                Some(ImageChange::Lost {
                     what: format!("AUX flags {flags:#x}: trace truncated or overwritten"),
                 })
             }
             _ => None,
         };
         if let Some(change) = change {
-            out.push(ImageEvent { time, cpu, change });
+            out.push(ImageEvent {
+                time: rec.sample.time,
+                cpu: rec.sample.cpu,
+                change,
+            });
         }
-        pos += size;
     }
     // Stable sort keeps same-time records in stream order.
     out.sort_by_key(|e| e.time.unwrap_or(0));
@@ -271,31 +188,34 @@ impl ImageTimeline {
     }
 
     /// Applies every pending event with time <= `now` (all of them when `now` is None).
-    /// Returns (whether anything changed, warnings).
+    /// Returns warnings (images that could not be loaded) and the data losses passed.
     pub fn advance(
         &mut self,
         now: Option<u64>,
         space: &mut AddressSpace,
         resolver: &mut ImageResolver,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, Vec<String>) {
         let mut warnings = Vec::new();
+        let mut losses = Vec::new();
         while let Some(ev) = self.events.get(self.next) {
             if let (Some(now), Some(t)) = (now, ev.time) {
                 if t > now {
                     break;
                 }
             }
+            if let ImageChange::Lost { what } = &ev.change {
+                losses.push(what.clone());
+            }
             if let Some(w) = resolver.apply(space, &ev.change) {
                 warnings.push(w);
             }
             self.next += 1;
         }
-        warnings
+        (warnings, losses)
     }
 }
 
-/// Encodes an MMAP2 record (executable mapping) with a sample_id trailer of
-/// TID|TIME|CPU|IDENTIFIER, for tests and tools that synthesize sideband.
+/// Encodes an executable MMAP2 record with a [`TEST_SAMPLE_TYPE`] trailer (tests, tools).
 pub fn encode_mmap2(
     pid: u32,
     tid: u32,
@@ -305,34 +225,30 @@ pub fn encode_mmap2(
     filename: &Path,
     time: u64,
 ) -> Vec<u8> {
-    let name = filename.as_os_str().as_encoded_bytes();
-    let name_len = (name.len() + 1).div_ceil(8) * 8;
-    let size = 8 + 8 + 24 + 24 + 8 + name_len + 32;
-    let mut r = Vec::with_capacity(size);
-    r.extend_from_slice(&PERF_RECORD_MMAP2.to_le_bytes());
-    r.extend_from_slice(&2u16.to_le_bytes()); // PERF_RECORD_MISC_USER
-    r.extend_from_slice(&(size as u16).to_le_bytes());
-    r.extend_from_slice(&pid.to_le_bytes());
-    r.extend_from_slice(&tid.to_le_bytes());
-    r.extend_from_slice(&addr.to_le_bytes());
-    r.extend_from_slice(&len.to_le_bytes());
-    r.extend_from_slice(&pgoff.to_le_bytes());
-    r.extend_from_slice(&[0u8; 24]); // maj, min, ino, ino_generation
-    r.extend_from_slice(&5u32.to_le_bytes()); // PROT_READ|PROT_EXEC
-    r.extend_from_slice(&2u32.to_le_bytes()); // MAP_PRIVATE
-    r.extend_from_slice(name);
-    r.resize(r.len() + name_len - name.len(), 0);
-    r.extend_from_slice(&pid.to_le_bytes());
-    r.extend_from_slice(&tid.to_le_bytes());
-    r.extend_from_slice(&time.to_le_bytes());
-    r.extend_from_slice(&0u64.to_le_bytes()); // cpu, res
-    r.extend_from_slice(&0u64.to_le_bytes()); // identifier
-    r
+    let m = Mapping {
+        pid,
+        tid,
+        addr,
+        len,
+        pgoff,
+        maj: 0,
+        min: 0,
+        ino: 0,
+        ino_generation: 0,
+        prot: 5,  // PROT_READ | PROT_EXEC
+        flags: 2, // MAP_PRIVATE
+        filename: filename.to_string_lossy().into_owned(),
+    };
+    let sample = SampleId {
+        pid: Some(pid),
+        tid: Some(tid),
+        time: Some(time),
+        cpu: Some(0),
+        identifier: Some(0),
+        ..Default::default()
+    };
+    perf::encode_mmap2(&m, &sample, TEST_SAMPLE_TYPE)
 }
-
-/// `sample_type` used by [`encode_mmap2`]: TID|TIME|CPU|IDENTIFIER.
-pub const TEST_SAMPLE_TYPE: u64 =
-    PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU | PERF_SAMPLE_IDENTIFIER;
 
 #[cfg(test)]
 mod tests {
