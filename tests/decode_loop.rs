@@ -86,3 +86,37 @@ fn parallel_decode_equals_sequential() {
         }
     }
 }
+
+#[test]
+fn slices_and_iterator_agree() {
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(8_000, 500, 3);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let mk = || {
+        PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            WindowOptions {
+                window_id: Some(4),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let by_iter: Vec<Record> = mk().collect();
+    let mut dec = mk();
+    let mut by_slice = vec![];
+    let mut slices = 0;
+    while let Some(s) = dec.next_slice() {
+        assert!(!s.is_empty());
+        by_slice.extend_from_slice(s);
+        slices += 1;
+    }
+    assert_eq!(by_slice, by_iter);
+    assert_eq!(by_iter[0], Record::WindowId(4));
+    assert!(slices > 100 && slices < by_iter.len());
+}

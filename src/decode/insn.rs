@@ -119,6 +119,42 @@ impl Hasher for AddrHasher {
 
 type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
+/// Identity of a libipt block: the same start, length and mode always expand to the same
+/// instructions (for one image generation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockKey {
+    pub ip: u64,
+    pub ninsn: u16,
+    pub mode: u8,
+}
+
+impl std::hash::Hash for BlockKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.ip ^ (u64::from(self.ninsn) << 40) ^ (u64::from(self.mode) << 58));
+    }
+}
+
+/// Cache of expanded blocks: the records a block expands to and the address after it.
+#[derive(Default)]
+pub struct BlockCache {
+    generation: Option<u64>,
+    pub map: HashMap<
+        BlockKey,
+        (std::rc::Rc<[super::records::Record]>, u64),
+        BuildHasherDefault<AddrHasher>,
+    >,
+}
+
+impl BlockCache {
+    /// Drops everything when the image changed.
+    pub fn validate(&mut self, generation: u64) {
+        if self.generation != Some(generation) {
+            self.map.clear();
+            self.generation = Some(generation);
+        }
+    }
+}
+
 /// Cache of [`InsnInfo`] by (address, mode), valid for one image generation.
 #[derive(Default)]
 pub struct InsnCache {

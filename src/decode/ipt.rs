@@ -138,14 +138,25 @@ impl<'a> BlockDecoder<'a> {
     /// Makes libipt's file sections match the shared address space (after changes).
     /// File-backed segments become libipt file sections (fast, block-cached); in-memory
     /// segments are served by the read callback.
+    #[inline]
     pub fn sync_image(&mut self) -> Result<bool, PtErr> {
-        let space = match self.shared.space.try_borrow() {
+        let generation = match self.shared.space.try_borrow() {
+            Ok(s) => s.generation(),
+            Err(_) => return Err(PtErr(sys::pt_error_code_pte_internal as i32)),
+        };
+        if self.synced_generation == Some(generation) {
+            return Ok(false);
+        }
+        let shared = self.shared.clone();
+        let space = match shared.space.try_borrow() {
             Ok(s) => s,
             Err(_) => return Err(PtErr(sys::pt_error_code_pte_internal as i32)),
         };
-        if self.synced_generation == Some(space.generation()) {
-            return Ok(false);
-        }
+        self.push_sections(&space)
+    }
+
+    #[cold]
+    fn push_sections(&mut self, space: &AddressSpace) -> Result<bool, PtErr> {
         // SAFETY: the decoder is live and not running (we are between libipt calls).
         let img = unsafe { sys::pt_blk_get_image(self.raw.as_ptr()) };
         // SAFETY: an all-zero pt_asid with its size set = "any address space"; the

@@ -96,7 +96,6 @@ fn trim_overlap(recs: &mut Vec<Record>, fup: u64) {
 
 /// Decodes `trace` on `threads` threads (chunks handed out in order, 4 per thread) and
 /// returns records identical to one [`PtDecoder`] pass over the whole trace.
-#[allow(clippy::too_many_arguments)]
 pub fn decode_parallel(
     trace: &[u8],
     params: &TraceParams,
@@ -106,6 +105,34 @@ pub fn decode_parallel(
     opts: &WindowOptions,
     threads: usize,
 ) -> Result<Vec<Record>, DecodeError> {
+    let chunks = decode_parallel_chunks(trace, params, image, events, resolver, opts, threads)?;
+    let mut out = Vec::with_capacity(chunks.iter().map(Vec::len).sum());
+    for mut c in chunks {
+        out.append(&mut c);
+    }
+    Ok(out)
+}
+
+/// Collects a decoder's records (block slices, no per-record iteration).
+fn collect(mut dec: PtDecoder<'_>) -> Vec<Record> {
+    let mut out = Vec::new();
+    while let Some(s) = dec.next_slice() {
+        out.extend_from_slice(s);
+    }
+    out
+}
+
+/// Like [`decode_parallel`], but leaves the stitched records in per-chunk vectors (their
+/// concatenation is the sequential result) and so saves one copy of everything.
+pub fn decode_parallel_chunks(
+    trace: &[u8],
+    params: &TraceParams,
+    image: &AddressSpace,
+    events: &[ImageEvent],
+    resolver: &ImageResolver,
+    opts: &WindowOptions,
+    threads: usize,
+) -> Result<Vec<Vec<Record>>, DecodeError> {
     let threads = threads.max(1);
     let segs = split_at_psbs(trace, threads * 4);
     if segs.len() <= 1 {
@@ -117,7 +144,7 @@ pub fn decode_parallel(
             resolver.clone(),
             opts.clone(),
         )?;
-        return Ok(dec.collect());
+        return Ok(vec![collect(dec)]);
     }
     type Slot = Mutex<Option<Result<Vec<Record>, DecodeError>>>;
     let results: Vec<Slot> = segs.iter().map(|_| Mutex::new(None)).collect();
@@ -143,7 +170,7 @@ pub fn decode_parallel(
                     resolver.clone(),
                     o,
                 )
-                .map(|d| d.collect::<Vec<Record>>());
+                .map(collect);
                 if let Ok(mut slot) = results[k].lock() {
                     *slot = Some(r);
                 }
@@ -164,25 +191,24 @@ pub fn decode_parallel(
     Ok(stitch(chunks, &segs))
 }
 
-/// Joins per-chunk records (see the module docs).
-fn stitch(chunks: Vec<Vec<Record>>, segs: &[Segment]) -> Vec<Record> {
-    let total = chunks.iter().map(Vec::len).sum();
-    let mut out: Vec<Record> = Vec::with_capacity(total);
-    for (k, mut recs) in chunks.into_iter().enumerate() {
-        let seg = segs[k];
-        let prev_clean = !matches!(out.last(), Some(Record::Gap(_)));
-        if let (true, Some(fup)) = (k > 0, seg.fup) {
-            if prev_clean {
-                trim_overlap(&mut out, fup);
-                // Sequential decoding crosses this PSB silently.
-                let lead = recs
-                    .iter()
-                    .take_while(|r| matches!(r, Record::Timestamp { .. }))
-                    .count();
-                recs.drain(..lead);
-            }
+/// Stitches per-chunk records in place (see the module docs).
+fn stitch(mut chunks: Vec<Vec<Record>>, segs: &[Segment]) -> Vec<Vec<Record>> {
+    for k in 1..chunks.len() {
+        let Some(fup) = segs[k].fup else { continue };
+        // The last non-empty earlier chunk holds the tail to trim.
+        let Some(prev) = chunks[..k].iter().rposition(|c| !c.is_empty()) else {
+            continue;
+        };
+        if matches!(chunks[prev].last(), Some(Record::Gap(_))) {
+            continue;
         }
-        out.append(&mut recs);
+        trim_overlap(&mut chunks[prev], fup);
+        // Sequential decoding crosses this PSB silently.
+        let lead = chunks[k]
+            .iter()
+            .take_while(|r| matches!(r, Record::Timestamp { .. }))
+            .count();
+        chunks[k].drain(..lead);
     }
-    out
+    chunks
 }

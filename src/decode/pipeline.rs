@@ -10,11 +10,17 @@ use std::rc::Rc;
 
 use super::config::TraceParams;
 use super::image::AddressSpace;
-use super::insn::InsnCache;
+use super::insn::{BlockCache, BlockKey, InsnCache};
 use super::ipt::{self, BlockDecoder, Ev, PtErr, SharedImage, PTS_EOS, PTS_EVENT_PENDING};
 use super::records::{ExecMode, Gap, GapKind, Instruction, Record};
 use super::sideband::{ImageEvent, ImageResolver, ImageTimeline};
 use super::DecodeError;
+
+/// A queued output unit: one record, or a (shared, cached) block's records.
+enum Item {
+    Rec(Record),
+    Block(Rc<[Record]>),
+}
 
 /// Per-window decoding options.
 #[derive(Debug, Clone, Default)]
@@ -45,7 +51,13 @@ pub struct PtDecoder<'a> {
     resolver: ImageResolver,
     params: TraceParams,
     cache: InsnCache,
-    queue: VecDeque<Record>,
+    blocks: BlockCache,
+    queue: VecDeque<Item>,
+    /// Position in the block at the front of `queue` (record iteration).
+    block_pos: usize,
+    /// Records handed out by `next_slice` (markers batch / current block).
+    batch: Vec<Record>,
+    current: Option<Rc<[Record]>>,
     state: State,
     opts: WindowOptions,
     /// Sync offset of the last failed decode (resync must move past it).
@@ -58,6 +70,7 @@ pub struct PtDecoder<'a> {
     insns_after_eos: u64,
     progress_offset: Option<u64>,
     insns_without_progress: u64,
+    insns_since_check: u64,
     /// The trace's time: TSC of the latest event that carried one.
     tsc: Option<u64>,
     last_timestamp: Option<u64>,
@@ -67,6 +80,8 @@ pub struct PtDecoder<'a> {
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
+/// How often (in instructions) the trace position is checked for progress.
+const PROGRESS_CHECK: u64 = 1 << 16;
 
 /// Instructions decoded after the end of the trace before giving up (see `run_once`).
 const MAX_INSNS_AFTER_EOS: u64 = 1 << 16;
@@ -106,10 +121,10 @@ impl<'a> PtDecoder<'a> {
         };
         let mut queue = VecDeque::with_capacity(1024);
         if let Some(w) = opts.window_id {
-            queue.push_back(Record::WindowId(w));
+            queue.push_back(Item::Rec(Record::WindowId(w)));
         }
         if let Some(c) = opts.cpu {
-            queue.push_back(Record::Cpu(c));
+            queue.push_back(Item::Rec(Record::Cpu(c)));
         }
         Ok(PtDecoder {
             dec,
@@ -118,7 +133,11 @@ impl<'a> PtDecoder<'a> {
             resolver,
             params,
             cache: InsnCache::default(),
+            blocks: BlockCache::default(),
             queue,
+            block_pos: 0,
+            batch: Vec::new(),
+            current: None,
             state,
             opts,
             last_error_sync: None,
@@ -128,6 +147,7 @@ impl<'a> PtDecoder<'a> {
             insns_after_eos: 0,
             progress_offset: None,
             insns_without_progress: 0,
+            insns_since_check: 0,
             tsc: None,
             last_timestamp: None,
             trace_has_tsc: params.time.is_some() && ipt::has_tsc(pt),
@@ -159,13 +179,13 @@ impl<'a> PtDecoder<'a> {
     }
 
     fn push_gap_text(&mut self, error: String, ip: Option<u64>) {
-        self.queue.push_back(Record::Gap(Box::new(Gap {
+        self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
             kind: GapKind::DecodeError,
             ip,
             pt_offset: self.offset(),
             source: self.opts.source.clone(),
             error,
-        })));
+        }))));
     }
 
     /// Emits a timestamp for `tsc` unless it repeats the last one.
@@ -176,7 +196,8 @@ impl<'a> PtDecoder<'a> {
         }
         self.last_timestamp = Some(tsc);
         let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
-        self.queue.push_back(Record::Timestamp { tsc, perf_time });
+        self.queue
+            .push_back(Item::Rec(Record::Timestamp { tsc, perf_time }));
     }
 
     /// The sync point's timestamp, once the trace's time is known.
@@ -212,13 +233,13 @@ impl<'a> PtDecoder<'a> {
         drop(space);
         for what in losses {
             let pt_offset = self.offset();
-            self.queue.push_back(Record::Gap(Box::new(Gap {
+            self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
                 kind: GapKind::LostData,
                 ip: None,
                 pt_offset,
                 source: self.opts.source.clone(),
                 error: what,
-            })));
+            }))));
         }
         for msg in w {
             if !self.warnings.contains(&msg) {
@@ -284,19 +305,22 @@ impl<'a> PtDecoder<'a> {
         }
         match kind {
             Ev::Enabled { ip, .. } => {
-                self.queue.push_back(Record::TraceEnabled { ip });
+                self.queue.push_back(Item::Rec(Record::TraceEnabled { ip }));
             }
             Ev::Disabled { ip } => {
-                self.queue.push_back(Record::TraceDisabled { ip });
+                self.queue
+                    .push_back(Item::Rec(Record::TraceDisabled { ip }));
             }
             Ev::AsyncDisabled { at, .. } => {
-                self.queue.push_back(Record::TraceDisabled { ip: Some(at) });
+                self.queue
+                    .push_back(Item::Rec(Record::TraceDisabled { ip: Some(at) }));
             }
             Ev::AsyncBranch { from, to } => {
-                self.queue.push_back(Record::KernelXfer { from, to });
+                self.queue
+                    .push_back(Item::Rec(Record::KernelXfer { from, to }));
             }
             Ev::Overflow { ip } => {
-                self.queue.push_back(Record::Overflow { ip });
+                self.queue.push_back(Item::Rec(Record::Overflow { ip }));
             }
             Ev::Other => {}
         }
@@ -311,6 +335,38 @@ impl<'a> PtDecoder<'a> {
             libipt_sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
             _ => ExecMode::Unknown,
         };
+        let key = BlockKey {
+            ip: blk.ip,
+            ninsn: blk.ninsn,
+            mode: mode as u8,
+        };
+        let generation = self.shared.space.try_borrow().ok()?.generation();
+        self.blocks.validate(generation);
+        if let Some((recs, next)) = self.blocks.map.get(&key) {
+            let next = *next;
+            self.queue.push_back(Item::Block(recs.clone()));
+            return Some(next);
+        }
+        let mut out = Vec::with_capacity(usize::from(blk.ninsn));
+        let next = self.expand_uncached(blk, mode, &mut out);
+        let recs: Rc<[Record]> = out.into();
+        if !recs.is_empty() {
+            self.queue.push_back(Item::Block(recs.clone()));
+        }
+        let next = next?;
+        // Truncated blocks (an instruction split across sections) are not cached.
+        if blk.truncated() == 0 {
+            self.blocks.map.insert(key, (recs, next));
+        }
+        Some(next)
+    }
+
+    fn expand_uncached(
+        &mut self,
+        blk: &libipt_sys::pt_block,
+        mode: ExecMode,
+        out: &mut Vec<Record>,
+    ) -> Option<u64> {
         let n = blk.ninsn;
         let mut pc = blk.ip;
         let Ok(space) = self.shared.space.try_borrow() else {
@@ -325,7 +381,7 @@ impl<'a> PtDecoder<'a> {
                 }
                 None => {
                     drop(space);
-                    self.queue.push_back(Record::Gap(Box::new(Gap {
+                    out.push(Record::Gap(Box::new(Gap {
                         kind: GapKind::DecodeError,
                         ip: Some(pc),
                         pt_offset: self.offset(),
@@ -335,7 +391,7 @@ impl<'a> PtDecoder<'a> {
                     return None;
                 }
             };
-            self.queue.push_back(Record::Instruction(Instruction {
+            out.push(Record::Instruction(Instruction {
                 pc,
                 size: info.size,
                 bytes: info.bytes,
@@ -343,7 +399,7 @@ impl<'a> PtDecoder<'a> {
                 mode,
             }));
             if info.is_syscall {
-                self.queue.push_back(Record::Syscall { pc });
+                out.push(Record::Syscall { pc });
             }
             pc = match info.direct_target {
                 Some(t) if i + 1 < n => t,
@@ -387,11 +443,19 @@ impl<'a> PtDecoder<'a> {
             Some(blk.ip)
         };
         // A loop of direct branches needs no trace and would never end: bound the
-        // instructions decoded without the trace position moving.
-        let off = self.dec.offset();
-        if off == self.progress_offset {
-            self.insns_without_progress += u64::from(blk.ninsn);
-            if self.insns_without_progress > MAX_INSNS_WITHOUT_TRACE && r.is_ok() {
+        // instructions decoded without the trace position moving (checked every
+        // PROGRESS_CHECK instructions to keep the FFI call off the fast path).
+        self.insns_since_check += u64::from(blk.ninsn);
+        if self.insns_since_check >= PROGRESS_CHECK {
+            self.insns_since_check = 0;
+            let off = self.dec.offset();
+            if off == self.progress_offset {
+                self.insns_without_progress += PROGRESS_CHECK;
+            } else {
+                self.progress_offset = off;
+                self.insns_without_progress = 0;
+            }
+            if self.insns_without_progress >= MAX_INSNS_WITHOUT_TRACE && r.is_ok() {
                 self.push_gap_text(
                     format!(
                         "more than {MAX_INSNS_WITHOUT_TRACE} instructions without trace \
@@ -404,9 +468,6 @@ impl<'a> PtDecoder<'a> {
                 self.state = State::NeedSync;
                 return;
             }
-        } else {
-            self.progress_offset = off;
-            self.insns_without_progress = 0;
         }
         match r {
             Ok(s) => self.state = State::Running(s),
@@ -445,6 +506,33 @@ impl<'a> PtDecoder<'a> {
     }
 }
 
+impl PtDecoder<'_> {
+    /// The next records as a slice (a run of markers, or one block's instructions),
+    /// without copying instruction records: the fast way to consume a decoder. Do not mix
+    /// with [`Iterator::next`] in the middle of a block.
+    pub fn next_slice(&mut self) -> Option<&[Record]> {
+        if self.queue.is_empty() {
+            self.fill();
+        }
+        match self.queue.pop_front()? {
+            Item::Block(b) => {
+                self.block_pos = 0;
+                Some(&self.current.insert(b)[..])
+            }
+            Item::Rec(r) => {
+                self.batch.clear();
+                self.batch.push(r);
+                while let Some(Item::Rec(_)) = self.queue.front() {
+                    if let Some(Item::Rec(r)) = self.queue.pop_front() {
+                        self.batch.push(r);
+                    }
+                }
+                Some(&self.batch)
+            }
+        }
+    }
+}
+
 impl Iterator for PtDecoder<'_> {
     type Item = Record;
 
@@ -452,6 +540,20 @@ impl Iterator for PtDecoder<'_> {
         if self.queue.is_empty() {
             self.fill();
         }
-        self.queue.pop_front()
+        match self.queue.front()? {
+            Item::Rec(_) => match self.queue.pop_front() {
+                Some(Item::Rec(r)) => Some(r),
+                _ => None,
+            },
+            Item::Block(b) => {
+                let r = b.get(self.block_pos).cloned();
+                self.block_pos += 1;
+                if self.block_pos >= b.len() {
+                    self.block_pos = 0;
+                    self.queue.pop_front();
+                }
+                r
+            }
+        }
     }
 }
