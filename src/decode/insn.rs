@@ -134,24 +134,61 @@ impl std::hash::Hash for BlockKey {
     }
 }
 
-/// Cache of expanded blocks: the records a block expands to and the address after it.
+/// Cache of expanded blocks: each block's records live in one arena; the map gives a
+/// block's (start, len) in it and the address after the block.
 #[derive(Default)]
 pub struct BlockCache {
     generation: Option<u64>,
-    pub map: HashMap<
-        BlockKey,
-        (std::rc::Rc<[super::records::Record]>, u64),
-        BuildHasherDefault<AddrHasher>,
-    >,
+    map: HashMap<BlockKey, (u32, u32, u64), BuildHasherDefault<AddrHasher>>,
+    /// Direct-mapped front cache of `map` (hot loops hit here without hashing).
+    l1: Vec<(BlockKey, u32, u32, u64)>,
+    pub arena: Vec<super::records::Record>,
 }
 
+const L1_SIZE: usize = 4096;
+
+fn l1_slot(k: &BlockKey) -> usize {
+    let h = (k.ip ^ (u64::from(k.ninsn) << 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 52) as usize & (L1_SIZE - 1)
+}
+
+/// Arena size (records) at which the cache starts over.
+const ARENA_LIMIT: usize = 1 << 22;
+
 impl BlockCache {
-    /// Drops everything when the image changed.
+    /// Drops everything when the image changed or the arena grew too big. Callers make
+    /// sure no queued item still refers to the arena.
     pub fn validate(&mut self, generation: u64) {
-        if self.generation != Some(generation) {
+        if self.generation != Some(generation) || self.arena.len() > ARENA_LIMIT {
             self.map.clear();
+            self.arena.clear();
+            self.l1.clear();
             self.generation = Some(generation);
         }
+    }
+
+    /// (start, len, next ip) of a cached block.
+    #[inline]
+    pub fn get(&mut self, k: &BlockKey) -> Option<(u32, u32, u64)> {
+        let slot = l1_slot(k);
+        if let Some(e) = self.l1.get(slot) {
+            if e.0 == *k && e.0.ninsn != 0 {
+                return Some((e.1, e.2, e.3));
+            }
+        }
+        let v = *self.map.get(k)?;
+        if self.l1.is_empty() {
+            let empty = BlockKey { ip: 0, ninsn: 0, mode: 0 };
+            self.l1.resize(L1_SIZE, (empty, 0, 0, 0));
+        }
+        if let Some(e) = self.l1.get_mut(slot) {
+            *e = (*k, v.0, v.1, v.2);
+        }
+        Some(v)
+    }
+
+    pub fn insert(&mut self, k: BlockKey, v: (u32, u32, u64)) {
+        self.map.insert(k, v);
     }
 }
 

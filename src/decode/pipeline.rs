@@ -19,7 +19,8 @@ use super::DecodeError;
 /// A queued output unit: one record, or a (shared, cached) block's records.
 enum Item {
     Rec(Record),
-    Block(Rc<[Record]>),
+    /// `len` records at `start` in the block cache's arena.
+    Block(u32, u32),
 }
 
 /// Per-window decoding options.
@@ -57,7 +58,7 @@ pub struct PtDecoder<'a> {
     block_pos: usize,
     /// Records handed out by `next_slice` (markers batch / current block).
     batch: Vec<Record>,
-    current: Option<Rc<[Record]>>,
+
     state: State,
     opts: WindowOptions,
     /// Sync offset of the last failed decode (resync must move past it).
@@ -137,7 +138,6 @@ impl<'a> PtDecoder<'a> {
             queue,
             block_pos: 0,
             batch: Vec::new(),
-            current: None,
             state,
             opts,
             last_error_sync: None,
@@ -341,22 +341,28 @@ impl<'a> PtDecoder<'a> {
             mode: mode as u8,
         };
         let generation = self.shared.space.try_borrow().ok()?.generation();
+        // Safe to reset the arena here: `fill` only runs with an empty queue, and this
+        // run_once has queued no block yet.
         self.blocks.validate(generation);
-        if let Some((recs, next)) = self.blocks.map.get(&key) {
-            let next = *next;
-            self.queue.push_back(Item::Block(recs.clone()));
+        if let Some((start, len, next)) = self.blocks.get(&key) {
+            self.queue.push_back(Item::Block(start, len));
             return Some(next);
         }
-        let mut out = Vec::with_capacity(usize::from(blk.ninsn));
+        let start = self.blocks.arena.len();
+        let mut out = std::mem::take(&mut self.blocks.arena);
         let next = self.expand_uncached(blk, mode, &mut out);
-        let recs: Rc<[Record]> = out.into();
-        if !recs.is_empty() {
-            self.queue.push_back(Item::Block(recs.clone()));
+        self.blocks.arena = out;
+        let len = self.blocks.arena.len() - start;
+        let (Ok(start32), Ok(len32)) = (u32::try_from(start), u32::try_from(len)) else {
+            return next;
+        };
+        if len > 0 {
+            self.queue.push_back(Item::Block(start32, len32));
         }
         let next = next?;
         // Truncated blocks (an instruction split across sections) are not cached.
         if blk.truncated() == 0 {
-            self.blocks.map.insert(key, (recs, next));
+            self.blocks.insert(key, (start32, len32, next));
         }
         Some(next)
     }
@@ -515,9 +521,10 @@ impl PtDecoder<'_> {
             self.fill();
         }
         match self.queue.pop_front()? {
-            Item::Block(b) => {
+            Item::Block(start, len) => {
+                let (start, len) = (start as usize, len as usize);
                 self.block_pos = 0;
-                Some(&self.current.insert(b)[..])
+                self.blocks.arena.get(start..start + len)
             }
             Item::Rec(r) => {
                 self.batch.clear();
@@ -545,10 +552,10 @@ impl Iterator for PtDecoder<'_> {
                 Some(Item::Rec(r)) => Some(r),
                 _ => None,
             },
-            Item::Block(b) => {
-                let r = b.get(self.block_pos).cloned();
+            &Item::Block(start, len) => {
+                let r = self.blocks.arena.get(start as usize + self.block_pos).cloned();
                 self.block_pos += 1;
-                if self.block_pos >= b.len() {
+                if self.block_pos >= len as usize {
                     self.block_pos = 0;
                     self.queue.pop_front();
                 }
