@@ -147,6 +147,53 @@ fn main() {
     let backing = Backing::map_file(&code_path).expect("map code");
     space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
 
+    if std::env::args().any(|a| a == "--probe-parallel") {
+        use drpttracer::decode::parallel::split_at_psbs;
+        let t = Instant::now();
+        let segs = split_at_psbs(&trace, 8);
+        println!("split_at_psbs: {:.1?} ({} segs)", t.elapsed(), segs.len());
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for half in segs.chunks(segs.len().div_ceil(2)) {
+                let space = &space;
+                let trace = &trace;
+                s.spawn(move || {
+                    for seg in half {
+                        std::hint::black_box(ours_slices(&trace[seg.start..seg.end], space));
+                    }
+                });
+            }
+        });
+        println!("2 threads, no output: {:.1?}", t.elapsed());
+        let t = Instant::now();
+        for seg in &segs {
+            std::hint::black_box(bare_libipt(
+                &trace[seg.start..seg.end],
+                &code_c,
+                prog.base,
+                prog.code.len() as u64,
+            ));
+        }
+        println!("bare libipt, 1 thread over segments: {:.1?}", t.elapsed());
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for half in segs.chunks(segs.len().div_ceil(2)) {
+                let (trace, code_c, prog) = (&trace, &code_c, &prog);
+                s.spawn(move || {
+                    for seg in half {
+                        std::hint::black_box(bare_libipt(
+                            &trace[seg.start..seg.end],
+                            code_c,
+                            prog.base,
+                            prog.code.len() as u64,
+                        ));
+                    }
+                });
+            }
+        });
+        println!("bare libipt, 2 threads over segments: {:.1?}", t.elapsed());
+        return;
+    }
     if std::env::args().any(|a| a == "--profile-slices") {
         // For `perf record`: only the pipeline, many times.
         for _ in 0..20 {

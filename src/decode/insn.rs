@@ -178,7 +178,11 @@ impl BlockCache {
         }
         let v = *self.map.get(k)?;
         if self.l1.is_empty() {
-            let empty = BlockKey { ip: 0, ninsn: 0, mode: 0 };
+            let empty = BlockKey {
+                ip: 0,
+                ninsn: 0,
+                mode: 0,
+            };
             self.l1.resize(L1_SIZE, (empty, 0, 0, 0));
         }
         if let Some(e) = self.l1.get_mut(slot) {

@@ -553,7 +553,11 @@ impl Iterator for PtDecoder<'_> {
                 _ => None,
             },
             &Item::Block(start, len) => {
-                let r = self.blocks.arena.get(start as usize + self.block_pos).cloned();
+                let r = self
+                    .blocks
+                    .arena
+                    .get(start as usize + self.block_pos)
+                    .cloned();
                 self.block_pos += 1;
                 if self.block_pos >= len as usize {
                     self.block_pos = 0;
