@@ -59,7 +59,7 @@ pub extern "C" fn drpttracer_decode_probe(x: u64) -> u64 {
 #[test]
 fn own_binary_and_vdso_from_synthesized_mmap2() {
     let sb = synthesize_exec_mmap2(SIDEBAND_SAMPLE_TYPE, 1).expect("read /proc/self/maps");
-    let f = drpttracer_decode_probe as usize as u64;
+    let f = drpttracer_decode_probe as *const () as usize as u64;
     assert_eq!(
         drpttracer_decode_probe(1),
         ((3u64 + 7) ^ 0x55).rotate_left(3)
