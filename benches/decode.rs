@@ -147,53 +147,6 @@ fn main() {
     let backing = Backing::map_file(&code_path).expect("map code");
     space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
 
-    if std::env::args().any(|a| a == "--probe-parallel") {
-        use drpttracer::decode::parallel::split_at_psbs;
-        let t = Instant::now();
-        let segs = split_at_psbs(&trace, 8);
-        println!("split_at_psbs: {:.1?} ({} segs)", t.elapsed(), segs.len());
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for half in segs.chunks(segs.len().div_ceil(2)) {
-                let space = &space;
-                let trace = &trace;
-                s.spawn(move || {
-                    for seg in half {
-                        std::hint::black_box(ours_slices(&trace[seg.start..seg.end], space));
-                    }
-                });
-            }
-        });
-        println!("2 threads, no output: {:.1?}", t.elapsed());
-        let t = Instant::now();
-        for seg in &segs {
-            std::hint::black_box(bare_libipt(
-                &trace[seg.start..seg.end],
-                &code_c,
-                prog.base,
-                prog.code.len() as u64,
-            ));
-        }
-        println!("bare libipt, 1 thread over segments: {:.1?}", t.elapsed());
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for half in segs.chunks(segs.len().div_ceil(2)) {
-                let (trace, code_c, prog) = (&trace, &code_c, &prog);
-                s.spawn(move || {
-                    for seg in half {
-                        std::hint::black_box(bare_libipt(
-                            &trace[seg.start..seg.end],
-                            code_c,
-                            prog.base,
-                            prog.code.len() as u64,
-                        ));
-                    }
-                });
-            }
-        });
-        println!("bare libipt, 2 threads over segments: {:.1?}", t.elapsed());
-        return;
-    }
     if std::env::args().any(|a| a == "--profile-slices") {
         // For `perf record`: only the pipeline, many times.
         for _ in 0..20 {
@@ -268,5 +221,41 @@ fn main() {
         "2-thread speed-up        : {:.2}x   (goal >= 1.8x; {} CPUs online)",
         t_seq.as_secs_f64() / t2.as_secs_f64(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    // What this machine gives any PT decoder on 2 threads: bare libipt over the same PSB
+    // segments (no output), 1 thread vs 2 threads.
+    let segs = drpttracer::decode::parallel::split_at_psbs(&trace, 8);
+    let bare_segs = |threads: usize| {
+        let per = segs.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = segs
+                .chunks(per)
+                .map(|part| {
+                    let (trace, code_c, prog) = (&trace, &code_c, &prog);
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|seg| {
+                                bare_libipt(
+                                    &trace[seg.start..seg.end],
+                                    code_c,
+                                    prog.base,
+                                    prog.code.len() as u64,
+                                )
+                            })
+                            .sum::<u64>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum::<u64>()
+        })
+    };
+    let (tb1, _) = best(runs, || bare_segs(1));
+    let (tb2, _) = best(runs, || bare_segs(2));
+    println!(
+        "machine scaling (bare libipt, same segments): 1 thr {:.1} ms, 2 thr {:.1} ms = {:.2}x",
+        tb1.as_secs_f64() * 1e3,
+        tb2.as_secs_f64() * 1e3,
+        tb1.as_secs_f64() / tb2.as_secs_f64()
     );
 }

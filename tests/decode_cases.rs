@@ -694,3 +694,58 @@ fn aux_truncation_in_sideband_is_a_lost_data_gap() {
         vec![ips[0], ips[1], ips[2], ips[3], ips[4]]
     );
 }
+
+#[test]
+fn syscall_and_interrupt_are_visible() {
+    let kbase = 0xffff_ffff_8100_0000u64;
+    let (ucode, u) = asm(BASE, |a| {
+        a.nop()?; // 0
+        a.syscall()?; // 1
+        a.nop()?; // 2
+        a.nop()?; // 3
+        a.jmp(rax) // 4
+    });
+    let (kcode, k) = asm(kbase, |a| {
+        a.nop()?; // 0
+        a.iretq() // 1
+    });
+    assert_eq!(disasm(&kcode, kbase), ["nop", "iretq"]);
+    let mut space = image(&ucode, BASE);
+    space.add_bytes("kernel", kcode.clone(), kbase);
+    let mut w = PtWriter::new();
+    // User-only view of a syscall: disabled after it, re-enabled at the next instruction.
+    w.psb_plus(None, None)
+        .tip_pge(u[0])
+        .tip_pgd(None)
+        .tip_pge(u[2]);
+    // Then an interrupt (user+kernel view): FUP at the interrupted IP, TIP to the handler,
+    // and the handler's iretq returns (TIP) to the interrupted IP.
+    w.fup(u[3]).tip(k[0]).tip(u[3]).tip_pgd(None);
+    let recs = decode(&w.buf, &space);
+    assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
+    let summary: Vec<String> = recs
+        .iter()
+        .map(|r| match r {
+            Record::Instruction(i) => format!("insn {:#x}", i.pc),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            "TraceEnabled { ip: 4198400 }".to_string(),
+            format!("insn {:#x}", u[0]),
+            format!("insn {:#x}", u[1]),
+            format!("Syscall {{ pc: {} }}", u[1]),
+            "TraceDisabled { ip: None }".to_string(),
+            format!("TraceEnabled {{ ip: {} }}", u[2]),
+            format!("insn {:#x}", u[2]),
+            format!("KernelXfer {{ from: {}, to: Some({}) }}", u[3], k[0]),
+            format!("insn {:#x}", k[0]),
+            format!("insn {:#x}", k[1]),
+            format!("insn {:#x}", u[3]),
+            format!("insn {:#x}", u[4]),
+            "TraceDisabled { ip: None }".to_string(),
+        ]
+    );
+}
