@@ -120,3 +120,54 @@ fn slices_and_iterator_agree() {
     assert_eq!(by_iter[0], Record::WindowId(4));
     assert!(slices > 100 && slices < by_iter.len());
 }
+
+#[test]
+fn compact_collection_equals_iteration_and_parallel_compact_equals_sequential() {
+    use drpttracer::decode::parallel::decode_parallel_compact;
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(40_000, 300, 9);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let opts = WindowOptions {
+        window_id: Some(1),
+        ..Default::default()
+    };
+    let mk = || {
+        PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts.clone(),
+        )
+        .unwrap()
+    };
+    let seq: Vec<Record> = mk().collect();
+    let compact = mk().collect_compact();
+    assert_eq!(compact.len(), seq.len());
+    assert_eq!(compact.to_vec(), seq);
+    assert!(compact.iter().eq(seq.iter()));
+    // Partly consumed by the iterator, the rest compact: still the same sequence.
+    let mut d = mk();
+    let head: Vec<Record> = d.by_ref().take(1001).collect();
+    let mut both = head;
+    both.extend(d.collect_compact().to_vec());
+    assert_eq!(both, seq);
+    for threads in [2, 3, 5] {
+        let chunks = decode_parallel_compact(
+            &trace,
+            &TraceParams::default(),
+            &space,
+            &[],
+            &ImageResolver::default(),
+            &opts,
+            threads,
+        )
+        .unwrap();
+        assert!(chunks.len() > 1);
+        let flat: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+        assert_eq!(flat.len(), seq.len(), "threads {threads}");
+        assert!(flat == seq, "threads {threads}");
+    }
+}

@@ -143,6 +143,9 @@ pub struct BlockCache {
     /// Direct-mapped front cache of `map` (hot loops hit here without hashing).
     l1: Vec<(BlockKey, u32, u32, u64)>,
     pub arena: Vec<super::records::Record>,
+    /// Keep replaced arenas here instead of dropping them (compact collection).
+    pub retire: bool,
+    pub retired: Vec<Vec<super::records::Record>>,
 }
 
 const L1_SIZE: usize = 4096;
@@ -161,7 +164,11 @@ impl BlockCache {
     pub fn validate(&mut self, generation: u64) {
         if self.generation != Some(generation) || self.arena.len() > ARENA_LIMIT {
             self.map.clear();
-            self.arena.clear();
+            if self.retire && !self.arena.is_empty() {
+                self.retired.push(std::mem::take(&mut self.arena));
+            } else {
+                self.arena.clear();
+            }
             self.l1.clear();
             self.generation = Some(generation);
         }

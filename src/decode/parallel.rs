@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use super::config::TraceParams;
 use super::image::AddressSpace;
 use super::ipt::{psb_offsets, PsbInfo};
-use super::pipeline::{PtDecoder, WindowOptions};
+use super::pipeline::{CompactRecords, PtDecoder, WindowOptions};
 use super::records::{InsnClass, Record};
 use super::sideband::{ImageEvent, ImageResolver};
 use super::DecodeError;
@@ -67,31 +67,16 @@ fn needs_trace(c: InsnClass) -> bool {
 }
 
 /// Drops from `recs` (an earlier chunk) the straight-line tail that the next chunk, which
-/// resumes at `fup`, decodes again.
-fn trim_overlap(recs: &mut Vec<Record>, fup: u64) {
-    // Walk back over the trailing run of instructions that needed no trace (the last one,
-    // the unresolved branch, may have).
-    let mut cut = None;
-    for (k, r) in recs.iter().enumerate().rev() {
-        let Record::Instruction(i) = r else {
-            match r {
-                Record::Syscall { .. } => continue,
-                _ => break,
-            }
-        };
-        if i.pc == fup {
-            cut = Some(k);
-        }
-        let is_last = recs[k + 1..]
-            .iter()
-            .all(|r| !matches!(r, Record::Instruction(_)));
-        if !is_last && needs_trace(i.class) {
-            break;
-        }
-    }
-    if let Some(k) = cut {
-        recs.truncate(k);
-    }
+/// resumes at `fup`, decodes again: walking back over the trailing run of instructions
+/// that needed no trace (the last one, the unresolved branch, may have), cut at the
+/// earliest instruction at `fup`.
+fn trim_overlap(recs: &mut CompactRecords, fup: u64) {
+    recs.truncate_back(|r, is_last| match r {
+        Record::Syscall { .. } => (false, false),
+        // An instruction that consumed trace ends the overlap (it cannot reach before).
+        Record::Instruction(i) => (i.pc == fup, !is_last && needs_trace(i.class)),
+        _ => (false, true),
+    });
 }
 
 /// Decodes `trace` on `threads` threads (chunks handed out in order, 4 per thread) and
@@ -105,26 +90,20 @@ pub fn decode_parallel(
     opts: &WindowOptions,
     threads: usize,
 ) -> Result<Vec<Record>, DecodeError> {
-    let chunks = decode_parallel_chunks(trace, params, image, events, resolver, opts, threads)?;
-    let mut out = Vec::with_capacity(chunks.iter().map(Vec::len).sum());
-    for mut c in chunks {
-        out.append(&mut c);
+    let chunks = decode_parallel_compact(trace, params, image, events, resolver, opts, threads)?;
+    let mut out = Vec::with_capacity(chunks.iter().map(CompactRecords::len).sum());
+    for c in &chunks {
+        for s in c.slices() {
+            out.extend_from_slice(s);
+        }
     }
     Ok(out)
 }
 
-/// Collects a decoder's records (block slices, no per-record iteration).
-fn collect(mut dec: PtDecoder<'_>) -> Vec<Record> {
-    let mut out = Vec::new();
-    while let Some(s) = dec.next_slice() {
-        out.extend_from_slice(s);
-    }
-    out
-}
-
-/// Like [`decode_parallel`], but leaves the stitched records in per-chunk vectors (their
-/// concatenation is the sequential result) and so saves one copy of everything.
-pub fn decode_parallel_chunks(
+/// Like [`decode_parallel`], but returns the stitched chunks in compact form (their
+/// concatenation is the sequential result; see [`PtDecoder::collect_compact`]). This is
+/// the fast path: no per-instruction copies.
+pub fn decode_parallel_compact(
     trace: &[u8],
     params: &TraceParams,
     image: &AddressSpace,
@@ -132,7 +111,7 @@ pub fn decode_parallel_chunks(
     resolver: &ImageResolver,
     opts: &WindowOptions,
     threads: usize,
-) -> Result<Vec<Vec<Record>>, DecodeError> {
+) -> Result<Vec<CompactRecords>, DecodeError> {
     let threads = threads.max(1);
     let segs = split_at_psbs(trace, threads * 4);
     if segs.len() <= 1 {
@@ -144,9 +123,9 @@ pub fn decode_parallel_chunks(
             resolver.clone(),
             opts.clone(),
         )?;
-        return Ok(vec![collect(dec)]);
+        return Ok(vec![dec.collect_compact()]);
     }
-    type Slot = Mutex<Option<Result<Vec<Record>, DecodeError>>>;
+    type Slot = Mutex<Option<Result<CompactRecords, DecodeError>>>;
     let results: Vec<Slot> = segs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -170,7 +149,7 @@ pub fn decode_parallel_chunks(
                     resolver.clone(),
                     o,
                 )
-                .map(collect);
+                .map(PtDecoder::collect_compact);
                 if let Ok(mut slot) = results[k].lock() {
                     *slot = Some(r);
                 }
@@ -192,7 +171,7 @@ pub fn decode_parallel_chunks(
 }
 
 /// Stitches per-chunk records in place (see the module docs).
-fn stitch(mut chunks: Vec<Vec<Record>>, segs: &[Segment]) -> Vec<Vec<Record>> {
+fn stitch(mut chunks: Vec<CompactRecords>, segs: &[Segment]) -> Vec<CompactRecords> {
     for k in 1..chunks.len() {
         let Some(fup) = segs[k].fup else { continue };
         // The last non-empty earlier chunk holds the tail to trim.
@@ -204,11 +183,7 @@ fn stitch(mut chunks: Vec<Vec<Record>>, segs: &[Segment]) -> Vec<Vec<Record>> {
         }
         trim_overlap(&mut chunks[prev], fup);
         // Sequential decoding crosses this PSB silently.
-        let lead = chunks[k]
-            .iter()
-            .take_while(|r| matches!(r, Record::Timestamp { .. }))
-            .count();
-        chunks[k].drain(..lead);
+        chunks[k].drop_leading(|r| matches!(r, Record::Timestamp { .. }));
     }
     chunks
 }
