@@ -318,7 +318,8 @@ pub fn encode_frame(
     };
     let len32 = u32::try_from(plen).ok()?;
     out.get_mut(0..4)?.copy_from_slice(&len32.to_le_bytes());
-    out.get_mut(4..6)?.copy_from_slice(&(ty as u16).to_le_bytes());
+    out.get_mut(4..6)?
+        .copy_from_slice(&(ty as u16).to_le_bytes());
     out.get_mut(6..8)?.copy_from_slice(&0u16.to_le_bytes());
     let crc = crc32(out.get(..8 + plen)?);
     out.get_mut(8 + plen..12 + plen)?

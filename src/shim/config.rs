@@ -79,7 +79,9 @@ impl SyscallFilter {
     pub fn records(&self, nr: u64) -> bool {
         if nr < FILTER_BITS as u64 {
             let i = nr as usize;
-            self.bits.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+            self.bits
+                .get(i / 64)
+                .is_some_and(|w| w & (1 << (i % 64)) != 0)
         } else {
             self.others
         }
@@ -258,8 +260,8 @@ impl ShimConfig {
                 ))
             }
         };
-        let backend = BackendChoice::parse(&get(ENV_BACKEND).unwrap_or_default())
-            .map_err(|e| e.message)?;
+        let backend =
+            BackendChoice::parse(&get(ENV_BACKEND).unwrap_or_default()).map_err(|e| e.message)?;
         Ok(Some(ShimConfig {
             out_dir: out,
             mode,

@@ -186,20 +186,23 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
             finish(slot, record, w, 0, t0);
             return;
         }
-        NR_CLONE | NR_CLONE3 => {
-            match clone_kind(nr, &args) {
-                CloneKind::NewStack { flags, stack_top } => {
-                    if let Some(s) = slot {
-                        if reissue_clone(s, &mut regs, nr, flags, stack_top, &args, w, record) {
-                            return;
-                        }
+        NR_CLONE | NR_CLONE3 => match clone_kind(nr, &args) {
+            CloneKind::NewStack { flags, stack_top } => {
+                if let Some(s) = slot {
+                    if reissue_clone(s, &mut regs, nr, flags, stack_top, &args, w, record) {
+                        return;
                     }
-                    -(libc::ENOMEM as i64)
                 }
-                CloneKind::Fork => do_fork(slot, nr, strip_vm(nr, &args, slot), &mut w),
+                -(libc::ENOMEM as i64)
             }
-        }
-        NR_FORK => do_fork(slot, NR_CLONE, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0], &mut w),
+            CloneKind::Fork => do_fork(slot, nr, strip_vm(nr, &args, slot), &mut w),
+        },
+        NR_FORK => do_fork(
+            slot,
+            NR_CLONE,
+            [libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
+            &mut w,
+        ),
         NR_VFORK => do_fork(
             slot,
             NR_CLONE,
@@ -420,7 +423,8 @@ unsafe fn chain_app_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) 
     }
     if flags & libc::SA_SIGINFO as u64 != 0 {
         // SAFETY: the application registered this address as an SA_SIGINFO handler.
-        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) = unsafe { std::mem::transmute(h) };
+        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(h) };
         f(sig, info, uctx);
     } else {
         // SAFETY: the application registered this address as a plain handler.
@@ -689,7 +693,10 @@ fn thread_exit(s: &Slot, code: i32) {
             slots::wake_writer();
         } else {
             block_all_signals();
-            output::drain_all(Some((EndReason::LastThread, slots::LEADER_CODE.load(Relaxed))));
+            output::drain_all(Some((
+                EndReason::LastThread,
+                slots::LEADER_CODE.load(Relaxed),
+            )));
         }
     } else {
         slots::wake_writer();

@@ -13,8 +13,10 @@
 //! the thread's lock-free queue ([`slots`]); the writer thread ([`writer`]) drains the
 //! queues into per-thread files ([`output`], format in [`crate::format::ptt`]).
 //!
-//! Threads: SUD and its selector address are inherited by `clone`, so a new thread is armed
-//! before its first instruction; its slot is claimed at its first syscall. Forked children
+//! Threads: SUD is inherited by forked processes but not by new threads; thread-creating
+//! clones are therefore re-executed through a stub whose child path arms SUD before the
+//! new thread runs any application instruction ([`raw`]); its slot is claimed at its
+//! first syscall. Forked children
 //! get a fresh process image (new info file, own thread files); glibc's `fork` runs the
 //! shim's `pthread_atfork` child handler, which starts a writer in the child. `execve`
 //! carries the preload through `LD_PRELOAD` in the environment.
@@ -152,7 +154,12 @@ fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMeta
             (
                 kind as u32 as u8,
                 false,
-                format!("{} backend for mode {}: {}", kind.name(), cfg.mode.name(), e.message),
+                format!(
+                    "{} backend for mode {}: {}",
+                    kind.name(),
+                    cfg.mode.name(),
+                    e.message
+                ),
                 meta,
             )
         }
@@ -202,10 +209,6 @@ const PR_SET_SYSCALL_USER_DISPATCH: u64 = 59;
 const PR_SYS_DISPATCH_OFF: u64 = 0;
 const PR_SYS_DISPATCH_ON: u64 = 1;
 
-/// The process-wide selector: always BLOCK once armed (the shim's own syscalls are in the
-/// allowed range, so it never has to flip it).
-static SELECTOR: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
-
 /// Arms Syscall User Dispatch for the calling thread (inherited by its future children).
 fn arm() -> i64 {
     let (start, len) = raw::allowed_range();
@@ -216,7 +219,7 @@ fn arm() -> i64 {
             PR_SYS_DISPATCH_ON,
             start,
             len,
-            SELECTOR.as_ptr() as u64,
+            raw::selector_addr(),
             0,
         ],
     )
@@ -225,7 +228,14 @@ fn arm() -> i64 {
 fn disarm() -> i64 {
     raw::sys6(
         libc::SYS_prctl as u64,
-        [PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0, 0],
+        [
+            PR_SET_SYSCALL_USER_DISPATCH,
+            PR_SYS_DISPATCH_OFF,
+            0,
+            0,
+            0,
+            0,
+        ],
     )
 }
 

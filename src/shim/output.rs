@@ -83,7 +83,12 @@ impl MappedFile {
                 cap = ncap;
             }
             // SAFETY: ptr+len .. ptr+cap is inside the mapping.
-            let r = raw::sys3(libc::SYS_read, fd as u64, unsafe { ptr.add(len) } as u64, (cap - len) as u64);
+            let r = raw::sys3(
+                libc::SYS_read,
+                fd as u64,
+                unsafe { ptr.add(len) } as u64,
+                (cap - len) as u64,
+            );
             if r == -(libc::EINTR as i64) {
                 continue;
             }
@@ -351,10 +356,14 @@ pub fn drain_locked(slot: &Slot) {
     let dropped = slot.dropped.load(Relaxed);
     let dw = slot.dropped_written.load(Relaxed);
     if dropped > dw {
-        let m = encode_frame(buf.get_mut(n..).unwrap_or(&mut []), RecordType::Dropped, |c| {
-            c.u64(dropped - dw);
-            c.u64(dropped);
-        });
+        let m = encode_frame(
+            buf.get_mut(n..).unwrap_or(&mut []),
+            RecordType::Dropped,
+            |c| {
+                c.u64(dropped - dw);
+                c.u64(dropped);
+            },
+        );
         match m {
             Some(m) => n += m,
             None => {

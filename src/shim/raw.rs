@@ -15,12 +15,13 @@
 //!   128-byte red zone is preserved. The parent then jumps to `pttracer_notify_clone`,
 //!   which lies *outside* the range: its `syscall` traps once more with the clone result in
 //!   RAX (the trap is recognized by its address, [`notify_resume`]), so the handler can
-//!   record the result and leave RAX unchanged. (No other register can carry the result:
+//!   record the result and leave RAX unchanged. The child arms Syscall User Dispatch for
+//!   itself first: the kernel does not carry it over to new threads (it does to forked
+//!   processes). (No other register can carry the result:
 //!   `syscall` itself overwrites RCX and R11, and the application expects every other
 //!   register preserved.)
 
 use core::arch::global_asm;
-
 
 global_asm!(
     ".pushsection .text.pttracer_sud,\"ax\",@progbits",
@@ -58,11 +59,40 @@ global_asm!(
     "    syscall",
     "    test rax, rax",
     "    jnz pttracer_notify_clone",
+    // The child. A new thread does not inherit Syscall User Dispatch: arm it here,
+    // before it runs a single application instruction (registers saved on its new stack,
+    // below the resume address).
+    "    push rdi",
+    "    push rsi",
+    "    push rdx",
+    "    push r10",
+    "    push r8",
+    "    mov eax, 157",
+    "    mov edi, 59",
+    "    mov esi, 1",
+    "    lea rdx, [rip + pttracer_sud_begin]",
+    "    lea r10, [rip + pttracer_sud_end]",
+    "    sub r10, rdx",
+    "    add r10, 1",
+    "    lea r8, [rip + pttracer_selector]",
+    "    syscall",
+    "    pop r8",
+    "    pop r10",
+    "    pop rdx",
+    "    pop rsi",
+    "    pop rdi",
+    "    xor eax, eax",
     "    ret 128",
     ".globl pttracer_sud_end",
     ".hidden pttracer_sud_end",
     "pttracer_sud_end:",
     "    ud2",
+    ".popsection",
+    ".pushsection .data.pttracer_selector,\"aw\",@progbits",
+    ".globl pttracer_selector",
+    ".hidden pttracer_selector",
+    "pttracer_selector:",
+    "    .byte 1",
     ".popsection",
 );
 
@@ -73,6 +103,13 @@ extern "C" {
     static pttracer_sigreturn: u8;
     static pttracer_reissue_clone: u8;
     static pttracer_notify_clone: u8;
+    static pttracer_selector: u8;
+}
+
+/// The process-wide Syscall User Dispatch selector byte: BLOCK (1) from the start and never
+/// changed (the shim's own syscalls are in the allowed range).
+pub fn selector_addr() -> u64 {
+    core::ptr::addr_of!(pttracer_selector) as u64
 }
 
 /// Start and length of the range SUD lets through (covers the byte after the last
@@ -171,7 +208,12 @@ pub fn monotonic_ns() -> u64 {
 /// Writes all of `buf` to `fd` (retrying on EINTR and short writes). Returns false on error.
 pub fn write_all(fd: i32, mut buf: &[u8]) -> bool {
     while !buf.is_empty() {
-        let r = sys3(libc::SYS_write, fd as u64, buf.as_ptr() as u64, buf.len() as u64);
+        let r = sys3(
+            libc::SYS_write,
+            fd as u64,
+            buf.as_ptr() as u64,
+            buf.len() as u64,
+        );
         if r == -(libc::EINTR as i64) {
             continue;
         }

@@ -78,7 +78,8 @@ pub static INFO_FD: AtomicI32 = AtomicI32::new(-1);
 /// `ProcessEnd` has been written.
 pub static PROCESS_ENDED: AtomicBool = AtomicBool::new(false);
 
-static SLOTS: [AtomicPtr<Slot>; MAX_SLOTS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
+static SLOTS: [AtomicPtr<Slot>; MAX_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
 /// Slots ever allocated (indices below this may be non-null).
 pub static SLOT_COUNT: AtomicUsize = AtomicUsize::new(0);
 
@@ -297,7 +298,9 @@ pub fn claim(tid: i32, pid: i32, nonce: u64) -> Option<&'static Slot> {
     for i in 0..count {
         if let Some(s) = slot_at(i) {
             if s.state.load(Relaxed) == FREE
-                && s.state.compare_exchange(FREE, ACTIVE, AcqRel, Relaxed).is_ok()
+                && s.state
+                    .compare_exchange(FREE, ACTIVE, AcqRel, Relaxed)
+                    .is_ok()
             {
                 s.reset(tid, pid, nonce);
                 return Some(s);

@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand};
 pub type CmdResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(Parser)]
-#[command(name = "pttrace", version, about = "Intel Processor Trace capture and decode")]
+#[command(
+    name = "pttrace",
+    version,
+    about = "Intel Processor Trace capture and decode"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -52,7 +52,9 @@ impl DirSummary {
 
 /// `<pid>-<nonce>.info` / `<pid>-<nonce>-<tid>.ptt` -> (pid, nonce).
 fn key_of(name: &str) -> Option<(i32, String)> {
-    let stem = name.strip_suffix(".info").or_else(|| name.strip_suffix(".ptt"))?;
+    let stem = name
+        .strip_suffix(".info")
+        .or_else(|| name.strip_suffix(".ptt"))?;
     let mut it = stem.split('-');
     let pid = it.next()?.parse().ok()?;
     let nonce = it.next()?.to_string();
@@ -125,7 +127,12 @@ fn end_text(end: Option<(u32, u64, u64)>) -> String {
 pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String> {
     let s = summarize_dir(dir)?;
     println!("trace directory: {}", dir.display());
-    let mut keys: Vec<_> = s.processes.keys().chain(s.threads.keys()).cloned().collect();
+    let mut keys: Vec<_> = s
+        .processes
+        .keys()
+        .chain(s.threads.keys())
+        .cloned()
+        .collect();
     keys.sort();
     keys.dedup();
     let mut backends = BTreeMap::<String, usize>::new();

@@ -99,17 +99,14 @@ fn prepend_preload(lib: &Path) -> String {
 pub fn run(args: Args) -> CmdResult {
     let pairs = env_pairs(&args);
     // Validate here with the shim's own parser so mistakes are reported before running.
-    ShimConfig::from_lookup(|k| {
-        pairs
-            .iter()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| v.clone())
-    })?;
+    ShimConfig::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))?;
     let lib = match &args.lib {
         Some(l) => l.clone(),
         None => find_library()?,
     };
-    let lib = lib.canonicalize().map_err(|e| format!("{}: {e}", lib.display()))?;
+    let lib = lib
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", lib.display()))?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let out = args.out.canonicalize()?;
