@@ -17,7 +17,11 @@ fn ls_writes_parseable_info_and_thread_files() {
     let o = run_traced(&out, std::path::Path::new("/bin/ls"), &["/"], &[]);
     assert!(o.status.success(), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stdout).contains("usr"));
-    assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let td = read_dir(&out);
     assert_eq!(td.infos.len(), 1);
     let info = &td.infos[0];
@@ -37,7 +41,10 @@ fn ls_writes_parseable_info_and_thread_files() {
     if !info.process.pt_present {
         assert!(!info.process.pt_absent_reason.is_empty());
     }
-    assert_eq!(info.end.map(|e| e.0), Some(ptt::EndReason::ExitGroup as u32));
+    assert_eq!(
+        info.end.map(|e| e.0),
+        Some(ptt::EndReason::ExitGroup as u32)
+    );
     assert_eq!(info.tail, Tail::Clean);
     assert_eq!(td.threads.len(), 1);
     let t = &td.threads[0];
@@ -103,19 +110,38 @@ fn shell_pipeline_traces_every_process_image() {
     assert!(n > 5);
     let td = read_dir(&out);
     // The shell, two forked children before exec, and ls and wc after exec.
-    let by_cmd = |c: &str| td.infos.iter().filter(|i| i.cmdline.first().map(String::as_str) == Some(c)).count();
-    assert_eq!(by_cmd("ls"), 1, "{:#?}", td.infos.iter().map(|i| &i.cmdline).collect::<Vec<_>>());
+    let by_cmd = |c: &str| {
+        td.infos
+            .iter()
+            .filter(|i| i.cmdline.first().map(String::as_str) == Some(c))
+            .count()
+    };
+    assert_eq!(
+        by_cmd("ls"),
+        1,
+        "{:#?}",
+        td.infos.iter().map(|i| &i.cmdline).collect::<Vec<_>>()
+    );
     assert_eq!(by_cmd("wc"), 1);
     assert_eq!(by_cmd("/bin/sh"), 3);
     let shell = td
         .infos
         .iter()
-        .find(|i| i.cmdline[0] == "/bin/sh" && i.process.ppid != 0 && !td.infos.iter().any(|p| p.process.pid == i.process.ppid))
+        .find(|i| {
+            i.cmdline[0] == "/bin/sh"
+                && i.process.ppid != 0
+                && !td.infos.iter().any(|p| p.process.pid == i.process.ppid)
+        })
         .expect("the top shell");
     for info in &td.infos {
         assert_eq!(info.tail, Tail::Clean, "{}", info.name);
         let threads = td.threads_of(info.process.pid, info.process.nonce);
-        assert_eq!(threads.len(), 1, "{}: one thread file per process image", info.name);
+        assert_eq!(
+            threads.len(),
+            1,
+            "{}: one thread file per process image",
+            info.name
+        );
         let t = threads[0];
         assert_eq!(t.tail, Tail::Clean);
         assert!(!t.windows.is_empty());
@@ -124,7 +150,10 @@ fn shell_pipeline_traces_every_process_image() {
             // last is the successful execve, and the file ends with End(exec).
             assert_eq!(info.process.ppid, shell.process.pid);
             let first = &t.windows[0];
-            assert!(first.flags & WF_FORK_CHILD != 0 && first.ret == 0, "{first:?}");
+            assert!(
+                first.flags & WF_FORK_CHILD != 0 && first.ret == 0,
+                "{first:?}"
+            );
             let last = t.windows.last().unwrap();
             assert_eq!(last.nr, NR_EXECVE);
             assert!(last.flags & WF_NO_RETURN != 0);
@@ -211,7 +240,11 @@ fn inert_without_configuration() {
         .output()
         .unwrap();
     assert!(o.status.success());
-    assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
 

@@ -34,7 +34,11 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
                 .map(|e| e.unwrap().file_name().into_string().unwrap())
                 .find(|n| n.ends_with(".info"))
                 .unwrap();
-            info.trim_end_matches(".info").split('-').nth(1).unwrap().to_string()
+            info.trim_end_matches(".info")
+                .split('-')
+                .nth(1)
+                .unwrap()
+                .to_string()
         },
         child.id()
     ));
@@ -53,7 +57,11 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
     let td = read_dir(&out);
     assert_eq!(td.threads.len(), 1);
     let t = &td.threads[0];
-    assert!(t.windows.len() > 1000, "only {} windows flushed", t.windows.len());
+    assert!(
+        t.windows.len() > 1000,
+        "only {} windows flushed",
+        t.windows.len()
+    );
     assert_eq!(t.end, None, "a killed thread has no End record");
     assert!(matches!(t.tail, Tail::Clean | Tail::Truncated { .. }));
     for (i, w) in t.windows.iter().enumerate() {
@@ -92,7 +100,10 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
         )),
         "{text}"
     );
-    assert!(text.contains(&format!("{} windows", parsed.frames.len() - 2)), "{text}");
+    assert!(
+        text.contains(&format!("{} windows", parsed.frames.len() - 2)),
+        "{text}"
+    );
     assert!(text.contains("no End record"), "{text}");
 }
 
@@ -118,7 +129,10 @@ fn pttrace_run_prints_the_summary_and_the_decode_command() {
         )),
         "{text}"
     );
-    assert!(text.contains(&format!("decode with: pttrace decode {}", out.canonicalize().unwrap().display())));
+    assert!(text.contains(&format!(
+        "decode with: pttrace decode {}",
+        out.canonicalize().unwrap().display()
+    )));
     // An invalid option is refused before anything runs.
     let o = Command::new(pttrace())
         .args(["run", "--mode", "both", "--", "/bin/true"])

@@ -44,7 +44,10 @@ fn sixteen_threads_times_1000_syscalls_are_counted_exactly() {
     // A small queue forces the writer to keep up with (and the threads to wait for) it.
     let o = run_traced(&out, &prog, &[], &[("PTTRACER_QUEUE", "256")]);
     assert!(o.status.success(), "{o:?}");
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "threads done, 0 wrong sums\n");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "threads done, 0 wrong sums\n"
+    );
     let td = read_dir(&out);
     assert_eq!(td.infos.len(), 1);
     let pid = td.infos[0].process.pid;
@@ -52,7 +55,10 @@ fn sixteen_threads_times_1000_syscalls_are_counted_exactly() {
     let main = td.threads.iter().find(|t| t.header.tid == pid).unwrap();
     let workers: Vec<_> = td.threads.iter().filter(|t| t.header.tid != pid).collect();
     // The main thread's baseline: one getppid (for the expected sum) and 16 clones.
-    assert_eq!(main.windows.iter().filter(|w| w.nr == NR_GETPPID).count(), 1);
+    assert_eq!(
+        main.windows.iter().filter(|w| w.nr == NR_GETPPID).count(),
+        1
+    );
     let clones: Vec<_> = main
         .windows
         .iter()
@@ -87,7 +93,10 @@ fn sixteen_threads_times_1000_syscalls_are_counted_exactly() {
     let ours = td.count_nr(NR_GETPPID) as u64;
     assert_eq!(ours, 16_001);
     match strace_count(&prog, "getppid") {
-        Some(n) => assert_eq!(n, ours, "strace -f -c counts {n} getppid calls, the shim {ours}"),
+        Some(n) => assert_eq!(
+            n, ours,
+            "strace -f -c counts {n} getppid calls, the shim {ours}"
+        ),
         None => println!("SKIP: strace not installed, comparison with strace -f -c skipped"),
     }
 }
@@ -166,7 +175,9 @@ fn own_sigsys_and_sigtrap_handlers_and_syscalls_in_handlers() {
     // nested window, recorded before the read that it ended.
     let nested: Vec<_> = w.iter().filter(|w| w.flags & WF_NESTED != 0).collect();
     assert!(
-        nested.iter().any(|n| n.nr == NR_WRITE && n.depth == 1 && n.ret == 1),
+        nested
+            .iter()
+            .any(|n| n.nr == NR_WRITE && n.depth == 1 && n.ret == 1),
         "{nested:?}"
     );
     let reads: Vec<_> = w.iter().filter(|w| w.nr == NR_READ).collect();

@@ -251,13 +251,14 @@ extern "C" fn atfork_child() {
 }
 
 fn init() -> Result<(), String> {
+    if std::env::var_os(config::ENV_OUT).is_none_or(|v| v.is_empty()) || !loaded_as_shared_object()
+    {
+        return Ok(());
+    }
     let cfg = match ShimConfig::from_env()? {
         Some(c) => c,
         None => return Ok(()),
     };
-    if !loaded_as_shared_object() {
-        return Ok(());
-    }
     std::fs::create_dir_all(&cfg.out_dir).map_err(|e| {
         format!(
             "cannot create the output directory {} ({}={}): {e}",

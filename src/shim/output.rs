@@ -161,7 +161,7 @@ pub fn write_info_file() -> bool {
     let n = raw::sys4(
         libc::SYS_readlinkat,
         libc::AT_FDCWD as i64 as u64,
-        b"/proc/self/exe\0".as_ptr() as u64,
+        c"/proc/self/exe".as_ptr() as u64,
         exe.as_mut_ptr() as u64,
         exe.len() as u64,
     );
