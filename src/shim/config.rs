@@ -12,6 +12,7 @@
 //! | `PTTRACER_PT_BUFFER`   | PT+sideband bytes buffered per thread (KiB)  | 1024      |
 //! | `PTTRACER_BACKPRESSURE`| `block` or `drop`                            | `block`   |
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
+//! | `PTTRACER_REWRITE`     | `0`/`1`: patch hot syscall sites into direct calls (see `shim::rewrite`) | `0` |
 //!
 //! `PTTRACER_SYSCALLS`: with at least one plain entry only the listed syscalls are
 //! recorded; `!name` entries are never recorded. Every syscall is still intercepted
@@ -164,6 +165,7 @@ pub struct ShimConfig {
     pub pt_buffer: usize,
     pub backpressure: Backpressure,
     pub backend: BackendChoice,
+    pub rewrite: bool,
 }
 
 pub const ENV_OUT: &str = "PTTRACER_OUT";
@@ -176,9 +178,10 @@ pub const ENV_QUEUE: &str = "PTTRACER_QUEUE";
 pub const ENV_PT_BUFFER: &str = "PTTRACER_PT_BUFFER";
 pub const ENV_BACKPRESSURE: &str = "PTTRACER_BACKPRESSURE";
 pub const ENV_BACKEND: &str = crate::tracer::BACKEND_ENV;
+pub const ENV_REWRITE: &str = "PTTRACER_REWRITE";
 
 /// Every variable the shim reads, in the order `Config` records list them.
-pub const ALL_VARS: [&str; 10] = [
+pub const ALL_VARS: [&str; 11] = [
     ENV_OUT,
     ENV_MODE,
     ENV_WINDOW,
@@ -189,6 +192,7 @@ pub const ALL_VARS: [&str; 10] = [
     ENV_PT_BUFFER,
     ENV_BACKPRESSURE,
     ENV_BACKEND,
+    ENV_REWRITE,
 ];
 
 pub fn parse_mode(v: &str) -> Result<Mode, String> {
@@ -262,6 +266,11 @@ impl ShimConfig {
         };
         let backend =
             BackendChoice::parse(&get(ENV_BACKEND).unwrap_or_default()).map_err(|e| e.message)?;
+        let rewrite = match get(ENV_REWRITE).unwrap_or_default().trim() {
+            "" | "0" | "no" | "off" => false,
+            "1" | "yes" | "on" => true,
+            o => return Err(format!("{ENV_REWRITE}={o:?} is not a switch: use 0 or 1")),
+        };
         Ok(Some(ShimConfig {
             out_dir: out,
             mode,
@@ -274,6 +283,7 @@ impl ShimConfig {
             pt_buffer,
             backpressure,
             backend,
+            rewrite,
         }))
     }
 
@@ -287,7 +297,7 @@ impl ShimConfig {
         format!(
             "{ENV_OUT}={}\n{ENV_MODE}={}\n{ENV_WINDOW}={}\n{ENV_SYSCALLS}={}\n{ENV_PT_SHIFT}={}\n\
              {ENV_SB_SHIFT}={}\n{ENV_QUEUE}={}\n{ENV_PT_BUFFER}={}\n{ENV_BACKPRESSURE}={}\n\
-             {ENV_BACKEND}={:?}\n",
+             {ENV_BACKEND}={:?}\n{ENV_REWRITE}={}\n",
             self.out_dir.display(),
             self.mode.name(),
             self.window.name(),
@@ -301,6 +311,7 @@ impl ShimConfig {
                 Backpressure::Drop => "drop",
             },
             self.backend,
+            u8::from(self.rewrite),
         )
     }
 }

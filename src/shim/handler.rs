@@ -140,32 +140,22 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
         regs.set(libc::REG_RAX, r as u64);
         return;
     };
-    let slot = slots::current();
-    // The child of a vfork-style clone runs on its parent's thread-local slot.
-    let vfork_child = slot.is_some_and(|s| s.vfork_child.load(Acquire));
-    let record = st.filter.records(nr);
-    let depth = slot.map_or(0, |s| s.depth.fetch_add(1, Relaxed));
-    let mut w = Window {
-        index: 0,
-        nr,
-        args,
-        ret: 0,
-        tsc_start: 0,
-        tsc_end: 0,
-        flags: WF_PT_ABSENT
-            | if depth > 0 { WF_NESTED } else { 0 }
-            | if vfork_child { WF_VFORK_CHILD } else { 0 },
-        depth,
-    };
-    if let Some(s) = slot {
-        if st.window == super::config::WindowKind::Thread {
-            w.tsc_start = s.last_exit_tsc.load(Relaxed);
-        }
+    if regs.get(libc::REG_RIP) == super::rewrite::fallback_resume() {
+        // A patched site sent a syscall that needs the full handler: its `call` left the
+        // site's resume address on the stack. Make the context look like a trap there.
+        let sp = regs.get(libc::REG_RSP);
+        // SAFETY: the patched `call` pushed the resume address at the stack pointer.
+        let rip = unsafe { peek(sp) };
+        regs.set(libc::REG_RIP, rip);
+        regs.set(libc::REG_RSP, sp.wrapping_add(8));
     }
-    let t0 = raw::rdtsc();
-    if w.tsc_start == 0 {
-        w.tsc_start = t0;
-    }
+    let Begun {
+        slot,
+        record,
+        mut w,
+        t0,
+        vfork_child,
+    } = begin(st, nr, args);
 
     let ret: i64 = match nr {
         _ if regs.get(libc::REG_RIP) == raw::notify_resume() => {
@@ -280,10 +270,82 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
             }
             sys6(nr, a)
         }
-        _ => sys6(nr, args),
+        _ => {
+            let r = sys6(nr, args);
+            if st.rewrite {
+                super::rewrite::maybe_patch(regs.get(libc::REG_RIP), nr);
+            }
+            r
+        }
     };
     regs.set(libc::REG_RAX, ret as u64);
     finish(slot, record, w, ret, t0);
+}
+
+/// A window being recorded.
+struct Begun<'a> {
+    slot: Option<&'a Slot>,
+    record: bool,
+    w: Window,
+    t0: u64,
+    vfork_child: bool,
+}
+
+/// Enters the handler's nesting level for the calling thread and starts a window.
+fn begin(st: &slots::Static, nr: u64, args: [u64; 6]) -> Begun<'static> {
+    let slot = slots::current();
+    // The child of a vfork-style clone runs on its parent's thread-local slot.
+    let vfork_child = slot.is_some_and(|s| s.vfork_child.load(Acquire));
+    let record = st.filter.records(nr);
+    let depth = slot.map_or(0, |s| s.depth.fetch_add(1, Relaxed));
+    let mut w = Window {
+        index: 0,
+        nr,
+        args,
+        ret: 0,
+        tsc_start: 0,
+        tsc_end: 0,
+        flags: WF_PT_ABSENT
+            | if depth > 0 { WF_NESTED } else { 0 }
+            | if vfork_child { WF_VFORK_CHILD } else { 0 },
+        depth,
+    };
+    if let Some(s) = slot {
+        if st.window == super::config::WindowKind::Thread {
+            w.tsc_start = s.last_exit_tsc.load(Relaxed);
+        }
+    }
+    let t0 = raw::rdtsc();
+    if w.tsc_start == 0 {
+        w.tsc_start = t0;
+    }
+    Begun {
+        slot,
+        record,
+        w,
+        t0,
+        vfork_child,
+    }
+}
+
+/// An ordinary syscall (no special handling), performed and recorded. Used by patched
+/// syscall sites (normal context, see [`super::rewrite`]).
+pub fn general(nr: u64, args: [u64; 6]) -> i64 {
+    let Some(st) = STATIC.get() else {
+        return sys6(nr, args);
+    };
+    if slots::untraced() {
+        return sys6(nr, args);
+    }
+    if slots::SPAWNING_WRITER.load(Acquire) && !slots::has_current() {
+        // The writer thread being started by a forked child, before it could mark itself.
+        slots::set_untraced();
+        return sys6(nr, args);
+    }
+    let b = begin(st, nr, args);
+    let r = sys6(nr, args);
+    finish(b.slot, b.record, b.w, r, b.t0);
+    r
 }
 
 /// Records a completed window and leaves the handler's nesting level.

@@ -31,6 +31,7 @@ pub mod config;
 pub mod handler;
 pub mod output;
 pub mod raw;
+pub mod rewrite;
 pub mod slots;
 pub mod sysnames;
 pub mod writer;
@@ -245,6 +246,7 @@ extern "C" fn atfork_child() {
         return;
     }
     // The writer must not inherit SUD: disarm this thread while it is created.
+    // With patched syscall sites it may still reach the fast path: `spawn` flags it.
     disarm();
     let _ = std::panic::catch_unwind(writer::spawn);
     arm();
@@ -268,6 +270,14 @@ fn init() -> Result<(), String> {
         )
     })?;
     let (backend, pt_present, reason, meta) = probe_tracer(&cfg);
+    let rewrite = cfg.rewrite
+        && match rewrite::setup() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("{WHO}: {e}");
+                false
+            }
+        };
     let st = slots::make_static(
         &cfg,
         backend,
@@ -276,6 +286,7 @@ fn init() -> Result<(), String> {
         metadata_bytes(&meta),
         meta.base.to_bytes(),
         vdso_range(),
+        rewrite,
     );
     if slots::STATIC.set(st).is_err() {
         return Ok(());

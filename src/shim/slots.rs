@@ -54,6 +54,8 @@ pub struct Static {
     pub vdso: (u64, usize),
     /// Write DynamoRIO `kernel.raw/<tid>.raw.pt` files.
     pub kernel_raw: bool,
+    /// Patch syscall sites into direct calls (page 0 trampoline ready).
+    pub rewrite: bool,
 }
 
 pub static STATIC: OnceLock<Static> = OnceLock::new();
@@ -86,6 +88,27 @@ pub static SLOT_COUNT: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     /// The calling thread's slot (const-initialized, no destructor: plain TLS access).
     static CURRENT: Cell<*mut Slot> = const { Cell::new(std::ptr::null_mut()) };
+    /// Set on the shim's own writer thread: its syscalls are never recorded.
+    static UNTRACED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Set while a forked child starts its writer thread: the only thread without a slot that
+/// can appear then is that writer (the child has exactly one application thread).
+pub static SPAWNING_WRITER: AtomicBool = AtomicBool::new(false);
+
+/// Whether the calling thread has claimed a slot.
+pub fn has_current() -> bool {
+    !CURRENT.with(|c| c.get()).is_null()
+}
+
+/// Marks the calling thread as the shim's own (never recorded).
+pub fn set_untraced() {
+    UNTRACED.with(|c| c.set(true));
+}
+
+/// Whether the calling thread is the shim's own.
+pub fn untraced() -> bool {
+    UNTRACED.with(|c| c.get())
 }
 
 /// One queue entry.
@@ -404,6 +427,7 @@ pub fn make_static(
     metadata: [u8; 50],
     pt_metadata: [u8; 18],
     vdso: (u64, usize),
+    rewrite: bool,
 ) -> Static {
     let mut out_dir = cfg.out_dir.as_os_str().as_encoded_bytes().to_vec();
     while out_dir.len() > 1 && out_dir.last() == Some(&b'/') {
@@ -424,5 +448,6 @@ pub fn make_static(
         pt_metadata,
         vdso,
         kernel_raw: cfg.mode.traces_kernel(),
+        rewrite,
     }
 }

@@ -20,17 +20,25 @@ use std::sync::atomic::Ordering::*;
 /// Longest time a completed window waits in memory before the writer looks at it.
 pub const POLL_NS: u64 = 10_000_000;
 
-/// Starts the writer thread; false when it cannot be created.
+/// Starts the writer thread and waits until it has marked itself as the shim's own (so no
+/// syscall of it is ever recorded, even at patched sites); false when it cannot be created.
+/// While it starts, no other thread may be created by the caller's process (true at
+/// start-up and in a freshly forked child).
 pub fn spawn() -> bool {
+    slots::SPAWNING_WRITER.store(true, Release);
     let r = std::thread::Builder::new()
         .name("pttracer-writer".into())
         .spawn(run);
     match r {
         Ok(_) => {
             slots::WRITER_ALIVE.store(true, Release);
+            while slots::SPAWNING_WRITER.load(Acquire) {
+                std::thread::yield_now();
+            }
             true
         }
         Err(e) => {
+            slots::SPAWNING_WRITER.store(false, Release);
             eprintln!(
                 "drpttracer shim: cannot start the writer thread ({e}); windows are written \
                  by the traced threads themselves when their queues fill and at exit"
@@ -51,6 +59,8 @@ fn block_signals() {
 }
 
 fn run() {
+    slots::set_untraced();
+    slots::SPAWNING_WRITER.store(false, Release);
     block_signals();
     loop {
         let seen = slots::WAKE.load(Acquire);
