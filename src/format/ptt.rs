@@ -63,7 +63,8 @@ pub enum FileKind {
 /// - `Clock` (22): u64 CLOCK_MONOTONIC ns, u64 TSC, taken together (start and end give
 ///   the TSC rate for converting window timestamps).
 /// - `Config` (23): UTF-8 text, the `PTTRACER_*` settings, one `NAME=value` per line.
-/// - `ProcessEnd` (24): u32 reason ([`EndReason`]), i32 exit code.
+/// - `ProcessEnd` (24): u32 reason ([`EndReason`]), i32 exit code, u64 syscall sites
+///   patched by the fast path (`PTTRACER_REWRITE`, 0 otherwise).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
 pub enum RecordType {
@@ -593,6 +594,11 @@ pub fn decode_process_end(p: &[u8]) -> Option<(u32, i32)> {
     Some((le_u32(p, 0)?, le_u32(p, 4)? as i32))
 }
 
+/// Syscall sites patched by the fast path, from a `ProcessEnd` payload.
+pub fn decode_patched_sites(p: &[u8]) -> u64 {
+    le_u64(p, 8).unwrap_or(0)
+}
+
 /// Decoded `Vdso` record: (address, bytes).
 pub fn decode_vdso(p: &[u8]) -> Option<(u64, &[u8])> {
     Some((le_u64(p, 0)?, p.get(8..)?))
@@ -726,6 +732,7 @@ pub struct ProcessSummary {
     pub has_metadata: bool,
     pub config: String,
     pub end: Option<(u32, i32)>,
+    pub patched_sites: u64,
     pub clocks: Vec<(u64, u64)>,
     pub tail: Tail,
 }
@@ -756,6 +763,7 @@ pub fn summarize_process(path: &Path) -> Result<ProcessSummary, FormatError> {
         has_metadata: false,
         config: String::new(),
         end: None,
+        patched_sites: 0,
         clocks: Vec::new(),
         tail: parsed.tail.clone(),
     };
@@ -777,7 +785,10 @@ pub fn summarize_process(path: &Path) -> Result<ProcessSummary, FormatError> {
             }
             Some(RecordType::Metadata) => s.has_metadata = f.payload.len() >= 18,
             Some(RecordType::Config) => s.config = String::from_utf8_lossy(f.payload).into_owned(),
-            Some(RecordType::ProcessEnd) => s.end = decode_process_end(f.payload),
+            Some(RecordType::ProcessEnd) => {
+                s.end = decode_process_end(f.payload);
+                s.patched_sites = decode_patched_sites(f.payload);
+            }
             Some(RecordType::Clock) => {
                 if let Some(c) = decode_clock(f.payload) {
                     s.clocks.push(c)

@@ -194,9 +194,10 @@ pub fn write_process_end(reason: EndReason, code: i32) {
     clock[0..8].copy_from_slice(&raw::monotonic_ns().to_le_bytes());
     clock[8..16].copy_from_slice(&raw::rdtsc().to_le_bytes());
     write_frame_parts(fd, RecordType::Clock, &[&clock]);
-    let mut end = [0u8; 8];
+    let mut end = [0u8; 16];
     end[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
     end[4..8].copy_from_slice(&code.to_le_bytes());
+    end[8..16].copy_from_slice(&super::rewrite::PATCHED.load(Relaxed).to_le_bytes());
     write_frame_parts(fd, RecordType::ProcessEnd, &[&end]);
 }
 

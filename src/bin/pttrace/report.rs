@@ -166,8 +166,13 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 }
                 match p.end {
                     Some((r, code)) => println!(
-                        "  ended: {} (status {code})",
-                        ptt::EndReason::from_raw(r).map_or("?", |r| r.name())
+                        "  ended: {} (status {code}){}",
+                        ptt::EndReason::from_raw(r).map_or("?", |r| r.name()),
+                        if p.patched_sites > 0 {
+                            format!(", {} syscall sites patched", p.patched_sites)
+                        } else {
+                            String::new()
+                        }
                     ),
                     None => println!("  ended: no ProcessEnd record (killed or still running)"),
                 }

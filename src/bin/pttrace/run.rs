@@ -34,6 +34,9 @@ pub struct Args {
     /// Sideband ring size shift (2^n pages).
     #[arg(long)]
     pub sb_shift: Option<u32>,
+    /// Patch hot syscall sites into direct calls (PTTRACER_REWRITE=1; needs root for page 0).
+    #[arg(long)]
+    pub rewrite: bool,
     /// Path of libdrpttracer.so (default: next to this executable).
     #[arg(long)]
     pub lib: Option<PathBuf>,
@@ -84,6 +87,9 @@ fn env_pairs(args: &Args) -> Vec<(&'static str, String)> {
     }
     if let Some(s) = args.sb_shift {
         v.push((config::ENV_SB_SHIFT, s.to_string()));
+    }
+    if args.rewrite {
+        v.push((config::ENV_REWRITE, "1".to_string()));
     }
     v
 }
