@@ -267,3 +267,65 @@ fn invalid_configuration_is_reported_and_the_program_still_runs() {
     );
     assert!(!out.exists());
 }
+
+#[test]
+fn posix_spawn_children_are_traced_and_the_vfork_side_is_flagged() {
+    use drpttracer::format::ptt::{WF_NESTED, WF_VFORK_CHILD};
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("spawn", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &[], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("spawn ok") && text.contains("system ok"),
+        "{text}"
+    );
+    let td = read_dir(&out);
+    let cmd = |c: &str| {
+        td.infos
+            .iter()
+            .any(|i| i.cmdline.first().map(String::as_str) == Some(c))
+    };
+    assert!(cmd("echo"), "the posix_spawn child is traced after exec");
+    assert!(cmd("sh"), "system()'s shell is traced");
+    let main = td.infos.iter().find(|i| i.exe.ends_with("/spawn")).unwrap();
+    let t = td.threads_of(main.process.pid, main.process.nonce)[0];
+    // The spawned children ran on the parent's memory before exec: their syscalls are in
+    // the parent's file, flagged, and each ends with a (non-returning) execve.
+    let child: Vec<_> = t
+        .windows
+        .iter()
+        .filter(|w| w.flags & WF_VFORK_CHILD != 0)
+        .collect();
+    assert!(!child.is_empty());
+    let execs = child
+        .iter()
+        .filter(|w| w.nr == NR_EXECVE && w.flags & WF_NO_RETURN != 0)
+        .count();
+    assert_eq!(execs, 2);
+    // The parent's own windows after the spawns are not mistaken for nested ones.
+    let last = t.windows.last().unwrap();
+    assert_eq!(last.nr, NR_EXIT_GROUP);
+    assert_eq!(last.flags & (WF_NESTED | WF_VFORK_CHILD), 0, "{last:?}");
+    assert_eq!(last.depth, 0);
+}
+
+#[test]
+fn thread_windows_cover_user_time_between_syscalls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("raw_syscall", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &[], &[("PTTRACER_WINDOW", "thread")]);
+    assert!(o.status.success(), "{o:?}");
+    let td = read_dir(&out);
+    assert_eq!(td.infos[0].process.window, 1);
+    let w = &td.threads[0].windows;
+    assert!(w.len() > 100);
+    // A thread window runs from the previous syscall's return to this syscall's entry, so
+    // consecutive windows do not overlap.
+    for pair in w.windows(2) {
+        assert!(pair[0].tsc_end <= pair[1].tsc_start, "{pair:?}");
+        assert!(pair[1].tsc_start <= pair[1].tsc_end, "{pair:?}");
+    }
+}

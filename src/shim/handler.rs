@@ -623,9 +623,10 @@ fn finish_clone(s: &Slot, r: i64) {
     if r < 0 && p.counted_thread {
         slots::LIVE.fetch_sub(1, AcqRel);
     }
-    // The handler entry for the notify trap incremented depth; the clone's own entry is
-    // still counted as well: drop one here, the caller drops the other.
-    s.depth.fetch_sub(1, Relaxed);
+    // Back to the depth of the clone's entry + 1 for the notify trap (the caller drops that
+    // one). Storing rather than decrementing also discards what a vfork-style child that
+    // exec'd or exited on this slot left counted.
+    s.depth.store(p.w.depth + 1, Relaxed);
     if p.record {
         let mut w = p.w;
         w.ret = r;
@@ -687,7 +688,15 @@ fn do_exec(
 ) -> i64 {
     let Some(s) = slot else { return sys6(nr, args) };
     if vfork_child {
-        // Shares the parent's memory and slot: record like any syscall.
+        // Shares the parent's memory and slot: a successful exec never returns here, so the
+        // window is recorded first (and again with the error if the exec fails).
+        if STATIC.get().is_some_and(|st| st.filter.records(nr)) {
+            let mut pre = *w;
+            pre.flags |= WF_NO_RETURN;
+            pre.tsc_end = t0;
+            pre.index = slots::next_index(s);
+            slots::push(s, &pre);
+        }
         return sys6(nr, args);
     }
     let record = STATIC.get().is_some_and(|st| st.filter.records(nr));
