@@ -329,3 +329,59 @@ fn thread_windows_cover_user_time_between_syscalls() {
         assert!(pair[1].tsc_start <= pair[1].tsc_end, "{pair:?}");
     }
 }
+
+#[test]
+fn fork_vfork_and_raw_clone_vfork_children_are_traced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("vfork", tmp.path());
+    for mode in ["0", "1", "2"] {
+        let out = tmp.path().join(format!("trace{mode}"));
+        let o = run_traced(&out, &prog, &[mode], &[]);
+        assert!(o.status.success(), "{o:?}");
+        let child: i32 = String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .strip_prefix("child ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let td = read_dir(&out);
+        let t = td
+            .threads
+            .iter()
+            .find(|t| t.header.pid == child)
+            .unwrap_or_else(|| panic!("mode {mode}: no thread file for child {child}"));
+        // Its side of the fork first (glibc's fork child then re-registers its robust
+        // list), 3 getppid, exit_group last.
+        assert!(t.windows[0].flags & WF_FORK_CHILD != 0 && t.windows[0].ret == 0);
+        assert_eq!(t.windows.iter().filter(|w| w.nr == NR_GETPPID).count(), 3);
+        assert_eq!(t.windows.last().unwrap().nr, NR_EXIT_GROUP);
+        assert!(t.windows.len() <= 6, "mode {mode}: {:?}", t.windows);
+    }
+}
+
+#[test]
+fn exec_with_an_emptied_environment_stays_traced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    let o = run_traced(
+        &out,
+        std::path::Path::new("/usr/bin/env"),
+        &["-i", "/bin/echo", "clean"],
+        &[("PTTRACER_SYSCALLS", "write,execve")],
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "clean\n");
+    let td = read_dir(&out);
+    let echo = td
+        .infos
+        .iter()
+        .find(|i| i.cmdline.first().map(String::as_str) == Some("/bin/echo"))
+        .expect("echo, exec'd with an empty environment, is traced");
+    let t = td.threads_of(echo.process.pid, echo.process.nonce)[0];
+    assert!(
+        t.windows.iter().any(|w| w.nr == 1 && w.ret == 6),
+        "echo's write of \"clean\\n\""
+    );
+    // The carried-over configuration is the original one (the filter included).
+    assert!(t.windows.iter().all(|w| w.nr == 1 || w.nr == NR_EXECVE));
+}

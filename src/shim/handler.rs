@@ -648,6 +648,9 @@ fn do_fork(slot: Option<&Slot>, nr: u64, a: [u64; 6], w: &mut Window) -> i64 {
 
 /// In a forked child (still inside the handler): this image is a new process.
 fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
+    // The kernel does not carry Syscall User Dispatch into a CLONE_VFORK child (vfork is
+    // performed as one): arm it again before the child runs application code.
+    super::arm();
     let pid = raw::getpid();
     let nonce = raw::rdtsc() & 0xFFFF_FFFF;
     slots::PID.store(pid, Relaxed);
@@ -697,7 +700,7 @@ fn do_exec(
             pre.index = slots::next_index(s);
             slots::push(s, &pre);
         }
-        return sys6(nr, args);
+        return exec_with_shim(nr, args);
     }
     let record = STATIC.get().is_some_and(|st| st.filter.records(nr));
     // Flush everything this image recorded so far.
@@ -736,7 +739,7 @@ fn do_exec(
     }
     let ended = slots::PROCESS_ENDED.load(Relaxed);
     output::write_process_end(EndReason::Exec, 0);
-    let r = sys6(nr, args);
+    let r = exec_with_shim(nr, args);
     // Still here: the exec failed. Retract the window and the end records.
     if pos >= 0 {
         raw::ftruncate(fd, pos as u64);
@@ -746,6 +749,22 @@ fn do_exec(
     }
     slots::PROCESS_ENDED.store(ended, Relaxed);
     s.unlock_drain();
+    r
+}
+
+/// Performs the exec with an environment that keeps the shim preloaded and configured.
+fn exec_with_shim(nr: u64, args: [u64; 6]) -> i64 {
+    let env_arg = if nr == NR_EXECVE { 2 } else { 3 };
+    let mut a = args;
+    let patched = super::execenv::patch(args[env_arg]);
+    if let Some(p) = &patched {
+        a[env_arg] = p.envp;
+    }
+    let r = sys6(nr, a);
+    // Still here: the exec failed.
+    if let Some(p) = patched {
+        p.release();
+    }
     r
 }
 

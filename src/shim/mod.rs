@@ -28,6 +28,7 @@
 //! in the info file and each thread header. Every window carries `WF_PT_ABSENT`.
 
 pub mod config;
+pub mod execenv;
 pub mod handler;
 pub mod output;
 pub mod raw;
@@ -58,6 +59,24 @@ extern "C" fn shim_constructor() {
 
 /// Whether this code runs from a shared object (the preloaded cdylib) rather than being
 /// linked statically into an executable (the `pttrace` binary and tests link the rlib).
+/// The file this code was loaded from (dladdr), empty when unknown.
+fn own_path() -> Vec<u8> {
+    // SAFETY: dladdr only reads loader data; info is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the address is that of a function in this object.
+    let ok = unsafe { libc::dladdr(shim_constructor as *const libc::c_void, &mut info) };
+    if ok == 0 || info.dli_fname.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    match std::fs::canonicalize(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name))
+    {
+        Ok(p) => p.into_os_string().into_encoded_bytes(),
+        Err(_) => name.to_vec(),
+    }
+}
+
 fn loaded_as_shared_object() -> bool {
     // SAFETY: dladdr only reads loader data; info is a valid out-pointer.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
@@ -210,8 +229,9 @@ const PR_SET_SYSCALL_USER_DISPATCH: u64 = 59;
 const PR_SYS_DISPATCH_OFF: u64 = 0;
 const PR_SYS_DISPATCH_ON: u64 = 1;
 
-/// Arms Syscall User Dispatch for the calling thread (inherited by its future children).
-fn arm() -> i64 {
+/// Arms Syscall User Dispatch for the calling thread. Async-signal-safe (one raw syscall).
+/// Forked children inherit it, except those created with CLONE_VFORK; new threads never do.
+pub(crate) fn arm() -> i64 {
     let (start, len) = raw::allowed_range();
     raw::sys6(
         libc::SYS_prctl as u64,
@@ -287,6 +307,7 @@ fn init() -> Result<(), String> {
         meta.base.to_bytes(),
         vdso_range(),
         rewrite,
+        own_path(),
     );
     if slots::STATIC.set(st).is_err() {
         return Ok(());

@@ -56,6 +56,10 @@ pub struct Static {
     pub kernel_raw: bool,
     /// Patch syscall sites into direct calls (page 0 trampoline ready).
     pub rewrite: bool,
+    /// Path of this library as loaded (for `LD_PRELOAD` in exec'd images).
+    pub lib_path: Vec<u8>,
+    /// `PTTRACER_*=value\0` entries carried into exec'd images.
+    pub exec_env: Vec<Vec<u8>>,
 }
 
 pub static STATIC: OnceLock<Static> = OnceLock::new();
@@ -428,6 +432,7 @@ pub fn make_static(
     pt_metadata: [u8; 18],
     vdso: (u64, usize),
     rewrite: bool,
+    lib_path: Vec<u8>,
 ) -> Static {
     let mut out_dir = cfg.out_dir.as_os_str().as_encoded_bytes().to_vec();
     while out_dir.len() > 1 && out_dir.last() == Some(&b'/') {
@@ -449,5 +454,17 @@ pub fn make_static(
         vdso,
         kernel_raw: cfg.mode.traces_kernel(),
         rewrite,
+        lib_path,
+        exec_env: super::config::ALL_VARS
+            .iter()
+            .filter_map(|k| {
+                let v = std::env::var_os(k)?;
+                let mut e = format!("{k}=").into_bytes();
+                e.extend_from_slice(v.as_encoded_bytes());
+                e.push(0);
+                Some(e)
+            })
+            .take(16)
+            .collect(),
     }
 }
