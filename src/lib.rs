@@ -18,6 +18,7 @@ pub mod ffi;
 pub mod format;
 pub mod metadata;
 pub mod perf;
+pub mod probe;
 pub mod shim;
 pub mod sideband;
 pub mod tracer;

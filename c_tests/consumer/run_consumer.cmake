@@ -1,0 +1,15 @@
+# Configures, builds and runs the consumer project against the staged install (ctest -P).
+file(REMOVE_RECURSE ${BIN})
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -DCMAKE_PREFIX_PATH=${PREFIX}
+  RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the find_package consumer failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the find_package consumer failed")
+endif()
+execute_process(COMMAND ${BIN}/consumer RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "the find_package consumer exited with ${rc}")
+endif()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The main job: build, check the machine, trace a real program (/bin/ls) in user mode
+# (Intel PT hardware when present, otherwise the emulated backend) and decode it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cargo build --release --lib --bins
+out=${1:-/tmp/pttrace-demo}
+rm -rf "$out"
+./target/release/pttrace check
+./target/release/pttrace run --out "$out" --mode user --window thread -- /bin/ls /
+./target/release/pttrace report "$out"
+./target/release/pttrace decode --dir "$out" --format summary
