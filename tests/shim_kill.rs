@@ -141,3 +141,26 @@ fn pttrace_run_prints_the_summary_and_the_decode_command() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("PTTRACER_MODE=\"both\""));
 }
+
+#[test]
+fn fatal_signals_flush_and_end_the_files_then_kill_as_before() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("fatal", tmp.path());
+    for (arg, sig) in [("segv", libc::SIGSEGV), ("term", libc::SIGTERM)] {
+        let out = tmp.path().join(arg);
+        let o = run_traced(&out, &prog, &[arg], &[]);
+        assert_eq!(o.status.signal(), Some(sig), "{arg}: {o:?}");
+        let td = read_dir(&out);
+        assert_eq!(td.threads.len(), 1);
+        let t = &td.threads[0];
+        assert_eq!(
+            t.windows.iter().filter(|w| w.nr == 110).count(),
+            50,
+            "{arg}: every window before the signal is written"
+        );
+        assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::Signal as u32));
+        assert_eq!(t.tail, Tail::Clean);
+        assert_eq!(td.infos[0].end, Some((ptt::EndReason::Signal as u32, sig)));
+    }
+}

@@ -117,6 +117,9 @@ pub enum EndReason {
     Exec = 2,
     /// The last application thread exited; the shim ended the process.
     LastThread = 3,
+    /// A fatal signal (the `ProcessEnd` exit code is the signal number); written by the
+    /// shim's handler for signals whose disposition was the default action.
+    Signal = 4,
 }
 
 impl EndReason {
@@ -126,6 +129,7 @@ impl EndReason {
             1 => Some(EndReason::ExitGroup),
             2 => Some(EndReason::Exec),
             3 => Some(EndReason::LastThread),
+            4 => Some(EndReason::Signal),
             _ => None,
         }
     }
@@ -135,6 +139,7 @@ impl EndReason {
             EndReason::ExitGroup => "exit_group",
             EndReason::Exec => "exec",
             EndReason::LastThread => "last thread exited",
+            EndReason::Signal => "fatal signal",
         }
     }
 }

@@ -412,15 +412,124 @@ fn do_sigaction(a: &[u64; 6]) -> i64 {
         }
         return 0;
     }
+    let bit = 1u64.checked_shl(sig as u32).unwrap_or(0);
+    let ours = FATAL_OURS.load(Acquire) & bit != 0;
     let mut copy: KSigaction;
     let mut args = *a;
     if act != 0 {
         // SAFETY: as above.
         copy = unsafe { (act as *const KSigaction).read_unaligned() };
         copy.mask &= !SIGSYS_BIT;
+        if ours && copy.handler == libc::SIG_DFL as u64 {
+            // The default action stays "flush, then the default action".
+            copy = fatal_action();
+        }
         args[1] = core::ptr::addr_of!(copy) as u64;
     }
-    sys6(NR_READ_SIGACTION, args)
+    let r = sys6(NR_READ_SIGACTION, args);
+    if r == 0 && ours {
+        if old != 0 {
+            // The application sees the default disposition it never changed.
+            // SAFETY: the application passes a writable struct sigaction.
+            unsafe { (old as *mut KSigaction).write_unaligned(KSigaction::default()) };
+        }
+        // SAFETY: as above (act was read successfully when non-zero).
+        if act != 0
+            && unsafe { (act as *const KSigaction).read_unaligned() }.handler
+                != libc::SIG_DFL as u64
+        {
+            FATAL_OURS.fetch_and(!bit, AcqRel);
+        }
+    }
+    r
+}
+
+/// Signals whose default action ends the process: while their disposition is the default,
+/// the shim's handler flushes every queue and ends the files first, then restores the
+/// default action and re-raises.
+pub const FATAL_SIGNALS: [c_int; 9] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGILL,
+    libc::SIGABRT,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGSEGV,
+    libc::SIGTERM,
+];
+
+/// Bit n set: the shim's fatal-signal handler is installed for signal n.
+pub static FATAL_OURS: AtomicU64 = AtomicU64::new(0);
+
+const SA_RESTORER: u64 = 0x0400_0000;
+
+fn fatal_action() -> KSigaction {
+    KSigaction {
+        handler: on_fatal as *const () as u64,
+        flags: libc::SA_SIGINFO as u64 | SA_RESTORER,
+        restorer: raw::sigreturn_stub(),
+        mask: 0,
+    }
+}
+
+/// Installs the fatal-signal handler where the disposition is the default (start-up).
+pub fn install_fatal_handlers() {
+    for sig in FATAL_SIGNALS {
+        let mut old = KSigaction::default();
+        let act = fatal_action();
+        let r = raw::sys4(
+            libc::SYS_rt_sigaction,
+            sig as u64,
+            0,
+            core::ptr::addr_of_mut!(old) as u64,
+            8,
+        );
+        if r != 0 || old.handler != libc::SIG_DFL as u64 {
+            continue;
+        }
+        if raw::sys4(
+            libc::SYS_rt_sigaction,
+            sig as u64,
+            core::ptr::addr_of!(act) as u64,
+            0,
+            8,
+        ) == 0
+        {
+            FATAL_OURS.fetch_or(1 << sig, AcqRel);
+        }
+    }
+}
+
+/// A fatal signal with the default disposition: flush, end the files, die the default way.
+///
+/// # Safety
+/// Called by the kernel as a signal handler.
+unsafe extern "C" fn on_fatal(sig: c_int, _info: *mut siginfo_t, _uctx: *mut c_void) {
+    block_all_signals();
+    if slots::ACTIVE_FLAG.load(Acquire) {
+        if let Some(s) = slots::current() {
+            s.end_reason.store(EndReason::Signal as u32, Release);
+        }
+        output::drain_all(Some((EndReason::Signal, sig)));
+    }
+    let dfl = KSigaction::default();
+    raw::sys4(
+        libc::SYS_rt_sigaction,
+        sig as u64,
+        core::ptr::addr_of!(dfl) as u64,
+        0,
+        8,
+    );
+    FATAL_OURS.fetch_and(!(1u64 << sig), AcqRel);
+    // Delivered with the default action once this handler returns (a fault re-executes
+    // and faults again).
+    raw::sys3(
+        libc::SYS_tgkill,
+        raw::getpid() as u64,
+        raw::gettid() as u64,
+        sig as u64,
+    );
 }
 
 /// `rt_sigprocmask` applied to the mask the handler's return restores.

@@ -329,6 +329,7 @@ fn init() -> Result<(), String> {
     }
     writer::spawn();
     install_sigsys()?;
+    handler::install_fatal_handlers();
     // SAFETY: registering a plain extern "C" function as the fork child handler.
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     slots::ACTIVE_FLAG.store(true, Release);
