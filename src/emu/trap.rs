@@ -123,8 +123,70 @@ impl StepBuffer {
         })
     }
 
+    /// Like [`StepBuffer::new`] but async-signal-safe (one raw `mmap` through the shim's
+    /// in-range stub, no allocation): for buffers created inside a signal handler.
+    /// `None` when the mapping fails.
+    pub fn new_raw(cap: usize) -> Option<StepBuffer> {
+        let cap = cap.max(16);
+        let map_len = cap.checked_mul(std::mem::size_of::<Step>())?;
+        let r = crate::shim::raw::sys6(
+            libc::SYS_mmap as u64,
+            [
+                0,
+                map_len as u64,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64,
+                u64::MAX,
+                0,
+            ],
+        );
+        if (-4095..0).contains(&r) {
+            return None;
+        }
+        Some(StepBuffer {
+            recs: r as *mut Step,
+            cap,
+            map_len,
+            len: AtomicUsize::new(0),
+            overflow: AtomicBool::new(false),
+            active: AtomicBool::new(false),
+            tid: AtomicI32::new(0),
+            foreign: AtomicU32::new(0),
+        })
+    }
+
     pub fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// Records captured so far.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire).min(self.cap)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The last record, if any. Async-signal-safe; meant for the owning thread.
+    pub fn last(&self) -> Option<Step> {
+        let n = self.len();
+        if n == 0 {
+            return None;
+        }
+        // SAFETY: n - 1 < cap and the record was written before len was published.
+        Some(unsafe { self.recs.add(n - 1).read() })
+    }
+
+    /// Appends a record from the owning thread (e.g. a synthesized step for a syscall the
+    /// shim performed for it). Async-signal-safe. False when full (the overflow flag is
+    /// set).
+    pub fn push_step(&self, step: Step) -> bool {
+        let ok = self.push(step);
+        if !ok {
+            self.overflow.store(true, Ordering::Relaxed);
+        }
+        ok
     }
 
     /// Clears the buffer for a new window owned by `tid`.
@@ -275,8 +337,27 @@ fn rdtsc() -> u64 {
 }
 
 fn raw_gettid() -> i32 {
-    // SAFETY: gettid is a plain syscall without arguments, async-signal-safe.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    // Through the shim's in-range stub: under the LD_PRELOAD shim a libc syscall from this
+    // handler would raise SIGSYS (Syscall User Dispatch); elsewhere the stub is a plain
+    // `syscall`.
+    crate::shim::raw::gettid()
+}
+
+/// `process_vm_readv`/`writev` on our own pid through the shim's in-range stub (see
+/// [`raw_gettid`]). Returns the byte count or -errno.
+fn self_vm(nr: i64, local: &libc::iovec, remote: &libc::iovec) -> isize {
+    let pid = crate::shim::raw::getpid();
+    crate::shim::raw::sys6(
+        nr as u64,
+        [
+            pid as u64,
+            local as *const libc::iovec as u64,
+            1,
+            remote as *const libc::iovec as u64,
+            1,
+            0,
+        ],
+    ) as isize
 }
 
 /// # Safety
@@ -376,8 +457,8 @@ fn safe_read(addr: u64, dst: *mut u8, len: usize) -> bool {
         iov_base: addr as *mut libc::c_void,
         iov_len: len,
     };
-    // SAFETY: copies into `dst` (valid for `len`), EFAULT instead of a fault.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    // Copies into `dst` (valid for `len`), EFAULT instead of a fault.
+    let n = self_vm(libc::SYS_process_vm_readv, &local, &remote);
     n == len as isize
 }
 
@@ -391,10 +472,15 @@ fn safe_write(addr: u64, src: *const u8, len: usize) -> bool {
         iov_base: addr as *mut libc::c_void,
         iov_len: len,
     };
-    // SAFETY: copies from `src` (valid for `len`), EFAULT instead of a fault.
-    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    // Copies from `src` (valid for `len`), EFAULT instead of a fault.
+    let n = self_vm(libc::SYS_process_vm_writev, &local, &remote);
     n == len as isize
 }
+
+/// Whether the trap handler performs SIGTRAP-blocking `rt_sigprocmask` calls itself (see
+/// [`keep_sigtrap_unblocked`]). The LD_PRELOAD shim turns this off: it intercepts those
+/// calls itself (so they are recorded) and keeps SIGTRAP out of the restored mask.
+pub static EMULATE_SIGPROCMASK: AtomicBool = AtomicBool::new(true);
 
 /// If the stepped thread is about to run `rt_sigprocmask` that would block SIGTRAP, performs
 /// the call here instead, leaving SIGTRAP unblocked. A single-step trap while SIGTRAP is
@@ -406,6 +492,9 @@ fn safe_write(addr: u64, src: *const u8, len: usize) -> bool {
 /// # Safety
 /// `ctx` must be the kernel's ucontext of a SA_SIGINFO delivery.
 unsafe fn keep_sigtrap_unblocked(ctx: *mut libc::c_void, ip: u64) {
+    if !EMULATE_SIGPROCMASK.load(Ordering::Relaxed) {
+        return;
+    }
     // SAFETY: per the contract.
     let (rax, rdi, rsi, rdx, r10) = unsafe {
         (

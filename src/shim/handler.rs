@@ -121,6 +121,25 @@ unsafe fn poke(addr: u64, v: u64) {
 /// # Safety
 /// Called by the kernel with a valid siginfo and ucontext.
 pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
+    // User PT of thread windows: close the window before the syscall, open the next one
+    // when returning (no-op unless enabled; see `super::userpt`).
+    // SAFETY: the kernel passes valid pointers to a signal handler with SA_SIGINFO.
+    let ours = unsafe { (*info).si_code } == SYS_USER_DISPATCH;
+    // SAFETY: uctx is this delivery's ucontext.
+    let tok = ours.then(|| unsafe { super::userpt::enter(uctx) });
+    // SAFETY: forwarding the kernel's arguments.
+    unsafe { sigsys_body(sig, info, uctx) };
+    if let Some(tok) = tok {
+        // SAFETY: as above.
+        unsafe { super::userpt::leave(tok, uctx) };
+    }
+}
+
+/// The SIGSYS handler proper.
+///
+/// # Safety
+/// Called with the kernel's signal handler arguments.
+unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
     // SAFETY: the kernel passes valid pointers to a signal handler with SA_SIGINFO.
     let code = unsafe { (*info).si_code };
     if code != SYS_USER_DISPATCH || !slots::ACTIVE_FLAG.load(Relaxed) {
@@ -206,6 +225,7 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
             if let Some(s) = slot {
                 if record {
                     w.index = slots::next_index(s);
+                    super::userpt::attach(s, &mut w);
                     slots::push(s, &w);
                 }
                 if !vfork_child {
@@ -220,9 +240,11 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
             if let Some(s) = slot {
                 if record {
                     w.index = slots::next_index(s);
+                    super::userpt::attach(s, &mut w);
                     slots::push(s, &w);
                 }
                 if !vfork_child {
+                    super::userpt::wait_for_writer();
                     block_all_signals();
                     output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
                 }
@@ -362,6 +384,7 @@ fn finish(slot: Option<&Slot>, record: bool, mut w: Window, ret: i64, _t0: u64) 
     }
     if record {
         w.index = slots::next_index(s);
+        super::userpt::attach(s, &mut w);
         slots::push(s, &w);
     }
     s.last_exit_tsc.store(t1, Relaxed);
@@ -741,6 +764,7 @@ fn finish_clone(s: &Slot, r: i64) {
         w.ret = r;
         w.tsc_end = raw::rdtsc();
         w.index = slots::next_index(s);
+        super::userpt::attach(s, &mut w);
         slots::push(s, &w);
     }
     s.last_exit_tsc.store(raw::rdtsc(), Relaxed);
@@ -813,6 +837,7 @@ fn do_exec(
     }
     let record = STATIC.get().is_some_and(|st| st.filter.records(nr));
     // Flush everything this image recorded so far.
+    super::userpt::wait_for_writer();
     output::drain_all(None);
     s.lock_drain();
     let fd = s.fd.load(Relaxed);

@@ -21,11 +21,12 @@
 //! shim's `pthread_atfork` child handler, which starts a writer in the child. `execve`
 //! carries the preload through `LD_PRELOAD` in the environment.
 //!
-//! PT: the handler records metadata-only windows. Capturing PT around each window through
-//! [`crate::tracer::Tracer`] is not done by the shim yet; at start-up it tries to create a
-//! tracer for the configured mode to learn whether PT would be available, and stores the
-//! reason it is absent (on this machine: no `intel_pt` PMU, or no emulated backend) once
-//! in the info file and each thread header. Every window carries `WF_PT_ABSENT`.
+//! PT: with `PTTRACER_MODE=user PTTRACER_WINDOW=thread` on the emulated backend, the user
+//! code between syscalls is single-stepped and written as PT with each window
+//! ([`userpt`]). Otherwise the handler records metadata-only windows: at start-up it tries
+//! to create a tracer for the configured mode to learn whether PT would be available, and
+//! stores the reason it is absent once in the info file and each thread header; those
+//! windows carry `WF_PT_ABSENT`.
 
 pub mod config;
 pub mod execenv;
@@ -35,6 +36,7 @@ pub mod raw;
 pub mod rewrite;
 pub mod slots;
 pub mod sysnames;
+pub mod userpt;
 pub mod writer;
 
 use config::ShimConfig;
@@ -141,16 +143,16 @@ fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMeta
         backend: cfg.backend,
     };
     match crate::tracer::Tracer::new(tcfg) {
-        Ok(t) => (
-            t.backend_kind() as u32 as u8,
-            false,
-            format!(
-                "{} backend available, but this build of the shim records metadata-only \
-                 windows (PT capture inside the SIGSYS handler is not wired yet)",
-                t.backend_kind().name()
-            ),
-            t.ext_metadata(),
-        ),
+        Ok(t) => {
+            // User PT of thread windows on the emulated backend is recorded by `userpt`.
+            let reason = userpt::absent_reason(cfg, t.backend_kind());
+            (
+                t.backend_kind() as u32 as u8,
+                reason.is_none(),
+                reason.unwrap_or_default(),
+                t.ext_metadata(),
+            )
+        }
         Err(e) => {
             let (fam, model, step) = cpu_identity();
             let (eax, ebx) = cpuid_0x15();
@@ -289,8 +291,16 @@ fn init() -> Result<(), String> {
             cfg.out_dir.display()
         )
     })?;
-    let (backend, pt_present, reason, meta) = probe_tracer(&cfg);
-    let rewrite = cfg.rewrite
+    let (backend, mut pt_present, mut reason, meta) = probe_tracer(&cfg);
+    if pt_present {
+        if let Err(e) = userpt::init(&cfg) {
+            pt_present = false;
+            reason = format!("emulated backend: {e}");
+        }
+    }
+    // Patched syscall sites run shim code in normal context, which stepping would trace.
+    let rewrite = !pt_present
+        && cfg.rewrite
         && match rewrite::setup() {
             Ok(()) => true,
             Err(e) => {

@@ -331,18 +331,34 @@ pub fn drain_locked(slot: &Slot) {
         }
     };
     let mut count = 0u64;
-    while let Some(w) = slot.try_pop() {
+    while let Some(mut w) = slot.try_pop() {
         count += 1;
-        let put = |buf: &mut [u8], n: &mut usize| {
+        let put = |buf: &mut [u8], n: &mut usize, w: &Window| {
             for _ in 0..2 {
-                if let Some(m) = encode_window(buf.get_mut(*n..).unwrap_or(&mut []), &w, &[], &[]) {
+                if let Some(m) = encode_window(buf.get_mut(*n..).unwrap_or(&mut []), w, &[], &[]) {
                     *n += m;
                     return;
                 }
                 flush(buf, n, fd);
             }
         };
-        put(buf, &mut n);
+        // User PT of thread windows (emulated backend), see `super::userpt`.
+        match super::userpt::window_pt(slot, &w) {
+            super::userpt::WindowPt::Some {
+                pt,
+                sideband,
+                flags,
+            } => {
+                flush(buf, &mut n, fd);
+                w.flags |= flags;
+                super::userpt::write_window(fd, &w, &pt, &sideband);
+            }
+            super::userpt::WindowPt::Dropped => {
+                w.flags |= ptt::WF_PT_DROPPED;
+                put(buf, &mut n, &w);
+            }
+            super::userpt::WindowPt::None => put(buf, &mut n, &w),
+        }
         if kfd >= 0 {
             for _ in 0..2 {
                 if let Some(m) = encode_pdb(kbuf.get_mut(kn..).unwrap_or(&mut []), slot, &w) {

@@ -1,0 +1,584 @@
+//! User-mode PT of `thread` windows on the emulated backend (single-stepping inside the
+//! LD_PRELOAD shim).
+//!
+//! **Async-signal-safe module, except [`init`] and [`window_pt`]/[`write_window`]** (those
+//! run in normal context: at start-up and on the writer thread). [`enter`], [`leave`],
+//! [`attach`], [`maps_changed`] and [`wait_for_writer`] run inside the SIGSYS handler:
+//! no allocation (buffers come from raw `mmap`), no locks, no std I/O, no panics.
+//!
+//! # Design
+//! A thread window is the thread's user execution between two syscalls. Stepping is driven
+//! entirely through the saved context of the SIGSYS handler: the kernel cleared EFLAGS.TF
+//! for the handler itself (so the shim never steps itself) and `rt_sigreturn` restores the
+//! saved flags. At each intercepted syscall of a stepped thread:
+//! 1. [`enter`] (before the syscall) closes the current window: the step buffer is
+//!    disarmed, a synthesized step for the `syscall` instruction is appended (so the
+//!    decoded window ends with the syscall, shown like user-only hardware: TIP.PGD), and
+//!    TF is cleared in the saved flags;
+//! 2. the shim performs the syscall; [`attach`] tags the closed buffer with the window's
+//!    index when the window record is queued (the buffer is handed to the writer thread
+//!    through the window queue: the writer finds it by index);
+//! 3. [`leave`] (before returning) opens the next window: a free pre-allocated buffer is
+//!    armed, its first IP is the saved RIP (the return address), and TF is set in the saved
+//!    flags, so stepping resumes right after `rt_sigreturn`. SIGTRAP is removed from the
+//!    restored signal mask (a single step with SIGTRAP blocked kills the process).
+//!
+//! The SIGTRAP handler ([`crate::emu::trap`]) records into the armed buffer. Each thread has
+//! [`POOL`] buffers (ping-pong plus slack): while the writer encodes closed windows the
+//! thread keeps running. When none is free, the thread waits for the writer (backpressure
+//! `block`, up to [`WAIT_FREE_MS`]) or runs the window untraced: that window is written
+//! with `WF_PT_DROPPED` and counted, never silently.
+//!
+//! The writer thread ([`window_pt`]) encodes the steps into PT packets with
+//! [`crate::emu::encode::encode_window`] (reading the code from this process's memory) and
+//! attaches sideband: after any `mmap`/`mprotect`/`munmap`/`mremap`, the next window
+//! written carries MMAP2 records synthesized from `/proc/self/maps` (every executable
+//! mapping at that time; the decoder applies them before that window). The mappings at
+//! start and the vDSO bytes are in the process info file.
+//!
+//! Windows without PT keep `WF_PT_ABSENT`: the part of a thread before its first syscall
+//! (stepping starts there), syscalls made by signal handlers (handlers run untraced),
+//! nested syscalls, the window before a successful `execve`, vfork-style children.
+//! A window whose steps overflowed its buffer carries `WF_PT_LOST` (what was captured
+//! decodes). Syscall windows (`--window syscall`) in user mode have no user code inside
+//! them by definition: PT stays absent with that reason (see [`absent_reason`]).
+
+use super::config::{Backpressure, ShimConfig, WindowKind};
+use super::raw;
+use super::slots::{self, Slot, MAX_SLOTS, STATIC};
+use crate::emu::trap::{self, Step, StepBuffer, EFLAGS_TF, STEP_SIGNAL, STEP_TRAP};
+use crate::format::ptt::{Window, WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST};
+use crate::metadata::BackendKind;
+use crate::tracer::Mode;
+use libc::{c_void, ucontext_t};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+
+/// Step buffers per thread.
+pub const POOL: usize = 4;
+/// Longest wait for a free buffer with backpressure `block`.
+pub const WAIT_FREE_MS: u64 = 5000;
+
+const B_FREE: u32 = 0;
+const B_RECORDING: u32 = 1;
+/// Closed, waiting for its window index.
+const B_CLOSED: u32 = 2;
+/// Tagged with a window index; the writer encodes it.
+const B_READY: u32 = 3;
+
+/// Step capacity of one buffer (address space only until used: MAP_NORESERVE).
+static BUF_STEPS: AtomicU64 = AtomicU64::new(1 << 22);
+/// User PT of thread windows is on in this process.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Bumped by the handler on mapping changes; the writer attaches fresh mappings.
+static MAPS_GEN: AtomicU64 = AtomicU64::new(1);
+static MAPS_SEEN: AtomicU64 = AtomicU64::new(0);
+/// Windows that ran untraced because no buffer was free (process-wide).
+pub static DROPPED_WINDOWS: AtomicU64 = AtomicU64::new(0);
+
+/// One buffer of a thread's pool.
+#[repr(C)]
+struct PtBuf {
+    state: AtomicU32,
+    /// Window flags to add (WF_PT_LOST).
+    flags: AtomicU32,
+    first_ip: AtomicU64,
+    start_tsc: AtomicU64,
+    tag: AtomicU64,
+    steps: StepBuffer,
+}
+
+/// Per-thread PT state, in its own mapping (never unmapped; reused by later threads that
+/// get the same slot).
+#[repr(C)]
+struct ThreadPt {
+    slot: AtomicPtr<Slot>,
+    pid: AtomicI32,
+    /// Index of the recording buffer, -1 when no window is open.
+    cur: AtomicI32,
+    /// Index of the buffer closed at this syscall, -1 when none.
+    closed: AtomicI32,
+    /// The last window could not be opened (no free buffer).
+    missed: AtomicBool,
+    bufs: [PtBuf; POOL],
+}
+
+static THREADS: [AtomicPtr<ThreadPt>; MAX_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
+static THREAD_COUNT: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    static MINE: Cell<*mut ThreadPt> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// Whether this configuration records user PT in thread windows (emulated backend).
+pub fn wanted(cfg: &ShimConfig, backend: BackendKind) -> bool {
+    cfg.mode == Mode::UserOnly
+        && cfg.window == WindowKind::Thread
+        && backend == BackendKind::Emulated
+}
+
+/// Why PT is absent for a configuration this module does not record (None: it records).
+pub fn absent_reason(cfg: &ShimConfig, backend: BackendKind) -> Option<String> {
+    if wanted(cfg, backend) {
+        return None;
+    }
+    if cfg.mode == Mode::UserOnly && cfg.window == WindowKind::Syscall {
+        return Some(
+            "user-mode PT of a syscall window is empty by definition (the window runs in the \
+             kernel); use --window thread to trace the user code between syscalls"
+                .into(),
+        );
+    }
+    Some(format!(
+        "{} backend, mode {}, window {}: user PT in the shim needs --mode user --window thread \
+         (emulated backend); kernel PT needs Intel PT hardware",
+        backend.name(),
+        cfg.mode.name(),
+        cfg.window.name()
+    ))
+}
+
+/// Start-up (normal context, before Syscall User Dispatch is armed): installs the SIGTRAP
+/// handler and turns user PT on.
+pub fn init(cfg: &ShimConfig) -> Result<(), String> {
+    trap::window_opening().map_err(|e| e.message)?;
+    // The SIGTRAP handler must return through the shim's in-range `rt_sigreturn` stub: the
+    // libc restorer's `syscall` would raise SIGSYS while the handler still blocks it, which
+    // kills the process. SIGSYS is also left unblocked while it runs.
+    #[repr(C)]
+    struct KSigaction {
+        handler: u64,
+        flags: u64,
+        restorer: u64,
+        mask: u64,
+    }
+    const SA_RESTORER: u64 = 0x0400_0000;
+    let mut cur = KSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    let r = raw::sys4(
+        libc::SYS_rt_sigaction,
+        libc::SIGTRAP as u64,
+        0,
+        std::ptr::addr_of_mut!(cur) as u64,
+        8,
+    );
+    if r != 0 {
+        return Err(format!(
+            "rt_sigaction(SIGTRAP) query failed with errno {}",
+            -r
+        ));
+    }
+    cur.flags |= SA_RESTORER;
+    cur.restorer = raw::sigreturn_stub();
+    cur.mask &= !(1u64 << (libc::SIGSYS - 1));
+    let r = raw::sys4(
+        libc::SYS_rt_sigaction,
+        libc::SIGTRAP as u64,
+        std::ptr::addr_of!(cur) as u64,
+        0,
+        8,
+    );
+    if r != 0 {
+        return Err(format!("rt_sigaction(SIGTRAP) failed with errno {}", -r));
+    }
+    trap::EMULATE_SIGPROCMASK.store(false, Relaxed);
+    let ring = crate::tracer::page_size()
+        .checked_shl(cfg.pt_shift)
+        .unwrap_or(1 << 22);
+    let steps = ring.clamp(1 << 20, crate::emu::MAX_STEPS) as u64;
+    BUF_STEPS.store(steps, Relaxed);
+    ENABLED.store(true, Release);
+    Ok(())
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Relaxed)
+}
+
+/// Finds or creates the calling thread's state for `slot`. Async-signal-safe.
+fn thread_state(slot: &Slot) -> Option<&'static ThreadPt> {
+    let me = MINE.try_with(Cell::get).unwrap_or(std::ptr::null_mut());
+    let sp = slot as *const Slot as *mut Slot;
+    // SAFETY: ThreadPt mappings are never unmapped.
+    if let Some(t) = unsafe { me.as_ref() } {
+        if t.slot.load(Relaxed) == sp {
+            return Some(t);
+        }
+    }
+    // A recycled slot: its previous thread's state is drained (the slot was freed only
+    // after its queue was written), reuse it.
+    let n = (THREAD_COUNT.load(Acquire) as usize).min(MAX_SLOTS);
+    for cell in THREADS.iter().take(n) {
+        // SAFETY: as above.
+        if let Some(t) = unsafe { cell.load(Acquire).as_ref() } {
+            if t.slot.load(Relaxed) == sp {
+                t.cur.store(-1, Relaxed);
+                t.closed.store(-1, Relaxed);
+                let _ = MINE.try_with(|c| c.set(t as *const ThreadPt as *mut ThreadPt));
+                return Some(t);
+            }
+        }
+    }
+    let i = THREAD_COUNT.fetch_add(1, AcqRel) as usize;
+    let cell = THREADS.get(i)?;
+    let len = std::mem::size_of::<ThreadPt>().next_multiple_of(4096);
+    let p = raw::mmap_anon(len)? as *mut ThreadPt;
+    let cap = BUF_STEPS.load(Relaxed) as usize;
+    // SAFETY: p is a fresh zeroed mapping big enough for a ThreadPt; every field is an
+    // atomic (valid when zeroed) except the step buffers, written here before publication.
+    unsafe {
+        for k in 0..POOL {
+            let sb = StepBuffer::new_raw(cap)?;
+            std::ptr::addr_of_mut!((*p).bufs[k].steps).write(sb);
+        }
+        let t = &*p;
+        t.slot.store(sp, Relaxed);
+        t.pid.store(raw::getpid(), Relaxed);
+        t.cur.store(-1, Relaxed);
+        t.closed.store(-1, Relaxed);
+        cell.store(p, Release);
+        let _ = MINE.try_with(|c| c.set(p));
+        Some(t)
+    }
+}
+
+/// The state of `slot`'s thread for the drainer (any thread).
+fn state_of(slot: &Slot) -> Option<&'static ThreadPt> {
+    let sp = slot as *const Slot as *mut Slot;
+    let n = (THREAD_COUNT.load(Acquire) as usize).min(MAX_SLOTS);
+    THREADS.iter().take(n).find_map(|cell| {
+        // SAFETY: ThreadPt mappings are never unmapped.
+        let t = unsafe { cell.load(Acquire).as_ref() }?;
+        (t.slot.load(Relaxed) == sp).then_some(t)
+    })
+}
+
+fn buf(t: &ThreadPt, i: i32) -> Option<&PtBuf> {
+    usize::try_from(i).ok().and_then(|i| t.bufs.get(i))
+}
+
+/// What [`enter`] decided for this SIGSYS.
+#[derive(Clone, Copy)]
+pub struct Token {
+    t: *const ThreadPt,
+}
+
+impl Token {
+    const NONE: Token = Token {
+        t: std::ptr::null(),
+    };
+}
+
+unsafe fn greg(uctx: *mut c_void, r: libc::c_int) -> *mut i64 {
+    let uc = uctx as *mut ucontext_t;
+    // SAFETY: caller passes the kernel's ucontext; r < 23.
+    unsafe { std::ptr::addr_of_mut!((*uc).uc_mcontext.gregs[r as usize]) }
+}
+
+/// Records that a mapping may have changed (handler, for mmap-family syscalls).
+pub fn maps_changed(nr: u64) {
+    let nr = nr as i64;
+    if nr == libc::SYS_mmap
+        || nr == libc::SYS_mprotect
+        || nr == libc::SYS_munmap
+        || nr == libc::SYS_mremap
+    {
+        MAPS_GEN.fetch_add(1, Relaxed);
+    }
+}
+
+/// Before the syscall (SIGSYS handler, outermost level): closes the thread's window.
+///
+/// # Safety
+/// `uctx` is the kernel's ucontext of this SIGSYS delivery.
+pub unsafe fn enter(uctx: *mut c_void) -> Token {
+    if !ENABLED.load(Relaxed) || slots::untraced() || !slots::ACTIVE_FLAG.load(Relaxed) {
+        return Token::NONE;
+    }
+    let Some(slot) = slots::current() else {
+        return Token::NONE;
+    };
+    if slot.depth.load(Relaxed) != 0 || slot.vfork_child.load(Acquire) {
+        return Token::NONE;
+    }
+    let Some(t) = thread_state(slot) else {
+        return Token::NONE;
+    };
+    // SAFETY: uctx is the live ucontext.
+    let (efl, rip, rax) = unsafe {
+        (
+            greg(uctx, libc::REG_EFL),
+            *greg(uctx, libc::REG_RIP) as u64,
+            *greg(uctx, libc::REG_RAX) as u64,
+        )
+    };
+    maps_changed(rax);
+    let pid = raw::getpid();
+    if t.pid.load(Relaxed) != pid {
+        // A forked child: the parent's pending buffers are the parent's to write.
+        for b in &t.bufs {
+            b.state.store(B_FREE, Relaxed);
+        }
+        t.cur.store(-1, Relaxed);
+        t.closed.store(-1, Relaxed);
+        t.pid.store(pid, Relaxed);
+    }
+    // SAFETY: efl points into the live ucontext.
+    let stepping = unsafe { *efl } as u64 & EFLAGS_TF != 0;
+    if let Some(b) = buf(t, t.cur.load(Relaxed)) {
+        if !stepping && b.steps.last().is_some_and(|s| s.kind == STEP_SIGNAL) {
+            // A syscall of a signal handler that interrupted the stepped flow: the handler
+            // runs untraced; the window stays open for the interrupted flow.
+            return Token::NONE;
+        }
+        trap::disarm(&b.steps);
+        // The `syscall` instruction executed: its successor is the return address.
+        if stepping && b.steps.last().is_some_and(|s| s.ip.wrapping_add(2) == rip) {
+            b.steps.push_step(Step {
+                ip: rip,
+                tsc: raw::rdtsc(),
+                kind: STEP_TRAP,
+                arg: 0,
+            });
+        }
+        if b.steps.overflowed() {
+            b.flags.fetch_or(WF_PT_LOST, Relaxed);
+        }
+        b.state.store(B_CLOSED, Release);
+        t.closed.store(t.cur.swap(-1, Relaxed), Relaxed);
+        // SAFETY: as above.
+        unsafe { *efl &= !(EFLAGS_TF as i64) };
+    }
+    Token { t }
+}
+
+/// Tags the buffer closed at this syscall with the window's index (the window is about to
+/// be queued) and fixes the window's PT flags. Async-signal-safe.
+pub fn attach(slot: &Slot, w: &mut Window) {
+    if !ENABLED.load(Relaxed) || w.depth != 0 {
+        return;
+    }
+    let Some(t) = state_of_current(slot) else {
+        return;
+    };
+    let i = t.closed.swap(-1, Relaxed);
+    if let Some(b) = buf(t, i) {
+        b.tag.store(w.index, Relaxed);
+        w.flags &= !WF_PT_ABSENT;
+        w.flags |= b.flags.swap(0, Relaxed);
+        b.state.store(B_READY, Release);
+    } else if t.missed.swap(false, Relaxed) {
+        w.flags &= !WF_PT_ABSENT;
+        w.flags |= WF_PT_DROPPED;
+    }
+}
+
+fn state_of_current(slot: &Slot) -> Option<&'static ThreadPt> {
+    let me = MINE.try_with(Cell::get).unwrap_or(std::ptr::null_mut());
+    // SAFETY: ThreadPt mappings are never unmapped.
+    let t = unsafe { me.as_ref() }?;
+    (t.slot.load(Relaxed) == slot as *const Slot as *mut Slot).then_some(t)
+}
+
+/// Before returning from the SIGSYS handler: opens the next window.
+///
+/// # Safety
+/// `uctx` is the kernel's ucontext of this SIGSYS delivery.
+pub unsafe fn leave(tok: Token, uctx: *mut c_void) {
+    // SAFETY: tokens only carry never-unmapped ThreadPt pointers.
+    let Some(t) = (unsafe { tok.t.as_ref() }) else {
+        return;
+    };
+    let Some(slot) = slots::current() else { return };
+    // A clone reissued after this handler keeps its window pending (depth held) until the
+    // notify trap, which attaches the closed buffer.
+    if slot.depth.load(Relaxed) == 0 {
+        if let Some(b) = buf(t, t.closed.swap(-1, Relaxed)) {
+            // The window was not recorded (filtered out): its PT goes with it.
+            b.flags.store(0, Relaxed);
+            b.state.store(B_FREE, Release);
+        }
+    }
+    if t.cur.load(Relaxed) >= 0 {
+        return;
+    }
+    let Some(i) = claim_free(t) else {
+        t.missed.store(true, Relaxed);
+        DROPPED_WINDOWS.fetch_add(1, Relaxed);
+        return;
+    };
+    let Some(b) = buf(t, i) else { return };
+    // SAFETY: uctx is the live ucontext.
+    let rip = unsafe { *greg(uctx, libc::REG_RIP) } as u64;
+    b.steps.reset(raw::gettid());
+    b.flags.store(0, Relaxed);
+    b.first_ip.store(rip, Relaxed);
+    b.start_tsc.store(raw::rdtsc(), Relaxed);
+    t.cur.store(i, Relaxed);
+    trap::arm(&b.steps);
+    // SAFETY: uc_sigmask and the flags are inside the live ucontext; rt_sigreturn applies
+    // them. SIGTRAP must not be blocked while stepping.
+    unsafe {
+        let m = std::ptr::addr_of_mut!((*(uctx as *mut ucontext_t)).uc_sigmask) as *mut u64;
+        m.write_unaligned(m.read_unaligned() & !(1u64 << (libc::SIGTRAP - 1)));
+        *greg(uctx, libc::REG_EFL) |= EFLAGS_TF as i64;
+    }
+}
+
+fn claim_free(t: &ThreadPt) -> Option<i32> {
+    let try_once = || {
+        t.bufs.iter().enumerate().find_map(|(i, b)| {
+            b.state
+                .compare_exchange(B_FREE, B_RECORDING, AcqRel, Relaxed)
+                .is_ok()
+                .then_some(i as i32)
+        })
+    };
+    if let Some(i) = try_once() {
+        return Some(i);
+    }
+    let block = STATIC
+        .get()
+        .is_some_and(|s| s.backpressure == Backpressure::Block);
+    if !block || !slots::WRITER_ALIVE.load(Acquire) {
+        return None;
+    }
+    for _ in 0..WAIT_FREE_MS {
+        slots::wake_writer();
+        raw::nanosleep(1_000_000);
+        if let Some(i) = try_once() {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Before a synchronous drain in a handler (`exit_group`, `execve`): lets the writer
+/// thread encode the queued windows first (encoding is not async-signal-safe). Bounded.
+pub fn wait_for_writer() {
+    if !ENABLED.load(Relaxed) || !slots::WRITER_ALIVE.load(Acquire) || slots::untraced() {
+        return;
+    }
+    for _ in 0..60_000 {
+        let pending = (0..(THREAD_COUNT.load(Acquire) as usize).min(MAX_SLOTS)).any(|i| {
+            // SAFETY: ThreadPt mappings are never unmapped.
+            unsafe { THREADS[i].load(Acquire).as_ref() }.is_some_and(|t| {
+                t.pid.load(Relaxed) == raw::getpid()
+                    && t.bufs.iter().any(|b| b.state.load(Acquire) == B_READY)
+            })
+        });
+        if !pending {
+            return;
+        }
+        slots::wake_writer();
+        raw::nanosleep(1_000_000);
+    }
+}
+
+/// PT and sideband of one window, produced on the writer thread.
+pub enum WindowPt {
+    /// No PT was captured for this window (write it as it is).
+    None,
+    /// Encoded PT and sideband bytes; extra window flags.
+    Some {
+        pt: Vec<u8>,
+        sideband: Vec<u8>,
+        flags: u32,
+    },
+    /// Captured but not encodable here (drained outside the writer thread): dropped.
+    Dropped,
+}
+
+/// Finds and encodes the PT of window `w` of `slot` (drainer; encodes only on the writer
+/// thread, which is normal context).
+pub fn window_pt(slot: &Slot, w: &Window) -> WindowPt {
+    if !ENABLED.load(Relaxed) || w.flags & WF_PT_ABSENT != 0 {
+        return WindowPt::None;
+    }
+    let Some(t) = state_of(slot) else {
+        return WindowPt::None;
+    };
+    let Some(b) = t
+        .bufs
+        .iter()
+        .find(|b| b.state.load(Acquire) == B_READY && b.tag.load(Relaxed) == w.index)
+    else {
+        return WindowPt::None;
+    };
+    if !slots::untraced() {
+        b.state.store(B_FREE, Release);
+        return WindowPt::Dropped;
+    }
+    let steps = b.steps.records();
+    let first = b.first_ip.load(Relaxed);
+    let tsc = b.start_tsc.load(Relaxed);
+    let mut cap = steps.len().saturating_mul(4).max(64 * 1024);
+    let mut flags = 0;
+    let pt = loop {
+        let mut out = vec![0u8; cap];
+        match crate::emu::encode::encode_window(first, tsc, steps, &mut out, false) {
+            Ok(e) if e.out_of_space && cap < steps.len().saturating_mul(128) + 4096 => {
+                cap = steps.len().saturating_mul(128) + 4096;
+            }
+            Ok(e) => {
+                if e.out_of_space {
+                    flags |= WF_PT_LOST;
+                }
+                out.truncate(e.size);
+                break out;
+            }
+            Err(_) => {
+                flags |= WF_PT_LOST;
+                break Vec::new();
+            }
+        }
+    };
+    b.steps.release_memory();
+    b.state.store(B_FREE, Release);
+    let gen = MAPS_GEN.load(Relaxed);
+    let mut sideband = Vec::new();
+    if MAPS_SEEN.swap(gen, Relaxed) != gen {
+        if let Ok(sb) = crate::sideband::synth::synthesize_exec_mmap2(
+            crate::sideband::record::SIDEBAND_SAMPLE_TYPE,
+            0,
+        ) {
+            sideband = sb;
+        }
+    }
+    WindowPt::Some {
+        pt,
+        sideband,
+        flags,
+    }
+}
+
+/// Writes window `w` with `pt` and `sideband` as one frame to `fd`.
+pub fn write_window(fd: i32, w: &Window, pt: &[u8], sideband: &[u8]) -> bool {
+    let mut fixed = [0u8; crate::format::ptt::WINDOW_FIXED_SIZE];
+    let mut c = crate::format::ptt::Cursor::new(&mut fixed);
+    c.u64(w.index);
+    c.u64(w.nr);
+    for a in w.args {
+        c.u64(a);
+    }
+    c.i64(w.ret);
+    c.u64(w.tsc_start);
+    c.u64(w.tsc_end);
+    c.u32(w.flags);
+    c.u32(w.depth);
+    c.u32(pt.len() as u32);
+    c.u32(sideband.len() as u32);
+    if c.overflowed() {
+        return false;
+    }
+    super::output::write_frame_parts(
+        fd,
+        crate::format::ptt::RecordType::Window,
+        &[&fixed, pt, sideband],
+    )
+}
