@@ -14,6 +14,9 @@ use iced_x86::{Decoder, Formatter, GasFormatter, IntelFormatter};
 
 use crate::CmdResult;
 
+/// Decoding a `pttrace run` output directory (or one of its `.ptt` files).
+mod ptt;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutFormat {
     /// One line per instruction with address, symbol, bytes and disassembly.
@@ -39,6 +42,9 @@ pub struct Args {
 
 #[derive(clap::Args)]
 pub struct DecodeArgs {
+    /// A `pttrace run --out` directory, or one of its per-thread `.ptt` files.
+    #[arg(value_name = "DIR|FILE.ptt", group = "input")]
+    trace_dir: Option<PathBuf>,
     /// Raw PT packets.
     #[arg(long, value_name = "FILE", group = "input")]
     pt: Option<PathBuf>,
@@ -243,6 +249,9 @@ impl<W: Write> Printer<W> {
 
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
+    if let Some(p) = &args.trace_dir {
+        return ptt::run(p, &args);
+    }
     // Input bytes and windows.
     let (data, windows, mut params) = if let Some(p) = &args.pt {
         let data = read(p)?;
@@ -290,7 +299,10 @@ pub fn run(args: Args) -> CmdResult {
             .collect();
         (data, windows, TraceParams::from_pt_metadata(&f.metadata))
     } else {
-        return Err("give the trace with --pt, --auxtrace or --raw-pt".into());
+        return Err(
+            "give the trace as DIR (a `pttrace run` output), or with --pt, --auxtrace or --raw-pt"
+                .into(),
+        );
     };
 
     // CPU/time overrides.

@@ -1,0 +1,152 @@
+//! `pttrace decode DIR`: every thread's windows of a `pttrace run` output.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use drpttracer::decode::ptt_input::{self, PttWindowInfo};
+use drpttracer::decode::{DecodeError, Record};
+use iced_x86::{GasFormatter, IntelFormatter};
+
+use super::{DecodeArgs, OutFormat, Printer};
+use crate::CmdResult;
+
+pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
+    let mut trace = ptt_input::open(path)?;
+    trace.sysroot = args.sysroot.clone();
+    let stdout = std::io::stdout();
+    let mut printer = Printer {
+        out: BufWriter::with_capacity(1 << 16, stdout.lock()),
+        format: args.format,
+        syntax: args.syntax,
+        syms: drpttracer::decode::Symbols::new(),
+        intel: IntelFormatter::new(),
+        gas: GasFormatter::new(),
+        text: String::new(),
+        window: None,
+        counts: Vec::new(),
+    };
+    let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) = (0u64, 0u64, 0u64, 0u64);
+    let mut problems = 0u64;
+    let result = (|| -> CmdResult {
+        for th in &trace.threads {
+            let h = &th.header;
+            if let Some(p) = trace.process_of(th) {
+                if args.format == OutFormat::Disasm {
+                    printer.syms = p.symbols(trace.sysroot.as_deref());
+                }
+            }
+            let cmd = trace
+                .process_of(th)
+                .map(|p| p.cmdline.clone())
+                .unwrap_or_default();
+            match args.format {
+                OutFormat::Jsonl => writeln!(
+                    printer.out,
+                    "{}",
+                    serde_json::json!({"type": "thread", "pid": h.pid, "tid": h.tid,
+                        "file": th.path.display().to_string(), "cmdline": cmd})
+                )?,
+                _ => writeln!(
+                    printer.out,
+                    "thread {}/{} ({}): {}",
+                    h.pid,
+                    h.tid,
+                    th.path.display(),
+                    cmd
+                )?,
+            }
+            let (mut t_insns, mut t_gaps) = (0u64, 0u64);
+            let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+                total_windows += 1;
+                total_pt += w.pt_len as u64;
+                let flags = w.flag_names().join(",");
+                let head = format!(
+                    "window {} (ends at {} = {}){}{}",
+                    w.index,
+                    w.syscall_name(),
+                    w.ret,
+                    if flags.is_empty() { "" } else { " flags " },
+                    flags
+                );
+                let io = |e: std::io::Error| DecodeError::new("stdout", 0, e.to_string());
+                let Some(dec) = dec else {
+                    if args.format != OutFormat::Jsonl {
+                        writeln!(printer.out, "  {head}: no PT").map_err(io)?;
+                    }
+                    return Ok(());
+                };
+                let (mut n, mut gaps) = (0u64, Vec::new());
+                if args.format == OutFormat::Disasm {
+                    writeln!(printer.out, "  {head}:").map_err(io)?;
+                }
+                for r in dec.by_ref() {
+                    match &r {
+                        Record::Instruction(_) => n += 1,
+                        Record::Gap(g) => gaps.push(g.to_string()),
+                        _ => {}
+                    }
+                    match args.format {
+                        OutFormat::Summary => {}
+                        OutFormat::Jsonl => {
+                            let mut v = r.to_json();
+                            if let Some(o) = v.as_object_mut() {
+                                o.insert("tid".into(), h.tid.into());
+                            }
+                            writeln!(printer.out, "{v}").map_err(io)?;
+                        }
+                        OutFormat::Disasm => printer.disasm(&r).map_err(io)?,
+                    }
+                }
+                if args.format == OutFormat::Summary {
+                    writeln!(
+                        printer.out,
+                        "  {head}: {n} instructions, {} gaps, {} PT bytes",
+                        gaps.len(),
+                        w.pt_len
+                    )
+                    .map_err(io)?;
+                    for g in &gaps {
+                        writeln!(printer.out, "    gap: {g}").map_err(io)?;
+                    }
+                }
+                t_insns += n;
+                t_gaps += gaps.len() as u64;
+                Ok(())
+            })?;
+            total_insns += t_insns;
+            total_gaps += t_gaps;
+            if args.format != OutFormat::Jsonl {
+                writeln!(
+                    printer.out,
+                    "  thread {}: {} windows ({} with PT), {t_insns} instructions, {t_gaps} gaps, {} dropped",
+                    h.tid, stats.windows, stats.windows_with_pt, stats.dropped
+                )?;
+            }
+            if let Some(t) = &stats.bad_tail {
+                problems += 1;
+                eprintln!("pttrace decode: {}: {t}", th.path.display());
+            }
+            for w in &stats.warnings {
+                eprintln!("pttrace decode: warning: {}: {w}", th.path.display());
+            }
+        }
+        if args.format != OutFormat::Jsonl {
+            writeln!(
+                printer.out,
+                "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions, {total_gaps} gaps, {problems} damaged files",
+                trace.threads.len()
+            )?;
+        }
+        printer.out.flush()?;
+        Ok(())
+    })();
+    match result {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
+}
