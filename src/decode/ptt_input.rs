@@ -147,7 +147,9 @@ fn parse_process(path: &Path) -> Result<PttProcess, DecodeError> {
                     }
                 }
             }
-            Some(RecordType::Metadata) => p.metadata = PtMetadata::from_bytes(fr.payload.get(..18).unwrap_or(&[])),
+            Some(RecordType::Metadata) => {
+                p.metadata = PtMetadata::from_bytes(fr.payload.get(..18).unwrap_or(&[]))
+            }
             Some(RecordType::Cmdline) => {
                 p.cmdline = fr
                     .payload
@@ -165,8 +167,8 @@ fn parse_process(path: &Path) -> Result<PttProcess, DecodeError> {
 
 fn thread_header(path: &Path) -> Result<ThreadHeader, DecodeError> {
     let data = read(path)?;
-    let f = ptt::parse(&path.display().to_string(), &data)
-        .map_err(|e| err(path, 0, e.to_string()))?;
+    let f =
+        ptt::parse(&path.display().to_string(), &data).map_err(|e| err(path, 0, e.to_string()))?;
     if f.kind != FileKind::Thread {
         return Err(err(path, 12, "not a thread file"));
     }
@@ -248,8 +250,12 @@ impl PttProcess {
                 Some(r) => r.join(m.path.trim_start_matches('/')),
                 None => PathBuf::from(&m.path),
             };
-            let Ok(data) = std::fs::read(&file) else { continue };
-            let Ok(obj) = object::File::parse(&*data) else { continue };
+            let Ok(data) = std::fs::read(&file) else {
+                continue;
+            };
+            let Ok(obj) = object::File::parse(&*data) else {
+                continue;
+            };
             let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
             let _ = syms.add_elf(&file, &data, m.start.wrapping_sub(low));
         }
@@ -286,9 +292,13 @@ impl PttTrace {
             .map(TraceParams::from_pt_metadata)
             .unwrap_or_default();
         // No time conversion: window sideband is applied per window, not by time.
-        let params = TraceParams { time: None, ..params };
+        let params = TraceParams {
+            time: None,
+            ..params
+        };
         let vdso = proc_.and_then(|p| p.vdso.clone());
-        let mut resolver = ImageResolver::new(self.sysroot.clone(), vdso.as_ref().map(|v| v.1.clone()));
+        let mut resolver =
+            ImageResolver::new(self.sysroot.clone(), vdso.as_ref().map(|v| v.1.clone()));
         let mut space = AddressSpace::new();
         let mut warnings = Vec::new();
         if let Some(p) = proc_ {

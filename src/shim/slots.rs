@@ -192,6 +192,8 @@ impl Slot {
         self.end_reason.store(u32::MAX, Relaxed);
         self.end_written.store(false, Relaxed);
         self.vfork_child.store(false, Relaxed);
+        // A recycled slot: its previous thread left through `exit` inside the handler.
+        self.depth.store(0, Relaxed);
         self.last_exit_tsc.store(raw::rdtsc(), Relaxed);
         self.tid.store(tid, Relaxed);
         self.pid.store(pid, Relaxed);

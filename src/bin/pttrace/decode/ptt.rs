@@ -25,7 +25,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         window: None,
         counts: Vec::new(),
     };
-    let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) = (0u64, 0u64, 0u64, 0u64);
+    let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
+        (0u64, 0u64, 0u64, 0u64);
     let mut problems = 0u64;
     let result = (|| -> CmdResult {
         for th in &trace.threads {

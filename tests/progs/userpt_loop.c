@@ -1,0 +1,52 @@
+/* A loop with exactly known control flow between two syscalls (user-mode PT tests).
+ * pt_loop runs N iterations: `test cl,1; jz skip; nop; skip: dec rcx; jnz head`.
+ * The jz at pt_loop_jz is taken when rcx is even (N/2 times for even N), the jnz at
+ * pt_loop_jnz is taken N-1 times. With argument "threads", 4 threads run it with
+ * N = 100, 200, 300, 400, each between its own getppid and gettid syscalls. */
+#include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+__attribute__((noinline)) void pt_loop(long n) {
+    __asm__ volatile(
+        "mov %0, %%rcx\n"
+        ".globl pt_loop_head\n"
+        "pt_loop_head:\n"
+        "test $1, %%cl\n"
+        ".globl pt_loop_jz\n"
+        "pt_loop_jz:\n"
+        "jz 1f\n"
+        "nop\n"
+        "1:\n"
+        "dec %%rcx\n"
+        ".globl pt_loop_jnz\n"
+        "pt_loop_jnz:\n"
+        "jnz pt_loop_head\n"
+        :
+        : "r"(n)
+        : "rcx", "cc");
+}
+
+static void *worker(void *arg) {
+    long n = (long)arg;
+    syscall(SYS_getppid);
+    pt_loop(n);
+    syscall(SYS_gettid);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "threads") == 0) {
+        pthread_t t[4];
+        for (long i = 0; i < 4; i++)
+            pthread_create(&t[i], 0, worker, (void *)(100 * (i + 1)));
+        for (int i = 0; i < 4; i++)
+            pthread_join(t[i], 0);
+        return 0;
+    }
+    syscall(SYS_getppid);
+    pt_loop(1000);
+    syscall(SYS_getpid);
+    return 0;
+}
