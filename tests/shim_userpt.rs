@@ -1,0 +1,324 @@
+//! User-mode PT of thread windows under the shim (emulated backend: single-stepping),
+//! decoded with the library's `ptt_input` reader: exact loop counts between two syscalls,
+//! every thread of a multi-threaded program, and `/bin/ls` without gaps.
+
+mod shim_util;
+
+use drpttracer::decode::ptt_input::{self, PttTrace, PttWindowInfo};
+use drpttracer::decode::Record;
+use drpttracer::format::ptt::{WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST};
+use object::{Object, ObjectSymbol};
+use shim_util::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const NR_GETPID: u64 = 39;
+const NR_GETPPID: u64 = 110;
+const NR_GETTID: u64 = 186;
+
+/// Compiles tests/progs/userpt_loop.c without PIE (symbol addresses are load addresses).
+fn loop_prog(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/userpt_loop.c");
+    let out = dir.join("userpt_loop");
+    let st = Command::new("cc")
+        .args(["-O1", "-no-pie", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed for {}", src.display());
+    out
+}
+
+fn symbol(exe: &Path, name: &str) -> u64 {
+    let data = std::fs::read(exe).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    obj.symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("symbol {name} not in {}", exe.display()))
+        .address()
+}
+
+/// `pttrace run --mode user --window thread` into `out`.
+fn run_user_thread(out: &Path, prog: &Path, args: &[&str]) -> String {
+    let o = Command::new(pttrace())
+        .arg("run")
+        .arg("--out")
+        .arg(out)
+        .args(["--mode", "user", "--window", "thread", "--"])
+        .arg(prog)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "pttrace run failed: {text}");
+    text
+}
+
+fn ips(recs: &[Record]) -> Vec<u64> {
+    recs.iter()
+        .filter_map(|r| r.as_instruction().map(|i| i.pc))
+        .collect()
+}
+
+fn gaps(recs: &[Record]) -> Vec<String> {
+    recs.iter()
+        .filter_map(|r| match r {
+            Record::Gap(g) => Some(g.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+struct LoopSyms {
+    head: u64,
+    jz: u64,
+    jnz: u64,
+    nop: u64,
+    dec: u64,
+}
+
+fn loop_syms(exe: &Path) -> LoopSyms {
+    let head = symbol(exe, "pt_loop_head");
+    let jz = symbol(exe, "pt_loop_jz");
+    let jnz = symbol(exe, "pt_loop_jnz");
+    // test cl,1 (3 bytes) | jz rel8 (2) | nop (1) | dec rcx (3) | jnz rel8 (2)
+    assert_eq!(jz, head + 3);
+    assert_eq!(jnz, head + 9);
+    LoopSyms {
+        head,
+        jz,
+        jnz,
+        nop: jz + 2,
+        dec: jz + 3,
+    }
+}
+
+/// Asserts the exact loop of `n` iterations in `ips` (and nothing else of the loop).
+fn assert_loop(ips: &[u64], s: &LoopSyms, n: usize) {
+    let count = |a: u64| ips.iter().filter(|&&ip| ip == a).count();
+    assert_eq!(count(s.head), n, "test executions");
+    assert_eq!(count(s.jz), n, "jz executions");
+    assert_eq!(
+        count(s.nop),
+        n / 2,
+        "nop executions (jz not taken: odd rcx)"
+    );
+    assert_eq!(count(s.dec), n, "dec executions");
+    assert_eq!(count(s.jnz), n, "jnz executions");
+    // Branch outcomes: jz taken exactly when rcx is even (rcx counts down from n).
+    let mut rcx = n;
+    let mut seen = 0;
+    for (k, &ip) in ips.iter().enumerate() {
+        if ip == s.jz {
+            let next = ips[k + 1];
+            let want = if rcx % 2 == 0 { s.dec } else { s.nop };
+            assert_eq!(next, want, "jz outcome with rcx={rcx}");
+            seen += 1;
+        }
+        if ip == s.jnz {
+            rcx -= 1;
+            let next = ips.get(k + 1).copied();
+            if rcx > 0 {
+                assert_eq!(next, Some(s.head), "jnz taken with rcx={rcx}");
+            } else {
+                assert_ne!(next, Some(s.head), "jnz falls through at the end");
+            }
+        }
+    }
+    assert_eq!(seen, n);
+}
+
+fn decode_all(dir: &Path) -> (PttTrace, Vec<Vec<(PttWindowInfo, Vec<Record>)>>) {
+    let t = ptt_input::open(dir).unwrap();
+    let all = t
+        .threads
+        .iter()
+        .map(|th| t.collect_thread(th).unwrap())
+        .collect();
+    (t, all)
+}
+
+#[test]
+fn loop_between_two_syscalls_decodes_with_exact_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = loop_prog(tmp.path());
+    let out = tmp.path().join("trace");
+    let summary = run_user_thread(&out, &prog, &[]);
+    assert!(summary.contains("backend emulated"), "{summary}");
+    let s = loop_syms(&prog);
+    let (t, all) = decode_all(&out);
+    assert_eq!(t.threads.len(), 1);
+    let wins = &all[0];
+    // The window that ends at getppid holds no loop; the one ending at getpid holds the
+    // whole loop, no gap, and ends with the getpid syscall instruction.
+    let k = wins
+        .iter()
+        .position(|(w, _)| w.nr == NR_GETPPID)
+        .expect("getppid window");
+    // (getppid is the program's first syscall after the shim started: stepping starts
+    // there, the window before it has no PT.)
+    assert!(!ips(&wins[k].1).contains(&s.head));
+    let (w, recs) = &wins[k + 1];
+    assert_eq!(w.nr, NR_GETPID, "the next syscall after the loop is getpid");
+    assert_eq!(w.flags & (WF_PT_ABSENT | WF_PT_LOST | WF_PT_DROPPED), 0);
+    assert!(w.pt_len > 0);
+    assert_eq!(gaps(recs), Vec::<String>::new());
+    let ip = ips(recs);
+    assert_loop(&ip, &s, 1000);
+    // The window starts at getppid's return address and ends with getpid's `syscall`.
+    let first = recs.iter().find_map(|r| match r {
+        Record::TraceEnabled { ip } => Some(*ip),
+        _ => None,
+    });
+    assert_eq!(first, ip.first().copied());
+    let last = recs
+        .iter()
+        .rev()
+        .find_map(|r| r.as_instruction())
+        .expect("instructions");
+    assert_eq!(
+        last.encoding(),
+        &[0x0f, 0x05],
+        "window ends with the syscall"
+    );
+    assert!(recs
+        .iter()
+        .any(|r| matches!(r, Record::Syscall { pc } if *pc == last.pc)));
+    // Every window after the first syscall has PT and decodes without gaps.
+    for (w, recs) in wins.iter().skip(1) {
+        assert_eq!(w.flags & WF_PT_ABSENT, 0, "window {} has PT", w.index);
+        assert_eq!(gaps(recs), Vec::<String>::new(), "window {}", w.index);
+    }
+}
+
+#[test]
+fn every_thread_of_a_threaded_program_decodes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = loop_prog(tmp.path());
+    let out = tmp.path().join("trace");
+    run_user_thread(&out, &prog, &["threads"]);
+    let s = loop_syms(&prog);
+    let (t, all) = decode_all(&out);
+    assert_eq!(t.threads.len(), 5, "main + 4 workers");
+    let mut loops = Vec::new();
+    for (th, wins) in t.threads.iter().zip(&all) {
+        let with_pt = wins.iter().filter(|(w, _)| w.pt_len > 0).count();
+        assert!(
+            with_pt + 1 >= wins.len(),
+            "thread {}: only the first window lacks PT",
+            th.header.tid
+        );
+        for (w, recs) in wins {
+            assert_eq!(
+                gaps(recs),
+                Vec::<String>::new(),
+                "thread {} window {}",
+                th.header.tid,
+                w.index
+            );
+            assert_eq!(w.flags & (WF_PT_LOST | WF_PT_DROPPED), 0);
+        }
+        if let Some(k) = wins.iter().position(|(w, _)| w.nr == NR_GETTID) {
+            assert_eq!(wins[k - 1].0.nr, NR_GETPPID);
+            let ip = ips(&wins[k].1);
+            let n = ip.iter().filter(|&&a| a == s.jnz).count();
+            assert_loop(&ip, &s, n);
+            loops.push(n);
+        }
+    }
+    loops.sort();
+    assert_eq!(loops, vec![100, 200, 300, 400]);
+}
+
+#[test]
+fn bin_ls_decodes_without_gaps_inside_ls_and_libc() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("a"), b"x").unwrap();
+    std::fs::write(dir.join("b"), b"y").unwrap();
+    let out = tmp.path().join("trace");
+    run_user_thread(&out, Path::new("/bin/ls"), &[dir.to_str().unwrap()]);
+    let (t, all) = decode_all(&out);
+    assert_eq!(t.threads.len(), 1);
+    let proc_ = t.process_of(&t.threads[0]).expect("info file");
+    let range_of = |pred: &dyn Fn(&str) -> bool| -> Vec<(u64, u64)> {
+        proc_
+            .maps
+            .iter()
+            .filter(|m| m.exec && pred(&m.path))
+            .map(|m| (m.start, m.end))
+            .collect()
+    };
+    let ls = range_of(&|p| p.ends_with("/ls"));
+    let libc = range_of(&|p| p.contains("/libc.so") || p.contains("/libc-"));
+    assert!(!ls.is_empty() && !libc.is_empty(), "maps: {:?}", proc_.maps);
+    let inside = |r: &[(u64, u64)], ip: u64| r.iter().any(|&(a, b)| ip >= a && ip < b);
+    let (mut total, mut in_ls, mut in_libc) = (0u64, 0u64, 0u64);
+    let wins = &all[0];
+    assert!(wins.len() > 10);
+    for (w, recs) in wins {
+        assert_eq!(gaps(recs), Vec::<String>::new(), "window {}", w.index);
+        assert_eq!(
+            w.flags & (WF_PT_LOST | WF_PT_DROPPED),
+            0,
+            "window {}",
+            w.index
+        );
+        if w.index > 0 {
+            assert!(w.pt_len > 0, "window {} has PT", w.index);
+        }
+        for ip in ips(recs) {
+            total += 1;
+            in_ls += u64::from(inside(&ls, ip));
+            in_libc += u64::from(inside(&libc, ip));
+        }
+    }
+    eprintln!("ls: {total} instructions, {in_ls} in ls, {in_libc} in libc");
+    assert!(total > 10_000, "{total}");
+    assert!(in_ls > 1000 && in_libc > 1000, "{in_ls} {in_libc}");
+    // The CLI decodes the directory too.
+    let o = Command::new(pttrace())
+        .arg("decode")
+        .arg(&out)
+        .args(["--format", "summary"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    let want = format!("{total} instructions, 0 gaps, 0 damaged files");
+    assert!(text.lines().last().unwrap().contains(&want), "{text}");
+}
+
+#[test]
+fn syscall_windows_in_user_mode_say_why_pt_is_absent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = loop_prog(tmp.path());
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .arg("run")
+        .arg("--out")
+        .arg(&out)
+        .args(["--mode", "user", "--window", "syscall", "--"])
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let t = ptt_input::open(&out).unwrap();
+    let h = &t.threads[0].header;
+    assert!(!h.pt_present);
+    assert!(
+        h.pt_absent_reason.contains("--window thread"),
+        "{}",
+        h.pt_absent_reason
+    );
+    let wins = t.collect_thread(&t.threads[0]).unwrap();
+    assert!(wins
+        .iter()
+        .all(|(w, r)| w.flags & WF_PT_ABSENT != 0 && r.is_empty()));
+}
