@@ -133,7 +133,10 @@ fn assert_loop(ips: &[u64], s: &LoopSyms, n: usize) {
     assert_eq!(seen, n);
 }
 
-fn decode_all(dir: &Path) -> (PttTrace, Vec<Vec<(PttWindowInfo, Vec<Record>)>>) {
+/// Every window of one thread with its records.
+type ThreadWindows = Vec<(PttWindowInfo, Vec<Record>)>;
+
+fn decode_all(dir: &Path) -> (PttTrace, Vec<ThreadWindows>) {
     let t = ptt_input::open(dir).unwrap();
     let all = t
         .threads

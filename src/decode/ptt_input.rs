@@ -234,6 +234,10 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
     Ok(t)
 }
 
+/// Receives each window of a thread and, when it has PT, its decoder.
+pub type WindowSink<'f> =
+    dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError> + 'f;
+
 impl PttProcess {
     /// Symbols of the ELF files mapped when tracing began (each at its load bias: the
     /// address of its offset-0 mapping minus its lowest PT_LOAD address), plus the vDSO's.
@@ -280,7 +284,7 @@ impl PttTrace {
     pub fn decode_thread(
         &self,
         th: &PttThread,
-        f: &mut dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError>,
+        f: &mut WindowSink<'_>,
     ) -> Result<ThreadStats, DecodeError> {
         let path = &th.path;
         let data = read(path)?;

@@ -382,7 +382,7 @@ fn state_of_current(slot: &Slot) -> Option<&'static ThreadPt> {
     let me = MINE.try_with(Cell::get).unwrap_or(std::ptr::null_mut());
     // SAFETY: ThreadPt mappings are never unmapped.
     let t = unsafe { me.as_ref() }?;
-    (t.slot.load(Relaxed) == slot as *const Slot as *mut Slot).then_some(t)
+    std::ptr::eq(t.slot.load(Relaxed), slot).then_some(t)
 }
 
 /// Before returning from the SIGSYS handler: opens the next window.
