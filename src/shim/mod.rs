@@ -267,6 +267,9 @@ extern "C" fn atfork_child() {
     if !slots::ACTIVE_FLAG.load(Acquire) || slots::WRITER_ALIVE.load(Acquire) {
         return;
     }
+    // Not stepped from here: with SUD off, pthread_create's signal blocking (SIGTRAP
+    // included) would reach the kernel directly.
+    userpt::pause_stepping();
     // The writer must not inherit SUD: disarm this thread while it is created.
     // With patched syscall sites it may still reach the fast path: `spawn` flags it.
     disarm();

@@ -190,7 +190,7 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
     let ring = crate::tracer::page_size()
         .checked_shl(cfg.pt_shift)
         .unwrap_or(1 << 22);
-    let steps = ring.clamp(1 << 20, crate::emu::MAX_STEPS) as u64;
+    let steps = ring.clamp(1 << 22, crate::emu::MAX_STEPS) as u64;
     BUF_STEPS.store(steps, Relaxed);
     ENABLED.store(true, Release);
     Ok(())
@@ -198,6 +198,16 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
 
 pub fn enabled() -> bool {
     ENABLED.load(Relaxed)
+}
+
+/// Stops stepping the calling thread until its next syscall (normal context): for shim
+/// code that runs with Syscall User Dispatch off, whose `rt_sigprocmask` calls (blocking
+/// SIGTRAP) the shim would not see. The open window ends there; the next syscall closes it
+/// and opens a new one.
+pub fn pause_stepping() {
+    if enabled() {
+        trap::clear_tf();
+    }
 }
 
 /// Finds or creates the calling thread's state for `slot`. Async-signal-safe.
