@@ -325,3 +325,38 @@ fn syscall_windows_in_user_mode_say_why_pt_is_absent() {
         .iter()
         .all(|(w, r)| w.flags & WF_PT_ABSENT != 0 && r.is_empty()));
 }
+
+#[test]
+fn own_sigsys_and_sigtrap_handlers_keep_working_while_stepped() {
+    // handlers.c: its own SIGSYS and SIGTRAP handlers, syscalls inside handlers, a read
+    // interrupted by SIGALRM with and without SA_RESTART, sigprocmask blocking everything.
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("handlers", tmp.path());
+    let out = tmp.path().join("trace");
+    let text = run_user_thread(&out, &prog, &[]);
+    for check in [
+        "ok sigsys handler",
+        "ok sigtrap handler",
+        "ok sigprocmask",
+        "ok sa_restart read",
+        "ok eintr read",
+    ] {
+        assert!(text.contains(check), "{check} missing: {text}");
+    }
+    let (t, all) = decode_all(&out);
+    assert_eq!(t.threads.len(), 1);
+    let wins = &all[0];
+    let with_pt = wins.iter().filter(|(w, _)| w.pt_len > 0).count();
+    assert!(with_pt > 10, "{with_pt} windows with PT");
+    for (w, recs) in wins {
+        assert_eq!(
+            w.flags & (WF_PT_LOST | WF_PT_DROPPED),
+            0,
+            "window {}",
+            w.index
+        );
+        // Signal handlers run untraced or as a new window; never a silent wrong path:
+        // whatever discontinuity there is must be an explicit gap, and here there is none.
+        assert_eq!(gaps(recs), Vec::<String>::new(), "window {}", w.index);
+    }
+}

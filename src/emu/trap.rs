@@ -373,6 +373,21 @@ unsafe fn uc_greg(ctx: *mut libc::c_void, reg: libc::c_int) -> *mut i64 {
 static PREV_TRAP_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PREV_TRAP_FLAGS: AtomicI32 = AtomicI32::new(0);
 
+/// The SIGTRAP disposition traps that are not ours are passed to: (handler, sa_flags).
+pub fn chained_handler() -> (usize, i32) {
+    (
+        PREV_TRAP_HANDLER.load(Ordering::Acquire),
+        PREV_TRAP_FLAGS.load(Ordering::Relaxed),
+    )
+}
+
+/// Replaces the chained SIGTRAP disposition (the LD_PRELOAD shim keeps our handler
+/// installed and records the application's `sigaction(SIGTRAP)` here). Async-signal-safe.
+pub fn set_chained_handler(handler: usize, flags: i32) {
+    PREV_TRAP_FLAGS.store(flags, Ordering::Relaxed);
+    PREV_TRAP_HANDLER.store(handler, Ordering::Release);
+}
+
 /// Single steps reported with si_code TRAP_BRKPT instead of TRAP_TRACE (DR6.BS missing).
 static ODD_DR6_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

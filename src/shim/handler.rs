@@ -414,6 +414,10 @@ fn do_sigaction(a: &[u64; 6]) -> i64 {
     if size != 8 {
         return -(libc::EINVAL as i64);
     }
+    if sig == libc::SIGTRAP as u64 && super::userpt::enabled() {
+        // The single-step handler stays; the application's is chained behind it.
+        return super::userpt::app_sigtrap(act, old);
+    }
     if sig == libc::SIGSYS as u64 {
         let prev = KSigaction {
             handler: APP_SIGSYS_HANDLER.load(Relaxed),

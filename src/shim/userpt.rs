@@ -146,13 +146,6 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
     // The SIGTRAP handler must return through the shim's in-range `rt_sigreturn` stub: the
     // libc restorer's `syscall` would raise SIGSYS while the handler still blocks it, which
     // kills the process. SIGSYS is also left unblocked while it runs.
-    #[repr(C)]
-    struct KSigaction {
-        handler: u64,
-        flags: u64,
-        restorer: u64,
-        mask: u64,
-    }
     const SA_RESTORER: u64 = 0x0400_0000;
     let mut cur = KSigaction {
         handler: 0,
@@ -198,6 +191,45 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
 
 pub fn enabled() -> bool {
     ENABLED.load(Relaxed)
+}
+
+/// The application's SIGTRAP disposition (kernel `struct sigaction` layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KSigaction {
+    handler: u64,
+    flags: u64,
+    restorer: u64,
+    mask: u64,
+}
+
+static APP_TRAP_RESTORER: AtomicU64 = AtomicU64::new(0);
+static APP_TRAP_MASK: AtomicU64 = AtomicU64::new(0);
+
+/// `rt_sigaction(SIGTRAP, act, old)` of the application while stepping is on (SIGSYS
+/// handler): the single-step handler stays installed; the application's handler is
+/// recorded and receives every SIGTRAP that is not a step of ours (raise, int3,
+/// breakpoints). Returns the syscall result.
+pub fn app_sigtrap(act: u64, old: u64) -> i64 {
+    let (h, f) = trap::chained_handler();
+    let prev = KSigaction {
+        handler: h as u64,
+        flags: f as u32 as u64,
+        restorer: APP_TRAP_RESTORER.load(Relaxed),
+        mask: APP_TRAP_MASK.load(Relaxed),
+    };
+    if act != 0 {
+        // SAFETY: the application passes a struct sigaction for the kernel to read.
+        let n = unsafe { (act as *const KSigaction).read_unaligned() };
+        APP_TRAP_RESTORER.store(n.restorer, Relaxed);
+        APP_TRAP_MASK.store(n.mask, Relaxed);
+        trap::set_chained_handler(n.handler as usize, n.flags as i32);
+    }
+    if old != 0 {
+        // SAFETY: the application passes a writable struct sigaction.
+        unsafe { (old as *mut KSigaction).write_unaligned(prev) };
+    }
+    0
 }
 
 /// Stops stepping the calling thread until its next syscall (normal context): for shim
