@@ -1,6 +1,11 @@
 //! The shim's output files: one process info file per traced process image and one
 //! per-thread file with a framed record per syscall window.
 //!
+//! Names in the output directory: `<pid>-<nonce>.info` and `<pid>-<nonce>-<tid>.ptt`, where
+//! `<nonce>` is 8 lowercase hex digits identifying the process image (a pid that calls
+//! `execve` gets a new image and a new nonce). Kernel modes also write DynamoRIO's
+//! `kernel.raw/<tid>.raw.pt` (PT Data Buffers; written by `shim::output`).
+//!
 //! # Layout (all integers little-endian)
 //!
 //! ```text
