@@ -82,11 +82,11 @@ impl MappedFile {
                 ptr = np;
                 cap = ncap;
             }
-            // SAFETY: ptr+len .. ptr+cap is inside the mapping.
+            // ptr+len .. ptr+cap is inside the mapping.
             let r = raw::sys3(
                 libc::SYS_read,
                 fd as u64,
-                unsafe { ptr.add(len) } as u64,
+                ptr.wrapping_add(len) as u64,
                 (cap - len) as u64,
             );
             if r == -(libc::EINTR as i64) {
