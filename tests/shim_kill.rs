@@ -112,7 +112,9 @@ fn pttrace_run_prints_the_summary_and_the_decode_command() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("trace");
     let o = Command::new(pttrace())
-        .args(["run", "--out"])
+        .args(["run", "--lib"])
+        .arg(lib_path())
+        .arg("--out")
         .arg(&out)
         .args(["--syscalls", "getdents64,write", "--", "/bin/ls", "/"])
         .output()
