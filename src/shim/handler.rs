@@ -19,7 +19,8 @@
 //!   `clone(CLONE_VFORK)` without shared memory so the child cannot clobber this frame),
 //!   `execve`/`execveat` (everything flushed and the window written before the call,
 //!   retracted if it fails), `exit` (thread file ended; the last thread ends the process),
-//!   `exit_group` (everything flushed synchronously);
+//!   `exit_group` (everything flushed synchronously), `prctl(PR_SET_SYSCALL_USER_DISPATCH)`
+//!   (refused with EBUSY: the application cannot turn interception off);
 //! - on the writer thread: draining queues into files ([`super::output`]).
 
 use super::output;
@@ -53,6 +54,8 @@ const NR_EXECVE: u64 = libc::SYS_execve as u64;
 const NR_EXECVEAT: u64 = libc::SYS_execveat as u64;
 const NR_EXIT: u64 = libc::SYS_exit as u64;
 const NR_EXIT_GROUP: u64 = libc::SYS_exit_group as u64;
+const NR_PRCTL: u64 = libc::SYS_prctl as u64;
+const PR_SET_SYSCALL_USER_DISPATCH: u64 = 59;
 const NR_SIGSUSPEND: u64 = libc::SYS_rt_sigsuspend as u64;
 const NR_PPOLL: u64 = libc::SYS_ppoll as u64;
 const NR_PSELECT6: u64 = libc::SYS_pselect6 as u64;
@@ -230,6 +233,9 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
             sys6(nr, args)
         }
         NR_READ_SIGACTION => do_sigaction(&args),
+        // The application may not switch Syscall User Dispatch off (or repoint it) under
+        // the shim: refuse as the kernel does for an unsupported configuration.
+        NR_PRCTL if args[0] == PR_SET_SYSCALL_USER_DISPATCH => -(libc::EBUSY as i64),
         NR_SIGPROCMASK => do_sigprocmask(uc_mask(uctx), &args),
         NR_SIGSUSPEND => {
             let mut m = 0u64;

@@ -41,6 +41,7 @@ pub const SPECIAL: &[u64] = &[
     59,  // execve
     60,  // exit
     130, // rt_sigsuspend
+    157, // prctl (PR_SET_SYSCALL_USER_DISPATCH is refused)
     231, // exit_group
     270, // pselect6
     271, // ppoll
