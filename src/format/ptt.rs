@@ -177,7 +177,7 @@ pub const WINDOW_FIXED_SIZE: usize = 8 + 8 + 6 * 8 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
 
 /// One syscall window.
 ///
-/// Payload: u64 index (per thread, from 0), u64 nr, u64 args[6], i64 ret, u64 tsc_start,
+/// Payload: u64 index (per thread, from 0), u64 nr, u64 args × 6, i64 ret, u64 tsc_start,
 /// u64 tsc_end, u32 flags (`WF_*`), u32 depth (signal nesting, 0 = outermost),
 /// u32 pt_len, u32 sideband_len, then pt_len PT bytes, then sideband_len bytes of perf
 /// records (user modes). Timestamps are TSC values (see the `Clock` records).
