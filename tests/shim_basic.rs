@@ -366,7 +366,8 @@ fn exec_with_an_emptied_environment_stays_traced() {
     let o = run_traced(
         &out,
         std::path::Path::new("/usr/bin/env"),
-        &["-i", "/bin/echo", "clean"],
+        // env searches PATH: the first execve fails (ENOENT), the second succeeds.
+        &["-i", "PATH=/nonexistent:/bin", "echo", "clean"],
         &[("PTTRACER_SYSCALLS", "write,execve")],
     );
     assert!(o.status.success(), "{o:?}");
@@ -375,7 +376,7 @@ fn exec_with_an_emptied_environment_stays_traced() {
     let echo = td
         .infos
         .iter()
-        .find(|i| i.cmdline.first().map(String::as_str) == Some("/bin/echo"))
+        .find(|i| i.cmdline.first().map(String::as_str) == Some("echo"))
         .expect("echo, exec'd with an empty environment, is traced");
     let t = td.threads_of(echo.process.pid, echo.process.nonce)[0];
     assert!(
@@ -384,4 +385,18 @@ fn exec_with_an_emptied_environment_stays_traced() {
     );
     // The carried-over configuration is the original one (the filter included).
     assert!(t.windows.iter().all(|w| w.nr == 1 || w.nr == NR_EXECVE));
+    // env's own file: the failed execve is a normal window (the pre-written one was
+    // retracted), then the successful one, and the file is intact.
+    let env = td.infos.iter().find(|i| i.exe.ends_with("/env")).unwrap();
+    let t = td.threads_of(env.process.pid, env.process.nonce)[0];
+    assert_eq!(t.tail, Tail::Clean);
+    let execs: Vec<_> = t.windows.iter().filter(|w| w.nr == NR_EXECVE).collect();
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    assert_eq!(execs[0].ret, -(libc::ENOENT as i64));
+    assert_eq!(execs[0].flags & WF_NO_RETURN, 0);
+    assert!(execs[1].flags & WF_NO_RETURN != 0);
+    assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::Exec as u32));
+    for (i, w) in t.windows.iter().enumerate() {
+        assert_eq!(w.index, i as u64);
+    }
 }

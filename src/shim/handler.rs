@@ -857,7 +857,15 @@ fn do_exec(
     let r = exec_with_shim(nr, args);
     // Still here: the exec failed. Retract the window and the end records.
     if pos >= 0 {
+        // Truncating does not move the file offset: seek back too, or the next write
+        // would leave a hole of zeros.
         raw::ftruncate(fd, pos as u64);
+        raw::sys3(
+            libc::SYS_lseek,
+            fd as u64,
+            pos as u64,
+            libc::SEEK_SET as u64,
+        );
     }
     if ipos >= 0 {
         raw::ftruncate(info, ipos as u64);
