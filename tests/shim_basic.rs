@@ -399,4 +399,17 @@ fn exec_with_an_emptied_environment_stays_traced() {
     for (i, w) in t.windows.iter().enumerate() {
         assert_eq!(w.index, i as u64);
     }
+    // The tid's DynamoRIO file holds env's metadata PDB and its two execve PDBs (the one
+    // written before the failed call was retracted), then echo's (appended, same tid).
+    let raw = std::fs::read(out.join(format!("kernel.raw/{}.raw.pt", t.header.tid))).unwrap();
+    let pdb = 48 + 6 * 8;
+    let sysnums: Vec<u64> = (0..)
+        .map(|i| 42 + i * pdb)
+        .take_while(|&b| b + pdb <= raw.len())
+        .map(|b| u64::from_le_bytes(raw[b + 24..b + 32].try_into().unwrap()))
+        .collect();
+    assert_eq!(
+        &sysnums[..2],
+        &[(4 << 59) | NR_EXECVE, (4 << 59) | NR_EXECVE]
+    );
 }

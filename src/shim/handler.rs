@@ -823,7 +823,8 @@ fn do_exec(
     s.lock_drain();
     let fd = s.fd.load(Relaxed);
     let info = slots::INFO_FD.load(Relaxed);
-    let (pos, ipos) = (raw::tell(fd), raw::tell(info));
+    // (The info and kernel.raw files are O_APPEND: their retract points are their ends.)
+    let (pos, ipos) = (raw::tell(fd), raw::end_of(info));
     let mut pre = *w;
     pre.flags |= WF_NO_RETURN;
     pre.tsc_end = t0;
@@ -852,6 +853,15 @@ fn do_exec(
     if fd >= 0 {
         raw::write_all(fd, buf.get(..n).unwrap_or(&[]));
     }
+    // The DynamoRIO file gets the exec's PDB too (it is opened O_APPEND).
+    let kfd = s.kfd.load(Relaxed);
+    let kpos = raw::end_of(kfd);
+    if record && kfd >= 0 {
+        let mut kb = [0u8; 128];
+        if let Some(m) = output::encode_pdb(&mut kb, s, &pre) {
+            raw::write_all(kfd, kb.get(..m).unwrap_or(&[]));
+        }
+    }
     let ended = slots::PROCESS_ENDED.load(Relaxed);
     output::write_process_end(EndReason::Exec, 0);
     let r = exec_with_shim(nr, args);
@@ -866,6 +876,9 @@ fn do_exec(
             pos as u64,
             libc::SEEK_SET as u64,
         );
+    }
+    if kpos >= 0 {
+        raw::ftruncate(kfd, kpos as u64);
     }
     if ipos >= 0 {
         raw::ftruncate(info, ipos as u64);

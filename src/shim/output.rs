@@ -277,7 +277,7 @@ fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
 }
 
 /// One syscall PDB without PT bytes (PT is absent or written by the capture path).
-fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
+pub fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
     let n = 48 + 8 * PDB_ARGS as usize;
     let dst = out.get_mut(..n)?;
     let pid = slot.pid.load(Relaxed) as u32 as u64;
