@@ -304,16 +304,13 @@ pub fn odd_dr6_steps() -> u64 {
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo (SA_SIGINFO).
     let code = unsafe { (*info).si_code };
-    // TRAP_TRACE is a single step (after a TF-clearing popf the saved flags no longer have
-    // TF, so they are not checked). The kernel derives si_code from DR6; a hypervisor that
-    // hands the guest a DR6 without the BS bit turns a genuine step into TRAP_BRKPT, which
-    // counts as a step when TF is still set. (int3 gives SI_KERNEL, kill/tgkill give
-    // SI_USER/SI_TKILL: never ours.)
+    // A #DB-derived SIGTRAP: TRAP_TRACE is a single step (after a TF-clearing popf the
+    // saved flags no longer have TF, so they are not checked). The kernel derives si_code
+    // from DR6, and this KVM guest was seen handing out DR6 = 0, which turns a genuine step
+    // into TRAP_BRKPT (the "icebp" case), so that counts too; chaining it to SIG_DFL would
+    // kill the process. (int3 gives SI_KERNEL, kill/tgkill SI_USER/SI_TKILL: never ours.)
     // SAFETY: ctx is the kernel's ucontext for this delivery when not null.
-    let stepping = !ctx.is_null()
-        && (code == libc::TRAP_TRACE
-            || (code == libc::TRAP_BRKPT
-                && unsafe { *uc_greg(ctx, libc::REG_EFL) } as u64 & EFLAGS_TF != 0));
+    let stepping = !ctx.is_null() && (code == libc::TRAP_TRACE || code == libc::TRAP_BRKPT);
     if stepping {
         if code != libc::TRAP_TRACE {
             ODD_DR6_STEPS.fetch_add(1, Ordering::Relaxed);
