@@ -733,3 +733,56 @@ fn second_window_on_the_same_thread_is_refused_and_drop_ends_stepping() {
     drop(b);
     assert!(!emu::trap::tf_is_set());
 }
+
+// ---- the project's decoder (crate::decode) on an emulated window ----
+
+#[test]
+fn project_decoder_reproduces_the_window_from_pt_and_sideband() {
+    use drpttracer::decode::{decode_window, ImageSpec, Record as Rec, TraceParams, WindowOptions};
+    let mut t = tracer(6);
+    let mut out = OutputBuffers::new(6, 4).unwrap();
+    let table: [fn(u64) -> u64; 3] = [leaf_a, leaf_b, leaf_c];
+    let (_, status, rep) = trace(&mut t, &mut out, || {
+        known_flow(&std::hint::black_box(DATA), &ORDER, &table)
+    });
+    assert_eq!(status, Status::Success);
+    let params = TraceParams::from_ext_metadata(&t.ext_metadata());
+    let (_, vdso) = drpttracer::sideband::synth::vdso_bytes().unwrap();
+    let spec = ImageSpec {
+        vdso: Some(vdso),
+        ..Default::default()
+    };
+    let image = spec.load().unwrap();
+    let recs = decode_window(
+        out.pt_data(),
+        Some((out.sideband_data(), SIDEBAND_SAMPLE_TYPE)),
+        &params,
+        &image,
+        &spec,
+        &WindowOptions {
+            source: "emulated window".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let gaps: Vec<_> = recs.iter().filter(|r| matches!(r, Rec::Gap(_))).collect();
+    assert!(gaps.is_empty(), "{gaps:?}");
+    let ips: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r.as_instruction().map(|i| i.pc))
+        .collect();
+    assert_eq!(Some(&ips), rep.ips.as_ref());
+    let syscalls = recs
+        .iter()
+        .filter(|r| matches!(r, Rec::Syscall { .. }))
+        .count();
+    assert_eq!(syscalls, rep.far_transfers as usize);
+    // TSC packets convert to perf time (the sideband's clock).
+    assert!(recs.iter().any(|r| matches!(
+        r,
+        Rec::Timestamp {
+            perf_time: Some(_),
+            ..
+        }
+    )));
+}
