@@ -786,3 +786,41 @@ fn project_decoder_reproduces_the_window_from_pt_and_sideband() {
         }
     )));
 }
+
+// ---- code that blocks every signal inside a window ----
+
+#[test]
+fn blocking_all_signals_inside_a_window_keeps_stepping_and_mask_semantics() {
+    let mut t = tracer(8);
+    let mut out = OutputBuffers::new(8, 4).unwrap();
+    let ((old_has_usr2, during_has_usr2, during_has_trap, after_has_usr2), status, rep) =
+        trace(&mut t, &mut out, || {
+            // SAFETY: plain signal-mask manipulation of this thread, restored below.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                let mut during: libc::sigset_t = std::mem::zeroed();
+                let mut after: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut during);
+                let x = leaf_b(std::hint::black_box(3));
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut after);
+                std::hint::black_box(x);
+                (
+                    libc::sigismember(&old, libc::SIGUSR2),
+                    libc::sigismember(&during, libc::SIGUSR2),
+                    libc::sigismember(&during, libc::SIGTRAP),
+                    libc::sigismember(&after, libc::SIGUSR2),
+                )
+            }
+        });
+    assert_eq!(status, Status::Success);
+    // The application's view: old mask returned, everything blocked, then restored —
+    // except SIGTRAP, which stays deliverable so stepping (and the process) survive.
+    assert_eq!((old_has_usr2, during_has_usr2, after_has_usr2), (0, 1, 0));
+    assert_eq!(during_has_trap, 0);
+    let d = decode_exact(&out, &rep);
+    assert_eq!(count(&d.ips, leaf_b as *const () as u64), 1);
+}
