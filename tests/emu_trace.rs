@@ -824,3 +824,64 @@ fn blocking_all_signals_inside_a_window_keeps_stepping_and_mask_semantics() {
     let d = decode_exact(&out, &rep);
     assert_eq!(count(&d.ips, leaf_b as *const () as u64), 1);
 }
+
+// ---- a fault whose handler moves the resume point ----
+
+extern "C" fn skip_fault(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: SA_SIGINFO delivery; skips the 8-byte faulting load below.
+    unsafe {
+        let uc = ctx.cast::<libc::ucontext_t>();
+        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] += 8;
+    }
+}
+
+#[inline(never)]
+fn faulting_load() -> u64 {
+    let at: u64;
+    // SAFETY: the load from address 0 faults; the test's SIGSEGV handler skips it.
+    unsafe {
+        core::arch::asm!(
+            "lea {at}, [rip + 2f]",
+            "2:",
+            ".byte 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0", // mov rax, [0]
+            "nop",
+            "nop",
+            at = out(reg) at,
+            out("rax") _,
+        );
+    }
+    at
+}
+
+#[test]
+fn handler_that_moves_the_resume_point_is_an_explicit_gap() {
+    // SAFETY: swaps this process's SIGSEGV disposition for the test and restores it.
+    let old = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        let mut old: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = skip_fault
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGSEGV, &sa, &mut old);
+        old
+    };
+    let mut t = tracer(4);
+    let mut out = OutputBuffers::new(4, 4).unwrap();
+    let (at, status, rep) = trace(&mut t, &mut out, faulting_load);
+    // SAFETY: restores the previous disposition.
+    unsafe { libc::sigaction(libc::SIGSEGV, &old, std::ptr::null_mut()) };
+    assert_eq!(status, Status::Success);
+    assert_eq!(rep.signals, 1);
+    // The load never completed and execution resumed elsewhere: an explicit gap, and
+    // neither the faulting load is claimed as executed nor a made-up path invented.
+    assert_eq!(rep.gaps, 1);
+    let d = oracle::decode_own_memory(out.pt_data()).unwrap();
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+    assert_eq!(Some(&d.ips), rep.ips.as_ref());
+    assert_eq!(count(&d.ips, at), 0);
+    assert!(d
+        .events
+        .iter()
+        .any(|e| matches!(e, oracle::OracleEvent::AsyncDisabled { at: a, .. } if *a == at)));
+}

@@ -633,7 +633,9 @@ fn install_observers_locked(st: &mut InstallState) {
         }
         let Some(old) = query(sig) else { continue };
         let h = old.sa_sigaction;
-        if h == libc::SIG_DFL || h == libc::SIG_IGN || h == obs || st.observed.contains(&sig) {
+        // Wrapped already (ours is installed) or nothing to wrap; a handler the application
+        // installed since the last scan (over ours or not) is wrapped now.
+        if h == libc::SIG_DFL || h == libc::SIG_IGN || h == obs {
             continue;
         }
         OBS_FLAGS[sig as usize].store(old.sa_flags, Ordering::Relaxed);
@@ -642,7 +644,8 @@ fn install_observers_locked(st: &mut InstallState) {
         sa.sa_sigaction = obs;
         sa.sa_flags = old.sa_flags | libc::SA_SIGINFO;
         // SAFETY: sa is the application's own disposition with our entry point.
-        if unsafe { libc::sigaction(sig, &sa, ptr::null_mut()) } == 0 {
+        if unsafe { libc::sigaction(sig, &sa, ptr::null_mut()) } == 0 && !st.observed.contains(&sig)
+        {
             st.observed.push(sig);
         }
     }
