@@ -1,1 +1,123 @@
 //! Decoder: PT + sideband + images -> drmemtrace-style records (libipt).
+//!
+//! - [`config`]: CPU identity/frequencies -> libipt configuration (errata included);
+//! - [`image`]: code images (ELF PT_LOAD segments, raw bytes such as the vDSO, kcore) and
+//!   symbols (ELF symtab, kallsyms);
+//! - [`sideband`]: the image over time from perf MMAP/MMAP2/COMM records;
+//! - [`records`]: the output records;
+//! - [`pipeline`]: [`PtDecoder`], the record iterator over one PT window;
+//! - [`parallel`]: decoding by PSB segments on several threads;
+//! - [`testgen`]: synthetic code + trace builder for tests and benchmarks.
+//!
+//! The one-call entry point other modules use is [`decode_window`].
+
+pub mod config;
+pub mod image;
+mod insn;
+mod ipt;
+pub use ipt::PsbInfo;
+pub mod packets;
+pub mod parallel;
+pub mod pipeline;
+pub mod records;
+pub mod sideband;
+pub mod testgen;
+
+use std::path::{Path, PathBuf};
+
+pub use config::{CpuParams, TraceParams};
+pub use image::{AddressSpace, Symbols};
+pub use insn::{decode_insn, InsnInfo};
+pub use pipeline::{CompactRecords, PtDecoder, WindowOptions};
+pub use records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
+pub use sideband::{ImageChange, ImageEvent, ImageResolver};
+
+/// A decoder setup failure. Names the input and the byte offset in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}: offset {offset:#x}: {message}")]
+pub struct DecodeError {
+    pub source_name: String,
+    pub offset: u64,
+    pub message: String,
+}
+
+impl DecodeError {
+    pub fn new(source: impl std::fmt::Display, offset: u64, message: impl Into<String>) -> Self {
+        DecodeError {
+            source_name: source.to_string(),
+            offset,
+            message: message.into(),
+        }
+    }
+}
+
+/// What code to load before decoding.
+#[derive(Debug, Clone, Default)]
+pub struct ImageSpec {
+    /// ELF files and optional load bases (default: link address).
+    pub elfs: Vec<(PathBuf, Option<u64>)>,
+    /// Raw bytes at an address (name, bytes, address), e.g. a saved vDSO.
+    pub raw: Vec<(String, Vec<u8>, u64)>,
+    /// kcore copy (ELF with kernel text PT_LOAD segments).
+    pub kcore: Option<PathBuf>,
+    /// Prefix for the paths named by sideband MMAP records.
+    pub sysroot: Option<PathBuf>,
+    /// vDSO bytes for sideband `[vdso]` mappings.
+    pub vdso: Option<Vec<u8>>,
+}
+
+impl ImageSpec {
+    /// Loads the static part of the image (ELF files, raw bytes, kcore).
+    pub fn load(&self) -> Result<AddressSpace, DecodeError> {
+        let mut space = AddressSpace::new();
+        if let Some(k) = &self.kcore {
+            space.add_kcore(k)?;
+        }
+        for (path, base) in &self.elfs {
+            space.add_elf(path, *base)?;
+        }
+        for (name, bytes, addr) in &self.raw {
+            space.add_bytes(name, bytes.clone(), *addr);
+        }
+        Ok(space)
+    }
+
+    /// Resolver for sideband file names.
+    pub fn resolver(&self) -> ImageResolver {
+        ImageResolver::new(self.sysroot.clone(), self.vdso.clone())
+    }
+}
+
+/// Decodes one window: `pt` (raw PT packets), optional sideband (raw perf records with
+/// their `sample_type`), CPU/time parameters and a loaded image. Decode errors inside the
+/// trace become [`Record::Gap`]s; only unusable inputs (bad sideband, no decoder) fail.
+pub fn decode_window(
+    pt: &[u8],
+    sideband: Option<(&[u8], u64)>,
+    params: &TraceParams,
+    image: &AddressSpace,
+    spec: &ImageSpec,
+    opts: &WindowOptions,
+) -> Result<Vec<Record>, DecodeError> {
+    let events = match sideband {
+        Some((sb, sample_type)) => {
+            sideband::parse_records(&format!("{} (sideband)", opts.source), sb, sample_type)?
+        }
+        None => Vec::new(),
+    };
+    let dec = PtDecoder::new(
+        pt,
+        *params,
+        image.clone(),
+        events,
+        spec.resolver(),
+        opts.clone(),
+    )?;
+    Ok(dec.collect())
+}
+
+/// Reads a whole input file, naming it in the error.
+pub fn read_input(path: &Path) -> Result<Vec<u8>, DecodeError> {
+    std::fs::read(path)
+        .map_err(|e| DecodeError::new(path.display(), 0, format!("cannot read: {e}")))
+}

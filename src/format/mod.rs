@@ -1,4 +1,5 @@
 //! On-disk formats.
 
+pub mod auxtrace;
 pub mod pdb;
 pub mod ptt;

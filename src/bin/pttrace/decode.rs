@@ -1,10 +1,464 @@
-//! `pttrace decode` (not yet implemented).
+//! `pttrace decode`: PT (+ sideband + images) -> instruction records (disasm/jsonl/summary).
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use drpttracer::decode::parallel::decode_parallel;
+use drpttracer::decode::sideband::parse_records;
+use drpttracer::decode::{
+    AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams, WindowOptions,
+};
+use drpttracer::format::{auxtrace, pdb};
+use drpttracer::metadata::TimeConv;
+use iced_x86::{Decoder, Formatter, GasFormatter, IntelFormatter};
 
 use crate::CmdResult;
 
-#[derive(clap::Args)]
-pub struct Args {}
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutFormat {
+    /// One line per instruction with address, symbol, bytes and disassembly.
+    Disasm,
+    /// One JSON object per record.
+    Jsonl,
+    /// Instruction counts per window and the errors met.
+    Summary,
+}
 
-pub fn run(_args: Args) -> CmdResult {
-    Err("'decode' is not implemented yet".into())
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Syntax {
+    Intel,
+    Att,
+}
+
+/// Boxed so that `Command::Decode` stays small (the options are many).
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    opts: Box<DecodeArgs>,
+}
+
+#[derive(clap::Args)]
+pub struct DecodeArgs {
+    /// Raw PT packets.
+    #[arg(long, value_name = "FILE", group = "input")]
+    pt: Option<PathBuf>,
+    /// perf.data-style stream with PT in PERF_RECORD_AUXTRACE records.
+    #[arg(long, value_name = "FILE", group = "input")]
+    auxtrace: Option<PathBuf>,
+    /// DynamoRIO's per-thread kernel syscall file (<tid>.raw.pt): one window per syscall.
+    #[arg(long = "raw-pt", value_name = "FILE", group = "input")]
+    raw_pt: Option<PathBuf>,
+    /// Raw perf records (MMAP/MMAP2/COMM...) giving the image over time.
+    #[arg(long, value_name = "FILE", requires = "sample_type")]
+    sideband: Option<PathBuf>,
+    /// perf sample_type of the sideband records (decimal or 0x-hex), e.g. 0x10086.
+    #[arg(long, value_name = "N", value_parser = parse_u64)]
+    sample_type: Option<u64>,
+    /// ELF file loaded at BASE (default: its link address). Repeatable.
+    #[arg(long, value_name = "FILE[@BASE]")]
+    image: Vec<String>,
+    /// Saved vDSO bytes and their load address.
+    #[arg(long, value_name = "FILE@ADDR")]
+    vdso: Option<String>,
+    /// ELF copy of kernel text (kcore).
+    #[arg(long, value_name = "FILE")]
+    kcore: Option<PathBuf>,
+    /// Kernel symbols for kernel addresses.
+    #[arg(long, value_name = "FILE")]
+    kallsyms: Option<PathBuf>,
+    /// Prefix for the file paths named by sideband MMAP records.
+    #[arg(long, value_name = "DIR")]
+    sysroot: Option<PathBuf>,
+    /// CPU that recorded the trace, FAMILY/MODEL/STEPPING (errata are derived from it).
+    #[arg(long, value_name = "F/M/S")]
+    cpu: Option<String>,
+    /// MTC frequency (the PT event's mtc_period).
+    #[arg(long = "mtc-freq", value_name = "N")]
+    mtc_freq: Option<u8>,
+    /// Nominal frequency ratio (max_nonturbo_ratio).
+    #[arg(long = "nom-freq", value_name = "N")]
+    nom_freq: Option<u8>,
+    /// cpuid leaf 0x15 as EAX,EBX.
+    #[arg(long = "cpuid-15", value_name = "EAX,EBX")]
+    cpuid_15: Option<String>,
+    /// TSC -> perf time conversion SHIFT,MULT,ZERO (to order sideband against the trace).
+    #[arg(long = "time-conv", value_name = "SHIFT,MULT,ZERO")]
+    time_conv: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "disasm")]
+    format: OutFormat,
+    /// Disassembly syntax.
+    #[arg(long, value_enum, default_value = "intel")]
+    syntax: Syntax,
+    /// Decode PSB segments on this many threads (output identical to 1 thread).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+fn parse_u64(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    };
+    r.map_err(|_| format!("'{s}' is not a number (decimal or 0x-hex)"))
+}
+
+/// `FILE@ADDR` -> (file, Some(addr)); `FILE` -> (file, None).
+fn split_at_addr(s: &str, what: &str) -> Result<(PathBuf, Option<u64>), String> {
+    if let Some((f, a)) = s.rsplit_once('@') {
+        if let Ok(addr) = parse_u64(a) {
+            return Ok((PathBuf::from(f), Some(addr)));
+        }
+        if !Path::new(s).exists() {
+            return Err(format!("{what} '{s}': '{a}' is not an address"));
+        }
+    }
+    Ok((PathBuf::from(s), None))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))
+}
+
+/// One unit of decoding.
+struct Window {
+    name: String,
+    pt: std::ops::Range<usize>,
+    id: Option<u64>,
+    cpu: Option<u32>,
+    base_offset: u64,
+}
+
+struct Printer<W: Write> {
+    out: W,
+    format: OutFormat,
+    syntax: Syntax,
+    syms: Symbols,
+    intel: IntelFormatter,
+    gas: GasFormatter,
+    text: String,
+    window: Option<u64>,
+    counts: Vec<(Option<u64>, u64, Vec<String>)>,
+}
+
+impl<W: Write> Printer<W> {
+    fn record(&mut self, r: &Record) -> std::io::Result<()> {
+        match self.format {
+            OutFormat::Jsonl => writeln!(self.out, "{}", r.to_json()),
+            OutFormat::Summary => {
+                if let Record::WindowId(w) = r {
+                    self.window = Some(*w);
+                }
+                if self.counts.is_empty() || matches!(r, Record::WindowId(_)) {
+                    self.counts.push((self.window, 0, Vec::new()));
+                }
+                if let Some(last) = self.counts.last_mut() {
+                    match r {
+                        Record::Instruction(_) => last.1 += 1,
+                        Record::Gap(g) => last.2.push(g.to_string()),
+                        _ => {}
+                    }
+                }
+                Ok(())
+            }
+            OutFormat::Disasm => self.disasm(r),
+        }
+    }
+
+    fn disasm(&mut self, r: &Record) -> std::io::Result<()> {
+        let Record::Instruction(i) = r else {
+            return match r {
+                Record::Gap(g) => writeln!(self.out, "[gap: {g}]"),
+                Record::WindowId(w) => writeln!(self.out, "[window {w}]"),
+                Record::Timestamp { tsc, perf_time } => match perf_time {
+                    Some(t) => writeln!(self.out, "[timestamp tsc={tsc:#x} time={t}]"),
+                    None => writeln!(self.out, "[timestamp tsc={tsc:#x}]"),
+                },
+                Record::Cpu(c) => writeln!(self.out, "[cpu {c}]"),
+                Record::TraceEnabled { ip } => writeln!(self.out, "[enabled at {ip:#x}]"),
+                Record::TraceDisabled { ip: Some(ip) } => {
+                    writeln!(self.out, "[disabled at {ip:#x}]")
+                }
+                Record::TraceDisabled { ip: None } => writeln!(self.out, "[disabled]"),
+                Record::KernelXfer { from, to } => match to {
+                    Some(t) => writeln!(self.out, "[kernel transfer {from:#x} -> {t:#x}]"),
+                    None => writeln!(self.out, "[kernel transfer from {from:#x}]"),
+                },
+                Record::Syscall { pc } => writeln!(self.out, "[syscall at {pc:#x}]"),
+                Record::Overflow { ip } => match ip {
+                    Some(ip) => writeln!(self.out, "[overflow, resumed at {ip:#x}]"),
+                    None => writeln!(self.out, "[overflow]"),
+                },
+                Record::Instruction(_) => Ok(()),
+            };
+        };
+        let mut d = Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0);
+        let insn = d.decode();
+        self.text.clear();
+        match self.syntax {
+            Syntax::Intel => self.intel.format(&insn, &mut self.text),
+            Syntax::Att => self.gas.format(&insn, &mut self.text),
+        }
+        let bytes: String = i.encoding().iter().map(|b| format!("{b:02x} ")).collect();
+        match self.syms.lookup(i.pc) {
+            Some((name, 0)) => writeln!(
+                self.out,
+                "{:016x} <{name}>  {bytes:<31} {}",
+                i.pc, self.text
+            ),
+            Some((name, off)) => writeln!(
+                self.out,
+                "{:016x} <{name}+{off:#x}>  {bytes:<31} {}",
+                i.pc, self.text
+            ),
+            None => writeln!(self.out, "{:016x}  {bytes:<31} {}", i.pc, self.text),
+        }
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        if self.format == OutFormat::Summary {
+            let mut total = 0;
+            let mut errors = 0;
+            for (w, n, gaps) in &self.counts {
+                match w {
+                    Some(w) => writeln!(
+                        self.out,
+                        "window {w}: {n} instructions, {} gaps",
+                        gaps.len()
+                    )?,
+                    None => writeln!(self.out, "trace: {n} instructions, {} gaps", gaps.len())?,
+                }
+                for g in gaps {
+                    writeln!(self.out, "  gap: {g}")?;
+                }
+                total += n;
+                errors += gaps.len();
+            }
+            writeln!(self.out, "total: {total} instructions, {errors} gaps")?;
+        }
+        self.out.flush()
+    }
+}
+
+pub fn run(args: Args) -> CmdResult {
+    let args = *args.opts;
+    // Input bytes and windows.
+    let (data, windows, mut params) = if let Some(p) = &args.pt {
+        let data = read(p)?;
+        let w = Window {
+            name: p.display().to_string(),
+            pt: 0..data.len(),
+            id: None,
+            cpu: None,
+            base_offset: 0,
+        };
+        (data, vec![w], TraceParams::default())
+    } else if let Some(p) = &args.auxtrace {
+        let raw = read(p)?;
+        let a = auxtrace::unwrap(&raw).map_err(|e| format!("{}: {e}", p.display()))?;
+        if a.chunks.is_empty() {
+            return Err(format!("{}: no PERF_RECORD_AUXTRACE records", p.display()).into());
+        }
+        let w = Window {
+            name: format!("{} (PT unwrapped from AUXTRACE records)", p.display()),
+            pt: 0..a.pt.len(),
+            id: None,
+            cpu: a.cpu(),
+            base_offset: 0,
+        };
+        (a.pt, vec![w], TraceParams::default())
+    } else if let Some(p) = &args.raw_pt {
+        let data = read(p)?;
+        let f = pdb::parse(&data).map_err(|e| format!("{}: {e}", p.display()))?;
+        let windows = f
+            .windows
+            .iter()
+            .enumerate()
+            .map(|(k, w)| Window {
+                name: format!(
+                    "{} (syscall #{} sysnum {})",
+                    p.display(),
+                    w.syscall_idx,
+                    w.sysnum
+                ),
+                pt: w.pt.clone(),
+                id: Some(k as u64),
+                cpu: None,
+                base_offset: 0,
+            })
+            .collect();
+        (data, windows, TraceParams::from_pt_metadata(&f.metadata))
+    } else {
+        return Err("give the trace with --pt, --auxtrace or --raw-pt".into());
+    };
+
+    // CPU/time overrides.
+    if let Some(c) = &args.cpu {
+        let (f, m, s) = CpuParams::parse_cpu(c)?;
+        params.cpu.family = f;
+        params.cpu.model = m;
+        params.cpu.stepping = s;
+    }
+    if let Some(v) = args.mtc_freq {
+        params.cpu.mtc_freq = v;
+    }
+    if let Some(v) = args.nom_freq {
+        params.cpu.nom_freq = v;
+    }
+    if let Some(s) = &args.cpuid_15 {
+        let (a, b) = s
+            .split_once(',')
+            .ok_or_else(|| format!("--cpuid-15 '{s}': expected EAX,EBX"))?;
+        params.cpu.cpuid_0x15_eax = parse_u64(a)? as u32;
+        params.cpu.cpuid_0x15_ebx = parse_u64(b)? as u32;
+    }
+    if let Some(s) = &args.time_conv {
+        let v: Vec<&str> = s.split(',').collect();
+        if v.len() != 3 {
+            return Err(format!("--time-conv '{s}': expected SHIFT,MULT,ZERO").into());
+        }
+        params.time = Some(TimeConv {
+            time_shift: parse_u64(v[0])? as u16,
+            time_mult: parse_u64(v[1])? as u32,
+            time_zero: parse_u64(v[2])?,
+        });
+    }
+
+    // Images and symbols.
+    let mut spec = ImageSpec {
+        kcore: args.kcore.clone(),
+        sysroot: args.sysroot.clone(),
+        ..Default::default()
+    };
+    for s in &args.image {
+        spec.elfs.push(split_at_addr(s, "--image")?);
+    }
+    if let Some(v) = &args.vdso {
+        let (f, addr) = split_at_addr(v, "--vdso")?;
+        let addr = addr.ok_or_else(|| format!("--vdso '{v}': expected FILE@ADDR"))?;
+        let bytes = read(&f)?;
+        spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
+        spec.vdso = Some(bytes);
+    }
+    let mut space = AddressSpace::new();
+    let mut syms = Symbols::new();
+    if let Some(k) = &spec.kcore {
+        space.add_kcore(k)?;
+    }
+    for (path, base) in &spec.elfs {
+        let bias = space.add_elf(path, *base)?;
+        let bytes = read(path)?;
+        let _ = syms.add_elf(path, &bytes, bias);
+    }
+    for (name, bytes, addr) in &spec.raw {
+        space.add_bytes(name, bytes.clone(), *addr);
+    }
+    if let Some(k) = &args.kallsyms {
+        let text =
+            std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
+        syms.add_kallsyms(k, &text)?;
+    }
+    let events = match (&args.sideband, args.sample_type) {
+        (Some(sb), Some(st)) => parse_records(&sb.display().to_string(), &read(sb)?, st)?,
+        _ => Vec::new(),
+    };
+
+    let stdout = std::io::stdout();
+    let mut printer = Printer {
+        out: BufWriter::with_capacity(1 << 16, stdout.lock()),
+        format: args.format,
+        syntax: args.syntax,
+        syms,
+        intel: IntelFormatter::new(),
+        gas: GasFormatter::new(),
+        text: String::new(),
+        window: None,
+        counts: Vec::new(),
+    };
+    let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
+    let bar = (total > 1 << 20).then(|| {
+        let b = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {elapsed} ETA {eta}",
+        ) {
+            b.set_style(style);
+        }
+        b
+    });
+    let mut done = 0u64;
+    let mut warnings: Vec<String> = Vec::new();
+    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        for w in &windows {
+            let opts = WindowOptions {
+                source: w.name.clone(),
+                window_id: w.id,
+                cpu: w.cpu,
+                base_offset: w.base_offset,
+            };
+            let pt = &data[w.pt.clone()];
+            if args.threads > 1 {
+                let recs = decode_parallel(
+                    pt,
+                    &params,
+                    &space,
+                    &events,
+                    &spec.resolver(),
+                    &opts,
+                    args.threads,
+                )?;
+                for r in &recs {
+                    printer.record(r)?;
+                }
+            } else {
+                let mut dec = PtDecoder::new(
+                    pt,
+                    params,
+                    space.clone(),
+                    events.clone(),
+                    spec.resolver(),
+                    opts,
+                )?;
+                let mut n = 0u32;
+                while let Some(r) = dec.next() {
+                    printer.record(&r)?;
+                    n = n.wrapping_add(1);
+                    if n % 65536 == 0 {
+                        if let Some(b) = &bar {
+                            b.set_position(done + dec.position());
+                        }
+                    }
+                }
+                for m in dec.warnings() {
+                    if !warnings.contains(m) {
+                        warnings.push(m.clone());
+                    }
+                }
+            }
+            done += w.pt.len() as u64;
+            if let Some(b) = &bar {
+                b.set_position(done);
+            }
+        }
+        printer.finish()?;
+        Ok(())
+    })();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    for w in &warnings {
+        eprintln!("pttrace decode: warning: {w}");
+    }
+    match result {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
 }

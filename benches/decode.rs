@@ -1,0 +1,256 @@
+//! Decode throughput: our pipeline vs a bare libipt block-decoder loop (raw C API), and
+//! parallel decode by PSB segments on 2 threads vs sequential. Prints figures and ratios.
+//!
+//! `cargo bench --bench decode [-- SIZE_MB]` (default 8 MB of PT).
+
+use std::ffi::CString;
+use std::time::{Duration, Instant};
+
+use drpttracer::decode::image::Backing;
+use drpttracer::decode::parallel::decode_parallel_compact;
+use drpttracer::decode::testgen::LoopProgram;
+use drpttracer::decode::{
+    AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
+};
+use libipt_sys as sys;
+
+/// Best of `runs` timings of `f` (returns its last result too).
+fn best<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+    let mut best = Duration::MAX;
+    let mut out = None;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let r = f();
+        best = best.min(t.elapsed());
+        out = Some(r);
+    }
+    (best, out.expect("runs > 0"))
+}
+
+/// A bare ptxed-style loop: sync, drain events, pt_blk_next, count instructions.
+fn bare_libipt(trace: &[u8], code_file: &CString, base: u64, code_len: u64) -> u64 {
+    // SAFETY: plain C structs zero-initialised as libipt documents; the trace buffer and
+    // the file name outlive the decoder, which is freed at the end of this function.
+    unsafe {
+        let mut cfg: sys::pt_config = std::mem::zeroed();
+        cfg.size = std::mem::size_of::<sys::pt_config>();
+        cfg.begin = trace.as_ptr().cast_mut();
+        cfg.end = cfg.begin.add(trace.len());
+        let dec = sys::pt_blk_alloc_decoder(&cfg);
+        assert!(!dec.is_null());
+        let img = sys::pt_blk_get_image(dec);
+        let r =
+            sys::pt_image_add_file(img, code_file.as_ptr(), 0, code_len, std::ptr::null(), base);
+        assert_eq!(r, 0);
+        let mut n = 0u64;
+        let mut blk: sys::pt_block = std::mem::zeroed();
+        let mut ev: sys::pt_event = std::mem::zeroed();
+        'sync: loop {
+            let mut status = sys::pt_blk_sync_forward(dec);
+            if status < 0 {
+                break;
+            }
+            loop {
+                while status >= 0 && (status as u32 & sys::pt_status_flag_pts_event_pending) != 0 {
+                    status = sys::pt_blk_event(dec, &mut ev, std::mem::size_of::<sys::pt_event>());
+                }
+                if status < 0 {
+                    continue 'sync;
+                }
+                status = sys::pt_blk_next(dec, &mut blk, std::mem::size_of::<sys::pt_block>());
+                n += u64::from(blk.ninsn);
+                if status < 0 {
+                    if status == -(sys::pt_error_code_pte_eos as i32)
+                        || (status as u32 & sys::pt_status_flag_pts_eos) != 0
+                    {
+                        break 'sync;
+                    }
+                    continue 'sync;
+                }
+            }
+        }
+        sys::pt_blk_free_decoder(dec);
+        n
+    }
+}
+
+fn decoder<'a>(trace: &'a [u8], space: &AddressSpace) -> PtDecoder<'a> {
+    PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions::default(),
+    )
+    .expect("decoder")
+}
+
+/// Consumes one record the way a tool would (count instructions, hash pc + first byte).
+#[inline]
+fn visit(r: &Record, n: &mut u64, h: &mut u64) {
+    if let Record::Instruction(i) = r {
+        *n += 1;
+        *h = h.rotate_left(5) ^ i.pc ^ u64::from(i.bytes[0]);
+    }
+}
+
+/// Our pipeline through the record iterator (a copy per record).
+fn ours_iter(trace: &[u8], space: &AddressSpace) -> (u64, u64) {
+    let (mut n, mut h) = (0u64, 0u64);
+    for r in decoder(trace, space) {
+        visit(&r, &mut n, &mut h);
+    }
+    (n, h)
+}
+
+/// Our pipeline through `next_slice` (records visited in place).
+fn ours_slices(trace: &[u8], space: &AddressSpace) -> (u64, u64) {
+    let (mut n, mut h) = (0u64, 0u64);
+    let mut dec = decoder(trace, space);
+    while let Some(s) = dec.next_slice() {
+        for r in s {
+            visit(r, &mut n, &mut h);
+        }
+    }
+    (n, h)
+}
+
+/// Sequential decode keeping every record (compact form, as the parallel decoder does).
+fn sequential_collect(trace: &[u8], space: &AddressSpace) -> usize {
+    decoder(trace, space).collect_compact().len()
+}
+
+fn main() {
+    let mb: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(8);
+    let prog = LoopProgram::new(0x40_0000);
+    let t = Instant::now();
+    let (trace, _) = prog.trace(mb << 20, 4096, 42);
+    eprintln!(
+        "generated {} bytes of PT in {:.2?}",
+        trace.len(),
+        t.elapsed()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let code_path = dir.path().join("loop.bin");
+    std::fs::write(&code_path, &prog.code).expect("write code");
+    let code_c = CString::new(code_path.to_str().expect("utf-8 path")).expect("path");
+    let mut space = AddressSpace::new();
+    let backing = Backing::map_file(&code_path).expect("map code");
+    space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
+
+    if std::env::args().any(|a| a == "--profile-slices") {
+        // For `perf record`: only the pipeline, many times.
+        for _ in 0..20 {
+            std::hint::black_box(ours_slices(&trace, &space));
+        }
+        return;
+    }
+    let runs = 5;
+    let (t_bare, n_bare) = best(runs, || {
+        bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64)
+    });
+    let (t_iter, (n_iter, h_iter)) = best(runs, || ours_iter(&trace, &space));
+    let (t_ours, (n_ours, h_ours)) = best(runs, || ours_slices(&trace, &space));
+    assert_eq!((n_iter, h_iter), (n_ours, h_ours));
+    let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64() / 1e6;
+    println!(
+        "trace: {} MB PT, {} instructions",
+        trace.len() >> 20,
+        n_ours
+    );
+    println!(
+        "bare libipt block loop   : {:>8.1} ms  {:>7.1} M insn/s  ({} insns, count only)",
+        t_bare.as_secs_f64() * 1e3,
+        rate(n_bare, t_bare),
+        n_bare
+    );
+    println!(
+        "pipeline, next_slice()   : {:>8.1} ms  {:>7.1} M insn/s  (full records visited)",
+        t_ours.as_secs_f64() * 1e3,
+        rate(n_ours, t_ours),
+    );
+    println!(
+        "pipeline, Iterator       : {:>8.1} ms  {:>7.1} M insn/s  (full records copied out)",
+        t_iter.as_secs_f64() * 1e3,
+        rate(n_iter, t_iter),
+    );
+    println!(
+        "ratio pipeline / bare    : {:.2}x next_slice, {:.2}x Iterator   (goal >= 0.9x)",
+        t_bare.as_secs_f64() / t_ours.as_secs_f64(),
+        t_bare.as_secs_f64() / t_iter.as_secs_f64()
+    );
+
+    let opts = WindowOptions::default();
+    let par = |threads: usize| {
+        decode_parallel_compact(
+            &trace,
+            &TraceParams::default(),
+            &space,
+            &[],
+            &ImageResolver::default(),
+            &opts,
+            threads,
+        )
+        .expect("parallel decode")
+        .iter()
+        .map(|c| c.len())
+        .sum::<usize>()
+    };
+    let (t_seq, n_seq) = best(runs, || sequential_collect(&trace, &space));
+    let (t2, n2) = best(runs, || par(2));
+    assert_eq!(n_seq, n2, "parallel and sequential record counts differ");
+    println!(
+        "sequential, all kept     : {:>8.1} ms   ({} records)",
+        t_seq.as_secs_f64() * 1e3,
+        n_seq
+    );
+    println!(
+        "PSB-parallel, 2 threads  : {:>8.1} ms",
+        t2.as_secs_f64() * 1e3
+    );
+    println!(
+        "2-thread speed-up        : {:.2}x   (goal >= 1.8x; {} CPUs online)",
+        t_seq.as_secs_f64() / t2.as_secs_f64(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    // What this machine gives any PT decoder on 2 threads: bare libipt over the same PSB
+    // segments (no output), 1 thread vs 2 threads.
+    let segs = drpttracer::decode::parallel::split_at_psbs(&trace, 8);
+    let bare_segs = |threads: usize| {
+        let per = segs.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = segs
+                .chunks(per)
+                .map(|part| {
+                    let (trace, code_c, prog) = (&trace, &code_c, &prog);
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|seg| {
+                                bare_libipt(
+                                    &trace[seg.start..seg.end],
+                                    code_c,
+                                    prog.base,
+                                    prog.code.len() as u64,
+                                )
+                            })
+                            .sum::<u64>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum::<u64>()
+        })
+    };
+    let (tb1, _) = best(runs, || bare_segs(1));
+    let (tb2, _) = best(runs, || bare_segs(2));
+    println!(
+        "machine scaling (bare libipt, same segments): 1 thr {:.1} ms, 2 thr {:.1} ms = {:.2}x",
+        tb1.as_secs_f64() * 1e3,
+        tb2.as_secs_f64() * 1e3,
+        tb1.as_secs_f64() / tb2.as_secs_f64()
+    );
+}

@@ -1,0 +1,141 @@
+//! CPU and timing parameters -> libipt's `pt_config` (with the CPU's errata applied).
+
+use crate::metadata::{ExtMetadata, PtMetadata, TimeConv};
+
+/// What libipt needs to know about the CPU that recorded a trace (REFERENCE §3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuParams {
+    /// Family/model/stepping; all zero = unknown CPU (no errata workarounds).
+    pub family: u16,
+    pub model: u8,
+    pub stepping: u8,
+    /// The `mtc_period` config value of the PT event.
+    pub mtc_freq: u8,
+    /// Nominal (max non-turbo) frequency ratio.
+    pub nom_freq: u8,
+    /// cpuid leaf 0x15 eax/ebx (TSC / core crystal clock ratio).
+    pub cpuid_0x15_eax: u32,
+    pub cpuid_0x15_ebx: u32,
+}
+
+impl CpuParams {
+    /// CPU identity from DynamoRIO's 18-byte metadata (no MTC/nominal frequency there).
+    pub fn from_pt_metadata(m: &PtMetadata) -> Self {
+        let (family, model, stepping) = (m.cpu_family, m.cpu_model, m.cpu_stepping);
+        CpuParams {
+            family,
+            model,
+            stepping,
+            ..Default::default()
+        }
+    }
+
+    /// Everything from the extended metadata.
+    pub fn from_ext_metadata(m: &ExtMetadata) -> Self {
+        CpuParams {
+            mtc_freq: m.mtc_freq,
+            nom_freq: m.nom_freq,
+            cpuid_0x15_eax: m.cpuid_0x15_eax,
+            cpuid_0x15_ebx: m.cpuid_0x15_ebx,
+            ..Self::from_pt_metadata(&m.base)
+        }
+    }
+
+    /// Parses `FAMILY/MODEL/STEPPING` (decimal or 0x-hex each), as the CLI's `--cpu`.
+    pub fn parse_cpu(s: &str) -> Result<(u16, u8, u8), String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        if parts.len() != 3 {
+            return Err(format!(
+                "--cpu '{s}': expected FAMILY/MODEL/STEPPING, e.g. 6/85/7"
+            ));
+        }
+        let num = |p: &str| -> Result<u64, String> {
+            let p = p.trim();
+            let r = match p.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => p.parse(),
+            };
+            r.map_err(|_| format!("--cpu '{s}': '{p}' is not a number"))
+        };
+        let (f, m, st) = (num(parts[0])?, num(parts[1])?, num(parts[2])?);
+        let f = u16::try_from(f).map_err(|_| format!("--cpu '{s}': family {f} > 65535"))?;
+        let m = u8::try_from(m).map_err(|_| format!("--cpu '{s}': model {m} > 255"))?;
+        let st = u8::try_from(st).map_err(|_| format!("--cpu '{s}': stepping {st} > 255"))?;
+        Ok((f, m, st))
+    }
+
+    /// Builds libipt's configuration (without a trace buffer), errata derived from the CPU.
+    pub(crate) fn to_pt_config(self) -> libipt_sys::pt_config {
+        // SAFETY: pt_config is a plain C struct for which all-zero is the documented
+        // "no options" value (libipt's pt_config_init does exactly this).
+        let mut cfg: libipt_sys::pt_config = unsafe { std::mem::zeroed() };
+        cfg.size = std::mem::size_of::<libipt_sys::pt_config>();
+        if self.family != 0 {
+            cfg.cpu.vendor = libipt_sys::pt_cpu_vendor_pcv_intel;
+            cfg.cpu.family = self.family;
+            cfg.cpu.model = self.model;
+            cfg.cpu.stepping = self.stepping;
+            // SAFETY: both pointers are to live, properly typed locals. On error (unknown
+            // CPU) libipt leaves errata untouched, i.e. zeroed = no workarounds.
+            let _ = unsafe { libipt_sys::pt_cpu_errata(&mut cfg.errata, &cfg.cpu) };
+        }
+        cfg.mtc_freq = self.mtc_freq;
+        cfg.nom_freq = self.nom_freq;
+        cfg.cpuid_0x15_eax = self.cpuid_0x15_eax;
+        cfg.cpuid_0x15_ebx = self.cpuid_0x15_ebx;
+        cfg
+    }
+}
+
+/// Everything describing one trace besides its bytes and images.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceParams {
+    pub cpu: CpuParams,
+    /// TSC -> perf time conversion (to order sideband records against the trace).
+    pub time: Option<TimeConv>,
+}
+
+impl TraceParams {
+    pub fn from_pt_metadata(m: &PtMetadata) -> Self {
+        let (time_shift, time_mult, time_zero) = (m.time_shift, m.time_mult, m.time_zero);
+        TraceParams {
+            cpu: CpuParams::from_pt_metadata(m),
+            time: (time_mult != 0).then_some(TimeConv {
+                time_shift,
+                time_mult,
+                time_zero,
+            }),
+        }
+    }
+
+    pub fn from_ext_metadata(m: &ExtMetadata) -> Self {
+        TraceParams {
+            cpu: CpuParams::from_ext_metadata(m),
+            ..Self::from_pt_metadata(&m.base)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_parse_and_errata() {
+        assert_eq!(CpuParams::parse_cpu("6/0x9e/11"), Ok((6, 0x9e, 11)));
+        assert!(CpuParams::parse_cpu("6/300/1").is_err());
+        assert!(CpuParams::parse_cpu("6/1").is_err());
+        let c = CpuParams {
+            family: 6,
+            model: 0x9e,
+            stepping: 11,
+            ..Default::default()
+        };
+        let cfg = c.to_pt_config();
+        // Kaby Lake has SKD007 and SKD022 (same facts libipt's own tests assert).
+        assert_eq!(cfg.errata.skd007(), 1);
+        assert_eq!(cfg.errata.skd022(), 1);
+        let unknown = CpuParams::default().to_pt_config();
+        assert_eq!(unknown.errata.skd007(), 0);
+    }
+}

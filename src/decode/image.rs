@@ -1,0 +1,433 @@
+//! Code images: which bytes live at which virtual address.
+//!
+//! An [`AddressSpace`] is a sorted set of non-overlapping [`Segment`]s. Adding a segment
+//! that overlaps existing ones shrinks or splits them (a later mapping replaces the earlier
+//! code, exactly like libipt's `pt_image_add_file`). Sources: ELF executables (their
+//! executable PT_LOAD segments at a base), raw bytes at an address (the vDSO), kcore (all
+//! PT_LOAD segments at their kernel addresses) and plain file ranges (perf MMAP records).
+//! Symbols come from ELF symbol tables and `kallsyms`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object::elf;
+use object::read::elf::{FileHeader, ProgramHeader};
+use object::Endianness;
+
+use super::DecodeError;
+
+/// Where a segment's bytes come from.
+#[derive(Debug)]
+pub enum Backing {
+    /// A memory-mapped file.
+    File { path: PathBuf, map: memmap2::Mmap },
+    /// Bytes held in memory (e.g. a saved vDSO).
+    Bytes { name: String, bytes: Vec<u8> },
+}
+
+impl Backing {
+    fn data(&self) -> &[u8] {
+        match self {
+            Backing::File { map, .. } => map,
+            Backing::Bytes { bytes, .. } => bytes,
+        }
+    }
+
+    /// The file path, when the bytes come from a file (libipt can then map it itself).
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Backing::File { path, .. } => Some(path),
+            Backing::Bytes { .. } => None,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Backing::File { path, .. } => path.display().to_string(),
+            Backing::Bytes { name, .. } => name.clone(),
+        }
+    }
+
+    /// Maps a whole file read-only.
+    pub fn map_file(path: &Path) -> Result<Arc<Backing>, DecodeError> {
+        let f = std::fs::File::open(path)
+            .map_err(|e| DecodeError::new(path.display(), 0, format!("cannot open image: {e}")))?;
+        // SAFETY: the mapping is read-only and private; we only read it. A concurrent
+        // truncation of the file by another process could fault, which is the documented
+        // caveat of decoding from files that are being modified.
+        let map = unsafe { memmap2::Mmap::map(&f) }
+            .map_err(|e| DecodeError::new(path.display(), 0, format!("cannot map image: {e}")))?;
+        Ok(Arc::new(Backing::File {
+            path: path.to_path_buf(),
+            map,
+        }))
+    }
+}
+
+/// `len` bytes of `backing` starting at `offset`, loaded at `start`.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub start: u64,
+    pub len: u64,
+    pub backing: Arc<Backing>,
+    pub offset: u64,
+}
+
+impl Segment {
+    /// A segment clipped to the bytes `backing` really has; `None` when empty.
+    pub fn new(start: u64, len: u64, backing: Arc<Backing>, offset: u64) -> Option<Segment> {
+        let avail = (backing.data().len() as u64).saturating_sub(offset);
+        let len = len.min(avail).min(u64::MAX - start);
+        (len > 0).then_some(Segment {
+            start,
+            len,
+            backing,
+            offset,
+        })
+    }
+
+    pub fn end(&self) -> u64 {
+        self.start + self.len
+    }
+
+    /// The segment's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let data = self.backing.data();
+        let (o, l) = (self.offset as usize, self.len as usize);
+        data.get(o..o.saturating_add(l)).unwrap_or(&[])
+    }
+}
+
+/// Non-overlapping segments sorted by address.
+#[derive(Debug, Clone, Default)]
+pub struct AddressSpace {
+    segs: Vec<Segment>,
+    /// Bumped on every change (lets caches notice).
+    generation: u64,
+}
+
+impl AddressSpace {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn segments(&self) -> &[Segment] {
+        &self.segs
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+
+    /// Removes everything (an exec).
+    pub fn clear(&mut self) {
+        self.segs.clear();
+        self.generation += 1;
+    }
+
+    /// Adds `seg`, shrinking or splitting whatever it overlaps.
+    pub fn add(&mut self, seg: Segment) {
+        let (s, e) = (seg.start, seg.end());
+        let mut out = Vec::with_capacity(self.segs.len() + 2);
+        for old in self.segs.drain(..) {
+            if old.end() <= s || old.start >= e {
+                out.push(old);
+                continue;
+            }
+            if old.start < s {
+                out.push(Segment {
+                    len: s - old.start,
+                    ..old.clone()
+                });
+            }
+            if old.end() > e {
+                let cut = e - old.start;
+                out.push(Segment {
+                    start: e,
+                    len: old.len - cut,
+                    offset: old.offset + cut,
+                    backing: old.backing.clone(),
+                });
+            }
+        }
+        out.push(seg);
+        out.sort_by_key(|x| x.start);
+        self.segs = out;
+        self.generation += 1;
+    }
+
+    /// The segment containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<&Segment> {
+        let i = self.segs.partition_point(|s| s.start <= addr);
+        let seg = self.segs.get(i.checked_sub(1)?)?;
+        (addr < seg.end()).then_some(seg)
+    }
+
+    /// Copies up to `buf.len()` bytes at `addr` (within one segment); returns the count.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let Some(seg) = self.find(addr) else {
+            return 0;
+        };
+        let from = (addr - seg.start) as usize;
+        let src = seg.bytes().get(from..).unwrap_or(&[]);
+        let n = src.len().min(buf.len());
+        buf[..n].copy_from_slice(&src[..n]);
+        n
+    }
+
+    /// Adds raw bytes at `addr` (e.g. the vDSO).
+    pub fn add_bytes(&mut self, name: &str, bytes: Vec<u8>, addr: u64) {
+        let len = bytes.len() as u64;
+        let backing = Arc::new(Backing::Bytes {
+            name: name.to_string(),
+            bytes,
+        });
+        if let Some(seg) = Segment::new(addr, len, backing, 0) {
+            self.add(seg);
+        }
+    }
+
+    /// Adds `len` bytes of a file at `offset` to `addr` (an MMAP record).
+    pub fn add_file_range(
+        &mut self,
+        backing: Arc<Backing>,
+        offset: u64,
+        len: u64,
+        addr: u64,
+    ) -> bool {
+        match Segment::new(addr, len, backing, offset) {
+            Some(seg) => {
+                self.add(seg);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds an ELF file's executable PT_LOAD segments. With `base`, the lowest PT_LOAD
+    /// page is placed at `base`; without, segments go to their link addresses. Returns the
+    /// load bias (`base - lowest page`).
+    pub fn add_elf(&mut self, path: &Path, base: Option<u64>) -> Result<u64, DecodeError> {
+        let backing = Backing::map_file(path)?;
+        let loads = elf_loads(path, backing.data())?;
+        let lowest = loads
+            .iter()
+            .map(|l| l.vaddr & !0xfff)
+            .min()
+            .ok_or_else(|| DecodeError::new(path.display(), 0, "ELF has no PT_LOAD segment"))?;
+        let bias = base.map_or(0, |b| b.wrapping_sub(lowest));
+        for l in loads.iter().filter(|l| l.exec) {
+            self.add_file_range(
+                backing.clone(),
+                l.offset,
+                l.filesz,
+                l.vaddr.wrapping_add(bias),
+            );
+        }
+        Ok(bias)
+    }
+
+    /// Adds every PT_LOAD segment of a kcore copy at its (kernel) virtual address.
+    pub fn add_kcore(&mut self, path: &Path) -> Result<usize, DecodeError> {
+        let backing = Backing::map_file(path)?;
+        let loads = elf_loads(path, backing.data())?;
+        let mut n = 0;
+        for l in &loads {
+            if self.add_file_range(backing.clone(), l.offset, l.filesz, l.vaddr) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// One PT_LOAD program header.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    offset: u64,
+    vaddr: u64,
+    filesz: u64,
+    exec: bool,
+}
+
+fn elf_loads(path: &Path, data: &[u8]) -> Result<Vec<Load>, DecodeError> {
+    let bad = |what: String| DecodeError::new(path.display(), 0, what);
+    let hdr = elf::FileHeader64::<Endianness>::parse(data)
+        .map_err(|e| bad(format!("not a 64-bit ELF file: {e}")))?;
+    let endian = hdr
+        .endian()
+        .map_err(|e| bad(format!("bad ELF endianness: {e}")))?;
+    let phdrs = hdr
+        .program_headers(endian, data)
+        .map_err(|e| bad(format!("bad ELF program headers: {e}")))?;
+    Ok(phdrs
+        .iter()
+        .filter(|p| p.p_type(endian) == elf::PT_LOAD && p.p_filesz(endian) > 0)
+        .map(|p| Load {
+            offset: p.p_offset(endian),
+            vaddr: p.p_vaddr(endian),
+            filesz: p.p_filesz(endian),
+            exec: p.p_flags(endian) & elf::PF_X != 0,
+        })
+        .collect())
+}
+
+/// Address -> name lookup (ELF symbol tables, kallsyms).
+#[derive(Debug, Clone, Default)]
+pub struct Symbols {
+    /// (start, size or 0 = up to the next symbol, name), sorted by start.
+    syms: Vec<(u64, u64, String)>,
+}
+
+impl Symbols {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.syms.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.syms.is_empty()
+    }
+
+    pub fn add(&mut self, addr: u64, size: u64, name: &str) {
+        self.syms.push((addr, size, name.to_string()));
+    }
+
+    /// Sorts after adding (call once after loading).
+    pub fn finish(&mut self) {
+        self.syms.sort_by(|a, b| (a.0, &a.2).cmp(&(b.0, &b.2)));
+        self.syms.dedup_by(|a, b| a.0 == b.0);
+    }
+
+    /// Parses `/proc/kallsyms` text ("ADDR TYPE NAME [module]"); text symbols only.
+    pub fn add_kallsyms(&mut self, path: &Path, text: &str) -> Result<usize, DecodeError> {
+        let mut n = 0;
+        for (lineno, line) in text.lines().enumerate() {
+            let mut it = line.split_whitespace();
+            let (Some(addr), Some(ty), Some(name)) = (it.next(), it.next(), it.next()) else {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                return Err(DecodeError::new(
+                    path.display(),
+                    lineno as u64 + 1,
+                    format!("kallsyms line {}: expected 'ADDR TYPE NAME'", lineno + 1),
+                ));
+            };
+            let addr = u64::from_str_radix(addr, 16).map_err(|_| {
+                DecodeError::new(
+                    path.display(),
+                    lineno as u64 + 1,
+                    format!("kallsyms line {}: bad address '{addr}'", lineno + 1),
+                )
+            })?;
+            if matches!(ty, "t" | "T" | "w" | "W") && addr != 0 {
+                self.add(addr, 0, name);
+                n += 1;
+            }
+        }
+        self.finish();
+        Ok(n)
+    }
+
+    /// Adds an ELF file's function symbols (symtab and dynsym), moved by `bias`.
+    pub fn add_elf(&mut self, path: &Path, data: &[u8], bias: u64) -> Result<usize, DecodeError> {
+        use object::{Object, ObjectSymbol, SymbolKind};
+        let file = object::File::parse(data)
+            .map_err(|e| DecodeError::new(path.display(), 0, format!("bad ELF: {e}")))?;
+        let mut n = 0;
+        for s in file.symbols().chain(file.dynamic_symbols()) {
+            if s.kind() != SymbolKind::Text || s.address() == 0 {
+                continue;
+            }
+            if let Ok(name) = s.name() {
+                self.add(s.address().wrapping_add(bias), s.size(), name);
+                n += 1;
+            }
+        }
+        self.finish();
+        Ok(n)
+    }
+
+    /// `name+0xoff` for `addr`, if a symbol covers it.
+    pub fn lookup(&self, addr: u64) -> Option<(&str, u64)> {
+        let i = self.syms.partition_point(|s| s.0 <= addr);
+        let (start, size, name) = self.syms.get(i.checked_sub(1)?)?;
+        let off = addr - start;
+        if *size != 0 && off >= *size {
+            return None;
+        }
+        Some((name.as_str(), off))
+    }
+}
+
+/// Files opened once and shared between mappings of the same path.
+#[derive(Debug, Default, Clone)]
+pub struct FileCache {
+    files: HashMap<PathBuf, Option<Arc<Backing>>>,
+}
+
+impl FileCache {
+    /// The mapped file, `None` when it cannot be opened (remembered).
+    pub fn get(&mut self, path: &Path) -> Option<Arc<Backing>> {
+        self.files
+            .entry(path.to_path_buf())
+            .or_insert_with(|| Backing::map_file(path).ok())
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(v: &[u8]) -> Arc<Backing> {
+        Arc::new(Backing::Bytes {
+            name: "t".into(),
+            bytes: v.to_vec(),
+        })
+    }
+
+    #[test]
+    fn overlapping_add_splits_and_replaces() {
+        let mut a = AddressSpace::new();
+        a.add_file_range(bytes(&[1; 100]), 0, 100, 1000);
+        a.add_file_range(bytes(&[2; 10]), 0, 10, 1020);
+        let layout: Vec<(u64, u64)> = a.segments().iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(layout, vec![(1000, 20), (1020, 10), (1030, 70)]);
+        let mut b = [0u8; 4];
+        assert_eq!(a.read(1018, &mut b), 2);
+        assert_eq!(&b[..2], &[1, 1]);
+        assert_eq!(a.read(1025, &mut b), 4);
+        assert_eq!(b, [2; 4]);
+        assert_eq!(a.read(1099, &mut b), 1);
+        assert_eq!(a.read(1100, &mut b), 0);
+        assert_eq!(a.read(999, &mut b), 0);
+        a.clear();
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn kallsyms_lookup() {
+        let mut s = Symbols::new();
+        let n = s
+            .add_kallsyms(
+                Path::new("k"),
+                "ffffffff81000000 T _stext\nffffffff81000100 t foo\nffffffff81000200 D data\n",
+            )
+            .unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(s.lookup(0xffffffff81000104), Some(("foo", 4)));
+        assert_eq!(s.lookup(0xffffffff81000000), Some(("_stext", 0)));
+        assert_eq!(s.lookup(0xffffffff80000000), None);
+        assert!(s.add_kallsyms(Path::new("k"), "zz T x\n").is_err());
+    }
+}

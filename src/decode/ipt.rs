@@ -1,0 +1,532 @@
+//! Thin safe wrapper over libipt's block decoder (raw C API via `libipt_sys`).
+//!
+//! The safe `libipt` crate drops the partially decoded block that `pt_blk_next` returns
+//! together with an error, and panics on event types it does not know; a decoder that must
+//! never lose instructions nor panic on hostile input therefore talks to the C API here.
+//! All `unsafe` of the decoder lives in this module.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_int, c_void, CStr, CString};
+use std::rc::Rc;
+
+use libipt_sys as sys;
+
+use super::image::AddressSpace;
+
+/// The address space libipt reads through our callback, plus what the callback saw.
+#[derive(Debug, Default)]
+pub(crate) struct SharedImage {
+    pub space: RefCell<AddressSpace>,
+    /// The last address libipt asked for that no segment covers.
+    pub last_nomap: Cell<Option<u64>>,
+}
+
+/// A libipt error code (positive) with its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PtErr(pub i32);
+
+impl PtErr {
+    pub fn is_eos(self) -> bool {
+        self.0 == sys::pt_error_code_pte_eos as i32
+    }
+    pub fn is_bad_query(self) -> bool {
+        self.0 == sys::pt_error_code_pte_bad_query as i32
+    }
+    pub fn is_nomap(self) -> bool {
+        self.0 == sys::pt_error_code_pte_nomap as i32
+    }
+    pub fn text(self) -> String {
+        // SAFETY: pt_errstr returns a pointer to a static NUL-terminated string for any
+        // code (unknown codes map to a generic text); never NULL.
+        let p = unsafe { sys::pt_errstr(self.0 as sys::pt_error_code) };
+        if p.is_null() {
+            return format!("libipt error {}", self.0);
+        }
+        // SAFETY: non-NULL, static, NUL-terminated (see above).
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn check(ret: c_int) -> Result<u32, PtErr> {
+    if ret < 0 {
+        Err(PtErr(ret.saturating_neg()))
+    } else {
+        Ok(ret as u32)
+    }
+}
+
+/// Status flags returned by libipt on success.
+pub(crate) const PTS_EVENT_PENDING: u32 = sys::pt_status_flag_pts_event_pending;
+pub(crate) const PTS_EOS: u32 = sys::pt_status_flag_pts_eos;
+
+/// Reads memory for libipt from the [`SharedImage`] behind `context`.
+///
+/// Called by libipt only for addresses no file section covers. Never panics or unwinds.
+unsafe extern "C" fn read_image(
+    buffer: *mut u8,
+    size: usize,
+    _asid: *const sys::pt_asid,
+    ip: u64,
+    context: *mut c_void,
+) -> c_int {
+    let nomap = -(sys::pt_error_code_pte_nomap as c_int);
+    if buffer.is_null() || context.is_null() {
+        return nomap;
+    }
+    // SAFETY: `context` is the `Rc<SharedImage>` pointer installed by `BlockDecoder::new`,
+    // which keeps that Rc alive for as long as the decoder (and so this callback) exists.
+    let shared = unsafe { &*(context as *const SharedImage) };
+    // SAFETY: libipt passes a writable buffer of `size` bytes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(buffer, size) };
+    let n = match shared.space.try_borrow() {
+        Ok(space) => space.read(ip, buf),
+        Err(_) => 0,
+    };
+    if n == 0 {
+        shared.last_nomap.set(Some(ip));
+        return nomap;
+    }
+    n as c_int
+}
+
+/// An owned `pt_block_decoder` over a borrowed trace buffer.
+pub(crate) struct BlockDecoder<'a> {
+    raw: std::ptr::NonNull<sys::pt_block_decoder>,
+    shared: Rc<SharedImage>,
+    /// Generation of `shared.space` last pushed into libipt's image.
+    synced_generation: Option<u64>,
+    _trace: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> BlockDecoder<'a> {
+    /// A decoder over `trace` with `cfg` (cpu, errata, frequencies already set).
+    pub fn new(
+        mut cfg: sys::pt_config,
+        trace: &'a [u8],
+        shared: Rc<SharedImage>,
+    ) -> Result<Self, PtErr> {
+        if trace.is_empty() {
+            return Err(PtErr(sys::pt_error_code_pte_eos as i32));
+        }
+        // libipt never writes through begin/end of a decoder's buffer.
+        cfg.begin = trace.as_ptr().cast_mut();
+        // SAFETY: one past the end of the same slice.
+        cfg.end = unsafe { cfg.begin.add(trace.len()) };
+        // SAFETY: cfg is fully initialised; libipt copies it and keeps only the buffer
+        // pointers, which stay valid for 'a (PhantomData ties the decoder to `trace`).
+        let raw = unsafe { sys::pt_blk_alloc_decoder(&cfg) };
+        let raw = std::ptr::NonNull::new(raw).ok_or(PtErr(sys::pt_error_code_pte_nomem as i32))?;
+        let dec = BlockDecoder {
+            raw,
+            shared,
+            synced_generation: None,
+            _trace: std::marker::PhantomData,
+        };
+        // SAFETY: the decoder is live; its default image lives as long as it does. The
+        // context pointer stays valid because `dec.shared` holds the Rc until drop.
+        check(unsafe {
+            let img = sys::pt_blk_get_image(dec.raw.as_ptr());
+            sys::pt_image_set_callback(
+                img,
+                Some(read_image),
+                Rc::as_ptr(&dec.shared) as *mut c_void,
+            )
+        })?;
+        Ok(dec)
+    }
+
+    /// Makes libipt's file sections match the shared address space (after changes).
+    /// File-backed segments become libipt file sections (fast, block-cached); in-memory
+    /// segments are served by the read callback.
+    #[inline]
+    pub fn sync_image(&mut self) -> Result<bool, PtErr> {
+        let generation = match self.shared.space.try_borrow() {
+            Ok(s) => s.generation(),
+            Err(_) => return Err(PtErr(sys::pt_error_code_pte_internal as i32)),
+        };
+        if self.synced_generation == Some(generation) {
+            return Ok(false);
+        }
+        let shared = self.shared.clone();
+        let space = match shared.space.try_borrow() {
+            Ok(s) => s,
+            Err(_) => return Err(PtErr(sys::pt_error_code_pte_internal as i32)),
+        };
+        self.push_sections(&space)
+    }
+
+    #[cold]
+    fn push_sections(&mut self, space: &AddressSpace) -> Result<bool, PtErr> {
+        // SAFETY: the decoder is live and not running (we are between libipt calls).
+        let img = unsafe { sys::pt_blk_get_image(self.raw.as_ptr()) };
+        // SAFETY: an all-zero pt_asid with its size set = "any address space"; the
+        // image pointer is the decoder's own default image.
+        unsafe {
+            let mut asid: sys::pt_asid = std::mem::zeroed();
+            asid.size = std::mem::size_of::<sys::pt_asid>();
+            asid.cr3 = u64::MAX; // pt_asid_no_cr3
+            asid.vmcs = u64::MAX; // pt_asid_no_vmcs
+            check(sys::pt_image_remove_by_asid(img, &asid))?;
+        }
+        for seg in space.segments() {
+            let Some(path) = seg.backing.path() else {
+                continue;
+            };
+            let Ok(cpath) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+                continue; // NUL in the path: leave it to the callback
+            };
+            // SAFETY: img is live, cpath is a valid C string for the call; a NULL asid
+            // means "any address space".
+            let r = unsafe {
+                sys::pt_image_add_file(
+                    img,
+                    cpath.as_ptr(),
+                    seg.offset,
+                    seg.len,
+                    std::ptr::null(),
+                    seg.start,
+                )
+            };
+            // A file libipt cannot open is still readable through the callback.
+            let _ = r;
+        }
+        self.synced_generation = Some(space.generation());
+        Ok(true)
+    }
+
+    pub fn sync_forward(&mut self) -> Result<u32, PtErr> {
+        // SAFETY: live decoder.
+        check(unsafe { sys::pt_blk_sync_forward(self.raw.as_ptr()) })
+    }
+
+    /// Current position in the trace (for error reports).
+    pub fn offset(&self) -> Option<u64> {
+        let mut off = 0u64;
+        // SAFETY: live decoder, valid out pointer.
+        check(unsafe { sys::pt_blk_get_offset(self.raw.as_ptr(), &mut off) })
+            .ok()
+            .map(|_| off)
+    }
+
+    pub fn sync_offset(&self) -> Option<u64> {
+        let mut off = 0u64;
+        // SAFETY: live decoder, valid out pointer.
+        check(unsafe { sys::pt_blk_get_sync_offset(self.raw.as_ptr(), &mut off) })
+            .ok()
+            .map(|_| off)
+    }
+
+    /// The next block. On error the block may still hold instructions decoded before it.
+    pub fn next_block(&mut self, blk: &mut sys::pt_block) -> Result<u32, PtErr> {
+        // SAFETY: live decoder; blk is a valid pt_block of the size we pass.
+        check(unsafe {
+            sys::pt_blk_next(self.raw.as_ptr(), blk, std::mem::size_of::<sys::pt_block>())
+        })
+    }
+
+    pub fn event(&mut self, ev: &mut sys::pt_event) -> Result<u32, PtErr> {
+        // SAFETY: live decoder; ev is a valid pt_event of the size we pass.
+        check(unsafe {
+            sys::pt_blk_event(self.raw.as_ptr(), ev, std::mem::size_of::<sys::pt_event>())
+        })
+    }
+}
+
+impl Drop for BlockDecoder<'_> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by pt_blk_alloc_decoder, freed exactly once.
+        unsafe { sys::pt_blk_free_decoder(self.raw.as_ptr()) }
+    }
+}
+
+/// A zeroed block (output buffer for `next_block`).
+pub(crate) fn empty_block() -> sys::pt_block {
+    // SAFETY: pt_block is plain C data; all-zero is a valid (empty) value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// A zeroed event (output buffer for `event`).
+pub(crate) fn empty_event() -> sys::pt_event {
+    // SAFETY: pt_event is plain C data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The parts of a libipt event the pipeline uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ev {
+    Enabled { ip: u64, resumed: bool },
+    Disabled { ip: Option<u64> },
+    AsyncDisabled { at: u64, ip: Option<u64> },
+    AsyncBranch { from: u64, to: Option<u64> },
+    Overflow { ip: Option<u64> },
+    Other,
+}
+
+/// Decodes `ev`'s type and payload; also returns (tsc if present, status_update).
+pub(crate) fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
+    let suppressed = ev.ip_suppressed() != 0;
+    let tsc = (ev.has_tsc() != 0).then_some(ev.tsc);
+    let ip_opt = |ip: u64| (!suppressed).then_some(ip);
+    // SAFETY: each union field read matches the event type libipt set in `type_`; all
+    // fields are plain integers so any bit pattern is a valid value.
+    let kind = unsafe {
+        match ev.type_ {
+            sys::pt_event_type_ptev_enabled => Ev::Enabled {
+                ip: ev.variant.enabled.ip,
+                resumed: ev.variant.enabled.resumed() != 0,
+            },
+            sys::pt_event_type_ptev_disabled => Ev::Disabled {
+                ip: ip_opt(ev.variant.disabled.ip),
+            },
+            sys::pt_event_type_ptev_async_disabled => Ev::AsyncDisabled {
+                at: ev.variant.async_disabled.at,
+                ip: ip_opt(ev.variant.async_disabled.ip),
+            },
+            sys::pt_event_type_ptev_async_branch => Ev::AsyncBranch {
+                from: ev.variant.async_branch.from,
+                to: ip_opt(ev.variant.async_branch.to),
+            },
+            sys::pt_event_type_ptev_overflow => Ev::Overflow {
+                ip: ip_opt(ev.variant.overflow.ip),
+            },
+            _ => Ev::Other,
+        }
+    };
+    (kind, tsc, ev.status_update() != 0)
+}
+
+/// A PSB found in a trace: its offset and the FUP IP of its PSB+ (tracing enabled there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PsbInfo {
+    pub offset: u64,
+    pub fup: Option<u64>,
+}
+
+/// An owned `pt_packet_decoder` over a borrowed trace buffer.
+pub(crate) struct PacketDecoder<'a> {
+    raw: std::ptr::NonNull<sys::pt_packet_decoder>,
+    _trace: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> PacketDecoder<'a> {
+    pub fn new(trace: &'a [u8]) -> Result<Self, PtErr> {
+        if trace.is_empty() {
+            return Err(PtErr(sys::pt_error_code_pte_eos as i32));
+        }
+        // SAFETY: zeroed pt_config = defaults; see CpuParams::to_pt_config.
+        let mut cfg: sys::pt_config = unsafe { std::mem::zeroed() };
+        cfg.size = std::mem::size_of::<sys::pt_config>();
+        cfg.begin = trace.as_ptr().cast_mut();
+        // SAFETY: one past the end of the same slice.
+        cfg.end = unsafe { cfg.begin.add(trace.len()) };
+        // SAFETY: cfg is initialised; the buffer outlives the decoder ('a).
+        let raw = unsafe { sys::pt_pkt_alloc_decoder(&cfg) };
+        let raw = std::ptr::NonNull::new(raw).ok_or(PtErr(sys::pt_error_code_pte_nomem as i32))?;
+        Ok(PacketDecoder {
+            raw,
+            _trace: std::marker::PhantomData,
+        })
+    }
+
+    pub fn sync_forward(&mut self) -> Result<u32, PtErr> {
+        // SAFETY: live decoder.
+        check(unsafe { sys::pt_pkt_sync_forward(self.raw.as_ptr()) })
+    }
+
+    pub fn offset(&self) -> Option<u64> {
+        let mut off = 0u64;
+        // SAFETY: live decoder, valid out pointer.
+        check(unsafe { sys::pt_pkt_get_offset(self.raw.as_ptr(), &mut off) })
+            .ok()
+            .map(|_| off)
+    }
+
+    pub fn sync_offset(&self) -> Option<u64> {
+        let mut off = 0u64;
+        // SAFETY: live decoder, valid out pointer.
+        check(unsafe { sys::pt_pkt_get_sync_offset(self.raw.as_ptr(), &mut off) })
+            .ok()
+            .map(|_| off)
+    }
+
+    /// The next packet (size in bytes on success).
+    pub fn next(&mut self, pkt: &mut sys::pt_packet) -> Result<u32, PtErr> {
+        // SAFETY: live decoder; pkt is a valid pt_packet of the size we pass.
+        check(unsafe {
+            sys::pt_pkt_next(
+                self.raw.as_ptr(),
+                pkt,
+                std::mem::size_of::<sys::pt_packet>(),
+            )
+        })
+    }
+}
+
+impl Drop for PacketDecoder<'_> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by pt_pkt_alloc_decoder, freed exactly once.
+        unsafe { sys::pt_pkt_free_decoder(self.raw.as_ptr()) }
+    }
+}
+
+/// A zeroed packet (output buffer for `PacketDecoder::next`).
+pub(crate) fn empty_packet() -> sys::pt_packet {
+    // SAFETY: pt_packet is plain C data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Every PSB in `trace` with the FUP of its PSB+ (if any).
+pub fn psb_offsets(trace: &[u8]) -> Vec<PsbInfo> {
+    let mut out = Vec::new();
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return out;
+    };
+    let mut pkt = empty_packet();
+    while dec.sync_forward().is_ok() {
+        let Some(offset) = dec.sync_offset() else {
+            break;
+        };
+        let mut fup = None;
+        // Walk the PSB+ (PSB .. PSBEND) looking for its FUP.
+        for _ in 0..64 {
+            if dec.next(&mut pkt).is_err() {
+                break;
+            }
+            match pkt.type_ {
+                sys::pt_packet_type_ppt_psbend => break,
+                sys::pt_packet_type_ppt_fup => {
+                    // SAFETY: the union's `ip` variant is the one libipt fills for FUP.
+                    let ip = unsafe { pkt.payload.ip };
+                    if ip.ipc != sys::pt_ip_compression_pt_ipc_suppressed {
+                        fup = Some(ip_value(ip.ipc, ip.ip));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(PsbInfo { offset, fup });
+    }
+    out
+}
+
+/// The IP of a PSB+ FUP (no last-IP context: a PSB resets it to zero).
+fn ip_value(ipc: sys::pt_ip_compression, ip: u64) -> u64 {
+    match ipc {
+        sys::pt_ip_compression_pt_ipc_sext_48 => (((ip << 16) as i64) >> 16) as u64,
+        _ => ip,
+    }
+}
+
+/// Whether `trace` contains a TSC packet (stops at the first one).
+pub fn has_tsc(trace: &[u8]) -> bool {
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return false;
+    };
+    let mut pkt = empty_packet();
+    while dec.sync_forward().is_ok() {
+        while dec.next(&mut pkt).is_ok() {
+            if pkt.type_ == sys::pt_packet_type_ppt_tsc {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// ptdump-style name and payload text of a decoded packet.
+pub(crate) fn format_packet(p: &sys::pt_packet) -> (&'static str, String) {
+    let ipc_name = |ipc: sys::pt_ip_compression| match ipc {
+        sys::pt_ip_compression_pt_ipc_suppressed => "suppressed",
+        sys::pt_ip_compression_pt_ipc_update_16 => "upd16",
+        sys::pt_ip_compression_pt_ipc_update_32 => "upd32",
+        sys::pt_ip_compression_pt_ipc_update_48 => "upd48",
+        sys::pt_ip_compression_pt_ipc_sext_48 => "sext48",
+        sys::pt_ip_compression_pt_ipc_full => "full",
+        _ => "?",
+    };
+    // SAFETY: every arm reads the union variant libipt fills for that packet type
+    // (intel-pt.h documents the mapping); all variants are plain integer data.
+    unsafe {
+        let ip = |name: &'static str| {
+            let ip = p.payload.ip;
+            if ip.ipc == sys::pt_ip_compression_pt_ipc_suppressed {
+                (name, "ip suppressed".to_string())
+            } else {
+                (name, format!("{}: {:#x}", ipc_name(ip.ipc), ip.ip))
+            }
+        };
+        match p.type_ {
+            sys::pt_packet_type_ppt_pad => ("pad", String::new()),
+            sys::pt_packet_type_ppt_psb => ("psb", String::new()),
+            sys::pt_packet_type_ppt_psbend => ("psbend", String::new()),
+            sys::pt_packet_type_ppt_ovf => ("ovf", String::new()),
+            sys::pt_packet_type_ppt_stop => ("stop", String::new()),
+            sys::pt_packet_type_ppt_fup => ip("fup"),
+            sys::pt_packet_type_ppt_tip => ip("tip"),
+            sys::pt_packet_type_ppt_tip_pge => ip("tip.pge"),
+            sys::pt_packet_type_ppt_tip_pgd => ip("tip.pgd"),
+            sys::pt_packet_type_ppt_tnt_8 | sys::pt_packet_type_ppt_tnt_64 => {
+                let t = p.payload.tnt;
+                let n = u32::from(t.bit_size).min(64);
+                let bits: String = (0..n)
+                    .rev()
+                    .map(|k| if (t.payload >> k) & 1 == 1 { '!' } else { '.' })
+                    .collect();
+                let name = if p.type_ == sys::pt_packet_type_ppt_tnt_8 {
+                    "tnt.8"
+                } else {
+                    "tnt.64"
+                };
+                (name, bits)
+            }
+            sys::pt_packet_type_ppt_mode => {
+                let m = p.payload.mode;
+                if m.leaf == sys::pt_mode_leaf_pt_mol_exec {
+                    let e = m.bits.exec;
+                    let mode = match (e.csl(), e.csd()) {
+                        (1, _) => "64-bit",
+                        (0, 1) => "32-bit",
+                        _ => "16-bit",
+                    };
+                    ("mode.exec", mode.to_string())
+                } else {
+                    let t = m.bits.tsx;
+                    ("mode.tsx", format!("intx={} abrt={}", t.intx(), t.abrt()))
+                }
+            }
+            sys::pt_packet_type_ppt_pip => {
+                let pip = p.payload.pip;
+                ("pip", format!("cr3 {:#x}, nr={}", pip.cr3, pip.nr()))
+            }
+            sys::pt_packet_type_ppt_vmcs => ("vmcs", format!("{:#x}", p.payload.vmcs.base)),
+            sys::pt_packet_type_ppt_cbr => ("cbr", format!("{}", p.payload.cbr.ratio)),
+            sys::pt_packet_type_ppt_tsc => ("tsc", format!("{:#x}", p.payload.tsc.tsc)),
+            sys::pt_packet_type_ppt_tma => {
+                let t = p.payload.tma;
+                ("tma", format!("ctc {:#x}, fc {:#x}", t.ctc, t.fc))
+            }
+            sys::pt_packet_type_ppt_mtc => ("mtc", format!("{:#x}", p.payload.mtc.ctc)),
+            sys::pt_packet_type_ppt_cyc => ("cyc", format!("{:#x}", p.payload.cyc.value)),
+            sys::pt_packet_type_ppt_mnt => ("mnt", format!("{:#x}", p.payload.mnt.payload)),
+            sys::pt_packet_type_ppt_exstop => ("exstop", format!("ip={}", p.payload.exstop.ip())),
+            sys::pt_packet_type_ppt_mwait => {
+                let m = p.payload.mwait;
+                ("mwait", format!("hints {:#x}, ext {:#x}", m.hints, m.ext))
+            }
+            sys::pt_packet_type_ppt_pwre => {
+                let w = p.payload.pwre;
+                ("pwre", format!("c{}.{}", w.state, w.sub_state))
+            }
+            sys::pt_packet_type_ppt_pwrx => {
+                let w = p.payload.pwrx;
+                ("pwrx", format!("last c{}, deepest c{}", w.last, w.deepest))
+            }
+            sys::pt_packet_type_ppt_ptw => {
+                let w = p.payload.ptw;
+                ("ptw", format!("{:#x}, ip={}", w.payload, w.ip()))
+            }
+            sys::pt_packet_type_ppt_unknown => ("unknown", String::new()),
+            _ => ("other", format!("type {}", p.type_)),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Packet-level listing of a PT stream (like libipt's ptdump), via libipt's packet decoder.
+
+use super::ipt::{empty_packet, format_packet, PacketDecoder};
+
+/// One listed packet, or a decode error at an offset (after which the lister resyncs at
+/// the next PSB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PacketLine {
+    Packet {
+        offset: u64,
+        size: u32,
+        name: &'static str,
+        payload: String,
+    },
+    Error {
+        offset: u64,
+        error: String,
+    },
+}
+
+impl std::fmt::Display for PacketLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PacketLine::Packet {
+                offset,
+                name,
+                payload,
+                ..
+            } => {
+                if payload.is_empty() {
+                    write!(f, "{offset:016x}  {name}")
+                } else {
+                    write!(f, "{offset:016x}  {name:<10} {payload}")
+                }
+            }
+            PacketLine::Error { offset, error } => write!(f, "{offset:016x}  [error: {error}]"),
+        }
+    }
+}
+
+/// Lists every packet of `trace` (from its first PSB on). Bytes before the first PSB are
+/// reported as one error line when present.
+pub fn list_packets(trace: &[u8]) -> Vec<PacketLine> {
+    let mut out = Vec::new();
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return out;
+    };
+    let mut pkt = empty_packet();
+    let mut first = true;
+    loop {
+        match dec.sync_forward() {
+            Ok(_) => {}
+            Err(e) => {
+                if first && !e.is_eos() {
+                    out.push(PacketLine::Error {
+                        offset: 0,
+                        error: e.text(),
+                    });
+                } else if first {
+                    out.push(PacketLine::Error {
+                        offset: 0,
+                        error: "no PSB (sync point) in the trace".into(),
+                    });
+                }
+                break;
+            }
+        }
+        let Some(sync) = dec.sync_offset() else { break };
+        if first && sync > 0 {
+            out.push(PacketLine::Error {
+                offset: 0,
+                error: format!("{sync} bytes before the first PSB skipped"),
+            });
+        }
+        first = false;
+        loop {
+            let offset = dec.offset().unwrap_or(sync);
+            match dec.next(&mut pkt) {
+                Ok(size) => {
+                    let (name, payload) = format_packet(&pkt);
+                    out.push(PacketLine::Packet {
+                        offset,
+                        size,
+                        name,
+                        payload,
+                    });
+                }
+                Err(e) if e.is_eos() => return out,
+                Err(e) => {
+                    out.push(PacketLine::Error {
+                        offset,
+                        error: e.text(),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::testgen::PtWriter;
+
+    #[test]
+    fn lists_packets_with_offsets_and_errors() {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(0x1234), Some(0x401000))
+            .tnt(&[true, false, true])
+            .tip(0x402000);
+        let bad = w.buf.len() as u64;
+        w.buf.extend_from_slice(&[0x02, 0xff]);
+        w.psb().psbend();
+        let lines: Vec<String> = list_packets(&w.buf).iter().map(|l| l.to_string()).collect();
+        assert_eq!(lines[0], "0000000000000000  psb");
+        assert_eq!(lines[1], "0000000000000010  tsc        0x1234");
+        assert_eq!(lines[2], "0000000000000018  mode.exec  64-bit");
+        assert_eq!(lines[3], "000000000000001a  fup        sext48: 0x401000");
+        assert_eq!(lines[4], "0000000000000021  psbend");
+        assert_eq!(lines[5], "0000000000000023  tnt.8      !.!");
+        assert_eq!(lines[6], "0000000000000024  tip        sext48: 0x402000");
+        assert_eq!(lines[7], format!("{bad:016x}  [error: unknown opcode]"));
+        assert_eq!(lines[8], format!("{:016x}  psb", bad + 2));
+        assert_eq!(lines.len(), 10);
+    }
+}

@@ -1,0 +1,726 @@
+//! The decoder: libipt's block decoder + the image over time -> [`Record`]s.
+//!
+//! Syncs forward to the first PSB, then decodes blocks and expands each into instruction
+//! records (following direct jumps/calls within a block, as libipt does). libipt events
+//! become markers. On any decode error a [`Record::Gap`] (PT offset, address, libipt's
+//! error text) is emitted and decoding resumes at the next PSB.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use super::config::TraceParams;
+use super::image::AddressSpace;
+use super::insn::{BlockCache, BlockKey, InsnCache};
+use super::ipt::{self, BlockDecoder, Ev, PtErr, SharedImage, PTS_EOS, PTS_EVENT_PENDING};
+use super::records::{ExecMode, Gap, GapKind, Instruction, Record};
+use super::sideband::{ImageEvent, ImageResolver, ImageTimeline};
+use super::DecodeError;
+
+/// A queued output unit: one record, or a (shared, cached) block's records.
+enum Item {
+    Rec(Record),
+    /// `len` records at `start` in the block cache's arena.
+    Block(u32, u32),
+}
+
+/// One entry of [`CompactRecords`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CItem {
+    /// Index into `markers`.
+    Rec(u32),
+    Block {
+        arena: u32,
+        start: u32,
+        len: u32,
+    },
+}
+
+/// A decoded record sequence in compact form (see [`PtDecoder::collect_compact`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactRecords {
+    items: Vec<CItem>,
+    markers: Vec<Record>,
+    arenas: Vec<Vec<Record>>,
+}
+
+impl CompactRecords {
+    fn item_slice<'a>(&'a self, it: &'a CItem) -> &'a [Record] {
+        match it {
+            CItem::Rec(i) => self
+                .markers
+                .get(*i as usize)
+                .map_or(&[][..], std::slice::from_ref),
+            CItem::Block { arena, start, len } => {
+                let (s, l) = (*start as usize, *len as usize);
+                self.arenas
+                    .get(*arena as usize)
+                    .and_then(|a| a.get(s..s + l))
+                    .unwrap_or(&[])
+            }
+        }
+    }
+
+    /// The records as consecutive slices.
+    pub fn slices(&self) -> impl Iterator<Item = &[Record]> + '_ {
+        self.items.iter().map(|it| self.item_slice(it))
+    }
+
+    /// The records in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Record> + '_ {
+        self.slices().flatten()
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.slices().map(<[Record]>::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slices().all(<[Record]>::is_empty)
+    }
+
+    /// The records, copied out.
+    pub fn to_vec(&self) -> Vec<Record> {
+        let mut v = Vec::with_capacity(self.len());
+        for s in self.slices() {
+            v.extend_from_slice(s);
+        }
+        v
+    }
+
+    /// The last record.
+    pub fn last(&self) -> Option<&Record> {
+        self.items
+            .iter()
+            .rev()
+            .find_map(|it| self.item_slice(it).last())
+    }
+
+    /// Drops the leading records for which `drop` holds (only whole markers).
+    pub(crate) fn drop_leading(&mut self, drop: impl Fn(&Record) -> bool) {
+        let n = self
+            .items
+            .iter()
+            .take_while(|it| matches!(it, CItem::Rec(i) if self.markers.get(*i as usize).is_some_and(&drop)))
+            .count();
+        self.items.drain(..n);
+    }
+
+    /// Walks the records backwards, calling `f(record, no_instruction_after_it)`, which
+    /// returns (cut here, stop walking). Truncates before the earliest record marked cut.
+    pub(crate) fn truncate_back(&mut self, mut f: impl FnMut(&Record, bool) -> (bool, bool)) {
+        let mut cut: Option<(usize, usize)> = None;
+        let mut is_last = true;
+        'walk: for (k, it) in self.items.iter().enumerate().rev() {
+            let recs = self.item_slice(it);
+            for (j, r) in recs.iter().enumerate().rev() {
+                let (here, stop) = f(r, is_last);
+                if here {
+                    cut = Some((k, j));
+                }
+                if stop {
+                    break 'walk;
+                }
+                if matches!(r, Record::Instruction(_)) {
+                    is_last = false;
+                }
+            }
+        }
+        let Some((k, j)) = cut else { return };
+        self.items.truncate(k + 1);
+        match self.items.last_mut() {
+            Some(CItem::Block { len, .. }) if j > 0 => *len = j as u32,
+            _ => {
+                self.items.pop();
+            }
+        }
+    }
+}
+
+/// Per-window decoding options.
+#[derive(Debug, Clone, Default)]
+pub struct WindowOptions {
+    /// Name of the input (file path) used in gap records and errors.
+    pub source: String,
+    /// Emit a leading [`Record::WindowId`].
+    pub window_id: Option<u64>,
+    /// Emit a leading [`Record::Cpu`].
+    pub cpu: Option<u32>,
+    /// Offset of `pt` within the input file (added to every reported PT offset).
+    pub base_offset: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Start,
+    NeedSync,
+    Running(u32),
+    Done,
+}
+
+/// Iterator over the records of one PT window.
+pub struct PtDecoder<'a> {
+    dec: BlockDecoder<'a>,
+    shared: Rc<SharedImage>,
+    timeline: ImageTimeline,
+    resolver: ImageResolver,
+    params: TraceParams,
+    cache: InsnCache,
+    blocks: BlockCache,
+    queue: VecDeque<Item>,
+    /// Position in the block at the front of `queue` (record iteration).
+    block_pos: usize,
+    /// Records handed out by `next_slice` (markers batch / current block).
+    batch: Vec<Record>,
+
+    state: State,
+    opts: WindowOptions,
+    /// Sync offset of the last failed decode (resync must move past it).
+    last_error_sync: Option<u64>,
+    failed_syncs: u32,
+    /// Image warnings not yet reported (files that could not be opened...).
+    warnings: Vec<String>,
+    /// Emit a timestamp before the next instructions (set at sync points).
+    pending_timestamp: bool,
+    insns_after_eos: u64,
+    progress_offset: Option<u64>,
+    insns_without_progress: u64,
+    insns_since_check: u64,
+    /// The trace's time: TSC of the latest event that carried one.
+    tsc: Option<u64>,
+    last_timestamp: Option<u64>,
+    /// Whether the trace has any TSC packet (else sideband applies without time order).
+    trace_has_tsc: bool,
+}
+
+/// Instructions decoded while the trace position stands still before declaring a gap.
+const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
+/// How often (in instructions) the trace position is checked for progress.
+const PROGRESS_CHECK: u64 = 1 << 16;
+
+/// Instructions decoded after the end of the trace before giving up (see `run_once`).
+const MAX_INSNS_AFTER_EOS: u64 = 1 << 16;
+
+impl<'a> PtDecoder<'a> {
+    /// A decoder over `pt` (raw PT packets) with an initial `image` and the image changes
+    /// `events` (from sideband), resolved through `resolver`.
+    pub fn new(
+        pt: &'a [u8],
+        params: TraceParams,
+        image: AddressSpace,
+        events: Vec<ImageEvent>,
+        resolver: ImageResolver,
+        opts: WindowOptions,
+    ) -> Result<Self, DecodeError> {
+        let shared = Rc::new(SharedImage {
+            space: std::cell::RefCell::new(image),
+            last_nomap: std::cell::Cell::new(None),
+        });
+        let cfg = params.cpu.to_pt_config();
+        let (dec, state) = match BlockDecoder::new(cfg, pt, shared.clone()) {
+            Ok(d) => (d, State::Start),
+            Err(e) if e.is_eos() => {
+                // Empty trace: a decoder over one dummy byte that reports nothing.
+                static ONE: [u8; 1] = [0];
+                let d = BlockDecoder::new(cfg, &ONE, shared.clone())
+                    .map_err(|e| DecodeError::new(&opts.source, opts.base_offset, e.text()))?;
+                (d, State::Done)
+            }
+            Err(e) => {
+                return Err(DecodeError::new(
+                    &opts.source,
+                    opts.base_offset,
+                    format!("cannot create libipt decoder: {}", e.text()),
+                ))
+            }
+        };
+        let mut queue = VecDeque::with_capacity(1024);
+        if let Some(w) = opts.window_id {
+            queue.push_back(Item::Rec(Record::WindowId(w)));
+        }
+        if let Some(c) = opts.cpu {
+            queue.push_back(Item::Rec(Record::Cpu(c)));
+        }
+        Ok(PtDecoder {
+            dec,
+            shared,
+            timeline: ImageTimeline::new(events),
+            resolver,
+            params,
+            cache: InsnCache::default(),
+            blocks: BlockCache::default(),
+            queue,
+            block_pos: 0,
+            batch: Vec::new(),
+            state,
+            opts,
+            last_error_sync: None,
+            failed_syncs: 0,
+            warnings: Vec::new(),
+            pending_timestamp: false,
+            insns_after_eos: 0,
+            progress_offset: None,
+            insns_without_progress: 0,
+            insns_since_check: 0,
+            tsc: None,
+            last_timestamp: None,
+            trace_has_tsc: params.time.is_some() && ipt::has_tsc(pt),
+        })
+    }
+
+    /// The decoder's current position in the PT stream (for progress reporting).
+    pub fn position(&self) -> u64 {
+        self.opts.base_offset + self.dec.offset().unwrap_or(0)
+    }
+
+    /// Image problems met so far (files named by sideband that could not be opened...).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    fn offset(&self) -> u64 {
+        self.opts.base_offset + self.dec.offset().unwrap_or(0)
+    }
+
+    fn push_gap(&mut self, err: PtErr, ip: Option<u64>) {
+        let mut error = err.text();
+        if err.is_nomap() {
+            if let Some(ip) = ip {
+                error = format!("{error}: no code image covers {ip:#x}");
+            }
+        }
+        self.push_gap_text(error, ip);
+    }
+
+    fn push_gap_text(&mut self, error: String, ip: Option<u64>) {
+        self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
+            kind: GapKind::DecodeError,
+            ip,
+            pt_offset: self.offset(),
+            source: self.opts.source.clone(),
+            error,
+        }))));
+    }
+
+    /// Emits a timestamp for `tsc` unless it repeats the last one.
+    fn timestamp(&mut self, tsc: u64) {
+        self.pending_timestamp = false;
+        if self.last_timestamp == Some(tsc) {
+            return;
+        }
+        self.last_timestamp = Some(tsc);
+        let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
+        self.queue
+            .push_back(Item::Rec(Record::Timestamp { tsc, perf_time }));
+    }
+
+    /// The sync point's timestamp, once the trace's time is known.
+    fn flush_pending_timestamp(&mut self) {
+        if self.pending_timestamp {
+            if let Some(t) = self.tsc {
+                self.timestamp(t);
+            }
+        }
+    }
+
+    /// Applies the sideband events that happened before the trace's current time. For a
+    /// trace without TSC packets (or without a time conversion), everything is applied.
+    fn advance_image(&mut self) {
+        if self.timeline.is_done() {
+            return;
+        }
+        let now = match (self.params.time, self.tsc) {
+            (Some(conv), Some(tsc)) => Some(conv.tsc_to_perf_time(tsc)),
+            // Time comes with the trace's first events: wait for it.
+            (Some(_), None) if self.trace_has_tsc => return,
+            _ => None,
+        };
+        if let (Some(now), Some(next)) = (now, self.timeline.next_time()) {
+            if next > now {
+                return;
+            }
+        }
+        let Ok(mut space) = self.shared.space.try_borrow_mut() else {
+            return;
+        };
+        let (w, losses) = self.timeline.advance(now, &mut space, &mut self.resolver);
+        drop(space);
+        for what in losses {
+            let pt_offset = self.offset();
+            self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
+                kind: GapKind::LostData,
+                ip: None,
+                pt_offset,
+                source: self.opts.source.clone(),
+                error: what,
+            }))));
+        }
+        for msg in w {
+            if !self.warnings.contains(&msg) {
+                self.warnings.push(msg);
+            }
+        }
+    }
+
+    fn sync(&mut self) {
+        let first = self.state == State::Start;
+        match self.dec.sync_forward() {
+            Ok(status) => {
+                let here = self.dec.sync_offset();
+                if !first && here.is_some() && here <= self.last_error_sync {
+                    // libipt came back to the PSB that failed: skip it.
+                    self.failed_syncs += 1;
+                    if self.failed_syncs > 2 {
+                        self.state = State::Done;
+                    }
+                    return;
+                }
+                self.failed_syncs = 0;
+                self.pending_timestamp = true;
+                self.state = State::Running(status);
+            }
+            Err(e) if e.is_eos() => self.state = State::Done,
+            Err(e) => {
+                let here = self.dec.offset();
+                self.push_gap(e, None);
+                if here.is_some() && here <= self.last_error_sync {
+                    self.state = State::Done;
+                } else {
+                    self.last_error_sync = here;
+                    self.state = State::NeedSync;
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, e: PtErr, ip: Option<u64>) {
+        if e.is_eos() {
+            self.state = State::Done;
+            return;
+        }
+        self.push_gap(e, ip);
+        self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
+        self.state = State::NeedSync;
+    }
+
+    fn event(&mut self) -> Result<u32, PtErr> {
+        let mut ev = ipt::empty_event();
+        let status = self.dec.event(&mut ev)?;
+        let (kind, tsc, status_update) = ipt::classify_event(&ev);
+        if let Some(t) = tsc {
+            self.tsc = Some(t);
+        }
+        if status_update || kind == Ev::Other {
+            return Ok(status);
+        }
+        match tsc {
+            Some(t) => self.timestamp(t),
+            None => self.flush_pending_timestamp(),
+        }
+        match kind {
+            Ev::Enabled { ip, .. } => {
+                self.queue.push_back(Item::Rec(Record::TraceEnabled { ip }));
+            }
+            Ev::Disabled { ip } => {
+                self.queue
+                    .push_back(Item::Rec(Record::TraceDisabled { ip }));
+            }
+            Ev::AsyncDisabled { at, .. } => {
+                self.queue
+                    .push_back(Item::Rec(Record::TraceDisabled { ip: Some(at) }));
+            }
+            Ev::AsyncBranch { from, to } => {
+                self.queue
+                    .push_back(Item::Rec(Record::KernelXfer { from, to }));
+            }
+            Ev::Overflow { ip } => {
+                self.queue.push_back(Item::Rec(Record::Overflow { ip }));
+            }
+            Ev::Other => {}
+        }
+        Ok(status)
+    }
+
+    /// Expands a block into instruction records; returns the address after the last one.
+    fn expand(&mut self, blk: &libipt_sys::pt_block) -> Option<u64> {
+        let mode = match blk.mode {
+            libipt_sys::pt_exec_mode_ptem_16bit => ExecMode::Bit16,
+            libipt_sys::pt_exec_mode_ptem_32bit => ExecMode::Bit32,
+            libipt_sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
+            _ => ExecMode::Unknown,
+        };
+        let key = BlockKey {
+            ip: blk.ip,
+            ninsn: blk.ninsn,
+            mode: mode as u8,
+        };
+        let generation = self.shared.space.try_borrow().ok()?.generation();
+        // Safe to reset the arena here: `fill` only runs with an empty queue, and this
+        // run_once has queued no block yet.
+        self.blocks.validate(generation);
+        if let Some((start, len, next)) = self.blocks.get(&key) {
+            self.queue.push_back(Item::Block(start, len));
+            return Some(next);
+        }
+        let start = self.blocks.arena.len();
+        let mut out = std::mem::take(&mut self.blocks.arena);
+        let next = self.expand_uncached(blk, mode, &mut out);
+        self.blocks.arena = out;
+        let len = self.blocks.arena.len() - start;
+        let (Ok(start32), Ok(len32)) = (u32::try_from(start), u32::try_from(len)) else {
+            return next;
+        };
+        if len > 0 {
+            self.queue.push_back(Item::Block(start32, len32));
+        }
+        let next = next?;
+        // Truncated blocks (an instruction split across sections) are not cached.
+        if blk.truncated() == 0 {
+            self.blocks.insert(key, (start32, len32, next));
+        }
+        Some(next)
+    }
+
+    fn expand_uncached(
+        &mut self,
+        blk: &libipt_sys::pt_block,
+        mode: ExecMode,
+        out: &mut Vec<Record>,
+    ) -> Option<u64> {
+        let n = blk.ninsn;
+        let mut pc = blk.ip;
+        let Ok(space) = self.shared.space.try_borrow() else {
+            return None;
+        };
+        for i in 0..n {
+            let info = match self.cache.get(&space, pc, mode) {
+                Some(info) => info,
+                None if i + 1 == n && blk.truncated() != 0 => {
+                    let raw = &blk.raw[..usize::from(blk.size).min(15)];
+                    super::insn::decode_insn(raw, pc, mode)?
+                }
+                None => {
+                    drop(space);
+                    out.push(Record::Gap(Box::new(Gap {
+                        kind: GapKind::DecodeError,
+                        ip: Some(pc),
+                        pt_offset: self.offset(),
+                        source: self.opts.source.clone(),
+                        error: "instruction bytes not readable from the image".into(),
+                    })));
+                    return None;
+                }
+            };
+            out.push(Record::Instruction(Instruction {
+                pc,
+                size: info.size,
+                bytes: info.bytes,
+                class: info.class,
+                mode,
+            }));
+            if info.is_syscall {
+                out.push(Record::Syscall { pc });
+            }
+            pc = match info.direct_target {
+                Some(t) if i + 1 < n => t,
+                _ => pc.wrapping_add(u64::from(info.size)),
+            };
+        }
+        Some(pc)
+    }
+
+    fn run_once(&mut self, mut status: u32) {
+        while status & PTS_EVENT_PENDING != 0 {
+            match self.event() {
+                Ok(s) => status = s,
+                Err(e) => return self.fail(e, None),
+            }
+        }
+        if status & PTS_EOS != 0 {
+            // Trace exhausted: libipt still yields what needs no trace, up to the next
+            // branch that would. Bound it (a `jmp .` loop needs no trace forever).
+            if self.insns_after_eos > MAX_INSNS_AFTER_EOS {
+                self.state = State::Done;
+                return;
+            }
+        }
+        self.advance_image();
+        if let Err(e) = self.dec.sync_image() {
+            return self.fail(e, None);
+        }
+        self.shared.last_nomap.set(None);
+        let mut blk = ipt::empty_block();
+        let r = self.dec.next_block(&mut blk);
+        if status & PTS_EOS != 0 {
+            self.insns_after_eos += u64::from(blk.ninsn);
+        }
+        if blk.ninsn > 0 {
+            self.flush_pending_timestamp();
+        }
+        let next_ip = if blk.ninsn > 0 {
+            self.expand(&blk)
+        } else {
+            Some(blk.ip)
+        };
+        // A loop of direct branches needs no trace and would never end: bound the
+        // instructions decoded without the trace position moving (checked every
+        // PROGRESS_CHECK instructions to keep the FFI call off the fast path).
+        self.insns_since_check += u64::from(blk.ninsn);
+        if self.insns_since_check >= PROGRESS_CHECK {
+            self.insns_since_check = 0;
+            let off = self.dec.offset();
+            if off == self.progress_offset {
+                self.insns_without_progress += PROGRESS_CHECK;
+            } else {
+                self.progress_offset = off;
+                self.insns_without_progress = 0;
+            }
+            if self.insns_without_progress >= MAX_INSNS_WITHOUT_TRACE && r.is_ok() {
+                self.push_gap_text(
+                    format!(
+                        "more than {MAX_INSNS_WITHOUT_TRACE} instructions without trace \
+                         (endless loop of direct branches: wrong image or corrupt trace)"
+                    ),
+                    next_ip,
+                );
+                self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
+                self.insns_without_progress = 0;
+                self.state = State::NeedSync;
+                return;
+            }
+        }
+        match r {
+            Ok(s) => self.state = State::Running(s),
+            // After the trace's end libipt fails the first query that needs trace: that
+            // is the normal end, not a gap.
+            Err(e) if status & PTS_EOS != 0 && (e.is_eos() || e.is_bad_query()) => {
+                self.state = State::Done
+            }
+            Err(e) => {
+                let ip = if e.is_nomap() {
+                    self.shared.last_nomap.get().or(next_ip)
+                } else {
+                    None
+                };
+                self.fail(e, ip)
+            }
+        }
+    }
+
+    /// Runs the decoder until at least one record is queued or the trace ends.
+    fn fill(&mut self) {
+        while self.queue.is_empty() {
+            match self.state {
+                State::Done => return,
+                State::Start | State::NeedSync => {
+                    if self.state == State::Start {
+                        if let Err(e) = self.dec.sync_image() {
+                            self.fail(e, None);
+                        }
+                    }
+                    self.sync()
+                }
+                State::Running(status) => self.run_once(status),
+            }
+        }
+    }
+}
+
+impl PtDecoder<'_> {
+    /// Decodes to the end into [`CompactRecords`]: block records stay in the decoder's
+    /// block arenas and are referenced, not copied (a few bytes per block instead of ~40
+    /// per instruction). The fastest way to keep a whole window's records.
+    pub fn collect_compact(mut self) -> CompactRecords {
+        self.blocks.retire = true;
+        let mut items = Vec::new();
+        let mut markers = Vec::new();
+        // A block partly consumed through `Iterator::next` continues at `block_pos`.
+        let mut skip = std::mem::take(&mut self.block_pos) as u32;
+        loop {
+            if self.queue.is_empty() {
+                self.fill();
+                if self.queue.is_empty() {
+                    break;
+                }
+            }
+            let arena = self.blocks.retired.len() as u32;
+            for item in self.queue.drain(..) {
+                match item {
+                    Item::Rec(r) => {
+                        items.push(CItem::Rec(markers.len() as u32));
+                        markers.push(r);
+                    }
+                    Item::Block(start, len) if len > skip => items.push(CItem::Block {
+                        arena,
+                        start: start + skip,
+                        len: len - skip,
+                    }),
+                    Item::Block(..) => {}
+                }
+                skip = 0;
+            }
+        }
+        let mut arenas = std::mem::take(&mut self.blocks.retired);
+        arenas.push(std::mem::take(&mut self.blocks.arena));
+        CompactRecords {
+            items,
+            markers,
+            arenas,
+        }
+    }
+
+    /// The next records as a slice (a run of markers, or one block's instructions),
+    /// without copying instruction records: the fast way to consume a decoder. Do not mix
+    /// with [`Iterator::next`] in the middle of a block.
+    pub fn next_slice(&mut self) -> Option<&[Record]> {
+        if self.queue.is_empty() {
+            self.fill();
+        }
+        match self.queue.pop_front()? {
+            Item::Block(start, len) => {
+                let (start, len) = (start as usize, len as usize);
+                self.block_pos = 0;
+                self.blocks.arena.get(start..start + len)
+            }
+            Item::Rec(r) => {
+                self.batch.clear();
+                self.batch.push(r);
+                while let Some(Item::Rec(_)) = self.queue.front() {
+                    if let Some(Item::Rec(r)) = self.queue.pop_front() {
+                        self.batch.push(r);
+                    }
+                }
+                Some(&self.batch)
+            }
+        }
+    }
+}
+
+impl Iterator for PtDecoder<'_> {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        if self.queue.is_empty() {
+            self.fill();
+        }
+        match self.queue.front()? {
+            Item::Rec(_) => match self.queue.pop_front() {
+                Some(Item::Rec(r)) => Some(r),
+                _ => None,
+            },
+            &Item::Block(start, len) => {
+                let r = self
+                    .blocks
+                    .arena
+                    .get(start as usize + self.block_pos)
+                    .cloned();
+                self.block_pos += 1;
+                if self.block_pos >= len as usize {
+                    self.block_pos = 0;
+                    self.queue.pop_front();
+                }
+                r
+            }
+        }
+    }
+}

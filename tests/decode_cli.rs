@@ -1,0 +1,190 @@
+//! `pttrace decode` / `pttrace dump` on files: exact output for a small trace.
+
+use std::process::Command;
+
+use drpttracer::decode::testgen::PtWriter;
+use drpttracer::format::{auxtrace, pdb};
+use drpttracer::metadata::PtMetadata;
+
+/// A minimal ELF64 executable: one R+X PT_LOAD with `code` at `vaddr`.
+fn exe_elf(vaddr: u64, code: &[u8]) -> Vec<u8> {
+    let mut e = vec![0u8; 0x1000];
+    e[..4].copy_from_slice(b"\x7fELF");
+    e[4] = 2;
+    e[5] = 1;
+    e[6] = 1;
+    e[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e[18..20].copy_from_slice(&62u16.to_le_bytes());
+    e[20..24].copy_from_slice(&1u32.to_le_bytes());
+    e[24..32].copy_from_slice(&vaddr.to_le_bytes());
+    e[32..40].copy_from_slice(&64u64.to_le_bytes());
+    e[52..54].copy_from_slice(&64u16.to_le_bytes());
+    e[54..56].copy_from_slice(&56u16.to_le_bytes());
+    e[56..58].copy_from_slice(&1u16.to_le_bytes());
+    let ph = 64;
+    e[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
+    e[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R+X
+    e[ph + 8..ph + 16].copy_from_slice(&0x1000u64.to_le_bytes());
+    e[ph + 16..ph + 24].copy_from_slice(&vaddr.to_le_bytes());
+    e[ph + 32..ph + 40].copy_from_slice(&(code.len() as u64).to_le_bytes());
+    e[ph + 40..ph + 48].copy_from_slice(&(code.len() as u64).to_le_bytes());
+    e.extend_from_slice(code);
+    e
+}
+
+fn pttrace(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pttrace"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn decode_and_dump_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = 0x40_1000u64;
+    // nop; add eax,2 (83 c0 02); jmp rax (ff e0)
+    let code = [0x90, 0x83, 0xc0, 0x02, 0xff, 0xe0];
+    let exe = dir.path().join("prog");
+    std::fs::write(&exe, exe_elf(base, &code)).unwrap();
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(0x100), None).tip_pge(base).tip_pgd(None);
+    let pt = dir.path().join("t.pt");
+    std::fs::write(&pt, &w.buf).unwrap();
+    let (ptp, exep) = (pt.to_str().unwrap(), exe.to_str().unwrap());
+
+    let (ok, out, err) = pttrace(&["decode", "--pt", ptp, "--image", exep, "--format", "disasm"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "[timestamp tsc=0x100]",
+            "[enabled at 0x401000]",
+            "0000000000401000  90                              nop",
+            "0000000000401001  83 c0 02                        add eax,2",
+            "0000000000401004  ff e0                           jmp rax",
+            "[disabled]",
+        ]
+    );
+    let (ok, out, _) = pttrace(&[
+        "decode",
+        "--pt",
+        ptp,
+        "--image",
+        &format!("{exep}@0x401000"),
+        "--format",
+        "disasm",
+        "--syntax",
+        "att",
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("add $2,%eax") && out.contains("jmp *%rax"),
+        "{out}"
+    );
+    // Symbols from a kallsyms-format file.
+    let ks = dir.path().join("syms");
+    std::fs::write(&ks, "0000000000401000 T entry\n").unwrap();
+    let (ok, out, _) = pttrace(&[
+        "decode",
+        "--pt",
+        ptp,
+        "--image",
+        exep,
+        "--kallsyms",
+        ks.to_str().unwrap(),
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("0000000000401001 <entry+0x1>  83 c0 02"),
+        "{out}"
+    );
+    let (ok, out, _) = pttrace(&["decode", "--pt", ptp, "--image", exep, "--format", "jsonl"]);
+    assert!(ok);
+    let v: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(v.len(), 6);
+    assert_eq!(v[3]["type"], "insn");
+    assert_eq!(v[3]["pc"], "0x401001");
+    assert_eq!(v[3]["bytes"], "83c002");
+    assert_eq!(v[4]["class"], "jump");
+
+    // The same PT in AUXTRACE records and in a .raw.pt window: identical records.
+    let aux = dir.path().join("t.aux");
+    std::fs::write(&aux, auxtrace::wrap(&w.buf, 7, 1, 2)).unwrap();
+    let (ok, out_aux, err) = pttrace(&[
+        "decode",
+        "--auxtrace",
+        aux.to_str().unwrap(),
+        "--image",
+        exep,
+        "--format",
+        "jsonl",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out_aux.lines().skip(1).collect::<Vec<_>>(),
+        out.lines().collect::<Vec<_>>()
+    );
+    assert_eq!(out_aux.lines().next(), Some(r#"{"cpu":2,"type":"cpu"}"#));
+    let mut pw = pdb::PdbWriter::new(1, 1, &PtMetadata::default());
+    pw.syscall(1, 1, 0, 0, &[], &w.buf)
+        .syscall(1, 1, 0, 1, &[9], &w.buf);
+    let raw = dir.path().join("1.raw.pt");
+    std::fs::write(&raw, &pw.buf).unwrap();
+    let (ok, sum, err) = pttrace(&[
+        "decode",
+        "--raw-pt",
+        raw.to_str().unwrap(),
+        "--image",
+        exep,
+        "--format",
+        "summary",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        sum.lines().collect::<Vec<_>>(),
+        [
+            "window 0: 3 instructions, 0 gaps",
+            "window 1: 3 instructions, 0 gaps",
+            "total: 6 instructions, 0 gaps"
+        ]
+    );
+    // Without the image: a gap naming the file, offset and address.
+    let (ok, sum, _) = pttrace(&["decode", "--pt", ptp, "--format", "summary"]);
+    assert!(ok);
+    assert!(sum.contains(&format!("gap: {ptp}: PT offset 0x")), "{sum}");
+    assert!(sum.contains("0x401000"), "{sum}");
+
+    let (ok, out, err) = pttrace(&["dump", ptp]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "0000000000000000  psb",
+            "0000000000000010  tsc        0x100",
+            "0000000000000018  mode.exec  64-bit",
+            "000000000000001a  psbend",
+            "000000000000001c  tip.pge    sext48: 0x401000",
+            "0000000000000023  tip.pgd    ip suppressed",
+        ]
+    );
+    let (ok, out2, _) = pttrace(&["dump", "--raw-pt", raw.to_str().unwrap()]);
+    assert!(ok);
+    assert_eq!(
+        out2.lines().filter(|l| l.starts_with("# syscall")).count(),
+        2
+    );
+    // Errors name the file.
+    let (ok, _, err) = pttrace(&["decode", "--raw-pt", ptp]);
+    assert!(!ok);
+    assert!(err.contains(ptp) && err.contains("offset"), "{err}");
+}

@@ -1,0 +1,173 @@
+//! The pipeline reproduces the oracle's instruction sequence for the synthetic loop program.
+
+use drpttracer::decode::testgen::LoopProgram;
+use drpttracer::decode::{
+    AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
+};
+
+#[test]
+fn loop_program_decodes_exactly() {
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, bits) = prog.trace(20_000, 1500, 7);
+    let expect = prog.simulate(&bits);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let dec = PtDecoder::new(
+        &trace,
+        TraceParams::default(),
+        space,
+        vec![],
+        ImageResolver::default(),
+        WindowOptions::default(),
+    )
+    .unwrap();
+    let recs: Vec<Record> = dec.collect();
+    let gaps: Vec<&Record> = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Gap(_)))
+        .collect();
+    assert!(gaps.is_empty(), "{gaps:?}");
+    let pcs: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.pc)
+        .collect();
+    assert!(pcs.len() > 10_000);
+    // The trace ends after a return's TIP: the decoder may run on until the next branch
+    // that needs trace; everything the oracle knows must match exactly.
+    assert_eq!(&pcs[..expect.len()], &expect[..]);
+    // ...and runs on through the unresolved branch (the jz at the loop top).
+    assert_eq!(pcs.len(), expect.len() + 1);
+}
+
+#[test]
+fn parallel_decode_equals_sequential() {
+    use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
+    let prog = LoopProgram::new(0x40_0000);
+    for (size, psb_every, seed) in [(60_000, 700, 1u64), (30_000, 64, 2), (5_000, 4096, 3)] {
+        let (trace, _) = prog.trace(size, psb_every, seed);
+        let mut space = AddressSpace::new();
+        space.add_bytes("loop", prog.code.clone(), prog.base);
+        let opts = WindowOptions {
+            window_id: Some(0),
+            ..Default::default()
+        };
+        let seq: Vec<Record> = PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts.clone(),
+        )
+        .unwrap()
+        .collect();
+        for threads in [1, 2, 3] {
+            if threads > 1 && size > 10_000 {
+                assert!(split_at_psbs(&trace, threads * 4).len() > 1);
+            }
+            let par = decode_parallel(
+                &trace,
+                &TraceParams::default(),
+                &space,
+                &[],
+                &ImageResolver::default(),
+                &opts,
+                threads,
+            )
+            .unwrap();
+            assert_eq!(
+                par.len(),
+                seq.len(),
+                "size {size} psb {psb_every} threads {threads}"
+            );
+            let first = par.iter().zip(&seq).position(|(a, b)| a != b);
+            assert_eq!(first, None, "size {size} psb {psb_every} threads {threads}");
+        }
+    }
+}
+
+#[test]
+fn slices_and_iterator_agree() {
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(8_000, 500, 3);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let mk = || {
+        PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            WindowOptions {
+                window_id: Some(4),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let by_iter: Vec<Record> = mk().collect();
+    let mut dec = mk();
+    let mut by_slice = vec![];
+    let mut slices = 0;
+    while let Some(s) = dec.next_slice() {
+        assert!(!s.is_empty());
+        by_slice.extend_from_slice(s);
+        slices += 1;
+    }
+    assert_eq!(by_slice, by_iter);
+    assert_eq!(by_iter[0], Record::WindowId(4));
+    assert!(slices > 100 && slices < by_iter.len());
+}
+
+#[test]
+fn compact_collection_equals_iteration_and_parallel_compact_equals_sequential() {
+    use drpttracer::decode::parallel::decode_parallel_compact;
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(40_000, 300, 9);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let opts = WindowOptions {
+        window_id: Some(1),
+        ..Default::default()
+    };
+    let mk = || {
+        PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts.clone(),
+        )
+        .unwrap()
+    };
+    let seq: Vec<Record> = mk().collect();
+    let compact = mk().collect_compact();
+    assert_eq!(compact.len(), seq.len());
+    assert_eq!(compact.to_vec(), seq);
+    assert!(compact.iter().eq(seq.iter()));
+    // Partly consumed by the iterator, the rest compact: still the same sequence.
+    let mut d = mk();
+    let head: Vec<Record> = d.by_ref().take(1001).collect();
+    let mut both = head;
+    both.extend(d.collect_compact().to_vec());
+    assert_eq!(both, seq);
+    for threads in [2, 3, 5] {
+        let chunks = decode_parallel_compact(
+            &trace,
+            &TraceParams::default(),
+            &space,
+            &[],
+            &ImageResolver::default(),
+            &opts,
+            threads,
+        )
+        .unwrap();
+        assert!(chunks.len() > 1);
+        let flat: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+        assert_eq!(flat.len(), seq.len(), "threads {threads}");
+        assert!(flat == seq, "threads {threads}");
+    }
+}
