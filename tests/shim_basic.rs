@@ -82,6 +82,18 @@ fn ls_writes_parseable_info_and_thread_files() {
     assert_eq!(&raw[24..42], &info.metadata[..18]);
     let pdb = 48 + 6 * 8;
     assert_eq!(raw.len(), 42 + pdb * t.windows.len());
+    // Kernel symbols are copied beside it where readable (kcore only where /proc/kcore is).
+    if std::fs::read("/proc/kallsyms").is_ok_and(|k| !k.is_empty()) {
+        assert!(
+            std::fs::metadata(out.join("kernel.raw/kallsyms"))
+                .unwrap()
+                .len()
+                > 0
+        );
+    }
+    if std::fs::File::open("/proc/kcore").is_err() {
+        assert!(!out.join("kernel.raw/kcore").exists());
+    }
     for (i, w) in t.windows.iter().enumerate() {
         let b = 42 + i * pdb;
         let e = |k: usize| u64::from_le_bytes(raw[b + k * 8..b + k * 8 + 8].try_into().unwrap());

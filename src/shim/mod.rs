@@ -47,6 +47,7 @@
 pub mod config;
 pub mod execenv;
 pub mod handler;
+pub mod kernel_files;
 pub mod output;
 pub mod raw;
 pub mod rewrite;
@@ -55,6 +56,7 @@ pub mod sysnames;
 pub mod writer;
 
 use config::ShimConfig;
+use std::path::Path;
 use std::sync::atomic::Ordering::*;
 
 /// Message prefix on stderr.
@@ -315,7 +317,7 @@ fn init() -> Result<(), String> {
                 false
             }
         };
-    let st = slots::make_static(
+    let mut st = slots::make_static(
         &cfg,
         backend,
         pt_present,
@@ -326,6 +328,14 @@ fn init() -> Result<(), String> {
         rewrite,
         own_path(),
     );
+    if cfg.mode.traces_kernel() {
+        // Kernel symbols and text beside the DynamoRIO-format files (once per directory).
+        st.config_text.push_str(&kernel_files::copy_into(
+            &cfg.out_dir.join("kernel.raw"),
+            Path::new("/proc/kallsyms"),
+            Path::new("/proc/kcore"),
+        ));
+    }
     if slots::STATIC.set(st).is_err() {
         return Ok(());
     }
