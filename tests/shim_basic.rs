@@ -82,6 +82,30 @@ fn ls_writes_parseable_info_and_thread_files() {
     assert_eq!(&raw[24..42], &info.metadata[..18]);
     let pdb = 48 + 6 * 8;
     assert_eq!(raw.len(), 42 + pdb * t.windows.len());
+    // The decoder's reader parses it, and the project's allocating writer produces the
+    // same bytes for the same windows.
+    let parsed = drpttracer::format::pdb::parse(&raw).unwrap();
+    assert_eq!(parsed.tid, t.header.tid as u64);
+    assert_eq!(parsed.metadata, meta);
+    assert_eq!(parsed.windows.len(), t.windows.len());
+    let mut wr =
+        drpttracer::format::pdb::PdbWriter::new(t.header.pid as u64, t.header.tid as u64, &meta);
+    for (p, w) in parsed.windows.iter().zip(&t.windows) {
+        assert_eq!(
+            (p.sysnum, p.syscall_idx, &p.args[..]),
+            (w.nr, w.index, &w.args[..])
+        );
+        assert!(p.pt.is_empty());
+        wr.syscall(
+            t.header.pid as u64,
+            t.header.tid as u64,
+            w.nr,
+            w.index,
+            &w.args,
+            &[],
+        );
+    }
+    assert_eq!(wr.buf, raw);
     // Kernel symbols are copied beside it where readable (kcore only where /proc/kcore is).
     if std::fs::read("/proc/kallsyms").is_ok_and(|k| !k.is_empty()) {
         assert!(
