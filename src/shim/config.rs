@@ -8,7 +8,7 @@
 //! | `PTTRACER_SYSCALLS`    | comma list of names/numbers; `!x`/`-x` excludes | all    |
 //! | `PTTRACER_PT_SHIFT`    | PT ring = 2^n pages, 1..=24                  | 8         |
 //! | `PTTRACER_SB_SHIFT`    | sideband ring = 2^n pages, 1..=24            | 4         |
-//! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576) | 8192 |
+//! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576; 120 bytes each) | 2048 |
 //! | `PTTRACER_BACKPRESSURE`| `block` or `drop`                            | `block`   |
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
 //! | `PTTRACER_REWRITE`     | `0`/`1`: patch hot syscall sites into direct calls (see `shim::rewrite`) | `0` |
@@ -244,7 +244,7 @@ impl ShimConfig {
         let max = u64::from(crate::tracer::MAX_SIZE_SHIFT);
         let pt_shift = num(ENV_PT_SHIFT, 8, 1, max)? as u32;
         let sb_shift = num(ENV_SB_SHIFT, 4, 1, max)? as u32;
-        let queue = num(ENV_QUEUE, 8192, 64, 1 << 20)? as usize;
+        let queue = num(ENV_QUEUE, 2048, 64, 1 << 20)? as usize;
         if !queue.is_power_of_two() {
             return Err(format!(
                 "{ENV_QUEUE}={queue} must be a power of two (e.g. 4096, 8192)"
