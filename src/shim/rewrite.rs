@@ -179,6 +179,26 @@ pub fn maybe_patch(resume: u64, nr: u64) {
     if cur != [0x0f, 0x05] {
         return;
     }
+    // One patcher at a time: another thread's mprotect back to R-X must not land between
+    // our mprotect and our store. A busy lock just leaves the site for its next trap.
+    if PATCH_LOCK
+        .compare_exchange(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    patch_locked(site);
+    PATCH_LOCK.store(false, Release);
+}
+
+pub static PATCH_LOCK: AtomicBool = AtomicBool::new(false);
+
+fn patch_locked(site: u64) {
+    // Re-check under the lock: another thread may have patched it meanwhile.
+    // SAFETY: as in maybe_patch.
+    if unsafe { (site as *const [u8; 2]).read_volatile() } != [0x0f, 0x05] {
+        return;
+    }
     let page = site & !4095;
     let len = (site + 2).next_multiple_of(4096) - page;
     let rwx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
