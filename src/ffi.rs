@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use once_cell::sync::Lazy;
@@ -117,7 +118,8 @@ pub struct drpttracer_ext_metadata_t {
     pub nom_freq: u8,
     /// MTC frequency (`mtc_period`).
     pub mtc_freq: u8,
-    /// 1 when time_zero/time_mult/time_shift are valid (cap_user_time_zero).
+    /// 1 when time_zero/time_mult/time_shift are valid: published by the kernel
+    /// (cap_user_time_zero) or, on the emulated backend, measured against kernel records.
     pub time_zero_valid: u8,
     pub reserved: u8,
     pub time_shift: u16,
@@ -134,6 +136,9 @@ pub struct drpttracer_ext_metadata_t {
 
 // ---------------------------------------------------------------------------------------
 // Registries and the last-error message.
+
+/// A live handle's tracer, shared between the registry and per-thread caches.
+type SharedTracer = Arc<Mutex<Tracer>>;
 
 struct HandleEntry {
     owner_tid: i32,
@@ -167,12 +172,23 @@ impl Drop for ThreadHandles {
         let tid = current_tid();
         let mut map = HANDLES.lock();
         map.retain(|_, e| e.owner_tid != tid);
+        drop(map);
+        handles_removed();
     }
 }
 
 fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| {
+        let mut e = e.borrow_mut();
+        // Successes clear the message without allocating: start/stop run inside windows.
+        if msg.is_empty() {
+            if !e.as_bytes().is_empty() {
+                *e = CString::default();
+            }
+        } else {
+            *e = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        }
+    });
 }
 
 /// Runs `f`, converting errors and panics into a status (+ message).
@@ -195,10 +211,42 @@ fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> drpttracer_status_t {
     }
 }
 
-fn lookup(handle: *mut c_void, what: &str) -> Result<Arc<Mutex<Tracer>>> {
+/// Bumped whenever handles leave the registry, so per-thread lookup caches revalidate.
+static REGISTRY_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+fn handles_removed() {
+    REGISTRY_GENERATION.fetch_add(1, Ordering::Release);
+}
+
+thread_local! {
+    /// The last handle this thread looked up successfully: (key, registry generation, it).
+    /// Start and stop run inside trace windows; the cache keeps them short.
+    static LAST_LOOKUP: RefCell<Option<(usize, u64, SharedTracer)>> =
+        const { RefCell::new(None) };
+}
+
+fn lookup(handle: *mut c_void, what: &str) -> Result<SharedTracer> {
     if handle.is_null() {
         return Err(Error::invalid("tracer_handle is NULL"));
     }
+    let key = handle as usize;
+    let generation = REGISTRY_GENERATION.load(Ordering::Acquire);
+    let cached = LAST_LOOKUP
+        .try_with(|c| match &*c.borrow() {
+            Some((k, g, t)) if *k == key && *g == generation => Some(t.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(t) = cached {
+        return Ok(t);
+    }
+    let t = lookup_in_registry(handle, what)?;
+    let _ = LAST_LOOKUP.try_with(|c| *c.borrow_mut() = Some((key, generation, t.clone())));
+    Ok(t)
+}
+
+fn lookup_in_registry(handle: *mut c_void, what: &str) -> Result<SharedTracer> {
     let map = HANDLES.lock();
     let Some(entry) = map.get(&(handle as usize)) else {
         return Err(Error::invalid(format!(
@@ -250,6 +298,7 @@ pub extern "C" fn drpttracer_exit() {
         *n -= 1;
         if *n == 0 {
             HANDLES.lock().clear();
+            handles_removed();
             OUTPUTS.lock().clear();
         }
     });
@@ -308,7 +357,11 @@ pub extern "C" fn drpttracer_destroy_handle(
     let _ = drcontext;
     guard("drpttracer_destroy_handle", || {
         lookup(tracer_handle, "drpttracer_destroy_handle")?;
-        HANDLES.lock().remove(&(tracer_handle as usize));
+        let removed = HANDLES.lock().remove(&(tracer_handle as usize));
+        handles_removed();
+        // Drop this thread's cached reference too, so the tracer (and its fds) goes now.
+        let _ = LAST_LOOKUP.try_with(|c| c.borrow_mut().take());
+        drop(removed);
         Ok(())
     })
 }
