@@ -57,6 +57,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 )?,
             }
             let (mut t_insns, mut t_gaps) = (0u64, 0u64);
+            let mut io_err: Option<std::io::Error> = None;
             let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
                 total_windows += 1;
                 total_pt += w.pt_len as u64;
@@ -69,16 +70,20 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     if flags.is_empty() { "" } else { " flags " },
                     flags
                 );
-                let io = |e: std::io::Error| DecodeError::new("stdout", 0, e.to_string());
+                let mut io = |e: std::io::Error| {
+                    let d = DecodeError::new("stdout", 0, e.to_string());
+                    io_err = Some(e);
+                    d
+                };
                 let Some(dec) = dec else {
                     if args.format != OutFormat::Jsonl {
-                        writeln!(printer.out, "  {head}: no PT").map_err(io)?;
+                        writeln!(printer.out, "  {head}: no PT").map_err(&mut io)?;
                     }
                     return Ok(());
                 };
                 let (mut n, mut gaps) = (0u64, Vec::new());
                 if args.format == OutFormat::Disasm {
-                    writeln!(printer.out, "  {head}:").map_err(io)?;
+                    writeln!(printer.out, "  {head}:").map_err(&mut io)?;
                 }
                 for r in dec.by_ref() {
                     match &r {
@@ -93,9 +98,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                             if let Some(o) = v.as_object_mut() {
                                 o.insert("tid".into(), h.tid.into());
                             }
-                            writeln!(printer.out, "{v}").map_err(io)?;
+                            writeln!(printer.out, "{v}").map_err(&mut io)?;
                         }
-                        OutFormat::Disasm => printer.disasm(&r).map_err(io)?,
+                        OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
                     }
                 }
                 if args.format == OutFormat::Summary {
@@ -105,15 +110,19 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                         gaps.len(),
                         w.pt_len
                     )
-                    .map_err(io)?;
+                    .map_err(&mut io)?;
                     for g in &gaps {
-                        writeln!(printer.out, "    gap: {g}").map_err(io)?;
+                        writeln!(printer.out, "    gap: {g}").map_err(&mut io)?;
                     }
                 }
                 t_insns += n;
                 t_gaps += gaps.len() as u64;
                 Ok(())
-            })?;
+            });
+            if let Some(e) = io_err {
+                return Err(e.into());
+            }
+            let stats = stats?;
             total_insns += t_insns;
             total_gaps += t_gaps;
             if args.format != OutFormat::Jsonl {
