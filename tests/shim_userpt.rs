@@ -41,11 +41,17 @@ fn symbol(exe: &Path, name: &str) -> u64 {
 
 /// `pttrace run --mode user --window thread` into `out`.
 fn run_user_thread(out: &Path, prog: &Path, args: &[&str]) -> String {
+    run_user_thread_with(out, &[], prog, args)
+}
+
+fn run_user_thread_with(out: &Path, opts: &[&str], prog: &Path, args: &[&str]) -> String {
     let o = Command::new(pttrace())
         .arg("run")
         .arg("--out")
         .arg(out)
-        .args(["--mode", "user", "--window", "thread", "--"])
+        .args(["--mode", "user", "--window", "thread"])
+        .args(opts)
+        .arg("--")
         .arg(prog)
         .args(args)
         .output()
@@ -359,4 +365,95 @@ fn own_sigsys_and_sigtrap_handlers_keep_working_while_stepped() {
         // whatever discontinuity there is must be an explicit gap, and here there is none.
         assert_eq!(gaps(recs), Vec::<String>::new(), "window {}", w.index);
     }
+}
+
+#[test]
+fn a_window_longer_than_the_buffer_is_flagged_lost_and_still_decodes() {
+    // --pt-shift 1: a 2-page ring, i.e. 8192 steps per window; the loop needs ~450000.
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = loop_prog(tmp.path());
+    let out = tmp.path().join("trace");
+    run_user_thread_with(&out, &["--pt-shift", "1"], &prog, &["long"]);
+    let s = loop_syms(&prog);
+    let (_, all) = decode_all(&out);
+    let wins = &all[0];
+    let k = wins
+        .iter()
+        .position(|(w, _)| w.nr == NR_GETPID)
+        .expect("getpid window");
+    let (w, recs) = &wins[k];
+    assert_ne!(
+        w.flags & WF_PT_LOST,
+        0,
+        "overflow flagged: {:?}",
+        w.flag_names()
+    );
+    assert_eq!(gaps(recs), Vec::<String>::new());
+    let ip = ips(recs);
+    let page = 4096usize;
+    assert!(
+        ip.len() <= 2 * page && ip.len() > page,
+        "{} instructions",
+        ip.len()
+    );
+    // What was captured is the start of the loop, exactly.
+    let n = ip.iter().filter(|&&a| a == s.jnz).count();
+    assert!(n > 100 && n < 100_000, "{n}");
+    let first_test = ip.iter().position(|&a| a == s.head).unwrap();
+    let mut rcx = 100_000usize;
+    for (j, &a) in ip[first_test..].iter().enumerate() {
+        if a == s.jz {
+            let want = if rcx % 2 == 0 { s.dec } else { s.nop };
+            if let Some(&next) = ip[first_test..].get(j + 1) {
+                assert_eq!(next, want, "rcx={rcx}");
+            }
+        }
+        if a == s.jnz {
+            rcx -= 1;
+        }
+    }
+    // Stepping resumes with the next window.
+    let (next, nrecs) = &wins[k + 1];
+    assert_eq!(next.nr, NR_GETPPID);
+    assert_eq!(next.flags & (WF_PT_LOST | WF_PT_ABSENT | WF_PT_DROPPED), 0);
+    assert!(!ips(nrecs).is_empty());
+}
+
+#[test]
+fn fork_exec_pipeline_every_process_and_thread_decodes() {
+    // /bin/sh -c 'ls DIR | wc -l': fork, exec, pipes; every image traced again via
+    // LD_PRELOAD, every thread file decodes without gaps.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("a"), b"x").unwrap();
+    let out = tmp.path().join("trace");
+    let cmd = format!("ls {} | wc -l", dir.display());
+    let text = run_user_thread(&out, Path::new("/bin/sh"), &["-c", &cmd]);
+    assert!(text.lines().any(|l| l.trim() == "1"), "wc output: {text}");
+    let (t, all) = decode_all(&out);
+    assert!(
+        t.processes.len() >= 4,
+        "sh, its fork children, ls and wc images"
+    );
+    let mut images = Vec::new();
+    for (th, wins) in t.threads.iter().zip(&all) {
+        let p = t.process_of(th).expect("info file of every thread");
+        images.push(p.cmdline.clone());
+        let mut insns = 0;
+        for (w, recs) in wins {
+            assert_eq!(
+                gaps(recs),
+                Vec::<String>::new(),
+                "{} window {}",
+                p.cmdline,
+                w.index
+            );
+            assert_eq!(w.flags & (WF_PT_LOST | WF_PT_DROPPED), 0);
+            insns += ips(recs).len();
+        }
+        assert!(insns > 0, "{}: instructions decoded", p.cmdline);
+    }
+    assert!(images.iter().any(|c| c.starts_with("ls ")), "{images:?}");
+    assert!(images.iter().any(|c| c == "wc -l"), "{images:?}");
 }

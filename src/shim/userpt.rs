@@ -39,8 +39,10 @@
 //! Windows without PT keep `WF_PT_ABSENT`: the part of a thread before its first syscall
 //! (stepping starts there), syscalls made by signal handlers (handlers run untraced),
 //! nested syscalls, the window before a successful `execve`, vfork-style children.
-//! A window whose steps overflowed its buffer carries `WF_PT_LOST` (what was captured
-//! decodes). Syscall windows (`--window syscall`) in user mode have no user code inside
+//! A buffer holds one step per byte of the configured PT ring (`PTTRACER_PT_SHIFT`,
+//! default 2^8 pages = 1 Mi steps). A window whose steps overflow it carries `WF_PT_LOST`:
+//! stepping stops there (linear-mode semantics), what was captured decodes, and the next
+//! syscall opens a fresh window. Syscall windows (`--window syscall`) in user mode have no user code inside
 //! them by definition: PT stays absent with that reason (see [`absent_reason`]).
 
 use super::config::{Backpressure, ShimConfig, WindowKind};
@@ -67,7 +69,7 @@ const B_CLOSED: u32 = 2;
 const B_READY: u32 = 3;
 
 /// Step capacity of one buffer (address space only until used: MAP_NORESERVE).
-static BUF_STEPS: AtomicU64 = AtomicU64::new(1 << 22);
+static BUF_STEPS: AtomicU64 = AtomicU64::new(1 << 20);
 /// User PT of thread windows is on in this process.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// Bumped by the handler on mapping changes; the writer attaches fresh mappings.
@@ -183,7 +185,8 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
     let ring = crate::tracer::page_size()
         .checked_shl(cfg.pt_shift)
         .unwrap_or(1 << 22);
-    let steps = ring.clamp(1 << 22, crate::emu::MAX_STEPS) as u64;
+    // One step per PT ring byte, like the emulated backend's handles (linear mode).
+    let steps = ring.clamp(4096, crate::emu::MAX_STEPS) as u64;
     BUF_STEPS.store(steps, Relaxed);
     ENABLED.store(true, Release);
     Ok(())

@@ -2,7 +2,8 @@
  * pt_loop runs N iterations: `test cl,1; jz skip; nop; skip: dec rcx; jnz head`.
  * The jz at pt_loop_jz is taken when rcx is even (N/2 times for even N), the jnz at
  * pt_loop_jnz is taken N-1 times. With argument "threads", 4 threads run it with
- * N = 100, 200, 300, 400, each between its own getppid and gettid syscalls. */
+ * N = 100, 200, 300, 400, each between its own getppid and gettid syscalls; with "long",
+ * the loop runs 100000 iterations (more steps than a small capture buffer holds). */
 #include <pthread.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -45,8 +46,10 @@ int main(int argc, char **argv) {
             pthread_join(t[i], 0);
         return 0;
     }
+    long n = (argc > 1 && strcmp(argv[1], "long") == 0) ? 100000 : 1000;
     syscall(SYS_getppid);
-    pt_loop(1000);
+    pt_loop(n);
     syscall(SYS_getpid);
+    syscall(SYS_getppid);
     return 0;
 }
