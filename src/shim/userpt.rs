@@ -307,6 +307,21 @@ fn buf(t: &ThreadPt, i: i32) -> Option<&PtBuf> {
     usize::try_from(i).ok().and_then(|i| t.bufs.get(i))
 }
 
+/// In a forked child: the buffers are copies of the parent's (its pending windows are the
+/// parent's to write); start afresh. Async-signal-safe.
+fn forget_parent(t: &ThreadPt) {
+    let pid = raw::getpid();
+    if t.pid.load(Relaxed) != pid {
+        for b in &t.bufs {
+            b.state.store(B_FREE, Relaxed);
+        }
+        t.cur.store(-1, Relaxed);
+        t.closed.store(-1, Relaxed);
+        t.missed.store(false, Relaxed);
+        t.pid.store(pid, Relaxed);
+    }
+}
+
 /// What [`enter`] decided for this SIGSYS.
 #[derive(Clone, Copy)]
 pub struct Token {
@@ -363,16 +378,7 @@ pub unsafe fn enter(uctx: *mut c_void) -> Token {
         )
     };
     maps_changed(rax);
-    let pid = raw::getpid();
-    if t.pid.load(Relaxed) != pid {
-        // A forked child: the parent's pending buffers are the parent's to write.
-        for b in &t.bufs {
-            b.state.store(B_FREE, Relaxed);
-        }
-        t.cur.store(-1, Relaxed);
-        t.closed.store(-1, Relaxed);
-        t.pid.store(pid, Relaxed);
-    }
+    forget_parent(t);
     // SAFETY: efl points into the live ucontext.
     let stepping = unsafe { *efl } as u64 & EFLAGS_TF != 0;
     if let Some(b) = buf(t, t.cur.load(Relaxed)) {
@@ -411,6 +417,10 @@ pub fn attach(slot: &Slot, w: &mut Window) {
     let Some(t) = state_of_current(slot) else {
         return;
     };
+    if t.pid.load(Relaxed) != raw::getpid() {
+        // The child's side of a fork: the window before it is the parent's (in its file).
+        return;
+    }
     let i = t.closed.swap(-1, Relaxed);
     if let Some(b) = buf(t, i) {
         b.tag.store(w.index, Relaxed);
@@ -440,6 +450,7 @@ pub unsafe fn leave(tok: Token, uctx: *mut c_void) {
         return;
     };
     let Some(slot) = slots::current() else { return };
+    forget_parent(t);
     // A clone reissued after this handler keeps its window pending (depth held) until the
     // notify trap, which attaches the closed buffer.
     if slot.depth.load(Relaxed) == 0 {
