@@ -457,3 +457,38 @@ fn fork_exec_pipeline_every_process_and_thread_decodes() {
     assert!(images.iter().any(|c| c.starts_with("ls ")), "{images:?}");
     assert!(images.iter().any(|c| c == "wc -l"), "{images:?}");
 }
+
+#[test]
+fn code_of_a_library_loaded_later_decodes_through_the_window_sideband() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/userpt_dlopen.c");
+    let prog = tmp.path().join("userpt_dlopen");
+    let st = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = tmp.path().join("trace");
+    let text = run_user_thread(&out, &prog, &[]);
+    let cos = text
+        .lines()
+        .find_map(|l| u64::from_str_radix(l.trim().strip_prefix("0x")?, 16).ok())
+        .unwrap_or_else(|| panic!("no address printed: {text}"));
+    let (t, all) = decode_all(&out);
+    let proc_ = t.process_of(&t.threads[0]).unwrap();
+    assert!(
+        !proc_.maps.iter().any(|m| m.path.contains("libm.so")),
+        "libm is not among the mappings at start"
+    );
+    let wins = &all[0];
+    assert!(wins.iter().any(|(w, _)| w.sideband_len > 0));
+    let mut found = false;
+    for (w, recs) in wins {
+        assert_eq!(gaps(recs), Vec::<String>::new(), "window {}", w.index);
+        found |= ips(recs).contains(&cos);
+    }
+    assert!(found, "cos at {cos:#x} decoded");
+}
