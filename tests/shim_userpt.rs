@@ -492,3 +492,51 @@ fn code_of_a_library_loaded_later_decodes_through_the_window_sideband() {
     }
     assert!(found, "cos at {cos:#x} decoded");
 }
+
+#[test]
+fn signals_arriving_mid_loop_are_explicit_and_the_loop_stays_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = loop_prog(tmp.path());
+    let out = tmp.path().join("trace");
+    let text = run_user_thread(&out, &prog, &["alarm"]);
+    let alarms: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("alarms ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no alarm count: {text}"));
+    let s = loop_syms(&prog);
+    let (_, all) = decode_all(&out);
+    let wins = &all[0];
+    let (w, recs) = wins
+        .iter()
+        .find(|(w, _)| w.nr == NR_GETPID)
+        .expect("getpid window");
+    assert_eq!(w.flags & (WF_PT_ABSENT | WF_PT_LOST | WF_PT_DROPPED), 0);
+    assert_eq!(gaps(recs), Vec::<String>::new());
+    let ip = ips(recs);
+    assert_loop(&ip, &s, 20000);
+    // Each handler entry inside the window: an asynchronous disable at the interrupted
+    // instruction, and tracing enabled again at that same instruction.
+    let mut disables = 0;
+    for (k, r) in recs.iter().enumerate() {
+        if let Record::TraceDisabled { ip: Some(at) } = r {
+            if k + 3 < recs.len() {
+                let resumed = recs[k + 1..].iter().find_map(|r| match r {
+                    Record::TraceEnabled { ip } => Some(*ip),
+                    _ => None,
+                });
+                assert_eq!(resumed, Some(*at), "resumes where it was interrupted");
+                disables += 1;
+            }
+        }
+    }
+    eprintln!("{alarms} alarms, {disables} inside the loop window");
+    assert!(
+        alarms > 0 && disables > 0,
+        "{alarms} alarms, {disables} disables"
+    );
+    // Handler windows (rt_sigreturn) carry no PT: the handlers run untraced.
+    assert!(wins
+        .iter()
+        .filter(|(w, _)| w.nr == 15)
+        .all(|(w, _)| w.flags & WF_PT_ABSENT != 0));
+}

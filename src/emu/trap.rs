@@ -728,6 +728,36 @@ fn observable(sig: i32) -> bool {
     sig != libc::SIGTRAP && sig != libc::SIGKILL && sig != libc::SIGSTOP
 }
 
+/// For a `sigaction(sig, handler, flags)` the LD_PRELOAD shim is about to pass to the
+/// kernel (inside its SIGSYS handler; async-signal-safe): records `handler` as the one the
+/// observer calls and returns the observer's address to install instead (with
+/// SA_SIGINFO), together with the previously recorded (handler, flags) for reporting the
+/// old disposition. `None` when the disposition is not a handler or `sig` is not observed.
+pub fn observe(sig: i32, handler: usize, flags: i32) -> Option<(usize, (usize, i32))> {
+    let idx = usize::try_from(sig).ok().filter(|i| *i < MAX_SIG)?;
+    if !observable(sig) || handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        return None;
+    }
+    let prev = observed(sig)?;
+    OBS_FLAGS[idx].store(flags, Ordering::Relaxed);
+    OBS_HANDLER[idx].store(handler, Ordering::Release);
+    Some((observer_addr(), prev))
+}
+
+/// The application's (handler, flags) behind the observer for `sig`. Async-signal-safe.
+pub fn observed(sig: i32) -> Option<(usize, i32)> {
+    let idx = usize::try_from(sig).ok().filter(|i| *i < MAX_SIG)?;
+    Some((
+        OBS_HANDLER[idx].load(Ordering::Acquire),
+        OBS_FLAGS[idx].load(Ordering::Relaxed),
+    ))
+}
+
+/// The observer's entry point (to recognise it in a disposition read back).
+pub fn observer_entry() -> usize {
+    observer_addr()
+}
+
 /// Wraps every application signal handler with [`on_observed_signal`].
 fn install_observers_locked(st: &mut InstallState) {
     let obs = observer_addr();

@@ -449,6 +449,7 @@ fn do_sigaction(a: &[u64; 6]) -> i64 {
     let ours = FATAL_OURS.load(Acquire) & bit != 0;
     let mut copy: KSigaction;
     let mut args = *a;
+    let mut observed_prev = None;
     if act != 0 {
         // SAFETY: as above.
         copy = unsafe { (act as *const KSigaction).read_unaligned() };
@@ -457,9 +458,27 @@ fn do_sigaction(a: &[u64; 6]) -> i64 {
             // The default action stays "flush, then the default action".
             copy = fatal_action();
         }
+        // User PT: the handler is entered through the single-step signal observer.
+        let mut k = [copy.handler, copy.flags, copy.restorer, copy.mask];
+        observed_prev = super::userpt::wrap_app_handler(sig, &mut k);
+        (copy.handler, copy.flags) = (k[0], k[1]);
         args[1] = core::ptr::addr_of!(copy) as u64;
     }
     let r = sys6(NR_READ_SIGACTION, args);
+    if r == 0 && old != 0 && super::userpt::enabled() {
+        // SAFETY: the kernel just wrote the old disposition there.
+        let o = unsafe { (old as *mut KSigaction).read_unaligned() };
+        let mut k = [o.handler, o.flags, o.restorer, o.mask];
+        super::userpt::unwrap_old_handler(sig, &mut k, observed_prev);
+        let o = KSigaction {
+            handler: k[0],
+            flags: k[1],
+            restorer: k[2],
+            mask: k[3],
+        };
+        // SAFETY: as above.
+        unsafe { (old as *mut KSigaction).write_unaligned(o) };
+    }
     if r == 0 && ours {
         if old != 0 {
             // The application sees the default disposition it never changed.

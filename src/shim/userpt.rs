@@ -235,6 +235,40 @@ pub fn app_sigtrap(act: u64, old: u64) -> i64 {
     0
 }
 
+/// Before the shim passes an application's `rt_sigaction` to the kernel (SIGSYS handler):
+/// a handler is wrapped with the emulated backend's signal observer, so that a signal
+/// entering it while the thread is stepped is recorded (the window then shows an
+/// asynchronous disable at the interrupted instruction and the enable where the flow
+/// resumes; the handler itself runs untraced). Returns the previously observed
+/// (handler, flags) to report as the old disposition, when `act` was rewritten.
+pub fn wrap_app_handler(sig: u64, act: &mut [u64; 4]) -> Option<(u64, u64)> {
+    if !enabled() {
+        return None;
+    }
+    let (obs, (ph, pf)) = trap::observe(sig as i32, act[0] as usize, act[1] as i32)?;
+    act[0] = obs as u64;
+    act[1] |= libc::SA_SIGINFO as u64;
+    Some((ph as u64, pf as u32 as u64))
+}
+
+/// After the kernel answered an application's `rt_sigaction`: an old disposition that is
+/// the observer is reported as the application's own handler.
+pub fn unwrap_old_handler(sig: u64, old: &mut [u64; 4], prev: Option<(u64, u64)>) {
+    if !enabled() || old[0] != trap::observer_entry() as u64 {
+        return;
+    }
+    let (h, f) = match prev {
+        Some(p) => p,
+        None => match trap::observed(sig as i32) {
+            Some((h, f)) => (h as u64, f as u32 as u64),
+            None => return,
+        },
+    };
+    old[0] = h;
+    // Keep the kernel's flags bits (SA_RESTORER...), with the application's SA_SIGINFO.
+    old[1] = (old[1] & !(libc::SA_SIGINFO as u64)) | (f & libc::SA_SIGINFO as u64);
+}
+
 /// Stops stepping the calling thread until its next syscall (normal context): for shim
 /// code that runs with Syscall User Dispatch off, whose `rt_sigprocmask` calls (blocking
 /// SIGTRAP) the shim would not see. The open window ends there; the next syscall closes it

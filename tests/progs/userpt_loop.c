@@ -3,8 +3,12 @@
  * The jz at pt_loop_jz is taken when rcx is even (N/2 times for even N), the jnz at
  * pt_loop_jnz is taken N-1 times. With argument "threads", 4 threads run it with
  * N = 100, 200, 300, 400, each between its own getppid and gettid syscalls; with "long",
- * the loop runs 100000 iterations (more steps than a small capture buffer holds). */
+ * the loop runs 100000 iterations (more steps than a small capture buffer holds); with
+ * "alarm", 20000 iterations while SIGALRM arrives every 20 ms. */
 #include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/time.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -37,7 +41,28 @@ static void *worker(void *arg) {
     return 0;
 }
 
+static volatile long alarms;
+static void on_alarm(int sig) {
+    (void)sig;
+    alarms++;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "alarm") == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_alarm;
+        sigaction(SIGALRM, &sa, 0);
+        struct itimerval it = {{0, 20000}, {0, 20000}};
+        setitimer(ITIMER_REAL, &it, 0);
+        syscall(SYS_getppid);
+        pt_loop(20000);
+        syscall(SYS_getpid);
+        struct itimerval off = {{0, 0}, {0, 0}};
+        setitimer(ITIMER_REAL, &off, 0);
+        printf("alarms %ld\n", alarms);
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "threads") == 0) {
         pthread_t t[4];
         for (long i = 0; i < 4; i++)
