@@ -36,9 +36,23 @@
 //! mapping at that time; the decoder applies them before that window). The mappings at
 //! start and the vDSO bytes are in the process info file.
 //!
+//! Signals: the kernel clears TF for every handler, so handlers run untraced. Application
+//! handlers are entered through the emulated backend's signal observer (wrapped at
+//! start-up, and at every later `sigaction` the shim intercepts): a signal that interrupts
+//! stepped code is recorded, and the window shows an asynchronous disable at the
+//! interrupted instruction and the enable where the flow resumes; the handler's own
+//! syscalls (`rt_sigreturn` included) do not cut the window. A handler entered without the
+//! observer that makes a syscall cuts the window there and is stepped itself (its return
+//! to the interrupted flow then shows as an explicit gap). The application's
+//! `sigaction(SIGTRAP)` is chained behind the single-step handler (raise, int3 and
+//! breakpoints still reach it). While stepping, SIGTRAP cannot be blocked (it is removed
+//! from the mask restored at each return from the SIGSYS handler).
+//!
 //! Windows without PT keep `WF_PT_ABSENT`: the part of a thread before its first syscall
 //! (stepping starts there), syscalls made by signal handlers (handlers run untraced),
-//! nested syscalls, the window before a successful `execve`, vfork-style children.
+//! nested syscalls, the window before a successful `execve`, vfork-style children, the
+//! child's side of a fork (the parent's file has it). Code run with Syscall User Dispatch
+//! off (the shim's fork-child writer start) is not stepped until the next syscall.
 //! A buffer holds one step per byte of the configured PT ring (`PTTRACER_PT_SHIFT`,
 //! default 2^8 pages = 1 Mi steps). A window whose steps overflow it carries `WF_PT_LOST`:
 //! stepping stops there (linear-mode semantics), what was captured decodes, and the next
