@@ -107,6 +107,19 @@ fn decode_and_dump_files() {
     );
     let (ok, out, _) = pttrace(&["decode", "--pt", ptp, "--image", exep, "--format", "jsonl"]);
     assert!(ok);
+    let (ok, out2, _) = pttrace(&[
+        "decode",
+        "--pt",
+        ptp,
+        "--image",
+        exep,
+        "--format",
+        "jsonl",
+        "--threads",
+        "2",
+    ]);
+    assert!(ok);
+    assert_eq!(out2, out);
     let v: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -187,4 +200,34 @@ fn decode_and_dump_files() {
     let (ok, _, err) = pttrace(&["decode", "--raw-pt", ptp]);
     assert!(!ok);
     assert!(err.contains(ptp) && err.contains("offset"), "{err}");
+}
+
+#[test]
+fn threads_give_identical_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = drpttracer::decode::testgen::LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(50_000, 500, 17);
+    let exe = dir.path().join("loop");
+    std::fs::write(&exe, exe_elf(prog.base, &prog.code)).unwrap();
+    let pt = dir.path().join("loop.pt");
+    std::fs::write(&pt, &trace).unwrap();
+    let run = |threads: &str| {
+        let (ok, out, err) = pttrace(&[
+            "decode",
+            "--pt",
+            pt.to_str().unwrap(),
+            "--image",
+            exe.to_str().unwrap(),
+            "--format",
+            "jsonl",
+            "--threads",
+            threads,
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    let one = run("1");
+    assert!(one.lines().count() > 50_000);
+    assert!(!one.contains("\"gap\""));
+    assert_eq!(run("3"), one);
 }

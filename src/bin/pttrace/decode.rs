@@ -3,7 +3,7 @@
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use drpttracer::decode::parallel::decode_parallel;
+use drpttracer::decode::parallel::decode_parallel_compact;
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{
     AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams, WindowOptions,
@@ -401,7 +401,7 @@ pub fn run(args: Args) -> CmdResult {
             };
             let pt = &data[w.pt.clone()];
             if args.threads > 1 {
-                let recs = decode_parallel(
+                let chunks = decode_parallel_compact(
                     pt,
                     &params,
                     &space,
@@ -410,7 +410,7 @@ pub fn run(args: Args) -> CmdResult {
                     &opts,
                     args.threads,
                 )?;
-                for r in &recs {
+                for r in chunks.iter().flat_map(|c| c.iter()) {
                     printer.record(r)?;
                 }
             } else {
@@ -423,10 +423,12 @@ pub fn run(args: Args) -> CmdResult {
                     opts,
                 )?;
                 let mut n = 0u32;
-                while let Some(r) = dec.next() {
-                    printer.record(&r)?;
+                while let Some(recs) = dec.next_slice() {
+                    for r in recs {
+                        printer.record(r)?;
+                    }
                     n = n.wrapping_add(1);
-                    if n % 65536 == 0 {
+                    if n % 4096 == 0 {
                         if let Some(b) = &bar {
                             b.set_position(done + dec.position());
                         }
