@@ -749,3 +749,26 @@ fn syscall_and_interrupt_are_visible() {
         ]
     );
 }
+
+#[test]
+fn overflow_is_a_marker_and_decoding_resumes_at_its_fup() {
+    let (code, ips) = cond_chain(2);
+    let mut w = PtWriter::new();
+    w.psb_plus(None, None).tip_pge(ips[0]).tnt(&[true]);
+    w.ovf().fup(ips[4]).tnt(&[false]).tip_pgd(None);
+    let recs = decode(&w.buf, &image(&code, BASE));
+    assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
+    let ovf = recs
+        .iter()
+        .position(|r| matches!(r, Record::Overflow { .. }))
+        .unwrap();
+    assert_eq!(recs[ovf], Record::Overflow { ip: Some(ips[4]) });
+    // Before: up to branch 0 (its bit consumed); where execution went between that and
+    // the overflow is unknown, so nothing more is claimed.
+    assert_eq!(pcs(&recs[..ovf]), vec![ips[0], ips[1]]);
+    // After: resumes at the FUP, branch 1 not taken.
+    assert_eq!(
+        pcs(&recs[ovf..]),
+        vec![ips[4], ips[5], ips[6], ips[7], ips[8]]
+    );
+}
