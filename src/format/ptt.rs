@@ -1,1 +1,938 @@
-//! The shim's per-thread output files.
+//! The shim's output files: one process info file per traced process image and one
+//! per-thread file with a framed record per syscall window.
+//!
+//! # Layout (all integers little-endian)
+//!
+//! ```text
+//! file   := header frame*
+//! header := "PTTRACE\0" (8 bytes) | u32 version (=1) | u32 kind (1 = process info, 2 = thread)
+//! frame  := u32 len | u16 type | u16 flags (=0) | payload[len] | u32 crc
+//! ```
+//! `crc` is CRC-32 (IEEE, reflected, as zlib) over `len | type | flags | payload`.
+//! A reader stops at the first frame that does not fit the file (truncated tail, e.g.
+//! after SIGKILL mid-write) or whose CRC does not match, and reports the offset and the
+//! number of bytes it ignored. Frames of unknown types are skipped.
+//!
+//! Frame types and payloads are listed on [`RecordType`]; [`Window`] is the per-syscall
+//! record. Encoding functions write into caller buffers and never allocate, so the shim
+//! can use them from a signal handler.
+
+use std::path::Path;
+
+/// File magic.
+pub const MAGIC: [u8; 8] = *b"PTTRACE\0";
+/// Format version written by this crate.
+pub const VERSION: u32 = 1;
+/// Size of the file header.
+pub const HEADER_SIZE: usize = 16;
+/// Bytes a frame adds around its payload (len, type, flags before; crc after).
+pub const FRAME_OVERHEAD: usize = 12;
+/// Largest payload a reader accepts (guards against reading garbage lengths).
+pub const MAX_PAYLOAD: usize = 1 << 30;
+
+/// What a file contains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum FileKind {
+    ProcessInfo = 1,
+    Thread = 2,
+}
+
+/// Frame types.
+///
+/// Thread files:
+/// - `ThreadHeader` (1): i32 pid, i32 tid, u8 mode (0 user, 1 kernel, 2 user_kernel),
+///   u8 window (0 syscall, 1 thread), u8 backend (0 hardware, 1 emulated), u8 pt_present,
+///   u64 nonce (identifies the process image, as in the info file), u64 start_tsc,
+///   then UTF-8 text: why PT is absent (empty when present).
+/// - `Window` (2): see [`Window`].
+/// - `Dropped` (3): u64 windows dropped since the previous `Dropped`, u64 total.
+/// - `End` (4): u32 reason ([`EndReason`]), u32 reserved, u64 windows written, u64 dropped.
+///
+/// Process info files:
+/// - `Process` (16): i32 pid, i32 ppid, u64 nonce, u64 start_tsc, u64 start_monotonic_ns,
+///   u8 mode, u8 window, u8 backend, u8 pt_present, u32 reserved, then UTF-8 text: why PT
+///   is absent (empty when present).
+/// - `Cmdline` (17): the raw bytes of /proc/self/cmdline (NUL-separated arguments).
+/// - `Exe` (18): the path of /proc/self/exe.
+/// - `Maps` (19): the text of /proc/self/maps when tracing began.
+/// - `Vdso` (20): u64 load address, then the vDSO image bytes.
+/// - `Metadata` (21): the 18-byte `pt_metadata_t`, u32 cpuid_0x15_eax, u32 cpuid_0x15_ebx,
+///   u8 nom_freq, u8 mtc_freq, u8 time_zero_valid, u8 backend, u32 perf_type,
+///   u64 perf_config, u64 sideband_sample_type (50 bytes).
+/// - `Clock` (22): u64 CLOCK_MONOTONIC ns, u64 TSC, taken together (start and end give
+///   the TSC rate for converting window timestamps).
+/// - `Config` (23): UTF-8 text, the `PTTRACER_*` settings, one `NAME=value` per line.
+/// - `ProcessEnd` (24): u32 reason ([`EndReason`]), i32 exit code, u64 syscall sites
+///   patched by the fast path (`PTTRACER_REWRITE`, 0 otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum RecordType {
+    ThreadHeader = 1,
+    Window = 2,
+    Dropped = 3,
+    End = 4,
+    Process = 16,
+    Cmdline = 17,
+    Exe = 18,
+    Maps = 19,
+    Vdso = 20,
+    Metadata = 21,
+    Clock = 22,
+    Config = 23,
+    ProcessEnd = 24,
+}
+
+impl RecordType {
+    pub fn from_raw(v: u16) -> Option<RecordType> {
+        use RecordType::*;
+        Some(match v {
+            1 => ThreadHeader,
+            2 => Window,
+            3 => Dropped,
+            4 => End,
+            16 => Process,
+            17 => Cmdline,
+            18 => Exe,
+            19 => Maps,
+            20 => Vdso,
+            21 => Metadata,
+            22 => Clock,
+            23 => Config,
+            24 => ProcessEnd,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a thread file or a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum EndReason {
+    /// The thread called `exit`.
+    ThreadExit = 0,
+    /// The process called `exit_group`.
+    ExitGroup = 1,
+    /// The process image was replaced by `execve`/`execveat`.
+    Exec = 2,
+    /// The last application thread exited; the shim ended the process.
+    LastThread = 3,
+    /// A fatal signal (the `ProcessEnd` exit code is the signal number); written by the
+    /// shim's handler for signals whose disposition was the default action.
+    Signal = 4,
+}
+
+impl EndReason {
+    pub fn from_raw(v: u32) -> Option<EndReason> {
+        match v {
+            0 => Some(EndReason::ThreadExit),
+            1 => Some(EndReason::ExitGroup),
+            2 => Some(EndReason::Exec),
+            3 => Some(EndReason::LastThread),
+            4 => Some(EndReason::Signal),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            EndReason::ThreadExit => "exit",
+            EndReason::ExitGroup => "exit_group",
+            EndReason::Exec => "exec",
+            EndReason::LastThread => "last thread exited",
+            EndReason::Signal => "fatal signal",
+        }
+    }
+}
+
+/// Window flag: the syscall did not return (exit, successful exec, rt_sigreturn);
+/// `ret` is meaningless.
+pub const WF_NO_RETURN: u32 = 1 << 0;
+/// Window flag: PT data of this window was lost (ring overwritten/truncated).
+pub const WF_PT_LOST: u32 = 1 << 1;
+/// Window flag: sideband records of this window were lost.
+pub const WF_SIDEBAND_LOST: u32 = 1 << 2;
+/// Window flag: no PT for this window (the thread has no tracer; reason in the header).
+pub const WF_PT_ABSENT: u32 = 1 << 3;
+/// Window flag: the syscall was made by a signal handler running inside another
+/// intercepted syscall of the same thread (nested window; never captured).
+pub const WF_NESTED: u32 = 1 << 4;
+/// Window flag: starting or stopping the capture failed for this window.
+pub const WF_CAPTURE_ERROR: u32 = 1 << 5;
+/// Window flag: the PT/sideband bytes did not fit the shim's per-thread byte ring.
+pub const WF_PT_DROPPED: u32 = 1 << 6;
+/// Window flag: the syscall was made by the child of a `vfork`-style clone that shares
+/// this thread's memory (recorded in the child's own file when possible).
+pub const WF_VFORK_CHILD: u32 = 1 << 7;
+/// Window flag: the record is the child's side of a fork (`ret` = 0).
+pub const WF_FORK_CHILD: u32 = 1 << 8;
+
+/// Fixed part of a `Window` payload.
+pub const WINDOW_FIXED_SIZE: usize = 8 + 8 + 6 * 8 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
+
+/// One syscall window.
+///
+/// Payload: u64 index (per thread, from 0), u64 nr, u64 args[6], i64 ret, u64 tsc_start,
+/// u64 tsc_end, u32 flags (`WF_*`), u32 depth (signal nesting, 0 = outermost),
+/// u32 pt_len, u32 sideband_len, then pt_len PT bytes, then sideband_len bytes of perf
+/// records (user modes). Timestamps are TSC values (see the `Clock` records).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    pub index: u64,
+    pub nr: u64,
+    pub args: [u64; 6],
+    pub ret: i64,
+    pub tsc_start: u64,
+    pub tsc_end: u64,
+    pub flags: u32,
+    pub depth: u32,
+}
+
+/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) lookup table.
+const CRC_TABLE: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// Running CRC-32 state (start with [`Crc32::new`], finish with [`Crc32::finish`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Crc32(u32);
+
+impl Default for Crc32 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Crc32 {
+    pub const fn new() -> Self {
+        Crc32(0xFFFF_FFFF)
+    }
+    pub fn update(&mut self, data: &[u8]) {
+        let mut c = self.0;
+        for &b in data {
+            c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
+        }
+        self.0 = c;
+    }
+    pub fn finish(self) -> u32 {
+        self.0 ^ 0xFFFF_FFFF
+    }
+}
+
+/// CRC-32 of `data`.
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut c = Crc32::new();
+    c.update(data);
+    c.finish()
+}
+
+/// The 16-byte file header.
+pub fn encode_header(kind: FileKind) -> [u8; HEADER_SIZE] {
+    let mut h = [0u8; HEADER_SIZE];
+    h[..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(kind as u32).to_le_bytes());
+    h
+}
+
+/// A cursor that writes little-endian values into a fixed buffer without allocating.
+/// Writes past the end are counted but dropped; check [`Cursor::overflowed`].
+pub struct Cursor<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+    overflow: bool,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        Cursor {
+            buf,
+            pos: 0,
+            overflow: false,
+        }
+    }
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+    pub fn bytes(&mut self, b: &[u8]) {
+        let end = self.pos.saturating_add(b.len());
+        match self.buf.get_mut(self.pos..end) {
+            Some(dst) => {
+                dst.copy_from_slice(b);
+                self.pos = end;
+            }
+            None => self.overflow = true,
+        }
+    }
+    pub fn u8(&mut self, v: u8) {
+        self.bytes(&[v]);
+    }
+    pub fn u16(&mut self, v: u16) {
+        self.bytes(&v.to_le_bytes());
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    pub fn i32(&mut self, v: i32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    pub fn i64(&mut self, v: i64) {
+        self.bytes(&v.to_le_bytes());
+    }
+}
+
+/// Writes a complete frame (`len | type | flags | payload | crc`) into `out` with the
+/// payload produced by `fill`; returns the frame length, or `None` when `out` is too small.
+/// Never allocates.
+pub fn encode_frame(
+    out: &mut [u8],
+    ty: RecordType,
+    fill: impl FnOnce(&mut Cursor<'_>),
+) -> Option<usize> {
+    if out.len() < FRAME_OVERHEAD {
+        return None;
+    }
+    let cap = out.len() - FRAME_OVERHEAD;
+    let plen = {
+        let mut c = Cursor::new(out.get_mut(8..8 + cap)?);
+        fill(&mut c);
+        if c.overflowed() {
+            return None;
+        }
+        c.pos()
+    };
+    let len32 = u32::try_from(plen).ok()?;
+    out.get_mut(0..4)?.copy_from_slice(&len32.to_le_bytes());
+    out.get_mut(4..6)?
+        .copy_from_slice(&(ty as u16).to_le_bytes());
+    out.get_mut(6..8)?.copy_from_slice(&0u16.to_le_bytes());
+    let crc = crc32(out.get(..8 + plen)?);
+    out.get_mut(8 + plen..12 + plen)?
+        .copy_from_slice(&crc.to_le_bytes());
+    Some(plen + FRAME_OVERHEAD)
+}
+
+/// Encodes the fixed part of a window followed by its PT and sideband bytes.
+pub fn encode_window(out: &mut [u8], w: &Window, pt: &[u8], sideband: &[u8]) -> Option<usize> {
+    let pt_len = u32::try_from(pt.len()).ok()?;
+    let sb_len = u32::try_from(sideband.len()).ok()?;
+    encode_frame(out, RecordType::Window, |c| {
+        c.u64(w.index);
+        c.u64(w.nr);
+        for a in w.args {
+            c.u64(a);
+        }
+        c.i64(w.ret);
+        c.u64(w.tsc_start);
+        c.u64(w.tsc_end);
+        c.u32(w.flags);
+        c.u32(w.depth);
+        c.u32(pt_len);
+        c.u32(sb_len);
+        c.bytes(pt);
+        c.bytes(sideband);
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Reader
+// ---------------------------------------------------------------------------------------
+
+/// One frame as read from a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// Byte offset of the frame in the file.
+    pub offset: usize,
+    pub ty: u16,
+    pub payload: &'a [u8],
+}
+
+/// How a file's frame sequence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    /// Every byte belongs to a complete frame.
+    Clean,
+    /// The last `bytes` bytes from `offset` are an incomplete frame (the writer was killed).
+    Truncated { offset: usize, bytes: usize },
+    /// The frame at `offset` has a bad CRC or impossible length; `bytes` were ignored.
+    Corrupt { offset: usize, bytes: usize },
+}
+
+/// A parsed file: kind, frames in order, and how it ended.
+#[derive(Debug, Clone)]
+pub struct ParsedFile<'a> {
+    pub kind: FileKind,
+    pub version: u32,
+    pub frames: Vec<Frame<'a>>,
+    pub tail: Tail,
+}
+
+/// Errors that prevent reading a file at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("{0}: not a pttrace file (bad magic in the first 8 bytes)")]
+    BadMagic(String),
+    #[error("{0}: file is {1} bytes, shorter than the 16-byte header (truncated at creation)")]
+    ShortHeader(String, usize),
+    #[error("{0}: unsupported version {1} (this build reads version {VERSION})")]
+    Version(String, u32),
+    #[error("{0}: unknown file kind {1} at offset 12")]
+    Kind(String, u32),
+    #[error("{path}: record at offset {offset}: {what}")]
+    Record {
+        path: String,
+        offset: usize,
+        what: String,
+    },
+}
+
+fn le_u16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+fn le_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn le_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Splits `data` (a whole file; `name` is used in messages) into frames.
+pub fn parse<'a>(name: &str, data: &'a [u8]) -> Result<ParsedFile<'a>, FormatError> {
+    if data.len() < HEADER_SIZE {
+        return Err(FormatError::ShortHeader(name.to_string(), data.len()));
+    }
+    if data[..8] != MAGIC {
+        return Err(FormatError::BadMagic(name.to_string()));
+    }
+    let version = le_u32(data, 8).unwrap_or(0);
+    if version != VERSION {
+        return Err(FormatError::Version(name.to_string(), version));
+    }
+    let kind = match le_u32(data, 12).unwrap_or(0) {
+        1 => FileKind::ProcessInfo,
+        2 => FileKind::Thread,
+        k => return Err(FormatError::Kind(name.to_string(), k)),
+    };
+    let mut frames = Vec::new();
+    let mut off = HEADER_SIZE;
+    let tail = loop {
+        let rest = data.len() - off;
+        if rest == 0 {
+            break Tail::Clean;
+        }
+        if rest < FRAME_OVERHEAD {
+            break Tail::Truncated {
+                offset: off,
+                bytes: rest,
+            };
+        }
+        let len = le_u32(data, off).unwrap_or(u32::MAX) as usize;
+        if len > MAX_PAYLOAD {
+            break Tail::Corrupt {
+                offset: off,
+                bytes: rest,
+            };
+        }
+        if rest < len + FRAME_OVERHEAD {
+            break Tail::Truncated {
+                offset: off,
+                bytes: rest,
+            };
+        }
+        let stored = le_u32(data, off + 8 + len).unwrap_or(0);
+        if crc32(&data[off..off + 8 + len]) != stored {
+            break Tail::Corrupt {
+                offset: off,
+                bytes: rest,
+            };
+        }
+        frames.push(Frame {
+            offset: off,
+            ty: le_u16(data, off + 4).unwrap_or(0),
+            payload: &data[off + 8..off + 8 + len],
+        });
+        off += len + FRAME_OVERHEAD;
+    };
+    Ok(ParsedFile {
+        kind,
+        version,
+        frames,
+        tail,
+    })
+}
+
+/// A decoded window with its PT and sideband bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowRecord<'a> {
+    pub window: Window,
+    pub pt: &'a [u8],
+    pub sideband: &'a [u8],
+}
+
+/// Decodes a `Window` payload.
+pub fn decode_window(p: &[u8]) -> Option<WindowRecord<'_>> {
+    let mut args = [0u64; 6];
+    for (i, a) in args.iter_mut().enumerate() {
+        *a = le_u64(p, 16 + 8 * i)?;
+    }
+    let w = Window {
+        index: le_u64(p, 0)?,
+        nr: le_u64(p, 8)?,
+        args,
+        ret: le_u64(p, 64)? as i64,
+        tsc_start: le_u64(p, 72)?,
+        tsc_end: le_u64(p, 80)?,
+        flags: le_u32(p, 88)?,
+        depth: le_u32(p, 92)?,
+    };
+    let pt_len = le_u32(p, 96)? as usize;
+    let sb_len = le_u32(p, 100)? as usize;
+    let pt = p.get(WINDOW_FIXED_SIZE..WINDOW_FIXED_SIZE.checked_add(pt_len)?)?;
+    let sb_start = WINDOW_FIXED_SIZE + pt_len;
+    let sideband = p.get(sb_start..sb_start.checked_add(sb_len)?)?;
+    if sb_start + sb_len != p.len() {
+        return None;
+    }
+    Some(WindowRecord {
+        window: w,
+        pt,
+        sideband,
+    })
+}
+
+/// Decoded `ThreadHeader`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadHeader {
+    pub pid: i32,
+    pub tid: i32,
+    pub mode: u8,
+    pub window: u8,
+    pub backend: u8,
+    pub pt_present: bool,
+    pub nonce: u64,
+    pub start_tsc: u64,
+    pub pt_absent_reason: String,
+}
+
+pub fn decode_thread_header(p: &[u8]) -> Option<ThreadHeader> {
+    Some(ThreadHeader {
+        pid: le_u32(p, 0)? as i32,
+        tid: le_u32(p, 4)? as i32,
+        mode: *p.get(8)?,
+        window: *p.get(9)?,
+        backend: *p.get(10)?,
+        pt_present: *p.get(11)? != 0,
+        nonce: le_u64(p, 12)?,
+        start_tsc: le_u64(p, 20)?,
+        pt_absent_reason: String::from_utf8_lossy(p.get(28..)?).into_owned(),
+    })
+}
+
+/// Decoded `Process` record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessRecord {
+    pub pid: i32,
+    pub ppid: i32,
+    pub nonce: u64,
+    pub start_tsc: u64,
+    pub start_monotonic_ns: u64,
+    pub mode: u8,
+    pub window: u8,
+    pub backend: u8,
+    pub pt_present: bool,
+    pub pt_absent_reason: String,
+}
+
+pub fn decode_process(p: &[u8]) -> Option<ProcessRecord> {
+    Some(ProcessRecord {
+        pid: le_u32(p, 0)? as i32,
+        ppid: le_u32(p, 4)? as i32,
+        nonce: le_u64(p, 8)?,
+        start_tsc: le_u64(p, 16)?,
+        start_monotonic_ns: le_u64(p, 24)?,
+        mode: *p.get(32)?,
+        window: *p.get(33)?,
+        backend: *p.get(34)?,
+        pt_present: *p.get(35)? != 0,
+        pt_absent_reason: String::from_utf8_lossy(p.get(40..)?).into_owned(),
+    })
+}
+
+/// Decoded `End` record: (reason, windows, dropped).
+pub fn decode_end(p: &[u8]) -> Option<(u32, u64, u64)> {
+    Some((le_u32(p, 0)?, le_u64(p, 8)?, le_u64(p, 16)?))
+}
+
+/// Decoded `Dropped` record: (since last, total).
+pub fn decode_dropped(p: &[u8]) -> Option<(u64, u64)> {
+    Some((le_u64(p, 0)?, le_u64(p, 8)?))
+}
+
+/// Decoded `Clock` record: (monotonic ns, tsc).
+pub fn decode_clock(p: &[u8]) -> Option<(u64, u64)> {
+    Some((le_u64(p, 0)?, le_u64(p, 8)?))
+}
+
+/// Decoded `ProcessEnd` record: (reason, exit code).
+pub fn decode_process_end(p: &[u8]) -> Option<(u32, i32)> {
+    Some((le_u32(p, 0)?, le_u32(p, 4)? as i32))
+}
+
+/// Syscall sites patched by the fast path, from a `ProcessEnd` payload.
+pub fn decode_patched_sites(p: &[u8]) -> u64 {
+    le_u64(p, 8).unwrap_or(0)
+}
+
+/// Decoded `Vdso` record: (address, bytes).
+pub fn decode_vdso(p: &[u8]) -> Option<(u64, &[u8])> {
+    Some((le_u64(p, 0)?, p.get(8..)?))
+}
+
+/// Mode byte -> name.
+pub fn mode_name(m: u8) -> &'static str {
+    match m {
+        0 => "user",
+        1 => "kernel",
+        2 => "user_kernel",
+        _ => "?",
+    }
+}
+
+/// Window-kind byte -> name.
+pub fn window_name(w: u8) -> &'static str {
+    match w {
+        0 => "syscall",
+        1 => "thread",
+        _ => "?",
+    }
+}
+
+/// Backend byte -> name.
+pub fn backend_name(b: u8) -> &'static str {
+    match b {
+        0 => "hardware",
+        1 => "emulated",
+        _ => "?",
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Whole-file summaries (used by `pttrace report` and `pttrace run`)
+// ---------------------------------------------------------------------------------------
+
+/// Summary of one thread file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadSummary {
+    pub file: String,
+    pub header: Option<ThreadHeader>,
+    pub windows: u64,
+    pub pt_bytes: u64,
+    pub sideband_bytes: u64,
+    /// Windows with any of the loss flags (PT lost, sideband lost, PT dropped, capture error).
+    pub lossy_windows: u64,
+    /// Windows the shim dropped under backpressure (from `Dropped` records).
+    pub dropped: u64,
+    /// Per syscall number: count.
+    pub per_syscall: std::collections::BTreeMap<u64, u64>,
+    pub end: Option<(u32, u64, u64)>,
+    pub tail: Tail,
+}
+
+/// Reads and summarizes a thread file.
+pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
+    let name = path.display().to_string();
+    let data = std::fs::read(path).map_err(|e| FormatError::Record {
+        path: name.clone(),
+        offset: 0,
+        what: format!("cannot read: {e}"),
+    })?;
+    let parsed = parse(&name, &data)?;
+    if parsed.kind != FileKind::Thread {
+        return Err(FormatError::Record {
+            path: name,
+            offset: 12,
+            what: "expected a thread file (kind 2)".into(),
+        });
+    }
+    let mut s = ThreadSummary {
+        file: name.clone(),
+        header: None,
+        windows: 0,
+        pt_bytes: 0,
+        sideband_bytes: 0,
+        lossy_windows: 0,
+        dropped: 0,
+        per_syscall: Default::default(),
+        end: None,
+        tail: parsed.tail.clone(),
+    };
+    let bad = |f: &Frame<'_>, what: &str| FormatError::Record {
+        path: name.clone(),
+        offset: f.offset,
+        what: what.to_string(),
+    };
+    for f in &parsed.frames {
+        match RecordType::from_raw(f.ty) {
+            Some(RecordType::ThreadHeader) => {
+                s.header = Some(
+                    decode_thread_header(f.payload).ok_or_else(|| bad(f, "short ThreadHeader"))?,
+                )
+            }
+            Some(RecordType::Window) => {
+                let w = decode_window(f.payload).ok_or_else(|| bad(f, "malformed Window"))?;
+                s.windows += 1;
+                s.pt_bytes += w.pt.len() as u64;
+                s.sideband_bytes += w.sideband.len() as u64;
+                if w.window.flags
+                    & (WF_PT_LOST | WF_SIDEBAND_LOST | WF_PT_DROPPED | WF_CAPTURE_ERROR)
+                    != 0
+                {
+                    s.lossy_windows += 1;
+                }
+                *s.per_syscall.entry(w.window.nr).or_default() += 1;
+            }
+            Some(RecordType::Dropped) => {
+                let (n, _) = decode_dropped(f.payload).ok_or_else(|| bad(f, "short Dropped"))?;
+                s.dropped += n;
+            }
+            Some(RecordType::End) => {
+                s.end = Some(decode_end(f.payload).ok_or_else(|| bad(f, "short End"))?)
+            }
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+/// Summary of one process info file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSummary {
+    pub file: String,
+    pub process: Option<ProcessRecord>,
+    pub cmdline: Vec<String>,
+    pub exe: String,
+    pub maps_lines: usize,
+    pub vdso_bytes: usize,
+    pub has_metadata: bool,
+    pub config: String,
+    pub end: Option<(u32, i32)>,
+    pub patched_sites: u64,
+    pub clocks: Vec<(u64, u64)>,
+    pub tail: Tail,
+}
+
+/// Reads and summarizes a process info file.
+pub fn summarize_process(path: &Path) -> Result<ProcessSummary, FormatError> {
+    let name = path.display().to_string();
+    let data = std::fs::read(path).map_err(|e| FormatError::Record {
+        path: name.clone(),
+        offset: 0,
+        what: format!("cannot read: {e}"),
+    })?;
+    let parsed = parse(&name, &data)?;
+    if parsed.kind != FileKind::ProcessInfo {
+        return Err(FormatError::Record {
+            path: name,
+            offset: 12,
+            what: "expected a process info file (kind 1)".into(),
+        });
+    }
+    let mut s = ProcessSummary {
+        file: name.clone(),
+        process: None,
+        cmdline: Vec::new(),
+        exe: String::new(),
+        maps_lines: 0,
+        vdso_bytes: 0,
+        has_metadata: false,
+        config: String::new(),
+        end: None,
+        patched_sites: 0,
+        clocks: Vec::new(),
+        tail: parsed.tail.clone(),
+    };
+    for f in &parsed.frames {
+        match RecordType::from_raw(f.ty) {
+            Some(RecordType::Process) => s.process = decode_process(f.payload),
+            Some(RecordType::Cmdline) => {
+                s.cmdline = f
+                    .payload
+                    .split(|&b| b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect()
+            }
+            Some(RecordType::Exe) => s.exe = String::from_utf8_lossy(f.payload).into_owned(),
+            Some(RecordType::Maps) => s.maps_lines = f.payload.split(|&b| b == b'\n').count() - 1,
+            Some(RecordType::Vdso) => {
+                s.vdso_bytes = decode_vdso(f.payload).map_or(0, |(_, b)| b.len())
+            }
+            Some(RecordType::Metadata) => s.has_metadata = f.payload.len() >= 18,
+            Some(RecordType::Config) => s.config = String::from_utf8_lossy(f.payload).into_owned(),
+            Some(RecordType::ProcessEnd) => {
+                s.end = decode_process_end(f.payload);
+                s.patched_sites = decode_patched_sites(f.payload);
+            }
+            Some(RecordType::Clock) => {
+                if let Some(c) = decode_clock(f.payload) {
+                    s.clocks.push(c)
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_matches_the_standard_check_value() {
+        // The CRC-32/ISO-HDLC check value of "123456789".
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+    }
+
+    #[test]
+    fn frame_layout_is_exact() {
+        let mut buf = [0u8; 64];
+        let n = encode_frame(&mut buf, RecordType::Dropped, |c| {
+            c.u64(3);
+            c.u64(7);
+        })
+        .unwrap();
+        assert_eq!(n, 12 + 16);
+        assert_eq!(&buf[0..4], &16u32.to_le_bytes());
+        assert_eq!(&buf[4..6], &3u16.to_le_bytes());
+        assert_eq!(&buf[6..8], &[0, 0]);
+        assert_eq!(&buf[8..16], &3u64.to_le_bytes());
+        assert_eq!(&buf[16..24], &7u64.to_le_bytes());
+        assert_eq!(&buf[24..28], &crc32(&buf[0..24]).to_le_bytes());
+        // Too small a buffer is refused, not truncated.
+        assert_eq!(
+            encode_frame(&mut buf[..27], RecordType::Dropped, |c| {
+                c.u64(3);
+                c.u64(7);
+            }),
+            None
+        );
+    }
+
+    fn sample_file() -> (Vec<u8>, Vec<usize>) {
+        let mut file = encode_header(FileKind::Thread).to_vec();
+        let mut ends = vec![];
+        let mut buf = vec![0u8; 4096];
+        for i in 0..3u64 {
+            let w = Window {
+                index: i,
+                nr: 110,
+                args: [1, 2, 3, 4, 5, 6],
+                ret: -(i as i64),
+                tsc_start: 100 * i,
+                tsc_end: 100 * i + 50,
+                flags: WF_PT_ABSENT,
+                depth: 0,
+            };
+            let n = encode_window(&mut buf, &w, &[0xAA; 5][..i as usize], b"sb").unwrap();
+            file.extend_from_slice(&buf[..n]);
+            ends.push(file.len());
+        }
+        (file, ends)
+    }
+
+    #[test]
+    fn windows_round_trip() {
+        let (file, _) = sample_file();
+        let p = parse("t", &file).unwrap();
+        assert_eq!(p.kind, FileKind::Thread);
+        assert_eq!(p.tail, Tail::Clean);
+        assert_eq!(p.frames.len(), 3);
+        let w = decode_window(p.frames[2].payload).unwrap();
+        assert_eq!(w.window.index, 2);
+        assert_eq!(w.window.nr, 110);
+        assert_eq!(w.window.args, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(w.window.ret, -2);
+        assert_eq!(w.window.tsc_end, 250);
+        assert_eq!(w.pt, &[0xAA, 0xAA]);
+        assert_eq!(w.sideband, b"sb");
+    }
+
+    #[test]
+    fn every_truncation_point_is_detected() {
+        let (file, ends) = sample_file();
+        for cut in HEADER_SIZE..file.len() {
+            let p = parse("t", &file[..cut]).unwrap();
+            let complete = ends.iter().filter(|&&e| e <= cut).count();
+            assert_eq!(p.frames.len(), complete, "cut at {cut}");
+            let last_end = if complete == 0 {
+                HEADER_SIZE
+            } else {
+                ends[complete - 1]
+            };
+            if cut == last_end {
+                assert_eq!(p.tail, Tail::Clean);
+            } else {
+                assert_eq!(
+                    p.tail,
+                    Tail::Truncated {
+                        offset: last_end,
+                        bytes: cut - last_end
+                    },
+                    "cut at {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_is_corruption_not_data() {
+        let (mut file, ends) = sample_file();
+        file[ends[0] + 20] ^= 0x40;
+        let p = parse("t", &file).unwrap();
+        assert_eq!(p.frames.len(), 1);
+        assert_eq!(
+            p.tail,
+            Tail::Corrupt {
+                offset: ends[0],
+                bytes: file.len() - ends[0]
+            }
+        );
+    }
+
+    #[test]
+    fn bad_headers_are_named() {
+        assert!(matches!(
+            parse("x", b"short"),
+            Err(FormatError::ShortHeader(_, 5))
+        ));
+        let mut h = encode_header(FileKind::Thread);
+        h[0] = b'Q';
+        assert!(matches!(parse("x", &h), Err(FormatError::BadMagic(_))));
+        let mut h = encode_header(FileKind::Thread);
+        h[8] = 9;
+        assert!(matches!(parse("x", &h), Err(FormatError::Version(_, 9))));
+    }
+}

@@ -1,1 +1,346 @@
-//! LD_PRELOAD shim: traces syscall windows of unmodified binaries.
+//! LD_PRELOAD shim: traces the syscall windows of unmodified binaries.
+//!
+//! Loaded into a process as `libdrpttracer.so` (by `pttrace run`, or by hand with
+//! `LD_PRELOAD=…/libdrpttracer.so PTTRACER_OUT=dir prog`), a constructor in `.init_array`
+//! reads the `PTTRACER_*` variables ([`config`]). Without `PTTRACER_OUT` it does nothing at
+//! all, so programs and DynamoRIO clients that merely link the library see no side effect;
+//! an invalid value prints one line on stderr and the program runs untraced.
+//!
+//! When active, every syscall of every thread is intercepted with Syscall User Dispatch:
+//! the selector byte is BLOCK for the whole process and the shim's own syscalls go through
+//! a stub inside the allowed range ([`raw`]). The SIGSYS handler ([`handler`]) performs each
+//! syscall itself and records a window (nr, args, return value, TSC start/end, flags) into
+//! the thread's lock-free queue ([`slots`]); the writer thread ([`writer`]) drains the
+//! queues into per-thread files ([`output`], format in [`crate::format::ptt`]).
+//!
+//! Threads: SUD is inherited by forked processes but not by new threads; thread-creating
+//! clones are therefore re-executed through a stub whose child path arms SUD before the
+//! new thread runs any application instruction ([`raw`]); its slot is claimed at its
+//! first syscall. Forked children
+//! get a fresh process image (new info file, own thread files); glibc's `fork` runs the
+//! shim's `pthread_atfork` child handler, which starts a writer in the child. `execve`
+//! carries the preload through `LD_PRELOAD` in the environment.
+//!
+//! PT: the handler records metadata-only windows. Capturing PT around each window through
+//! [`crate::tracer::Tracer`] is not done by the shim yet; at start-up it tries to create a
+//! tracer for the configured mode to learn whether PT would be available, and stores the
+//! reason it is absent (on this machine: no `intel_pt` PMU, or no emulated backend) once
+//! in the info file and each thread header. Every window carries `WF_PT_ABSENT`.
+
+pub mod config;
+pub mod execenv;
+pub mod handler;
+pub mod output;
+pub mod raw;
+pub mod rewrite;
+pub mod slots;
+pub mod sysnames;
+pub mod writer;
+
+use config::ShimConfig;
+use std::sync::atomic::Ordering::*;
+
+/// Message prefix on stderr.
+const WHO: &str = "drpttracer shim";
+
+/// `.init_array` entry: runs when the library is loaded (glibc passes argc, argv, envp).
+#[used]
+#[link_section = ".init_array"]
+static SHIM_INIT: extern "C" fn() = shim_constructor;
+
+extern "C" fn shim_constructor() {
+    // Never let a panic cross into the loader.
+    let _ = std::panic::catch_unwind(|| {
+        if let Err(msg) = init() {
+            eprintln!("{WHO}: {msg}; tracing disabled, the program runs untraced");
+        }
+    });
+}
+
+/// Whether this code runs from a shared object (the preloaded cdylib) rather than being
+/// linked statically into an executable (the `pttrace` binary and tests link the rlib).
+/// The file this code was loaded from (dladdr), empty when unknown.
+fn own_path() -> Vec<u8> {
+    // SAFETY: dladdr only reads loader data; info is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the address is that of a function in this object.
+    let ok = unsafe { libc::dladdr(shim_constructor as *const libc::c_void, &mut info) };
+    if ok == 0 || info.dli_fname.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    match std::fs::canonicalize(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name))
+    {
+        Ok(p) => p.into_os_string().into_encoded_bytes(),
+        Err(_) => name.to_vec(),
+    }
+}
+
+fn loaded_as_shared_object() -> bool {
+    // SAFETY: dladdr only reads loader data; info is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the address is that of a function in this object.
+    let ok = unsafe { libc::dladdr(shim_constructor as *const libc::c_void, &mut info) };
+    if ok == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let b = name.to_bytes();
+    b.ends_with(b".so") || b.windows(4).any(|w| w == b".so.")
+}
+
+/// The vDSO's address and size from /proc/self/maps.
+fn vdso_range() -> (u64, usize) {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return (0, 0);
+    };
+    for line in maps.lines() {
+        if line.ends_with("[vdso]") {
+            let range = line.split_whitespace().next().unwrap_or("");
+            let mut it = range.split('-');
+            let a = it.next().and_then(|v| u64::from_str_radix(v, 16).ok());
+            let b = it.next().and_then(|v| u64::from_str_radix(v, 16).ok());
+            if let (Some(a), Some(b)) = (a, b) {
+                if b > a {
+                    return (a, (b - a) as usize);
+                }
+            }
+        }
+    }
+    (0, 0)
+}
+
+fn metadata_bytes(m: &crate::metadata::ExtMetadata) -> [u8; 50] {
+    let mut b = [0u8; 50];
+    b[0..18].copy_from_slice(&m.base.to_bytes());
+    b[18..22].copy_from_slice(&m.cpuid_0x15_eax.to_le_bytes());
+    b[22..26].copy_from_slice(&m.cpuid_0x15_ebx.to_le_bytes());
+    b[26] = m.nom_freq;
+    b[27] = m.mtc_freq;
+    b[28] = u8::from(m.time_zero_valid);
+    b[29] = m.backend as u32 as u8;
+    b[30..34].copy_from_slice(&m.perf_type.to_le_bytes());
+    b[34..42].copy_from_slice(&m.perf_config.to_le_bytes());
+    b[42..50].copy_from_slice(&m.sideband_sample_type.to_le_bytes());
+    b
+}
+
+/// Learns whether PT is available for the configured mode (and its metadata).
+fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMetadata) {
+    use crate::metadata::{cpu_identity, cpuid_0x15, BackendKind, ExtMetadata, PtMetadata};
+    let kind = cfg
+        .backend
+        .resolve(cfg.mode)
+        .unwrap_or(BackendKind::Hardware);
+    let tcfg = crate::tracer::TracerConfig {
+        mode: cfg.mode,
+        pt_size_shift: cfg.pt_shift,
+        sideband_size_shift: cfg.sb_shift,
+        backend: cfg.backend,
+    };
+    match crate::tracer::Tracer::new(tcfg) {
+        Ok(t) => (
+            t.backend_kind() as u32 as u8,
+            false,
+            format!(
+                "{} backend available, but this build of the shim records metadata-only \
+                 windows (PT capture inside the SIGSYS handler is not wired yet)",
+                t.backend_kind().name()
+            ),
+            t.ext_metadata(),
+        ),
+        Err(e) => {
+            let (fam, model, step) = cpu_identity();
+            let (eax, ebx) = cpuid_0x15();
+            let meta = ExtMetadata {
+                base: PtMetadata {
+                    cpu_family: fam,
+                    cpu_model: model,
+                    cpu_stepping: step,
+                    ..Default::default()
+                },
+                cpuid_0x15_eax: eax,
+                cpuid_0x15_ebx: ebx,
+                nom_freq: 0,
+                mtc_freq: 0,
+                time_zero_valid: false,
+                backend: kind,
+                perf_type: 0,
+                perf_config: 0,
+                sideband_sample_type: 0,
+            };
+            (
+                kind as u32 as u8,
+                false,
+                format!(
+                    "{} backend for mode {}: {}",
+                    kind.name(),
+                    cfg.mode.name(),
+                    e.message
+                ),
+                meta,
+            )
+        }
+    }
+}
+
+fn install_sigsys() -> Result<(), String> {
+    #[repr(C)]
+    struct KSigaction {
+        handler: u64,
+        flags: u64,
+        restorer: u64,
+        mask: u64,
+    }
+    const SA_RESTORER: u64 = 0x0400_0000;
+    let act = KSigaction {
+        handler: handler::on_sigsys as *const () as u64,
+        flags: (libc::SA_SIGINFO | libc::SA_NODEFER) as u64 | SA_RESTORER,
+        restorer: raw::sigreturn_stub(),
+        mask: 0,
+    };
+    let mut old = KSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    let r = raw::sys4(
+        libc::SYS_rt_sigaction,
+        libc::SIGSYS as u64,
+        &act as *const KSigaction as u64,
+        &mut old as *mut KSigaction as u64,
+        8,
+    );
+    if r != 0 {
+        return Err(format!("rt_sigaction(SIGSYS) failed with errno {}", -r));
+    }
+    // A SIGSYS handler installed before us (by another preloaded library) is chained.
+    handler::APP_SIGSYS_HANDLER.store(old.handler, Relaxed);
+    handler::APP_SIGSYS_FLAGS.store(old.flags, Relaxed);
+    handler::APP_SIGSYS_RESTORER.store(old.restorer, Relaxed);
+    handler::APP_SIGSYS_MASK.store(old.mask, Relaxed);
+    Ok(())
+}
+
+const PR_SET_SYSCALL_USER_DISPATCH: u64 = 59;
+const PR_SYS_DISPATCH_OFF: u64 = 0;
+const PR_SYS_DISPATCH_ON: u64 = 1;
+
+/// Arms Syscall User Dispatch for the calling thread. Async-signal-safe (one raw syscall).
+/// Forked children inherit it, except those created with CLONE_VFORK; new threads never do.
+pub(crate) fn arm() -> i64 {
+    let (start, len) = raw::allowed_range();
+    raw::sys6(
+        libc::SYS_prctl as u64,
+        [
+            PR_SET_SYSCALL_USER_DISPATCH,
+            PR_SYS_DISPATCH_ON,
+            start,
+            len,
+            raw::selector_addr(),
+            0,
+        ],
+    )
+}
+
+fn disarm() -> i64 {
+    raw::sys6(
+        libc::SYS_prctl as u64,
+        [
+            PR_SET_SYSCALL_USER_DISPATCH,
+            PR_SYS_DISPATCH_OFF,
+            0,
+            0,
+            0,
+            0,
+        ],
+    )
+}
+
+/// glibc `fork` child handler (normal context, in the child): start the child's writer.
+extern "C" fn atfork_child() {
+    if !slots::ACTIVE_FLAG.load(Acquire) || slots::WRITER_ALIVE.load(Acquire) {
+        return;
+    }
+    // The writer must not inherit SUD: disarm this thread while it is created.
+    // With patched syscall sites it may still reach the fast path: `spawn` flags it.
+    disarm();
+    let _ = std::panic::catch_unwind(writer::spawn);
+    arm();
+}
+
+fn init() -> Result<(), String> {
+    if std::env::var_os(config::ENV_OUT).is_none_or(|v| v.is_empty()) || !loaded_as_shared_object()
+    {
+        return Ok(());
+    }
+    let cfg = match ShimConfig::from_env()? {
+        Some(c) => c,
+        None => return Ok(()),
+    };
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| {
+        format!(
+            "cannot create the output directory {} ({}={}): {e}",
+            cfg.out_dir.display(),
+            config::ENV_OUT,
+            cfg.out_dir.display()
+        )
+    })?;
+    let (backend, pt_present, reason, meta) = probe_tracer(&cfg);
+    let rewrite = cfg.rewrite
+        && match rewrite::setup() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("{WHO}: {e}");
+                false
+            }
+        };
+    let st = slots::make_static(
+        &cfg,
+        backend,
+        pt_present,
+        reason,
+        metadata_bytes(&meta),
+        meta.base.to_bytes(),
+        vdso_range(),
+        rewrite,
+        own_path(),
+    );
+    if slots::STATIC.set(st).is_err() {
+        return Ok(());
+    }
+    let pid = raw::getpid();
+    let tsc = raw::rdtsc();
+    slots::PID.store(pid, Relaxed);
+    slots::NONCE.store(tsc & 0xFFFF_FFFF, Relaxed);
+    slots::START_TSC.store(tsc, Relaxed);
+    let main = slots::claim(raw::gettid(), pid, tsc & 0xFFFF_FFFF)
+        .ok_or("cannot allocate the main thread's window queue (mmap failed)")?;
+    slots::set_current(main);
+    slots::LIVE.store(1, Release);
+    if !output::write_info_file() {
+        return Err(format!(
+            "cannot write the process info file in {}",
+            cfg.out_dir.display()
+        ));
+    }
+    writer::spawn();
+    install_sigsys()?;
+    handler::install_fatal_handlers();
+    // SAFETY: registering a plain extern "C" function as the fork child handler.
+    unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    slots::ACTIVE_FLAG.store(true, Release);
+    let r = arm();
+    if r != 0 {
+        slots::ACTIVE_FLAG.store(false, Release);
+        return Err(format!(
+            "prctl(PR_SET_SYSCALL_USER_DISPATCH) failed with errno {} (kernel without \
+             CONFIG_GENERIC_ENTRY / Syscall User Dispatch?)",
+            -r
+        ));
+    }
+    Ok(())
+}

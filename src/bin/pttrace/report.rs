@@ -1,10 +1,238 @@
-//! `pttrace report` (not yet implemented).
+//! `pttrace report DIR`: summarizes a trace directory written by the shim.
 
 use crate::CmdResult;
+use drpttracer::format::ptt::{self, ProcessSummary, Tail, ThreadSummary};
+use drpttracer::shim::sysnames;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Trace directory (the `--out` of `pttrace run`).
+    pub dir: PathBuf,
+    /// Also list the number of windows per syscall.
+    #[arg(long)]
+    pub per_syscall: bool,
+}
 
-pub fn run(_args: Args) -> CmdResult {
-    Err("'report' is not implemented yet".into())
+/// Everything found in a trace directory.
+pub struct DirSummary {
+    /// Info files keyed by (pid, nonce) as written in their file names.
+    pub processes: BTreeMap<(i32, String), ProcessSummary>,
+    /// Thread files keyed by (pid, nonce) of their process image.
+    pub threads: BTreeMap<(i32, String), Vec<ThreadSummary>>,
+    /// Files that could not be read at all (name, error).
+    pub unreadable: Vec<(String, String)>,
+    pub kernel_raw_files: usize,
+    pub kernel_raw_bytes: u64,
+}
+
+impl DirSummary {
+    pub fn windows(&self) -> u64 {
+        self.threads.values().flatten().map(|t| t.windows).sum()
+    }
+    pub fn thread_count(&self) -> usize {
+        self.threads.values().map(Vec::len).sum()
+    }
+    pub fn truncated_files(&self) -> usize {
+        let t = self
+            .threads
+            .values()
+            .flatten()
+            .filter(|t| t.tail != Tail::Clean)
+            .count();
+        let p = self
+            .processes
+            .values()
+            .filter(|p| p.tail != Tail::Clean)
+            .count();
+        t + p
+    }
+}
+
+/// `<pid>-<nonce>.info` / `<pid>-<nonce>-<tid>.ptt` -> (pid, nonce).
+fn key_of(name: &str) -> Option<(i32, String)> {
+    let stem = name
+        .strip_suffix(".info")
+        .or_else(|| name.strip_suffix(".ptt"))?;
+    let mut it = stem.split('-');
+    let pid = it.next()?.parse().ok()?;
+    let nonce = it.next()?.to_string();
+    Some((pid, nonce))
+}
+
+/// Reads every shim file in `dir`.
+pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read trace directory {}: {e}", dir.display()))?;
+    let mut s = DirSummary {
+        processes: BTreeMap::new(),
+        threads: BTreeMap::new(),
+        unreadable: Vec::new(),
+        kernel_raw_files: 0,
+        kernel_raw_bytes: 0,
+    };
+    let mut names: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    names.sort();
+    for path in names {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(key) = key_of(&name) else { continue };
+        if name.ends_with(".info") {
+            match ptt::summarize_process(&path) {
+                Ok(p) => {
+                    s.processes.insert(key, p);
+                }
+                Err(e) => s.unreadable.push((name, e.to_string())),
+            }
+        } else {
+            match ptt::summarize_thread(&path) {
+                Ok(t) => s.threads.entry(key).or_default().push(t),
+                Err(e) => s.unreadable.push((name, e.to_string())),
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(dir.join("kernel.raw")) {
+        for e in rd.flatten() {
+            s.kernel_raw_files += 1;
+            s.kernel_raw_bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    Ok(s)
+}
+
+fn tail_text(t: &Tail) -> Option<String> {
+    match t {
+        Tail::Clean => None,
+        Tail::Truncated { offset, bytes } => Some(format!(
+            "TRUNCATED tail: {bytes} bytes at offset {offset} are an incomplete record (ignored)"
+        )),
+        Tail::Corrupt { offset, bytes } => Some(format!(
+            "CORRUPT record at offset {offset} (bad checksum or length): {bytes} bytes ignored"
+        )),
+    }
+}
+
+fn end_text(end: Option<(u32, u64, u64)>) -> String {
+    match end {
+        Some((r, _, _)) => ptt::EndReason::from_raw(r)
+            .map_or_else(|| format!("end reason {r}"), |r| r.name().to_string()),
+        None => "no End record (killed, or ended by another thread's exit/exec)".into(),
+    }
+}
+
+/// Prints the summary; returns it for callers that add to it.
+pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String> {
+    let s = summarize_dir(dir)?;
+    println!("trace directory: {}", dir.display());
+    let mut keys: Vec<_> = s
+        .processes
+        .keys()
+        .chain(s.threads.keys())
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let mut backends = BTreeMap::<String, usize>::new();
+    for key in &keys {
+        let (pid, nonce) = key;
+        match s.processes.get(key) {
+            Some(p) => {
+                let ppid = p.process.as_ref().map_or(0, |r| r.ppid);
+                println!(
+                    "process {pid} (image {nonce}, parent {ppid}): {}",
+                    if p.cmdline.is_empty() {
+                        p.exe.clone()
+                    } else {
+                        p.cmdline.join(" ")
+                    }
+                );
+                if let Some(r) = &p.process {
+                    let b = ptt::backend_name(r.backend).to_string();
+                    *backends.entry(b.clone()).or_default() += 1;
+                    println!(
+                        "  exe {}, mode {}, window {}, backend {b}, {} mappings, vDSO {} bytes",
+                        p.exe,
+                        ptt::mode_name(r.mode),
+                        ptt::window_name(r.window),
+                        p.maps_lines,
+                        p.vdso_bytes
+                    );
+                    if !r.pt_present {
+                        println!("  PT absent: {}", r.pt_absent_reason);
+                    }
+                }
+                match p.end {
+                    Some((r, code)) => println!(
+                        "  ended: {} (status {code}){}",
+                        ptt::EndReason::from_raw(r).map_or("?", |r| r.name()),
+                        if p.patched_sites > 0 {
+                            format!(", {} syscall sites patched", p.patched_sites)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    None => println!("  ended: no ProcessEnd record (killed or still running)"),
+                }
+                if let Some(t) = tail_text(&p.tail) {
+                    println!("  info file {t}");
+                }
+            }
+            None => println!("process {pid} (image {nonce}): no info file"),
+        }
+        for t in s.threads.get(key).into_iter().flatten() {
+            let tid = t.header.as_ref().map_or(0, |h| h.tid);
+            println!(
+                "  thread {tid}: {} windows, {} PT bytes, {} sideband bytes, {} lossy, {} dropped, ended: {}",
+                t.windows,
+                t.pt_bytes,
+                t.sideband_bytes,
+                t.lossy_windows,
+                t.dropped,
+                end_text(t.end)
+            );
+            if let Some(tt) = tail_text(&t.tail) {
+                println!("    {}: {tt}", t.file);
+            }
+            if per_syscall {
+                for (nr, n) in &t.per_syscall {
+                    let name = sysnames::name(*nr).map_or_else(|| format!("#{nr}"), String::from);
+                    println!("    {name:<20} {n}");
+                }
+            }
+        }
+    }
+    for (name, e) in &s.unreadable {
+        println!("unreadable: {name}: {e}");
+    }
+    let pt: u64 = s.threads.values().flatten().map(|t| t.pt_bytes).sum();
+    let sb: u64 = s.threads.values().flatten().map(|t| t.sideband_bytes).sum();
+    let lossy: u64 = s.threads.values().flatten().map(|t| t.lossy_windows).sum();
+    let dropped: u64 = s.threads.values().flatten().map(|t| t.dropped).sum();
+    let backend = if backends.is_empty() {
+        "none".to_string()
+    } else {
+        backends.keys().cloned().collect::<Vec<_>>().join(", ")
+    };
+    println!(
+        "total: {} processes, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
+         losses: {lossy} lossy windows, {dropped} dropped windows, {} truncated/corrupt files; \
+         backend {backend}; kernel.raw: {} files, {} bytes",
+        keys.len(),
+        s.thread_count(),
+        s.windows(),
+        pt,
+        sb,
+        s.truncated_files(),
+        s.kernel_raw_files,
+        s.kernel_raw_bytes
+    );
+    Ok(s)
+}
+
+pub fn run(args: Args) -> CmdResult {
+    print_summary(&args.dir, args.per_syscall)?;
+    Ok(())
 }

@@ -1,10 +1,145 @@
-//! `pttrace run` (not yet implemented).
+//! `pttrace run [options] -- CMD ARGS…`: runs a program under the LD_PRELOAD shim.
 
 use crate::CmdResult;
+use drpttracer::shim::config::{self, ShimConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Output directory (created if missing).
+    #[arg(long, default_value = "pttrace.out")]
+    pub out: PathBuf,
+    /// What to trace: kernel, user or user_kernel.
+    #[arg(long, default_value = "kernel")]
+    pub mode: String,
+    /// Window kind: syscall (entry to exit) or thread (user execution between syscalls).
+    #[arg(long, default_value = "syscall")]
+    pub window: String,
+    /// Syscalls to record: names or numbers, comma separated; `!name` excludes.
+    #[arg(long, default_value = "")]
+    pub syscalls: String,
+    /// Capture backend: auto, hardware or emulated.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Windows buffered per thread (power of two).
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// When a thread's queue is full: block (no loss) or drop (counted in the file).
+    #[arg(long)]
+    pub backpressure: Option<String>,
+    /// PT ring size shift (2^n pages).
+    #[arg(long)]
+    pub pt_shift: Option<u32>,
+    /// Sideband ring size shift (2^n pages).
+    #[arg(long)]
+    pub sb_shift: Option<u32>,
+    /// Patch hot syscall sites into direct calls (PTTRACER_REWRITE=1; needs root for page 0).
+    #[arg(long)]
+    pub rewrite: bool,
+    /// Path of libdrpttracer.so (default: next to this executable).
+    #[arg(long)]
+    pub lib: Option<PathBuf>,
+    /// Print windows per syscall in the summary.
+    #[arg(long)]
+    pub per_syscall: bool,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    pub cmd: Vec<String>,
+}
 
-pub fn run(_args: Args) -> CmdResult {
-    Err("'run' is not implemented yet".into())
+/// libdrpttracer.so next to the running executable (target/<profile>/), or in its parent
+/// (test and bench executables live in target/<profile>/deps/).
+pub fn find_library() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate pttrace itself: {e}"))?;
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let cand = d.join("libdrpttracer.so");
+        if cand.is_file() {
+            return Ok(cand);
+        }
+        dir = d.parent();
+    }
+    Err(format!(
+        "libdrpttracer.so not found next to {}: build it with `cargo build` (it is the \
+         library's cdylib) or pass --lib PATH",
+        exe.display()
+    ))
+}
+
+fn env_pairs(args: &Args) -> Vec<(&'static str, String)> {
+    let mut v = vec![
+        (config::ENV_OUT, args.out.display().to_string()),
+        (config::ENV_MODE, args.mode.clone()),
+        (config::ENV_WINDOW, args.window.clone()),
+        (config::ENV_SYSCALLS, args.syscalls.clone()),
+        (config::ENV_BACKEND, args.backend.clone()),
+    ];
+    if let Some(q) = args.queue {
+        v.push((config::ENV_QUEUE, q.to_string()));
+    }
+    if let Some(b) = &args.backpressure {
+        v.push((config::ENV_BACKPRESSURE, b.clone()));
+    }
+    if let Some(s) = args.pt_shift {
+        v.push((config::ENV_PT_SHIFT, s.to_string()));
+    }
+    if let Some(s) = args.sb_shift {
+        v.push((config::ENV_SB_SHIFT, s.to_string()));
+    }
+    if args.rewrite {
+        v.push((config::ENV_REWRITE, "1".to_string()));
+    }
+    v
+}
+
+fn prepend_preload(lib: &Path) -> String {
+    let lib = lib.display().to_string();
+    match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.trim().is_empty() => format!("{lib}:{old}"),
+        _ => lib,
+    }
+}
+
+pub fn run(args: Args) -> CmdResult {
+    let pairs = env_pairs(&args);
+    // Validate here with the shim's own parser so mistakes are reported before running.
+    ShimConfig::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))?;
+    let lib = match &args.lib {
+        Some(l) => l.clone(),
+        None => find_library()?,
+    };
+    let lib = lib
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", lib.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let out = args.out.canonicalize()?;
+    let (prog, rest) = args
+        .cmd
+        .split_first()
+        .ok_or("no command given: use pttrace run [options] -- CMD ARGS…")?;
+    let mut cmd = Command::new(prog);
+    cmd.args(rest);
+    for (k, v) in &pairs {
+        cmd.env(k, v);
+    }
+    cmd.env(config::ENV_OUT, &out);
+    cmd.env("LD_PRELOAD", prepend_preload(&lib));
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run {prog}: {e}"))?;
+    println!("{prog}: {status}");
+    super::report::print_summary(&out, args.per_syscall)?;
+    println!(
+        "decode with: pttrace decode {}   (summary again: pttrace report {})",
+        out.display(),
+        out.display()
+    );
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(c) => std::process::exit(c),
+        None => Err(format!("{prog} was killed by a signal ({status})").into()),
+    }
 }

@@ -1,0 +1,205 @@
+//! Added cost per intercepted syscall: the same getppid loop uninstrumented, under the
+//! shim (kernel mode; on a machine without PT this records metadata-only windows) and
+//! under `strace -f`, in one run. Prints per-syscall figures and the ratios.
+//!
+//! Run with `cargo bench --bench shim`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const N: u64 = 100_000;
+const RUNS: usize = 3;
+
+fn lib_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("bench executable path");
+    exe.ancestors()
+        .skip(1)
+        .take(3)
+        .map(|d| d.join("libdrpttracer.so"))
+        .find(|p| p.is_file())
+        .expect("libdrpttracer.so next to the bench executable (cargo bench builds it)")
+}
+
+fn compile(dir: &Path, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/progs/{name}.c"));
+    let out = dir.join(name);
+    let st = Command::new("cc")
+        .args(["-O2", "-mno-red-zone", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    out
+}
+
+/// (loop ns as measured inside the program, whole-process wall ns); best of RUNS.
+fn measure(mut make: impl FnMut() -> Command) -> (f64, f64) {
+    let mut best = (f64::MAX, f64::MAX);
+    for _ in 0..RUNS {
+        let mut c = make();
+        let t = Instant::now();
+        let o = c.output().expect("run workload");
+        let wall = t.elapsed().as_nanos() as f64;
+        assert!(o.status.success(), "workload failed: {o:?}");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let inner: f64 = text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected workload output {text:?}"));
+        best.0 = best.0.min(inner);
+        best.1 = best.1.min(wall);
+    }
+    best
+}
+
+/// getppid windows recorded in a trace directory (a benchmark of a tracer that loses
+/// windows would be meaningless).
+fn count_windows(out: &Path) -> u64 {
+    std::fs::read_dir(out)
+        .expect("trace dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".ptt"))
+        .map(|e| {
+            drpttracer::format::ptt::summarize_thread(&e.path())
+                .expect("thread file")
+                .per_syscall
+                .get(&110)
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+fn main() {
+    let tmp = std::env::temp_dir().join(format!("pttrace-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    let prog = compile(&tmp, "bench_loop");
+    let floor_prog = compile(&tmp, "sud_floor");
+    let lib = lib_path();
+    let n = N.to_string();
+
+    let base = measure(|| {
+        let mut c = Command::new(&prog);
+        c.arg(&n);
+        c
+    });
+    let out = tmp.join("trace");
+    let shim = measure(|| {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut c = Command::new(&prog);
+        c.arg(&n)
+            .env("LD_PRELOAD", &lib)
+            .env("PTTRACER_OUT", &out)
+            .env("PTTRACER_MODE", "kernel");
+        c
+    });
+    let shim_windows = count_windows(&out);
+    let fast = measure(|| {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut c = Command::new(&prog);
+        c.arg(&n)
+            .env("LD_PRELOAD", &lib)
+            .env("PTTRACER_OUT", &out)
+            .env("PTTRACER_MODE", "kernel")
+            .env("PTTRACER_REWRITE", "1");
+        c
+    });
+    let fast_windows = count_windows(&out);
+    let have_strace = Command::new("strace").arg("-V").output().is_ok();
+    let strace = have_strace.then(|| {
+        measure(|| {
+            let mut c = Command::new("strace");
+            c.args(["-f", "-o", "/dev/null"]).arg(&prog).arg(&n);
+            c
+        })
+    });
+
+    // The floor of any SIGSYS-based tracer on this machine: trap + minimal handler.
+    let mut floor = f64::MAX;
+    for _ in 0..RUNS {
+        let o = Command::new(&floor_prog)
+            .arg(&n)
+            .output()
+            .expect("run sud_floor");
+        assert!(o.status.success(), "sud_floor failed: {o:?}");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let v: Vec<f64> = text
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        assert_eq!(v.len(), 2, "unexpected sud_floor output {text:?}");
+        floor = floor.min(v[1] - v[0]);
+    }
+
+    let per = |ns: f64| ns / N as f64;
+    println!("workload: {N} getppid() syscalls, best of {RUNS} runs");
+    println!(
+        "{:<28} {:>14} {:>14} {:>16}",
+        "", "loop ns/call", "added ns/call", "process wall ms"
+    );
+    println!(
+        "{:<28} {:>14.1} {:>14} {:>16.1}",
+        "uninstrumented",
+        per(base.0),
+        "-",
+        base.1 / 1e6
+    );
+    let shim_added = per(shim.0) - per(base.0);
+    let fast_added = per(fast.0) - per(base.0);
+    println!(
+        "{:<28} {:>14.1} {:>14.1} {:>16.1}",
+        "shim, SUD (default)",
+        per(shim.0),
+        shim_added,
+        shim.1 / 1e6
+    );
+    println!(
+        "{:<28} {:>14.1} {:>14.1} {:>16.1}",
+        "shim, PTTRACER_REWRITE=1",
+        per(fast.0),
+        fast_added,
+        fast.1 / 1e6
+    );
+    println!(
+        "{:<28} {:>14} {:>14.1} {:>16}",
+        "SUD trap floor (no record)",
+        "-",
+        per(floor),
+        "-"
+    );
+    match strace {
+        Some(s) => {
+            let strace_added = per(s.0) - per(base.0);
+            println!(
+                "{:<28} {:>14.1} {:>14.1} {:>16.1}",
+                "strace -f",
+                per(s.0),
+                strace_added,
+                s.1 / 1e6
+            );
+            println!(
+                "ratio (SUD): shim adds {:.2} us/syscall (goal <= 2 us); strace adds {:.2} \
+                 us/syscall; the shim is {:.1}x cheaper than strace (goal >= 20x)",
+                shim_added / 1e3,
+                strace_added / 1e3,
+                strace_added / shim_added.max(1e-9)
+            );
+            println!(
+                "ratio (rewrite): shim adds {:.2} us/syscall; {:.1}x cheaper than strace",
+                fast_added / 1e3,
+                strace_added / fast_added.max(1e-9)
+            );
+        }
+        None => println!(
+            "SKIP: strace not installed; shim adds {:.2} us/syscall",
+            shim_added / 1e3
+        ),
+    }
+    println!(
+        "recorded getppid windows: SUD {shim_windows}, rewrite {fast_windows} (expected {N} each)"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -1,0 +1,903 @@
+//! The SIGSYS handler. **Async-signal-safe**: this module runs inside a signal handler
+//! (and re-entrantly: it is installed with `SA_NODEFER` so that syscalls of application
+//! signal handlers that run *during* an intercepted syscall are intercepted too). No
+//! allocation, no locks (only per-slot try-locks never held across a syscall that could
+//! re-enter), no std I/O, no panics.
+//!
+//! What runs where:
+//! - here, on the application thread: read nr/args from the ucontext, take timestamps
+//!   (`rdtsc`), perform the syscall through the allowed stub, write the result into RAX,
+//!   and push a metadata window into the thread's queue;
+//! - special syscalls, emulated or rewritten here: `rt_sigaction` (SIGSYS stays ours, the
+//!   application's SIGSYS handler is remembered and chained; SIGSYS is removed from every
+//!   handler mask), `rt_sigprocmask` (applied to the ucontext's saved mask so it takes
+//!   effect when the handler returns; SIGSYS can never be blocked), masks of
+//!   `rt_sigsuspend`/`ppoll`/`pselect6`/`epoll_pwait(2)` (SIGSYS removed), `rt_sigreturn`
+//!   (recorded, then resumed at the in-range sigreturn stub), thread-creating
+//!   `clone`/`clone3` (reissued after the handler returns, see [`super::raw`]), `fork`,
+//!   `vfork` and `clone` without a new stack (performed here as a fork; `vfork` becomes
+//!   `clone(CLONE_VFORK)` without shared memory so the child cannot clobber this frame),
+//!   `execve`/`execveat` (everything flushed and the window written before the call,
+//!   retracted if it fails), `exit` (thread file ended; the last thread ends the process),
+//!   `exit_group` (everything flushed synchronously);
+//! - on the writer thread: draining queues into files ([`super::output`]).
+
+use super::output;
+use super::raw::{self, sys6};
+use super::slots::{self, Slot, EXITED, STATIC};
+use crate::format::ptt::{
+    EndReason, Window, WF_FORK_CHILD, WF_NESTED, WF_NO_RETURN, WF_PT_ABSENT, WF_VFORK_CHILD,
+};
+use libc::{c_int, c_void, siginfo_t, ucontext_t};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// `si_code` of a Syscall User Dispatch SIGSYS.
+const SYS_USER_DISPATCH: c_int = 2;
+const SIGSYS_BIT: u64 = 1 << (libc::SIGSYS - 1);
+const UNBLOCKABLE: u64 = SIGSYS_BIT | (1 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1));
+
+/// The application's SIGSYS disposition (kernel `struct sigaction` fields).
+pub static APP_SIGSYS_HANDLER: AtomicU64 = AtomicU64::new(0);
+pub static APP_SIGSYS_FLAGS: AtomicU64 = AtomicU64::new(0);
+pub static APP_SIGSYS_RESTORER: AtomicU64 = AtomicU64::new(0);
+pub static APP_SIGSYS_MASK: AtomicU64 = AtomicU64::new(0);
+
+const NR_READ_SIGACTION: u64 = libc::SYS_rt_sigaction as u64;
+const NR_SIGPROCMASK: u64 = libc::SYS_rt_sigprocmask as u64;
+const NR_SIGRETURN: u64 = libc::SYS_rt_sigreturn as u64;
+const NR_CLONE: u64 = libc::SYS_clone as u64;
+const NR_CLONE3: u64 = libc::SYS_clone3 as u64;
+const NR_FORK: u64 = libc::SYS_fork as u64;
+const NR_VFORK: u64 = libc::SYS_vfork as u64;
+const NR_EXECVE: u64 = libc::SYS_execve as u64;
+const NR_EXECVEAT: u64 = libc::SYS_execveat as u64;
+const NR_EXIT: u64 = libc::SYS_exit as u64;
+const NR_EXIT_GROUP: u64 = libc::SYS_exit_group as u64;
+const NR_SIGSUSPEND: u64 = libc::SYS_rt_sigsuspend as u64;
+const NR_PPOLL: u64 = libc::SYS_ppoll as u64;
+const NR_PSELECT6: u64 = libc::SYS_pselect6 as u64;
+const NR_EPOLL_PWAIT: u64 = libc::SYS_epoll_pwait as u64;
+const NR_EPOLL_PWAIT2: u64 = libc::SYS_epoll_pwait2 as u64;
+
+const CLONE_VM: u64 = libc::CLONE_VM as u64;
+const CLONE_VFORK: u64 = libc::CLONE_VFORK as u64;
+const CLONE_THREAD: u64 = libc::CLONE_THREAD as u64;
+/// Bytes the reissue stub reserves below a stack pointer: 128 (red zone) + 8 (address).
+const REISSUE_GAP: u64 = 136;
+
+/// Kernel `struct sigaction` (x86-64): handler, flags, restorer, mask.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KSigaction {
+    handler: u64,
+    flags: u64,
+    restorer: u64,
+    mask: u64,
+}
+
+struct Regs<'a> {
+    g: &'a mut [libc::greg_t; 23],
+}
+
+impl Regs<'_> {
+    fn get(&self, r: c_int) -> u64 {
+        self.g.get(r as usize).map_or(0, |v| *v as u64)
+    }
+    fn set(&mut self, r: c_int, v: u64) {
+        if let Some(x) = self.g.get_mut(r as usize) {
+            *x = v as libc::greg_t;
+        }
+    }
+    fn args(&self) -> [u64; 6] {
+        [
+            self.get(libc::REG_RDI),
+            self.get(libc::REG_RSI),
+            self.get(libc::REG_RDX),
+            self.get(libc::REG_R10),
+            self.get(libc::REG_R8),
+            self.get(libc::REG_R9),
+        ]
+    }
+}
+
+/// Reads a u64 from application memory.
+///
+/// # Safety
+/// `addr` must be readable (the application passed it to a syscall that reads it).
+unsafe fn peek(addr: u64) -> u64 {
+    // SAFETY: caller contract; unaligned reads are fine on x86-64.
+    unsafe { (addr as *const u64).read_unaligned() }
+}
+
+/// # Safety
+/// `addr` must be writable application memory.
+unsafe fn poke(addr: u64, v: u64) {
+    // SAFETY: caller contract.
+    unsafe { (addr as *mut u64).write_unaligned(v) }
+}
+
+/// The installed SIGSYS handler.
+///
+/// # Safety
+/// Called by the kernel with a valid siginfo and ucontext.
+pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
+    // SAFETY: the kernel passes valid pointers to a signal handler with SA_SIGINFO.
+    let code = unsafe { (*info).si_code };
+    if code != SYS_USER_DISPATCH || !slots::ACTIVE_FLAG.load(Relaxed) {
+        // SAFETY: forwarding the kernel's arguments.
+        unsafe { chain_app_sigsys(sig, info, uctx) };
+        return;
+    }
+    // SAFETY: uctx is the ucontext_t of the interrupted thread.
+    let uc = unsafe { &mut *(uctx as *mut ucontext_t) };
+    let mut regs = Regs {
+        g: &mut uc.uc_mcontext.gregs,
+    };
+    let nr = regs.get(libc::REG_RAX);
+    let args = regs.args();
+    let Some(st) = STATIC.get() else {
+        let r = sys6(nr, args);
+        regs.set(libc::REG_RAX, r as u64);
+        return;
+    };
+    if regs.get(libc::REG_RIP) == super::rewrite::fallback_resume() {
+        // A patched site sent a syscall that needs the full handler: its `call` left the
+        // site's resume address on the stack. Make the context look like a trap there.
+        let sp = regs.get(libc::REG_RSP);
+        // SAFETY: the patched `call` pushed the resume address at the stack pointer.
+        let rip = unsafe { peek(sp) };
+        regs.set(libc::REG_RIP, rip);
+        regs.set(libc::REG_RSP, sp.wrapping_add(8));
+    }
+    let Begun {
+        slot,
+        record,
+        mut w,
+        t0,
+        vfork_child,
+    } = begin(st, nr, args);
+
+    let ret: i64 = match nr {
+        _ if regs.get(libc::REG_RIP) == raw::notify_resume() => {
+            // The parent of a reissued clone: RAX holds the clone result; leave it.
+            let r = nr;
+            if let Some(s) = slot {
+                finish_clone(s, r as i64);
+                s.depth.fetch_sub(1, Relaxed);
+            }
+            return;
+        }
+        NR_SIGRETURN => {
+            // Resume at the in-range stub: our own sigreturn restores the application's
+            // registers (rsp pointing at its signal frame), then the stub's rt_sigreturn
+            // consumes that frame.
+            regs.set(libc::REG_RIP, raw::sigreturn_stub());
+            w.flags |= WF_NO_RETURN;
+            finish(slot, record, w, 0, t0);
+            return;
+        }
+        NR_CLONE | NR_CLONE3 => match clone_kind(nr, &args) {
+            CloneKind::NewStack { flags, stack_top } => {
+                if let Some(s) = slot {
+                    if reissue_clone(s, &mut regs, nr, flags, stack_top, &args, w, record) {
+                        return;
+                    }
+                }
+                -(libc::ENOMEM as i64)
+            }
+            CloneKind::Fork => do_fork(slot, nr, strip_vm(nr, &args, slot), &mut w),
+        },
+        NR_FORK => do_fork(
+            slot,
+            NR_CLONE,
+            [libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
+            &mut w,
+        ),
+        NR_VFORK => do_fork(
+            slot,
+            NR_CLONE,
+            [CLONE_VFORK | libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
+            &mut w,
+        ),
+        NR_EXECVE | NR_EXECVEAT => do_exec(slot, vfork_child, nr, args, &mut w, t0),
+        NR_EXIT => {
+            w.flags |= WF_NO_RETURN;
+            w.tsc_end = t0;
+            if let Some(s) = slot {
+                if record {
+                    w.index = slots::next_index(s);
+                    slots::push(s, &w);
+                }
+                if !vfork_child {
+                    thread_exit(s, args[0] as i32);
+                }
+            }
+            sys6(nr, args)
+        }
+        NR_EXIT_GROUP => {
+            w.flags |= WF_NO_RETURN;
+            w.tsc_end = t0;
+            if let Some(s) = slot {
+                if record {
+                    w.index = slots::next_index(s);
+                    slots::push(s, &w);
+                }
+                if !vfork_child {
+                    block_all_signals();
+                    output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
+                }
+            }
+            sys6(nr, args)
+        }
+        NR_READ_SIGACTION => do_sigaction(&args),
+        NR_SIGPROCMASK => do_sigprocmask(uc_mask(uctx), &args),
+        NR_SIGSUSPEND => {
+            let mut m = 0u64;
+            if args[0] != 0 && args[1] == 8 {
+                // SAFETY: the application passes its mask for the kernel to read.
+                m = unsafe { peek(args[0]) } & !SIGSYS_BIT;
+            }
+            let mut a = args;
+            if args[0] != 0 {
+                a[0] = core::ptr::addr_of!(m) as u64;
+            }
+            sys6(nr, a)
+        }
+        NR_PPOLL | NR_EPOLL_PWAIT | NR_EPOLL_PWAIT2 => {
+            let (mi, si) = if nr == NR_PPOLL { (3, 4) } else { (4, 5) };
+            let mut a = args;
+            let m: u64;
+            if args[mi] != 0 && args[si] == 8 {
+                // SAFETY: the application passes its mask for the kernel to read.
+                m = unsafe { peek(args[mi]) } & !SIGSYS_BIT;
+                a[mi] = core::ptr::addr_of!(m) as u64;
+            }
+            sys6(nr, a)
+        }
+        NR_PSELECT6 => {
+            let mut a = args;
+            let m: u64;
+            let mut pair: [u64; 2];
+            if args[5] != 0 {
+                // SAFETY: pselect6's 6th argument points to {const sigset_t *, size_t}.
+                pair = unsafe { [peek(args[5]), peek(args[5] + 8)] };
+                if pair[0] != 0 && pair[1] == 8 {
+                    // SAFETY: as above, the kernel would read this mask.
+                    m = unsafe { peek(pair[0]) } & !SIGSYS_BIT;
+                    pair[0] = core::ptr::addr_of!(m) as u64;
+                }
+                a[5] = pair.as_ptr() as u64;
+            }
+            sys6(nr, a)
+        }
+        _ => {
+            let r = sys6(nr, args);
+            if st.rewrite {
+                super::rewrite::maybe_patch(regs.get(libc::REG_RIP), nr);
+            }
+            r
+        }
+    };
+    regs.set(libc::REG_RAX, ret as u64);
+    finish(slot, record, w, ret, t0);
+}
+
+/// A window being recorded.
+struct Begun<'a> {
+    slot: Option<&'a Slot>,
+    record: bool,
+    w: Window,
+    t0: u64,
+    vfork_child: bool,
+}
+
+/// Enters the handler's nesting level for the calling thread and starts a window.
+fn begin(st: &slots::Static, nr: u64, args: [u64; 6]) -> Begun<'static> {
+    let slot = slots::current();
+    // The child of a vfork-style clone runs on its parent's thread-local slot.
+    let vfork_child = slot.is_some_and(|s| s.vfork_child.load(Acquire));
+    let record = st.filter.records(nr);
+    let depth = slot.map_or(0, |s| s.depth.fetch_add(1, Relaxed));
+    let mut w = Window {
+        index: 0,
+        nr,
+        args,
+        ret: 0,
+        tsc_start: 0,
+        tsc_end: 0,
+        flags: WF_PT_ABSENT
+            | if depth > 0 { WF_NESTED } else { 0 }
+            | if vfork_child { WF_VFORK_CHILD } else { 0 },
+        depth,
+    };
+    if let Some(s) = slot {
+        if st.window == super::config::WindowKind::Thread {
+            w.tsc_start = s.last_exit_tsc.load(Relaxed);
+        }
+    }
+    let t0 = raw::rdtsc();
+    if w.tsc_start == 0 {
+        w.tsc_start = t0;
+    }
+    Begun {
+        slot,
+        record,
+        w,
+        t0,
+        vfork_child,
+    }
+}
+
+/// An ordinary syscall (no special handling), performed and recorded. Used by patched
+/// syscall sites (normal context, see [`super::rewrite`]).
+pub fn general(nr: u64, args: [u64; 6]) -> i64 {
+    let Some(st) = STATIC.get() else {
+        return sys6(nr, args);
+    };
+    if slots::untraced() {
+        return sys6(nr, args);
+    }
+    if slots::SPAWNING_WRITER.load(Acquire) && !slots::has_current() {
+        // The writer thread being started by a forked child, before it could mark itself.
+        slots::set_untraced();
+        return sys6(nr, args);
+    }
+    let b = begin(st, nr, args);
+    let r = sys6(nr, args);
+    finish(b.slot, b.record, b.w, r, b.t0);
+    r
+}
+
+/// Records a completed window and leaves the handler's nesting level.
+fn finish(slot: Option<&Slot>, record: bool, mut w: Window, ret: i64, _t0: u64) {
+    let Some(s) = slot else { return };
+    let t1 = raw::rdtsc();
+    w.ret = ret;
+    w.tsc_end = t1;
+    if let Some(st) = STATIC.get() {
+        if st.window == super::config::WindowKind::Thread {
+            // A thread window ends where the syscall begins.
+            w.tsc_end = _t0;
+        }
+    }
+    if record {
+        w.index = slots::next_index(s);
+        slots::push(s, &w);
+    }
+    s.last_exit_tsc.store(t1, Relaxed);
+    s.depth.fetch_sub(1, Relaxed);
+}
+
+fn uc_mask(uctx: *mut c_void) -> *mut u64 {
+    // SAFETY: uc_sigmask is inside the ucontext the kernel gave us; its first 8 bytes are
+    // the kernel signal mask.
+    unsafe { core::ptr::addr_of_mut!((*(uctx as *mut ucontext_t)).uc_sigmask) as *mut u64 }
+}
+
+fn block_all_signals() {
+    let all: u64 = !UNBLOCKABLE;
+    raw::sys4(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_SETMASK as u64,
+        core::ptr::addr_of!(all) as u64,
+        0,
+        8,
+    );
+}
+
+/// `rt_sigaction`: keeps SIGSYS for the shim and SIGSYS out of every handler's mask.
+fn do_sigaction(a: &[u64; 6]) -> i64 {
+    let (sig, act, old, size) = (a[0], a[1], a[2], a[3]);
+    if size != 8 {
+        return -(libc::EINVAL as i64);
+    }
+    if sig == libc::SIGSYS as u64 {
+        let prev = KSigaction {
+            handler: APP_SIGSYS_HANDLER.load(Relaxed),
+            flags: APP_SIGSYS_FLAGS.load(Relaxed),
+            restorer: APP_SIGSYS_RESTORER.load(Relaxed),
+            mask: APP_SIGSYS_MASK.load(Relaxed),
+        };
+        if act != 0 {
+            // SAFETY: the application passes a struct sigaction for the kernel to read.
+            let n = unsafe { (act as *const KSigaction).read_unaligned() };
+            APP_SIGSYS_HANDLER.store(n.handler, Relaxed);
+            APP_SIGSYS_FLAGS.store(n.flags, Relaxed);
+            APP_SIGSYS_RESTORER.store(n.restorer, Relaxed);
+            APP_SIGSYS_MASK.store(n.mask, Relaxed);
+        }
+        if old != 0 {
+            // SAFETY: the application passes a writable struct sigaction.
+            unsafe { (old as *mut KSigaction).write_unaligned(prev) };
+        }
+        return 0;
+    }
+    let bit = 1u64.checked_shl(sig as u32).unwrap_or(0);
+    let ours = FATAL_OURS.load(Acquire) & bit != 0;
+    let mut copy: KSigaction;
+    let mut args = *a;
+    if act != 0 {
+        // SAFETY: as above.
+        copy = unsafe { (act as *const KSigaction).read_unaligned() };
+        copy.mask &= !SIGSYS_BIT;
+        if ours && copy.handler == libc::SIG_DFL as u64 {
+            // The default action stays "flush, then the default action".
+            copy = fatal_action();
+        }
+        args[1] = core::ptr::addr_of!(copy) as u64;
+    }
+    let r = sys6(NR_READ_SIGACTION, args);
+    if r == 0 && ours {
+        if old != 0 {
+            // The application sees the default disposition it never changed.
+            // SAFETY: the application passes a writable struct sigaction.
+            unsafe { (old as *mut KSigaction).write_unaligned(KSigaction::default()) };
+        }
+        // SAFETY: as above (act was read successfully when non-zero).
+        if act != 0
+            && unsafe { (act as *const KSigaction).read_unaligned() }.handler
+                != libc::SIG_DFL as u64
+        {
+            FATAL_OURS.fetch_and(!bit, AcqRel);
+        }
+    }
+    r
+}
+
+/// Signals whose default action ends the process: while their disposition is the default,
+/// the shim's handler flushes every queue and ends the files first, then restores the
+/// default action and re-raises.
+pub const FATAL_SIGNALS: [c_int; 9] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGILL,
+    libc::SIGABRT,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGSEGV,
+    libc::SIGTERM,
+];
+
+/// Bit n set: the shim's fatal-signal handler is installed for signal n.
+pub static FATAL_OURS: AtomicU64 = AtomicU64::new(0);
+
+const SA_RESTORER: u64 = 0x0400_0000;
+
+fn fatal_action() -> KSigaction {
+    KSigaction {
+        handler: on_fatal as *const () as u64,
+        flags: libc::SA_SIGINFO as u64 | SA_RESTORER,
+        restorer: raw::sigreturn_stub(),
+        mask: 0,
+    }
+}
+
+/// Installs the fatal-signal handler where the disposition is the default (start-up).
+pub fn install_fatal_handlers() {
+    for sig in FATAL_SIGNALS {
+        let mut old = KSigaction::default();
+        let act = fatal_action();
+        let r = raw::sys4(
+            libc::SYS_rt_sigaction,
+            sig as u64,
+            0,
+            core::ptr::addr_of_mut!(old) as u64,
+            8,
+        );
+        if r != 0 || old.handler != libc::SIG_DFL as u64 {
+            continue;
+        }
+        if raw::sys4(
+            libc::SYS_rt_sigaction,
+            sig as u64,
+            core::ptr::addr_of!(act) as u64,
+            0,
+            8,
+        ) == 0
+        {
+            FATAL_OURS.fetch_or(1 << sig, AcqRel);
+        }
+    }
+}
+
+/// A fatal signal with the default disposition: flush, end the files, die the default way.
+///
+/// # Safety
+/// Called by the kernel as a signal handler.
+unsafe extern "C" fn on_fatal(sig: c_int, _info: *mut siginfo_t, _uctx: *mut c_void) {
+    block_all_signals();
+    if slots::ACTIVE_FLAG.load(Acquire) {
+        if let Some(s) = slots::current() {
+            s.end_reason.store(EndReason::Signal as u32, Release);
+        }
+        output::drain_all(Some((EndReason::Signal, sig)));
+    }
+    let dfl = KSigaction::default();
+    raw::sys4(
+        libc::SYS_rt_sigaction,
+        sig as u64,
+        core::ptr::addr_of!(dfl) as u64,
+        0,
+        8,
+    );
+    FATAL_OURS.fetch_and(!(1u64 << sig), AcqRel);
+    // Delivered with the default action once this handler returns (a fault re-executes
+    // and faults again).
+    raw::sys3(
+        libc::SYS_tgkill,
+        raw::getpid() as u64,
+        raw::gettid() as u64,
+        sig as u64,
+    );
+}
+
+/// `rt_sigprocmask` applied to the mask the handler's return restores.
+fn do_sigprocmask(cur_p: *mut u64, a: &[u64; 6]) -> i64 {
+    let (how, set, old, size) = (a[0], a[1], a[2], a[3]);
+    if size != 8 {
+        return -(libc::EINVAL as i64);
+    }
+    // SAFETY: cur_p points into our ucontext.
+    let cur = unsafe { cur_p.read_unaligned() };
+    let new = if set != 0 {
+        // SAFETY: the application passes a mask for the kernel to read.
+        let s = unsafe { peek(set) };
+        match how as c_int {
+            libc::SIG_BLOCK => Some(cur | s),
+            libc::SIG_UNBLOCK => Some(cur & !s),
+            libc::SIG_SETMASK => Some(s),
+            _ => return -(libc::EINVAL as i64),
+        }
+    } else {
+        None
+    };
+    if old != 0 {
+        // SAFETY: the application passes a writable mask.
+        unsafe { poke(old, cur) };
+    }
+    if let Some(n) = new {
+        // SAFETY: as above.
+        unsafe { cur_p.write_unaligned(n & !UNBLOCKABLE) };
+    }
+    0
+}
+
+/// Calls the application's SIGSYS handler for SIGSYS that are not ours.
+///
+/// # Safety
+/// Arguments as received from the kernel.
+unsafe fn chain_app_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
+    let h = APP_SIGSYS_HANDLER.load(Relaxed);
+    let flags = APP_SIGSYS_FLAGS.load(Relaxed);
+    if h == libc::SIG_IGN as u64 {
+        return;
+    }
+    if h == libc::SIG_DFL as u64 {
+        // Default action (terminate with core): restore it and re-raise; it is delivered
+        // when this handler returns.
+        let dfl = KSigaction::default();
+        raw::sys4(
+            libc::SYS_rt_sigaction,
+            libc::SIGSYS as u64,
+            core::ptr::addr_of!(dfl) as u64,
+            0,
+            8,
+        );
+        raw::sys3(
+            libc::SYS_tgkill,
+            raw::getpid() as u64,
+            raw::gettid() as u64,
+            libc::SIGSYS as u64,
+        );
+        return;
+    }
+    if flags & libc::SA_SIGINFO as u64 != 0 {
+        // SAFETY: the application registered this address as an SA_SIGINFO handler.
+        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, uctx);
+    } else {
+        // SAFETY: the application registered this address as a plain handler.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+enum CloneKind {
+    /// The child gets its own stack (threads, posix_spawn): reissue after return.
+    NewStack { flags: u64, stack_top: u64 },
+    /// The child runs on a copy of this stack: perform here.
+    Fork,
+}
+
+fn clone_kind(nr: u64, a: &[u64; 6]) -> CloneKind {
+    let (flags, top) = if nr == NR_CLONE {
+        (a[0], a[1])
+    } else {
+        if a[0] == 0 || a[1] < 64 {
+            return CloneKind::Fork;
+        }
+        // SAFETY: clone3's first argument points to struct clone_args of a[1] >= 64 bytes:
+        // flags at 0, stack at 40, stack_size at 48.
+        let (f, s, sz) = unsafe { (peek(a[0]), peek(a[0] + 40), peek(a[0] + 48)) };
+        (f, if s == 0 { 0 } else { s.wrapping_add(sz) })
+    };
+    if top != 0 {
+        CloneKind::NewStack {
+            flags,
+            stack_top: top,
+        }
+    } else {
+        CloneKind::Fork
+    }
+}
+
+/// Arguments for a clone performed here: a child without its own stack must not share
+/// this memory (it would run over this handler's frame), so CLONE_VM is removed.
+fn strip_vm(nr: u64, a: &[u64; 6], slot: Option<&Slot>) -> [u64; 6] {
+    let mut out = *a;
+    if nr == NR_CLONE {
+        out[0] &= !CLONE_VM;
+    } else if let Some(s) = slot {
+        let n = (a[1] as usize).min(128);
+        // SAFETY: clone_args is a[1] bytes of readable memory; we copy at most 128 bytes into
+        // the slot's buffer (owned by this thread).
+        let buf = unsafe { &mut *s.clone_args.get() };
+        *buf = [0; 16];
+        for i in 0..n / 8 {
+            if let Some(b) = buf.get_mut(i) {
+                // SAFETY: as above.
+                *b = unsafe { peek(a[0] + 8 * i as u64) };
+            }
+        }
+        buf[0] &= !CLONE_VM;
+        out[0] = buf.as_ptr() as u64;
+        out[1] = (n / 8 * 8) as u64;
+    }
+    out
+}
+
+/// Sets up the reissue of a clone whose child starts on its own stack. Returns false when
+/// the arguments cannot be rewritten (the caller fails the syscall).
+#[allow(clippy::too_many_arguments)]
+fn reissue_clone(
+    s: &Slot,
+    regs: &mut Regs<'_>,
+    nr: u64,
+    flags: u64,
+    stack_top: u64,
+    a: &[u64; 6],
+    w: Window,
+    record: bool,
+) -> bool {
+    let rip = regs.get(libc::REG_RIP);
+    let rsp = regs.get(libc::REG_RSP);
+    let child_sp = stack_top.wrapping_sub(REISSUE_GAP);
+    // SAFETY: the child stack is application memory handed to clone; the 136 bytes below
+    // its top are free (the child has not run yet). The parent's slot 136 bytes below its
+    // stack pointer is below the red zone, i.e. free stack.
+    unsafe {
+        poke(child_sp, rip);
+        poke(rsp.wrapping_sub(REISSUE_GAP), rip);
+    }
+    if nr == NR_CLONE {
+        regs.set(libc::REG_RSI, child_sp);
+    } else {
+        let n = (a[1] as usize).min(128);
+        // SAFETY: the slot's clone_args buffer belongs to this thread; clone_args is n bytes.
+        let buf = unsafe { &mut *s.clone_args.get() };
+        *buf = [0; 16];
+        for i in 0..n / 8 {
+            if let Some(b) = buf.get_mut(i) {
+                // SAFETY: as above.
+                *b = unsafe { peek(a[0] + 8 * i as u64) };
+            }
+        }
+        // stack_size -= 136 so that stack + stack_size == child_sp.
+        buf[6] = buf[6].wrapping_sub(REISSUE_GAP);
+        regs.set(libc::REG_RDI, buf.as_ptr() as u64);
+        regs.set(libc::REG_RSI, (n / 8 * 8) as u64);
+    }
+    regs.set(libc::REG_RSP, rsp.wrapping_sub(REISSUE_GAP));
+    regs.set(libc::REG_RIP, raw::reissue_clone_stub());
+    regs.set(libc::REG_RAX, nr);
+    let thread = flags & CLONE_THREAD != 0;
+    if thread {
+        // Counted before the child can run, so that the writer never sees zero live
+        // threads while the child is starting.
+        slots::LIVE.fetch_add(1, AcqRel);
+    }
+    if flags & CLONE_VM != 0 && !thread && flags & CLONE_VFORK != 0 {
+        // The child runs on this thread's TLS (and slot) until it execs or exits.
+        s.vfork_child.store(true, Release);
+    }
+    // SAFETY: pending_clone belongs to this thread.
+    unsafe {
+        *s.pending_clone.get() = slots::PendingClone {
+            w,
+            record,
+            counted_thread: thread,
+        };
+    }
+    // The window stays open (depth held) until the notify trap.
+    true
+}
+
+/// The parent side of a reissued clone returned `r`.
+fn finish_clone(s: &Slot, r: i64) {
+    s.vfork_child.store(false, Release);
+    // SAFETY: pending_clone belongs to this thread.
+    let p = unsafe { *s.pending_clone.get() };
+    if r < 0 && p.counted_thread {
+        slots::LIVE.fetch_sub(1, AcqRel);
+    }
+    // Back to the depth of the clone's entry + 1 for the notify trap (the caller drops that
+    // one). Storing rather than decrementing also discards what a vfork-style child that
+    // exec'd or exited on this slot left counted.
+    s.depth.store(p.w.depth + 1, Relaxed);
+    if p.record {
+        let mut w = p.w;
+        w.ret = r;
+        w.tsc_end = raw::rdtsc();
+        w.index = slots::next_index(s);
+        slots::push(s, &w);
+    }
+    s.last_exit_tsc.store(raw::rdtsc(), Relaxed);
+}
+
+/// fork-like clone performed inside the handler.
+fn do_fork(slot: Option<&Slot>, nr: u64, a: [u64; 6], w: &mut Window) -> i64 {
+    let r = sys6(nr, a);
+    if r == 0 {
+        after_fork_child(slot, w);
+    }
+    r
+}
+
+/// In a forked child (still inside the handler): this image is a new process.
+fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
+    // The kernel does not carry Syscall User Dispatch into a CLONE_VFORK child (vfork is
+    // performed as one): arm it again before the child runs application code.
+    super::arm();
+    let pid = raw::getpid();
+    let nonce = raw::rdtsc() & 0xFFFF_FFFF;
+    slots::PID.store(pid, Relaxed);
+    slots::NONCE.store(nonce, Relaxed);
+    slots::START_TSC.store(raw::rdtsc(), Relaxed);
+    slots::WRITER_ALIVE.store(false, Release);
+    slots::LIVE.store(1, Release);
+    let me = slot.map_or(core::ptr::null(), |s| s as *const Slot);
+    // Every other slot belonged to a thread of the parent: its queue is the parent's to
+    // write; its file descriptors are copies.
+    for i in 0..slots::slot_count() {
+        let Some(s) = slots::slot_at(i) else { continue };
+        raw::close(s.fd.swap(-1, Relaxed));
+        raw::close(s.kfd.swap(-1, Relaxed));
+        s.drain_lock.store(0, Relaxed);
+        if !core::ptr::eq(s, me) {
+            s.state.store(slots::FREE, Release);
+        }
+    }
+    raw::close(slots::INFO_FD.swap(-1, Relaxed));
+    if let Some(s) = slot {
+        let depth = s.depth.load(Relaxed);
+        s.reset(pid, pid, nonce);
+        s.depth.store(depth, Relaxed);
+    }
+    output::write_info_file();
+    w.flags |= WF_FORK_CHILD;
+}
+
+/// execve/execveat: flush, write the window (retracted if the call fails), exec.
+fn do_exec(
+    slot: Option<&Slot>,
+    vfork_child: bool,
+    nr: u64,
+    args: [u64; 6],
+    w: &mut Window,
+    t0: u64,
+) -> i64 {
+    let Some(s) = slot else { return sys6(nr, args) };
+    if vfork_child {
+        // Shares the parent's memory and slot: a successful exec never returns here, so the
+        // window is recorded first (and again with the error if the exec fails).
+        if STATIC.get().is_some_and(|st| st.filter.records(nr)) {
+            let mut pre = *w;
+            pre.flags |= WF_NO_RETURN;
+            pre.tsc_end = t0;
+            pre.index = slots::next_index(s);
+            slots::push(s, &pre);
+        }
+        return exec_with_shim(nr, args);
+    }
+    let record = STATIC.get().is_some_and(|st| st.filter.records(nr));
+    // Flush everything this image recorded so far.
+    output::drain_all(None);
+    s.lock_drain();
+    let fd = s.fd.load(Relaxed);
+    let info = slots::INFO_FD.load(Relaxed);
+    let (pos, ipos) = (raw::tell(fd), raw::tell(info));
+    let mut pre = *w;
+    pre.flags |= WF_NO_RETURN;
+    pre.tsc_end = t0;
+    pre.index = s.next_index.load(Relaxed);
+    let mut buf = [0u8; 256];
+    let mut n = 0;
+    if record && fd >= 0 {
+        if let Some(m) = crate::format::ptt::encode_window(&mut buf, &pre, &[], &[]) {
+            n = m;
+        }
+    }
+    let written = s.written.load(Relaxed) + u64::from(n > 0);
+    let dropped = s.dropped.load(Relaxed);
+    if let Some(m) = crate::format::ptt::encode_frame(
+        buf.get_mut(n..).unwrap_or(&mut []),
+        crate::format::ptt::RecordType::End,
+        |c| {
+            c.u32(EndReason::Exec as u32);
+            c.u32(0);
+            c.u64(written);
+            c.u64(dropped);
+        },
+    ) {
+        n += m;
+    }
+    if fd >= 0 {
+        raw::write_all(fd, buf.get(..n).unwrap_or(&[]));
+    }
+    let ended = slots::PROCESS_ENDED.load(Relaxed);
+    output::write_process_end(EndReason::Exec, 0);
+    let r = exec_with_shim(nr, args);
+    // Still here: the exec failed. Retract the window and the end records.
+    if pos >= 0 {
+        raw::ftruncate(fd, pos as u64);
+    }
+    if ipos >= 0 {
+        raw::ftruncate(info, ipos as u64);
+    }
+    slots::PROCESS_ENDED.store(ended, Relaxed);
+    s.unlock_drain();
+    r
+}
+
+/// Performs the exec with an environment that keeps the shim preloaded and configured.
+fn exec_with_shim(nr: u64, args: [u64; 6]) -> i64 {
+    let env_arg = if nr == NR_EXECVE { 2 } else { 3 };
+    let mut a = args;
+    let patched = super::execenv::patch(args[env_arg]);
+    if let Some(p) = &patched {
+        a[env_arg] = p.envp;
+    }
+    let r = sys6(nr, a);
+    // Still here: the exec failed.
+    if let Some(p) = patched {
+        p.release();
+    }
+    r
+}
+
+/// `exit` of one thread: its file is ended; the last application thread ends the process.
+fn thread_exit(s: &Slot, code: i32) {
+    let tid = s.tid.load(Relaxed);
+    if tid == slots::PID.load(Relaxed) {
+        slots::LEADER_CODE.store(code, Relaxed);
+    }
+    s.end_reason.store(EndReason::ThreadExit as u32, Release);
+    s.state.store(EXITED, Release);
+    let left = slots::LIVE.fetch_sub(1, AcqRel) - 1;
+    if left <= 0 {
+        // The writer (if any) ends the process; without one, flush here.
+        if slots::WRITER_ALIVE.load(Acquire) {
+            slots::wake_writer();
+        } else {
+            block_all_signals();
+            output::drain_all(Some((
+                EndReason::LastThread,
+                slots::LEADER_CODE.load(Relaxed),
+            )));
+        }
+    } else {
+        slots::wake_writer();
+    }
+}

@@ -1,0 +1,428 @@
+//! Writing the output files. **Async-signal-safe**: these functions run on the writer thread
+//! and, at `exit_group`/`execve` or when a queue is full and no writer exists, inside the
+//! SIGSYS handler; they use only the shim's raw syscalls, stack buffers, per-slot scratch
+//! memory and `mmap`ed temporary buffers (no allocation, no std I/O, no panics).
+//!
+//! Files (see [`crate::format::ptt`] for the byte layout):
+//! - `<out>/<pid>-<nonce>.info`: the process info file of one process image;
+//! - `<out>/<pid>-<nonce>-<tid>.ptt`: one per thread;
+//! - `<out>/kernel.raw/<tid>.raw.pt`: DynamoRIO's PDB format, kernel modes only.
+//!
+//! `<nonce>` is 8 hex digits of the TSC when the image started tracing; it tells apart the
+//! images of one pid before and after `execve`.
+
+use super::raw::{self, PathBuf};
+use super::slots::{self, Slot, EXITED, FREE, STATIC};
+use crate::format::ptt::{
+    self, encode_frame, encode_window, Crc32, EndReason, FileKind, RecordType, Window,
+};
+use std::sync::atomic::Ordering::*;
+
+type Path = PathBuf<4352>;
+
+fn base_path(pid: i32, nonce: u64) -> Option<Path> {
+    let st = STATIC.get()?;
+    let mut p = Path::new();
+    let ok = p.push(&st.out_dir)
+        && p.push(b"/")
+        && p.push_dec(pid as u32 as u64)
+        && p.push(b"-")
+        && p.push_hex(nonce, 8);
+    ok.then_some(p)
+}
+
+const CREATE: i32 = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
+
+/// Writes one frame whose payload is the concatenation of `parts`, straight to `fd`.
+pub fn write_frame_parts(fd: i32, ty: RecordType, parts: &[&[u8]]) -> bool {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let Ok(len32) = u32::try_from(len) else {
+        return false;
+    };
+    let mut head = [0u8; 8];
+    head[0..4].copy_from_slice(&len32.to_le_bytes());
+    head[4..6].copy_from_slice(&(ty as u16).to_le_bytes());
+    let mut crc = Crc32::new();
+    crc.update(&head);
+    for p in parts {
+        crc.update(p);
+    }
+    let mut ok = raw::write_all(fd, &head);
+    for p in parts {
+        ok &= raw::write_all(fd, p);
+    }
+    ok & raw::write_all(fd, &crc.finish().to_le_bytes())
+}
+
+/// A temporary buffer from `mmap` holding a whole file read with raw syscalls.
+struct MappedFile {
+    ptr: *mut u8,
+    len: usize,
+    cap: usize,
+}
+
+impl MappedFile {
+    fn read(path: &[u8]) -> Option<MappedFile> {
+        let fd = raw::open(path, libc::O_RDONLY | libc::O_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let mut cap = 256 * 1024;
+        let mut ptr = raw::mmap_anon(cap)?;
+        let mut len = 0usize;
+        loop {
+            if len == cap {
+                let ncap = cap * 2;
+                let Some(np) = raw::mmap_anon(ncap) else {
+                    break;
+                };
+                // SAFETY: both mappings are live, disjoint and at least `len` bytes long.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, np, len) };
+                raw::munmap(ptr, cap);
+                ptr = np;
+                cap = ncap;
+            }
+            // SAFETY: ptr+len .. ptr+cap is inside the mapping.
+            let r = raw::sys3(
+                libc::SYS_read,
+                fd as u64,
+                unsafe { ptr.add(len) } as u64,
+                (cap - len) as u64,
+            );
+            if r == -(libc::EINTR as i64) {
+                continue;
+            }
+            if r <= 0 {
+                break;
+            }
+            len += r as usize;
+        }
+        raw::close(fd);
+        Some(MappedFile { ptr, len, cap })
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes of the mapping were filled by read().
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        raw::munmap(self.ptr, self.cap);
+    }
+}
+
+/// Creates the process info file for the current image (pid/nonce from the globals) and
+/// keeps it open in `INFO_FD`.
+pub fn write_info_file() -> bool {
+    let Some(st) = STATIC.get() else {
+        return false;
+    };
+    let pid = slots::PID.load(Relaxed);
+    let nonce = slots::NONCE.load(Relaxed);
+    let Some(mut path) = base_path(pid, nonce) else {
+        return false;
+    };
+    if !path.push(b".info") {
+        return false;
+    }
+    let fd = raw::open(path.c_str(), CREATE | libc::O_APPEND, 0o644);
+    if fd < 0 {
+        return false;
+    }
+    let old = slots::INFO_FD.swap(fd, AcqRel);
+    raw::close(old);
+    slots::PROCESS_ENDED.store(false, Relaxed);
+    let mut ok = raw::write_all(fd, &ptt::encode_header(FileKind::ProcessInfo));
+    let start_tsc = slots::START_TSC.load(Relaxed);
+    let mono = raw::monotonic_ns();
+    let tsc_now = raw::rdtsc();
+    let mut fixed = [0u8; 40];
+    fixed[0..4].copy_from_slice(&pid.to_le_bytes());
+    fixed[4..8].copy_from_slice(&raw::getppid().to_le_bytes());
+    fixed[8..16].copy_from_slice(&nonce.to_le_bytes());
+    fixed[16..24].copy_from_slice(&start_tsc.to_le_bytes());
+    fixed[24..32].copy_from_slice(&mono.to_le_bytes());
+    fixed[32] = st.mode;
+    fixed[33] = st.window.code();
+    fixed[34] = st.backend;
+    fixed[35] = u8::from(st.pt_present);
+    ok &= write_frame_parts(fd, RecordType::Process, &[&fixed, st.reason.as_bytes()]);
+    ok &= write_frame_parts(fd, RecordType::Config, &[st.config_text.as_bytes()]);
+    ok &= write_frame_parts(fd, RecordType::Metadata, &[&st.metadata]);
+    let mut clock = [0u8; 16];
+    clock[0..8].copy_from_slice(&mono.to_le_bytes());
+    clock[8..16].copy_from_slice(&tsc_now.to_le_bytes());
+    ok &= write_frame_parts(fd, RecordType::Clock, &[&clock]);
+    if let Some(f) = MappedFile::read(b"/proc/self/cmdline\0") {
+        ok &= write_frame_parts(fd, RecordType::Cmdline, &[f.bytes()]);
+    }
+    let mut exe = [0u8; 4096];
+    let n = raw::sys4(
+        libc::SYS_readlinkat,
+        libc::AT_FDCWD as i64 as u64,
+        c"/proc/self/exe".as_ptr() as u64,
+        exe.as_mut_ptr() as u64,
+        exe.len() as u64,
+    );
+    if n > 0 {
+        ok &= write_frame_parts(fd, RecordType::Exe, &[exe.get(..n as usize).unwrap_or(&[])]);
+    }
+    if let Some(f) = MappedFile::read(b"/proc/self/maps\0") {
+        ok &= write_frame_parts(fd, RecordType::Maps, &[f.bytes()]);
+    }
+    let (vaddr, vlen) = st.vdso;
+    if vaddr != 0 && vlen != 0 {
+        // SAFETY: the vDSO is mapped readable at vaddr for vlen bytes for the whole life of
+        // the process (measured from its ELF headers at start-up).
+        let image = unsafe { std::slice::from_raw_parts(vaddr as *const u8, vlen) };
+        ok &= write_frame_parts(fd, RecordType::Vdso, &[&vaddr.to_le_bytes(), image]);
+    }
+    ok
+}
+
+/// Appends a `Clock` and `ProcessEnd` to the info file (once).
+pub fn write_process_end(reason: EndReason, code: i32) {
+    if slots::PROCESS_ENDED.swap(true, AcqRel) {
+        return;
+    }
+    let fd = slots::INFO_FD.load(Acquire);
+    if fd < 0 {
+        return;
+    }
+    let mut clock = [0u8; 16];
+    clock[0..8].copy_from_slice(&raw::monotonic_ns().to_le_bytes());
+    clock[8..16].copy_from_slice(&raw::rdtsc().to_le_bytes());
+    write_frame_parts(fd, RecordType::Clock, &[&clock]);
+    let mut end = [0u8; 16];
+    end[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
+    end[4..8].copy_from_slice(&code.to_le_bytes());
+    end[8..16].copy_from_slice(&super::rewrite::PATCHED.load(Relaxed).to_le_bytes());
+    write_frame_parts(fd, RecordType::ProcessEnd, &[&end]);
+}
+
+fn open_thread_file(slot: &Slot, st: &slots::Static) -> i32 {
+    let tid = slot.tid.load(Relaxed);
+    let pid = slot.pid.load(Relaxed);
+    let nonce = slot.nonce.load(Acquire);
+    let Some(mut path) = base_path(pid, nonce) else {
+        return -1;
+    };
+    if !(path.push(b"-") && path.push_dec(tid as u32 as u64) && path.push(b".ptt")) {
+        return -1;
+    }
+    let fd = raw::open(path.c_str(), CREATE, 0o644);
+    if fd < 0 {
+        return fd;
+    }
+    let mut head = [0u8; 28];
+    head[0..4].copy_from_slice(&pid.to_le_bytes());
+    head[4..8].copy_from_slice(&tid.to_le_bytes());
+    head[8] = st.mode;
+    head[9] = st.window.code();
+    head[10] = st.backend;
+    head[11] = u8::from(st.pt_present);
+    head[12..20].copy_from_slice(&nonce.to_le_bytes());
+    head[20..28].copy_from_slice(&slots::START_TSC.load(Relaxed).to_le_bytes());
+    raw::write_all(fd, &ptt::encode_header(FileKind::Thread));
+    write_frame_parts(fd, RecordType::ThreadHeader, &[&head, st.reason.as_bytes()]);
+    fd
+}
+
+// DynamoRIO PDB header entry types (REFERENCE §5).
+const PDB_PID: u64 = 0;
+const PDB_TID: u64 = 1;
+const PDB_META: u64 = 2;
+const PDB_DATA: u64 = 3;
+const PDB_SYSNUM: u64 = 4;
+const PDB_IDX: u64 = 5;
+const PDB_NARGS: u64 = 6;
+/// Arguments written per syscall PDB (all six registers).
+const PDB_ARGS: u64 = 6;
+
+fn pdb_entry(ty: u64, v: u64) -> [u8; 8] {
+    ((ty << 59) | (v & ((1u64 << 59) - 1))).to_le_bytes()
+}
+
+fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
+    let mut dir = Path::new();
+    if !(dir.push(&st.out_dir) && dir.push(b"/kernel.raw")) {
+        return -1;
+    }
+    raw::sys3(
+        libc::SYS_mkdirat,
+        libc::AT_FDCWD as i64 as u64,
+        dir.c_str().as_ptr() as u64,
+        0o755,
+    );
+    let tid = slot.tid.load(Relaxed);
+    if !(dir.push(b"/") && dir.push_dec(tid as u32 as u64) && dir.push(b".raw.pt")) {
+        return -1;
+    }
+    // A tid's file survives execve (same tid, new image): append, with the metadata PDB
+    // only when the file is new.
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+    let fd = raw::open(dir.c_str(), flags | libc::O_EXCL, 0o644);
+    if fd >= 0 {
+        let pid = slot.pid.load(Relaxed) as u32 as u64;
+        let mut b = [0u8; 24 + 18];
+        b[0..8].copy_from_slice(&pdb_entry(PDB_PID, pid));
+        b[8..16].copy_from_slice(&pdb_entry(PDB_TID, tid as u32 as u64));
+        b[16..24].copy_from_slice(&pdb_entry(PDB_META, 18));
+        b[24..42].copy_from_slice(&st.pt_metadata);
+        raw::write_all(fd, &b);
+        return fd;
+    }
+    raw::open(dir.c_str(), flags, 0o644)
+}
+
+/// One syscall PDB without PT bytes (PT is absent or written by the capture path).
+fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
+    let n = 48 + 8 * PDB_ARGS as usize;
+    let dst = out.get_mut(..n)?;
+    let pid = slot.pid.load(Relaxed) as u32 as u64;
+    let tid = slot.tid.load(Relaxed) as u32 as u64;
+    let entries = [
+        pdb_entry(PDB_PID, pid),
+        pdb_entry(PDB_TID, tid),
+        pdb_entry(PDB_DATA, 48 + 8 * PDB_ARGS),
+        pdb_entry(PDB_SYSNUM, w.nr),
+        pdb_entry(PDB_IDX, w.index),
+        pdb_entry(PDB_NARGS, PDB_ARGS),
+    ];
+    for (i, e) in entries.iter().enumerate() {
+        dst.get_mut(i * 8..i * 8 + 8)?.copy_from_slice(e);
+    }
+    for (i, a) in w.args.iter().enumerate() {
+        dst.get_mut(48 + i * 8..56 + i * 8)?
+            .copy_from_slice(&a.to_le_bytes());
+    }
+    Some(n)
+}
+
+/// Drains `slot` into its files. The caller holds the slot's drain lock.
+pub fn drain_locked(slot: &Slot) {
+    let Some(st) = STATIC.get() else { return };
+    if slot.state.load(Acquire) == FREE {
+        return;
+    }
+    let mut fd = slot.fd.load(Relaxed);
+    if fd < 0 {
+        fd = open_thread_file(slot, st);
+        if fd < 0 {
+            return;
+        }
+        slot.fd.store(fd, Relaxed);
+    }
+    let mut kfd = slot.kfd.load(Relaxed);
+    if st.kernel_raw && kfd < 0 {
+        kfd = open_kernel_raw(slot, st);
+        slot.kfd.store(kfd, Relaxed);
+    }
+    // SAFETY: we hold the drain lock.
+    let scratch = unsafe { slot.scratch() };
+    let half = scratch.len() / 2;
+    let (buf, kbuf) = scratch.split_at_mut(half);
+    let (mut n, mut kn) = (0usize, 0usize);
+    let flush = |buf: &mut [u8], n: &mut usize, fd: i32| {
+        if *n > 0 {
+            raw::write_all(fd, buf.get(..*n).unwrap_or(&[]));
+            *n = 0;
+        }
+    };
+    let mut count = 0u64;
+    while let Some(w) = slot.try_pop() {
+        count += 1;
+        let put = |buf: &mut [u8], n: &mut usize| {
+            for _ in 0..2 {
+                if let Some(m) = encode_window(buf.get_mut(*n..).unwrap_or(&mut []), &w, &[], &[]) {
+                    *n += m;
+                    return;
+                }
+                flush(buf, n, fd);
+            }
+        };
+        put(buf, &mut n);
+        if kfd >= 0 {
+            for _ in 0..2 {
+                if let Some(m) = encode_pdb(kbuf.get_mut(kn..).unwrap_or(&mut []), slot, &w) {
+                    kn += m;
+                    break;
+                }
+                flush(kbuf, &mut kn, kfd);
+            }
+        }
+    }
+    slot.written.fetch_add(count, Relaxed);
+    let dropped = slot.dropped.load(Relaxed);
+    let dw = slot.dropped_written.load(Relaxed);
+    if dropped > dw {
+        let m = encode_frame(
+            buf.get_mut(n..).unwrap_or(&mut []),
+            RecordType::Dropped,
+            |c| {
+                c.u64(dropped - dw);
+                c.u64(dropped);
+            },
+        );
+        match m {
+            Some(m) => n += m,
+            None => {
+                flush(buf, &mut n, fd);
+                let mut tmp = [0u8; 32];
+                if let Some(m) = encode_frame(&mut tmp, RecordType::Dropped, |c| {
+                    c.u64(dropped - dw);
+                    c.u64(dropped);
+                }) {
+                    raw::write_all(fd, tmp.get(..m).unwrap_or(&[]));
+                }
+            }
+        }
+        slot.dropped_written.store(dropped, Relaxed);
+    }
+    flush(buf, &mut n, fd);
+    flush(kbuf, &mut kn, kfd);
+    let reason = slot.end_reason.load(Acquire);
+    if reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
+        let mut tmp = [0u8; 48];
+        let written = slot.written.load(Relaxed);
+        if let Some(m) = encode_frame(&mut tmp, RecordType::End, |c| {
+            c.u32(reason);
+            c.u32(0);
+            c.u64(written);
+            c.u64(dropped);
+        }) {
+            raw::write_all(fd, tmp.get(..m).unwrap_or(&[]));
+        }
+        slot.end_written.store(true, Relaxed);
+        if slot.state.load(Acquire) == EXITED {
+            raw::close(fd);
+            raw::close(kfd);
+            slot.fd.store(-1, Relaxed);
+            slot.kfd.store(-1, Relaxed);
+            slot.state.store(FREE, Release);
+        }
+    }
+}
+
+/// Drains every slot of this process; with `end`, also ends every thread file and the
+/// process info file. Used at `exit_group`, `execve` and by the writer's final pass.
+pub fn drain_all(end: Option<(EndReason, i32)>) {
+    for i in 0..slots::slot_count() {
+        let Some(s) = slots::slot_at(i) else { continue };
+        if s.state.load(Acquire) == FREE {
+            continue;
+        }
+        s.lock_drain();
+        if let Some((reason, _)) = end {
+            let _ = s
+                .end_reason
+                .compare_exchange(u32::MAX, reason as u32, AcqRel, Relaxed);
+        }
+        drain_locked(s);
+        s.unlock_drain();
+    }
+    if let Some((reason, code)) = end {
+        write_process_end(reason, code);
+    }
+}

@@ -1,0 +1,470 @@
+//! Per-thread state ("slots") and process-wide shim state. **Async-signal-safe**: every
+//! function here may run in the SIGSYS handler (no allocation, no locks that a signal could
+//! find held by its own thread, no std I/O, no panics). Slot memory comes from `mmap`
+//! through the shim's syscall stub.
+//!
+//! Each traced thread owns one [`Slot`]: a bounded multi-producer queue of completed
+//! windows (Vyukov's sequence-numbered ring: a signal handler nested inside the thread's own
+//! handler is a second producer, so pushes must be reentrant), counters, and the file
+//! descriptors of its output files. The writer thread (or, at exit/exec, the exiting
+//! thread) drains slots; a per-slot try-lock (`drain_lock`) keeps one drainer at a time.
+//!
+//! Backpressure: with `block` (default) a producer whose queue is full wakes the writer and
+//! waits (sleeping 50 µs at a time) until there is room — no window is lost; when no
+//! writer exists (a forked child whose fork bypassed glibc) the producer drains its own
+//! slot. With `drop` the window is counted in `dropped` and the writer writes a `Dropped`
+//! record with the count, so a drop is never silent.
+
+use super::config::{Backpressure, ShimConfig, SyscallFilter, WindowKind};
+use super::raw;
+use crate::format::ptt::Window;
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+
+/// Most threads traced at the same time in one process.
+pub const MAX_SLOTS: usize = 4096;
+/// Per-slot encoding scratch for the drainer.
+pub const SCRATCH: usize = 16 * 1024;
+
+pub const FREE: u32 = 0;
+pub const ACTIVE: u32 = 1;
+/// The thread is gone; the slot is freed once drained.
+pub const EXITED: u32 = 2;
+
+/// Settings fixed at start-up (normal context), read by the handler.
+pub struct Static {
+    pub filter: SyscallFilter,
+    pub mode: u8,
+    pub window: WindowKind,
+    pub backend: u8,
+    pub pt_present: bool,
+    /// Why PT is absent (empty when present).
+    pub reason: String,
+    pub config_text: String,
+    pub out_dir: Vec<u8>,
+    pub queue_cap: usize,
+    pub backpressure: Backpressure,
+    /// The `Metadata` record payload (50 bytes).
+    pub metadata: [u8; 50],
+    /// The 18-byte pt_metadata_t.
+    pub pt_metadata: [u8; 18],
+    /// vDSO address and length (0, 0 when absent).
+    pub vdso: (u64, usize),
+    /// Write DynamoRIO `kernel.raw/<tid>.raw.pt` files.
+    pub kernel_raw: bool,
+    /// Patch syscall sites into direct calls (page 0 trampoline ready).
+    pub rewrite: bool,
+    /// Path of this library as loaded (for `LD_PRELOAD` in exec'd images).
+    pub lib_path: Vec<u8>,
+    /// `PTTRACER_*=value\0` entries carried into exec'd images.
+    pub exec_env: Vec<Vec<u8>>,
+}
+
+pub static STATIC: OnceLock<Static> = OnceLock::new();
+
+/// The handler is installed and recording.
+pub static ACTIVE_FLAG: AtomicBool = AtomicBool::new(false);
+/// pid and image nonce of this process image (changed in forked children).
+pub static PID: AtomicI32 = AtomicI32::new(0);
+pub static NONCE: AtomicU64 = AtomicU64::new(0);
+pub static START_TSC: AtomicU64 = AtomicU64::new(0);
+/// Application threads alive (the writer thread excluded).
+pub static LIVE: AtomicI64 = AtomicI64::new(0);
+/// A writer thread exists in this process.
+pub static WRITER_ALIVE: AtomicBool = AtomicBool::new(false);
+/// Futex word the writer sleeps on.
+pub static WAKE: AtomicU32 = AtomicU32::new(0);
+/// Exit code of the thread-group leader's `exit` (the process status when the last
+/// thread leaves with `exit`).
+pub static LEADER_CODE: AtomicI32 = AtomicI32::new(0);
+/// The process info file (kept open to append `Clock`/`ProcessEnd`).
+pub static INFO_FD: AtomicI32 = AtomicI32::new(-1);
+/// `ProcessEnd` has been written.
+pub static PROCESS_ENDED: AtomicBool = AtomicBool::new(false);
+
+static SLOTS: [AtomicPtr<Slot>; MAX_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
+/// Slots ever allocated (indices below this may be non-null).
+pub static SLOT_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The calling thread's slot (const-initialized, no destructor: plain TLS access).
+    static CURRENT: Cell<*mut Slot> = const { Cell::new(std::ptr::null_mut()) };
+    /// Set on the shim's own writer thread: its syscalls are never recorded.
+    static UNTRACED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Set while a forked child starts its writer thread: the only thread without a slot that
+/// can appear then is that writer (the child has exactly one application thread).
+pub static SPAWNING_WRITER: AtomicBool = AtomicBool::new(false);
+
+/// Whether the calling thread has claimed a slot.
+pub fn has_current() -> bool {
+    !CURRENT.with(|c| c.get()).is_null()
+}
+
+/// Marks the calling thread as the shim's own (never recorded).
+pub fn set_untraced() {
+    UNTRACED.with(|c| c.set(true));
+}
+
+/// Whether the calling thread is the shim's own.
+pub fn untraced() -> bool {
+    UNTRACED.with(|c| c.get())
+}
+
+/// One queue entry.
+#[repr(C)]
+pub struct Entry {
+    pub seq: AtomicU64,
+    pub w: UnsafeCell<Window>,
+}
+
+/// A window begun by a reissued clone, finished when the parent's notify trap arrives.
+#[derive(Clone, Copy, Default)]
+pub struct PendingClone {
+    pub w: Window,
+    pub record: bool,
+    pub counted_thread: bool,
+}
+
+/// Per-thread state, at the start of its own mapping (followed by scratch and entries).
+#[repr(C)]
+pub struct Slot {
+    pub state: AtomicU32,
+    pub tid: AtomicI32,
+    pub pid: AtomicI32,
+    pub nonce: AtomicU64,
+    pub depth: AtomicU32,
+    pub drain_lock: AtomicU32,
+    pub next_index: AtomicU64,
+    pub enq: AtomicU64,
+    pub deq: AtomicU64,
+    pub dropped: AtomicU64,
+    pub dropped_written: AtomicU64,
+    pub written: AtomicU64,
+    pub fd: AtomicI32,
+    pub kfd: AtomicI32,
+    /// `EndReason` to write once drained (`u32::MAX`: none yet).
+    pub end_reason: AtomicU32,
+    pub end_written: AtomicBool,
+    /// TSC when the thread last returned from a syscall (thread windows).
+    pub last_exit_tsc: AtomicU64,
+    /// A vfork-style child (shared memory, no new thread) is running on this slot.
+    pub vfork_child: AtomicBool,
+    pub pending_clone: UnsafeCell<PendingClone>,
+    /// Copy of the application's `clone_args` for a reissued clone3.
+    pub clone_args: UnsafeCell<[u64; 16]>,
+    pub cap: usize,
+    pub map_len: usize,
+    pub scratch: *mut u8,
+    pub entries: *mut Entry,
+}
+
+// SAFETY: a slot is shared between its thread (producer) and drainers; every shared
+// field is atomic, the entries are published through their sequence numbers, and the
+// UnsafeCell fields are only touched by the owning thread.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    fn entry(&self, pos: u64) -> &Entry {
+        let i = (pos as usize) & (self.cap - 1);
+        // SAFETY: entries points to `cap` initialized entries inside this slot's mapping,
+        // and i < cap.
+        unsafe { &*self.entries.add(i) }
+    }
+
+    /// Resets the queue and counters for a new owner thread.
+    pub fn reset(&self, tid: i32, pid: i32, nonce: u64) {
+        for i in 0..self.cap {
+            self.entry(i as u64).seq.store(i as u64, Relaxed);
+        }
+        self.enq.store(0, Relaxed);
+        self.deq.store(0, Relaxed);
+        self.dropped.store(0, Relaxed);
+        self.dropped_written.store(0, Relaxed);
+        self.written.store(0, Relaxed);
+        self.next_index.store(0, Relaxed);
+        self.fd.store(-1, Relaxed);
+        self.kfd.store(-1, Relaxed);
+        self.end_reason.store(u32::MAX, Relaxed);
+        self.end_written.store(false, Relaxed);
+        self.vfork_child.store(false, Relaxed);
+        self.last_exit_tsc.store(raw::rdtsc(), Relaxed);
+        self.tid.store(tid, Relaxed);
+        self.pid.store(pid, Relaxed);
+        self.nonce.store(nonce, Release);
+    }
+
+    /// Windows queued and not yet drained.
+    pub fn queued(&self) -> u64 {
+        self.enq.load(Acquire).wrapping_sub(self.deq.load(Acquire))
+    }
+
+    /// Enqueues `w`; false when the queue is full. Reentrant (lock-free, multi-producer).
+    pub fn try_push(&self, w: &Window) -> bool {
+        let mut pos = self.enq.load(Relaxed);
+        loop {
+            let e = self.entry(pos);
+            let seq = e.seq.load(Acquire);
+            let dif = seq.wrapping_sub(pos) as i64;
+            if dif == 0 {
+                match self
+                    .enq
+                    .compare_exchange_weak(pos, pos.wrapping_add(1), Relaxed, Relaxed)
+                {
+                    Ok(_) => {
+                        // SAFETY: the CAS gave this producer exclusive use of the entry until
+                        // it publishes it with the seq store below.
+                        unsafe { *e.w.get() = *w };
+                        e.seq.store(pos.wrapping_add(1), Release);
+                        return true;
+                    }
+                    Err(p) => pos = p,
+                }
+            } else if dif < 0 {
+                return false;
+            } else {
+                pos = self.enq.load(Relaxed);
+            }
+        }
+    }
+
+    /// Dequeues one window (drainer only, under `drain_lock`).
+    pub fn try_pop(&self) -> Option<Window> {
+        let pos = self.deq.load(Relaxed);
+        let e = self.entry(pos);
+        let seq = e.seq.load(Acquire);
+        if seq != pos.wrapping_add(1) {
+            return None;
+        }
+        // SAFETY: seq == pos+1 means a producer published this entry and no producer will
+        // touch it until we release it by storing pos+cap.
+        let w = unsafe { *e.w.get() };
+        e.seq.store(pos.wrapping_add(self.cap as u64), Release);
+        self.deq.store(pos.wrapping_add(1), Release);
+        Some(w)
+    }
+
+    /// Takes the drain lock, spinning (with sched_yield) while another drainer holds it.
+    pub fn lock_drain(&self) {
+        let mut spins = 0u32;
+        while self
+            .drain_lock
+            .compare_exchange(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            spins = spins.wrapping_add(1);
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                raw::sched_yield();
+            }
+        }
+    }
+    pub fn try_lock_drain(&self) -> bool {
+        self.drain_lock
+            .compare_exchange(0, 1, Acquire, Relaxed)
+            .is_ok()
+    }
+    pub fn unlock_drain(&self) {
+        self.drain_lock.store(0, Release);
+    }
+
+    /// Scratch buffer for encoding (only under `drain_lock`).
+    ///
+    /// # Safety
+    /// The caller holds this slot's drain lock, so no one else uses the scratch.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn scratch(&self) -> &mut [u8] {
+        // SAFETY: scratch points to SCRATCH bytes in this slot's mapping; exclusivity is
+        // the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.scratch, SCRATCH) }
+    }
+}
+
+fn layout(cap: usize) -> (usize, usize, usize) {
+    let header = std::mem::size_of::<Slot>().next_multiple_of(64);
+    let entries_off = header + SCRATCH;
+    let total = entries_off + cap * std::mem::size_of::<Entry>();
+    (header, entries_off, total.next_multiple_of(4096))
+}
+
+/// Allocates a fresh slot mapping.
+fn alloc_slot(cap: usize) -> Option<*mut Slot> {
+    let (header, entries_off, total) = layout(cap);
+    let base = raw::mmap_anon(total)?;
+    let slot = base as *mut Slot;
+    // SAFETY: base is a fresh zeroed mapping of `total` bytes, large enough for the header,
+    // scratch and `cap` entries; Slot and Entry are valid when zeroed except for the
+    // fields written here.
+    unsafe {
+        std::ptr::addr_of_mut!((*slot).cap).write(cap);
+        std::ptr::addr_of_mut!((*slot).map_len).write(total);
+        std::ptr::addr_of_mut!((*slot).scratch).write(base.add(header));
+        std::ptr::addr_of_mut!((*slot).entries).write(base.add(entries_off) as *mut Entry);
+        std::ptr::addr_of_mut!((*slot).fd).write(AtomicI32::new(-1));
+        std::ptr::addr_of_mut!((*slot).kfd).write(AtomicI32::new(-1));
+    }
+    Some(slot)
+}
+
+/// The slot at index `i`, if allocated.
+pub fn slot_at(i: usize) -> Option<&'static Slot> {
+    let p = SLOTS.get(i)?.load(Acquire);
+    // SAFETY: slot mappings are never unmapped while the process lives.
+    unsafe { p.as_ref() }
+}
+
+/// Claims a slot for the calling thread (`tid`), reusing a free one when possible.
+pub fn claim(tid: i32, pid: i32, nonce: u64) -> Option<&'static Slot> {
+    let cap = STATIC.get()?.queue_cap;
+    let count = SLOT_COUNT.load(Acquire).min(MAX_SLOTS);
+    for i in 0..count {
+        if let Some(s) = slot_at(i) {
+            if s.state.load(Relaxed) == FREE
+                && s.state
+                    .compare_exchange(FREE, ACTIVE, AcqRel, Relaxed)
+                    .is_ok()
+            {
+                s.reset(tid, pid, nonce);
+                return Some(s);
+            }
+        }
+    }
+    loop {
+        let i = SLOT_COUNT.load(Acquire);
+        if i >= MAX_SLOTS {
+            return None;
+        }
+        if SLOT_COUNT
+            .compare_exchange(i, i + 1, AcqRel, Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        let p = alloc_slot(cap)?;
+        // SAFETY: p is a fresh slot mapping owned by this thread until published.
+        let s = unsafe { &*p };
+        s.reset(tid, pid, nonce);
+        s.state.store(ACTIVE, Release);
+        if let Some(cell) = SLOTS.get(i) {
+            cell.store(p, Release);
+        }
+        return Some(s);
+    }
+}
+
+/// The calling thread's slot, claiming one on first use. `None` when every slot is taken
+/// or the shim is not configured.
+pub fn current() -> Option<&'static Slot> {
+    let p = CURRENT.with(|c| c.get());
+    // SAFETY: slots are never unmapped.
+    if let Some(s) = unsafe { p.as_ref() } {
+        return Some(s);
+    }
+    let s = claim(raw::gettid(), PID.load(Relaxed), NONCE.load(Relaxed))?;
+    set_current(s);
+    Some(s)
+}
+
+/// Sets the calling thread's slot.
+pub fn set_current(s: &'static Slot) {
+    CURRENT.with(|c| c.set(s as *const Slot as *mut Slot));
+}
+
+/// Indices of allocated slots.
+pub fn slot_count() -> usize {
+    SLOT_COUNT.load(Acquire).min(MAX_SLOTS)
+}
+
+/// Wakes the writer thread.
+pub fn wake_writer() {
+    WAKE.fetch_add(1, Release);
+    raw::futex_wake(&WAKE);
+}
+
+/// Enqueues a window applying the backpressure policy.
+pub fn push(slot: &Slot, w: &Window) {
+    let Some(st) = STATIC.get() else { return };
+    loop {
+        if slot.try_push(w) {
+            if slot.queued() == (slot.cap as u64) / 2 {
+                wake_writer();
+            }
+            return;
+        }
+        match st.backpressure {
+            Backpressure::Drop => {
+                slot.dropped.fetch_add(1, Relaxed);
+                return;
+            }
+            Backpressure::Block => {
+                if WRITER_ALIVE.load(Acquire) {
+                    wake_writer();
+                    raw::nanosleep(50_000);
+                } else if slot.try_lock_drain() {
+                    super::output::drain_locked(slot);
+                    slot.unlock_drain();
+                } else {
+                    raw::sched_yield();
+                }
+            }
+        }
+    }
+}
+
+/// Fills `w` with `pos` in the current thread's window sequence.
+pub fn next_index(slot: &Slot) -> u64 {
+    slot.next_index.fetch_add(1, Relaxed)
+}
+
+/// Builds the `Static` from a validated configuration (normal context).
+#[allow(clippy::too_many_arguments)]
+pub fn make_static(
+    cfg: &ShimConfig,
+    backend: u8,
+    pt_present: bool,
+    reason: String,
+    metadata: [u8; 50],
+    pt_metadata: [u8; 18],
+    vdso: (u64, usize),
+    rewrite: bool,
+    lib_path: Vec<u8>,
+) -> Static {
+    let mut out_dir = cfg.out_dir.as_os_str().as_encoded_bytes().to_vec();
+    while out_dir.len() > 1 && out_dir.last() == Some(&b'/') {
+        out_dir.pop();
+    }
+    Static {
+        filter: cfg.filter.clone(),
+        mode: cfg.mode as u32 as u8,
+        window: cfg.window,
+        backend,
+        pt_present,
+        reason,
+        config_text: cfg.describe(),
+        out_dir,
+        queue_cap: cfg.queue,
+        backpressure: cfg.backpressure,
+        metadata,
+        pt_metadata,
+        vdso,
+        kernel_raw: cfg.mode.traces_kernel(),
+        rewrite,
+        lib_path,
+        exec_env: super::config::ALL_VARS
+            .iter()
+            .filter_map(|k| {
+                let v = std::env::var_os(k)?;
+                let mut e = format!("{k}=").into_bytes();
+                e.extend_from_slice(v.as_encoded_bytes());
+                e.push(0);
+                Some(e)
+            })
+            .take(16)
+            .collect(),
+    }
+}

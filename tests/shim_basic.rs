@@ -1,0 +1,387 @@
+//! The shim on real programs: /bin/ls, a shell pipeline (fork + exec), raw `syscall`
+//! instructions, inertness without configuration and invalid configuration.
+
+mod shim_util;
+
+use drpttracer::format::ptt::{self, Tail, WF_FORK_CHILD, WF_NO_RETURN, WF_PT_ABSENT};
+use shim_util::*;
+
+const NR_GETPPID: u64 = 110;
+const NR_EXECVE: u64 = 59;
+const NR_EXIT_GROUP: u64 = 231;
+
+#[test]
+fn ls_writes_parseable_info_and_thread_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, std::path::Path::new("/bin/ls"), &["/"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("usr"));
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let td = read_dir(&out);
+    assert_eq!(td.infos.len(), 1);
+    let info = &td.infos[0];
+    assert_eq!(info.cmdline, vec!["/bin/ls", "/"]);
+    assert!(info.exe.ends_with("/ls"), "{}", info.exe);
+    assert!(info.maps.contains("[vdso]") && info.maps.contains("libdrpttracer.so"));
+    // The saved vDSO is an ELF image.
+    assert_eq!(&info.vdso[..4], b"\x7fELF");
+    assert_eq!(info.metadata.len(), 50);
+    let (fam, model, step) = drpttracer::metadata::cpu_identity();
+    let meta = drpttracer::PtMetadata::from_bytes(&info.metadata).unwrap();
+    assert_eq!(
+        (meta.cpu_family, meta.cpu_model, meta.cpu_stepping),
+        (fam, model, step)
+    );
+    // No PT on this machine: the reason is stored once, in the info and thread headers.
+    if !info.process.pt_present {
+        assert!(!info.process.pt_absent_reason.is_empty());
+    }
+    assert_eq!(
+        info.end.map(|e| e.0),
+        Some(ptt::EndReason::ExitGroup as u32)
+    );
+    assert_eq!(info.tail, Tail::Clean);
+    assert_eq!(td.threads.len(), 1);
+    let t = &td.threads[0];
+    assert_eq!(t.header.pid, info.process.pid);
+    assert_eq!(t.header.tid, info.process.pid);
+    assert_eq!(t.tail, Tail::Clean);
+    assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::ExitGroup as u32));
+    assert_eq!(t.dropped, 0);
+    // Window indices are dense, timestamps ordered, the last window is exit_group.
+    for (i, w) in t.windows.iter().enumerate() {
+        assert_eq!(w.index, i as u64);
+        assert!(w.tsc_end >= w.tsc_start);
+        assert!(w.flags & WF_PT_ABSENT != 0);
+    }
+    let last = t.windows.last().unwrap();
+    assert_eq!(last.nr, NR_EXIT_GROUP);
+    assert!(last.flags & WF_NO_RETURN != 0);
+    // ls reads the directory and writes its listing.
+    let names: Vec<_> = t
+        .windows
+        .iter()
+        .filter_map(|w| drpttracer::shim::sysnames::name(w.nr))
+        .collect();
+    for n in ["openat", "getdents64", "write", "close"] {
+        assert!(names.contains(&n), "no {n} window in {names:?}");
+    }
+    // kernel mode also writes DynamoRIO's per-thread file: a metadata PDB then one PDB
+    // per window (48-byte header + 6 args, no PT here).
+    let raw = std::fs::read(out.join(format!("kernel.raw/{}.raw.pt", t.header.tid))).unwrap();
+    let u = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
+    assert_eq!(u(0) >> 59, 0); // PID
+    assert_eq!(u(0) & ((1 << 59) - 1), t.header.pid as u64);
+    assert_eq!(u(1) >> 59, 1); // THREAD_ID
+    assert_eq!(u(2), (2 << 59) | 18); // PT_METADATA_BOUNDARY = 18
+    assert_eq!(&raw[24..42], &info.metadata[..18]);
+    let pdb = 48 + 6 * 8;
+    assert_eq!(raw.len(), 42 + pdb * t.windows.len());
+    for (i, w) in t.windows.iter().enumerate() {
+        let b = 42 + i * pdb;
+        let e = |k: usize| u64::from_le_bytes(raw[b + k * 8..b + k * 8 + 8].try_into().unwrap());
+        assert_eq!(e(2), (3 << 59) | pdb as u64); // PT_DATA_BOUNDARY = 48 + 8*6 + 0
+        assert_eq!(e(3), (4 << 59) | w.nr);
+        assert_eq!(e(4), (5 << 59) | w.index);
+        assert_eq!(e(5), (6 << 59) | 6);
+        for (k, a) in w.args.iter().enumerate() {
+            assert_eq!(e(6 + k), *a);
+        }
+    }
+}
+
+#[test]
+fn shell_pipeline_traces_every_process_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    let o = run_traced(
+        &out,
+        std::path::Path::new("/bin/sh"),
+        &["-c", "ls / | wc -l"],
+        &[],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let n: usize = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(n > 5);
+    let td = read_dir(&out);
+    // The shell, two forked children before exec, and ls and wc after exec.
+    let by_cmd = |c: &str| {
+        td.infos
+            .iter()
+            .filter(|i| i.cmdline.first().map(String::as_str) == Some(c))
+            .count()
+    };
+    assert_eq!(
+        by_cmd("ls"),
+        1,
+        "{:#?}",
+        td.infos.iter().map(|i| &i.cmdline).collect::<Vec<_>>()
+    );
+    assert_eq!(by_cmd("wc"), 1);
+    assert_eq!(by_cmd("/bin/sh"), 3);
+    let shell = td
+        .infos
+        .iter()
+        .find(|i| {
+            i.cmdline[0] == "/bin/sh"
+                && i.process.ppid != 0
+                && !td.infos.iter().any(|p| p.process.pid == i.process.ppid)
+        })
+        .expect("the top shell");
+    for info in &td.infos {
+        assert_eq!(info.tail, Tail::Clean, "{}", info.name);
+        let threads = td.threads_of(info.process.pid, info.process.nonce);
+        assert_eq!(
+            threads.len(),
+            1,
+            "{}: one thread file per process image",
+            info.name
+        );
+        let t = threads[0];
+        assert_eq!(t.tail, Tail::Clean);
+        assert!(!t.windows.is_empty());
+        if info.cmdline[0] == "/bin/sh" && info.process.pid != shell.process.pid {
+            // A forked child: parent is the shell, first window is its side of the fork,
+            // last is the successful execve, and the file ends with End(exec).
+            assert_eq!(info.process.ppid, shell.process.pid);
+            let first = &t.windows[0];
+            assert!(
+                first.flags & WF_FORK_CHILD != 0 && first.ret == 0,
+                "{first:?}"
+            );
+            let last = t.windows.last().unwrap();
+            assert_eq!(last.nr, NR_EXECVE);
+            assert!(last.flags & WF_NO_RETURN != 0);
+            assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::Exec as u32));
+        } else {
+            assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::ExitGroup as u32));
+        }
+    }
+    // After exec the same pid has a new image (different nonce) whose parent is the shell.
+    for c in ["ls", "wc"] {
+        let img = td.infos.iter().find(|i| i.cmdline[0] == c).unwrap();
+        assert_eq!(img.process.ppid, shell.process.pid);
+        assert!(td
+            .infos
+            .iter()
+            .any(|i| i.process.pid == img.process.pid && i.process.nonce != img.process.nonce));
+    }
+    // The shell's fork windows returned the children's pids.
+    let sh_t = td.threads_of(shell.process.pid, shell.process.nonce)[0];
+    let mut child_pids: Vec<i64> = sh_t
+        .windows
+        .iter()
+        .filter(|w| matches!(w.nr, 56 | 57 | 58 | 435) && w.ret > 0)
+        .map(|w| w.ret)
+        .collect();
+    child_pids.sort();
+    let mut ls_wc: Vec<i64> = td
+        .infos
+        .iter()
+        .filter(|i| i.cmdline[0] == "ls" || i.cmdline[0] == "wc")
+        .map(|i| i.process.pid as i64)
+        .collect();
+    ls_wc.sort();
+    assert_eq!(child_pids, ls_wc);
+}
+
+#[test]
+fn raw_syscall_instructions_are_intercepted_with_their_arguments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("raw_syscall", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &[], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let td = read_dir(&out);
+    assert_eq!(td.threads.len(), 1);
+    let ppid: Vec<_> = td.threads[0]
+        .windows
+        .iter()
+        .filter(|w| w.nr == NR_GETPPID)
+        .collect();
+    assert_eq!(ppid.len(), 100);
+    let parent = std::process::id() as i64;
+    assert_eq!(ppid[0].args, [0; 6]);
+    for (i, w) in ppid.iter().enumerate().skip(1) {
+        assert_eq!(
+            w.args,
+            [0x1111 + i as u64, 0x2222, 0x3333, 0x4444, 0x5555, 0x6666]
+        );
+        assert_eq!(w.ret, parent);
+    }
+}
+
+#[test]
+fn filter_records_only_selected_syscalls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("raw_syscall", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &[], &[("PTTRACER_SYSCALLS", "getppid")]);
+    assert!(o.status.success());
+    let td = read_dir(&out);
+    let w = &td.threads[0].windows;
+    assert_eq!(w.len(), 100);
+    assert!(w.iter().all(|w| w.nr == NR_GETPPID));
+}
+
+#[test]
+fn inert_without_configuration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("/bin/sh")
+        .args(["-c", "ls / | wc -l"])
+        .current_dir(tmp.path())
+        .env("LD_PRELOAD", lib_path())
+        .env_remove("PTTRACER_OUT")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn invalid_configuration_is_reported_and_the_program_still_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    let o = run_traced(
+        &out,
+        std::path::Path::new("/bin/echo"),
+        &["hello"],
+        &[("PTTRACER_MODE", "kernal")],
+    );
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("PTTRACER_MODE=\"kernal\"") && err.contains("tracing disabled"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn posix_spawn_children_are_traced_and_the_vfork_side_is_flagged() {
+    use drpttracer::format::ptt::{WF_NESTED, WF_VFORK_CHILD};
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("spawn", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &[], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("spawn ok") && text.contains("system ok"),
+        "{text}"
+    );
+    let td = read_dir(&out);
+    let cmd = |c: &str| {
+        td.infos
+            .iter()
+            .any(|i| i.cmdline.first().map(String::as_str) == Some(c))
+    };
+    assert!(cmd("echo"), "the posix_spawn child is traced after exec");
+    assert!(cmd("sh"), "system()'s shell is traced");
+    let main = td.infos.iter().find(|i| i.exe.ends_with("/spawn")).unwrap();
+    let t = td.threads_of(main.process.pid, main.process.nonce)[0];
+    // The spawned children ran on the parent's memory before exec: their syscalls are in
+    // the parent's file, flagged, and each ends with a (non-returning) execve.
+    let child: Vec<_> = t
+        .windows
+        .iter()
+        .filter(|w| w.flags & WF_VFORK_CHILD != 0)
+        .collect();
+    assert!(!child.is_empty());
+    let execs = child
+        .iter()
+        .filter(|w| w.nr == NR_EXECVE && w.flags & WF_NO_RETURN != 0)
+        .count();
+    assert_eq!(execs, 2);
+    // The parent's own windows after the spawns are not mistaken for nested ones.
+    let last = t.windows.last().unwrap();
+    assert_eq!(last.nr, NR_EXIT_GROUP);
+    assert_eq!(last.flags & (WF_NESTED | WF_VFORK_CHILD), 0, "{last:?}");
+    assert_eq!(last.depth, 0);
+}
+
+#[test]
+fn thread_windows_cover_user_time_between_syscalls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("raw_syscall", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &[], &[("PTTRACER_WINDOW", "thread")]);
+    assert!(o.status.success(), "{o:?}");
+    let td = read_dir(&out);
+    assert_eq!(td.infos[0].process.window, 1);
+    let w = &td.threads[0].windows;
+    assert!(w.len() > 100);
+    // A thread window runs from the previous syscall's return to this syscall's entry, so
+    // consecutive windows do not overlap.
+    for pair in w.windows(2) {
+        assert!(pair[0].tsc_end <= pair[1].tsc_start, "{pair:?}");
+        assert!(pair[1].tsc_start <= pair[1].tsc_end, "{pair:?}");
+    }
+}
+
+#[test]
+fn fork_vfork_and_raw_clone_vfork_children_are_traced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("vfork", tmp.path());
+    for mode in ["0", "1", "2"] {
+        let out = tmp.path().join(format!("trace{mode}"));
+        let o = run_traced(&out, &prog, &[mode], &[]);
+        assert!(o.status.success(), "{o:?}");
+        let child: i32 = String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .strip_prefix("child ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let td = read_dir(&out);
+        let t = td
+            .threads
+            .iter()
+            .find(|t| t.header.pid == child)
+            .unwrap_or_else(|| panic!("mode {mode}: no thread file for child {child}"));
+        // Its side of the fork first (glibc's fork child then re-registers its robust
+        // list), 3 getppid, exit_group last.
+        assert!(t.windows[0].flags & WF_FORK_CHILD != 0 && t.windows[0].ret == 0);
+        assert_eq!(t.windows.iter().filter(|w| w.nr == NR_GETPPID).count(), 3);
+        assert_eq!(t.windows.last().unwrap().nr, NR_EXIT_GROUP);
+        assert!(t.windows.len() <= 6, "mode {mode}: {:?}", t.windows);
+    }
+}
+
+#[test]
+fn exec_with_an_emptied_environment_stays_traced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    let o = run_traced(
+        &out,
+        std::path::Path::new("/usr/bin/env"),
+        &["-i", "/bin/echo", "clean"],
+        &[("PTTRACER_SYSCALLS", "write,execve")],
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "clean\n");
+    let td = read_dir(&out);
+    let echo = td
+        .infos
+        .iter()
+        .find(|i| i.cmdline.first().map(String::as_str) == Some("/bin/echo"))
+        .expect("echo, exec'd with an empty environment, is traced");
+    let t = td.threads_of(echo.process.pid, echo.process.nonce)[0];
+    assert!(
+        t.windows.iter().any(|w| w.nr == 1 && w.ret == 6),
+        "echo's write of \"clean\\n\""
+    );
+    // The carried-over configuration is the original one (the filter included).
+    assert!(t.windows.iter().all(|w| w.nr == 1 || w.nr == NR_EXECVE));
+}

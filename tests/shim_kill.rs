@@ -1,0 +1,166 @@
+//! SIGKILL mid-run: every window the writer flushed is readable, the missing End record
+//! shows the thread was killed, and a torn last record is reported as a truncated tail.
+
+mod shim_util;
+
+use drpttracer::format::ptt::{self, Tail};
+use shim_util::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+#[test]
+fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("spin", tmp.path());
+    let out = tmp.path().join("trace");
+    let mut child = Command::new(&prog)
+        .env("LD_PRELOAD", lib_path())
+        .env("PTTRACER_OUT", &out)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "running\n");
+    let file = out.join(format!(
+        "{}-{}-{}.ptt",
+        child.id(),
+        // The nonce is only known from the info file.
+        {
+            let info = std::fs::read_dir(&out)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .find(|n| n.ends_with(".info"))
+                .unwrap();
+            info.trim_end_matches(".info")
+                .split('-')
+                .nth(1)
+                .unwrap()
+                .to_string()
+        },
+        child.id()
+    ));
+    // Wait until the writer has flushed a good number of windows (bounded wait, not a
+    // timing assertion).
+    for _ in 0..2000 {
+        if std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) > 200_000 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    let st = child.wait().unwrap();
+    assert!(!st.success());
+
+    let td = read_dir(&out);
+    assert_eq!(td.threads.len(), 1);
+    let t = &td.threads[0];
+    assert!(
+        t.windows.len() > 1000,
+        "only {} windows flushed",
+        t.windows.len()
+    );
+    assert_eq!(t.end, None, "a killed thread has no End record");
+    assert!(matches!(t.tail, Tail::Clean | Tail::Truncated { .. }));
+    for (i, w) in t.windows.iter().enumerate() {
+        assert_eq!(w.index, i as u64, "windows are complete and in order");
+    }
+    assert!(td.infos[0].end.is_none(), "no ProcessEnd after SIGKILL");
+
+    // A record torn in the middle (as a kill during a write leaves it) is detected and the
+    // complete records before it are all read.
+    let data = std::fs::read(&file).unwrap();
+    let parsed = ptt::parse("x", &data).unwrap();
+    let last = parsed.frames.last().unwrap().offset;
+    let torn = &data[..last + 30];
+    let p2 = ptt::parse("x", torn).unwrap();
+    assert_eq!(p2.frames.len(), parsed.frames.len() - 1);
+    assert_eq!(
+        p2.tail,
+        Tail::Truncated {
+            offset: last,
+            bytes: 30
+        }
+    );
+    let torn_dir = tmp.path().join("torn");
+    std::fs::create_dir(&torn_dir).unwrap();
+    std::fs::write(torn_dir.join(file.file_name().unwrap()), torn).unwrap();
+    let o = Command::new(pttrace())
+        .arg("report")
+        .arg(&torn_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        text.contains(&format!(
+            "TRUNCATED tail: 30 bytes at offset {last} are an incomplete record"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{} windows", parsed.frames.len() - 2)),
+        "{text}"
+    );
+    assert!(text.contains("no End record"), "{text}");
+}
+
+#[test]
+fn pttrace_run_prints_the_summary_and_the_decode_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--out"])
+        .arg(&out)
+        .args(["--syscalls", "getdents64,write", "--", "/bin/ls", "/"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    let td = read_dir(&out);
+    let n = td.threads[0].windows.len();
+    assert!(n >= 2);
+    assert!(
+        text.contains(&format!(
+            "total: 1 processes, 1 threads, {n} windows, 0 PT bytes, 0 sideband bytes, \
+             losses: 0 lossy windows, 0 dropped windows, 0 truncated/corrupt files"
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "decode with: pttrace decode {}",
+        out.canonicalize().unwrap().display()
+    )));
+    // An invalid option is refused before anything runs.
+    let o = Command::new(pttrace())
+        .args(["run", "--mode", "both", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PTTRACER_MODE=\"both\""));
+}
+
+#[test]
+fn fatal_signals_flush_and_end_the_files_then_kill_as_before() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("fatal", tmp.path());
+    for (arg, sig) in [("segv", libc::SIGSEGV), ("term", libc::SIGTERM)] {
+        let out = tmp.path().join(arg);
+        let o = run_traced(&out, &prog, &[arg], &[]);
+        assert_eq!(o.status.signal(), Some(sig), "{arg}: {o:?}");
+        let td = read_dir(&out);
+        assert_eq!(td.threads.len(), 1);
+        let t = &td.threads[0];
+        assert_eq!(
+            t.windows.iter().filter(|w| w.nr == 110).count(),
+            50,
+            "{arg}: every window before the signal is written"
+        );
+        assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::Signal as u32));
+        assert_eq!(t.tail, Tail::Clean);
+        assert_eq!(td.infos[0].end, Some((ptt::EndReason::Signal as u32, sig)));
+    }
+}

@@ -1,0 +1,114 @@
+//! The optional fast path (`PTTRACER_REWRITE=1`): the same exactness as the Syscall User
+//! Dispatch path, with the hot sites patched. Skips (with a message) where page 0 cannot be
+//! mapped (needs CAP_SYS_RAWIO or vm.mmap_min_addr=0).
+
+mod shim_util;
+
+use drpttracer::format::ptt;
+use shim_util::*;
+
+const NR_GETPPID: u64 = 110;
+
+/// Runs `prog` with the fast path; None (after printing SKIP) when it is unavailable.
+fn run_fast(prog: &std::path::Path, out: &std::path::Path) -> Option<TraceDir> {
+    let o = run_traced(out, prog, &[], &[("PTTRACER_REWRITE", "1")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if err.contains("cannot map page 0") || err.contains("lacks") {
+        println!("SKIP: {}", err.trim());
+        return None;
+    }
+    assert!(o.status.success(), "{o:?}");
+    Some(read_dir(out))
+}
+
+/// Syscall sites the fast path patched, from the ProcessEnd records of `out`.
+fn patched_sites(out: &std::path::Path) -> u64 {
+    std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "info"))
+        .map(|p| ptt::summarize_process(&p).unwrap().patched_sites)
+        .sum()
+}
+
+#[test]
+fn fast_path_counts_sixteen_threads_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("threads", tmp.path());
+    let out = tmp.path().join("trace");
+    let Some(td) = run_fast(&prog, &out) else {
+        return;
+    };
+    assert_eq!(td.threads.len(), 17);
+    for t in td.threads.iter().filter(|t| t.header.tid != t.header.pid) {
+        assert_eq!(
+            t.windows.iter().filter(|w| w.nr == NR_GETPPID).count(),
+            1000
+        );
+        for (i, w) in t.windows.iter().enumerate() {
+            assert_eq!(w.index, i as u64);
+        }
+        assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::ThreadExit as u32));
+    }
+    assert_eq!(td.count_nr(NR_GETPPID), 16_001);
+    assert!(patched_sites(&out) >= 1, "no syscall site was patched");
+}
+
+#[test]
+fn fast_path_keeps_raw_syscall_arguments_and_signal_semantics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("raw_syscall", tmp.path());
+    let out = tmp.path().join("trace");
+    let Some(td) = run_fast(&prog, &out) else {
+        return;
+    };
+    let ppid: Vec<_> = td.threads[0]
+        .windows
+        .iter()
+        .filter(|w| w.nr == NR_GETPPID)
+        .collect();
+    assert_eq!(ppid.len(), 100);
+    for (i, w) in ppid.iter().enumerate().skip(1) {
+        assert_eq!(
+            w.args,
+            [0x1111 + i as u64, 0x2222, 0x3333, 0x4444, 0x5555, 0x6666]
+        );
+    }
+    let prog = compile("handlers", tmp.path());
+    let out = tmp.path().join("trace2");
+    let o = run_traced(&out, &prog, &[], &[("PTTRACER_REWRITE", "1")]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ok sigsys handler\nok sigtrap handler\nok sigprocmask\nok sa_restart read\nok eintr read\n"
+    );
+}
+
+#[test]
+fn fast_path_follows_fork_and_exec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("trace");
+    if run_fast(std::path::Path::new("/bin/true"), &out).is_none() {
+        return;
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+    let o = run_traced(
+        &out,
+        std::path::Path::new("/bin/sh"),
+        &["-c", "ls / | wc -l"],
+        &[("PTTRACER_REWRITE", "1")],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let td = read_dir(&out);
+    // The shell, its two forked children, and ls and wc after exec: one thread each (the
+    // children's writer threads are never traced, even though they run patched code).
+    assert_eq!(td.infos.len(), 5);
+    for info in &td.infos {
+        assert_eq!(
+            td.threads_of(info.process.pid, info.process.nonce).len(),
+            1,
+            "{}",
+            info.name
+        );
+    }
+}

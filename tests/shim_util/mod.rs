@@ -1,0 +1,214 @@
+//! Helpers shared by the shim integration tests: locating the preload library and the
+//! `pttrace` binary, compiling the C test programs, running them traced, and reading every
+//! file of a trace directory with the library's own reader.
+#![allow(dead_code)]
+
+use drpttracer::format::ptt::{self, FileKind, RecordType, Tail, Window};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// libdrpttracer.so of this build (cargo builds the cdylib for integration tests).
+pub fn lib_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> -> target/<profile>/libdrpttracer.so
+    for dir in exe.ancestors().skip(1).take(3) {
+        let cand = dir.join("libdrpttracer.so");
+        if cand.is_file() {
+            return cand;
+        }
+    }
+    let fallback = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libdrpttracer.so");
+    assert!(
+        fallback.is_file(),
+        "libdrpttracer.so not found near {} nor at {}",
+        exe.display(),
+        fallback.display()
+    );
+    fallback
+}
+
+pub fn pttrace() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pttrace"))
+}
+
+/// Compiles tests/progs/<name>.c into `dir` with the system C compiler.
+pub fn compile(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/progs")
+        .join(format!("{name}.c"));
+    let out = dir.join(name);
+    let st = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed for {}", src.display());
+    out
+}
+
+/// Runs `prog args` with the shim preloaded, writing into `out`.
+pub fn run_traced(out: &Path, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(prog);
+    c.args(args)
+        .env("LD_PRELOAD", lib_path())
+        .env("PTTRACER_OUT", out);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run traced program")
+}
+
+/// One thread file, fully decoded.
+#[derive(Debug)]
+pub struct ThreadFile {
+    pub name: String,
+    pub header: ptt::ThreadHeader,
+    pub windows: Vec<Window>,
+    pub end: Option<(u32, u64, u64)>,
+    pub dropped: u64,
+    pub tail: Tail,
+}
+
+/// One process info file, decoded.
+#[derive(Debug)]
+pub struct InfoFile {
+    pub name: String,
+    pub process: ptt::ProcessRecord,
+    pub cmdline: Vec<String>,
+    pub exe: String,
+    pub maps: String,
+    pub vdso: Vec<u8>,
+    pub metadata: Vec<u8>,
+    pub end: Option<(u32, i32)>,
+    pub tail: Tail,
+}
+
+#[derive(Debug, Default)]
+pub struct TraceDir {
+    pub infos: Vec<InfoFile>,
+    pub threads: Vec<ThreadFile>,
+}
+
+impl TraceDir {
+    pub fn threads_of(&self, pid: i32, nonce: u64) -> Vec<&ThreadFile> {
+        self.threads
+            .iter()
+            .filter(|t| t.header.pid == pid && t.header.nonce == nonce)
+            .collect()
+    }
+    pub fn count_nr(&self, nr: u64) -> usize {
+        self.threads
+            .iter()
+            .flat_map(|t| &t.windows)
+            .filter(|w| w.nr == nr)
+            .count()
+    }
+}
+
+/// Reads every `.info` and `.ptt` file in `dir`, panicking on anything malformed.
+pub fn read_dir(dir: &Path) -> TraceDir {
+    let mut td = TraceDir::default();
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    for p in paths {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.ends_with(".info") || name.ends_with(".ptt")) {
+            continue;
+        }
+        let data = std::fs::read(&p).unwrap();
+        let parsed = ptt::parse(&name, &data).unwrap_or_else(|e| panic!("{e}"));
+        match parsed.kind {
+            FileKind::Thread => {
+                let mut header = None;
+                let mut windows = vec![];
+                let mut end = None;
+                let mut dropped = 0;
+                for f in &parsed.frames {
+                    match RecordType::from_raw(f.ty) {
+                        Some(RecordType::ThreadHeader) => {
+                            header = Some(ptt::decode_thread_header(f.payload).unwrap())
+                        }
+                        Some(RecordType::Window) => {
+                            windows.push(ptt::decode_window(f.payload).unwrap().window)
+                        }
+                        Some(RecordType::End) => end = ptt::decode_end(f.payload),
+                        Some(RecordType::Dropped) => {
+                            dropped += ptt::decode_dropped(f.payload).unwrap().0
+                        }
+                        other => panic!("{name}: unexpected record {other:?} in a thread file"),
+                    }
+                }
+                td.threads.push(ThreadFile {
+                    header: header.unwrap_or_else(|| panic!("{name}: no ThreadHeader")),
+                    name,
+                    windows,
+                    end,
+                    dropped,
+                    tail: parsed.tail,
+                });
+            }
+            FileKind::ProcessInfo => {
+                let mut info = InfoFile {
+                    name: name.clone(),
+                    process: ptt::ProcessRecord {
+                        pid: 0,
+                        ppid: 0,
+                        nonce: 0,
+                        start_tsc: 0,
+                        start_monotonic_ns: 0,
+                        mode: 0,
+                        window: 0,
+                        backend: 0,
+                        pt_present: false,
+                        pt_absent_reason: String::new(),
+                    },
+                    cmdline: vec![],
+                    exe: String::new(),
+                    maps: String::new(),
+                    vdso: vec![],
+                    metadata: vec![],
+                    end: None,
+                    tail: parsed.tail.clone(),
+                };
+                let mut have_process = false;
+                for f in &parsed.frames {
+                    match RecordType::from_raw(f.ty) {
+                        Some(RecordType::Process) => {
+                            info.process = ptt::decode_process(f.payload).unwrap();
+                            have_process = true;
+                        }
+                        Some(RecordType::Cmdline) => {
+                            info.cmdline = f
+                                .payload
+                                .split(|&b| b == 0)
+                                .filter(|s| !s.is_empty())
+                                .map(|s| String::from_utf8_lossy(s).into_owned())
+                                .collect()
+                        }
+                        Some(RecordType::Exe) => {
+                            info.exe = String::from_utf8_lossy(f.payload).into_owned()
+                        }
+                        Some(RecordType::Maps) => {
+                            info.maps = String::from_utf8_lossy(f.payload).into_owned()
+                        }
+                        Some(RecordType::Vdso) => {
+                            info.vdso = ptt::decode_vdso(f.payload).unwrap().1.to_vec()
+                        }
+                        Some(RecordType::Metadata) => info.metadata = f.payload.to_vec(),
+                        Some(RecordType::ProcessEnd) => {
+                            info.end = ptt::decode_process_end(f.payload)
+                        }
+                        _ => {}
+                    }
+                }
+                assert!(have_process, "{name}: no Process record");
+                td.infos.push(info);
+            }
+        }
+    }
+    td
+}
