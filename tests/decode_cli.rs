@@ -231,3 +231,86 @@ fn threads_give_identical_output() {
     assert!(!one.contains("\"gap\""));
     assert_eq!(run("3"), one);
 }
+
+#[test]
+fn decodes_pttrace_thread_files_with_their_info_file() {
+    use drpttracer::format::ptt::{
+        encode_frame, encode_header, encode_window, FileKind, RecordType, Window,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let base = 0x40_1000u64;
+    let code = [0x90, 0x83, 0xc0, 0x02, 0xff, 0xe0]; // nop; add eax,2; jmp rax
+    let exe = dir.path().join("prog");
+    std::fs::write(&exe, exe_elf(base, &code)).unwrap();
+    let frame = |ty, payload: &[u8]| {
+        let mut buf = vec![0u8; payload.len() + 64];
+        let n = encode_frame(&mut buf, ty, |c| c.bytes(payload)).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    // Info file: Process, Metadata (cpu 6/85/4, no time), Maps, Vdso.
+    let mut info = encode_header(FileKind::ProcessInfo).to_vec();
+    let mut process = vec![0u8; 40];
+    process[0..4].copy_from_slice(&77u32.to_le_bytes());
+    info.extend(frame(RecordType::Process, &process));
+    let md = PtMetadata {
+        cpu_family: 6,
+        cpu_model: 85,
+        cpu_stepping: 4,
+        ..Default::default()
+    };
+    let mut meta = md.to_bytes().to_vec();
+    meta.extend_from_slice(&[0u8; 24]);
+    meta.extend_from_slice(&drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE.to_le_bytes());
+    assert_eq!(meta.len(), 50);
+    info.extend(frame(RecordType::Metadata, &meta));
+    let maps = format!(
+        "00401000-00402000 r-xp 00001000 08:01 1234 {}\n",
+        exe.display()
+    );
+    info.extend(frame(RecordType::Maps, maps.as_bytes()));
+    std::fs::write(dir.path().join("77-00000000000000ab.info"), &info).unwrap();
+    // Thread file: two windows; the second with a corrupt PT byte range.
+    let mut w = PtWriter::new();
+    w.psb_plus(None, None).tip_pge(base).tip_pgd(None);
+    let mut bad = w.buf.clone();
+    bad.truncate(20);
+    bad.extend_from_slice(&[0x02, 0xff, 0x02, 0xff]);
+    let mut thread = encode_header(FileKind::Thread).to_vec();
+    for (k, pt) in [w.buf.clone(), bad].iter().enumerate() {
+        let mut buf = vec![0u8; pt.len() + 256];
+        let win = Window {
+            index: k as u64,
+            nr: 39,
+            ..Default::default()
+        };
+        let n = encode_window(&mut buf, &win, pt, &[]).unwrap();
+        thread.extend_from_slice(&buf[..n]);
+    }
+    let tf = dir.path().join("77-00000000000000ab-78.ptt");
+    std::fs::write(&tf, &thread).unwrap();
+    let (ok, out, err) = pttrace(&[
+        "decode",
+        "--ptt",
+        tf.to_str().unwrap(),
+        "--format",
+        "summary",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "window 0: 3 instructions, 0 gaps", "{out}");
+    assert_eq!(lines[1], "window 1: 0 instructions, 1 gaps", "{out}");
+    // The gap's offset is a file offset inside the second window's PT.
+    let second_pt = thread.len() - 4 - 24; // before the CRC: the window's 24 PT bytes
+    let off = lines[2]
+        .split("PT offset 0x")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap();
+    let off = usize::from_str_radix(off, 16).unwrap();
+    assert!(
+        (second_pt..second_pt + 24).contains(&off),
+        "{out} {second_pt:#x}"
+    );
+    assert!(lines[2].contains("window 1, syscall 39"), "{out}");
+}

@@ -40,6 +40,7 @@ pub use ipt::PsbInfo;
 pub mod packets;
 pub mod parallel;
 pub mod pipeline;
+pub mod ptt_input;
 pub mod records;
 pub mod sideband;
 pub mod testgen;

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use drpttracer::decode::parallel::decode_parallel_compact;
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{
-    AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams, WindowOptions,
+    ptt_input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams,
+    WindowOptions,
 };
 use drpttracer::format::{auxtrace, pdb};
 use drpttracer::metadata::TimeConv;
@@ -48,6 +49,13 @@ pub struct DecodeArgs {
     /// DynamoRIO's per-thread kernel syscall file (<tid>.raw.pt): one window per syscall.
     #[arg(long = "raw-pt", value_name = "FILE", group = "input")]
     raw_pt: Option<PathBuf>,
+    /// A thread file written by `pttrace run` (<pid>-<nonce>-<tid>.ptt): one window per
+    /// syscall, with its sideband; CPU, time, maps and vDSO come from the process .info.
+    #[arg(long, value_name = "FILE", group = "input")]
+    ptt: Option<PathBuf>,
+    /// The process info file for --ptt (default: <pid>-<nonce>.info beside it).
+    #[arg(long, value_name = "FILE", requires = "ptt")]
+    info: Option<PathBuf>,
     /// Raw perf records (MMAP/MMAP2/COMM...) giving the image over time.
     #[arg(long, value_name = "FILE", requires = "sample_type")]
     sideband: Option<PathBuf>,
@@ -128,6 +136,8 @@ struct Window {
     id: Option<u64>,
     cpu: Option<u32>,
     base_offset: u64,
+    /// The window's own sideband records (pttrace thread files).
+    sideband: Option<std::ops::Range<usize>>,
 }
 
 struct Printer<W: Write> {
@@ -244,7 +254,50 @@ impl<W: Write> Printer<W> {
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
     // Input bytes and windows.
-    let (data, windows, mut params) = if let Some(p) = &args.pt {
+    let mut process = None;
+    let (data, windows, mut params) = if let Some(p) = &args.ptt {
+        let data = read(p)?;
+        let name = p.display().to_string();
+        let info = args.info.clone().or_else(|| ptt_input::info_path_for(p));
+        let proc_info = match info {
+            Some(i) if i.exists() => Some(ptt_input::read_process(
+                &i.display().to_string(),
+                &read(&i)?,
+            )?),
+            Some(i) => {
+                eprintln!(
+                    "pttrace decode: warning: {} not found: no CPU/time parameters, initial \
+                     mappings or vDSO (give --info)",
+                    i.display()
+                );
+                None
+            }
+            None => None,
+        };
+        let base = data.as_ptr() as usize;
+        let windows = ptt_input::read_windows(&name, &data)?
+            .iter()
+            .map(|w| {
+                let pt_at = w.pt.as_ptr() as usize - base;
+                let sb_at = w.sideband.as_ptr() as usize - base;
+                Window {
+                    name: format!(
+                        "{name} (window {}, syscall {})",
+                        w.window.index, w.window.nr
+                    ),
+                    pt: pt_at..pt_at + w.pt.len(),
+                    id: Some(w.window.index),
+                    cpu: None,
+                    // Gap offsets become file offsets.
+                    base_offset: w.pt_file_offset,
+                    sideband: Some(sb_at..sb_at + w.sideband.len()),
+                }
+            })
+            .collect();
+        let params = proc_info.as_ref().map(|p| p.params).unwrap_or_default();
+        process = proc_info;
+        (data, windows, params)
+    } else if let Some(p) = &args.pt {
         let data = read(p)?;
         let w = Window {
             name: p.display().to_string(),
@@ -252,6 +305,7 @@ pub fn run(args: Args) -> CmdResult {
             id: None,
             cpu: None,
             base_offset: 0,
+            sideband: None,
         };
         (data, vec![w], TraceParams::default())
     } else if let Some(p) = &args.auxtrace {
@@ -266,6 +320,7 @@ pub fn run(args: Args) -> CmdResult {
             id: None,
             cpu: a.cpu(),
             base_offset: 0,
+            sideband: None,
         };
         (a.pt, vec![w], TraceParams::default())
     } else if let Some(p) = &args.raw_pt {
@@ -286,11 +341,12 @@ pub fn run(args: Args) -> CmdResult {
                 id: Some(k as u64),
                 cpu: None,
                 base_offset: 0,
+                sideband: None,
             })
             .collect();
         (data, windows, TraceParams::from_pt_metadata(&f.metadata))
     } else {
-        return Err("give the trace with --pt, --auxtrace or --raw-pt".into());
+        return Err("give the trace with --pt, --auxtrace, --raw-pt or --ptt".into());
     };
 
     // CPU/time overrides.
@@ -341,6 +397,12 @@ pub fn run(args: Args) -> CmdResult {
         spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
         spec.vdso = Some(bytes);
     }
+    if let Some((addr, bytes)) = process.as_ref().and_then(|p| p.vdso.clone()) {
+        if spec.vdso.is_none() {
+            spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
+            spec.vdso = Some(bytes);
+        }
+    }
     let mut space = AddressSpace::new();
     let mut syms = Symbols::new();
     if let Some(k) = &spec.kcore {
@@ -359,10 +421,20 @@ pub fn run(args: Args) -> CmdResult {
             std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
         syms.add_kallsyms(k, &text)?;
     }
-    let events = match (&args.sideband, args.sample_type) {
+    let mut events = match (&args.sideband, args.sample_type) {
         (Some(sb), Some(st)) => parse_records(&sb.display().to_string(), &read(sb)?, st)?,
         _ => Vec::new(),
     };
+    if let Some(p) = &process {
+        events.extend(p.initial_events.iter().cloned());
+        events.sort_by_key(|e| e.time.unwrap_or(0));
+    }
+    let window_sample_type = process
+        .as_ref()
+        .map(|p| p.sideband_sample_type)
+        .filter(|&st| st != 0)
+        .or(args.sample_type)
+        .unwrap_or(drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE);
 
     let stdout = std::io::stdout();
     let mut printer = Printer {
@@ -400,6 +472,19 @@ pub fn run(args: Args) -> CmdResult {
                 base_offset: w.base_offset,
             };
             let pt = &data[w.pt.clone()];
+            let events = match &w.sideband {
+                Some(r) if !r.is_empty() => {
+                    let mut ev = events.clone();
+                    ev.extend(parse_records(
+                        &format!("{} sideband", w.name),
+                        &data[r.clone()],
+                        window_sample_type,
+                    )?);
+                    ev.sort_by_key(|e| e.time.unwrap_or(0));
+                    ev
+                }
+                _ => events.clone(),
+            };
             if args.threads > 1 {
                 let chunks = decode_parallel_compact(
                     pt,
@@ -414,14 +499,8 @@ pub fn run(args: Args) -> CmdResult {
                     printer.record(r)?;
                 }
             } else {
-                let mut dec = PtDecoder::new(
-                    pt,
-                    params,
-                    space.clone(),
-                    events.clone(),
-                    spec.resolver(),
-                    opts,
-                )?;
+                let mut dec =
+                    PtDecoder::new(pt, params, space.clone(), events, spec.resolver(), opts)?;
                 let mut n = 0u32;
                 while let Some(recs) = dec.next_slice() {
                     for r in recs {
