@@ -279,9 +279,15 @@ fn decodes_pttrace_thread_files_with_their_info_file() {
     let mut thread = encode_header(FileKind::Thread).to_vec();
     for (k, pt) in [w.buf.clone(), bad].iter().enumerate() {
         let mut buf = vec![0u8; pt.len() + 256];
+        let flags = if k == 1 {
+            drpttracer::format::ptt::WF_PT_LOST
+        } else {
+            0
+        };
         let win = Window {
             index: k as u64,
             nr: 39,
+            flags,
             ..Default::default()
         };
         let n = encode_window(&mut buf, &win, pt, &[]).unwrap();
@@ -299,7 +305,12 @@ fn decodes_pttrace_thread_files_with_their_info_file() {
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "window 0: 3 instructions, 0 gaps", "{out}");
-    assert_eq!(lines[1], "window 1: 0 instructions, 1 gaps", "{out}");
+    assert_eq!(lines[1], "window 1: 0 instructions, 2 gaps", "{out}");
+    assert!(lines[2].contains("PT data lost at capture"), "{out}");
+    let lines: Vec<&str> = lines
+        .into_iter()
+        .filter(|l| !l.contains("lost at capture"))
+        .collect();
     // The gap's offset is a file offset inside the second window's PT.
     let second_pt = thread.len() - 4 - 24; // before the CRC: the window's 24 PT bytes
     let off = lines[2]

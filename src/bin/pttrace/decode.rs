@@ -138,6 +138,8 @@ struct Window {
     base_offset: u64,
     /// The window's own sideband records (pttrace thread files).
     sideband: Option<std::ops::Range<usize>>,
+    /// Capture-side loss reported for this window (becomes a LostData gap record).
+    lost: Option<String>,
 }
 
 struct Printer<W: Write> {
@@ -251,6 +253,22 @@ impl<W: Write> Printer<W> {
     }
 }
 
+/// What a pttrace window's flags say was lost at capture time.
+fn lost_text(flags: u32) -> Option<String> {
+    use drpttracer::format::ptt::{WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST};
+    let mut v = vec![];
+    if flags & WF_PT_LOST != 0 {
+        v.push("PT data lost at capture (ring overwritten or truncated)");
+    }
+    if flags & WF_PT_DROPPED != 0 {
+        v.push("PT dropped by the shim (did not fit its buffer)");
+    }
+    if flags & WF_SIDEBAND_LOST != 0 {
+        v.push("sideband records lost at capture");
+    }
+    (!v.is_empty()).then(|| v.join("; "))
+}
+
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
     // Input bytes and windows.
@@ -291,6 +309,7 @@ pub fn run(args: Args) -> CmdResult {
                     // Gap offsets become file offsets.
                     base_offset: w.pt_file_offset,
                     sideband: Some(sb_at..sb_at + w.sideband.len()),
+                    lost: lost_text(w.window.flags),
                 }
             })
             .collect();
@@ -306,6 +325,7 @@ pub fn run(args: Args) -> CmdResult {
             cpu: None,
             base_offset: 0,
             sideband: None,
+            lost: None,
         };
         (data, vec![w], TraceParams::default())
     } else if let Some(p) = &args.auxtrace {
@@ -321,6 +341,7 @@ pub fn run(args: Args) -> CmdResult {
             cpu: a.cpu(),
             base_offset: 0,
             sideband: None,
+            lost: None,
         };
         (a.pt, vec![w], TraceParams::default())
     } else if let Some(p) = &args.raw_pt {
@@ -342,6 +363,7 @@ pub fn run(args: Args) -> CmdResult {
                 cpu: None,
                 base_offset: 0,
                 sideband: None,
+                lost: None,
             })
             .collect();
         (data, windows, TraceParams::from_pt_metadata(&f.metadata))
@@ -467,11 +489,23 @@ pub fn run(args: Args) -> CmdResult {
         for w in &windows {
             let opts = WindowOptions {
                 source: w.name.clone(),
-                window_id: w.id,
+                window_id: if w.lost.is_some() { None } else { w.id },
                 cpu: w.cpu,
                 base_offset: w.base_offset,
             };
             let pt = &data[w.pt.clone()];
+            if let Some(what) = &w.lost {
+                if let Some(id) = w.id {
+                    printer.record(&Record::WindowId(id))?;
+                }
+                printer.record(&Record::Gap(Box::new(drpttracer::decode::Gap {
+                    kind: drpttracer::decode::GapKind::LostData,
+                    ip: None,
+                    pt_offset: w.base_offset,
+                    source: w.name.clone(),
+                    error: what.clone(),
+                })))?;
+            }
             let events = match &w.sideband {
                 Some(r) if !r.is_empty() => {
                     let mut ev = events.clone();
