@@ -325,3 +325,45 @@ fn decodes_pttrace_thread_files_with_their_info_file() {
     );
     assert!(lines[2].contains("window 1, syscall 39"), "{out}");
 }
+
+#[test]
+fn sideband_files_drive_the_image() {
+    use drpttracer::decode::sideband::{encode_mmap2, TEST_SAMPLE_TYPE};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = 0x50_0000u64;
+    let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+    std::fs::write(&a, [0x90u8, 0xff, 0xe0]).unwrap(); // nop; jmp rax
+    std::fs::write(&b, [0x31u8, 0xc0, 0xff, 0xe0]).unwrap(); // xor eax,eax; jmp rax
+                                                             // Two sideband streams: the primary maps A early, the secondary maps B later.
+    let (s1, s2) = (dir.path().join("sb1"), dir.path().join("sb2"));
+    std::fs::write(&s1, encode_mmap2(1, 1, addr, 0x1000, 0, &a, 50)).unwrap();
+    std::fs::write(&s2, encode_mmap2(1, 1, addr, 0x1000, 0, &b, 200)).unwrap();
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None).tip_pge(addr).tip_pgd(None);
+    w.psb_plus(Some(300), None).tip_pge(addr).tip_pgd(None);
+    let pt = dir.path().join("t.pt");
+    std::fs::write(&pt, &w.buf).unwrap();
+    let st = format!("{TEST_SAMPLE_TYPE:#x}");
+    let (ok, out, err) = pttrace(&[
+        "decode",
+        "--pt",
+        pt.to_str().unwrap(),
+        "--sideband",
+        s1.to_str().unwrap(),
+        "--sideband",
+        s2.to_str().unwrap(),
+        "--sample-type",
+        &st,
+        "--time-conv",
+        "0,1,0",
+        "--cpu",
+        "6/85/4",
+    ]);
+    assert!(ok, "{err}");
+    let insns: Vec<&str> = out.lines().filter(|l| l.starts_with("0000")).collect();
+    assert_eq!(insns.len(), 4, "{out}");
+    assert!(
+        insns[0].ends_with("nop") && insns[2].ends_with("xor eax,eax"),
+        "{out}"
+    );
+}

@@ -56,9 +56,10 @@ pub struct DecodeArgs {
     /// The process info file for --ptt (default: <pid>-<nonce>.info beside it).
     #[arg(long, value_name = "FILE", requires = "ptt")]
     info: Option<PathBuf>,
-    /// Raw perf records (MMAP/MMAP2/COMM...) giving the image over time.
+    /// Raw perf records (MMAP/MMAP2/COMM...) giving the image over time. Repeatable
+    /// (primary and secondary streams are merged in time order).
     #[arg(long, value_name = "FILE", requires = "sample_type")]
-    sideband: Option<PathBuf>,
+    sideband: Vec<PathBuf>,
     /// perf sample_type of the sideband records (decimal or 0x-hex), e.g. 0x10086.
     #[arg(long, value_name = "N", value_parser = parse_u64)]
     sample_type: Option<u64>,
@@ -443,14 +444,15 @@ pub fn run(args: Args) -> CmdResult {
             std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
         syms.add_kallsyms(k, &text)?;
     }
-    let mut events = match (&args.sideband, args.sample_type) {
-        (Some(sb), Some(st)) => parse_records(&sb.display().to_string(), &read(sb)?, st)?,
-        _ => Vec::new(),
-    };
+    let mut events = Vec::new();
+    for sb in &args.sideband {
+        let st = args.sample_type.unwrap_or(0);
+        events.extend(parse_records(&sb.display().to_string(), &read(sb)?, st)?);
+    }
     if let Some(p) = &process {
         events.extend(p.initial_events.iter().cloned());
-        events.sort_by_key(|e| e.time.unwrap_or(0));
     }
+    events.sort_by_key(|e| e.time.unwrap_or(0));
     let window_sample_type = process
         .as_ref()
         .map(|p| p.sideband_sample_type)
