@@ -295,6 +295,14 @@ fn decodes_pttrace_thread_files_with_their_info_file() {
     }
     let tf = dir.path().join("77-00000000000000ab-78.ptt");
     std::fs::write(&tf, &thread).unwrap();
+    let (ok, dump, err) = pttrace(&["dump", "--ptt", tf.to_str().unwrap()]);
+    assert!(!ok, "the corrupt window is an error: {err}");
+    assert_eq!(
+        dump.lines().filter(|l| l.starts_with("# window")).count(),
+        2,
+        "{dump}"
+    );
+    assert!(dump.contains("[error: unknown opcode]"), "{dump}");
     let (ok, out, err) = pttrace(&[
         "decode",
         "--ptt",
