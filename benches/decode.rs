@@ -142,6 +142,20 @@ fn main() {
     let backing = Backing::map_file(&code_path).expect("map code");
     space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
 
+    if std::env::args().any(|a| a == "--profile-none") {
+        return;
+    }
+    if std::env::args().any(|a| a == "--profile-bare") {
+        for _ in 0..20 {
+            std::hint::black_box(bare_libipt(
+                &trace,
+                &code_c,
+                prog.base,
+                prog.code.len() as u64,
+            ));
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--profile-slices") {
         // For `perf record`: only the pipeline, many times.
         for _ in 0..20 {

@@ -195,6 +195,11 @@ pub struct PtDecoder<'a> {
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
+/// Items `fill` queues in one go when it may batch.
+const BATCH: usize = 64;
+/// Batching stops while the block arena is near its reset limit.
+const BATCH_ARENA_MAX: usize = 1 << 21;
+
 /// How often (in instructions) the trace position is checked for progress.
 const PROGRESS_CHECK: u64 = 1 << 16;
 
@@ -607,9 +612,11 @@ impl<'a> PtDecoder<'a> {
         }
     }
 
-    /// Runs the decoder until at least one record is queued or the trace ends.
+    /// Runs the decoder until at least one record is queued or the trace ends. While the
+    /// image cannot change (no sideband pending, block arena far from its limit) it keeps
+    /// going for up to `BATCH` items, which keeps the hot loop tight.
     fn fill(&mut self) {
-        while self.queue.is_empty() {
+        loop {
             match self.state {
                 State::Done => return,
                 State::Start | State::NeedSync => {
@@ -621,6 +628,15 @@ impl<'a> PtDecoder<'a> {
                     self.sync()
                 }
                 State::Running(status) => self.run_once(status),
+            }
+            if !self.queue.is_empty() {
+                // Queued blocks refer to the arena by index: only batch when nothing can
+                // reset it (an image change or the arena limit).
+                let can_batch =
+                    self.timeline.is_done() && self.blocks.arena.len() < BATCH_ARENA_MAX;
+                if !can_batch || self.queue.len() >= BATCH {
+                    return;
+                }
             }
         }
     }
