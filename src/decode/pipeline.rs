@@ -168,8 +168,9 @@ pub struct PtDecoder<'a> {
     cache: InsnCache,
     blocks: BlockCache,
     queue: VecDeque<Item>,
-    /// Position in the block at the front of `queue` (record iteration).
-    block_pos: usize,
+    /// Arena range of the block being handed out record by record (`Iterator::next`).
+    cur: usize,
+    cur_end: usize,
     /// Records handed out by `next_slice` (markers batch / current block).
     batch: Vec<Record>,
 
@@ -255,7 +256,8 @@ impl<'a> PtDecoder<'a> {
             cache: InsnCache::default(),
             blocks: BlockCache::default(),
             queue,
-            block_pos: 0,
+            cur: 0,
+            cur_end: 0,
             batch: Vec::new(),
             state,
             opts,
@@ -650,8 +652,15 @@ impl PtDecoder<'_> {
         self.blocks.retire = true;
         let mut items = Vec::new();
         let mut markers = Vec::new();
-        // A block partly consumed through `Iterator::next` continues at `block_pos`.
-        let mut skip = std::mem::take(&mut self.block_pos) as u32;
+        // The rest of a block partly consumed through `Iterator::next`.
+        if self.cur < self.cur_end {
+            items.push(CItem::Block {
+                arena: self.blocks.retired.len() as u32,
+                start: self.cur as u32,
+                len: (self.cur_end - self.cur) as u32,
+            });
+            self.cur = self.cur_end;
+        }
         loop {
             if self.queue.is_empty() {
                 self.fill();
@@ -666,14 +675,8 @@ impl PtDecoder<'_> {
                         items.push(CItem::Rec(markers.len() as u32));
                         markers.push(r);
                     }
-                    Item::Block(start, len) if len > skip => items.push(CItem::Block {
-                        arena,
-                        start: start + skip,
-                        len: len - skip,
-                    }),
-                    Item::Block(..) => {}
+                    Item::Block(start, len) => items.push(CItem::Block { arena, start, len }),
                 }
-                skip = 0;
             }
         }
         let mut arenas = std::mem::take(&mut self.blocks.retired);
@@ -686,16 +689,20 @@ impl PtDecoder<'_> {
     }
 
     /// The next records as a slice (a run of markers, or one block's instructions),
-    /// without copying instruction records: the fast way to consume a decoder. Do not mix
-    /// with [`Iterator::next`] in the middle of a block.
+    /// without copying instruction records: the fast way to consume a decoder. May be
+    /// mixed with [`Iterator::next`].
     pub fn next_slice(&mut self) -> Option<&[Record]> {
+        if self.cur < self.cur_end {
+            let r = self.cur..self.cur_end;
+            self.cur = self.cur_end;
+            return self.blocks.arena.get(r);
+        }
         if self.queue.is_empty() {
             self.fill();
         }
         match self.queue.pop_front()? {
             Item::Block(start, len) => {
                 let (start, len) = (start as usize, len as usize);
-                self.block_pos = 0;
                 self.blocks.arena.get(start..start + len)
             }
             Item::Rec(r) => {
@@ -716,26 +723,21 @@ impl Iterator for PtDecoder<'_> {
     type Item = Record;
 
     fn next(&mut self) -> Option<Record> {
-        if self.queue.is_empty() {
-            self.fill();
-        }
-        match self.queue.front()? {
-            Item::Rec(_) => match self.queue.pop_front() {
-                Some(Item::Rec(r)) => Some(r),
-                _ => None,
-            },
-            &Item::Block(start, len) => {
-                let r = self
-                    .blocks
-                    .arena
-                    .get(start as usize + self.block_pos)
-                    .cloned();
-                self.block_pos += 1;
-                if self.block_pos >= len as usize {
-                    self.block_pos = 0;
-                    self.queue.pop_front();
+        loop {
+            if self.cur < self.cur_end {
+                let r = self.blocks.arena.get(self.cur).cloned();
+                self.cur += 1;
+                return r;
+            }
+            if self.queue.is_empty() {
+                self.fill();
+            }
+            match self.queue.pop_front()? {
+                Item::Rec(r) => return Some(r),
+                Item::Block(start, len) => {
+                    self.cur = start as usize;
+                    self.cur_end = start as usize + len as usize;
                 }
-                r
             }
         }
     }
