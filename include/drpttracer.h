@@ -96,7 +96,8 @@ typedef struct drpttracer_ext_metadata_t {
    */
   uint8_t mtc_freq;
   /*
-   1 when time_zero/time_mult/time_shift are valid (cap_user_time_zero).
+   1 when time_zero/time_mult/time_shift are valid: published by the kernel
+   (cap_user_time_zero) or, on the emulated backend, measured against kernel records.
    */
   uint8_t time_zero_valid;
   uint8_t reserved;

@@ -117,7 +117,8 @@ pub struct drpttracer_ext_metadata_t {
     pub nom_freq: u8,
     /// MTC frequency (`mtc_period`).
     pub mtc_freq: u8,
-    /// 1 when time_zero/time_mult/time_shift are valid (cap_user_time_zero).
+    /// 1 when time_zero/time_mult/time_shift are valid: published by the kernel
+    /// (cap_user_time_zero) or, on the emulated backend, measured against kernel records.
     pub time_zero_valid: u8,
     pub reserved: u8,
     pub time_shift: u16,

@@ -127,7 +127,8 @@ pub struct ExtMetadata {
     pub nom_freq: u8,
     /// MTC frequency (the `mtc_period` config value).
     pub mtc_freq: u8,
-    /// Whether time_zero is valid (`cap_user_time_zero` of the mmap page).
+    /// Whether the time conversion is valid: the kernel published it (`cap_user_time_zero`)
+    /// or the emulated backend measured it against kernel record timestamps.
     pub time_zero_valid: bool,
     pub backend: BackendKind,
     /// `perf_event_attr.type` and `.config` of the PT event (0 for the emulated backend).

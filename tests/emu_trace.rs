@@ -733,3 +733,155 @@ fn second_window_on_the_same_thread_is_refused_and_drop_ends_stepping() {
     drop(b);
     assert!(!emu::trap::tf_is_set());
 }
+
+// ---- the project's decoder (crate::decode) on an emulated window ----
+
+#[test]
+fn project_decoder_reproduces_the_window_from_pt_and_sideband() {
+    use drpttracer::decode::{decode_window, ImageSpec, Record as Rec, TraceParams, WindowOptions};
+    let mut t = tracer(6);
+    let mut out = OutputBuffers::new(6, 4).unwrap();
+    let table: [fn(u64) -> u64; 3] = [leaf_a, leaf_b, leaf_c];
+    let (_, status, rep) = trace(&mut t, &mut out, || {
+        known_flow(&std::hint::black_box(DATA), &ORDER, &table)
+    });
+    assert_eq!(status, Status::Success);
+    let params = TraceParams::from_ext_metadata(&t.ext_metadata());
+    let (_, vdso) = drpttracer::sideband::synth::vdso_bytes().unwrap();
+    let spec = ImageSpec {
+        vdso: Some(vdso),
+        ..Default::default()
+    };
+    let image = spec.load().unwrap();
+    let recs = decode_window(
+        out.pt_data(),
+        Some((out.sideband_data(), SIDEBAND_SAMPLE_TYPE)),
+        &params,
+        &image,
+        &spec,
+        &WindowOptions {
+            source: "emulated window".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let gaps: Vec<_> = recs.iter().filter(|r| matches!(r, Rec::Gap(_))).collect();
+    assert!(gaps.is_empty(), "{gaps:?}");
+    let ips: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r.as_instruction().map(|i| i.pc))
+        .collect();
+    assert_eq!(Some(&ips), rep.ips.as_ref());
+    let syscalls = recs
+        .iter()
+        .filter(|r| matches!(r, Rec::Syscall { .. }))
+        .count();
+    assert_eq!(syscalls, rep.far_transfers as usize);
+    // TSC packets convert to perf time (the sideband's clock).
+    assert!(recs.iter().any(|r| matches!(
+        r,
+        Rec::Timestamp {
+            perf_time: Some(_),
+            ..
+        }
+    )));
+}
+
+// ---- code that blocks every signal inside a window ----
+
+#[test]
+fn blocking_all_signals_inside_a_window_keeps_stepping_and_mask_semantics() {
+    let mut t = tracer(8);
+    let mut out = OutputBuffers::new(8, 4).unwrap();
+    let ((old_has_usr2, during_has_usr2, during_has_trap, after_has_usr2), status, rep) =
+        trace(&mut t, &mut out, || {
+            // SAFETY: plain signal-mask manipulation of this thread, restored below.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                let mut during: libc::sigset_t = std::mem::zeroed();
+                let mut after: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut during);
+                let x = leaf_b(std::hint::black_box(3));
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut after);
+                std::hint::black_box(x);
+                (
+                    libc::sigismember(&old, libc::SIGUSR2),
+                    libc::sigismember(&during, libc::SIGUSR2),
+                    libc::sigismember(&during, libc::SIGTRAP),
+                    libc::sigismember(&after, libc::SIGUSR2),
+                )
+            }
+        });
+    assert_eq!(status, Status::Success);
+    // The application's view: old mask returned, everything blocked, then restored —
+    // except SIGTRAP, which stays deliverable so stepping (and the process) survive.
+    assert_eq!((old_has_usr2, during_has_usr2, after_has_usr2), (0, 1, 0));
+    assert_eq!(during_has_trap, 0);
+    let d = decode_exact(&out, &rep);
+    assert_eq!(count(&d.ips, leaf_b as *const () as u64), 1);
+}
+
+// ---- a fault whose handler moves the resume point ----
+
+extern "C" fn skip_fault(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: SA_SIGINFO delivery; skips the 8-byte faulting load below.
+    unsafe {
+        let uc = ctx.cast::<libc::ucontext_t>();
+        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] += 8;
+    }
+}
+
+#[inline(never)]
+fn faulting_load() -> u64 {
+    let at: u64;
+    // SAFETY: the load from address 0 faults; the test's SIGSEGV handler skips it.
+    unsafe {
+        core::arch::asm!(
+            "lea {at}, [rip + 2f]",
+            "2:",
+            ".byte 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0", // mov rax, [0]
+            "nop",
+            "nop",
+            at = out(reg) at,
+            out("rax") _,
+        );
+    }
+    at
+}
+
+#[test]
+fn handler_that_moves_the_resume_point_is_an_explicit_gap() {
+    // SAFETY: swaps this process's SIGSEGV disposition for the test and restores it.
+    let old = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        let mut old: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = skip_fault
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGSEGV, &sa, &mut old);
+        old
+    };
+    let mut t = tracer(4);
+    let mut out = OutputBuffers::new(4, 4).unwrap();
+    let (at, status, rep) = trace(&mut t, &mut out, faulting_load);
+    // SAFETY: restores the previous disposition.
+    unsafe { libc::sigaction(libc::SIGSEGV, &old, std::ptr::null_mut()) };
+    assert_eq!(status, Status::Success);
+    assert_eq!(rep.signals, 1);
+    // The load never completed and execution resumed elsewhere: an explicit gap, and
+    // neither the faulting load is claimed as executed nor a made-up path invented.
+    assert_eq!(rep.gaps, 1);
+    let d = oracle::decode_own_memory(out.pt_data()).unwrap();
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+    assert_eq!(Some(&d.ips), rep.ips.as_ref());
+    assert_eq!(count(&d.ips, at), 0);
+    assert!(d
+        .events
+        .iter()
+        .any(|e| matches!(e, oracle::OracleEvent::AsyncDisabled { at: a, .. } if *a == at)));
+}

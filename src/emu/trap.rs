@@ -304,16 +304,13 @@ pub fn odd_dr6_steps() -> u64 {
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo (SA_SIGINFO).
     let code = unsafe { (*info).si_code };
-    // TRAP_TRACE is a single step (after a TF-clearing popf the saved flags no longer have
-    // TF, so they are not checked). The kernel derives si_code from DR6; a hypervisor that
-    // hands the guest a DR6 without the BS bit turns a genuine step into TRAP_BRKPT, which
-    // counts as a step when TF is still set. (int3 gives SI_KERNEL, kill/tgkill give
-    // SI_USER/SI_TKILL: never ours.)
+    // A #DB-derived SIGTRAP: TRAP_TRACE is a single step (after a TF-clearing popf the
+    // saved flags no longer have TF, so they are not checked). The kernel derives si_code
+    // from DR6, and this KVM guest was seen handing out DR6 = 0, which turns a genuine step
+    // into TRAP_BRKPT (the "icebp" case), so that counts too; chaining it to SIG_DFL would
+    // kill the process. (int3 gives SI_KERNEL, kill/tgkill SI_USER/SI_TKILL: never ours.)
     // SAFETY: ctx is the kernel's ucontext for this delivery when not null.
-    let stepping = !ctx.is_null()
-        && (code == libc::TRAP_TRACE
-            || (code == libc::TRAP_BRKPT
-                && unsafe { *uc_greg(ctx, libc::REG_EFL) } as u64 & EFLAGS_TF != 0));
+    let stepping = !ctx.is_null() && (code == libc::TRAP_TRACE || code == libc::TRAP_BRKPT);
     if stepping {
         if code != libc::TRAP_TRACE {
             ODD_DR6_STEPS.fetch_add(1, Ordering::Relaxed);
@@ -636,7 +633,9 @@ fn install_observers_locked(st: &mut InstallState) {
         }
         let Some(old) = query(sig) else { continue };
         let h = old.sa_sigaction;
-        if h == libc::SIG_DFL || h == libc::SIG_IGN || h == obs || st.observed.contains(&sig) {
+        // Wrapped already (ours is installed) or nothing to wrap; a handler the application
+        // installed since the last scan (over ours or not) is wrapped now.
+        if h == libc::SIG_DFL || h == libc::SIG_IGN || h == obs {
             continue;
         }
         OBS_FLAGS[sig as usize].store(old.sa_flags, Ordering::Relaxed);
@@ -645,7 +644,8 @@ fn install_observers_locked(st: &mut InstallState) {
         sa.sa_sigaction = obs;
         sa.sa_flags = old.sa_flags | libc::SA_SIGINFO;
         // SAFETY: sa is the application's own disposition with our entry point.
-        if unsafe { libc::sigaction(sig, &sa, ptr::null_mut()) } == 0 {
+        if unsafe { libc::sigaction(sig, &sa, ptr::null_mut()) } == 0 && !st.observed.contains(&sig)
+        {
             st.observed.push(sig);
         }
     }
