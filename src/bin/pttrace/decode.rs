@@ -256,8 +256,16 @@ impl<W: Write> Printer<W> {
 
 /// What a pttrace window's flags say was lost at capture time.
 fn lost_text(flags: u32) -> Option<String> {
-    use drpttracer::format::ptt::{WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST};
+    use drpttracer::format::ptt::{
+        WF_CAPTURE_ERROR, WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST,
+    };
     let mut v = vec![];
+    if flags & WF_PT_ABSENT != 0 {
+        v.push("no PT captured for this window (see the thread header for why)");
+    }
+    if flags & WF_CAPTURE_ERROR != 0 {
+        v.push("starting or stopping the capture failed for this window");
+    }
     if flags & WF_PT_LOST != 0 {
         v.push("PT data lost at capture (ring overwritten or truncated)");
     }
