@@ -375,3 +375,38 @@ fn sideband_files_drive_the_image() {
         "{out}"
     );
 }
+
+#[test]
+fn raw_pt_finds_kcore_and_kallsyms_beside_kernel_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let kbase = 0xffff_ffff_8100_0000u64;
+    let code = [0x90u8, 0x48, 0x0f, 0x07]; // nop; sysretq
+    std::fs::write(dir.path().join("kcore"), exe_elf(kbase, &code)).unwrap();
+    std::fs::write(
+        dir.path().join("kallsyms"),
+        "ffffffff81000000 T entry_SYSCALL_64\n",
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("kernel.raw")).unwrap();
+    let mut w = PtWriter::new();
+    w.psb_plus(None, None).tip_pge(kbase).tip_pgd(None);
+    let mut pw = pdb::PdbWriter::new(5, 6, &PtMetadata::default());
+    pw.syscall(5, 6, 39, 0, &[], &w.buf);
+    let raw = dir.path().join("kernel.raw/6.raw.pt");
+    std::fs::write(&raw, &pw.buf).unwrap();
+    let (ok, out, err) = pttrace(&["decode", "--raw-pt", raw.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("using kcore") && err.contains("using kallsyms"),
+        "{err}"
+    );
+    let insns: Vec<&str> = out.lines().filter(|l| l.starts_with("ffff")).collect();
+    assert_eq!(
+        insns,
+        [
+            "ffffffff81000000 <entry_SYSCALL_64>  90                              nop",
+            "ffffffff81000001 <entry_SYSCALL_64+0x1>  48 0f 07                        sysretq",
+        ],
+        "{out}"
+    );
+}

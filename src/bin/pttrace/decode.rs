@@ -413,8 +413,25 @@ pub fn run(args: Args) -> CmdResult {
     }
 
     // Images and symbols.
+    // DynamoRIO saves kcore and kallsyms beside kernel.raw/: use them unless told otherwise.
+    let beside = |name: &str| -> Option<PathBuf> {
+        let dir = args.raw_pt.as_ref()?.parent()?;
+        [dir.join(name), dir.parent()?.join(name)]
+            .into_iter()
+            .find(|p| p.is_file())
+    };
+    let kcore = args.kcore.clone().or_else(|| beside("kcore"));
+    let kallsyms = args.kallsyms.clone().or_else(|| beside("kallsyms"));
+    for (what, found, given) in [
+        ("kcore", &kcore, &args.kcore),
+        ("kallsyms", &kallsyms, &args.kallsyms),
+    ] {
+        if let (Some(p), None) = (found, given) {
+            eprintln!("pttrace decode: using {what} {}", p.display());
+        }
+    }
     let mut spec = ImageSpec {
-        kcore: args.kcore.clone(),
+        kcore,
         sysroot: args.sysroot.clone(),
         ..Default::default()
     };
@@ -447,7 +464,7 @@ pub fn run(args: Args) -> CmdResult {
     for (name, bytes, addr) in &spec.raw {
         space.add_bytes(name, bytes.clone(), *addr);
     }
-    if let Some(k) = &args.kallsyms {
+    if let Some(k) = &kallsyms {
         let text =
             std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
         syms.add_kallsyms(k, &text)?;
