@@ -444,6 +444,26 @@ fn image_switch_via_later_mmap2_at_same_address() {
         .nth(3)
         .unwrap();
     assert_eq!(second.encoding(), &code_b[..2]);
+    // Decoding the two PSB segments on two threads: each starts with the image of its time.
+    let events = drpttracer::decode::sideband::parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+    assert_eq!(
+        drpttracer::decode::parallel::split_at_psbs(&w.buf, 2).len(),
+        2
+    );
+    let par = drpttracer::decode::parallel::decode_parallel(
+        &w.buf,
+        &params,
+        &AddressSpace::new(),
+        &events,
+        &Default::default(),
+        &WindowOptions {
+            source: "switch.pt".into(),
+            ..Default::default()
+        },
+        2,
+    )
+    .unwrap();
+    assert_eq!(par, recs);
 }
 
 #[test]
@@ -683,6 +703,22 @@ fn aux_truncation_in_sideband_is_a_lost_data_gap() {
     assert_eq!(g.len(), 1, "{g:?}");
     assert_eq!(g[0].kind, GapKind::LostData);
     assert!(g[0].error.contains("truncated"), "{}", g[0].error);
+    // Parallel decode gives the same records.
+    let events = drpttracer::decode::sideband::parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+    let par = drpttracer::decode::parallel::decode_parallel(
+        &w.buf,
+        &params,
+        &image(&code, BASE),
+        &events,
+        &Default::default(),
+        &WindowOptions {
+            source: "aux.pt".into(),
+            ..Default::default()
+        },
+        2,
+    )
+    .unwrap();
+    assert_eq!(par, recs);
     // The gap sits between the two enabled stretches (after the first, before the second).
     let gi = recs
         .iter()
