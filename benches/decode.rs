@@ -201,6 +201,7 @@ fn main() {
         trace.len() >> 20,
         n_ours
     );
+    println!("single thread (best of {runs} interleaved runs, thread CPU time):");
     println!(
         "bare libipt block loop   : {:>8.1} ms  {:>7.1} M insn/s  ({} insns, count only)",
         t_bare.as_secs_f64() * 1e3,
