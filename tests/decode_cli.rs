@@ -410,3 +410,81 @@ fn raw_pt_finds_kcore_and_kallsyms_beside_kernel_raw() {
         "{out}"
     );
 }
+
+#[test]
+fn garbage_inputs_fail_cleanly_never_panic() {
+    use drpttracer::decode::testgen::XorShift;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = XorShift::new(4242);
+    let prog = drpttracer::decode::testgen::LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(3000, 300, 1);
+    let mut pw = pdb::PdbWriter::new(1, 1, &PtMetadata::default());
+    pw.syscall(1, 1, 0, 0, &[1], &trace);
+    let seeds: Vec<Vec<u8>> = vec![
+        trace.clone(),
+        auxtrace::wrap(&trace, 500, 1, 0),
+        pw.buf.clone(),
+    ];
+    let f = dir.path().join("in");
+    for n in 0..60 {
+        let mut data = seeds[n % 3].clone();
+        for _ in 0..1 + rng.below(8) {
+            let at = rng.below(data.len() as u64) as usize;
+            data[at] = rng.next_u64() as u8;
+        }
+        if n % 7 == 0 {
+            data.truncate(rng.below(data.len() as u64) as usize);
+        }
+        std::fs::write(&f, &data).unwrap();
+        let p = f.to_str().unwrap();
+        for args in [
+            vec!["decode", "--pt", p, "--format", "jsonl"],
+            vec!["decode", "--auxtrace", p, "--format", "summary"],
+            vec![
+                "decode",
+                "--raw-pt",
+                p,
+                "--format",
+                "disasm",
+                "--threads",
+                "2",
+            ],
+            vec!["decode", "--ptt", p],
+            vec![
+                "decode",
+                "--pt",
+                p,
+                "--sideband",
+                p,
+                "--sample-type",
+                "0x10086",
+            ],
+            vec![
+                "decode",
+                "--pt",
+                p,
+                "--image",
+                p,
+                "--kcore",
+                p,
+                "--kallsyms",
+                p,
+            ],
+            vec!["dump", p],
+            vec!["dump", "--raw-pt", p],
+            vec!["dump", "--auxtrace", p],
+        ] {
+            let out = Command::new(env!("CARGO_BIN_EXE_pttrace"))
+                .args(&args)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+            assert_ne!(out.status.code(), Some(101), "{args:?}: {err}");
+            if !out.status.success() {
+                // Failures say which file (and usually where) went wrong.
+                assert!(err.contains(p) || err.contains("offset"), "{args:?}: {err}");
+            }
+        }
+    }
+}
