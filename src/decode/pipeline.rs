@@ -18,9 +18,16 @@ use super::DecodeError;
 
 /// A queued output unit: one record, or a (shared, cached) block's records.
 enum Item {
-    Rec(Record),
+    /// A marker (boxed: markers are rare, and this keeps queue entries small).
+    Rec(Box<Record>),
     /// `len` records at `start` in the block cache's arena.
     Block(u32, u32),
+}
+
+impl Item {
+    fn rec(r: Record) -> Item {
+        Item::Rec(Box::new(r))
+    }
 }
 
 /// One entry of [`CompactRecords`].
@@ -242,10 +249,10 @@ impl<'a> PtDecoder<'a> {
         };
         let mut queue = VecDeque::with_capacity(1024);
         if let Some(w) = opts.window_id {
-            queue.push_back(Item::Rec(Record::WindowId(w)));
+            queue.push_back(Item::rec(Record::WindowId(w)));
         }
         if let Some(c) = opts.cpu {
-            queue.push_back(Item::Rec(Record::Cpu(c)));
+            queue.push_back(Item::rec(Record::Cpu(c)));
         }
         Ok(PtDecoder {
             dec,
@@ -300,7 +307,7 @@ impl<'a> PtDecoder<'a> {
     }
 
     fn push_gap_text(&mut self, error: String, ip: Option<u64>) {
-        self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
+        self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
             kind: GapKind::DecodeError,
             ip,
             pt_offset: self.offset(),
@@ -318,7 +325,7 @@ impl<'a> PtDecoder<'a> {
         self.last_timestamp = Some(tsc);
         let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
         self.queue
-            .push_back(Item::Rec(Record::Timestamp { tsc, perf_time }));
+            .push_back(Item::rec(Record::Timestamp { tsc, perf_time }));
     }
 
     /// The sync point's timestamp, once the trace's time is known.
@@ -354,7 +361,7 @@ impl<'a> PtDecoder<'a> {
         drop(space);
         for what in losses {
             let pt_offset = self.offset();
-            self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
+            self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
                 kind: GapKind::LostData,
                 ip: None,
                 pt_offset,
@@ -426,22 +433,22 @@ impl<'a> PtDecoder<'a> {
         }
         match kind {
             Ev::Enabled { ip, .. } => {
-                self.queue.push_back(Item::Rec(Record::TraceEnabled { ip }));
+                self.queue.push_back(Item::rec(Record::TraceEnabled { ip }));
             }
             Ev::Disabled { ip } => {
                 self.queue
-                    .push_back(Item::Rec(Record::TraceDisabled { ip }));
+                    .push_back(Item::rec(Record::TraceDisabled { ip }));
             }
             Ev::AsyncDisabled { at, .. } => {
                 self.queue
-                    .push_back(Item::Rec(Record::TraceDisabled { ip: Some(at) }));
+                    .push_back(Item::rec(Record::TraceDisabled { ip: Some(at) }));
             }
             Ev::AsyncBranch { from, to } => {
                 self.queue
-                    .push_back(Item::Rec(Record::KernelXfer { from, to }));
+                    .push_back(Item::rec(Record::KernelXfer { from, to }));
             }
             Ev::Overflow { ip } => {
-                self.queue.push_back(Item::Rec(Record::Overflow { ip }));
+                self.queue.push_back(Item::rec(Record::Overflow { ip }));
             }
             Ev::Other => {}
         }
@@ -673,7 +680,7 @@ impl PtDecoder<'_> {
                 match item {
                     Item::Rec(r) => {
                         items.push(CItem::Rec(markers.len() as u32));
-                        markers.push(r);
+                        markers.push(*r);
                     }
                     Item::Block(start, len) => items.push(CItem::Block { arena, start, len }),
                 }
@@ -707,10 +714,10 @@ impl PtDecoder<'_> {
             }
             Item::Rec(r) => {
                 self.batch.clear();
-                self.batch.push(r);
+                self.batch.push(*r);
                 while let Some(Item::Rec(_)) = self.queue.front() {
                     if let Some(Item::Rec(r)) = self.queue.pop_front() {
-                        self.batch.push(r);
+                        self.batch.push(*r);
                     }
                 }
                 Some(&self.batch)
@@ -733,7 +740,7 @@ impl Iterator for PtDecoder<'_> {
                 self.fill();
             }
             match self.queue.pop_front()? {
-                Item::Rec(r) => return Some(r),
+                Item::Rec(r) => return Some(*r),
                 Item::Block(start, len) => {
                     self.cur = start as usize;
                     self.cur_end = start as usize + len as usize;
