@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Instant;
 
 const N: u64 = 100_000;
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 
 fn lib_path() -> PathBuf {
     let exe = std::env::current_exe().expect("bench executable path");

@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use once_cell::sync::Lazy;
@@ -168,12 +169,23 @@ impl Drop for ThreadHandles {
         let tid = current_tid();
         let mut map = HANDLES.lock();
         map.retain(|_, e| e.owner_tid != tid);
+        drop(map);
+        handles_removed();
     }
 }
 
 fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| {
+        let mut e = e.borrow_mut();
+        // Successes clear the message without allocating: start/stop run inside windows.
+        if msg.is_empty() {
+            if !e.as_bytes().is_empty() {
+                *e = CString::default();
+            }
+        } else {
+            *e = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        }
+    });
 }
 
 /// Runs `f`, converting errors and panics into a status (+ message).
@@ -196,10 +208,42 @@ fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> drpttracer_status_t {
     }
 }
 
+/// Bumped whenever handles leave the registry, so per-thread lookup caches revalidate.
+static REGISTRY_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+fn handles_removed() {
+    REGISTRY_GENERATION.fetch_add(1, Ordering::Release);
+}
+
+thread_local! {
+    /// The last handle this thread looked up successfully: (key, registry generation, it).
+    /// Start and stop run inside trace windows; the cache keeps them short.
+    static LAST_LOOKUP: RefCell<Option<(usize, u64, Arc<Mutex<Tracer>>)>> =
+        const { RefCell::new(None) };
+}
+
 fn lookup(handle: *mut c_void, what: &str) -> Result<Arc<Mutex<Tracer>>> {
     if handle.is_null() {
         return Err(Error::invalid("tracer_handle is NULL"));
     }
+    let key = handle as usize;
+    let generation = REGISTRY_GENERATION.load(Ordering::Acquire);
+    let cached = LAST_LOOKUP
+        .try_with(|c| match &*c.borrow() {
+            Some((k, g, t)) if *k == key && *g == generation => Some(t.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(t) = cached {
+        return Ok(t);
+    }
+    let t = lookup_in_registry(handle, what)?;
+    let _ = LAST_LOOKUP.try_with(|c| *c.borrow_mut() = Some((key, generation, t.clone())));
+    Ok(t)
+}
+
+fn lookup_in_registry(handle: *mut c_void, what: &str) -> Result<Arc<Mutex<Tracer>>> {
     let map = HANDLES.lock();
     let Some(entry) = map.get(&(handle as usize)) else {
         return Err(Error::invalid(format!(
@@ -251,6 +295,7 @@ pub extern "C" fn drpttracer_exit() {
         *n -= 1;
         if *n == 0 {
             HANDLES.lock().clear();
+            handles_removed();
             OUTPUTS.lock().clear();
         }
     });
@@ -309,7 +354,11 @@ pub extern "C" fn drpttracer_destroy_handle(
     let _ = drcontext;
     guard("drpttracer_destroy_handle", || {
         lookup(tracer_handle, "drpttracer_destroy_handle")?;
-        HANDLES.lock().remove(&(tracer_handle as usize));
+        let removed = HANDLES.lock().remove(&(tracer_handle as usize));
+        handles_removed();
+        // Drop this thread's cached reference too, so the tracer (and its fds) goes now.
+        let _ = LAST_LOOKUP.try_with(|c| c.borrow_mut().take());
+        drop(removed);
         Ok(())
     })
 }

@@ -241,10 +241,46 @@ pub fn page_size() -> usize {
     }
 }
 
-/// The calling thread's kernel thread id.
-pub fn current_tid() -> i32 {
+/// Bumped in the child of every fork (pthread_atfork), invalidating cached thread ids.
+static FORK_GENERATION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static ATFORK_REGISTERED: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+thread_local! {
+    /// (fork generation, tid) of the calling thread; generation u32::MAX = not cached.
+    static TID_CACHE: std::cell::Cell<(u32, i32)> = const { std::cell::Cell::new((u32::MAX, 0)) };
+}
+
+fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions and cannot fail.
     unsafe { libc::gettid() }
+}
+
+/// The calling thread's kernel thread id.
+///
+/// Cached per thread (and revalidated after fork) so that start/stop paths, which run
+/// inside trace windows, make no gettid syscall of their own.
+pub fn current_tid() -> i32 {
+    ATFORK_REGISTERED.call_once(|| {
+        // SAFETY: registers a child handler that only bumps an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+    let generation = FORK_GENERATION.load(std::sync::atomic::Ordering::Relaxed);
+    TID_CACHE
+        .try_with(|c| {
+            let (g, tid) = c.get();
+            if g == generation {
+                tid
+            } else {
+                let tid = gettid();
+                c.set((generation, tid));
+                tid
+            }
+        })
+        .unwrap_or_else(|_| gettid())
 }
 
 /// A trace handle bound to the thread that created it.

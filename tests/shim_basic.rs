@@ -82,6 +82,42 @@ fn ls_writes_parseable_info_and_thread_files() {
     assert_eq!(&raw[24..42], &info.metadata[..18]);
     let pdb = 48 + 6 * 8;
     assert_eq!(raw.len(), 42 + pdb * t.windows.len());
+    // The decoder's reader parses it, and the project's allocating writer produces the
+    // same bytes for the same windows.
+    let parsed = drpttracer::format::pdb::parse(&raw).unwrap();
+    assert_eq!(parsed.tid, t.header.tid as u64);
+    assert_eq!(parsed.metadata, meta);
+    assert_eq!(parsed.windows.len(), t.windows.len());
+    let mut wr =
+        drpttracer::format::pdb::PdbWriter::new(t.header.pid as u64, t.header.tid as u64, &meta);
+    for (p, w) in parsed.windows.iter().zip(&t.windows) {
+        assert_eq!(
+            (p.sysnum, p.syscall_idx, &p.args[..]),
+            (w.nr, w.index, &w.args[..])
+        );
+        assert!(p.pt.is_empty());
+        wr.syscall(
+            t.header.pid as u64,
+            t.header.tid as u64,
+            w.nr,
+            w.index,
+            &w.args,
+            &[],
+        );
+    }
+    assert_eq!(wr.buf, raw);
+    // Kernel symbols are copied beside it where readable (kcore only where /proc/kcore is).
+    if std::fs::read("/proc/kallsyms").is_ok_and(|k| !k.is_empty()) {
+        assert!(
+            std::fs::metadata(out.join("kernel.raw/kallsyms"))
+                .unwrap()
+                .len()
+                > 0
+        );
+    }
+    if std::fs::File::open("/proc/kcore").is_err() {
+        assert!(!out.join("kernel.raw/kcore").exists());
+    }
     for (i, w) in t.windows.iter().enumerate() {
         let b = 42 + i * pdb;
         let e = |k: usize| u64::from_le_bytes(raw[b + k * 8..b + k * 8 + 8].try_into().unwrap());
@@ -366,7 +402,8 @@ fn exec_with_an_emptied_environment_stays_traced() {
     let o = run_traced(
         &out,
         std::path::Path::new("/usr/bin/env"),
-        &["-i", "/bin/echo", "clean"],
+        // env searches PATH: the first execve fails (ENOENT), the second succeeds.
+        &["-i", "PATH=/nonexistent:/bin", "echo", "clean"],
         &[("PTTRACER_SYSCALLS", "write,execve")],
     );
     assert!(o.status.success(), "{o:?}");
@@ -375,7 +412,7 @@ fn exec_with_an_emptied_environment_stays_traced() {
     let echo = td
         .infos
         .iter()
-        .find(|i| i.cmdline.first().map(String::as_str) == Some("/bin/echo"))
+        .find(|i| i.cmdline.first().map(String::as_str) == Some("echo"))
         .expect("echo, exec'd with an empty environment, is traced");
     let t = td.threads_of(echo.process.pid, echo.process.nonce)[0];
     assert!(
@@ -384,4 +421,31 @@ fn exec_with_an_emptied_environment_stays_traced() {
     );
     // The carried-over configuration is the original one (the filter included).
     assert!(t.windows.iter().all(|w| w.nr == 1 || w.nr == NR_EXECVE));
+    // env's own file: the failed execve is a normal window (the pre-written one was
+    // retracted), then the successful one, and the file is intact.
+    let env = td.infos.iter().find(|i| i.exe.ends_with("/env")).unwrap();
+    let t = td.threads_of(env.process.pid, env.process.nonce)[0];
+    assert_eq!(t.tail, Tail::Clean);
+    let execs: Vec<_> = t.windows.iter().filter(|w| w.nr == NR_EXECVE).collect();
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    assert_eq!(execs[0].ret, -(libc::ENOENT as i64));
+    assert_eq!(execs[0].flags & WF_NO_RETURN, 0);
+    assert!(execs[1].flags & WF_NO_RETURN != 0);
+    assert_eq!(t.end.map(|e| e.0), Some(ptt::EndReason::Exec as u32));
+    for (i, w) in t.windows.iter().enumerate() {
+        assert_eq!(w.index, i as u64);
+    }
+    // The tid's DynamoRIO file holds env's metadata PDB and its two execve PDBs (the one
+    // written before the failed call was retracted), then echo's (appended, same tid).
+    let raw = std::fs::read(out.join(format!("kernel.raw/{}.raw.pt", t.header.tid))).unwrap();
+    let pdb = 48 + 6 * 8;
+    let sysnums: Vec<u64> = (0..)
+        .map(|i| 42 + i * pdb)
+        .take_while(|&b| b + pdb <= raw.len())
+        .map(|b| u64::from_le_bytes(raw[b + 24..b + 32].try_into().unwrap()))
+        .collect();
+    assert_eq!(
+        &sysnums[..2],
+        &[(4 << 59) | NR_EXECVE, (4 << 59) | NR_EXECVE]
+    );
 }

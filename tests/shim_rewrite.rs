@@ -80,7 +80,8 @@ fn fast_path_keeps_raw_syscall_arguments_and_signal_semantics() {
     assert!(o.status.success(), "{o:?}");
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
-        "ok sigsys handler\nok sigtrap handler\nok sigprocmask\nok sa_restart read\nok eintr read\n"
+        "ok sigsys handler\nok sigtrap handler\nok sigprocmask\nok sa_restart read\nok eintr read\n\
+         sud off: refused\n"
     );
 }
 

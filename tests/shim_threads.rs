@@ -164,7 +164,8 @@ fn own_sigsys_and_sigtrap_handlers_and_syscalls_in_handlers() {
     assert!(o.status.success(), "{o:?}");
     assert_eq!(
         stdout,
-        "ok sigsys handler\nok sigtrap handler\nok sigprocmask\nok sa_restart read\nok eintr read\n"
+        "ok sigsys handler\nok sigtrap handler\nok sigprocmask\nok sa_restart read\nok eintr read\n\
+         sud off: refused\n"
     );
     let td = read_dir(&out);
     assert_eq!(td.threads.len(), 1);

@@ -8,8 +8,7 @@
 //! | `PTTRACER_SYSCALLS`    | comma list of names/numbers; `!x`/`-x` excludes | all    |
 //! | `PTTRACER_PT_SHIFT`    | PT ring = 2^n pages, 1..=24                  | 8         |
 //! | `PTTRACER_SB_SHIFT`    | sideband ring = 2^n pages, 1..=24            | 4         |
-//! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576) | 8192 |
-//! | `PTTRACER_PT_BUFFER`   | PT+sideband bytes buffered per thread (KiB)  | 1024      |
+//! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576; 120 bytes each) | 2048 |
 //! | `PTTRACER_BACKPRESSURE`| `block` or `drop`                            | `block`   |
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
 //! | `PTTRACER_REWRITE`     | `0`/`1`: patch hot syscall sites into direct calls (see `shim::rewrite`) | `0` |
@@ -162,7 +161,6 @@ pub struct ShimConfig {
     pub pt_shift: u32,
     pub sb_shift: u32,
     pub queue: usize,
-    pub pt_buffer: usize,
     pub backpressure: Backpressure,
     pub backend: BackendChoice,
     pub rewrite: bool,
@@ -175,13 +173,12 @@ pub const ENV_SYSCALLS: &str = "PTTRACER_SYSCALLS";
 pub const ENV_PT_SHIFT: &str = "PTTRACER_PT_SHIFT";
 pub const ENV_SB_SHIFT: &str = "PTTRACER_SB_SHIFT";
 pub const ENV_QUEUE: &str = "PTTRACER_QUEUE";
-pub const ENV_PT_BUFFER: &str = "PTTRACER_PT_BUFFER";
 pub const ENV_BACKPRESSURE: &str = "PTTRACER_BACKPRESSURE";
 pub const ENV_BACKEND: &str = crate::tracer::BACKEND_ENV;
 pub const ENV_REWRITE: &str = "PTTRACER_REWRITE";
 
 /// Every variable the shim reads, in the order `Config` records list them.
-pub const ALL_VARS: [&str; 11] = [
+pub const ALL_VARS: [&str; 10] = [
     ENV_OUT,
     ENV_MODE,
     ENV_WINDOW,
@@ -189,7 +186,6 @@ pub const ALL_VARS: [&str; 11] = [
     ENV_PT_SHIFT,
     ENV_SB_SHIFT,
     ENV_QUEUE,
-    ENV_PT_BUFFER,
     ENV_BACKPRESSURE,
     ENV_BACKEND,
     ENV_REWRITE,
@@ -248,13 +244,12 @@ impl ShimConfig {
         let max = u64::from(crate::tracer::MAX_SIZE_SHIFT);
         let pt_shift = num(ENV_PT_SHIFT, 8, 1, max)? as u32;
         let sb_shift = num(ENV_SB_SHIFT, 4, 1, max)? as u32;
-        let queue = num(ENV_QUEUE, 8192, 64, 1 << 20)? as usize;
+        let queue = num(ENV_QUEUE, 2048, 64, 1 << 20)? as usize;
         if !queue.is_power_of_two() {
             return Err(format!(
                 "{ENV_QUEUE}={queue} must be a power of two (e.g. 4096, 8192)"
             ));
         }
-        let pt_buffer = (num(ENV_PT_BUFFER, 1024, 0, 1 << 20)? as usize) * 1024;
         let backpressure = match get(ENV_BACKPRESSURE).unwrap_or_default().trim() {
             "" | "block" => Backpressure::Block,
             "drop" => Backpressure::Drop,
@@ -280,7 +275,6 @@ impl ShimConfig {
             pt_shift,
             sb_shift,
             queue,
-            pt_buffer,
             backpressure,
             backend,
             rewrite,
@@ -296,7 +290,7 @@ impl ShimConfig {
     pub fn describe(&self) -> String {
         format!(
             "{ENV_OUT}={}\n{ENV_MODE}={}\n{ENV_WINDOW}={}\n{ENV_SYSCALLS}={}\n{ENV_PT_SHIFT}={}\n\
-             {ENV_SB_SHIFT}={}\n{ENV_QUEUE}={}\n{ENV_PT_BUFFER}={}\n{ENV_BACKPRESSURE}={}\n\
+             {ENV_SB_SHIFT}={}\n{ENV_QUEUE}={}\n{ENV_BACKPRESSURE}={}\n\
              {ENV_BACKEND}={:?}\n{ENV_REWRITE}={}\n",
             self.out_dir.display(),
             self.mode.name(),
@@ -305,7 +299,6 @@ impl ShimConfig {
             self.pt_shift,
             self.sb_shift,
             self.queue,
-            self.pt_buffer / 1024,
             match self.backpressure {
                 Backpressure::Block => "block",
                 Backpressure::Drop => "drop",

@@ -19,7 +19,8 @@
 //!   `clone(CLONE_VFORK)` without shared memory so the child cannot clobber this frame),
 //!   `execve`/`execveat` (everything flushed and the window written before the call,
 //!   retracted if it fails), `exit` (thread file ended; the last thread ends the process),
-//!   `exit_group` (everything flushed synchronously);
+//!   `exit_group` (everything flushed synchronously), `prctl(PR_SET_SYSCALL_USER_DISPATCH)`
+//!   (refused with EBUSY: the application cannot turn interception off);
 //! - on the writer thread: draining queues into files ([`super::output`]).
 
 use super::output;
@@ -53,6 +54,8 @@ const NR_EXECVE: u64 = libc::SYS_execve as u64;
 const NR_EXECVEAT: u64 = libc::SYS_execveat as u64;
 const NR_EXIT: u64 = libc::SYS_exit as u64;
 const NR_EXIT_GROUP: u64 = libc::SYS_exit_group as u64;
+const NR_PRCTL: u64 = libc::SYS_prctl as u64;
+const PR_SET_SYSCALL_USER_DISPATCH: u64 = 59;
 const NR_SIGSUSPEND: u64 = libc::SYS_rt_sigsuspend as u64;
 const NR_PPOLL: u64 = libc::SYS_ppoll as u64;
 const NR_PSELECT6: u64 = libc::SYS_pselect6 as u64;
@@ -230,6 +233,9 @@ pub unsafe extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut 
             sys6(nr, args)
         }
         NR_READ_SIGACTION => do_sigaction(&args),
+        // The application may not switch Syscall User Dispatch off (or repoint it) under
+        // the shim: refuse as the kernel does for an unsupported configuration.
+        NR_PRCTL if args[0] == PR_SET_SYSCALL_USER_DISPATCH => -(libc::EBUSY as i64),
         NR_SIGPROCMASK => do_sigprocmask(uc_mask(uctx), &args),
         NR_SIGSUSPEND => {
             let mut m = 0u64;
@@ -767,6 +773,8 @@ fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
     slots::START_TSC.store(raw::rdtsc(), Relaxed);
     slots::WRITER_ALIVE.store(false, Release);
     slots::LIVE.store(1, Release);
+    // A parent thread may have been patching when we forked: its lock is not ours.
+    super::rewrite::PATCH_LOCK.store(false, Release);
     let me = slot.map_or(core::ptr::null(), |s| s as *const Slot);
     // Every other slot belonged to a thread of the parent: its queue is the parent's to
     // write; its file descriptors are copies.
@@ -817,7 +825,8 @@ fn do_exec(
     s.lock_drain();
     let fd = s.fd.load(Relaxed);
     let info = slots::INFO_FD.load(Relaxed);
-    let (pos, ipos) = (raw::tell(fd), raw::tell(info));
+    // (The info and kernel.raw files are O_APPEND: their retract points are their ends.)
+    let (pos, ipos) = (raw::tell(fd), raw::end_of(info));
     let mut pre = *w;
     pre.flags |= WF_NO_RETURN;
     pre.tsc_end = t0;
@@ -846,12 +855,32 @@ fn do_exec(
     if fd >= 0 {
         raw::write_all(fd, buf.get(..n).unwrap_or(&[]));
     }
+    // The DynamoRIO file gets the exec's PDB too (it is opened O_APPEND).
+    let kfd = s.kfd.load(Relaxed);
+    let kpos = raw::end_of(kfd);
+    if record && kfd >= 0 {
+        let mut kb = [0u8; 128];
+        if let Some(m) = output::encode_pdb(&mut kb, s, &pre) {
+            raw::write_all(kfd, kb.get(..m).unwrap_or(&[]));
+        }
+    }
     let ended = slots::PROCESS_ENDED.load(Relaxed);
     output::write_process_end(EndReason::Exec, 0);
     let r = exec_with_shim(nr, args);
     // Still here: the exec failed. Retract the window and the end records.
     if pos >= 0 {
+        // Truncating does not move the file offset: seek back too, or the next write
+        // would leave a hole of zeros.
         raw::ftruncate(fd, pos as u64);
+        raw::sys3(
+            libc::SYS_lseek,
+            fd as u64,
+            pos as u64,
+            libc::SEEK_SET as u64,
+        );
+    }
+    if kpos >= 0 {
+        raw::ftruncate(kfd, kpos as u64);
     }
     if ipos >= 0 {
         raw::ftruncate(info, ipos as u64);

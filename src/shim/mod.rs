@@ -13,23 +13,41 @@
 //! the thread's lock-free queue ([`slots`]); the writer thread ([`writer`]) drains the
 //! queues into per-thread files ([`output`], format in [`crate::format::ptt`]).
 //!
-//! Threads: SUD is inherited by forked processes but not by new threads; thread-creating
-//! clones are therefore re-executed through a stub whose child path arms SUD before the
-//! new thread runs any application instruction ([`raw`]); its slot is claimed at its
-//! first syscall. Forked children
-//! get a fresh process image (new info file, own thread files); glibc's `fork` runs the
-//! shim's `pthread_atfork` child handler, which starts a writer in the child. `execve`
-//! carries the preload through `LD_PRELOAD` in the environment.
+//! Threads and processes: SUD is inherited by forked processes (except CLONE_VFORK
+//! children, which the handler re-arms) but not by new threads; thread-creating clones are
+//! therefore re-executed through a stub whose child path arms SUD before the new thread
+//! runs any application instruction ([`raw`]); its slot is claimed at its first syscall.
+//! Forked children get a fresh process image (new info file, own thread files); glibc's
+//! `fork` runs the shim's `pthread_atfork` child handler, which starts a writer in the
+//! child (without it the child's threads write their own queues). `execve` keeps the
+//! shim: the environment passed to the new image gets `LD_PRELOAD` and the `PTTRACER_*`
+//! settings back if the application dropped them ([`execenv`]).
+//!
+//! Ends: `exit_group`, the last thread's `exit`, `execve` and fatal signals whose
+//! disposition is the default (SIGSEGV, SIGTERM, …; the handler flushes and re-raises)
+//! flush every queue and write end records; after SIGKILL everything the writer had
+//! flushed (it wakes at least every 10 ms) is readable and the missing end is visible.
+//!
+//! Fast path (opt-in, `PTTRACER_REWRITE=1`): syscall sites that trapped once are patched
+//! into calls of a recording entry ([`rewrite`]), about 4x cheaper than a SIGSYS.
+//!
+//! What runs where: the SIGSYS handler and the patched-site entry run on the application
+//! thread and are async-signal-safe ([`handler`], [`slots`], [`output`], [`raw`],
+//! [`execenv`], [`rewrite`]); the constructor, the `pthread_atfork` handler and the writer
+//! thread are normal context ([`writer`], this module).
 //!
 //! PT: the handler records metadata-only windows. Capturing PT around each window through
-//! [`crate::tracer::Tracer`] is not done by the shim yet; at start-up it tries to create a
-//! tracer for the configured mode to learn whether PT would be available, and stores the
-//! reason it is absent (on this machine: no `intel_pt` PMU, or no emulated backend) once
-//! in the info file and each thread header. Every window carries `WF_PT_ABSENT`.
+//! [`crate::tracer::Tracer`] is not done by the shim yet (a capture must not run inside
+//! the SIGSYS handler unless the backend's start/stop are async-signal-safe, and the
+//! emulated backend's are not); at start-up the shim creates a tracer for the configured
+//! mode to learn whether PT would be available, and stores the reason it is absent (on
+//! this machine: no `intel_pt` PMU in kernel modes) once in the info file and each thread
+//! header. Every window carries `WF_PT_ABSENT`.
 
 pub mod config;
 pub mod execenv;
 pub mod handler;
+pub mod kernel_files;
 pub mod output;
 pub mod raw;
 pub mod rewrite;
@@ -38,6 +56,7 @@ pub mod sysnames;
 pub mod writer;
 
 use config::ShimConfig;
+use std::path::Path;
 use std::sync::atomic::Ordering::*;
 
 /// Message prefix on stderr.
@@ -298,7 +317,7 @@ fn init() -> Result<(), String> {
                 false
             }
         };
-    let st = slots::make_static(
+    let mut st = slots::make_static(
         &cfg,
         backend,
         pt_present,
@@ -309,6 +328,14 @@ fn init() -> Result<(), String> {
         rewrite,
         own_path(),
     );
+    if cfg.mode.traces_kernel() {
+        // Kernel symbols and text beside the DynamoRIO-format files (once per directory).
+        st.config_text.push_str(&kernel_files::copy_into(
+            &cfg.out_dir.join("kernel.raw"),
+            Path::new("/proc/kallsyms"),
+            Path::new("/proc/kcore"),
+        ));
+    }
     if slots::STATIC.set(st).is_err() {
         return Ok(());
     }

@@ -82,11 +82,11 @@ impl MappedFile {
                 ptr = np;
                 cap = ncap;
             }
-            // SAFETY: ptr+len .. ptr+cap is inside the mapping.
+            // ptr+len .. ptr+cap is inside the mapping.
             let r = raw::sys3(
                 libc::SYS_read,
                 fd as u64,
-                unsafe { ptr.add(len) } as u64,
+                ptr.wrapping_add(len) as u64,
                 (cap - len) as u64,
             );
             if r == -(libc::EINTR as i64) {
@@ -229,20 +229,13 @@ fn open_thread_file(slot: &Slot, st: &slots::Static) -> i32 {
     fd
 }
 
-// DynamoRIO PDB header entry types (REFERENCE §5).
-const PDB_PID: u64 = 0;
-const PDB_TID: u64 = 1;
-const PDB_META: u64 = 2;
-const PDB_DATA: u64 = 3;
-const PDB_SYSNUM: u64 = 4;
-const PDB_IDX: u64 = 5;
-const PDB_NARGS: u64 = 6;
+use crate::format::pdb::{
+    entry as pdb_entry, PDB_PID, PDB_PT_DATA_BOUNDARY as PDB_DATA,
+    PDB_PT_METADATA_BOUNDARY as PDB_META, PDB_SYSCALL_ARGS_NUM as PDB_NARGS,
+    PDB_SYSCALL_IDX as PDB_IDX, PDB_SYSNUM, PDB_THREAD_ID as PDB_TID,
+};
 /// Arguments written per syscall PDB (all six registers).
 const PDB_ARGS: u64 = 6;
-
-fn pdb_entry(ty: u64, v: u64) -> [u8; 8] {
-    ((ty << 59) | (v & ((1u64 << 59) - 1))).to_le_bytes()
-}
 
 fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
     let mut dir = Path::new();
@@ -266,9 +259,9 @@ fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
     if fd >= 0 {
         let pid = slot.pid.load(Relaxed) as u32 as u64;
         let mut b = [0u8; 24 + 18];
-        b[0..8].copy_from_slice(&pdb_entry(PDB_PID, pid));
-        b[8..16].copy_from_slice(&pdb_entry(PDB_TID, tid as u32 as u64));
-        b[16..24].copy_from_slice(&pdb_entry(PDB_META, 18));
+        b[0..8].copy_from_slice(&pdb_entry(PDB_PID, pid).to_le_bytes());
+        b[8..16].copy_from_slice(&pdb_entry(PDB_TID, tid as u32 as u64).to_le_bytes());
+        b[16..24].copy_from_slice(&pdb_entry(PDB_META, 18).to_le_bytes());
         b[24..42].copy_from_slice(&st.pt_metadata);
         raw::write_all(fd, &b);
         return fd;
@@ -277,18 +270,18 @@ fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
 }
 
 /// One syscall PDB without PT bytes (PT is absent or written by the capture path).
-fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
+pub fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
     let n = 48 + 8 * PDB_ARGS as usize;
     let dst = out.get_mut(..n)?;
     let pid = slot.pid.load(Relaxed) as u32 as u64;
     let tid = slot.tid.load(Relaxed) as u32 as u64;
     let entries = [
-        pdb_entry(PDB_PID, pid),
-        pdb_entry(PDB_TID, tid),
-        pdb_entry(PDB_DATA, 48 + 8 * PDB_ARGS),
-        pdb_entry(PDB_SYSNUM, w.nr),
-        pdb_entry(PDB_IDX, w.index),
-        pdb_entry(PDB_NARGS, PDB_ARGS),
+        pdb_entry(PDB_PID, pid).to_le_bytes(),
+        pdb_entry(PDB_TID, tid).to_le_bytes(),
+        pdb_entry(PDB_DATA, 48 + 8 * PDB_ARGS).to_le_bytes(),
+        pdb_entry(PDB_SYSNUM, w.nr).to_le_bytes(),
+        pdb_entry(PDB_IDX, w.index).to_le_bytes(),
+        pdb_entry(PDB_NARGS, PDB_ARGS).to_le_bytes(),
     ];
     for (i, e) in entries.iter().enumerate() {
         dst.get_mut(i * 8..i * 8 + 8)?.copy_from_slice(e);

@@ -251,6 +251,14 @@ pub fn tell(fd: i32) -> i64 {
     sys3(libc::SYS_lseek, fd as u64, 0, libc::SEEK_CUR as u64)
 }
 
+/// Size of the file behind `fd` (moves the offset to the end; for O_APPEND files).
+pub fn end_of(fd: i32) -> i64 {
+    if fd < 0 {
+        return -1;
+    }
+    sys3(libc::SYS_lseek, fd as u64, 0, libc::SEEK_END as u64)
+}
+
 pub fn sched_yield() {
     sys0(libc::SYS_sched_yield);
 }

@@ -41,6 +41,7 @@ pub const SPECIAL: &[u64] = &[
     59,  // execve
     60,  // exit
     130, // rt_sigsuspend
+    157, // prctl (PR_SET_SYSCALL_USER_DISPATCH is refused)
     231, // exit_group
     270, // pselect6
     271, // ppoll
@@ -176,6 +177,26 @@ pub fn maybe_patch(resume: u64, nr: u64) {
     // SAFETY: site lies in an executable file mapping recorded at start-up (readable).
     let cur = unsafe { (site as *const [u8; 2]).read_volatile() };
     if cur != [0x0f, 0x05] {
+        return;
+    }
+    // One patcher at a time: another thread's mprotect back to R-X must not land between
+    // our mprotect and our store. A busy lock just leaves the site for its next trap.
+    if PATCH_LOCK
+        .compare_exchange(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    patch_locked(site);
+    PATCH_LOCK.store(false, Release);
+}
+
+pub static PATCH_LOCK: AtomicBool = AtomicBool::new(false);
+
+fn patch_locked(site: u64) {
+    // Re-check under the lock: another thread may have patched it meanwhile.
+    // SAFETY: as in maybe_patch.
+    if unsafe { (site as *const [u8; 2]).read_volatile() } != [0x0f, 0x05] {
         return;
     }
     let page = site & !4095;

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -93,5 +94,10 @@ int main(void) {
     n = read(pipefd[0], &c, 1);
     if (n != -1 || errno != EINTR || alarm_seen != 2) return fail("interrupted read");
     printf("ok eintr read\n");
+
+    /* Under the shim, switching Syscall User Dispatch off is refused (EBUSY); without
+     * it, turning off a dispatch that was never on succeeds. */
+    int r = prctl(59 /* PR_SET_SYSCALL_USER_DISPATCH */, 0, 0, 0, 0);
+    printf("sud off: %s\n", r == 0 ? "allowed" : errno == EBUSY ? "refused" : "other error");
     return 0;
 }

@@ -25,6 +25,17 @@ pub struct DirSummary {
     pub unreadable: Vec<(String, String)>,
     pub kernel_raw_files: usize,
     pub kernel_raw_bytes: u64,
+    /// `kernel.raw/<tid>.raw.pt` paths, sorted.
+    pub kernel_raw_paths: Vec<PathBuf>,
+    pub has_kallsyms: bool,
+    pub has_kcore: bool,
+}
+
+impl DirSummary {
+    /// PT bytes over all windows.
+    pub fn pt_bytes(&self) -> u64 {
+        self.threads.values().flatten().map(|t| t.pt_bytes).sum()
+    }
 }
 
 impl DirSummary {
@@ -71,6 +82,9 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         unreadable: Vec::new(),
         kernel_raw_files: 0,
         kernel_raw_bytes: 0,
+        kernel_raw_paths: Vec::new(),
+        has_kallsyms: false,
+        has_kcore: false,
     };
     let mut names: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     names.sort();
@@ -96,9 +110,19 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
     }
     if let Ok(rd) = std::fs::read_dir(dir.join("kernel.raw")) {
         for e in rd.flatten() {
-            s.kernel_raw_files += 1;
-            s.kernel_raw_bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+            let name = e.file_name().to_string_lossy().into_owned();
+            match name.as_str() {
+                "kallsyms" => s.has_kallsyms = true,
+                "kcore" => s.has_kcore = true,
+                n if n.ends_with(".raw.pt") => {
+                    s.kernel_raw_files += 1;
+                    s.kernel_raw_bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+                    s.kernel_raw_paths.push(e.path());
+                }
+                _ => {}
+            }
         }
+        s.kernel_raw_paths.sort();
     }
     Ok(s)
 }
@@ -219,7 +243,7 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
     println!(
         "total: {} processes, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
          losses: {lossy} lossy windows, {dropped} dropped windows, {} truncated/corrupt files; \
-         backend {backend}; kernel.raw: {} files, {} bytes",
+         backend {backend}; kernel.raw: {} files, {} bytes{}{}",
         keys.len(),
         s.thread_count(),
         s.windows(),
@@ -227,7 +251,9 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
         sb,
         s.truncated_files(),
         s.kernel_raw_files,
-        s.kernel_raw_bytes
+        s.kernel_raw_bytes,
+        if s.has_kallsyms { ", kallsyms" } else { "" },
+        if s.has_kcore { ", kcore" } else { "" },
     );
     Ok(s)
 }

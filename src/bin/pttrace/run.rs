@@ -102,6 +102,40 @@ fn prepend_preload(lib: &Path) -> String {
     }
 }
 
+/// Tells how to decode what was captured (or that there is no PT to decode).
+fn print_decode_hint(out: &Path, s: &super::report::DirSummary) {
+    if s.pt_bytes() == 0 {
+        println!(
+            "nothing to decode: no PT was captured (see \"PT absent\" above); the windows' \
+             metadata is in the .ptt files (summary again: pttrace report {})",
+            out.display()
+        );
+        return;
+    }
+    match s.kernel_raw_paths.first() {
+        Some(first) => {
+            let kdir = out.join("kernel.raw");
+            let mut extra = String::new();
+            if s.has_kcore {
+                extra.push_str(&format!(" --kcore {}", kdir.join("kcore").display()));
+            }
+            if s.has_kallsyms {
+                extra.push_str(&format!(" --kallsyms {}", kdir.join("kallsyms").display()));
+            }
+            println!(
+                "decode with (one per thread file in {}): pttrace decode --raw-pt {}{extra}",
+                kdir.display(),
+                first.display()
+            );
+        }
+        None => println!(
+            "PT was captured in user mode: decode a thread's windows with `pttrace decode` \
+             from the .ptt files' PT and sideband (summary again: pttrace report {})",
+            out.display()
+        ),
+    }
+}
+
 pub fn run(args: Args) -> CmdResult {
     let pairs = env_pairs(&args);
     // Validate here with the shim's own parser so mistakes are reported before running.
@@ -131,12 +165,8 @@ pub fn run(args: Args) -> CmdResult {
         .status()
         .map_err(|e| format!("cannot run {prog}: {e}"))?;
     println!("{prog}: {status}");
-    super::report::print_summary(&out, args.per_syscall)?;
-    println!(
-        "decode with: pttrace decode {}   (summary again: pttrace report {})",
-        out.display(),
-        out.display()
-    );
+    let summary = super::report::print_summary(&out, args.per_syscall)?;
+    print_decode_hint(&out, &summary);
     match status.code() {
         Some(0) => Ok(()),
         Some(c) => std::process::exit(c),
