@@ -9,7 +9,8 @@
 //! - [`parallel`]: decoding by PSB segments on several threads;
 //! - [`testgen`]: synthetic code + trace builder for tests and benchmarks.
 //!
-//! - [`packets`]: ptdump-style packet listing.
+//! - [`packets`]: ptdump-style packet listing;
+//! - [`ptt_input`]: the shim's `.info` / `.ptt` files as decoder input.
 //!
 //! # Using it from other modules
 //!
