@@ -307,7 +307,7 @@ impl Symbols {
         self.syms.dedup_by(|a, b| a.0 == b.0);
     }
 
-    /// Parses `/proc/kallsyms` text ("ADDR TYPE NAME [module]"); text symbols only.
+    /// Parses `/proc/kallsyms` text (`ADDR TYPE NAME [module]`); text symbols only.
     pub fn add_kallsyms(&mut self, path: &Path, text: &str) -> Result<usize, DecodeError> {
         let mut n = 0;
         for (lineno, line) in text.lines().enumerate() {
