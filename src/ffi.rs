@@ -137,6 +137,9 @@ pub struct drpttracer_ext_metadata_t {
 // ---------------------------------------------------------------------------------------
 // Registries and the last-error message.
 
+/// A live handle's tracer, shared between the registry and per-thread caches.
+type SharedTracer = Arc<Mutex<Tracer>>;
+
 struct HandleEntry {
     owner_tid: i32,
     tracer: Arc<Mutex<Tracer>>,
@@ -218,11 +221,11 @@ fn handles_removed() {
 thread_local! {
     /// The last handle this thread looked up successfully: (key, registry generation, it).
     /// Start and stop run inside trace windows; the cache keeps them short.
-    static LAST_LOOKUP: RefCell<Option<(usize, u64, Arc<Mutex<Tracer>>)>> =
+    static LAST_LOOKUP: RefCell<Option<(usize, u64, SharedTracer)>> =
         const { RefCell::new(None) };
 }
 
-fn lookup(handle: *mut c_void, what: &str) -> Result<Arc<Mutex<Tracer>>> {
+fn lookup(handle: *mut c_void, what: &str) -> Result<SharedTracer> {
     if handle.is_null() {
         return Err(Error::invalid("tracer_handle is NULL"));
     }
@@ -243,7 +246,7 @@ fn lookup(handle: *mut c_void, what: &str) -> Result<Arc<Mutex<Tracer>>> {
     Ok(t)
 }
 
-fn lookup_in_registry(handle: *mut c_void, what: &str) -> Result<Arc<Mutex<Tracer>>> {
+fn lookup_in_registry(handle: *mut c_void, what: &str) -> Result<SharedTracer> {
     let map = HANDLES.lock();
     let Some(entry) = map.get(&(handle as usize)) else {
         return Err(Error::invalid(format!(
