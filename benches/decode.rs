@@ -27,6 +27,24 @@ fn best<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
     (best, out.expect("runs > 0"))
 }
 
+/// CPU time of the calling thread (less disturbed by other load than wall time).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id and out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Thread CPU time of `f`.
+fn cpu<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let t = thread_cpu();
+    let r = f();
+    (thread_cpu().saturating_sub(t), r)
+}
+
 /// A bare ptxed-style loop: sync, drain events, pt_blk_next, count instructions.
 fn bare_libipt(trace: &[u8], code_file: &CString, base: u64, code_len: u64) -> u64 {
     // SAFETY: plain C structs zero-initialised as libipt documents; the trace buffer and
@@ -142,6 +160,20 @@ fn main() {
     let backing = Backing::map_file(&code_path).expect("map code");
     space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
 
+    if std::env::args().any(|a| a == "--profile-none") {
+        return;
+    }
+    if std::env::args().any(|a| a == "--profile-bare") {
+        for _ in 0..20 {
+            std::hint::black_box(bare_libipt(
+                &trace,
+                &code_c,
+                prog.base,
+                prog.code.len() as u64,
+            ));
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--profile-slices") {
         // For `perf record`: only the pipeline, many times.
         for _ in 0..20 {
@@ -149,12 +181,19 @@ fn main() {
         }
         return;
     }
-    let runs = 5;
-    let (t_bare, n_bare) = best(runs, || {
-        bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64)
-    });
-    let (t_iter, (n_iter, h_iter)) = best(runs, || ours_iter(&trace, &space));
-    let (t_ours, (n_ours, h_ours)) = best(runs, || ours_slices(&trace, &space));
+    let runs = 7;
+    // Interleaved runs, best thread-CPU time of each (the machine is shared).
+    let (mut t_bare, mut t_iter, mut t_ours) = (Duration::MAX, Duration::MAX, Duration::MAX);
+    let (mut n_bare, mut r_iter, mut r_ours) = (0, (0, 0), (0, 0));
+    for _ in 0..runs {
+        let (t, n) = cpu(|| bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64));
+        (t_bare, n_bare) = (t_bare.min(t), n);
+        let (t, r) = cpu(|| ours_iter(&trace, &space));
+        (t_iter, r_iter) = (t_iter.min(t), r);
+        let (t, r) = cpu(|| ours_slices(&trace, &space));
+        (t_ours, r_ours) = (t_ours.min(t), r);
+    }
+    let ((n_iter, h_iter), (n_ours, h_ours)) = (r_iter, r_ours);
     assert_eq!((n_iter, h_iter), (n_ours, h_ours));
     let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64() / 1e6;
     println!(
@@ -162,6 +201,7 @@ fn main() {
         trace.len() >> 20,
         n_ours
     );
+    println!("single thread (best of {runs} interleaved runs, thread CPU time):");
     println!(
         "bare libipt block loop   : {:>8.1} ms  {:>7.1} M insn/s  ({} insns, count only)",
         t_bare.as_secs_f64() * 1e3,
@@ -200,6 +240,7 @@ fn main() {
         .map(|c| c.len())
         .sum::<usize>()
     };
+    println!("parallel (best of {runs}, wall time):");
     let (t_seq, n_seq) = best(runs, || sequential_collect(&trace, &space));
     let (t2, n2) = best(runs, || par(2));
     assert_eq!(n_seq, n2, "parallel and sequential record counts differ");

@@ -138,6 +138,36 @@ pub struct ExtMetadata {
     pub sideband_sample_type: u64,
 }
 
+impl ExtMetadata {
+    /// Metadata for traces of this CPU captured by `backend`: CPU identity and cpuid 0x15
+    /// from cpuid, the time conversion `conv` (None: not known), no PT event parameters
+    /// (set `perf_type`, `perf_config`, `nom_freq`, `mtc_freq` where there is one).
+    pub fn for_this_cpu(backend: BackendKind, conv: Option<TimeConv>) -> ExtMetadata {
+        let (cpu_family, cpu_model, cpu_stepping) = cpu_identity();
+        let (cpuid_0x15_eax, cpuid_0x15_ebx) = cpuid_0x15();
+        let tc = conv.unwrap_or_default();
+        ExtMetadata {
+            base: PtMetadata {
+                cpu_family,
+                cpu_model,
+                cpu_stepping,
+                time_shift: tc.time_shift,
+                time_mult: tc.time_mult,
+                time_zero: tc.time_zero,
+            },
+            cpuid_0x15_eax,
+            cpuid_0x15_ebx,
+            nom_freq: 0,
+            mtc_freq: 0,
+            time_zero_valid: conv.is_some(),
+            backend,
+            perf_type: 0,
+            perf_config: 0,
+            sideband_sample_type: crate::sideband::record::SIDEBAND_SAMPLE_TYPE,
+        }
+    }
+}
+
 /// The CPU's family/model/stepping computed the way the kernel and `/proc/cpuinfo` do.
 pub fn cpu_identity() -> (u16, u8, u8) {
     let cpuid = CpuId::new();

@@ -444,6 +444,26 @@ fn image_switch_via_later_mmap2_at_same_address() {
         .nth(3)
         .unwrap();
     assert_eq!(second.encoding(), &code_b[..2]);
+    // Decoding the two PSB segments on two threads: each starts with the image of its time.
+    let events = drpttracer::decode::sideband::parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+    assert_eq!(
+        drpttracer::decode::parallel::split_at_psbs(&w.buf, 2).len(),
+        2
+    );
+    let par = drpttracer::decode::parallel::decode_parallel(
+        &w.buf,
+        &params,
+        &AddressSpace::new(),
+        &events,
+        &Default::default(),
+        &WindowOptions {
+            source: "switch.pt".into(),
+            ..Default::default()
+        },
+        2,
+    )
+    .unwrap();
+    assert_eq!(par, recs);
 }
 
 #[test]
@@ -683,6 +703,22 @@ fn aux_truncation_in_sideband_is_a_lost_data_gap() {
     assert_eq!(g.len(), 1, "{g:?}");
     assert_eq!(g[0].kind, GapKind::LostData);
     assert!(g[0].error.contains("truncated"), "{}", g[0].error);
+    // Parallel decode gives the same records.
+    let events = drpttracer::decode::sideband::parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+    let par = drpttracer::decode::parallel::decode_parallel(
+        &w.buf,
+        &params,
+        &image(&code, BASE),
+        &events,
+        &Default::default(),
+        &WindowOptions {
+            source: "aux.pt".into(),
+            ..Default::default()
+        },
+        2,
+    )
+    .unwrap();
+    assert_eq!(par, recs);
     // The gap sits between the two enabled stretches (after the first, before the second).
     let gi = recs
         .iter()
@@ -747,5 +783,28 @@ fn syscall_and_interrupt_are_visible() {
             format!("insn {:#x}", u[4]),
             "TraceDisabled { ip: None }".to_string(),
         ]
+    );
+}
+
+#[test]
+fn overflow_is_a_marker_and_decoding_resumes_at_its_fup() {
+    let (code, ips) = cond_chain(2);
+    let mut w = PtWriter::new();
+    w.psb_plus(None, None).tip_pge(ips[0]).tnt(&[true]);
+    w.ovf().fup(ips[4]).tnt(&[false]).tip_pgd(None);
+    let recs = decode(&w.buf, &image(&code, BASE));
+    assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
+    let ovf = recs
+        .iter()
+        .position(|r| matches!(r, Record::Overflow { .. }))
+        .unwrap();
+    assert_eq!(recs[ovf], Record::Overflow { ip: Some(ips[4]) });
+    // Before: up to branch 0 (its bit consumed); where execution went between that and
+    // the overflow is unknown, so nothing more is claimed.
+    assert_eq!(pcs(&recs[..ovf]), vec![ips[0], ips[1]]);
+    // After: resumes at the FUP, branch 1 not taken.
+    assert_eq!(
+        pcs(&recs[ovf..]),
+        vec![ips[4], ips[5], ips[6], ips[7], ips[8]]
     );
 }

@@ -107,6 +107,19 @@ fn decode_and_dump_files() {
     );
     let (ok, out, _) = pttrace(&["decode", "--pt", ptp, "--image", exep, "--format", "jsonl"]);
     assert!(ok);
+    let (ok, out2, _) = pttrace(&[
+        "decode",
+        "--pt",
+        ptp,
+        "--image",
+        exep,
+        "--format",
+        "jsonl",
+        "--threads",
+        "2",
+    ]);
+    assert!(ok);
+    assert_eq!(out2, out);
     let v: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -187,4 +200,291 @@ fn decode_and_dump_files() {
     let (ok, _, err) = pttrace(&["decode", "--raw-pt", ptp]);
     assert!(!ok);
     assert!(err.contains(ptp) && err.contains("offset"), "{err}");
+}
+
+#[test]
+fn threads_give_identical_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = drpttracer::decode::testgen::LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(50_000, 500, 17);
+    let exe = dir.path().join("loop");
+    std::fs::write(&exe, exe_elf(prog.base, &prog.code)).unwrap();
+    let pt = dir.path().join("loop.pt");
+    std::fs::write(&pt, &trace).unwrap();
+    let run = |threads: &str| {
+        let (ok, out, err) = pttrace(&[
+            "decode",
+            "--pt",
+            pt.to_str().unwrap(),
+            "--image",
+            exe.to_str().unwrap(),
+            "--format",
+            "jsonl",
+            "--threads",
+            threads,
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    let one = run("1");
+    assert!(one.lines().count() > 50_000);
+    assert!(!one.contains("\"gap\""));
+    assert_eq!(run("3"), one);
+}
+
+#[test]
+fn decodes_pttrace_thread_files_with_their_info_file() {
+    use drpttracer::format::ptt::{
+        encode_frame, encode_header, encode_window, FileKind, RecordType, Window,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let base = 0x40_1000u64;
+    let code = [0x90, 0x83, 0xc0, 0x02, 0xff, 0xe0]; // nop; add eax,2; jmp rax
+    let exe = dir.path().join("prog");
+    std::fs::write(&exe, exe_elf(base, &code)).unwrap();
+    let frame = |ty, payload: &[u8]| {
+        let mut buf = vec![0u8; payload.len() + 64];
+        let n = encode_frame(&mut buf, ty, |c| c.bytes(payload)).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    // Info file: Process, Metadata (cpu 6/85/4, no time), Maps, Vdso.
+    let mut info = encode_header(FileKind::ProcessInfo).to_vec();
+    let mut process = vec![0u8; 40];
+    process[0..4].copy_from_slice(&77u32.to_le_bytes());
+    info.extend(frame(RecordType::Process, &process));
+    let md = PtMetadata {
+        cpu_family: 6,
+        cpu_model: 85,
+        cpu_stepping: 4,
+        ..Default::default()
+    };
+    let mut meta = md.to_bytes().to_vec();
+    meta.extend_from_slice(&[0u8; 24]);
+    meta.extend_from_slice(&drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE.to_le_bytes());
+    assert_eq!(meta.len(), 50);
+    info.extend(frame(RecordType::Metadata, &meta));
+    let maps = format!(
+        "00401000-00402000 r-xp 00001000 08:01 1234 {}\n",
+        exe.display()
+    );
+    info.extend(frame(RecordType::Maps, maps.as_bytes()));
+    std::fs::write(dir.path().join("77-00000000000000ab.info"), &info).unwrap();
+    // Thread file: two windows; the second with a corrupt PT byte range.
+    let mut w = PtWriter::new();
+    w.psb_plus(None, None).tip_pge(base).tip_pgd(None);
+    let mut bad = w.buf.clone();
+    bad.truncate(20);
+    bad.extend_from_slice(&[0x02, 0xff, 0x02, 0xff]);
+    let mut thread = encode_header(FileKind::Thread).to_vec();
+    for (k, pt) in [w.buf.clone(), bad].iter().enumerate() {
+        let mut buf = vec![0u8; pt.len() + 256];
+        let flags = if k == 1 {
+            drpttracer::format::ptt::WF_PT_LOST
+        } else {
+            0
+        };
+        let win = Window {
+            index: k as u64,
+            nr: 39,
+            flags,
+            ..Default::default()
+        };
+        let n = encode_window(&mut buf, &win, pt, &[]).unwrap();
+        thread.extend_from_slice(&buf[..n]);
+    }
+    let tf = dir.path().join("77-00000000000000ab-78.ptt");
+    std::fs::write(&tf, &thread).unwrap();
+    let (ok, dump, err) = pttrace(&["dump", "--ptt", tf.to_str().unwrap()]);
+    assert!(!ok, "the corrupt window is an error: {err}");
+    assert_eq!(
+        dump.lines().filter(|l| l.starts_with("# window")).count(),
+        2,
+        "{dump}"
+    );
+    assert!(dump.contains("[error: unknown opcode]"), "{dump}");
+    let (ok, out, err) = pttrace(&[
+        "decode",
+        "--ptt",
+        tf.to_str().unwrap(),
+        "--format",
+        "summary",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "window 0: 3 instructions, 0 gaps", "{out}");
+    assert_eq!(lines[1], "window 1: 0 instructions, 2 gaps", "{out}");
+    assert!(lines[2].contains("PT data lost at capture"), "{out}");
+    let lines: Vec<&str> = lines
+        .into_iter()
+        .filter(|l| !l.contains("lost at capture"))
+        .collect();
+    // The gap's offset is a file offset inside the second window's PT.
+    let second_pt = thread.len() - 4 - 24; // before the CRC: the window's 24 PT bytes
+    let off = lines[2]
+        .split("PT offset 0x")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap();
+    let off = usize::from_str_radix(off, 16).unwrap();
+    assert!(
+        (second_pt..second_pt + 24).contains(&off),
+        "{out} {second_pt:#x}"
+    );
+    assert!(lines[2].contains("window 1, syscall 39"), "{out}");
+}
+
+#[test]
+fn sideband_files_drive_the_image() {
+    use drpttracer::decode::sideband::{encode_mmap2, TEST_SAMPLE_TYPE};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = 0x50_0000u64;
+    let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+    std::fs::write(&a, [0x90u8, 0xff, 0xe0]).unwrap(); // nop; jmp rax
+    std::fs::write(&b, [0x31u8, 0xc0, 0xff, 0xe0]).unwrap(); // xor eax,eax; jmp rax
+                                                             // Two sideband streams: the primary maps A early, the secondary maps B later.
+    let (s1, s2) = (dir.path().join("sb1"), dir.path().join("sb2"));
+    std::fs::write(&s1, encode_mmap2(1, 1, addr, 0x1000, 0, &a, 50)).unwrap();
+    std::fs::write(&s2, encode_mmap2(1, 1, addr, 0x1000, 0, &b, 200)).unwrap();
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None).tip_pge(addr).tip_pgd(None);
+    w.psb_plus(Some(300), None).tip_pge(addr).tip_pgd(None);
+    let pt = dir.path().join("t.pt");
+    std::fs::write(&pt, &w.buf).unwrap();
+    let st = format!("{TEST_SAMPLE_TYPE:#x}");
+    let (ok, out, err) = pttrace(&[
+        "decode",
+        "--pt",
+        pt.to_str().unwrap(),
+        "--sideband",
+        s1.to_str().unwrap(),
+        "--sideband",
+        s2.to_str().unwrap(),
+        "--sample-type",
+        &st,
+        "--time-conv",
+        "0,1,0",
+        "--cpu",
+        "6/85/4",
+    ]);
+    assert!(ok, "{err}");
+    let insns: Vec<&str> = out.lines().filter(|l| l.starts_with("0000")).collect();
+    assert_eq!(insns.len(), 4, "{out}");
+    assert!(
+        insns[0].ends_with("nop") && insns[2].ends_with("xor eax,eax"),
+        "{out}"
+    );
+}
+
+#[test]
+fn raw_pt_finds_kcore_and_kallsyms_beside_kernel_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let kbase = 0xffff_ffff_8100_0000u64;
+    let code = [0x90u8, 0x48, 0x0f, 0x07]; // nop; sysretq
+    std::fs::write(dir.path().join("kcore"), exe_elf(kbase, &code)).unwrap();
+    std::fs::write(
+        dir.path().join("kallsyms"),
+        "ffffffff81000000 T entry_SYSCALL_64\n",
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("kernel.raw")).unwrap();
+    let mut w = PtWriter::new();
+    w.psb_plus(None, None).tip_pge(kbase).tip_pgd(None);
+    let mut pw = pdb::PdbWriter::new(5, 6, &PtMetadata::default());
+    pw.syscall(5, 6, 39, 0, &[], &w.buf);
+    let raw = dir.path().join("kernel.raw/6.raw.pt");
+    std::fs::write(&raw, &pw.buf).unwrap();
+    let (ok, out, err) = pttrace(&["decode", "--raw-pt", raw.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("using kcore") && err.contains("using kallsyms"),
+        "{err}"
+    );
+    let insns: Vec<&str> = out.lines().filter(|l| l.starts_with("ffff")).collect();
+    assert_eq!(
+        insns,
+        [
+            "ffffffff81000000 <entry_SYSCALL_64>  90                              nop",
+            "ffffffff81000001 <entry_SYSCALL_64+0x1>  48 0f 07                        sysretq",
+        ],
+        "{out}"
+    );
+}
+
+#[test]
+fn garbage_inputs_fail_cleanly_never_panic() {
+    use drpttracer::decode::testgen::XorShift;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = XorShift::new(4242);
+    let prog = drpttracer::decode::testgen::LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(3000, 300, 1);
+    let mut pw = pdb::PdbWriter::new(1, 1, &PtMetadata::default());
+    pw.syscall(1, 1, 0, 0, &[1], &trace);
+    let seeds: Vec<Vec<u8>> = vec![
+        trace.clone(),
+        auxtrace::wrap(&trace, 500, 1, 0),
+        pw.buf.clone(),
+    ];
+    let f = dir.path().join("in");
+    for n in 0..60 {
+        let mut data = seeds[n % 3].clone();
+        for _ in 0..1 + rng.below(8) {
+            let at = rng.below(data.len() as u64) as usize;
+            data[at] = rng.next_u64() as u8;
+        }
+        if n % 7 == 0 {
+            data.truncate(rng.below(data.len() as u64) as usize);
+        }
+        std::fs::write(&f, &data).unwrap();
+        let p = f.to_str().unwrap();
+        for args in [
+            vec!["decode", "--pt", p, "--format", "jsonl"],
+            vec!["decode", "--auxtrace", p, "--format", "summary"],
+            vec![
+                "decode",
+                "--raw-pt",
+                p,
+                "--format",
+                "disasm",
+                "--threads",
+                "2",
+            ],
+            vec!["decode", "--ptt", p],
+            vec![
+                "decode",
+                "--pt",
+                p,
+                "--sideband",
+                p,
+                "--sample-type",
+                "0x10086",
+            ],
+            vec![
+                "decode",
+                "--pt",
+                p,
+                "--image",
+                p,
+                "--kcore",
+                p,
+                "--kallsyms",
+                p,
+            ],
+            vec!["dump", p],
+            vec!["dump", "--raw-pt", p],
+            vec!["dump", "--auxtrace", p],
+        ] {
+            let out = Command::new(env!("CARGO_BIN_EXE_pttrace"))
+                .args(&args)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+            assert_ne!(out.status.code(), Some(101), "{args:?}: {err}");
+            if !out.status.success() {
+                // Failures say which file (and usually where) went wrong.
+                assert!(err.contains(p) || err.contains("offset"), "{args:?}: {err}");
+            }
+        }
+    }
 }

@@ -117,6 +117,16 @@ fn slices_and_iterator_agree() {
         slices += 1;
     }
     assert_eq!(by_slice, by_iter);
+    // Mixing: a few records through the iterator, then slices.
+    let mut dec = mk();
+    let mut mixed: Vec<Record> = dec.by_ref().take(7).collect();
+    while let Some(s) = dec.next_slice() {
+        mixed.extend_from_slice(s);
+        if let Some(r) = dec.next() {
+            mixed.push(r);
+        }
+    }
+    assert_eq!(mixed, by_iter);
     assert_eq!(by_iter[0], Record::WindowId(4));
     assert!(slices > 100 && slices < by_iter.len());
 }

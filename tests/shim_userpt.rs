@@ -1,10 +1,10 @@
 //! User-mode PT of thread windows under the shim (emulated backend: single-stepping),
-//! decoded with the library's `ptt_input` reader: exact loop counts between two syscalls,
+//! decoded with the library's `ptt_dir` reader: exact loop counts between two syscalls,
 //! every thread of a multi-threaded program, and `/bin/ls` without gaps.
 
 mod shim_util;
 
-use drpttracer::decode::ptt_input::{self, PttTrace, PttWindowInfo};
+use drpttracer::decode::ptt_dir::{self as ptt_input, PttTrace, PttWindowInfo};
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::{WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST};
 use object::{Object, ObjectSymbol};

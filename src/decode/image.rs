@@ -307,7 +307,7 @@ impl Symbols {
         self.syms.dedup_by(|a, b| a.0 == b.0);
     }
 
-    /// Parses `/proc/kallsyms` text ("ADDR TYPE NAME [module]"); text symbols only.
+    /// Parses `/proc/kallsyms` text (`ADDR TYPE NAME [module]`); text symbols only.
     pub fn add_kallsyms(&mut self, path: &Path, text: &str) -> Result<usize, DecodeError> {
         let mut n = 0;
         for (lineno, line) in text.lines().enumerate() {
@@ -429,5 +429,60 @@ mod tests {
         assert_eq!(s.lookup(0xffffffff81000000), Some(("_stext", 0)));
         assert_eq!(s.lookup(0xffffffff80000000), None);
         assert!(s.add_kallsyms(Path::new("k"), "zz T x\n").is_err());
+    }
+
+    /// ELF64 with two PT_LOADs: R at vaddr 0 (file 0..0x1000) and R+X at vaddr 0x1000
+    /// (file 0x1000.., `code`).
+    fn pie(code: &[u8]) -> Vec<u8> {
+        let mut e = vec![0u8; 0x1000];
+        e[..4].copy_from_slice(b"\x7fELF");
+        e[4] = 2;
+        e[5] = 1;
+        e[6] = 1;
+        e[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        e[18..20].copy_from_slice(&62u16.to_le_bytes());
+        e[32..40].copy_from_slice(&64u64.to_le_bytes());
+        e[52..54].copy_from_slice(&64u16.to_le_bytes());
+        e[54..56].copy_from_slice(&56u16.to_le_bytes());
+        e[56..58].copy_from_slice(&2u16.to_le_bytes());
+        for (k, (flags, off, len)) in [(4u32, 0u64, 0x1000u64), (5, 0x1000, code.len() as u64)]
+            .into_iter()
+            .enumerate()
+        {
+            let ph = 64 + 56 * k;
+            e[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
+            e[ph + 4..ph + 8].copy_from_slice(&flags.to_le_bytes());
+            e[ph + 8..ph + 16].copy_from_slice(&off.to_le_bytes());
+            e[ph + 16..ph + 24].copy_from_slice(&off.to_le_bytes());
+            e[ph + 32..ph + 40].copy_from_slice(&len.to_le_bytes());
+            e[ph + 40..ph + 48].copy_from_slice(&len.to_le_bytes());
+        }
+        e.extend_from_slice(code);
+        e
+    }
+
+    #[test]
+    fn elf_exec_segments_at_a_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("lib.so");
+        std::fs::write(&f, pie(&[0x90, 0xc3])).unwrap();
+        let mut a = AddressSpace::new();
+        let bias = a.add_elf(&f, Some(0x7f00_0000_0000)).unwrap();
+        assert_eq!(bias, 0x7f00_0000_0000);
+        // Only the executable segment is loaded, at base + its vaddr.
+        let layout: Vec<(u64, u64)> = a.segments().iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(layout, vec![(0x7f00_0000_1000, 2)]);
+        let mut b = [0u8; 2];
+        assert_eq!(a.read(0x7f00_0000_1000, &mut b), 2);
+        assert_eq!(b, [0x90, 0xc3]);
+        assert_eq!(a.segments()[0].backing.path(), Some(f.as_path()));
+        // Without a base: the link address.
+        let mut a = AddressSpace::new();
+        assert_eq!(a.add_elf(&f, None).unwrap(), 0);
+        assert_eq!(a.segments()[0].start, 0x1000);
+        // Not an ELF: an error naming the file.
+        std::fs::write(&f, b"junk").unwrap();
+        let e = AddressSpace::new().add_elf(&f, None).unwrap_err();
+        assert!(e.to_string().contains("lib.so"), "{e}");
     }
 }

@@ -9,7 +9,29 @@
 //! - [`parallel`]: decoding by PSB segments on several threads;
 //! - [`testgen`]: synthetic code + trace builder for tests and benchmarks.
 //!
-//! The one-call entry point other modules use is [`decode_window`].
+//! - [`packets`]: ptdump-style packet listing;
+//! - [`ptt_input`]: the shim's `.info` / `.ptt` files as decoder input.
+//!
+//! # Using it from other modules
+//!
+//! One window, everything in memory (the shim / `pttrace report` path):
+//!
+//! ```no_run
+//! use drpttracer::decode::{decode_window, ImageSpec, TraceParams, WindowOptions};
+//! # fn f(pt: &[u8], sideband: &[u8], md: &drpttracer::ExtMetadata) -> Result<(), Box<dyn std::error::Error>> {
+//! let params = TraceParams::from_ext_metadata(md); // or ::from_pt_metadata
+//! let spec = ImageSpec { vdso: None, sysroot: None, ..Default::default() };
+//! let image = spec.load()?; // static images (ELF files, raw bytes, kcore)
+//! let opts = WindowOptions { source: "1234.ptt window 3".into(), window_id: Some(3), ..Default::default() };
+//! let records = decode_window(pt, Some((sideband, md.sideband_sample_type)), &params, &image, &spec, &opts)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Streaming: [`PtDecoder::new`] is an `Iterator<Item = Record>`; `next_slice()` hands out
+//! records without copying; `collect_compact()` keeps a whole window cheaply. Large traces:
+//! [`parallel::decode_parallel`] / [`parallel::decode_parallel_compact`] give exactly the
+//! sequential result. Input containers: [`crate::format::auxtrace`] (perf AUXTRACE) and
+//! [`crate::format::pdb`] (DynamoRIO `.raw.pt`).
 
 pub mod config;
 pub mod image;
@@ -19,6 +41,7 @@ pub use ipt::PsbInfo;
 pub mod packets;
 pub mod parallel;
 pub mod pipeline;
+pub mod ptt_dir;
 pub mod ptt_input;
 pub mod records;
 pub mod sideband;

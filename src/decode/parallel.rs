@@ -113,7 +113,17 @@ pub fn decode_parallel_compact(
     threads: usize,
 ) -> Result<Vec<CompactRecords>, DecodeError> {
     let threads = threads.max(1);
-    let segs = split_at_psbs(trace, threads * 4);
+    // Loss records are reported once, where the trace's time passes them; a chunk cannot
+    // know which of them earlier chunks already reported, so such windows decode in one
+    // pass (same result, no speed-up).
+    let has_losses = events
+        .iter()
+        .any(|e| matches!(e.change, super::sideband::ImageChange::Lost { .. }));
+    let segs = if has_losses {
+        Vec::new()
+    } else {
+        split_at_psbs(trace, threads * 4)
+    };
     if segs.len() <= 1 {
         let dec = PtDecoder::new(
             trace,

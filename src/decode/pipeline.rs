@@ -18,9 +18,16 @@ use super::DecodeError;
 
 /// A queued output unit: one record, or a (shared, cached) block's records.
 enum Item {
-    Rec(Record),
+    /// A marker (boxed: markers are rare, and this keeps queue entries small).
+    Rec(Box<Record>),
     /// `len` records at `start` in the block cache's arena.
     Block(u32, u32),
+}
+
+impl Item {
+    fn rec(r: Record) -> Item {
+        Item::Rec(Box::new(r))
+    }
 }
 
 /// One entry of [`CompactRecords`].
@@ -168,8 +175,9 @@ pub struct PtDecoder<'a> {
     cache: InsnCache,
     blocks: BlockCache,
     queue: VecDeque<Item>,
-    /// Position in the block at the front of `queue` (record iteration).
-    block_pos: usize,
+    /// Arena range of the block being handed out record by record (`Iterator::next`).
+    cur: usize,
+    cur_end: usize,
     /// Records handed out by `next_slice` (markers batch / current block).
     batch: Vec<Record>,
 
@@ -195,6 +203,11 @@ pub struct PtDecoder<'a> {
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
+/// Items `fill` queues in one go when it may batch.
+const BATCH: usize = 64;
+/// Batching stops while the block arena is near its reset limit.
+const BATCH_ARENA_MAX: usize = 1 << 21;
+
 /// How often (in instructions) the trace position is checked for progress.
 const PROGRESS_CHECK: u64 = 1 << 16;
 
@@ -236,10 +249,10 @@ impl<'a> PtDecoder<'a> {
         };
         let mut queue = VecDeque::with_capacity(1024);
         if let Some(w) = opts.window_id {
-            queue.push_back(Item::Rec(Record::WindowId(w)));
+            queue.push_back(Item::rec(Record::WindowId(w)));
         }
         if let Some(c) = opts.cpu {
-            queue.push_back(Item::Rec(Record::Cpu(c)));
+            queue.push_back(Item::rec(Record::Cpu(c)));
         }
         Ok(PtDecoder {
             dec,
@@ -250,7 +263,8 @@ impl<'a> PtDecoder<'a> {
             cache: InsnCache::default(),
             blocks: BlockCache::default(),
             queue,
-            block_pos: 0,
+            cur: 0,
+            cur_end: 0,
             batch: Vec::new(),
             state,
             opts,
@@ -293,7 +307,7 @@ impl<'a> PtDecoder<'a> {
     }
 
     fn push_gap_text(&mut self, error: String, ip: Option<u64>) {
-        self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
+        self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
             kind: GapKind::DecodeError,
             ip,
             pt_offset: self.offset(),
@@ -311,7 +325,7 @@ impl<'a> PtDecoder<'a> {
         self.last_timestamp = Some(tsc);
         let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
         self.queue
-            .push_back(Item::Rec(Record::Timestamp { tsc, perf_time }));
+            .push_back(Item::rec(Record::Timestamp { tsc, perf_time }));
     }
 
     /// The sync point's timestamp, once the trace's time is known.
@@ -347,7 +361,7 @@ impl<'a> PtDecoder<'a> {
         drop(space);
         for what in losses {
             let pt_offset = self.offset();
-            self.queue.push_back(Item::Rec(Record::Gap(Box::new(Gap {
+            self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
                 kind: GapKind::LostData,
                 ip: None,
                 pt_offset,
@@ -419,22 +433,22 @@ impl<'a> PtDecoder<'a> {
         }
         match kind {
             Ev::Enabled { ip, .. } => {
-                self.queue.push_back(Item::Rec(Record::TraceEnabled { ip }));
+                self.queue.push_back(Item::rec(Record::TraceEnabled { ip }));
             }
             Ev::Disabled { ip } => {
                 self.queue
-                    .push_back(Item::Rec(Record::TraceDisabled { ip }));
+                    .push_back(Item::rec(Record::TraceDisabled { ip }));
             }
             Ev::AsyncDisabled { at, .. } => {
                 self.queue
-                    .push_back(Item::Rec(Record::TraceDisabled { ip: Some(at) }));
+                    .push_back(Item::rec(Record::TraceDisabled { ip: Some(at) }));
             }
             Ev::AsyncBranch { from, to } => {
                 self.queue
-                    .push_back(Item::Rec(Record::KernelXfer { from, to }));
+                    .push_back(Item::rec(Record::KernelXfer { from, to }));
             }
             Ev::Overflow { ip } => {
-                self.queue.push_back(Item::Rec(Record::Overflow { ip }));
+                self.queue.push_back(Item::rec(Record::Overflow { ip }));
             }
             Ev::Other => {}
         }
@@ -607,9 +621,11 @@ impl<'a> PtDecoder<'a> {
         }
     }
 
-    /// Runs the decoder until at least one record is queued or the trace ends.
+    /// Runs the decoder until at least one record is queued or the trace ends. While the
+    /// image cannot change (no sideband pending, block arena far from its limit) it keeps
+    /// going for up to `BATCH` items, which keeps the hot loop tight.
     fn fill(&mut self) {
-        while self.queue.is_empty() {
+        loop {
             match self.state {
                 State::Done => return,
                 State::Start | State::NeedSync => {
@@ -621,6 +637,15 @@ impl<'a> PtDecoder<'a> {
                     self.sync()
                 }
                 State::Running(status) => self.run_once(status),
+            }
+            if !self.queue.is_empty() {
+                // Queued blocks refer to the arena by index: only batch when nothing can
+                // reset it (an image change or the arena limit).
+                let can_batch =
+                    self.timeline.is_done() && self.blocks.arena.len() < BATCH_ARENA_MAX;
+                if !can_batch || self.queue.len() >= BATCH {
+                    return;
+                }
             }
         }
     }
@@ -634,8 +659,15 @@ impl PtDecoder<'_> {
         self.blocks.retire = true;
         let mut items = Vec::new();
         let mut markers = Vec::new();
-        // A block partly consumed through `Iterator::next` continues at `block_pos`.
-        let mut skip = std::mem::take(&mut self.block_pos) as u32;
+        // The rest of a block partly consumed through `Iterator::next`.
+        if self.cur < self.cur_end {
+            items.push(CItem::Block {
+                arena: self.blocks.retired.len() as u32,
+                start: self.cur as u32,
+                len: (self.cur_end - self.cur) as u32,
+            });
+            self.cur = self.cur_end;
+        }
         loop {
             if self.queue.is_empty() {
                 self.fill();
@@ -648,16 +680,10 @@ impl PtDecoder<'_> {
                 match item {
                     Item::Rec(r) => {
                         items.push(CItem::Rec(markers.len() as u32));
-                        markers.push(r);
+                        markers.push(*r);
                     }
-                    Item::Block(start, len) if len > skip => items.push(CItem::Block {
-                        arena,
-                        start: start + skip,
-                        len: len - skip,
-                    }),
-                    Item::Block(..) => {}
+                    Item::Block(start, len) => items.push(CItem::Block { arena, start, len }),
                 }
-                skip = 0;
             }
         }
         let mut arenas = std::mem::take(&mut self.blocks.retired);
@@ -670,24 +696,28 @@ impl PtDecoder<'_> {
     }
 
     /// The next records as a slice (a run of markers, or one block's instructions),
-    /// without copying instruction records: the fast way to consume a decoder. Do not mix
-    /// with [`Iterator::next`] in the middle of a block.
+    /// without copying instruction records: the fast way to consume a decoder. May be
+    /// mixed with [`Iterator::next`].
     pub fn next_slice(&mut self) -> Option<&[Record]> {
+        if self.cur < self.cur_end {
+            let r = self.cur..self.cur_end;
+            self.cur = self.cur_end;
+            return self.blocks.arena.get(r);
+        }
         if self.queue.is_empty() {
             self.fill();
         }
         match self.queue.pop_front()? {
             Item::Block(start, len) => {
                 let (start, len) = (start as usize, len as usize);
-                self.block_pos = 0;
                 self.blocks.arena.get(start..start + len)
             }
             Item::Rec(r) => {
                 self.batch.clear();
-                self.batch.push(r);
+                self.batch.push(*r);
                 while let Some(Item::Rec(_)) = self.queue.front() {
                     if let Some(Item::Rec(r)) = self.queue.pop_front() {
-                        self.batch.push(r);
+                        self.batch.push(*r);
                     }
                 }
                 Some(&self.batch)
@@ -700,26 +730,21 @@ impl Iterator for PtDecoder<'_> {
     type Item = Record;
 
     fn next(&mut self) -> Option<Record> {
-        if self.queue.is_empty() {
-            self.fill();
-        }
-        match self.queue.front()? {
-            Item::Rec(_) => match self.queue.pop_front() {
-                Some(Item::Rec(r)) => Some(r),
-                _ => None,
-            },
-            &Item::Block(start, len) => {
-                let r = self
-                    .blocks
-                    .arena
-                    .get(start as usize + self.block_pos)
-                    .cloned();
-                self.block_pos += 1;
-                if self.block_pos >= len as usize {
-                    self.block_pos = 0;
-                    self.queue.pop_front();
+        loop {
+            if self.cur < self.cur_end {
+                let r = self.blocks.arena.get(self.cur).cloned();
+                self.cur += 1;
+                return r;
+            }
+            if self.queue.is_empty() {
+                self.fill();
+            }
+            match self.queue.pop_front()? {
+                Item::Rec(r) => return Some(*r),
+                Item::Block(start, len) => {
+                    self.cur = start as usize;
+                    self.cur_end = start as usize + len as usize;
                 }
-                r
             }
         }
     }

@@ -1,411 +1,166 @@
-//! Decoding the LD_PRELOAD shim's output (`pttrace run --out DIR`): process info files and
-//! per-thread `.ptt` files (format in [`crate::format::ptt`]).
-//!
-//! For each thread file the image is assembled from its process image's info file: the
-//! executable mappings of `/proc/self/maps` when tracing began (files read from this
-//! machine's file system, or under a sysroot), the saved vDSO bytes at their address, and
-//! the CPU from the metadata record. Windows are decoded in order; a window's sideband
-//! (MMAP2 records of the mappings that existed when it was written, see
-//! [`crate::shim::userpt`]) is applied to the image before that window and stays for the
-//! following ones. Windows without PT are reported with their flags, not decoded.
+//! Decoding the shim's own files (`<base>.info` + `<base>-<tid>.ptt`, see
+//! [`crate::format::ptt`]): CPU/time parameters from the `Metadata` record, the initial
+//! image from the `Maps` text (as MMAP2 events before the trace) and the saved vDSO.
 
 use std::path::{Path, PathBuf};
 
-use super::sideband::{parse_records, ImageChange, ImageResolver};
-use super::{AddressSpace, DecodeError, PtDecoder, TraceParams, WindowOptions};
-use crate::format::ptt::{self, FileKind, RecordType, Tail, ThreadHeader};
-use crate::metadata::PtMetadata;
+use super::config::{CpuParams, TraceParams};
+use super::sideband::{parse_records, ImageEvent};
+use super::DecodeError;
+use crate::format::ptt::{self, FileKind, RecordType};
+use crate::metadata::{PtMetadata, TimeConv};
 use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
-use crate::sideband::synth::MapsEntry;
+use crate::sideband::synth::{encode_exec_mappings, MapsEntry};
 
-/// One process image's info file.
-#[derive(Debug, Clone)]
-pub struct PttProcess {
-    pub path: PathBuf,
-    pub pid: i32,
-    pub nonce: u64,
-    /// Mappings (`/proc/self/maps`) when tracing began.
-    pub maps: Vec<MapsEntry>,
-    pub vdso: Option<(u64, Vec<u8>)>,
-    pub metadata: Option<PtMetadata>,
-    /// Command line, arguments separated by spaces.
-    pub cmdline: String,
-}
-
-/// One per-thread file.
-#[derive(Debug, Clone)]
-pub struct PttThread {
-    pub path: PathBuf,
-    pub header: ThreadHeader,
-}
-
-/// A shim output: its process images and thread files.
+/// What the process info file tells the decoder.
 #[derive(Debug, Clone, Default)]
-pub struct PttTrace {
-    pub processes: Vec<PttProcess>,
-    pub threads: Vec<PttThread>,
-    /// Prefix for mapped file paths (default: this machine's root).
-    pub sysroot: Option<PathBuf>,
+pub struct PttProcess {
+    pub params: TraceParams,
+    /// `sample_type` of the windows' sideband records.
+    pub sideband_sample_type: u64,
+    /// The mappings when tracing began, as image events at time 0.
+    pub initial_events: Vec<ImageEvent>,
+    /// (load address, bytes) of the vDSO.
+    pub vdso: Option<(u64, Vec<u8>)>,
 }
 
-/// What a decoded window was.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PttWindowInfo {
-    pub pid: i32,
-    pub tid: i32,
-    pub index: u64,
-    /// Syscall that ended the window (thread windows) or the window's syscall.
-    pub nr: u64,
-    pub ret: i64,
-    pub flags: u32,
-    pub pt_len: usize,
-    pub sideband_len: usize,
+/// One window of a thread file: its PT and sideband, and where the PT starts in the file.
+#[derive(Debug, Clone)]
+pub struct PttWindow<'a> {
+    pub window: ptt::Window,
+    pub pt: &'a [u8],
+    pub sideband: &'a [u8],
+    /// File offset of the first PT byte (gap offsets become file offsets).
+    pub pt_file_offset: u64,
 }
 
-impl PttWindowInfo {
-    /// The syscall's name, or its number.
-    pub fn syscall_name(&self) -> String {
-        crate::shim::sysnames::name(self.nr)
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("syscall {}", self.nr))
-    }
-
-    /// Names of the set window flags.
-    pub fn flag_names(&self) -> Vec<&'static str> {
-        let names = [
-            (ptt::WF_NO_RETURN, "no-return"),
-            (ptt::WF_PT_LOST, "pt-lost"),
-            (ptt::WF_SIDEBAND_LOST, "sideband-lost"),
-            (ptt::WF_PT_ABSENT, "pt-absent"),
-            (ptt::WF_NESTED, "nested"),
-            (ptt::WF_CAPTURE_ERROR, "capture-error"),
-            (ptt::WF_PT_DROPPED, "pt-dropped"),
-            (ptt::WF_VFORK_CHILD, "vfork-child"),
-            (ptt::WF_FORK_CHILD, "fork-child"),
-        ];
-        names
-            .iter()
-            .filter(|(f, _)| self.flags & f != 0)
-            .map(|(_, n)| *n)
-            .collect()
-    }
+/// The info file that belongs to thread file `<base>-<tid>.ptt`: `<base>.info`.
+pub fn info_path_for(thread_file: &Path) -> Option<PathBuf> {
+    let name = thread_file.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".ptt")?;
+    let (base, tid) = stem.rsplit_once('-')?;
+    tid.parse::<u64>().ok()?;
+    Some(thread_file.with_file_name(format!("{base}.info")))
 }
 
-/// How a thread file ended and what was skipped.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ThreadStats {
-    pub windows: u64,
-    pub windows_with_pt: u64,
-    /// Windows dropped by the shim (`Dropped` records).
-    pub dropped: u64,
-    /// The file's tail was truncated or corrupt (description).
-    pub bad_tail: Option<String>,
-    /// Image problems (files that could not be opened...).
-    pub warnings: Vec<String>,
-}
-
-fn err(path: &Path, offset: u64, msg: impl Into<String>) -> DecodeError {
-    DecodeError::new(path.display(), offset, msg)
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, DecodeError> {
-    std::fs::read(path).map_err(|e| err(path, 0, format!("cannot read: {e}")))
-}
-
-fn parse_process(path: &Path) -> Result<PttProcess, DecodeError> {
-    let data = read(path)?;
-    let name = path.display().to_string();
-    let f = ptt::parse(&name, &data).map_err(|e| err(path, 0, e.to_string()))?;
+/// Reads a process info file.
+pub fn read_process(name: &str, data: &[u8]) -> Result<PttProcess, DecodeError> {
+    let f = ptt::parse(name, data).map_err(|e| DecodeError::new(name, 0, e.to_string()))?;
     if f.kind != FileKind::ProcessInfo {
-        return Err(err(path, 12, "not a process info file"));
+        return Err(DecodeError::new(
+            name,
+            12,
+            "not a process info (.info) file",
+        ));
     }
-    let mut p = PttProcess {
-        path: path.to_path_buf(),
-        pid: 0,
-        nonce: 0,
-        maps: Vec::new(),
-        vdso: None,
-        metadata: None,
-        cmdline: String::new(),
-    };
+    let mut out = PttProcess::default();
+    let mut pid = 0u32;
     for fr in &f.frames {
+        let bad = |what: &str| {
+            DecodeError::new(name, fr.offset as u64, format!("malformed {what} record"))
+        };
         match RecordType::from_raw(fr.ty) {
             Some(RecordType::Process) => {
-                let r = ptt::decode_process(fr.payload)
-                    .ok_or_else(|| err(path, fr.offset as u64, "malformed Process record"))?;
-                p.pid = r.pid;
-                p.nonce = r.nonce;
+                pid = ptt::decode_process(fr.payload)
+                    .ok_or_else(|| bad("Process"))?
+                    .pid as u32;
+            }
+            Some(RecordType::Metadata) => {
+                let p = fr.payload;
+                let md = PtMetadata::from_bytes(p).ok_or_else(|| bad("Metadata"))?;
+                let u32_at = |o: usize| {
+                    p.get(o..o + 4)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u32::from_le_bytes)
+                };
+                let u64_at = |o: usize| {
+                    p.get(o..o + 8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_le_bytes)
+                };
+                let (eax, ebx) = (
+                    u32_at(18).ok_or_else(|| bad("Metadata"))?,
+                    u32_at(22).ok_or_else(|| bad("Metadata"))?,
+                );
+                let (nom, mtc, tz_valid) = (
+                    *p.get(26).ok_or_else(|| bad("Metadata"))?,
+                    *p.get(27).ok_or_else(|| bad("Metadata"))?,
+                    *p.get(28).ok_or_else(|| bad("Metadata"))? != 0,
+                );
+                out.sideband_sample_type = u64_at(42).ok_or_else(|| bad("Metadata"))?;
+                let mut params = TraceParams::from_pt_metadata(&md);
+                params.cpu = CpuParams {
+                    mtc_freq: mtc,
+                    nom_freq: nom,
+                    cpuid_0x15_eax: eax,
+                    cpuid_0x15_ebx: ebx,
+                    ..params.cpu
+                };
+                let (shift, mult, zero) = (md.time_shift, md.time_mult, md.time_zero);
+                params.time = (tz_valid && mult != 0).then_some(TimeConv {
+                    time_shift: shift,
+                    time_mult: mult,
+                    time_zero: zero,
+                });
+                out.params = params;
             }
             Some(RecordType::Maps) => {
                 let text = String::from_utf8_lossy(fr.payload);
-                p.maps = text.lines().filter_map(MapsEntry::parse).collect();
+                let maps: Vec<MapsEntry> = text.lines().filter_map(MapsEntry::parse).collect();
+                let sb = encode_exec_mappings(&maps, pid, pid, SIDEBAND_SAMPLE_TYPE, 0);
+                out.initial_events = parse_records(name, &sb, SIDEBAND_SAMPLE_TYPE)?;
             }
             Some(RecordType::Vdso) => {
-                if let Some((addr, bytes)) = ptt::decode_vdso(fr.payload) {
-                    if !bytes.is_empty() {
-                        p.vdso = Some((addr, bytes.to_vec()));
-                    }
-                }
-            }
-            Some(RecordType::Metadata) => {
-                p.metadata = PtMetadata::from_bytes(fr.payload.get(..18).unwrap_or(&[]))
-            }
-            Some(RecordType::Cmdline) => {
-                p.cmdline = fr
-                    .payload
-                    .split(|b| *b == 0)
-                    .filter(|a| !a.is_empty())
-                    .map(|a| String::from_utf8_lossy(a).into_owned())
-                    .collect::<Vec<_>>()
-                    .join(" ");
+                let (addr, bytes) = ptt::decode_vdso(fr.payload).ok_or_else(|| bad("Vdso"))?;
+                out.vdso = Some((addr, bytes.to_vec()));
             }
             _ => {}
         }
     }
-    Ok(p)
+    Ok(out)
 }
 
-fn thread_header(path: &Path) -> Result<ThreadHeader, DecodeError> {
-    let data = read(path)?;
-    let f =
-        ptt::parse(&path.display().to_string(), &data).map_err(|e| err(path, 0, e.to_string()))?;
+/// The windows of a thread file (frames that do not parse are skipped; a damaged tail is
+/// reported by [`ptt::parse`]'s `tail`, which the caller may show).
+pub fn read_windows<'a>(name: &str, data: &'a [u8]) -> Result<Vec<PttWindow<'a>>, DecodeError> {
+    let f = ptt::parse(name, data).map_err(|e| DecodeError::new(name, 0, e.to_string()))?;
     if f.kind != FileKind::Thread {
-        return Err(err(path, 12, "not a thread file"));
+        return Err(DecodeError::new(name, 12, "not a thread (.ptt) file"));
     }
-    let fr = f
-        .frames
-        .first()
-        .filter(|fr| fr.ty == RecordType::ThreadHeader as u16)
-        .ok_or_else(|| err(path, 16, "no ThreadHeader record at the start"))?;
-    ptt::decode_thread_header(fr.payload)
-        .ok_or_else(|| err(path, fr.offset as u64, "malformed ThreadHeader record"))
-}
-
-/// Whether `path` looks like a shim output (a directory with `.info` files or a `.ptt`).
-pub fn is_ptt_input(path: &Path) -> bool {
-    if path.is_dir() {
-        return std::fs::read_dir(path).is_ok_and(|rd| {
-            rd.flatten()
-                .any(|e| e.path().extension().is_some_and(|x| x == "info"))
+    let mut out = Vec::new();
+    for fr in &f.frames {
+        if RecordType::from_raw(fr.ty) != Some(RecordType::Window) {
+            continue;
+        }
+        let Some(w) = ptt::decode_window(fr.payload) else {
+            return Err(DecodeError::new(
+                name,
+                fr.offset as u64,
+                "malformed Window record",
+            ));
+        };
+        // Frame header is 8 bytes, then the fixed window fields.
+        let pt_file_offset = (fr.offset + 8 + ptt::WINDOW_FIXED_SIZE) as u64;
+        out.push(PttWindow {
+            window: w.window,
+            pt: w.pt,
+            sideband: w.sideband,
+            pt_file_offset,
         });
     }
-    path.extension().is_some_and(|x| x == "ptt")
+    Ok(out)
 }
 
-/// Opens a shim output directory, or one `.ptt` thread file (its info file is looked up
-/// beside it).
-pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
-    let (dir, only) = if path.is_dir() {
-        (path.to_path_buf(), None)
-    } else {
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
-        (dir, Some(path.to_path_buf()))
-    };
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| err(&dir, 0, format!("cannot list the directory: {e}")))?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    let mut t = PttTrace::default();
-    for e in &entries {
-        match e.extension().and_then(|x| x.to_str()) {
-            Some("info") => t.processes.push(parse_process(e)?),
-            Some("ptt") if only.as_ref().is_none_or(|o| o == e) => t.threads.push(PttThread {
-                path: e.clone(),
-                header: thread_header(e)?,
-            }),
-            _ => {}
-        }
-    }
-    if t.threads.is_empty() {
-        return Err(err(
-            path,
-            0,
-            "no per-thread .ptt files (is this a `pttrace run --out` directory?)",
-        ));
-    }
-    t.threads
-        .sort_by_key(|th| (th.header.pid, th.header.nonce, th.header.tid));
-    Ok(t)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Receives each window of a thread and, when it has PT, its decoder.
-pub type WindowSink<'f> =
-    dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError> + 'f;
-
-impl PttProcess {
-    /// Symbols of the ELF files mapped when tracing began (each at its load bias: the
-    /// address of its offset-0 mapping minus its lowest PT_LOAD address), plus the vDSO's.
-    pub fn symbols(&self, sysroot: Option<&Path>) -> super::Symbols {
-        use object::{Object, ObjectSegment};
-        let mut syms = super::Symbols::new();
-        let mut done: Vec<&str> = Vec::new();
-        for m in &self.maps {
-            if m.offset != 0 || !m.path.starts_with('/') || done.contains(&m.path.as_str()) {
-                continue;
-            }
-            done.push(&m.path);
-            let file = match sysroot {
-                Some(r) => r.join(m.path.trim_start_matches('/')),
-                None => PathBuf::from(&m.path),
-            };
-            let Ok(data) = std::fs::read(&file) else {
-                continue;
-            };
-            let Ok(obj) = object::File::parse(&*data) else {
-                continue;
-            };
-            let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-            let _ = syms.add_elf(&file, &data, m.start.wrapping_sub(low));
-        }
-        if let Some((addr, bytes)) = &self.vdso {
-            let _ = syms.add_elf(Path::new("[vdso]"), bytes, *addr);
-        }
-        syms.finish();
-        syms
-    }
-}
-
-impl PttTrace {
-    /// The info file of `th`'s process image.
-    pub fn process_of(&self, th: &PttThread) -> Option<&PttProcess> {
-        self.processes
-            .iter()
-            .find(|p| p.pid == th.header.pid && p.nonce == th.header.nonce)
-    }
-
-    /// Decodes every window of `th` in order. `f` gets each window and, when it has PT, a
-    /// decoder (an iterator over its records) to consume.
-    pub fn decode_thread(
-        &self,
-        th: &PttThread,
-        f: &mut WindowSink<'_>,
-    ) -> Result<ThreadStats, DecodeError> {
-        let path = &th.path;
-        let data = read(path)?;
-        let pf = ptt::parse(&path.display().to_string(), &data)
-            .map_err(|e| err(path, 0, e.to_string()))?;
-        let proc_ = self.process_of(th);
-        let params = proc_
-            .and_then(|p| p.metadata.as_ref())
-            .map(TraceParams::from_pt_metadata)
-            .unwrap_or_default();
-        // No time conversion: window sideband is applied per window, not by time.
-        let params = TraceParams {
-            time: None,
-            ..params
-        };
-        let vdso = proc_.and_then(|p| p.vdso.clone());
-        let mut resolver =
-            ImageResolver::new(self.sysroot.clone(), vdso.as_ref().map(|v| v.1.clone()));
-        let mut space = AddressSpace::new();
-        let mut warnings = Vec::new();
-        if let Some(p) = proc_ {
-            for m in p.maps.iter().filter(|m| m.exec) {
-                let change = ImageChange::Map {
-                    addr: m.start,
-                    len: m.end - m.start,
-                    pgoff: m.offset,
-                    filename: m.path.clone(),
-                };
-                if let Some(w) = resolver.apply(&mut space, &change) {
-                    warnings.push(w);
-                }
-            }
-        }
-        if let Some((addr, bytes)) = &vdso {
-            space.add_bytes("[vdso]", bytes.clone(), *addr);
-        }
-        let mut stats = ThreadStats::default();
-        for fr in &pf.frames {
-            match RecordType::from_raw(fr.ty) {
-                Some(RecordType::Window) => {}
-                Some(RecordType::Dropped) => {
-                    if let Some((n, _)) = ptt::decode_dropped(fr.payload) {
-                        stats.dropped += n;
-                    }
-                    continue;
-                }
-                _ => continue,
-            }
-            let wr = ptt::decode_window(fr.payload)
-                .ok_or_else(|| err(path, fr.offset as u64, "malformed Window record"))?;
-            stats.windows += 1;
-            let info = PttWindowInfo {
-                pid: th.header.pid,
-                tid: th.header.tid,
-                index: wr.window.index,
-                nr: wr.window.nr,
-                ret: wr.window.ret,
-                flags: wr.window.flags,
-                pt_len: wr.pt.len(),
-                sideband_len: wr.sideband.len(),
-            };
-            if !wr.sideband.is_empty() {
-                let src = format!("{} window {} (sideband)", path.display(), info.index);
-                for ev in parse_records(&src, wr.sideband, SIDEBAND_SAMPLE_TYPE)? {
-                    if let Some(w) = resolver.apply(&mut space, &ev.change) {
-                        if !warnings.contains(&w) {
-                            warnings.push(w);
-                        }
-                    }
-                }
-            }
-            if wr.pt.is_empty() {
-                f(&info, None)?;
-                continue;
-            }
-            stats.windows_with_pt += 1;
-            // Payload offset of the PT bytes in the file: frame header (8) + fixed part.
-            let base = (fr.offset + 8 + ptt::WINDOW_FIXED_SIZE) as u64;
-            let opts = WindowOptions {
-                source: format!("{} window {}", path.display(), info.index),
-                window_id: Some(info.index),
-                cpu: None,
-                base_offset: base,
-            };
-            let mut dec = PtDecoder::new(
-                wr.pt,
-                params,
-                space.clone(),
-                Vec::new(),
-                resolver.clone(),
-                opts,
-            )?;
-            f(&info, Some(&mut dec))?;
-        }
-        stats.bad_tail = match pf.tail {
-            Tail::Clean => None,
-            Tail::Truncated { offset, bytes } => Some(format!(
-                "truncated tail: {bytes} bytes at offset {offset} ignored (writer killed?)"
-            )),
-            Tail::Corrupt { offset, bytes } => Some(format!(
-                "corrupt frame at offset {offset}: {bytes} bytes ignored"
-            )),
-        };
-        stats.warnings = warnings;
-        Ok(stats)
-    }
-
-    /// Decodes every window of `th` into memory (small traces, tests).
-    pub fn collect_thread(
-        &self,
-        th: &PttThread,
-    ) -> Result<Vec<(PttWindowInfo, Vec<super::Record>)>, DecodeError> {
-        let mut out = Vec::new();
-        self.decode_thread(th, &mut |info, dec| {
-            let recs = match dec {
-                Some(d) => d.collect(),
-                None => Vec::new(),
-            };
-            out.push((info.clone(), recs));
-            Ok(())
-        })?;
-        Ok(out)
+    #[test]
+    fn info_path_from_thread_path() {
+        assert_eq!(
+            info_path_for(Path::new("/t/prog-12-abc-345.ptt")),
+            Some(PathBuf::from("/t/prog-12-abc.info"))
+        );
+        assert_eq!(info_path_for(Path::new("/t/x.pt")), None);
     }
 }

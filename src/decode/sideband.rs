@@ -283,4 +283,32 @@ mod tests {
         let err = parse_records("sb", &buf[..20], TEST_SAMPLE_TYPE).unwrap_err();
         assert!(err.to_string().contains("sb"), "{err}");
     }
+
+    #[test]
+    fn sysroot_vdso_and_exec_resolution() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("usr/lib")).unwrap();
+        std::fs::write(dir.path().join("usr/lib/libx.so"), [0x90u8; 64]).unwrap();
+        let mut r = ImageResolver::new(Some(dir.path().to_path_buf()), Some(vec![0xc3; 16]));
+        let mut space = AddressSpace::new();
+        let map = |f: &str, addr| ImageChange::Map {
+            addr,
+            len: 32,
+            pgoff: 16,
+            filename: f.into(),
+        };
+        assert_eq!(r.apply(&mut space, &map("/usr/lib/libx.so", 0x1000)), None);
+        assert_eq!(r.apply(&mut space, &map("[vdso]", 0x9000)), None);
+        assert_eq!(r.apply(&mut space, &map("[heap]", 0x5000)), None);
+        let miss = r.apply(&mut space, &map("/nope/liby.so", 0x7000)).unwrap();
+        assert!(miss.contains("nope/liby.so"), "{miss}");
+        let mut b = [0u8; 4];
+        assert_eq!(space.read(0x101f, &mut b), 1);
+        assert_eq!(space.read(0x1020, &mut b), 0);
+        assert_eq!(space.read(0x9000, &mut b), 4);
+        assert_eq!(b, [0xc3; 4]);
+        assert_eq!(space.segments().len(), 2);
+        r.apply(&mut space, &ImageChange::Exec { comm: "x".into() });
+        assert!(space.is_empty());
+    }
 }

@@ -36,7 +36,7 @@ pub mod trap;
 use std::cell::{Cell, RefCell};
 
 use crate::error::{Error, Result, Status};
-use crate::metadata::{cpu_identity, cpuid_0x15, BackendKind, ExtMetadata, PtMetadata};
+use crate::metadata::{BackendKind, ExtMetadata};
 use crate::sideband::event::{rdtsc, SidebandEvent};
 use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
 use crate::sideband::synth::synthesize_exec_mmap2;
@@ -129,28 +129,7 @@ impl EmulatedBackend {
         let sideband = SidebandEvent::open(current_tid(), sb_shift)?;
         // The kernel's conversion when it publishes one, else measured against its records.
         let conv = sideband.time_conv().or_else(clock::calibrated);
-        let tc = conv.unwrap_or_default();
-        let (family, model, stepping) = cpu_identity();
-        let (eax, ebx) = cpuid_0x15();
-        let meta = ExtMetadata {
-            base: PtMetadata {
-                cpu_family: family,
-                cpu_model: model,
-                cpu_stepping: stepping,
-                time_shift: tc.time_shift,
-                time_mult: tc.time_mult,
-                time_zero: tc.time_zero,
-            },
-            cpuid_0x15_eax: eax,
-            cpuid_0x15_ebx: ebx,
-            nom_freq: 0,
-            mtc_freq: 0,
-            time_zero_valid: conv.is_some(),
-            backend: BackendKind::Emulated,
-            perf_type: 0,
-            perf_config: 0,
-            sideband_sample_type: SIDEBAND_SAMPLE_TYPE,
-        };
+        let meta = ExtMetadata::for_this_cpu(BackendKind::Emulated, conv);
         Ok(EmulatedBackend {
             buf,
             sideband: Some(sideband),

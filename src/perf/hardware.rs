@@ -8,7 +8,7 @@
 use perf_event_open_sys::bindings::perf_event_attr;
 
 use crate::error::Result;
-use crate::metadata::{cpu_identity, cpuid_0x15, BackendKind, ExtMetadata, PtMetadata, TimeConv};
+use crate::metadata::{BackendKind, ExtMetadata, TimeConv};
 use crate::perf::event::PerfEvent;
 use crate::perf::pmu::IntelPtPmu;
 use crate::perf::ring::{copy_ring_bytes, copy_ring_records, ControlPage, RingMemory};
@@ -141,32 +141,16 @@ impl HardwareBackend {
         )?;
         event.map_data(sb_shift)?;
         event.map_aux(pt_shift, true)?;
-        let (family, model, stepping) = cpu_identity();
         let conv = event.control().and_then(|c| c.time_conv());
-        let tc = conv.unwrap_or_default();
-        let (eax, ebx) = match pmu.tsc_art_ratio {
-            Some((d, n)) => (d, n),
-            None => cpuid_0x15(),
-        };
-        let meta = ExtMetadata {
-            base: PtMetadata {
-                cpu_family: family,
-                cpu_model: model,
-                cpu_stepping: stepping,
-                time_shift: tc.time_shift,
-                time_mult: tc.time_mult,
-                time_zero: tc.time_zero,
-            },
-            cpuid_0x15_eax: eax,
-            cpuid_0x15_ebx: ebx,
-            nom_freq: pmu.max_nonturbo_ratio.unwrap_or(0).min(255) as u8,
-            mtc_freq,
-            time_zero_valid: conv.is_some(),
-            backend: BackendKind::Hardware,
-            perf_type: pmu.pmu_type,
-            perf_config: config,
-            sideband_sample_type: SIDEBAND_SAMPLE_TYPE,
-        };
+        let mut meta = ExtMetadata::for_this_cpu(BackendKind::Hardware, conv);
+        if let Some((denominator, numerator)) = pmu.tsc_art_ratio {
+            meta.cpuid_0x15_eax = denominator;
+            meta.cpuid_0x15_ebx = numerator;
+        }
+        meta.nom_freq = pmu.max_nonturbo_ratio.unwrap_or(0).min(255) as u8;
+        meta.mtc_freq = mtc_freq;
+        meta.perf_type = pmu.pmu_type;
+        meta.perf_config = config;
         Ok(HardwareBackend {
             event,
             mode,

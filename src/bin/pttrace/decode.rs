@@ -3,10 +3,11 @@
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use drpttracer::decode::parallel::decode_parallel;
+use drpttracer::decode::parallel::decode_parallel_compact;
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{
-    AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams, WindowOptions,
+    ptt_input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams,
+    WindowOptions,
 };
 use drpttracer::format::{auxtrace, pdb};
 use drpttracer::metadata::TimeConv;
@@ -54,9 +55,17 @@ pub struct DecodeArgs {
     /// DynamoRIO's per-thread kernel syscall file (<tid>.raw.pt): one window per syscall.
     #[arg(long = "raw-pt", value_name = "FILE", group = "input")]
     raw_pt: Option<PathBuf>,
-    /// Raw perf records (MMAP/MMAP2/COMM...) giving the image over time.
+    /// A thread file written by `pttrace run` (<pid>-<nonce>-<tid>.ptt): one window per
+    /// syscall, with its sideband; CPU, time, maps and vDSO come from the process .info.
+    #[arg(long, value_name = "FILE", group = "input")]
+    ptt: Option<PathBuf>,
+    /// The process info file for --ptt (default: <pid>-<nonce>.info beside it).
+    #[arg(long, value_name = "FILE", requires = "ptt")]
+    info: Option<PathBuf>,
+    /// Raw perf records (MMAP/MMAP2/COMM...) giving the image over time. Repeatable
+    /// (primary and secondary streams are merged in time order).
     #[arg(long, value_name = "FILE", requires = "sample_type")]
-    sideband: Option<PathBuf>,
+    sideband: Vec<PathBuf>,
     /// perf sample_type of the sideband records (decimal or 0x-hex), e.g. 0x10086.
     #[arg(long, value_name = "N", value_parser = parse_u64)]
     sample_type: Option<u64>,
@@ -134,6 +143,10 @@ struct Window {
     id: Option<u64>,
     cpu: Option<u32>,
     base_offset: u64,
+    /// The window's own sideband records (pttrace thread files).
+    sideband: Option<std::ops::Range<usize>>,
+    /// Capture-side loss reported for this window (becomes a LostData gap record).
+    lost: Option<String>,
 }
 
 struct Printer<W: Write> {
@@ -247,13 +260,81 @@ impl<W: Write> Printer<W> {
     }
 }
 
+/// What a pttrace window's flags say was lost at capture time.
+fn lost_text(flags: u32) -> Option<String> {
+    use drpttracer::format::ptt::{
+        WF_CAPTURE_ERROR, WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST,
+    };
+    let mut v = vec![];
+    if flags & WF_PT_ABSENT != 0 {
+        v.push("no PT captured for this window (see the thread header for why)");
+    }
+    if flags & WF_CAPTURE_ERROR != 0 {
+        v.push("starting or stopping the capture failed for this window");
+    }
+    if flags & WF_PT_LOST != 0 {
+        v.push("PT data lost at capture (ring overwritten or truncated)");
+    }
+    if flags & WF_PT_DROPPED != 0 {
+        v.push("PT dropped by the shim (did not fit its buffer)");
+    }
+    if flags & WF_SIDEBAND_LOST != 0 {
+        v.push("sideband records lost at capture");
+    }
+    (!v.is_empty()).then(|| v.join("; "))
+}
+
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
     if let Some(p) = &args.trace_dir {
         return ptt::run(p, &args);
     }
     // Input bytes and windows.
-    let (data, windows, mut params) = if let Some(p) = &args.pt {
+    let mut process = None;
+    let (data, windows, mut params) = if let Some(p) = &args.ptt {
+        let data = read(p)?;
+        let name = p.display().to_string();
+        let info = args.info.clone().or_else(|| ptt_input::info_path_for(p));
+        let proc_info = match info {
+            Some(i) if i.exists() => Some(ptt_input::read_process(
+                &i.display().to_string(),
+                &read(&i)?,
+            )?),
+            Some(i) => {
+                eprintln!(
+                    "pttrace decode: warning: {} not found: no CPU/time parameters, initial \
+                     mappings or vDSO (give --info)",
+                    i.display()
+                );
+                None
+            }
+            None => None,
+        };
+        let base = data.as_ptr() as usize;
+        let windows = ptt_input::read_windows(&name, &data)?
+            .iter()
+            .map(|w| {
+                let pt_at = w.pt.as_ptr() as usize - base;
+                let sb_at = w.sideband.as_ptr() as usize - base;
+                Window {
+                    name: format!(
+                        "{name} (window {}, syscall {})",
+                        w.window.index, w.window.nr
+                    ),
+                    pt: pt_at..pt_at + w.pt.len(),
+                    id: Some(w.window.index),
+                    cpu: None,
+                    // Gap offsets become file offsets.
+                    base_offset: w.pt_file_offset,
+                    sideband: Some(sb_at..sb_at + w.sideband.len()),
+                    lost: lost_text(w.window.flags),
+                }
+            })
+            .collect();
+        let params = proc_info.as_ref().map(|p| p.params).unwrap_or_default();
+        process = proc_info;
+        (data, windows, params)
+    } else if let Some(p) = &args.pt {
         let data = read(p)?;
         let w = Window {
             name: p.display().to_string(),
@@ -261,6 +342,8 @@ pub fn run(args: Args) -> CmdResult {
             id: None,
             cpu: None,
             base_offset: 0,
+            sideband: None,
+            lost: None,
         };
         (data, vec![w], TraceParams::default())
     } else if let Some(p) = &args.auxtrace {
@@ -275,6 +358,8 @@ pub fn run(args: Args) -> CmdResult {
             id: None,
             cpu: a.cpu(),
             base_offset: 0,
+            sideband: None,
+            lost: None,
         };
         (a.pt, vec![w], TraceParams::default())
     } else if let Some(p) = &args.raw_pt {
@@ -295,12 +380,15 @@ pub fn run(args: Args) -> CmdResult {
                 id: Some(k as u64),
                 cpu: None,
                 base_offset: 0,
+                sideband: None,
+                lost: None,
             })
             .collect();
         (data, windows, TraceParams::from_pt_metadata(&f.metadata))
     } else {
         return Err(
-            "give the trace as DIR (a `pttrace run` output), or with --pt, --auxtrace or --raw-pt"
+            "give the trace as DIR (a `pttrace run` output), or with --pt, --auxtrace, --raw-pt \
+             or --ptt"
                 .into(),
         );
     };
@@ -338,8 +426,25 @@ pub fn run(args: Args) -> CmdResult {
     }
 
     // Images and symbols.
+    // DynamoRIO saves kcore and kallsyms beside kernel.raw/: use them unless told otherwise.
+    let beside = |name: &str| -> Option<PathBuf> {
+        let dir = args.raw_pt.as_ref()?.parent()?;
+        [dir.join(name), dir.parent()?.join(name)]
+            .into_iter()
+            .find(|p| p.is_file())
+    };
+    let kcore = args.kcore.clone().or_else(|| beside("kcore"));
+    let kallsyms = args.kallsyms.clone().or_else(|| beside("kallsyms"));
+    for (what, found, given) in [
+        ("kcore", &kcore, &args.kcore),
+        ("kallsyms", &kallsyms, &args.kallsyms),
+    ] {
+        if let (Some(p), None) = (found, given) {
+            eprintln!("pttrace decode: using {what} {}", p.display());
+        }
+    }
     let mut spec = ImageSpec {
-        kcore: args.kcore.clone(),
+        kcore,
         sysroot: args.sysroot.clone(),
         ..Default::default()
     };
@@ -352,6 +457,12 @@ pub fn run(args: Args) -> CmdResult {
         let bytes = read(&f)?;
         spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
         spec.vdso = Some(bytes);
+    }
+    if let Some((addr, bytes)) = process.as_ref().and_then(|p| p.vdso.clone()) {
+        if spec.vdso.is_none() {
+            spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
+            spec.vdso = Some(bytes);
+        }
     }
     let mut space = AddressSpace::new();
     let mut syms = Symbols::new();
@@ -366,15 +477,26 @@ pub fn run(args: Args) -> CmdResult {
     for (name, bytes, addr) in &spec.raw {
         space.add_bytes(name, bytes.clone(), *addr);
     }
-    if let Some(k) = &args.kallsyms {
+    if let Some(k) = &kallsyms {
         let text =
             std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
         syms.add_kallsyms(k, &text)?;
     }
-    let events = match (&args.sideband, args.sample_type) {
-        (Some(sb), Some(st)) => parse_records(&sb.display().to_string(), &read(sb)?, st)?,
-        _ => Vec::new(),
-    };
+    let mut events = Vec::new();
+    for sb in &args.sideband {
+        let st = args.sample_type.unwrap_or(0);
+        events.extend(parse_records(&sb.display().to_string(), &read(sb)?, st)?);
+    }
+    if let Some(p) = &process {
+        events.extend(p.initial_events.iter().cloned());
+    }
+    events.sort_by_key(|e| e.time.unwrap_or(0));
+    let window_sample_type = process
+        .as_ref()
+        .map(|p| p.sideband_sample_type)
+        .filter(|&st| st != 0)
+        .or(args.sample_type)
+        .unwrap_or(drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE);
 
     let stdout = std::io::stdout();
     let mut printer = Printer {
@@ -407,13 +529,38 @@ pub fn run(args: Args) -> CmdResult {
         for w in &windows {
             let opts = WindowOptions {
                 source: w.name.clone(),
-                window_id: w.id,
+                window_id: if w.lost.is_some() { None } else { w.id },
                 cpu: w.cpu,
                 base_offset: w.base_offset,
             };
             let pt = &data[w.pt.clone()];
+            if let Some(what) = &w.lost {
+                if let Some(id) = w.id {
+                    printer.record(&Record::WindowId(id))?;
+                }
+                printer.record(&Record::Gap(Box::new(drpttracer::decode::Gap {
+                    kind: drpttracer::decode::GapKind::LostData,
+                    ip: None,
+                    pt_offset: w.base_offset,
+                    source: w.name.clone(),
+                    error: what.clone(),
+                })))?;
+            }
+            let events = match &w.sideband {
+                Some(r) if !r.is_empty() => {
+                    let mut ev = events.clone();
+                    ev.extend(parse_records(
+                        &format!("{} sideband", w.name),
+                        &data[r.clone()],
+                        window_sample_type,
+                    )?);
+                    ev.sort_by_key(|e| e.time.unwrap_or(0));
+                    ev
+                }
+                _ => events.clone(),
+            };
             if args.threads > 1 {
-                let recs = decode_parallel(
+                let chunks = decode_parallel_compact(
                     pt,
                     &params,
                     &space,
@@ -422,23 +569,19 @@ pub fn run(args: Args) -> CmdResult {
                     &opts,
                     args.threads,
                 )?;
-                for r in &recs {
+                for r in chunks.iter().flat_map(|c| c.iter()) {
                     printer.record(r)?;
                 }
             } else {
-                let mut dec = PtDecoder::new(
-                    pt,
-                    params,
-                    space.clone(),
-                    events.clone(),
-                    spec.resolver(),
-                    opts,
-                )?;
+                let mut dec =
+                    PtDecoder::new(pt, params, space.clone(), events, spec.resolver(), opts)?;
                 let mut n = 0u32;
-                while let Some(r) = dec.next() {
-                    printer.record(&r)?;
+                while let Some(recs) = dec.next_slice() {
+                    for r in recs {
+                        printer.record(r)?;
+                    }
                     n = n.wrapping_add(1);
-                    if n % 65536 == 0 {
+                    if n % 4096 == 0 {
                         if let Some(b) = &bar {
                             b.set_position(done + dec.position());
                         }

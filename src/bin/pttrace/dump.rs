@@ -10,14 +10,18 @@ use crate::CmdResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The trace: raw PT, an AUXTRACE stream (--auxtrace) or a .raw.pt file (--raw-pt).
+    /// The trace: raw PT, an AUXTRACE stream (--auxtrace), a .raw.pt file (--raw-pt) or a
+    /// pttrace thread file (--ptt).
     file: PathBuf,
     /// The file holds PERF_RECORD_AUXTRACE-wrapped PT.
     #[arg(long, conflicts_with = "raw_pt")]
     auxtrace: bool,
     /// The file is DynamoRIO's <tid>.raw.pt (one listing per syscall window).
-    #[arg(long = "raw-pt")]
+    #[arg(long = "raw-pt", conflicts_with = "ptt")]
     raw_pt: bool,
+    /// The file is a `pttrace run` thread file (<pid>-<nonce>-<tid>.ptt).
+    #[arg(long, conflicts_with = "auxtrace")]
+    ptt: bool,
 }
 
 pub fn run(args: Args) -> CmdResult {
@@ -48,6 +52,22 @@ pub fn run(args: Args) -> CmdResult {
                     w.pt.start
                 )?;
                 list(&mut out, &data[w.pt.clone()])?;
+            }
+            Ok(())
+        })()
+    } else if args.ptt {
+        let windows = drpttracer::decode::ptt_input::read_windows(&name, &data)?;
+        (|| -> std::io::Result<()> {
+            for w in &windows {
+                writeln!(
+                    out,
+                    "# window {} syscall {} ({} bytes of PT at file offset {:#x})",
+                    w.window.index,
+                    w.window.nr,
+                    w.pt.len(),
+                    w.pt_file_offset
+                )?;
+                list(&mut out, w.pt)?;
             }
             Ok(())
         })()
