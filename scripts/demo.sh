@@ -10,4 +10,6 @@ rm -rf "$out"
 ./target/release/pttrace check
 ./target/release/pttrace run --out "$out" --mode user --window thread -- /bin/ls /
 ./target/release/pttrace report "$out"
-./target/release/pttrace decode --dir "$out" --format summary
+./target/release/pttrace decode "$out" --format summary
+echo "first decoded instructions of the trace (pttrace decode $out --format disasm):"
+./target/release/pttrace decode "$out" --format disasm | head -n 25
