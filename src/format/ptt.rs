@@ -694,6 +694,15 @@ pub struct ThreadSummary {
 
 /// Reads and summarizes a thread file.
 pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
+    with_file_of_kind(path, FileKind::Thread, summarize_thread_frames)
+}
+
+/// Reads `path`, checks that it is a file of `kind` and hands its frames to `f`.
+fn with_file_of_kind<T>(
+    path: &Path,
+    kind: FileKind,
+    f: impl FnOnce(String, ParsedFile<'_>) -> Result<T, FormatError>,
+) -> Result<T, FormatError> {
     let name = path.display().to_string();
     let data = std::fs::read(path).map_err(|e| FormatError::Record {
         path: name.clone(),
@@ -701,13 +710,24 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         what: format!("cannot read: {e}"),
     })?;
     let parsed = parse(&name, &data)?;
-    if parsed.kind != FileKind::Thread {
+    if parsed.kind != kind {
+        let expected = match kind {
+            FileKind::ProcessInfo => "a process info file (kind 1)",
+            FileKind::Thread => "a thread file (kind 2)",
+        };
         return Err(FormatError::Record {
             path: name,
             offset: 12,
-            what: "expected a thread file (kind 2)".into(),
+            what: format!("expected {expected}"),
         });
     }
+    f(name, parsed)
+}
+
+fn summarize_thread_frames(
+    name: String,
+    parsed: ParsedFile<'_>,
+) -> Result<ThreadSummary, FormatError> {
     let mut s = ThreadSummary {
         file: name.clone(),
         header: None,
@@ -777,20 +797,13 @@ pub struct ProcessSummary {
 
 /// Reads and summarizes a process info file.
 pub fn summarize_process(path: &Path) -> Result<ProcessSummary, FormatError> {
-    let name = path.display().to_string();
-    let data = std::fs::read(path).map_err(|e| FormatError::Record {
-        path: name.clone(),
-        offset: 0,
-        what: format!("cannot read: {e}"),
-    })?;
-    let parsed = parse(&name, &data)?;
-    if parsed.kind != FileKind::ProcessInfo {
-        return Err(FormatError::Record {
-            path: name,
-            offset: 12,
-            what: "expected a process info file (kind 1)".into(),
-        });
-    }
+    with_file_of_kind(path, FileKind::ProcessInfo, summarize_process_frames)
+}
+
+fn summarize_process_frames(
+    name: String,
+    parsed: ParsedFile<'_>,
+) -> Result<ProcessSummary, FormatError> {
     let mut s = ProcessSummary {
         file: name.clone(),
         process: None,
