@@ -576,14 +576,31 @@ fn chain_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c
         }
         return;
     }
-    if flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: prev was installed as a SA_SIGINFO handler with this signature.
+    // SAFETY: prev was installed by sigaction with these flags.
+    unsafe { call_handler(prev, flags & libc::SA_SIGINFO != 0, sig, info, ctx) };
+}
+
+/// Calls a signal handler installed by `sigaction` (`SA_SIGINFO` form or plain).
+/// Async-signal-safe: a plain indirect call.
+///
+/// # Safety
+/// `handler` must be the address of a function installed as a signal handler, taking
+/// (sig, info, ctx) when `siginfo` is true and (sig) otherwise.
+pub unsafe fn call_handler(
+    handler: usize,
+    siginfo: bool,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    if siginfo {
+        // SAFETY: the caller guarantees the SA_SIGINFO signature.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(prev) };
+            unsafe { std::mem::transmute(handler) };
         f(sig, info, ctx);
     } else {
-        // SAFETY: prev was installed as a plain handler.
-        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(prev) };
+        // SAFETY: the caller guarantees the plain-handler signature.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         f(sig);
     }
 }
@@ -633,16 +650,8 @@ extern "C" fn on_observed_signal(
     if h == libc::SIG_DFL || h == libc::SIG_IGN || h == 0 {
         return;
     }
-    if flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the application installed h as a SA_SIGINFO handler.
-        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(h) };
-        f(sig, info, ctx);
-    } else {
-        // SAFETY: the application installed h as a plain handler.
-        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
-        f(sig);
-    }
+    // SAFETY: the application installed h with these flags.
+    unsafe { call_handler(h, flags & libc::SA_SIGINFO != 0, sig, info, ctx) };
 }
 
 // ---- installation (normal context) ----

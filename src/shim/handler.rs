@@ -644,16 +644,16 @@ unsafe fn chain_app_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) 
         );
         return;
     }
-    if flags & libc::SA_SIGINFO as u64 != 0 {
-        // SAFETY: the application registered this address as an SA_SIGINFO handler.
-        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
-            unsafe { std::mem::transmute(h) };
-        f(sig, info, uctx);
-    } else {
-        // SAFETY: the application registered this address as a plain handler.
-        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
-        f(sig);
-    }
+    // SAFETY: the application registered h as a handler with these flags.
+    unsafe {
+        crate::emu::trap::call_handler(
+            h as usize,
+            flags & libc::SA_SIGINFO as u64 != 0,
+            sig,
+            info,
+            uctx,
+        )
+    };
 }
 
 enum CloneKind {
