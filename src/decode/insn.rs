@@ -150,6 +150,7 @@ pub struct BlockCache {
 
 const L1_SIZE: usize = 4096;
 
+#[inline]
 fn l1_slot(k: &BlockKey) -> usize {
     let h = (k.ip ^ (u64::from(k.ninsn) << 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (h >> 52) as usize & (L1_SIZE - 1)
@@ -161,17 +162,29 @@ const ARENA_LIMIT: usize = 1 << 22;
 impl BlockCache {
     /// Drops everything when the image changed or the arena grew too big. Callers make
     /// sure no queued item still refers to the arena.
+    #[inline]
     pub fn validate(&mut self, generation: u64) {
-        if self.generation != Some(generation) || self.arena.len() > ARENA_LIMIT {
-            self.map.clear();
-            if self.retire && !self.arena.is_empty() {
-                self.retired.push(std::mem::take(&mut self.arena));
-            } else {
-                self.arena.clear();
-            }
-            self.l1.clear();
-            self.generation = Some(generation);
+        if !self.is_valid(generation) {
+            self.reset(generation);
         }
+    }
+
+    /// Whether `validate(generation)` would keep everything (the cache is current).
+    #[inline]
+    pub fn is_valid(&self, generation: u64) -> bool {
+        self.generation == Some(generation) && self.arena.len() <= ARENA_LIMIT
+    }
+
+    #[cold]
+    fn reset(&mut self, generation: u64) {
+        self.map.clear();
+        if self.retire && !self.arena.is_empty() {
+            self.retired.push(std::mem::take(&mut self.arena));
+        } else {
+            self.arena.clear();
+        }
+        self.l1.clear();
+        self.generation = Some(generation);
     }
 
     /// (start, len, next ip) of a cached block.
@@ -183,6 +196,12 @@ impl BlockCache {
                 return Some((e.1, e.2, e.3));
             }
         }
+        self.get_slow(k, slot)
+    }
+
+    /// `get` past the front cache: the map, then fill the front cache slot.
+    #[inline(never)]
+    fn get_slow(&mut self, k: &BlockKey, slot: usize) -> Option<(u32, u32, u64)> {
         let v = *self.map.get(k)?;
         if self.l1.is_empty() {
             let empty = BlockKey {

@@ -47,6 +47,7 @@ impl PtErr {
     }
 }
 
+#[inline]
 fn check(ret: c_int) -> Result<u32, PtErr> {
     if ret < 0 {
         Err(PtErr(ret.saturating_neg()))
@@ -194,6 +195,12 @@ impl<'a> BlockDecoder<'a> {
         Ok(true)
     }
 
+    /// Generation of the shared address space last pushed into libipt's image.
+    #[inline]
+    pub fn synced_generation(&self) -> Option<u64> {
+        self.synced_generation
+    }
+
     pub fn sync_forward(&mut self) -> Result<u32, PtErr> {
         // SAFETY: live decoder.
         check(unsafe { sys::pt_blk_sync_forward(self.raw.as_ptr()) })
@@ -217,6 +224,7 @@ impl<'a> BlockDecoder<'a> {
     }
 
     /// The next block. On error the block may still hold instructions decoded before it.
+    #[inline]
     pub fn next_block(&mut self, blk: &mut sys::pt_block) -> Result<u32, PtErr> {
         // SAFETY: live decoder; blk is a valid pt_block of the size we pass.
         check(unsafe {

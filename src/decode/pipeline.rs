@@ -5,7 +5,6 @@
 //! become markers. On any decode error a [`Record::Gap`] (PT offset, address, libipt's
 //! error text) is emitted and decoding resumes at the next PSB.
 
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use super::config::TraceParams;
@@ -27,6 +26,71 @@ enum Item {
 impl Item {
     fn rec(r: Record) -> Item {
         Item::Rec(Box::new(r))
+    }
+}
+
+/// FIFO of [`Item`]s: a vector and a read position, emptied when fully read (cheaper
+/// than a ring buffer for the fill-then-drain pattern of the decoder).
+struct ItemQueue {
+    items: Vec<Item>,
+    head: usize,
+}
+
+impl ItemQueue {
+    fn with_capacity(n: usize) -> Self {
+        ItemQueue {
+            items: Vec::with_capacity(n),
+            head: 0,
+        }
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.head >= self.items.len()
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.items.len().saturating_sub(self.head)
+    }
+
+    #[inline]
+    fn push_back(&mut self, item: Item) {
+        if self.head > 0 && self.head >= self.items.len() {
+            self.items.clear();
+            self.head = 0;
+        }
+        self.items.push(item);
+    }
+
+    #[inline]
+    fn front(&self) -> Option<&Item> {
+        self.items.get(self.head)
+    }
+
+    /// The front item if it is a block (start, len), removed.
+    #[inline]
+    fn pop_block(&mut self) -> Option<(u32, u32)> {
+        match self.items.get(self.head) {
+            Some(&Item::Block(start, len)) => {
+                self.head += 1;
+                Some((start, len))
+            }
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn pop_front(&mut self) -> Option<Item> {
+        let slot = self.items.get_mut(self.head)?;
+        self.head += 1;
+        Some(std::mem::replace(slot, Item::Block(0, 0)))
+    }
+
+    /// Removes and returns every queued item, in order.
+    fn drain(&mut self) -> impl Iterator<Item = Item> + '_ {
+        let head = std::mem::take(&mut self.head);
+        self.items.drain(..).skip(head)
     }
 }
 
@@ -174,12 +238,17 @@ pub struct PtDecoder<'a> {
     params: TraceParams,
     cache: InsnCache,
     blocks: BlockCache,
-    queue: VecDeque<Item>,
+    queue: ItemQueue,
     /// Arena range of the block being handed out record by record (`Iterator::next`).
     cur: usize,
     cur_end: usize,
     /// Records handed out by `next_slice` (markers batch / current block).
     batch: Vec<Record>,
+    /// `fast_ready` held for the current state when `fill` last returned, and nothing
+    /// since changed that: `step_fast` may run.
+    fast: bool,
+    /// Output buffer of `step_fast`.
+    blk: libipt_sys::pt_block,
 
     state: State,
     opts: WindowOptions,
@@ -214,6 +283,26 @@ const PROGRESS_CHECK: u64 = 1 << 16;
 /// Instructions decoded after the end of the trace before giving up (see `run_once`).
 const MAX_INSNS_AFTER_EOS: u64 = 1 << 16;
 
+#[inline]
+fn exec_mode(blk: &libipt_sys::pt_block) -> ExecMode {
+    match blk.mode {
+        libipt_sys::pt_exec_mode_ptem_16bit => ExecMode::Bit16,
+        libipt_sys::pt_exec_mode_ptem_32bit => ExecMode::Bit32,
+        libipt_sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
+        _ => ExecMode::Unknown,
+    }
+}
+
+/// The block cache key of `blk`.
+#[inline]
+fn block_key(blk: &libipt_sys::pt_block) -> BlockKey {
+    BlockKey {
+        ip: blk.ip,
+        ninsn: blk.ninsn,
+        mode: exec_mode(blk) as u8,
+    }
+}
+
 impl<'a> PtDecoder<'a> {
     /// A decoder over `pt` (raw PT packets) with an initial `image` and the image changes
     /// `events` (from sideband), resolved through `resolver`.
@@ -247,7 +336,7 @@ impl<'a> PtDecoder<'a> {
                 ))
             }
         };
-        let mut queue = VecDeque::with_capacity(1024);
+        let mut queue = ItemQueue::with_capacity(1024);
         if let Some(w) = opts.window_id {
             queue.push_back(Item::rec(Record::WindowId(w)));
         }
@@ -266,6 +355,8 @@ impl<'a> PtDecoder<'a> {
             cur: 0,
             cur_end: 0,
             batch: Vec::new(),
+            fast: false,
+            blk: ipt::empty_block(),
             state,
             opts,
             last_error_sync: None,
@@ -457,17 +548,8 @@ impl<'a> PtDecoder<'a> {
 
     /// Expands a block into instruction records; returns the address after the last one.
     fn expand(&mut self, blk: &libipt_sys::pt_block) -> Option<u64> {
-        let mode = match blk.mode {
-            libipt_sys::pt_exec_mode_ptem_16bit => ExecMode::Bit16,
-            libipt_sys::pt_exec_mode_ptem_32bit => ExecMode::Bit32,
-            libipt_sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
-            _ => ExecMode::Unknown,
-        };
-        let key = BlockKey {
-            ip: blk.ip,
-            ninsn: blk.ninsn,
-            mode: mode as u8,
-        };
+        let mode = exec_mode(blk);
+        let key = block_key(blk);
         let generation = self.shared.space.try_borrow().ok()?.generation();
         // Safe to reset the arena here: `fill` only runs with an empty queue, and this
         // run_once has queued no block yet.
@@ -565,6 +647,63 @@ impl<'a> PtDecoder<'a> {
         self.shared.last_nomap.set(None);
         let mut blk = ipt::empty_block();
         let r = self.dec.next_block(&mut blk);
+        self.after_block(status, &blk, r);
+    }
+
+    /// Whether `run_once(status)` may take the fast path (`run_fast`): no event or trace
+    /// end pending, no sideband left (the image cannot change), libipt's image and the
+    /// block cache current, no timestamp waiting to be emitted. Everything `run_once`
+    /// does before `next_block` is then a no-op.
+    #[inline]
+    fn fast_ready(&self, status: u32) -> bool {
+        if status & (PTS_EVENT_PENDING | PTS_EOS) != 0
+            || self.pending_timestamp
+            || !self.timeline.is_done()
+        {
+            return false;
+        }
+        let Ok(space) = self.shared.space.try_borrow() else {
+            return false;
+        };
+        let generation = space.generation();
+        self.dec.synced_generation() == Some(generation) && self.blocks.is_valid(generation)
+    }
+
+    /// `run_once` repeated while its preconditions (`fast_ready`) hold, with the common
+    /// case inline: a non-empty block that decoded without error and is in the block
+    /// cache. Anything else goes through `after_block` (exactly what `run_once` does)
+    /// and ends the run. Cache hits never grow or reset the arena, so the queued items
+    /// stay valid. Stops after `BATCH` queued items.
+    fn run_fast(&mut self, mut status: u32) {
+        let mut blk = ipt::empty_block();
+        loop {
+            self.shared.last_nomap.set(None);
+            let r = self.dec.next_block(&mut blk);
+            let hit = match r {
+                Ok(_)
+                    if blk.ninsn > 0
+                        && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
+                {
+                    self.blocks.get(&block_key(&blk))
+                }
+                _ => None,
+            };
+            let (Some((start, len, _)), Ok(next_status)) = (hit, r) else {
+                return self.after_block(status, &blk, r);
+            };
+            self.queue.push_back(Item::Block(start, len));
+            self.insns_since_check += u64::from(blk.ninsn);
+            status = next_status;
+            self.state = State::Running(status);
+            if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 || self.queue.len() >= BATCH {
+                return;
+            }
+        }
+    }
+
+    /// The part of `run_once` after `next_block`: expand the block, check progress, and
+    /// take the new status or handle the error.
+    fn after_block(&mut self, status: u32, blk: &libipt_sys::pt_block, r: Result<u32, PtErr>) {
         if status & PTS_EOS != 0 {
             self.insns_after_eos += u64::from(blk.ninsn);
         }
@@ -572,7 +711,7 @@ impl<'a> PtDecoder<'a> {
             self.flush_pending_timestamp();
         }
         let next_ip = if blk.ninsn > 0 {
-            self.expand(&blk)
+            self.expand(blk)
         } else {
             Some(blk.ip)
         };
@@ -625,6 +764,46 @@ impl<'a> PtDecoder<'a> {
     /// image cannot change (no sideband pending, block arena far from its limit) it keeps
     /// going for up to `BATCH` items, which keeps the hot loop tight.
     fn fill(&mut self) {
+        self.fill_inner();
+        self.fast = matches!(self.state, State::Running(s) if self.fast_ready(s));
+    }
+
+    /// One `run_once` on the fast path, for callers that checked `self.fast` and an empty
+    /// queue: the cached block's (start, len) in the arena, unqueued. Anything but a cache
+    /// hit goes through `after_block` (which may queue records) and returns `None`.
+    #[inline]
+    fn step_fast(&mut self) -> Option<(u32, u32)> {
+        let State::Running(status) = self.state else {
+            self.fast = false;
+            return None;
+        };
+        self.shared.last_nomap.set(None);
+        let r = self.dec.next_block(&mut self.blk);
+        let blk = &self.blk;
+        let hit = match r {
+            Ok(_)
+                if blk.ninsn > 0
+                    && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
+            {
+                self.blocks.get(&block_key(blk))
+            }
+            _ => None,
+        };
+        let (Some((start, len, _)), Ok(next_status)) = (hit, r) else {
+            self.fast = false;
+            let blk = self.blk;
+            self.after_block(status, &blk, r);
+            return None;
+        };
+        self.insns_since_check += u64::from(self.blk.ninsn);
+        self.state = State::Running(next_status);
+        if next_status & (PTS_EVENT_PENDING | PTS_EOS) != 0 {
+            self.fast = false;
+        }
+        Some((start, len))
+    }
+
+    fn fill_inner(&mut self) {
         loop {
             match self.state {
                 State::Done => return,
@@ -636,6 +815,7 @@ impl<'a> PtDecoder<'a> {
                     }
                     self.sync()
                 }
+                State::Running(status) if self.fast_ready(status) => self.run_fast(status),
                 State::Running(status) => self.run_once(status),
             }
             if !self.queue.is_empty() {
@@ -676,7 +856,7 @@ impl PtDecoder<'_> {
                 }
             }
             let arena = self.blocks.retired.len() as u32;
-            for item in self.queue.drain(..) {
+            for item in self.queue.drain() {
                 match item {
                     Item::Rec(r) => {
                         items.push(CItem::Rec(markers.len() as u32));
@@ -698,7 +878,23 @@ impl PtDecoder<'_> {
     /// The next records as a slice (a run of markers, or one block's instructions),
     /// without copying instruction records: the fast way to consume a decoder. May be
     /// mixed with [`Iterator::next`].
+    #[inline]
     pub fn next_slice(&mut self) -> Option<&[Record]> {
+        if self.cur >= self.cur_end {
+            let block = match self.queue.pop_block() {
+                None if self.fast && self.queue.is_empty() => self.step_fast(),
+                b => b,
+            };
+            if let Some((start, len)) = block {
+                let (start, len) = (start as usize, len as usize);
+                return self.blocks.arena.get(start..start + len);
+            }
+        }
+        self.next_slice_slow()
+    }
+
+    /// `next_slice` except the common case (a queued block).
+    fn next_slice_slow(&mut self) -> Option<&[Record]> {
         if self.cur < self.cur_end {
             let r = self.cur..self.cur_end;
             self.cur = self.cur_end;
@@ -737,6 +933,16 @@ impl Iterator for PtDecoder<'_> {
                 return r;
             }
             if self.queue.is_empty() {
+                if self.fast {
+                    if let Some((start, len)) = self.step_fast() {
+                        self.cur = start as usize;
+                        self.cur_end = start as usize + len as usize;
+                        continue;
+                    }
+                    if !self.queue.is_empty() {
+                        continue;
+                    }
+                }
                 self.fill();
             }
             match self.queue.pop_front()? {
