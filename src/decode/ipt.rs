@@ -50,10 +50,17 @@ impl PtErr {
 #[inline]
 fn check(ret: c_int) -> Result<u32, PtErr> {
     if ret < 0 {
-        Err(PtErr(ret.saturating_neg()))
+        Err(error_of(ret))
     } else {
         Ok(ret as u32)
     }
+}
+
+/// The error of a negative libipt return value (kept off the success path).
+#[cold]
+#[inline(never)]
+fn error_of(ret: c_int) -> PtErr {
+    PtErr(ret.saturating_neg())
 }
 
 /// Status flags returned by libipt on success.
