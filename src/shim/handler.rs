@@ -227,9 +227,7 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             w.tsc_end = t0;
             if let Some(s) = slot {
                 if record {
-                    w.index = slots::next_index(s);
-                    super::userpt::attach(s, &mut w);
-                    slots::push(s, &w);
+                    push_window(s, &mut w);
                 }
                 if !vfork_child {
                     thread_exit(s, args[0] as i32);
@@ -242,9 +240,7 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             w.tsc_end = t0;
             if let Some(s) = slot {
                 if record {
-                    w.index = slots::next_index(s);
-                    super::userpt::attach(s, &mut w);
-                    slots::push(s, &w);
+                    push_window(s, &mut w);
                 }
                 if !vfork_child {
                     super::userpt::wait_for_writer();
@@ -389,9 +385,7 @@ fn finish(slot: Option<&Slot>, record: bool, mut w: Window, ret: i64, _t0: u64) 
         }
     }
     if record {
-        w.index = slots::next_index(s);
-        super::userpt::attach(s, &mut w);
-        slots::push(s, &w);
+        push_window(s, &mut w);
     }
     s.last_exit_tsc.store(t1, Relaxed);
     s.depth.fetch_sub(1, Relaxed);
@@ -656,6 +650,14 @@ unsafe fn chain_app_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) 
     };
 }
 
+/// Numbers a completed window, attaches its PT (user modes) and queues it for the writer.
+/// Async-signal-safe: an atomic increment and lock-free queue operations.
+fn push_window(slot: &Slot, w: &mut Window) {
+    w.index = slots::next_index(slot);
+    super::userpt::attach(slot, w);
+    slots::push(slot, w);
+}
+
 enum CloneKind {
     /// The child gets its own stack (threads, posix_spawn): reissue after return.
     NewStack { flags: u64, stack_top: u64 },
@@ -792,9 +794,7 @@ fn finish_clone(s: &Slot, r: i64) {
         let mut w = p.w;
         w.ret = r;
         w.tsc_end = raw::rdtsc();
-        w.index = slots::next_index(s);
-        super::userpt::attach(s, &mut w);
-        slots::push(s, &w);
+        push_window(s, &mut w);
     }
     s.last_exit_tsc.store(raw::rdtsc(), Relaxed);
 }
