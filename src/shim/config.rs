@@ -11,7 +11,7 @@
 //! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576; 120 bytes each) | 2048 |
 //! | `PTTRACER_BACKPRESSURE`| `block` or `drop`                            | `block`   |
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
-//! | `PTTRACER_REWRITE`     | `0`/`1`: patch hot syscall sites into direct calls (see `shim::rewrite`) | `0` |
+//! | `PTTRACER_REWRITE`     | `sites`: patch `mov $nr,%eax; syscall` sites into jumps to recording stubs; `all`: also every other site via a page-0 trampoline (needs root); `off` (see `shim::rewrite`) | `sites` |
 //!
 //! `PTTRACER_SYSCALLS`: with at least one plain entry only the listed syscalls are
 //! recorded; `!name` entries are never recorded. Every syscall is still intercepted
@@ -163,7 +163,40 @@ pub struct ShimConfig {
     pub queue: usize,
     pub backpressure: Backpressure,
     pub backend: BackendChoice,
-    pub rewrite: bool,
+    pub rewrite: RewriteKind,
+}
+
+/// Which syscall sites the shim patches into direct calls (see `shim::rewrite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewriteKind {
+    /// Every syscall takes the SIGSYS path.
+    Off,
+    /// Sites of the form `mov $nr,%eax; syscall` jump to per-site stubs (no privileges).
+    Sites,
+    /// `Sites`, plus every other site through a trampoline at page 0 (zpoline; needs
+    /// CAP_SYS_RAWIO or vm.mmap_min_addr=0).
+    All,
+}
+
+impl RewriteKind {
+    pub fn parse(v: &str) -> Result<RewriteKind, String> {
+        match v.trim() {
+            "" | "sites" => Ok(RewriteKind::Sites),
+            "0" | "no" | "off" => Ok(RewriteKind::Off),
+            "1" | "yes" | "on" | "all" => Ok(RewriteKind::All),
+            o => Err(format!(
+                "{ENV_REWRITE}={o:?} is not a rewrite level: use sites, all or off"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RewriteKind::Off => "off",
+            RewriteKind::Sites => "sites",
+            RewriteKind::All => "all",
+        }
+    }
 }
 
 pub const ENV_OUT: &str = "PTTRACER_OUT";
@@ -261,11 +294,7 @@ impl ShimConfig {
         };
         let backend =
             BackendChoice::parse(&get(ENV_BACKEND).unwrap_or_default()).map_err(|e| e.message)?;
-        let rewrite = match get(ENV_REWRITE).unwrap_or_default().trim() {
-            "" | "0" | "no" | "off" => false,
-            "1" | "yes" | "on" => true,
-            o => return Err(format!("{ENV_REWRITE}={o:?} is not a switch: use 0 or 1")),
-        };
+        let rewrite = RewriteKind::parse(&get(ENV_REWRITE).unwrap_or_default())?;
         Ok(Some(ShimConfig {
             out_dir: out,
             mode,
@@ -304,7 +333,7 @@ impl ShimConfig {
                 Backpressure::Drop => "drop",
             },
             self.backend,
-            u8::from(self.rewrite),
+            self.rewrite.name(),
         )
     }
 }
@@ -334,6 +363,7 @@ mod tests {
         assert_eq!(c.mode, Mode::KernelOnly);
         assert_eq!(c.window, WindowKind::Syscall);
         assert_eq!(c.backpressure, Backpressure::Block);
+        assert_eq!(c.rewrite, RewriteKind::Sites);
         assert!(c.filter.records(0) && c.filter.records(435) && c.filter.records(5000));
         let c = cfg(&[
             (ENV_OUT, "/tmp/x"),
@@ -350,6 +380,19 @@ mod tests {
         assert_eq!(c.queue, 1024);
         assert_eq!(c.backpressure, Backpressure::Drop);
         assert_eq!(c.backend, BackendChoice::Emulated);
+        for (v, k) in [
+            ("off", RewriteKind::Off),
+            ("0", RewriteKind::Off),
+            ("sites", RewriteKind::Sites),
+            ("all", RewriteKind::All),
+            ("1", RewriteKind::All),
+        ] {
+            let c = cfg(&[(ENV_OUT, "/x"), (ENV_REWRITE, v)]).unwrap().unwrap();
+            assert_eq!(c.rewrite, k, "{v}");
+            assert!(c
+                .describe()
+                .contains(&format!("PTTRACER_REWRITE={}\n", k.name())));
+        }
     }
 
     #[test]
@@ -364,6 +407,8 @@ mod tests {
         assert!(e.contains("PTTRACER_PT_SHIFT=0 is out of range"), "{e}");
         let e = cfg(&[(ENV_OUT, "/x"), (ENV_BACKEND, "gpu")]).unwrap_err();
         assert!(e.contains("gpu"), "{e}");
+        let e = cfg(&[(ENV_OUT, "/x"), (ENV_REWRITE, "some")]).unwrap_err();
+        assert!(e.contains("PTTRACER_REWRITE=\"some\""), "{e}");
     }
 
     #[test]

@@ -28,8 +28,8 @@
 //! flush every queue and write end records; after SIGKILL everything the writer had
 //! flushed (it wakes at least every 10 ms) is readable and the missing end is visible.
 //!
-//! Fast path (opt-in, `PTTRACER_REWRITE=1`): syscall sites that trapped once are patched
-//! into calls of a recording entry ([`rewrite`]), about 4x cheaper than a SIGSYS.
+//! Fast path (`PTTRACER_REWRITE`, default `sites`): syscall sites that trapped once are
+//! patched into calls of a recording entry ([`rewrite`]), about 4x cheaper than a SIGSYS.
 //!
 //! What runs where: the SIGSYS handler and the patched-site entry run on the application
 //! thread and are async-signal-safe ([`handler`], [`slots`], [`output`], [`raw`],
@@ -318,16 +318,21 @@ fn init() -> Result<(), String> {
             reason = format!("emulated backend: {e}");
         }
     }
-    // Patched syscall sites run shim code in normal context, which stepping would trace.
-    let rewrite = !pt_present
-        && cfg.rewrite
-        && match rewrite::setup() {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("{WHO}: {e}");
-                false
-            }
-        };
+    // Patched syscall sites run shim code in normal context, which stepping would trace,
+    // and the decoder reads the original images: no patching while user code is stepped.
+    let rewrite = if pt_present {
+        rewrite::Active {
+            sites: false,
+            page0: false,
+        }
+    } else {
+        let (active, msgs) = rewrite::setup(cfg.rewrite);
+        for m in msgs {
+            eprintln!("{WHO}: {m}");
+        }
+        active
+    };
+    let rewrite = rewrite.sites || rewrite.page0;
     let mut st = slots::make_static(
         &cfg,
         backend,

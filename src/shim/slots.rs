@@ -54,7 +54,7 @@ pub struct Static {
     pub vdso: (u64, usize),
     /// Write DynamoRIO `kernel.raw/<tid>.raw.pt` files.
     pub kernel_raw: bool,
-    /// Patch syscall sites into direct calls (page 0 trampoline ready).
+    /// Patch syscall sites into direct calls (site stubs or the page-0 trampoline ready).
     pub rewrite: bool,
     /// Path of this library as loaded (for `LD_PRELOAD` in exec'd images).
     pub lib_path: Vec<u8>,

@@ -27,7 +27,7 @@ enum Command {
     /// Tell whether Intel PT is usable here, why not, and which backend each mode uses.
     Check(check::Args),
     /// Run a program under the LD_PRELOAD shim and trace its syscall windows.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Decode PT (+ sideband + images) into instruction records.
     Decode(decode::Args),
     /// List the packets of a PT file, like ptdump.
@@ -40,7 +40,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let (name, result) = match cli.command {
         Command::Check(a) => ("check", check::run(a)),
-        Command::Run(a) => ("run", run::run(a)),
+        Command::Run(a) => ("run", run::run(*a)),
         Command::Decode(a) => ("decode", decode::run(a)),
         Command::Dump(a) => ("dump", dump::run(a)),
         Command::Report(a) => ("report", report::run(a)),

@@ -34,9 +34,11 @@ pub struct Args {
     /// Sideband ring size shift (2^n pages).
     #[arg(long)]
     pub sb_shift: Option<u32>,
-    /// Patch hot syscall sites into direct calls (PTTRACER_REWRITE=1; needs root for page 0).
-    #[arg(long)]
-    pub rewrite: bool,
+    /// Syscall sites patched into direct calls after their first trap: sites (the
+    /// `mov $nr,%eax; syscall` form, default), all (also the others through a page-0
+    /// trampoline; needs root) or off (PTTRACER_REWRITE).
+    #[arg(long, value_parser = ["off", "sites", "all"])]
+    pub rewrite: Option<String>,
     /// Path of libdrpttracer.so (default: next to this executable).
     #[arg(long)]
     pub lib: Option<PathBuf>,
@@ -88,8 +90,8 @@ fn env_pairs(args: &Args) -> Vec<(&'static str, String)> {
     if let Some(s) = args.sb_shift {
         v.push((config::ENV_SB_SHIFT, s.to_string()));
     }
-    if args.rewrite {
-        v.push((config::ENV_REWRITE, "1".to_string()));
+    if let Some(r) = &args.rewrite {
+        v.push((config::ENV_REWRITE, r.clone()));
     }
     v
 }
