@@ -305,46 +305,89 @@ fn invalid_configuration_is_reported_and_the_program_still_runs() {
 }
 
 #[test]
-fn posix_spawn_children_are_traced_and_the_vfork_side_is_flagged() {
-    use drpttracer::format::ptt::{WF_NESTED, WF_VFORK_CHILD};
+fn posix_spawn_children_get_their_own_files_before_and_after_exec() {
+    use drpttracer::format::ptt::{EndReason, WF_NESTED, WF_VFORK_CHILD};
     let tmp = tempfile::tempdir().unwrap();
     let prog = compile("spawn", tmp.path());
     let out = tmp.path().join("trace");
     let o = run_traced(&out, &prog, &[], &[]);
     assert!(o.status.success(), "{o:?}");
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        text.contains("spawn ok") && text.contains("system ok"),
-        "{text}"
-    );
+    for line in ["spawn ok", "spawn missing ok", "spawnp ok", "system ok"] {
+        assert!(text.contains(line), "{text}");
+    }
     let td = read_dir(&out);
-    let cmd = |c: &str| {
-        td.infos
-            .iter()
-            .any(|i| i.cmdline.first().map(String::as_str) == Some(c))
-    };
-    assert!(cmd("echo"), "the posix_spawn child is traced after exec");
-    assert!(cmd("sh"), "system()'s shell is traced");
-    let main = td.infos.iter().find(|i| i.exe.ends_with("/spawn")).unwrap();
-    let t = td.threads_of(main.process.pid, main.process.nonce)[0];
-    // The spawned children ran on the parent's memory before exec: their syscalls are in
-    // the parent's file, flagged, and each ends with a (non-returning) execve.
-    let child: Vec<_> = t
-        .windows
+    let main = td
+        .infos
         .iter()
-        .filter(|w| w.flags & WF_VFORK_CHILD != 0)
-        .collect();
-    assert!(!child.is_empty());
-    let execs = child
-        .iter()
-        .filter(|w| w.nr == NR_EXECVE && w.flags & WF_NO_RETURN != 0)
-        .count();
-    assert_eq!(execs, 2);
-    // The parent's own windows after the spawns are not mistaken for nested ones.
-    let last = t.windows.last().unwrap();
+        .find(|i| {
+            i.exe.ends_with("/spawn")
+                && i.process.ppid != 0
+                && !td.infos.iter().any(|p| p.process.pid == i.process.ppid)
+        })
+        .unwrap();
+    let parent = main.process.pid;
+    let t = td.threads_of(parent, main.process.nonce);
+    assert_eq!(t.len(), 1);
+    // The parent's file holds only its own windows, numbered without gaps.
+    for (i, w) in t[0].windows.iter().enumerate() {
+        assert_eq!(w.index, i as u64);
+        assert_eq!(w.flags & WF_VFORK_CHILD, 0, "{w:?}");
+    }
+    let last = t[0].windows.last().unwrap();
     assert_eq!(last.nr, NR_EXIT_GROUP);
-    assert_eq!(last.flags & (WF_NESTED | WF_VFORK_CHILD), 0, "{last:?}");
+    assert_eq!(last.flags & WF_NESTED, 0, "{last:?}");
     assert_eq!(last.depth, 0);
+
+    // Each child ran on the parent's memory before exec: an image of its own (the parent's
+    // exe, ppid = parent), every window flagged and numbered from 0, the files ended.
+    let pre: Vec<_> = td
+        .infos
+        .iter()
+        .filter(|i| i.process.ppid == parent && i.exe.ends_with("/spawn"))
+        .collect();
+    assert_eq!(pre.len(), 4, "echo, missing, spawnp echo, system's sh");
+    let mut outcomes = vec![];
+    for info in &pre {
+        let pid = info.process.pid;
+        let th = td.threads_of(pid, info.process.nonce);
+        assert_eq!(th.len(), 1, "{}", info.name);
+        let w = &th[0].windows;
+        for (i, w) in w.iter().enumerate() {
+            assert_eq!(w.index, i as u64, "{}", info.name);
+            assert!(w.flags & WF_VFORK_CHILD != 0, "{}: {w:?}", info.name);
+        }
+        let execs: Vec<_> = w.iter().filter(|w| w.nr == NR_EXECVE).collect();
+        let end = th[0].end.unwrap().0;
+        assert_eq!(info.end.unwrap().0, end, "{}", info.name);
+        assert_eq!(th[0].end.unwrap().1, w.len() as u64, "{}", info.name);
+        // The image the child exec'd into, if any (same pid, another nonce).
+        let after = td
+            .infos
+            .iter()
+            .find(|i| i.process.pid == pid && i.process.nonce != info.process.nonce)
+            .map(|i| i.cmdline.join(" "));
+        let failed = execs.iter().filter(|w| w.ret == -2).count();
+        let no_return = execs.iter().filter(|w| w.flags & WF_NO_RETURN != 0).count();
+        outcomes.push((after, failed, no_return, end, info.end.unwrap().1));
+        if no_return == 1 {
+            // A successful exec is the child's last window.
+            assert!(w.last().unwrap().flags & WF_NO_RETURN != 0);
+            assert_eq!(w.last().unwrap().nr, NR_EXECVE);
+        }
+    }
+    outcomes.sort();
+    let exec = EndReason::Exec as u32;
+    let exit = EndReason::ExitGroup as u32;
+    assert_eq!(
+        outcomes,
+        vec![
+            (None, 1, 0, exit, 127),
+            (Some("echo spawned".to_string()), 0, 1, exec, 0),
+            (Some("echo spawnp".to_string()), 1, 1, exec, 0),
+            (Some("sh -c echo system ok".to_string()), 0, 1, exec, 0),
+        ]
+    );
 }
 
 #[test]

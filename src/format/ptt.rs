@@ -166,8 +166,9 @@ pub const WF_NESTED: u32 = 1 << 4;
 pub const WF_CAPTURE_ERROR: u32 = 1 << 5;
 /// Window flag: the PT/sideband bytes did not fit the shim's per-thread byte ring.
 pub const WF_PT_DROPPED: u32 = 1 << 6;
-/// Window flag: the syscall was made by the child of a `vfork`-style clone that shares
-/// this thread's memory (recorded in the child's own file when possible).
+/// Window flag: the syscall was made by the child of a `vfork`-style clone (`posix_spawn`)
+/// while it ran on its parent's memory, before its exec; recorded in the child's own files
+/// (an image with the parent's exe whose `ppid` is the parent).
 pub const WF_VFORK_CHILD: u32 = 1 << 7;
 /// Window flag: the record is the child's side of a fork (`ret` = 0).
 pub const WF_FORK_CHILD: u32 = 1 << 8;

@@ -14,7 +14,9 @@
 //!   effect when the handler returns; SIGSYS can never be blocked), masks of
 //!   `rt_sigsuspend`/`ppoll`/`pselect6`/`epoll_pwait(2)` (SIGSYS removed), `rt_sigreturn`
 //!   (recorded, then resumed at the in-range sigreturn stub), thread-creating
-//!   `clone`/`clone3` (reissued after the handler returns, see [`super::raw`]), `fork`,
+//!   `clone`/`clone3` (reissued after the handler returns, see [`super::raw`]; the child of
+//!   a vfork-style one, e.g. `posix_spawn`, writes its own files, [`super::vfork_child`]),
+//!   `fork`,
 //!   `vfork` and `clone` without a new stack (performed here as a fork; `vfork` becomes
 //!   `clone(CLONE_VFORK)` without shared memory so the child cannot clobber this frame),
 //!   `execve`/`execveat` (everything flushed and the window written before the call,
@@ -26,6 +28,7 @@
 use super::output;
 use super::raw::{self, sys6};
 use super::slots::{self, Slot, EXITED, STATIC};
+use super::vfork_child;
 use crate::format::ptt::{
     EndReason, Window, WF_FORK_CHILD, WF_NESTED, WF_NO_RETURN, WF_PT_ABSENT, WF_VFORK_CHILD,
 };
@@ -229,7 +232,9 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
                 if record {
                     push_window(s, &mut w);
                 }
-                if !vfork_child {
+                if vfork_child {
+                    vfork_child::end(s, EndReason::ThreadExit, args[0] as i32);
+                } else {
                     thread_exit(s, args[0] as i32);
                 }
             }
@@ -242,7 +247,9 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
                 if record {
                     push_window(s, &mut w);
                 }
-                if !vfork_child {
+                if vfork_child {
+                    vfork_child::end(s, EndReason::ExitGroup, args[0] as i32);
+                } else {
                     super::userpt::wait_for_writer();
                     block_all_signals();
                     output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
@@ -653,6 +660,11 @@ unsafe fn chain_app_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) 
 /// Numbers a completed window, attaches its PT (user modes) and queues it for the writer.
 /// Async-signal-safe: an atomic increment and lock-free queue operations.
 fn push_window(slot: &Slot, w: &mut Window) {
+    if vfork_child::active(slot) {
+        // A vfork-style child: its own files, written here (see `super::vfork_child`).
+        vfork_child::record(slot, w);
+        return;
+    }
     w.index = slots::next_index(slot);
     super::userpt::attach(slot, w);
     slots::push(slot, w);
@@ -764,6 +776,7 @@ fn reissue_clone(
     }
     if flags & CLONE_VM != 0 && !thread && flags & CLONE_VFORK != 0 {
         // The child runs on this thread's TLS (and slot) until it execs or exits.
+        vfork_child::arm(s, flags);
         s.vfork_child.store(true, Release);
     }
     // SAFETY: pending_clone belongs to this thread.
@@ -781,6 +794,7 @@ fn reissue_clone(
 /// The parent side of a reissued clone returned `r`.
 fn finish_clone(s: &Slot, r: i64) {
     s.vfork_child.store(false, Release);
+    vfork_child::disarm(s);
     // SAFETY: pending_clone belongs to this thread.
     let p = unsafe { *s.pending_clone.get() };
     if r < 0 && p.counted_thread {
@@ -855,16 +869,20 @@ fn do_exec(
 ) -> i64 {
     let Some(s) = slot else { return sys6(nr, args) };
     if vfork_child {
-        // Shares the parent's memory and slot: a successful exec never returns here, so the
-        // window is recorded first (and again with the error if the exec fails).
+        // Its own files (see `super::vfork_child`): a successful exec never returns here,
+        // so the window and the ends are written first and retracted if the exec fails
+        // (the caller then records the window with its error).
+        let pos = vfork_child::mark(s);
         if STATIC.get().is_some_and(|st| st.filter.records(nr)) {
             let mut pre = *w;
             pre.flags |= WF_NO_RETURN;
             pre.tsc_end = t0;
-            pre.index = slots::next_index(s);
-            slots::push(s, &pre);
+            vfork_child::record(s, &mut pre);
         }
-        return exec_with_shim(nr, args);
+        vfork_child::end(s, EndReason::Exec, 0);
+        let r = exec_with_shim(nr, args);
+        vfork_child::retract(s, pos);
+        return r;
     }
     let record = STATIC.get().is_some_and(|st| st.filter.records(nr));
     // Flush everything this image recorded so far.

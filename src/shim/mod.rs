@@ -53,6 +53,7 @@ pub mod rewrite;
 pub mod slots;
 pub mod sysnames;
 pub mod userpt;
+pub mod vfork_child;
 pub mod writer;
 
 use config::ShimConfig;

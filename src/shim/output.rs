@@ -112,50 +112,75 @@ impl Drop for MappedFile {
     }
 }
 
+/// The identity of one process image: whose files are written.
+#[derive(Clone, Copy, Debug)]
+pub struct Image {
+    pub pid: i32,
+    pub nonce: u64,
+    pub start_tsc: u64,
+}
+
+impl Image {
+    /// The current image of this process (from the globals).
+    pub fn current() -> Image {
+        Image {
+            pid: slots::PID.load(Relaxed),
+            nonce: slots::NONCE.load(Relaxed),
+            start_tsc: slots::START_TSC.load(Relaxed),
+        }
+    }
+}
+
 /// Creates the process info file for the current image (pid/nonce from the globals) and
 /// keeps it open in `INFO_FD`.
 pub fn write_info_file() -> bool {
-    let Some(st) = STATIC.get() else {
-        return false;
-    };
-    let pid = slots::PID.load(Relaxed);
-    let nonce = slots::NONCE.load(Relaxed);
-    let Some(mut path) = base_path(pid, nonce) else {
-        return false;
-    };
-    if !path.push(b".info") {
-        return false;
-    }
-    let fd = raw::open(path.c_str(), CREATE | libc::O_APPEND, 0o644);
+    let fd = create_info_file(&Image::current());
     if fd < 0 {
         return false;
     }
     let old = slots::INFO_FD.swap(fd, AcqRel);
     raw::close(old);
     slots::PROCESS_ENDED.store(false, Relaxed);
-    let mut ok = raw::write_all(fd, &ptt::encode_header(FileKind::ProcessInfo));
-    let start_tsc = slots::START_TSC.load(Relaxed);
+    true
+}
+
+/// Creates and fills the info file of `img`; returns its descriptor (O_APPEND) or -1.
+pub fn create_info_file(img: &Image) -> i32 {
+    let Some(st) = STATIC.get() else {
+        return -1;
+    };
+    let Some(mut path) = base_path(img.pid, img.nonce) else {
+        return -1;
+    };
+    if !path.push(b".info") {
+        return -1;
+    }
+    let fd = raw::open(path.c_str(), CREATE | libc::O_APPEND, 0o644);
+    if fd < 0 {
+        return -1;
+    }
+    raw::write_all(fd, &ptt::encode_header(FileKind::ProcessInfo));
     let mono = raw::monotonic_ns();
     let tsc_now = raw::rdtsc();
     let mut fixed = [0u8; 40];
-    fixed[0..4].copy_from_slice(&pid.to_le_bytes());
+    fixed[0..4].copy_from_slice(&img.pid.to_le_bytes());
     fixed[4..8].copy_from_slice(&raw::getppid().to_le_bytes());
-    fixed[8..16].copy_from_slice(&nonce.to_le_bytes());
-    fixed[16..24].copy_from_slice(&start_tsc.to_le_bytes());
+    fixed[8..16].copy_from_slice(&img.nonce.to_le_bytes());
+    fixed[16..24].copy_from_slice(&img.start_tsc.to_le_bytes());
     fixed[24..32].copy_from_slice(&mono.to_le_bytes());
     fixed[32] = st.mode;
     fixed[33] = st.window.code();
     fixed[34] = st.backend;
     fixed[35] = u8::from(st.pt_present);
-    ok &= write_frame_parts(fd, RecordType::Process, &[&fixed, st.reason.as_bytes()]);
-    ok &= write_frame_parts(fd, RecordType::Config, &[st.config_text.as_bytes()]);
-    ok &= write_frame_parts(fd, RecordType::Metadata, &[&st.metadata]);
+    write_frame_parts(fd, RecordType::Process, &[&fixed, st.reason.as_bytes()]);
+    write_frame_parts(fd, RecordType::Config, &[st.config_text.as_bytes()]);
+    write_frame_parts(fd, RecordType::Metadata, &[&st.metadata]);
     let mut clock = [0u8; 16];
     clock[0..8].copy_from_slice(&mono.to_le_bytes());
     clock[8..16].copy_from_slice(&tsc_now.to_le_bytes());
-    ok &= write_frame_parts(fd, RecordType::Clock, &[&clock]);
+    write_frame_parts(fd, RecordType::Clock, &[&clock]);
     if let Some(f) = MappedFile::read(b"/proc/self/cmdline\0") {
-        ok &= write_frame_parts(fd, RecordType::Cmdline, &[f.bytes()]);
+        write_frame_parts(fd, RecordType::Cmdline, &[f.bytes()]);
     }
     let mut exe = [0u8; 4096];
     let n = raw::sys4(
@@ -166,19 +191,19 @@ pub fn write_info_file() -> bool {
         exe.len() as u64,
     );
     if n > 0 {
-        ok &= write_frame_parts(fd, RecordType::Exe, &[exe.get(..n as usize).unwrap_or(&[])]);
+        write_frame_parts(fd, RecordType::Exe, &[exe.get(..n as usize).unwrap_or(&[])]);
     }
     if let Some(f) = MappedFile::read(b"/proc/self/maps\0") {
-        ok &= write_frame_parts(fd, RecordType::Maps, &[f.bytes()]);
+        write_frame_parts(fd, RecordType::Maps, &[f.bytes()]);
     }
     let (vaddr, vlen) = st.vdso;
     if vaddr != 0 && vlen != 0 {
         // SAFETY: the vDSO is mapped readable at vaddr for vlen bytes for the whole life of
         // the process (measured from its ELF headers at start-up).
         let image = unsafe { std::slice::from_raw_parts(vaddr as *const u8, vlen) };
-        ok &= write_frame_parts(fd, RecordType::Vdso, &[&vaddr.to_le_bytes(), image]);
+        write_frame_parts(fd, RecordType::Vdso, &[&vaddr.to_le_bytes(), image]);
     }
-    ok
+    fd
 }
 
 /// Appends a `Clock` and `ProcessEnd` to the info file (once).
@@ -186,7 +211,11 @@ pub fn write_process_end(reason: EndReason, code: i32) {
     if slots::PROCESS_ENDED.swap(true, AcqRel) {
         return;
     }
-    let fd = slots::INFO_FD.load(Acquire);
+    write_process_end_to(slots::INFO_FD.load(Acquire), reason, code);
+}
+
+/// Appends a `Clock` and `ProcessEnd` to the info file `fd`.
+pub fn write_process_end_to(fd: i32, reason: EndReason, code: i32) {
     if fd < 0 {
         return;
     }
@@ -202,9 +231,17 @@ pub fn write_process_end(reason: EndReason, code: i32) {
 }
 
 fn open_thread_file(slot: &Slot, st: &slots::Static) -> i32 {
-    let tid = slot.tid.load(Relaxed);
-    let pid = slot.pid.load(Relaxed);
-    let nonce = slot.nonce.load(Acquire);
+    let img = Image {
+        pid: slot.pid.load(Relaxed),
+        nonce: slot.nonce.load(Acquire),
+        start_tsc: slots::START_TSC.load(Relaxed),
+    };
+    create_thread_file(&img, slot.tid.load(Relaxed), st)
+}
+
+/// Creates the file of thread `tid` of image `img` with its header; returns the fd or -1.
+pub fn create_thread_file(img: &Image, tid: i32, st: &slots::Static) -> i32 {
+    let (pid, nonce) = (img.pid, img.nonce);
     let Some(mut path) = base_path(pid, nonce) else {
         return -1;
     };
@@ -223,7 +260,7 @@ fn open_thread_file(slot: &Slot, st: &slots::Static) -> i32 {
     head[10] = st.backend;
     head[11] = u8::from(st.pt_present);
     head[12..20].copy_from_slice(&nonce.to_le_bytes());
-    head[20..28].copy_from_slice(&slots::START_TSC.load(Relaxed).to_le_bytes());
+    head[20..28].copy_from_slice(&img.start_tsc.to_le_bytes());
     raw::write_all(fd, &ptt::encode_header(FileKind::Thread));
     write_frame_parts(fd, RecordType::ThreadHeader, &[&head, st.reason.as_bytes()]);
     fd
@@ -238,6 +275,11 @@ use crate::format::pdb::{
 const PDB_ARGS: u64 = 6;
 
 fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
+    create_kernel_raw(slot.pid.load(Relaxed), slot.tid.load(Relaxed), st)
+}
+
+/// Opens (creating it with its metadata PDB when new) `kernel.raw/<tid>.raw.pt`.
+pub fn create_kernel_raw(pid: i32, tid: i32, st: &slots::Static) -> i32 {
     let mut dir = Path::new();
     if !(dir.push(&st.out_dir) && dir.push(b"/kernel.raw")) {
         return -1;
@@ -248,7 +290,6 @@ fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
         dir.c_str().as_ptr() as u64,
         0o755,
     );
-    let tid = slot.tid.load(Relaxed);
     if !(dir.push(b"/") && dir.push_dec(tid as u32 as u64) && dir.push(b".raw.pt")) {
         return -1;
     }
@@ -257,7 +298,7 @@ fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
     let fd = raw::open(dir.c_str(), flags | libc::O_EXCL, 0o644);
     if fd >= 0 {
-        let pid = slot.pid.load(Relaxed) as u32 as u64;
+        let pid = pid as u32 as u64;
         let mut b = [0u8; 24 + 18];
         b[0..8].copy_from_slice(&pdb_entry(PDB_PID, pid).to_le_bytes());
         b[8..16].copy_from_slice(&pdb_entry(PDB_TID, tid as u32 as u64).to_le_bytes());
@@ -269,12 +310,17 @@ fn open_kernel_raw(slot: &Slot, st: &slots::Static) -> i32 {
     raw::open(dir.c_str(), flags, 0o644)
 }
 
-/// One syscall PDB without PT bytes (PT is absent or written by the capture path).
+/// One syscall PDB of `slot`'s thread without PT bytes (PT is absent or written by the
+/// capture path).
 pub fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
+    encode_pdb_for(out, slot.pid.load(Relaxed), slot.tid.load(Relaxed), w)
+}
+
+/// One syscall PDB of thread `tid` of process `pid`.
+pub fn encode_pdb_for(out: &mut [u8], pid: i32, tid: i32, w: &Window) -> Option<usize> {
     let n = 48 + 8 * PDB_ARGS as usize;
     let dst = out.get_mut(..n)?;
-    let pid = slot.pid.load(Relaxed) as u32 as u64;
-    let tid = slot.tid.load(Relaxed) as u32 as u64;
+    let (pid, tid) = (pid as u32 as u64, tid as u32 as u64);
     let entries = [
         pdb_entry(PDB_PID, pid).to_le_bytes(),
         pdb_entry(PDB_TID, tid).to_le_bytes(),

@@ -155,6 +155,8 @@ pub struct Slot {
     /// A vfork-style child (shared memory, no new thread) is running on this slot.
     pub vfork_child: AtomicBool,
     pub pending_clone: UnsafeCell<PendingClone>,
+    /// Files of the vfork-style child running on this slot (valid when zeroed).
+    pub child: UnsafeCell<super::vfork_child::ChildFiles>,
     /// Copy of the application's `clone_args` for a reissued clone3.
     pub clone_args: UnsafeCell<[u64; 16]>,
     pub cap: usize,
