@@ -219,11 +219,38 @@ fn every_thread_of_a_threaded_program_decodes_exactly() {
     let mut loops = Vec::new();
     for (th, wins) in t.threads.iter().zip(&all) {
         let with_pt = wins.iter().filter(|(w, _)| w.pt_len > 0).count();
-        assert!(
-            with_pt + 1 >= wins.len(),
-            "thread {}: only the first window lacks PT",
-            th.header.tid
-        );
+        let worker = th.header.tid != th.header.pid;
+        if worker {
+            // Stepped from its first instruction: clone's return in libc, where the new
+            // thread starts, up to its first syscall.
+            assert_eq!(with_pt, wins.len(), "thread {}", th.header.tid);
+            let first = ips(&wins[0].1);
+            assert!(first.len() > 3, "thread {}: {first:x?}", th.header.tid);
+            let proc_ = t.process_of(th).expect("info file");
+            let libc = proc_
+                .maps
+                .iter()
+                .find(|m| m.exec && m.path.contains("/libc"))
+                .expect("libc mapping");
+            assert!(
+                (libc.start..libc.end).contains(&first[0]),
+                "thread {} starts at {:#x}, outside libc",
+                th.header.tid,
+                first[0]
+            );
+            let last = wins[0].1.iter().rev().find_map(|r| r.as_instruction());
+            assert_eq!(
+                last.map(|i| i.encoding()),
+                Some(&[0x0f, 0x05][..]),
+                "the first window ends with the thread's first syscall"
+            );
+        } else {
+            assert!(
+                with_pt + 1 >= wins.len(),
+                "thread {}: only the first window lacks PT",
+                th.header.tid
+            );
+        }
         for (w, recs) in wins {
             assert_eq!(
                 gaps(recs),

@@ -165,6 +165,18 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         regs.set(libc::REG_RAX, r as u64);
         return;
     };
+    if regs.get(libc::REG_RIP) == raw::child_start_resume() {
+        // A new thread's start trap (see `raw`): perform the stub's `ret 128` with clone's
+        // child result; `userpt::leave` then arms stepping at the thread's first
+        // instruction. Nothing is recorded.
+        let sp = regs.get(libc::REG_RSP);
+        // SAFETY: the reissue put the resume address at the child's stack pointer.
+        let rip = unsafe { peek(sp) };
+        regs.set(libc::REG_RIP, rip);
+        regs.set(libc::REG_RSP, sp.wrapping_add(8 + 128));
+        regs.set(libc::REG_RAX, 0);
+        return;
+    }
     if regs.get(libc::REG_RIP) == super::rewrite::fallback_resume() {
         // A patched site sent a syscall that needs the full handler: its `call` left the
         // site's resume address on the stack. Make the context look like a trap there.

@@ -17,7 +17,9 @@
 //!   RAX (the trap is recognized by its address, [`notify_resume`]), so the handler can
 //!   record the result and leave RAX unchanged. The child arms Syscall User Dispatch for
 //!   itself first: the kernel does not carry it over to new threads (it does to forked
-//!   processes). (No other register can carry the result:
+//!   processes). When user code is stepped, the child then traps once from
+//!   `pttracer_child_start` (outside the range), and the handler resumes it at its resume
+//!   address with stepping armed, so the thread is traced from its first instruction. (No other register can carry the result:
 //!   `syscall` itself overwrites RCX and R11, and the application expects every other
 //!   register preserved.)
 
@@ -30,6 +32,15 @@ global_asm!(
     ".hidden pttracer_notify_clone",
     "pttracer_notify_clone:",
     "    syscall",
+    "    ret 128",
+    ".p2align 4",
+    ".globl pttracer_child_start",
+    ".hidden pttracer_child_start",
+    "pttracer_child_start:",
+    "    mov eax, 39",
+    "    syscall",
+    // Not reached: the handler resumes at the application's resume address.
+    "    xor eax, eax",
     "    ret 128",
     ".p2align 4",
     ".globl pttracer_sud_begin",
@@ -81,6 +92,11 @@ global_asm!(
     "    pop rdx",
     "    pop rsi",
     "    pop rdi",
+    // When new threads are stepped from their first instruction, trap once more from
+    // outside the range: the handler then returns straight to the application with
+    // stepping armed (see `child_start_resume`).
+    "    cmp byte ptr [rip + pttracer_step_new_threads], 0",
+    "    jne pttracer_child_start",
     "    xor eax, eax",
     "    ret 128",
     ".globl pttracer_sud_end",
@@ -93,6 +109,10 @@ global_asm!(
     ".hidden pttracer_selector",
     "pttracer_selector:",
     "    .byte 1",
+    ".globl pttracer_step_new_threads",
+    ".hidden pttracer_step_new_threads",
+    "pttracer_step_new_threads:",
+    "    .byte 0",
     ".popsection",
 );
 
@@ -104,6 +124,23 @@ extern "C" {
     static pttracer_reissue_clone: u8;
     static pttracer_notify_clone: u8;
     static pttracer_selector: u8;
+    static pttracer_child_start: u8;
+    static mut pttracer_step_new_threads: u8;
+}
+
+/// Makes new threads trap once at their start (see `child_start_resume`), so that user-mode
+/// stepping covers them from their first instruction. Normal context, at start-up.
+pub fn step_new_threads() {
+    // SAFETY: a byte of our own data section, written before any thread is created through
+    // the shim and read only by the clone stub.
+    unsafe { core::ptr::addr_of_mut!(pttracer_step_new_threads).write_volatile(1) };
+}
+
+/// Address just after the `syscall` of the child-start stub (the RIP its trap reports):
+/// a new thread whose next instruction is `ret 128` to its resume address, RAX to be 0.
+pub fn child_start_resume() -> u64 {
+    // `mov eax, 39` (5 bytes) + `syscall` (2 bytes).
+    core::ptr::addr_of!(pttracer_child_start) as u64 + 7
 }
 
 /// The process-wide Syscall User Dispatch selector byte: BLOCK (1) from the start and never

@@ -48,8 +48,12 @@
 //! breakpoints still reach it). While stepping, SIGTRAP cannot be blocked (it is removed
 //! from the mask restored at each return from the SIGSYS handler).
 //!
-//! Windows without PT keep `WF_PT_ABSENT`: the part of a thread before its first syscall
-//! (stepping starts there), syscalls made by signal handlers (handlers run untraced),
+//! New threads (created through the shim's clone reissue) trap once at their start and are
+//! stepped from their first instruction: their first window covers the code up to their
+//! first syscall.
+//!
+//! Windows without PT keep `WF_PT_ABSENT`: the main thread's code before its first
+//! syscall (stepping starts there), syscalls made by signal handlers (handlers run untraced),
 //! nested syscalls, the window before a successful `execve`, vfork-style children, the
 //! child's side of a fork (the parent's file has it). Code run with Syscall User Dispatch
 //! off (the shim's fork-child writer start) is not stepped until the next syscall.
@@ -203,6 +207,8 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
     let steps = ring.clamp(4096, crate::emu::MAX_STEPS) as u64;
     BUF_STEPS.store(steps, Relaxed);
     ENABLED.store(true, Release);
+    // New threads are stepped from their first instruction.
+    raw::step_new_threads();
     Ok(())
 }
 
