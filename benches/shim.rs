@@ -1,6 +1,9 @@
 //! Added cost per intercepted syscall: the same getppid loop uninstrumented, under the
 //! shim (kernel mode; on a machine without PT this records metadata-only windows) at each
-//! `PTTRACER_REWRITE` level, and under `strace -f`, in one run. Prints per-syscall figures and the ratios.
+//! `PTTRACER_REWRITE` level, and under `strace -f`, in one run. Then user-mode stepping
+//! through the shim (`PTTRACER_MODE=user PTTRACER_WINDOW=thread`, emulated backend): a
+//! dec/jnz loop between two syscalls, stepped and recorded as PT, next to the same loop
+//! under a bare EFLAGS.TF single-step loop (a SIGTRAP handler that only counts). Prints per-syscall figures and the ratios.
 //!
 //! Run with `cargo bench --bench shim`.
 
@@ -10,6 +13,8 @@ use std::time::Instant;
 
 const N: u64 = 100_000;
 const RUNS: usize = 5;
+/// dec/jnz iterations of the user-mode stepping workload (each step costs ~5-30 us here).
+const STEP_ITERATIONS: u64 = 20_000;
 
 fn lib_path() -> PathBuf {
     let exe = std::env::current_exe().expect("bench executable path");
@@ -69,6 +74,20 @@ fn count_windows(out: &Path) -> u64 {
                 .get(&110)
                 .copied()
                 .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// PT bytes recorded in a trace directory.
+fn pt_bytes(out: &Path) -> u64 {
+    std::fs::read_dir(out)
+        .expect("trace dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".ptt"))
+        .map(|e| {
+            drpttracer::format::ptt::summarize_thread(&e.path())
+                .expect("thread file")
+                .pt_bytes
         })
         .sum()
 }
@@ -200,5 +219,56 @@ fn main() {
         println!("recorded getppid windows, {label}: {windows} (expected {N})");
         assert_eq!(*windows, N, "{label} lost windows");
     }
+
+    // User-mode stepping through the shim.
+    let step_prog = compile(&tmp, "bench_step");
+    let steps = STEP_ITERATIONS.to_string();
+    let insns = 2 * STEP_ITERATIONS;
+    let plain = measure(|| {
+        let mut c = Command::new(&step_prog);
+        c.arg(&steps);
+        c
+    });
+    let bare = measure(|| {
+        let mut c = Command::new(&step_prog);
+        c.args([steps.as_str(), "bare"]);
+        c
+    });
+    let user = measure(|| {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut c = Command::new(&step_prog);
+        c.arg(&steps)
+            .env("LD_PRELOAD", &lib)
+            .env("PTTRACER_OUT", &out)
+            .env("PTTRACER_MODE", "user")
+            .env("PTTRACER_WINDOW", "thread")
+            .env("PTTRACER_BACKEND", "emulated");
+        c
+    });
+    let pt_bytes = pt_bytes(&out);
+    let per_insn = |ns: f64| ns / insns as f64 / 1e3;
+    println!();
+    println!("user-mode stepping: {STEP_ITERATIONS} dec/jnz iterations ({insns} instructions) between two syscalls, best of {RUNS}");
+    println!(
+        "{:<34} {:>12.3}",
+        "uninstrumented, us/insn",
+        per_insn(plain.0)
+    );
+    println!(
+        "{:<34} {:>12.3}",
+        "bare TF step loop, us/insn",
+        per_insn(bare.0)
+    );
+    println!(
+        "{:<34} {:>12.3}",
+        "shim user thread window, us/insn",
+        per_insn(user.0)
+    );
+    println!(
+        "ratio: the shim records {:.0} k insn/s = {:.2}x the bare single-step rate; {pt_bytes} PT bytes written",
+        insns as f64 / user.0 * 1e6,
+        bare.0 / user.0
+    );
+    assert!(pt_bytes > 0, "the stepped loop wrote no PT");
     let _ = std::fs::remove_dir_all(&tmp);
 }
