@@ -14,17 +14,36 @@ use drpttracer::decode::{
 };
 use libipt_sys as sys;
 
-/// Best of `runs` timings of `f` (returns its last result too).
-fn best<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
-    let mut best = Duration::MAX;
+/// Best and median of a set of timings.
+#[derive(Clone, Copy)]
+struct Stats {
+    best: Duration,
+    median: Duration,
+}
+
+fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    Stats {
+        best: v.first().copied().unwrap_or_default(),
+        median: v.get(v.len() / 2).copied().unwrap_or_default(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Wall-time best and median of `runs` runs of `f` (returns its last result too).
+fn timed<T>(runs: usize, mut f: impl FnMut() -> T) -> (Stats, T) {
+    let mut times = Vec::new();
     let mut out = None;
     for _ in 0..runs {
         let t = Instant::now();
         let r = f();
-        best = best.min(t.elapsed());
+        times.push(t.elapsed());
         out = Some(r);
     }
-    (best, out.expect("runs > 0"))
+    (stats(times), out.expect("runs > 0"))
 }
 
 /// CPU time of the calling thread (less disturbed by other load than wall time).
@@ -181,49 +200,6 @@ fn main() {
         }
         return;
     }
-    let runs = 7;
-    // Interleaved runs, best thread-CPU time of each (the machine is shared).
-    let (mut t_bare, mut t_iter, mut t_ours) = (Duration::MAX, Duration::MAX, Duration::MAX);
-    let (mut n_bare, mut r_iter, mut r_ours) = (0, (0, 0), (0, 0));
-    for _ in 0..runs {
-        let (t, n) = cpu(|| bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64));
-        (t_bare, n_bare) = (t_bare.min(t), n);
-        let (t, r) = cpu(|| ours_iter(&trace, &space));
-        (t_iter, r_iter) = (t_iter.min(t), r);
-        let (t, r) = cpu(|| ours_slices(&trace, &space));
-        (t_ours, r_ours) = (t_ours.min(t), r);
-    }
-    let ((n_iter, h_iter), (n_ours, h_ours)) = (r_iter, r_ours);
-    assert_eq!((n_iter, h_iter), (n_ours, h_ours));
-    let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64() / 1e6;
-    println!(
-        "trace: {} MB PT, {} instructions",
-        trace.len() >> 20,
-        n_ours
-    );
-    println!("single thread (best of {runs} interleaved runs, thread CPU time):");
-    println!(
-        "bare libipt block loop   : {:>8.1} ms  {:>7.1} M insn/s  ({} insns, count only)",
-        t_bare.as_secs_f64() * 1e3,
-        rate(n_bare, t_bare),
-        n_bare
-    );
-    println!(
-        "pipeline, next_slice()   : {:>8.1} ms  {:>7.1} M insn/s  (full records visited)",
-        t_ours.as_secs_f64() * 1e3,
-        rate(n_ours, t_ours),
-    );
-    println!(
-        "pipeline, Iterator       : {:>8.1} ms  {:>7.1} M insn/s  (full records copied out)",
-        t_iter.as_secs_f64() * 1e3,
-        rate(n_iter, t_iter),
-    );
-    println!(
-        "ratio pipeline / bare    : {:.2}x next_slice, {:.2}x Iterator   (goal >= 0.9x)",
-        t_bare.as_secs_f64() / t_ours.as_secs_f64(),
-        t_bare.as_secs_f64() / t_iter.as_secs_f64()
-    );
-
     let opts = WindowOptions::default();
     let par = |threads: usize| {
         decode_parallel_compact(
@@ -240,22 +216,105 @@ fn main() {
         .map(|c| c.len())
         .sum::<usize>()
     };
-    println!("parallel (best of {runs}, wall time):");
-    let (t_seq, n_seq) = best(runs, || sequential_collect(&trace, &space));
-    let (t2, n2) = best(runs, || par(2));
-    assert_eq!(n_seq, n2, "parallel and sequential record counts differ");
+    // For profilers: sequential vs segmented decode on one thread (PROFILE_RUNS times).
+    let profile_runs: usize = std::env::var("PROFILE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    if std::env::args().any(|a| a == "--profile-seq") {
+        for _ in 0..profile_runs {
+            std::hint::black_box(sequential_collect(&trace, &space));
+        }
+        return;
+    }
+    for (flag, threads) in [("--profile-par1", 1), ("--profile-par2", 2)] {
+        if std::env::args().any(|a| a == flag) {
+            for _ in 0..profile_runs {
+                std::hint::black_box(par(threads));
+            }
+            return;
+        }
+    }
+    let runs = 9;
+    // Interleaved runs, thread CPU time of each (the machine is shared): best and median.
+    let (mut t_bare, mut t_iter, mut t_ours) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut n_bare, mut r_iter, mut r_ours) = (0, (0, 0), (0, 0));
+    for _ in 0..runs {
+        let (t, n) = cpu(|| bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64));
+        t_bare.push(t);
+        n_bare = n;
+        let (t, r) = cpu(|| ours_iter(&trace, &space));
+        t_iter.push(t);
+        r_iter = r;
+        let (t, r) = cpu(|| ours_slices(&trace, &space));
+        t_ours.push(t);
+        r_ours = r;
+    }
+    let (t_bare, t_iter, t_ours) = (stats(t_bare), stats(t_iter), stats(t_ours));
+    let ((n_iter, h_iter), (n_ours, h_ours)) = (r_iter, r_ours);
+    assert_eq!((n_iter, h_iter), (n_ours, h_ours));
+    let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64() / 1e6;
     println!(
-        "sequential, all kept     : {:>8.1} ms   ({} records)",
-        t_seq.as_secs_f64() * 1e3,
+        "trace: {} MB PT, {} instructions",
+        trace.len() >> 20,
+        n_ours
+    );
+    println!("single thread ({runs} interleaved runs, thread CPU time; best / median):");
+    println!(
+        "bare libipt block loop   : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  ({} insns, count only)",
+        ms(t_bare.best),
+        ms(t_bare.median),
+        rate(n_bare, t_bare.best),
+        n_bare
+    );
+    println!(
+        "pipeline, next_slice()   : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  (full records visited)",
+        ms(t_ours.best),
+        ms(t_ours.median),
+        rate(n_ours, t_ours.best),
+    );
+    println!(
+        "pipeline, Iterator       : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  (full records copied out)",
+        ms(t_iter.best),
+        ms(t_iter.median),
+        rate(n_iter, t_iter.best),
+    );
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
+        "ratio pipeline / bare    : next_slice {:.2}x best, {:.2}x median; Iterator {:.2}x best, \
+         {:.2}x median   (goal >= 0.9x)",
+        ratio(t_bare.best, t_ours.best),
+        ratio(t_bare.median, t_ours.median),
+        ratio(t_bare.best, t_iter.best),
+        ratio(t_bare.median, t_iter.median)
+    );
+
+    println!("parallel ({runs} runs, wall time; best / median):");
+    let (t_seq, n_seq) = timed(runs, || sequential_collect(&trace, &space));
+    let (t1, n1) = timed(runs, || par(1));
+    let (t2, n2) = timed(runs, || par(2));
+    assert_eq!(n_seq, n2, "parallel and sequential record counts differ");
+    assert_eq!(n_seq, n1, "parallel and sequential record counts differ");
+    println!(
+        "sequential, all kept     : {:>7.1} / {:>7.1} ms   ({} records)",
+        ms(t_seq.best),
+        ms(t_seq.median),
         n_seq
     );
     println!(
-        "PSB-parallel, 2 threads  : {:>8.1} ms",
-        t2.as_secs_f64() * 1e3
+        "PSB-parallel, 1 thread   : {:>7.1} / {:>7.1} ms   (4 segments: the cost of cutting the trace)",
+        ms(t1.best),
+        ms(t1.median)
     );
     println!(
-        "2-thread speed-up        : {:.2}x   (goal >= 1.8x; {} CPUs online)",
-        t_seq.as_secs_f64() / t2.as_secs_f64(),
+        "PSB-parallel, 2 threads  : {:>7.1} / {:>7.1} ms",
+        ms(t2.best),
+        ms(t2.median)
+    );
+    println!(
+        "2-thread speed-up        : {:.2}x best, {:.2}x median   (goal >= 1.8x; {} CPUs online)",
+        ratio(t_seq.best, t2.best),
+        ratio(t_seq.median, t2.median),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
@@ -286,12 +345,14 @@ fn main() {
             hs.into_iter().map(|h| h.join().unwrap_or(0)).sum::<u64>()
         })
     };
-    let (tb1, _) = best(runs, || bare_segs(1));
-    let (tb2, _) = best(runs, || bare_segs(2));
+    let (tb1, _) = timed(runs, || bare_segs(1));
+    let (tb2, _) = timed(runs, || bare_segs(2));
     println!(
-        "machine scaling (bare libipt, same segments): 1 thr {:.1} ms, 2 thr {:.1} ms = {:.2}x",
-        tb1.as_secs_f64() * 1e3,
-        tb2.as_secs_f64() * 1e3,
-        tb1.as_secs_f64() / tb2.as_secs_f64()
+        "machine scaling (bare libipt, same segments, no output): 1 thr {:.1} ms, 2 thr {:.1} ms \
+         = {:.2}x best, {:.2}x median",
+        ms(tb1.best),
+        ms(tb2.best),
+        ratio(tb1.best, tb2.best),
+        ratio(tb1.median, tb2.median)
     );
 }

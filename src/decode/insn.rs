@@ -140,12 +140,23 @@ impl std::hash::Hash for BlockKey {
 pub struct BlockCache {
     generation: Option<u64>,
     map: HashMap<BlockKey, (u32, u32, u64), BuildHasherDefault<AddrHasher>>,
-    /// Direct-mapped front cache of `map` (hot loops hit here without hashing).
-    l1: Vec<(BlockKey, u32, u32, u64)>,
+    /// Direct-mapped front cache of `map` for the hot path (hits without hashing).
+    l1: Vec<L1Entry>,
     pub arena: Vec<super::records::Record>,
     /// Keep replaced arenas here instead of dropping them (compact collection).
     pub retire: bool,
     pub retired: Vec<Vec<super::records::Record>>,
+}
+
+/// A front-cache entry, 16 bytes (4 per cache line): the key exactly, the block's arena
+/// start, and its record count as `ninsn + extra` (syscall markers add records).
+#[derive(Debug, Clone, Copy, Default)]
+struct L1Entry {
+    ip: u64,
+    start: u32,
+    ninsn: u16,
+    extra: u8,
+    mode: u8,
 }
 
 const L1_SIZE: usize = 4096;
@@ -188,33 +199,44 @@ impl BlockCache {
     }
 
     /// (start, len, next ip) of a cached block.
-    #[inline]
-    pub fn get(&mut self, k: &BlockKey) -> Option<(u32, u32, u64)> {
-        let slot = l1_slot(k);
-        if let Some(e) = self.l1.get(slot) {
-            if e.0 == *k && e.0.ninsn != 0 {
-                return Some((e.1, e.2, e.3));
-            }
-        }
-        self.get_slow(k, slot)
+    pub fn get(&self, k: &BlockKey) -> Option<(u32, u32, u64)> {
+        self.map.get(k).copied()
     }
 
-    /// `get` past the front cache: the map, then fill the front cache slot.
+    /// (start, len) of a cached block: the hot path's lookup, front cache first.
+    #[inline]
+    pub fn get_fast(&mut self, k: &BlockKey) -> Option<(u32, u32)> {
+        let slot = l1_slot(k);
+        if let Some(e) = self.l1.get(slot) {
+            if e.ip == k.ip && e.ninsn == k.ninsn && e.mode == k.mode && e.ninsn != 0 {
+                return Some((e.start, u32::from(e.ninsn) + u32::from(e.extra)));
+            }
+        }
+        self.get_fast_slow(k, slot)
+    }
+
+    /// `get_fast` past the front cache: the map, then fill the front cache slot.
     #[inline(never)]
-    fn get_slow(&mut self, k: &BlockKey, slot: usize) -> Option<(u32, u32, u64)> {
-        let v = *self.map.get(k)?;
-        if self.l1.is_empty() {
-            let empty = BlockKey {
-                ip: 0,
-                ninsn: 0,
-                mode: 0,
-            };
-            self.l1.resize(L1_SIZE, (empty, 0, 0, 0));
+    fn get_fast_slow(&mut self, k: &BlockKey, slot: usize) -> Option<(u32, u32)> {
+        let (start, len, _) = *self.map.get(k)?;
+        let extra = len
+            .checked_sub(u32::from(k.ninsn))
+            .and_then(|x| u8::try_from(x).ok());
+        if let Some(extra) = extra {
+            if self.l1.is_empty() {
+                self.l1.resize(L1_SIZE, L1Entry::default());
+            }
+            if let Some(e) = self.l1.get_mut(slot) {
+                *e = L1Entry {
+                    ip: k.ip,
+                    start,
+                    ninsn: k.ninsn,
+                    extra,
+                    mode: k.mode,
+                };
+            }
         }
-        if let Some(e) = self.l1.get_mut(slot) {
-            *e = (*k, v.0, v.1, v.2);
-        }
-        Some(v)
+        Some((start, len))
     }
 
     pub fn insert(&mut self, k: BlockKey, v: (u32, u32, u64)) {

@@ -94,16 +94,56 @@ impl ItemQueue {
     }
 }
 
-/// One entry of [`CompactRecords`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum CItem {
-    /// Index into `markers`.
+/// One entry of [`CompactRecords`], packed into 8 bytes (a decode keeps one per block, so
+/// this halves the memory a whole window's records take): bit 63 set: a marker, bits 0..32
+/// its index in `markers`; clear: a block, `start` (bits 0..24) and `len` (bits 24..41)
+/// in arena `arena` (bits 41..63).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CItem(u64);
+
+/// What a [`CItem`] holds.
+enum CItemKind {
     Rec(u32),
-    Block {
-        arena: u32,
-        start: u32,
-        len: u32,
-    },
+    Block { arena: u32, start: u32, len: u32 },
+}
+
+const CITEM_REC: u64 = 1 << 63;
+const CITEM_START_BITS: u32 = 24;
+const CITEM_LEN_BITS: u32 = 17;
+const CITEM_ARENA_BITS: u32 = 22;
+
+impl CItem {
+    fn rec(i: u32) -> CItem {
+        CItem(CITEM_REC | u64::from(i))
+    }
+
+    /// A block reference, if its fields fit (always for the decoder's arenas: a block has
+    /// at most 2 * 65535 + 1 records and an arena is cut near 2^22 records).
+    fn block(arena: u32, start: u32, len: u32) -> Option<CItem> {
+        let fits = u64::from(start) < 1 << CITEM_START_BITS
+            && u64::from(len) < 1 << CITEM_LEN_BITS
+            && u64::from(arena) < 1 << CITEM_ARENA_BITS;
+        fits.then(|| {
+            CItem(
+                u64::from(start)
+                    | u64::from(len) << CITEM_START_BITS
+                    | u64::from(arena) << (CITEM_START_BITS + CITEM_LEN_BITS),
+            )
+        })
+    }
+
+    #[inline]
+    fn kind(self) -> CItemKind {
+        if self.0 & CITEM_REC != 0 {
+            CItemKind::Rec(self.0 as u32)
+        } else {
+            CItemKind::Block {
+                start: (self.0 & ((1 << CITEM_START_BITS) - 1)) as u32,
+                len: ((self.0 >> CITEM_START_BITS) & ((1 << CITEM_LEN_BITS) - 1)) as u32,
+                arena: (self.0 >> (CITEM_START_BITS + CITEM_LEN_BITS)) as u32,
+            }
+        }
+    }
 }
 
 /// A decoded record sequence in compact form (see [`PtDecoder::collect_compact`]).
@@ -115,20 +155,39 @@ pub struct CompactRecords {
 }
 
 impl CompactRecords {
-    fn item_slice<'a>(&'a self, it: &'a CItem) -> &'a [Record] {
-        match it {
-            CItem::Rec(i) => self
+    fn item_slice(&self, it: &CItem) -> &[Record] {
+        match it.kind() {
+            CItemKind::Rec(i) => self
                 .markers
-                .get(*i as usize)
+                .get(i as usize)
                 .map_or(&[][..], std::slice::from_ref),
-            CItem::Block { arena, start, len } => {
-                let (s, l) = (*start as usize, *len as usize);
+            CItemKind::Block { arena, start, len } => {
+                let (s, l) = (start as usize, len as usize);
                 self.arenas
-                    .get(*arena as usize)
+                    .get(arena as usize)
                     .and_then(|a| a.get(s..s + l))
                     .unwrap_or(&[])
             }
         }
+    }
+
+    /// Appends a reference to `len` records at `start` of arena `arena` (whose records are
+    /// `recs`), or copies of them where the reference does not fit.
+    fn push_block(&mut self, arena: u32, start: u32, len: u32, recs: &[Record]) {
+        match CItem::block(arena, start, len) {
+            Some(it) => self.items.push(it),
+            None => {
+                let (s, l) = (start as usize, len as usize);
+                for r in recs.get(s..s + l).unwrap_or(&[]) {
+                    self.push_marker(r.clone());
+                }
+            }
+        }
+    }
+
+    fn push_marker(&mut self, r: Record) {
+        self.items.push(CItem::rec(self.markers.len() as u32));
+        self.markers.push(r);
     }
 
     /// The records as consecutive slices.
@@ -172,7 +231,7 @@ impl CompactRecords {
         let n = self
             .items
             .iter()
-            .take_while(|it| matches!(it, CItem::Rec(i) if self.markers.get(*i as usize).is_some_and(&drop)))
+            .take_while(|it| matches!(it.kind(), CItemKind::Rec(i) if self.markers.get(i as usize).is_some_and(&drop)))
             .count();
         self.items.drain(..n);
     }
@@ -199,8 +258,14 @@ impl CompactRecords {
         }
         let Some((k, j)) = cut else { return };
         self.items.truncate(k + 1);
-        match self.items.last_mut() {
-            Some(CItem::Block { len, .. }) if j > 0 => *len = j as u32,
+        let shortened = match self.items.last().map(|it| it.kind()) {
+            Some(CItemKind::Block { arena, start, .. }) if j > 0 => {
+                CItem::block(arena, start, j as u32)
+            }
+            _ => None,
+        };
+        match (shortened, self.items.last_mut()) {
+            (Some(it), Some(last)) => *last = it,
             _ => {
                 self.items.pop();
             }
@@ -686,11 +751,11 @@ impl<'a> PtDecoder<'a> {
                     if blk.ninsn > 0
                         && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
                 {
-                    self.blocks.get(&block_key(&blk))
+                    self.blocks.get_fast(&block_key(&blk))
                 }
                 _ => None,
             };
-            let (Some((start, len, _)), Ok(next_status)) = (hit, r) else {
+            let (Some((start, len)), Ok(next_status)) = (hit, r) else {
                 return self.after_block(status, &blk, r);
             };
             self.queue.push_back(Item::Block(start, len));
@@ -787,11 +852,11 @@ impl<'a> PtDecoder<'a> {
                 if blk.ninsn > 0
                     && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
             {
-                self.blocks.get(&block_key(blk))
+                self.blocks.get_fast(&block_key(blk))
             }
             _ => None,
         };
-        let (Some((start, len, _)), Ok(next_status)) = (hit, r) else {
+        let (Some((start, len)), Ok(next_status)) = (hit, r) else {
             self.fast = false;
             let blk = self.blk;
             self.after_block(status, &blk, r);
@@ -839,15 +904,12 @@ impl PtDecoder<'_> {
     /// per instruction). The fastest way to keep a whole window's records.
     pub fn collect_compact(mut self) -> CompactRecords {
         self.blocks.retire = true;
-        let mut items = Vec::new();
-        let mut markers = Vec::new();
+        let mut out = CompactRecords::default();
         // The rest of a block partly consumed through `Iterator::next`.
         if self.cur < self.cur_end {
-            items.push(CItem::Block {
-                arena: self.blocks.retired.len() as u32,
-                start: self.cur as u32,
-                len: (self.cur_end - self.cur) as u32,
-            });
+            let arena = self.blocks.retired.len() as u32;
+            let (start, len) = (self.cur as u32, (self.cur_end - self.cur) as u32);
+            out.push_block(arena, start, len, &self.blocks.arena);
             self.cur = self.cur_end;
         }
         loop {
@@ -860,21 +922,17 @@ impl PtDecoder<'_> {
             let arena = self.blocks.retired.len() as u32;
             for item in self.queue.drain() {
                 match item {
-                    Item::Rec(r) => {
-                        items.push(CItem::Rec(markers.len() as u32));
-                        markers.push(*r);
+                    Item::Rec(r) => out.push_marker(*r),
+                    Item::Block(start, len) => {
+                        out.push_block(arena, start, len, &self.blocks.arena)
                     }
-                    Item::Block(start, len) => items.push(CItem::Block { arena, start, len }),
                 }
             }
         }
         let mut arenas = std::mem::take(&mut self.blocks.retired);
         arenas.push(std::mem::take(&mut self.blocks.arena));
-        CompactRecords {
-            items,
-            markers,
-            arenas,
-        }
+        out.arenas = arenas;
+        out
     }
 
     /// The next records as a slice (a run of markers, or one block's instructions),
@@ -955,5 +1013,76 @@ impl Iterator for PtDecoder<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::records::InsnClass;
+
+    fn insn(pc: u64) -> Record {
+        Record::Instruction(Instruction {
+            pc,
+            size: 1,
+            bytes: [0x90, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            class: InsnClass::Other,
+            mode: ExecMode::Bit64,
+        })
+    }
+
+    #[test]
+    fn compact_items_pack_into_eight_bytes_and_round_trip() {
+        assert_eq!(std::mem::size_of::<CItem>(), 8);
+        let max = |bits: u32| (1u32 << bits) - 1;
+        let (a, s, l) = (
+            max(CITEM_ARENA_BITS),
+            max(CITEM_START_BITS),
+            max(CITEM_LEN_BITS),
+        );
+        match CItem::block(a, s, l).map(CItem::kind) {
+            Some(CItemKind::Block { arena, start, len }) => {
+                assert_eq!((arena, start, len), (a, s, l))
+            }
+            _ => panic!("block did not round-trip"),
+        }
+        assert!(CItem::block(a + 1, 0, 1).is_none());
+        assert!(CItem::block(0, s + 1, 1).is_none());
+        assert!(CItem::block(0, 0, l + 1).is_none());
+        assert!(matches!(
+            CItem::rec(u32::MAX).kind(),
+            CItemKind::Rec(u32::MAX)
+        ));
+    }
+
+    #[test]
+    fn compact_records_reference_blocks_copy_what_does_not_fit_and_truncate() {
+        let arena: Vec<Record> = (0..6).map(|k| insn(0x1000 + k)).collect();
+        let mut c = CompactRecords::default();
+        c.push_block(0, 1, 3, &arena);
+        c.push_marker(Record::Timestamp {
+            tsc: 7,
+            perf_time: None,
+        });
+        // An arena index beyond the packed range: the records are copied instead.
+        c.push_block(1 << CITEM_ARENA_BITS, 4, 2, &arena);
+        c.arenas.push(arena.clone());
+        let want: Vec<Record> = [
+            &arena[1..4],
+            &[Record::Timestamp {
+                tsc: 7,
+                perf_time: None,
+            }],
+            &arena[4..6],
+        ]
+        .concat();
+        assert_eq!(c.to_vec(), want);
+        assert_eq!(c.len(), 6);
+        // Cut at the second instruction of the first block (0x1002).
+        c.truncate_back(|r, _| match r {
+            Record::Instruction(i) => (i.pc == 0x1002, i.pc == 0x1002),
+            _ => (false, false),
+        });
+        assert_eq!(c.to_vec(), vec![insn(0x1001)]);
     }
 }
