@@ -388,6 +388,20 @@ fn posix_spawn_children_get_their_own_files_before_and_after_exec() {
             (Some("sh -c echo system ok".to_string()), 0, 1, exec, 0),
         ]
     );
+    // `pttrace report` labels those images.
+    let o = std::process::Command::new(pttrace())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        text.matches("vfork-style child (posix_spawn): ran on its parent's memory")
+            .count(),
+        4,
+        "{text}"
+    );
 }
 
 #[test]

@@ -687,6 +687,8 @@ pub struct ThreadSummary {
     pub lossy_windows: u64,
     /// Windows the shim dropped under backpressure (from `Dropped` records).
     pub dropped: u64,
+    /// Windows made by a vfork-style child before its exec (`WF_VFORK_CHILD`).
+    pub vfork_child_windows: u64,
     /// Per syscall number: count.
     pub per_syscall: std::collections::BTreeMap<u64, u64>,
     pub end: Option<(u32, u64, u64)>,
@@ -737,6 +739,7 @@ fn summarize_thread_frames(
         sideband_bytes: 0,
         lossy_windows: 0,
         dropped: 0,
+        vfork_child_windows: 0,
         per_syscall: Default::default(),
         end: None,
         tail: parsed.tail.clone(),
@@ -763,6 +766,9 @@ fn summarize_thread_frames(
                     != 0
                 {
                     s.lossy_windows += 1;
+                }
+                if w.window.flags & WF_VFORK_CHILD != 0 {
+                    s.vfork_child_windows += 1;
                 }
                 *s.per_syscall.entry(w.window.nr).or_default() += 1;
             }

@@ -203,6 +203,14 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 if let Some(t) = tail_text(&p.tail) {
                     println!("  info file {t}");
                 }
+                let threads = s.threads.get(key).map_or(&[][..], Vec::as_slice);
+                if threads.iter().any(|t| t.windows > 0)
+                    && threads.iter().all(|t| t.vfork_child_windows == t.windows)
+                {
+                    println!(
+                        "  vfork-style child (posix_spawn): ran on its parent's memory until it exec'd or exited"
+                    );
+                }
             }
             None => println!("process {pid} (image {nonce}): no info file"),
         }
