@@ -29,21 +29,33 @@ fn stats(mut v: Vec<Duration>) -> Stats {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+/// Per-round ratios a[i] / b[i] of paired measurements.
+struct Ratios(Vec<f64>);
+
+fn paired(a: &[Duration], b: &[Duration]) -> Ratios {
+    let mut v: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+        .collect();
+    v.sort_by(f64::total_cmp);
+    Ratios(v)
 }
 
-/// Wall-time best and median of `runs` runs of `f` (returns its last result too).
-fn timed<T>(runs: usize, mut f: impl FnMut() -> T) -> (Stats, T) {
-    let mut times = Vec::new();
-    let mut out = None;
-    for _ in 0..runs {
-        let t = Instant::now();
-        let r = f();
-        times.push(t.elapsed());
-        out = Some(r);
+impl Ratios {
+    fn text(&self) -> String {
+        let v = &self.0;
+        match (v.first(), v.get(v.len() / 2), v.last()) {
+            (Some(lo), Some(med), Some(hi)) => {
+                format!("{med:.2}x median of paired rounds (range {lo:.2}-{hi:.2}x)")
+            }
+            _ => "n/a".into(),
+        }
     }
-    (stats(times), out.expect("runs > 0"))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// CPU time of the calling thread (less disturbed by other load than wall time).
@@ -236,7 +248,9 @@ fn main() {
         }
     }
     let runs = 9;
-    // Interleaved runs, thread CPU time of each (the machine is shared): best and median.
+    // Interleaved rounds, thread CPU time of each (the machine is shared). Each round
+    // measures every variant once, so the per-round ratios are paired measurements; their
+    // median is the headline figure (robust against load that comes and goes).
     let (mut t_bare, mut t_iter, mut t_ours) = (Vec::new(), Vec::new(), Vec::new());
     let (mut n_bare, mut r_iter, mut r_ours) = (0, (0, 0), (0, 0));
     for _ in 0..runs {
@@ -250,16 +264,18 @@ fn main() {
         t_ours.push(t);
         r_ours = r;
     }
-    let (t_bare, t_iter, t_ours) = (stats(t_bare), stats(t_iter), stats(t_ours));
     let ((n_iter, h_iter), (n_ours, h_ours)) = (r_iter, r_ours);
     assert_eq!((n_iter, h_iter), (n_ours, h_ours));
+    let slice_ratio = paired(&t_bare, &t_ours);
+    let iter_ratio = paired(&t_bare, &t_iter);
+    let (t_bare, t_iter, t_ours) = (stats(t_bare), stats(t_iter), stats(t_ours));
     let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64() / 1e6;
     println!(
         "trace: {} MB PT, {} instructions",
         trace.len() >> 20,
         n_ours
     );
-    println!("single thread ({runs} interleaved runs, thread CPU time; best / median):");
+    println!("single thread ({runs} interleaved rounds, thread CPU time; best / median):");
     println!(
         "bare libipt block loop   : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  ({} insns, count only)",
         ms(t_bare.best),
@@ -279,43 +295,10 @@ fn main() {
         ms(t_iter.median),
         rate(n_iter, t_iter.best),
     );
-    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
-        "ratio pipeline / bare    : next_slice {:.2}x best, {:.2}x median; Iterator {:.2}x best, \
-         {:.2}x median   (goal >= 0.9x)",
-        ratio(t_bare.best, t_ours.best),
-        ratio(t_bare.median, t_ours.median),
-        ratio(t_bare.best, t_iter.best),
-        ratio(t_bare.median, t_iter.median)
-    );
-
-    println!("parallel ({runs} runs, wall time; best / median):");
-    let (t_seq, n_seq) = timed(runs, || sequential_collect(&trace, &space));
-    let (t1, n1) = timed(runs, || par(1));
-    let (t2, n2) = timed(runs, || par(2));
-    assert_eq!(n_seq, n2, "parallel and sequential record counts differ");
-    assert_eq!(n_seq, n1, "parallel and sequential record counts differ");
-    println!(
-        "sequential, all kept     : {:>7.1} / {:>7.1} ms   ({} records)",
-        ms(t_seq.best),
-        ms(t_seq.median),
-        n_seq
-    );
-    println!(
-        "PSB-parallel, 1 thread   : {:>7.1} / {:>7.1} ms   (4 segments: the cost of cutting the trace)",
-        ms(t1.best),
-        ms(t1.median)
-    );
-    println!(
-        "PSB-parallel, 2 threads  : {:>7.1} / {:>7.1} ms",
-        ms(t2.best),
-        ms(t2.median)
-    );
-    println!(
-        "2-thread speed-up        : {:.2}x best, {:.2}x median   (goal >= 1.8x; {} CPUs online)",
-        ratio(t_seq.best, t2.best),
-        ratio(t_seq.median, t2.median),
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        "ratio pipeline / bare    : next_slice {} ; Iterator {}   (goal >= 0.9x)",
+        slice_ratio.text(),
+        iter_ratio.text()
     );
 
     // What this machine gives any PT decoder on 2 threads: bare libipt over the same PSB
@@ -345,14 +328,54 @@ fn main() {
             hs.into_iter().map(|h| h.join().unwrap_or(0)).sum::<u64>()
         })
     };
-    let (tb1, _) = timed(runs, || bare_segs(1));
-    let (tb2, _) = timed(runs, || bare_segs(2));
+    let wall = |f: &mut dyn FnMut() -> usize| {
+        let t = Instant::now();
+        let n = f();
+        (t.elapsed(), n)
+    };
+    let (mut t_seq, mut t1, mut t2, mut tb1, mut tb2) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut n_seq = 0;
+    for _ in 0..runs {
+        let (t, n) = wall(&mut || sequential_collect(&trace, &space));
+        t_seq.push(t);
+        n_seq = n;
+        let (t, n1) = wall(&mut || par(1));
+        t1.push(t);
+        let (t, n2) = wall(&mut || par(2));
+        t2.push(t);
+        assert_eq!(n_seq, n1, "parallel and sequential record counts differ");
+        assert_eq!(n_seq, n2, "parallel and sequential record counts differ");
+        tb1.push(wall(&mut || bare_segs(1) as usize).0);
+        tb2.push(wall(&mut || bare_segs(2) as usize).0);
+    }
+    let speedup = paired(&t_seq, &t2);
+    let machine = paired(&tb1, &tb2);
+    let (s_seq, s1, s2) = (stats(t_seq), stats(t1), stats(t2));
+    println!("parallel ({runs} interleaved rounds, wall time; best / median):");
     println!(
-        "machine scaling (bare libipt, same segments, no output): 1 thr {:.1} ms, 2 thr {:.1} ms \
-         = {:.2}x best, {:.2}x median",
-        ms(tb1.best),
-        ms(tb2.best),
-        ratio(tb1.best, tb2.best),
-        ratio(tb1.median, tb2.median)
+        "sequential, all kept     : {:>7.1} / {:>7.1} ms   ({} records)",
+        ms(s_seq.best),
+        ms(s_seq.median),
+        n_seq
+    );
+    println!(
+        "PSB-parallel, 1 thread   : {:>7.1} / {:>7.1} ms   (4 segments: the cost of cutting the trace)",
+        ms(s1.best),
+        ms(s1.median)
+    );
+    println!(
+        "PSB-parallel, 2 threads  : {:>7.1} / {:>7.1} ms",
+        ms(s2.best),
+        ms(s2.median)
+    );
+    println!(
+        "2-thread speed-up        : {}   (goal >= 1.8x; {} CPUs online)",
+        speedup.text(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "machine scaling          : {}   (bare libipt, same segments, no output, 1 vs 2 threads)",
+        machine.text()
     );
 }
