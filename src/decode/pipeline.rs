@@ -333,6 +333,8 @@ pub struct PtDecoder<'a> {
     last_timestamp: Option<u64>,
     /// Whether the trace has any TSC packet (else sideband applies without time order).
     trace_has_tsc: bool,
+    /// Bytes of PT in this window.
+    pt_len: usize,
 }
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
@@ -386,6 +388,7 @@ impl<'a> PtDecoder<'a> {
             last_nomap: std::cell::Cell::new(None),
         });
         let cfg = params.cpu.to_pt_config();
+        let pt_len = pt.len();
         let (dec, state) = match BlockDecoder::new(cfg, pt, shared.clone()) {
             Ok(d) => (d, State::Start),
             Err(e) if e.is_eos() => {
@@ -437,6 +440,7 @@ impl<'a> PtDecoder<'a> {
             tsc: None,
             last_timestamp: None,
             trace_has_tsc: params.time.is_some() && ipt::has_tsc(pt),
+            pt_len,
         })
     }
 
@@ -905,6 +909,9 @@ impl PtDecoder<'_> {
     pub fn collect_compact(mut self) -> CompactRecords {
         self.blocks.retire = true;
         let mut out = CompactRecords::default();
+        // About one block per 2 bytes of PT (a TNT bit or a TIP each): reserved up front,
+        // the item vector never moves while it grows (untouched capacity costs nothing).
+        out.items.reserve((self.pt_len / 2).min(1 << 24));
         // The rest of a block partly consumed through `Iterator::next`.
         if self.cur < self.cur_end {
             let arena = self.blocks.retired.len() as u32;
@@ -914,7 +921,18 @@ impl PtDecoder<'_> {
         }
         loop {
             if self.queue.is_empty() {
-                self.fill();
+                // The common case, as in `next_slice`: a cached block straight from libipt
+                // into the output, without a trip through the queue.
+                if self.fast {
+                    if let Some((start, len)) = self.step_fast() {
+                        let arena = self.blocks.retired.len() as u32;
+                        out.push_block(arena, start, len, &self.blocks.arena);
+                        continue;
+                    }
+                }
+                if self.queue.is_empty() {
+                    self.fill();
+                }
                 if self.queue.is_empty() {
                     break;
                 }
