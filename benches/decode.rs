@@ -191,11 +191,16 @@ fn main() {
     let backing = Backing::map_file(&code_path).expect("map code");
     space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
 
+    // For profilers (perf, callgrind): one variant only, PROFILE_RUNS times (default 10).
+    let profile_runs: usize = std::env::var("PROFILE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
     if std::env::args().any(|a| a == "--profile-none") {
         return;
     }
     if std::env::args().any(|a| a == "--profile-bare") {
-        for _ in 0..20 {
+        for _ in 0..profile_runs {
             std::hint::black_box(bare_libipt(
                 &trace,
                 &code_c,
@@ -206,8 +211,7 @@ fn main() {
         return;
     }
     if std::env::args().any(|a| a == "--profile-slices") {
-        // For `perf record`: only the pipeline, many times.
-        for _ in 0..20 {
+        for _ in 0..profile_runs {
             std::hint::black_box(ours_slices(&trace, &space));
         }
         return;
@@ -228,11 +232,6 @@ fn main() {
         .map(|c| c.len())
         .sum::<usize>()
     };
-    // For profilers: sequential vs segmented decode on one thread (PROFILE_RUNS times).
-    let profile_runs: usize = std::env::var("PROFILE_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
     if std::env::args().any(|a| a == "--profile-seq") {
         for _ in 0..profile_runs {
             std::hint::black_box(sequential_collect(&trace, &space));

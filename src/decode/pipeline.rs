@@ -748,7 +748,8 @@ impl<'a> PtDecoder<'a> {
     fn run_fast(&mut self, mut status: u32) {
         let mut blk = ipt::empty_block();
         loop {
-            self.shared.last_nomap.set(None);
+            // (`last_nomap` is not reset here: every failed read of the callback sets it,
+            // and a nomap error always comes from one, so it names this block's failure.)
             let r = self.dec.next_block(&mut blk);
             let hit = match r {
                 Ok(_)
@@ -848,7 +849,7 @@ impl<'a> PtDecoder<'a> {
             self.fast = false;
             return None;
         };
-        self.shared.last_nomap.set(None);
+        // `last_nomap` needs no reset (see `run_fast`).
         let r = self.dec.next_block(&mut self.blk);
         let blk = &self.blk;
         let hit = match r {
