@@ -1,4 +1,5 @@
-//! Decode throughput: our pipeline vs a bare libipt block-decoder loop (raw C API), and
+//! Decode throughput: our pipeline vs a bare C loop over libipt's block decoder
+//! (benches/c/bare_block_loop.c, the same bundled libipt), and
 //! parallel decode by PSB segments on 2 threads vs sequential. Prints figures and ratios.
 //!
 //! `cargo bench --bench decode [-- SIZE_MB]` (default 8 MB of PT).
@@ -76,10 +77,33 @@ fn cpu<T>(f: impl FnOnce() -> T) -> (Duration, T) {
     (thread_cpu().saturating_sub(t), r)
 }
 
-/// A bare ptxed-style loop: sync, drain events, pt_blk_next, count instructions.
+/// What the C loop needs to know about libipt's ABI (see benches/c/bare_block_loop.c).
+#[repr(C)]
+struct BareLoopAbi {
+    block: *mut sys::pt_block,
+    block_size: usize,
+    ninsn_offset: usize,
+    event: *mut sys::pt_event,
+    event_size: usize,
+    status_event_pending: libc::c_int,
+    status_eos: libc::c_int,
+    error_eos: libc::c_int,
+}
+
+extern "C" {
+    /// benches/c/bare_block_loop.c, compiled by build.rs and linked into the benches.
+    fn pttracer_bench_bare_block_loop(
+        dec: *mut sys::pt_block_decoder,
+        abi: *const BareLoopAbi,
+    ) -> u64;
+}
+
+/// The bare baseline: a ptxed-style C loop over libipt's block decoder (sync, drain events,
+/// pt_blk_next, count instructions) on a decoder set up here.
 fn bare_libipt(trace: &[u8], code_file: &CString, base: u64, code_len: u64) -> u64 {
     // SAFETY: plain C structs zero-initialised as libipt documents; the trace buffer and
-    // the file name outlive the decoder, which is freed at the end of this function.
+    // the file name outlive the decoder, which is freed at the end of this function; the
+    // C loop only uses the decoder and the buffers described by `abi`.
     unsafe {
         let mut cfg: sys::pt_config = std::mem::zeroed();
         cfg.size = std::mem::size_of::<sys::pt_config>();
@@ -91,33 +115,19 @@ fn bare_libipt(trace: &[u8], code_file: &CString, base: u64, code_len: u64) -> u
         let r =
             sys::pt_image_add_file(img, code_file.as_ptr(), 0, code_len, std::ptr::null(), base);
         assert_eq!(r, 0);
-        let mut n = 0u64;
         let mut blk: sys::pt_block = std::mem::zeroed();
         let mut ev: sys::pt_event = std::mem::zeroed();
-        'sync: loop {
-            let mut status = sys::pt_blk_sync_forward(dec);
-            if status < 0 {
-                break;
-            }
-            loop {
-                while status >= 0 && (status as u32 & sys::pt_status_flag_pts_event_pending) != 0 {
-                    status = sys::pt_blk_event(dec, &mut ev, std::mem::size_of::<sys::pt_event>());
-                }
-                if status < 0 {
-                    continue 'sync;
-                }
-                status = sys::pt_blk_next(dec, &mut blk, std::mem::size_of::<sys::pt_block>());
-                n += u64::from(blk.ninsn);
-                if status < 0 {
-                    if status == -(sys::pt_error_code_pte_eos as i32)
-                        || (status as u32 & sys::pt_status_flag_pts_eos) != 0
-                    {
-                        break 'sync;
-                    }
-                    continue 'sync;
-                }
-            }
-        }
+        let abi = BareLoopAbi {
+            block: &mut blk,
+            block_size: std::mem::size_of::<sys::pt_block>(),
+            ninsn_offset: std::mem::offset_of!(sys::pt_block, ninsn),
+            event: &mut ev,
+            event_size: std::mem::size_of::<sys::pt_event>(),
+            status_event_pending: sys::pt_status_flag_pts_event_pending as libc::c_int,
+            status_eos: sys::pt_status_flag_pts_eos as libc::c_int,
+            error_eos: sys::pt_error_code_pte_eos as libc::c_int,
+        };
+        let n = pttracer_bench_bare_block_loop(dec, &abi);
         sys::pt_blk_free_decoder(dec);
         n
     }
@@ -276,7 +286,7 @@ fn main() {
     );
     println!("single thread ({runs} interleaved rounds, thread CPU time; best / median):");
     println!(
-        "bare libipt block loop   : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  ({} insns, count only)",
+        "bare C libipt block loop : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  ({} insns, count only)",
         ms(t_bare.best),
         ms(t_bare.median),
         rate(n_bare, t_bare.best),
