@@ -238,12 +238,8 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         ),
         NR_EXECVE | NR_EXECVEAT => do_exec(slot, vfork_child, nr, args, &mut w, t0),
         NR_EXIT => {
-            w.flags |= WF_NO_RETURN;
-            w.tsc_end = t0;
             if let Some(s) = slot {
-                if record {
-                    push_window(s, &mut w);
-                }
+                push_final_window(s, record, &mut w, t0);
                 if vfork_child {
                     vfork_child::end(s, EndReason::ThreadExit, args[0] as i32);
                 } else {
@@ -253,12 +249,8 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             sys6(nr, args)
         }
         NR_EXIT_GROUP => {
-            w.flags |= WF_NO_RETURN;
-            w.tsc_end = t0;
             if let Some(s) = slot {
-                if record {
-                    push_window(s, &mut w);
-                }
+                push_final_window(s, record, &mut w, t0);
                 if vfork_child {
                     vfork_child::end(s, EndReason::ExitGroup, args[0] as i32);
                 } else {
@@ -667,6 +659,16 @@ unsafe fn chain_app_sigsys(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) 
             uctx,
         )
     };
+}
+
+/// The window of a syscall that does not return (`exit`, `exit_group`), recorded before
+/// the call: it ends where the syscall begins.
+fn push_final_window(slot: &Slot, record: bool, w: &mut Window, t0: u64) {
+    w.flags |= WF_NO_RETURN;
+    w.tsc_end = t0;
+    if record {
+        push_window(slot, w);
+    }
 }
 
 /// Numbers a completed window, attaches its PT (user modes) and queues it for the writer.
