@@ -17,11 +17,11 @@
 //!   RAX (the trap is recognized by its address, [`notify_resume`]), so the handler can
 //!   record the result and leave RAX unchanged. The child arms Syscall User Dispatch for
 //!   itself first: the kernel does not carry it over to new threads (it does to forked
-//!   processes). When user code is stepped, the child then traps once from
-//!   `pttracer_child_start` (outside the range), and the handler resumes it at its resume
-//!   address with stepping armed, so the thread is traced from its first instruction. (No other register can carry the result:
-//!   `syscall` itself overwrites RCX and R11, and the application expects every other
-//!   register preserved.)
+//!   processes). (No other register can carry the result: `syscall` itself overwrites
+//!   RCX and R11, and the application expects every other register preserved.) When user
+//!   code is stepped, the child then traps once from `pttracer_child_start` (outside the
+//!   range), and the handler resumes it at its resume address with stepping armed, so the
+//!   thread is traced from its first instruction.
 
 use core::arch::global_asm;
 
