@@ -488,3 +488,38 @@ fn garbage_inputs_fail_cleanly_never_panic() {
         }
     }
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly_without_a_panic() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    // Many PSBs: `pttrace dump` prints far more than a pipe buffer holds.
+    let mut w = PtWriter::new();
+    for _ in 0..20_000 {
+        w.psb().psbend();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("many.pt");
+    std::fs::write(&f, &w.buf).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pttrace"))
+        .args(["dump", f.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read a little, like `head`, then close the pipe.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 256];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGPIPE), "{st:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -37,6 +37,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Output piped into `head` and the like ends quietly on a closed pipe, as with C tools,
+    // instead of a panic in `println!` (Rust ignores SIGPIPE by default).
+    // SAFETY: first thing in main, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let (name, result) = match cli.command {
         Command::Check(a) => ("check", check::run(a)),
