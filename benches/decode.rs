@@ -220,6 +220,12 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--profile-iter") {
+        for _ in 0..profile_runs {
+            std::hint::black_box(ours_iter(&trace, &space));
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--profile-slices") {
         for _ in 0..profile_runs {
             std::hint::black_box(ours_slices(&trace, &space));

@@ -1004,7 +1004,23 @@ impl PtDecoder<'_> {
 impl Iterator for PtDecoder<'_> {
     type Item = Record;
 
+    /// The common case inline (the next instruction of the current block, copied);
+    /// everything else in [`PtDecoder::next_record_slow`].
+    #[inline]
     fn next(&mut self) -> Option<Record> {
+        if self.cur < self.cur_end {
+            if let Some(Record::Instruction(i)) = self.blocks.arena.get(self.cur) {
+                self.cur += 1;
+                return Some(Record::Instruction(*i));
+            }
+        }
+        self.next_record_slow()
+    }
+}
+
+impl PtDecoder<'_> {
+    #[inline(never)]
+    fn next_record_slow(&mut self) -> Option<Record> {
         loop {
             if self.cur < self.cur_end {
                 let r = self.blocks.arena.get(self.cur).cloned();
