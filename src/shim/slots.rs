@@ -157,6 +157,8 @@ pub struct Slot {
     pub pending_clone: UnsafeCell<PendingClone>,
     /// Files of the vfork-style child running on this slot (valid when zeroed).
     pub child: UnsafeCell<super::vfork_child::ChildFiles>,
+    /// Buffers of that child's files (valid when zeroed).
+    pub child_buf: UnsafeCell<super::vfork_child::ChildBuf>,
     /// Copy of the application's `clone_args` for a reissued clone3.
     pub clone_args: UnsafeCell<[u64; 16]>,
     pub cap: usize,

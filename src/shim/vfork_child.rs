@@ -9,7 +9,11 @@
 //! files of its own image instead: `<pid>-<nonce>.info` and `<pid>-<nonce>-<pid>.ptt`
 //! (plus `kernel.raw/<pid>.raw.pt` in kernel modes), opened at its first recorded syscall.
 //! The state lives in [`ChildFiles`] inside the parent's slot: only the child touches it
-//! between the clone and the parent's return, and the parent resets it afterwards.
+//! between the clone and the parent's return, and the parent resets it afterwards. Records
+//! collect in [`ChildBuf`] (also in the slot) and reach the files when it is full and at
+//! the child's exec or exit, so a child makes a handful of writes, not one per syscall.
+//! (A child killed before either loses what was buffered, like the writer thread's last
+//! 10 ms after SIGKILL.)
 //!
 //! The child's `execve` writes its window with `WF_NO_RETURN` and the `Exec` ends first and
 //! retracts them if the exec fails; `exit`/`exit_group` end the files.
@@ -38,6 +42,16 @@ pub struct ChildFiles {
     pub kfd: i32,
     pub next_index: u64,
     pub written: u64,
+    /// Bytes buffered in [`ChildBuf`] for the thread and the kernel.raw file.
+    pub tlen: usize,
+    pub klen: usize,
+}
+
+/// Buffers of the child's thread and kernel.raw files (valid when zeroed).
+#[repr(C)]
+pub struct ChildBuf {
+    pub thread: [u8; 8192],
+    pub kernel: [u8; 8192],
 }
 
 /// The parent, before issuing a vfork-style clone from `slot`.
@@ -68,10 +82,10 @@ pub fn disarm(slot: &Slot) {
 }
 
 /// Runs `f` on the child's files, opened on first use. None when they cannot be created.
-fn with_files<R>(slot: &Slot, f: impl FnOnce(&mut ChildFiles) -> R) -> Option<R> {
+fn with_files<R>(slot: &Slot, f: impl FnOnce(&mut ChildFiles, &mut ChildBuf) -> R) -> Option<R> {
     // SAFETY: called by the vfork-style child, the only thread using the slot until the
-    // parent resumes; the reference does not outlive this call.
-    let c = unsafe { &mut *slot.child.get() };
+    // parent resumes; the references do not outlive this call.
+    let (c, b) = unsafe { (&mut *slot.child.get(), &mut *slot.child_buf.get()) };
     if !c.armed {
         return None;
     }
@@ -94,37 +108,56 @@ fn with_files<R>(slot: &Slot, f: impl FnOnce(&mut ChildFiles) -> R) -> Option<R>
         };
         c.open = true;
     }
-    (c.fd >= 0).then(|| f(c))
+    (c.fd >= 0).then(|| f(c, b))
 }
 
-/// Writes a completed window of the child (numbered in the child's own file).
+/// Writes out what is buffered.
+fn flush(c: &mut ChildFiles, b: &ChildBuf) {
+    raw::write_all(c.fd, b.thread.get(..c.tlen).unwrap_or(&[]));
+    c.tlen = 0;
+    if c.kfd >= 0 {
+        raw::write_all(c.kfd, b.kernel.get(..c.klen).unwrap_or(&[]));
+    }
+    c.klen = 0;
+}
+
+/// Records a completed window of the child (numbered in the child's own file).
 pub fn record(slot: &Slot, w: &mut Window) {
-    with_files(slot, |c| record_into(c, w));
+    with_files(slot, |c, b| record_into(c, b, w));
 }
 
-fn record_into(c: &mut ChildFiles, w: &mut Window) {
+fn record_into(c: &mut ChildFiles, b: &mut ChildBuf, w: &mut Window) {
     w.index = c.next_index;
     c.next_index += 1;
-    let mut buf = [0u8; 256];
-    if let Some(n) = encode_window(&mut buf, w, &[], &[]) {
-        if raw::write_all(c.fd, buf.get(..n).unwrap_or(&[])) {
+    for _ in 0..2 {
+        let (tail, ktail) = (
+            b.thread.get_mut(c.tlen..).unwrap_or(&mut []),
+            b.kernel.get_mut(c.klen..).unwrap_or(&mut []),
+        );
+        let n = encode_window(tail, w, &[], &[]);
+        let k = if c.kfd >= 0 {
+            output::encode_pdb_for(ktail, c.pid, c.pid, w)
+        } else {
+            Some(0)
+        };
+        if let (Some(n), Some(k)) = (n, k) {
+            c.tlen += n;
+            c.klen += k;
             c.written += 1;
+            return;
         }
-    }
-    if c.kfd >= 0 {
-        let mut kb = [0u8; 128];
-        if let Some(n) = output::encode_pdb_for(&mut kb, c.pid, c.pid, w) {
-            raw::write_all(c.kfd, kb.get(..n).unwrap_or(&[]));
-        }
+        // A buffer is full: write both out (keeping their orders) and encode again.
+        flush(c, b);
     }
 }
 
 /// Ends the child's thread and info files (`exit`, `exit_group`, before an `execve`).
 pub fn end(slot: &Slot, reason: EndReason, code: i32) {
-    with_files(slot, |c| end_files(c, reason, code));
+    with_files(slot, |c, b| end_files(c, b, reason, code));
 }
 
-fn end_files(c: &ChildFiles, reason: EndReason, code: i32) {
+fn end_files(c: &mut ChildFiles, b: &ChildBuf, reason: EndReason, code: i32) {
+    flush(c, b);
     let mut buf = [0u8; 48];
     if let Some(n) = encode_frame(&mut buf, RecordType::End, |f| {
         f.u32(reason as u32);
@@ -147,19 +180,23 @@ pub struct Mark {
 }
 
 pub fn mark(slot: &Slot) -> Option<Mark> {
-    with_files(slot, |c| Mark {
-        pos: [raw::end_of(c.fd), raw::end_of(c.info), raw::end_of(c.kfd)],
-        next_index: c.next_index,
-        written: c.written,
+    with_files(slot, |c, b| {
+        flush(c, b);
+        Mark {
+            pos: [raw::end_of(c.fd), raw::end_of(c.info), raw::end_of(c.kfd)],
+            next_index: c.next_index,
+            written: c.written,
+        }
     })
 }
 
 /// A failed exec: cut the files back to `m`.
 pub fn retract(slot: &Slot, m: Option<Mark>) {
     let Some(m) = m else { return };
-    with_files(slot, |c| retract_files(c, m));
+    with_files(slot, |c, _| retract_files(c, m));
 }
 
+/// (The exec's records were flushed by [`end`]: nothing is buffered here.)
 fn retract_files(c: &mut ChildFiles, m: Mark) {
     for (fd, p) in [c.fd, c.info, c.kfd].into_iter().zip(m.pos) {
         if fd >= 0 && p >= 0 {
