@@ -205,8 +205,8 @@ impl BlockCache {
 
     /// (start, len) of a cached block: the hot path's lookup, front cache first.
     #[inline]
-    pub fn get_fast(&mut self, k: &BlockKey) -> Option<(u32, u32)> {
-        let slot = l1_slot(k);
+    pub fn get_fast(&mut self, k: BlockKey) -> Option<(u32, u32)> {
+        let slot = l1_slot(&k);
         if let Some(e) = self.l1.get(slot) {
             if e.ip == k.ip && e.ninsn == k.ninsn && e.mode == k.mode && e.ninsn != 0 {
                 return Some((e.start, u32::from(e.ninsn) + u32::from(e.extra)));
@@ -216,9 +216,10 @@ impl BlockCache {
     }
 
     /// `get_fast` past the front cache: the map, then fill the front cache slot.
+    #[cold]
     #[inline(never)]
-    fn get_fast_slow(&mut self, k: &BlockKey, slot: usize) -> Option<(u32, u32)> {
-        let (start, len, _) = *self.map.get(k)?;
+    fn get_fast_slow(&mut self, k: BlockKey, slot: usize) -> Option<(u32, u32)> {
+        let (start, len, _) = *self.map.get(&k)?;
         let extra = len
             .checked_sub(u32::from(k.ninsn))
             .and_then(|x| u8::try_from(x).ok());

@@ -756,7 +756,7 @@ impl<'a> PtDecoder<'a> {
                     if blk.ninsn > 0
                         && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
                 {
-                    self.blocks.get_fast(&block_key(&blk))
+                    self.blocks.get_fast(block_key(&blk))
                 }
                 _ => None,
             };
@@ -857,7 +857,7 @@ impl<'a> PtDecoder<'a> {
                 if blk.ninsn > 0
                     && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
             {
-                self.blocks.get_fast(&block_key(blk))
+                self.blocks.get_fast(block_key(blk))
             }
             _ => None,
         };
