@@ -150,6 +150,15 @@ pub fn absent_reason(cfg: &ShimConfig, backend: BackendKind) -> Option<String> {
                 .into(),
         );
     }
+    if backend == BackendKind::Hardware {
+        return Some(format!(
+            "hardware backend, mode {}, window {}: the shim does not capture Intel PT yet \
+             (its windows carry metadata only); the C API does (drpttracer_start_tracing / \
+             drpttracer_stop_tracing around the code of interest)",
+            cfg.mode.name(),
+            cfg.window.name()
+        ));
+    }
     Some(format!(
         "{} backend, mode {}, window {}: user PT in the shim needs --mode user --window thread \
          (emulated backend); kernel PT needs Intel PT hardware",
@@ -691,4 +700,37 @@ pub fn write_window(fd: i32, w: &Window, pt: &[u8], sideband: &[u8]) -> bool {
         crate::format::ptt::RecordType::Window,
         &[&fixed, pt, sideband],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(mode: &str, window: &str) -> ShimConfig {
+        ShimConfig::from_lookup(|k| match k {
+            "PTTRACER_OUT" => Some("/tmp/x".into()),
+            "PTTRACER_MODE" => Some(mode.into()),
+            "PTTRACER_WINDOW" => Some(window.into()),
+            _ => None,
+        })
+        .unwrap()
+        .unwrap()
+    }
+
+    #[test]
+    fn absent_reasons_say_what_records_pt() {
+        assert_eq!(
+            absent_reason(&cfg("user", "thread"), BackendKind::Emulated),
+            None
+        );
+        let r = absent_reason(&cfg("user", "syscall"), BackendKind::Emulated).unwrap();
+        assert!(r.contains("--window thread"), "{r}");
+        // On a machine with Intel PT the shim still records metadata only: say so, and
+        // where hardware PT is captured instead.
+        let r = absent_reason(&cfg("kernel", "syscall"), BackendKind::Hardware).unwrap();
+        assert!(
+            r.contains("does not capture Intel PT yet") && r.contains("drpttracer_start_tracing"),
+            "{r}"
+        );
+    }
 }
