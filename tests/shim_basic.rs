@@ -506,3 +506,48 @@ fn exec_with_an_emptied_environment_stays_traced() {
         &[(4 << 59) | NR_EXECVE, (4 << 59) | NR_EXECVE]
     );
 }
+
+/// Kernel-mode syscall windows with hardware Intel PT: only where a kernel-mode `intel_pt`
+/// event can be opened; otherwise prints `SKIP: <reason>` and checks that the files say why
+/// PT is absent.
+#[test]
+fn kernel_syscall_windows_carry_hardware_pt_where_intel_pt_exists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = compile("bench_loop", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = run_traced(&out, &prog, &["100"], &[("PTTRACER_MODE", "kernel")]);
+    assert!(o.status.success(), "{o:?}");
+    let td = read_dir(&out);
+    let info = &td.infos[0].process;
+    let probe = drpttracer::Tracer::new(drpttracer::TracerConfig {
+        mode: drpttracer::Mode::KernelOnly,
+        pt_size_shift: 6,
+        sideband_size_shift: 4,
+        backend: drpttracer::BackendChoice::Hardware,
+    });
+    if let Err(e) = probe {
+        println!("SKIP: no kernel-mode Intel PT here: {}", e.message);
+        assert!(!info.pt_present);
+        assert!(!info.pt_absent_reason.is_empty(), "{info:?}");
+        return;
+    }
+    assert!(info.pt_present, "{}", info.pt_absent_reason);
+    // Every getppid window of the loop carries kernel PT, starting with a PSB.
+    let name = &td.threads[0].name;
+    let data = std::fs::read(out.join(name)).unwrap();
+    let parsed = ptt::parse(name, &data).unwrap();
+    let mut with_pt = 0;
+    for f in &parsed.frames {
+        if ptt::RecordType::from_raw(f.ty) != Some(ptt::RecordType::Window) {
+            continue;
+        }
+        let w = ptt::decode_window(f.payload).unwrap();
+        if w.window.nr == NR_GETPPID {
+            assert_eq!(w.window.flags & WF_PT_ABSENT, 0, "{:?}", w.window);
+            assert!(w.pt.len() > 16, "{:?}", w.window);
+            assert_eq!(&w.pt[..16], &[2, 0x82].repeat(8)[..]);
+            with_pt += 1;
+        }
+    }
+    assert_eq!(with_pt, 100);
+}

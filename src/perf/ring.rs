@@ -176,6 +176,28 @@ impl RingMemory {
     }
 }
 
+impl RingMemory {
+    /// The `len` (<= ring size) bytes starting at byte count `pos`, in place: one piece, or
+    /// two when they wrap.
+    ///
+    /// # Safety
+    /// The mapping must stay valid for `'a`, and the producer must not write these bytes
+    /// meanwhile (they lie between the consumer's tail and the producer's head).
+    pub unsafe fn slices<'a>(&self, pos: u64, len: usize) -> [&'a [u8]; 2] {
+        let n = len.min(self.len);
+        let start = (pos as usize) & (self.len - 1);
+        let first = n.min(self.len - start);
+        // SAFETY: start < len and first <= len - start, the wrapped rest starts at the
+        // mapping's base; validity and stability for 'a are the caller's contract.
+        unsafe {
+            [
+                std::slice::from_raw_parts(self.ptr.as_ptr().add(start), first),
+                std::slice::from_raw_parts(self.ptr.as_ptr(), n - first),
+            ]
+        }
+    }
+}
+
 /// Result of copying a byte window (AUX/PT data).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ByteWindow {

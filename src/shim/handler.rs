@@ -306,7 +306,12 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             sys6(nr, a)
         }
         _ => {
+            // Hardware PT of the syscall (kernel modes on a PT machine; see `kernelpt`).
+            let armed = slot.is_some_and(|s| super::kernelpt::enter(s, record, w.depth));
             let r = sys6(nr, args);
+            if let Some(s) = slot {
+                super::kernelpt::leave(s, armed, &mut w);
+            }
             if st.rewrite {
                 super::rewrite::maybe_patch(regs.get(libc::REG_RIP), nr);
             }
@@ -377,8 +382,14 @@ pub fn general(nr: u64, args: [u64; 6]) -> i64 {
         slots::set_untraced();
         return sys6(nr, args);
     }
-    let b = begin(st, nr, args);
+    let mut b = begin(st, nr, args);
+    let armed = b
+        .slot
+        .is_some_and(|s| super::kernelpt::enter(s, b.record, b.w.depth));
     let r = sys6(nr, args);
+    if let Some(s) = b.slot {
+        super::kernelpt::leave(s, armed, &mut b.w);
+    }
     finish(b.slot, b.record, b.w, r, b.t0);
     r
 }
@@ -681,6 +692,7 @@ fn push_window(slot: &Slot, w: &mut Window) {
     }
     w.index = slots::next_index(slot);
     super::userpt::attach(slot, w);
+    super::kernelpt::publish(slot, w.index);
     slots::push(slot, w);
 }
 
@@ -857,6 +869,8 @@ fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
         let Some(s) = slots::slot_at(i) else { continue };
         raw::close(s.fd.swap(-1, Relaxed));
         raw::close(s.kfd.swap(-1, Relaxed));
+        // Perf mappings are not inherited; the descriptor copy is closed.
+        s.kpt.reset(true);
         s.drain_lock.store(0, Relaxed);
         if !core::ptr::eq(s, me) {
             s.state.store(slots::FREE, Release);

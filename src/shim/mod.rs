@@ -47,6 +47,7 @@ pub mod config;
 pub mod execenv;
 pub mod handler;
 pub mod kernel_files;
+pub mod kernelpt;
 pub mod output;
 pub mod raw;
 pub mod rewrite;
@@ -161,6 +162,19 @@ fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMeta
         backend: cfg.backend,
     };
     match crate::tracer::Tracer::new(tcfg) {
+        Ok(t) if t.backend_kind() == BackendKind::Hardware && kernelpt::wanted(cfg) => {
+            // Kernel PT of syscall windows on Intel PT hardware is recorded by `kernelpt`.
+            let (present, reason) = match kernelpt::init(cfg) {
+                Ok(()) => (true, String::new()),
+                Err(e) => (false, format!("hardware backend: {e}")),
+            };
+            (
+                t.backend_kind() as u32 as u8,
+                present,
+                reason,
+                t.ext_metadata(),
+            )
+        }
         Ok(t) => {
             // User PT of thread windows on the emulated backend is recorded by `userpt`.
             let reason = userpt::absent_reason(cfg, t.backend_kind());
@@ -313,7 +327,8 @@ fn init() -> Result<(), String> {
         )
     })?;
     let (backend, mut pt_present, mut reason, meta) = probe_tracer(&cfg);
-    if pt_present {
+    let stepping = pt_present && !kernelpt::enabled();
+    if stepping {
         if let Err(e) = userpt::init(&cfg) {
             pt_present = false;
             reason = format!("emulated backend: {e}");
@@ -321,7 +336,7 @@ fn init() -> Result<(), String> {
     }
     // Patched syscall sites run shim code in normal context, which stepping would trace,
     // and the decoder reads the original images: no patching while user code is stepped.
-    let rewrite = !pt_present && {
+    let rewrite = !stepping && {
         let (active, msgs) = rewrite::setup(cfg.rewrite);
         for m in msgs {
             eprintln!("{WHO}: {m}");

@@ -313,18 +313,25 @@ pub fn create_kernel_raw(pid: i32, tid: i32, st: &slots::Static) -> i32 {
 /// One syscall PDB of `slot`'s thread without PT bytes (PT is absent or written by the
 /// capture path).
 pub fn encode_pdb(out: &mut [u8], slot: &Slot, w: &Window) -> Option<usize> {
-    encode_pdb_for(out, slot.pid.load(Relaxed), slot.tid.load(Relaxed), w)
+    encode_pdb_for(out, slot.pid.load(Relaxed), slot.tid.load(Relaxed), w, 0)
 }
 
-/// One syscall PDB of thread `tid` of process `pid`.
-pub fn encode_pdb_for(out: &mut [u8], pid: i32, tid: i32, w: &Window) -> Option<usize> {
+/// The header and arguments of one syscall PDB of thread `tid` of process `pid` whose
+/// `pt_len` PT bytes follow (written by the caller).
+pub fn encode_pdb_for(
+    out: &mut [u8],
+    pid: i32,
+    tid: i32,
+    w: &Window,
+    pt_len: u64,
+) -> Option<usize> {
     let n = 48 + 8 * PDB_ARGS as usize;
     let dst = out.get_mut(..n)?;
     let (pid, tid) = (pid as u32 as u64, tid as u32 as u64);
     let entries = [
         pdb_entry(PDB_PID, pid).to_le_bytes(),
         pdb_entry(PDB_TID, tid).to_le_bytes(),
-        pdb_entry(PDB_DATA, 48 + 8 * PDB_ARGS).to_le_bytes(),
+        pdb_entry(PDB_DATA, 48 + 8 * PDB_ARGS + pt_len).to_le_bytes(),
         pdb_entry(PDB_SYSNUM, w.nr).to_le_bytes(),
         pdb_entry(PDB_IDX, w.index).to_le_bytes(),
         pdb_entry(PDB_NARGS, PDB_ARGS).to_le_bytes(),
@@ -372,6 +379,25 @@ pub fn drain_locked(slot: &Slot) {
     let mut count = 0u64;
     while let Some(mut w) = slot.try_pop() {
         count += 1;
+        // Hardware PT of a kernel-mode window, in place in the AUX mapping.
+        if let Some(kp) = super::kernelpt::take_for(slot, &w) {
+            flush(buf, &mut n, fd);
+            w.flags |= kp.flags;
+            super::userpt::write_window_parts(fd, &w, &kp.pieces, &[]);
+            if kfd >= 0 {
+                flush(kbuf, &mut kn, kfd);
+                let (pid, tid) = (slot.pid.load(Relaxed), slot.tid.load(Relaxed));
+                let mut head = [0u8; 128];
+                if let Some(m) = encode_pdb_for(&mut head, pid, tid, &w, kp.len() as u64) {
+                    raw::write_all(kfd, head.get(..m).unwrap_or(&[]));
+                    for p in kp.pieces {
+                        raw::write_all(kfd, p);
+                    }
+                }
+            }
+            super::kernelpt::release(slot, &kp);
+            continue;
+        }
         let put = |buf: &mut [u8], n: &mut usize, w: &Window| {
             for _ in 0..2 {
                 if let Some(m) = encode_window(buf.get_mut(*n..).unwrap_or(&mut []), w, &[], &[]) {
@@ -451,6 +477,7 @@ pub fn drain_locked(slot: &Slot) {
         }
         slot.end_written.store(true, Relaxed);
         if slot.state.load(Acquire) == EXITED {
+            slot.kpt.close();
             raw::close(fd);
             raw::close(kfd);
             slot.fd.store(-1, Relaxed);
@@ -479,5 +506,36 @@ pub fn drain_all(end: Option<(EndReason, i32)>) {
     }
     if let Some((reason, code)) = end {
         write_process_end(reason, code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syscall_pdb_boundary_counts_the_pt_that_follows() {
+        let w = Window {
+            index: 5,
+            nr: 39,
+            args: [1, 2, 3, 4, 5, 6],
+            ..Window::default()
+        };
+        let mut out = [0u8; 128];
+        let u = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        for pt_len in [0u64, 100] {
+            let n = encode_pdb_for(&mut out, 7, 8, &w, pt_len).unwrap();
+            assert_eq!(n, 96);
+            // [PID, TID, PT_DATA_BOUNDARY, SYSNUM, SYSCALL_IDX, ARGS_NUM] then 6 args;
+            // the boundary is 48 + 8 * args + PT bytes (DynamoRIO's writer, REFERENCE §5).
+            assert_eq!(u(&out, 0), pdb_entry(PDB_PID, 7));
+            assert_eq!(u(&out, 1), pdb_entry(PDB_TID, 8));
+            assert_eq!(u(&out, 2), pdb_entry(PDB_DATA, 96 + pt_len));
+            assert_eq!(u(&out, 3), pdb_entry(PDB_SYSNUM, 39));
+            assert_eq!(u(&out, 4), pdb_entry(PDB_IDX, 5));
+            assert_eq!(u(&out, 5), pdb_entry(PDB_NARGS, 6));
+            assert_eq!(u(&out, 6), 1);
+            assert_eq!(u(&out, 11), 6);
+        }
     }
 }

@@ -159,6 +159,8 @@ pub struct Slot {
     pub child: UnsafeCell<super::vfork_child::ChildFiles>,
     /// Buffers of that child's files (valid when zeroed).
     pub child_buf: UnsafeCell<super::vfork_child::ChildBuf>,
+    /// Hardware PT of this thread's kernel-mode windows (see `super::kernelpt`).
+    pub kpt: super::kernelpt::KptSlot,
     /// Copy of the application's `clone_args` for a reissued clone3.
     pub clone_args: UnsafeCell<[u64; 16]>,
     pub cap: usize,
@@ -196,6 +198,7 @@ impl Slot {
         self.end_reason.store(u32::MAX, Relaxed);
         self.end_written.store(false, Relaxed);
         self.vfork_child.store(false, Relaxed);
+        self.kpt.reset(true);
         // A recycled slot: its previous thread left through `exit` inside the handler.
         self.depth.store(0, Relaxed);
         self.last_exit_tsc.store(raw::rdtsc(), Relaxed);
@@ -313,6 +316,7 @@ fn alloc_slot(cap: usize) -> Option<*mut Slot> {
         std::ptr::addr_of_mut!((*slot).entries).write(base.add(entries_off) as *mut Entry);
         std::ptr::addr_of_mut!((*slot).fd).write(AtomicI32::new(-1));
         std::ptr::addr_of_mut!((*slot).kfd).write(AtomicI32::new(-1));
+        (*slot).kpt.reset(false);
     }
     Some(slot)
 }

@@ -152,9 +152,9 @@ pub fn absent_reason(cfg: &ShimConfig, backend: BackendKind) -> Option<String> {
     }
     if backend == BackendKind::Hardware {
         return Some(format!(
-            "hardware backend, mode {}, window {}: the shim does not capture Intel PT yet \
-             (its windows carry metadata only); the C API does (drpttracer_start_tracing / \
-             drpttracer_stop_tracing around the code of interest)",
+            "hardware backend, mode {}, window {}: the shim captures Intel PT for kernel \
+             modes with syscall windows only (these windows carry metadata); the C API \
+             captures any (drpttracer_start_tracing / drpttracer_stop_tracing)",
             cfg.mode.name(),
             cfg.window.name()
         ));
@@ -678,6 +678,12 @@ pub fn window_pt(slot: &Slot, w: &Window) -> WindowPt {
 
 /// Writes window `w` with `pt` and `sideband` as one frame to `fd`.
 pub fn write_window(fd: i32, w: &Window, pt: &[u8], sideband: &[u8]) -> bool {
+    write_window_parts(fd, w, &[pt], sideband)
+}
+
+/// [`write_window`] with the PT in pieces (a wrapped ring). Async-signal-safe.
+pub fn write_window_parts(fd: i32, w: &Window, pt: &[&[u8]], sideband: &[u8]) -> bool {
+    let pt_len: usize = pt.iter().map(|p| p.len()).sum();
     let mut fixed = [0u8; crate::format::ptt::WINDOW_FIXED_SIZE];
     let mut c = crate::format::ptt::Cursor::new(&mut fixed);
     c.u64(w.index);
@@ -690,16 +696,19 @@ pub fn write_window(fd: i32, w: &Window, pt: &[u8], sideband: &[u8]) -> bool {
     c.u64(w.tsc_end);
     c.u32(w.flags);
     c.u32(w.depth);
-    c.u32(pt.len() as u32);
+    c.u32(pt_len as u32);
     c.u32(sideband.len() as u32);
     if c.overflowed() {
         return false;
     }
-    super::output::write_frame_parts(
-        fd,
-        crate::format::ptt::RecordType::Window,
-        &[&fixed, pt, sideband],
-    )
+    let mut parts: [&[u8]; 4] = [&fixed, &[], &[], sideband];
+    for (dst, p) in parts[1..3].iter_mut().zip(pt) {
+        *dst = p;
+    }
+    if pt.len() > 2 {
+        return false;
+    }
+    super::output::write_frame_parts(fd, crate::format::ptt::RecordType::Window, &parts)
 }
 
 #[cfg(test)]
@@ -725,11 +734,12 @@ mod tests {
         );
         let r = absent_reason(&cfg("user", "syscall"), BackendKind::Emulated).unwrap();
         assert!(r.contains("--window thread"), "{r}");
-        // On a machine with Intel PT the shim still records metadata only: say so, and
-        // where hardware PT is captured instead.
-        let r = absent_reason(&cfg("kernel", "syscall"), BackendKind::Hardware).unwrap();
+        // On a machine with Intel PT, user-mode windows of the shim carry metadata only:
+        // say so, and where hardware PT is captured instead.
+        let r = absent_reason(&cfg("user", "thread"), BackendKind::Hardware).unwrap();
         assert!(
-            r.contains("does not capture Intel PT yet") && r.contains("drpttracer_start_tracing"),
+            r.contains("kernel modes with syscall windows only")
+                && r.contains("drpttracer_start_tracing"),
             "{r}"
         );
     }

@@ -136,7 +136,7 @@ fn record_into(c: &mut ChildFiles, b: &mut ChildBuf, w: &mut Window) {
         );
         let n = encode_window(tail, w, &[], &[]);
         let k = if c.kfd >= 0 {
-            output::encode_pdb_for(ktail, c.pid, c.pid, w)
+            output::encode_pdb_for(ktail, c.pid, c.pid, w, 0)
         } else {
             Some(0)
         };
