@@ -60,36 +60,25 @@ fn measure(mut make: impl FnMut() -> Command) -> (f64, f64) {
     best
 }
 
-/// getppid windows recorded in a trace directory (a benchmark of a tracer that loses
-/// windows would be meaningless).
-fn count_windows(out: &Path) -> u64 {
+/// The sum of `field` over the thread files of a trace directory.
+fn sum_threads(out: &Path, field: impl Fn(&drpttracer::format::ptt::ThreadSummary) -> u64) -> u64 {
     std::fs::read_dir(out)
         .expect("trace dir")
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".ptt"))
-        .map(|e| {
-            drpttracer::format::ptt::summarize_thread(&e.path())
-                .expect("thread file")
-                .per_syscall
-                .get(&110)
-                .copied()
-                .unwrap_or(0)
-        })
+        .map(|e| field(&drpttracer::format::ptt::summarize_thread(&e.path()).expect("thread file")))
         .sum()
+}
+
+/// getppid windows recorded in a trace directory (a benchmark of a tracer that loses
+/// windows would be meaningless).
+fn count_windows(out: &Path) -> u64 {
+    sum_threads(out, |t| t.per_syscall.get(&110).copied().unwrap_or(0))
 }
 
 /// PT bytes recorded in a trace directory.
 fn pt_bytes(out: &Path) -> u64 {
-    std::fs::read_dir(out)
-        .expect("trace dir")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".ptt"))
-        .map(|e| {
-            drpttracer::format::ptt::summarize_thread(&e.path())
-                .expect("thread file")
-                .pt_bytes
-        })
-        .sum()
+    sum_threads(out, |t| t.pt_bytes)
 }
 
 fn main() {
