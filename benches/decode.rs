@@ -201,37 +201,6 @@ fn main() {
     let backing = Backing::map_file(&code_path).expect("map code");
     space.add_file_range(backing, 0, prog.code.len() as u64, prog.base);
 
-    // For profilers (perf, callgrind): one variant only, PROFILE_RUNS times (default 10).
-    let profile_runs: usize = std::env::var("PROFILE_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    if std::env::args().any(|a| a == "--profile-none") {
-        return;
-    }
-    if std::env::args().any(|a| a == "--profile-bare") {
-        for _ in 0..profile_runs {
-            std::hint::black_box(bare_libipt(
-                &trace,
-                &code_c,
-                prog.base,
-                prog.code.len() as u64,
-            ));
-        }
-        return;
-    }
-    if std::env::args().any(|a| a == "--profile-iter") {
-        for _ in 0..profile_runs {
-            std::hint::black_box(ours_iter(&trace, &space));
-        }
-        return;
-    }
-    if std::env::args().any(|a| a == "--profile-slices") {
-        for _ in 0..profile_runs {
-            std::hint::black_box(ours_slices(&trace, &space));
-        }
-        return;
-    }
     let opts = WindowOptions::default();
     let par = |threads: usize| {
         decode_parallel_compact(
@@ -248,19 +217,42 @@ fn main() {
         .map(|c| c.len())
         .sum::<usize>()
     };
-    if std::env::args().any(|a| a == "--profile-seq") {
-        for _ in 0..profile_runs {
+    // For profilers (perf, callgrind): one variant only, PROFILE_RUNS times (default 10);
+    // `--profile-none` measures the set-up alone.
+    let bare = || bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64);
+    let profiles: [(&str, &dyn Fn()); 7] = [
+        ("--profile-none", &|| {}),
+        ("--profile-bare", &|| {
+            std::hint::black_box(bare());
+        }),
+        ("--profile-iter", &|| {
+            std::hint::black_box(ours_iter(&trace, &space));
+        }),
+        ("--profile-slices", &|| {
+            std::hint::black_box(ours_slices(&trace, &space));
+        }),
+        ("--profile-seq", &|| {
             std::hint::black_box(sequential_collect(&trace, &space));
+        }),
+        ("--profile-par1", &|| {
+            std::hint::black_box(par(1));
+        }),
+        ("--profile-par2", &|| {
+            std::hint::black_box(par(2));
+        }),
+    ];
+    if let Some((_, f)) = profiles
+        .iter()
+        .find(|(flag, _)| std::env::args().any(|a| a == *flag))
+    {
+        let runs: usize = std::env::var("PROFILE_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10);
+        for _ in 0..runs {
+            f();
         }
         return;
-    }
-    for (flag, threads) in [("--profile-par1", 1), ("--profile-par2", 2)] {
-        if std::env::args().any(|a| a == flag) {
-            for _ in 0..profile_runs {
-                std::hint::black_box(par(threads));
-            }
-            return;
-        }
     }
     let runs = 9;
     // Interleaved rounds, thread CPU time of each (the machine is shared). Each round
@@ -269,7 +261,7 @@ fn main() {
     let (mut t_bare, mut t_iter, mut t_ours) = (Vec::new(), Vec::new(), Vec::new());
     let (mut n_bare, mut r_iter, mut r_ours) = (0, (0, 0), (0, 0));
     for _ in 0..runs {
-        let (t, n) = cpu(|| bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64));
+        let (t, n) = cpu(bare);
         t_bare.push(t);
         n_bare = n;
         let (t, r) = cpu(|| ours_iter(&trace, &space));
