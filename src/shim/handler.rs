@@ -306,12 +306,7 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             sys6(nr, a)
         }
         _ => {
-            // Hardware PT of the syscall (kernel modes on a PT machine; see `kernelpt`).
-            let armed = slot.is_some_and(|s| super::kernelpt::enter(s, record, w.depth));
-            let r = sys6(nr, args);
-            if let Some(s) = slot {
-                super::kernelpt::leave(s, armed, &mut w);
-            }
+            let r = ordinary_syscall(slot, record, &mut w, nr, args);
             if st.rewrite {
                 super::rewrite::maybe_patch(regs.get(libc::REG_RIP), nr);
             }
@@ -383,14 +378,25 @@ pub fn general(nr: u64, args: [u64; 6]) -> i64 {
         return sys6(nr, args);
     }
     let mut b = begin(st, nr, args);
-    let armed = b
-        .slot
-        .is_some_and(|s| super::kernelpt::enter(s, b.record, b.w.depth));
-    let r = sys6(nr, args);
-    if let Some(s) = b.slot {
-        super::kernelpt::leave(s, armed, &mut b.w);
-    }
+    let r = ordinary_syscall(b.slot, b.record, &mut b.w, nr, args);
     finish(b.slot, b.record, b.w, r, b.t0);
+    r
+}
+
+/// Performs an ordinary syscall of window `w`, with its hardware PT when the shim captures
+/// some (kernel modes on a PT machine; see `super::kernelpt`).
+fn ordinary_syscall(
+    slot: Option<&Slot>,
+    record: bool,
+    w: &mut Window,
+    nr: u64,
+    args: [u64; 6],
+) -> i64 {
+    let armed = slot.is_some_and(|s| super::kernelpt::enter(s, record, w.depth));
+    let r = sys6(nr, args);
+    if let Some(s) = slot {
+        super::kernelpt::leave(s, armed, w);
+    }
     r
 }
 

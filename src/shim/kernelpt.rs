@@ -217,7 +217,7 @@ fn ioctl(fd: i32, req: u64) -> bool {
 /// Before an ordinary syscall of a recorded, outermost window: enables tracing. Returns
 /// whether it did (pass to [`leave`]).
 pub fn enter(slot: &Slot, record: bool, depth: u32) -> bool {
-    if !enabled() || !record || depth != 0 || slot.vfork_child.load(Acquire) {
+    if !enabled() || !record || !candidate(slot, depth) {
         return false;
     }
     let k = &slot.kpt;
@@ -230,7 +230,7 @@ pub fn enter(slot: &Slot, record: bool, depth: u32) -> bool {
 /// After the syscall: disables tracing and notes where the window's data ends; marks the
 /// window as carrying PT (or why it does not).
 pub fn leave(slot: &Slot, armed: bool, w: &mut Window) {
-    if !enabled() || !w_is_candidate(slot, w) {
+    if !enabled() || !candidate(slot, w.depth) {
         return;
     }
     let k = &slot.kpt;
@@ -249,9 +249,9 @@ pub fn leave(slot: &Slot, armed: bool, w: &mut Window) {
     w.flags &= !WF_PT_ABSENT;
 }
 
-/// Whether `w` is a window [`enter`] could have armed (outermost, not a vfork child's).
-fn w_is_candidate(slot: &Slot, w: &Window) -> bool {
-    w.depth == 0 && !slot.vfork_child.load(Acquire)
+/// Whether a window at nesting `depth` can get PT: outermost, not a vfork child's.
+fn candidate(slot: &Slot, depth: u32) -> bool {
+    depth == 0 && !slot.vfork_child.load(Acquire)
 }
 
 /// The window noted by [`leave`] got its index: hand its range to the drainer.
@@ -310,13 +310,7 @@ pub fn take(slot: &Slot, index: u64) -> Option<WindowPt<'_>> {
         }
         if i < index {
             // Its window was dropped: discard its bytes.
-            let w = WindowPt {
-                pieces: [&[], &[]],
-                flags: 0,
-                aux_end,
-                data_end,
-            };
-            release(slot, &w);
+            advance(k, aux_end, data_end);
             continue;
         }
         // SAFETY: the mappings are unmapped only by `KptSlot::close`, which the drainer
@@ -367,10 +361,14 @@ unsafe fn window_pt<'a>(
 
 /// The drainer is done with `w`: the kernel may reuse its space.
 pub fn release(slot: &Slot, w: &WindowPt<'_>) {
-    let k = &slot.kpt;
+    advance(&slot.kpt, w.aux_end, w.data_end);
+}
+
+/// Consumes the oldest pending window: the rings' tails move to its ends.
+fn advance(k: &KptSlot, aux_end: u64, data_end: u64) {
     if let Some(c) = k.control() {
-        c.set_aux_tail(w.aux_end.max(c.aux_tail()));
-        c.set_data_tail(w.data_end.max(c.data_tail()));
+        c.set_aux_tail(aux_end.max(c.aux_tail()));
+        c.set_data_tail(data_end.max(c.data_tail()));
     }
     k.tail.fetch_add(1, Release);
 }

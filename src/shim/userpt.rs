@@ -698,15 +698,12 @@ pub fn write_window_parts(fd: i32, w: &Window, pt: &[&[u8]], sideband: &[u8]) ->
     c.u32(w.depth);
     c.u32(pt_len as u32);
     c.u32(sideband.len() as u32);
-    if c.overflowed() {
+    if c.overflowed() || pt.len() > 2 {
         return false;
     }
     let mut parts: [&[u8]; 4] = [&fixed, &[], &[], sideband];
     for (dst, p) in parts[1..3].iter_mut().zip(pt) {
         *dst = p;
-    }
-    if pt.len() > 2 {
-        return false;
     }
     super::output::write_frame_parts(fd, crate::format::ptt::RecordType::Window, &parts)
 }
