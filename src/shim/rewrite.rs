@@ -698,11 +698,6 @@ fn setup_page0() -> Result<(), String> {
     Ok(())
 }
 
-/// Whether any patching is active in this process.
-pub fn ready() -> bool {
-    SITES.load(Acquire) || PAGE0.load(Acquire)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
