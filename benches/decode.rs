@@ -154,6 +154,16 @@ fn visit(r: &Record, n: &mut u64, h: &mut u64) {
     }
 }
 
+/// `visit` over a slice of records, the way a tool's hot loop would (totals in locals).
+#[inline]
+fn visit_slice(s: &[Record], n: &mut u64, h: &mut u64) {
+    let (mut ln, mut lh) = (*n, *h);
+    for r in s {
+        visit(r, &mut ln, &mut lh);
+    }
+    (*n, *h) = (ln, lh);
+}
+
 /// Our pipeline through the record iterator (a copy per record).
 fn ours_iter(trace: &[u8], space: &AddressSpace) -> (u64, u64) {
     let (mut n, mut h) = (0u64, 0u64);
@@ -168,10 +178,25 @@ fn ours_slices(trace: &[u8], space: &AddressSpace) -> (u64, u64) {
     let (mut n, mut h) = (0u64, 0u64);
     let mut dec = decoder(trace, space);
     while let Some(s) = dec.next_slice() {
-        for r in s {
-            visit(r, &mut n, &mut h);
-        }
+        visit_slice(s, &mut n, &mut h);
     }
+    (n, h)
+}
+
+/// Our pipeline through `for_each_slice` (records visited in place, internal iteration).
+fn ours_each_slice(trace: &[u8], space: &AddressSpace) -> (u64, u64) {
+    let (mut n, mut h) = (0u64, 0u64);
+    decoder(trace, space).for_each_slice(|s| {
+        visit_slice(s, &mut n, &mut h);
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    (n, h)
+}
+
+/// Our pipeline through `Iterator::for_each` (a copy per record, internal iteration).
+fn ours_for_each(trace: &[u8], space: &AddressSpace) -> (u64, u64) {
+    let (mut n, mut h) = (0u64, 0u64);
+    decoder(trace, space).for_each(|r| visit(&r, &mut n, &mut h));
     (n, h)
 }
 
@@ -220,7 +245,7 @@ fn main() {
     // For profilers (perf, callgrind): one variant only, PROFILE_RUNS times (default 10);
     // `--profile-none` measures the set-up alone.
     let bare = || bare_libipt(&trace, &code_c, prog.base, prog.code.len() as u64);
-    let profiles: [(&str, &dyn Fn()); 7] = [
+    let profiles: [(&str, &dyn Fn()); 9] = [
         ("--profile-none", &|| {}),
         ("--profile-bare", &|| {
             std::hint::black_box(bare());
@@ -230,6 +255,12 @@ fn main() {
         }),
         ("--profile-slices", &|| {
             std::hint::black_box(ours_slices(&trace, &space));
+        }),
+        ("--profile-each-slice", &|| {
+            std::hint::black_box(ours_each_slice(&trace, &space));
+        }),
+        ("--profile-for-each", &|| {
+            std::hint::black_box(ours_for_each(&trace, &space));
         }),
         ("--profile-seq", &|| {
             std::hint::black_box(sequential_collect(&trace, &space));
@@ -254,28 +285,62 @@ fn main() {
         }
         return;
     }
-    let runs = 9;
+    let runs = 15;
     // Interleaved rounds, thread CPU time of each (the machine is shared). Each round
     // measures every variant once, so the per-round ratios are paired measurements; their
     // median is the headline figure (robust against load that comes and goes).
-    let (mut t_bare, mut t_iter, mut t_ours) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut n_bare, mut r_iter, mut r_ours) = (0, (0, 0), (0, 0));
-    for _ in 0..runs {
-        let (t, n) = cpu(bare);
-        t_bare.push(t);
-        n_bare = n;
-        let (t, r) = cpu(|| ours_iter(&trace, &space));
-        t_iter.push(t);
-        r_iter = r;
-        let (t, r) = cpu(|| ours_slices(&trace, &space));
-        t_ours.push(t);
-        r_ours = r;
+    type Variant<'v> = (&'v str, &'v str, &'v dyn Fn() -> (u64, u64));
+    let variants: [Variant; 4] = [
+        (
+            "for_each_slice()",
+            "records visited in place, internal iteration",
+            &|| ours_each_slice(&trace, &space),
+        ),
+        ("next_slice()", "records visited in place", &|| {
+            ours_slices(&trace, &space)
+        }),
+        (
+            "Iterator::for_each",
+            "a copy per record, internal iteration",
+            &|| ours_for_each(&trace, &space),
+        ),
+        ("Iterator::next", "a copy per record (for loop)", &|| {
+            ours_iter(&trace, &space)
+        }),
+    ];
+    // Each variant is measured next to its own run of the bare loop, the order of the
+    // two alternating from round to round (drift in the machine's speed cancels out).
+    let mut t_bare: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+    let mut n_bare = 0;
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+    let mut results = vec![(0, 0); variants.len()];
+    for round in 0..runs {
+        for (k, (_, _, f)) in variants.iter().enumerate() {
+            let mut measure_bare = || {
+                let (t, n) = cpu(bare);
+                t_bare[k].push(t);
+                n_bare = n;
+            };
+            if round % 2 == 0 {
+                measure_bare();
+            }
+            let (t, r) = cpu(f);
+            times[k].push(t);
+            results[k] = r;
+            if round % 2 == 1 {
+                measure_bare();
+            }
+        }
     }
-    let ((n_iter, h_iter), (n_ours, h_ours)) = (r_iter, r_ours);
-    assert_eq!((n_iter, h_iter), (n_ours, h_ours));
-    let slice_ratio = paired(&t_bare, &t_ours);
-    let iter_ratio = paired(&t_bare, &t_iter);
-    let (t_bare, t_iter, t_ours) = (stats(t_bare), stats(t_iter), stats(t_ours));
+    let n_ours = results[0].0;
+    assert!(
+        results.iter().all(|r| *r == results[0]),
+        "variants visited different records: {results:?}"
+    );
+    assert_eq!(
+        n_ours, n_bare,
+        "pipeline and bare libipt count different instructions"
+    );
     let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64() / 1e6;
     println!(
         "trace: {} MB PT, {} instructions",
@@ -283,30 +348,26 @@ fn main() {
         n_ours
     );
     println!("single thread ({runs} interleaved rounds, thread CPU time; best / median):");
+    let s_bare = stats(t_bare.concat());
     println!(
-        "bare C libipt block loop : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  ({} insns, count only)",
-        ms(t_bare.best),
-        ms(t_bare.median),
-        rate(n_bare, t_bare.best),
-        n_bare
+        "bare C libipt block loop      : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  (count only)",
+        ms(s_bare.best),
+        ms(s_bare.median),
+        rate(n_bare, s_bare.best),
     );
-    println!(
-        "pipeline, next_slice()   : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  (full records visited)",
-        ms(t_ours.best),
-        ms(t_ours.median),
-        rate(n_ours, t_ours.best),
-    );
-    println!(
-        "pipeline, Iterator       : {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  (full records copied out)",
-        ms(t_iter.best),
-        ms(t_iter.median),
-        rate(n_iter, t_iter.best),
-    );
-    println!(
-        "ratio pipeline / bare    : next_slice {} ; Iterator {}   (goal >= 0.9x)",
-        slice_ratio.text(),
-        iter_ratio.text()
-    );
+    for ((name, what, _), t) in variants.iter().zip(&times) {
+        let st = stats(t.clone());
+        println!(
+            "pipeline, {name:<20}: {:>7.1} / {:>7.1} ms  {:>6.1} M insn/s  ({what})",
+            ms(st.best),
+            ms(st.median),
+            rate(n_ours, st.best),
+        );
+    }
+    println!("ratio pipeline / bare (goal >= 0.9x):");
+    for (((name, _, _), t), b) in variants.iter().zip(&times).zip(&t_bare) {
+        println!("  {name:<20}: {}", paired(b, t).text());
+    }
 
     // What this machine gives any PT decoder on 2 threads: bare libipt over the same PSB
     // segments (no output), 1 thread vs 2 threads.

@@ -132,6 +132,73 @@ fn slices_and_iterator_agree() {
 }
 
 #[test]
+fn for_each_slice_and_for_each_agree_with_next_slice_and_resume_after_break() {
+    use std::ops::ControlFlow;
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(8_000, 500, 5);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let mk = || {
+        PtDecoder::new(
+            &trace,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            WindowOptions {
+                window_id: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    // The same slices, boundaries included, as next_slice.
+    let mut dec = mk();
+    let mut by_next: Vec<Vec<Record>> = vec![];
+    while let Some(s) = dec.next_slice() {
+        by_next.push(s.to_vec());
+    }
+    let mut by_each: Vec<Vec<Record>> = vec![];
+    let none: Option<()> = mk().for_each_slice(|s| {
+        by_each.push(s.to_vec());
+        ControlFlow::Continue(())
+    });
+    assert_eq!(none, None);
+    assert_eq!(by_each, by_next);
+    let flat: Vec<Record> = by_next.concat();
+    assert!(flat.len() > 1000);
+    // Iterator::for_each (its own fast path) yields the records in order.
+    let mut by_for_each = vec![];
+    mk().for_each(|r| by_for_each.push(r));
+    assert_eq!(by_for_each, flat);
+    // Break every 37 slices, take a few records through the iterator, go on: nothing
+    // lost or repeated, and the break value comes back.
+    let mut dec = mk();
+    let mut mixed = vec![];
+    let mut breaks = 0;
+    loop {
+        let mut n = 0;
+        let r = dec.for_each_slice(|s| {
+            mixed.extend_from_slice(s);
+            n += 1;
+            if n == 37 {
+                ControlFlow::Break(n)
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        match r {
+            Some(37) => breaks += 1,
+            Some(other) => panic!("break value {other}"),
+            None => break,
+        }
+        mixed.extend(dec.by_ref().take(3));
+    }
+    assert!(breaks > 10);
+    assert_eq!(mixed, flat);
+}
+
+#[test]
 fn compact_collection_equals_iteration_and_parallel_compact_equals_sequential() {
     use drpttracer::decode::parallel::decode_parallel_compact;
     let prog = LoopProgram::new(0x40_0000);

@@ -136,21 +136,34 @@ impl std::hash::Hash for BlockKey {
 
 /// Cache of expanded blocks: each block's records live in one arena; the map gives a
 /// block's (start, len) in it and the address after the block.
-#[derive(Default)]
 pub struct BlockCache {
     generation: Option<u64>,
     map: HashMap<BlockKey, (u32, u32, u64), BuildHasherDefault<AddrHasher>>,
-    /// Direct-mapped front cache of `map` for the hot path (hits without hashing).
-    l1: Vec<L1Entry>,
+    /// Direct-mapped front cache of `map` for the hot path (hits without hashing). A
+    /// fixed-size array, so the slot index needs no bounds check.
+    l1: Box<[L1Entry; L1_SIZE]>,
     pub arena: Vec<super::records::Record>,
     /// Keep replaced arenas here instead of dropping them (compact collection).
     pub retire: bool,
     pub retired: Vec<Vec<super::records::Record>>,
 }
 
+impl Default for BlockCache {
+    fn default() -> Self {
+        BlockCache {
+            generation: None,
+            map: HashMap::default(),
+            l1: Box::new([L1Entry::UNUSED; L1_SIZE]),
+            arena: Vec::new(),
+            retire: false,
+            retired: Vec::new(),
+        }
+    }
+}
+
 /// A front-cache entry, 16 bytes (4 per cache line): the key exactly, the block's arena
 /// start, and its record count as `ninsn + extra` (syscall markers add records).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct L1Entry {
     ip: u64,
     start: u32,
@@ -159,12 +172,25 @@ struct L1Entry {
     mode: u8,
 }
 
+impl L1Entry {
+    /// An unused slot: mode 255 and no instructions, which no block libipt returns has
+    /// (its modes are 0..=3) and which `fill_l1` never stores, so nothing matches it.
+    const UNUSED: L1Entry = L1Entry {
+        ip: 0,
+        start: 0,
+        ninsn: 0,
+        extra: 0,
+        mode: u8::MAX,
+    };
+}
+
 const L1_SIZE: usize = 4096;
 
+/// Front-cache slot of a block at `ip`: a multiplicative hash of the address's low bits
+/// (blocks at one address with other lengths share the slot; they are rare).
 #[inline]
-fn l1_slot(k: &BlockKey) -> usize {
-    let h = (k.ip ^ (u64::from(k.ninsn) << 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (h >> 52) as usize & (L1_SIZE - 1)
+fn l1_slot(ip: u64) -> usize {
+    ((ip as u32).wrapping_mul(0x9E37_79B1) >> 20) as usize & (L1_SIZE - 1)
 }
 
 /// Arena size (records) at which the cache starts over.
@@ -194,7 +220,9 @@ impl BlockCache {
         } else {
             self.arena.clear();
         }
-        self.l1.clear();
+        if self.generation.is_some() {
+            self.l1.fill(L1Entry::UNUSED);
+        }
         self.generation = Some(generation);
     }
 
@@ -203,41 +231,56 @@ impl BlockCache {
         self.map.get(k).copied()
     }
 
-    /// (start, len) of a cached block: the hot path's lookup, front cache first.
+    /// The arena range (start, len) of a cached block: the hot path's lookup, through
+    /// the front cache. `mode` is libipt's raw mode (folded as in [`BlockKey`] for the
+    /// map). `None` for blocks not cached, and for the (in practice nonexistent) blocks
+    /// the front cache cannot hold (over 255 syscall markers, a mode libipt never
+    /// returns): callers take their ordinary path for those. Empty blocks (`ninsn == 0`)
+    /// are never cached, so they get `None` in every mode libipt returns (an empty block
+    /// at address 0 in the impossible raw mode 255 would match an unused slot).
     #[inline]
-    pub fn get_fast(&mut self, k: BlockKey) -> Option<(u32, u32)> {
-        let slot = l1_slot(&k);
-        if let Some(e) = self.l1.get(slot) {
-            if e.ip == k.ip && e.ninsn == k.ninsn && e.mode == k.mode && e.ninsn != 0 {
-                return Some((e.start, u32::from(e.ninsn) + u32::from(e.extra)));
-            }
+    pub fn get_fast(&mut self, ip: u64, ninsn: u16, mode: u32) -> Option<(u32, u32)> {
+        let slot = l1_slot(ip);
+        let e = &self.l1[slot];
+        let hit = e.ip == ip && e.ninsn == ninsn && u32::from(e.mode) == mode;
+        if !hit && !self.fill_l1(slot, ip, ninsn, mode) {
+            return None;
         }
-        self.get_fast_slow(k, slot)
+        let e = &self.l1[slot];
+        Some((e.start, u32::from(e.ninsn) + u32::from(e.extra)))
     }
 
-    /// `get_fast` past the front cache: the map, then fill the front cache slot.
+    /// `get_fast` past the front cache: looks the block up in the map and, when the front
+    /// cache can hold it, puts it in `slot`. Whether `slot` now holds exactly this block.
     #[cold]
     #[inline(never)]
-    fn get_fast_slow(&mut self, k: BlockKey, slot: usize) -> Option<(u32, u32)> {
-        let (start, len, _) = *self.map.get(&k)?;
-        let extra = len
-            .checked_sub(u32::from(k.ninsn))
-            .and_then(|x| u8::try_from(x).ok());
-        if let Some(extra) = extra {
-            if self.l1.is_empty() {
-                self.l1.resize(L1_SIZE, L1Entry::default());
-            }
-            if let Some(e) = self.l1.get_mut(slot) {
-                *e = L1Entry {
-                    ip: k.ip,
-                    start,
-                    ninsn: k.ninsn,
-                    extra,
-                    mode: k.mode,
-                };
-            }
+    fn fill_l1(&mut self, slot: usize, ip: u64, ninsn: u16, mode: u32) -> bool {
+        let Ok(mode) = u8::try_from(mode) else {
+            return false;
+        };
+        if ninsn == 0 || mode > 4 {
+            return false;
         }
-        Some((start, len))
+        let k = BlockKey { ip, ninsn, mode };
+        let Some(&(start, len, _)) = self.map.get(&k) else {
+            return false;
+        };
+        let extra = len
+            .checked_sub(u32::from(ninsn))
+            .and_then(|x| u8::try_from(x).ok());
+        match extra {
+            Some(extra) if start.checked_add(len).is_some() => {
+                self.l1[slot] = L1Entry {
+                    ip,
+                    start,
+                    ninsn,
+                    extra,
+                    mode,
+                };
+                true
+            }
+            _ => false,
+        }
     }
 
     pub fn insert(&mut self, k: BlockKey, v: (u32, u32, u64)) {
@@ -276,6 +319,38 @@ impl InsnCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_cache_front_cache_hits_exact_keys_only() {
+        let mut c = BlockCache::default();
+        c.validate(1);
+        let key = |ip, ninsn| BlockKey { ip, ninsn, mode: 3 };
+        c.insert(key(0x1000, 4), (10, 5, 0x1020)); // 4 instructions + a syscall marker
+        c.insert(key(0x2000, 2), (20, 302, 0x2010)); // more markers than the front cache holds
+                                                     // Twice each: the first fills the front cache, the second hits it.
+        for _ in 0..2 {
+            assert_eq!(c.get_fast(0x1000, 4, 3), Some((10, 5)));
+            assert_eq!(c.get_fast(0x1000, 3, 3), None, "other length");
+            assert_eq!(c.get_fast(0x1000, 4, 2), None, "other mode");
+            assert_eq!(c.get_fast(0x1001, 4, 3), None, "other address");
+            assert_eq!(c.get_fast(0x1000, 4, 3 + 256), None, "mode beyond u8");
+            // Not in the front cache: the caller's ordinary path (the map) serves it.
+            assert_eq!(c.get_fast(0x2000, 2, 3), None);
+            assert_eq!(c.get(&key(0x2000, 2)), Some((20, 302, 0x2010)));
+        }
+        // A new image generation empties both levels.
+        c.validate(2);
+        assert_eq!(c.get_fast(0x1000, 4, 3), None);
+        assert_eq!(c.get(&key(0x1000, 4)), None);
+        c.insert(key(0x1000, 4), (0, 4, 0x1010));
+        assert_eq!(c.get_fast(0x1000, 4, 3), Some((0, 4)));
+        // Empty blocks are never cached, and in the modes libipt returns (0..=3) they do
+        // not match unused slots (ip 0, no instructions, mode 255) either.
+        c.insert(key(0x3000, 0), (0, 0, 0x3000));
+        for (ip, mode) in [(0x3000, 3), (0, 0), (0, 3)] {
+            assert_eq!(c.get_fast(ip, 0, mode), None);
+        }
+    }
 
     #[test]
     fn classes() {

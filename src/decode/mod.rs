@@ -27,8 +27,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Streaming: [`PtDecoder::new`] is an `Iterator<Item = Record>`; `next_slice()` hands out
-//! records without copying; `collect_compact()` keeps a whole window cheaply. Large traces:
+//! Streaming: [`PtDecoder::new`] is an `Iterator<Item = Record>` (its `for_each` takes the
+//! fast path); `next_slice()` hands out records without copying; `for_each_slice()` does the
+//! same from one tight loop (the fastest way to consume a window); `collect_compact()` keeps
+//! a whole window cheaply. Large traces:
 //! [`parallel::decode_parallel`] / [`parallel::decode_parallel_compact`] give exactly the
 //! sequential result. Input containers: [`crate::format::auxtrace`] (perf AUXTRACE) and
 //! [`crate::format::pdb`] (DynamoRIO `.raw.pt`).

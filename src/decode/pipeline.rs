@@ -5,6 +5,7 @@
 //! become markers. On any decode error a [`Record::Gap`] (PT offset, address, libipt's
 //! error text) is emitted and decoding resumes at the next PSB.
 
+use std::ops::ControlFlow;
 use std::rc::Rc;
 
 use super::config::TraceParams;
@@ -340,7 +341,7 @@ pub struct PtDecoder<'a> {
 /// Instructions decoded while the trace position stands still before declaring a gap.
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
 /// Items `fill` queues in one go when it may batch.
-const BATCH: usize = 64;
+const BATCH: usize = 1;
 /// Batching stops while the block arena is near its reset limit.
 const BATCH_ARENA_MAX: usize = 1 << 21;
 
@@ -756,7 +757,7 @@ impl<'a> PtDecoder<'a> {
                     if blk.ninsn > 0
                         && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
                 {
-                    self.blocks.get_fast(block_key(&blk))
+                    self.blocks.get_fast(blk.ip, blk.ninsn, blk.mode)
                 }
                 _ => None,
             };
@@ -843,7 +844,7 @@ impl<'a> PtDecoder<'a> {
     /// One `run_once` on the fast path, for callers that checked `self.fast` and an empty
     /// queue: the cached block's (start, len) in the arena, unqueued. Anything but a cache
     /// hit goes through `after_block` (which may queue records) and returns `None`.
-    #[inline]
+    #[inline(always)]
     fn step_fast(&mut self) -> Option<(u32, u32)> {
         let State::Running(status) = self.state else {
             self.fast = false;
@@ -857,7 +858,7 @@ impl<'a> PtDecoder<'a> {
                 if blk.ninsn > 0
                     && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
             {
-                self.blocks.get_fast(block_key(blk))
+                self.blocks.get_fast(blk.ip, blk.ninsn, blk.mode)
             }
             _ => None,
         };
@@ -922,14 +923,14 @@ impl PtDecoder<'_> {
         }
         loop {
             if self.queue.is_empty() {
-                // The common case, as in `next_slice`: a cached block straight from libipt
-                // into the output, without a trip through the queue.
-                if self.fast {
-                    if let Some((start, len)) = self.step_fast() {
-                        let arena = self.blocks.retired.len() as u32;
-                        out.push_block(arena, start, len, &self.blocks.arena);
-                        continue;
-                    }
+                // The common case: cached blocks straight from libipt into the output,
+                // without a trip through the queue.
+                if self.hot_ready() {
+                    let arena = self.blocks.retired.len() as u32;
+                    let _ = self.run_hot(&mut |recs: &[Record], start: u32, len: u32| {
+                        out.push_block(arena, start, len, recs);
+                        ControlFlow::<()>::Continue(())
+                    });
                 }
                 if self.queue.is_empty() {
                     self.fill();
@@ -957,7 +958,7 @@ impl PtDecoder<'_> {
     /// The next records as a slice (a run of markers, or one block's instructions),
     /// without copying instruction records: the fast way to consume a decoder. May be
     /// mixed with [`Iterator::next`].
-    #[inline]
+    #[inline(always)]
     pub fn next_slice(&mut self) -> Option<&[Record]> {
         if self.cur >= self.cur_end {
             let block = match self.queue.pop_block() {
@@ -970,6 +971,99 @@ impl PtDecoder<'_> {
             }
         }
         self.next_slice_slow()
+    }
+
+    /// Calls `f` with each run of records, exactly as `next_slice` would hand them out,
+    /// until `f` breaks (its value is returned) or the trace ends (`None`). The fastest
+    /// way to consume a decoder: cached blocks go from libipt to `f` in one tight loop
+    /// that keeps the decoder's state in registers. May be mixed with `next_slice` and
+    /// [`Iterator::next`].
+    #[inline]
+    pub fn for_each_slice<B>(
+        &mut self,
+        mut f: impl FnMut(&[Record]) -> ControlFlow<B>,
+    ) -> Option<B> {
+        loop {
+            if self.hot_ready() {
+                let flow = self.run_hot(&mut |arena: &[Record], start: u32, len: u32| {
+                    let start = start as usize;
+                    f(arena.get(start..start + len as usize).unwrap_or_default())
+                });
+                if let ControlFlow::Break(b) = flow {
+                    return Some(b);
+                }
+            }
+            let s = self.next_slice_cold()?;
+            if let ControlFlow::Break(b) = f(s) {
+                return Some(b);
+            }
+        }
+    }
+
+    /// `next_slice` out of line: `for_each_slice`'s way past its hot loop (keeps that
+    /// loop small).
+    #[inline(never)]
+    fn next_slice_cold(&mut self) -> Option<&[Record]> {
+        self.next_slice()
+    }
+
+    /// Whether `run_hot` may run: the fast path holds, nothing is queued and no block is
+    /// partly consumed.
+    #[inline]
+    fn hot_ready(&self) -> bool {
+        self.fast && self.cur >= self.cur_end && self.queue.is_empty()
+    }
+
+    /// `step_fast` in a loop, each cached block handed to `f` as (arena, start, len) —
+    /// the arena stays put meanwhile: cache hits never grow or reset it — until something
+    /// other than a cache hit comes (handled by `after_block`, which may queue records),
+    /// a status flag ends the fast path, or `f` breaks. Callers checked `hot_ready`.
+    #[inline(always)]
+    fn run_hot<B>(
+        &mut self,
+        f: &mut impl FnMut(&[Record], u32, u32) -> ControlFlow<B>,
+    ) -> ControlFlow<B> {
+        let State::Running(status) = self.state else {
+            self.fast = false;
+            return ControlFlow::Continue(());
+        };
+        if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 {
+            self.fast = false;
+            return ControlFlow::Continue(());
+        }
+        let mut since = self.insns_since_check;
+        loop {
+            // `last_nomap` needs no reset (see `run_fast`).
+            let r = self.dec.next_block(&mut self.blk);
+            let ninsn = self.blk.ninsn;
+            // (Empty blocks never hit: `get_fast` does not cache them.)
+            let hit = match r {
+                Ok(_) if since + u64::from(ninsn) < PROGRESS_CHECK => {
+                    self.blocks.get_fast(self.blk.ip, ninsn, self.blk.mode)
+                }
+                _ => None,
+            };
+            let (Some((start, len)), Ok(status)) = (hit, r) else {
+                self.insns_since_check = since;
+                self.fast = false;
+                let blk = self.blk;
+                // The status before this block had neither EOS nor a pending event (checked
+                // at entry, and the loop stops at those), which is all `after_block` reads
+                // of it; so it need not stay live across the libipt call.
+                self.after_block(0, &blk, r);
+                return ControlFlow::Continue(());
+            };
+            since += u64::from(ninsn);
+            let flow = f(&self.blocks.arena, start, len);
+            if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 || flow.is_break() {
+                self.insns_since_check = since;
+                self.state = State::Running(status);
+                if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 {
+                    self.fast = false;
+                }
+                return flow;
+            }
+        }
     }
 
     /// `next_slice` except the common case (a queued block).
@@ -1015,6 +1109,23 @@ impl Iterator for PtDecoder<'_> {
             }
         }
         self.next_record_slow()
+    }
+
+    /// Consumes the decoder through [`PtDecoder::for_each_slice`] (the fast path).
+    fn for_each<F>(mut self, mut f: F)
+    where
+        F: FnMut(Record),
+    {
+        self.for_each_slice(|recs| {
+            for r in recs {
+                // Instructions copied inline (the enum's clone is out of line).
+                f(match r {
+                    Record::Instruction(i) => Record::Instruction(*i),
+                    other => other.clone(),
+                });
+            }
+            ControlFlow::<()>::Continue(())
+        });
     }
 }
 

@@ -1,6 +1,7 @@
 //! `pttrace decode`: PT (+ sideband + images) -> instruction records (disasm/jsonl/summary).
 
 use std::io::{BufWriter, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use drpttracer::decode::parallel::decode_parallel_compact;
@@ -575,16 +576,29 @@ pub fn run(args: Args) -> CmdResult {
             } else {
                 let mut dec =
                     PtDecoder::new(pt, params, space.clone(), events, spec.resolver(), opts)?;
-                let mut n = 0u32;
-                while let Some(recs) = dec.next_slice() {
-                    for r in recs {
-                        printer.record(r)?;
-                    }
-                    n = n.wrapping_add(1);
-                    if n % 4096 == 0 {
-                        if let Some(b) = &bar {
-                            b.set_position(done + dec.position());
+                // Slices in batches of 4096 between progress updates (the decoder's
+                // position is only known between batches).
+                loop {
+                    let mut n = 0u32;
+                    let flow = dec.for_each_slice(|recs| {
+                        for r in recs {
+                            if let Err(e) = printer.record(r) {
+                                return ControlFlow::Break(Err(e));
+                            }
                         }
+                        n += 1;
+                        if n == 4096 {
+                            ControlFlow::Break(Ok(()))
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    });
+                    match flow {
+                        None => break,
+                        Some(r) => r?,
+                    }
+                    if let Some(b) = &bar {
+                        b.set_position(done + dec.position());
                     }
                 }
                 for m in dec.warnings() {
