@@ -4,7 +4,8 @@
 use drpttracer::decode::sideband::{encode_mmap2, TEST_SAMPLE_TYPE};
 use drpttracer::decode::testgen::PtWriter;
 use drpttracer::decode::{
-    decode_window, AddressSpace, Gap, ImageSpec, Record, Symbols, TraceParams, WindowOptions,
+    decode_window, AddressSpace, Gap, ImageResolver, ImageSpec, PtDecoder, Record, Symbols,
+    TraceParams, WindowOptions,
 };
 use drpttracer::metadata::TimeConv;
 use iced_x86::code_asm::*;
@@ -806,5 +807,90 @@ fn overflow_is_a_marker_and_decoding_resumes_at_its_fup() {
     assert_eq!(
         pcs(&recs[ovf..]),
         vec![ips[4], ips[5], ips[6], ips[7], ips[8]]
+    );
+}
+
+#[test]
+fn endless_loop_of_direct_branches_ends_in_a_gap() {
+    // A loop that needs no trace: libipt could decode it forever. The decoder gives up
+    // after 2^22 instructions without the trace position moving (a gap that says so),
+    // then resyncs; with no PSB left, decoding ends.
+    let (code, ips) = asm(BASE, |a| {
+        let mut top = a.create_label();
+        a.set_label(&mut top)?;
+        a.nop()?;
+        a.add(eax, 1)?;
+        a.jmp(top)
+    });
+    assert_eq!(
+        disasm(&code, BASE),
+        ["nop", "add eax,1", "jmp short 0000000000401000h"]
+    );
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(10), None)
+        .tip_pge(ips[0])
+        .tnt(&[true, false]);
+    let space = image(&code, BASE);
+    let mk = || {
+        PtDecoder::new(
+            &w.buf,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            WindowOptions {
+                source: "loop.pt".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    // The same through the decoder's fast loop and through the iterator.
+    let mut by_slices = (0u64, vec![]);
+    mk().for_each_slice(|s| {
+        for r in s {
+            match r {
+                Record::Instruction(i) => {
+                    assert_eq!(i.pc, ips[by_slices.0 as usize % 3]);
+                    by_slices.0 += 1;
+                }
+                other => by_slices.1.push(other.clone()),
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    let mut by_iter = (0u64, vec![]);
+    for r in mk() {
+        match r {
+            Record::Instruction(_) => by_iter.0 += 1,
+            other => by_iter.1.push(other),
+        }
+    }
+    assert_eq!(by_slices, by_iter);
+    let (n, markers) = by_slices;
+    // The limit counts from the first progress check and is checked every 2^16
+    // instructions or more (libipt makes blocks of up to 65535 instructions here): at
+    // most two check intervals of two such blocks each beyond 2^22.
+    assert!(
+        (1 << 22..(1 << 22) + (1 << 18)).contains(&n),
+        "{n} instructions"
+    );
+    let gaps: Vec<&Gap> = markers
+        .iter()
+        .filter_map(|r| match r {
+            Record::Gap(g) => Some(&**g),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gaps.len(), 1, "{markers:?}");
+    assert!(
+        gaps[0].error.contains("4194304 instructions without trace"),
+        "{}",
+        gaps[0].error
+    );
+    assert_eq!(gaps[0].source, "loop.pt");
+    assert_eq!(
+        markers.last(),
+        Some(&Record::Gap(Box::new(gaps[0].clone())))
     );
 }

@@ -793,10 +793,12 @@ impl<'a> PtDecoder<'a> {
         // PROGRESS_CHECK instructions to keep the FFI call off the fast path).
         self.insns_since_check += u64::from(blk.ninsn);
         if self.insns_since_check >= PROGRESS_CHECK {
-            self.insns_since_check = 0;
+            // (Blocks of up to 65535 instructions can take the count well past the
+            // check interval: count what was decoded, not the interval.)
+            let decoded = std::mem::take(&mut self.insns_since_check);
             let off = self.dec.offset();
             if off == self.progress_offset {
-                self.insns_without_progress += PROGRESS_CHECK;
+                self.insns_without_progress += decoded;
             } else {
                 self.progress_offset = off;
                 self.insns_without_progress = 0;
@@ -987,7 +989,11 @@ impl PtDecoder<'_> {
             if self.hot_ready() {
                 let flow = self.run_hot(&mut |arena: &[Record], start: u32, len: u32| {
                     let start = start as usize;
-                    f(arena.get(start..start + len as usize).unwrap_or_default())
+                    match arena.get(start..start + len as usize) {
+                        Some(recs) => f(recs),
+                        // (Cached ranges always lie in the arena.)
+                        None => ControlFlow::Continue(()),
+                    }
                 });
                 if let ControlFlow::Break(b) = flow {
                     return Some(b);
@@ -1031,20 +1037,21 @@ impl PtDecoder<'_> {
             self.fast = false;
             return ControlFlow::Continue(());
         }
-        let mut since = self.insns_since_check;
+        // Instructions the fast path may still take before the progress check is due
+        // (`insns_since_check + ninsn < PROGRESS_CHECK` as a countdown).
+        let mut left = (PROGRESS_CHECK - 1).saturating_sub(self.insns_since_check);
         loop {
             // `last_nomap` needs no reset (see `run_fast`).
             let r = self.dec.next_block(&mut self.blk);
             let ninsn = self.blk.ninsn;
+            let left_after = left.checked_sub(u64::from(ninsn));
             // (Empty blocks never hit: `get_fast` does not cache them.)
-            let hit = match r {
-                Ok(_) if since + u64::from(ninsn) < PROGRESS_CHECK => {
-                    self.blocks.get_fast(self.blk.ip, ninsn, self.blk.mode)
-                }
+            let hit = match (r, left_after) {
+                (Ok(_), Some(_)) => self.blocks.get_fast(self.blk.ip, ninsn, self.blk.mode),
                 _ => None,
             };
-            let (Some((start, len)), Ok(status)) = (hit, r) else {
-                self.insns_since_check = since;
+            let (Some((start, len)), Ok(status), Some(l)) = (hit, r, left_after) else {
+                self.insns_since_check = PROGRESS_CHECK - 1 - left;
                 self.fast = false;
                 let blk = self.blk;
                 // The status before this block had neither EOS nor a pending event (checked
@@ -1053,10 +1060,10 @@ impl PtDecoder<'_> {
                 self.after_block(0, &blk, r);
                 return ControlFlow::Continue(());
             };
-            since += u64::from(ninsn);
+            left = l;
             let flow = f(&self.blocks.arena, start, len);
             if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 || flow.is_break() {
-                self.insns_since_check = since;
+                self.insns_since_check = PROGRESS_CHECK - 1 - left;
                 self.state = State::Running(status);
                 if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 {
                     self.fast = false;
