@@ -404,18 +404,34 @@ fn main() {
     let (mut t_seq, mut t1, mut t2, mut tb1, mut tb2) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut n_seq = 0;
-    for _ in 0..runs {
-        let (t, n) = wall(&mut || sequential_collect(&trace, &space));
-        t_seq.push(t);
+    // Paired measurements back to back, their order alternating from round to round.
+    let pair = |round: usize, a: &mut dyn FnMut() -> usize, b: &mut dyn FnMut() -> usize| {
+        if round % 2 == 0 {
+            let ra = wall(a);
+            (ra, wall(b))
+        } else {
+            let rb = wall(b);
+            (wall(a), rb)
+        }
+    };
+    for round in 0..runs {
+        let ((ts, n), (tp, n2)) = pair(
+            round,
+            &mut || sequential_collect(&trace, &space),
+            &mut || par(2),
+        );
+        t_seq.push(ts);
+        t2.push(tp);
         n_seq = n;
         let (t, n1) = wall(&mut || par(1));
         t1.push(t);
-        let (t, n2) = wall(&mut || par(2));
-        t2.push(t);
         assert_eq!(n_seq, n1, "parallel and sequential record counts differ");
         assert_eq!(n_seq, n2, "parallel and sequential record counts differ");
-        tb1.push(wall(&mut || bare_segs(1) as usize).0);
-        tb2.push(wall(&mut || bare_segs(2) as usize).0);
+        let ((b1, _), (b2, _)) = pair(round, &mut || bare_segs(1) as usize, &mut || {
+            bare_segs(2) as usize
+        });
+        tb1.push(b1);
+        tb2.push(b2);
     }
     let speedup = paired(&t_seq, &t2);
     let machine = paired(&tb1, &tb2);
