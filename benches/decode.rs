@@ -444,9 +444,10 @@ fn main() {
         n_seq
     );
     println!(
-        "PSB-parallel, 1 thread   : {:>7.1} / {:>7.1} ms   (4 segments: the cost of cutting the trace)",
+        "PSB-parallel, 1 thread   : {:>7.1} / {:>7.1} ms   ({} segments: the cost of cutting the trace)",
         ms(s1.best),
-        ms(s1.median)
+        ms(s1.median),
+        drpttracer::decode::parallel::split_at_psbs(&trace, 8).len()
     );
     println!(
         "PSB-parallel, 2 threads  : {:>7.1} / {:>7.1} ms",
