@@ -8,7 +8,7 @@ use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use drpttracer::decode::image::Backing;
-use drpttracer::decode::parallel::decode_parallel_compact;
+use drpttracer::decode::parallel::{decode_parallel_compact, CHUNKS_PER_THREAD};
 use drpttracer::decode::testgen::LoopProgram;
 use drpttracer::decode::{
     AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
@@ -370,8 +370,8 @@ fn main() {
     }
 
     // What this machine gives any PT decoder on 2 threads: bare libipt over the same PSB
-    // segments (no output), 1 thread vs 2 threads.
-    let segs = drpttracer::decode::parallel::split_at_psbs(&trace, 8);
+    // segments as the 2-thread pipeline (no output), 1 thread vs 2 threads (one half each).
+    let segs = drpttracer::decode::parallel::split_at_psbs(&trace, 2 * CHUNKS_PER_THREAD);
     let bare_segs = |threads: usize| {
         let per = segs.len().div_ceil(threads);
         std::thread::scope(|s| {
@@ -447,7 +447,7 @@ fn main() {
         "PSB-parallel, 1 thread   : {:>7.1} / {:>7.1} ms   ({} segments: the cost of cutting the trace)",
         ms(s1.best),
         ms(s1.median),
-        drpttracer::decode::parallel::split_at_psbs(&trace, 8).len()
+        drpttracer::decode::parallel::split_at_psbs(&trace, CHUNKS_PER_THREAD).len()
     );
     println!(
         "PSB-parallel, 2 threads  : {:>7.1} / {:>7.1} ms",

@@ -114,6 +114,9 @@ const CITEM_LEN_BITS: u32 = 17;
 const CITEM_ARENA_BITS: u32 = 22;
 
 impl CItem {
+    /// No records (a block of length 0).
+    const EMPTY: CItem = CItem(0);
+
     fn rec(i: u32) -> CItem {
         CItem(CITEM_REC | u64::from(i))
     }
@@ -148,12 +151,21 @@ impl CItem {
 }
 
 /// A decoded record sequence in compact form (see [`PtDecoder::collect_compact`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Equal when the record sequences are (however they are stored).
+#[derive(Debug, Clone, Default)]
 pub struct CompactRecords {
     items: Vec<CItem>,
     markers: Vec<Record>,
     arenas: Vec<Vec<Record>>,
 }
+
+impl PartialEq for CompactRecords {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for CompactRecords {}
 
 impl CompactRecords {
     fn item_slice(&self, it: &CItem) -> &[Record] {
@@ -227,14 +239,20 @@ impl CompactRecords {
             .find_map(|it| self.item_slice(it).last())
     }
 
-    /// Drops the leading records for which `drop` holds (only whole markers).
+    /// Drops the leading records for which `drop` holds (only whole markers). Their items
+    /// become empty in place: O(dropped), where removing them would move every item.
     pub(crate) fn drop_leading(&mut self, drop: impl Fn(&Record) -> bool) {
         let n = self
             .items
             .iter()
-            .take_while(|it| matches!(it.kind(), CItemKind::Rec(i) if self.markers.get(i as usize).is_some_and(&drop)))
+            .take_while(|it| match it.kind() {
+                CItemKind::Rec(i) => self.markers.get(i as usize).is_some_and(&drop),
+                CItemKind::Block { len, .. } => len == 0,
+            })
             .count();
-        self.items.drain(..n);
+        for it in &mut self.items[..n] {
+            *it = CItem::EMPTY;
+        }
     }
 
     /// Walks the records backwards, calling `f(record, no_instruction_after_it)`, which
@@ -1237,5 +1255,38 @@ mod tests {
             _ => (false, false),
         });
         assert_eq!(c.to_vec(), vec![insn(0x1001)]);
+    }
+
+    #[test]
+    fn compact_records_drop_leading_markers_in_place() {
+        let ts = |tsc| Record::Timestamp {
+            tsc,
+            perf_time: None,
+        };
+        let arena: Vec<Record> = (0..3).map(|k| insn(0x2000 + k)).collect();
+        let mut c = CompactRecords::default();
+        c.push_marker(ts(1));
+        c.push_marker(ts(2));
+        c.push_marker(Record::Cpu(3));
+        c.push_block(0, 0, 3, &arena);
+        c.push_marker(ts(4));
+        c.arenas.push(arena.clone());
+        let items = c.items.len();
+        c.drop_leading(|r| matches!(r, Record::Timestamp { .. }));
+        // Only the leading run goes; the later timestamp stays; no item moved.
+        let want: Vec<Record> = [&[Record::Cpu(3)][..], &arena, &[ts(4)]].concat();
+        assert_eq!(c.to_vec(), want);
+        assert_eq!((c.len(), c.items.len()), (5, items));
+        assert_eq!(c.last(), Some(&ts(4)));
+        // Again (over the emptied items), now dropping the cpu marker too.
+        c.drop_leading(|r| matches!(r, Record::Cpu(_)));
+        assert_eq!(c.to_vec(), [&arena[..], &[ts(4)]].concat());
+        // Equality is by records, not by how they are stored.
+        let mut d = CompactRecords::default();
+        d.push_block(0, 0, 3, &arena);
+        d.push_marker(ts(4));
+        d.arenas.push(arena);
+        assert_eq!(c, d);
+        assert_ne!(c, CompactRecords::default());
     }
 }
