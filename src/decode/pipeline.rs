@@ -51,11 +51,6 @@ impl ItemQueue {
     }
 
     #[inline]
-    fn len(&self) -> usize {
-        self.items.len().saturating_sub(self.head)
-    }
-
-    #[inline]
     fn push_back(&mut self, item: Item) {
         if self.head > 0 && self.head >= self.items.len() {
             self.items.clear();
@@ -358,11 +353,6 @@ pub struct PtDecoder<'a> {
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
-/// Items `fill` queues in one go when it may batch.
-const BATCH: usize = 1;
-/// Batching stops while the block arena is near its reset limit.
-const BATCH_ARENA_MAX: usize = 1 << 21;
-
 /// How often (in instructions) the trace position is checked for progress.
 const PROGRESS_CHECK: u64 = 1 << 16;
 
@@ -740,7 +730,7 @@ impl<'a> PtDecoder<'a> {
         self.after_block(status, &blk, r);
     }
 
-    /// Whether `run_once(status)` may take the fast path (`run_fast`): no event or trace
+    /// Whether the fast path (`run_hot`, `step_fast`) may replace `run_once(status)`: no event or trace
     /// end pending, no sideband left (the image cannot change), libipt's image and the
     /// block cache current, no timestamp waiting to be emitted. Everything `run_once`
     /// does before `next_block` is then a no-op.
@@ -757,39 +747,6 @@ impl<'a> PtDecoder<'a> {
         };
         let generation = space.generation();
         self.dec.synced_generation() == Some(generation) && self.blocks.is_valid(generation)
-    }
-
-    /// `run_once` repeated while its preconditions (`fast_ready`) hold, with the common
-    /// case inline: a non-empty block that decoded without error and is in the block
-    /// cache. Anything else goes through `after_block` (exactly what `run_once` does)
-    /// and ends the run. Cache hits never grow or reset the arena, so the queued items
-    /// stay valid. Stops after `BATCH` queued items.
-    fn run_fast(&mut self, mut status: u32) {
-        let mut blk = ipt::empty_block();
-        loop {
-            // (`last_nomap` is not reset here: every failed read of the callback sets it,
-            // and a nomap error always comes from one, so it names this block's failure.)
-            let r = self.dec.next_block(&mut blk);
-            let hit = match r {
-                Ok(_)
-                    if blk.ninsn > 0
-                        && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
-                {
-                    self.blocks.get_fast(blk.ip, blk.ninsn, blk.mode)
-                }
-                _ => None,
-            };
-            let (Some((start, len)), Ok(next_status)) = (hit, r) else {
-                return self.after_block(status, &blk, r);
-            };
-            self.queue.push_back(Item::Block(start, len));
-            self.insns_since_check += u64::from(blk.ninsn);
-            status = next_status;
-            self.state = State::Running(status);
-            if status & (PTS_EVENT_PENDING | PTS_EOS) != 0 || self.queue.len() >= BATCH {
-                return;
-            }
-        }
     }
 
     /// The part of `run_once` after `next_block`: expand the block, check progress, and
@@ -853,9 +810,8 @@ impl<'a> PtDecoder<'a> {
         }
     }
 
-    /// Runs the decoder until at least one record is queued or the trace ends. While the
-    /// image cannot change (no sideband pending, block arena far from its limit) it keeps
-    /// going for up to `BATCH` items, which keeps the hot loop tight.
+    /// Runs the decoder until at least one record is queued or the trace ends (the fast
+    /// paths take over from there), and notes whether they may.
     fn fill(&mut self) {
         self.fill_inner();
         self.fast = matches!(self.state, State::Running(s) if self.fast_ready(s));
@@ -866,34 +822,12 @@ impl<'a> PtDecoder<'a> {
     /// hit goes through `after_block` (which may queue records) and returns `None`.
     #[inline(always)]
     fn step_fast(&mut self) -> Option<(u32, u32)> {
-        let State::Running(status) = self.state else {
-            self.fast = false;
-            return None;
-        };
-        // `last_nomap` needs no reset (see `run_fast`).
-        let r = self.dec.next_block(&mut self.blk);
-        let blk = &self.blk;
-        let hit = match r {
-            Ok(_)
-                if blk.ninsn > 0
-                    && self.insns_since_check + u64::from(blk.ninsn) < PROGRESS_CHECK =>
-            {
-                self.blocks.get_fast(blk.ip, blk.ninsn, blk.mode)
-            }
-            _ => None,
-        };
-        let (Some((start, len)), Ok(next_status)) = (hit, r) else {
-            self.fast = false;
-            let blk = self.blk;
-            self.after_block(status, &blk, r);
-            return None;
-        };
-        self.insns_since_check += u64::from(self.blk.ninsn);
-        self.state = State::Running(next_status);
-        if next_status & (PTS_EVENT_PENDING | PTS_EOS) != 0 {
-            self.fast = false;
+        match self
+            .run_hot(&mut |_: &[Record], start: u32, len: u32| ControlFlow::Break((start, len)))
+        {
+            ControlFlow::Break(block) => Some(block),
+            ControlFlow::Continue(()) => None,
         }
-        Some((start, len))
     }
 
     fn fill_inner(&mut self) {
@@ -908,17 +842,10 @@ impl<'a> PtDecoder<'a> {
                     }
                     self.sync()
                 }
-                State::Running(status) if self.fast_ready(status) => self.run_fast(status),
                 State::Running(status) => self.run_once(status),
             }
             if !self.queue.is_empty() {
-                // Queued blocks refer to the arena by index: only batch when nothing can
-                // reset it (an image change or the arena limit).
-                let can_batch =
-                    self.timeline.is_done() && self.blocks.arena.len() < BATCH_ARENA_MAX;
-                if !can_batch || self.queue.len() >= BATCH {
-                    return;
-                }
+                return;
             }
         }
     }
@@ -1038,10 +965,11 @@ impl PtDecoder<'_> {
         self.fast && self.cur >= self.cur_end && self.queue.is_empty()
     }
 
-    /// `step_fast` in a loop, each cached block handed to `f` as (arena, start, len) —
+    /// The fast path: cached blocks, each handed to `f` as (arena, start, len) —
     /// the arena stays put meanwhile: cache hits never grow or reset it — until something
     /// other than a cache hit comes (handled by `after_block`, which may queue records),
-    /// a status flag ends the fast path, or `f` breaks. Callers checked `hot_ready`.
+    /// a status flag ends the fast path, or `f` breaks. Callers checked `hot_ready` (a
+    /// partly consumed block and queued items come first).
     #[inline(always)]
     fn run_hot<B>(
         &mut self,
@@ -1059,7 +987,9 @@ impl PtDecoder<'_> {
         // (`insns_since_check + ninsn < PROGRESS_CHECK` as a countdown).
         let mut left = (PROGRESS_CHECK - 1).saturating_sub(self.insns_since_check);
         loop {
-            // `last_nomap` needs no reset (see `run_fast`).
+            // (`last_nomap` is not reset as `run_once` does: every failed read of the
+            // callback sets it, and a nomap error always comes from one, so it names this
+            // block's failure.)
             let r = self.dec.next_block(&mut self.blk);
             let ninsn = self.blk.ninsn;
             let left_after = left.checked_sub(u64::from(ninsn));
