@@ -5,6 +5,23 @@ use drpttracer::decode::{
     AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };
 
+/// A decoder over `trace` of the loop program in `space` (no sideband), its window
+/// numbered `window_id`.
+fn loop_decoder<'a>(trace: &'a [u8], space: &AddressSpace, window_id: u64) -> PtDecoder<'a> {
+    PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            window_id: Some(window_id),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn loop_program_decodes_exactly() {
     let prog = LoopProgram::new(0x40_0000);
@@ -93,20 +110,7 @@ fn slices_and_iterator_agree() {
     let (trace, _) = prog.trace(8_000, 500, 3);
     let mut space = AddressSpace::new();
     space.add_bytes("loop", prog.code.clone(), prog.base);
-    let mk = || {
-        PtDecoder::new(
-            &trace,
-            TraceParams::default(),
-            space.clone(),
-            vec![],
-            ImageResolver::default(),
-            WindowOptions {
-                window_id: Some(4),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
+    let mk = || loop_decoder(&trace, &space, 4);
     let by_iter: Vec<Record> = mk().collect();
     let mut dec = mk();
     let mut by_slice = vec![];
@@ -138,20 +142,7 @@ fn for_each_slice_and_for_each_agree_with_next_slice_and_resume_after_break() {
     let (trace, _) = prog.trace(8_000, 500, 5);
     let mut space = AddressSpace::new();
     space.add_bytes("loop", prog.code.clone(), prog.base);
-    let mk = || {
-        PtDecoder::new(
-            &trace,
-            TraceParams::default(),
-            space.clone(),
-            vec![],
-            ImageResolver::default(),
-            WindowOptions {
-                window_id: Some(2),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
+    let mk = || loop_decoder(&trace, &space, 2);
     // The same slices, boundaries included, as next_slice.
     let mut dec = mk();
     let mut by_next: Vec<Vec<Record>> = vec![];
@@ -209,17 +200,7 @@ fn compact_collection_equals_iteration_and_parallel_compact_equals_sequential() 
         window_id: Some(1),
         ..Default::default()
     };
-    let mk = || {
-        PtDecoder::new(
-            &trace,
-            TraceParams::default(),
-            space.clone(),
-            vec![],
-            ImageResolver::default(),
-            opts.clone(),
-        )
-        .unwrap()
-    };
+    let mk = || loop_decoder(&trace, &space, 1);
     let seq: Vec<Record> = mk().collect();
     let compact = mk().collect_compact();
     assert_eq!(compact.len(), seq.len());

@@ -91,20 +91,7 @@ fn mutated_traces_never_panic() {
             source: format!("mutant{n}"),
             ..Default::default()
         };
-        let recs: Vec<Record> = PtDecoder::new(
-            &t,
-            params,
-            space.clone(),
-            events.clone(),
-            ImageResolver::default(),
-            opts.clone(),
-        )
-        .unwrap()
-        .collect();
-        check_records(&recs, t.len());
-        if n % 5 == 0 {
-            // The fast loop yields exactly the iterator's records, errors included.
-            let mut by_slices = Vec::with_capacity(recs.len());
+        let mk = || {
             PtDecoder::new(
                 &t,
                 params,
@@ -114,7 +101,13 @@ fn mutated_traces_never_panic() {
                 opts.clone(),
             )
             .unwrap()
-            .for_each_slice(|s| {
+        };
+        let recs: Vec<Record> = mk().collect();
+        check_records(&recs, t.len());
+        if n % 5 == 0 {
+            // The fast loop yields exactly the iterator's records, errors included.
+            let mut by_slices = Vec::with_capacity(recs.len());
+            mk().for_each_slice(|s| {
                 by_slices.extend_from_slice(s);
                 std::ops::ControlFlow::<()>::Continue(())
             });
