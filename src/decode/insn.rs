@@ -255,12 +255,11 @@ impl BlockCache {
     #[cold]
     #[inline(never)]
     fn fill_l1(&mut self, slot: usize, ip: u64, ninsn: u16, mode: u32) -> bool {
-        let Ok(mode) = u8::try_from(mode) else {
-            return false;
+        // (Keys hold libipt's modes 0..=3, and 4 for anything else: see `block_key`.)
+        let mode = match u8::try_from(mode) {
+            Ok(m @ 0..=4) if ninsn > 0 => m,
+            _ => return false,
         };
-        if ninsn == 0 || mode > 4 {
-            return false;
-        }
         let k = BlockKey { ip, ninsn, mode };
         let Some(&(start, len, _)) = self.map.get(&k) else {
             return false;
