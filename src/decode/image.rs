@@ -192,6 +192,75 @@ impl AddressSpace {
         }
     }
 
+    /// Adds captured code (address, bytes) in one pass: adjacent and overlapping pieces
+    /// are merged into runs (a later piece wins where pieces overlap), and each run
+    /// replaces whatever it overlaps, as [`Self::add`] does.
+    pub fn add_code(&mut self, pieces: &[(u64, &[u8])]) {
+        let mut order: Vec<usize> = (0..pieces.len()).collect();
+        order.sort_by_key(|&i| pieces[i].0);
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for i in order {
+            let (addr, bytes) = pieces[i];
+            if bytes.is_empty() || addr.checked_add(bytes.len() as u64).is_none() {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((start, run)) if addr <= *start + run.len() as u64 => {
+                    let off = (addr - *start) as usize;
+                    let end = off + bytes.len();
+                    if end > run.len() {
+                        run.resize(end, 0);
+                    }
+                    run[off..end].copy_from_slice(bytes);
+                }
+                _ => runs.push((addr, bytes.to_vec())),
+            }
+        }
+        if runs.is_empty() {
+            return;
+        }
+        let new: Vec<Segment> = runs
+            .into_iter()
+            .filter_map(|(addr, bytes)| {
+                let len = bytes.len() as u64;
+                let backing = Arc::new(Backing::Bytes {
+                    name: "[code]".to_string(),
+                    bytes,
+                });
+                Segment::new(addr, len, backing, 0)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(self.segs.len() + 2 * new.len());
+        for old in self.segs.drain(..) {
+            // Pieces of `old` not covered by any new run (runs are sorted and disjoint).
+            let mut cur = old.start;
+            let first = new.partition_point(|n| n.end() <= old.start);
+            for n in new[first..].iter().take_while(|n| n.start < old.end()) {
+                if n.start > cur {
+                    out.push(Segment {
+                        start: cur,
+                        len: n.start - cur,
+                        offset: old.offset + (cur - old.start),
+                        backing: old.backing.clone(),
+                    });
+                }
+                cur = cur.max(n.end());
+            }
+            if cur < old.end() {
+                out.push(Segment {
+                    start: cur,
+                    len: old.end() - cur,
+                    offset: old.offset + (cur - old.start),
+                    backing: old.backing.clone(),
+                });
+            }
+        }
+        out.extend(new);
+        out.sort_by_key(|x| x.start);
+        self.segs = out;
+        self.generation += 1;
+    }
+
     /// Adds `len` bytes of a file at `offset` to `addr` (an MMAP record).
     pub fn add_file_range(
         &mut self,
@@ -394,6 +463,44 @@ mod tests {
             name: "t".into(),
             bytes: v.to_vec(),
         })
+    }
+
+    #[test]
+    fn code_pieces_merge_into_runs_and_replace_older_code() {
+        let mut a = AddressSpace::new();
+        a.add(Segment::new(0x1000, 0x100, bytes(&[0xaa; 0x100]), 0).unwrap());
+        a.add_code(&[
+            (0x1010, &[1, 2, 3][..]),
+            (0x2000, &[9][..]),
+            (0x1013, &[4, 5][..]),
+            (0x1012, &[7][..]),
+        ]);
+        let spans: Vec<(u64, u64, String)> = a
+            .segments()
+            .iter()
+            .map(|s| (s.start, s.len, s.backing.name()))
+            .collect();
+        let file = a.segments()[0].backing.name();
+        assert_eq!(
+            spans,
+            vec![
+                (0x1000, 0x10, file.clone()),
+                (0x1010, 5, "[code]".to_string()),
+                (0x1015, 0xeb, file),
+                (0x2000, 1, "[code]".to_string()),
+            ]
+        );
+        let mut buf = [0u8; 8];
+        assert_eq!(a.read(0x1010, &mut buf), 5);
+        assert_eq!(&buf[..5], &[1, 2, 7, 4, 5]);
+        // A later version of the code at the same address replaces the bytes.
+        a.add_code(&[(0x1011, &[0xcc][..])]);
+        assert_eq!(a.read(0x1011, &mut buf), 1);
+        assert_eq!(buf[0], 0xcc);
+        assert_eq!(a.read(0x1010, &mut buf), 1);
+        assert_eq!(buf[0], 1);
+        assert_eq!(a.read(0x1012, &mut buf), 3);
+        assert_eq!(&buf[..3], &[7, 4, 5]);
     }
 
     #[test]

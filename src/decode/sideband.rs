@@ -29,6 +29,8 @@ pub enum ImageChange {
         pgoff: u64,
         filename: String,
     },
+    /// The bytes of code executed at `addr` (a software backend's code record).
+    Code { addr: u64, bytes: Vec<u8> },
     /// exec: the process image is replaced (everything before is unmapped).
     Exec { comm: String },
     /// Sideband records were lost (PERF_RECORD_LOST) or the AUX area lost trace.
@@ -75,6 +77,7 @@ pub fn parse_records(
             PerfRecord::Comm {
                 comm, exec: true, ..
             } => Some(ImageChange::Exec { comm }),
+            PerfRecord::TextPoke { addr, bytes } => Some(ImageChange::Code { addr, bytes }),
             PerfRecord::Lost { lost, .. } => Some(ImageChange::Lost {
                 what: format!("{lost} sideband records lost"),
             }),
@@ -134,6 +137,10 @@ impl ImageResolver {
                 None
             }
             ImageChange::Lost { .. } => None,
+            ImageChange::Code { addr, bytes } => {
+                space.add_code(&[(*addr, bytes.as_slice())]);
+                None
+            }
             ImageChange::Map {
                 addr,
                 len,

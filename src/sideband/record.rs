@@ -16,6 +16,9 @@ pub const PERF_RECORD_AUX: u32 = 11;
 pub const PERF_RECORD_ITRACE_START: u32 = 12;
 pub const PERF_RECORD_SWITCH: u32 = 14;
 pub const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
+/// Code bytes at an address (perf's TEXT_POKE; the software backends' code records, see
+/// [`crate::format::code`]).
+pub const PERF_RECORD_TEXT_POKE: u32 = pttrace_format::code::PERF_RECORD_TEXT_POKE;
 pub const PERF_RECORD_AUXTRACE: u32 = 71;
 
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
@@ -208,6 +211,11 @@ pub enum Record {
         out: bool,
         next_prev_pid: u32,
         next_prev_tid: u32,
+    },
+    /// New code bytes at `addr` (perf's TEXT_POKE).
+    TextPoke {
+        addr: u64,
+        bytes: Vec<u8>,
     },
     /// A record type this library does not interpret.
     Other {
@@ -438,6 +446,13 @@ pub fn parse_record(
             next_prev_pid: r.u32().ok_or_else(short)?,
             next_prev_tid: r.u32().ok_or_else(short)?,
         },
+        PERF_RECORD_TEXT_POKE => {
+            let (addr, bytes) = pttrace_format::code::parse_code_body(body).ok_or_else(short)?;
+            Record::TextPoke {
+                addr,
+                bytes: bytes.to_vec(),
+            }
+        }
         kind => Record::Other { kind },
     };
     Ok((

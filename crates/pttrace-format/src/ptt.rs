@@ -71,6 +71,12 @@ pub enum FileKind {
 /// - `Config` (23): UTF-8 text, the `PTTRACER_*` settings, one `NAME=value` per line.
 /// - `ProcessEnd` (24): u32 reason ([`EndReason`]), i32 exit code, u64 syscall sites
 ///   patched by the fast path (`PTTRACER_REWRITE`, 0 otherwise).
+/// - `Note` (25): UTF-8 text, something a reader must tell the user (e.g. an `execve`
+///   whose new image was not traced, and why).
+///
+/// Backend byte (`ThreadHeader`, `Process`, `Metadata`): 0 hardware, 1 emulated
+/// (single-step), 2 qemu ([`BACKEND_QEMU`]: the QEMU TCG plugin; its windows' sideband
+/// carries the executed code as [`crate::code`] records).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
 pub enum RecordType {
@@ -87,6 +93,7 @@ pub enum RecordType {
     Clock = 22,
     Config = 23,
     ProcessEnd = 24,
+    Note = 25,
 }
 
 impl RecordType {
@@ -106,6 +113,7 @@ impl RecordType {
             22 => Clock,
             23 => Config,
             24 => ProcessEnd,
+            25 => Note,
             _ => return None,
         })
     }
@@ -172,6 +180,14 @@ pub const WF_PT_DROPPED: u32 = 1 << 6;
 pub const WF_VFORK_CHILD: u32 = 1 << 7;
 /// Window flag: the record is the child's side of a fork (`ret` = 0).
 pub const WF_FORK_CHILD: u32 = 1 << 8;
+
+/// Window flag: the window ended without a syscall (the thread's PT was cut between two
+/// blocks: buffer limit, code replaced at run time, or the thread ended); `nr`, `args`
+/// and `ret` are meaningless. The next window continues where this one stopped.
+pub const WF_NO_SYSCALL: u32 = 1 << 9;
+
+/// Backend byte of the QEMU plugin.
+pub const BACKEND_QEMU: u8 = 2;
 
 /// Fixed part of a `Window` payload.
 pub const WINDOW_FIXED_SIZE: usize = 8 + 8 + 6 * 8 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
@@ -387,6 +403,66 @@ pub fn encode_window(out: &mut [u8], w: &Window, pt: &[u8], sideband: &[u8]) -> 
         c.bytes(pt);
         c.bytes(sideband);
     })
+}
+
+/// A whole frame of type `ty` around `payload` (for writers that are not in a signal
+/// handler); `None` when the payload is over [`MAX_PAYLOAD`].
+pub fn frame_vec(ty: RecordType, payload: &[u8]) -> Option<Vec<u8>> {
+    if payload.len() > MAX_PAYLOAD {
+        return None;
+    }
+    let mut v = Vec::with_capacity(payload.len() + FRAME_OVERHEAD);
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    v.extend_from_slice(&(ty as u16).to_le_bytes());
+    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(payload);
+    let crc = crc32(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
+    Some(v)
+}
+
+/// Payload of a `ThreadHeader` record.
+pub fn thread_header_payload(h: &ThreadHeader) -> Vec<u8> {
+    let mut v = Vec::with_capacity(32 + h.pt_absent_reason.len());
+    v.extend_from_slice(&h.pid.to_le_bytes());
+    v.extend_from_slice(&h.tid.to_le_bytes());
+    v.extend_from_slice(&[h.mode, h.window, h.backend, u8::from(h.pt_present)]);
+    v.extend_from_slice(&h.nonce.to_le_bytes());
+    v.extend_from_slice(&h.start_tsc.to_le_bytes());
+    v.extend_from_slice(h.pt_absent_reason.as_bytes());
+    v
+}
+
+/// Payload of a `Process` record.
+pub fn process_payload(p: &ProcessRecord) -> Vec<u8> {
+    let mut v = Vec::with_capacity(40 + p.pt_absent_reason.len());
+    v.extend_from_slice(&p.pid.to_le_bytes());
+    v.extend_from_slice(&p.ppid.to_le_bytes());
+    v.extend_from_slice(&p.nonce.to_le_bytes());
+    v.extend_from_slice(&p.start_tsc.to_le_bytes());
+    v.extend_from_slice(&p.start_monotonic_ns.to_le_bytes());
+    v.extend_from_slice(&[p.mode, p.window, p.backend, u8::from(p.pt_present)]);
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v.extend_from_slice(p.pt_absent_reason.as_bytes());
+    v
+}
+
+/// Payload of an `End` record (thread files).
+pub fn end_payload(reason: EndReason, written: u64, dropped: u64) -> [u8; 24] {
+    let mut v = [0u8; 24];
+    v[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
+    v[8..16].copy_from_slice(&written.to_le_bytes());
+    v[16..24].copy_from_slice(&dropped.to_le_bytes());
+    v
+}
+
+/// Payload of a `ProcessEnd` record.
+pub fn process_end_payload(reason: EndReason, code: i32, patched: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
+    v[4..8].copy_from_slice(&code.to_le_bytes());
+    v[8..16].copy_from_slice(&patched.to_le_bytes());
+    v
 }
 
 // ---------------------------------------------------------------------------------------
@@ -667,6 +743,7 @@ pub fn backend_name(b: u8) -> &'static str {
     match b {
         0 => "hardware",
         1 => "emulated",
+        2 => "qemu",
         _ => "?",
     }
 }
@@ -770,7 +847,9 @@ fn summarize_thread_frames(
                 if w.window.flags & WF_VFORK_CHILD != 0 {
                     s.vfork_child_windows += 1;
                 }
-                *s.per_syscall.entry(w.window.nr).or_default() += 1;
+                if w.window.flags & WF_NO_SYSCALL == 0 {
+                    *s.per_syscall.entry(w.window.nr).or_default() += 1;
+                }
             }
             Some(RecordType::Dropped) => {
                 let (n, _) = decode_dropped(f.payload).ok_or_else(|| bad(f, "short Dropped"))?;
@@ -799,6 +878,8 @@ pub struct ProcessSummary {
     pub end: Option<(u32, i32)>,
     pub patched_sites: u64,
     pub clocks: Vec<(u64, u64)>,
+    /// `Note` records, in order.
+    pub notes: Vec<String>,
     pub tail: Tail,
 }
 
@@ -823,11 +904,15 @@ fn summarize_process_frames(
         end: None,
         patched_sites: 0,
         clocks: Vec::new(),
+        notes: Vec::new(),
         tail: parsed.tail.clone(),
     };
     for f in &parsed.frames {
         match RecordType::from_raw(f.ty) {
             Some(RecordType::Process) => s.process = decode_process(f.payload),
+            Some(RecordType::Note) => s
+                .notes
+                .push(String::from_utf8_lossy(f.payload).into_owned()),
             Some(RecordType::Cmdline) => {
                 s.cmdline = f
                     .payload

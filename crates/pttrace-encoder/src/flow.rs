@@ -1,0 +1,381 @@
+//! Block-level flow encoding: the executed sequence of basic blocks (as an emulator such as
+//! QEMU reports it: each block's start, the address after it, and how its last instruction
+//! transfers control) becomes the PT that user-only hardware would write, one window at a
+//! time.
+//!
+//! Per transition from the previous block `P` into the next block `B`:
+//! - `P` ends in a conditional branch: one TNT bit (taken iff `B` starts at the target);
+//! - an indirect branch or return: TIP(`B`);
+//! - a direct jump/call or a plain end (page/size limit, an instruction the emulator ends
+//!   blocks at): nothing, `B` must start at the target / the next instruction;
+//! - a REP string instruction: `B` starting at that instruction again is the same
+//!   instruction's next iteration (nothing, and `B`'s instructions are not new ones:
+//!   [`Transition::RepeatIteration`]); `B` at the next instruction is its end;
+//! - an exception-class far transfer (int3, int n) not followed by a syscall: TIP.PGD
+//!   (suppressed), then TIP.PGE(`B`), as hardware shows a trip through the kernel;
+//! - anything else is an asynchronous transfer (a signal handler entered between blocks):
+//!   FUP(interrupted IP) + TIP.PGD, TIP.PGE(`B`). When `P` ended in a conditional branch or
+//!   a REP instruction the interrupted IP is not known yet (either successor is possible):
+//!   the encoder leaves a splice point, encodes on, and fills in the branch bit and the FUP
+//!   when a later window starts at one of the two successors (the return from the handler,
+//!   `rt_sigreturn`). Windows from the splice point on are held until then
+//!   ([`FlowEncoder::ready`]); if the flow never comes back (longjmp out of the handler,
+//!   exit), or too much is held, the gap is written as OVF + FUP(`B`): an explicit loss,
+//!   never a guessed branch.
+//!
+//! Windows begin with PSB+ and TIP.PGE at their first block and end at a syscall
+//! ([`FlowEncoder::far_transfer`]: TIP.PGD, IP suppressed) or at a cut between two blocks
+//! ([`FlowEncoder::cut`]: FUP + TIP.PGD, the next window enables at the same IP). A PSB+
+//! (with FUP of the next block) follows every `psb_period` bytes.
+
+use std::collections::VecDeque;
+
+use crate::classify::Flow;
+use crate::packet::PacketWriter;
+use crate::EncodeError;
+
+/// How a block's last instruction transfers control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockEnd {
+    /// No branch: the next block starts at `end`.
+    Fall,
+    Cond {
+        target: u64,
+    },
+    Direct {
+        target: u64,
+    },
+    Indirect,
+    /// A REP string instruction at `ip` (the block's last instruction).
+    Rep {
+        ip: u64,
+    },
+    /// syscall / int n / int3 and the like.
+    Far,
+}
+
+impl BlockEnd {
+    /// The block end for a last instruction of class `flow` at `ip`.
+    pub fn from_flow(flow: Flow, ip: u64) -> BlockEnd {
+        match flow {
+            Flow::Plain => BlockEnd::Fall,
+            Flow::RepString => BlockEnd::Rep { ip },
+            Flow::Cond { target } => BlockEnd::Cond { target },
+            Flow::Direct { target } => BlockEnd::Direct { target },
+            Flow::Indirect => BlockEnd::Indirect,
+            Flow::Far => BlockEnd::Far,
+        }
+    }
+}
+
+/// What the encoder needs of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub start: u64,
+    /// Address after the block's last instruction.
+    pub end: u64,
+    pub kind: BlockEnd,
+}
+
+/// What a transition was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The block begins a window.
+    WindowStart,
+    /// An ordinary control transfer.
+    Flow,
+    /// The same REP instruction continues: the block adds no instruction.
+    RepeatIteration,
+    /// An asynchronous transfer (signal delivery) into the block.
+    Async,
+    /// A far transfer (int3, int n) through the kernel into the block.
+    Far,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// Window sequence number holding the splice point, and the offset in it.
+    seq: u64,
+    offset: usize,
+    /// The interrupted block's end (both successors are candidates).
+    from: Block,
+    /// First block of the handler.
+    handler: u64,
+}
+
+/// Counters of what was encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    pub blocks: u64,
+    pub windows: u64,
+    pub async_events: u64,
+    /// Asynchronous transfers whose interrupted IP never became known (written as OVF).
+    pub unresolved: u64,
+    pub far_transfers: u64,
+}
+
+/// Most bytes of windows held back waiting for a splice before the gap is written as lost.
+pub const MAX_HELD_BYTES: usize = 64 << 20;
+/// Most windows held back likewise.
+pub const MAX_HELD_WINDOWS: usize = 4096;
+
+/// Encodes one thread's block sequence into windows of PT; `M` is the caller's window
+/// metadata (syscall number, arguments...), carried with the PT until the window is ready.
+pub struct FlowEncoder<M> {
+    w: PacketWriter<Vec<u8>>,
+    prev: Option<Block>,
+    /// Sequence number of the window being written.
+    seq: u64,
+    held: VecDeque<(u64, M, Vec<u8>)>,
+    held_bytes: usize,
+    pending: Option<Pending>,
+    stats: FlowStats,
+}
+
+impl<M> FlowEncoder<M> {
+    pub fn new(psb_period: usize) -> Self {
+        FlowEncoder {
+            w: PacketWriter::new(Vec::with_capacity(1 << 16), psb_period),
+            prev: None,
+            seq: 0,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            pending: None,
+            stats: FlowStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> FlowStats {
+        self.stats
+    }
+
+    /// PT bytes of the window being written.
+    pub fn window_len(&self) -> usize {
+        self.w.len()
+    }
+
+    /// True when the current window has blocks (tracing is enabled).
+    pub fn in_window(&self) -> bool {
+        self.prev.is_some()
+    }
+
+    /// Encodes the transition into `b`; `tsc` is read only when a timestamp is written.
+    pub fn block(
+        &mut self,
+        b: &Block,
+        tsc: &mut dyn FnMut() -> u64,
+    ) -> Result<Transition, EncodeError> {
+        self.stats.blocks += 1;
+        let t = match self.prev {
+            None => {
+                if let Some(p) = self.pending {
+                    if b.start == p.from.end || Some(b.start) == successor(&p.from) {
+                        self.resolve(Some(b.start))?;
+                    }
+                }
+                if !self.w.is_empty() {
+                    // Tracing was disabled inside this window (exception-class far
+                    // transfer): enable again without a new PSB.
+                    self.w.enable(b.start, Some(tsc()))?;
+                } else {
+                    self.w.psb_plus(Some(tsc()), None)?;
+                    self.w.enable(b.start, None)?;
+                }
+                Transition::WindowStart
+            }
+            Some(p) => match p.kind {
+                BlockEnd::Fall => self.expect(p.end, b)?,
+                BlockEnd::Direct { target } => self.expect(target, b)?,
+                BlockEnd::Cond { target } => {
+                    if b.start == target {
+                        self.w.branch(true)?;
+                        Transition::Flow
+                    } else if b.start == p.end {
+                        self.w.branch(false)?;
+                        Transition::Flow
+                    } else {
+                        self.defer(p, b)?
+                    }
+                }
+                BlockEnd::Rep { ip } => {
+                    if b.start == ip {
+                        // Same instruction, next iteration: `prev` stays the REP block
+                        // (its end is the same either way).
+                        return Ok(Transition::RepeatIteration);
+                    } else if b.start == p.end {
+                        Transition::Flow
+                    } else {
+                        self.defer(p, b)?
+                    }
+                }
+                BlockEnd::Indirect => {
+                    self.w.tip(b.start)?;
+                    Transition::Flow
+                }
+                BlockEnd::Far => {
+                    self.stats.far_transfers += 1;
+                    self.w.tip_pgd(None)?;
+                    self.w.enable(b.start, Some(tsc()))?;
+                    Transition::Far
+                }
+            },
+        };
+        if self.w.psb_due() {
+            self.w.psb_plus(Some(tsc()), Some(b.start))?;
+        }
+        self.prev = Some(*b);
+        Ok(t)
+    }
+
+    /// `b` must start at `next`; otherwise a signal interrupted the flow at `next`.
+    fn expect(&mut self, next: u64, b: &Block) -> Result<Transition, EncodeError> {
+        if b.start == next {
+            return Ok(Transition::Flow);
+        }
+        self.stats.async_events += 1;
+        self.w.async_disable(next)?;
+        self.w.enable(b.start, None)?;
+        Ok(Transition::Async)
+    }
+
+    /// An asynchronous transfer whose interrupted IP is one of `p`'s two successors.
+    fn defer(&mut self, p: Block, b: &Block) -> Result<Transition, EncodeError> {
+        self.stats.async_events += 1;
+        if self.pending.is_some() {
+            self.resolve(None)?;
+        }
+        self.w.flush_tnt()?;
+        self.w.forget_last_ip();
+        self.pending = Some(Pending {
+            seq: self.seq,
+            offset: self.w.len(),
+            from: p,
+            handler: b.start,
+        });
+        Ok(Transition::Async)
+    }
+
+    /// Fills in the splice point: `Some(x)` = the flow resumed at `x`, `None` = unknown.
+    fn resolve(&mut self, resumed: Option<u64>) -> Result<(), EncodeError> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let mut patch = PacketWriter::new(Vec::with_capacity(32), usize::MAX);
+        match resumed {
+            Some(x) => {
+                if let BlockEnd::Cond { target } = p.from.kind {
+                    patch.branch(x == target)?;
+                }
+                patch.async_disable(x)?;
+                patch.enable(p.handler, None)?;
+            }
+            None => {
+                self.stats.unresolved += 1;
+                patch.ovf()?;
+                patch.fup(p.handler)?;
+            }
+        }
+        patch.flush_tnt()?;
+        let bytes = patch.into_sink();
+        let buf = if p.seq == self.seq {
+            self.w.sink_mut()
+        } else {
+            match self.held.iter_mut().find(|(s, _, _)| *s == p.seq) {
+                Some((_, _, pt)) => {
+                    self.held_bytes += bytes.len();
+                    pt
+                }
+                None => return Ok(()),
+            }
+        };
+        let at = p.offset.min(buf.len());
+        buf.splice(at..at, bytes);
+        Ok(())
+    }
+
+    /// The block in flight ended with a syscall (or another far transfer the caller handles
+    /// as a window end): TIP.PGD with the IP suppressed. The next [`Self::block`] starts a
+    /// new window once [`Self::end_window`] was called.
+    pub fn far_transfer(&mut self) -> Result<(), EncodeError> {
+        if self.prev.take().is_some() {
+            self.stats.far_transfers += 1;
+            self.w.tip_pgd(None)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the current window between two blocks: the last [`Self::block`] has not
+    /// executed yet (FUP + TIP.PGD at its start); the next window enables there.
+    pub fn cut(&mut self, meta: M, tsc: &mut dyn FnMut() -> u64) -> Result<(), EncodeError> {
+        let Some(b) = self.prev.take() else {
+            self.end_window(meta);
+            return Ok(());
+        };
+        self.w.async_disable(b.start)?;
+        self.end_window(meta);
+        self.w.psb_plus(Some(tsc()), None)?;
+        self.w.enable(b.start, None)?;
+        self.prev = Some(b);
+        Ok(())
+    }
+
+    /// Closes the current window's PT with `meta` (after [`Self::far_transfer`], or at the
+    /// end of the thread: then a window still enabled just stops).
+    pub fn end_window(&mut self, meta: M) {
+        let _ = self.w.flush_tnt();
+        let pt = std::mem::replace(self.w.sink_mut(), Vec::with_capacity(1 << 12));
+        self.w.restart();
+        self.held_bytes += pt.len();
+        self.held.push_back((self.seq, meta, pt));
+        self.seq += 1;
+        self.stats.windows += 1;
+        if self.pending.is_some()
+            && (self.held.len() > MAX_HELD_WINDOWS || self.held_bytes > MAX_HELD_BYTES)
+        {
+            let _ = self.resolve(None);
+        }
+    }
+
+    /// The next window whose PT is final, in order.
+    pub fn ready(&mut self) -> Option<(M, Vec<u8>)> {
+        let seq = self.held.front()?.0;
+        if self.pending.is_some_and(|p| p.seq <= seq) {
+            return None;
+        }
+        let (_, m, pt) = self.held.pop_front()?;
+        self.held_bytes -= pt.len().min(self.held_bytes);
+        Some((m, pt))
+    }
+
+    /// The thread ends: an unresolved asynchronous transfer becomes an explicit loss, and
+    /// every window is ready.
+    pub fn finish(&mut self) {
+        let _ = self.resolve(None);
+    }
+
+    /// Metadata of the most recently ended window that is still held.
+    pub fn last_ended_mut(&mut self) -> Option<&mut M> {
+        self.held.back_mut().map(|(_, m, _)| m)
+    }
+
+    /// Drops everything (a forked child discards its copy of the parent's state).
+    pub fn reset(&mut self) {
+        self.w.sink_mut().clear();
+        self.w.restart();
+        self.prev = None;
+        self.held.clear();
+        self.held_bytes = 0;
+        self.pending = None;
+        self.seq = 0;
+        self.stats = FlowStats::default();
+    }
+}
+
+/// The taken successor of a block ending in a branch with a known target.
+fn successor(b: &Block) -> Option<u64> {
+    match b.kind {
+        BlockEnd::Cond { target } | BlockEnd::Direct { target } => Some(target),
+        BlockEnd::Rep { ip } => Some(ip),
+        _ => None,
+    }
+}
