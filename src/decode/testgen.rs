@@ -1,6 +1,6 @@
 //! Synthetic code and PT traces for tests and benchmarks.
 //!
-//! [`PtWriter`] emits genuine PT packets through libipt's packet encoder.
+//! [`PtWriter`] emits genuine PT packets through the shared encoder (`pttrace-encoder`).
 //! [`LoopProgram`] is a small x86-64 program (assembled with iced-x86) whose every
 //! conditional-branch outcome sequence is a valid execution, so random TNT bits give a
 //! valid trace of any length; [`LoopProgram::simulate`] is the oracle for the expected
@@ -8,11 +8,7 @@
 
 use iced_x86::code_asm::*;
 use iced_x86::BlockEncoderOptions;
-use libipt::enc_dec_builder::{EncoderDecoderBuilder, PtEncoderDecoder};
-use libipt::packet::{
-    Compression, Encoder, Exec, Fup, Mode, Ovf, Pad, Payload, Psb, Psbend, Tip, TipPgd, TipPge,
-    Tnt64, Tnt8, Tsc,
-};
+use pttrace_encoder::PacketWriter;
 
 use super::insn::decode_insn;
 use super::records::{ExecMode, InsnClass};
@@ -53,52 +49,57 @@ impl PtWriter {
         Self::default()
     }
 
-    /// Encodes one packet (panics only on an encoder bug: test/bench support code).
-    fn put(&mut self, pkt: impl Into<libipt_sys::pt_packet>) -> &mut Self {
-        let mut tmp = [0u8; 64];
-        let builder: EncoderDecoderBuilder<Encoder<()>> = Encoder::builder();
-        // SAFETY: `tmp` outlives the encoder, which is dropped at the end of this scope.
-        let mut enc = unsafe { builder.buffer_from_raw(tmp.as_mut_ptr(), tmp.len()) }
-            .build()
-            .expect("allocate PT encoder");
-        let n = enc.next(pkt).expect("encode PT packet") as usize;
-        drop(enc);
-        self.buf.extend_from_slice(&tmp[..n]);
+    /// A writer of the shared encoder appending to `buf`, with no last IP: every IP
+    /// packet it writes carries the address sign-extended from 48 bits (or in full).
+    fn w(&mut self) -> PacketWriter<&mut Vec<u8>> {
+        PacketWriter::new(&mut self.buf, usize::MAX)
+    }
+
+    /// Writes into a growable vector: cannot fail.
+    fn done(&mut self, r: Result<(), pttrace_encoder::EncodeError>) -> &mut Self {
+        debug_assert!(r.is_ok());
         self
     }
 
     pub fn psb(&mut self) -> &mut Self {
-        self.put(Psb::new())
+        self.buf.extend_from_slice(&pttrace_encoder::packet::PSB);
+        self
     }
     pub fn psbend(&mut self) -> &mut Self {
-        self.put(Psbend::new())
+        self.buf.extend_from_slice(&pttrace_encoder::packet::PSBEND);
+        self
     }
     pub fn tsc(&mut self, tsc: u64) -> &mut Self {
-        self.put(Tsc::new(tsc))
+        let r = self.w().tsc(tsc);
+        self.done(r)
     }
     pub fn mode64(&mut self) -> &mut Self {
-        self.put(Mode::new(Payload::Exec(Exec::CSL)))
+        let r = self.w().mode_exec64();
+        self.done(r)
     }
     pub fn fup(&mut self, ip: u64) -> &mut Self {
-        self.put(Fup::new(ip, Compression::Sext48))
+        let r = self.w().fup(ip);
+        self.done(r)
     }
     pub fn tip(&mut self, ip: u64) -> &mut Self {
-        self.put(Tip::new(ip, Compression::Sext48))
+        let r = self.w().tip(ip);
+        self.done(r)
     }
     pub fn tip_pge(&mut self, ip: u64) -> &mut Self {
-        self.put(TipPge::new(ip, Compression::Sext48))
+        let r = self.w().tip_pge(ip);
+        self.done(r)
     }
     pub fn tip_pgd(&mut self, ip: Option<u64>) -> &mut Self {
-        match ip {
-            Some(ip) => self.put(TipPgd::new(ip, Compression::Sext48)),
-            None => self.put(TipPgd::new(0, Compression::Suppressed)),
-        }
+        let r = self.w().tip_pgd(ip);
+        self.done(r)
     }
     pub fn ovf(&mut self) -> &mut Self {
-        self.put(Ovf::new())
+        let r = self.w().ovf();
+        self.done(r)
     }
     pub fn pad(&mut self) -> &mut Self {
-        self.put(Pad::new())
+        self.buf.push(0);
+        self
     }
     /// One TNT packet with `bits` (true = taken) in execution order: short TNT for up to
     /// 6 bits, long TNT for 7..=47.
@@ -107,15 +108,13 @@ impl PtWriter {
             !bits.is_empty() && bits.len() <= 47,
             "TNT holds 1..=47 bits"
         );
-        let mut payload = 0u64;
+        let mut w = self.w();
+        let mut r = Ok(());
         for &b in bits {
-            payload = (payload << 1) | u64::from(b);
+            r = r.and(w.branch(b));
         }
-        if bits.len() <= 6 {
-            self.put(Tnt8::new(payload as u8, bits.len() as u8))
-        } else {
-            self.put(Tnt64::new(payload, bits.len() as u8))
-        }
+        r = r.and(w.flush_tnt());
+        self.done(r)
     }
     /// A PSB+ header: PSB, TSC, MODE.Exec (64-bit), optional FUP (tracing enabled), PSBEND.
     pub fn psb_plus(&mut self, tsc: Option<u64>, fup: Option<u64>) -> &mut Self {

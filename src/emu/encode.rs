@@ -2,7 +2,8 @@
 //!
 //! Input: the first stepped instruction, the [`Step`] records of a window (each trap gives
 //! the next instruction to execute) and TSCs. Each executed instruction is read from our own
-//! memory and classified with iced-x86; packets are written with libipt's encoder:
+//! memory and classified with iced-x86; packets are written with the shared encoder (`pttrace-encoder`, also used by the
+//! QEMU plugin):
 //! - PSB+ (PSB, TSC, MODE.Exec 64-bit, FUP when enabled, PSBEND) at the start and every
 //!   [`PSB_PERIOD`] bytes, like hardware's psb_period;
 //! - MODE.Exec + TIP.PGE at the first instruction, TNT (short up to 6, long up to 47 bits) for
@@ -20,49 +21,19 @@
 
 use std::collections::HashMap;
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic};
-use libipt::enc_dec_builder::EncoderDecoderBuilder;
-use libipt::error::PtErrorCode;
-use libipt::packet::{
-    Compression, Encoder, Exec, Fup, Mode, Payload, Psb, Psbend, Tip, TipPgd, TipPge, Tnt64, Tnt8,
-    Tsc,
-};
+pub use pttrace_encoder::{Class, Flow};
+use pttrace_encoder::{EncodeError, PacketWriter, SliceSink};
 
 use super::trap::{Step, STEP_SIGNAL, STEP_TRAP};
 use crate::error::{Error, Result, Status};
 
 /// Bytes of trace between two PSB+ (hardware's default psb_period is 2^11..2^12 bytes).
-pub const PSB_PERIOD: u64 = 4096;
+pub const PSB_PERIOD: u64 = pttrace_encoder::PSB_PERIOD as u64;
 
 /// Worst-case bytes one instruction (plus a PSB+ before it) can add, and the closing
 /// packets: the encoder stops early enough that the closing FUP + TIP.PGD always fits.
 const PER_INSN_MAX: usize = 96;
 const CLOSE_MAX: usize = 32;
-
-/// How an instruction transfers control.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
-    Plain,
-    /// A string instruction with a REP prefix: the CPU traps after each iteration.
-    RepString,
-    Cond {
-        target: u64,
-    },
-    Direct {
-        target: u64,
-    },
-    /// Indirect jmp/call and near return: TIP.
-    Indirect,
-    /// Far transfer into the kernel (syscall, sysenter, int n, int3, into, int1).
-    Far,
-}
-
-/// A classified instruction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Class {
-    pub len: u8,
-    pub flow: Flow,
-}
 
 /// Reads up to `buf.len()` bytes of our own memory at `addr` without faulting.
 pub fn read_self(addr: u64, buf: &mut [u8]) -> usize {
@@ -108,40 +79,7 @@ pub fn classify(ip: u64) -> Option<Class> {
     if n == 0 {
         return None;
     }
-    let mut dec = Decoder::with_ip(64, &bytes[..n], ip, DecoderOptions::NONE);
-    let insn = dec.decode();
-    if insn.is_invalid() {
-        return None;
-    }
-    let flow = match insn.flow_control() {
-        FlowControl::Next | FlowControl::Exception | FlowControl::XbeginXabortXend => {
-            if insn.is_string_instruction()
-                && (insn.has_rep_prefix() || insn.has_repe_prefix() || insn.has_repne_prefix())
-            {
-                Flow::RepString
-            } else {
-                Flow::Plain
-            }
-        }
-        FlowControl::ConditionalBranch => Flow::Cond {
-            target: insn.near_branch_target(),
-        },
-        FlowControl::UnconditionalBranch | FlowControl::Call => match insn.mnemonic() {
-            Mnemonic::Syscall | Mnemonic::Sysenter => Flow::Far,
-            _ if insn.near_branch_target() != 0 => Flow::Direct {
-                target: insn.near_branch_target(),
-            },
-            _ => Flow::Far, // far jmp/call ptr16:32
-        },
-        FlowControl::IndirectBranch | FlowControl::IndirectCall | FlowControl::Return => {
-            Flow::Indirect
-        }
-        FlowControl::Interrupt => Flow::Far,
-    };
-    Some(Class {
-        len: insn.len() as u8,
-        flow,
-    })
+    pttrace_encoder::classify_bytes(ip, &bytes[..n])
 }
 
 /// What encoding a window produced.
@@ -163,161 +101,69 @@ pub struct Encoded {
     pub ips: Option<Vec<u64>>,
 }
 
-/// Writes one packet (a macro because the packet types only share `Into<pt_packet>`).
-macro_rules! put {
-    ($w:expr, $p:expr, $what:expr) => {{
-        let r = $w.enc.next($p);
-        $w.put_result(r, $what)
-    }};
-}
-
+/// The window's packet writer: the shared encoder over the caller's output buffer, with
+/// the emulated backend's statuses.
 struct Writer<'a> {
-    enc: Encoder<()>,
-    cap: usize,
-    last_ip: u64,
-    tnt: u64,
-    tnt_bits: u8,
-    next_psb: u64,
-    _out: std::marker::PhantomData<&'a mut [u8]>,
+    w: PacketWriter<SliceSink<'a>>,
 }
 
-fn pt_err(e: libipt::error::PtError, what: &str) -> Error {
+fn full(e: EncodeError) -> Error {
     Error::new(
-        Status::FailedToReadPtData,
-        format!("emulated backend: encoding {what} failed: {e:?}"),
+        Status::OverwrittenPtTrace,
+        format!("emulated backend: PT output full ({e})"),
     )
 }
 
 impl<'a> Writer<'a> {
     fn new(out: &'a mut [u8]) -> Result<Self> {
-        let cap = out.len();
-        // SAFETY: `out` is borrowed mutably for 'a, which the writer (and its encoder) does
-        // not outlive (PhantomData ties the lifetime).
-        let enc = unsafe {
-            EncoderDecoderBuilder::<Encoder<()>>::new().buffer_from_raw(out.as_mut_ptr(), cap)
-        }
-        .build()
-        .map_err(|e| pt_err(e, "encoder allocation"))?;
         Ok(Writer {
-            enc,
-            cap,
-            last_ip: 0,
-            tnt: 0,
-            tnt_bits: 0,
-            next_psb: PSB_PERIOD,
-            _out: std::marker::PhantomData,
+            w: PacketWriter::new(SliceSink::new(out), pttrace_encoder::PSB_PERIOD),
         })
     }
 
     fn offset(&self) -> usize {
-        self.enc.offset().unwrap_or(self.cap as u64) as usize
-    }
-
-    fn put_result(
-        &self,
-        r: std::result::Result<u32, libipt::error::PtError>,
-        what: &str,
-    ) -> Result<()> {
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == PtErrorCode::Eos => Err(Error::new(
-                Status::OverwrittenPtTrace,
-                format!("emulated backend: PT output full while writing {what}"),
-            )),
-            Err(e) => Err(pt_err(e, what)),
-        }
-    }
-
-    /// The compression for `ip` against the last IP (and updates the last IP).
-    fn compress(&mut self, ip: u64) -> Compression {
-        let last = self.last_ip;
-        self.last_ip = ip;
-        if ip >> 16 == last >> 16 {
-            Compression::Update16
-        } else if ip >> 32 == last >> 32 {
-            Compression::Update32
-        } else if ((ip << 16) as i64 >> 16) as u64 == ip {
-            Compression::Sext48
-        } else {
-            Compression::Full
-        }
+        self.w.len()
     }
 
     fn flush_tnt(&mut self) -> Result<()> {
-        if self.tnt_bits == 0 {
-            return Ok(());
-        }
-        let (bits, n) = (self.tnt, self.tnt_bits);
-        self.tnt = 0;
-        self.tnt_bits = 0;
-        if n <= 6 {
-            put!(self, Tnt8::new(bits as u8, n), "TNT.8")
-        } else {
-            put!(self, Tnt64::new(bits, n), "TNT.64")
-        }
+        self.w.flush_tnt().map_err(full)
     }
 
     fn branch(&mut self, taken: bool) -> Result<()> {
-        self.tnt = (self.tnt << 1) | u64::from(taken);
-        self.tnt_bits += 1;
-        if self.tnt_bits == 47 {
-            self.flush_tnt()?;
-        }
-        Ok(())
+        self.w.branch(taken).map_err(full)
     }
 
     fn tip(&mut self, ip: u64) -> Result<()> {
-        self.flush_tnt()?;
-        let c = self.compress(ip);
-        put!(self, Tip::new(ip, c), "TIP")
+        self.w.tip(ip).map_err(full)
     }
 
     /// TSC, MODE.Exec and TIP.PGE: hardware announces the execution mode with every enable.
     fn pge(&mut self, ip: u64, tsc: u64) -> Result<()> {
-        self.flush_tnt()?;
-        put!(self, Tsc::new(tsc), "TSC")?;
-        put!(self, Mode::new(Payload::Exec(Exec::CSL)), "MODE.Exec")?;
-        let c = self.compress(ip);
-        put!(self, TipPge::new(ip, c), "TIP.PGE")
+        self.w.enable(ip, Some(tsc)).map_err(full)
     }
 
     /// Synchronous disable at a far transfer (IP suppressed: the target is the kernel).
     fn pgd_far(&mut self) -> Result<()> {
-        self.flush_tnt()?;
-        put!(self, TipPgd::new(0, Compression::Suppressed), "TIP.PGD")
+        self.w.tip_pgd(None).map_err(full)
     }
 
     /// Asynchronous disable before the instruction at `ip` executes.
     fn async_pgd(&mut self, ip: u64, tsc: u64) -> Result<()> {
-        self.flush_tnt()?;
-        put!(self, Tsc::new(tsc), "TSC")?;
-        let c = self.compress(ip);
-        put!(self, Fup::new(ip, c), "FUP")?;
-        put!(self, TipPgd::new(0, Compression::Suppressed), "TIP.PGD")
+        self.w.tsc(tsc).map_err(full)?;
+        self.w.async_disable(ip).map_err(full)
     }
 
     /// PSB+; `fup` is the next IP when tracing is enabled.
     fn psb(&mut self, tsc: u64, fup: Option<u64>) -> Result<()> {
-        self.flush_tnt()?;
-        put!(self, Psb::new(), "PSB")?;
-        self.last_ip = 0;
-        put!(self, Tsc::new(tsc), "TSC")?;
-        put!(self, Mode::new(Payload::Exec(Exec::CSL)), "MODE.Exec")?;
-        if let Some(ip) = fup {
-            let c = self.compress(ip);
-            put!(self, Fup::new(ip, c), "FUP")?;
-        }
-        put!(self, Psbend::new(), "PSBEND")?;
-        self.next_psb = self.offset() as u64 + PSB_PERIOD;
-        Ok(())
+        self.w.psb_plus(Some(tsc), fup).map_err(full)
     }
 
     fn psb_due(&self) -> bool {
-        self.offset() as u64 >= self.next_psb
+        self.w.psb_due()
     }
 
     fn room_for_insn(&self) -> bool {
-        self.offset() + PER_INSN_MAX + CLOSE_MAX <= self.cap
+        self.offset() + PER_INSN_MAX + CLOSE_MAX <= self.w.sink().capacity()
     }
 }
 
@@ -527,6 +373,8 @@ fn step_fits(cache: &mut HashMap<u64, Option<Class>>, ip: u64, next: u64) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use libipt::enc_dec_builder::EncoderDecoderBuilder;
+    use libipt::packet::Compression;
     use libipt::packet::{Packet, PacketDecoder};
 
     /// Machine code that is only read (classified), never executed.

@@ -33,6 +33,16 @@ impl Sink for Vec<u8> {
     }
 }
 
+impl Sink for &mut Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
+        self.extend_from_slice(bytes);
+        Ok(())
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
 /// A fixed caller buffer (the single-step backend encodes into its output ring).
 pub struct SliceSink<'a> {
     buf: &'a mut [u8],
@@ -108,7 +118,7 @@ pub struct PacketWriter<S: Sink> {
 impl<S: Sink> PacketWriter<S> {
     /// A writer that asks for a PSB+ every `psb_period` bytes (see [`Self::psb_due`]).
     pub fn new(sink: S, psb_period: usize) -> Self {
-        let next_psb = sink.len() + psb_period;
+        let next_psb = sink.len().saturating_add(psb_period);
         PacketWriter {
             sink,
             last_ip: None,
@@ -156,7 +166,7 @@ impl<S: Sink> PacketWriter<S> {
         self.last_ip = None;
         self.tnt = 0;
         self.tnt_bits = 0;
-        self.next_psb = self.sink.len() + self.psb_period;
+        self.next_psb = self.sink.len().saturating_add(self.psb_period);
     }
 
     /// Header bits and payload size for `ip` against the last IP (updates the last IP).
@@ -275,7 +285,7 @@ impl<S: Sink> PacketWriter<S> {
             self.fup(ip)?;
         }
         self.sink.put(&PSBEND)?;
-        self.next_psb = self.sink.len() + self.psb_period;
+        self.next_psb = self.sink.len().saturating_add(self.psb_period);
         Ok(())
     }
 
