@@ -39,7 +39,8 @@ fn symbol(exe: &Path, name: &str) -> u64 {
         .address()
 }
 
-/// `pttrace run --mode user --window thread` into `out`.
+/// `pttrace run --mode user --window thread --backend emulated` into `out` (the shim's
+/// single-stepping; without `--backend` a machine with QEMU would use the QEMU backend).
 fn run_user_thread(out: &Path, prog: &Path, args: &[&str]) -> String {
     run_user_thread_with(out, &[], prog, args)
 }
@@ -51,7 +52,14 @@ fn run_user_thread_with(out: &Path, opts: &[&str], prog: &Path, args: &[&str]) -
         .arg(out)
         .arg("--lib")
         .arg(lib_path())
-        .args(["--mode", "user", "--window", "thread"])
+        .args([
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "emulated",
+        ])
         .args(opts)
         .arg("--")
         .arg(prog)

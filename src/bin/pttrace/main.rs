@@ -3,6 +3,7 @@
 mod check;
 mod decode;
 mod dump;
+mod qemu;
 mod report;
 mod run;
 
@@ -26,7 +27,8 @@ struct Cli {
 enum Command {
     /// Tell whether Intel PT is usable here, why not, and which backend each mode uses.
     Check(check::Args),
-    /// Run a program under the LD_PRELOAD shim and trace its syscall windows.
+    /// Run a program traced: under the LD_PRELOAD shim (syscall windows; hardware PT or
+    /// single-stepping), or under QEMU with pttrace's plugin (whole program, software PT).
     Run(Box<run::Args>),
     /// Decode PT (+ sideband + images) into instruction records.
     Decode(decode::Args),

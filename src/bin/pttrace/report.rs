@@ -200,6 +200,9 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                     ),
                     None => println!("  ended: no ProcessEnd record (killed or still running)"),
                 }
+                for n in &p.notes {
+                    println!("  note: {n}");
+                }
                 if let Some(t) = tail_text(&p.tail) {
                     println!("  info file {t}");
                 }

@@ -1,5 +1,7 @@
-//! `pttrace run [options] -- CMD ARGS…`: runs a program under the LD_PRELOAD shim.
+//! `pttrace run [options] -- CMD ARGS…`: runs a program under the LD_PRELOAD shim, or
+//! under QEMU with pttrace's plugin (the QEMU backend, see [`super::qemu`]).
 
+use super::qemu;
 use crate::CmdResult;
 use drpttracer::shim::config::{self, ShimConfig};
 use std::path::{Path, PathBuf};
@@ -19,9 +21,24 @@ pub struct Args {
     /// Syscalls to record: names or numbers, comma separated; `!name` excludes.
     #[arg(long, default_value = "")]
     pub syscalls: String,
-    /// Capture backend: auto, hardware or emulated.
+    /// Capture backend: auto, hardware, emulated (single-stepping in the shim) or qemu
+    /// (the whole program under QEMU with pttrace's plugin; user mode, thread windows).
+    /// auto (default, or PTTRACER_BACKEND): hardware where Intel PT exists; otherwise, for
+    /// `--mode user --window thread`, qemu when qemu-x86_64 and the plugin are found, else
+    /// emulated.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// The qemu-x86_64 to run the program with (QEMU backend; default: PATH).
+    #[arg(long)]
+    pub qemu: Option<PathBuf>,
+    /// Path of libpttrace_qemu.so (QEMU backend; default: next to this executable or in
+    /// the install prefix's lib/).
+    #[arg(long)]
+    pub qemu_plugin: Option<PathBuf>,
+    /// QEMU backend: also write each thread's executed block sequence (`.oracle` files,
+    /// for tests).
+    #[arg(long, hide = true)]
+    pub qemu_oracle: bool,
     /// Windows buffered per thread (power of two).
     #[arg(long)]
     pub queue: Option<usize>,
@@ -76,7 +93,7 @@ fn env_pairs(args: &Args) -> Vec<(&'static str, String)> {
         (config::ENV_MODE, args.mode.clone()),
         (config::ENV_WINDOW, args.window.clone()),
         (config::ENV_SYSCALLS, args.syscalls.clone()),
-        (config::ENV_BACKEND, args.backend.clone()),
+        (config::ENV_BACKEND, asked_backend(args)),
     ];
     if let Some(q) = args.queue {
         v.push((config::ENV_QUEUE, q.to_string()));
@@ -139,7 +156,100 @@ fn print_decode_hint(out: &Path, s: &super::report::DirSummary) {
     }
 }
 
+/// The backend asked for: `--backend`, or PTTRACER_BACKEND when that is `auto`.
+fn asked_backend(args: &Args) -> String {
+    match args.backend.trim() {
+        "" | "auto" => std::env::var(config::ENV_BACKEND)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "auto".into()),
+        b => b.to_string(),
+    }
+}
+
+/// Whether this run goes through QEMU (see `--backend`).
+fn use_qemu(args: &Args) -> Result<bool, String> {
+    let backend = asked_backend(args);
+    let thread_user = args.mode == "user" && args.window == "thread";
+    match backend.as_str() {
+        "qemu" => {
+            if !thread_user {
+                return Err(format!(
+                    "the qemu backend traces user mode in thread windows: use --mode user \
+                     --window thread (got --mode {} --window {})",
+                    args.mode, args.window
+                ));
+            }
+            Ok(true)
+        }
+        "auto" => Ok(thread_user
+            && drpttracer::perf::pmu::IntelPtPmu::probe().is_err()
+            && qemu::find_qemu(args.qemu.as_deref()).is_ok()
+            && qemu::find_plugin(args.qemu_plugin.as_deref()).is_ok()),
+        _ => Ok(false),
+    }
+}
+
+/// Ends like the program did: its exit status, or 128 + the signal that killed it.
+fn mirror_status(prog: &str, status: std::process::ExitStatus) -> CmdResult {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ok(()),
+        (Some(c), _) => std::process::exit(c),
+        (None, Some(sig)) => {
+            // SAFETY: strsignal returns a pointer to a static or thread-local string.
+            let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }
+                .to_string_lossy()
+                .into_owned();
+            eprintln!("pttrace run: {prog} was killed by signal {sig} ({name})");
+            std::process::exit(128 + sig)
+        }
+        (None, None) => Err(format!("{prog}: {status}").into()),
+    }
+}
+
+fn run_qemu(args: &Args) -> CmdResult {
+    let qemu = qemu::find_qemu(args.qemu.as_deref())?;
+    let plugin = qemu::find_plugin(args.qemu_plugin.as_deref())?;
+    let plugin = plugin
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", plugin.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let out = args
+        .out
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let prog = args.cmd.first().cloned().unwrap_or_default();
+    let mut cmd = qemu::command(&qemu, &plugin, &out, &args.cmd, args.qemu_oracle)?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
+    println!("{prog}: {status} (traced under {})", qemu.display());
+    let has_info = std::fs::read_dir(&out).is_ok_and(|rd| {
+        rd.flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "info"))
+    });
+    if !has_info {
+        return Err(format!(
+            "{} wrote no trace into {}: QEMU did not load the plugin {} (see its message \
+             above)",
+            qemu.display(),
+            out.display(),
+            plugin.display()
+        )
+        .into());
+    }
+    let summary = super::report::print_summary(&out, args.per_syscall)?;
+    print_decode_hint(&out, &summary);
+    mirror_status(&prog, status)
+}
+
 pub fn run(args: Args) -> CmdResult {
+    if use_qemu(&args)? {
+        return run_qemu(&args);
+    }
     let pairs = env_pairs(&args);
     // Validate here with the shim's own parser so mistakes are reported before running.
     ShimConfig::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))?;
@@ -170,9 +280,5 @@ pub fn run(args: Args) -> CmdResult {
     println!("{prog}: {status}");
     let summary = super::report::print_summary(&out, args.per_syscall)?;
     print_decode_hint(&out, &summary);
-    match status.code() {
-        Some(0) => Ok(()),
-        Some(c) => std::process::exit(c),
-        None => Err(format!("{prog} was killed by a signal ({status})").into()),
-    }
+    mirror_status(prog, status)
 }
