@@ -84,6 +84,7 @@ impl PttWindowInfo {
             (ptt::WF_PT_DROPPED, "pt-dropped"),
             (ptt::WF_VFORK_CHILD, "vfork-child"),
             (ptt::WF_FORK_CHILD, "fork-child"),
+            (ptt::WF_NO_SYSCALL, "no-syscall"),
         ];
         names
             .iter()

@@ -75,6 +75,25 @@ pub struct Block {
     /// Address after the block's last instruction.
     pub end: u64,
     pub kind: BlockEnd,
+    /// The one successor of a block without a choice (plain end or direct branch), else
+    /// `u64::MAX` (never a block start): one compare on the hot path.
+    fixed: u64,
+}
+
+impl Block {
+    pub fn new(start: u64, end: u64, kind: BlockEnd) -> Block {
+        let fixed = match kind {
+            BlockEnd::Fall => end,
+            BlockEnd::Direct { target } => target,
+            _ => u64::MAX,
+        };
+        Block {
+            start,
+            end,
+            kind,
+            fixed,
+        }
+    }
 }
 
 /// What a transition was.
@@ -160,71 +179,103 @@ impl<M> FlowEncoder<M> {
     }
 
     /// Encodes the transition into `b`; `tsc` is read only when a timestamp is written.
+    #[inline]
     pub fn block(
         &mut self,
         b: &Block,
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
         self.stats.blocks += 1;
-        let t = match self.prev {
-            None => {
-                if let Some(p) = self.pending {
-                    if b.start == p.from.end || Some(b.start) == successor(&p.from) {
-                        self.resolve(Some(b.start))?;
-                    }
-                }
-                if !self.w.is_empty() {
-                    // Tracing was disabled inside this window (exception-class far
-                    // transfer): enable again without a new PSB.
-                    self.w.enable(b.start, Some(tsc()))?;
-                } else {
-                    self.w.psb_plus(Some(tsc()), None)?;
-                    self.w.enable(b.start, None)?;
-                }
-                Transition::WindowStart
-            }
-            Some(p) => match p.kind {
-                BlockEnd::Fall => self.expect(p.end, b)?,
-                BlockEnd::Direct { target } => self.expect(target, b)?,
-                BlockEnd::Cond { target } => {
-                    if b.start == target {
-                        self.w.branch(true)?;
-                        Transition::Flow
-                    } else if b.start == p.end {
-                        self.w.branch(false)?;
-                        Transition::Flow
-                    } else {
-                        self.defer(p, b)?
-                    }
-                }
-                BlockEnd::Rep { ip } => {
-                    if b.start == ip {
-                        // Same instruction, next iteration: `prev` stays the REP block
-                        // (its end is the same either way).
-                        return Ok(Transition::RepeatIteration);
-                    } else if b.start == p.end {
-                        Transition::Flow
-                    } else {
-                        self.defer(p, b)?
-                    }
-                }
-                BlockEnd::Indirect => {
-                    self.w.tip(b.start)?;
+        let Some(p) = self.prev else {
+            return self.window_start(b, tsc);
+        };
+        let s = b.start;
+        let t = if s == p.fixed {
+            Transition::Flow
+        } else {
+            match p.kind {
+                BlockEnd::Cond { target } if s == target => {
+                    self.w.branch(true)?;
                     Transition::Flow
                 }
-                BlockEnd::Far => {
-                    self.stats.far_transfers += 1;
-                    self.w.tip_pgd(None)?;
-                    self.w.enable(b.start, Some(tsc()))?;
-                    Transition::Far
+                BlockEnd::Cond { .. } if s == p.end => {
+                    self.w.branch(false)?;
+                    Transition::Flow
                 }
-            },
+                BlockEnd::Indirect => {
+                    self.w.tip(s)?;
+                    Transition::Flow
+                }
+                // Same REP instruction, next iteration: `prev` stays the REP block.
+                BlockEnd::Rep { ip } if s == ip => return Ok(Transition::RepeatIteration),
+                BlockEnd::Rep { .. } if s == p.end => Transition::Flow,
+                _ => self.unusual(p, b, tsc)?,
+            }
         };
         if self.w.psb_due() {
-            self.w.psb_plus(Some(tsc()), Some(b.start))?;
+            self.periodic_psb(b, tsc)?;
         }
         self.prev = Some(*b);
         Ok(t)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn periodic_psb(&mut self, b: &Block, tsc: &mut dyn FnMut() -> u64) -> Result<(), EncodeError> {
+        self.w.psb_plus(Some(tsc()), Some(b.start))
+    }
+
+    /// The first block of a window (resolving a pending asynchronous transfer first when the
+    /// window resumes the interrupted flow).
+    #[cold]
+    #[inline(never)]
+    fn window_start(
+        &mut self,
+        b: &Block,
+        tsc: &mut dyn FnMut() -> u64,
+    ) -> Result<Transition, EncodeError> {
+        if let Some(p) = self.pending {
+            if b.start == p.from.end || Some(b.start) == successor(&p.from) {
+                self.resolve(Some(b.start))?;
+            }
+        }
+        if !self.w.is_empty() {
+            // Tracing was disabled inside this window without ending it: enable again
+            // without a new PSB.
+            self.w.enable(b.start, Some(tsc()))?;
+        } else {
+            self.w.psb_plus(Some(tsc()), None)?;
+            self.w.enable(b.start, None)?;
+        }
+        self.prev = Some(*b);
+        Ok(Transition::WindowStart)
+    }
+
+    /// Transitions that are not ordinary control flow: far transfers without a syscall
+    /// window end, and asynchronous ones.
+    #[cold]
+    #[inline(never)]
+    fn unusual(
+        &mut self,
+        p: Block,
+        b: &Block,
+        tsc: &mut dyn FnMut() -> u64,
+    ) -> Result<Transition, EncodeError> {
+        match p.kind {
+            BlockEnd::Fall => self.expect(p.end, b),
+            BlockEnd::Direct { target } => self.expect(target, b),
+            BlockEnd::Cond { .. } | BlockEnd::Rep { .. } => self.defer(p, b),
+            BlockEnd::Indirect => {
+                self.w.tip(b.start)?;
+                Ok(Transition::Flow)
+            }
+            BlockEnd::Far => {
+                self.stats.far_transfers += 1;
+                self.w.tip_pgd(None)?;
+                self.w.enable(b.start, Some(tsc()))?;
+                Ok(Transition::Far)
+            }
+        }
     }
 
     /// `b` must start at `next`; otherwise a signal interrupted the flow at `next`.

@@ -24,6 +24,7 @@ pub trait Sink {
 }
 
 impl Sink for Vec<u8> {
+    #[inline]
     fn put(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
         self.extend_from_slice(bytes);
         Ok(())
@@ -34,6 +35,7 @@ impl Sink for Vec<u8> {
 }
 
 impl Sink for &mut Vec<u8> {
+    #[inline]
     fn put(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
         self.extend_from_slice(bytes);
         Ok(())
@@ -139,6 +141,7 @@ impl<S: Sink> PacketWriter<S> {
         self.sink
     }
     /// Bytes written (pending TNT bits not included).
+    #[inline]
     pub fn len(&self) -> usize {
         self.sink.len()
     }
@@ -151,6 +154,7 @@ impl<S: Sink> PacketWriter<S> {
     }
 
     /// A PSB+ is due (`psb_period` bytes since the last one).
+    #[inline]
     pub fn psb_due(&self) -> bool {
         self.sink.len() >= self.next_psb
     }
@@ -182,6 +186,7 @@ impl<S: Sink> PacketWriter<S> {
     }
 
     /// An IP packet; `ip = None` writes it with the IP suppressed.
+    #[inline]
     pub fn ip_packet(&mut self, kind: IpPacket, ip: Option<u64>) -> Result<(), EncodeError> {
         self.flush_tnt()?;
         let mut b = [0u8; 9];
@@ -198,6 +203,7 @@ impl<S: Sink> PacketWriter<S> {
     }
 
     /// TIP: target of an indirect branch or return.
+    #[inline]
     pub fn tip(&mut self, ip: u64) -> Result<(), EncodeError> {
         self.ip_packet(IpPacket::Tip, Some(ip))
     }
@@ -218,21 +224,28 @@ impl<S: Sink> PacketWriter<S> {
     }
 
     /// One conditional branch outcome (written when 47 are pending, or at the next packet).
+    #[inline]
     pub fn branch(&mut self, taken: bool) -> Result<(), EncodeError> {
         self.tnt = (self.tnt << 1) | u64::from(taken);
         self.tnt_bits += 1;
         if self.tnt_bits == TNT_MAX_BITS {
-            self.flush_tnt()?;
+            self.write_tnt()?;
         }
         Ok(())
     }
 
     /// Writes the pending branch bits as one short (≤ 6) or long TNT packet.
+    #[inline]
     pub fn flush_tnt(&mut self) -> Result<(), EncodeError> {
-        let n = self.tnt_bits;
-        if n == 0 {
+        if self.tnt_bits == 0 {
             return Ok(());
         }
+        self.write_tnt()
+    }
+
+    #[inline(never)]
+    fn write_tnt(&mut self) -> Result<(), EncodeError> {
+        let n = self.tnt_bits;
         let payload = (1u64 << n) | self.tnt;
         let r = if n <= 6 {
             self.sink.put(&[(payload as u8) << 1])

@@ -847,7 +847,9 @@ fn summarize_thread_frames(
                 if w.window.flags & WF_VFORK_CHILD != 0 {
                     s.vfork_child_windows += 1;
                 }
-                if w.window.flags & WF_NO_SYSCALL == 0 {
+                // A fork child's own record of the fork is the parent's syscall, counted
+                // there; windows cut without a syscall have none.
+                if w.window.flags & (WF_NO_SYSCALL | WF_FORK_CHILD) == 0 {
                     *s.per_syscall.entry(w.window.nr).or_default() += 1;
                 }
             }

@@ -67,5 +67,4 @@ extern "C" {
     pub fn qemu_plugin_insn_data(insn: *const Insn) -> *const c_void;
     pub fn qemu_plugin_insn_size(insn: *const Insn) -> usize;
     pub fn qemu_plugin_insn_vaddr(insn: *const Insn) -> u64;
-    pub fn qemu_plugin_outs(s: *const c_char);
 }

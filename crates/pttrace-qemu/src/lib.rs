@@ -31,7 +31,7 @@ mod api;
 mod exec;
 
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -72,6 +72,8 @@ struct BlockInfo {
     lens: Box<[u8]>,
     /// The bytes differ from an earlier translation of the same addresses.
     replaces: bool,
+    /// `uid` of the last thread that put this block's code in its file.
+    owner: AtomicU64,
 }
 
 /// Window metadata carried with the PT until the window is final.
@@ -81,6 +83,8 @@ struct WinMeta {
 }
 
 struct Thread {
+    /// Unique per thread state of this process image (never 0).
+    uid: u64,
     tid: i32,
     pid: i32,
     file: Option<File>,
@@ -108,6 +112,10 @@ struct Global {
     exit_code: AtomicI32,
     code_map: Mutex<BTreeMap<u64, &'static BlockInfo>>,
     next_id: AtomicU32,
+    /// Next `Thread::uid`.
+    next_uid: AtomicU64,
+    /// Bytes of the longest block translated (how far back an overlap can start).
+    longest_block: AtomicU64,
     threads: Box<[AtomicPtr<Thread>]>,
     /// Guest addresses are host addresses (checked on the first translated block).
     identity_mapped: AtomicBool,
@@ -141,12 +149,10 @@ fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
-/// Prints one line through QEMU (stderr).
+/// Prints one line on standard error (QEMU's own `qemu_plugin_outs` goes to its log, which
+/// is off unless `-d plugin` is given).
 fn say(msg: &str) {
-    let line = CString::new(format!("pttrace-qemu: {msg}\n").replace('\0', " "))
-        .unwrap_or_else(|_| CString::from(c"pttrace-qemu: (message)\n"));
-    // SAFETY: `line` is a NUL-terminated string that outlives the call.
-    unsafe { api::qemu_plugin_outs(line.as_ptr()) };
+    let _ = std::io::stderr().write_all(format!("pttrace-qemu: {msg}\n").as_bytes());
 }
 
 fn new_nonce() -> u64 {
@@ -282,6 +288,7 @@ impl Global {
         }
     }
 
+    #[inline]
     fn slot(&self, vcpu: c_uint) -> Option<&AtomicPtr<Thread>> {
         self.threads.get(vcpu as usize)
     }
@@ -289,17 +296,25 @@ impl Global {
     /// The state of `vcpu`, created on its first block (on its own thread). Mutable from a
     /// shared `Global` because each state belongs to one vCPU thread (see the SAFETY note).
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     fn thread(&self, vcpu: c_uint) -> Option<&mut Thread> {
         let slot = self.slot(vcpu)?;
         let mut p = slot.load(Ordering::Relaxed);
         if p.is_null() {
-            p = Box::into_raw(Box::new(self.new_thread()));
-            slot.store(p, Ordering::Relaxed);
+            p = self.create_thread(slot);
         }
         // SAFETY: the pointer came from Box::into_raw and is only used by this vCPU's
         // thread (QEMU runs a vCPU's callbacks on its own thread), or by the atexit
         // callback while every other vCPU is stopped.
         Some(unsafe { &mut *p })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn create_thread(&self, slot: &AtomicPtr<Thread>) -> *mut Thread {
+        let p = Box::into_raw(Box::new(self.new_thread()));
+        slot.store(p, Ordering::Relaxed);
+        p
     }
 
     fn new_thread(&self) -> Thread {
@@ -347,6 +362,7 @@ impl Global {
             .and_then(|f| f.metadata().ok())
             .map_or(0, |m| m.len());
         Thread {
+            uid: self.next_uid.fetch_add(1, Ordering::Relaxed),
             tid,
             pid,
             file,
@@ -376,15 +392,94 @@ impl Thread {
         }
     }
 
+    /// The block's code is in this thread's file from now on; true when it was not yet.
+    /// (`owner` remembers the last thread that claimed it: a thread that finds itself
+    /// there needs no look-up in its own set.)
+    #[cold]
+    #[inline(never)]
+    fn claim(&mut self, b: &BlockInfo) -> bool {
+        b.owner.store(self.uid, Ordering::Relaxed);
+        self.first_time(b.id)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn syscall_without_return(&mut self) {
+        if let Some(mut meta) = self.in_syscall.take() {
+            // The syscall did not return through QEMU's syscall-return hook.
+            meta.w.flags |= ptt::WF_NO_RETURN;
+            self.enc.end_window(meta);
+            self.drain();
+        }
+    }
+
+    /// A block this thread executes for the first time: its code goes into the window's
+    /// sideband; code that replaces other code executed before cuts the window first.
+    #[cold]
+    #[inline(never)]
+    fn first_execution(&mut self, b: &BlockInfo, tsc: &mut dyn FnMut() -> u64) {
+        let cut_first = b.replaces && self.enc.in_window();
+        if self.enc.block(&b.block, tsc).is_err() {
+            return;
+        }
+        if cut_first {
+            // New code at addresses executed before: only the next window sees it.
+            let meta = self.no_syscall_meta();
+            let _ = self.enc.cut(meta, tsc);
+            self.drain();
+        }
+        let s = self.sample();
+        if push_code_record(&mut self.sideband, b.block.start, &b.code, &s).is_none() {
+            say("block larger than a code record; its code is missing from the trace");
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_oracle(&mut self, b: &BlockInfo, first: bool) {
+        let Some(o) = self.oracle.as_mut() else {
+            return;
+        };
+        if first {
+            let _ = o.write_all(&((1u64 << 63) | b.lens.len() as u64).to_le_bytes());
+            let mut ip = b.block.start;
+            for l in b.lens.iter() {
+                let _ = o.write_all(&ip.to_le_bytes());
+                ip += u64::from(*l);
+            }
+        }
+        let _ = o.write_all(&b.block.start.to_le_bytes());
+    }
+
+    /// The window's PT reached the cut size: end it between two blocks.
+    #[cold]
+    #[inline(never)]
+    fn cut(&mut self, tsc: &mut dyn FnMut() -> u64) {
+        let meta = self.no_syscall_meta();
+        let _ = self.enc.cut(meta, tsc);
+        self.drain();
+    }
+
     /// Marks block `id` as sent; true when it was not yet.
+    #[inline]
     fn first_time(&mut self, id: u32) -> bool {
         let (w, bit) = ((id >> 6) as usize, 1u64 << (id & 63));
-        if w >= self.sent.len() {
-            self.sent.resize(w + 1024, 0);
+        match self.sent.get_mut(w) {
+            Some(word) if *word & bit != 0 => false,
+            Some(word) => {
+                *word |= bit;
+                true
+            }
+            None => self.grow_sent(w, bit),
         }
-        let was = self.sent[w] & bit != 0;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_sent(&mut self, w: usize, bit: u64) -> bool {
+        self.sent.resize(w + 1024, 0);
         self.sent[w] |= bit;
-        !was
+        true
     }
 
     fn no_syscall_meta(&mut self) -> WinMeta {
@@ -411,6 +506,7 @@ impl Thread {
         }
     }
 
+    /// Appends one `Window` frame, written in place from the PT and sideband buffers.
     fn write_window(&mut self, meta: &WinMeta, pt: &[u8]) {
         if self.failed {
             return;
@@ -418,20 +514,42 @@ impl Thread {
         let Some(f) = self.file.as_mut() else {
             return;
         };
-        let need = ptt::FRAME_OVERHEAD + ptt::WINDOW_FIXED_SIZE + pt.len() + meta.sideband.len();
-        let mut buf = vec![0u8; need];
-        let Some(n) = ptt::encode_window(&mut buf, &meta.w, pt, &meta.sideband) else {
+        let payload = ptt::WINDOW_FIXED_SIZE + pt.len() + meta.sideband.len();
+        let (Ok(plen), Ok(pt_len), Ok(sb_len)) = (
+            u32::try_from(payload),
+            u32::try_from(pt.len()),
+            u32::try_from(meta.sideband.len()),
+        ) else {
             say(&format!(
-                "{}: window {} is too large for one record ({} bytes); dropped",
+                "{}: window {} is too large for one record; dropped",
                 self.path.display(),
-                meta.w.index,
-                need
+                meta.w.index
             ));
             return;
         };
-        match f.write_all_at(&buf[..n], self.file_len) {
-            Ok(()) => {
-                self.file_len += n as u64;
+        let w = &meta.w;
+        let mut head = Vec::with_capacity(8 + ptt::WINDOW_FIXED_SIZE);
+        head.extend_from_slice(&plen.to_le_bytes());
+        head.extend_from_slice(&(RecordType::Window as u16).to_le_bytes());
+        head.extend_from_slice(&0u16.to_le_bytes());
+        for v in [w.index, w.nr].into_iter().chain(w.args) {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        head.extend_from_slice(&w.ret.to_le_bytes());
+        head.extend_from_slice(&w.tsc_start.to_le_bytes());
+        head.extend_from_slice(&w.tsc_end.to_le_bytes());
+        for v in [w.flags, w.depth, pt_len, sb_len] {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut crc = ptt::Crc32::new();
+        crc.update(&head);
+        crc.update(pt);
+        crc.update(&meta.sideband);
+        let crc = crc.finish().to_le_bytes();
+        let parts: [&[u8]; 4] = [&head, pt, &meta.sideband, &crc];
+        match write_all_at(f, &parts, self.file_len) {
+            Ok(n) => {
+                self.file_len += n;
                 self.written += 1;
             }
             Err(e) => {
@@ -478,6 +596,54 @@ impl Thread {
     }
 }
 
+/// Writes `parts` one after the other at `offset` (pwritev, resumed after short writes);
+/// returns the bytes written.
+fn write_all_at(f: &File, parts: &[&[u8]], offset: u64) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0usize;
+    while done < total {
+        let mut skip = done;
+        let mut iov = Vec::with_capacity(parts.len());
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            iov.push(libc::iovec {
+                iov_base: p[skip..].as_ptr() as *mut c_void,
+                iov_len: p.len() - skip,
+            });
+            skip = 0;
+        }
+        // SAFETY: every iovec points into a live slice of `parts` for its length.
+        let n = unsafe {
+            libc::pwritev(
+                f.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as c_int,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(total as u64)
+}
+
+#[inline]
 fn global() -> Option<&'static Global> {
     GLOBAL.get()
 }
@@ -549,7 +715,11 @@ fn translate(tb: *mut api::Tb) {
         let Ok(mut map) = g.code_map.lock() else {
             return;
         };
-        for (_, old) in map.range(start.saturating_sub(1 << 16)..end) {
+        let reach = g
+            .longest_block
+            .fetch_max(code.len() as u64, Ordering::Relaxed);
+        let reach = reach.max(code.len() as u64);
+        for (_, old) in map.range(start.saturating_sub(reach)..end) {
             let (os, oe) = (old.block.start, old.block.end);
             if oe <= start {
                 continue;
@@ -564,10 +734,11 @@ fn translate(tb: *mut api::Tb) {
         }
         let info: &'static BlockInfo = Box::leak(Box::new(BlockInfo {
             id,
-            block: Block { start, end, kind },
+            block: Block::new(start, end, kind),
             code: code.into_boxed_slice(),
             lens: lens.into_boxed_slice(),
             replaces,
+            owner: AtomicU64::new(0),
         }));
         map.insert(start, info);
         info
@@ -592,48 +763,26 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
     });
 }
 
+#[inline]
 fn exec_block(vcpu: c_uint, b: &BlockInfo) {
     let Some(g) = global() else { return };
     let Some(t) = g.thread(vcpu) else { return };
-    if let Some(mut meta) = t.in_syscall.take() {
-        // The syscall did not return through QEMU's syscall-return hook.
-        meta.w.flags |= ptt::WF_NO_RETURN;
-        t.enc.end_window(meta);
-        t.drain();
+    if t.in_syscall.is_some() {
+        t.syscall_without_return();
     }
-    let first = t.first_time(b.id);
+    // Fast path: the block was last claimed by this thread, so its code is in the file.
+    let first = b.owner.load(Ordering::Relaxed) != t.uid && t.claim(b);
     let mut tsc = rdtsc;
-    let cut_first = first && b.replaces && t.enc.in_window();
-    if t.enc.block(&b.block, &mut tsc).is_err() {
+    if first {
+        t.first_execution(b, &mut tsc);
+    } else if t.enc.block(&b.block, &mut tsc).is_err() {
         return;
     }
-    if cut_first {
-        // New code at addresses this process executed before: only the next window sees it.
-        let meta = t.no_syscall_meta();
-        let _ = t.enc.cut(meta, &mut tsc);
-        t.drain();
-    }
-    if first {
-        let s = t.sample();
-        if push_code_record(&mut t.sideband, b.block.start, &b.code, &s).is_none() {
-            say("block larger than a code record; its code is missing from the trace");
-        }
-    }
-    if let Some(o) = t.oracle.as_mut() {
-        if first {
-            let _ = o.write_all(&((1u64 << 63) | b.lens.len() as u64).to_le_bytes());
-            let mut ip = b.block.start;
-            for l in b.lens.iter() {
-                let _ = o.write_all(&ip.to_le_bytes());
-                ip += u64::from(*l);
-            }
-        }
-        let _ = o.write_all(&b.block.start.to_le_bytes());
+    if t.oracle.is_some() {
+        t.record_oracle(b, first);
     }
     if t.enc.window_len() > g.cfg.cut {
-        let meta = t.no_syscall_meta();
-        let _ = t.enc.cut(meta, &mut tsc);
-        t.drain();
+        t.cut(&mut tsc);
     }
 }
 
@@ -866,6 +1015,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
             exit_code: AtomicI32::new(i32::MIN),
             code_map: Mutex::new(BTreeMap::new()),
             next_id: AtomicU32::new(0),
+            longest_block: AtomicU64::new(0),
+            next_uid: AtomicU64::new(1),
             threads: (0..MAX_VCPUS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),

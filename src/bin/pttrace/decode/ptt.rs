@@ -62,11 +62,14 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 total_windows += 1;
                 total_pt += w.pt_len as u64;
                 let flags = w.flag_names().join(",");
+                let end = if w.flags & drpttracer::format::ptt::WF_NO_SYSCALL != 0 {
+                    "cut without a syscall".to_string()
+                } else {
+                    format!("ends at {} = {}", w.syscall_name(), w.ret)
+                };
                 let head = format!(
-                    "window {} (ends at {} = {}){}{}",
+                    "window {} ({end}){}{}",
                     w.index,
-                    w.syscall_name(),
-                    w.ret,
                     if flags.is_empty() { "" } else { " flags " },
                     flags
                 );

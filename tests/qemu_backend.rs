@@ -1,0 +1,651 @@
+//! The QEMU backend end to end: real programs run by `pttrace run --backend qemu`, decoded
+//! with our decoder, compared with the block sequence QEMU executed (the plugin's oracle
+//! files) and with what each program is known to do. Needs `qemu-x86_64` (Debian's
+//! qemu-user, installed by scripts/setup.sh); prints `SKIP: <reason>` without it.
+
+mod shim_util;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use drpttracer::decode::ptt_dir::{self, PttTrace};
+use drpttracer::decode::Record;
+use drpttracer::format::ptt::{self, Tail};
+use shim_util::pttrace;
+
+fn qemu_available() -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
+    if !found {
+        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
+    }
+    found
+}
+
+/// tests/progs/qemu_cases.c built without PIE (symbols = run-time addresses).
+fn build(dir: &Path, extra: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/qemu_cases.c");
+    let out = dir.join(if extra.is_empty() { "qc" } else { "qc-static" });
+    let st = Command::new("cc")
+        .args(["-O1", "-no-pie", "-pthread"])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed for {}", src.display());
+    out
+}
+
+fn symbol(exe: &Path, name: &str) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(exe).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    obj.symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("symbol {name} not in {}", exe.display()))
+        .address()
+}
+
+/// The plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace); built
+/// with cargo when a plain `cargo test` has not built it (it is another workspace member).
+fn plugin() -> PathBuf {
+    let dir = pttrace().parent().unwrap().to_path_buf();
+    let so = dir.join("libpttrace_qemu.so");
+    if !so.is_file() {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        c.args(["build", "-p", "pttrace-qemu"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if release {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
+    }
+    assert!(so.is_file(), "{} missing", so.display());
+    so
+}
+
+fn run_qemu(out: &Path, cmd: &[&str]) -> Output {
+    Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "qemu",
+        ])
+        .arg("--qemu-plugin")
+        .arg(plugin())
+        .arg("--qemu-oracle")
+        .arg("--out")
+        .arg(out)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("run pttrace")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// One decoded thread: its file and every record of every window, in order.
+struct Decoded {
+    path: PathBuf,
+    pid: i32,
+    tid: i32,
+    records: Vec<Record>,
+    windows: Vec<ptt_dir::PttWindowInfo>,
+}
+
+impl Decoded {
+    fn ips(&self) -> Vec<u64> {
+        self.records
+            .iter()
+            .filter_map(|r| r.as_instruction().map(|i| i.pc))
+            .collect()
+    }
+    fn count(&self, pc: u64) -> usize {
+        self.ips().iter().filter(|&&p| p == pc).count()
+    }
+    fn gaps(&self) -> Vec<String> {
+        self.records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Gap(g) => Some(g.to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn decode(out: &Path) -> (PttTrace, Vec<Decoded>) {
+    let t = ptt_dir::open(out).unwrap();
+    let threads = t
+        .threads
+        .iter()
+        .map(|th| {
+            let wins = t.collect_thread(th).unwrap();
+            Decoded {
+                path: th.path.clone(),
+                pid: th.header.pid,
+                tid: th.header.tid,
+                windows: wins.iter().map(|(w, _)| w.clone()).collect(),
+                records: wins.into_iter().flat_map(|(_, r)| r).collect(),
+            }
+        })
+        .collect();
+    (t, threads)
+}
+
+/// The instruction addresses QEMU executed (the thread's `.oracle` file: block
+/// definitions and executed block starts), as PT counts them: a REP string instruction
+/// that QEMU runs as one block per iteration is one instruction.
+fn oracle_ips(ptt_file: &Path, rep: &HashSet<u64>) -> Vec<u64> {
+    let raw = std::fs::read(ptt_file.with_extension("oracle")).expect("oracle file");
+    let vals: Vec<u64> = raw
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let mut defs: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut out: Vec<u64> = Vec::new();
+    let mut i = 0;
+    while i < vals.len() {
+        let v = vals[i];
+        if v >> 63 == 1 {
+            let n = (v & 0xffff) as usize;
+            let ips = vals[i + 1..i + 1 + n].to_vec();
+            defs.insert(ips[0], ips);
+            i += 1 + n;
+            continue;
+        }
+        i += 1;
+        if out.last() == Some(&v) && rep.contains(&v) {
+            continue; // next iteration of the same REP instruction
+        }
+        out.extend_from_slice(&defs[&v]);
+    }
+    out
+}
+
+/// REP string instructions among the decoded ones.
+fn rep_addresses(d: &Decoded) -> HashSet<u64> {
+    use iced_x86::{Decoder, DecoderOptions};
+    d.records
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .filter(|i| {
+            let insn = Decoder::with_ip(64, i.encoding(), i.pc, DecoderOptions::NONE).decode();
+            insn.is_string_instruction() && (insn.has_rep_prefix() || insn.has_repne_prefix())
+        })
+        .map(|i| i.pc)
+        .collect()
+}
+
+/// Every thread decodes without gaps to exactly the instructions QEMU executed.
+fn assert_equals_oracle(threads: &[Decoded]) {
+    for d in threads {
+        assert!(
+            d.gaps().is_empty(),
+            "{}: gaps {:?}",
+            d.path.display(),
+            d.gaps()
+        );
+        let got = d.ips();
+        let want = oracle_ips(&d.path, &rep_addresses(d));
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{}: instruction count",
+            d.path.display()
+        );
+        if let Some(k) = (0..got.len()).find(|&k| got[k] != want[k]) {
+            panic!(
+                "{}: instruction {k} decoded at {:#x}, executed at {:#x}",
+                d.path.display(),
+                got[k],
+                want[k]
+            );
+        }
+    }
+}
+
+#[test]
+fn asm_loop_count_is_exact_dynamic_and_static() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for extra in [&[][..], &["-static"][..]] {
+        let prog = build(dir.path(), extra);
+        let out = dir.path().join(format!("out{}", extra.len()));
+        let o = run_qemu(&out, &[prog.to_str().unwrap(), "loop", "1000"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let (_, threads) = decode(&out);
+        assert_eq!(threads.len(), 1);
+        let d = &threads[0];
+        let head = symbol(&prog, "pt_loop_head");
+        // test cl,1 (3) | jz (2) | nop (1) | dec rcx (3) | jnz (2)
+        assert_eq!(d.count(head), 1000);
+        assert_eq!(d.count(head + 3), 1000);
+        assert_eq!(d.count(head + 5), 500, "nop: jz not taken for odd rcx");
+        assert_eq!(d.count(head + 6), 1000);
+        assert_eq!(d.count(head + 9), 1000);
+        // The loop sits in the window that ends with gettid, after the getppid window.
+        let w = d
+            .windows
+            .iter()
+            .position(|w| w.nr == libc::SYS_gettid as u64)
+            .unwrap();
+        assert_eq!(d.windows[w - 1].nr, libc::SYS_getppid as u64);
+        assert_equals_oracle(&threads);
+    }
+}
+
+#[test]
+fn branches_indirect_calls_recursion_libc_and_syscalls_equal_what_ran() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let o = run_qemu(&out, &[prog.to_str().unwrap(), "mix"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("odd=34 fib=144 sorted=0,15 len=15 sink=-23"),
+        "{}",
+        text(&o)
+    );
+    let (_, threads) = decode(&out);
+    let d = &threads[0];
+    for f in ["fn_a", "fn_b", "fn_c"] {
+        assert_eq!(
+            d.count(symbol(&prog, f)),
+            10,
+            "{f}: called through the table"
+        );
+    }
+    assert_eq!(
+        d.count(symbol(&prog, "fib")),
+        465,
+        "fib(12) makes 465 calls"
+    );
+    let cmp_calls = d.count(symbol(&prog, "cmp"));
+    assert!(cmp_calls > 16, "qsort calls back: {cmp_calls}");
+    let getppid = d
+        .windows
+        .iter()
+        .filter(|w| w.nr == libc::SYS_getppid as u64)
+        .count();
+    assert_eq!(getppid, 5);
+    assert_equals_oracle(&threads);
+}
+
+#[test]
+fn signals_mid_loop_decode_with_async_markers_and_resume_where_interrupted() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let o = run_qemu(&out, &[prog.to_str().unwrap(), "alarm"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    let alarms: usize = t
+        .split("alarms=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no alarms= in {t}"));
+    let (_, threads) = decode(&out);
+    let d = &threads[0];
+    assert_equals_oracle(&threads);
+    let handler = symbol(&prog, "on_alarm");
+    assert_eq!(d.count(handler), alarms, "one handler run per signal");
+    // Each asynchronous entry: TraceDisabled at the interrupted IP, TraceEnabled in the
+    // handler; after the handler's rt_sigreturn the flow resumes exactly there.
+    let recs = &d.records;
+    let mut async_entries = 0;
+    for (k, r) in recs.iter().enumerate() {
+        let Record::TraceDisabled { ip: Some(at) } = r else {
+            continue;
+        };
+        let Some(Record::TraceEnabled { ip }) = recs[k + 1..]
+            .iter()
+            .find(|r| !matches!(r, Record::Timestamp { .. }))
+        else {
+            panic!("async disable at {at:#x} without an enable");
+        };
+        assert_eq!(*ip, handler, "entered the handler");
+        let sigreturn = recs[k..]
+            .iter()
+            .position(|r| matches!(r, Record::Syscall { .. }))
+            .map(|p| p + k)
+            .unwrap();
+        let resumed = recs[sigreturn..]
+            .iter()
+            .find_map(|r| r.as_instruction())
+            .unwrap();
+        assert_eq!(resumed.pc, *at, "resumed at the interrupted instruction");
+        async_entries += 1;
+    }
+    assert!(
+        async_entries >= alarms / 2 && async_entries <= alarms,
+        "{async_entries} asynchronous entries for {alarms} signals"
+    );
+}
+
+#[test]
+fn eight_threads_have_their_own_files_and_exact_loops() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let o = run_qemu(&out, &[prog.to_str().unwrap(), "threads"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_, threads) = decode(&out);
+    assert_eq!(threads.len(), 9, "main + 8 workers");
+    let head = symbol(&prog, "pt_loop_head");
+    let mut counts: Vec<usize> = threads.iter().map(|d| d.count(head)).collect();
+    counts.sort();
+    assert_eq!(counts, vec![0, 100, 200, 300, 400, 500, 600, 700, 800]);
+    let pid = threads[0].pid;
+    assert!(threads.iter().all(|d| d.pid == pid));
+    assert_eq!(
+        threads.iter().map(|d| d.tid).collect::<HashSet<_>>().len(),
+        9
+    );
+    assert_equals_oracle(&threads);
+}
+
+/// `strace -f -c` counts per syscall name.
+fn strace_counts(cmd: &[&str]) -> HashMap<String, u64> {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("strace.txt");
+    let st = Command::new("strace")
+        .args(["-f", "-c", "-o"])
+        .arg(&f)
+        .args(cmd)
+        .output()
+        .expect("run strace");
+    assert!(st.status.success());
+    let mut m = HashMap::new();
+    for line in std::fs::read_to_string(&f).unwrap().lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        // % time, seconds, usecs/call, calls, [errors,] syscall
+        if cols.len() >= 5 && cols[0].parse::<f64>().is_ok() {
+            let name = cols[cols.len() - 1].to_string();
+            if let Ok(n) = cols[3].parse() {
+                m.insert(name, n);
+            }
+        }
+    }
+    m
+}
+
+#[test]
+fn fork_and_exec_chain_is_traced_image_by_image_and_counts_match_strace() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let cmd = ["/bin/sh", "-c", "ls / | wc -l"];
+    let o = run_qemu(&out, &cmd);
+    assert!(o.status.success(), "{}", text(&o));
+    let (t, threads) = decode(&out);
+    // sh, the two forked sh children, and the images they exec'd: ls and wc.
+    let mut cmdlines: Vec<&str> = t.processes.iter().map(|p| p.cmdline.as_str()).collect();
+    cmdlines.sort();
+    assert_eq!(
+        cmdlines,
+        vec!["/bin/sh -c ls / | wc -l"; 3]
+            .into_iter()
+            .chain(["ls /", "wc -l"])
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(threads.len(), 5);
+    assert_equals_oracle(&threads);
+    // Syscalls after start-up, per name, against strace of the same command (strace also
+    // counts sh's own first execve, which pttrace made).
+    let mut ours: HashMap<u64, u64> = HashMap::new();
+    for th in &t.threads {
+        let s = ptt::summarize_thread(&th.path).unwrap();
+        assert_eq!(s.tail, Tail::Clean);
+        for (nr, n) in s.per_syscall {
+            *ours.entry(nr).or_default() += n;
+        }
+    }
+    let theirs = strace_counts(&cmd);
+    for (name, nr, adjust) in [
+        ("clone", libc::SYS_clone, 0),
+        ("wait4", libc::SYS_wait4, 0),
+        ("pipe2", libc::SYS_pipe2, 0),
+        ("dup2", libc::SYS_dup2, 0),
+        ("getdents64", libc::SYS_getdents64, 0),
+        ("execve", libc::SYS_execve, 1),
+    ] {
+        let want = theirs.get(name).copied().unwrap_or(0) - adjust;
+        assert_eq!(ours.get(&(nr as u64)).copied().unwrap_or(0), want, "{name}");
+    }
+}
+
+#[test]
+fn jit_code_rewritten_at_the_same_address_decodes_both_versions() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let o = run_qemu(&out, &[prog.to_str().unwrap(), "jit"]);
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("r1=1 r2=5"), "{t}");
+    let at = t
+        .split("jit=0x")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap();
+    let (_, threads) = decode(&out);
+    let d = &threads[0];
+    let jitted: Vec<Vec<u8>> = d
+        .records
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .filter(|i| (at..at + 16).contains(&i.pc))
+        .map(|i| i.encoding().to_vec())
+        .collect();
+    assert_eq!(
+        jitted,
+        vec![
+            vec![0xb8, 1, 0, 0, 0],
+            vec![0xc3],
+            vec![0xb8, 2, 0, 0, 0],
+            vec![0x83, 0xc0, 0x03],
+            vec![0xc3],
+        ]
+    );
+    assert_equals_oracle(&threads);
+}
+
+#[test]
+fn rep_strings_cpuid_and_syscalls_in_a_loop_count_exactly() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let o = run_qemu(&out, &[prog.to_str().unwrap(), "rep"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_, threads) = decode(&out);
+    let d = &threads[0];
+    for s in ["rep_movsb_at", "rep_stosq_at", "cpuid_at", "syscall_at"] {
+        assert_eq!(d.count(symbol(&prog, s)), 10, "{s}");
+    }
+    let sys = symbol(&prog, "syscall_at");
+    let ends = d
+        .windows
+        .iter()
+        .filter(|w| w.nr == libc::SYS_getppid as u64)
+        .count();
+    assert_eq!(ends, 10, "each syscall ends a window");
+    // No asynchronous event anywhere: REP iterations and cpuid are plain flow.
+    assert!(!d
+        .records
+        .iter()
+        .any(|r| matches!(r, Record::TraceDisabled { ip: Some(_) })));
+    assert!(d
+        .records
+        .iter()
+        .any(|r| matches!(r, Record::Syscall { pc } if *pc == sys)));
+    assert_equals_oracle(&threads);
+}
+
+#[test]
+fn a_crashing_program_keeps_its_windows_and_pttrace_reports_the_signal() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let o = run_qemu(&out, &[prog.to_str().unwrap(), "crash"]);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGSEGV), "{}", text(&o));
+    assert!(text(&o).contains("killed by signal 11"), "{}", text(&o));
+    let (t, threads) = decode(&out);
+    let s = ptt::summarize_thread(&t.threads[0].path).unwrap();
+    assert_eq!(s.tail, Tail::Clean);
+    assert_eq!(s.per_syscall.get(&(libc::SYS_getppid as u64)), Some(&3));
+    // QEMU 7.2 calls no plugin callback on a fatal signal: the file ends after the last
+    // window written (the code since the last syscall is not in it), without End record.
+    assert_eq!(s.end, None);
+    let last = threads[0].windows.last().unwrap();
+    assert_eq!(last.nr, libc::SYS_getppid as u64);
+    assert!(threads[0].gaps().is_empty());
+}
+
+#[test]
+fn errors_name_the_problem() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // No emulator where it is looked for.
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "qemu",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "/bin/true"])
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("qemu-x86_64 not found in PATH")
+            && text(&o).contains("apt-get install qemu-user"),
+        "{}",
+        text(&o)
+    );
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "qemu",
+        ])
+        .args(["--qemu", "/nonexistent/qemu"])
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--qemu /nonexistent/qemu: not an executable file"));
+    // A program for another architecture.
+    let arm = dir.path().join("arm-prog");
+    let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+    elf.resize(64, 0);
+    elf[18] = 183; // EM_AARCH64
+    std::fs::write(&arm, &elf).unwrap();
+    std::fs::set_permissions(&arm, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let o = run_qemu(&out, &[arm.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not an x86-64 program"), "{}", text(&o));
+    // Kernel mode is not something QEMU can show.
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "kernel",
+            "--backend",
+            "qemu",
+            "--",
+            "/bin/true",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("the qemu backend traces user mode in thread windows"));
+}
+
+#[test]
+fn a_full_disk_keeps_every_window_written_before_it() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // 96 KiB per file (ulimit -f counts 1 KiB blocks in bash, 512 B in dash: ask sh for
+    // 192 blocks of either), SIGXFSZ ignored so writes fail with EFBIG instead.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 192; exec {} run --mode user --window thread --backend qemu \
+         --qemu-plugin {} --out {} -- /bin/ls -lR /usr/share/doc/coreutils",
+        pttrace().display(),
+        plugin().display(),
+        out.display()
+    );
+    let o = Command::new("/bin/sh")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(t.contains("failed at window"), "{t}");
+    let (trace, _) = decode(&out);
+    for th in &trace.threads {
+        let s = ptt::summarize_thread(&th.path).unwrap();
+        assert_eq!(
+            s.tail,
+            Tail::Clean,
+            "{}: whole frames only",
+            th.path.display()
+        );
+        assert!(s.windows > 0);
+    }
+}
