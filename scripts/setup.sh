@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the system packages the build and tests need (idempotent; Debian/Ubuntu).
 # cmake + libclang-dev: libipt-sys builds Intel's libipt with CMake and binds it with
-# bindgen; pkg-config, strace: C-package and shim tests; build-essential: C tests.
+# bindgen; pkg-config, strace: C-package and shim tests; build-essential: C tests;
+# qemu-user: the QEMU backend (qemu-x86_64 runs programs with pttrace's TCG plugin).
 set -euo pipefail
-pkgs=(build-essential cmake libclang-dev clang pkg-config strace)
+pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

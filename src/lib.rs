@@ -11,6 +11,8 @@
 //! - [`shim`]: the LD_PRELOAD syscall-window tracer;
 //! - the `pttrace` CLI (`src/bin/pttrace`).
 
+pub mod backend;
+pub mod capture;
 pub mod decode;
 pub mod emu;
 pub mod error;

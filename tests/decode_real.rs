@@ -10,7 +10,7 @@ use drpttracer::decode::{
     decode_insn, decode_window, AddressSpace, ExecMode, ImageSpec, InsnClass, Record, TraceParams,
     WindowOptions,
 };
-use drpttracer::sideband::event::{rdtsc, SidebandEvent};
+use drpttracer::perf::sideband_event::{rdtsc, SidebandEvent};
 use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
 use drpttracer::sideband::synth::{synthesize_exec_mmap2, vdso_bytes};
 

@@ -9,10 +9,10 @@
 
 use std::sync::OnceLock;
 
+use crate::capture::current_tid;
 use crate::metadata::TimeConv;
-use crate::sideband::event::{rdtsc, SidebandEvent};
+use crate::perf::sideband_event::{rdtsc, SidebandEvent};
 use crate::sideband::record::{Record, RecordIter, SIDEBAND_SAMPLE_TYPE};
-use crate::tracer::current_tid;
 
 /// The measured conversion (cached for the process); None when it cannot be measured.
 pub fn calibrated() -> Option<TimeConv> {

@@ -35,12 +35,12 @@ pub mod trap;
 
 use std::cell::{Cell, RefCell};
 
+use crate::capture::{current_tid, page_size, CaptureBackend, Mode, WindowCapture};
 use crate::error::{Error, Result, Status};
 use crate::metadata::{BackendKind, ExtMetadata};
-use crate::sideband::event::{rdtsc, SidebandEvent};
+use crate::perf::sideband_event::{rdtsc, SidebandEvent};
 use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
 use crate::sideband::synth::synthesize_exec_mmap2;
-use crate::tracer::{current_tid, page_size, CaptureBackend, Mode, WindowCapture};
 
 /// Most steps one window may record (the buffer is reserved lazily; 2^24 steps = 384 MiB of
 /// address space, about 80 s of stepping).

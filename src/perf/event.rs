@@ -10,9 +10,9 @@ use std::ptr::NonNull;
 use memmap2::{MmapOptions, MmapRaw};
 use perf_event_open_sys::bindings::{perf_event_attr, PERF_FLAG_FD_CLOEXEC};
 
+use crate::capture::page_size;
 use crate::error::{Error, Result, Status};
 use crate::perf::ring::{ControlPage, RingMemory};
-use crate::tracer::page_size;
 
 /// An open perf event with its rings.
 pub struct PerfEvent {

@@ -7,17 +7,17 @@
 
 use perf_event_open_sys::bindings::perf_event_attr;
 
+use crate::capture::{current_tid, CaptureBackend, Mode, WindowCapture};
 use crate::error::Result;
 use crate::metadata::{BackendKind, ExtMetadata, TimeConv};
 use crate::perf::event::PerfEvent;
 use crate::perf::pmu::IntelPtPmu;
 use crate::perf::ring::{copy_ring_bytes, copy_ring_records, ControlPage, RingMemory};
-use crate::sideband::event::{rdtsc, set_sideband_attrs};
+use crate::perf::sideband_event::{rdtsc, set_sideband_attrs};
 use crate::sideband::record::{
     PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, SIDEBAND_SAMPLE_TYPE,
 };
 use crate::sideband::synth::synthesize_exec_mmap2;
-use crate::tracer::{current_tid, CaptureBackend, Mode, WindowCapture};
 
 /// AUX record flags that mean PT data of the window is missing.
 pub const AUX_LOSS_FLAGS: u64 =

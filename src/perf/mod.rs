@@ -3,11 +3,13 @@
 //! - [`pmu`]: the PMU's type, format terms and caps from sysfs;
 //! - [`event`]: the event fd and its DATA/AUX mappings;
 //! - [`ring`]: control page access and ring copies;
-//! - [`hardware`]: the [`CaptureBackend`](crate::tracer::CaptureBackend) built from them.
+//! - [`hardware`]: the [`CaptureBackend`](crate::capture::CaptureBackend) built from them;
+//! - [`sideband_event`]: a software dummy event for the sideband of the emulated backend.
 
 pub mod event;
 pub mod hardware;
 pub mod pmu;
 pub mod ring;
+pub mod sideband_event;
 
 pub use hardware::HardwareBackend;

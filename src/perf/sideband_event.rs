@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn dummy_event_reports_a_real_mmap2_of_an_exec_mapping() {
-        let tid = crate::tracer::current_tid();
+        let tid = crate::capture::current_tid();
         let ev = SidebandEvent::open(tid, 4).expect("open dummy event");
         ev.enable().unwrap();
         let mut f = tempfile::NamedTempFile::new().unwrap();

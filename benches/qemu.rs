@@ -1,0 +1,214 @@
+//! The QEMU backend against bare QEMU and against the single-step backend, side by side in
+//! one run (paired rounds in alternating order; medians of the per-round ratios, since
+//! this VM's speed drifts):
+//! - a CPU-bound `/usr/bin/python3 -c 'sum(i*i for i in range(3*10**6))'`: native, bare
+//!   `qemu-x86_64`, and `pttrace run --backend qemu` (capture, encode, files written);
+//! - `/usr/bin/python3 -c pass` (start-up, translation-bound): bare QEMU vs traced;
+//! - instructions traced per second (instructions from decoding the trace once), PT bytes
+//!   per instruction, peak memory of the traced run;
+//! - the single-step backend's rate on `qemu_cases loop` in the same run.
+//!
+//! Run: `cargo bench --bench qemu` (optional argument: rounds, default 5).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const PY: &str = "/usr/bin/python3";
+const LOOP: &str = "sum(i*i for i in range(3*10**6))";
+
+fn pttrace() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pttrace"))
+}
+
+fn plugin() -> PathBuf {
+    let dir = pttrace().parent().unwrap().to_path_buf();
+    let so = dir.join("libpttrace_qemu.so");
+    if !so.is_file() {
+        let st = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+            .args(["build", "--release", "-p", "pttrace-qemu"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo build -p pttrace-qemu");
+        assert!(st.success());
+    }
+    so
+}
+
+/// Wall seconds of a command (output discarded); panics when it fails.
+fn timed(c: &mut Command) -> f64 {
+    let t = Instant::now();
+    let st = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run");
+    let s = t.elapsed().as_secs_f64();
+    assert!(st.success(), "{c:?} failed: {st}");
+    s
+}
+
+fn traced(out: &Path, backend: &str, cmd: &[&str]) -> Command {
+    let _ = std::fs::remove_dir_all(out);
+    let mut c = Command::new(pttrace());
+    c.args([
+        "run",
+        "--mode",
+        "user",
+        "--window",
+        "thread",
+        "--backend",
+        backend,
+    ])
+    .arg("--qemu-plugin")
+    .arg(plugin())
+    .arg("--out")
+    .arg(out)
+    .arg("--")
+    .args(cmd);
+    c
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// (instructions, PT bytes) of a trace directory, by decoding it.
+fn decoded(out: &Path) -> (u64, u64) {
+    let o = Command::new(pttrace())
+        .arg("decode")
+        .arg(out)
+        .args(["--format", "summary"])
+        .output()
+        .expect("decode");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let total = text
+        .lines()
+        .rfind(|l| l.starts_with("total:"))
+        .unwrap_or_else(|| panic!("no total in {text}"))
+        .to_string();
+    let field = |name: &str| -> u64 {
+        total
+            .split(',')
+            .find(|p| p.trim().ends_with(name))
+            .and_then(|p| p.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("instructions"), field("PT bytes"))
+}
+
+/// Peak RSS (KiB) of the children waited for so far.
+fn children_max_rss_kib() -> i64 {
+    // SAFETY: getrusage writes into the struct we pass.
+    unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut r);
+        r.ru_maxrss
+    }
+}
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    if Command::new("qemu-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+        || !Path::new(PY).exists()
+    {
+        println!("SKIP: needs qemu-x86_64 (apt-get install qemu-user) and {PY}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+
+    let (mut native, mut bare, mut ours, mut ratio) = (vec![], vec![], vec![], vec![]);
+    let (mut s_bare, mut s_ours, mut s_ratio) = (vec![], vec![], vec![]);
+    for r in 0..rounds {
+        let mut b = || timed(Command::new("qemu-x86_64").args([PY, "-c", LOOP]));
+        let mut t = || timed(&mut traced(&out, "qemu", &[PY, "-c", LOOP]));
+        let (x, y) = if r % 2 == 0 {
+            let x = b();
+            (x, t())
+        } else {
+            let y = t();
+            (b(), y)
+        };
+        native.push(timed(Command::new(PY).args(["-c", LOOP])));
+        bare.push(x);
+        ours.push(y);
+        ratio.push(y / x);
+        let mut b = || timed(Command::new("qemu-x86_64").args([PY, "-c", "pass"]));
+        let mut t = || timed(&mut traced(&out, "qemu", &[PY, "-c", "pass"]));
+        let (x, y) = if r % 2 == 0 {
+            let x = b();
+            (x, t())
+        } else {
+            let y = t();
+            (b(), y)
+        };
+        s_bare.push(x);
+        s_ours.push(y);
+        s_ratio.push(y / x);
+    }
+    // One more traced loop run for the counts and the memory figure.
+    let before = children_max_rss_kib();
+    let t_loop = timed(&mut traced(&out, "qemu", &[PY, "-c", LOOP]));
+    let rss = children_max_rss_kib().max(before);
+    let (insns, pt) = decoded(&out);
+
+    // The single-step backend in the same run, on a loop it can finish.
+    let prog = dir.path().join("qc");
+    let st = Command::new("cc")
+        .args(["-O1", "-no-pie", "-o"])
+        .arg(&prog)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/qemu_cases.c"))
+        .arg("-pthread")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let step_out = dir.path().join("step");
+    let t_step = timed(&mut traced(
+        &step_out,
+        "emulated",
+        &[prog.to_str().unwrap(), "loop", "200000"],
+    ));
+    let (step_insns, _) = decoded(&step_out);
+    let step_rate = step_insns as f64 / t_step;
+    let qemu_rate = insns as f64 / t_loop;
+
+    println!("QEMU backend, {rounds} paired rounds (median; min..max of the ratios):");
+    println!(
+        "  python loop: native {:.2} s, bare qemu-x86_64 {:.2} s, traced {:.2} s -> traced/bare {:.2}x ({:.2}..{:.2})",
+        median(native),
+        median(bare),
+        median(ours),
+        median(ratio.clone()),
+        ratio.iter().cloned().fold(f64::MAX, f64::min),
+        ratio.iter().cloned().fold(0.0, f64::max)
+    );
+    println!(
+        "  python -c pass: bare {:.3} s, traced {:.3} s -> traced/bare {:.2}x ({:.2}..{:.2})",
+        median(s_bare),
+        median(s_ours),
+        median(s_ratio.clone()),
+        s_ratio.iter().cloned().fold(f64::MAX, f64::min),
+        s_ratio.iter().cloned().fold(0.0, f64::max)
+    );
+    println!(
+        "  traced loop: {insns} instructions in {t_loop:.2} s = {:.0} M instructions/s; {pt} PT bytes = {:.3} bytes/instruction; peak RSS {} MiB",
+        qemu_rate / 1e6,
+        pt as f64 / insns.max(1) as f64,
+        rss / 1024
+    );
+    println!(
+        "  single-step backend (same run): {step_insns} instructions in {t_step:.2} s = {:.3} M instructions/s -> QEMU backend {:.0}x faster",
+        step_rate / 1e6,
+        qemu_rate / step_rate
+    );
+}
