@@ -69,6 +69,17 @@ fn traced(out: &Path, backend: &str, cmd: &[&str]) -> Command {
     c
 }
 
+/// (bare, traced) seconds of one round, the order alternating with the round number.
+fn paired(round: usize, bare: &mut Command, out: &Path, cmd: &[&str]) -> (f64, f64) {
+    if round % 2 == 0 {
+        let x = timed(bare);
+        (x, timed(&mut traced(out, "qemu", cmd)))
+    } else {
+        let y = timed(&mut traced(out, "qemu", cmd));
+        (timed(bare), y)
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -130,28 +141,22 @@ fn main() {
     let (mut native, mut bare, mut ours, mut ratio) = (vec![], vec![], vec![], vec![]);
     let (mut s_bare, mut s_ours, mut s_ratio) = (vec![], vec![], vec![]);
     for r in 0..rounds {
-        let mut b = || timed(Command::new("qemu-x86_64").args([PY, "-c", LOOP]));
-        let mut t = || timed(&mut traced(&out, "qemu", &[PY, "-c", LOOP]));
-        let (x, y) = if r % 2 == 0 {
-            let x = b();
-            (x, t())
-        } else {
-            let y = t();
-            (b(), y)
-        };
+        let (x, y) = paired(
+            r,
+            &mut Command::new("qemu-x86_64").args([PY, "-c", LOOP]),
+            &out,
+            &[PY, "-c", LOOP],
+        );
         native.push(timed(Command::new(PY).args(["-c", LOOP])));
         bare.push(x);
         ours.push(y);
         ratio.push(y / x);
-        let mut b = || timed(Command::new("qemu-x86_64").args([PY, "-c", "pass"]));
-        let mut t = || timed(&mut traced(&out, "qemu", &[PY, "-c", "pass"]));
-        let (x, y) = if r % 2 == 0 {
-            let x = b();
-            (x, t())
-        } else {
-            let y = t();
-            (b(), y)
-        };
+        let (x, y) = paired(
+            r,
+            &mut Command::new("qemu-x86_64").args([PY, "-c", "pass"]),
+            &out,
+            &[PY, "-c", "pass"],
+        );
         s_bare.push(x);
         s_ours.push(y);
         s_ratio.push(y / x);
