@@ -143,7 +143,7 @@ fn main() {
     for r in 0..rounds {
         let (x, y) = paired(
             r,
-            &mut Command::new("qemu-x86_64").args([PY, "-c", LOOP]),
+            Command::new("qemu-x86_64").args([PY, "-c", LOOP]),
             &out,
             &[PY, "-c", LOOP],
         );
@@ -153,7 +153,7 @@ fn main() {
         ratio.push(y / x);
         let (x, y) = paired(
             r,
-            &mut Command::new("qemu-x86_64").args([PY, "-c", "pass"]),
+            Command::new("qemu-x86_64").args([PY, "-c", "pass"]),
             &out,
             &[PY, "-c", "pass"],
         );
