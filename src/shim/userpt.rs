@@ -74,8 +74,12 @@ use libc::{c_void, ucontext_t};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
-/// Step buffers per thread.
-pub const POOL: usize = 4;
+/// Step buffers per thread (mapped lazily, their memory released after encoding). More
+/// than ping-pong: the writer thread can stall on a malloc arena lock that the stepped
+/// thread holds across a syscall (glibc trims heaps with madvise/munmap inside `free`);
+/// the thread only waits for the writer when every buffer is still unencoded, so a deep
+/// pool keeps that stall from becoming a wait of WAIT_FREE_MS and a dropped window.
+pub const POOL: usize = 16;
 /// Longest wait for a free buffer with backpressure `block`.
 pub const WAIT_FREE_MS: u64 = 5000;
 
