@@ -149,6 +149,8 @@ pub struct FlowEncoder<M> {
     held_bytes: usize,
     pending: Option<Pending>,
     stats: FlowStats,
+    /// Emptied window buffers for reuse ([`Self::recycle`]).
+    spare: Vec<Vec<u8>>,
 }
 
 impl<M> FlowEncoder<M> {
@@ -161,6 +163,7 @@ impl<M> FlowEncoder<M> {
             held_bytes: 0,
             pending: None,
             stats: FlowStats::default(),
+            spare: Vec::new(),
         }
     }
 
@@ -179,7 +182,7 @@ impl<M> FlowEncoder<M> {
     }
 
     /// Encodes the transition into `b`; `tsc` is read only when a timestamp is written.
-    #[inline]
+    #[inline(always)]
     pub fn block(
         &mut self,
         b: &Block,
@@ -374,7 +377,11 @@ impl<M> FlowEncoder<M> {
     /// end of the thread: then a window still enabled just stops).
     pub fn end_window(&mut self, meta: M) {
         let _ = self.w.flush_tnt();
-        let pt = std::mem::replace(self.w.sink_mut(), Vec::with_capacity(1 << 12));
+        let next = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(1 << 12));
+        let pt = std::mem::replace(self.w.sink_mut(), next);
         self.w.restart();
         self.held_bytes += pt.len();
         self.held.push_back((self.seq, meta, pt));
@@ -396,6 +403,15 @@ impl<M> FlowEncoder<M> {
         let (_, m, pt) = self.held.pop_front()?;
         self.held_bytes -= pt.len().min(self.held_bytes);
         Some((m, pt))
+    }
+
+    /// Gives a window's buffer back once its PT is written (its capacity is reused, so a
+    /// long run does not regrow a buffer for every window).
+    pub fn recycle(&mut self, mut pt: Vec<u8>) {
+        if self.spare.len() < 2 {
+            pt.clear();
+            self.spare.push(pt);
+        }
     }
 
     /// The thread ends: an unresolved asynchronous transfer becomes an explicit loss, and

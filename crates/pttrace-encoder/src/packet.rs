@@ -17,6 +17,12 @@ pub trait Sink {
     fn put(&mut self, bytes: &[u8]) -> Result<(), EncodeError>;
     /// Bytes written so far.
     fn len(&self) -> usize;
+    /// Appends the first `n` bytes of `bytes` (a packet in a fixed-size scratch array:
+    /// vectors copy the whole array, a constant-size move, and keep `n`).
+    #[inline]
+    fn put_first<const N: usize>(&mut self, bytes: &[u8; N], n: usize) -> Result<(), EncodeError> {
+        self.put(&bytes[..n.min(N)])
+    }
     /// True when nothing was written.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -31,6 +37,13 @@ impl Sink for Vec<u8> {
     }
     fn len(&self) -> usize {
         Vec::len(self)
+    }
+    #[inline]
+    fn put_first<const N: usize>(&mut self, bytes: &[u8; N], n: usize) -> Result<(), EncodeError> {
+        let keep = Vec::len(self) + n.min(N);
+        self.extend_from_slice(bytes);
+        self.truncate(keep);
+        Ok(())
     }
 }
 
@@ -199,7 +212,7 @@ impl<S: Sink> PacketWriter<S> {
             None => (0, 0),
         };
         b[0] = (ipb << 5) | kind as u8;
-        self.sink.put(&b[..1 + n])
+        self.sink.put_first(&b, 1 + n)
     }
 
     /// TIP: target of an indirect branch or return.
@@ -248,13 +261,13 @@ impl<S: Sink> PacketWriter<S> {
         let n = self.tnt_bits;
         let payload = (1u64 << n) | self.tnt;
         let r = if n <= 6 {
-            self.sink.put(&[(payload as u8) << 1])
+            self.sink.put_first(&[(payload as u8) << 1], 1)
         } else {
             let mut b = [0u8; 8];
             b[0] = 0x02;
             b[1] = 0xa3;
             b[2..8].copy_from_slice(&payload.to_le_bytes()[..6]);
-            self.sink.put(&b)
+            self.sink.put_first(&b, 8)
         };
         if r.is_ok() {
             self.tnt = 0;
@@ -269,7 +282,7 @@ impl<S: Sink> PacketWriter<S> {
         let mut b = [0u8; 8];
         b[0] = 0x19;
         b[1..8].copy_from_slice(&tsc.to_le_bytes()[..7]);
-        self.sink.put(&b)
+        self.sink.put_first(&b, 8)
     }
 
     /// MODE.Exec for 64-bit code.

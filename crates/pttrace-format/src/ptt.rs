@@ -772,9 +772,123 @@ pub struct ThreadSummary {
     pub tail: Tail,
 }
 
-/// Reads and summarizes a thread file.
+/// Reads and summarizes a thread file, frame by frame (memory bounded by the largest
+/// frame, not by the file: a QEMU trace can be gigabytes).
 pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
-    with_file_of_kind(path, FileKind::Thread, summarize_thread_frames)
+    let name = path.display().to_string();
+    let mut s = ThreadSummary {
+        file: name.clone(),
+        header: None,
+        windows: 0,
+        pt_bytes: 0,
+        sideband_bytes: 0,
+        lossy_windows: 0,
+        dropped: 0,
+        vfork_child_windows: 0,
+        per_syscall: Default::default(),
+        end: None,
+        tail: Tail::Clean,
+    };
+    s.tail = stream_frames(path, FileKind::Thread, |f| {
+        summarize_thread_frame(&name, &mut s, f)
+    })?;
+    Ok(s)
+}
+
+/// Reads a file of `kind` one frame at a time, handing each to `f`; returns how the frame
+/// sequence ended (the same verdicts as [`parse`]).
+pub fn stream_frames(
+    path: &Path,
+    kind: FileKind,
+    mut f: impl FnMut(&Frame<'_>) -> Result<(), FormatError>,
+) -> Result<Tail, FormatError> {
+    use std::io::Read;
+    let name = path.display().to_string();
+    let io = |e: std::io::Error, offset: usize| FormatError::Record {
+        path: name.clone(),
+        offset,
+        what: format!("cannot read: {e}"),
+    };
+    let file = std::fs::File::open(path).map_err(|e| io(e, 0))?;
+    let size = file.metadata().map_err(|e| io(e, 0))?.len() as usize;
+    let mut r = std::io::BufReader::with_capacity(1 << 16, file);
+    let mut head = [0u8; HEADER_SIZE];
+    let n = read_full(&mut r, &mut head).map_err(|e| io(e, 0))?;
+    // The header checks of `parse`, on the first 16 bytes.
+    let parsed = parse(&name, &head[..n])?;
+    if parsed.kind != kind {
+        return Err(FormatError::Record {
+            path: name.clone(),
+            offset: 12,
+            what: format!(
+                "expected {}",
+                match kind {
+                    FileKind::ProcessInfo => "a process info file (kind 1)",
+                    FileKind::Thread => "a thread file (kind 2)",
+                }
+            ),
+        });
+    }
+    let mut off = HEADER_SIZE;
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let rest = size.saturating_sub(off);
+        if rest == 0 {
+            return Ok(Tail::Clean);
+        }
+        if rest < FRAME_OVERHEAD {
+            return Ok(Tail::Truncated {
+                offset: off,
+                bytes: rest,
+            });
+        }
+        let mut fh = [0u8; 8];
+        r.read_exact(&mut fh).map_err(|e| io(e, off))?;
+        let len = le_u32(&fh, 0).unwrap_or(u32::MAX) as usize;
+        if len > MAX_PAYLOAD {
+            return Ok(Tail::Corrupt {
+                offset: off,
+                bytes: rest,
+            });
+        }
+        if rest < len + FRAME_OVERHEAD {
+            return Ok(Tail::Truncated {
+                offset: off,
+                bytes: rest,
+            });
+        }
+        buf.resize(len + 4, 0);
+        r.read_exact(&mut buf).map_err(|e| io(e, off))?;
+        let stored = le_u32(&buf, len).unwrap_or(0);
+        let mut crc = Crc32::new();
+        crc.update(&fh);
+        crc.update(&buf[..len]);
+        if crc.finish() != stored {
+            return Ok(Tail::Corrupt {
+                offset: off,
+                bytes: rest,
+            });
+        }
+        f(&Frame {
+            offset: off,
+            ty: le_u16(&fh, 4).unwrap_or(0),
+            payload: &buf[..len],
+        })?;
+        off += len + FRAME_OVERHEAD;
+    }
+}
+
+fn read_full(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Reads `path`, checks that it is a file of `kind` and hands its frames to `f`.
@@ -804,66 +918,50 @@ fn with_file_of_kind<T>(
     f(name, parsed)
 }
 
-fn summarize_thread_frames(
-    name: String,
-    parsed: ParsedFile<'_>,
-) -> Result<ThreadSummary, FormatError> {
-    let mut s = ThreadSummary {
-        file: name.clone(),
-        header: None,
-        windows: 0,
-        pt_bytes: 0,
-        sideband_bytes: 0,
-        lossy_windows: 0,
-        dropped: 0,
-        vfork_child_windows: 0,
-        per_syscall: Default::default(),
-        end: None,
-        tail: parsed.tail.clone(),
-    };
+fn summarize_thread_frame(
+    name: &str,
+    s: &mut ThreadSummary,
+    f: &Frame<'_>,
+) -> Result<(), FormatError> {
     let bad = |f: &Frame<'_>, what: &str| FormatError::Record {
-        path: name.clone(),
+        path: name.to_string(),
         offset: f.offset,
         what: what.to_string(),
     };
-    for f in &parsed.frames {
-        match RecordType::from_raw(f.ty) {
-            Some(RecordType::ThreadHeader) => {
-                s.header = Some(
-                    decode_thread_header(f.payload).ok_or_else(|| bad(f, "short ThreadHeader"))?,
-                )
-            }
-            Some(RecordType::Window) => {
-                let w = decode_window(f.payload).ok_or_else(|| bad(f, "malformed Window"))?;
-                s.windows += 1;
-                s.pt_bytes += w.pt.len() as u64;
-                s.sideband_bytes += w.sideband.len() as u64;
-                if w.window.flags
-                    & (WF_PT_LOST | WF_SIDEBAND_LOST | WF_PT_DROPPED | WF_CAPTURE_ERROR)
-                    != 0
-                {
-                    s.lossy_windows += 1;
-                }
-                if w.window.flags & WF_VFORK_CHILD != 0 {
-                    s.vfork_child_windows += 1;
-                }
-                // A fork child's own record of the fork is the parent's syscall, counted
-                // there; windows cut without a syscall have none.
-                if w.window.flags & (WF_NO_SYSCALL | WF_FORK_CHILD) == 0 {
-                    *s.per_syscall.entry(w.window.nr).or_default() += 1;
-                }
-            }
-            Some(RecordType::Dropped) => {
-                let (n, _) = decode_dropped(f.payload).ok_or_else(|| bad(f, "short Dropped"))?;
-                s.dropped += n;
-            }
-            Some(RecordType::End) => {
-                s.end = Some(decode_end(f.payload).ok_or_else(|| bad(f, "short End"))?)
-            }
-            _ => {}
+    match RecordType::from_raw(f.ty) {
+        Some(RecordType::ThreadHeader) => {
+            s.header =
+                Some(decode_thread_header(f.payload).ok_or_else(|| bad(f, "short ThreadHeader"))?)
         }
+        Some(RecordType::Window) => {
+            let w = decode_window(f.payload).ok_or_else(|| bad(f, "malformed Window"))?;
+            s.windows += 1;
+            s.pt_bytes += w.pt.len() as u64;
+            s.sideband_bytes += w.sideband.len() as u64;
+            if w.window.flags & (WF_PT_LOST | WF_SIDEBAND_LOST | WF_PT_DROPPED | WF_CAPTURE_ERROR)
+                != 0
+            {
+                s.lossy_windows += 1;
+            }
+            if w.window.flags & WF_VFORK_CHILD != 0 {
+                s.vfork_child_windows += 1;
+            }
+            // A fork child's own record of the fork is the parent's syscall, counted
+            // there; windows cut without a syscall have none.
+            if w.window.flags & (WF_NO_SYSCALL | WF_FORK_CHILD) == 0 {
+                *s.per_syscall.entry(w.window.nr).or_default() += 1;
+            }
+        }
+        Some(RecordType::Dropped) => {
+            let (n, _) = decode_dropped(f.payload).ok_or_else(|| bad(f, "short Dropped"))?;
+            s.dropped += n;
+        }
+        Some(RecordType::End) => {
+            s.end = Some(decode_end(f.payload).ok_or_else(|| bad(f, "short End"))?)
+        }
+        _ => {}
     }
-    Ok(s)
+    Ok(())
 }
 
 /// Summary of one process info file.
@@ -1057,6 +1155,48 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The streaming reader gives the same frames and the same tail verdict as `parse`, at
+    /// every truncation point and with a flipped byte.
+    #[test]
+    fn streaming_reader_agrees_with_parse() {
+        let dir = std::env::temp_dir().join(format!("ptt-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.ptt");
+        let (file, ends) = sample_file();
+        let mut flipped = file.clone();
+        flipped[ends[0] + 20] ^= 0x40;
+        let mut inputs: Vec<Vec<u8>> = (HEADER_SIZE..=file.len())
+            .map(|c| file[..c].to_vec())
+            .collect();
+        inputs.push(flipped);
+        for data in inputs {
+            std::fs::write(&path, &data).unwrap();
+            let p = parse("t", &data).unwrap();
+            let mut seen = Vec::new();
+            let tail = stream_frames(&path, FileKind::Thread, |f| {
+                seen.push((f.offset, f.ty, f.payload.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+            let want: Vec<_> = p
+                .frames
+                .iter()
+                .map(|f| (f.offset, f.ty, f.payload.to_vec()))
+                .collect();
+            assert_eq!(seen, want, "{} bytes", data.len());
+            assert_eq!(tail, p.tail, "{} bytes", data.len());
+            let s = summarize_thread(&path).unwrap();
+            assert_eq!(s.windows, p.frames.len() as u64);
+            assert_eq!(s.tail, p.tail);
+        }
+        std::fs::write(&path, &file[..10]).unwrap();
+        assert!(matches!(
+            summarize_thread(&path),
+            Err(FormatError::ShortHeader(_, 10))
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -503,6 +503,7 @@ impl Thread {
     fn drain(&mut self) {
         while let Some((meta, pt)) = self.enc.ready() {
             self.write_window(&meta, &pt);
+            self.enc.recycle(pt);
         }
     }
 
