@@ -328,15 +328,26 @@ fn signals_mid_loop_decode_with_async_markers_and_resume_where_interrupted() {
             panic!("async disable at {at:#x} without an enable");
         };
         assert_eq!(*ip, handler, "entered the handler");
-        let sigreturn = recs[k..]
-            .iter()
-            .position(|r| matches!(r, Record::Syscall { .. }))
-            .map(|p| p + k)
-            .unwrap();
-        let resumed = recs[sigreturn..]
-            .iter()
-            .find_map(|r| r.as_instruction())
-            .unwrap();
+        // After the handler's rt_sigreturn; a signal that arrived meanwhile runs the
+        // handler again right at that return (a new window in the handler), and only the
+        // last sigreturn goes back to the interrupted flow.
+        let mut from = k;
+        let resumed = loop {
+            let sigreturn = recs[from..]
+                .iter()
+                .position(|r| matches!(r, Record::Syscall { .. }))
+                .map(|p| p + from)
+                .unwrap();
+            let (p, next) = recs[sigreturn..]
+                .iter()
+                .enumerate()
+                .find_map(|(p, r)| r.as_instruction().map(|i| (p + sigreturn, i)))
+                .unwrap();
+            if next.pc != handler {
+                break next;
+            }
+            from = p;
+        };
         assert_eq!(resumed.pc, *at, "resumed at the interrupted instruction");
         async_entries += 1;
     }

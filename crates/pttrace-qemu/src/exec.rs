@@ -15,7 +15,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use pttrace_format::ptt::EndReason;
 
-use crate::{say, Global, Thread};
+use crate::feeder::Feeder;
+use crate::{say, Global};
 
 /// Reads our own memory at `addr` without faulting; returns the bytes read.
 pub fn read_memory(addr: u64, buf: &mut [u8]) -> usize {
@@ -136,7 +137,7 @@ fn opt_escape(v: &str) -> String {
 
 /// Called at the entry of execve (`a` = path, argv, envp) or execveat (dirfd, path, argv,
 /// envp, flags). Returns only when the exec is not followed.
-pub fn follow(g: &Global, t: &mut Thread, num: i64, a: [u64; 5]) {
+pub fn follow(g: &Global, t: &mut Feeder, num: i64, a: [u64; 5]) {
     let (path, argv, envp) = if num == libc::SYS_execve {
         (a[0], a[1], a[2])
     } else {

@@ -24,24 +24,30 @@
 //! block sequence to `<...>.oracle`, for tests), `cut=BYTES` (PT per window before a cut).
 //!
 //! Threading: QEMU calls the execution and syscall callbacks of a vCPU on that vCPU's
-//! thread only, so each [`Thread`] is touched by one thread; the atexit callback runs with
-//! the other vCPUs stopped (QEMU's exclusive section).
+//! thread only; each vCPU logs into its own [`feeder::Feeder`] and a worker thread per
+//! guest thread owns the encoder and the files ([`thread::Thread`]); the atexit callback
+//! runs with the other vCPUs stopped (QEMU's exclusive section).
 
 mod api;
 mod exec;
+mod feeder;
+mod files;
+mod thread;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use pttrace_encoder::{classify_bytes, Block, BlockEnd, FlowEncoder, PSB_PERIOD};
-use pttrace_format::code::{push_code_record, SampleId};
-use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
+use pttrace_encoder::{classify_bytes, Block, BlockEnd};
+use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
+
+use feeder::Feeder;
+use files::write_frame;
+use thread::Thread;
 
 /// The plugin API version this plugin speaks (QEMU 6.0 to 7.2).
 #[no_mangle]
@@ -76,32 +82,6 @@ struct BlockInfo {
     owner: AtomicU64,
 }
 
-/// Window metadata carried with the PT until the window is final.
-struct WinMeta {
-    w: Window,
-    sideband: Vec<u8>,
-}
-
-struct Thread {
-    /// Unique per thread state of this process image (never 0).
-    uid: u64,
-    tid: i32,
-    pid: i32,
-    file: Option<File>,
-    file_len: u64,
-    path: PathBuf,
-    enc: FlowEncoder<WinMeta>,
-    /// Bit per block id: its code is in this thread's file already.
-    sent: Vec<u64>,
-    sideband: Vec<u8>,
-    index: u64,
-    win_tsc: u64,
-    in_syscall: Option<WinMeta>,
-    oracle: Option<std::io::BufWriter<File>>,
-    written: u64,
-    failed: bool,
-}
-
 struct Global {
     cfg: Config,
     pid: AtomicI32,
@@ -116,7 +96,7 @@ struct Global {
     next_uid: AtomicU64,
     /// Bytes of the longest block translated (how far back an overlap can start).
     longest_block: AtomicU64,
-    threads: Box<[AtomicPtr<Thread>]>,
+    threads: Box<[AtomicPtr<Feeder>]>,
     /// Guest addresses are host addresses (checked on the first translated block).
     identity_mapped: AtomicBool,
     checked_mapping: AtomicBool,
@@ -158,13 +138,6 @@ fn say(msg: &str) {
 fn new_nonce() -> u64 {
     let t = rdtsc() ^ monotonic_ns().rotate_left(17) ^ (getpid() as u64).rotate_left(40);
     t.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32
-}
-
-fn write_frame(f: &mut File, ty: RecordType, payload: &[u8]) -> std::io::Result<()> {
-    match ptt::frame_vec(ty, payload) {
-        Some(v) => f.write_all(&v),
-        None => Err(std::io::Error::other("record too large")),
-    }
 }
 
 /// The guest's command line and program from QEMU's own (`qemu -plugin .. -0 argv0 prog
@@ -289,19 +262,20 @@ impl Global {
     }
 
     #[inline]
-    fn slot(&self, vcpu: c_uint) -> Option<&AtomicPtr<Thread>> {
+    fn slot(&self, vcpu: c_uint) -> Option<&AtomicPtr<Feeder>> {
         self.threads.get(vcpu as usize)
     }
 
-    /// The state of `vcpu`, created on its first block (on its own thread). Mutable from a
-    /// shared `Global` because each state belongs to one vCPU thread (see the SAFETY note).
+    /// The log of `vcpu`, created (with its thread's files and worker) on its first block,
+    /// on its own thread. Mutable from a shared `Global` because each belongs to one vCPU
+    /// thread (see the SAFETY note).
     #[allow(clippy::mut_from_ref)]
     #[inline]
-    fn thread(&self, vcpu: c_uint) -> Option<&mut Thread> {
+    fn feeder(&self, vcpu: c_uint) -> Option<&mut Feeder> {
         let slot = self.slot(vcpu)?;
         let mut p = slot.load(Ordering::Relaxed);
         if p.is_null() {
-            p = self.create_thread(slot);
+            p = self.create_feeder(slot);
         }
         // SAFETY: the pointer came from Box::into_raw and is only used by this vCPU's
         // thread (QEMU runs a vCPU's callbacks on its own thread), or by the atexit
@@ -311,337 +285,11 @@ impl Global {
 
     #[cold]
     #[inline(never)]
-    fn create_thread(&self, slot: &AtomicPtr<Thread>) -> *mut Thread {
-        let p = Box::into_raw(Box::new(self.new_thread()));
+    fn create_feeder(&self, slot: &AtomicPtr<Feeder>) -> *mut Feeder {
+        let p = Box::into_raw(Box::new(Feeder::start(Thread::new(self))));
         slot.store(p, Ordering::Relaxed);
         p
     }
-
-    fn new_thread(&self) -> Thread {
-        let tid = gettid();
-        let pid = self.pid.load(Ordering::Relaxed);
-        let nonce = self.nonce.load(Ordering::Relaxed);
-        let path = self.cfg.out.join(format!("{pid}-{nonce:08x}-{tid}.ptt"));
-        let tsc = rdtsc();
-        let file = File::create(&path).and_then(|mut f| {
-            f.write_all(&ptt::encode_header(FileKind::Thread))?;
-            let h = ptt::ThreadHeader {
-                pid,
-                tid,
-                mode: 0,
-                window: 1,
-                backend: ptt::BACKEND_QEMU,
-                pt_present: true,
-                nonce,
-                start_tsc: self.start_tsc.load(Ordering::Relaxed),
-                pt_absent_reason: String::new(),
-            };
-            write_frame(
-                &mut f,
-                RecordType::ThreadHeader,
-                &ptt::thread_header_payload(&h),
-            )?;
-            Ok(f)
-        });
-        let (file, failed) = match file {
-            Ok(f) => (Some(f), false),
-            Err(e) => {
-                say(&format!("cannot create {}: {e}", path.display()));
-                (None, true)
-            }
-        };
-        let oracle = if self.cfg.oracle {
-            File::create(path.with_extension("oracle"))
-                .ok()
-                .map(|f| std::io::BufWriter::with_capacity(1 << 16, f))
-        } else {
-            None
-        };
-        let file_len = file
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .map_or(0, |m| m.len());
-        Thread {
-            uid: self.next_uid.fetch_add(1, Ordering::Relaxed),
-            tid,
-            pid,
-            file,
-            file_len,
-            path,
-            enc: FlowEncoder::new(PSB_PERIOD),
-            sent: Vec::new(),
-            sideband: Vec::new(),
-            index: 0,
-            win_tsc: tsc,
-            in_syscall: None,
-            oracle,
-            written: 0,
-            failed,
-        }
-    }
-}
-
-impl Thread {
-    fn sample(&self) -> SampleId {
-        SampleId {
-            pid: self.pid as u32,
-            tid: self.tid as u32,
-            time: rdtsc(),
-            cpu: 0,
-            id: 0,
-        }
-    }
-
-    /// The block's code is in this thread's file from now on; true when it was not yet.
-    /// (`owner` remembers the last thread that claimed it: a thread that finds itself
-    /// there needs no look-up in its own set.)
-    #[cold]
-    #[inline(never)]
-    fn claim(&mut self, b: &BlockInfo) -> bool {
-        b.owner.store(self.uid, Ordering::Relaxed);
-        self.first_time(b.id)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn syscall_without_return(&mut self) {
-        if let Some(mut meta) = self.in_syscall.take() {
-            // The syscall did not return through QEMU's syscall-return hook.
-            meta.w.flags |= ptt::WF_NO_RETURN;
-            self.enc.end_window(meta);
-            self.drain();
-        }
-    }
-
-    /// A block this thread executes for the first time: its code goes into the window's
-    /// sideband; code that replaces other code executed before cuts the window first.
-    #[cold]
-    #[inline(never)]
-    fn first_execution(&mut self, b: &BlockInfo, tsc: &mut dyn FnMut() -> u64) {
-        let cut_first = b.replaces && self.enc.in_window();
-        if self.enc.block(&b.block, tsc).is_err() {
-            return;
-        }
-        if cut_first {
-            // New code at addresses executed before: only the next window sees it.
-            let meta = self.no_syscall_meta();
-            let _ = self.enc.cut(meta, tsc);
-            self.drain();
-        }
-        let s = self.sample();
-        if push_code_record(&mut self.sideband, b.block.start, &b.code, &s).is_none() {
-            say("block larger than a code record; its code is missing from the trace");
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn record_oracle(&mut self, b: &BlockInfo, first: bool) {
-        let Some(o) = self.oracle.as_mut() else {
-            return;
-        };
-        if first {
-            let _ = o.write_all(&((1u64 << 63) | b.lens.len() as u64).to_le_bytes());
-            let mut ip = b.block.start;
-            for l in b.lens.iter() {
-                let _ = o.write_all(&ip.to_le_bytes());
-                ip += u64::from(*l);
-            }
-        }
-        let _ = o.write_all(&b.block.start.to_le_bytes());
-    }
-
-    /// The window's PT reached the cut size: end it between two blocks.
-    #[cold]
-    #[inline(never)]
-    fn cut(&mut self, tsc: &mut dyn FnMut() -> u64) {
-        let meta = self.no_syscall_meta();
-        let _ = self.enc.cut(meta, tsc);
-        self.drain();
-    }
-
-    /// Marks block `id` as sent; true when it was not yet.
-    #[inline]
-    fn first_time(&mut self, id: u32) -> bool {
-        let (w, bit) = ((id >> 6) as usize, 1u64 << (id & 63));
-        match self.sent.get_mut(w) {
-            Some(word) if *word & bit != 0 => false,
-            Some(word) => {
-                *word |= bit;
-                true
-            }
-            None => self.grow_sent(w, bit),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn grow_sent(&mut self, w: usize, bit: u64) -> bool {
-        self.sent.resize(w + 1024, 0);
-        self.sent[w] |= bit;
-        true
-    }
-
-    fn no_syscall_meta(&mut self) -> WinMeta {
-        let w = Window {
-            index: self.index,
-            nr: u64::MAX,
-            tsc_start: self.win_tsc,
-            tsc_end: rdtsc(),
-            flags: ptt::WF_NO_SYSCALL,
-            ..Window::default()
-        };
-        self.index += 1;
-        self.win_tsc = w.tsc_end;
-        WinMeta {
-            w,
-            sideband: std::mem::take(&mut self.sideband),
-        }
-    }
-
-    /// Writes every window whose PT is final.
-    fn drain(&mut self) {
-        while let Some((meta, pt)) = self.enc.ready() {
-            self.write_window(&meta, &pt);
-            self.enc.recycle(pt);
-        }
-    }
-
-    /// Appends one `Window` frame, written in place from the PT and sideband buffers.
-    fn write_window(&mut self, meta: &WinMeta, pt: &[u8]) {
-        if self.failed {
-            return;
-        }
-        let Some(f) = self.file.as_mut() else {
-            return;
-        };
-        let payload = ptt::WINDOW_FIXED_SIZE + pt.len() + meta.sideband.len();
-        let (Ok(plen), Ok(pt_len), Ok(sb_len)) = (
-            u32::try_from(payload),
-            u32::try_from(pt.len()),
-            u32::try_from(meta.sideband.len()),
-        ) else {
-            say(&format!(
-                "{}: window {} is too large for one record; dropped",
-                self.path.display(),
-                meta.w.index
-            ));
-            return;
-        };
-        let w = &meta.w;
-        let mut head = Vec::with_capacity(8 + ptt::WINDOW_FIXED_SIZE);
-        head.extend_from_slice(&plen.to_le_bytes());
-        head.extend_from_slice(&(RecordType::Window as u16).to_le_bytes());
-        head.extend_from_slice(&0u16.to_le_bytes());
-        for v in [w.index, w.nr].into_iter().chain(w.args) {
-            head.extend_from_slice(&v.to_le_bytes());
-        }
-        head.extend_from_slice(&w.ret.to_le_bytes());
-        head.extend_from_slice(&w.tsc_start.to_le_bytes());
-        head.extend_from_slice(&w.tsc_end.to_le_bytes());
-        for v in [w.flags, w.depth, pt_len, sb_len] {
-            head.extend_from_slice(&v.to_le_bytes());
-        }
-        let mut crc = ptt::Crc32::new();
-        crc.update(&head);
-        crc.update(pt);
-        crc.update(&meta.sideband);
-        let crc = crc.finish().to_le_bytes();
-        let parts: [&[u8]; 4] = [&head, pt, &meta.sideband, &crc];
-        match write_all_at(f, &parts, self.file_len) {
-            Ok(n) => {
-                self.file_len += n;
-                self.written += 1;
-            }
-            Err(e) => {
-                // Keep what is already written whole: cut a partial frame off.
-                let _ = f.set_len(self.file_len);
-                self.failed = true;
-                say(&format!(
-                    "writing {} failed at window {}: {e}; the {} windows before it are kept, later ones are lost",
-                    self.path.display(),
-                    meta.w.index,
-                    self.written
-                ));
-            }
-        }
-    }
-
-    /// Ends the thread's file (`reason`); the thread makes no more windows.
-    fn finish(&mut self, reason: EndReason) {
-        if let Some(mut meta) = self.in_syscall.take() {
-            meta.w.flags |= ptt::WF_NO_RETURN;
-            self.enc.end_window(meta);
-        } else if self.enc.in_window() {
-            let _ = self.enc.far_transfer();
-            let meta = self.no_syscall_meta();
-            self.enc.end_window(meta);
-        }
-        self.enc.finish();
-        self.drain();
-        if let Some(f) = self.file.as_mut() {
-            if !self.failed {
-                let payload = ptt::end_payload(reason, self.written, 0);
-                if let Some(v) = ptt::frame_vec(RecordType::End, &payload) {
-                    if f.write_all_at(&v, self.file_len).is_ok() {
-                        self.file_len += v.len() as u64;
-                    }
-                }
-            }
-        }
-        self.file = None;
-        if let Some(o) = self.oracle.as_mut() {
-            let _ = o.flush();
-        }
-        self.oracle = None;
-    }
-}
-
-/// Writes `parts` one after the other at `offset` (pwritev, resumed after short writes);
-/// returns the bytes written.
-fn write_all_at(f: &File, parts: &[&[u8]], offset: u64) -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut done = 0usize;
-    while done < total {
-        let mut skip = done;
-        let mut iov = Vec::with_capacity(parts.len());
-        for p in parts {
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            iov.push(libc::iovec {
-                iov_base: p[skip..].as_ptr() as *mut c_void,
-                iov_len: p.len() - skip,
-            });
-            skip = 0;
-        }
-        // SAFETY: every iovec points into a live slice of `parts` for its length.
-        let n = unsafe {
-            libc::pwritev(
-                f.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as c_int,
-                (offset + done as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::WriteZero,
-                "pwritev wrote nothing",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(total as u64)
 }
 
 #[inline]
@@ -764,27 +412,11 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
     });
 }
 
-#[inline]
+#[inline(always)]
 fn exec_block(vcpu: c_uint, b: &BlockInfo) {
     let Some(g) = global() else { return };
-    let Some(t) = g.thread(vcpu) else { return };
-    if t.in_syscall.is_some() {
-        t.syscall_without_return();
-    }
-    // Fast path: the block was last claimed by this thread, so its code is in the file.
-    let first = b.owner.load(Ordering::Relaxed) != t.uid && t.claim(b);
-    let mut tsc = rdtsc;
-    if first {
-        t.first_execution(b, &mut tsc);
-    } else if t.enc.block(&b.block, &mut tsc).is_err() {
-        return;
-    }
-    if t.oracle.is_some() {
-        t.record_oracle(b, first);
-    }
-    if t.enc.window_len() > g.cfg.cut {
-        t.cut(&mut tsc);
-    }
+    let Some(f) = g.feeder(vcpu) else { return };
+    f.block(b as *const BlockInfo as u64);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -803,33 +435,13 @@ extern "C" fn on_syscall(
 ) {
     guarded(|| {
         let Some(g) = global() else { return };
-        let Some(t) = g.thread(vcpu) else { return };
-        if let Some(mut meta) = t.in_syscall.take() {
-            meta.w.flags |= ptt::WF_NO_RETURN;
-            t.enc.end_window(meta);
-        }
-        let _ = t.enc.far_transfer();
-        let now = rdtsc();
-        let meta = WinMeta {
-            w: Window {
-                index: t.index,
-                nr: num as u64,
-                args: [a1, a2, a3, a4, a5, a6],
-                ret: 0,
-                tsc_start: t.win_tsc,
-                tsc_end: now,
-                flags: 0,
-                depth: 0,
-            },
-            sideband: std::mem::take(&mut t.sideband),
-        };
-        t.index += 1;
-        t.in_syscall = Some(meta);
+        let Some(f) = g.feeder(vcpu) else { return };
+        f.syscall(num as u64, [a1, a2, a3, a4, a5, a6]);
         match num {
             libc::SYS_exit_group => {
                 g.exit_code.store(a1 as i32, Ordering::Relaxed);
             }
-            libc::SYS_execve | libc::SYS_execveat => exec::follow(g, t, num, [a1, a2, a3, a4, a5]),
+            libc::SYS_execve | libc::SYS_execveat => exec::follow(g, f, num, [a1, a2, a3, a4, a5]),
             _ => {}
         }
     });
@@ -838,69 +450,47 @@ extern "C" fn on_syscall(
 extern "C" fn on_syscall_ret(_id: api::PluginId, vcpu: c_uint, num: i64, ret: i64) {
     guarded(|| {
         let Some(g) = global() else { return };
-        let Some(t) = g.thread(vcpu) else { return };
+        let Some(f) = g.feeder(vcpu) else { return };
         let is_fork = matches!(
             num,
             libc::SYS_clone | libc::SYS_fork | libc::SYS_vfork | libc::SYS_clone3
         );
-        if is_fork && ret == 0 && getpid() != t.pid {
+        if is_fork && ret == 0 && getpid() != f.pid {
             become_fork_child(g, vcpu);
             return;
         }
-        let Some(mut meta) = t.in_syscall.take() else {
-            return;
-        };
-        meta.w.ret = ret;
-        if ret == QEMU_ESIGRETURN {
-            meta.w.flags |= ptt::WF_NO_RETURN;
-        }
-        t.enc.end_window(meta);
-        t.drain();
-        t.win_tsc = rdtsc();
+        f.ret(ret);
     });
 }
 
-/// Drops a thread state copied from the parent by fork without flushing anything of the
-/// parent's into the files (the oracle buffer holds the parent's bytes: leaked unflushed).
-fn discard_copy(p: *mut Thread) -> Option<WinMeta> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: only the forking thread exists in the child; the state was created by
-    // Box::into_raw and its slot was cleared before this call.
-    let mut t = unsafe { Box::from_raw(p) };
-    if let Some(o) = t.oracle.take() {
-        std::mem::forget(o);
-    }
-    t.in_syscall.take()
-}
-
-/// In the child of a fork: a new process image with new files; the copies of the parent's
-/// threads are dropped (they do not exist here) and this thread starts afresh, its first
-/// window being the child's side of the fork (no PT: the parent's file has that code).
+/// In the child of a fork: a new process image with new files. The parent's workers do
+/// not exist here, so every copied log is abandoned (leaked: its channels may be in any
+/// state); this thread starts afresh, its first window being the child's side of the fork.
 fn become_fork_child(g: &Global, vcpu: c_uint) {
     let parent = g.pid.load(Ordering::Relaxed);
     if let Ok(mut info) = g.info.lock() {
         *info = None; // our copy of the parent's descriptor
     }
-    let mut fork_window = None;
+    let mut fork_syscall = None;
     for (i, slot) in g.threads.iter().enumerate() {
-        let meta = discard_copy(slot.swap(std::ptr::null_mut(), Ordering::Relaxed));
+        let p = slot.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: only the forking thread exists in the child; the log was created by
+        // Box::into_raw and its slot is cleared. Forgotten, never dropped (see above).
+        let f = std::mem::ManuallyDrop::new(unsafe { Box::from_raw(p) });
         if i == vcpu as usize {
-            fork_window = meta;
+            fork_syscall = f.last_syscall;
         }
     }
     g.open_info(parent);
-    let Some(t) = g.thread(vcpu) else { return };
-    if let Some(mut meta) = fork_window {
-        meta.w.index = 0;
-        meta.w.ret = 0;
-        meta.w.flags |= ptt::WF_FORK_CHILD;
-        meta.sideband.clear();
-        t.index = 1;
-        t.write_window(&meta, &[]);
+    let Some(slot) = g.slot(vcpu) else { return };
+    let mut t = Thread::new(g);
+    if let Some((nr, args, tsc)) = fork_syscall {
+        t.write_fork_child_window(nr, args, tsc);
     }
-    t.win_tsc = rdtsc();
+    slot.store(Box::into_raw(Box::new(Feeder::start(t))), Ordering::Relaxed);
 }
 
 extern "C" fn on_vcpu_exit(_id: api::PluginId, vcpu: c_uint) {
@@ -912,8 +502,8 @@ extern "C" fn on_vcpu_exit(_id: api::PluginId, vcpu: c_uint) {
             return;
         }
         // SAFETY: created by Box::into_raw for this vCPU; its thread is exiting.
-        let mut t = unsafe { Box::from_raw(p) };
-        t.finish(EndReason::ThreadExit);
+        let mut f = unsafe { Box::from_raw(p) };
+        f.finish(EndReason::ThreadExit);
     });
 }
 
@@ -930,8 +520,8 @@ extern "C" fn on_atexit(_id: api::PluginId, _udata: *mut c_void) {
             let p = slot.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !p.is_null() {
                 // SAFETY: every other vCPU is stopped while atexit callbacks run.
-                let mut t = unsafe { Box::from_raw(p) };
-                t.finish(reason);
+                let mut f = unsafe { Box::from_raw(p) };
+                f.finish(reason);
             }
         }
         g.close_info(reason, if code == i32::MIN { 0 } else { code });

@@ -1,0 +1,194 @@
+//! The vCPU side of a guest thread: QEMU's callbacks append to a log, and a worker thread
+//! ([`crate::thread::run`]) encodes it, so PT encoding runs on another core while QEMU
+//! emulates. The execution callback only stores the block descriptor's address.
+//!
+//! Log entries (u64 words): a block descriptor's address (8-byte aligned, low 3 bits 0);
+//! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_TSC, tsc` (at the start of each
+//! chunk: the time for packets written from it). A chunk holds [`CHUNK`] words; at most
+//! [`CHUNKS`] are in flight per thread (the vCPU waits for the worker beyond that: memory
+//! stays bounded). At every syscall return the vCPU waits until the worker has written the
+//! window, so a program killed later keeps every window up to its last syscall, as
+//! without the worker.
+
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+
+use pttrace_format::ptt::EndReason;
+
+use crate::thread::Thread;
+use crate::{rdtsc, say};
+
+pub const TAG_SYSCALL: u64 = 1;
+pub const TAG_RET: u64 = 2;
+pub const TAG_TSC: u64 = 3;
+/// Words per chunk (512 KiB).
+pub const CHUNK: usize = 1 << 16;
+/// Chunks per thread.
+pub const CHUNKS: usize = 4;
+/// Room a multi-word entry needs (a chunk never splits one).
+const LONGEST_ENTRY: usize = 9;
+
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigfillset/pthread_sigmask write into the sets we pass.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        old
+    }
+}
+
+fn restore_signals(old: &libc::sigset_t) {
+    // SAFETY: `old` is the mask pthread_sigmask returned.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+/// What the vCPU sends its worker.
+pub enum Msg {
+    Chunk(Vec<u64>),
+    /// Answered once everything sent before is processed.
+    Sync(SyncSender<()>),
+    /// End the thread's files, then answer and stop.
+    Finish(EndReason, SyncSender<()>),
+}
+
+/// A vCPU's end of its worker.
+pub struct Feeder {
+    buf: Vec<u64>,
+    tx: Sender<Msg>,
+    free: Receiver<Vec<u64>>,
+    pub tid: i32,
+    pub pid: i32,
+    /// The last syscall entered (number, arguments, TSC): a fork child's first window.
+    pub last_syscall: Option<(u64, [u64; 6], u64)>,
+    finished: bool,
+    dead: bool,
+}
+
+impl Feeder {
+    /// Starts the worker of `t` (created on the vCPU's own thread).
+    pub fn start(t: Thread) -> Feeder {
+        let (tx, rx) = mpsc::channel();
+        let (free_tx, free) = mpsc::channel();
+        for _ in 1..CHUNKS {
+            let _ = free_tx.send(Vec::with_capacity(CHUNK));
+        }
+        let (tid, pid) = (t.tid, t.pid);
+        // The worker must never take a signal: QEMU's host handlers expect a vCPU thread (a
+        // process-directed SIGALRM delivered to the worker would crash QEMU). A new thread
+        // starts with its creator's mask: block everything around the spawn.
+        let old = block_all_signals();
+        let spawned = std::thread::Builder::new()
+            .name(format!("pttrace-{tid}"))
+            .spawn(move || crate::thread::run(t, rx, free_tx));
+        restore_signals(&old);
+        let dead = match spawned {
+            Ok(_) => false,
+            Err(e) => {
+                say(&format!(
+                    "cannot start the encoder thread of {tid}: {e}; it is not traced"
+                ));
+                true
+            }
+        };
+        let mut f = Feeder {
+            buf: Vec::with_capacity(CHUNK),
+            tx,
+            free,
+            tid,
+            pid,
+            last_syscall: None,
+            finished: false,
+            dead,
+        };
+        f.buf.push(TAG_TSC);
+        f.buf.push(rdtsc());
+        f
+    }
+
+    /// One executed block (the hot path).
+    #[inline(always)]
+    pub fn block(&mut self, addr: u64) {
+        if self.buf.len() >= CHUNK {
+            self.flush();
+        }
+        self.buf.push(addr);
+    }
+
+    fn room(&mut self) {
+        if self.buf.len() + LONGEST_ENTRY > CHUNK {
+            self.flush();
+        }
+    }
+
+    pub fn syscall(&mut self, nr: u64, args: [u64; 6]) {
+        self.room();
+        let tsc = rdtsc();
+        self.buf.push(TAG_SYSCALL);
+        self.buf.push(nr);
+        self.buf.extend_from_slice(&args);
+        self.buf.push(tsc);
+        self.last_syscall = Some((nr, args, tsc));
+    }
+
+    /// Syscall return: the window is written before the guest goes on.
+    pub fn ret(&mut self, ret: i64) {
+        self.room();
+        self.buf.push(TAG_RET);
+        self.buf.push(ret as u64);
+        self.buf.push(rdtsc());
+        self.sync();
+    }
+
+    /// Hands the current chunk to the worker and takes a free one (waiting for the worker
+    /// when every chunk is in flight).
+    #[cold]
+    #[inline(never)]
+    fn flush(&mut self) {
+        if self.dead {
+            self.buf.clear();
+            return;
+        }
+        let next = match self.free.recv() {
+            Ok(v) => v,
+            Err(_) => {
+                self.dead = true;
+                Vec::with_capacity(CHUNK)
+            }
+        };
+        let full = std::mem::replace(&mut self.buf, next);
+        if self.tx.send(Msg::Chunk(full)).is_err() {
+            self.dead = true;
+        }
+        self.buf.push(TAG_TSC);
+        self.buf.push(rdtsc());
+    }
+
+    /// Waits until the worker has processed everything logged so far.
+    pub fn sync(&mut self) {
+        self.flush();
+        if self.dead {
+            return;
+        }
+        let (ack_tx, ack) = mpsc::sync_channel(1);
+        if self.tx.send(Msg::Sync(ack_tx)).is_ok() {
+            let _ = ack.recv();
+        }
+    }
+
+    /// Ends the thread's files (`reason`) once everything logged is encoded; waits for it.
+    pub fn finish(&mut self, reason: EndReason) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.flush();
+        if self.dead {
+            return;
+        }
+        let (ack_tx, ack) = mpsc::sync_channel(1);
+        if self.tx.send(Msg::Finish(reason, ack_tx)).is_ok() {
+            let _ = ack.recv();
+        }
+    }
+}

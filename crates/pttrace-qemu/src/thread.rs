@@ -1,0 +1,475 @@
+//! The worker side of a guest thread: its block-level PT encoder, its windows and files.
+//! Each guest thread's vCPU hands its executed block sequence and syscall events to its own
+//! worker thread ([`crate::feeder`]), which runs [`run`]: encoding happens on another core
+//! while QEMU emulates.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender};
+
+use pttrace_encoder::{FlowEncoder, PSB_PERIOD};
+use pttrace_format::code::{push_code_record, SampleId};
+use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
+
+use crate::feeder::{Msg, TAG_RET, TAG_SYSCALL, TAG_TSC};
+use crate::files::{write_all_at, write_frame};
+use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
+
+/// Window metadata carried with the PT until the window is final.
+pub struct WinMeta {
+    w: Window,
+    sideband: Vec<u8>,
+}
+
+/// One guest thread's encoder and files; owned by its worker thread.
+pub struct Thread {
+    /// Unique per thread state of this process image (never 0).
+    uid: u64,
+    pub tid: i32,
+    pub pid: i32,
+    file: Option<File>,
+    file_len: u64,
+    path: PathBuf,
+    enc: FlowEncoder<WinMeta>,
+    /// Bit per block id: its code is in this thread's file already.
+    sent: Vec<u64>,
+    sideband: Vec<u8>,
+    index: u64,
+    win_tsc: u64,
+    in_syscall: Option<WinMeta>,
+    oracle: Option<std::io::BufWriter<File>>,
+    written: u64,
+    failed: bool,
+    /// PT bytes per window before a cut.
+    cut: usize,
+    /// Latest TSC the vCPU reported (timestamps of packets written now).
+    last_tsc: u64,
+}
+
+impl Thread {
+    /// The state of the calling (vCPU) thread: its file with its header.
+    pub fn new(g: &Global) -> Thread {
+        let tid = gettid();
+        let pid = g.pid.load(Ordering::Relaxed);
+        let nonce = g.nonce.load(Ordering::Relaxed);
+        let path = g.cfg.out.join(format!("{pid}-{nonce:08x}-{tid}.ptt"));
+        let tsc = rdtsc();
+        let file = File::create(&path).and_then(|mut f| {
+            f.write_all(&ptt::encode_header(FileKind::Thread))?;
+            let h = ptt::ThreadHeader {
+                pid,
+                tid,
+                mode: 0,
+                window: 1,
+                backend: ptt::BACKEND_QEMU,
+                pt_present: true,
+                nonce,
+                start_tsc: g.start_tsc.load(Ordering::Relaxed),
+                pt_absent_reason: String::new(),
+            };
+            write_frame(
+                &mut f,
+                RecordType::ThreadHeader,
+                &ptt::thread_header_payload(&h),
+            )?;
+            Ok(f)
+        });
+        let (file, failed) = match file {
+            Ok(f) => (Some(f), false),
+            Err(e) => {
+                say(&format!("cannot create {}: {e}", path.display()));
+                (None, true)
+            }
+        };
+        let oracle = if g.cfg.oracle {
+            File::create(path.with_extension("oracle"))
+                .ok()
+                .map(|f| std::io::BufWriter::with_capacity(1 << 16, f))
+        } else {
+            None
+        };
+        let file_len = file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len());
+        Thread {
+            uid: g.next_uid.fetch_add(1, Ordering::Relaxed),
+            tid,
+            pid,
+            file,
+            file_len,
+            path,
+            enc: FlowEncoder::new(PSB_PERIOD),
+            sent: Vec::new(),
+            sideband: Vec::new(),
+            index: 0,
+            win_tsc: tsc,
+            last_tsc: tsc,
+            cut: g.cfg.cut,
+            in_syscall: None,
+            oracle,
+            written: 0,
+            failed,
+        }
+    }
+
+    fn sample(&self) -> SampleId {
+        SampleId {
+            pid: self.pid as u32,
+            tid: self.tid as u32,
+            time: self.last_tsc,
+            cpu: 0,
+            id: 0,
+        }
+    }
+
+    /// The block's code is in this thread's file from now on; true when it was not yet.
+    /// (`owner` remembers the last thread that claimed it: a thread that finds itself
+    /// there needs no look-up in its own set.)
+    #[cold]
+    #[inline(never)]
+    fn claim(&mut self, b: &BlockInfo) -> bool {
+        b.owner.store(self.uid, Ordering::Relaxed);
+        self.first_time(b.id)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn syscall_without_return(&mut self) {
+        if let Some(mut meta) = self.in_syscall.take() {
+            // The syscall did not return through QEMU's syscall-return hook.
+            meta.w.flags |= ptt::WF_NO_RETURN;
+            self.enc.end_window(meta);
+            self.drain();
+        }
+    }
+
+    /// A block this thread executes for the first time: its code goes into the window's
+    /// sideband; code that replaces other code executed before cuts the window first.
+    #[cold]
+    #[inline(never)]
+    fn first_execution(&mut self, b: &BlockInfo, tsc: &mut dyn FnMut() -> u64) {
+        let cut_first = b.replaces && self.enc.in_window();
+        if self.enc.block(&b.block, tsc).is_err() {
+            return;
+        }
+        if cut_first {
+            // New code at addresses executed before: only the next window sees it.
+            let meta = self.no_syscall_meta();
+            let _ = self.enc.cut(meta, tsc);
+            self.drain();
+        }
+        let s = self.sample();
+        if push_code_record(&mut self.sideband, b.block.start, &b.code, &s).is_none() {
+            say("block larger than a code record; its code is missing from the trace");
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_oracle(&mut self, b: &BlockInfo, first: bool) {
+        let Some(o) = self.oracle.as_mut() else {
+            return;
+        };
+        if first {
+            let _ = o.write_all(&((1u64 << 63) | b.lens.len() as u64).to_le_bytes());
+            let mut ip = b.block.start;
+            for l in b.lens.iter() {
+                let _ = o.write_all(&ip.to_le_bytes());
+                ip += u64::from(*l);
+            }
+        }
+        let _ = o.write_all(&b.block.start.to_le_bytes());
+    }
+
+    /// The window's PT reached the cut size: end it between two blocks.
+    #[cold]
+    #[inline(never)]
+    fn cut(&mut self, tsc: &mut dyn FnMut() -> u64) {
+        let meta = self.no_syscall_meta();
+        let _ = self.enc.cut(meta, tsc);
+        self.drain();
+    }
+
+    /// Marks block `id` as sent; true when it was not yet.
+    #[inline]
+    fn first_time(&mut self, id: u32) -> bool {
+        let (w, bit) = ((id >> 6) as usize, 1u64 << (id & 63));
+        match self.sent.get_mut(w) {
+            Some(word) if *word & bit != 0 => false,
+            Some(word) => {
+                *word |= bit;
+                true
+            }
+            None => self.grow_sent(w, bit),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_sent(&mut self, w: usize, bit: u64) -> bool {
+        self.sent.resize(w + 1024, 0);
+        self.sent[w] |= bit;
+        true
+    }
+
+    fn no_syscall_meta(&mut self) -> WinMeta {
+        let w = Window {
+            index: self.index,
+            nr: u64::MAX,
+            tsc_start: self.win_tsc,
+            tsc_end: self.last_tsc,
+            flags: ptt::WF_NO_SYSCALL,
+            ..Window::default()
+        };
+        self.index += 1;
+        self.win_tsc = w.tsc_end;
+        WinMeta {
+            w,
+            sideband: std::mem::take(&mut self.sideband),
+        }
+    }
+
+    /// Writes every window whose PT is final.
+    fn drain(&mut self) {
+        while let Some((meta, pt)) = self.enc.ready() {
+            self.write_window(&meta, &pt);
+            self.enc.recycle(pt);
+        }
+    }
+
+    /// Appends one `Window` frame, written in place from the PT and sideband buffers.
+    pub fn write_window(&mut self, meta: &WinMeta, pt: &[u8]) {
+        if self.failed {
+            return;
+        }
+        let Some(f) = self.file.as_mut() else {
+            return;
+        };
+        let payload = ptt::WINDOW_FIXED_SIZE + pt.len() + meta.sideband.len();
+        let (Ok(plen), Ok(pt_len), Ok(sb_len)) = (
+            u32::try_from(payload),
+            u32::try_from(pt.len()),
+            u32::try_from(meta.sideband.len()),
+        ) else {
+            say(&format!(
+                "{}: window {} is too large for one record; dropped",
+                self.path.display(),
+                meta.w.index
+            ));
+            return;
+        };
+        let w = &meta.w;
+        let mut head = Vec::with_capacity(8 + ptt::WINDOW_FIXED_SIZE);
+        head.extend_from_slice(&plen.to_le_bytes());
+        head.extend_from_slice(&(RecordType::Window as u16).to_le_bytes());
+        head.extend_from_slice(&0u16.to_le_bytes());
+        for v in [w.index, w.nr].into_iter().chain(w.args) {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        head.extend_from_slice(&w.ret.to_le_bytes());
+        head.extend_from_slice(&w.tsc_start.to_le_bytes());
+        head.extend_from_slice(&w.tsc_end.to_le_bytes());
+        for v in [w.flags, w.depth, pt_len, sb_len] {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut crc = ptt::Crc32::new();
+        crc.update(&head);
+        crc.update(pt);
+        crc.update(&meta.sideband);
+        let crc = crc.finish().to_le_bytes();
+        let parts: [&[u8]; 4] = [&head, pt, &meta.sideband, &crc];
+        match write_all_at(f, &parts, self.file_len) {
+            Ok(n) => {
+                self.file_len += n;
+                self.written += 1;
+            }
+            Err(e) => {
+                // Keep what is already written whole: cut a partial frame off.
+                let _ = f.set_len(self.file_len);
+                self.failed = true;
+                say(&format!(
+                    "writing {} failed at window {}: {e}; the {} windows before it are kept, later ones are lost",
+                    self.path.display(),
+                    meta.w.index,
+                    self.written
+                ));
+            }
+        }
+    }
+
+    /// Ends the thread's file (`reason`); the thread makes no more windows.
+    pub fn finish(&mut self, reason: EndReason) {
+        if let Some(mut meta) = self.in_syscall.take() {
+            meta.w.flags |= ptt::WF_NO_RETURN;
+            self.enc.end_window(meta);
+        } else if self.enc.in_window() {
+            let _ = self.enc.far_transfer();
+            let meta = self.no_syscall_meta();
+            self.enc.end_window(meta);
+        }
+        self.enc.finish();
+        self.drain();
+        if let Some(f) = self.file.as_mut() {
+            if !self.failed {
+                let payload = ptt::end_payload(reason, self.written, 0);
+                if let Some(v) = ptt::frame_vec(RecordType::End, &payload) {
+                    if f.write_all_at(&v, self.file_len).is_ok() {
+                        self.file_len += v.len() as u64;
+                    }
+                }
+            }
+        }
+        self.file = None;
+        if let Some(o) = self.oracle.as_mut() {
+            let _ = o.flush();
+        }
+        self.oracle = None;
+    }
+
+    /// Processes one chunk of the vCPU's log (see [`crate::feeder`] for its entries).
+    fn consume(&mut self, words: &[u64]) {
+        let mut i = 0;
+        while let Some(&w) = words.get(i) {
+            if w & 7 == 0 {
+                // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
+                let b = unsafe { &*(w as *const BlockInfo) };
+                self.on_block(b);
+                i += 1;
+                continue;
+            }
+            match w {
+                TAG_SYSCALL => {
+                    let Some(e) = words.get(i + 1..i + 9) else {
+                        return;
+                    };
+                    self.on_syscall(e[0], [e[1], e[2], e[3], e[4], e[5], e[6]], e[7]);
+                    i += 9;
+                }
+                TAG_RET => {
+                    let Some(e) = words.get(i + 1..i + 3) else {
+                        return;
+                    };
+                    self.on_ret(e[0] as i64, e[1]);
+                    i += 3;
+                }
+                TAG_TSC => {
+                    if let Some(&t) = words.get(i + 1) {
+                        self.last_tsc = t;
+                    }
+                    i += 2;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// One executed block.
+    #[inline]
+    fn on_block(&mut self, b: &BlockInfo) {
+        if self.in_syscall.is_some() {
+            self.syscall_without_return();
+        }
+        let last = self.last_tsc;
+        let mut tsc = move || last;
+        // Fast path: the block was last claimed by this thread, so its code is in the file.
+        let first = b.owner.load(Ordering::Relaxed) != self.uid && self.claim(b);
+        if first {
+            self.first_execution(b, &mut tsc);
+        } else if self.enc.block(&b.block, &mut tsc).is_err() {
+            return;
+        }
+        if self.oracle.is_some() {
+            self.record_oracle(b, first);
+        }
+        if self.enc.window_len() > self.cut {
+            self.cut(&mut tsc);
+        }
+    }
+
+    /// Syscall entry: the window in flight ends (TIP.PGD); it is written at the return.
+    fn on_syscall(&mut self, nr: u64, args: [u64; 6], tsc: u64) {
+        if let Some(mut meta) = self.in_syscall.take() {
+            meta.w.flags |= ptt::WF_NO_RETURN;
+            self.enc.end_window(meta);
+        }
+        let _ = self.enc.far_transfer();
+        self.last_tsc = tsc;
+        let meta = WinMeta {
+            w: Window {
+                index: self.index,
+                nr,
+                args,
+                ret: 0,
+                tsc_start: self.win_tsc,
+                tsc_end: tsc,
+                flags: 0,
+                depth: 0,
+            },
+            sideband: std::mem::take(&mut self.sideband),
+        };
+        self.index += 1;
+        self.in_syscall = Some(meta);
+    }
+
+    /// Syscall return: the window is complete.
+    fn on_ret(&mut self, ret: i64, tsc: u64) {
+        let Some(mut meta) = self.in_syscall.take() else {
+            return;
+        };
+        meta.w.ret = ret;
+        if ret == QEMU_ESIGRETURN {
+            meta.w.flags |= ptt::WF_NO_RETURN;
+        }
+        self.enc.end_window(meta);
+        self.drain();
+        self.win_tsc = tsc;
+        self.last_tsc = tsc;
+    }
+
+    /// The child's side of a fork, as the first window of the child's new file: the
+    /// syscall with return value 0 and no PT (the parent's file has that code).
+    pub fn write_fork_child_window(&mut self, nr: u64, args: [u64; 6], tsc: u64) {
+        let meta = WinMeta {
+            w: Window {
+                index: 0,
+                nr,
+                args,
+                ret: 0,
+                tsc_start: tsc,
+                tsc_end: tsc,
+                flags: ptt::WF_FORK_CHILD,
+                depth: 0,
+            },
+            sideband: Vec::new(),
+        };
+        self.index = 1;
+        self.write_window(&meta, &[]);
+        self.win_tsc = rdtsc();
+    }
+}
+
+/// The worker loop: encodes the chunks of its vCPU's log in order, answers syncs, and ends
+/// the files on `Finish`. Used chunks go back to the vCPU through `free`.
+pub fn run(mut t: Thread, rx: Receiver<Msg>, free: Sender<Vec<u64>>) {
+    while let Ok(m) = rx.recv() {
+        match m {
+            Msg::Chunk(mut v) => {
+                t.consume(&v);
+                v.clear();
+                let _ = free.send(v);
+            }
+            Msg::Sync(ack) => {
+                let _ = ack.send(());
+            }
+            Msg::Finish(reason, ack) => {
+                t.finish(reason);
+                let _ = ack.send(());
+                return;
+            }
+        }
+    }
+}
