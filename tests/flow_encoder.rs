@@ -1,0 +1,218 @@
+//! The block-level flow encoder (`pttrace_encoder::flow`, what the QEMU plugin runs) on
+//! synthetic block sequences, decoded by our libipt-based decoder: ordinary flow, a signal
+//! after a conditional branch resolved when the flow comes back, and one that never comes
+//! back (an explicit overflow, never a guessed branch).
+
+use drpttracer::decode::{
+    decode_window, AddressSpace, ImageSpec, Record, TraceParams, WindowOptions,
+};
+use iced_x86::code_asm::*;
+use iced_x86::BlockEncoderOptions;
+use pttrace_encoder::{classify_bytes, Block, BlockEnd, FlowEncoder, Transition};
+
+const BASE: u64 = 0x40_1000;
+
+/// The program: every label starts a block.
+///   A: cmp rax,0 ; jz T        (conditional)
+///   F: nop ; jmp J             (direct)
+///   T: nop ; nop               (plain end: falls into J)
+///   J: ret                     (indirect)
+///   H: inc rbx ; syscall       (a signal handler calling rt_sigreturn)
+struct Prog {
+    code: Vec<u8>,
+    ips: Vec<u64>,
+    a: Block,
+    f: Block,
+    t: Block,
+    j: Block,
+    h: Block,
+}
+
+fn prog() -> Prog {
+    let mut c = CodeAssembler::new(64).unwrap();
+    let mut t = c.create_label();
+    let mut j = c.create_label();
+    let mut h = c.create_label();
+    c.cmp(rax, 0).unwrap();
+    c.jz(t).unwrap();
+    c.nop().unwrap();
+    c.jmp(j).unwrap();
+    c.set_label(&mut t).unwrap();
+    c.nop().unwrap();
+    c.nop().unwrap();
+    c.set_label(&mut j).unwrap();
+    c.ret().unwrap();
+    c.set_label(&mut h).unwrap();
+    c.inc(rbx).unwrap();
+    c.syscall().unwrap();
+    let r = c
+        .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .unwrap();
+    let code = r.inner.code_buffer;
+    let ips: Vec<u64> = r
+        .inner
+        .new_instruction_offsets
+        .iter()
+        .map(|&o| BASE + u64::from(o))
+        .collect();
+    // Blocks from instruction index ranges [first, last].
+    let block = |first: usize, last: usize| {
+        let ip = ips[last];
+        let off = (ip - BASE) as usize;
+        let class = classify_bytes(ip, &code[off..]).unwrap();
+        Block::new(
+            ips[first],
+            ip + u64::from(class.len),
+            BlockEnd::from_flow(class.flow, ip),
+        )
+    };
+    Prog {
+        a: block(0, 1),
+        f: block(2, 3),
+        t: block(4, 5),
+        j: block(6, 6),
+        h: block(7, 8),
+        code,
+        ips,
+    }
+}
+
+fn decode(pt: &[u8], p: &Prog) -> Vec<Record> {
+    let mut space = AddressSpace::new();
+    space.add_bytes("prog", p.code.clone(), BASE);
+    decode_window(
+        pt,
+        None,
+        &TraceParams::default(),
+        &space,
+        &ImageSpec::default(),
+        &WindowOptions {
+            source: "flow.pt".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn pcs(recs: &[Record]) -> Vec<u64> {
+    recs.iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.pc)
+        .collect()
+}
+
+fn ins(p: &Prog, b: &Block) -> Vec<u64> {
+    p.ips
+        .iter()
+        .copied()
+        .filter(|&ip| ip >= b.start && ip < b.end)
+        .collect()
+}
+
+fn no_tsc() -> impl FnMut() -> u64 {
+    let mut t = 1000;
+    move || {
+        t += 1;
+        t
+    }
+}
+
+#[test]
+fn ordinary_flow_decodes_to_the_executed_blocks() {
+    let p = prog();
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    let mut tsc = no_tsc();
+    // A (taken) T J(ret to A) A (not taken) F J(ret to H) H: syscall ends the window.
+    let seq = [&p.a, &p.t, &p.j, &p.a, &p.f, &p.j, &p.h];
+    let mut kinds = vec![];
+    for b in seq {
+        kinds.push(enc.block(b, &mut tsc).unwrap());
+    }
+    assert_eq!(kinds[0], Transition::WindowStart);
+    assert!(
+        kinds[1..].iter().all(|k| *k == Transition::Flow),
+        "{kinds:?}"
+    );
+    enc.far_transfer().unwrap();
+    enc.end_window(7);
+    let (meta, pt) = enc.ready().unwrap();
+    assert_eq!(meta, 7);
+    let want: Vec<u64> = seq.iter().flat_map(|b| ins(&p, b)).collect();
+    let recs = decode(&pt, &p);
+    assert_eq!(pcs(&recs), want);
+    assert!(!recs
+        .iter()
+        .any(|r| matches!(r, Record::Gap(_) | Record::Overflow { .. })));
+}
+
+#[test]
+fn a_signal_after_a_conditional_branch_is_filled_in_when_the_flow_returns() {
+    let p = prog();
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    let mut tsc = no_tsc();
+    // A runs, then (before its successor) the handler H, whose rt_sigreturn ends the
+    // window; the flow then resumes at F: the jz was not taken.
+    enc.block(&p.a, &mut tsc).unwrap();
+    assert_eq!(enc.block(&p.h, &mut tsc).unwrap(), Transition::Async);
+    enc.far_transfer().unwrap();
+    enc.end_window(1);
+    assert!(
+        enc.ready().is_none(),
+        "held until the interrupted IP is known"
+    );
+    assert_eq!(enc.block(&p.f, &mut tsc).unwrap(), Transition::WindowStart);
+    enc.block(&p.j, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(2);
+    let (m1, pt1) = enc.ready().unwrap();
+    let (m2, pt2) = enc.ready().unwrap();
+    assert_eq!((m1, m2), (1, 2));
+    let r1 = decode(&pt1, &p);
+    let mut want = ins(&p, &p.a);
+    want.extend(ins(&p, &p.h));
+    assert_eq!(pcs(&r1), want);
+    // The explicit asynchronous event: disabled at F (the jz's fall-through), enabled in H.
+    let events: Vec<&Record> = r1
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Record::TraceDisabled { .. } | Record::TraceEnabled { .. }
+            )
+        })
+        .collect();
+    assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.f.start));
+    assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
+    let mut want2 = ins(&p, &p.f);
+    want2.extend(ins(&p, &p.j));
+    assert_eq!(pcs(&decode(&pt2, &p)), want2);
+    assert_eq!(enc.stats().unresolved, 0);
+}
+
+#[test]
+fn a_signal_whose_flow_never_returns_is_an_explicit_overflow() {
+    let p = prog();
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    let mut tsc = no_tsc();
+    enc.block(&p.a, &mut tsc).unwrap();
+    enc.block(&p.h, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(1);
+    // The thread ends (the handler longjmp'd elsewhere and exited, say).
+    enc.finish();
+    let (_, pt) = enc.ready().unwrap();
+    let recs = decode(&pt, &p);
+    let ips = pcs(&recs);
+    assert!(
+        ips.ends_with(&ins(&p, &p.h)),
+        "the handler is decoded: {ips:x?}"
+    );
+    assert!(
+        recs.iter()
+            .any(|r| matches!(r, Record::Overflow { ip: Some(ip) } if *ip == p.h.start)),
+        "{recs:?}"
+    );
+    // Neither successor of the jz is claimed.
+    assert!(!ips.contains(&p.f.start) && !ips.contains(&p.t.start));
+    assert_eq!(enc.stats().unresolved, 1);
+}
