@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use drpttracer::decode::ptt_dir::{self, PttTrace};
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::{self, Tail};
-use shim_util::pttrace;
+use shim_util::{pttrace, symbol};
 
 fn qemu_available() -> bool {
     let found = std::env::var_os("PATH")
@@ -25,28 +25,25 @@ fn qemu_available() -> bool {
 
 /// tests/progs/qemu_cases.c built without PIE (symbols = run-time addresses).
 fn build(dir: &Path, extra: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/qemu_cases.c");
-    let out = dir.join(if extra.is_empty() { "qc" } else { "qc-static" });
-    let st = Command::new("cc")
-        .args(["-O1", "-no-pie", "-pthread"])
-        .args(extra)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed for {}", src.display());
-    out
+    let mut flags = vec!["-no-pie"];
+    flags.extend_from_slice(extra);
+    let name = if extra.is_empty() { "qc" } else { "qc-static" };
+    shim_util::compile_with("qemu_cases", dir, name, &flags)
 }
 
-fn symbol(exe: &Path, name: &str) -> u64 {
-    use object::{Object, ObjectSymbol};
-    let data = std::fs::read(exe).unwrap();
-    let obj = object::File::parse(&*data).unwrap();
-    obj.symbols()
-        .find(|s| s.name() == Ok(name))
-        .unwrap_or_else(|| panic!("symbol {name} not in {}", exe.display()))
-        .address()
+/// A traced run of one case of qemu_cases: (its directory, the program, the trace
+/// directory, pttrace's output); `None` (after `SKIP:`) without QEMU.
+fn run_case(args: &[&str]) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Output)> {
+    if !qemu_available() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let mut cmd = vec![prog.to_str().unwrap()];
+    cmd.extend_from_slice(args);
+    let o = run_qemu(&out, &cmd);
+    Some((dir, prog, out, o))
 }
 
 /// The plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace); built
@@ -253,13 +250,9 @@ fn asm_loop_count_is_exact_dynamic_and_static() {
 
 #[test]
 fn branches_indirect_calls_recursion_libc_and_syscalls_equal_what_ran() {
-    if !qemu_available() {
+    let Some((_dir, prog, out, o)) = run_case(&["mix"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let prog = build(dir.path(), &[]);
-    let out = dir.path().join("out");
-    let o = run_qemu(&out, &[prog.to_str().unwrap(), "mix"]);
+    };
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         text(&o).contains("odd=34 fib=144 sorted=0,15 len=15 sink=-23"),
@@ -293,13 +286,9 @@ fn branches_indirect_calls_recursion_libc_and_syscalls_equal_what_ran() {
 
 #[test]
 fn signals_mid_loop_decode_with_async_markers_and_resume_where_interrupted() {
-    if !qemu_available() {
+    let Some((_dir, prog, out, o)) = run_case(&["alarm"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let prog = build(dir.path(), &[]);
-    let out = dir.path().join("out");
-    let o = run_qemu(&out, &[prog.to_str().unwrap(), "alarm"]);
+    };
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     let alarms: usize = t
@@ -359,13 +348,9 @@ fn signals_mid_loop_decode_with_async_markers_and_resume_where_interrupted() {
 
 #[test]
 fn eight_threads_have_their_own_files_and_exact_loops() {
-    if !qemu_available() {
+    let Some((_dir, prog, out, o)) = run_case(&["threads"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let prog = build(dir.path(), &[]);
-    let out = dir.path().join("out");
-    let o = run_qemu(&out, &[prog.to_str().unwrap(), "threads"]);
+    };
     assert!(o.status.success(), "{}", text(&o));
     let (_, threads) = decode(&out);
     assert_eq!(threads.len(), 9, "main + 8 workers");
@@ -456,13 +441,9 @@ fn fork_and_exec_chain_is_traced_image_by_image_and_counts_match_strace() {
 
 #[test]
 fn jit_code_rewritten_at_the_same_address_decodes_both_versions() {
-    if !qemu_available() {
+    let Some((_dir, _, out, o)) = run_case(&["jit"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let prog = build(dir.path(), &[]);
-    let out = dir.path().join("out");
-    let o = run_qemu(&out, &[prog.to_str().unwrap(), "jit"]);
+    };
     let t = text(&o);
     assert!(o.status.success() && t.contains("r1=1 r2=5"), "{t}");
     let at = t
@@ -495,13 +476,9 @@ fn jit_code_rewritten_at_the_same_address_decodes_both_versions() {
 
 #[test]
 fn rep_strings_cpuid_and_syscalls_in_a_loop_count_exactly() {
-    if !qemu_available() {
+    let Some((_dir, prog, out, o)) = run_case(&["rep"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let prog = build(dir.path(), &[]);
-    let out = dir.path().join("out");
-    let o = run_qemu(&out, &[prog.to_str().unwrap(), "rep"]);
+    };
     assert!(o.status.success(), "{}", text(&o));
     let (_, threads) = decode(&out);
     let d = &threads[0];
@@ -529,13 +506,9 @@ fn rep_strings_cpuid_and_syscalls_in_a_loop_count_exactly() {
 
 #[test]
 fn a_crashing_program_keeps_its_windows_and_pttrace_reports_the_signal() {
-    if !qemu_available() {
+    let Some((_dir, _, out, o)) = run_case(&["crash"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let prog = build(dir.path(), &[]);
-    let out = dir.path().join("out");
-    let o = run_qemu(&out, &[prog.to_str().unwrap(), "crash"]);
+    };
     assert_eq!(o.status.code(), Some(128 + libc::SIGSEGV), "{}", text(&o));
     assert!(text(&o).contains("killed by signal 11"), "{}", text(&o));
     let (t, threads) = decode(&out);

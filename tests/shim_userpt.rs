@@ -7,7 +7,6 @@ mod shim_util;
 use drpttracer::decode::ptt_dir::{self as ptt_input, PttTrace, PttWindowInfo};
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::{WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST};
-use object::{Object, ObjectSymbol};
 use shim_util::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,15 +27,6 @@ fn loop_prog(dir: &Path) -> PathBuf {
         .expect("run cc");
     assert!(st.success(), "cc failed for {}", src.display());
     out
-}
-
-fn symbol(exe: &Path, name: &str) -> u64 {
-    let data = std::fs::read(exe).unwrap();
-    let obj = object::File::parse(&*data).unwrap();
-    obj.symbols()
-        .find(|s| s.name() == Ok(name))
-        .unwrap_or_else(|| panic!("symbol {name} not in {}", exe.display()))
-        .address()
 }
 
 /// `pttrace run --mode user --window thread --backend emulated` into `out` (the shim's

@@ -33,18 +33,36 @@ pub fn pttrace() -> PathBuf {
 
 /// Compiles tests/progs/<name>.c into `dir` with the system C compiler.
 pub fn compile(name: &str, dir: &Path) -> PathBuf {
+    compile_with(name, dir, name, &[])
+}
+
+/// Compiles tests/progs/<name>.c into `dir/<out_name>` with extra compiler flags.
+pub fn compile_with(name: &str, dir: &Path, out_name: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/progs")
         .join(format!("{name}.c"));
-    let out = dir.join(name);
+    let out = dir.join(out_name);
     let st = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
+        .args(["-O1", "-pthread"])
+        .args(flags)
+        .arg("-o")
         .arg(&out)
         .arg(&src)
         .status()
         .expect("run cc");
     assert!(st.success(), "cc failed for {}", src.display());
     out
+}
+
+/// The address of symbol `name` in the ELF file `exe`.
+pub fn symbol(exe: &Path, name: &str) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(exe).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    obj.symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("symbol {name} not in {}", exe.display()))
+        .address()
 }
 
 /// Runs `prog args` with the shim preloaded, writing into `out`.

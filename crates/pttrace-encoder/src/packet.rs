@@ -50,11 +50,14 @@ impl Sink for Vec<u8> {
 impl Sink for &mut Vec<u8> {
     #[inline]
     fn put(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
-        self.extend_from_slice(bytes);
-        Ok(())
+        Sink::put(&mut **self, bytes)
     }
     fn len(&self) -> usize {
         Vec::len(self)
+    }
+    #[inline]
+    fn put_first<const N: usize>(&mut self, bytes: &[u8; N], n: usize) -> Result<(), EncodeError> {
+        Sink::put_first(&mut **self, bytes, n)
     }
 }
 
