@@ -13,12 +13,12 @@
 
 pub mod backend;
 pub mod capture;
-pub mod decode;
 pub mod emu;
+pub use pttrace_decode as decode;
 pub mod error;
 pub mod ffi;
+pub use pttrace_format::metadata;
 pub mod format;
-pub mod metadata;
 pub mod perf;
 pub mod probe;
 pub mod shim;

@@ -52,7 +52,7 @@ pub mod output;
 pub mod raw;
 pub mod rewrite;
 pub mod slots;
-pub mod sysnames;
+pub use pttrace_format::sysnames;
 pub mod userpt;
 pub mod vfork_child;
 pub mod writer;

@@ -6,5 +6,5 @@
 //! (The software dummy perf event that yields real kernel records lives in
 //! [`crate::perf::sideband_event`]: it is a perf event.)
 
-pub mod record;
+pub use pttrace_format::perf_record as record;
 pub mod synth;

@@ -2,7 +2,17 @@
 //! writer (the LD_PRELOAD shim, the QEMU plugin) and every reader share one definition:
 //! - [`ptt`]: the process info (`.info`) and per-thread (`.ptt`) files;
 //! - [`code`]: the code records (perf `PERF_RECORD_TEXT_POKE`) with which software
-//!   backends put the executed instruction bytes into a window's sideband.
+//!   backends put the executed instruction bytes into a window's sideband;
+//! - [`perf_record`]: perf sideband records (parse/encode), [`maps`]: `/proc/<pid>/maps`;
+//! - [`metadata`]: `pt_metadata_t` and the extended metadata, CPU identity, time conversion;
+//! - [`pdb`]: DynamoRIO's `kernel.raw` PT Data Buffers; [`auxtrace`]: perf's AUXTRACE;
+//! - [`sysnames`]: x86-64 syscall names.
 
+pub mod auxtrace;
 pub mod code;
+pub mod maps;
+pub mod metadata;
+pub mod pdb;
+pub mod perf_record;
 pub mod ptt;
+pub mod sysnames;

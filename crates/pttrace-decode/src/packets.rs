@@ -102,7 +102,7 @@ pub fn list_packets(trace: &[u8]) -> Vec<PacketLine> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testgen::PtWriter;
+    use crate::testgen::PtWriter;
 
     #[test]
     fn lists_packets_with_offsets_and_errors() {

@@ -1,6 +1,6 @@
 //! Decoding a whole LD_PRELOAD shim output directory (`pttrace run --out DIR`, used by
 //! `pttrace decode DIR`): every process info file and per-thread `.ptt` file (format in
-//! [`crate::format::ptt`]), thread by thread, window by window, with symbols. (Single
+//! [`pttrace_format::ptt`]), thread by thread, window by window, with symbols. (Single
 //! thread files with explicit options: [`super::ptt_input`], `pttrace decode --ptt`.)
 //!
 //! For each thread file the image is assembled from its process image's info file: the
@@ -8,17 +8,17 @@
 //! machine's file system, or under a sysroot), the saved vDSO bytes at their address, and
 //! the CPU from the metadata record. Windows are decoded in order; a window's sideband
 //! (MMAP2 records of the mappings that existed when it was written, see
-//! [`crate::shim::userpt`]) is applied to the image before that window and stays for the
+//! the shim's `userpt`) is applied to the image before that window and stays for the
 //! following ones. Windows without PT are reported with their flags, not decoded.
 
 use std::path::{Path, PathBuf};
 
 use super::sideband::{parse_records, ImageChange, ImageResolver};
 use super::{AddressSpace, DecodeError, PtDecoder, TraceParams, WindowOptions};
-use crate::format::ptt::{self, FileKind, RecordType, Tail, ThreadHeader};
-use crate::metadata::PtMetadata;
-use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
-use crate::sideband::synth::MapsEntry;
+use pttrace_format::maps::MapsEntry;
+use pttrace_format::metadata::PtMetadata;
+use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
+use pttrace_format::ptt::{self, FileKind, RecordType, Tail, ThreadHeader};
 
 /// One process image's info file.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ pub struct PttWindowInfo {
 impl PttWindowInfo {
     /// The syscall's name, or its number.
     pub fn syscall_name(&self) -> String {
-        crate::shim::sysnames::name(self.nr)
+        pttrace_format::sysnames::name(self.nr)
             .map(str::to_string)
             .unwrap_or_else(|| format!("syscall {}", self.nr))
     }

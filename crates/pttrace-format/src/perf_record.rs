@@ -17,8 +17,8 @@ pub const PERF_RECORD_ITRACE_START: u32 = 12;
 pub const PERF_RECORD_SWITCH: u32 = 14;
 pub const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
 /// Code bytes at an address (perf's TEXT_POKE; the software backends' code records, see
-/// [`crate::format::code`]).
-pub const PERF_RECORD_TEXT_POKE: u32 = pttrace_format::code::PERF_RECORD_TEXT_POKE;
+/// [`crate::code`]).
+pub const PERF_RECORD_TEXT_POKE: u32 = crate::code::PERF_RECORD_TEXT_POKE;
 pub const PERF_RECORD_AUXTRACE: u32 = 71;
 
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
@@ -447,7 +447,7 @@ pub fn parse_record(
             next_prev_tid: r.u32().ok_or_else(short)?,
         },
         PERF_RECORD_TEXT_POKE => {
-            let (addr, bytes) = pttrace_format::code::parse_code_body(body).ok_or_else(short)?;
+            let (addr, bytes) = crate::code::parse_code_body(body).ok_or_else(short)?;
             Record::TextPoke {
                 addr,
                 bytes: bytes.to_vec(),

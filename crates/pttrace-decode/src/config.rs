@@ -1,6 +1,6 @@
 //! CPU and timing parameters -> libipt's `pt_config` (with the CPU's errata applied).
 
-use crate::metadata::{ExtMetadata, PtMetadata, TimeConv};
+use pttrace_format::metadata::{ExtMetadata, PtMetadata, TimeConv};
 
 /// What libipt needs to know about the CPU that recorded a trace (REFERENCE §3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

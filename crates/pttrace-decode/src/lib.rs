@@ -1,4 +1,5 @@
-//! Decoder: PT + sideband + images -> drmemtrace-style records (libipt).
+//! Decoder: PT + sideband + images -> drmemtrace-style records (libipt). Also available
+//! as `drpttracer::decode`.
 //!
 //! - [`config`]: CPU identity/frequencies -> libipt configuration (errata included);
 //! - [`image`]: code images (ELF PT_LOAD segments, raw bytes such as the vDSO, kcore) and
@@ -17,8 +18,8 @@
 //! One window, everything in memory (the shim / `pttrace report` path):
 //!
 //! ```no_run
-//! use drpttracer::decode::{decode_window, ImageSpec, TraceParams, WindowOptions};
-//! # fn f(pt: &[u8], sideband: &[u8], md: &drpttracer::ExtMetadata) -> Result<(), Box<dyn std::error::Error>> {
+//! use pttrace_decode::{decode_window, ImageSpec, TraceParams, WindowOptions};
+//! # fn f(pt: &[u8], sideband: &[u8], md: &pttrace_format::metadata::ExtMetadata) -> Result<(), Box<dyn std::error::Error>> {
 //! let params = TraceParams::from_ext_metadata(md); // or ::from_pt_metadata
 //! let spec = ImageSpec { vdso: None, sysroot: None, ..Default::default() };
 //! let image = spec.load()?; // static images (ELF files, raw bytes, kcore)
@@ -32,8 +33,8 @@
 //! same from one tight loop (the fastest way to consume a window); `collect_compact()` keeps
 //! a whole window cheaply. Large traces:
 //! [`parallel::decode_parallel`] / [`parallel::decode_parallel_compact`] give exactly the
-//! sequential result. Input containers: [`crate::format::auxtrace`] (perf AUXTRACE) and
-//! [`crate::format::pdb`] (DynamoRIO `.raw.pt`).
+//! sequential result. Input containers: [`pttrace_format::auxtrace`] (perf AUXTRACE) and
+//! [`pttrace_format::pdb`] (DynamoRIO `.raw.pt`).
 
 pub mod config;
 pub mod image;

@@ -1120,7 +1120,7 @@ impl PtDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::records::InsnClass;
+    use crate::records::InsnClass;
 
     fn insn(pc: u64) -> Record {
         Record::Instruction(Instruction {

@@ -163,7 +163,7 @@ impl ExtMetadata {
             backend,
             perf_type: 0,
             perf_config: 0,
-            sideband_sample_type: crate::sideband::record::SIDEBAND_SAMPLE_TYPE,
+            sideband_sample_type: crate::perf_record::SIDEBAND_SAMPLE_TYPE,
         }
     }
 }

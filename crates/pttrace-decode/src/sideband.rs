@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use super::image::{AddressSpace, FileCache};
 use super::DecodeError;
 
-use crate::sideband::record::{
+use pttrace_format::perf_record::{
     self as perf, Mapping, Record as PerfRecord, RecordIter, SampleId, PERF_AUX_FLAG_OVERWRITE,
     PERF_AUX_FLAG_TRUNCATED,
 };

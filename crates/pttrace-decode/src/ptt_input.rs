@@ -1,5 +1,5 @@
 //! Decoding the shim's own files (`<base>.info` + `<base>-<tid>.ptt`, see
-//! [`crate::format::ptt`]): CPU/time parameters from the `Metadata` record, the initial
+//! [`pttrace_format::ptt`]): CPU/time parameters from the `Metadata` record, the initial
 //! image from the `Maps` text (as MMAP2 events before the trace) and the saved vDSO.
 
 use std::path::{Path, PathBuf};
@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use super::config::{CpuParams, TraceParams};
 use super::sideband::{parse_records, ImageEvent};
 use super::DecodeError;
-use crate::format::ptt::{self, FileKind, RecordType};
-use crate::metadata::{PtMetadata, TimeConv};
-use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
-use crate::sideband::synth::{encode_exec_mappings, MapsEntry};
+use pttrace_format::maps::{encode_exec_mappings, MapsEntry};
+use pttrace_format::metadata::{PtMetadata, TimeConv};
+use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
+use pttrace_format::ptt::{self, FileKind, RecordType};
 
 /// What the process info file tells the decoder.
 #[derive(Debug, Clone, Default)]
