@@ -133,21 +133,6 @@ fn vdso_range() -> (u64, usize) {
     (0, 0)
 }
 
-fn metadata_bytes(m: &crate::metadata::ExtMetadata) -> [u8; 50] {
-    let mut b = [0u8; 50];
-    b[0..18].copy_from_slice(&m.base.to_bytes());
-    b[18..22].copy_from_slice(&m.cpuid_0x15_eax.to_le_bytes());
-    b[22..26].copy_from_slice(&m.cpuid_0x15_ebx.to_le_bytes());
-    b[26] = m.nom_freq;
-    b[27] = m.mtc_freq;
-    b[28] = u8::from(m.time_zero_valid);
-    b[29] = m.backend as u32 as u8;
-    b[30..34].copy_from_slice(&m.perf_type.to_le_bytes());
-    b[34..42].copy_from_slice(&m.perf_config.to_le_bytes());
-    b[42..50].copy_from_slice(&m.sideband_sample_type.to_le_bytes());
-    b
-}
-
 /// Learns whether PT is available for the configured mode (and its metadata).
 fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMetadata) {
     use crate::metadata::{cpu_identity, cpuid_0x15, BackendKind, ExtMetadata, PtMetadata};
@@ -348,7 +333,7 @@ fn init() -> Result<(), String> {
         backend,
         pt_present,
         reason,
-        metadata_bytes(&meta),
+        meta.record_bytes(),
         meta.base.to_bytes(),
         vdso_range(),
         rewrite,

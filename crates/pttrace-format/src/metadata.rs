@@ -138,7 +138,32 @@ pub struct ExtMetadata {
     pub sideband_sample_type: u64,
 }
 
+/// Size of the `Metadata` record of a process info file (see [`crate::ptt`]).
+pub const METADATA_RECORD_SIZE: usize = 50;
+
 impl ExtMetadata {
+    /// The `Metadata` record of a process info file.
+    pub fn record_bytes(&self) -> [u8; METADATA_RECORD_SIZE] {
+        self.record_bytes_with_backend(self.backend as u32 as u8)
+    }
+
+    /// The `Metadata` record with another backend byte (the QEMU plugin's, which is not a
+    /// handle backend).
+    pub fn record_bytes_with_backend(&self, backend: u8) -> [u8; METADATA_RECORD_SIZE] {
+        let mut b = [0u8; METADATA_RECORD_SIZE];
+        b[0..18].copy_from_slice(&self.base.to_bytes());
+        b[18..22].copy_from_slice(&self.cpuid_0x15_eax.to_le_bytes());
+        b[22..26].copy_from_slice(&self.cpuid_0x15_ebx.to_le_bytes());
+        b[26] = self.nom_freq;
+        b[27] = self.mtc_freq;
+        b[28] = u8::from(self.time_zero_valid);
+        b[29] = backend;
+        b[30..34].copy_from_slice(&self.perf_type.to_le_bytes());
+        b[34..42].copy_from_slice(&self.perf_config.to_le_bytes());
+        b[42..50].copy_from_slice(&self.sideband_sample_type.to_le_bytes());
+        b
+    }
+
     /// Metadata for traces of this CPU captured by `backend`: CPU identity and cpuid 0x15
     /// from cpuid, the time conversion `conv` (None: not known), no PT event parameters
     /// (set `perf_type`, `perf_config`, `nom_freq`, `mtc_freq` where there is one).
@@ -208,6 +233,37 @@ pub fn cpu_has_intel_pt() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_record_layout() {
+        let m = ExtMetadata {
+            base: PtMetadata {
+                cpu_family: 6,
+                cpu_model: 0x8f,
+                cpu_stepping: 8,
+                time_shift: 10,
+                time_mult: 0x1234,
+                time_zero: 0x1122_3344_5566_7788,
+            },
+            cpuid_0x15_eax: 2,
+            cpuid_0x15_ebx: 0x9c,
+            nom_freq: 0x1f,
+            mtc_freq: 3,
+            time_zero_valid: true,
+            backend: BackendKind::Emulated,
+            perf_type: 9,
+            perf_config: 0x300e601,
+            sideband_sample_type: 0x10086,
+        };
+        let b = m.record_bytes();
+        assert_eq!(&b[..18], &m.base.to_bytes());
+        assert_eq!(&b[18..26], &[2, 0, 0, 0, 0x9c, 0, 0, 0]);
+        assert_eq!(&b[26..30], &[0x1f, 3, 1, 1]);
+        assert_eq!(&b[30..34], &9u32.to_le_bytes());
+        assert_eq!(&b[34..42], &0x300e601u64.to_le_bytes());
+        assert_eq!(&b[42..50], &0x10086u64.to_le_bytes());
+        assert_eq!(m.record_bytes_with_backend(2)[29], 2);
+    }
 
     #[test]
     fn pt_metadata_is_18_packed_bytes() {

@@ -43,6 +43,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, 
 use std::sync::{Mutex, OnceLock};
 
 use pttrace_encoder::{classify_bytes, Block, BlockEnd};
+use pttrace_format::metadata::{BackendKind, ExtMetadata, PtMetadata, METADATA_RECORD_SIZE};
+use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
 
 use feeder::Feeder;
@@ -175,16 +177,30 @@ fn guest_cmdline() -> (Vec<u8>, String) {
     (out, exe)
 }
 
-/// The 50-byte `Metadata` record of a software backend (layout in `ptt`): the CPU
-/// identity of QEMU's x86-64 model (family 6, model 0: no erratum applies), no TSC
-/// conversion, backend qemu, the sideband's sample_type.
-fn metadata_record() -> [u8; 50] {
-    let mut m = [0u8; 50];
-    m[0..2].copy_from_slice(&6u16.to_le_bytes());
-    m[29] = ptt::BACKEND_QEMU;
-    let sample_type: u64 = (1 << 1) | (1 << 2) | (1 << 7) | (1 << 16);
-    m[42..50].copy_from_slice(&sample_type.to_le_bytes());
-    m
+/// The `Metadata` record: the CPU identity of QEMU's x86-64 model as family 6 model 0 (no
+/// erratum workaround applies to software-written PT), no TSC conversion, backend qemu, the
+/// sideband's sample_type.
+fn metadata_record() -> [u8; METADATA_RECORD_SIZE] {
+    ExtMetadata {
+        base: PtMetadata {
+            cpu_family: 6,
+            cpu_model: 0,
+            cpu_stepping: 0,
+            time_shift: 0,
+            time_mult: 0,
+            time_zero: 0,
+        },
+        cpuid_0x15_eax: 0,
+        cpuid_0x15_ebx: 0,
+        nom_freq: 0,
+        mtc_freq: 0,
+        time_zero_valid: false,
+        backend: BackendKind::Emulated,
+        perf_type: 0,
+        perf_config: 0,
+        sideband_sample_type: SIDEBAND_SAMPLE_TYPE,
+    }
+    .record_bytes_with_backend(ptt::BACKEND_QEMU)
 }
 
 impl Global {
