@@ -524,6 +524,30 @@ fn a_crashing_program_keeps_its_windows_and_pttrace_reports_the_signal() {
 }
 
 #[test]
+fn a_program_closing_our_descriptors_keeps_its_files_and_its_trace() {
+    let Some(dir0) = qemu_available().then(|| tempfile::tempdir().unwrap()) else {
+        return;
+    };
+    let data = dir0.path().join("guest.txt");
+    let Some((_dir, _, out, o)) = run_case(&["closefds", data.to_str().unwrap()]) else {
+        return;
+    };
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("pttrace-qemu:"), "{}", text(&o));
+    // The program's file got the number of a trace file: it holds its line only.
+    assert_eq!(std::fs::read(&data).unwrap(), b"guest data\n");
+    let (t, threads) = decode(&out);
+    let s = ptt::summarize_thread(&t.threads[0].path).unwrap();
+    assert_eq!(s.tail, Tail::Clean);
+    assert!(
+        s.end.is_some(),
+        "End record written after the descriptors were closed"
+    );
+    assert_eq!(s.per_syscall.get(&(libc::SYS_getppid as u64)), Some(&25));
+    assert_equals_oracle(&threads);
+}
+
+#[test]
 fn errors_name_the_problem() {
     if !qemu_available() {
         return;

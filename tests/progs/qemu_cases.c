@@ -7,7 +7,11 @@
  *   threads   8 threads, thread i runs pt_loop(100 * (i + 1)) between getppid and gettid
  *   jit       RWX page: code written, called, rewritten at the same address, called again
  *   rep       10 rounds of rep movsb (100), rep stosq (50), cpuid and a getppid syscall
- *   crash     3 getppid syscalls, then a write through a null pointer (SIGSEGV) */
+ *   crash     3 getppid syscalls, then a write through a null pointer (SIGSEGV)
+ *   closefds P  closes every descriptor above 2 (as a subprocess child does), creates P
+ *             (it gets the lowest number: one the tracer used), 20 getppid, writes a line
+ *             to P, 5 getppid */
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -174,6 +178,16 @@ int main(int argc, char **argv) {
         jit_case();
     } else if (!strcmp(m, "rep")) {
         rep_case();
+    } else if (!strcmp(m, "closefds") && argc > 2) {
+        syscall(SYS_close_range, 3, ~0U, 0);
+        int fd = open(argv[2], O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        for (int i = 0; i < 20; i++)
+            syscall(SYS_getppid);
+        if (write(fd, "guest data\n", 11) != 11)
+            return 1;
+        close(fd);
+        for (int i = 0; i < 5; i++)
+            syscall(SYS_getppid);
     } else if (!strcmp(m, "crash")) {
         for (int i = 0; i < 3; i++)
             syscall(SYS_getppid);

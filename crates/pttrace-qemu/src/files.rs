@@ -1,23 +1,111 @@
 //! Writing the trace files: whole frames, appended at known offsets, so a failed write can
 //! be cut back to the last whole frame.
+//!
+//! The traced program shares our descriptor table: it may close our descriptors (a
+//! `subprocess` child closes every descriptor above 2 before its exec) and then get the
+//! same number for a file of its own, or `dup2` onto it. A [`TraceFile`] therefore checks
+//! before each write that its descriptor still is its file (device and inode) and otherwise
+//! opens the file again by path, never writing into the program's files; a descriptor
+//! that is no longer ours is never closed by us.
 
 use std::ffi::{c_int, c_void};
 use std::fs::File;
-use std::io::Write;
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::path::{Path, PathBuf};
 
 use pttrace_format::ptt::{self, RecordType};
 
-pub fn write_frame(f: &mut File, ty: RecordType, payload: &[u8]) -> std::io::Result<()> {
-    match ptt::frame_vec(ty, payload) {
-        Some(v) => f.write_all(&v),
-        None => Err(std::io::Error::other("record too large")),
+/// A file of the trace directory written by appending.
+pub struct TraceFile {
+    file: Option<File>,
+    path: PathBuf,
+    id: (u64, u64),
+    len: u64,
+}
+
+fn identity(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into the struct we pass; a bad descriptor is an error return.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    }
+}
+
+impl TraceFile {
+    /// Creates (truncates) `path`.
+    pub fn create(path: &Path) -> std::io::Result<TraceFile> {
+        let file = File::create(path)?;
+        let id = identity(file.as_raw_fd()).ok_or_else(std::io::Error::last_os_error)?;
+        Ok(TraceFile {
+            file: Some(file),
+            path: path.to_path_buf(),
+            id,
+            len: 0,
+        })
+    }
+
+    /// The descriptor, after making sure it is still this file (reopened by path if not).
+    fn checked(&mut self) -> std::io::Result<&File> {
+        let ours = self
+            .file
+            .as_ref()
+            .is_some_and(|f| identity(f.as_raw_fd()) == Some(self.id));
+        if !ours {
+            if let Some(f) = self.file.take() {
+                // The number belongs to the program now (or to nothing): never close it.
+                let _ = f.into_raw_fd();
+            }
+            let f = std::fs::OpenOptions::new().write(true).open(&self.path)?;
+            if identity(f.as_raw_fd()) != Some(self.id) {
+                return Err(std::io::Error::other(
+                    "the file was replaced on disk while being written",
+                ));
+            }
+            self.file = Some(f);
+        }
+        self.file
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("no descriptor"))
+    }
+
+    /// Appends `parts` whole; on failure the partial write is cut off again.
+    pub fn append(&mut self, parts: &[&[u8]]) -> std::io::Result<()> {
+        let at = self.len;
+        let f = self.checked()?;
+        match write_all_at(f, parts, at) {
+            Ok(n) => {
+                self.len += n;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = f.set_len(at);
+                Err(e)
+            }
+        }
+    }
+
+    /// Appends one frame of type `ty`.
+    pub fn frame(&mut self, ty: RecordType, payload: &[u8]) -> std::io::Result<()> {
+        match ptt::frame_vec(ty, payload) {
+            Some(v) => self.append(&[&v]),
+            None => Err(std::io::Error::other("record too large")),
+        }
+    }
+}
+
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        if let Some(f) = self.file.take() {
+            if identity(f.as_raw_fd()) != Some(self.id) {
+                let _ = f.into_raw_fd(); // not ours any more: leave it open
+            }
+        }
     }
 }
 
 /// Writes `parts` one after the other at `offset` (pwritev, resumed after short writes);
 /// returns the bytes written.
 pub fn write_all_at(f: &File, parts: &[&[u8]], offset: u64) -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = 0usize;
     while done < total {

@@ -36,7 +36,6 @@ mod thread;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -48,7 +47,7 @@ use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
 
 use feeder::Feeder;
-use files::write_frame;
+use files::TraceFile;
 use thread::Thread;
 
 /// The plugin API version this plugin speaks (QEMU 6.0 to 7.2).
@@ -89,7 +88,7 @@ struct Global {
     pid: AtomicI32,
     nonce: AtomicU64,
     start_tsc: AtomicU64,
-    info: Mutex<Option<File>>,
+    info: Mutex<Option<TraceFile>>,
     /// Exit code from exit_group (-1 = none seen).
     exit_code: AtomicI32,
     code_map: Mutex<BTreeMap<u64, &'static BlockInfo>>,
@@ -213,8 +212,8 @@ impl Global {
         self.nonce.store(nonce, Ordering::Relaxed);
         self.start_tsc.store(tsc, Ordering::Relaxed);
         let path = self.cfg.out.join(format!("{pid}-{nonce:08x}.info"));
-        let file = File::create(&path).and_then(|mut f| {
-            f.write_all(&ptt::encode_header(FileKind::ProcessInfo))?;
+        let file = TraceFile::create(&path).and_then(|mut f| {
+            f.append(&[&ptt::encode_header(FileKind::ProcessInfo)])?;
             let rec = ptt::ProcessRecord {
                 pid,
                 ppid,
@@ -227,20 +226,20 @@ impl Global {
                 pt_present: true,
                 pt_absent_reason: String::new(),
             };
-            write_frame(&mut f, RecordType::Process, &ptt::process_payload(&rec))?;
+            f.frame(RecordType::Process, &ptt::process_payload(&rec))?;
             let cfg = format!(
                 "PTTRACER_BACKEND=qemu\nPTTRACER_MODE=user\nPTTRACER_WINDOW=thread\nPTTRACER_OUT={}\n",
                 self.cfg.out.display()
             );
-            write_frame(&mut f, RecordType::Config, cfg.as_bytes())?;
-            write_frame(&mut f, RecordType::Metadata, &metadata_record())?;
+            f.frame(RecordType::Config, cfg.as_bytes())?;
+            f.frame(RecordType::Metadata, &metadata_record())?;
             let mut clock = [0u8; 16];
             clock[..8].copy_from_slice(&monotonic_ns().to_le_bytes());
             clock[8..].copy_from_slice(&rdtsc().to_le_bytes());
-            write_frame(&mut f, RecordType::Clock, &clock)?;
+            f.frame(RecordType::Clock, &clock)?;
             let (cmdline, exe) = guest_cmdline();
-            write_frame(&mut f, RecordType::Cmdline, &cmdline)?;
-            write_frame(&mut f, RecordType::Exe, exe.as_bytes())?;
+            f.frame(RecordType::Cmdline, &cmdline)?;
+            f.frame(RecordType::Exe, exe.as_bytes())?;
             Ok(f)
         });
         match file {
@@ -256,7 +255,7 @@ impl Global {
     fn note(&self, text: &str) {
         if let Ok(mut g) = self.info.lock() {
             if let Some(f) = g.as_mut() {
-                let _ = write_frame(f, RecordType::Note, text.as_bytes());
+                let _ = f.frame(RecordType::Note, text.as_bytes());
             }
         }
     }
@@ -267,9 +266,8 @@ impl Global {
                 let mut clock = [0u8; 16];
                 clock[..8].copy_from_slice(&monotonic_ns().to_le_bytes());
                 clock[8..].copy_from_slice(&rdtsc().to_le_bytes());
-                let _ = write_frame(&mut f, RecordType::Clock, &clock);
-                let _ = write_frame(
-                    &mut f,
+                let _ = f.frame(RecordType::Clock, &clock);
+                let _ = f.frame(
                     RecordType::ProcessEnd,
                     &ptt::process_end_payload(reason, code, 0),
                 );

@@ -3,9 +3,6 @@
 //! worker thread ([`crate::feeder`]), which runs [`run`]: encoding happens on another core
 //! while QEMU emulates.
 
-use std::fs::File;
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
@@ -15,7 +12,7 @@ use pttrace_format::code::{push_code_record, SampleId};
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
 
 use crate::feeder::{Msg, TAG_RET, TAG_SYSCALL, TAG_TSC};
-use crate::files::{write_all_at, write_frame};
+use crate::files::TraceFile;
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
@@ -30,8 +27,7 @@ pub struct Thread {
     uid: u64,
     pub tid: i32,
     pub pid: i32,
-    file: Option<File>,
-    file_len: u64,
+    file: Option<TraceFile>,
     path: PathBuf,
     enc: FlowEncoder<WinMeta>,
     /// Bit per block id: its code is in this thread's file already.
@@ -40,7 +36,8 @@ pub struct Thread {
     index: u64,
     win_tsc: u64,
     in_syscall: Option<WinMeta>,
-    oracle: Option<std::io::BufWriter<File>>,
+    /// The oracle file and its pending bytes (tests: the executed block sequence).
+    oracle: Option<(TraceFile, Vec<u8>)>,
     written: u64,
     failed: bool,
     /// PT bytes per window before a cut.
@@ -57,8 +54,8 @@ impl Thread {
         let nonce = g.nonce.load(Ordering::Relaxed);
         let path = g.cfg.out.join(format!("{pid}-{nonce:08x}-{tid}.ptt"));
         let tsc = rdtsc();
-        let file = File::create(&path).and_then(|mut f| {
-            f.write_all(&ptt::encode_header(FileKind::Thread))?;
+        let file = TraceFile::create(&path).and_then(|mut f| {
+            f.append(&[&ptt::encode_header(FileKind::Thread)])?;
             let h = ptt::ThreadHeader {
                 pid,
                 tid,
@@ -70,11 +67,7 @@ impl Thread {
                 start_tsc: g.start_tsc.load(Ordering::Relaxed),
                 pt_absent_reason: String::new(),
             };
-            write_frame(
-                &mut f,
-                RecordType::ThreadHeader,
-                &ptt::thread_header_payload(&h),
-            )?;
+            f.frame(RecordType::ThreadHeader, &ptt::thread_header_payload(&h))?;
             Ok(f)
         });
         let (file, failed) = match file {
@@ -85,22 +78,17 @@ impl Thread {
             }
         };
         let oracle = if g.cfg.oracle {
-            File::create(path.with_extension("oracle"))
+            TraceFile::create(&path.with_extension("oracle"))
                 .ok()
-                .map(|f| std::io::BufWriter::with_capacity(1 << 16, f))
+                .map(|f| (f, Vec::with_capacity(1 << 16)))
         } else {
             None
         };
-        let file_len = file
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .map_or(0, |m| m.len());
         Thread {
             uid: g.next_uid.fetch_add(1, Ordering::Relaxed),
             tid,
             pid,
             file,
-            file_len,
             path,
             enc: FlowEncoder::new(PSB_PERIOD),
             sent: Vec::new(),
@@ -171,18 +159,22 @@ impl Thread {
     #[cold]
     #[inline(never)]
     fn record_oracle(&mut self, b: &BlockInfo, first: bool) {
-        let Some(o) = self.oracle.as_mut() else {
+        let Some((f, o)) = self.oracle.as_mut() else {
             return;
         };
         if first {
-            let _ = o.write_all(&((1u64 << 63) | b.lens.len() as u64).to_le_bytes());
+            o.extend_from_slice(&((1u64 << 63) | b.lens.len() as u64).to_le_bytes());
             let mut ip = b.block.start;
             for l in b.lens.iter() {
-                let _ = o.write_all(&ip.to_le_bytes());
+                o.extend_from_slice(&ip.to_le_bytes());
                 ip += u64::from(*l);
             }
         }
-        let _ = o.write_all(&b.block.start.to_le_bytes());
+        o.extend_from_slice(&b.block.start.to_le_bytes());
+        if o.len() >= 1 << 16 {
+            let _ = f.append(&[o]);
+            o.clear();
+        }
     }
 
     /// The window's PT reached the cut size: end it between two blocks.
@@ -282,14 +274,10 @@ impl Thread {
         crc.update(&meta.sideband);
         let crc = crc.finish().to_le_bytes();
         let parts: [&[u8]; 4] = [&head, pt, &meta.sideband, &crc];
-        match write_all_at(f, &parts, self.file_len) {
-            Ok(n) => {
-                self.file_len += n;
-                self.written += 1;
-            }
+        match f.append(&parts) {
+            Ok(()) => self.written += 1,
             Err(e) => {
-                // Keep what is already written whole: cut a partial frame off.
-                let _ = f.set_len(self.file_len);
+                // `append` cut the partial frame off: what is written stays whole.
                 self.failed = true;
                 say(&format!(
                     "writing {} failed at window {}: {e}; the {} windows before it are kept, later ones are lost",
@@ -316,18 +304,13 @@ impl Thread {
         if let Some(f) = self.file.as_mut() {
             if !self.failed {
                 let payload = ptt::end_payload(reason, self.written, 0);
-                if let Some(v) = ptt::frame_vec(RecordType::End, &payload) {
-                    if f.write_all_at(&v, self.file_len).is_ok() {
-                        self.file_len += v.len() as u64;
-                    }
-                }
+                let _ = f.frame(RecordType::End, &payload);
             }
         }
         self.file = None;
-        if let Some(o) = self.oracle.as_mut() {
-            let _ = o.flush();
+        if let Some((mut f, pending)) = self.oracle.take() {
+            let _ = f.append(&[&pending]);
         }
-        self.oracle = None;
     }
 
     /// Processes one chunk of the vCPU's log (see [`crate::feeder`] for its entries).
