@@ -273,6 +273,22 @@ fn branches_indirect_calls_recursion_libc_and_syscalls_equal_what_ran() {
         465,
         "fib(12) makes 465 calls"
     );
+    // The info file names the guest's mappings: symbols of the program and of libc.
+    let (t, _) = decode(&out);
+    let syms = t.processes[0].symbols(None);
+    assert_eq!(
+        syms.lookup(symbol(&prog, "fib")).map(|(n, _)| n),
+        Some("fib")
+    );
+    let qsort = d
+        .records
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .find(|i| {
+            syms.lookup(i.pc)
+                .is_some_and(|(n, _)| n.starts_with("qsort"))
+        });
+    assert!(qsort.is_some(), "libc's qsort named in the trace");
     let cmp_calls = d.count(symbol(&prog, "cmp"));
     assert!(cmp_calls > 16, "qsort calls back: {cmp_calls}");
     let getppid = d

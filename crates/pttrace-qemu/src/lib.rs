@@ -202,6 +202,35 @@ fn metadata_record() -> [u8; METADATA_RECORD_SIZE] {
     .record_bytes_with_backend(ptt::BACKEND_QEMU)
 }
 
+/// The guest's file mappings, as `/proc/self/maps` lines, for symbols (the decoder takes
+/// the code itself from the code records). Guest memory is host memory here, mapped
+/// without execute permission (QEMU runs translated code): every file mapping counts but
+/// QEMU's own executable and its libraries (at the host's usual addresses, above
+/// 0x7000_0000_0000, or /proc/self/exe).
+fn guest_file_maps() -> String {
+    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+    let exe = exe.to_string_lossy();
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut cols = line.split_whitespace();
+        let (Some(range), Some(_perms)) = (cols.next(), cols.next()) else {
+            continue;
+        };
+        let path = cols.nth(3).unwrap_or("");
+        let start = range
+            .split('-')
+            .next()
+            .and_then(|a| u64::from_str_radix(a, 16).ok())
+            .unwrap_or(u64::MAX);
+        if path.starts_with('/') && path != exe && start < 0x7000_0000_0000 {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 impl Global {
     /// Creates this process image's info file (at start and in a fork child).
     fn open_info(&self, ppid: i32) {
@@ -263,6 +292,7 @@ impl Global {
     fn close_info(&self, reason: EndReason, code: i32) {
         if let Ok(mut g) = self.info.lock() {
             if let Some(mut f) = g.take() {
+                let _ = f.frame(RecordType::Maps, guest_file_maps().as_bytes());
                 let mut clock = [0u8; 16];
                 clock[..8].copy_from_slice(&monotonic_ns().to_le_bytes());
                 clock[8..].copy_from_slice(&rdtsc().to_le_bytes());
