@@ -216,3 +216,52 @@ fn a_signal_whose_flow_never_returns_is_an_explicit_overflow() {
     assert!(!ips.contains(&p.f.start) && !ips.contains(&p.t.start));
     assert_eq!(enc.stats().unresolved, 1);
 }
+
+#[test]
+fn a_return_into_a_signal_handler_is_an_asynchronous_entry() {
+    let p = prog();
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    let mut tsc = no_tsc();
+    // J (ret) is followed by the handler: the signal came before the return's target ran.
+    enc.block(&p.a, &mut tsc).unwrap(); // jz taken
+    enc.block(&p.t, &mut tsc).unwrap();
+    enc.block(&p.j, &mut tsc).unwrap();
+    assert_eq!(enc.block(&p.h, &mut tsc).unwrap(), Transition::Async);
+    enc.far_transfer().unwrap();
+    enc.sigreturned();
+    enc.end_window(1);
+    assert!(enc.ready().is_none());
+    // rt_sigreturn resumes at the return's target, A.
+    assert_eq!(enc.block(&p.a, &mut tsc).unwrap(), Transition::WindowStart);
+    enc.block(&p.f, &mut tsc).unwrap(); // jz not taken
+    enc.far_transfer().unwrap();
+    enc.end_window(2);
+    let (_, pt1) = enc.ready().unwrap();
+    let (_, pt2) = enc.ready().unwrap();
+    let r1 = decode(&pt1, &p);
+    let mut want: Vec<u64> = [&p.a, &p.t, &p.j, &p.h]
+        .iter()
+        .flat_map(|b| ins(&p, b))
+        .collect();
+    assert_eq!(pcs(&r1), want);
+    let events: Vec<&Record> = r1
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Record::TraceDisabled { .. } | Record::TraceEnabled { .. }
+            )
+        })
+        .collect();
+    assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.a.start));
+    assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
+    want = [&p.a, &p.f].iter().flat_map(|b| ins(&p, b)).collect();
+    assert!(pcs(&decode(&pt2, &p)).starts_with(&want));
+    // An indirect *call* to a handler's address is an ordinary call.
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    let call = Block::new(p.j.start, p.j.end, BlockEnd::IndirectCall);
+    enc.block(&call, &mut tsc).unwrap();
+    assert_eq!(enc.block(&p.h, &mut tsc).unwrap(), Transition::Flow);
+}

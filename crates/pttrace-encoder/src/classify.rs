@@ -24,6 +24,8 @@ pub enum Flow {
 pub struct Class {
     pub len: u8,
     pub flow: Flow,
+    /// A call (direct or indirect): control comes back after it by a return.
+    pub call: bool,
 }
 
 /// Classifies the instruction whose bytes start `bytes` (64-bit code at `ip`); `None` when
@@ -62,6 +64,10 @@ pub fn classify_bytes(ip: u64, bytes: &[u8]) -> Option<Class> {
     Some(Class {
         len: insn.len() as u8,
         flow,
+        call: matches!(
+            insn.flow_control(),
+            FlowControl::Call | FlowControl::IndirectCall
+        ),
     })
 }
 
@@ -88,5 +94,10 @@ mod tests {
         assert_eq!(c(&[0xa4]), Some((1, Flow::Plain)));
         assert_eq!(c(&[0x0f, 0xa2]), Some((2, Flow::Plain)));
         assert_eq!(c(&[0x0f]), None);
+        let call = |b: &[u8]| classify_bytes(0x1000, b).map(|c| c.call);
+        assert_eq!(call(&[0xff, 0xd0]), Some(true));
+        assert_eq!(call(&[0xe8, 0, 0, 0, 0]), Some(true));
+        assert_eq!(call(&[0xc3]), Some(false));
+        assert_eq!(call(&[0xff, 0xe0]), Some(false));
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Per transition from the previous block `P` into the next block `B`:
 //! - `P` ends in a conditional branch: one TNT bit (taken iff `B` starts at the target);
-//! - an indirect branch or return: TIP(`B`);
+//! - an indirect branch or return: TIP(`B`), unless `B` is a signal handler's entry (an
+//!   asynchronous entry, resolved like the conditional case below: TIP of the interrupted
+//!   block comes first when the flow returns after `rt_sigreturn`); an indirect call: TIP;
 //! - a direct jump/call or a plain end (page/size limit, an instruction the emulator ends
 //!   blocks at): nothing, `B` must start at the target / the next instruction;
 //! - a REP string instruction: `B` starting at that instruction again is the same
@@ -45,7 +47,11 @@ pub enum BlockEnd {
     Direct {
         target: u64,
     },
+    /// Indirect jump or return: TIP (a known signal handler as target is an asynchronous
+    /// entry instead, see [`FlowEncoder::set_signal_handlers`]).
     Indirect,
+    /// Indirect call: TIP.
+    IndirectCall,
     /// A REP string instruction at `ip` (the block's last instruction).
     Rep {
         ip: u64,
@@ -57,7 +63,13 @@ pub enum BlockEnd {
 impl BlockEnd {
     /// The block end for a last instruction of class `flow` at `ip`.
     pub fn from_flow(flow: Flow, ip: u64) -> BlockEnd {
+        Self::from_class(flow, false, ip)
+    }
+
+    /// The block end for a last instruction of class `flow` (`call`: it is a call) at `ip`.
+    pub fn from_class(flow: Flow, call: bool, ip: u64) -> BlockEnd {
         match flow {
+            Flow::Indirect if call => BlockEnd::IndirectCall,
             Flow::Plain => BlockEnd::Fall,
             Flow::RepString => BlockEnd::Rep { ip },
             Flow::Cond { target } => BlockEnd::Cond { target },
@@ -151,6 +163,10 @@ pub struct FlowEncoder<M> {
     stats: FlowStats,
     /// Emptied window buffers for reuse ([`Self::recycle`]).
     spare: Vec<Vec<u8>>,
+    /// Entry points of the program's signal handlers.
+    handlers: Vec<u64>,
+    /// The last window ended with rt_sigreturn.
+    after_sigreturn: bool,
 }
 
 impl<M> FlowEncoder<M> {
@@ -164,6 +180,8 @@ impl<M> FlowEncoder<M> {
             pending: None,
             stats: FlowStats::default(),
             spare: Vec::new(),
+            handlers: Vec::new(),
+            after_sigreturn: false,
         }
     }
 
@@ -205,7 +223,11 @@ impl<M> FlowEncoder<M> {
                     self.w.branch(false)?;
                     Transition::Flow
                 }
-                BlockEnd::Indirect => {
+                BlockEnd::IndirectCall => {
+                    self.w.tip(s)?;
+                    Transition::Flow
+                }
+                BlockEnd::Indirect if self.handlers.is_empty() || !self.handlers.contains(&s) => {
                     self.w.tip(s)?;
                     Transition::Flow
                 }
@@ -237,8 +259,15 @@ impl<M> FlowEncoder<M> {
         b: &Block,
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
+        let after_sigreturn = std::mem::take(&mut self.after_sigreturn);
         if let Some(p) = self.pending {
-            if b.start == p.from.end || Some(b.start) == successor(&p.from) {
+            let resumes = match p.from.kind {
+                // Any target: the first window after the handler's rt_sigreturn that does
+                // not enter a handler again.
+                BlockEnd::Indirect => after_sigreturn && !self.handlers.contains(&b.start),
+                _ => b.start == p.from.end || Some(b.start) == successor(&p.from),
+            };
+            if resumes {
                 self.resolve(Some(b.start))?;
             }
         }
@@ -267,8 +296,10 @@ impl<M> FlowEncoder<M> {
         match p.kind {
             BlockEnd::Fall => self.expect(p.end, b),
             BlockEnd::Direct { target } => self.expect(target, b),
-            BlockEnd::Cond { .. } | BlockEnd::Rep { .. } => self.defer(p, b),
-            BlockEnd::Indirect => {
+            // A jump or return into a signal handler's first block: the handler was
+            // entered between the blocks; where the jump went shows after rt_sigreturn.
+            BlockEnd::Cond { .. } | BlockEnd::Rep { .. } | BlockEnd::Indirect => self.defer(p, b),
+            BlockEnd::IndirectCall => {
                 self.w.tip(b.start)?;
                 Ok(Transition::Flow)
             }
@@ -317,8 +348,10 @@ impl<M> FlowEncoder<M> {
         let mut patch = PacketWriter::new(Vec::with_capacity(32), usize::MAX);
         match resumed {
             Some(x) => {
-                if let BlockEnd::Cond { target } = p.from.kind {
-                    patch.branch(x == target)?;
+                match p.from.kind {
+                    BlockEnd::Cond { target } => patch.branch(x == target)?,
+                    BlockEnd::Indirect => patch.tip(x)?,
+                    _ => {}
                 }
                 patch.async_disable(x)?;
                 patch.enable(p.handler, None)?;
@@ -405,6 +438,18 @@ impl<M> FlowEncoder<M> {
         Some((m, pt))
     }
 
+    /// The program's signal handler entry points (from its `rt_sigaction` calls): a jump or
+    /// return into one is a signal delivery, not a branch.
+    pub fn set_signal_handlers(&mut self, handlers: &[u64]) {
+        self.handlers.clear();
+        self.handlers.extend_from_slice(handlers);
+    }
+
+    /// The window just ended with `rt_sigreturn`: the next window resumes interrupted code.
+    pub fn sigreturned(&mut self) {
+        self.after_sigreturn = true;
+    }
+
     /// Gives a window's buffer back once its PT is written (its capacity is reused, so a
     /// long run does not regrow a buffer for every window).
     pub fn recycle(&mut self, mut pt: Vec<u8>) {
@@ -435,6 +480,7 @@ impl<M> FlowEncoder<M> {
         self.pending = None;
         self.seq = 0;
         self.stats = FlowStats::default();
+        self.after_sigreturn = false;
     }
 }
 

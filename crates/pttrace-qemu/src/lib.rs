@@ -98,6 +98,10 @@ struct Global {
     /// Bytes of the longest block translated (how far back an overlap can start).
     longest_block: AtomicU64,
     threads: Box<[AtomicPtr<Feeder>]>,
+    /// Signal handler entry per signal number (0: none), from the guest's rt_sigaction.
+    handlers: [AtomicU64; 65],
+    /// Bumped at every change of `handlers`.
+    handlers_gen: AtomicU64,
     /// Guest addresses are host addresses (checked on the first translated block).
     identity_mapped: AtomicBool,
     checked_mapping: AtomicBool,
@@ -281,6 +285,38 @@ impl Global {
         }
     }
 
+    /// Records the handler a guest `rt_sigaction(sig, act, ..)` installs (the first field of
+    /// the guest's `struct sigaction`; 0 and 1 are SIG_DFL and SIG_IGN).
+    fn note_sigaction(&self, sig: u64, act: u64) {
+        if !self.identity_mapped.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut h = [0u8; 8];
+        if exec::read_memory(act, &mut h) != 8 {
+            return;
+        }
+        let h = u64::from_le_bytes(h);
+        if let Some(slot) = self.handlers.get(sig as usize) {
+            let h = if h > 1 { h } else { 0 };
+            if slot.swap(h, Ordering::Relaxed) != h {
+                self.handlers_gen.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// The installed handlers' entry points.
+    fn signal_handlers(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .handlers
+            .iter()
+            .map(|h| h.load(Ordering::Relaxed))
+            .filter(|&h| h != 0)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     fn note(&self, text: &str) {
         if let Ok(mut g) = self.info.lock() {
             if let Some(f) = g.as_mut() {
@@ -380,7 +416,7 @@ fn translate(tb: *mut api::Tb) {
     while let Some(&(ip, bytes)) = insns.last() {
         match classify_bytes(ip, bytes) {
             Some(c) if usize::from(c.len) == bytes.len() => {
-                kind = BlockEnd::from_flow(c.flow, ip);
+                kind = BlockEnd::from_class(c.flow, c.call, ip);
                 break;
             }
             _ if insns.len() > 1 => {
@@ -485,6 +521,7 @@ extern "C" fn on_syscall(
             libc::SYS_exit_group => {
                 g.exit_code.store(a1 as i32, Ordering::Relaxed);
             }
+            libc::SYS_rt_sigaction if a2 != 0 => g.note_sigaction(a1, a2),
             libc::SYS_execve | libc::SYS_execveat => exec::follow(g, f, num, [a1, a2, a3, a4, a5]),
             _ => {}
         }
@@ -655,6 +692,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
             threads: (0..MAX_VCPUS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
+            handlers: [const { AtomicU64::new(0) }; 65],
+            handlers_gen: AtomicU64::new(0),
             identity_mapped: AtomicBool::new(false),
             checked_mapping: AtomicBool::new(false),
         };

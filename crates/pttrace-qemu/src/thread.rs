@@ -44,6 +44,8 @@ pub struct Thread {
     cut: usize,
     /// Latest TSC the vCPU reported (timestamps of packets written now).
     last_tsc: u64,
+    /// `Global::handlers_gen` last copied into the encoder.
+    handlers_gen: u64,
 }
 
 impl Thread {
@@ -97,6 +99,7 @@ impl Thread {
             win_tsc: tsc,
             last_tsc: tsc,
             cut: g.cfg.cut,
+            handlers_gen: 0,
             in_syscall: None,
             oracle,
             written: 0,
@@ -130,6 +133,9 @@ impl Thread {
         if let Some(mut meta) = self.in_syscall.take() {
             // The syscall did not return through QEMU's syscall-return hook.
             meta.w.flags |= ptt::WF_NO_RETURN;
+            if meta.w.nr == libc::SYS_rt_sigreturn as u64 {
+                self.enc.sigreturned();
+            }
             self.enc.end_window(meta);
             self.drain();
         }
@@ -315,6 +321,13 @@ impl Thread {
 
     /// Processes one chunk of the vCPU's log (see [`crate::feeder`] for its entries).
     fn consume(&mut self, words: &[u64]) {
+        if let Some(g) = crate::global() {
+            let gen = g.handlers_gen.load(Ordering::Acquire);
+            if gen != self.handlers_gen {
+                self.handlers_gen = gen;
+                self.enc.set_signal_handlers(&g.signal_handlers());
+            }
+        }
         let mut i = 0;
         while let Some(&w) = words.get(i) {
             if w & 7 == 0 {
@@ -406,6 +419,7 @@ impl Thread {
         meta.w.ret = ret;
         if ret == QEMU_ESIGRETURN {
             meta.w.flags |= ptt::WF_NO_RETURN;
+            self.enc.sigreturned();
         }
         self.enc.end_window(meta);
         self.drain();
