@@ -379,7 +379,12 @@ impl Symbols {
     /// Parses `/proc/kallsyms` text (`ADDR TYPE NAME [module]`); text symbols only.
     pub fn add_kallsyms(&mut self, path: &Path, text: &str) -> Result<usize, DecodeError> {
         let mut n = 0;
-        for (lineno, line) in text.lines().enumerate() {
+        // Byte offset of each line in the file (the error's offset), line number in the text.
+        let mut offset = 0u64;
+        for (lineno, raw) in text.split_inclusive('\n').enumerate() {
+            let at = offset;
+            offset += raw.len() as u64;
+            let line = raw.trim_end_matches(['\n', '\r']);
             let mut it = line.split_whitespace();
             let (Some(addr), Some(ty), Some(name)) = (it.next(), it.next(), it.next()) else {
                 if line.trim().is_empty() {
@@ -387,14 +392,14 @@ impl Symbols {
                 }
                 return Err(DecodeError::new(
                     path.display(),
-                    lineno as u64 + 1,
+                    at,
                     format!("kallsyms line {}: expected 'ADDR TYPE NAME'", lineno + 1),
                 ));
             };
             let addr = u64::from_str_radix(addr, 16).map_err(|_| {
                 DecodeError::new(
                     path.display(),
-                    lineno as u64 + 1,
+                    at,
                     format!("kallsyms line {}: bad address '{addr}'", lineno + 1),
                 )
             })?;
@@ -520,6 +525,17 @@ mod tests {
         assert_eq!(a.read(999, &mut b), 0);
         a.clear();
         assert!(a.is_empty());
+    }
+
+    #[test]
+    fn kallsyms_errors_name_the_byte_offset_and_the_line() {
+        let mut s = Symbols::new();
+        let text = "ffffffff81000000 T _stext\nffffffff81000100 t foo\nzzzz T bad\n";
+        let e = s
+            .add_kallsyms(Path::new("k"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("offset 0x31") && e.contains("line 3"), "{e}");
     }
 
     #[test]

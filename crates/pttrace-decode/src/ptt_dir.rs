@@ -198,6 +198,9 @@ pub fn is_ptt_input(path: &Path) -> bool {
 /// Opens a shim output directory, or one `.ptt` thread file (its info file is looked up
 /// beside it).
 pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
+    if let Err(e) = std::fs::metadata(path) {
+        return Err(err(path, 0, format!("cannot open: {e}")));
+    }
     let (dir, only) = if path.is_dir() {
         (path.to_path_buf(), None)
     } else {

@@ -107,8 +107,8 @@ pub struct DecodeArgs {
     #[arg(long, value_enum, default_value = "intel")]
     syntax: Syntax,
     /// Decode PSB segments on this many threads (output identical to 1 thread).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {
@@ -568,7 +568,7 @@ pub fn run(args: Args) -> CmdResult {
                     &events,
                     &spec.resolver(),
                     &opts,
-                    args.threads,
+                    usize::from(args.threads),
                 )?;
                 for r in chunks.iter().flat_map(|c| c.iter()) {
                     printer.record(r)?;

@@ -215,23 +215,14 @@ fn run_qemu(args: &Args) -> CmdResult {
     let plugin = plugin
         .canonicalize()
         .map_err(|e| format!("{}: {e}", plugin.display()))?;
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let out = args
-        .out
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let out = writable_out_dir(&args.out)?;
     let prog = args.cmd.first().cloned().unwrap_or_default();
     let mut cmd = qemu::command(&qemu, &plugin, &out, &args.cmd, args.qemu_oracle)?;
     let status = cmd
         .status()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
     println!("{prog}: {status} (traced under {})", qemu.display());
-    let has_info = std::fs::read_dir(&out).is_ok_and(|rd| {
-        rd.flatten()
-            .any(|e| e.path().extension().is_some_and(|x| x == "info"))
-    });
-    if !has_info {
+    if !has_info_file(&out) {
         return Err(format!(
             "{} wrote no trace into {}: QEMU did not load the plugin {} (see its message \
              above)",
@@ -260,9 +251,8 @@ pub fn run(args: Args) -> CmdResult {
     let lib = lib
         .canonicalize()
         .map_err(|e| format!("{}: {e}", lib.display()))?;
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let out = args.out.canonicalize()?;
+    check_preload_library(&lib)?;
+    let out = writable_out_dir(&args.out)?;
     let (prog, rest) = args
         .cmd
         .split_first()
@@ -278,7 +268,59 @@ pub fn run(args: Args) -> CmdResult {
         .status()
         .map_err(|e| format!("cannot run {prog}: {e}"))?;
     println!("{prog}: {status}");
+    if !has_info_file(&out) {
+        return Err(format!(
+            "{prog} wrote no trace into {}: the preload library {} did not start in it (a \
+             statically linked program ignores LD_PRELOAD; see any message above)",
+            out.display(),
+            lib.display()
+        )
+        .into());
+    }
     let summary = super::report::print_summary(&out, args.per_syscall)?;
     print_decode_hint(&out, &summary);
     mirror_status(prog, status)
+}
+
+/// The preload library must be an x86-64 ELF shared object (the dynamic loader would only
+/// warn and run the program untraced).
+fn check_preload_library(lib: &Path) -> Result<(), String> {
+    use std::io::Read;
+    let mut head = [0u8; 20];
+    let n = std::fs::File::open(lib)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|e| format!("--lib {}: {e}", lib.display()))?;
+    let ok = n == 20
+        && head.starts_with(b"\x7fELF")
+        && head[4] == 2
+        && u16::from_le_bytes([head[16], head[17]]) == 3 // ET_DYN
+        && u16::from_le_bytes([head[18], head[19]]) == 62; // EM_X86_64
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "--lib {}: not an x86-64 ELF shared object (expected libdrpttracer.so)",
+            lib.display()
+        ))
+    }
+}
+
+/// Creates `out` and checks that files can be created in it; its canonical path.
+fn writable_out_dir(out: &Path) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let out = out
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    let probe = out.join(format!(".pttrace-write-test-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .map_err(|e| format!("cannot write into {}: {e}", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(out)
+}
+
+fn has_info_file(out: &Path) -> bool {
+    std::fs::read_dir(out).is_ok_and(|rd| {
+        rd.flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "info"))
+    })
 }

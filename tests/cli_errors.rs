@@ -1,0 +1,95 @@
+//! Errors that must name their cause (issue 13, point 4): each command fails with a message
+//! that says what is wrong with which file or option, and exits non-zero.
+
+mod shim_util;
+
+use std::process::{Command, Output};
+
+use shim_util::{compile_with, lib_path, pttrace};
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn fails_with(args: &[&str], want: &str) {
+    let o = Command::new(pttrace()).args(args).output().unwrap();
+    assert!(!o.status.success(), "{args:?} succeeded: {}", text(&o));
+    assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+}
+
+#[test]
+fn decode_of_a_missing_file_says_so() {
+    fails_with(
+        &["decode", "/nonexistent/trace.ptt"],
+        "/nonexistent/trace.ptt: offset 0x0: cannot open: No such file or directory",
+    );
+}
+
+#[test]
+fn zero_decode_threads_are_refused() {
+    fails_with(
+        &["decode", "/nonexistent", "--threads", "0"],
+        "invalid value '0' for '--threads",
+    );
+}
+
+#[test]
+fn run_refuses_a_preload_library_that_is_not_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("fake.so");
+    std::fs::write(&fake, b"not an ELF file").unwrap();
+    let out = dir.path().join("out");
+    fails_with(
+        &[
+            "run",
+            "--lib",
+            fake.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "/bin/true",
+        ],
+        "not an x86-64 ELF shared object",
+    );
+}
+
+#[test]
+fn run_refuses_an_output_directory_it_cannot_write() {
+    // /proc/self exists, and nobody (root included) can create files in it.
+    fails_with(
+        &["run", "--out", "/proc/self", "--", "/bin/true"],
+        "cannot write into /proc/",
+    );
+}
+
+#[test]
+fn run_says_when_the_program_wrote_no_trace() {
+    // A statically linked program ignores LD_PRELOAD: nothing traced must not look fine.
+    let dir = tempfile::tempdir().unwrap();
+    let prog = compile_with("qemu_cases", dir.path(), "static", &["-static"]);
+    let out = dir.path().join("out");
+    fails_with(
+        &[
+            "run",
+            "--backend",
+            "emulated",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--lib",
+            lib_path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            prog.to_str().unwrap(),
+            "loop",
+            "10",
+        ],
+        "wrote no trace into",
+    );
+}
