@@ -1,5 +1,6 @@
 //! Errors that must name their cause (issue 13, point 4): each command fails with a message
-//! that says what is wrong with which file or option, and exits non-zero.
+//! that says what is wrong with which file or option, and exits non-zero. And text from
+//! input files never reaches the terminal raw (point 5).
 
 mod shim_util;
 
@@ -92,4 +93,36 @@ fn run_says_when_the_program_wrote_no_trace() {
         ],
         "wrote no trace into",
     );
+}
+
+#[test]
+fn text_from_trace_files_is_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let evil = "\u{1b}[31mred\u{1b}]0;title\u{7}";
+    let o = Command::new(pttrace())
+        .args(["run", "--lib", lib_path().to_str().unwrap(), "--out"])
+        .arg(&out)
+        .args(["--", "/bin/echo", evil])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for args in [vec!["report"], vec!["decode", "--format", "summary"]] {
+        let o = Command::new(pttrace())
+            .args(&args)
+            .arg(&out)
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert!(
+            !t.contains('\u{1b}') && !t.contains('\u{7}'),
+            "{args:?}: raw escape in {t:?}"
+        );
+        if args[0] == "report" {
+            assert!(
+                t.contains("/bin/echo \\x1b[31mred\\x1b]0;title\\x07"),
+                "{t}"
+            );
+        }
+    }
 }

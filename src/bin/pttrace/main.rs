@@ -6,6 +6,7 @@ mod dump;
 mod qemu;
 mod report;
 mod run;
+mod text;
 
 use clap::{Parser, Subcommand};
 

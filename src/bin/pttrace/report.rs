@@ -1,5 +1,6 @@
 //! `pttrace report DIR`: summarizes a trace directory written by the shim.
 
+use super::text::printable;
 use crate::CmdResult;
 use drpttracer::format::ptt::{self, ProcessSummary, Tail, ThreadSummary};
 use drpttracer::shim::sysnames;
@@ -150,7 +151,7 @@ fn end_text(end: Option<(u32, u64, u64)>) -> String {
 /// Prints the summary; returns it for callers that add to it.
 pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String> {
     let s = summarize_dir(dir)?;
-    println!("trace directory: {}", dir.display());
+    println!("trace directory: {}", printable(&dir.display().to_string()));
     let mut keys: Vec<_> = s
         .processes
         .keys()
@@ -167,25 +168,25 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 let ppid = p.process.as_ref().map_or(0, |r| r.ppid);
                 println!(
                     "process {pid} (image {nonce}, parent {ppid}): {}",
-                    if p.cmdline.is_empty() {
+                    printable(&if p.cmdline.is_empty() {
                         p.exe.clone()
                     } else {
                         p.cmdline.join(" ")
-                    }
+                    })
                 );
                 if let Some(r) = &p.process {
                     let b = ptt::backend_name(r.backend).to_string();
                     *backends.entry(b.clone()).or_default() += 1;
                     println!(
                         "  exe {}, mode {}, window {}, backend {b}, {} mappings, vDSO {} bytes",
-                        p.exe,
+                        printable(&p.exe),
                         ptt::mode_name(r.mode),
                         ptt::window_name(r.window),
                         p.maps_lines,
                         p.vdso_bytes
                     );
                     if !r.pt_present {
-                        println!("  PT absent: {}", r.pt_absent_reason);
+                        println!("  PT absent: {}", printable(&r.pt_absent_reason));
                     }
                 }
                 match p.end {
@@ -201,7 +202,7 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                     None => println!("  ended: no ProcessEnd record (killed or still running)"),
                 }
                 for n in &p.notes {
-                    println!("  note: {n}");
+                    println!("  note: {}", printable(n));
                 }
                 if let Some(t) = tail_text(&p.tail) {
                     println!("  info file {t}");
@@ -229,7 +230,7 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 end_text(t.end)
             );
             if let Some(tt) = tail_text(&t.tail) {
-                println!("    {}: {tt}", t.file);
+                println!("    {}: {tt}", printable(&t.file));
             }
             if per_syscall {
                 for (nr, n) in &t.per_syscall {

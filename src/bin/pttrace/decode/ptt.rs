@@ -52,8 +52,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     "thread {}/{} ({}): {}",
                     h.pid,
                     h.tid,
-                    th.path.display(),
-                    cmd
+                    crate::text::printable(&th.path.display().to_string()),
+                    crate::text::printable(&cmd)
                 )?,
             }
             let (mut t_insns, mut t_gaps) = (0u64, 0u64);
