@@ -101,6 +101,18 @@ fn pcs(recs: &[Record]) -> Vec<u64> {
         .collect()
 }
 
+/// The tracing-disabled and -enabled records, in order.
+fn on_off(recs: &[Record]) -> Vec<&Record> {
+    recs.iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Record::TraceDisabled { .. } | Record::TraceEnabled { .. }
+            )
+        })
+        .collect()
+}
+
 fn ins(p: &Prog, b: &Block) -> Vec<u64> {
     p.ips
         .iter()
@@ -172,15 +184,7 @@ fn a_signal_after_a_conditional_branch_is_filled_in_when_the_flow_returns() {
     want.extend(ins(&p, &p.h));
     assert_eq!(pcs(&r1), want);
     // The explicit asynchronous event: disabled at F (the jz's fall-through), enabled in H.
-    let events: Vec<&Record> = r1
-        .iter()
-        .filter(|r| {
-            matches!(
-                r,
-                Record::TraceDisabled { .. } | Record::TraceEnabled { .. }
-            )
-        })
-        .collect();
+    let events = on_off(&r1);
     assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.f.start));
     assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
     let mut want2 = ins(&p, &p.f);
@@ -245,15 +249,7 @@ fn a_return_into_a_signal_handler_is_an_asynchronous_entry() {
         .flat_map(|b| ins(&p, b))
         .collect();
     assert_eq!(pcs(&r1), want);
-    let events: Vec<&Record> = r1
-        .iter()
-        .filter(|r| {
-            matches!(
-                r,
-                Record::TraceDisabled { .. } | Record::TraceEnabled { .. }
-            )
-        })
-        .collect();
+    let events = on_off(&r1);
     assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.a.start));
     assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
     want = [&p.a, &p.f].iter().flat_map(|b| ins(&p, b)).collect();

@@ -3,5 +3,6 @@
 
 pub use pttrace_format::auxtrace;
 pub use pttrace_format::code;
+pub use pttrace_format::launch;
 pub use pttrace_format::pdb;
 pub use pttrace_format::ptt;

@@ -464,24 +464,6 @@ impl<M> FlowEncoder<M> {
     pub fn finish(&mut self) {
         let _ = self.resolve(None);
     }
-
-    /// Metadata of the most recently ended window that is still held.
-    pub fn last_ended_mut(&mut self) -> Option<&mut M> {
-        self.held.back_mut().map(|(_, m, _)| m)
-    }
-
-    /// Drops everything (a forked child discards its copy of the parent's state).
-    pub fn reset(&mut self) {
-        self.w.sink_mut().clear();
-        self.w.restart();
-        self.prev = None;
-        self.held.clear();
-        self.held_bytes = 0;
-        self.pending = None;
-        self.seq = 0;
-        self.stats = FlowStats::default();
-        self.after_sigreturn = false;
-    }
 }
 
 /// The taken successor of a block ending in a branch with a known target.

@@ -164,10 +164,6 @@ impl<S: Sink> PacketWriter<S> {
     pub fn is_empty(&self) -> bool {
         self.sink.is_empty()
     }
-    /// Branch bits not yet written.
-    pub fn pending_tnt(&self) -> u8 {
-        self.tnt_bits
-    }
 
     /// A PSB+ is due (`psb_period` bytes since the last one).
     #[inline]

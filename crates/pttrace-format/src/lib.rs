@@ -6,10 +6,12 @@
 //! - [`perf_record`]: perf sideband records (parse/encode), [`maps`]: `/proc/<pid>/maps`;
 //! - [`metadata`]: `pt_metadata_t` and the extended metadata, CPU identity, time conversion;
 //! - [`pdb`]: DynamoRIO's `kernel.raw` PT Data Buffers; [`auxtrace`]: perf's AUXTRACE;
-//! - [`sysnames`]: x86-64 syscall names.
+//! - [`sysnames`]: x86-64 syscall names;
+//! - [`launch`]: the QEMU command line shared by `pttrace run` and the QEMU plugin.
 
 pub mod auxtrace;
 pub mod code;
+pub mod launch;
 pub mod maps;
 pub mod metadata;
 pub mod pdb;

@@ -383,26 +383,54 @@ pub fn encode_frame(
     Some(plen + FRAME_OVERHEAD)
 }
 
-/// Encodes the fixed part of a window followed by its PT and sideband bytes.
-pub fn encode_window(out: &mut [u8], w: &Window, pt: &[u8], sideband: &[u8]) -> Option<usize> {
+/// Bytes of a `Window` frame before its PT: the frame header and the fixed fields.
+pub const WINDOW_HEAD_SIZE: usize = 8 + WINDOW_FIXED_SIZE;
+
+/// The parts of a `Window` frame around its PT and sideband: the frame header with the
+/// fixed fields, and the CRC (for writers that write the PT in place, vectored); `None`
+/// when a length does not fit its field. Never allocates.
+pub fn window_frame_parts(
+    w: &Window,
+    pt: &[u8],
+    sideband: &[u8],
+) -> Option<([u8; WINDOW_HEAD_SIZE], [u8; 4])> {
     let pt_len = u32::try_from(pt.len()).ok()?;
     let sb_len = u32::try_from(sideband.len()).ok()?;
-    encode_frame(out, RecordType::Window, |c| {
-        c.u64(w.index);
-        c.u64(w.nr);
-        for a in w.args {
-            c.u64(a);
-        }
-        c.i64(w.ret);
-        c.u64(w.tsc_start);
-        c.u64(w.tsc_end);
-        c.u32(w.flags);
-        c.u32(w.depth);
-        c.u32(pt_len);
-        c.u32(sb_len);
-        c.bytes(pt);
-        c.bytes(sideband);
-    })
+    let plen = u32::try_from(WINDOW_FIXED_SIZE + pt.len() + sideband.len()).ok()?;
+    let mut head = [0u8; WINDOW_HEAD_SIZE];
+    let mut c = Cursor::new(&mut head);
+    c.u32(plen);
+    c.u16(RecordType::Window as u16);
+    c.u16(0);
+    c.u64(w.index);
+    c.u64(w.nr);
+    for a in w.args {
+        c.u64(a);
+    }
+    c.i64(w.ret);
+    c.u64(w.tsc_start);
+    c.u64(w.tsc_end);
+    c.u32(w.flags);
+    c.u32(w.depth);
+    c.u32(pt_len);
+    c.u32(sb_len);
+    let mut crc = Crc32::new();
+    crc.update(&head);
+    crc.update(pt);
+    crc.update(sideband);
+    Some((head, crc.finish().to_le_bytes()))
+}
+
+/// Encodes the fixed part of a window followed by its PT and sideband bytes.
+pub fn encode_window(out: &mut [u8], w: &Window, pt: &[u8], sideband: &[u8]) -> Option<usize> {
+    let (head, crc) = window_frame_parts(w, pt, sideband)?;
+    let n = WINDOW_HEAD_SIZE + pt.len() + sideband.len() + 4;
+    let mut c = Cursor::new(out.get_mut(..n)?);
+    c.bytes(&head);
+    c.bytes(pt);
+    c.bytes(sideband);
+    c.bytes(&crc);
+    Some(n)
 }
 
 /// A whole frame of type `ty` around `payload` (for writers that are not in a signal
@@ -527,6 +555,45 @@ fn le_u64(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// What comes at a frame boundary.
+enum NextFrame {
+    /// A frame whose payload has this length (its bytes are all there).
+    Frame(usize),
+    /// The frame sequence ends here, cleanly or not.
+    End(Tail),
+}
+
+/// The verdict at offset `off` with `rest` bytes left in the file: `read_len` gives the
+/// frame's length field (called only when a whole frame header is there). One rule for the
+/// in-memory and the streaming readers.
+fn next_frame<E>(
+    off: usize,
+    rest: usize,
+    read_len: impl FnOnce() -> Result<u32, E>,
+) -> Result<NextFrame, E> {
+    if rest == 0 {
+        return Ok(NextFrame::End(Tail::Clean));
+    }
+    let truncated = Tail::Truncated {
+        offset: off,
+        bytes: rest,
+    };
+    if rest < FRAME_OVERHEAD {
+        return Ok(NextFrame::End(truncated));
+    }
+    let len = read_len()? as usize;
+    if len > MAX_PAYLOAD {
+        return Ok(NextFrame::End(Tail::Corrupt {
+            offset: off,
+            bytes: rest,
+        }));
+    }
+    if rest < len + FRAME_OVERHEAD {
+        return Ok(NextFrame::End(truncated));
+    }
+    Ok(NextFrame::Frame(len))
+}
+
 /// Splits `data` (a whole file; `name` is used in messages) into frames.
 pub fn parse<'a>(name: &str, data: &'a [u8]) -> Result<ParsedFile<'a>, FormatError> {
     if data.len() < HEADER_SIZE {
@@ -548,28 +615,13 @@ pub fn parse<'a>(name: &str, data: &'a [u8]) -> Result<ParsedFile<'a>, FormatErr
     let mut off = HEADER_SIZE;
     let tail = loop {
         let rest = data.len() - off;
-        if rest == 0 {
-            break Tail::Clean;
-        }
-        if rest < FRAME_OVERHEAD {
-            break Tail::Truncated {
-                offset: off,
-                bytes: rest,
-            };
-        }
-        let len = le_u32(data, off).unwrap_or(u32::MAX) as usize;
-        if len > MAX_PAYLOAD {
-            break Tail::Corrupt {
-                offset: off,
-                bytes: rest,
-            };
-        }
-        if rest < len + FRAME_OVERHEAD {
-            break Tail::Truncated {
-                offset: off,
-                bytes: rest,
-            };
-        }
+        let len = match next_frame(off, rest, || {
+            Ok::<_, std::convert::Infallible>(le_u32(data, off).unwrap_or(u32::MAX))
+        }) {
+            Ok(NextFrame::Frame(len)) => len,
+            Ok(NextFrame::End(tail)) => break tail,
+            Err(never) => match never {},
+        };
         let stored = le_u32(data, off + 8 + len).unwrap_or(0);
         if crc32(&data[off..off + 8 + len]) != stored {
             break Tail::Corrupt {
@@ -833,30 +885,16 @@ pub fn stream_frames(
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let rest = size.saturating_sub(off);
-        if rest == 0 {
-            return Ok(Tail::Clean);
-        }
-        if rest < FRAME_OVERHEAD {
-            return Ok(Tail::Truncated {
-                offset: off,
-                bytes: rest,
-            });
-        }
         let mut fh = [0u8; 8];
-        r.read_exact(&mut fh).map_err(|e| io(e, off))?;
-        let len = le_u32(&fh, 0).unwrap_or(u32::MAX) as usize;
-        if len > MAX_PAYLOAD {
-            return Ok(Tail::Corrupt {
-                offset: off,
-                bytes: rest,
-            });
-        }
-        if rest < len + FRAME_OVERHEAD {
-            return Ok(Tail::Truncated {
-                offset: off,
-                bytes: rest,
-            });
-        }
+        let len = match next_frame(off, rest, || {
+            r.read_exact(&mut fh)
+                .map(|()| le_u32(&fh, 0).unwrap_or(u32::MAX))
+        })
+        .map_err(|e| io(e, off))?
+        {
+            NextFrame::Frame(len) => len,
+            NextFrame::End(tail) => return Ok(tail),
+        };
         buf.resize(len + 4, 0);
         r.read_exact(&mut buf).map_err(|e| io(e, off))?;
         let stored = le_u32(&buf, len).unwrap_or(0);

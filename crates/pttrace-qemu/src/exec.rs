@@ -2,8 +2,8 @@
 //! host kernel would run it natively. At the syscall's entry the plugin reads the guest's
 //! path, argv and envp (in user mode on an x86-64 host, guest addresses are host
 //! addresses; checked on the first translated block), flushes this process image's files
-//! and itself `execve`s `qemu-x86_64 -plugin <this plugin> ... -0 argv0 prog args`, so the
-//! new image is traced with a new info file. `#!` scripts run their interpreter that way.
+//! and itself `execve`s QEMU with this plugin as [`pttrace_format::launch`] describes, so
+//! the new image is traced with a new info file. `#!` scripts run their interpreter that way.
 //! Images that cannot be followed (another architecture or format, `execveat` with a
 //! directory descriptor, no QEMU path given) are named in a `Note` of the info file and
 //! run natively, untraced. Variables that would change how the host loads QEMU itself
@@ -13,6 +13,9 @@
 use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
 
+use std::os::unix::ffi::OsStrExt;
+
+use pttrace_format::launch;
 use pttrace_format::ptt::EndReason;
 
 use crate::feeder::Feeder;
@@ -82,57 +85,12 @@ fn read_strings(addr: u64) -> Option<Vec<Vec<u8>>> {
     None
 }
 
-/// What the first bytes of an executable say.
-enum Kind {
-    X86_64Elf,
-    Script {
-        interp: Vec<u8>,
-        arg: Option<Vec<u8>>,
-    },
-    Other(String),
-}
-
-fn kind_of(path: &[u8]) -> Option<Kind> {
-    use std::io::Read;
+/// An existing regular file with an execute bit (otherwise the guest's own execve fails
+/// by itself, with the right error).
+fn executable(path: &[u8]) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let p = std::path::Path::new(std::ffi::OsStr::from_bytes(path));
-    let meta = std::fs::metadata(p).ok()?;
-    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return None;
-    }
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(p).ok()?.read(&mut head).ok()?;
-    let head = &head[..n];
-    if head.starts_with(b"\x7fELF") {
-        let class = head.get(4).copied();
-        let machine = head.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]]));
-        return Some(match (class, machine) {
-            (Some(2), Some(62)) => Kind::X86_64Elf,
-            (c, m) => Kind::Other(format!(
-                "ELF class {} machine {} is not x86-64",
-                c.unwrap_or(0),
-                m.unwrap_or(0)
-            )),
-        });
-    }
-    if let Some(rest) = head.strip_prefix(b"#!") {
-        let line = rest.split(|b| *b == b'\n').next().unwrap_or(&[]);
-        let line = line.trim_ascii();
-        let (interp, arg) = match line.iter().position(|b| *b == b' ' || *b == b'\t') {
-            Some(i) => (&line[..i], Some(line[i..].trim_ascii().to_vec())),
-            None => (line, None),
-        };
-        return Some(Kind::Script {
-            interp: interp.to_vec(),
-            arg: arg.filter(|a| !a.is_empty()),
-        });
-    }
-    Some(Kind::Other("not an ELF file or #! script".into()))
-}
-
-/// Doubles commas: QEMU's option syntax for a value inside `-plugin`.
-fn opt_escape(v: &str) -> String {
-    v.replace(',', ",,")
+    std::fs::metadata(std::ffi::OsStr::from_bytes(path))
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Called at the entry of execve (`a` = path, argv, envp) or execveat (dirfd, path, argv,
@@ -167,70 +125,27 @@ pub fn follow(g: &Global, t: &mut Feeder, num: i64, a: [u64; 5]) {
         not_traced("the plugin was given no qemu= and self= paths");
         return;
     };
-    let Some(kind) = kind_of(&path_bytes) else {
-        return; // missing or not executable: the guest's execve fails by itself
-    };
+    if !executable(&path_bytes) {
+        return;
+    }
     let (Some(args), Some(env)) = (read_strings(argv), read_strings(envp)) else {
         return;
     };
-    let argv0 = args.first().cloned().unwrap_or_else(|| path_bytes.clone());
-    let (prog, argv0, rest): (Vec<u8>, Vec<u8>, Vec<Vec<u8>>) = match kind {
-        Kind::X86_64Elf => (
-            path_bytes.clone(),
-            argv0,
-            args.into_iter().skip(1).collect(),
-        ),
-        Kind::Script { interp, arg } => {
-            match kind_of(&interp) {
-                Some(Kind::X86_64Elf) => {}
-                _ => {
-                    not_traced(&format!(
-                        "its interpreter {} is not an x86-64 program",
-                        String::from_utf8_lossy(&interp)
-                    ));
-                    return;
-                }
-            }
-            let mut rest = Vec::new();
-            rest.extend(arg);
-            rest.push(path_bytes.clone());
-            rest.extend(args.into_iter().skip(1));
-            (interp.clone(), interp, rest)
-        }
-        Kind::Other(why) => {
+    let run = match launch::resolve(&path_bytes, &args) {
+        Ok(r) => r,
+        Err(why) => {
             not_traced(&why);
             return;
         }
     };
-    let mut spec = format!(
-        "file={},out={},qemu={},self={}",
-        opt_escape(&this),
-        opt_escape(&g.cfg.out.display().to_string()),
-        opt_escape(&qemu),
-        opt_escape(&this)
-    );
-    if g.cfg.oracle {
-        spec.push_str(",oracle=on");
+    let (new_argv, host_env) = launch::Plugin {
+        plugin: this.as_bytes(),
+        out: g.cfg.out.as_os_str().as_bytes(),
+        qemu: qemu.as_bytes(),
+        oracle: g.cfg.oracle,
+        cut: Some(g.cfg.cut),
     }
-    spec.push_str(&format!(",cut={}", g.cfg.cut));
-    let mut new_argv: Vec<Vec<u8>> = vec![
-        qemu.clone().into_bytes(),
-        b"-plugin".to_vec(),
-        spec.into_bytes(),
-    ];
-    let mut host_env = Vec::new();
-    for e in env {
-        if e.starts_with(b"LD_") {
-            new_argv.push(b"-E".to_vec());
-            new_argv.push(e);
-        } else {
-            host_env.push(e);
-        }
-    }
-    new_argv.push(b"-0".to_vec());
-    new_argv.push(argv0);
-    new_argv.push(prog);
-    new_argv.extend(rest);
+    .command(env, run);
     let to_c = |v: Vec<Vec<u8>>| -> Option<Vec<CString>> {
         v.into_iter().map(|s| CString::new(s).ok()).collect()
     };

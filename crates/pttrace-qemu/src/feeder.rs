@@ -166,14 +166,7 @@ impl Feeder {
 
     /// Waits until the worker has processed everything logged so far.
     pub fn sync(&mut self) {
-        self.flush();
-        if self.dead {
-            return;
-        }
-        let (ack_tx, ack) = mpsc::sync_channel(1);
-        if self.tx.send(Msg::Sync(ack_tx)).is_ok() {
-            let _ = ack.recv();
-        }
+        self.request(Msg::Sync);
     }
 
     /// Ends the thread's files (`reason`) once everything logged is encoded; waits for it.
@@ -182,12 +175,17 @@ impl Feeder {
             return;
         }
         self.finished = true;
+        self.request(|ack| Msg::Finish(reason, ack));
+    }
+
+    /// Hands over the log, sends the message `make` builds and waits for its answer.
+    fn request(&mut self, make: impl FnOnce(SyncSender<()>) -> Msg) {
         self.flush();
         if self.dead {
             return;
         }
         let (ack_tx, ack) = mpsc::sync_channel(1);
-        if self.tx.send(Msg::Finish(reason, ack_tx)).is_ok() {
+        if self.tx.send(make(ack_tx)).is_ok() {
             let _ = ack.recv();
         }
     }

@@ -6,9 +6,10 @@
 //! How: at translation time each block's instructions are copied (address, bytes) and its
 //! last instruction is classified ([`pttrace_encoder::classify`]); the block gets an
 //! execution callback whose user data is its descriptor. At execution time each vCPU (one
-//! per guest thread) feeds the block sequence to its own [`FlowEncoder`], which writes the
-//! packets user-only hardware would write (TNT from the next block, TIP for indirect
-//! branches and returns, asynchronous events for signals, PSB+ periodically). Windows are
+//! per guest thread) logs the block sequence for a worker thread of its own, whose
+//! [`pttrace_encoder::FlowEncoder`] writes the packets user-only hardware would write (TNT
+//! from the next block, TIP for indirect branches and returns, asynchronous events for
+//! signals, PSB+ periodically). Windows are
 //! cut at every syscall (number, arguments, return value, TSCs) like the shim's thread
 //! windows; each window's sideband carries, as code records ([`pttrace_format::code`]),
 //! the bytes of every block the thread executes for the first time, so the decoder needs
@@ -37,11 +38,12 @@ mod thread;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use pttrace_encoder::{classify_bytes, Block, BlockEnd};
+use pttrace_format::maps::MapsEntry;
 use pttrace_format::metadata::{BackendKind, ExtMetadata, PtMetadata, METADATA_RECORD_SIZE};
 use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
@@ -60,6 +62,8 @@ const MAX_VCPUS: usize = 4096;
 const DEFAULT_CUT: usize = 8 << 20;
 /// `-QEMU_ESIGRETURN`: what QEMU returns for rt_sigreturn (the syscall does not return).
 const QEMU_ESIGRETURN: i64 = -513;
+/// `Global::exit_code` before any exit_group.
+const NO_EXIT_GROUP: i32 = i32::MIN;
 
 /// Plugin arguments.
 struct Config {
@@ -89,7 +93,7 @@ struct Global {
     nonce: AtomicU64,
     start_tsc: AtomicU64,
     info: Mutex<Option<TraceFile>>,
-    /// Exit code from exit_group (-1 = none seen).
+    /// Exit code from exit_group (`NO_EXIT_GROUP`: none seen).
     exit_code: AtomicI32,
     code_map: Mutex<BTreeMap<u64, &'static BlockInfo>>,
     next_id: AtomicU32,
@@ -145,39 +149,15 @@ fn new_nonce() -> u64 {
     t.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32
 }
 
-/// The guest's command line and program from QEMU's own (`qemu -plugin .. -0 argv0 prog
-/// args..`, as pttrace and the exec follower start it).
+/// The guest's command line (NUL-separated) and program path (canonical when it exists).
 fn guest_cmdline() -> (Vec<u8>, String) {
     let raw = std::fs::read("/proc/self/cmdline").unwrap_or_default();
-    let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
-    let mut i = 1;
-    let mut argv0: Option<&[u8]> = None;
-    while i < args.len() {
-        let a = args[i];
-        if a == b"-0" {
-            argv0 = args.get(i + 1).copied();
-            i += 2;
-        } else if a.starts_with(b"-") && i + 1 < args.len() {
-            i += 2;
-        } else {
-            break;
-        }
-    }
-    let prog = args.get(i).copied().unwrap_or(b"");
-    let mut out = Vec::new();
-    out.extend_from_slice(argv0.unwrap_or(prog));
-    for a in args.iter().skip(i + 1) {
-        if a.is_empty() {
-            continue;
-        }
-        out.push(0);
-        out.extend_from_slice(a);
-    }
-    out.push(0);
-    let exe = std::fs::canonicalize(String::from_utf8_lossy(prog).as_ref())
+    let (cmdline, prog) = pttrace_format::launch::guest_cmdline(&raw);
+    let prog = String::from_utf8_lossy(&prog).into_owned();
+    let exe = std::fs::canonicalize(&prog)
         .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| String::from_utf8_lossy(prog).into_owned());
-    (out, exe)
+        .unwrap_or(prog);
+    (cmdline, exe)
 }
 
 /// The `Metadata` record: the CPU identity of QEMU's x86-64 model as family 6 model 0 (no
@@ -213,26 +193,26 @@ fn metadata_record() -> [u8; METADATA_RECORD_SIZE] {
 /// 0x7000_0000_0000, or /proc/self/exe).
 fn guest_file_maps() -> String {
     let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
-    let exe = exe.to_string_lossy();
     let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut out = String::new();
     for line in text.lines() {
-        let mut cols = line.split_whitespace();
-        let (Some(range), Some(_perms)) = (cols.next(), cols.next()) else {
+        let Some(m) = MapsEntry::parse(line) else {
             continue;
         };
-        let path = cols.nth(3).unwrap_or("");
-        let start = range
-            .split('-')
-            .next()
-            .and_then(|a| u64::from_str_radix(a, 16).ok())
-            .unwrap_or(u64::MAX);
-        if path.starts_with('/') && path != exe && start < 0x7000_0000_0000 {
+        if m.path.starts_with('/') && Path::new(&m.path) != exe && m.start < 0x7000_0000_0000 {
             out.push_str(line);
             out.push('\n');
         }
     }
     out
+}
+
+/// A `Clock` record: CLOCK_MONOTONIC and the TSC, taken together.
+fn clock_record() -> [u8; 16] {
+    let mut clock = [0u8; 16];
+    clock[..8].copy_from_slice(&monotonic_ns().to_le_bytes());
+    clock[8..].copy_from_slice(&rdtsc().to_le_bytes());
+    clock
 }
 
 impl Global {
@@ -266,10 +246,7 @@ impl Global {
             );
             f.frame(RecordType::Config, cfg.as_bytes())?;
             f.frame(RecordType::Metadata, &metadata_record())?;
-            let mut clock = [0u8; 16];
-            clock[..8].copy_from_slice(&monotonic_ns().to_le_bytes());
-            clock[8..].copy_from_slice(&rdtsc().to_le_bytes());
-            f.frame(RecordType::Clock, &clock)?;
+            f.frame(RecordType::Clock, &clock_record())?;
             let (cmdline, exe) = guest_cmdline();
             f.frame(RecordType::Cmdline, &cmdline)?;
             f.frame(RecordType::Exe, exe.as_bytes())?;
@@ -329,10 +306,7 @@ impl Global {
         if let Ok(mut g) = self.info.lock() {
             if let Some(mut f) = g.take() {
                 let _ = f.frame(RecordType::Maps, guest_file_maps().as_bytes());
-                let mut clock = [0u8; 16];
-                clock[..8].copy_from_slice(&monotonic_ns().to_le_bytes());
-                clock[8..].copy_from_slice(&rdtsc().to_le_bytes());
-                let _ = f.frame(RecordType::Clock, &clock);
+                let _ = f.frame(RecordType::Clock, &clock_record());
                 let _ = f.frame(
                     RecordType::ProcessEnd,
                     &ptt::process_end_payload(reason, code, 0),
@@ -591,11 +565,12 @@ extern "C" fn on_vcpu_exit(_id: api::PluginId, vcpu: c_uint) {
 extern "C" fn on_atexit(_id: api::PluginId, _udata: *mut c_void) {
     guarded(|| {
         let Some(g) = global() else { return };
+        // Without an exit_group the process is ending on a fatal signal.
         let code = g.exit_code.load(Ordering::Relaxed);
-        let reason = if code >= 0 && code != i32::MIN {
-            EndReason::ExitGroup
+        let (reason, code) = if code == NO_EXIT_GROUP {
+            (EndReason::Signal, 0)
         } else {
-            EndReason::Signal
+            (EndReason::ExitGroup, code)
         };
         for slot in g.threads.iter() {
             let p = slot.swap(std::ptr::null_mut(), Ordering::Relaxed);
@@ -605,7 +580,7 @@ extern "C" fn on_atexit(_id: api::PluginId, _udata: *mut c_void) {
                 f.finish(reason);
             }
         }
-        g.close_info(reason, if code == i32::MIN { 0 } else { code });
+        g.close_info(reason, code);
     });
 }
 
@@ -684,7 +659,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             nonce: AtomicU64::new(0),
             start_tsc: AtomicU64::new(0),
             info: Mutex::new(None),
-            exit_code: AtomicI32::new(i32::MIN),
+            exit_code: AtomicI32::new(NO_EXIT_GROUP),
             code_map: Mutex::new(BTreeMap::new()),
             next_id: AtomicU32::new(0),
             longest_block: AtomicU64::new(0),

@@ -152,9 +152,7 @@ impl Thread {
         }
         if cut_first {
             // New code at addresses executed before: only the next window sees it.
-            let meta = self.no_syscall_meta();
-            let _ = self.enc.cut(meta, tsc);
-            self.drain();
+            self.cut(tsc);
         }
         let s = self.sample();
         if push_code_record(&mut self.sideband, b.block.start, &b.code, &s).is_none() {
@@ -183,7 +181,7 @@ impl Thread {
         }
     }
 
-    /// The window's PT reached the cut size: end it between two blocks.
+    /// Ends the window between two blocks (PT size reached, or code replaced).
     #[cold]
     #[inline(never)]
     fn cut(&mut self, tsc: &mut dyn FnMut() -> u64) {
@@ -247,12 +245,7 @@ impl Thread {
         let Some(f) = self.file.as_mut() else {
             return;
         };
-        let payload = ptt::WINDOW_FIXED_SIZE + pt.len() + meta.sideband.len();
-        let (Ok(plen), Ok(pt_len), Ok(sb_len)) = (
-            u32::try_from(payload),
-            u32::try_from(pt.len()),
-            u32::try_from(meta.sideband.len()),
-        ) else {
+        let Some((head, crc)) = ptt::window_frame_parts(&meta.w, pt, &meta.sideband) else {
             say(&format!(
                 "{}: window {} is too large for one record; dropped",
                 self.path.display(),
@@ -260,25 +253,6 @@ impl Thread {
             ));
             return;
         };
-        let w = &meta.w;
-        let mut head = Vec::with_capacity(8 + ptt::WINDOW_FIXED_SIZE);
-        head.extend_from_slice(&plen.to_le_bytes());
-        head.extend_from_slice(&(RecordType::Window as u16).to_le_bytes());
-        head.extend_from_slice(&0u16.to_le_bytes());
-        for v in [w.index, w.nr].into_iter().chain(w.args) {
-            head.extend_from_slice(&v.to_le_bytes());
-        }
-        head.extend_from_slice(&w.ret.to_le_bytes());
-        head.extend_from_slice(&w.tsc_start.to_le_bytes());
-        head.extend_from_slice(&w.tsc_end.to_le_bytes());
-        for v in [w.flags, w.depth, pt_len, sb_len] {
-            head.extend_from_slice(&v.to_le_bytes());
-        }
-        let mut crc = ptt::Crc32::new();
-        crc.update(&head);
-        crc.update(pt);
-        crc.update(&meta.sideband);
-        let crc = crc.finish().to_le_bytes();
         let parts: [&[u8]; 4] = [&head, pt, &meta.sideband, &crc];
         match f.append(&parts) {
             Ok(()) => self.written += 1,

@@ -3,11 +3,13 @@
 //! crate), which writes genuine PT of every thread into the trace directory and follows
 //! `execve` by re-executing the new image through QEMU.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use drpttracer::format::launch;
 
 /// File name of the plugin.
 pub const PLUGIN_NAME: &str = "libpttrace_qemu.so";
@@ -90,63 +92,8 @@ pub fn qemu_version(qemu: &Path) -> Option<String> {
     s.lines().next().map(str::to_string)
 }
 
-/// What the program file is.
-enum Program {
-    X86_64(PathBuf),
-    Script {
-        interp: PathBuf,
-        arg: Option<OsString>,
-        script: PathBuf,
-    },
-}
-
-fn inspect(path: &Path) -> Result<Program, String> {
-    use std::io::Read;
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut head))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let head = &head[..n];
-    if head.starts_with(b"\x7fELF") {
-        return match (head.get(4), head.get(18..20)) {
-            (Some(2), Some([62, 0])) => Ok(Program::X86_64(path.to_path_buf())),
-            _ => Err(format!(
-                "{}: not an x86-64 program (the QEMU backend runs x86-64 Linux programs)",
-                path.display()
-            )),
-        };
-    }
-    if let Some(rest) = head.strip_prefix(b"#!") {
-        let line = rest
-            .split(|b| *b == b'\n')
-            .next()
-            .unwrap_or(&[])
-            .trim_ascii();
-        let (interp, arg) = match line.iter().position(|b| *b == b' ' || *b == b'\t') {
-            Some(i) => (&line[..i], Some(line[i..].trim_ascii())),
-            None => (line, None),
-        };
-        let interp = PathBuf::from(std::ffi::OsStr::from_bytes(interp));
-        return Ok(Program::Script {
-            interp,
-            arg: arg
-                .filter(|a| !a.is_empty())
-                .map(|a| OsString::from_vec(a.to_vec())),
-            script: path.to_path_buf(),
-        });
-    }
-    Err(format!(
-        "{}: neither an ELF program nor a #! script",
-        path.display()
-    ))
-}
-
-/// Doubles commas: a value inside QEMU's `-plugin` option.
-fn opt_escape(p: &Path) -> String {
-    p.display().to_string().replace(',', ",,")
-}
-
-/// The QEMU command that runs `cmd` (program + arguments) traced into `out`.
+/// The QEMU command that runs `cmd` (program + arguments) traced into `out` (the command
+/// line of [`pttrace_format::launch`]).
 pub fn command(
     qemu: &Path,
     plugin: &Path,
@@ -154,55 +101,40 @@ pub fn command(
     cmd: &[String],
     oracle: bool,
 ) -> Result<Command, String> {
-    let (prog, rest) = cmd
-        .split_first()
+    let prog = cmd
+        .first()
         .ok_or("no command given: use pttrace run [options] -- CMD ARGS…")?;
     let path = which(prog).ok_or_else(|| format!("{prog}: command not found"))?;
-    let (target, argv0, mut args): (PathBuf, OsString, Vec<OsString>) = match inspect(&path)? {
-        Program::X86_64(p) => (p, prog.into(), Vec::new()),
-        Program::Script {
-            interp,
-            arg,
-            script,
-        } => {
-            match inspect(&interp)? {
-                Program::X86_64(_) => {}
-                Program::Script { .. } => {
-                    return Err(format!(
-                        "{}: its interpreter {} is itself a script",
-                        script.display(),
-                        interp.display()
-                    ))
-                }
-            }
-            let mut a: Vec<OsString> = arg.into_iter().collect();
-            a.push(script.into_os_string());
-            (interp.clone(), interp.into_os_string(), a)
-        }
-    };
-    args.extend(rest.iter().map(OsString::from));
-    let mut spec = format!(
-        "file={},out={},qemu={},self={}",
-        opt_escape(plugin),
-        opt_escape(out),
-        opt_escape(qemu),
-        opt_escape(plugin)
-    );
-    if oracle {
-        spec.push_str(",oracle=on");
+    let argv: Vec<Vec<u8>> = cmd.iter().map(|a| a.as_bytes().to_vec()).collect();
+    let run = launch::resolve(path.as_os_str().as_bytes(), &argv).map_err(|e| {
+        format!(
+            "{}: {e} (the QEMU backend runs x86-64 Linux programs)",
+            path.display()
+        )
+    })?;
+    let env = std::env::vars_os().map(|(k, v)| {
+        let mut kv = k.into_vec();
+        kv.push(b'=');
+        kv.extend_from_slice(v.as_bytes());
+        kv
+    });
+    let (argv, host_env) = launch::Plugin {
+        plugin: plugin.as_os_str().as_bytes(),
+        out: out.as_os_str().as_bytes(),
+        qemu: qemu.as_os_str().as_bytes(),
+        oracle,
+        cut: None,
     }
-    let mut c = Command::new(qemu);
-    c.arg("-plugin").arg(spec);
-    // Variables for the dynamic loader are the guest's, not QEMU's own.
-    for (k, v) in std::env::vars_os() {
-        if k.as_bytes().starts_with(b"LD_") {
-            let mut kv = k.clone();
-            kv.push("=");
-            kv.push(&v);
-            c.arg("-E").arg(kv);
-            c.env_remove(&k);
-        }
+    .command(env, run);
+    let mut argv = argv.into_iter().map(OsString::from_vec);
+    let mut c = Command::new(argv.next().unwrap_or_else(|| qemu.into()));
+    c.args(argv).env_clear();
+    for kv in host_env {
+        let (k, v) = kv.split_at(kv.iter().position(|b| *b == b'=').unwrap_or(kv.len()));
+        c.env(
+            OsStr::from_bytes(k),
+            OsStr::from_bytes(v.get(1..).unwrap_or(&[])),
+        );
     }
-    c.arg("-0").arg(argv0).arg(target).args(args);
     Ok(c)
 }

@@ -168,10 +168,16 @@ fn asked_backend(args: &Args) -> String {
     }
 }
 
-/// Whether this run goes through QEMU (see `--backend`).
-fn use_qemu(args: &Args) -> Result<bool, String> {
+/// The emulator and plugin when this run goes through QEMU (see `--backend`).
+fn qemu_backend(args: &Args) -> Result<Option<(PathBuf, PathBuf)>, String> {
     let backend = asked_backend(args);
     let thread_user = args.mode == "user" && args.window == "thread";
+    let found = || -> Result<(PathBuf, PathBuf), String> {
+        Ok((
+            qemu::find_qemu(args.qemu.as_deref())?,
+            qemu::find_plugin(args.qemu_plugin.as_deref())?,
+        ))
+    };
     match backend.as_str() {
         "qemu" => {
             if !thread_user {
@@ -181,13 +187,12 @@ fn use_qemu(args: &Args) -> Result<bool, String> {
                     args.mode, args.window
                 ));
             }
-            Ok(true)
+            found().map(Some)
         }
-        "auto" => Ok(thread_user
-            && drpttracer::perf::pmu::IntelPtPmu::probe().is_err()
-            && qemu::find_qemu(args.qemu.as_deref()).is_ok()
-            && qemu::find_plugin(args.qemu_plugin.as_deref()).is_ok()),
-        _ => Ok(false),
+        "auto" if thread_user && drpttracer::perf::pmu::IntelPtPmu::probe().is_err() => {
+            Ok(found().ok())
+        }
+        _ => Ok(None),
     }
 }
 
@@ -209,9 +214,7 @@ fn mirror_status(prog: &str, status: std::process::ExitStatus) -> CmdResult {
     }
 }
 
-fn run_qemu(args: &Args) -> CmdResult {
-    let qemu = qemu::find_qemu(args.qemu.as_deref())?;
-    let plugin = qemu::find_plugin(args.qemu_plugin.as_deref())?;
+fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
     let plugin = plugin
         .canonicalize()
         .map_err(|e| format!("{}: {e}", plugin.display()))?;
@@ -238,8 +241,8 @@ fn run_qemu(args: &Args) -> CmdResult {
 }
 
 pub fn run(args: Args) -> CmdResult {
-    if use_qemu(&args)? {
-        return run_qemu(&args);
+    if let Some((qemu, plugin)) = qemu_backend(&args)? {
+        return run_qemu(&args, qemu, plugin);
     }
     let pairs = env_pairs(&args);
     // Validate here with the shim's own parser so mistakes are reported before running.
