@@ -15,6 +15,8 @@ const N: u64 = 100_000;
 const RUNS: usize = 5;
 /// dec/jnz iterations of the user-mode stepping workload (each step costs ~5-30 us here).
 const STEP_ITERATIONS: u64 = 20_000;
+/// Paired rounds of the spool on/off comparison.
+const PAIRED_ROUNDS: usize = 11;
 
 fn lib_path() -> PathBuf {
     let exe = std::env::current_exe().expect("bench executable path");
@@ -61,12 +63,17 @@ fn measure(mut make: impl FnMut() -> Command) -> (f64, f64) {
 }
 
 /// The sum of `field` over the thread files of a trace directory.
-fn sum_threads(out: &Path, field: impl Fn(&drpttracer::format::ptt::ThreadSummary) -> u64) -> u64 {
+fn sum_threads(
+    out: &Path,
+    field: impl Fn(&drpttracer::format::summary::ThreadSummary) -> u64,
+) -> u64 {
     std::fs::read_dir(out)
         .expect("trace dir")
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".ptt"))
-        .map(|e| field(&drpttracer::format::ptt::summarize_thread(&e.path()).expect("thread file")))
+        .map(|e| {
+            field(&drpttracer::format::summary::summarize_thread(&e.path()).expect("thread file"))
+        })
         .sum()
 }
 
@@ -208,6 +215,50 @@ fn main() {
         println!("recorded getppid windows, {label}: {windows} (expected {N})");
         assert_eq!(*windows, N, "{label} lost windows");
     }
+
+    // What the SIGKILL-proof spool costs: the default shim with each thread's queue in a
+    // `.spool` file mapping (the default) and in anonymous memory (PTTRACER_SPOOL=off),
+    // alternating in paired rounds on this noisy VM; medians of the loop time.
+    let once = |spool: &str| -> f64 {
+        let _ = std::fs::remove_dir_all(&out);
+        let o = Command::new(&prog)
+            .arg(&n)
+            .env("LD_PRELOAD", &lib)
+            .env("PTTRACER_OUT", &out)
+            .env("PTTRACER_MODE", "kernel")
+            .env("PTTRACER_SPOOL", spool)
+            .output()
+            .expect("run workload");
+        assert!(o.status.success(), "workload failed: {o:?}");
+        assert_eq!(
+            count_windows(&out),
+            N,
+            "PTTRACER_SPOOL={spool} lost windows"
+        );
+        let text = String::from_utf8_lossy(&o.stdout);
+        text.split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected workload output {text:?}"))
+    };
+    let (mut on, mut off, mut ratios) = (vec![], vec![], vec![]);
+    for _ in 0..PAIRED_ROUNDS {
+        let (a, b) = (once("on"), once("off"));
+        ratios.push(a / b);
+        on.push(a);
+        off.push(b);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (m_on, m_off, m_ratio) = (median(&mut on), median(&mut off), median(&mut ratios));
+    println!(
+        "spool (SIGKILL-proof queue) vs in-memory queue, {PAIRED_ROUNDS} paired rounds: \
+         {:.1} vs {:.1} ns/call (medians); median ratio {m_ratio:.3} (goal <= 1.10)",
+        per(m_on),
+        per(m_off)
+    );
 
     // User-mode stepping through the shim.
     let step_prog = compile(&tmp, "bench_step");

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 
 use drpttracer::decode::ptt_dir::{self, PttTrace};
 use drpttracer::decode::Record;
-use drpttracer::format::ptt::{self, Tail};
+use drpttracer::format::ptt::Tail;
 use shim_util::{pttrace, symbol};
 
 fn qemu_available() -> bool {
@@ -462,7 +462,7 @@ fn fork_and_exec_chain_is_traced_image_by_image_and_counts_match_strace() {
     // counts sh's own first execve, which pttrace made).
     let mut ours: HashMap<u64, u64> = HashMap::new();
     for th in &t.threads {
-        let s = ptt::summarize_thread(&th.path).unwrap();
+        let s = drpttracer::format::summary::summarize_thread(&th.path).unwrap();
         assert_eq!(s.tail, Tail::Clean);
         for (nr, n) in s.per_syscall {
             *ours.entry(nr).or_default() += n;
@@ -555,7 +555,7 @@ fn a_crashing_program_keeps_its_windows_and_pttrace_reports_the_signal() {
     assert_eq!(o.status.code(), Some(128 + libc::SIGSEGV), "{}", text(&o));
     assert!(text(&o).contains("killed by signal 11"), "{}", text(&o));
     let (t, threads) = decode(&out);
-    let s = ptt::summarize_thread(&t.threads[0].path).unwrap();
+    let s = drpttracer::format::summary::summarize_thread(&t.threads[0].path).unwrap();
     assert_eq!(s.tail, Tail::Clean);
     assert_eq!(s.per_syscall.get(&(libc::SYS_getppid as u64)), Some(&3));
     // QEMU 7.2 calls no plugin callback on a fatal signal: the file ends after the last
@@ -580,7 +580,7 @@ fn a_program_closing_our_descriptors_keeps_its_files_and_its_trace() {
     // The program's file got the number of a trace file: it holds its line only.
     assert_eq!(std::fs::read(&data).unwrap(), b"guest data\n");
     let (t, threads) = decode(&out);
-    let s = ptt::summarize_thread(&t.threads[0].path).unwrap();
+    let s = drpttracer::format::summary::summarize_thread(&t.threads[0].path).unwrap();
     assert_eq!(s.tail, Tail::Clean);
     assert!(
         s.end.is_some(),
@@ -690,7 +690,7 @@ fn a_full_disk_keeps_every_window_written_before_it() {
     assert!(t.contains("failed at window"), "{t}");
     let (trace, _) = decode(&out);
     for th in &trace.threads {
-        let s = ptt::summarize_thread(&th.path).unwrap();
+        let s = drpttracer::format::summary::summarize_thread(&th.path).unwrap();
         assert_eq!(
             s.tail,
             Tail::Clean,

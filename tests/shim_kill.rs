@@ -87,13 +87,35 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
     let torn_dir = tmp.path().join("torn");
     std::fs::create_dir(&torn_dir).unwrap();
     std::fs::write(torn_dir.join(file.file_name().unwrap()), torn).unwrap();
+    // Without its spool the torn record is damage: listed, and the exit status says so
+    // unless --keep-going.
     let o = Command::new(pttrace())
         .arg("report")
         .arg(&torn_dir)
         .output()
         .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let torn_name = torn_dir.join(file.file_name().unwrap());
+    assert!(
+        err.contains(&format!(
+            "pttrace report: damaged: {}: byte {last}: incomplete record: the file ends 30 \
+             bytes into it (writer killed?)",
+            torn_name.display()
+        )),
+        "{err}"
+    );
+    let o = Command::new(pttrace())
+        .args(["report", "--keep-going"])
+        .arg(&torn_dir)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("continued past 1 damaged place"),
+        "{o:?}"
+    );
     assert!(
         text.contains(&format!(
             "TRUNCATED tail: 30 bytes at offset {last} are an incomplete record"

@@ -33,7 +33,11 @@ fn patched_sites(out: &std::path::Path) -> u64 {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "info"))
-        .map(|p| ptt::summarize_process(&p).unwrap().patched_sites)
+        .map(|p| {
+            drpttracer::format::summary::summarize_process(&p)
+                .unwrap()
+                .patched_sites
+        })
         .sum()
 }
 

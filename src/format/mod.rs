@@ -6,3 +6,5 @@ pub use pttrace_format::code;
 pub use pttrace_format::launch;
 pub use pttrace_format::pdb;
 pub use pttrace_format::ptt;
+pub use pttrace_format::spool;
+pub use pttrace_format::summary;

@@ -8,9 +8,10 @@
 //! | `PTTRACER_SYSCALLS`    | comma list of names/numbers; `!x`/`-x` excludes | all    |
 //! | `PTTRACER_PT_SHIFT`    | PT ring = 2^n pages, 1..=24                  | 8         |
 //! | `PTTRACER_SB_SHIFT`    | sideband ring = 2^n pages, 1..=24            | 4         |
-//! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576; 120 bytes each) | 2048 |
+//! | `PTTRACER_QUEUE`       | windows buffered per thread (power of two, 64..=1048576; 104 bytes each, in the spool) | 2048 |
 //! | `PTTRACER_BACKPRESSURE`| `block` or `drop`                            | `block`   |
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
+//! | `PTTRACER_SPOOL`       | `on`: each thread's queue in a `<pid>-<nonce>-<tid>.spool` file mapping, so a SIGKILL loses nothing (see `shim::spool`); `off`: in memory | `on` |
 //! | `PTTRACER_REWRITE`     | `sites`: patch `mov $nr,%eax; syscall` sites into jumps to recording stubs; `all`: also every other site via a page-0 trampoline (needs root); `off` (see `shim::rewrite`) | `sites` |
 //!
 //! `PTTRACER_SYSCALLS`: with at least one plain entry only the listed syscalls are
@@ -162,6 +163,9 @@ pub struct ShimConfig {
     pub sb_shift: u32,
     pub queue: usize,
     pub backpressure: Backpressure,
+    /// Keep each thread's queue in a `.spool` file so a SIGKILL loses nothing
+    /// (`PTTRACER_SPOOL=on`, the default; `off`: in memory only).
+    pub spool: bool,
     pub backend: BackendChoice,
     pub rewrite: RewriteKind,
 }
@@ -209,9 +213,10 @@ pub const ENV_QUEUE: &str = "PTTRACER_QUEUE";
 pub const ENV_BACKPRESSURE: &str = "PTTRACER_BACKPRESSURE";
 pub const ENV_BACKEND: &str = crate::tracer::BACKEND_ENV;
 pub const ENV_REWRITE: &str = "PTTRACER_REWRITE";
+pub const ENV_SPOOL: &str = "PTTRACER_SPOOL";
 
 /// Every variable the shim reads, in the order `Config` records list them.
-pub const ALL_VARS: [&str; 10] = [
+pub const ALL_VARS: [&str; 11] = [
     ENV_OUT,
     ENV_MODE,
     ENV_WINDOW,
@@ -222,6 +227,7 @@ pub const ALL_VARS: [&str; 10] = [
     ENV_BACKPRESSURE,
     ENV_BACKEND,
     ENV_REWRITE,
+    ENV_SPOOL,
 ];
 
 pub fn parse_mode(v: &str) -> Result<Mode, String> {
@@ -292,6 +298,11 @@ impl ShimConfig {
                 ))
             }
         };
+        let spool = match get(ENV_SPOOL).unwrap_or_default().trim() {
+            "" | "on" | "1" => true,
+            "off" | "0" => false,
+            o => return Err(format!("{ENV_SPOOL}={o:?} is not a setting: use on or off")),
+        };
         let backend =
             BackendChoice::parse(&get(ENV_BACKEND).unwrap_or_default()).map_err(|e| e.message)?;
         let rewrite = RewriteKind::parse(&get(ENV_REWRITE).unwrap_or_default())?;
@@ -305,6 +316,7 @@ impl ShimConfig {
             sb_shift,
             queue,
             backpressure,
+            spool,
             backend,
             rewrite,
         }))
@@ -320,7 +332,7 @@ impl ShimConfig {
         format!(
             "{ENV_OUT}={}\n{ENV_MODE}={}\n{ENV_WINDOW}={}\n{ENV_SYSCALLS}={}\n{ENV_PT_SHIFT}={}\n\
              {ENV_SB_SHIFT}={}\n{ENV_QUEUE}={}\n{ENV_BACKPRESSURE}={}\n\
-             {ENV_BACKEND}={:?}\n{ENV_REWRITE}={}\n",
+             {ENV_BACKEND}={:?}\n{ENV_REWRITE}={}\n{ENV_SPOOL}={}\n",
             self.out_dir.display(),
             self.mode.name(),
             self.window.name(),
@@ -334,6 +346,7 @@ impl ShimConfig {
             },
             self.backend,
             self.rewrite.name(),
+            if self.spool { "on" } else { "off" },
         )
     }
 }
@@ -409,6 +422,15 @@ mod tests {
         assert!(e.contains("gpu"), "{e}");
         let e = cfg(&[(ENV_OUT, "/x"), (ENV_REWRITE, "some")]).unwrap_err();
         assert!(e.contains("PTTRACER_REWRITE=\"some\""), "{e}");
+        let e = cfg(&[(ENV_OUT, "/x"), (ENV_SPOOL, "maybe")]).unwrap_err();
+        assert_eq!(
+            e,
+            "PTTRACER_SPOOL=\"maybe\" is not a setting: use on or off"
+        );
+        let c = cfg(&[(ENV_OUT, "/x"), (ENV_SPOOL, "off")])
+            .unwrap()
+            .unwrap();
+        assert!(!c.spool && c.describe().contains("PTTRACER_SPOOL=off\n"));
     }
 
     #[test]

@@ -199,6 +199,8 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             // The parent of a reissued clone: RAX holds the clone result; leave it.
             let r = nr;
             if let Some(s) = slot {
+                // This trap is not a syscall (RAX holds the result): nothing in flight.
+                super::spool::leave(s.spool.load(Relaxed), w.depth);
                 finish_clone(s, r as i64);
                 s.depth.fetch_sub(1, Relaxed);
             }
@@ -353,6 +355,13 @@ fn begin(st: &slots::Static, nr: u64, args: [u64; 6]) -> Begun<'static> {
     let t0 = raw::rdtsc();
     if w.tsc_start == 0 {
         w.tsc_start = t0;
+    }
+    if let Some(s) = slot {
+        if record && !vfork_child {
+            // Until its window is queued, the syscall is in flight in the spool: a kill
+            // before then is recorded, not lost (see `super::spool`).
+            super::spool::enter(s.spool.load(Relaxed), depth, t0, nr, &args);
+        }
     }
     Begun {
         slot,
@@ -700,6 +709,7 @@ fn push_window(slot: &Slot, w: &mut Window) {
     super::userpt::attach(slot, w);
     super::kernelpt::publish(slot, w.index);
     slots::push(slot, w);
+    super::spool::leave(slot.spool.load(Relaxed), w.depth);
 }
 
 enum CloneKind {
@@ -873,6 +883,8 @@ fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
     // write; its file descriptors are copies.
     for i in 0..slots::slot_count() {
         let Some(s) = slots::slot_at(i) else { continue };
+        // The spool mapping is shared with the parent: never written here.
+        s.forget_spool();
         raw::close(s.fd.swap(-1, Relaxed));
         raw::close(s.kfd.swap(-1, Relaxed));
         // Perf mappings are not inherited; the descriptor copy is closed.
@@ -885,7 +897,12 @@ fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
     raw::close(slots::INFO_FD.swap(-1, Relaxed));
     if let Some(s) = slot {
         let depth = s.depth.load(Relaxed);
-        s.reset(pid, pid, nonce);
+        if s.attach_spool(pid, pid, nonce) {
+            s.reset(pid, pid, nonce);
+        } else {
+            // No memory for a queue: the child runs untraced rather than crash.
+            s.state.store(slots::FREE, Release);
+        }
         s.depth.store(depth, Relaxed);
     }
     output::write_info_file();
@@ -939,7 +956,7 @@ fn do_exec(
         }
     }
     let written = s.written.load(Relaxed) + u64::from(n > 0);
-    let dropped = s.dropped.load(Relaxed);
+    let dropped = s.dropped().load(Relaxed);
     if let Some(m) = crate::format::ptt::encode_frame(
         buf.get_mut(n..).unwrap_or(&mut []),
         crate::format::ptt::RecordType::End,
@@ -966,7 +983,15 @@ fn do_exec(
     }
     let ended = slots::PROCESS_ENDED.load(Relaxed);
     output::write_process_end(EndReason::Exec, 0);
+    // The file is complete: set the spool aside (the new image removes it).
+    let (pid, nonce, tid) = (
+        s.pid.load(Relaxed),
+        s.nonce.load(Relaxed),
+        s.tid.load(Relaxed),
+    );
+    super::spool::set_aside(pid, nonce, tid, false);
     let r = exec_with_shim(nr, args);
+    super::spool::set_aside(pid, nonce, tid, true);
     // Still here: the exec failed. Retract the window and the end records.
     if pos >= 0 {
         // Truncating does not move the file offset: seek back too, or the next write

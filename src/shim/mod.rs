@@ -49,9 +49,11 @@ pub mod handler;
 pub mod kernel_files;
 pub mod kernelpt;
 pub mod output;
+pub mod paths;
 pub mod raw;
 pub mod rewrite;
 pub mod slots;
+pub mod spool;
 pub use pttrace_format::sysnames;
 pub mod userpt;
 pub mod vfork_child;
@@ -294,6 +296,22 @@ extern "C" fn atfork_child() {
     arm();
 }
 
+/// Removes the spools the previous image of this pid set aside at its `execve` (their
+/// thread files were complete; see [`spool`]).
+fn remove_spools_set_aside(dir: &Path, pid: i32) {
+    let prefix = format!("{pid}-");
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".spool.exec") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 fn init() -> Result<(), String> {
     if std::env::var_os(config::ENV_OUT).is_none_or(|v| v.is_empty()) || !loaded_as_shared_object()
     {
@@ -351,6 +369,7 @@ fn init() -> Result<(), String> {
         return Ok(());
     }
     let pid = raw::getpid();
+    remove_spools_set_aside(&cfg.out_dir, pid);
     let tsc = raw::rdtsc();
     slots::PID.store(pid, Relaxed);
     slots::NONCE.store(tsc & 0xFFFF_FFFF, Relaxed);

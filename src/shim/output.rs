@@ -11,25 +11,14 @@
 //! `<nonce>` is 8 hex digits of the TSC when the image started tracing; it tells apart the
 //! images of one pid before and after `execve`.
 
-use super::raw::{self, PathBuf};
+use super::raw;
 use super::slots::{self, Slot, EXITED, FREE, STATIC};
 use crate::format::ptt::{
     self, encode_frame, encode_window, Crc32, EndReason, FileKind, RecordType, Window,
 };
 use std::sync::atomic::Ordering::*;
 
-type Path = PathBuf<4352>;
-
-fn base_path(pid: i32, nonce: u64) -> Option<Path> {
-    let st = STATIC.get()?;
-    let mut p = Path::new();
-    let ok = p.push(&st.out_dir)
-        && p.push(b"/")
-        && p.push_dec(pid as u32 as u64)
-        && p.push(b"-")
-        && p.push_hex(nonce, 8);
-    ok.then_some(p)
-}
+use super::paths::{image_base as base_path, Path};
 
 const CREATE: i32 = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
 
@@ -261,8 +250,23 @@ pub fn create_thread_file(img: &Image, tid: i32, st: &slots::Static) -> i32 {
     head[11] = u8::from(st.pt_present);
     head[12..20].copy_from_slice(&nonce.to_le_bytes());
     head[20..28].copy_from_slice(&img.start_tsc.to_le_bytes());
-    raw::write_all(fd, &ptt::encode_header(FileKind::Thread));
-    write_frame_parts(fd, RecordType::ThreadHeader, &[&head, st.reason.as_bytes()]);
+    // One write for the file header and the ThreadHeader: a kill cannot leave a file
+    // with one and not the other (the reason text is cut to fit a page).
+    let mut buf = [0u8; 4096];
+    buf[..ptt::HEADER_SIZE].copy_from_slice(&ptt::encode_header(FileKind::Thread));
+    let room = buf.len() - ptt::HEADER_SIZE - ptt::FRAME_OVERHEAD - head.len();
+    let reason = st.reason.as_bytes();
+    let reason = reason.get(..room.min(reason.len())).unwrap_or(&[]);
+    let n = encode_frame(
+        buf.get_mut(ptt::HEADER_SIZE..).unwrap_or(&mut []),
+        RecordType::ThreadHeader,
+        |c| {
+            c.bytes(&head);
+            c.bytes(reason);
+        },
+    )
+    .unwrap_or(0);
+    raw::write_all(fd, buf.get(..ptt::HEADER_SIZE + n).unwrap_or(&[]));
     fd
 }
 
@@ -376,8 +380,10 @@ pub fn drain_locked(slot: &Slot) {
             *n = 0;
         }
     };
+    // Windows leave the queue (and the spool) only once they are in the file: a kill in
+    // between leaves them in the spool for the reader (see `super::spool`).
     let mut count = 0u64;
-    while let Some(mut w) = slot.try_pop() {
+    while let Some(mut w) = slot.peek(count) {
         count += 1;
         // Hardware PT of a kernel-mode window, in place in the AUX mapping.
         if let Some(kp) = super::kernelpt::take_for(slot, &w) {
@@ -434,8 +440,7 @@ pub fn drain_locked(slot: &Slot) {
             }
         }
     }
-    slot.written.fetch_add(count, Relaxed);
-    let dropped = slot.dropped.load(Relaxed);
+    let dropped = slot.dropped().load(Relaxed);
     let dw = slot.dropped_written.load(Relaxed);
     if dropped > dw {
         let m = encode_frame(
@@ -463,6 +468,8 @@ pub fn drain_locked(slot: &Slot) {
     }
     flush(buf, &mut n, fd);
     flush(kbuf, &mut kn, kfd);
+    slot.release(count);
+    slot.written.fetch_add(count, Relaxed);
     let reason = slot.end_reason.load(Acquire);
     if reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
         let mut tmp = [0u8; 48];
@@ -476,7 +483,14 @@ pub fn drain_locked(slot: &Slot) {
             raw::write_all(fd, tmp.get(..m).unwrap_or(&[]));
         }
         slot.end_written.store(true, Relaxed);
+        // The file is complete: the spool has nothing left to give.
+        super::spool::remove(
+            slot.pid.load(Relaxed),
+            slot.nonce.load(Relaxed),
+            slot.tid.load(Relaxed),
+        );
         if slot.state.load(Acquire) == EXITED {
+            slot.forget_spool();
             slot.kpt.close();
             raw::close(fd);
             raw::close(kfd);

@@ -329,6 +329,53 @@ pub fn mmap_anon(len: usize) -> Option<*mut u8> {
     }
 }
 
+/// Shared read-write mapping of the first `len` bytes of `fd`; `None` on failure.
+pub fn mmap_shared(fd: i32, len: usize) -> Option<*mut u8> {
+    let r = sys6(
+        libc::SYS_mmap as u64,
+        [
+            0,
+            len as u64,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            libc::MAP_SHARED as u64,
+            fd as u64,
+            0,
+        ],
+    );
+    if (-4095..0).contains(&r) {
+        None
+    } else {
+        Some(r as *mut u8)
+    }
+}
+
+/// fallocate(fd, 0, 0, len): reserves the blocks (a store into a shared mapping of a sparse
+/// file on a full disk would raise SIGBUS).
+pub fn fallocate(fd: i32, len: u64) -> i64 {
+    sys4(libc::SYS_fallocate, fd as u64, 0, 0, len)
+}
+
+/// Renames NUL-terminated `from` to `to`.
+pub fn rename(from: &[u8], to: &[u8]) -> i64 {
+    sys4(
+        libc::SYS_renameat,
+        libc::AT_FDCWD as i64 as u64,
+        from.as_ptr() as u64,
+        libc::AT_FDCWD as i64 as u64,
+        to.as_ptr() as u64,
+    )
+}
+
+/// Removes NUL-terminated `path`.
+pub fn unlink(path: &[u8]) -> i64 {
+    sys3(
+        libc::SYS_unlinkat,
+        libc::AT_FDCWD as i64 as u64,
+        path.as_ptr() as u64,
+        0,
+    )
+}
+
 pub fn munmap(p: *mut u8, len: usize) {
     sys2(libc::SYS_munmap, p as u64, len as u64);
 }

@@ -46,6 +46,8 @@ pub struct Static {
     pub out_dir: Vec<u8>,
     pub queue_cap: usize,
     pub backpressure: Backpressure,
+    /// Queues in `.spool` files (see [`super::spool`]).
+    pub spool: bool,
     /// The `Metadata` record payload (50 bytes).
     pub metadata: [u8; 50],
     /// The 18-byte pt_metadata_t.
@@ -142,7 +144,6 @@ pub struct Slot {
     pub next_index: AtomicU64,
     pub enq: AtomicU64,
     pub deq: AtomicU64,
-    pub dropped: AtomicU64,
     pub dropped_written: AtomicU64,
     pub written: AtomicU64,
     pub fd: AtomicI32,
@@ -166,7 +167,11 @@ pub struct Slot {
     pub cap: usize,
     pub map_len: usize,
     pub scratch: *mut u8,
-    pub entries: *mut Entry,
+    /// The queue entries, inside the spool mapping (see [`super::spool`]).
+    pub entries: AtomicPtr<Entry>,
+    /// The spool mapping of the slot's current thread and its length.
+    pub spool: AtomicPtr<u8>,
+    pub spool_len: AtomicUsize,
 }
 
 // SAFETY: a slot is shared between its thread (producer) and drainers; every shared
@@ -175,21 +180,65 @@ pub struct Slot {
 unsafe impl Sync for Slot {}
 
 impl Slot {
-    fn entry(&self, pos: u64) -> &Entry {
+    /// The entry of queue position `pos`; `None` while the slot has no spool (a forked
+    /// child that could not make one).
+    fn entry(&self, pos: u64) -> Option<&Entry> {
         let i = (pos as usize) & (self.cap - 1);
-        // SAFETY: entries points to `cap` initialized entries inside this slot's mapping,
-        // and i < cap.
-        unsafe { &*self.entries.add(i) }
+        let base = self.entries.load(Acquire);
+        // SAFETY: a non-null `entries` points to `cap` initialized entries inside this
+        // slot's spool mapping, and i < cap.
+        unsafe { base.as_ref().map(|_| &*base.add(i)) }
     }
 
-    /// Resets the queue and counters for a new owner thread.
+    /// The current spool mapping.
+    pub fn spool_map(&self) -> super::spool::Mapping {
+        super::spool::Mapping {
+            base: self.spool.load(Acquire),
+            len: self.spool_len.load(Acquire),
+        }
+    }
+
+    /// Windows dropped under backpressure (kept in the spool, so a kill cannot hide them).
+    pub fn dropped(&self) -> &AtomicU64 {
+        super::spool::dropped(self.spool.load(Acquire))
+    }
+
+    /// Gives the slot a new spool for thread `tid` of image (`pid`, `nonce`), unmapping the
+    /// previous one (whose file is left alone: it is complete, or it is a forked parent's).
+    /// The caller owns the slot (claiming it, or the only thread of a forked child).
+    pub fn attach_spool(&self, tid: i32, pid: i32, nonce: u64) -> bool {
+        let old = self.spool_map();
+        self.spool.store(std::ptr::null_mut(), Release);
+        self.entries.store(std::ptr::null_mut(), Release);
+        super::spool::unmap(old);
+        let Some(m) = super::spool::create(pid, nonce, tid, self.cap) else {
+            return false;
+        };
+        self.spool_len.store(m.len, Release);
+        self.entries
+            .store(super::spool::entries(m) as *mut Entry, Release);
+        self.spool.store(m.base, Release);
+        true
+    }
+
+    /// Forgets the spool without touching it (a forked child: the mapping is shared with
+    /// the parent, whose thread it belongs to).
+    pub fn forget_spool(&self) {
+        let old = self.spool_map();
+        self.spool.store(std::ptr::null_mut(), Release);
+        self.entries.store(std::ptr::null_mut(), Release);
+        super::spool::unmap(old);
+    }
+
+    /// Resets the queue and counters for a new owner thread (its spool attached).
     pub fn reset(&self, tid: i32, pid: i32, nonce: u64) {
         for i in 0..self.cap {
-            self.entry(i as u64).seq.store(i as u64, Relaxed);
+            if let Some(e) = self.entry(i as u64) {
+                e.seq.store(i as u64, Relaxed);
+            }
         }
         self.enq.store(0, Relaxed);
         self.deq.store(0, Relaxed);
-        self.dropped.store(0, Relaxed);
         self.dropped_written.store(0, Relaxed);
         self.written.store(0, Relaxed);
         self.next_index.store(0, Relaxed);
@@ -205,6 +254,22 @@ impl Slot {
         self.tid.store(tid, Relaxed);
         self.pid.store(pid, Relaxed);
         self.nonce.store(nonce, Release);
+        if let Some(st) = STATIC.get() {
+            let id = super::spool::Identity {
+                pid,
+                tid,
+                nonce,
+                start_tsc: START_TSC.load(Relaxed),
+                cap: self.cap,
+                kind: [
+                    st.mode,
+                    st.window.code(),
+                    st.backend,
+                    u8::from(st.pt_present),
+                ],
+            };
+            super::spool::publish_header(self.spool.load(Acquire), &id);
+        }
     }
 
     /// Windows queued and not yet drained.
@@ -216,7 +281,9 @@ impl Slot {
     pub fn try_push(&self, w: &Window) -> bool {
         let mut pos = self.enq.load(Relaxed);
         loop {
-            let e = self.entry(pos);
+            let Some(e) = self.entry(pos) else {
+                return false;
+            };
             let seq = e.seq.load(Acquire);
             let dif = seq.wrapping_sub(pos) as i64;
             if dif == 0 {
@@ -241,20 +308,33 @@ impl Slot {
         }
     }
 
-    /// Dequeues one window (drainer only, under `drain_lock`).
-    pub fn try_pop(&self) -> Option<Window> {
-        let pos = self.deq.load(Relaxed);
-        let e = self.entry(pos);
-        let seq = e.seq.load(Acquire);
-        if seq != pos.wrapping_add(1) {
+    /// The window `k` places after the queue's head, if published (drainer only, under
+    /// `drain_lock`). It stays in the queue, and in the spool, until [`Slot::release`].
+    pub fn peek(&self, k: u64) -> Option<Window> {
+        let pos = self.deq.load(Relaxed).wrapping_add(k);
+        if k >= self.cap as u64 {
+            return None;
+        }
+        let e = self.entry(pos)?;
+        if e.seq.load(Acquire) != pos.wrapping_add(1) {
             return None;
         }
         // SAFETY: seq == pos+1 means a producer published this entry and no producer will
-        // touch it until we release it by storing pos+cap.
-        let w = unsafe { *e.w.get() };
-        e.seq.store(pos.wrapping_add(self.cap as u64), Release);
-        self.deq.store(pos.wrapping_add(1), Release);
-        Some(w)
+        // touch it until the drainer releases it (seq = pos+cap).
+        Some(unsafe { *e.w.get() })
+    }
+
+    /// Releases the first `n` queued windows, which are in the thread's file now (drainer
+    /// only, under `drain_lock`).
+    pub fn release(&self, n: u64) {
+        let deq = self.deq.load(Relaxed);
+        for k in 0..n {
+            let pos = deq.wrapping_add(k);
+            if let Some(e) = self.entry(pos) {
+                e.seq.store(pos.wrapping_add(self.cap as u64), Release);
+            }
+        }
+        self.deq.store(deq.wrapping_add(n), Release);
     }
 
     /// Takes the drain lock, spinning (with sched_yield) while another drainer holds it.
@@ -294,26 +374,25 @@ impl Slot {
     }
 }
 
-fn layout(cap: usize) -> (usize, usize, usize) {
+const _: () = assert!(std::mem::size_of::<Entry>() == crate::format::spool::ENTRY_SIZE);
+
+fn layout() -> (usize, usize) {
     let header = std::mem::size_of::<Slot>().next_multiple_of(64);
-    let entries_off = header + SCRATCH;
-    let total = entries_off + cap * std::mem::size_of::<Entry>();
-    (header, entries_off, total.next_multiple_of(4096))
+    let total = header + SCRATCH;
+    (header, total.next_multiple_of(4096))
 }
 
-/// Allocates a fresh slot mapping.
+/// Allocates a fresh slot mapping (the queue entries live in the spool, attached later).
 fn alloc_slot(cap: usize) -> Option<*mut Slot> {
-    let (header, entries_off, total) = layout(cap);
+    let (header, total) = layout();
     let base = raw::mmap_anon(total)?;
     let slot = base as *mut Slot;
-    // SAFETY: base is a fresh zeroed mapping of `total` bytes, large enough for the header,
-    // scratch and `cap` entries; Slot and Entry are valid when zeroed except for the
-    // fields written here.
+    // SAFETY: base is a fresh zeroed mapping of `total` bytes, large enough for the header
+    // and scratch; Slot is valid when zeroed except for the fields written here.
     unsafe {
         std::ptr::addr_of_mut!((*slot).cap).write(cap);
         std::ptr::addr_of_mut!((*slot).map_len).write(total);
         std::ptr::addr_of_mut!((*slot).scratch).write(base.add(header));
-        std::ptr::addr_of_mut!((*slot).entries).write(base.add(entries_off) as *mut Entry);
         std::ptr::addr_of_mut!((*slot).fd).write(AtomicI32::new(-1));
         std::ptr::addr_of_mut!((*slot).kfd).write(AtomicI32::new(-1));
         (*slot).kpt.reset(false);
@@ -339,7 +418,17 @@ pub fn claim(tid: i32, pid: i32, nonce: u64) -> Option<&'static Slot> {
                     .compare_exchange(FREE, ACTIVE, AcqRel, Relaxed)
                     .is_ok()
             {
-                s.reset(tid, pid, nonce);
+                // A drainer that saw ACTIVE waits for the lock; the queue is new then.
+                s.lock_drain();
+                let ok = s.attach_spool(tid, pid, nonce);
+                if ok {
+                    s.reset(tid, pid, nonce);
+                }
+                s.unlock_drain();
+                if !ok {
+                    s.state.store(FREE, Release);
+                    return None;
+                }
                 return Some(s);
             }
         }
@@ -358,6 +447,9 @@ pub fn claim(tid: i32, pid: i32, nonce: u64) -> Option<&'static Slot> {
         let p = alloc_slot(cap)?;
         // SAFETY: p is a fresh slot mapping owned by this thread until published.
         let s = unsafe { &*p };
+        if !s.attach_spool(tid, pid, nonce) {
+            return None;
+        }
         s.reset(tid, pid, nonce);
         s.state.store(ACTIVE, Release);
         if let Some(cell) = SLOTS.get(i) {
@@ -399,6 +491,9 @@ pub fn wake_writer() {
 /// Enqueues a window applying the backpressure policy.
 pub fn push(slot: &Slot, w: &Window) {
     let Some(st) = STATIC.get() else { return };
+    if slot.entries.load(Acquire).is_null() {
+        return;
+    }
     loop {
         if slot.try_push(w) {
             if slot.queued() == (slot.cap as u64) / 2 {
@@ -408,7 +503,7 @@ pub fn push(slot: &Slot, w: &Window) {
         }
         match st.backpressure {
             Backpressure::Drop => {
-                slot.dropped.fetch_add(1, Relaxed);
+                slot.dropped().fetch_add(1, Relaxed);
                 return;
             }
             Backpressure::Block => {
@@ -459,6 +554,7 @@ pub fn make_static(
         out_dir,
         queue_cap: cfg.queue,
         backpressure: cfg.backpressure,
+        spool: cfg.spool,
         metadata,
         pt_metadata,
         vdso,

@@ -85,6 +85,7 @@ impl PttWindowInfo {
             (ptt::WF_VFORK_CHILD, "vfork-child"),
             (ptt::WF_FORK_CHILD, "fork-child"),
             (ptt::WF_NO_SYSCALL, "no-syscall"),
+            (ptt::WF_RECOVERED, "recovered"),
         ];
         names
             .iter()
@@ -103,6 +104,10 @@ pub struct ThreadStats {
     pub dropped: u64,
     /// The file's tail was truncated or corrupt (description).
     pub bad_tail: Option<String>,
+    /// Damage in the file's own frames (see [`crate::ptt_input::ThreadInput::tail`]).
+    pub tail: Tail,
+    /// What the thread's spool gave (windows written after the process died).
+    pub recovered: Option<pttrace_format::spool::Recovered>,
     /// Image problems (files that could not be opened...).
     pub warnings: Vec<String>,
 }
@@ -169,19 +174,9 @@ fn parse_process(path: &Path) -> Result<PttProcess, DecodeError> {
 }
 
 fn thread_header(path: &Path) -> Result<ThreadHeader, DecodeError> {
-    let data = read(path)?;
-    let f =
-        ptt::parse(&path.display().to_string(), &data).map_err(|e| err(path, 0, e.to_string()))?;
-    if f.kind != FileKind::Thread {
-        return Err(err(path, 12, "not a thread file"));
-    }
-    let fr = f
-        .frames
-        .first()
-        .filter(|fr| fr.ty == RecordType::ThreadHeader as u16)
-        .ok_or_else(|| err(path, 16, "no ThreadHeader record at the start"))?;
-    ptt::decode_thread_header(fr.payload)
-        .ok_or_else(|| err(path, fr.offset as u64, "malformed ThreadHeader record"))
+    crate::ptt_input::read_thread(path)?
+        .header
+        .ok_or_else(|| err(path, 16, "no ThreadHeader record at the start"))
 }
 
 /// Whether `path` looks like a shim output (a directory with `.info` files or a `.ptt`).
@@ -219,13 +214,16 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
     entries.sort();
     let mut t = PttTrace::default();
     for e in &entries {
-        match e.extension().and_then(|x| x.to_str()) {
-            Some("info") => t.processes.push(parse_process(e)?),
-            Some("ptt") if only.as_ref().is_none_or(|o| o == e) => t.threads.push(PttThread {
-                path: e.clone(),
-                header: thread_header(e)?,
-            }),
-            _ => {}
+        if e.extension().is_some_and(|x| x == "info") {
+            t.processes.push(parse_process(e)?);
+        }
+    }
+    for e in pttrace_format::spool::thread_files(&entries) {
+        if only.as_ref().is_none_or(|o| *o == e) {
+            t.threads.push(PttThread {
+                header: thread_header(&e)?,
+                path: e,
+            });
         }
     }
     if t.threads.is_empty() {
@@ -293,7 +291,8 @@ impl PttTrace {
         f: &mut WindowSink<'_>,
     ) -> Result<ThreadStats, DecodeError> {
         let path = &th.path;
-        let data = read(path)?;
+        let input = crate::ptt_input::read_thread(path)?;
+        let data = input.data;
         let pf = ptt::parse(&path.display().to_string(), &data)
             .map_err(|e| err(path, 0, e.to_string()))?;
         let proc_ = self.process_of(th);
@@ -391,7 +390,9 @@ impl PttTrace {
             )?;
             f(&info, Some(&mut dec))?;
         }
-        stats.bad_tail = match pf.tail {
+        stats.tail = input.tail.clone();
+        stats.recovered = input.recovered;
+        stats.bad_tail = match input.tail {
             Tail::Clean => None,
             Tail::Truncated { offset, bytes } => Some(format!(
                 "truncated tail: {bytes} bytes at offset {offset} ignored (writer killed?)"

@@ -10,7 +10,8 @@ use super::DecodeError;
 use pttrace_format::maps::{encode_exec_mappings, MapsEntry};
 use pttrace_format::metadata::{PtMetadata, TimeConv};
 use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
-use pttrace_format::ptt::{self, FileKind, RecordType};
+use pttrace_format::ptt::{self, FileKind, RecordType, Tail, ThreadHeader};
+use pttrace_format::spool::{self, Recovered};
 
 /// What the process info file tells the decoder.
 #[derive(Debug, Clone, Default)]
@@ -22,6 +23,8 @@ pub struct PttProcess {
     pub initial_events: Vec<ImageEvent>,
     /// (load address, bytes) of the vDSO.
     pub vdso: Option<(u64, Vec<u8>)>,
+    /// (pid, image nonce) from the `Process` record: which thread files belong to it.
+    pub identity: Option<(i32, u64)>,
 }
 
 /// One window of a thread file: its PT and sideband, and where the PT starts in the file.
@@ -61,9 +64,9 @@ pub fn read_process(name: &str, data: &[u8]) -> Result<PttProcess, DecodeError> 
         };
         match RecordType::from_raw(fr.ty) {
             Some(RecordType::Process) => {
-                pid = ptt::decode_process(fr.payload)
-                    .ok_or_else(|| bad("Process"))?
-                    .pid as u32;
+                let r = ptt::decode_process(fr.payload).ok_or_else(|| bad("Process"))?;
+                pid = r.pid as u32;
+                out.identity = Some((r.pid, r.nonce));
             }
             Some(RecordType::Metadata) => {
                 let p = fr.payload;
@@ -118,6 +121,53 @@ pub fn read_process(name: &str, data: &[u8]) -> Result<PttProcess, DecodeError> 
         }
     }
     Ok(out)
+}
+
+/// A thread file as read for decoding: its bytes with the spool beside it (if any) merged
+/// (see [`pttrace_format::spool`]).
+#[derive(Debug, Clone)]
+pub struct ThreadInput {
+    pub data: Vec<u8>,
+    /// Damage in the file's own frames. A tail torn by the death of the process is not
+    /// damage when a spool completed the file (the torn window is among the recovered).
+    pub tail: Tail,
+    /// What the spool gave: merged now, or salvaged into the file earlier.
+    pub recovered: Option<Recovered>,
+    /// The file's `ThreadHeader`.
+    pub header: Option<ThreadHeader>,
+}
+
+/// Reads thread file `path` with its spool merged.
+pub fn read_thread(path: &Path) -> Result<ThreadInput, DecodeError> {
+    let name = path.display().to_string();
+    let (data, rec) =
+        spool::read_thread_file(path).map_err(|e| DecodeError::new(&name, 0, e.to_string()))?;
+    let f = ptt::parse(&name, &data).map_err(|e| DecodeError::new(&name, 0, e.to_string()))?;
+    if f.kind != FileKind::Thread {
+        return Err(DecodeError::new(&name, 12, "not a thread (.ptt) file"));
+    }
+    let mut header = None;
+    let mut recovered = None;
+    for fr in &f.frames {
+        match RecordType::from_raw(fr.ty) {
+            Some(RecordType::ThreadHeader) if header.is_none() => {
+                header = ptt::decode_thread_header(fr.payload)
+            }
+            Some(RecordType::Recovered) => recovered = Recovered::decode(fr.payload),
+            _ => {}
+        }
+    }
+    let tail = match &rec {
+        Some(r) if matches!(r.file_tail, Tail::Truncated { .. }) => Tail::Clean,
+        Some(r) => r.file_tail.clone(),
+        None => f.tail.clone(),
+    };
+    Ok(ThreadInput {
+        data,
+        tail,
+        recovered,
+        header,
+    })
 }
 
 /// The windows of a thread file (frames that do not parse are skipped; a damaged tail is

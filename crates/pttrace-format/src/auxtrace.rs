@@ -70,6 +70,21 @@ fn u64_at(d: &[u8], p: usize) -> Option<u64> {
 
 /// Strips the AUXTRACE wrappers.
 pub fn unwrap(data: &[u8]) -> Result<AuxTrace, AuxError> {
+    match unwrap_prefix(data) {
+        (a, None) => Ok(a),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// Like [`unwrap`], but keeps the PT of the records before the first damaged one: the PT
+/// found and the damage (`None` when the whole stream is good).
+pub fn unwrap_prefix(data: &[u8]) -> (AuxTrace, Option<AuxError>) {
+    let mut out = AuxTrace::default();
+    let e = unwrap_into(data, &mut out).err();
+    (out, e)
+}
+
+fn unwrap_into(data: &[u8], out: &mut AuxTrace) -> Result<(), AuxError> {
     let bad = |offset: usize, message: String| AuxError {
         offset: offset as u64,
         message,
@@ -82,7 +97,6 @@ pub fn unwrap(data: &[u8]) -> Result<AuxTrace, AuxError> {
     } else {
         (0, data.len())
     };
-    let mut out = AuxTrace::default();
     while pos + 8 <= end {
         let ty = u32_at(data, pos).unwrap_or(0);
         let size = usize::from(u16::from_le_bytes([data[pos + 6], data[pos + 7]]));
@@ -122,7 +136,7 @@ pub fn unwrap(data: &[u8]) -> Result<AuxTrace, AuxError> {
             pos += size;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Wraps `pt` into AUXTRACE records of at most `chunk` bytes each (tests and tools).

@@ -93,8 +93,18 @@ fn entries(data: &[u8], pos: usize, types: &[u8]) -> Result<Vec<u64>, PdbError> 
     Ok(out)
 }
 
-/// Parses a whole `.raw.pt` file.
+/// Parses a whole `.raw.pt` file; any damage is an error.
 pub fn parse(data: &[u8]) -> Result<RawPtFile, PdbError> {
+    match parse_prefix(data)? {
+        (f, None) => Ok(f),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// Parses a `.raw.pt` file up to its first damaged PDB: the windows before it, and the
+/// damage (`None` when the whole file is good). An error when not even the file header
+/// and metadata are readable.
+pub fn parse_prefix(data: &[u8]) -> Result<(RawPtFile, Option<PdbError>), PdbError> {
     let h = entries(data, 0, &[PDB_PID, PDB_THREAD_ID, PDB_PT_METADATA_BOUNDARY])?;
     if h[2] != PT_METADATA_SIZE as u64 {
         return Err(err(
@@ -106,7 +116,32 @@ pub fn parse(data: &[u8]) -> Result<RawPtFile, PdbError> {
         .ok_or_else(|| err(24, "file ends inside the 18-byte pt_metadata"))?;
     let mut pos = 24 + PT_METADATA_SIZE;
     let mut windows = Vec::new();
-    while pos < data.len() {
+    let damage = loop {
+        if pos >= data.len() {
+            break None;
+        }
+        match next_pdb(data, pos) {
+            Ok((w, end)) => {
+                windows.push(w);
+                pos = end;
+            }
+            Err(e) => break Some(e),
+        }
+    };
+    Ok((
+        RawPtFile {
+            pid: h_pid(data),
+            tid: h_tid(data),
+            metadata,
+            windows,
+        },
+        damage,
+    ))
+}
+
+/// The syscall PDB at `pos` and the offset after it.
+fn next_pdb(data: &[u8], pos: usize) -> Result<(SyscallPdb, usize), PdbError> {
+    {
         let h = entries(
             data,
             pos,
@@ -141,22 +176,18 @@ pub fn parse(data: &[u8]) -> Result<RawPtFile, PdbError> {
         let args = (0..nargs as usize)
             .map(|k| u64_at(data, args_at + 8 * k).unwrap_or(0))
             .collect();
-        windows.push(SyscallPdb {
-            pid: h[0],
-            tid: h[1],
-            sysnum: h[3],
-            syscall_idx: h[4],
-            args,
-            pt: pos + fixed as usize..end as usize,
-        });
-        pos = end as usize;
+        Ok((
+            SyscallPdb {
+                pid: h[0],
+                tid: h[1],
+                sysnum: h[3],
+                syscall_idx: h[4],
+                args,
+                pt: pos + fixed as usize..end as usize,
+            },
+            end as usize,
+        ))
     }
-    Ok(RawPtFile {
-        pid: h_pid(data),
-        tid: h_tid(data),
-        metadata,
-        windows,
-    })
 }
 
 fn h_pid(data: &[u8]) -> u64 {

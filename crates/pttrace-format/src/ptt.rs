@@ -74,6 +74,11 @@ pub enum FileKind {
 /// - `Note` (25): UTF-8 text, something a reader must tell the user (e.g. an `execve`
 ///   whose new image was not traced, and why).
 ///
+/// Thread files again:
+/// - `Recovered` (26): what was taken from the thread's spool after the process died
+///   without writing it (SIGKILL): see [`crate::spool`] for the payload. The recovered
+///   windows come before it as ordinary `Window` frames flagged [`WF_RECOVERED`].
+///
 /// Backend byte (`ThreadHeader`, `Process`, `Metadata`): 0 hardware, 1 emulated
 /// (single-step), 2 qemu ([`BACKEND_QEMU`]: the QEMU TCG plugin; its windows' sideband
 /// carries the executed code as [`crate::code`] records).
@@ -94,6 +99,7 @@ pub enum RecordType {
     Config = 23,
     ProcessEnd = 24,
     Note = 25,
+    Recovered = 26,
 }
 
 impl RecordType {
@@ -114,6 +120,7 @@ impl RecordType {
             23 => Config,
             24 => ProcessEnd,
             25 => Note,
+            26 => Recovered,
             _ => return None,
         })
     }
@@ -185,6 +192,9 @@ pub const WF_FORK_CHILD: u32 = 1 << 8;
 /// blocks: buffer limit, code replaced at run time, or the thread ended); `nr`, `args`
 /// and `ret` are meaningless. The next window continues where this one stopped.
 pub const WF_NO_SYSCALL: u32 = 1 << 9;
+/// The window was recovered from the thread's spool after the process died before writing
+/// it (see [`crate::spool`]); its PT, if it had any, is lost (`WF_PT_DROPPED`).
+pub const WF_RECOVERED: u32 = 1 << 10;
 
 /// Backend byte of the QEMU plugin.
 pub const BACKEND_QEMU: u8 = 2;
@@ -198,7 +208,11 @@ pub const WINDOW_FIXED_SIZE: usize = 8 + 8 + 6 * 8 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
 /// u64 tsc_end, u32 flags (`WF_*`), u32 depth (signal nesting, 0 = outermost),
 /// u32 pt_len, u32 sideband_len, then pt_len PT bytes, then sideband_len bytes of perf
 /// records (user modes). Timestamps are TSC values (see the `Clock` records).
+///
+/// In memory the struct is `repr(C)` with exactly this field order (96 bytes on x86-64):
+/// the shim's spool stores it as is (see [`crate::spool`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
 pub struct Window {
     pub index: u64,
     pub nr: u64,
@@ -507,9 +521,10 @@ pub struct Frame<'a> {
 }
 
 /// How a file's frame sequence ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Tail {
     /// Every byte belongs to a complete frame.
+    #[default]
     Clean,
     /// The last `bytes` bytes from `offset` are an incomplete frame (the writer was killed).
     Truncated { offset: usize, bytes: usize },
@@ -801,51 +816,8 @@ pub fn backend_name(b: u8) -> &'static str {
 }
 
 // ---------------------------------------------------------------------------------------
-// Whole-file summaries (used by `pttrace report` and `pttrace run`)
+// Streaming reader (the whole-file summaries are in `crate::summary`)
 // ---------------------------------------------------------------------------------------
-
-/// Summary of one thread file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThreadSummary {
-    pub file: String,
-    pub header: Option<ThreadHeader>,
-    pub windows: u64,
-    pub pt_bytes: u64,
-    pub sideband_bytes: u64,
-    /// Windows with any of the loss flags (PT lost, sideband lost, PT dropped, capture error).
-    pub lossy_windows: u64,
-    /// Windows the shim dropped under backpressure (from `Dropped` records).
-    pub dropped: u64,
-    /// Windows made by a vfork-style child before its exec (`WF_VFORK_CHILD`).
-    pub vfork_child_windows: u64,
-    /// Per syscall number: count.
-    pub per_syscall: std::collections::BTreeMap<u64, u64>,
-    pub end: Option<(u32, u64, u64)>,
-    pub tail: Tail,
-}
-
-/// Reads and summarizes a thread file, frame by frame (memory bounded by the largest
-/// frame, not by the file: a QEMU trace can be gigabytes).
-pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
-    let name = path.display().to_string();
-    let mut s = ThreadSummary {
-        file: name.clone(),
-        header: None,
-        windows: 0,
-        pt_bytes: 0,
-        sideband_bytes: 0,
-        lossy_windows: 0,
-        dropped: 0,
-        vfork_child_windows: 0,
-        per_syscall: Default::default(),
-        end: None,
-        tail: Tail::Clean,
-    };
-    s.tail = stream_frames(path, FileKind::Thread, |f| {
-        summarize_thread_frame(&name, &mut s, f)
-    })?;
-    Ok(s)
-}
 
 /// Reads a file of `kind` one frame at a time, handing each to `f`; returns how the frame
 /// sequence ended (the same verdicts as [`parse`]).
@@ -927,158 +899,6 @@ fn read_full(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usiz
         }
     }
     Ok(n)
-}
-
-/// Reads `path`, checks that it is a file of `kind` and hands its frames to `f`.
-fn with_file_of_kind<T>(
-    path: &Path,
-    kind: FileKind,
-    f: impl FnOnce(String, ParsedFile<'_>) -> Result<T, FormatError>,
-) -> Result<T, FormatError> {
-    let name = path.display().to_string();
-    let data = std::fs::read(path).map_err(|e| FormatError::Record {
-        path: name.clone(),
-        offset: 0,
-        what: format!("cannot read: {e}"),
-    })?;
-    let parsed = parse(&name, &data)?;
-    if parsed.kind != kind {
-        let expected = match kind {
-            FileKind::ProcessInfo => "a process info file (kind 1)",
-            FileKind::Thread => "a thread file (kind 2)",
-        };
-        return Err(FormatError::Record {
-            path: name,
-            offset: 12,
-            what: format!("expected {expected}"),
-        });
-    }
-    f(name, parsed)
-}
-
-fn summarize_thread_frame(
-    name: &str,
-    s: &mut ThreadSummary,
-    f: &Frame<'_>,
-) -> Result<(), FormatError> {
-    let bad = |f: &Frame<'_>, what: &str| FormatError::Record {
-        path: name.to_string(),
-        offset: f.offset,
-        what: what.to_string(),
-    };
-    match RecordType::from_raw(f.ty) {
-        Some(RecordType::ThreadHeader) => {
-            s.header =
-                Some(decode_thread_header(f.payload).ok_or_else(|| bad(f, "short ThreadHeader"))?)
-        }
-        Some(RecordType::Window) => {
-            let w = decode_window(f.payload).ok_or_else(|| bad(f, "malformed Window"))?;
-            s.windows += 1;
-            s.pt_bytes += w.pt.len() as u64;
-            s.sideband_bytes += w.sideband.len() as u64;
-            if w.window.flags & (WF_PT_LOST | WF_SIDEBAND_LOST | WF_PT_DROPPED | WF_CAPTURE_ERROR)
-                != 0
-            {
-                s.lossy_windows += 1;
-            }
-            if w.window.flags & WF_VFORK_CHILD != 0 {
-                s.vfork_child_windows += 1;
-            }
-            // A fork child's own record of the fork is the parent's syscall, counted
-            // there; windows cut without a syscall have none.
-            if w.window.flags & (WF_NO_SYSCALL | WF_FORK_CHILD) == 0 {
-                *s.per_syscall.entry(w.window.nr).or_default() += 1;
-            }
-        }
-        Some(RecordType::Dropped) => {
-            let (n, _) = decode_dropped(f.payload).ok_or_else(|| bad(f, "short Dropped"))?;
-            s.dropped += n;
-        }
-        Some(RecordType::End) => {
-            s.end = Some(decode_end(f.payload).ok_or_else(|| bad(f, "short End"))?)
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// Summary of one process info file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessSummary {
-    pub file: String,
-    pub process: Option<ProcessRecord>,
-    pub cmdline: Vec<String>,
-    pub exe: String,
-    pub maps_lines: usize,
-    pub vdso_bytes: usize,
-    pub has_metadata: bool,
-    pub config: String,
-    pub end: Option<(u32, i32)>,
-    pub patched_sites: u64,
-    pub clocks: Vec<(u64, u64)>,
-    /// `Note` records, in order.
-    pub notes: Vec<String>,
-    pub tail: Tail,
-}
-
-/// Reads and summarizes a process info file.
-pub fn summarize_process(path: &Path) -> Result<ProcessSummary, FormatError> {
-    with_file_of_kind(path, FileKind::ProcessInfo, summarize_process_frames)
-}
-
-fn summarize_process_frames(
-    name: String,
-    parsed: ParsedFile<'_>,
-) -> Result<ProcessSummary, FormatError> {
-    let mut s = ProcessSummary {
-        file: name.clone(),
-        process: None,
-        cmdline: Vec::new(),
-        exe: String::new(),
-        maps_lines: 0,
-        vdso_bytes: 0,
-        has_metadata: false,
-        config: String::new(),
-        end: None,
-        patched_sites: 0,
-        clocks: Vec::new(),
-        notes: Vec::new(),
-        tail: parsed.tail.clone(),
-    };
-    for f in &parsed.frames {
-        match RecordType::from_raw(f.ty) {
-            Some(RecordType::Process) => s.process = decode_process(f.payload),
-            Some(RecordType::Note) => s
-                .notes
-                .push(String::from_utf8_lossy(f.payload).into_owned()),
-            Some(RecordType::Cmdline) => {
-                s.cmdline = f
-                    .payload
-                    .split(|&b| b == 0)
-                    .filter(|a| !a.is_empty())
-                    .map(|a| String::from_utf8_lossy(a).into_owned())
-                    .collect()
-            }
-            Some(RecordType::Exe) => s.exe = String::from_utf8_lossy(f.payload).into_owned(),
-            Some(RecordType::Maps) => s.maps_lines = f.payload.split(|&b| b == b'\n').count() - 1,
-            Some(RecordType::Vdso) => {
-                s.vdso_bytes = decode_vdso(f.payload).map_or(0, |(_, b)| b.len())
-            }
-            Some(RecordType::Metadata) => s.has_metadata = f.payload.len() >= 18,
-            Some(RecordType::Config) => s.config = String::from_utf8_lossy(f.payload).into_owned(),
-            Some(RecordType::ProcessEnd) => {
-                s.end = decode_process_end(f.payload);
-                s.patched_sites = decode_patched_sites(f.payload);
-            }
-            Some(RecordType::Clock) => {
-                if let Some(c) = decode_clock(f.payload) {
-                    s.clocks.push(c)
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(s)
 }
 
 #[cfg(test)]
@@ -1225,13 +1045,13 @@ mod tests {
                 .collect();
             assert_eq!(seen, want, "{} bytes", data.len());
             assert_eq!(tail, p.tail, "{} bytes", data.len());
-            let s = summarize_thread(&path).unwrap();
+            let s = crate::summary::summarize_thread(&path).unwrap();
             assert_eq!(s.windows, p.frames.len() as u64);
             assert_eq!(s.tail, p.tail);
         }
         std::fs::write(&path, &file[..10]).unwrap();
         assert!(matches!(
-            summarize_thread(&path),
+            crate::summary::summarize_thread(&path),
             Err(FormatError::ShortHeader(_, 10))
         ));
         let _ = std::fs::remove_dir_all(&dir);

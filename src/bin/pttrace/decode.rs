@@ -14,6 +14,7 @@ use drpttracer::format::{auxtrace, pdb};
 use drpttracer::metadata::TimeConv;
 use iced_x86::{Decoder, Formatter, GasFormatter, IntelFormatter};
 
+use crate::damage::Damages;
 use crate::CmdResult;
 
 /// Decoding a `pttrace run` output directory (or one of its `.ptt` files).
@@ -109,6 +110,10 @@ pub struct DecodeArgs {
     /// Decode PSB segments on this many threads (output identical to 1 thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
+    /// Damaged input (a torn or corrupt record, a container record that does not fit):
+    /// decode what could be read and exit 0 (the damage is still listed on stderr).
+    #[arg(long)]
+    keep_going: bool,
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {
@@ -292,15 +297,22 @@ pub fn run(args: Args) -> CmdResult {
     }
     // Input bytes and windows.
     let mut process = None;
+    let mut damages = Damages::default();
     let (data, windows, mut params) = if let Some(p) = &args.ptt {
-        let data = read(p)?;
+        let input = ptt_input::read_thread(p)?;
         let name = p.display().to_string();
+        damages.add_tail(&name, &input.tail);
+        if let Some(r) = &input.recovered {
+            eprintln!("pttrace decode: {name}: {}", crate::text::recovered_text(r));
+        }
+        let data = input.data;
         let info = args.info.clone().or_else(|| ptt_input::info_path_for(p));
         let proc_info = match info {
-            Some(i) if i.exists() => Some(ptt_input::read_process(
-                &i.display().to_string(),
-                &read(&i)?,
-            )?),
+            Some(i) if i.exists() => {
+                let pi = ptt_input::read_process(&i.display().to_string(), &read(&i)?)?;
+                check_info_identity(&i, &pi, p, input.header.as_ref())?;
+                Some(pi)
+            }
             Some(i) => {
                 eprintln!(
                     "pttrace decode: warning: {} not found: no CPU/time parameters, initial \
@@ -349,7 +361,13 @@ pub fn run(args: Args) -> CmdResult {
         (data, vec![w], TraceParams::default())
     } else if let Some(p) = &args.auxtrace {
         let raw = read(p)?;
-        let a = auxtrace::unwrap(&raw).map_err(|e| format!("{}: {e}", p.display()))?;
+        let (a, damage) = auxtrace::unwrap_prefix(&raw);
+        if let Some(e) = damage {
+            if a.chunks.is_empty() {
+                return Err(format!("{}: {e}", p.display()).into());
+            }
+            damages.add(p.display(), e.offset, e.message);
+        }
         if a.chunks.is_empty() {
             return Err(format!("{}: no PERF_RECORD_AUXTRACE records", p.display()).into());
         }
@@ -365,7 +383,10 @@ pub fn run(args: Args) -> CmdResult {
         (a.pt, vec![w], TraceParams::default())
     } else if let Some(p) = &args.raw_pt {
         let data = read(p)?;
-        let f = pdb::parse(&data).map_err(|e| format!("{}: {e}", p.display()))?;
+        let (f, damage) = pdb::parse_prefix(&data).map_err(|e| format!("{}: {e}", p.display()))?;
+        if let Some(e) = damage {
+            damages.add(p.display(), e.offset, e.message);
+        }
         let windows = f
             .windows
             .iter()
@@ -628,6 +649,34 @@ pub fn run(args: Args) -> CmdResult {
         {
             Ok(())
         }
-        r => r,
+        r => {
+            r?;
+            damages.finish("decode", args.keep_going)
+        }
     }
+}
+
+/// The info file given for a thread file must be its process image's: another process's
+/// mappings and vDSO would decode into gaps without saying why.
+fn check_info_identity(
+    info: &Path,
+    p: &ptt_input::PttProcess,
+    thread: &Path,
+    header: Option<&drpttracer::format::ptt::ThreadHeader>,
+) -> Result<(), String> {
+    let (Some((pid, nonce)), Some(h)) = (p.identity, header) else {
+        return Ok(());
+    };
+    if (pid, nonce) == (h.pid, h.nonce) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is the info file of process {pid} image {nonce:08x}, but {} was written by \
+         process {} image {:08x}: give that image's info file (<pid>-<nonce>.info) with \
+         --info, or leave --info out to use the one beside the thread file",
+        crate::text::printable(&info.display().to_string()),
+        crate::text::printable(&thread.display().to_string()),
+        h.pid,
+        h.nonce
+    ))
 }

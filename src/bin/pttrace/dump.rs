@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use drpttracer::decode::packets::{list_packets, PacketLine};
 use drpttracer::format::{auxtrace, pdb};
 
+use crate::damage::Damages;
 use crate::CmdResult;
 
 #[derive(clap::Args)]
@@ -22,25 +23,48 @@ pub struct Args {
     /// The file is a `pttrace run` thread file (<pid>-<nonce>-<tid>.ptt).
     #[arg(long, conflicts_with = "auxtrace")]
     ptt: bool,
+    /// Damaged input (undecodable packets, a torn or corrupt record, a container record
+    /// that does not fit): list what could be read and exit 0 (the damage is still listed
+    /// on stderr).
+    #[arg(long)]
+    keep_going: bool,
 }
 
 pub fn run(args: Args) -> CmdResult {
     let name = args.file.display().to_string();
-    let data = std::fs::read(&args.file).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    let mut damages = Damages::default();
+    let data = if args.ptt {
+        let input = drpttracer::decode::ptt_input::read_thread(&args.file)?;
+        damages.add_tail(&name, &input.tail);
+        if let Some(r) = &input.recovered {
+            eprintln!(
+                "pttrace dump: {}: {}",
+                crate::text::printable(&name),
+                crate::text::recovered_text(r)
+            );
+        }
+        input.data
+    } else {
+        std::fs::read(&args.file).map_err(|e| format!("{name}: cannot read: {e}"))?
+    };
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    let mut errors = 0usize;
-    let mut list = |out: &mut BufWriter<_>, pt: &[u8]| -> std::io::Result<()> {
+    // Undecodable packets, by the file offset of the PT they are in.
+    let mut bad_packets: Vec<(u64, String)> = Vec::new();
+    let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
         for l in list_packets(pt) {
-            if matches!(l, PacketLine::Error { .. }) {
-                errors += 1;
+            if let PacketLine::Error { offset, error } = &l {
+                bad_packets.push((base + offset, format!("undecodable PT: {error}")));
             }
             writeln!(out, "{l}")?;
         }
         Ok(())
     };
     let r = if args.raw_pt {
-        let f = pdb::parse(&data).map_err(|e| format!("{name}: {e}"))?;
+        let (f, damage) = pdb::parse_prefix(&data).map_err(|e| format!("{name}: {e}"))?;
+        if let Some(e) = damage {
+            damages.add(&name, e.offset, e.message);
+        }
         (|| -> std::io::Result<()> {
             for w in &f.windows {
                 writeln!(
@@ -51,7 +75,7 @@ pub fn run(args: Args) -> CmdResult {
                     w.pt.len(),
                     w.pt.start
                 )?;
-                list(&mut out, &data[w.pt.clone()])?;
+                list(&mut out, &data[w.pt.clone()], w.pt.start as u64)?;
             }
             Ok(())
         })()
@@ -67,23 +91,29 @@ pub fn run(args: Args) -> CmdResult {
                     w.pt.len(),
                     w.pt_file_offset
                 )?;
-                list(&mut out, w.pt)?;
+                list(&mut out, w.pt, w.pt_file_offset)?;
             }
             Ok(())
         })()
     } else if args.auxtrace {
-        let a = auxtrace::unwrap(&data).map_err(|e| format!("{name}: {e}"))?;
-        list(&mut out, &a.pt)
+        let (a, damage) = auxtrace::unwrap_prefix(&data);
+        if let Some(e) = damage {
+            damages.add(&name, e.offset, e.message);
+        }
+        // Offsets in the unwrapped PT (the chunks are listed as one stream).
+        list(&mut out, &a.pt, 0)
     } else {
-        list(&mut out, &data)
+        list(&mut out, &data, 0)
     };
     let r = r.and_then(|_| out.flush());
     match r {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(e.into()),
-        Ok(()) if errors > 0 => {
-            Err(format!("{name}: {errors} decode errors (listed above)").into())
+        Ok(()) => {
+            for (offset, what) in bad_packets {
+                damages.add(&name, offset, what);
+            }
+            damages.finish("dump", args.keep_going)
         }
-        Ok(()) => Ok(()),
     }
 }

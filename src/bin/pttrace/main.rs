@@ -1,6 +1,7 @@
 //! `pttrace`: check, run, decode, dump and report Intel PT traces.
 
 mod check;
+mod damage;
 mod decode;
 mod dump;
 mod qemu;

@@ -1,8 +1,10 @@
 //! `pttrace report DIR`: summarizes a trace directory written by the shim.
 
-use super::text::printable;
+use super::text::{printable, recovered_text};
+use crate::damage::Damages;
 use crate::CmdResult;
-use drpttracer::format::ptt::{self, ProcessSummary, Tail, ThreadSummary};
+use drpttracer::format::ptt::{self, Tail};
+use drpttracer::format::summary::{self, ProcessSummary, ThreadSummary};
 use drpttracer::shim::sysnames;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,10 @@ pub struct Args {
     /// Also list the number of windows per syscall.
     #[arg(long)]
     pub per_syscall: bool,
+    /// Damaged files (torn or corrupt records, unreadable files, windows missing): print
+    /// the summary and exit 0 (the damage is still listed on stderr).
+    #[arg(long)]
+    pub keep_going: bool,
 }
 
 /// Everything found in a trace directory.
@@ -40,6 +46,33 @@ impl DirSummary {
 }
 
 impl DirSummary {
+    /// Every damaged place in the directory's files.
+    pub fn damages(&self) -> Damages {
+        let mut d = Damages::default();
+        for p in self.processes.values() {
+            d.add_tail(&p.file, &p.tail);
+        }
+        for t in self.threads.values().flatten() {
+            if !torn_tail_recovered(t) {
+                d.add_tail(&t.file, &t.tail);
+            }
+            if t.index_gaps > 0 {
+                d.add(
+                    &t.file,
+                    0,
+                    format!(
+                        "{} places where window indices jump (windows missing)",
+                        t.index_gaps
+                    ),
+                );
+            }
+        }
+        for (name, e) in &self.unreadable {
+            d.add(name, 0, format!("unreadable: {e}"));
+        }
+        d
+    }
+
     pub fn windows(&self) -> u64 {
         self.threads.values().flatten().map(|t| t.windows).sum()
     }
@@ -51,7 +84,7 @@ impl DirSummary {
             .threads
             .values()
             .flatten()
-            .filter(|t| t.tail != Tail::Clean)
+            .filter(|t| t.tail != Tail::Clean && !torn_tail_recovered(t))
             .count();
         let p = self
             .processes
@@ -87,7 +120,14 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         has_kallsyms: false,
         has_kcore: false,
     };
-    let mut names: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let entries: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let mut names: Vec<PathBuf> = entries
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "info"))
+        .cloned()
+        .collect();
+    // Thread files, and those a spool stands for (the process died before creating them).
+    names.extend(drpttracer::format::spool::thread_files(&entries));
     names.sort();
     for path in names {
         let name = path
@@ -96,14 +136,14 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
             .unwrap_or_default();
         let Some(key) = key_of(&name) else { continue };
         if name.ends_with(".info") {
-            match ptt::summarize_process(&path) {
+            match summary::summarize_process(&path) {
                 Ok(p) => {
                     s.processes.insert(key, p);
                 }
                 Err(e) => s.unreadable.push((name, e.to_string())),
             }
         } else {
-            match ptt::summarize_thread(&path) {
+            match summary::summarize_thread(&path) {
                 Ok(t) => s.threads.entry(key).or_default().push(t),
                 Err(e) => s.unreadable.push((name, e.to_string())),
             }
@@ -126,6 +166,12 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         s.kernel_raw_paths.sort();
     }
     Ok(s)
+}
+
+/// A thread file whose last record was torn by the death of its process, completed from
+/// its spool: not damage (the torn window is among the recovered ones).
+fn torn_tail_recovered(t: &ThreadSummary) -> bool {
+    t.spool_pending && matches!(t.tail, Tail::Truncated { .. })
 }
 
 fn tail_text(t: &Tail) -> Option<String> {
@@ -229,8 +275,23 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 t.dropped,
                 end_text(t.end)
             );
-            if let Some(tt) = tail_text(&t.tail) {
+            if torn_tail_recovered(t) {
+                println!(
+                    "    {}: its last record was torn when the process died; the spool \
+                     beside it has that window",
+                    printable(&t.file)
+                );
+            } else if let Some(tt) = tail_text(&t.tail) {
                 println!("    {}: {tt}", printable(&t.file));
+            }
+            if let Some(r) = &t.recovered {
+                println!("    {}", recovered_text(r));
+                if t.spool_pending {
+                    println!(
+                        "    (read from the .spool beside the file; `pttrace run` merges it into \
+                         the file when the program ends)"
+                    );
+                }
             }
             if per_syscall {
                 for (nr, n) in &t.per_syscall {
@@ -271,6 +332,6 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
 }
 
 pub fn run(args: Args) -> CmdResult {
-    print_summary(&args.dir, args.per_syscall)?;
-    Ok(())
+    let s = print_summary(&args.dir, args.per_syscall)?;
+    s.damages().finish("report", args.keep_going)
 }

@@ -280,9 +280,55 @@ pub fn run(args: Args) -> CmdResult {
         )
         .into());
     }
+    salvage_spools(&out);
     let summary = super::report::print_summary(&out, args.per_syscall)?;
     print_decode_hint(&out, &summary);
     mirror_status(prog, status)
+}
+
+/// Completes the thread files of processes that died before writing everything (SIGKILL)
+/// from their spools, so that the directory needs nothing else; processes still running
+/// (daemons the program left behind) keep their spools.
+fn salvage_spools(out: &Path) {
+    let Ok(rd) = std::fs::read_dir(out) else {
+        return;
+    };
+    let mut names: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+    names.sort();
+    for path in names {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(pid) = name
+            .split('-')
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+        if alive {
+            continue;
+        }
+        if name.ends_with(".spool.exec") {
+            // Set aside at an execve whose new image was not traced: nothing in it.
+            let _ = std::fs::remove_file(&path);
+        } else if let Some(stem) = name.strip_suffix(".spool") {
+            let ptt = path.with_file_name(format!("{stem}.ptt"));
+            match drpttracer::format::spool::salvage(&ptt) {
+                Ok(Some(r)) => println!(
+                    "{}: {}",
+                    super::text::printable(&ptt.display().to_string()),
+                    super::text::recovered_text(&r)
+                ),
+                Ok(None) => {}
+                Err(e) => eprintln!("pttrace run: cannot complete {name} from its spool: {e}"),
+            }
+        }
+    }
 }
 
 /// The preload library must be an x86-64 ELF shared object (the dynamic loader would only

@@ -24,6 +24,41 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `name(arg, …)` of a syscall that was entered and had not returned when its process
+/// died (from a spool, see `drpttracer::format::spool`).
+pub fn in_flight_text(f: &drpttracer::format::spool::InFlight) -> String {
+    let name = drpttracer::shim::sysnames::name(f.nr)
+        .map_or_else(|| format!("syscall {}", f.nr), String::from);
+    let args: Vec<String> = f.args.iter().map(|a| format!("{a:#x}")).collect();
+    let depth = if f.depth > 0 {
+        format!(" (in a signal handler, nesting depth {})", f.depth)
+    } else {
+        String::new()
+    };
+    format!("{name}({}){depth}", args.join(", "))
+}
+
+/// One line on what a thread's spool gave its file after the process died.
+pub fn recovered_text(r: &drpttracer::format::spool::Recovered) -> String {
+    let mut s = format!(
+        "the process died before writing everything: {} windows recovered from the spool",
+        r.windows
+    );
+    if r.dropped > 0 {
+        s.push_str(&format!(", {} dropped windows counted", r.dropped));
+    }
+    if r.in_flight.is_empty() {
+        s.push_str("; no syscall was in flight");
+    } else {
+        let v: Vec<String> = r.in_flight.iter().map(in_flight_text).collect();
+        s.push_str(&format!("; in flight (never returned): {}", v.join(", ")));
+    }
+    if r.flags & drpttracer::format::spool::FLAG_IN_FLIGHT_OVERFLOW as u32 != 0 {
+        s.push_str("; syscalls nested 16 or more signal handlers deep were not tracked");
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::printable;

@@ -28,6 +28,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
         (0u64, 0u64, 0u64, 0u64);
     let mut problems = 0u64;
+    let mut damages = crate::damage::Damages::default();
     let result = (|| -> CmdResult {
         for th in &trace.threads {
             let h = &th.header;
@@ -135,9 +136,16 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     h.tid, stats.windows, stats.windows_with_pt, stats.dropped
                 )?;
             }
-            if let Some(t) = &stats.bad_tail {
+            if stats.tail != drpttracer::format::ptt::Tail::Clean {
                 problems += 1;
-                eprintln!("pttrace decode: {}: {t}", th.path.display());
+                damages.add_tail(th.path.display(), &stats.tail);
+            }
+            if let Some(r) = &stats.recovered {
+                eprintln!(
+                    "pttrace decode: {}: {}",
+                    crate::text::printable(&th.path.display().to_string()),
+                    crate::text::recovered_text(r)
+                );
             }
             for w in &stats.warnings {
                 eprintln!("pttrace decode: warning: {}: {w}", th.path.display());
@@ -160,6 +168,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         {
             Ok(())
         }
-        r => r,
+        r => {
+            r?;
+            damages.finish("decode", args.keep_going)
+        }
     }
 }

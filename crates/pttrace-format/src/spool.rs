@@ -1,0 +1,717 @@
+//! Spool files: what a traced thread has done but not yet written to its `.ptt` file, kept
+//! where SIGKILL cannot take it away.
+//!
+//! The LD_PRELOAD shim queues each completed window in memory for its writer thread. A
+//! process killed by SIGKILL runs no code of ours afterwards, so that queue, and the
+//! syscall the thread was in, would vanish. The queue therefore lives in a `MAP_SHARED`
+//! mapping of `<pid>-<nonce>-<tid>.spool` beside the thread's `.ptt`: the kernel keeps
+//! every store to it in the page cache when the process dies. The writer releases a queue
+//! entry only after the window's frame is in the `.ptt`, and the spool is deleted once the
+//! thread's `End` record is written. A spool beside a `.ptt` thus means the process died
+//! (or is still running), and its published entries are the windows the `.ptt` may lack.
+//!
+//! Readers ([`read_thread_file`], [`crate::summary::summarize_thread`]) merge a spool in
+//! memory; [`salvage`] (used by `pttrace run` once the process is gone) appends the
+//! recovered frames to the `.ptt` for good and deletes the spool.
+//!
+//! # Layout (little-endian; written by the shim with plain stores, no CRC: a process
+//! death cannot tear a store, and every entry is published by its sequence number)
+//!
+//! ```text
+//! 0     "PTTSPOOL"            written last when the spool is set up (zero: not ready)
+//! 8     u32 version (=1)      12  u32 entry size (=104)
+//! 16    u64 capacity          (a power of two >= 2)
+//! 24    i32 pid               28  i32 tid
+//! 32    u64 nonce             40  u64 start_tsc       (as in the ThreadHeader)
+//! 48    u64 dropped           windows dropped under `PTTRACER_BACKPRESSURE=drop` (total)
+//! 56    u64 flags             bit 0: a syscall nested deeper than 16 levels went untracked
+//! 64    u8 mode, u8 window, u8 backend, u8 pt_present, u32 reserved
+//! 128   in-flight[16]         per signal-nesting depth: u64 t0 (TSC when the syscall was
+//!                             entered; 0 = none), u64 nr, u64 args[6]  (64 bytes each)
+//! 4096  entry[capacity]       u64 seq, then the 96-byte Window (crate::ptt::Window's
+//!                             fields in order: index, nr, args[6], ret, tsc_start,
+//!                             tsc_end, u32 flags, u32 depth)
+//! ```
+//! The queue is Vyukov's bounded ring: entry `i` is published (holds a window not yet
+//! released by the writer) when `seq ≡ i + 1 (mod capacity)`, free when `seq ≡ i`.
+//! An in-flight syscall whose window is in neither the `.ptt` nor the spool (same `nr`,
+//! and `t0` equal to the window's `tsc_start` or `tsc_end`) had not returned when the
+//! process died: the `Recovered` record lists it.
+//!
+//! `Recovered` record payload: u64 windows recovered, u64 dropped windows recovered (not
+//! yet counted by a `Dropped` record), u32 in-flight count, u32 flags (as above), then per
+//! in-flight syscall: u32 depth, u32 reserved, u64 t0, u64 nr, u64 args[6] (72 bytes).
+
+use crate::ptt::{
+    self, decode_dropped, decode_window, FileKind, FormatError, ParsedFile, RecordType, Tail,
+    Window, WF_PT_ABSENT, WF_PT_DROPPED, WF_RECOVERED,
+};
+use std::path::{Path, PathBuf};
+
+pub const MAGIC: [u8; 8] = *b"PTTSPOOL";
+pub const VERSION: u32 = 1;
+/// Bytes of a `Window` as stored (the `repr(C)` struct).
+pub const WINDOW_BYTES: usize = 96;
+pub const ENTRY_SIZE: usize = 8 + WINDOW_BYTES;
+pub const OFF_VERSION: usize = 8;
+pub const OFF_ENTRY_SIZE: usize = 12;
+pub const OFF_CAP: usize = 16;
+pub const OFF_PID: usize = 24;
+pub const OFF_TID: usize = 28;
+pub const OFF_NONCE: usize = 32;
+pub const OFF_START_TSC: usize = 40;
+pub const OFF_DROPPED: usize = 48;
+pub const OFF_FLAGS: usize = 56;
+pub const OFF_MODE: usize = 64;
+pub const OFF_IN_FLIGHT: usize = 128;
+/// In-flight slots (signal-nesting depths tracked).
+pub const IN_FLIGHT_SLOTS: usize = 16;
+pub const IN_FLIGHT_SIZE: usize = 64;
+pub const ENTRIES_OFFSET: usize = 4096;
+/// Header flag: a syscall at a nesting depth of [`IN_FLIGHT_SLOTS`] or more was not tracked.
+pub const FLAG_IN_FLIGHT_OVERFLOW: u64 = 1;
+/// Payload bytes per in-flight syscall in a `Recovered` record.
+pub const RECOVERED_IN_FLIGHT_SIZE: usize = 72;
+
+const _: () = assert!(std::mem::size_of::<Window>() == WINDOW_BYTES);
+const _: () = assert!(OFF_IN_FLIGHT + IN_FLIGHT_SLOTS * IN_FLIGHT_SIZE <= ENTRIES_OFFSET);
+
+/// Bytes of a spool file for a queue of `cap` entries (whole pages).
+pub fn file_len(cap: usize) -> usize {
+    (ENTRIES_OFFSET + cap * ENTRY_SIZE).next_multiple_of(4096)
+}
+
+/// The spool path of a thread file (`X.ptt` -> `X.spool`).
+pub fn path_for(ptt: &Path) -> PathBuf {
+    ptt.with_extension("spool")
+}
+
+/// A syscall that had been entered and whose window was not written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    pub depth: u32,
+    pub t0: u64,
+    pub nr: u64,
+    pub args: [u64; 6],
+}
+
+/// A parsed spool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spool {
+    pub cap: u64,
+    pub pid: i32,
+    pub tid: i32,
+    pub nonce: u64,
+    pub start_tsc: u64,
+    pub dropped: u64,
+    pub flags: u64,
+    pub mode: u8,
+    pub window: u8,
+    pub backend: u8,
+    pub pt_present: bool,
+    /// Published (unreleased) windows, by index.
+    pub pending: Vec<Window>,
+    /// Entered syscalls, outermost first.
+    pub in_flight: Vec<InFlight>,
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// The stored window at `at` (96 bytes, see the layout).
+fn read_window(b: &[u8], at: usize) -> Window {
+    let mut args = [0u64; 6];
+    for (i, a) in args.iter_mut().enumerate() {
+        *a = le_u64(b, at + 16 + 8 * i);
+    }
+    Window {
+        index: le_u64(b, at),
+        nr: le_u64(b, at + 8),
+        args,
+        ret: le_u64(b, at + 64) as i64,
+        tsc_start: le_u64(b, at + 72),
+        tsc_end: le_u64(b, at + 80),
+        flags: le_u32(b, at + 88),
+        depth: le_u32(b, at + 92),
+    }
+}
+
+/// Parses a spool (`name` for messages). `Ok(None)`: the spool was never set up (its magic
+/// is still zero: the thread died while creating it, before recording anything).
+pub fn parse(name: &str, data: &[u8]) -> Result<Option<Spool>, FormatError> {
+    let bad = |offset: usize, what: String| FormatError::Record {
+        path: name.to_string(),
+        offset,
+        what,
+    };
+    if data.len() < ENTRIES_OFFSET {
+        if data.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        return Err(FormatError::ShortHeader(name.to_string(), data.len()));
+    }
+    if data[..8] == [0; 8] {
+        return Ok(None);
+    }
+    if data[..8] != MAGIC {
+        return Err(FormatError::BadMagic(name.to_string()));
+    }
+    let version = le_u32(data, OFF_VERSION);
+    if version != VERSION {
+        return Err(FormatError::Version(name.to_string(), version));
+    }
+    let esize = le_u32(data, OFF_ENTRY_SIZE) as usize;
+    if esize != ENTRY_SIZE {
+        return Err(bad(
+            OFF_ENTRY_SIZE,
+            format!("entry size {esize}, expected {ENTRY_SIZE}"),
+        ));
+    }
+    let cap = le_u64(data, OFF_CAP);
+    if cap < 2 || !cap.is_power_of_two() || cap > 1 << 24 {
+        return Err(bad(
+            OFF_CAP,
+            format!("capacity {cap} is not a power of two in 2..=2^24"),
+        ));
+    }
+    let need = ENTRIES_OFFSET + cap as usize * ENTRY_SIZE;
+    if data.len() < need {
+        return Err(bad(
+            0,
+            format!(
+                "file is {} bytes; a queue of {cap} entries needs {need}",
+                data.len()
+            ),
+        ));
+    }
+    let mut pending = Vec::new();
+    for i in 0..cap as usize {
+        let at = ENTRIES_OFFSET + i * ENTRY_SIZE;
+        let seq = le_u64(data, at);
+        if seq % cap == (i as u64 + 1) % cap {
+            pending.push(read_window(data, at + 8));
+        }
+    }
+    pending.sort_by_key(|w| w.index);
+    pending.dedup_by_key(|w| w.index);
+    let mut in_flight = Vec::new();
+    for d in 0..IN_FLIGHT_SLOTS {
+        let at = OFF_IN_FLIGHT + d * IN_FLIGHT_SIZE;
+        let t0 = le_u64(data, at);
+        if t0 == 0 {
+            continue;
+        }
+        let mut args = [0u64; 6];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = le_u64(data, at + 16 + 8 * i);
+        }
+        in_flight.push(InFlight {
+            depth: d as u32,
+            t0,
+            nr: le_u64(data, at + 8),
+            args,
+        });
+    }
+    Ok(Some(Spool {
+        cap,
+        pid: le_u32(data, OFF_PID) as i32,
+        tid: le_u32(data, OFF_TID) as i32,
+        nonce: le_u64(data, OFF_NONCE),
+        start_tsc: le_u64(data, OFF_START_TSC),
+        dropped: le_u64(data, OFF_DROPPED),
+        flags: le_u64(data, OFF_FLAGS),
+        mode: data[OFF_MODE],
+        window: data[OFF_MODE + 1],
+        backend: data[OFF_MODE + 2],
+        pt_present: data[OFF_MODE + 3] != 0,
+        pending,
+        in_flight,
+    }))
+}
+
+/// What a spool added to a thread file (also the `Recovered` record's content).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Windows taken from the spool.
+    pub windows: u64,
+    /// Dropped windows the file had not counted yet.
+    pub dropped: u64,
+    /// Syscalls entered and not returned when the process died.
+    pub in_flight: Vec<InFlight>,
+    pub flags: u32,
+}
+
+impl Recovered {
+    /// The `Recovered` record payload.
+    pub fn payload(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(24 + self.in_flight.len() * RECOVERED_IN_FLIGHT_SIZE);
+        p.extend_from_slice(&self.windows.to_le_bytes());
+        p.extend_from_slice(&self.dropped.to_le_bytes());
+        p.extend_from_slice(&(self.in_flight.len() as u32).to_le_bytes());
+        p.extend_from_slice(&self.flags.to_le_bytes());
+        for f in &self.in_flight {
+            p.extend_from_slice(&f.depth.to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&f.t0.to_le_bytes());
+            p.extend_from_slice(&f.nr.to_le_bytes());
+            for a in f.args {
+                p.extend_from_slice(&a.to_le_bytes());
+            }
+        }
+        p
+    }
+
+    /// Decodes a `Recovered` record payload.
+    pub fn decode(p: &[u8]) -> Option<Recovered> {
+        if p.len() < 24 {
+            return None;
+        }
+        let n = le_u32(p, 16) as usize;
+        if p.len() != 24 + n.checked_mul(RECOVERED_IN_FLIGHT_SIZE)? {
+            return None;
+        }
+        let in_flight = (0..n)
+            .map(|k| {
+                let at = 24 + k * RECOVERED_IN_FLIGHT_SIZE;
+                let mut args = [0u64; 6];
+                for (i, a) in args.iter_mut().enumerate() {
+                    *a = le_u64(p, at + 24 + 8 * i);
+                }
+                InFlight {
+                    depth: le_u32(p, at),
+                    t0: le_u64(p, at + 8),
+                    nr: le_u64(p, at + 16),
+                    args,
+                }
+            })
+            .collect();
+        Some(Recovered {
+            windows: le_u64(p, 0),
+            dropped: le_u64(p, 8),
+            in_flight,
+            flags: le_u32(p, 20),
+        })
+    }
+}
+
+/// How a spool completes a thread file: keep the file's first `keep` bytes (its complete
+/// frames; a frame torn by the death is dropped, its window is in the spool) and append
+/// `frames`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    pub keep: usize,
+    /// How the file's own frames ended (before the recovered ones).
+    pub file_tail: Tail,
+    pub frames: Vec<u8>,
+    pub recovered: Recovered,
+}
+
+/// What the thread file's frames say (the parts recovery needs).
+#[derive(Default)]
+struct FileState {
+    has_header: bool,
+    next_index: Option<u64>,
+    dropped_total: u64,
+    /// (nr, tsc_start, tsc_end) of the file's windows.
+    windows: Vec<(u64, u64, u64)>,
+    has_recovered: bool,
+}
+
+fn in_flight_done(f: &InFlight, windows: &[(u64, u64, u64)], pending: &[Window]) -> bool {
+    let same = |nr: u64, s: u64, e: u64| nr == f.nr && (s == f.t0 || e == f.t0);
+    windows.iter().any(|&(nr, s, e)| same(nr, s, e))
+        || pending.iter().any(|w| same(w.nr, w.tsc_start, w.tsc_end))
+}
+
+/// The frames `spool` adds to the thread file `file` (whose bytes end at `file_len`).
+/// `None` when the file already holds a `Recovered` record (salvaged before).
+pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<Recovery> {
+    let mut st = FileState::default();
+    for f in &file.frames {
+        match RecordType::from_raw(f.ty) {
+            Some(RecordType::Window) => {
+                if let Some(w) = decode_window(f.payload) {
+                    let w = w.window;
+                    st.next_index = Some(st.next_index.map_or(w.index + 1, |n| n.max(w.index + 1)));
+                    st.windows.push((w.nr, w.tsc_start, w.tsc_end));
+                }
+            }
+            Some(RecordType::Dropped) => {
+                if let Some((_, total)) = decode_dropped(f.payload) {
+                    st.dropped_total = st.dropped_total.max(total);
+                }
+            }
+            Some(RecordType::Recovered) => st.has_recovered = true,
+            Some(RecordType::ThreadHeader) => st.has_header = true,
+            _ => {}
+        }
+    }
+    if st.has_recovered {
+        return None;
+    }
+    let keep = match file.tail {
+        Tail::Clean => file_len,
+        Tail::Truncated { offset, .. } | Tail::Corrupt { offset, .. } => offset,
+    };
+    let from = st.next_index.unwrap_or(0);
+    let mut out = Vec::new();
+    if !st.has_header && file.frames.is_empty() {
+        // The process died while creating the file: its header comes from the spool.
+        let h = ptt::ThreadHeader {
+            pid: spool.pid,
+            tid: spool.tid,
+            mode: spool.mode,
+            window: spool.window,
+            backend: spool.backend,
+            pt_present: spool.pt_present,
+            nonce: spool.nonce,
+            start_tsc: spool.start_tsc,
+            pt_absent_reason: String::new(),
+        };
+        out.extend(ptt::frame_vec(
+            RecordType::ThreadHeader,
+            &ptt::thread_header_payload(&h),
+        )?);
+    }
+    let mut rec = Recovered {
+        flags: (spool.flags & FLAG_IN_FLIGHT_OVERFLOW) as u32,
+        ..Default::default()
+    };
+    for w in spool.pending.iter().filter(|w| w.index >= from) {
+        let mut w = *w;
+        w.flags |= WF_RECOVERED;
+        if w.flags & WF_PT_ABSENT == 0 {
+            w.flags |= WF_PT_DROPPED;
+        }
+        out.extend(ptt::frame_vec(RecordType::Window, &window_payload(&w))?);
+        rec.windows += 1;
+    }
+    if spool.dropped > st.dropped_total {
+        rec.dropped = spool.dropped - st.dropped_total;
+        let mut p = Vec::with_capacity(16);
+        p.extend_from_slice(&rec.dropped.to_le_bytes());
+        p.extend_from_slice(&spool.dropped.to_le_bytes());
+        out.extend(ptt::frame_vec(RecordType::Dropped, &p)?);
+    }
+    rec.in_flight = spool
+        .in_flight
+        .iter()
+        .filter(|f| !in_flight_done(f, &st.windows, &spool.pending))
+        .copied()
+        .collect();
+    out.extend(ptt::frame_vec(RecordType::Recovered, &rec.payload())?);
+    Some(Recovery {
+        keep,
+        file_tail: file.tail.clone(),
+        frames: out,
+        recovered: rec,
+    })
+}
+
+/// The `Window` payload of `w` without PT or sideband.
+fn window_payload(w: &Window) -> Vec<u8> {
+    let mut buf = [0u8; ptt::WINDOW_HEAD_SIZE + 4];
+    let n = ptt::encode_window(&mut buf, w, &[], &[]).unwrap_or(0);
+    buf.get(8..n.saturating_sub(4)).unwrap_or(&[]).to_vec()
+}
+
+/// The thread files among the paths of a directory listing, sorted: every `.ptt`, and the
+/// `.ptt` a spool stands for when its process died before creating that file.
+pub fn thread_files(entries: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = entries
+        .iter()
+        .filter_map(|e| match e.extension().and_then(|x| x.to_str()) {
+            Some("ptt") => Some(e.clone()),
+            Some("spool") => Some(e.with_extension("ptt")),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A thread file's bytes with its spool (if any) merged in memory, and what the spool
+/// added. The file on disk is not changed. A missing thread file whose spool exists (the
+/// process died before creating it) reads as the spool's windows alone.
+pub fn read_thread_file(path: &Path) -> Result<(Vec<u8>, Option<Recovery>), FormatError> {
+    let name = path.display().to_string();
+    let mut data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path_for(path).exists() => Vec::new(),
+        Err(e) => {
+            return Err(FormatError::Record {
+                path: name.clone(),
+                offset: 0,
+                what: format!("cannot read: {e}"),
+            })
+        }
+    };
+    let Some(r) = recovery_for(path, &data)? else {
+        return Ok((data, None));
+    };
+    if data.len() < ptt::HEADER_SIZE {
+        data = ptt::encode_header(FileKind::Thread).to_vec();
+    }
+    data.truncate(r.keep);
+    data.extend_from_slice(&r.frames);
+    Ok((data, Some(r)))
+}
+
+/// The recovery a spool beside `path` (whose bytes are `data`) brings, if any.
+pub fn recovery_for(path: &Path, data: &[u8]) -> Result<Option<Recovery>, FormatError> {
+    let sp = path_for(path);
+    let sdata = match std::fs::read(&sp) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(FormatError::Record {
+                path: sp.display().to_string(),
+                offset: 0,
+                what: format!("cannot read: {e}"),
+            })
+        }
+    };
+    let Some(spool) = parse(&sp.display().to_string(), &sdata)? else {
+        return Ok(None);
+    };
+    let name = path.display().to_string();
+    // A file the process died creating (shorter than its header): the spool has it all.
+    let created: Vec<u8>;
+    let data = if data.len() < ptt::HEADER_SIZE
+        && ptt::encode_header(FileKind::Thread).starts_with(data)
+    {
+        created = ptt::encode_header(FileKind::Thread).to_vec();
+        &created[..]
+    } else {
+        data
+    };
+    let file = ptt::parse(&name, data)?;
+    if file.kind != FileKind::Thread {
+        return Err(FormatError::Record {
+            path: name,
+            offset: 12,
+            what: "expected a thread file (kind 2) beside the spool".into(),
+        });
+    }
+    Ok(recover(&spool, &file, data.len()))
+}
+
+/// Makes the recovery of `path`'s spool permanent: the thread file keeps its complete
+/// frames and gets the recovered ones appended (written to a temporary file and renamed
+/// over the original, so a failure leaves both files as they were); the spool is deleted.
+/// Call only when the process that wrote them is gone. Returns what was recovered.
+pub fn salvage(path: &Path) -> Result<Option<Recovered>, FormatError> {
+    let (data, rec) = read_thread_file(path)?;
+    let io = |p: &Path, e: std::io::Error| FormatError::Record {
+        path: p.display().to_string(),
+        offset: 0,
+        what: format!("cannot write: {e}"),
+    };
+    let sp = path_for(path);
+    if let Some(r) = &rec {
+        let tmp = path.with_extension("ptt.salvage");
+        std::fs::write(&tmp, &data).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
+        std::fs::remove_file(&sp).map_err(|e| io(&sp, e))?;
+        return Ok(Some(r.recovered.clone()));
+    }
+    // Nothing to add (never set up, or salvaged already): the spool is only a leftover.
+    match std::fs::remove_file(&sp) {
+        Ok(()) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(&sp, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ptt::{encode_header, encode_window, parse as parse_ptt};
+
+    fn win(index: u64, nr: u64, t: u64) -> Window {
+        Window {
+            index,
+            nr,
+            args: [index, 2, 3, 4, 5, 6],
+            ret: 7,
+            tsc_start: t,
+            tsc_end: t + 1,
+            flags: WF_PT_ABSENT,
+            depth: 0,
+        }
+    }
+
+    /// A spool as the shim leaves it: entries `released` were written and released,
+    /// `pending` are published.
+    fn spool_bytes(
+        cap: usize,
+        released: &[Window],
+        pending: &[Window],
+        fl: &[InFlight],
+    ) -> Vec<u8> {
+        let mut b = vec![0u8; file_len(cap)];
+        b[..8].copy_from_slice(&MAGIC);
+        b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&VERSION.to_le_bytes());
+        b[OFF_ENTRY_SIZE..OFF_ENTRY_SIZE + 4].copy_from_slice(&(ENTRY_SIZE as u32).to_le_bytes());
+        b[OFF_CAP..OFF_CAP + 8].copy_from_slice(&(cap as u64).to_le_bytes());
+        b[OFF_PID..OFF_PID + 4].copy_from_slice(&10i32.to_le_bytes());
+        b[OFF_TID..OFF_TID + 4].copy_from_slice(&11i32.to_le_bytes());
+        for i in 0..cap {
+            let at = ENTRIES_OFFSET + i * ENTRY_SIZE;
+            b[at..at + 8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        let mut put = |pos: u64, w: &Window, published: bool| {
+            let i = (pos as usize) % cap;
+            let at = ENTRIES_OFFSET + i * ENTRY_SIZE;
+            let seq = if published { pos + 1 } else { pos + cap as u64 };
+            b[at..at + 8].copy_from_slice(&seq.to_le_bytes());
+            // SAFETY: Window is repr(C) plain data of WINDOW_BYTES bytes.
+            let raw = unsafe {
+                std::slice::from_raw_parts(w as *const Window as *const u8, WINDOW_BYTES)
+            };
+            b[at + 8..at + 8 + WINDOW_BYTES].copy_from_slice(raw);
+        };
+        let mut pos = 0u64;
+        for w in released {
+            put(pos, w, false);
+            pos += 1;
+        }
+        for w in pending {
+            put(pos, w, true);
+            pos += 1;
+        }
+        for f in fl {
+            let at = OFF_IN_FLIGHT + f.depth as usize * IN_FLIGHT_SIZE;
+            b[at..at + 8].copy_from_slice(&f.t0.to_le_bytes());
+            b[at + 8..at + 16].copy_from_slice(&f.nr.to_le_bytes());
+            for (k, a) in f.args.iter().enumerate() {
+                b[at + 16 + 8 * k..at + 24 + 8 * k].copy_from_slice(&a.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    fn thread_file(ws: &[Window]) -> Vec<u8> {
+        let mut f = encode_header(FileKind::Thread).to_vec();
+        for w in ws {
+            let mut buf = [0u8; 256];
+            let n = encode_window(&mut buf, w, &[], &[]).unwrap();
+            f.extend_from_slice(&buf[..n]);
+        }
+        f
+    }
+
+    #[test]
+    fn spool_windows_after_the_file_and_the_unreturned_syscall_are_recovered() {
+        // 6 windows: 0..4 written (3 and 4 also still published: released only after the
+        // write), the write of 5 torn by the kill; 5 and 6 published; kill(2) in flight,
+        // and a finished getpid whose in-flight slot was not cleared yet.
+        let ws: Vec<Window> = (0..7).map(|i| win(i, 39, 100 * (i + 1))).collect();
+        let mut file = thread_file(&ws[..5]);
+        let good = file.len();
+        let torn = thread_file(&ws[5..6]);
+        file.extend_from_slice(&torn[16..16 + 40]);
+        let kill = InFlight {
+            depth: 0,
+            t0: 5000,
+            nr: 62,
+            args: [10, 9, 0, 0, 0, 0],
+        };
+        let done = InFlight {
+            depth: 1,
+            t0: ws[6].tsc_start,
+            nr: 39,
+            args: [6, 2, 3, 4, 5, 6],
+        };
+        let sp = spool_bytes(8, &ws[..3], &ws[3..], &[kill, done]);
+        let spool = parse("s", &sp).unwrap().unwrap();
+        assert_eq!(spool.pending, ws[3..].to_vec());
+        assert_eq!(spool.in_flight, vec![kill, done]);
+        let parsed = parse_ptt("t", &file).unwrap();
+        let r = recover(&spool, &parsed, file.len()).unwrap();
+        assert_eq!(r.keep, good);
+        assert_eq!(
+            r.file_tail,
+            Tail::Truncated {
+                offset: good,
+                bytes: 40
+            }
+        );
+        let mut merged = file[..r.keep].to_vec();
+        merged.extend_from_slice(&r.frames);
+        let m = parse_ptt("m", &merged).unwrap();
+        assert_eq!(m.tail, Tail::Clean);
+        let got: Vec<Window> = m
+            .frames
+            .iter()
+            .filter(|f| f.ty == RecordType::Window as u16)
+            .map(|f| decode_window(f.payload).unwrap().window)
+            .collect();
+        let mut want = ws.clone();
+        for w in &mut want[5..] {
+            w.flags |= WF_RECOVERED;
+        }
+        assert_eq!(got, want);
+        let last = m.frames.last().unwrap();
+        assert_eq!(last.ty, RecordType::Recovered as u16);
+        let rec = Recovered::decode(last.payload).unwrap();
+        assert_eq!(
+            rec,
+            Recovered {
+                windows: 2,
+                dropped: 0,
+                in_flight: vec![kill],
+                flags: 0
+            }
+        );
+        assert_eq!(rec, r.recovered);
+        // A second recovery of the merged file adds nothing.
+        assert_eq!(recover(&spool, &m, merged.len()), None);
+    }
+
+    #[test]
+    fn salvage_rewrites_the_thread_file_and_removes_the_spool() {
+        let dir = std::env::temp_dir().join(format!("spool-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ptt = dir.join("1-00000000-1.ptt");
+        let ws: Vec<Window> = (0..3).map(|i| win(i, 0, 10 * (i + 1))).collect();
+        std::fs::write(&ptt, thread_file(&ws[..1])).unwrap();
+        std::fs::write(path_for(&ptt), spool_bytes(4, &[], &ws, &[])).unwrap();
+        let (merged, r) = read_thread_file(&ptt).unwrap();
+        assert_eq!(r.unwrap().recovered.windows, 2);
+        let rec = salvage(&ptt).unwrap().unwrap();
+        assert_eq!(rec.windows, 2);
+        assert!(!path_for(&ptt).exists());
+        assert_eq!(std::fs::read(&ptt).unwrap(), merged);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_spools_name_the_field() {
+        let mut sp = spool_bytes(4, &[], &[], &[]);
+        assert_eq!(parse("s", &vec![0u8; 4096]).unwrap(), None);
+        sp[OFF_CAP] = 3;
+        let e = parse("s", &sp).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "s: record at offset 16: capacity 3 is not a power of two in 2..=2^24"
+        );
+        sp[OFF_CAP] = 4;
+        sp[OFF_ENTRY_SIZE] = 1;
+        assert!(parse("s", &sp)
+            .unwrap_err()
+            .to_string()
+            .contains("offset 12: entry size 1"));
+        let e = parse("s", &sp[..5000]).unwrap_err().to_string();
+        assert!(e.contains("s: "), "{e}");
+    }
+}

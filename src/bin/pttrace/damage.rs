@@ -1,0 +1,91 @@
+//! One way for every reader command (`decode`, `dump`, `report`) to tell about damaged
+//! input: each damaged place as `damaged: FILE: byte OFFSET: WHAT` on stderr, then a
+//! non-zero exit unless the user passed `--keep-going` (the summary is printed either way).
+
+use super::text::printable;
+use crate::CmdResult;
+use drpttracer::format::ptt::Tail;
+
+/// One damaged place in an input file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub file: String,
+    pub offset: u64,
+    pub what: String,
+}
+
+/// The damage met by one command.
+#[derive(Debug, Default)]
+pub struct Damages(pub Vec<Damage>);
+
+/// What a damaged frame tail of a trace file means, with its offset.
+pub fn tail_damage(t: &Tail) -> Option<(u64, String)> {
+    match *t {
+        Tail::Clean => None,
+        Tail::Truncated { offset, bytes } => Some((
+            offset as u64,
+            format!(
+                "incomplete record: the file ends {bytes} bytes into it (writer killed?); \
+                 the records before it were read"
+            ),
+        )),
+        Tail::Corrupt { offset, bytes } => Some((
+            offset as u64,
+            format!(
+                "corrupt record (bad checksum or length): the {bytes} bytes from here were \
+                 not read"
+            ),
+        )),
+    }
+}
+
+impl Damages {
+    pub fn add(&mut self, file: impl std::fmt::Display, offset: u64, what: impl Into<String>) {
+        self.0.push(Damage {
+            file: file.to_string(),
+            offset,
+            what: what.into(),
+        });
+    }
+
+    /// Adds the damage a file's frame tail shows, if any.
+    pub fn add_tail(&mut self, file: impl std::fmt::Display, t: &Tail) {
+        if let Some((offset, what)) = tail_damage(t) {
+            self.add(file, offset, what);
+        }
+    }
+
+    /// Prints every damaged place on stderr and decides the exit: an error unless
+    /// `keep_going`.
+    pub fn finish(&self, cmd: &str, keep_going: bool) -> CmdResult {
+        const SHOWN: usize = 50;
+        if self.0.len() > SHOWN {
+            eprintln!(
+                "pttrace {cmd}: damaged: … {} more damaged places after these",
+                self.0.len() - SHOWN
+            );
+        }
+        for d in self.0.iter().take(SHOWN) {
+            eprintln!(
+                "pttrace {cmd}: damaged: {}: byte {}: {}",
+                printable(&d.file),
+                d.offset,
+                d.what
+            );
+        }
+        let n = self.0.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let places = if n == 1 { "place" } else { "places" };
+        if keep_going {
+            eprintln!("pttrace {cmd}: continued past {n} damaged {places} (--keep-going)");
+            return Ok(());
+        }
+        Err(format!(
+            "the input is damaged in {n} {places} (listed above); what could be read was \
+             used; pass --keep-going to accept that with exit status 0"
+        )
+        .into())
+    }
+}
