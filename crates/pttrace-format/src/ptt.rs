@@ -6,6 +6,14 @@
 //! `execve` gets a new image and a new nonce). Kernel modes also write DynamoRIO's
 //! `kernel.raw/<tid>.raw.pt` (PT Data Buffers; written by `shim::output`).
 //!
+//! While a thread runs, its queue of windows not yet written is kept in
+//! `<pid>-<nonce>-<tid>.spool` beside its file ([`crate::spool`]); the shim deletes it after
+//! the thread's `End` record. A spool left behind means the process died without writing
+//! everything (SIGKILL): readers merge it, and `pttrace run` appends what it holds to the
+//! thread file as `Window` frames flagged [`WF_RECOVERED`] and a `Recovered` record. Files
+//! from before spools existed read as before (version 1 is unchanged; record 26 and flag
+//! bit 10 are new, and older readers skip unknown records).
+//!
 //! # Layout (all integers little-endian)
 //!
 //! ```text
