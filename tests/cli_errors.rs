@@ -126,3 +126,37 @@ fn text_from_trace_files_is_escaped() {
         }
     }
 }
+
+#[test]
+fn a_bad_kallsyms_line_is_named_by_byte_offset_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let pt = dir.path().join("t.pt");
+    std::fs::write(&pt, [0x02u8, 0x82, 0x02, 0x82]).unwrap();
+    let k = dir.path().join("kallsyms");
+    // The third line starts at byte 0x31 = 49.
+    std::fs::write(
+        &k,
+        "ffffffff81000000 T _stext\nffffffff81000100 t foo\nzzzz T bad\n",
+    )
+    .unwrap();
+    fails_with(
+        &[
+            "decode",
+            "--pt",
+            pt.to_str().unwrap(),
+            "--kallsyms",
+            k.to_str().unwrap(),
+        ],
+        &format!("{}: offset 0x31", k.display()),
+    );
+    fails_with(
+        &[
+            "decode",
+            "--pt",
+            pt.to_str().unwrap(),
+            "--kallsyms",
+            k.to_str().unwrap(),
+        ],
+        "line 3",
+    );
+}
