@@ -23,26 +23,25 @@
 //! - perf sideband records (`sideband::parse_records`, `perf_record::RecordIter`): 3,000;
 //! - code records (TEXT_POKE through `RecordIter`, `code::parse_code_body`,
 //!   `AddressSpace::add_code`): 3,000;
-//! - `/proc/<pid>/maps` text (`MapsEntry::parse`, `encode_exec_mappings`): 3,000 (52 of
-//!   them hold an inverted executable line and stop before the encoder, see below);
+//! - `/proc/<pid>/maps` text (`MapsEntry::parse`, `encode_exec_mappings`): 3,000;
 //! - kallsyms text (`Symbols::add_kallsyms`): 3,000;
 //! - `pt_metadata` (`PtMetadata::from_bytes`, time conversion, libipt configuration):
 //!   2,000, and the 50-byte extended metadata record of an info file
 //!   (`ptt_input::read_process`): 2,000;
 //! - QEMU command line (`launch::guest_cmdline`): 2,000; program heads
-//!   (`launch::inspect`, from a file): 400.
+//!   (`launch::inspect`, from a file): 400;
+//! - the shim's spools (`spool::parse`, `spool::recover` completing a torn thread file):
+//!   2,000.
 //!
 //! The valid inputs are also the fuzz targets' seed corpora (`fuzz/seeds/`, written by the
 //! ignored `write_fuzz_seeds`).
 //!
-//! Known panics (library bugs, reproducers in the ignored tests at the end): a maps line
-//! whose end is below its start makes `maps::encode_exec_mappings` (and so
-//! `ptt_input::read_process`) and `ptt_dir`'s `decode_thread` subtract with overflow; the
-//! mutants that contain such a line skip only those calls (`inverted_exec_mapping`). And
-//! `auxtrace::unwrap` overflows on a perf.data data offset near `u64::MAX` (found by
-//! reading the code and by the fuzz target), `summary::summarize_thread` and `ptt_dir`'s
-//! `decode_thread` on `Dropped` counts that add up past `u64::MAX` (found by the fuzz
-//! target); the mutants here do not reach those two.
+//! Panics found and fixed (reproducers in the tests at the end): a maps line whose end is
+//! below its start made `maps::encode_exec_mappings` (and so `ptt_input::read_process`)
+//! and `ptt_dir`'s `decode_thread` subtract with overflow (such a line is no mapping now);
+//! `auxtrace::unwrap` overflowed on a perf.data data offset near `u64::MAX` (now an error
+//! at byte 40); `summary::summarize_thread` and `ptt_dir`'s `decode_thread` overflowed on
+//! `Dropped` counts adding up past `u64::MAX` (they saturate).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -373,13 +372,22 @@ fn maps_entries() -> Vec<MapsEntry> {
     ]
 }
 
-/// Whether `text` has an executable maps line whose end is below its start: the known
-/// panic of `encode_exec_mappings` / `ptt_dir` (see the ignored tests).
+/// Whether `text` has an executable maps line whose end is below its start (the
+/// reproducer of a fixed panic; such lines are not parsed any more).
 fn inverted_exec_mapping(text: &[u8]) -> bool {
-    String::from_utf8_lossy(text)
-        .lines()
-        .filter_map(MapsEntry::parse)
-        .any(|m| m.exec && m.end < m.start)
+    String::from_utf8_lossy(text).lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            return false;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            return false;
+        };
+        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            return false;
+        };
+        perms.as_bytes().get(2) == Some(&b'x') && b < a
+    })
 }
 
 fn vdso_bytes() -> Vec<u8> {
@@ -990,12 +998,6 @@ fn maps_events() -> Vec<ImageEvent> {
 /// `read_process` of a file `ptt::parse` accepted: an error exactly at the first frame
 /// whose record is malformed, else the values of the last Metadata and Vdso records.
 fn check_read_process(name: &str, data: &[u8], p: &ptt::ParsedFile<'_>) -> Outcome {
-    if p.frames
-        .iter()
-        .any(|f| f.ty == RecordType::Maps as u16 && inverted_exec_mapping(f.payload))
-    {
-        return Rejected; // known panic, see `inverted_maps_line_panics_in_read_process`
-    }
     let r = ptt_input::read_process(name, data);
     if p.kind != FileKind::ProcessInfo {
         let e = r.unwrap_err();
@@ -1254,9 +1256,6 @@ fn ptt_directory_mutants() {
             } else {
                 (&info_base[..], &m[1..])
             };
-            if inverted_exec_mapping(i) {
-                return Rejected; // known panic, see `inverted_maps_line_panics_in_ptt_dir`
-            }
             write(i, th);
             let t = match open() {
                 Ok(t) => t,
@@ -1890,7 +1889,6 @@ fn maps_mutants() {
     assert_eq!(parse_records("maps", &sb, ST).unwrap(), maps_events());
     assert_eq!(MapsEntry::parse("garbage"), None);
 
-    let mut skipped = 0;
     let (ok, err) = mutants(
         "maps",
         0x5eed_000a,
@@ -1911,10 +1909,7 @@ fn maps_mutants() {
                     None => rejected = true,
                 }
             }
-            if entries.iter().any(|m| m.exec && m.end < m.start) {
-                skipped += 1; // known panic, see `inverted_maps_line_panics_in_encode`
-                return Rejected;
-            }
+            assert!(entries.iter().all(|m| m.start < m.end));
             let sb = encode_exec_mappings(&entries, PID, PID, ST, 0);
             let events = parse_records("maps", &sb, ST).unwrap();
             let want: Vec<ImageChange> = entries
@@ -1938,8 +1933,6 @@ fn maps_mutants() {
         },
     );
     assert!(ok > 300 && err > 1000, "{ok} {err}");
-    // The skip is rare: the rest of the cases ran through the encoder.
-    assert!(skipped < 300, "{skipped}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2255,6 +2248,7 @@ fn write_fuzz_seeds() {
         ("launch", "cmdline", qemu_cmdline()),
         ("launch", "script", script),
         ("launch", "elf", elf),
+        ("spool", "killed.spool", spool_input().0),
     ];
     for (target, name, data) in &seeds {
         match *target {
@@ -2278,7 +2272,7 @@ fn write_fuzz_seeds() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Known panics (library bugs): reproducers, ignored until fixed
+// Panics the mutation test and the fuzz targets found (fixed): their reproducers
 // ---------------------------------------------------------------------------------------
 
 /// Mutant `maps` seed 0x5eed000a case 348 (462 bytes): its third line,
@@ -2306,35 +2300,45 @@ fn inverted_maps() -> Vec<u8> {
     m
 }
 
-/// An executable maps line whose end is below its start: `encode_exec_mappings` computes
-/// `end - start` and panics (attempt to subtract with overflow) in debug builds.
+/// An executable maps line whose end is below its start made `encode_exec_mappings`
+/// compute `end - start` and panic; such a line is not a mapping (the kernel never writes
+/// one): it is not parsed, and the other lines are.
 #[test]
-#[ignore = "known bug: maps::encode_exec_mappings panics on an inverted executable maps line (maps seed 0x5eed000a case 348)"]
-fn inverted_maps_line_panics_in_encode() {
+fn inverted_maps_line_is_not_a_mapping() {
     let text = String::from_utf8(inverted_maps()).unwrap();
+    let bad = text.lines().nth(2).unwrap();
+    assert!(bad.starts_with("7f1c2a400000-7f1c2a1d0000 r-xp"), "{bad}");
+    assert_eq!(MapsEntry::parse(bad), None);
     let entries: Vec<MapsEntry> = text.lines().filter_map(MapsEntry::parse).collect();
+    assert!(!entries.iter().any(|m| m.end == 0x7f1c_2a1d_0000));
+    assert!(!entries.is_empty());
+    assert!(entries.iter().all(|m| m.start < m.end));
     let sb = encode_exec_mappings(&entries, PID, PID, ST, 0);
-    parse_records("maps", &sb, ST).unwrap();
+    let recs = parse_records("maps", &sb, ST).unwrap();
+    assert_eq!(recs.len(), entries.iter().filter(|m| m.exec).count());
 }
 
-/// The same maps text in an info file's `Maps` record: `ptt_input::read_process` panics
-/// (through `encode_exec_mappings`) instead of reading the file or naming the bad record.
+/// The same maps text in an info file's `Maps` record (`ptt_input::read_process` panicked
+/// through `encode_exec_mappings`): read, without the bad line.
 #[test]
-#[ignore = "known bug: ptt_input::read_process panics on an info file whose Maps record has an inverted executable line"]
-fn inverted_maps_line_panics_in_read_process() {
+fn inverted_maps_line_in_read_process() {
     let mut frames = info_frames();
     frames[3].1 = inverted_maps();
     let data = ptt_file(FileKind::ProcessInfo, &frames);
-    if let Err(e) = ptt_input::read_process("x.info", &data) {
-        assert!(e.to_string().starts_with("x.info"), "{e}");
-    }
+    let p = ptt_input::read_process("x.info", &data).unwrap();
+    let text = String::from_utf8(inverted_maps()).unwrap();
+    let exec = text
+        .lines()
+        .filter_map(MapsEntry::parse)
+        .filter(|m| m.exec)
+        .count();
+    assert_eq!(p.initial_events.len(), exec);
 }
 
-/// The same maps text in the info file of a `pttrace run --out` directory:
-/// `PttTrace::decode_thread` computes `m.end - m.start` for the initial image and panics.
+/// The same maps text in the info file of a `pttrace run --out` directory
+/// (`PttTrace::decode_thread` computed `m.end - m.start` and panicked): decodes.
 #[test]
-#[ignore = "known bug: ptt_dir decode_thread panics on an info file whose Maps record has an inverted executable line"]
-fn inverted_maps_line_panics_in_ptt_dir() {
+fn inverted_maps_line_in_ptt_dir() {
     let prog = loop_prog();
     let mut frames = info_frames();
     frames[3].1 = inverted_maps();
@@ -2351,9 +2355,7 @@ fn inverted_maps_line_panics_in_ptt_dir() {
     .unwrap();
     let mut t = ptt_dir::open(dir.path()).unwrap();
     t.sysroot = Some(dir.path().join("sysroot"));
-    if let Err(e) = t.collect_thread(&t.threads[0]) {
-        assert!(e.to_string().contains("4242-0badcafe"), "{e}");
-    }
+    t.collect_thread(&t.threads[0]).unwrap();
 }
 
 /// Found by reading `auxtrace::unwrap` (a random mutant is unlikely to hit it): a perf.data
@@ -2361,8 +2363,7 @@ fn inverted_maps_line_panics_in_ptt_dir() {
 /// (panic in debug builds). 56 bytes: "PERFILE2", zeros, data offset
 /// 0xffff_ffff_ffff_fffc at byte 40, data size 0 at byte 48.
 #[test]
-#[ignore = "known bug: auxtrace::unwrap panics on a perf.data header with a data offset near u64::MAX"]
-fn perf_data_offset_near_u64_max_panics_in_auxtrace_unwrap() {
+fn perf_data_offset_near_u64_max_is_named() {
     let data = unhex(concat!(
         "50455246494c4532", // PERFILE2
         "0000000000000000000000000000000000000000000000000000000000000000",
@@ -2370,10 +2371,12 @@ fn perf_data_offset_near_u64_max_panics_in_auxtrace_unwrap() {
         "0000000000000000", // data size
     ));
     assert_eq!(data.len(), 56);
-    match auxtrace::unwrap(&data) {
-        Ok(a) => assert!(a.pt.is_empty() && a.chunks.is_empty()),
-        Err(e) => assert!(e.offset <= 56, "{e}"),
-    }
+    let e = auxtrace::unwrap(&data).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "offset 0x28: perf.data data section offset 18446744073709551612 is past the end of \
+         the file (56 bytes)"
+    );
 }
 
 /// A thread file whose `Dropped` records (after window 1) count `u64::MAX` windows and then
@@ -2392,24 +2395,18 @@ fn dropped_overflow_file() -> Vec<u8> {
 /// Found by the `ptt_thread` fuzz target: `Dropped` counts that add up past `u64::MAX` make
 /// `summary::summarize_thread` overflow (`s.dropped += n`, a panic in debug builds).
 #[test]
-#[ignore = "known bug: summary::summarize_thread overflows adding up the Dropped counts"]
-fn dropped_counts_overflow_in_summarize_thread() {
+fn dropped_counts_saturate_in_summarize_thread() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("4242-0badcafe-4243.ptt");
     std::fs::write(&path, dropped_overflow_file()).unwrap();
-    if let Err(e) = summary::summarize_thread(&path) {
-        assert!(
-            e.to_string().starts_with(&path.display().to_string()),
-            "{e}"
-        );
-    }
+    let s = summary::summarize_thread(&path).unwrap();
+    assert_eq!(s.dropped, u64::MAX);
 }
 
 /// The same file in a `pttrace run --out` directory: `ptt_dir`'s `decode_thread` overflows
 /// the same way (`stats.dropped += n`).
 #[test]
-#[ignore = "known bug: ptt_dir decode_thread overflows adding up the Dropped counts"]
-fn dropped_counts_overflow_in_ptt_dir() {
+fn dropped_counts_saturate_in_ptt_dir() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("4242-0badcafe.info"),
@@ -2423,7 +2420,153 @@ fn dropped_counts_overflow_in_ptt_dir() {
     .unwrap();
     let mut t = ptt_dir::open(dir.path()).unwrap();
     t.sysroot = Some(dir.path().join("sysroot"));
-    if let Err(e) = t.collect_thread(&t.threads[0]) {
-        assert!(e.to_string().contains("4242-0badcafe"), "{e}");
+    t.collect_thread(&t.threads[0]).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Spools (the shim's SIGKILL-proof queues, `pttrace_format::spool`)
+// ---------------------------------------------------------------------------------------
+
+/// A spool of 8 entries as a killed shim leaves it: windows 0..3 released, 3..6 published,
+/// `kill` in flight at depth 0 and a finished `getppid` (window 5) still marked at depth 1.
+fn spool_input() -> (Vec<u8>, Vec<ptt::Window>) {
+    use drpttracer::format::spool::*;
+    let cap = 8usize;
+    let mut b = vec![0u8; file_len(cap)];
+    let put = |b: &mut Vec<u8>, at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+    put(&mut b, 0, &MAGIC);
+    put(&mut b, OFF_VERSION, &VERSION.to_le_bytes());
+    put(&mut b, OFF_ENTRY_SIZE, &(ENTRY_SIZE as u32).to_le_bytes());
+    put(&mut b, OFF_CAP, &(cap as u64).to_le_bytes());
+    put(&mut b, OFF_PID, &PID.to_le_bytes());
+    put(&mut b, OFF_TID, &TID.to_le_bytes());
+    put(&mut b, OFF_NONCE, &NONCE.to_le_bytes());
+    let ws: Vec<ptt::Window> = (0..6u64)
+        .map(|i| ptt::Window {
+            index: i,
+            nr: 110,
+            args: [i, 0, 0, 0, 0, 0],
+            ret: 1,
+            tsc_start: 100 * (i + 1),
+            tsc_end: 100 * (i + 1) + 5,
+            flags: ptt::WF_PT_ABSENT,
+            depth: 0,
+        })
+        .collect();
+    for (pos, w) in ws.iter().enumerate() {
+        let at = ENTRIES_OFFSET + pos * ENTRY_SIZE;
+        let seq = if pos < 3 { pos + cap } else { pos + 1 };
+        put(&mut b, at, &(seq as u64).to_le_bytes());
+        let mut f = Vec::new();
+        for v in [w.index, w.nr] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        for a in w.args {
+            f.extend_from_slice(&a.to_le_bytes());
+        }
+        for v in [w.ret as u64, w.tsc_start, w.tsc_end] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&w.flags.to_le_bytes());
+        f.extend_from_slice(&w.depth.to_le_bytes());
+        put(&mut b, at + 8, &f);
     }
+    for pos in ws.len()..cap {
+        let at = ENTRIES_OFFSET + pos * ENTRY_SIZE;
+        put(&mut b, at, &(pos as u64).to_le_bytes());
+    }
+    let fl = |b: &mut Vec<u8>, d: usize, t0: u64, nr: u64| {
+        let at = OFF_IN_FLIGHT + d * IN_FLIGHT_SIZE;
+        put(b, at, &t0.to_le_bytes());
+        put(b, at + 8, &nr.to_le_bytes());
+    };
+    fl(&mut b, 0, 9000, 62);
+    fl(&mut b, 1, ws[5].tsc_start, 110);
+    (b, ws)
+}
+
+#[test]
+fn spool_mutants() {
+    use drpttracer::format::spool;
+    let (base, ws) = spool_input();
+    // The thread file the spool completes: windows 0..3 written, the write of 3 torn.
+    let thread = |upto: usize| {
+        let mut frames = vec![];
+        for w in &ws[..upto] {
+            frames.push((RecordType::Window as u16, window_payload(w, &[], &[])));
+        }
+        ptt_file(FileKind::Thread, &frames)
+    };
+    let mut file = thread(4);
+    file.truncate(file.len() - 20);
+    let parsed = ptt::parse("t.ptt", &file).unwrap();
+    let sp = spool::parse("s.spool", &base).unwrap().unwrap();
+    assert_eq!(sp.pending, ws[3..].to_vec());
+    assert_eq!(sp.in_flight.len(), 2);
+    let r = spool::recover(&sp, &parsed, file.len()).unwrap();
+    let mut merged = file[..r.keep].to_vec();
+    merged.extend_from_slice(&r.frames);
+    let m = ptt::parse("m", &merged).unwrap();
+    assert_eq!(m.tail, Tail::Clean);
+    let windows: Vec<u64> = m
+        .frames
+        .iter()
+        .filter(|f| f.ty == RecordType::Window as u16)
+        .map(|f| ptt::decode_window(f.payload).unwrap().window.index)
+        .collect();
+    assert_eq!(windows, vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(r.recovered.windows, 3);
+    assert_eq!(
+        r.recovered
+            .in_flight
+            .iter()
+            .map(|f| f.nr)
+            .collect::<Vec<_>>(),
+        vec![62]
+    );
+
+    let (ok, err) = mutants(
+        "spool",
+        0x5eed_0101,
+        2000,
+        |rng| {
+            // Mutate the header and the used entries, where the information is.
+            let mut m = mutate(rng, &base[..spool::ENTRIES_OFFSET + 8 * spool::ENTRY_SIZE]);
+            if m.len() >= spool::ENTRIES_OFFSET && rng.below(2) == 0 {
+                m.resize(base.len(), 0);
+            }
+            m
+        },
+        |_, d| match spool::parse("s.spool", d) {
+            Ok(None) => Rejected,
+            Ok(Some(sp)) => {
+                assert!(sp.pending.len() as u64 <= sp.cap);
+                assert!(sp.in_flight.len() <= spool::IN_FLIGHT_SLOTS);
+                assert!(sp.pending.windows(2).all(|w| w[0].index < w[1].index));
+                // Whatever it holds completes a thread file into a clean one.
+                if let Some(r) = spool::recover(&sp, &parsed, file.len()) {
+                    let mut merged = file[..r.keep].to_vec();
+                    merged.extend_from_slice(&r.frames);
+                    let m = ptt::parse("m", &merged).unwrap();
+                    assert_eq!(m.tail, Tail::Clean);
+                    let last = m.frames.last().unwrap();
+                    assert_eq!(last.ty, RecordType::Recovered as u16);
+                    assert_eq!(
+                        spool::Recovered::decode(last.payload).as_ref(),
+                        Some(&r.recovered)
+                    );
+                }
+                Accepted
+            }
+            Err(e) => {
+                let s = e.to_string();
+                assert!(s.starts_with("s.spool"), "{s}");
+                if let FormatError::Record { offset, .. } = e {
+                    assert!(offset <= d.len(), "{s}");
+                }
+                Rejected
+            }
+        },
+    );
+    assert!(ok > 200 && err > 200, "{ok} {err}");
 }

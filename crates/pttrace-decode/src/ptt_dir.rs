@@ -314,7 +314,7 @@ impl PttTrace {
             for m in p.maps.iter().filter(|m| m.exec) {
                 let change = ImageChange::Map {
                     addr: m.start,
-                    len: m.end - m.start,
+                    len: m.end.saturating_sub(m.start),
                     pgoff: m.offset,
                     filename: m.path.clone(),
                 };
@@ -332,7 +332,7 @@ impl PttTrace {
                 Some(RecordType::Window) => {}
                 Some(RecordType::Dropped) => {
                     if let Some((n, _)) = ptt::decode_dropped(fr.payload) {
-                        stats.dropped += n;
+                        stats.dropped = stats.dropped.saturating_add(n);
                     }
                     continue;
                 }

@@ -92,6 +92,15 @@ fn unwrap_into(data: &[u8], out: &mut AuxTrace) -> Result<(), AuxError> {
     let (mut pos, end) = if data.starts_with(b"PERFILE2") {
         let off = u64_at(data, 40).ok_or_else(|| bad(40, "perf.data header truncated".into()))?;
         let size = u64_at(data, 48).ok_or_else(|| bad(48, "perf.data header truncated".into()))?;
+        if off > data.len() as u64 {
+            return Err(bad(
+                40,
+                format!(
+                    "perf.data data section offset {off} is past the end of the file ({} bytes)",
+                    data.len()
+                ),
+            ));
+        }
         let end = off.saturating_add(size).min(data.len() as u64);
         (off as usize, end as usize)
     } else {

@@ -38,9 +38,17 @@ impl MapsEntry {
         if p.len() < 4 {
             return None;
         }
+        let (start, end) = (
+            u64::from_str_radix(s, 16).ok()?,
+            u64::from_str_radix(e, 16).ok()?,
+        );
+        // The kernel never writes an empty or inverted range: such a line is not a mapping.
+        if end <= start {
+            return None;
+        }
         Some(MapsEntry {
-            start: u64::from_str_radix(s, 16).ok()?,
-            end: u64::from_str_radix(e, 16).ok()?,
+            start,
+            end,
             read: p[0] == b'r',
             write: p[1] == b'w',
             exec: p[2] == b'x',
@@ -99,7 +107,7 @@ pub fn encode_exec_mappings(
             pid,
             tid,
             addr: m.start,
-            len: m.end - m.start,
+            len: m.end.saturating_sub(m.start),
             pgoff: m.offset,
             maj: m.maj,
             min: m.min,

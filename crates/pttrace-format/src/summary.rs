@@ -149,7 +149,7 @@ fn summarize_thread_frame(
         }
         Some(RecordType::Dropped) => {
             let (n, _) = decode_dropped(f.payload).ok_or_else(|| bad(f, "short Dropped"))?;
-            s.dropped += n;
+            s.dropped = s.dropped.saturating_add(n);
         }
         Some(RecordType::Recovered) => {
             s.recovered =
