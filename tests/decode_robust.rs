@@ -4,50 +4,13 @@
 use drpttracer::decode::packets::list_packets;
 use drpttracer::decode::parallel::decode_parallel;
 use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE};
-use drpttracer::decode::testgen::{LoopProgram, XorShift};
+use drpttracer::decode::testgen::{mutate, LoopProgram, XorShift};
 use drpttracer::decode::{
     AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };
 use drpttracer::format::{auxtrace, pdb};
 use drpttracer::metadata::{PtMetadata, TimeConv};
 
-fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
-    let mut t = base.to_vec();
-    let rounds = 1 + rng.below(4);
-    for _ in 0..rounds {
-        if t.is_empty() {
-            t.push(rng.next_u64() as u8);
-        }
-        let at = rng.below(t.len() as u64) as usize;
-        match rng.below(6) {
-            0 => t[at] ^= 1 << rng.below(8),
-            1 => {
-                let n = (1 + rng.below(16) as usize).min(t.len() - at);
-                for b in &mut t[at..at + n] {
-                    *b = rng.next_u64() as u8;
-                }
-            }
-            2 => t.truncate(at),
-            3 => {
-                let n = 1 + rng.below(8) as usize;
-                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
-                t.splice(at..at, ins);
-            }
-            4 => {
-                let n = (1 + rng.below(32) as usize).min(t.len() - at);
-                t.drain(at..at + n);
-            }
-            _ => {
-                // Duplicate a chunk elsewhere (valid packets in the wrong place).
-                let n = (1 + rng.below(64) as usize).min(t.len() - at);
-                let chunk = t[at..at + n].to_vec();
-                let to = rng.below(t.len() as u64) as usize;
-                t.splice(to..to, chunk);
-            }
-        }
-    }
-    t
-}
 
 fn check_records(recs: &[Record], len: usize) {
     for r in recs {

@@ -48,7 +48,7 @@ use std::path::Path;
 
 use drpttracer::decode::packets::{list_packets, PacketLine};
 use drpttracer::decode::sideband::{parse_records, ImageChange, ImageEvent};
-use drpttracer::decode::testgen::{LoopProgram, XorShift};
+use drpttracer::decode::testgen::{mutate, LoopProgram, XorShift};
 use drpttracer::decode::{
     ptt_dir, ptt_input, AddressSpace, ImageResolver, PtDecoder, Record, Symbols, TraceParams,
     WindowOptions,
@@ -63,44 +63,6 @@ use pttrace_format::perf_record::{self as perf, Mapping, RecordIter, SIDEBAND_SA
 // Mutation harness
 // ---------------------------------------------------------------------------------------
 
-/// One random edit (1 to 4 rounds): bit flip, random run, truncation, insertion, deletion,
-/// or a chunk duplicated elsewhere (valid structures in the wrong place).
-fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
-    let mut t = base.to_vec();
-    let rounds = 1 + rng.below(4);
-    for _ in 0..rounds {
-        if t.is_empty() {
-            t.push(rng.next_u64() as u8);
-        }
-        let at = rng.below(t.len() as u64) as usize;
-        match rng.below(6) {
-            0 => t[at] ^= 1 << rng.below(8),
-            1 => {
-                let n = (1 + rng.below(16) as usize).min(t.len() - at);
-                for b in &mut t[at..at + n] {
-                    *b = rng.next_u64() as u8;
-                }
-            }
-            2 => t.truncate(at),
-            3 => {
-                let n = 1 + rng.below(8) as usize;
-                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
-                t.splice(at..at, ins);
-            }
-            4 => {
-                let n = (1 + rng.below(32) as usize).min(t.len() - at);
-                t.drain(at..at + n);
-            }
-            _ => {
-                let n = (1 + rng.below(64) as usize).min(t.len() - at);
-                let chunk = t[at..at + n].to_vec();
-                let to = rng.below(t.len() as u64) as usize;
-                t.splice(to..to, chunk);
-            }
-        }
-    }
-    t
-}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()

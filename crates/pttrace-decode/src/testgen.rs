@@ -38,6 +38,46 @@ impl XorShift {
     }
 }
 
+/// A deterministic random mutant of `base` (robustness tests, fuzz seeds): 1 to 4 rounds of
+/// a bit flip, a random run, a truncation, an insertion, a deletion, or a chunk duplicated
+/// elsewhere (valid structures in the wrong place).
+pub fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
+    let mut t = base.to_vec();
+    let rounds = 1 + rng.below(4);
+    for _ in 0..rounds {
+        if t.is_empty() {
+            t.push(rng.next_u64() as u8);
+        }
+        let at = rng.below(t.len() as u64) as usize;
+        match rng.below(6) {
+            0 => t[at] ^= 1 << rng.below(8),
+            1 => {
+                let n = (1 + rng.below(16) as usize).min(t.len() - at);
+                for b in &mut t[at..at + n] {
+                    *b = rng.next_u64() as u8;
+                }
+            }
+            2 => t.truncate(at),
+            3 => {
+                let n = 1 + rng.below(8) as usize;
+                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+                t.splice(at..at, ins);
+            }
+            4 => {
+                let n = (1 + rng.below(32) as usize).min(t.len() - at);
+                t.drain(at..at + n);
+            }
+            _ => {
+                let n = (1 + rng.below(64) as usize).min(t.len() - at);
+                let chunk = t[at..at + n].to_vec();
+                let to = rng.below(t.len() as u64) as usize;
+                t.splice(to..to, chunk);
+            }
+        }
+    }
+    t
+}
+
 /// Appends PT packets to a byte vector using libipt's encoder.
 #[derive(Debug, Default, Clone)]
 pub struct PtWriter {
