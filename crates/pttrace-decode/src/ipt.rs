@@ -35,6 +35,10 @@ impl PtErr {
     pub fn is_nomap(self) -> bool {
         self.0 == sys::pt_error_code_pte_nomap as i32
     }
+    /// A compressed return with no call on libipt's return stack.
+    pub fn is_retstack_empty(self) -> bool {
+        self.0 == sys::pt_error_code_pte_retstack_empty as i32
+    }
     pub fn text(self) -> String {
         // SAFETY: pt_errstr returns a pointer to a static NUL-terminated string for any
         // code (unknown codes map to a generic text); never NULL.
@@ -277,6 +281,16 @@ pub(crate) enum Ev {
     Other,
 }
 
+/// The execution mode `ev` sets (libipt's raw value), if it sets one.
+pub(crate) fn exec_mode_of(ev: &sys::pt_event) -> Option<u32> {
+    if ev.type_ != sys::pt_event_type_ptev_exec_mode {
+        return None;
+    }
+    // SAFETY: the union's `exec_mode` variant is the one libipt fills for this event
+    // type; it is plain integer data.
+    Some(unsafe { ev.variant.exec_mode.mode })
+}
+
 /// Decodes `ev`'s type and payload; also returns (tsc if present, status_update).
 pub(crate) fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
     let suppressed = ev.ip_suppressed() != 0;
@@ -310,11 +324,18 @@ pub(crate) fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
     (kind, tsc, ev.status_update() != 0)
 }
 
-/// A PSB found in a trace: its offset and the FUP IP of its PSB+ (tracing enabled there).
+/// A PSB found in a trace: its offset and what its PSB+ (the packets up to PSBEND) holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PsbInfo {
     pub offset: u64,
+    /// The FUP IP of its PSB+ (tracing enabled there).
     pub fup: Option<u64>,
+    /// Offset of the PSBEND packet that ends the PSB+ (`None`: no PSBEND found).
+    pub psbend: Option<u64>,
+    /// The TSC packet of the PSB+.
+    pub tsc: Option<u64>,
+    /// Whether the PSB+ has a MODE.Exec packet.
+    pub mode_exec: bool,
 }
 
 /// An owned `pt_packet_decoder` over a borrowed trace buffer.
@@ -364,6 +385,12 @@ impl<'a> PacketDecoder<'a> {
             .map(|_| off)
     }
 
+    /// Positions the decoder at `offset` (which must hold a PSB).
+    pub fn sync_set(&mut self, offset: u64) -> Result<u32, PtErr> {
+        // SAFETY: live decoder; libipt checks the offset against its buffer.
+        check(unsafe { sys::pt_pkt_sync_set(self.raw.as_ptr(), offset) })
+    }
+
     /// The next packet (size in bytes on success).
     pub fn next(&mut self, pkt: &mut sys::pt_packet) -> Result<u32, PtErr> {
         // SAFETY: live decoder; pkt is a valid pt_packet of the size we pass.
@@ -401,27 +428,105 @@ pub fn psb_offsets(trace: &[u8]) -> Vec<PsbInfo> {
         let Some(offset) = dec.sync_offset() else {
             break;
         };
-        let mut fup = None;
-        // Walk the PSB+ (PSB .. PSBEND) looking for its FUP.
+        let mut info = PsbInfo {
+            offset,
+            fup: None,
+            psbend: None,
+            tsc: None,
+            mode_exec: false,
+        };
+        // Walk the PSB+ (PSB .. PSBEND).
         for _ in 0..64 {
+            let at = dec.offset();
             if dec.next(&mut pkt).is_err() {
                 break;
             }
             match pkt.type_ {
-                sys::pt_packet_type_ppt_psbend => break,
+                sys::pt_packet_type_ppt_psbend => {
+                    info.psbend = at;
+                    break;
+                }
                 sys::pt_packet_type_ppt_fup => {
                     // SAFETY: the union's `ip` variant is the one libipt fills for FUP.
                     let ip = unsafe { pkt.payload.ip };
                     if ip.ipc != sys::pt_ip_compression_pt_ipc_suppressed {
-                        fup = Some(ip_value(ip.ipc, ip.ip));
+                        info.fup = Some(ip_value(ip.ipc, ip.ip));
+                    }
+                }
+                sys::pt_packet_type_ppt_tsc => {
+                    // SAFETY: the union's `tsc` variant is the one libipt fills for TSC.
+                    info.tsc = Some(unsafe { pkt.payload.tsc.tsc });
+                }
+                sys::pt_packet_type_ppt_mode => {
+                    // SAFETY: the union's `mode` variant is the one libipt fills for MODE.
+                    let leaf = unsafe { pkt.payload.mode.leaf };
+                    if leaf == sys::pt_mode_leaf_pt_mol_exec {
+                        info.mode_exec = true;
                     }
                 }
                 _ => {}
             }
         }
-        out.push(PsbInfo { offset, fup });
+        out.push(info);
     }
     out
+}
+
+/// Every offset at which libipt can synchronize in `trace` (each PSB `pt_sync_forward`
+/// finds from some position), ascending.
+pub(crate) fn psb_positions(trace: &[u8]) -> Vec<u64> {
+    let mut out = Vec::new();
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return out;
+    };
+    while dec.sync_forward().is_ok() {
+        match dec.sync_offset() {
+            Some(off) if out.last().is_none_or(|&l| l < off) => out.push(off),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Whether libipt could meet a CYC packet decoding from the PSBs in `from..to` of `trace`
+/// (`psbs`: [`psb_positions`] of `trace`). A decoder only ever parses packets onwards from
+/// a PSB it synchronized to, so this parses from each of those PSBs until a packet error,
+/// the end, or a PSB whose own parse covers the rest (one at or after `to`, or one already
+/// parsed): any CYC libipt can process lies on one of these parses.
+pub(crate) fn cyc_possible(trace: &[u8], psbs: &[u64], from: u64, to: u64) -> bool {
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return false;
+    };
+    let mut pkt = empty_packet();
+    let lo = psbs.partition_point(|&p| p < from);
+    let hi = psbs.partition_point(|&p| p < to);
+    let mut reached = vec![false; hi - lo];
+    for k in lo..hi {
+        if reached[k - lo] || dec.sync_set(psbs[k]).is_err() {
+            continue;
+        }
+        // Index of the first PSB after the parse's position.
+        let mut next = k + 1;
+        while let Some(off) = dec.offset() {
+            while psbs.get(next).is_some_and(|&p| p < off) {
+                next += 1;
+            }
+            if psbs.get(next) == Some(&off) {
+                // In step with another PSB: its own parse covers the rest.
+                match reached.get_mut(next - lo) {
+                    Some(r) if !*r => *r = true,
+                    _ => break,
+                }
+            }
+            if dec.next(&mut pkt).is_err() {
+                break;
+            }
+            if pkt.type_ == sys::pt_packet_type_ppt_cyc {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// The IP of a PSB+ FUP (no last-IP context: a PSB resets it to zero).

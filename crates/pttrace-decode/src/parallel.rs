@@ -1,21 +1,46 @@
-//! Parallel decode by PSB segments (libipt's "Parallel Decode").
+//! Parallel decode by PSB segments (libipt's "Parallel Decode"), record for record the
+//! sequential result, timestamps and gaps included.
 //!
-//! The trace is cut at PSB offsets into chunks that threads decode independently; the
-//! chunks' records are then stitched so that the result equals a single sequential pass:
-//! - a chunk that ends inside straight-line code runs on (without trace) past the point
-//!   where the next chunk's PSB+ FUP resumes; that overlap, from the first instruction at
-//!   the FUP address onwards, is dropped from the earlier chunk;
-//! - a chunk that starts at a PSB+ with FUP (tracing on) drops the sync-point timestamp a
-//!   sequential pass does not emit there.
+//! The trace is cut at PSBs (each PSB+ ending with PSBEND, holding MODE.Exec, and a TSC
+//! where the trace has any) into segments. Segment `k`'s decoder synchronizes at its PSB
+//! (the first one decodes from the trace's start, as sequential decode does) and decodes
+//! on until the PSB+ of a later segment, where it hands over: right there if tracing is
+//! disabled at that PSB+; else where the records after it reach the PSB+'s FUP IP, where
+//! the next decoder starts (the instructions decoded straight before that stay with this
+//! decoder). Its records up to there are the sequential decoder's.
+//!
+//! A decoder that starts at a PSB knows nothing of what came before. At each handover
+//! the stitching checks that the sequential decoder's state there (as the earlier
+//! decoder reports it) gives the records the later decoder gave from its fresh start:
+//! - the time: the TSC libipt has after the PSB+, and ours;
+//! - the pending sync-point timestamp (the later decoder starts with a guess);
+//! - the last timestamp emitted: the later decoder emits its first timestamp whatever it
+//!   is; the stitching drops it where it repeats the earlier one (as sequential does);
+//! - the sideband events applied (the later decoder applies those before its time);
+//! - libipt's state when the sequential decoder decoded through the PSB+ rather than
+//!   synchronizing there: its return-compression stack (a later decoder that ran out of
+//!   it is suspect) and its calibration for cycle-accurate time (a segment where libipt
+//!   could meet a CYC packet is suspect);
+//! - libipt's block cache, which sequential decode has filled with everything before:
+//!   its results differ only where the execution mode changes or is not known, and only
+//!   our gaps inside blocks depend on where libipt ends its blocks (those segments are
+//!   suspect; traces with more than one execution mode decode in one pass).
+//!
+//! Where a check fails (errors near a cut, odd traces), the earlier segment is decoded
+//! again on this thread, from its start with the now known exact state, on through later
+//! cuts until one passes (and where that decode is itself suspect, the whole trace in one
+//! pass). Windows with sideband loss records decode in one pass.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::config::TraceParams;
 use super::image::AddressSpace;
-use super::ipt::{psb_offsets, PsbInfo};
-use super::pipeline::{CompactRecords, PtDecoder, WindowOptions};
-use super::records::{InsnClass, Record};
+use super::ipt::{cyc_possible, has_tsc, psb_offsets, psb_positions, PsbInfo};
+use super::pipeline::{
+    CompactRecords, FirstGap, Handover, Mark, PtDecoder, SegCtl, SegReport, SegStart, WindowOptions,
+};
+use super::records::Record;
 use super::sideband::{ImageEvent, ImageResolver};
 use super::DecodeError;
 
@@ -26,15 +51,28 @@ pub struct Segment {
     pub end: usize,
     /// FUP of the chunk's first PSB+ (tracing enabled there).
     pub fup: Option<u64>,
+    /// Offset of the PSBEND that ends the chunk's first PSB+.
+    pub psbend: usize,
+}
+
+/// Whether a PSB can start a segment: a complete PSB+ (PSBEND) that sets the execution
+/// mode, and the time when other PSB+ do.
+fn cut_point(p: &PsbInfo, timed: bool) -> Option<usize> {
+    let psbend = p.psbend.and_then(|o| usize::try_from(o).ok())?;
+    (p.mode_exec && (p.tsc.is_some() || !timed)).then_some(psbend)
 }
 
 /// Cuts `trace` into about `want` chunks of similar size at PSB boundaries. Bytes before
 /// the first PSB cannot be decoded by anyone and belong to no chunk.
 pub fn split_at_psbs(trace: &[u8], want: usize) -> Vec<Segment> {
-    let psbs: Vec<PsbInfo> = psb_offsets(trace);
+    split(trace, &psb_offsets(trace), want)
+}
+
+fn split(trace: &[u8], psbs: &[PsbInfo], want: usize) -> Vec<Segment> {
     let Some(first) = psbs.first() else {
         return Vec::new();
     };
+    let timed = psbs.iter().any(|p| p.tsc.is_some());
     let want = want.max(1);
     let target = (trace.len() / want).max(1);
     let mut segs: Vec<Segment> = Vec::new();
@@ -42,9 +80,13 @@ pub fn split_at_psbs(trace: &[u8], want: usize) -> Vec<Segment> {
         start: first.offset as usize,
         end: trace.len(),
         fup: first.fup,
+        psbend: first.psbend.map_or(first.offset as usize, |o| o as usize),
     };
     for p in &psbs[1..] {
         let off = p.offset as usize;
+        let Some(psbend) = cut_point(p, timed) else {
+            continue;
+        };
         if off - cur.start >= target && segs.len() + 1 < want {
             cur.end = off;
             segs.push(cur);
@@ -52,6 +94,7 @@ pub fn split_at_psbs(trace: &[u8], want: usize) -> Vec<Segment> {
                 start: off,
                 end: trace.len(),
                 fup: p.fup,
+                psbend,
             };
         }
     }
@@ -59,29 +102,11 @@ pub fn split_at_psbs(trace: &[u8], want: usize) -> Vec<Segment> {
     segs
 }
 
-/// Instruction classes that consume trace (end a straight-line run).
-fn needs_trace(c: InsnClass) -> bool {
-    !matches!(c, InsnClass::Other | InsnClass::Ptwrite)
-        && !matches!(c, InsnClass::Call | InsnClass::Jump) // direct ones are fine; indirect
-                                                           // ones are checked by the caller
-}
-
-/// Drops from `recs` (an earlier chunk) the straight-line tail that the next chunk, which
-/// resumes at `fup`, decodes again: walking back over the trailing run of instructions
-/// that needed no trace (the last one, the unresolved branch, may have), cut at the
-/// earliest instruction at `fup`.
-fn trim_overlap(recs: &mut CompactRecords, fup: u64) {
-    recs.truncate_back(|r, is_last| match r {
-        Record::Syscall { .. } => (false, false),
-        // An instruction that consumed trace ends the overlap (it cannot reach before).
-        Record::Instruction(i) => (i.pc == fup, !is_last && needs_trace(i.class)),
-        _ => (false, true),
-    });
-}
+/// Marks a segment's decoder may pass (where it could not stop) before it gives up.
+const MISSED_MARKS: usize = 2;
 
 /// Chunks per decoding thread: small enough that the last ones leave little idle time,
-/// large enough that cutting costs little (0.5% more instructions than one pass on an
-/// 8 MB trace).
+/// large enough that cutting costs little.
 pub const CHUNKS_PER_THREAD: usize = 16;
 
 /// Decodes `trace` on `threads` threads and returns records identical to one
@@ -106,6 +131,132 @@ pub fn decode_parallel(
     Ok(out)
 }
 
+/// What decoding a trace needs besides the bytes.
+struct Inputs<'t> {
+    trace: &'t [u8],
+    params: &'t TraceParams,
+    image: &'t AddressSpace,
+    events: &'t [ImageEvent],
+    resolver: &'t ImageResolver,
+    opts: &'t WindowOptions,
+}
+
+impl<'t> Inputs<'t> {
+    fn sequential(&self) -> Result<CompactRecords, DecodeError> {
+        let dec = PtDecoder::new(
+            self.trace,
+            *self.params,
+            self.image.clone(),
+            self.events.to_vec(),
+            self.resolver.clone(),
+            self.opts.clone(),
+        )?;
+        Ok(dec.collect_compact())
+    }
+
+    /// Decodes from segment `k`'s start (the trace's start for 0) in state `state`,
+    /// stopping at a mark where `stop` says so (or giving up after passing `give_up`).
+    fn segment<'s>(
+        &self,
+        segs: &[Segment],
+        k: usize,
+        state: SegStart,
+        stop: Box<dyn FnMut(&Handover) -> bool + 's>,
+        give_up: Option<usize>,
+    ) -> Result<(CompactRecords, SegReport), DecodeError>
+    where
+        't: 's,
+    {
+        let from = if k == 0 { 0 } else { segs[k].start };
+        let marks = segs
+            .iter()
+            .enumerate()
+            .skip(k + 1)
+            .take(give_up.map_or(usize::MAX, |g| g + 1))
+            .map(|(j, s)| Mark {
+                index: j,
+                psb: (s.start - from) as u64,
+                psbend: (s.psbend - from) as u64,
+            })
+            .collect();
+        let mut o = WindowOptions {
+            base_offset: self.opts.base_offset + from as u64,
+            ..self.opts.clone()
+        };
+        if k > 0 {
+            o.window_id = None;
+            o.cpu = None;
+        }
+        let start = SegStart {
+            psbend: (k > 0).then(|| (segs[k].psbend - from) as u64),
+            ..state
+        };
+        let dec = PtDecoder::new_segment(
+            &self.trace[from..],
+            *self.params,
+            self.image.clone(),
+            self.events.to_vec(),
+            self.resolver.clone(),
+            o,
+            SegCtl::new(start, marks, stop, give_up),
+        )?;
+        Ok(dec.collect_segment())
+    }
+}
+
+/// The sequential decoder's state where a segment's decoder starts (see [`Handover`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Incoming {
+    pending_timestamp: bool,
+    last_timestamp: Option<u64>,
+    tsc: Option<u64>,
+    timeline: usize,
+}
+
+impl Incoming {
+    /// The state at handover `h` of a decoder that started in state `self`.
+    fn after(&self, h: &Handover) -> Incoming {
+        Incoming {
+            pending_timestamp: h.pending_timestamp,
+            last_timestamp: h.last_timestamp.unwrap_or(self.last_timestamp),
+            tsc: h.tsc.or(self.tsc),
+            timeline: h.timeline.unwrap_or(self.timeline),
+        }
+    }
+}
+
+/// Whether the decoder of the segment starting at `h`'s mark, which reported `r`,
+/// continues the sequential records exactly when the sequential state there is `inc`.
+fn joins(h: &Handover, inc: &Incoming, r: &SegReport, cyc: bool) -> bool {
+    let Some((at_start, event_tsc, pending)) = r.start else {
+        return false;
+    };
+    let timeline = match r.first_advance {
+        Some(applied) => inc.timeline <= applied,
+        None => inc.timeline == 0,
+    };
+    at_start
+        && !r.unknown_mode
+        && !r.block_bound
+        && h.event_tsc == event_tsc
+        && inc.tsc == event_tsc
+        && inc.pending_timestamp == pending
+        && timeline
+        // Decoded through the PSB+: libipt kept its return stack and its calibration for
+        // cycle-accurate time (`cyc`: the later decoder may have met a CYC packet).
+        && (h.via_sync || (!cyc && !r.first_gap.is_some_and(FirstGap::is_retstack_empty)))
+}
+
+/// A segment decode accepted into the result: its records are the sequential ones.
+struct Run {
+    /// The segment it started at, the state there, how it was reached.
+    seg: usize,
+    incoming: Incoming,
+    via: Option<Handover>,
+    recs: CompactRecords,
+    report: SegReport,
+}
+
 /// Like [`decode_parallel`], but returns the stitched chunks in compact form (their
 /// concatenation is the sequential result; see [`PtDecoder::collect_compact`]). This is
 /// the fast path: no per-instruction copies.
@@ -118,6 +269,14 @@ pub fn decode_parallel_compact(
     opts: &WindowOptions,
     threads: usize,
 ) -> Result<Vec<CompactRecords>, DecodeError> {
+    let inputs = Inputs {
+        trace,
+        params,
+        image,
+        events,
+        resolver,
+        opts,
+    };
     let threads = threads.max(1);
     // Loss records are reported once, where the trace's time passes them; a chunk cannot
     // know which of them earlier chunks already reported, so such windows decode in one
@@ -125,81 +284,188 @@ pub fn decode_parallel_compact(
     let has_losses = events
         .iter()
         .any(|e| matches!(e.change, super::sideband::ImageChange::Lost { .. }));
-    let segs = if has_losses {
+    let psbs = if has_losses {
         Vec::new()
     } else {
-        split_at_psbs(trace, threads * CHUNKS_PER_THREAD)
+        psb_offsets(trace)
     };
+    let segs = split(trace, &psbs, threads * CHUNKS_PER_THREAD);
     if segs.len() <= 1 {
-        let dec = PtDecoder::new(
-            trace,
-            *params,
-            image.clone(),
-            events.to_vec(),
-            resolver.clone(),
-            opts.clone(),
-        )?;
-        return Ok(vec![dec.collect_compact()]);
+        return Ok(vec![inputs.sequential()?]);
     }
-    type Slot = Mutex<Option<Result<CompactRecords, DecodeError>>>;
+    let n = segs.len();
+    let workers = threads.min(n);
+
+    // Could libipt meet a CYC packet in a segment? Its cycle-accurate time calibration
+    // carries over PSBs, which a decoder starting at one cannot know.
+    let positions = psb_positions(trace);
+    let bounds = |k: usize| {
+        let from = if k == 0 { 0 } else { segs[k].start as u64 };
+        let to = segs
+            .get(k + 1)
+            .map_or(trace.len() as u64, |s| s.start as u64);
+        (from, to)
+    };
+
+    // Every segment on its own, in parallel. Segments after the first start with the
+    // pending-timestamp flag of a decoder that passed timed trace before (it stays set
+    // where no TSC came yet) and an unknown last timestamp.
+    let later = SegStart {
+        pending_timestamp: Some(!psbs.iter().any(|p| p.tsc.is_some())),
+        last_timestamp: None,
+        tsc: None,
+        // (What one pass over the whole trace sees.)
+        trace_has_tsc: params.time.is_some() && has_tsc(trace),
+        psbend: None,
+    };
+    let first = SegStart {
+        pending_timestamp: None,
+        last_timestamp: Some(None),
+        ..later
+    };
+    type Slot = Mutex<Option<(bool, Result<(CompactRecords, SegReport), DecodeError>)>>;
     let results: Vec<Slot> = segs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for _ in 0..threads.min(segs.len()) {
+        for _ in 0..workers {
             s.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(seg) = segs.get(k) else { break };
-                let mut o = WindowOptions {
-                    base_offset: opts.base_offset + seg.start as u64,
-                    ..opts.clone()
-                };
-                if k > 0 {
-                    o.window_id = None;
-                    o.cpu = None;
+                if k >= n {
+                    break;
                 }
-                let r = PtDecoder::new(
-                    &trace[seg.start..seg.end],
-                    *params,
-                    image.clone(),
-                    events.to_vec(),
-                    resolver.clone(),
-                    o,
-                )
-                .map(PtDecoder::collect_compact);
+                let (from, to) = bounds(k);
+                let cyc = cyc_possible(trace, &positions, from, to);
+                let state = if k == 0 { first } else { later };
+                // (A decoder that passes marks without stopping does the work of later
+                // ones: bounded here; the stitching decodes on from its start.)
+                let stop = Box::new(|_: &Handover| true);
+                let r = inputs.segment(&segs, k, state, stop, Some(MISSED_MARKS));
                 if let Ok(mut slot) = results[k].lock() {
-                    *slot = Some(r);
+                    *slot = Some((cyc, r));
                 }
             });
         }
     });
-    let mut chunks = Vec::with_capacity(segs.len());
+    let mut done: Vec<Option<(CompactRecords, SegReport)>> = Vec::with_capacity(n);
+    let mut cyc = Vec::with_capacity(n);
     for (k, m) in results.into_iter().enumerate() {
-        let r = m.into_inner().ok().flatten().unwrap_or_else(|| {
-            Err(DecodeError::new(
-                &opts.source,
-                segs[k].start as u64,
-                "decoder thread failed",
-            ))
-        })?;
-        chunks.push(r);
+        let (c, r) = m.into_inner().ok().flatten().unwrap_or_else(|| {
+            let e = DecodeError::new(&opts.source, segs[k].start as u64, "decoder thread failed");
+            (true, Err(e))
+        });
+        cyc.push(c);
+        done.push(Some(r?));
     }
-    Ok(stitch(chunks, &segs))
+    // Whether a decoder from segment `k` that stopped at `h` may have met a CYC packet.
+    let cyc_in = |k: usize, h: Option<Handover>| {
+        cyc.get(k..h.map_or(n, |h| h.index))
+            .is_none_or(|c| c.iter().any(|&c| c))
+    };
+    let reports: Vec<SegReport> = done
+        .iter()
+        .map(|d| d.as_ref().map(|(_, r)| r.clone()).unwrap_or_default())
+        .collect();
+    // More than one execution mode: libipt's block cache makes decoding depend on what
+    // was decoded before (see `SegReport::modes`).
+    let modes = reports.iter().fold(0, |m, r| m | r.modes);
+    if modes.count_ones() > 1 {
+        return Ok(vec![inputs.sequential()?]);
+    }
+
+    // Stitch: follow the handovers from the first segment, checking each.
+    let Some((recs, report)) = done[0].take() else {
+        return Ok(vec![inputs.sequential()?]);
+    };
+    let mut run = Run {
+        seg: 0,
+        incoming: Incoming {
+            pending_timestamp: true,
+            last_timestamp: None,
+            tsc: None,
+            timeline: 0,
+        },
+        via: None,
+        recs,
+        report,
+    };
+    let mut out = Vec::new();
+    for _ in 0..=2 * n + 1 {
+        let joined = match run.report.handover {
+            None if !run.report.gave_up => {
+                out.push(run.recs);
+                return Ok(out);
+            }
+            None => None,
+            Some(h) => {
+                let inc = run.incoming.after(&h);
+                let ok = reports
+                    .get(h.index)
+                    .is_some_and(|r| joins(&h, &inc, r, cyc_in(h.index, r.handover)));
+                ok.then(|| done.get_mut(h.index).and_then(Option::take))
+                    .flatten()
+                    .map(|next| (h, inc, next))
+            }
+        };
+        match joined {
+            Some((h, inc, (mut recs, report))) => {
+                // Its first timestamp, emitted whatever it was, goes where it repeats
+                // the last one before.
+                let repeats = recs.first_marker(is_timestamp).is_some_and(|r| {
+                    matches!(r, Record::Timestamp { tsc, .. } if Some(*tsc) == inc.last_timestamp)
+                });
+                if repeats {
+                    recs.drop_first_marker(is_timestamp);
+                }
+                let next = Run {
+                    seg: h.index,
+                    incoming: inc,
+                    via: Some(h),
+                    recs,
+                    report,
+                };
+                out.push(std::mem::replace(&mut run, next).recs);
+            }
+            None => {
+                // Decode this run's segment again with the exact state, on through the
+                // cuts until one joins.
+                let state = if run.seg == 0 {
+                    first
+                } else {
+                    SegStart {
+                        pending_timestamp: Some(run.incoming.pending_timestamp),
+                        last_timestamp: Some(run.incoming.last_timestamp),
+                        tsc: run.incoming.tsc,
+                        ..later
+                    }
+                };
+                let start = run.incoming;
+                let stop = |h: &Handover| {
+                    reports
+                        .get(h.index)
+                        .is_some_and(|r| joins(h, &start.after(h), r, cyc_in(h.index, r.handover)))
+                };
+                let (recs, report) = inputs.segment(&segs, run.seg, state, Box::new(stop), None)?;
+                // Decoding further from a PSB that was decoded through: the same checks
+                // as for the first stretch, now on the longer one.
+                let suspect = report.modes & !modes != 0
+                    || run.seg > 0 && (report.unknown_mode || report.block_bound)
+                    || run.via.is_some_and(|v| {
+                        !v.via_sync
+                            && (cyc_in(run.seg, report.handover)
+                                || report.first_gap.is_some_and(FirstGap::is_retstack_empty))
+                    });
+                if suspect {
+                    return Ok(vec![inputs.sequential()?]);
+                }
+                run.recs = recs;
+                run.report = report;
+            }
+        }
+    }
+    // (Every round joins a later segment or decodes on to one: never reached.)
+    inputs.sequential().map(|r| vec![r])
 }
 
-/// Stitches per-chunk records in place (see the module docs).
-fn stitch(mut chunks: Vec<CompactRecords>, segs: &[Segment]) -> Vec<CompactRecords> {
-    for k in 1..chunks.len() {
-        let Some(fup) = segs[k].fup else { continue };
-        // The last non-empty earlier chunk holds the tail to trim.
-        let Some(prev) = chunks[..k].iter().rposition(|c| !c.is_empty()) else {
-            continue;
-        };
-        if matches!(chunks[prev].last(), Some(Record::Gap(_))) {
-            continue;
-        }
-        trim_overlap(&mut chunks[prev], fup);
-        // Sequential decoding crosses this PSB silently.
-        chunks[k].drop_leading(|r| matches!(r, Record::Timestamp { .. }));
-    }
-    chunks
+fn is_timestamp(r: &Record) -> bool {
+    matches!(r, Record::Timestamp { .. })
 }

@@ -12,7 +12,7 @@ use super::config::TraceParams;
 use super::image::AddressSpace;
 use super::insn::{BlockCache, BlockKey, InsnCache};
 use super::ipt::{self, BlockDecoder, Ev, PtErr, SharedImage, PTS_EOS, PTS_EVENT_PENDING};
-use super::records::{ExecMode, Gap, GapKind, Instruction, Record};
+use super::records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
 use super::sideband::{ImageEvent, ImageResolver, ImageTimeline};
 use super::DecodeError;
 
@@ -35,6 +35,8 @@ impl Item {
 struct ItemQueue {
     items: Vec<Item>,
     head: usize,
+    /// Items pushed so far (a position in the stream of items that draining leaves valid).
+    pushed: u64,
 }
 
 impl ItemQueue {
@@ -42,6 +44,7 @@ impl ItemQueue {
         ItemQueue {
             items: Vec::with_capacity(n),
             head: 0,
+            pushed: 0,
         }
     }
 
@@ -57,6 +60,20 @@ impl ItemQueue {
             self.head = 0;
         }
         self.items.push(item);
+        self.pushed += 1;
+    }
+
+    /// The items pushed after the queue had seen `pushed` pushes, if all are still queued.
+    fn since(&self, pushed: u64) -> Option<&[Item]> {
+        let n = usize::try_from(self.pushed.checked_sub(pushed)?).ok()?;
+        let queued = self.items.len().checked_sub(self.head)?;
+        (n <= queued).then(|| &self.items[self.items.len() - n..])
+    }
+
+    /// Drops the last `n` queued items.
+    fn truncate_last(&mut self, n: usize) {
+        let keep = self.items.len().saturating_sub(n).max(self.head);
+        self.items.truncate(keep);
     }
 
     #[inline]
@@ -234,56 +251,23 @@ impl CompactRecords {
             .find_map(|it| self.item_slice(it).last())
     }
 
-    /// Drops the leading records for which `drop` holds (only whole markers). Their items
-    /// become empty in place: O(dropped), where removing them would move every item.
-    pub(crate) fn drop_leading(&mut self, drop: impl Fn(&Record) -> bool) {
-        let n = self
-            .items
-            .iter()
-            .take_while(|it| match it.kind() {
-                CItemKind::Rec(i) => self.markers.get(i as usize).is_some_and(&drop),
-                CItemKind::Block { len, .. } => len == 0,
-            })
-            .count();
-        for it in &mut self.items[..n] {
-            *it = CItem::EMPTY;
+    /// Drops the first marker for which `find` holds, wherever it is.
+    pub(crate) fn drop_first_marker(&mut self, find: impl Fn(&Record) -> bool) {
+        let hit = self.items.iter().position(|it| match it.kind() {
+            CItemKind::Rec(i) => self.markers.get(i as usize).is_some_and(&find),
+            CItemKind::Block { .. } => false,
+        });
+        if let Some(k) = hit {
+            self.items[k] = CItem::EMPTY;
         }
     }
 
-    /// Walks the records backwards, calling `f(record, no_instruction_after_it)`, which
-    /// returns (cut here, stop walking). Truncates before the earliest record marked cut.
-    pub(crate) fn truncate_back(&mut self, mut f: impl FnMut(&Record, bool) -> (bool, bool)) {
-        let mut cut: Option<(usize, usize)> = None;
-        let mut is_last = true;
-        'walk: for (k, it) in self.items.iter().enumerate().rev() {
-            let recs = self.item_slice(it);
-            for (j, r) in recs.iter().enumerate().rev() {
-                let (here, stop) = f(r, is_last);
-                if here {
-                    cut = Some((k, j));
-                }
-                if stop {
-                    break 'walk;
-                }
-                if matches!(r, Record::Instruction(_)) {
-                    is_last = false;
-                }
-            }
-        }
-        let Some((k, j)) = cut else { return };
-        self.items.truncate(k + 1);
-        let shortened = match self.items.last().map(|it| it.kind()) {
-            Some(CItemKind::Block { arena, start, .. }) if j > 0 => {
-                CItem::block(arena, start, j as u32)
-            }
-            _ => None,
-        };
-        match (shortened, self.items.last_mut()) {
-            (Some(it), Some(last)) => *last = it,
-            _ => {
-                self.items.pop();
-            }
-        }
+    /// The first marker for which `find` holds.
+    pub(crate) fn first_marker(&self, find: impl Fn(&Record) -> bool) -> Option<&Record> {
+        self.items.iter().find_map(|it| match it.kind() {
+            CItemKind::Rec(i) => self.markers.get(i as usize).filter(|r| find(r)),
+            CItemKind::Block { .. } => None,
+        })
     }
 }
 
@@ -298,6 +282,157 @@ pub struct WindowOptions {
     pub cpu: Option<u32>,
     /// Offset of `pt` within the input file (added to every reported PT offset).
     pub base_offset: u64,
+}
+
+/// A cut point of parallel decode: a PSB at which the decoder of the next segment starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    /// Which segment starts there.
+    pub index: usize,
+    /// Offsets of the PSB and of the PSBEND ending its PSB+, in this decoder's buffer.
+    pub psb: u64,
+    pub psbend: u64,
+}
+
+/// A decoder's state where it reached a [`Mark`] (PSB+ processed, nothing after it), as
+/// far as the records after it can depend on it. `None` fields: this decoder has not
+/// set them yet (they are what it started with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handover {
+    pub index: usize,
+    /// Reached by synchronizing there (after an error), not by decoding through it.
+    pub via_sync: bool,
+    /// The TSC libipt gave the PSB+ (its time after the PSB+).
+    pub event_tsc: Option<u64>,
+    pub tsc: Option<u64>,
+    pub pending_timestamp: bool,
+    pub last_timestamp: Option<Option<u64>>,
+    /// Sideband events applied.
+    pub timeline: Option<usize>,
+    /// Instructions decoded after the PSB+ before the IP of its FUP, where the next
+    /// segment's decoder starts (they belong to this decoder's records).
+    pub delta: u64,
+}
+
+/// The first gap of a decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FirstGap {
+    /// libipt's error code.
+    Pt(i32),
+    /// Too many instructions without trace.
+    Progress,
+    /// Instruction bytes libipt decoded but we cannot.
+    Unreadable,
+    /// Anything else (lost data).
+    Other,
+}
+
+impl FirstGap {
+    pub fn is_retstack_empty(self) -> bool {
+        matches!(self, FirstGap::Pt(c) if PtErr(c).is_retstack_empty())
+    }
+}
+
+/// What parallel decode needs to know about one segment decoder's run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SegReport {
+    /// Its first PSB+: whether it is the PSB+ at the decoder's start (synchronized there
+    /// first), the TSC libipt gave it, and the pending-timestamp flag then.
+    pub start: Option<(bool, Option<u64>, bool)>,
+    pub first_gap: Option<FirstGap>,
+    /// Sideband events applied by the first image update that had the trace's time.
+    pub first_advance: Option<usize>,
+    /// Where it stopped.
+    pub handover: Option<Handover>,
+    /// It stopped, without a handover, after passing the marks it was allowed to.
+    pub gave_up: bool,
+    /// It decoded instructions before the trace told the execution mode (after
+    /// synchronizing at a PSB+ without MODE.Exec): libipt then decodes by the modes its
+    /// block cache remembers from earlier decoding, which only a decoder that decoded
+    /// everything before knows.
+    pub unknown_mode: bool,
+    /// The execution modes the trace set (bit per libipt mode): code decoded in one mode
+    /// that libipt's block cache holds from another is decoded by its cache, so with more
+    /// than one mode in a trace, what a decoder gives depends on what it decoded before.
+    pub modes: u32,
+    /// It had a gap whose place depends on where libipt ends its blocks (which, through
+    /// libipt's block cache, depends on what was decoded before): instructions we cannot
+    /// decode (the rest of their block is lost), too many instructions without trace
+    /// (counted at block ends).
+    pub block_bound: bool,
+}
+
+/// How a decoder of one segment of a trace starts (parallel decode).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SegStart {
+    /// The pending-timestamp flag after the first synchronization (`None`: set, as always).
+    pub pending_timestamp: Option<bool>,
+    /// The last timestamp emitted before (`None`: unknown: the first one is always emitted).
+    pub last_timestamp: Option<Option<u64>>,
+    /// The trace's time so far.
+    pub tsc: Option<u64>,
+    /// Whether the whole trace has TSC packets.
+    pub trace_has_tsc: bool,
+    /// Offset of the PSBEND of the PSB+ at the decoder's start.
+    pub psbend: Option<u64>,
+}
+
+/// Segment control: how the decoder starts, the marks ahead and who decides whether to
+/// stop at one.
+pub(crate) struct SegCtl<'a> {
+    start: SegStart,
+    /// Marks after the start, ascending; `next` is the first not yet passed.
+    marks: Vec<Mark>,
+    next: usize,
+    /// Called where the decoder reaches a mark with its state there; `true`: stop there.
+    stop: Box<dyn FnMut(&Handover) -> bool + 'a>,
+    /// Stop at the first PSB+ after passing this many marks.
+    give_up: Option<usize>,
+    report: SegReport,
+    /// A mark reached at a PSB+ with FUP, decided by the blocks after it.
+    awaiting: Option<Awaiting>,
+}
+
+/// A mark reached at a PSB+ with FUP, not decided yet.
+#[derive(Debug, Clone, Copy)]
+struct Awaiting {
+    handover: Handover,
+    /// The FUP IP.
+    fup: u64,
+    /// The queue position at the mark.
+    queued: u64,
+    /// Items after the mark looked at, and the instructions among them.
+    scanned: usize,
+    insns: u64,
+}
+
+/// Whether the instruction consumes trace (a branch the decoder cannot follow alone).
+fn needs_trace(i: &Instruction) -> bool {
+    match i.class {
+        InsnClass::Other | InsnClass::Ptwrite => false,
+        InsnClass::Call | InsnClass::Jump => super::insn::decode_insn(i.encoding(), i.pc, i.mode)
+            .is_none_or(|d| d.direct_target.is_none()),
+        _ => true,
+    }
+}
+
+impl<'a> SegCtl<'a> {
+    pub fn new(
+        start: SegStart,
+        marks: Vec<Mark>,
+        stop: Box<dyn FnMut(&Handover) -> bool + 'a>,
+        give_up: Option<usize>,
+    ) -> Self {
+        SegCtl {
+            start,
+            marks,
+            next: 0,
+            stop,
+            give_up,
+            report: SegReport::default(),
+            awaiting: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +473,18 @@ pub struct PtDecoder<'a> {
     warnings: Vec<String>,
     /// Emit a timestamp before the next instructions (set at sync points).
     pending_timestamp: bool,
+    /// The pending flag the first synchronization leaves (segment decoders).
+    start_pending: Option<bool>,
+    /// The last timestamp before this decoder's start is unknown: emit the next one
+    /// whatever it is (segment decoders; parallel decode drops it where it repeats).
+    ts_unknown: bool,
+    /// Sideband has been applied with the trace's time known.
+    advanced: bool,
+    /// The trace told the execution mode since the last synchronization (tracked for
+    /// segment decoders).
+    mode_known: bool,
+    /// Parallel decode's control of a segment decoder.
+    seg: Option<Box<SegCtl<'a>>>,
     insns_after_eos: u64,
     progress_offset: Option<u64>,
     insns_without_progress: u64,
@@ -392,6 +539,19 @@ impl<'a> PtDecoder<'a> {
         resolver: ImageResolver,
         opts: WindowOptions,
     ) -> Result<Self, DecodeError> {
+        let trace_has_tsc = params.time.is_some() && ipt::has_tsc(pt);
+        Self::new_inner(pt, params, image, events, resolver, opts, trace_has_tsc)
+    }
+
+    fn new_inner(
+        pt: &'a [u8],
+        params: TraceParams,
+        image: AddressSpace,
+        events: Vec<ImageEvent>,
+        resolver: ImageResolver,
+        opts: WindowOptions,
+        trace_has_tsc: bool,
+    ) -> Result<Self, DecodeError> {
         let shared = Rc::new(SharedImage {
             space: std::cell::RefCell::new(image),
             last_nomap: std::cell::Cell::new(None),
@@ -442,15 +602,53 @@ impl<'a> PtDecoder<'a> {
             failed_syncs: 0,
             warnings: Vec::new(),
             pending_timestamp: false,
+            start_pending: None,
+            ts_unknown: false,
+            advanced: false,
+            mode_known: false,
+            seg: None,
             insns_after_eos: 0,
             progress_offset: None,
             insns_without_progress: 0,
             insns_since_check: 0,
             tsc: None,
             last_timestamp: None,
-            trace_has_tsc: params.time.is_some() && ipt::has_tsc(pt),
+            trace_has_tsc,
             pt_len,
         })
+    }
+
+    /// A decoder of the part of a trace from a PSB (or the trace's start) on, for parallel
+    /// decode: it starts as `ctl` says, stops where it says, and reports what the
+    /// stitching needs ([`PtDecoder::collect_segment`]).
+    pub(crate) fn new_segment(
+        pt: &'a [u8],
+        params: TraceParams,
+        image: AddressSpace,
+        events: Vec<ImageEvent>,
+        resolver: ImageResolver,
+        opts: WindowOptions,
+        ctl: SegCtl<'a>,
+    ) -> Result<Self, DecodeError> {
+        let start = ctl.start;
+        let trace_has_tsc = params.time.is_some() && start.trace_has_tsc;
+        let mut d = Self::new_inner(pt, params, image, events, resolver, opts, trace_has_tsc)?;
+        d.start_pending = start.pending_timestamp;
+        match start.last_timestamp {
+            Some(t) => d.last_timestamp = t,
+            None => d.ts_unknown = true,
+        }
+        d.tsc = start.tsc;
+        d.seg = Some(Box::new(ctl));
+        Ok(d)
+    }
+
+    /// Decodes to the end or to the mark where it stops: the records (as
+    /// [`collect_compact`](Self::collect_compact)) and the report.
+    pub(crate) fn collect_segment(mut self) -> (CompactRecords, SegReport) {
+        let recs = self.collect_compact_mut();
+        let report = self.seg.take().map(|s| s.report).unwrap_or_default();
+        (recs, report)
     }
 
     /// The decoder's current position in the PT stream (for progress reporting).
@@ -490,9 +688,10 @@ impl<'a> PtDecoder<'a> {
     /// Emits a timestamp for `tsc` unless it repeats the last one.
     fn timestamp(&mut self, tsc: u64) {
         self.pending_timestamp = false;
-        if self.last_timestamp == Some(tsc) {
+        if self.last_timestamp == Some(tsc) && !self.ts_unknown {
             return;
         }
+        self.ts_unknown = false;
         self.last_timestamp = Some(tsc);
         let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
         self.queue
@@ -520,6 +719,17 @@ impl<'a> PtDecoder<'a> {
             (Some(_), None) if self.trace_has_tsc => return,
             _ => None,
         };
+        self.advanced = true;
+        self.apply_sideband(now);
+        if let Some(seg) = self.seg.as_mut() {
+            seg.report
+                .first_advance
+                .get_or_insert(self.timeline.applied());
+        }
+    }
+
+    /// Applies the sideband events up to `now` (all when `None`).
+    fn apply_sideband(&mut self, now: Option<u64>) {
         if let (Some(now), Some(next)) = (now, self.timeline.next_time()) {
             if next > now {
                 return;
@@ -531,6 +741,7 @@ impl<'a> PtDecoder<'a> {
         let (w, losses) = self.timeline.advance(now, &mut space, &mut self.resolver);
         drop(space);
         for what in losses {
+            self.note_gap(FirstGap::Other);
             let pt_offset = self.offset();
             self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
                 kind: GapKind::LostData,
@@ -549,6 +760,11 @@ impl<'a> PtDecoder<'a> {
 
     fn sync(&mut self) {
         let first = self.state == State::Start;
+        let start_pending = if first {
+            self.start_pending.take()
+        } else {
+            None
+        };
         match self.dec.sync_forward() {
             Ok(status) => {
                 let here = self.dec.sync_offset();
@@ -561,13 +777,15 @@ impl<'a> PtDecoder<'a> {
                     return;
                 }
                 self.failed_syncs = 0;
-                self.pending_timestamp = true;
+                self.mode_known = false;
+                self.pending_timestamp = start_pending.unwrap_or(true);
                 self.state = State::Running(status);
             }
             Err(e) if e.is_eos() => self.state = State::Done,
             Err(e) => {
                 let here = self.dec.offset();
                 self.push_gap(e, None);
+                self.note_gap(FirstGap::Pt(e.0));
                 if here.is_some() && here <= self.last_error_sync {
                     self.state = State::Done;
                 } else {
@@ -584,18 +802,242 @@ impl<'a> PtDecoder<'a> {
             return;
         }
         self.push_gap(e, ip);
+        self.note_gap(FirstGap::Pt(e.0));
         self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
         self.state = State::NeedSync;
     }
 
+    /// Notes a gap for parallel decode (the first one; a mark awaited is missed).
+    fn note_gap(&mut self, g: FirstGap) {
+        if let Some(seg) = self.seg.as_mut() {
+            seg.report.first_gap.get_or_insert(g);
+            seg.report.block_bound |= matches!(g, FirstGap::Progress | FirstGap::Unreadable);
+            seg.awaiting = None;
+        }
+    }
+
+    /// A PSB+ was decoded (its status event, taken at trace offset `before`, had
+    /// `event_tsc`): a segment decoder notes its start or whether it reached a mark. At a
+    /// PSB+ without FUP it may stop right here; at one with FUP, at the first block after
+    /// it ([`seg_block`](Self::seg_block)).
+    #[cold]
+    fn seg_psb(&mut self, before: Option<u64>, event_tsc: Option<u64>, fup: Option<u64>) {
+        let sync_offset = self.dec.sync_offset();
+        let here = Handover {
+            index: 0,
+            via_sync: false,
+            event_tsc,
+            tsc: self.tsc,
+            pending_timestamp: self.pending_timestamp,
+            last_timestamp: (!self.ts_unknown).then_some(self.last_timestamp),
+            timeline: self.advanced.then(|| self.timeline.applied()),
+            delta: 0,
+        };
+        let queued = self.queue.pushed;
+        let Some(seg) = self.seg.as_mut() else {
+            return;
+        };
+        seg.awaiting = None;
+        if seg.report.start.is_none() {
+            let ok = sync_offset == Some(0) && before.is_some() && before == seg.start.psbend;
+            seg.report.start = Some((ok, event_tsc, self.pending_timestamp));
+            if ok {
+                return;
+            }
+        }
+        let Some(pos) = before else {
+            return;
+        };
+        while seg.marks.get(seg.next).is_some_and(|m| m.psbend < pos) {
+            seg.next += 1;
+        }
+        let Some(&m) = seg.marks.get(seg.next).filter(|m| m.psbend == pos) else {
+            if seg.give_up.is_some_and(|g| seg.next >= g) {
+                seg.report.gave_up = true;
+                self.state = State::Done;
+            }
+            return;
+        };
+        seg.next += 1;
+        let h = Handover {
+            index: m.index,
+            via_sync: sync_offset == Some(m.psb),
+            ..here
+        };
+        match fup {
+            Some(ip) => {
+                seg.awaiting = Some(Awaiting {
+                    handover: h,
+                    fup: ip,
+                    queued,
+                    scanned: 0,
+                    insns: 0,
+                })
+            }
+            None => {
+                if (seg.stop)(&h) {
+                    seg.report.handover = Some(h);
+                    self.state = State::Done;
+                }
+            }
+        }
+    }
+
+    /// A block after a mark reached at a PSB+ with FUP: the records after the mark equal
+    /// those of the next segment's decoder (which starts at the FUP IP) when they start
+    /// there too; or when they run into the FUP IP without trace, the instructions before
+    /// it belong here. The mark is missed when trace or anything but instructions comes
+    /// first; undecided while the straight-line run goes on. Returns whether it stopped.
+    #[cold]
+    fn seg_block(&mut self) -> bool {
+        let Some(mut aw) = self.seg.as_mut().and_then(|s| s.awaiting.take()) else {
+            return false;
+        };
+        let Some(after) = self.queue.since(aw.queued) else {
+            return false;
+        };
+        // Where the next segment's records start: (item, records of it to keep).
+        let mut cut = None;
+        for (k, item) in after.iter().enumerate().skip(aw.scanned) {
+            let recs = match item {
+                Item::Rec(r) => std::slice::from_ref(&**r),
+                Item::Block(start, len) => {
+                    let (start, len) = (*start as usize, *len as usize);
+                    self.blocks.arena.get(start..start + len).unwrap_or(&[])
+                }
+            };
+            for (i, r) in recs.iter().enumerate() {
+                match r {
+                    Record::Instruction(x) if x.pc == aw.fup => {
+                        cut = Some((k, i));
+                        break;
+                    }
+                    // (A sync-point timestamp: the next decoder's own if it starts here.)
+                    Record::Timestamp { .. } if aw.insns == 0 => {}
+                    Record::Instruction(x) if !needs_trace(x) => aw.insns += 1,
+                    _ => return false,
+                }
+            }
+            if cut.is_some() {
+                break;
+            }
+        }
+        let Some((k, i)) = cut else {
+            aw.scanned = after.len();
+            if let Some(seg) = self.seg.as_mut() {
+                seg.awaiting = Some(aw);
+            }
+            return false;
+        };
+        let timestamps = after[..k]
+            .iter()
+            .any(|it| matches!(it, Item::Rec(r) if matches!(**r, Record::Timestamp { .. })));
+        if aw.insns > 0 && timestamps {
+            return false;
+        }
+        let drop = after.len() - k;
+        let keep = match &after[k] {
+            Item::Block(start, _) if i > 0 => Some(Item::Block(*start, i as u32)),
+            _ => None,
+        };
+        let mut h = aw.handover;
+        h.delta = aw.insns;
+        let Some(seg) = self.seg.as_mut() else {
+            return false;
+        };
+        if !(seg.stop)(&h) {
+            return false;
+        }
+        seg.report.handover = Some(h);
+        self.queue.truncate_last(drop);
+        if let Some(item) = keep {
+            self.queue.push_back(item);
+        }
+        self.state = State::Done;
+        true
+    }
+
+    /// An event after a mark reached at a PSB+ with FUP, before trace was needed: libipt
+    /// reports an asynchronous one where the decoder is at its IP; if that is the FUP IP,
+    /// the next segment's decoder (which starts there) reports it the same way. Otherwise
+    /// the mark is missed. Returns whether it stopped.
+    #[cold]
+    fn seg_event(&mut self, kind: Ev) -> bool {
+        let Some(aw) = self.seg.as_mut().and_then(|s| s.awaiting.take()) else {
+            return false;
+        };
+        let at = match kind {
+            Ev::AsyncBranch { from, .. } => from,
+            Ev::AsyncDisabled { at, .. } => at,
+            _ => return false,
+        };
+        let Some(after) = self.queue.since(aw.queued) else {
+            return false;
+        };
+        let timestamps = after
+            .iter()
+            .any(|it| matches!(it, Item::Rec(r) if matches!(**r, Record::Timestamp { .. })));
+        if at != aw.fup || aw.scanned != after.len() || (aw.insns > 0 && timestamps) {
+            return false;
+        }
+        // Records after the mark: none but the instructions up to the FUP IP.
+        let drop = if aw.insns == 0 { after.len() } else { 0 };
+        let mut h = aw.handover;
+        h.delta = aw.insns;
+        let Some(seg) = self.seg.as_mut() else {
+            return false;
+        };
+        if !(seg.stop)(&h) {
+            return false;
+        }
+        seg.report.handover = Some(h);
+        self.queue.truncate_last(drop);
+        self.state = State::Done;
+        true
+    }
+
     fn event(&mut self) -> Result<u32, PtErr> {
+        // (The event decoder's position while the event is still pending: for a PSB+'s
+        // event, the offset of its PSBEND.)
+        let before = match self.seg {
+            Some(_) => self.dec.offset(),
+            None => None,
+        };
         let mut ev = ipt::empty_event();
         let status = self.dec.event(&mut ev)?;
         let (kind, tsc, status_update) = ipt::classify_event(&ev);
         if let Some(t) = tsc {
             self.tsc = Some(t);
         }
-        if status_update || kind == Ev::Other {
+        if let Some(mode) = ipt::exec_mode_of(&ev) {
+            self.mode_known = true;
+            if let Some(seg) = self.seg.as_mut() {
+                seg.report.modes |= 1 << mode.min(31);
+            }
+        }
+        if status_update {
+            // A PSB+ (its enabled/disabled status; other status events come with it).
+            let fup = match kind {
+                Ev::Enabled { ip, .. } => Some(Some(ip)),
+                Ev::Disabled { .. } => Some(None),
+                _ => None,
+            };
+            if let Some(fup) = fup {
+                // The trace moved on: progress counting starts over (so that it does
+                // not depend on where decoding started).
+                self.insns_since_check = 0;
+                self.progress_offset = None;
+                self.insns_without_progress = 0;
+                if self.seg.is_some() {
+                    self.seg_psb(before, tsc, fup);
+                }
+            }
+            return Ok(status);
+        }
+        if self.seg.as_ref().is_some_and(|s| s.awaiting.is_some()) && self.seg_event(kind) {
+            return Ok(status);
+        }
+        if kind == Ev::Other {
             return Ok(status);
         }
         match tsc {
@@ -677,6 +1119,7 @@ impl<'a> PtDecoder<'a> {
                 }
                 None => {
                     drop(space);
+                    self.note_gap(FirstGap::Unreadable);
                     out.push(Record::Gap(Box::new(Gap {
                         kind: GapKind::DecodeError,
                         ip: Some(pc),
@@ -711,6 +1154,9 @@ impl<'a> PtDecoder<'a> {
                 Ok(s) => status = s,
                 Err(e) => return self.fail(e, None),
             }
+            if self.state == State::Done {
+                return;
+            }
         }
         if status & PTS_EOS != 0 {
             // Trace exhausted: libipt still yields what needs no trace, up to the next
@@ -739,6 +1185,10 @@ impl<'a> PtDecoder<'a> {
         if status & (PTS_EVENT_PENDING | PTS_EOS) != 0
             || self.pending_timestamp
             || !self.timeline.is_done()
+            || self
+                .seg
+                .as_ref()
+                .is_some_and(|s| s.awaiting.is_some() || !self.mode_known)
         {
             return false;
         }
@@ -757,12 +1207,20 @@ impl<'a> PtDecoder<'a> {
         }
         if blk.ninsn > 0 {
             self.flush_pending_timestamp();
+            if !self.mode_known {
+                if let Some(seg) = self.seg.as_mut() {
+                    seg.report.unknown_mode = true;
+                }
+            }
         }
         let next_ip = if blk.ninsn > 0 {
             self.expand(blk)
         } else {
             Some(blk.ip)
         };
+        if self.seg.as_ref().is_some_and(|s| s.awaiting.is_some()) && self.seg_block() {
+            return;
+        }
         // A loop of direct branches needs no trace and would never end: bound the
         // instructions decoded without the trace position moving (checked every
         // PROGRESS_CHECK instructions to keep the FFI call off the fast path).
@@ -786,6 +1244,7 @@ impl<'a> PtDecoder<'a> {
                     ),
                     next_ip,
                 );
+                self.note_gap(FirstGap::Progress);
                 self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
                 self.insns_without_progress = 0;
                 self.state = State::NeedSync;
@@ -844,7 +1303,8 @@ impl<'a> PtDecoder<'a> {
                 }
                 State::Running(status) => self.run_once(status),
             }
-            if !self.queue.is_empty() {
+            // (Records after a mark stay queued until it is decided.)
+            if !self.queue.is_empty() && self.seg.as_ref().is_none_or(|s| s.awaiting.is_none()) {
                 return;
             }
         }
@@ -856,6 +1316,10 @@ impl PtDecoder<'_> {
     /// block arenas and are referenced, not copied (a few bytes per block instead of ~40
     /// per instruction). The fastest way to keep a whole window's records.
     pub fn collect_compact(mut self) -> CompactRecords {
+        self.collect_compact_mut()
+    }
+
+    fn collect_compact_mut(&mut self) -> CompactRecords {
         self.blocks.retire = true;
         let mut out = CompactRecords::default();
         // About one block per 2 bytes of PT (a TNT bit or a TIP each): reserved up front,
@@ -1157,7 +1621,7 @@ mod tests {
     }
 
     #[test]
-    fn compact_records_reference_blocks_copy_what_does_not_fit_and_truncate() {
+    fn compact_records_reference_blocks_and_copy_what_does_not_fit() {
         let arena: Vec<Record> = (0..6).map(|k| insn(0x1000 + k)).collect();
         let mut c = CompactRecords::default();
         c.push_block(0, 1, 3, &arena);
@@ -1179,44 +1643,66 @@ mod tests {
         .concat();
         assert_eq!(c.to_vec(), want);
         assert_eq!(c.len(), 6);
-        // Cut at the second instruction of the first block (0x1002).
-        c.truncate_back(|r, _| match r {
-            Record::Instruction(i) => (i.pc == 0x1002, i.pc == 0x1002),
-            _ => (false, false),
-        });
-        assert_eq!(c.to_vec(), vec![insn(0x1001)]);
     }
 
     #[test]
-    fn compact_records_drop_leading_markers_in_place() {
+    fn compact_records_find_and_drop_the_first_marker_in_place() {
         let ts = |tsc| Record::Timestamp {
             tsc,
             perf_time: None,
         };
+        let is_ts = |r: &Record| matches!(r, Record::Timestamp { .. });
         let arena: Vec<Record> = (0..3).map(|k| insn(0x2000 + k)).collect();
         let mut c = CompactRecords::default();
-        c.push_marker(ts(1));
-        c.push_marker(ts(2));
         c.push_marker(Record::Cpu(3));
         c.push_block(0, 0, 3, &arena);
-        c.push_marker(ts(4));
+        c.push_marker(ts(1));
+        c.push_marker(ts(2));
         c.arenas.push(arena.clone());
         let items = c.items.len();
-        c.drop_leading(|r| matches!(r, Record::Timestamp { .. }));
-        // Only the leading run goes; the later timestamp stays; no item moved.
-        let want: Vec<Record> = [&[Record::Cpu(3)][..], &arena, &[ts(4)]].concat();
+        // Found after a block; dropped in place (no item moved), the later one stays.
+        assert_eq!(c.first_marker(is_ts), Some(&ts(1)));
+        c.drop_first_marker(is_ts);
+        let want: Vec<Record> = [&[Record::Cpu(3)][..], &arena, &[ts(2)]].concat();
         assert_eq!(c.to_vec(), want);
         assert_eq!((c.len(), c.items.len()), (5, items));
-        assert_eq!(c.last(), Some(&ts(4)));
-        // Again (over the emptied items), now dropping the cpu marker too.
-        c.drop_leading(|r| matches!(r, Record::Cpu(_)));
-        assert_eq!(c.to_vec(), [&arena[..], &[ts(4)]].concat());
+        assert_eq!(c.first_marker(is_ts), Some(&ts(2)));
+        c.drop_first_marker(|r| matches!(r, Record::Cpu(_)));
+        c.drop_first_marker(is_ts);
+        assert_eq!(c.first_marker(is_ts), None);
+        assert_eq!(c.to_vec(), arena);
         // Equality is by records, not by how they are stored.
         let mut d = CompactRecords::default();
         d.push_block(0, 0, 3, &arena);
-        d.push_marker(ts(4));
         d.arenas.push(arena);
         assert_eq!(c, d);
         assert_ne!(c, CompactRecords::default());
+    }
+
+    #[test]
+    fn item_queue_hands_out_what_was_pushed_since_a_position() {
+        let mut q = ItemQueue::with_capacity(4);
+        q.push_back(Item::Block(0, 1));
+        let mark = q.pushed;
+        assert_eq!(q.since(mark).map(<[Item]>::len), Some(0));
+        q.push_back(Item::Block(1, 2));
+        q.push_back(Item::rec(Record::Cpu(1)));
+        assert!(matches!(
+            q.since(mark),
+            Some([Item::Block(1, 2), Item::Rec(_)])
+        ));
+        // Once items after the position were consumed, there is no answer.
+        assert!(q.pop_block().is_some());
+        assert!(q.pop_block().is_some());
+        assert!(q.since(mark).is_none());
+        assert_eq!(q.since(q.pushed - 1).map(<[Item]>::len), Some(1));
+        // Truncating never reaches into consumed items.
+        q.truncate_last(5);
+        assert!(q.is_empty());
+        q.push_back(Item::Block(3, 1));
+        q.push_back(Item::Block(4, 1));
+        q.truncate_last(1);
+        assert!(matches!(q.pop_front(), Some(Item::Block(3, 1))));
+        assert!(q.pop_front().is_none());
     }
 }

@@ -189,6 +189,11 @@ impl ImageTimeline {
         self.next >= self.events.len()
     }
 
+    /// How many events have been applied (always a prefix of the list).
+    pub(crate) fn applied(&self) -> usize {
+        self.next
+    }
+
     /// Perf time of the next pending event (`Some(0)` for a time-less event).
     pub fn next_time(&self) -> Option<u64> {
         self.events.get(self.next).map(|e| e.time.unwrap_or(0))

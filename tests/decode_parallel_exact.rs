@@ -1,0 +1,499 @@
+//! PSB-parallel decode is record-for-record the sequential decode (issue 13, point 2):
+//! the whole record streams are compared (timestamps, gaps with their offsets and texts,
+//! everything), on valid traces with many PSBs and timing packets and on mutated ones.
+
+use drpttracer::decode::parallel::{decode_parallel, decode_parallel_compact, split_at_psbs};
+use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE};
+use drpttracer::decode::testgen::{LoopProgram, PtWriter, XorShift, FUNC_CONDS, LOOP_CONDS};
+use drpttracer::decode::{
+    decode_insn, AddressSpace, CpuParams, ExecMode, ImageEvent, ImageResolver, InsnClass,
+    PtDecoder, Record, TraceParams, WindowOptions,
+};
+use drpttracer::metadata::TimeConv;
+
+/// Everything but the trace bytes.
+struct Setup {
+    space: AddressSpace,
+    events: Vec<ImageEvent>,
+    params: TraceParams,
+    opts: WindowOptions,
+}
+
+fn sequential(trace: &[u8], s: &Setup) -> Vec<Record> {
+    PtDecoder::new(
+        trace,
+        s.params,
+        s.space.clone(),
+        s.events.clone(),
+        ImageResolver::default(),
+        s.opts.clone(),
+    )
+    .unwrap()
+    .collect()
+}
+
+/// Fails with the first differing index and the records around it.
+fn assert_same(seq: &[Record], par: &[Record], what: &str) {
+    if seq == par {
+        return;
+    }
+    let first = seq
+        .iter()
+        .zip(par)
+        .position(|(a, b)| a != b)
+        .unwrap_or(seq.len().min(par.len()));
+    let show = |v: &[Record]| {
+        let lo = first.saturating_sub(4);
+        let hi = (first + 5).min(v.len());
+        (lo..hi)
+            .map(|k| format!("  {k:>7}{} {:?}", if k == first { '>' } else { ' ' }, v[k]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    panic!(
+        "{what}: parallel differs from sequential at record {first} \
+         (sequential {} records, parallel {}):\nsequential:\n{}\nparallel:\n{}",
+        seq.len(),
+        par.len(),
+        show(seq),
+        show(par)
+    );
+}
+
+/// Compares `decode_parallel` on `threads` threads (and `decode_parallel_compact` on 2
+/// when `compact`) with the sequential decode; returns the sequential records.
+fn check(trace: &[u8], s: &Setup, what: &str, threads: &[usize], compact: bool) -> Vec<Record> {
+    let seq = sequential(trace, s);
+    for &n in threads {
+        let par = decode_parallel(
+            trace,
+            &s.params,
+            &s.space,
+            &s.events,
+            &ImageResolver::default(),
+            &s.opts,
+            n,
+        )
+        .unwrap();
+        assert_same(&seq, &par, &format!("{what}, {n} threads"));
+    }
+    if !compact {
+        return seq;
+    }
+    let chunks = decode_parallel_compact(
+        trace,
+        &s.params,
+        &s.space,
+        &s.events,
+        &ImageResolver::default(),
+        &s.opts,
+        2,
+    )
+    .unwrap();
+    let flat: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+    assert_same(&seq, &flat, &format!("{what}, compact, 2 threads"));
+    seq
+}
+
+const BASE: u64 = 0x40_0000;
+/// CTC bits per MTC period (`mtc_freq`) of the timed traces' CPU.
+const MTC_FREQ: u8 = 2;
+
+/// CPU parameters under which MTC packets advance libipt's time (TMA + cpuid 0x15).
+fn timed_cpu() -> CpuParams {
+    CpuParams {
+        mtc_freq: MTC_FREQ,
+        nom_freq: 0,
+        cpuid_0x15_eax: 1,
+        cpuid_0x15_ebx: 3,
+        ..Default::default()
+    }
+}
+
+fn time_conv() -> Option<TimeConv> {
+    Some(TimeConv {
+        time_shift: 0,
+        time_mult: 1,
+        time_zero: 0,
+    })
+}
+
+/// The addresses of the instructions from `pc` on that execute without trace (up to and
+/// including the first conditional branch; direct jumps followed).
+fn straight_line(prog: &LoopProgram, mut pc: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    loop {
+        let off = (pc - prog.base) as usize;
+        let info = decode_insn(&prog.code[off..], pc, ExecMode::Bit64).unwrap();
+        out.push(pc);
+        match info.class {
+            InsnClass::CondJump => return out,
+            _ => pc = info.direct_target.unwrap_or(pc + u64::from(info.size)),
+        }
+    }
+}
+
+/// A valid trace of the loop program with timing: PSB+ (TSC, TMA, CBR, MODE, FUP) every
+/// `psb_every` bytes or so, MTC and stand-alone TSC packets (some right before a PSB, so
+/// that a segment boundary falls right after them), CYC packets when `cyc`, tracing
+/// disabled at returns (TIP.PGD) and re-enabled with TSC + TIP.PGE (PSBs without FUP fall
+/// into those stretches), asynchronous branches (FUP + TIP), PADs. Some PSB+ come while
+/// the program runs straight-line code: their FUP is an instruction ahead of the last
+/// branch target (as when hardware sends a PSB in the middle of a block).
+struct TimedGen<'a> {
+    prog: &'a LoopProgram,
+    rng: XorShift,
+    w: PtWriter,
+    tsc: u64,
+    ctc: u32,
+    cyc: bool,
+    psb_every: usize,
+    last_psb: usize,
+}
+
+impl TimedGen<'_> {
+    fn raw(&mut self, b: &[u8]) {
+        self.w.buf.extend_from_slice(b);
+    }
+
+    fn tsc(&mut self) {
+        self.tsc += 10 + self.rng.below(500);
+        let t = self.tsc;
+        self.w.tsc(t);
+    }
+
+    fn mtc(&mut self) {
+        self.ctc = self.ctc.wrapping_add(1 << MTC_FREQ);
+        self.tsc += 3 << MTC_FREQ;
+        let payload = (self.ctc >> MTC_FREQ) as u8;
+        self.raw(&[0x59, payload]);
+    }
+
+    fn cyc(&mut self) {
+        let v = 1 + self.rng.below(31) as u8;
+        self.raw(&[(v << 3) | 0x03]);
+    }
+
+    /// Random timing packets (possibly none).
+    fn timing(&mut self) {
+        for _ in 0..self.rng.below(3) {
+            match self.rng.below(if self.cyc { 5 } else { 4 }) {
+                0 | 1 => self.mtc(),
+                2 => self.tsc(),
+                3 => self.raw(&[0]), // PAD
+                _ => self.cyc(),
+            }
+        }
+    }
+
+    /// PSB+ with TSC and TMA (and sometimes CBR); FUP at `fup` when tracing is enabled.
+    fn psb(&mut self, fup: Option<u64>) {
+        self.last_psb = self.w.buf.len();
+        self.w.psb();
+        self.tsc += 100;
+        let t = self.tsc;
+        self.w.tsc(t);
+        let ctc = (self.ctc & 0xffff) as u16;
+        let fc = self.rng.below(0x200) as u16;
+        let [c0, c1] = ctc.to_le_bytes();
+        let [f0, f1] = fc.to_le_bytes();
+        self.raw(&[0x02, 0x73, c0, c1, 0, f0, f1]);
+        if self.rng.below(2) == 0 {
+            let ratio = 20 + self.rng.below(10) as u8;
+            self.raw(&[0x02, 0x03, ratio, 0]);
+        }
+        self.w.mode64();
+        if let Some(ip) = fup {
+            self.w.fup(ip);
+        }
+        self.w.psbend();
+    }
+
+    /// A PSB+ if one is due, sometimes right after timing packets; with tracing enabled
+    /// at the branch target `at`, its FUP is `at` or (when `ahead`) sometimes an
+    /// instruction straight ahead of it.
+    fn maybe_psb(&mut self, at: Option<u64>, ahead: bool) {
+        if self.w.buf.len() - self.last_psb >= self.psb_every && self.rng.below(3) != 0 {
+            if self.rng.below(2) == 0 {
+                self.tsc();
+                if self.rng.below(2) == 0 {
+                    self.mtc();
+                }
+            }
+            let fup = at.map(|ip| {
+                if ahead && self.rng.below(3) == 0 {
+                    let run = straight_line(self.prog, ip);
+                    run[self.rng.below(run.len() as u64) as usize]
+                } else {
+                    ip
+                }
+            });
+            self.psb(fup);
+        }
+    }
+
+    fn build(mut self, size: usize) -> Vec<u8> {
+        let p = self.prog;
+        self.psb(None);
+        self.tsc();
+        self.w.mode64().tip_pge(p.top);
+        while self.w.buf.len() < size {
+            self.timing();
+            let outer: Vec<bool> = (0..LOOP_CONDS).map(|_| self.rng.below(2) == 1).collect();
+            let inner: Vec<bool> = (0..FUNC_CONDS).map(|_| self.rng.below(2) == 1).collect();
+            self.w.tnt(&outer).tip(p.func);
+            self.maybe_psb(Some(p.func), true);
+            self.timing();
+            self.w.tnt(&inner);
+            match self.rng.below(8) {
+                0 => {
+                    // Disabled at the return, enabled again after it later.
+                    self.w.tip_pgd(None);
+                    self.timing();
+                    self.maybe_psb(None, false);
+                    self.timing();
+                    self.tsc();
+                    self.w.mode64().tip_pge(p.after_call);
+                }
+                1 => {
+                    // An asynchronous branch right after the return: after_call -> top
+                    // (sometimes right after a PSB+).
+                    self.w.tip(p.after_call);
+                    self.maybe_psb(Some(p.after_call), false);
+                    self.timing();
+                    self.w.fup(p.after_call).tip(p.top);
+                    self.maybe_psb(Some(p.top), true);
+                    continue;
+                }
+                _ => {
+                    self.w.tip(p.after_call);
+                }
+            }
+            self.maybe_psb(Some(p.after_call), true);
+        }
+        self.w.buf
+    }
+}
+
+fn timed_trace(prog: &LoopProgram, size: usize, psb_every: usize, seed: u64, cyc: bool) -> Vec<u8> {
+    TimedGen {
+        prog,
+        rng: XorShift::new(seed),
+        w: PtWriter::new(),
+        tsc: 1_000_000,
+        ctc: 0,
+        cyc,
+        psb_every,
+        last_psb: 0,
+    }
+    .build(size)
+}
+
+/// The loop program's image, and sideband that maps the same code from a file at several
+/// times within the traces' time range (the image changes over time, its bytes do not),
+/// plus a mapping elsewhere.
+fn image_and_events(prog: &LoopProgram, dir: &std::path::Path) -> (AddressSpace, Vec<ImageEvent>) {
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let file = dir.join("loop.bin");
+    std::fs::write(&file, &prog.code).unwrap();
+    let mut sb = Vec::new();
+    for t in [1_000_500u64, 1_004_000, 1_020_000, 1_050_000] {
+        sb.extend(encode_mmap2(1, 1, prog.base, 0x1000, 0, &file, t));
+    }
+    sb.extend(encode_mmap2(1, 1, 0x80_0000, 0x1000, 0, &file, 1_010_000));
+    let events = parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+    (space, events)
+}
+
+fn count<F: Fn(&Record) -> bool>(recs: &[Record], f: F) -> usize {
+    recs.iter().filter(|r| f(r)).count()
+}
+
+#[test]
+fn parallel_equals_sequential_on_valid_traces() {
+    let prog = LoopProgram::new(BASE);
+    let dir = tempfile::tempdir().unwrap();
+    let (space, events) = image_and_events(&prog, dir.path());
+    let mut cases = 0;
+    // The generator's own traces: PSB+ with TSC and FUP, small PSB periods.
+    for (size, psb_every, seed) in [(40_000, 40, 1u64), (30_000, 100, 2), (20_000, 300, 3)] {
+        let (trace, _) = prog.trace(size, psb_every, seed);
+        assert!(split_at_psbs(&trace, 64).len() > 20);
+        for (time, window) in [(None, Some(0)), (time_conv(), None)] {
+            let s = Setup {
+                space: space.clone(),
+                events: if time.is_some() {
+                    events.clone()
+                } else {
+                    vec![]
+                },
+                params: TraceParams {
+                    time,
+                    ..Default::default()
+                },
+                opts: WindowOptions {
+                    source: "loop.pt".into(),
+                    window_id: window,
+                    cpu: Some(3),
+                    base_offset: 0x100,
+                },
+            };
+            let what = format!("loop {size}/{psb_every}/{seed}");
+            let seq = check(&trace, &s, &what, &[2, 3, 4], true);
+            assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0);
+            cases += 1;
+        }
+    }
+    // Timed traces: MTC-driven time, timestamps at enable/disable/async events, PSBs
+    // right after TSC/MTC, PSBs while tracing is disabled; with and without CYC.
+    for (size, psb_every, seed, cyc) in [
+        (30_000, 60, 11u64, false),
+        (30_000, 150, 12, false),
+        (15_000, 40, 13, true),
+    ] {
+        let trace = timed_trace(&prog, size, psb_every, seed, cyc);
+        assert!(split_at_psbs(&trace, 64).len() > 30);
+        let s = Setup {
+            space: space.clone(),
+            events: events.clone(),
+            params: TraceParams {
+                cpu: timed_cpu(),
+                time: time_conv(),
+            },
+            opts: WindowOptions {
+                source: "timed.pt".into(),
+                window_id: Some(7),
+                ..Default::default()
+            },
+        };
+        let what = format!("timed {size}/{psb_every}/{seed}/cyc {cyc}");
+        let seq = check(&trace, &s, &what, &[2, 3, 4], true);
+        assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0, "{what}");
+        // Plenty of timestamps, enable/disable and async-branch records to get right.
+        let ts = count(&seq, |r| matches!(r, Record::Timestamp { .. }));
+        assert!(ts > 50, "{what}: {ts} timestamps");
+        let enabled = count(&seq, |r| matches!(r, Record::TraceEnabled { .. }));
+        let xfers = count(&seq, |r| matches!(r, Record::KernelXfer { .. }));
+        assert!(
+            enabled > 10 && xfers > 10,
+            "{what}: {enabled} enabled, {xfers} xfers"
+        );
+        cases += 1;
+    }
+    assert_eq!(cases, 9);
+}
+
+/// The mutations of tests/decode_robust.rs: bit flips, random overwrites, truncation,
+/// insertion, deletion, duplicated chunks.
+fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
+    let mut t = base.to_vec();
+    let rounds = 1 + rng.below(4);
+    for _ in 0..rounds {
+        if t.is_empty() {
+            t.push(rng.next_u64() as u8);
+        }
+        let at = rng.below(t.len() as u64) as usize;
+        match rng.below(6) {
+            0 => t[at] ^= 1 << rng.below(8),
+            1 => {
+                let n = (1 + rng.below(16) as usize).min(t.len() - at);
+                for b in &mut t[at..at + n] {
+                    *b = rng.next_u64() as u8;
+                }
+            }
+            2 => t.truncate(at),
+            3 => {
+                let n = 1 + rng.below(8) as usize;
+                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+                t.splice(at..at, ins);
+            }
+            4 => {
+                let n = (1 + rng.below(32) as usize).min(t.len() - at);
+                t.drain(at..at + n);
+            }
+            _ => {
+                let n = (1 + rng.below(64) as usize).min(t.len() - at);
+                let chunk = t[at..at + n].to_vec();
+                let to = rng.below(t.len() as u64) as usize;
+                t.splice(to..to, chunk);
+            }
+        }
+    }
+    t
+}
+
+/// 1,200 mutants of four traces (untimed, timed with sideband, MTC-timed, with CYC), each
+/// decoded on 2, 3 or 4 threads (every fourth also compact) and compared whole with the
+/// sequential decode. `MUTANTS=n SEED=s` run other sets (a stress test).
+#[test]
+fn parallel_equals_sequential_on_mutated_traces() {
+    let prog = LoopProgram::new(BASE);
+    let dir = tempfile::tempdir().unwrap();
+    let (space, events) = image_and_events(&prog, dir.path());
+    let bases = [
+        (prog.trace(4000, 120, 99).0, TraceParams::default(), vec![]),
+        (
+            prog.trace(4000, 200, 98).0,
+            TraceParams {
+                time: time_conv(),
+                ..Default::default()
+            },
+            events.clone(),
+        ),
+        (
+            timed_trace(&prog, 4000, 80, 97, false),
+            TraceParams {
+                cpu: timed_cpu(),
+                time: time_conv(),
+            },
+            events.clone(),
+        ),
+        (
+            timed_trace(&prog, 4000, 120, 96, true),
+            TraceParams {
+                cpu: timed_cpu(),
+                time: time_conv(),
+            },
+            events,
+        ),
+    ];
+    let seed: u64 = std::env::var("SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x9a7a_11e1);
+    let total: usize = std::env::var("MUTANTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1200);
+    let mut rng = XorShift::new(seed);
+    let (mut mutants, mut gaps, mut timestamps, mut insns) = (0usize, 0usize, 0usize, 0usize);
+    for n in 0..total {
+        let (base, params, events) = &bases[n % bases.len()];
+        let t = mutate(&mut rng, base);
+        let s = Setup {
+            space: space.clone(),
+            events: events.clone(),
+            params: *params,
+            opts: WindowOptions {
+                source: format!("mutant{n}"),
+                window_id: Some(n as u64),
+                ..Default::default()
+            },
+        };
+        let threads = [2 + n % 3];
+        let seq = check(&t, &s, &format!("mutant {n}"), &threads, n % 4 == 0);
+        mutants += 1;
+        gaps += count(&seq, |r| matches!(r, Record::Gap(_)));
+        timestamps += count(&seq, |r| matches!(r, Record::Timestamp { .. }));
+        insns += count(&seq, |r| r.as_instruction().is_some());
+    }
+    assert_eq!(mutants, total);
+    println!("{mutants} mutants: {gaps} gaps, {timestamps} timestamps, {insns} instructions");
+    if total >= 1200 {
+        // The mutations exercised error paths as well as long decodes.
+        assert!(gaps > 300, "{gaps} gaps");
+        assert!(timestamps > 10_000, "{timestamps} timestamps");
+        assert!(insns > 500_000, "{insns} instructions");
+    }
+}

@@ -1,0 +1,308 @@
+//! Parallel decode is record-for-record the sequential decode on a real program's trace
+//! (issue 13, point 2): `/bin/ls /` traced whole by the QEMU backend; its long windows
+//! hold several PSBs, so the parallel decoder really cuts them.
+//! - the library: every window, with the image `pttrace decode DIR` builds (mappings,
+//!   vDSO, the code QEMU captured), `decode_parallel` on 2, 3 and 4 threads against one
+//!   `PtDecoder` pass, whole record streams compared;
+//! - the CLI: `pttrace decode --ptt FILE --format jsonl` (every record, timestamps and
+//!   gaps included) on 1, 2 and 4 threads, outputs compared.
+//!
+//! Needs `qemu-x86_64` (Debian's qemu-user); prints `SKIP: <reason>` without it.
+
+mod shim_util;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
+use drpttracer::decode::sideband::parse_records;
+use drpttracer::decode::{
+    ptt_dir, ptt_input, AddressSpace, ImageChange, ImageResolver, PtDecoder, Record, TraceParams,
+    WindowOptions,
+};
+use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
+use shim_util::pttrace;
+
+fn qemu_available() -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
+    if !found {
+        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
+    }
+    found
+}
+
+/// The QEMU plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace);
+/// built with cargo when a plain `cargo test` has not built it.
+fn plugin() -> PathBuf {
+    let dir = pttrace().parent().unwrap().to_path_buf();
+    let so = dir.join("libpttrace_qemu.so");
+    if !so.is_file() {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        c.args(["build", "-p", "pttrace-qemu"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if release {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
+    }
+    assert!(so.is_file(), "{} missing", so.display());
+    so
+}
+
+/// `pttrace decode --ptt FILE --format jsonl --threads N`: its output.
+fn decode(ptt: &Path, threads: usize) -> String {
+    let o = Command::new(pttrace())
+        .arg("decode")
+        .arg("--ptt")
+        .arg(ptt)
+        .args(["--format", "jsonl", "--threads", &threads.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "decode {} --threads {threads}: {}",
+        ptt.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Fails with the first differing line and the lines around it.
+fn assert_same_lines(one: &str, many: &str, what: &str) {
+    if one == many {
+        return;
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (one.lines().collect(), many.lines().collect());
+    let first = a
+        .iter()
+        .zip(&b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let show = |v: &[&str]| {
+        let lo = first.saturating_sub(3);
+        (lo..(first + 4).min(v.len()))
+            .map(|k| format!("  {k:>7}{} {}", if k == first { '>' } else { ' ' }, v[k]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    panic!(
+        "{what}: output differs from --threads 1 at line {first} ({} vs {} lines):\n\
+         --threads 1:\n{}\nparallel:\n{}",
+        a.len(),
+        b.len(),
+        show(&a),
+        show(&b)
+    );
+}
+
+/// `/bin/ls /` traced by the QEMU backend into `dir`: the trace directory and its thread
+/// files; `None` (after `SKIP:`) without QEMU or /bin/ls.
+fn trace_ls(dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
+    if !qemu_available() {
+        return None;
+    }
+    if !Path::new("/bin/ls").is_file() {
+        println!("SKIP: /bin/ls not found");
+        return None;
+    }
+    let out = dir.join("ls");
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "qemu",
+        ])
+        .arg("--qemu-plugin")
+        .arg(plugin())
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "/bin/ls", "/"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "pttrace run: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ptt"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no thread file in {}", out.display());
+    Some((out, files))
+}
+
+/// Windows of `files` that parallel decode on 2 threads cuts (it wants 32 chunks).
+fn cut_windows(files: &[PathBuf]) -> usize {
+    let mut n = 0;
+    for f in files {
+        let input = ptt_input::read_thread(f).unwrap();
+        let name = f.display().to_string();
+        for w in ptt_input::read_windows(&name, &input.data).unwrap() {
+            n += usize::from(split_at_psbs(w.pt, 32).len() >= 2);
+        }
+    }
+    n
+}
+
+/// Fails with the first differing record and the records around it.
+fn assert_same_records(seq: &[Record], par: &[Record], what: &str) {
+    if seq == par {
+        return;
+    }
+    let first = seq
+        .iter()
+        .zip(par)
+        .position(|(a, b)| a != b)
+        .unwrap_or(seq.len().min(par.len()));
+    let show = |v: &[Record]| {
+        let lo = first.saturating_sub(3);
+        (lo..(first + 4).min(v.len()))
+            .map(|k| format!("  {k:>7}{} {:?}", if k == first { '>' } else { ' ' }, v[k]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    panic!(
+        "{what}: parallel differs from sequential at record {first} ({} vs {} records):\n\
+         sequential:\n{}\nparallel:\n{}",
+        seq.len(),
+        par.len(),
+        show(seq),
+        show(par)
+    );
+}
+
+#[test]
+fn parallel_decode_equals_sequential_on_every_window_of_ls() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((out, files)) = trace_ls(dir.path()) else {
+        return;
+    };
+    let cut = cut_windows(&files);
+    assert!(cut >= 1, "no window with two PSBs to cut at");
+    // The image as `pttrace decode DIR` builds it (ptt_dir): the process's executable
+    // mappings and vDSO, then each window's sideband, the code QEMU captured last.
+    let trace = ptt_dir::open(&out).unwrap();
+    let (mut windows, mut records, mut timestamps) = (0, 0, 0);
+    for th in &trace.threads {
+        let p = trace.process_of(th).expect("process info");
+        let params = TraceParams {
+            time: None,
+            ..p.metadata
+                .as_ref()
+                .map(TraceParams::from_pt_metadata)
+                .unwrap_or_default()
+        };
+        let mut resolver =
+            ImageResolver::new(trace.sysroot.clone(), p.vdso.as_ref().map(|v| v.1.clone()));
+        let mut space = AddressSpace::new();
+        for m in p.maps.iter().filter(|m| m.exec) {
+            let change = ImageChange::Map {
+                addr: m.start,
+                len: m.end.saturating_sub(m.start),
+                pgoff: m.offset,
+                filename: m.path.clone(),
+            };
+            resolver.apply(&mut space, &change);
+        }
+        if let Some((addr, bytes)) = &p.vdso {
+            space.add_bytes("[vdso]", bytes.clone(), *addr);
+        }
+        let input = ptt_input::read_thread(&th.path).unwrap();
+        let name = th.path.display().to_string();
+        for w in ptt_input::read_windows(&name, &input.data).unwrap() {
+            if !w.sideband.is_empty() {
+                let events = parse_records("sb", w.sideband, SIDEBAND_SAMPLE_TYPE).unwrap();
+                let mut code = Vec::new();
+                for ev in &events {
+                    match &ev.change {
+                        ImageChange::Code { addr, bytes } => code.push((*addr, bytes.as_slice())),
+                        change => {
+                            resolver.apply(&mut space, change);
+                        }
+                    }
+                }
+                space.add_code(&code);
+            }
+            if w.pt.is_empty() {
+                continue;
+            }
+            let opts = WindowOptions {
+                source: format!("{name} window {}", w.window.index),
+                window_id: Some(w.window.index),
+                cpu: None,
+                base_offset: w.pt_file_offset,
+            };
+            let seq: Vec<Record> = PtDecoder::new(
+                w.pt,
+                params,
+                space.clone(),
+                vec![],
+                resolver.clone(),
+                opts.clone(),
+            )
+            .unwrap()
+            .collect();
+            assert!(
+                !seq.iter().any(|r| matches!(r, Record::Gap(_))),
+                "{name} window {}: gaps",
+                w.window.index
+            );
+            for threads in [2, 3, 4] {
+                let par =
+                    decode_parallel(w.pt, &params, &space, &[], &resolver, &opts, threads).unwrap();
+                let what = format!("{name} window {}, {threads} threads", w.window.index);
+                assert_same_records(&seq, &par, &what);
+            }
+            windows += 1;
+            records += seq.len();
+            timestamps += seq
+                .iter()
+                .filter(|r| matches!(r, Record::Timestamp { .. }))
+                .count();
+        }
+    }
+    assert!(
+        windows > 50 && timestamps > 50,
+        "{windows} windows, {timestamps} timestamps"
+    );
+    println!(
+        "{windows} windows ({cut} cut into PSB segments), {records} records, {timestamps} \
+         timestamps: identical on 2, 3 and 4 threads"
+    );
+}
+
+#[test]
+fn cli_threads_give_identical_output_on_ls() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_, files)) = trace_ls(dir.path()) else {
+        return;
+    };
+    let cut = cut_windows(&files);
+    assert!(cut >= 1, "no window with two PSBs to cut at");
+    let mut lines = 0;
+    for f in &files {
+        let one = decode(f, 1);
+        assert!(one.contains(r#""type":"timestamp""#), "{}", f.display());
+        assert!(one.contains(r#""type":"insn""#), "{}", f.display());
+        for threads in [2, 4] {
+            let what = format!("{} --threads {threads}", f.display());
+            assert_same_lines(&one, &decode(f, threads), &what);
+        }
+        lines += one.lines().count();
+    }
+    println!(
+        "{} thread files ({cut} windows cut into PSB segments), {lines} lines identical on \
+         1, 2 and 4 threads",
+        files.len()
+    );
+}
