@@ -4,7 +4,9 @@
 
 use drpttracer::decode::parallel::{decode_parallel, decode_parallel_compact, split_at_psbs};
 use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE};
-use drpttracer::decode::testgen::{LoopProgram, PtWriter, XorShift, FUNC_CONDS, LOOP_CONDS};
+use drpttracer::decode::testgen::{
+    mutate, LoopProgram, PtWriter, XorShift, FUNC_CONDS, LOOP_CONDS,
+};
 use drpttracer::decode::{
     decode_insn, AddressSpace, CpuParams, ExecMode, ImageEvent, ImageResolver, InsnClass,
     PtDecoder, Record, TraceParams, WindowOptions,
@@ -384,48 +386,10 @@ fn parallel_equals_sequential_on_valid_traces() {
     assert_eq!(cases, 9);
 }
 
-/// The mutations of tests/decode_robust.rs: bit flips, random overwrites, truncation,
-/// insertion, deletion, duplicated chunks.
-fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
-    let mut t = base.to_vec();
-    let rounds = 1 + rng.below(4);
-    for _ in 0..rounds {
-        if t.is_empty() {
-            t.push(rng.next_u64() as u8);
-        }
-        let at = rng.below(t.len() as u64) as usize;
-        match rng.below(6) {
-            0 => t[at] ^= 1 << rng.below(8),
-            1 => {
-                let n = (1 + rng.below(16) as usize).min(t.len() - at);
-                for b in &mut t[at..at + n] {
-                    *b = rng.next_u64() as u8;
-                }
-            }
-            2 => t.truncate(at),
-            3 => {
-                let n = 1 + rng.below(8) as usize;
-                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
-                t.splice(at..at, ins);
-            }
-            4 => {
-                let n = (1 + rng.below(32) as usize).min(t.len() - at);
-                t.drain(at..at + n);
-            }
-            _ => {
-                let n = (1 + rng.below(64) as usize).min(t.len() - at);
-                let chunk = t[at..at + n].to_vec();
-                let to = rng.below(t.len() as u64) as usize;
-                t.splice(to..to, chunk);
-            }
-        }
-    }
-    t
-}
-
-/// 1,200 mutants of four traces (untimed, timed with sideband, MTC-timed, with CYC), each
-/// decoded on 2, 3 or 4 threads (every fourth also compact) and compared whole with the
-/// sequential decode. `MUTANTS=n SEED=s` run other sets (a stress test).
+/// 1,200 mutants (`testgen::mutate`: bit flips, random runs, truncation, insertion,
+/// deletion, duplicated chunks) of four traces (untimed, timed with sideband, MTC-timed,
+/// with CYC), each decoded on 2, 3 or 4 threads (every fourth also compact) and compared
+/// whole with the sequential decode. `MUTANTS=n SEED=s` run other sets (a stress test).
 #[test]
 fn parallel_equals_sequential_on_mutated_traces() {
     let prog = LoopProgram::new(BASE);
