@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use drpttracer::decode::parallel::decode_parallel_compact;
-use drpttracer::decode::sideband::parse_records;
+use drpttracer::decode::sideband::{parse_records, ImageChange};
 use drpttracer::decode::{
     ptt_input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams,
     WindowOptions,
@@ -547,6 +547,7 @@ pub fn run(args: Args) -> CmdResult {
     });
     let mut done = 0u64;
     let mut warnings: Vec<String> = Vec::new();
+    let mut resolver = spec.resolver();
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
         for w in &windows {
             let opts = WindowOptions {
@@ -568,26 +569,38 @@ pub fn run(args: Args) -> CmdResult {
                     error: what.clone(),
                 })))?;
             }
-            let events = match &w.sideband {
-                Some(r) if !r.is_empty() => {
-                    let mut ev = events.clone();
-                    ev.extend(parse_records(
-                        &format!("{} sideband", w.name),
-                        &data[r.clone()],
-                        window_sample_type,
-                    )?);
-                    ev.sort_by_key(|e| e.time.unwrap_or(0));
-                    ev
+            // A thread file's window sideband changes the image before the window, as in
+            // `decode DIR` (ptt_dir): mappings in order, then the captured code, which is
+            // what actually ran.
+            if let Some(r) = w.sideband.as_ref().filter(|r| !r.is_empty()) {
+                let evs = parse_records(
+                    &format!("{} sideband", w.name),
+                    &data[r.clone()],
+                    window_sample_type,
+                )?;
+                let mut code = Vec::new();
+                for ev in &evs {
+                    match &ev.change {
+                        ImageChange::Code { addr, bytes } => code.push((*addr, bytes.as_slice())),
+                        change => {
+                            if let Some(m) = resolver.apply(&mut space, change) {
+                                if !warnings.contains(&m) {
+                                    warnings.push(m);
+                                }
+                            }
+                        }
+                    }
                 }
-                _ => events.clone(),
-            };
+                space.add_code(&code);
+            }
+            let events = events.clone();
             if args.threads > 1 {
                 let chunks = decode_parallel_compact(
                     pt,
                     &params,
                     &space,
                     &events,
-                    &spec.resolver(),
+                    &resolver,
                     &opts,
                     usize::from(args.threads),
                 )?;
@@ -596,7 +609,7 @@ pub fn run(args: Args) -> CmdResult {
                 }
             } else {
                 let mut dec =
-                    PtDecoder::new(pt, params, space.clone(), events, spec.resolver(), opts)?;
+                    PtDecoder::new(pt, params, space.clone(), events, resolver.clone(), opts)?;
                 // Slices in batches of 4096 between progress updates (the decoder's
                 // position is only known between batches).
                 loop {
