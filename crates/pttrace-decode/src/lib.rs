@@ -8,7 +8,8 @@
 //! - [`records`]: the output records;
 //! - [`pipeline`]: [`PtDecoder`], the record iterator over one PT window;
 //! - [`parallel`]: decoding by PSB segments on several threads;
-//! - [`testgen`]: synthetic code + trace builder for tests and benchmarks.
+//! - [`testgen`]: synthetic code + trace builder for tests and benchmarks;
+//! - [`callstack`]: call-stack reconstruction (nested call spans, stacks for flame graphs).
 //!
 //! - [`packets`]: ptdump-style packet listing;
 //! - [`ptt_input`]: the shim's `.info` / `.ptt` files as decoder input.
@@ -36,6 +37,7 @@
 //! sequential result. Input containers: [`pttrace_format::auxtrace`] (perf AUXTRACE) and
 //! [`pttrace_format::pdb`] (DynamoRIO `.raw.pt`).
 
+pub mod callstack;
 pub mod config;
 pub mod image;
 mod insn;

@@ -8,6 +8,7 @@ mod qemu;
 mod report;
 mod run;
 mod text;
+mod view;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,9 @@ enum Command {
     Dump(dump::Args),
     /// Summarize a trace directory written by `pttrace run`.
     Report(report::Args),
+    /// Pictures of a `pttrace run` trace: a timeline of the function calls (Chrome trace
+    /// JSON), a flame graph (SVG) and collapsed stacks.
+    View(view::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -53,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Decode(a) => ("decode", decode::run(a)),
         Command::Dump(a) => ("dump", dump::run(a)),
         Command::Report(a) => ("report", report::run(a)),
+        Command::View(a) => ("view", view::run(a)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,1191 @@
+//! Call-stack reconstruction: one thread's decoded records -> nested spans of function
+//! calls (what magic-trace draws on a timeline) and instruction counts per call stack
+//! (flame graphs).
+//!
+//! Feed a thread's records in order to [`CallStacks::record`] (its windows one after the
+//! other; call [`CallStacks::restart`] where the trace is known to be discontinuous between
+//! two windows), then [`CallStacks::finish`]. Time is counted in instructions: the thread's
+//! instruction `i` (0-based) occupies `[i, i + 1)`, and a span covers the instructions
+//! executed while its frame was on the stack. `Timestamp` records are kept as anchors, so
+//! that a trace with usable time can map instruction indices to time ([`TimeMap`]).
+//!
+//! # Rules
+//!
+//! - **call** ([`InsnClass::Call`]): the call instruction belongs to the caller; a frame
+//!   opens at the next instruction (the target) and expects a return to the address after
+//!   the call. A call to the very next instruction (`call 1f`, a way to read the IP) opens
+//!   no frame.
+//! - **return**: the return instruction belongs to the frame it leaves. The nearest frame
+//!   expecting the return's target is closed (`Return`), together with the frames above it
+//!   (`Unwound`: longjmp or stack unwinding left them without their own return). When no
+//!   frame expects that address the top frame closes (`Return`), unless it is a signal
+//!   handler's frame (see signals); if the stack is then empty, the code returned to runs
+//!   in an *implied* frame for a caller that was never seen, which starts at the beginning
+//!   of the segment (the thread's start or the last gap) and so encloses everything drawn
+//!   since (magic-trace's rule for unmatched returns).
+//! - **tail call** (conservative): an unconditional or conditional jump whose target is the
+//!   first instruction of a function (a symbol's start) other than the one containing the
+//!   jump replaces the top frame (same expected return; the old frame ends `TailCall`, the
+//!   new one starts `TailCall`). Jumps within a function, to the middle of a function, or
+//!   to code without symbols change nothing. (A PLT stub jumping to its function is a tail
+//!   call under this rule.)
+//! - **non-local jump** (longjmp, exception landing pads): a jump to the middle of a
+//!   function other than the jump's own, when a frame below the top one is in that
+//!   function: the frames above the nearest such frame end `Unwound`.
+//! - **signals, asynchronous entries**: tracing disabled at an interrupted address
+//!   (`TraceDisabled { ip: Some(a) }`, FUP + TIP.PGD) and enabled again elsewhere; enabled
+//!   after a non-branch instruction (a syscall) at another address than the next one; or a
+//!   `KernelXfer`: a frame opens at the new address (`Async`) and the interrupted context
+//!   is saved. The handler's return, which no frame expects, lands in the signal
+//!   trampoline: its frame is replaced by one for the trampoline (`Trampoline`). When
+//!   tracing is later enabled at the saved interrupted address (after `rt_sigreturn`),
+//!   the frames opened since end (`Resumed`) and the interrupted code continues where it
+//!   was, its pending branch included. Enabled at the address where it was disabled (an
+//!   untraced handler, an interrupt): nothing changes.
+//! - **gaps** (`Gap`, `Overflow`, [`CallStacks::restart`]): every open frame ends `Gap`,
+//!   the stack starts over and a marker records where.
+//! - **window start mid-function**: the first instruction of a segment (or one met with an
+//!   empty stack) opens an implied frame for the function containing it.
+//! - the thread's end closes the frames still open (`TraceEnd`).
+//!
+//! Frames are identified by an address: the call or jump target, the asynchronous entry,
+//! or for implied frames the start of the function containing the first instruction seen
+//! (that instruction where no symbol covers it). Callers name them from their symbols.
+
+use std::collections::HashMap;
+
+use crate::image::Symbols;
+use crate::records::{InsnClass, Record};
+
+/// Where functions start: what the tail-call and non-local-jump rules need to know.
+pub trait Functions {
+    /// The start address of the function containing `addr`, when known.
+    fn function_start(&self, addr: u64) -> Option<u64>;
+}
+
+impl Functions for Symbols {
+    fn function_start(&self, addr: u64) -> Option<u64> {
+        self.lookup(addr).map(|(_, off)| addr.wrapping_sub(off))
+    }
+}
+
+/// How a span began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpanStart {
+    /// Called.
+    Call,
+    /// Jumped to from the frame it replaced.
+    TailCall,
+    /// Entered asynchronously (a signal handler, an interrupt).
+    Async,
+    /// The signal trampoline a handler returned to.
+    Trampoline,
+    /// Its call was not seen (the thread's or segment's start, an unmatched return): the
+    /// span starts at the segment's start or where its first instruction was met.
+    Implied,
+}
+
+/// How a span ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpanEnd {
+    /// Its return.
+    Return,
+    /// Replaced by a tail call.
+    TailCall,
+    /// A return to a frame below it, or a non-local jump, left it.
+    Unwound,
+    /// The code interrupted by its asynchronous entry resumed.
+    Resumed,
+    /// A gap in the trace.
+    Gap,
+    /// The thread's trace ended with it open.
+    TraceEnd,
+}
+
+impl SpanStart {
+    pub fn name(self) -> &'static str {
+        match self {
+            SpanStart::Call => "call",
+            SpanStart::TailCall => "tail_call",
+            SpanStart::Async => "async",
+            SpanStart::Trampoline => "trampoline",
+            SpanStart::Implied => "implied",
+        }
+    }
+}
+
+impl SpanEnd {
+    pub fn name(self) -> &'static str {
+        match self {
+            SpanEnd::Return => "return",
+            SpanEnd::TailCall => "tail_call",
+            SpanEnd::Unwound => "unwound",
+            SpanEnd::Resumed => "resumed",
+            SpanEnd::Gap => "gap",
+            SpanEnd::TraceEnd => "trace_end",
+        }
+    }
+}
+
+/// One function activation: instructions `[start, end)` of the thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// The frame's address (see the module documentation).
+    pub addr: u64,
+    /// Nesting depth (0 = outermost).
+    pub depth: u32,
+    pub start: u64,
+    pub end: u64,
+    pub start_kind: SpanStart,
+    pub end_kind: SpanEnd,
+}
+
+/// Something that happened between two instructions (a gap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    /// Instructions before it.
+    pub at: u64,
+    pub what: String,
+}
+
+/// A timestamp met after `insn` instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeAnchor {
+    pub insn: u64,
+    pub tsc: u64,
+    pub perf_time: Option<u64>,
+}
+
+/// The result for one thread.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadStacks {
+    /// Every span, ordered by start, then depth (enclosing spans first).
+    pub spans: Vec<Span>,
+    /// Call stacks (outermost frame first) and the instructions executed with exactly that
+    /// stack (self counts). Every instruction is counted once.
+    pub stacks: Vec<(Vec<u64>, u64)>,
+    pub markers: Vec<Marker>,
+    pub anchors: Vec<TimeAnchor>,
+    pub instructions: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    addr: u64,
+    func: Option<u64>,
+    ret: Option<u64>,
+    start: u64,
+    start_kind: SpanStart,
+    node: u32,
+    /// A signal handler's frame (or what replaced it by tail calls / the trampoline).
+    is_async: bool,
+}
+
+/// The last instruction, while its successor is not known.
+#[derive(Debug, Clone, Copy)]
+struct Last {
+    pc: u64,
+    next: u64,
+    class: InsnClass,
+}
+
+/// An interrupted context.
+#[derive(Debug, Clone, Copy)]
+struct Saved {
+    resume: u64,
+    depth: usize,
+    last: Option<Last>,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    key: u64,
+    /// `u32::MAX` for a segment root.
+    parent: u32,
+    count: u64,
+    children: Vec<u32>,
+}
+
+const ROOT: u32 = u32::MAX;
+const CACHE_SLOTS: usize = 4096;
+
+/// Reconstructs one thread's call stacks; see the module documentation.
+pub struct CallStacks<'f, F: Functions + ?Sized> {
+    funcs: &'f F,
+    cache: Vec<(u64, Option<u64>, bool)>,
+    stack: Vec<Frame>,
+    insns: u64,
+    last: Option<Last>,
+    /// `Some(ip)` after `TraceDisabled { ip }` until the next `TraceEnabled`.
+    disabled: Option<Option<u64>>,
+    saved: Vec<Saved>,
+    seg_start: u64,
+    seg_root: u32,
+    seg_first_span: usize,
+    /// Implied callers inserted below everything in this segment.
+    seg_bottoms: u32,
+    /// For each span of this segment: `seg_bottoms` when it closed.
+    span_bottoms: Vec<u32>,
+    /// The trie node instructions are counted to (the top frame's, or the segment root's).
+    cur: u32,
+    nodes: Vec<Node>,
+    child: HashMap<(u32, u64), u32>,
+    spans: Vec<Span>,
+    markers: Vec<Marker>,
+    anchors: Vec<TimeAnchor>,
+}
+
+fn is_branch(class: InsnClass) -> bool {
+    !matches!(
+        class,
+        InsnClass::Other | InsnClass::FarCall | InsnClass::Ptwrite
+    )
+}
+
+impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
+    pub fn new(funcs: &'f F) -> Self {
+        let mut s = CallStacks {
+            funcs,
+            cache: vec![(0, None, false); CACHE_SLOTS],
+            stack: Vec::new(),
+            insns: 0,
+            last: None,
+            disabled: None,
+            saved: Vec::new(),
+            seg_start: 0,
+            seg_root: 0,
+            seg_first_span: 0,
+            seg_bottoms: 0,
+            span_bottoms: Vec::new(),
+            cur: 0,
+            nodes: Vec::new(),
+            child: HashMap::new(),
+            spans: Vec::new(),
+            markers: Vec::new(),
+            anchors: Vec::new(),
+        };
+        s.new_segment_root();
+        s
+    }
+
+    /// Instructions seen so far.
+    pub fn instructions(&self) -> u64 {
+        self.insns
+    }
+
+    /// Current stack depth.
+    pub fn depth(&self) -> usize {
+        self.stack.len()
+    }
+
+    /// Feeds the next record of the thread.
+    pub fn record(&mut self, r: &Record) {
+        match r {
+            Record::Instruction(i) => self.instruction(i.pc, i.size, i.class),
+            Record::TraceDisabled { ip } => self.disabled = Some(*ip),
+            Record::TraceEnabled { ip } => self.enabled(*ip),
+            Record::KernelXfer { from, to } => match to {
+                Some(to) => {
+                    let last = self.last.take();
+                    self.disabled = None;
+                    self.async_entry(*from, *to, last);
+                }
+                None => self.disabled = Some(Some(*from)),
+            },
+            Record::Gap(g) => self.restart(Some(format!("gap: {g}"))),
+            Record::Overflow { ip } => self.restart(Some(match ip {
+                Some(ip) => format!("overflow: trace lost, resumes at {ip:#x}"),
+                None => "overflow: trace lost".to_string(),
+            })),
+            Record::Timestamp { tsc, perf_time } => {
+                if self.anchors.last().is_none_or(|a| a.tsc <= *tsc) {
+                    self.anchors.push(TimeAnchor {
+                        insn: self.insns,
+                        tsc: *tsc,
+                        perf_time: *perf_time,
+                    });
+                }
+            }
+            Record::WindowId(_) | Record::Cpu(_) | Record::Syscall { .. } => {}
+        }
+    }
+
+    /// The trace is discontinuous here: closes every open frame (`Gap`) and starts over;
+    /// `what`, when given, becomes a marker.
+    pub fn restart(&mut self, what: Option<String>) {
+        self.end_segment(SpanEnd::Gap);
+        if let Some(what) = what {
+            self.markers.push(Marker {
+                at: self.insns,
+                what,
+            });
+        }
+    }
+
+    /// Closes the frames still open and returns the thread's spans and stacks.
+    pub fn finish(mut self) -> ThreadStacks {
+        self.end_segment(SpanEnd::TraceEnd);
+        let mut spans = std::mem::take(&mut self.spans);
+        spans.sort_by_key(|s| (s.start, s.depth, std::cmp::Reverse(s.end)));
+        spans.shrink_to_fit();
+        let mut stacks = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.count == 0 || n.parent == ROOT {
+                continue;
+            }
+            let mut path = Vec::new();
+            let mut k = i as u32;
+            while let Some(node) = self.nodes.get(k as usize) {
+                if node.parent == ROOT {
+                    break;
+                }
+                path.push(node.key);
+                k = node.parent;
+            }
+            path.reverse();
+            stacks.push((path, n.count));
+        }
+        ThreadStacks {
+            spans,
+            stacks,
+            markers: self.markers,
+            anchors: self.anchors,
+            instructions: self.insns,
+        }
+    }
+
+    fn function_start(&mut self, addr: u64) -> Option<u64> {
+        let slot = ((addr ^ (addr >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
+            % CACHE_SLOTS;
+        if let Some(e) = self.cache.get(slot) {
+            if e.2 && e.0 == addr {
+                return e.1;
+            }
+        }
+        let r = self.funcs.function_start(addr);
+        if let Some(e) = self.cache.get_mut(slot) {
+            *e = (addr, r, true);
+        }
+        r
+    }
+
+    #[inline]
+    fn instruction(&mut self, pc: u64, size: u8, class: InsnClass) {
+        if let Some(last) = self.last.take() {
+            match last.class {
+                InsnClass::Call => self.call(last, pc),
+                InsnClass::Return => self.ret(pc),
+                InsnClass::Jump | InsnClass::CondJump => self.jump(last.pc, pc),
+                _ => {}
+            }
+        }
+        if self.stack.is_empty() {
+            let func = self.function_start(pc);
+            self.push(func.unwrap_or(pc), func, None, SpanStart::Implied, false);
+        }
+        if let Some(n) = self.nodes.get_mut(self.cur as usize) {
+            n.count += 1;
+        }
+        self.insns += 1;
+        self.last = Some(Last {
+            pc,
+            next: pc.wrapping_add(u64::from(size)),
+            class,
+        });
+    }
+
+    fn call(&mut self, last: Last, target: u64) {
+        if target == last.next {
+            return;
+        }
+        let func = self.function_start(target);
+        self.push(target, func, Some(last.next), SpanStart::Call, false);
+    }
+
+    fn ret(&mut self, target: u64) {
+        if let Some(k) = self.stack.iter().rposition(|f| f.ret == Some(target)) {
+            self.close_above(k + 1, SpanEnd::Unwound);
+            self.pop(SpanEnd::Return);
+            return;
+        }
+        let Some(top) = self.stack.last().copied() else {
+            return;
+        };
+        if top.is_async && top.start_kind != SpanStart::Trampoline {
+            self.pop_keep(SpanEnd::Return);
+            let func = self.function_start(target);
+            self.push(
+                func.unwrap_or(target),
+                func,
+                None,
+                SpanStart::Trampoline,
+                true,
+            );
+            return;
+        }
+        self.pop(SpanEnd::Return);
+        if self.stack.is_empty() {
+            self.push_bottom(target);
+        }
+    }
+
+    fn jump(&mut self, from: u64, target: u64) {
+        let Some(tf) = self.function_start(target) else {
+            return;
+        };
+        let ff = self.function_start(from);
+        if ff == Some(tf) {
+            return;
+        }
+        if tf == target {
+            let Some(top) = self.stack.last().copied() else {
+                return;
+            };
+            self.pop_keep(SpanEnd::TailCall);
+            self.push(target, Some(tf), top.ret, SpanStart::TailCall, top.is_async);
+        } else if self.stack.len() >= 2 {
+            let below = self.stack.len() - 1;
+            if let Some(k) = self.stack[..below].iter().rposition(|f| f.func == Some(tf)) {
+                self.close_above(k + 1, SpanEnd::Unwound);
+            }
+        }
+    }
+
+    fn enabled(&mut self, ip: u64) {
+        match self.disabled.take() {
+            Some(Some(at)) => {
+                if at != ip {
+                    let last = self.last.take();
+                    self.async_entry(at, ip, last);
+                }
+            }
+            _ => {
+                let next = self.last.filter(|l| !is_branch(l.class)).map(|l| l.next);
+                if next == Some(ip) {
+                    return;
+                }
+                if let Some(k) = self.saved.iter().rposition(|s| s.resume == ip) {
+                    let s = self.saved[k];
+                    self.close_above(s.depth, SpanEnd::Resumed);
+                    self.saved.truncate(k);
+                    self.last = s.last;
+                    return;
+                }
+                if let Some(next) = next {
+                    self.last = None;
+                    self.async_entry(next, ip, None);
+                }
+            }
+        }
+    }
+
+    fn async_entry(&mut self, resume: u64, entry: u64, last: Option<Last>) {
+        self.saved.push(Saved {
+            resume,
+            depth: self.stack.len(),
+            last,
+        });
+        let func = self.function_start(entry);
+        self.push(entry, func, None, SpanStart::Async, true);
+    }
+
+    fn node_for(&mut self, parent: u32, key: u64) -> u32 {
+        if let Some(&n) = self.child.get(&(parent, key)) {
+            return n;
+        }
+        let id = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            key,
+            parent,
+            count: 0,
+            children: Vec::new(),
+        });
+        if let Some(p) = self.nodes.get_mut(parent as usize) {
+            p.children.push(id);
+        }
+        self.child.insert((parent, key), id);
+        id
+    }
+
+    fn push(
+        &mut self,
+        addr: u64,
+        func: Option<u64>,
+        ret: Option<u64>,
+        start_kind: SpanStart,
+        is_async: bool,
+    ) {
+        let parent = self.stack.last().map_or(self.seg_root, |f| f.node);
+        let node = self.node_for(parent, addr);
+        self.stack.push(Frame {
+            addr,
+            func,
+            ret,
+            start: self.insns,
+            start_kind,
+            node,
+            is_async,
+        });
+        self.cur = node;
+    }
+
+    /// The caller of everything seen so far in this segment, returned to with an empty
+    /// stack: a frame below all the segment's spans, from the segment's start.
+    fn push_bottom(&mut self, target: u64) {
+        let func = self.function_start(target);
+        let addr = func.unwrap_or(target);
+        let root = self.seg_root;
+        let id = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            key: addr,
+            parent: root,
+            count: 0,
+            children: Vec::new(),
+        });
+        let moved = self
+            .nodes
+            .get_mut(root as usize)
+            .map(|r| std::mem::replace(&mut r.children, vec![id]))
+            .unwrap_or_default();
+        for &c in &moved {
+            if let Some(n) = self.nodes.get_mut(c as usize) {
+                n.parent = id;
+                let key = n.key;
+                self.child.remove(&(root, key));
+                self.child.insert((id, key), c);
+            }
+        }
+        if let Some(n) = self.nodes.get_mut(id as usize) {
+            n.children = moved;
+        }
+        self.child.insert((root, addr), id);
+        self.seg_bottoms += 1;
+        self.stack.push(Frame {
+            addr,
+            func,
+            ret: None,
+            start: self.seg_start,
+            start_kind: SpanStart::Implied,
+            node: id,
+            is_async: false,
+        });
+        self.cur = id;
+    }
+
+    /// Closes the top frame; the interrupted contexts whose handler frame it was are
+    /// forgotten.
+    fn pop(&mut self, end_kind: SpanEnd) {
+        self.pop_keep(end_kind);
+        let depth = self.stack.len();
+        self.saved.retain(|s| s.depth < depth);
+    }
+
+    /// Closes the top frame to replace it (the interrupted contexts stay).
+    fn pop_keep(&mut self, end_kind: SpanEnd) {
+        let Some(f) = self.stack.pop() else {
+            return;
+        };
+        self.spans.push(Span {
+            addr: f.addr,
+            depth: self.stack.len() as u32,
+            start: f.start,
+            end: self.insns,
+            start_kind: f.start_kind,
+            end_kind,
+        });
+        self.span_bottoms.push(self.seg_bottoms);
+        self.cur = self.stack.last().map_or(self.seg_root, |f| f.node);
+    }
+
+    fn close_above(&mut self, depth: usize, end_kind: SpanEnd) {
+        while self.stack.len() > depth {
+            self.pop(end_kind);
+        }
+    }
+
+    fn new_segment_root(&mut self) {
+        let id = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            key: 0,
+            parent: ROOT,
+            count: 0,
+            children: Vec::new(),
+        });
+        self.seg_root = id;
+        self.cur = id;
+    }
+
+    fn end_segment(&mut self, end_kind: SpanEnd) {
+        self.close_above(0, end_kind);
+        let total = self.seg_bottoms;
+        if total > 0 {
+            let first = self.seg_first_span;
+            for (s, b) in self.spans[first..].iter_mut().zip(&self.span_bottoms) {
+                s.depth += total - b;
+            }
+        }
+        self.span_bottoms.clear();
+        self.seg_first_span = self.spans.len();
+        self.seg_bottoms = 0;
+        self.seg_start = self.insns;
+        self.saved.clear();
+        self.last = None;
+        self.disabled = None;
+        if self
+            .nodes
+            .get(self.seg_root as usize)
+            .is_some_and(|r| !r.children.is_empty() || r.count > 0)
+        {
+            self.new_segment_root();
+        }
+    }
+}
+
+/// Instruction index -> time, interpolated linearly between anchors (flat before the first
+/// and after the last).
+#[derive(Debug, Clone, Default)]
+pub struct TimeMap {
+    /// (instruction index, time), sorted. Several anchors at one index (time passed
+    /// between two instructions, e.g. in a syscall): the instructions before it are
+    /// interpolated towards the first, the index itself and later from the last.
+    points: Vec<(u64, f64)>,
+}
+
+impl TimeMap {
+    /// From (instruction index, time) pairs in trace order; pairs going back in time are
+    /// dropped.
+    pub fn new(points: impl IntoIterator<Item = (u64, f64)>) -> Self {
+        let mut v: Vec<(u64, f64)> = Vec::new();
+        for (i, t) in points {
+            if v.last().is_none_or(|l| i >= l.0 && t >= l.1) {
+                v.push((i, t));
+            }
+        }
+        TimeMap { points: v }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// The time of instruction index `insn` (0 without anchors).
+    pub fn at(&self, insn: u64) -> f64 {
+        let k = self.points.partition_point(|p| p.0 <= insn);
+        match (
+            k.checked_sub(1).and_then(|j| self.points.get(j)),
+            self.points.get(k),
+        ) {
+            (Some(a), Some(b)) => {
+                let f = (insn - a.0) as f64 / (b.0 - a.0) as f64;
+                a.1 + (b.1 - a.1) * f
+            }
+            (Some(a), None) => a.1,
+            (None, Some(b)) => b.1,
+            (None, None) => 0.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{ExecMode, Gap, GapKind, Instruction};
+
+    /// Functions as address ranges (start, end).
+    struct Table(Vec<(u64, u64)>);
+
+    impl Functions for Table {
+        fn function_start(&self, addr: u64) -> Option<u64> {
+            self.0
+                .iter()
+                .find(|(s, e)| (*s..*e).contains(&addr))
+                .map(|(s, _)| *s)
+        }
+    }
+
+    const MAIN: u64 = 0x1000;
+    const A: u64 = 0x2000;
+    const B: u64 = 0x3000;
+    const C: u64 = 0x4000;
+    const H: u64 = 0x5000; // a signal handler
+    const R: u64 = 0x6000; // the signal trampoline
+    const LIB: u64 = 0x7000;
+
+    fn table() -> Table {
+        Table(vec![
+            (MAIN, MAIN + 0x100),
+            (A, A + 0x100),
+            (B, B + 0x100),
+            (C, C + 0x100),
+            (H, H + 0x100),
+            (R, R + 0x100),
+            (LIB, LIB + 0x100),
+        ])
+    }
+
+    fn ins(pc: u64, size: u8, class: InsnClass) -> Record {
+        Record::Instruction(Instruction {
+            pc,
+            size,
+            bytes: [0; 15],
+            class,
+            mode: ExecMode::Bit64,
+        })
+    }
+    fn other(pc: u64) -> Record {
+        ins(pc, 1, InsnClass::Other)
+    }
+    fn call(pc: u64) -> Record {
+        ins(pc, 5, InsnClass::Call)
+    }
+    fn ret(pc: u64) -> Record {
+        ins(pc, 1, InsnClass::Return)
+    }
+    fn jmp(pc: u64) -> Record {
+        ins(pc, 2, InsnClass::Jump)
+    }
+    fn syscall(pc: u64) -> Record {
+        ins(pc, 2, InsnClass::FarCall)
+    }
+
+    fn span(addr: u64, depth: u32, start: u64, end: u64, s: SpanStart, e: SpanEnd) -> Span {
+        Span {
+            addr,
+            depth,
+            start,
+            end,
+            start_kind: s,
+            end_kind: e,
+        }
+    }
+
+    fn run(records: &[Record]) -> ThreadStacks {
+        let t = table();
+        let mut cs = CallStacks::new(&t);
+        for r in records {
+            cs.record(r);
+        }
+        cs.finish()
+    }
+
+    fn stacks(t: &ThreadStacks) -> Vec<(Vec<u64>, u64)> {
+        let mut v = t.stacks.clone();
+        v.sort();
+        v
+    }
+
+    use SpanEnd as E;
+    use SpanStart as S;
+
+    /// main (entered mid-function) calls a, which calls b, twice; then main calls c.
+    #[test]
+    fn nested_calls() {
+        let recs = vec![
+            other(MAIN + 0x10), // 0
+            call(MAIN + 0x11),  // 1 -> a (returns to MAIN+0x16)
+            other(A),           // 2
+            call(A + 1),        // 3 -> b (returns to A+6)
+            other(B),           // 4
+            ret(B + 1),         // 5
+            other(A + 6),       // 6
+            ret(A + 7),         // 7
+            call(MAIN + 0x16),  // 8 -> a (returns to MAIN+0x1b)
+            other(A),           // 9
+            call(A + 1),        // 10
+            other(B),           // 11
+            ret(B + 1),         // 12
+            other(A + 6),       // 13
+            ret(A + 7),         // 14
+            call(MAIN + 0x1b),  // 15 -> c
+            other(C),           // 16
+            ret(C + 1),         // 17
+            other(MAIN + 0x20), // 18
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 19, S::Implied, E::TraceEnd),
+                span(A, 1, 2, 8, S::Call, E::Return),
+                span(B, 2, 4, 6, S::Call, E::Return),
+                span(A, 1, 9, 15, S::Call, E::Return),
+                span(B, 2, 11, 13, S::Call, E::Return),
+                span(C, 1, 16, 18, S::Call, E::Return),
+            ]
+        );
+        assert_eq!(
+            stacks(&t),
+            vec![
+                (vec![MAIN], 5),
+                (vec![MAIN, A], 8),
+                (vec![MAIN, A, B], 4),
+                (vec![MAIN, C], 2),
+            ]
+        );
+        assert_eq!(t.instructions, 19);
+        assert!(t.markers.is_empty());
+    }
+
+    /// a tail-calls b with a jump to b's first instruction; b's return goes to main.
+    /// Jumps inside a function and to the middle of another one change nothing.
+    #[test]
+    fn tail_call() {
+        let recs = vec![
+            other(MAIN),     // 0
+            call(MAIN + 1),  // 1 -> a (returns to MAIN+6)
+            jmp(A),          // 2 -> A+0x10: same function
+            jmp(A + 0x10),   // 3 -> B: b's first instruction: tail call
+            jmp(B),          // 4 -> C+0x20: middle of c, no frame in c
+            jmp(C + 0x20),   // 5 -> B+5: middle of b
+            ret(B + 5),      // 6 -> MAIN+6: the return a's call expected
+            other(MAIN + 6), // 7
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 8, S::Implied, E::TraceEnd),
+                span(A, 1, 2, 4, S::Call, E::TailCall),
+                span(B, 1, 4, 7, S::TailCall, E::Return),
+            ]
+        );
+        assert_eq!(
+            stacks(&t),
+            vec![(vec![MAIN], 3), (vec![MAIN, A], 2), (vec![MAIN, B], 3)]
+        );
+    }
+
+    /// The trace starts in b, called by a, called by main: each return with an empty
+    /// stack opens an implied caller from the thread's start, enclosing what came before.
+    #[test]
+    fn unmatched_returns() {
+        let recs = [
+            other(B + 0x10),    // 0
+            call(B + 0x11),     // 1 -> lib
+            ret(LIB),           // 2 -> B+0x16
+            ret(B + 0x16),      // 3 -> A+0x20
+            other(A + 0x20),    // 4
+            ret(A + 0x21),      // 5 -> MAIN+0x30
+            other(MAIN + 0x30), // 6
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 7, S::Implied, E::TraceEnd),
+                span(A, 1, 0, 6, S::Implied, E::Return),
+                span(B, 2, 0, 4, S::Implied, E::Return),
+                span(LIB, 3, 2, 3, S::Call, E::Return),
+            ]
+        );
+        assert_eq!(
+            stacks(&t),
+            vec![
+                (vec![MAIN], 1),
+                (vec![MAIN, A], 2),
+                (vec![MAIN, A, B], 3),
+                (vec![MAIN, A, B, LIB], 1),
+            ]
+        );
+    }
+
+    /// A return to a frame below the top (longjmp done with a return, or unwinding)
+    /// closes the frames above it; a jump into the middle of a caller's function (glibc's
+    /// longjmp) does the same.
+    #[test]
+    fn longjmp_and_unwinding() {
+        let recs = [
+            other(MAIN),        // 0
+            call(MAIN + 1),     // 1 -> a (returns to MAIN+6)
+            call(A),            // 2 -> b (returns to A+5)
+            call(B),            // 3 -> c (returns to B+5)
+            ret(C),             // 4 -> MAIN+6: c and b unwound, a returns
+            call(MAIN + 6),     // 5 -> a (returns to MAIN+11)
+            call(A),            // 6 -> b
+            jmp(B),             // 7 -> MAIN+0x40: longjmp back into main
+            other(MAIN + 0x40), // 8
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 9, S::Implied, E::TraceEnd),
+                span(A, 1, 2, 5, S::Call, E::Return),
+                span(B, 2, 3, 5, S::Call, E::Unwound),
+                span(C, 3, 4, 5, S::Call, E::Unwound),
+                span(A, 1, 6, 8, S::Call, E::Unwound),
+                span(B, 2, 7, 8, S::Call, E::Unwound),
+            ]
+        );
+    }
+
+    /// A signal interrupts b (asynchronous disable at the interrupted instruction, enable
+    /// in the handler); the handler calls c, returns into the trampoline, which makes
+    /// rt_sigreturn; b resumes where it was interrupted and returns normally. A second
+    /// async pair at the same address (an untraced handler) changes nothing.
+    #[test]
+    fn signal_handler() {
+        let recs = vec![
+            other(MAIN),    // 0
+            call(MAIN + 1), // 1 -> b (ret MAIN+6)
+            other(B),       // 2
+            Record::TraceDisabled { ip: Some(B + 1) },
+            Record::TraceEnabled { ip: H },
+            other(H),       // 3
+            call(H + 1),    // 4 -> c (ret H+6)
+            ret(C),         // 5
+            ret(H + 6),     // 6 -> trampoline
+            other(R),       // 7
+            syscall(R + 1), // 8 rt_sigreturn
+            Record::Syscall { pc: R + 1 },
+            Record::TraceDisabled { ip: None },
+            Record::TraceEnabled { ip: B + 1 },
+            other(B + 1), // 9
+            Record::TraceDisabled { ip: Some(B + 2) },
+            Record::TraceEnabled { ip: B + 2 },
+            ret(B + 2),      // 10 -> MAIN+6
+            other(MAIN + 6), // 11
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 12, S::Implied, E::TraceEnd),
+                span(B, 1, 2, 11, S::Call, E::Return),
+                span(H, 2, 3, 7, S::Async, E::Return),
+                span(C, 3, 5, 6, S::Call, E::Return),
+                span(R, 2, 7, 9, S::Trampoline, E::Resumed),
+            ]
+        );
+        assert_eq!(
+            stacks(&t),
+            vec![
+                (vec![MAIN], 3),
+                (vec![MAIN, B], 3),
+                (vec![MAIN, B, H], 3),
+                (vec![MAIN, B, H, C], 1),
+                (vec![MAIN, B, R], 2),
+            ]
+        );
+    }
+
+    /// A signal delivered at a syscall's return: the next window starts in the handler
+    /// instead of after the syscall. A window boundary after a syscall at the next
+    /// instruction is no event at all.
+    #[test]
+    fn signal_at_syscall_and_plain_windows() {
+        let recs = vec![
+            other(A),       // 0
+            syscall(A + 1), // 1
+            Record::TraceDisabled { ip: None },
+            Record::TraceEnabled { ip: A + 3 },
+            syscall(A + 3), // 2
+            Record::TraceDisabled { ip: None },
+            Record::TraceEnabled { ip: H },
+            ret(H),     // 3 -> trampoline
+            syscall(R), // 4
+            Record::TraceDisabled { ip: None },
+            Record::TraceEnabled { ip: A + 5 },
+            other(A + 5), // 5
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(A, 0, 0, 6, S::Implied, E::TraceEnd),
+                span(H, 1, 3, 4, S::Async, E::Return),
+                span(R, 1, 4, 5, S::Trampoline, E::Resumed),
+            ]
+        );
+    }
+
+    /// A gap in the middle closes every open frame and starts over with an implied frame;
+    /// an unmatched return after it encloses only what follows the gap.
+    #[test]
+    fn gap_in_the_middle() {
+        let gap = Record::Gap(Box::new(Gap {
+            kind: GapKind::DecodeError,
+            ip: None,
+            pt_offset: 0x40,
+            source: "t.pt".into(),
+            error: "bad packet".into(),
+        }));
+        let recs = vec![
+            other(MAIN),    // 0
+            call(MAIN + 1), // 1 -> a
+            other(A),       // 2
+            call(A + 1),    // 3 -> b
+            other(B),       // 4
+            gap,
+            other(B + 0x20), // 5
+            ret(B + 0x21),   // 6 -> A+6 (its call was before the gap)
+            other(A + 6),    // 7
+            Record::Overflow { ip: Some(C) },
+            other(C), // 8
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 5, S::Implied, E::Gap),
+                span(A, 1, 2, 5, S::Call, E::Gap),
+                span(B, 2, 4, 5, S::Call, E::Gap),
+                span(A, 0, 5, 8, S::Implied, E::Gap),
+                span(B, 1, 5, 7, S::Implied, E::Return),
+                span(C, 0, 8, 9, S::Implied, E::TraceEnd),
+            ]
+        );
+        assert_eq!(
+            t.markers,
+            vec![
+                Marker {
+                    at: 5,
+                    what: "gap: t.pt: PT offset 0x40: bad packet".into()
+                },
+                Marker {
+                    at: 8,
+                    what: "overflow: trace lost, resumes at 0x4000".into()
+                },
+            ]
+        );
+        assert_eq!(
+            stacks(&t),
+            vec![
+                (vec![MAIN], 2),
+                (vec![MAIN, A], 2),
+                (vec![MAIN, A, B], 1),
+                (vec![A], 1),
+                (vec![A, B], 2),
+                (vec![C], 1),
+            ]
+        );
+    }
+
+    /// A call to the next instruction (reading the IP) opens no frame; timestamps become
+    /// anchors; the time map interpolates between them.
+    #[test]
+    fn call_next_and_time() {
+        let recs = vec![
+            Record::Timestamp {
+                tsc: 100,
+                perf_time: None,
+            },
+            call(A), // -> A+5: no frame
+            other(A + 5),
+            other(A + 6),
+            Record::Timestamp {
+                tsc: 400,
+                perf_time: Some(7),
+            },
+            other(A + 7),
+        ];
+        let t = run(&recs);
+        assert_eq!(t.spans, vec![span(A, 0, 0, 4, S::Implied, E::TraceEnd)]);
+        assert_eq!(
+            t.anchors,
+            vec![
+                TimeAnchor {
+                    insn: 0,
+                    tsc: 100,
+                    perf_time: None
+                },
+                TimeAnchor {
+                    insn: 3,
+                    tsc: 400,
+                    perf_time: Some(7)
+                },
+            ]
+        );
+        let m = TimeMap::new(t.anchors.iter().map(|a| (a.insn, a.tsc as f64)));
+        assert_eq!(m.at(0), 100.0);
+        assert_eq!(m.at(1), 200.0);
+        assert_eq!(m.at(3), 400.0);
+        assert_eq!(m.at(10), 400.0);
+        let m = TimeMap::new([(0, 5.0), (2, 9.0), (2, 15.0), (4, 25.0)]);
+        assert_eq!((m.at(1), m.at(2), m.at(3)), (7.0, 15.0, 20.0));
+    }
+
+    /// Random record streams (calls, returns to expected and unexpected places, jumps,
+    /// syscalls, asynchronous entries and resumptions, gaps): the spans nest (each one
+    /// inside a span one level up, none overlapping at a level), the outermost ones cover
+    /// every instruction exactly once, and the stacks count every instruction once.
+    #[test]
+    fn random_streams_keep_the_invariants() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let t = table();
+        let funcs = [MAIN, A, B, C, H, R, LIB, 0x9000];
+        for _ in 0..3000 {
+            let mut cs = CallStacks::new(&t);
+            let mut pc = funcs[rnd(8) as usize] + rnd(0x20);
+            for _ in 0..rnd(200) {
+                let r = match rnd(20) {
+                    0..=7 => ins(pc, 1 + rnd(4) as u8, InsnClass::Other),
+                    8..=10 => ins(pc, 5, InsnClass::Call),
+                    11..=13 => ins(pc, 1, InsnClass::Return),
+                    14 => ins(pc, 2, InsnClass::Jump),
+                    15 => ins(pc, 2, InsnClass::FarCall),
+                    16 => Record::TraceDisabled {
+                        ip: (rnd(2) == 0).then_some(pc),
+                    },
+                    17 => Record::TraceEnabled { ip: pc },
+                    18 => Record::KernelXfer {
+                        from: pc,
+                        to: (rnd(2) == 0).then_some(H),
+                    },
+                    _ => match rnd(4) {
+                        0 => Record::Overflow { ip: None },
+                        _ => Record::Timestamp {
+                            tsc: rnd(1000),
+                            perf_time: None,
+                        },
+                    },
+                };
+                cs.record(&r);
+                // The next address: mostly sequential, sometimes a function start or an
+                // address inside one (returns and jumps go anywhere).
+                pc = match rnd(6) {
+                    0 => funcs[rnd(8) as usize],
+                    1 => funcs[rnd(8) as usize] + rnd(0x40),
+                    _ => pc + 1 + rnd(4),
+                };
+            }
+            let out = cs.finish();
+            let total: u64 = out.stacks.iter().map(|s| s.1).sum();
+            assert_eq!(total, out.instructions);
+            let outer: u64 = out
+                .spans
+                .iter()
+                .filter(|s| s.depth == 0)
+                .map(|s| s.end - s.start)
+                .sum();
+            assert_eq!(outer, out.instructions, "{:?}", out.spans);
+            for s in &out.spans {
+                assert!(s.start <= s.end && s.end <= out.instructions, "{s:?}");
+                for o in &out.spans {
+                    if o != s && o.depth == s.depth {
+                        assert!(
+                            o.end <= s.start || s.end <= o.start || o.start == o.end
+                                || s.start == s.end,
+                            "{s:?} overlaps {o:?}"
+                        );
+                    }
+                }
+                if s.depth > 0 {
+                    assert!(
+                        out.spans.iter().any(|p| p.depth + 1 == s.depth
+                            && p.start <= s.start
+                            && s.end <= p.end),
+                        "{s:?} has no parent in {:?}",
+                        out.spans
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,726 @@
+//! `pttrace view`: pictures of a `pttrace run` trace, from the call stacks that
+//! `drpttracer::decode::callstack` reconstructs from the decoded instructions:
+//! - `timeline.json`: Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing,
+//!   speedscope): per thread, the function calls as nested complete (`X`) events, its
+//!   windows (syscalls) on a track beside it, gaps as instant events;
+//! - `flamegraph.svg`: a flame graph (inferno) weighted by instructions;
+//! - `stacks.folded`: the collapsed stacks it is drawn from (`a;b;c N`, N instructions).
+//!
+//! Time axis: the trace's timestamps converted to nanoseconds where the trace has usable
+//! time (hardware PT with a TSC conversion, timestamps in every thread); otherwise (the
+//! software backends) instruction counts: each thread's instructions numbered from 0, one
+//! instruction = one microsecond of the file's `ts` unit. The file says which in
+//! `otherData.time_axis`.
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Write};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use drpttracer::decode::callstack::{CallStacks, SpanEnd, SpanStart, ThreadStacks, TimeMap};
+use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
+use drpttracer::decode::{DecodeError, Symbols};
+use drpttracer::format::ptt;
+use drpttracer::metadata::TimeConv;
+use serde::Serialize;
+
+use crate::CmdResult;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ViewFormat {
+    /// timeline.json, flamegraph.svg and stacks.folded in the output directory.
+    Files,
+    /// Only the collapsed stacks (`a;b;c N`, N instructions), on stdout.
+    Folded,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A `pttrace run --out` directory, or one of its per-thread `.ptt` files.
+    #[arg(value_name = "DIR|FILE.ptt")]
+    trace: PathBuf,
+    /// Where to write timeline.json, flamegraph.svg and stacks.folded (default:
+    /// <trace dir>/view).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// What to produce.
+    #[arg(long, value_enum, default_value = "files")]
+    format: ViewFormat,
+    /// Prefix for the paths of the mapped files (their symbols).
+    #[arg(long, value_name = "DIR")]
+    sysroot: Option<PathBuf>,
+    /// Damaged input: draw what could be read and exit 0 (the damage is still listed).
+    #[arg(long)]
+    keep_going: bool,
+}
+
+/// Window flags that mean the trace of a window is not continuous with the one before.
+const LOSS_FLAGS: u32 =
+    ptt::WF_PT_LOST | ptt::WF_PT_DROPPED | ptt::WF_CAPTURE_ERROR | ptt::WF_PT_ABSENT;
+
+/// Tracks of a thread's windows get this added to the thread id (Linux thread ids stay
+/// below 2^22).
+const WINDOW_TRACK: i64 = 1_000_000_000;
+
+/// Interned frame names.
+#[derive(Default)]
+struct Names {
+    strings: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Names {
+    fn intern(&mut self, s: String) -> u32 {
+        if let Some(&i) = self.index.get(&s) {
+            return i;
+        }
+        let i = self.strings.len() as u32;
+        self.index.insert(s.clone(), i);
+        self.strings.push(s);
+        i
+    }
+    fn get(&self, i: u32) -> &str {
+        self.strings.get(i as usize).map_or("?", String::as_str)
+    }
+}
+
+/// Names the frame addresses of one process image: PLT stubs as `function@plt`, else its
+/// ELF symbols (`.symtab`, `.dynsym`, the vDSO's), else `module+0xOFF` (the offset in the
+/// mapped file), else the address.
+struct Namer {
+    syms: Symbols,
+    maps: Vec<(u64, u64, u64, String)>,
+    plts: Vec<Plt>,
+    cache: HashMap<u64, u32>,
+}
+
+/// A PLT section of a mapped ELF file, at its run-time address, and the names of the
+/// functions its GOT slots are bound to (run-time slot address -> name).
+struct Plt {
+    start: u64,
+    bytes: Vec<u8>,
+    module: String,
+    got: HashMap<u64, String>,
+}
+
+impl Plt {
+    /// The stub at `addr` (a call target): its `jmp *slot(%rip)` (within the stub's first
+    /// 8 bytes, after endbr64/bnd) names the function bound to the slot.
+    fn name(&self, addr: u64) -> Option<String> {
+        let off = usize::try_from(addr.checked_sub(self.start)?).ok()?;
+        if off >= self.bytes.len() {
+            return None;
+        }
+        let stub = self.bytes.get(off..self.bytes.len().min(off + 14))?;
+        let name = (0..stub.len().saturating_sub(5).min(8))
+            .find(|&k| stub[k] == 0xff && stub[k + 1] == 0x25)
+            .and_then(|k| {
+                let disp = i32::from_le_bytes(stub.get(k + 2..k + 6)?.try_into().ok()?);
+                let slot = addr
+                    .wrapping_add(k as u64 + 6)
+                    .wrapping_add(i64::from(disp) as u64);
+                self.got.get(&slot).cloned()
+            })
+            .unwrap_or_else(|| self.module.clone());
+        Some(format!("{name}@plt"))
+    }
+}
+
+/// The PLT sections (`.plt`, `.plt.sec`, `.plt.got`) of the ELF file mapped from file
+/// offset 0 at `start`, moved like `PttProcess::symbols` moves its symbols.
+fn plts_of(path: &Path, start: u64, module: &str) -> Vec<Plt> {
+    use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable};
+    let Ok(data) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+    let bias = start.wrapping_sub(low);
+    let mut got = HashMap::new();
+    if let (Some(relocs), Some(dynsyms)) = (obj.dynamic_relocations(), obj.dynamic_symbol_table()) {
+        for (slot, r) in relocs {
+            if let object::RelocationTarget::Symbol(i) = r.target() {
+                if let Some(name) = dynsyms.symbol_by_index(i).ok().and_then(|s| s.name().ok()) {
+                    if !name.is_empty() {
+                        got.insert(slot.wrapping_add(bias), name.to_string());
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for sec in obj.sections() {
+        if !matches!(sec.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
+            continue;
+        }
+        if let Ok(bytes) = sec.data() {
+            out.push(Plt {
+                start: sec.address().wrapping_add(bias),
+                bytes: bytes.to_vec(),
+                module: module.to_string(),
+                got: got.clone(),
+            });
+        }
+    }
+    out
+}
+
+impl Namer {
+    fn new(p: Option<&PttProcess>, sysroot: Option<&Path>) -> Self {
+        let syms = p.map(|p| p.symbols(sysroot)).unwrap_or_default();
+        let module_of = |path: &str| {
+            if path.is_empty() {
+                "[anon]".to_string()
+            } else {
+                path.rsplit('/').next().unwrap_or(path).to_string()
+            }
+        };
+        // Every mapping, not only executable ones: QEMU's guest maps show none.
+        let maps: Vec<(u64, u64, u64, String)> = p
+            .map(|p| {
+                p.maps
+                    .iter()
+                    .map(|m| (m.start, m.end, m.offset, module_of(&m.path)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut plts = Vec::new();
+        let mut done: Vec<&str> = Vec::new();
+        for m in p.map(|p| p.maps.as_slice()).unwrap_or_default() {
+            if m.offset != 0 || !m.path.starts_with('/') || done.contains(&m.path.as_str()) {
+                continue;
+            }
+            done.push(&m.path);
+            let file = match sysroot {
+                Some(r) => r.join(m.path.trim_start_matches('/')),
+                None => PathBuf::from(&m.path),
+            };
+            plts.extend(plts_of(&file, m.start, &module_of(&m.path)));
+        }
+        Namer {
+            syms,
+            maps,
+            plts,
+            cache: HashMap::new(),
+        }
+    }
+
+    fn id(&mut self, addr: u64, names: &mut Names) -> u32 {
+        if let Some(&i) = self.cache.get(&addr) {
+            return i;
+        }
+        let name = match self.plts.iter().find_map(|p| p.name(addr)) {
+            Some(n) => n,
+            None => match self.syms.lookup(addr) {
+                Some((name, _)) => name.to_string(),
+                None => match self.maps.iter().find(|m| (m.0..m.1).contains(&addr)) {
+                    Some((start, _, off, module)) => {
+                        format!("{module}+{:#x}", addr - start + off)
+                    }
+                    None => format!("{addr:#x}"),
+                },
+            },
+        };
+        // Folded stacks separate frames with ';' and end with the count.
+        let name: String = name
+            .chars()
+            .map(|c| if c == ';' || c.is_control() { ':' } else { c })
+            .collect();
+        let i = names.intern(name);
+        self.cache.insert(addr, i);
+        i
+    }
+}
+
+/// One thread's reconstruction, ready to draw.
+struct ThreadView {
+    pid: i32,
+    tid: i32,
+    comm: String,
+    /// Its image's command line.
+    cmdline: String,
+    /// Where its instruction 0 lies on an instruction axis (a thread continuing in a new
+    /// image after execve continues the axis of the old one).
+    base: u64,
+    stacks: ThreadStacks,
+    /// Name of each span's frame (same order as `stacks.spans`).
+    span_names: Vec<u32>,
+    /// Each window and its instruction range.
+    windows: Vec<(PttWindowInfo, u64, u64)>,
+    syscall_windows: bool,
+    time: Option<TimeMap>,
+}
+
+/// A `ts`/`dur` value: integers on the instruction axis, microseconds with a fraction on
+/// the time axis.
+#[derive(Serialize, Clone, Copy)]
+#[serde(untagged)]
+enum Ts {
+    I(u64),
+    F(f64),
+}
+
+#[derive(Serialize)]
+struct Event<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cat: Option<&'static str>,
+    ph: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ts: Option<Ts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dur: Option<Ts>,
+    pid: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tid: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    s: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    args: Option<serde_json::Value>,
+}
+
+impl<'a> Event<'a> {
+    fn new(name: &'a str, ph: &'static str, pid: i32, tid: Option<i64>) -> Self {
+        Event {
+            name,
+            cat: None,
+            ph,
+            ts: None,
+            dur: None,
+            pid,
+            tid,
+            s: None,
+            args: None,
+        }
+    }
+}
+
+/// The file's time axis.
+enum Axis {
+    Instructions { why: String },
+    Nanoseconds { t0: f64 },
+}
+
+impl Axis {
+    /// (ts, dur) of instructions `[start, end)` of `t`.
+    fn place(&self, t: &ThreadView, start: u64, end: u64) -> (Ts, Ts) {
+        match (self, &t.time) {
+            (Axis::Nanoseconds { t0 }, Some(m)) => {
+                let (a, b) = (m.at(start), m.at(end));
+                (Ts::F((a - t0) / 1000.0), Ts::F((b - a).max(0.0) / 1000.0))
+            }
+            _ => (Ts::I(t.base + start), Ts::I(end.saturating_sub(start))),
+        }
+    }
+}
+
+fn basename(cmdline: &str) -> String {
+    let first = cmdline.split(' ').next().unwrap_or("");
+    first.rsplit('/').next().unwrap_or(first).to_string()
+}
+
+pub fn run(args: Args) -> CmdResult {
+    let mut trace = ptt_dir::open(&args.trace)?;
+    trace.sysroot = args.sysroot.clone();
+    let mut names = Names::default();
+    let mut namers: HashMap<(i32, u64), Namer> = HashMap::new();
+    let mut damages = crate::damage::Damages::default();
+    let mut order: Vec<usize> = (0..trace.threads.len()).collect();
+    order.sort_by_key(|&i| {
+        let h = &trace.threads[i].header;
+        (h.pid, h.tid, h.start_tsc, h.nonce)
+    });
+    let mut views: Vec<ThreadView> = Vec::new();
+    let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
+    for &i in &order {
+        let th = &trace.threads[i];
+        let h = &th.header;
+        let proc_ = trace.process_of(th);
+        let namer = namers
+            .entry((h.pid, h.nonce))
+            .or_insert_with(|| Namer::new(proc_, trace.sysroot.as_deref()));
+        let syscall_windows = ptt::window_name(h.window) == "syscall";
+        let mut cs = CallStacks::new(&namer.syms);
+        let mut windows = Vec::new();
+        let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+            if w.flags & LOSS_FLAGS != 0 {
+                cs.restart(Some(format!(
+                    "window {}: {}",
+                    w.index,
+                    w.flag_names().join(", ")
+                )));
+            } else if syscall_windows {
+                // Each window is one syscall's own execution.
+                cs.restart(None);
+            }
+            let start = cs.instructions();
+            if let Some(dec) = dec {
+                dec.for_each_slice(|recs| {
+                    for r in recs {
+                        cs.record(r);
+                    }
+                    ControlFlow::<()>::Continue(())
+                });
+            }
+            windows.push((w.clone(), start, cs.instructions()));
+            Ok::<(), DecodeError>(())
+        })?;
+        damages.add_tail(th.path.display(), &stats.tail);
+        for w in &stats.warnings {
+            eprintln!("pttrace view: warning: {}: {w}", th.path.display());
+        }
+        let stacks = cs.finish();
+        let span_names = stacks
+            .spans
+            .iter()
+            .map(|s| namer.id(s.addr, &mut names))
+            .collect();
+        let end = axis_end.entry((h.pid, h.tid)).or_insert(0);
+        let base = *end;
+        *end += stacks.instructions;
+        let time = hardware_time(h.backend, proc_, &stacks);
+        views.push(ThreadView {
+            pid: h.pid,
+            tid: h.tid,
+            comm: proc_
+                .map(|p| basename(&p.cmdline))
+                .filter(|c| !c.is_empty())
+                .unwrap_or_else(|| format!("pid {}", h.pid)),
+            cmdline: proc_.map(|p| p.cmdline.clone()).unwrap_or_default(),
+            base,
+            stacks,
+            span_names,
+            windows,
+            syscall_windows,
+            time,
+        });
+    }
+
+    // Collapsed stacks of every thread, under the image's command name (as name ids
+    // first: the lines of a long trace are large).
+    let mut folded: HashMap<Vec<u32>, u64> = HashMap::new();
+    for (v, &i) in views.iter().zip(&order) {
+        let th = &trace.threads[i];
+        let Some(namer) = namers.get_mut(&(th.header.pid, th.header.nonce)) else {
+            continue;
+        };
+        let comm = names.intern(v.comm.replace([';', ' '], "_"));
+        for (path, n) in &v.stacks.stacks {
+            let mut key = Vec::with_capacity(path.len() + 1);
+            key.push(comm);
+            key.extend(path.iter().map(|&a| namer.id(a, &mut names)));
+            *folded.entry(key).or_default() += n;
+        }
+    }
+    let mut folded_lines: Vec<String> = folded
+        .iter()
+        .map(|(key, n)| {
+            let len: usize = key.iter().map(|&id| names.get(id).len() + 1).sum();
+            let mut line = String::with_capacity(len + 20);
+            for (k, &id) in key.iter().enumerate() {
+                if k > 0 {
+                    line.push(';');
+                }
+                line.push_str(names.get(id));
+            }
+            line.push(' ');
+            line.push_str(&n.to_string());
+            line
+        })
+        .collect();
+    drop(folded);
+    folded_lines.sort_unstable();
+
+    if args.format == ViewFormat::Folded {
+        let stdout = std::io::stdout();
+        let mut out = BufWriter::new(stdout.lock());
+        for l in &folded_lines {
+            writeln!(out, "{l}")?;
+        }
+        out.flush()?;
+        return damages.finish("view", args.keep_going);
+    }
+
+    let out_dir = match &args.out {
+        Some(d) => d.clone(),
+        None => {
+            let dir = if args.trace.is_dir() {
+                args.trace.clone()
+            } else {
+                args.trace
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf()
+            };
+            dir.join("view")
+        }
+    };
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("{}: cannot create the directory: {e}", out_dir.display()))?;
+
+    let axis = choose_axis(&views);
+    let timeline = out_dir.join("timeline.json");
+    let events = write_timeline(&timeline, &views, &names, &axis, &args.trace)
+        .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
+    let stacks_path = out_dir.join("stacks.folded");
+    write_lines(&stacks_path, &folded_lines)
+        .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
+    let svg = out_dir.join("flamegraph.svg");
+    let svg_written = if folded_lines.is_empty() {
+        false
+    } else {
+        let title = match trace.processes.first() {
+            Some(p) if !p.cmdline.is_empty() => format!("pttrace view: {}", p.cmdline),
+            _ => "pttrace view".to_string(),
+        };
+        write_flamegraph(&svg, &folded_lines, title)
+            .map_err(|e| format!("{}: cannot write: {e}", svg.display()))?;
+        true
+    };
+
+    let insns: u64 = views.iter().map(|v| v.stacks.instructions).sum();
+    let spans: usize = views.iter().map(|v| v.stacks.spans.len()).sum();
+    let gaps: usize = views.iter().map(|v| v.stacks.markers.len()).sum();
+    let axis_text = match &axis {
+        Axis::Instructions { why } => format!("instructions ({why})"),
+        Axis::Nanoseconds { .. } => "nanoseconds (TSC)".to_string(),
+    };
+    println!(
+        "{} threads, {insns} instructions, {spans} function spans, {gaps} gaps; time axis: {axis_text}",
+        views.len()
+    );
+    println!(
+        "timeline:    {} ({events} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",
+        timeline.display()
+    );
+    if svg_written {
+        println!("flame graph: {}", svg.display());
+    } else {
+        println!("flame graph: none (no instructions were decoded)");
+    }
+    println!("stacks:      {}", stacks_path.display());
+    damages.finish("view", args.keep_going)
+}
+
+/// The thread's timestamps as nanoseconds, when the trace has usable time: hardware PT,
+/// a known TSC conversion, and at least two timestamps.
+fn hardware_time(backend: u8, p: Option<&PttProcess>, s: &ThreadStacks) -> Option<TimeMap> {
+    if ptt::backend_name(backend) != "hardware" {
+        return None;
+    }
+    let md = p?.metadata?;
+    let (time_shift, time_mult, time_zero) = (md.time_shift, md.time_mult, md.time_zero);
+    if time_mult == 0 || s.anchors.len() < 2 {
+        return None;
+    }
+    let conv = TimeConv {
+        time_shift,
+        time_mult,
+        time_zero,
+    };
+    Some(TimeMap::new(
+        s.anchors
+            .iter()
+            .map(|a| (a.insn, conv.tsc_to_perf_time(a.tsc) as f64)),
+    ))
+}
+
+fn choose_axis(views: &[ThreadView]) -> Axis {
+    let why = if views.is_empty() {
+        "no threads"
+    } else if views.iter().all(|v| v.time.is_some()) {
+        let t0 = views
+            .iter()
+            .filter_map(|v| v.time.as_ref().map(|m| m.at(0)))
+            .fold(f64::INFINITY, f64::min);
+        return Axis::Nanoseconds { t0 };
+    } else if views.iter().any(|v| v.time.is_some()) {
+        "some threads have no usable time"
+    } else {
+        "the trace has no usable time: software backend, or no TSC conversion"
+    };
+    Axis::Instructions {
+        why: why.to_string(),
+    }
+}
+
+/// Writes the Chrome Trace Event JSON file; returns the number of events.
+fn write_timeline(
+    path: &Path,
+    views: &[ThreadView],
+    names: &Names,
+    axis: &Axis,
+    trace: &Path,
+) -> std::io::Result<u64> {
+    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut n = 0u64;
+    w.write_all(b"{\"traceEvents\":[\n")?;
+    let mut emit = |w: &mut BufWriter<std::fs::File>, e: &Event<'_>| -> std::io::Result<()> {
+        if n > 0 {
+            w.write_all(b",\n")?;
+        }
+        n += 1;
+        serde_json::to_writer(&mut *w, e).map_err(std::io::Error::other)
+    };
+    // Process names: the command lines of the images a pid ran, in order (views are
+    // sorted by pid, tid, start); thread names: the commands a thread ran.
+    let mut pids: Vec<i32> = views.iter().map(|v| v.pid).collect();
+    pids.dedup();
+    for pid in pids {
+        let mut cmds: Vec<&str> = Vec::new();
+        for v in views.iter().filter(|v| v.pid == pid) {
+            if !v.cmdline.is_empty() && !cmds.contains(&v.cmdline.as_str()) {
+                cmds.push(&v.cmdline);
+            }
+        }
+        let name = if cmds.is_empty() {
+            format!("pid {pid}")
+        } else {
+            cmds.join(" → ")
+        };
+        let mut e = Event::new("process_name", "M", pid, None);
+        e.args = Some(serde_json::json!({ "name": name }));
+        emit(&mut w, &e)?;
+    }
+    let mut sort_index = 0u64;
+    let mut named: Vec<(i32, i32)> = Vec::new();
+    for v in views {
+        let tid = i64::from(v.tid);
+        if !named.contains(&(v.pid, v.tid)) {
+            named.push((v.pid, v.tid));
+            let mut comms: Vec<&str> = Vec::new();
+            for o in views.iter().filter(|o| (o.pid, o.tid) == (v.pid, v.tid)) {
+                if !comms.contains(&o.comm.as_str()) {
+                    comms.push(&o.comm);
+                }
+            }
+            let comm = comms.join("→");
+            let tracks = [
+                (tid, format!("{comm} {}", v.tid)),
+                (
+                    WINDOW_TRACK + tid,
+                    if v.syscall_windows {
+                        format!("{comm} {} syscalls", v.tid)
+                    } else {
+                        format!("{comm} {} windows (user code up to each syscall)", v.tid)
+                    },
+                ),
+            ];
+            for (t, name) in tracks {
+                let mut e = Event::new("thread_name", "M", v.pid, Some(t));
+                e.args = Some(serde_json::json!({ "name": name }));
+                emit(&mut w, &e)?;
+                let mut e = Event::new("thread_sort_index", "M", v.pid, Some(t));
+                e.args = Some(serde_json::json!({ "sort_index": sort_index }));
+                sort_index += 1;
+                emit(&mut w, &e)?;
+            }
+        }
+        for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
+            let (ts, dur) = axis.place(v, s.start, s.end);
+            let mut e = Event::new(names.get(name), "X", v.pid, Some(tid));
+            e.cat = Some("call");
+            e.ts = Some(ts);
+            e.dur = Some(dur);
+            if s.start_kind != SpanStart::Call || s.end_kind != SpanEnd::Return {
+                e.args = Some(serde_json::json!({
+                    "start": s.start_kind.name(),
+                    "end": s.end_kind.name(),
+                }));
+            }
+            emit(&mut w, &e)?;
+        }
+        for (win, start, end) in &v.windows {
+            let name = if win.flags & ptt::WF_NO_SYSCALL != 0 {
+                "(cut, no syscall)".to_string()
+            } else {
+                win.syscall_name()
+            };
+            let (ts, dur) = axis.place(v, *start, *end);
+            let mut e = Event::new(&name, "X", v.pid, Some(WINDOW_TRACK + tid));
+            e.cat = Some("syscall");
+            e.ts = Some(ts);
+            e.dur = Some(dur);
+            e.args = Some(serde_json::json!({
+                "window": win.index,
+                "nr": win.nr,
+                "ret": win.ret,
+                "flags": win.flag_names().join(","),
+                "instructions": end - start,
+            }));
+            emit(&mut w, &e)?;
+        }
+        for m in &v.stacks.markers {
+            let (ts, _) = axis.place(v, m.at, m.at);
+            let mut e = Event::new("gap", "i", v.pid, Some(tid));
+            e.cat = Some("gap");
+            e.ts = Some(ts);
+            e.s = Some("t");
+            e.args = Some(serde_json::json!({ "what": m.what }));
+            emit(&mut w, &e)?;
+        }
+    }
+    let insns: u64 = views.iter().map(|v| v.stacks.instructions).sum();
+    let (unit, axis_name, note) = match axis {
+        Axis::Instructions { why } => (
+            None,
+            "instructions",
+            format!(
+                "{why}: ts and dur count instructions (1 unit = 1 instruction), each thread \
+                 from 0 (a thread continues its count across execve)"
+            ),
+        ),
+        Axis::Nanoseconds { .. } => (
+            Some("ns"),
+            "ns",
+            "TSC converted to nanoseconds with the trace's time conversion, from the first \
+             timestamp, interpolated by instruction between timestamps"
+                .to_string(),
+        ),
+    };
+    let mut tail = serde_json::json!({
+        "otherData": {
+            "time_axis": axis_name,
+            "time_axis_note": note,
+            "trace": trace.display().to_string(),
+            "instructions": insns,
+            "tool": "pttrace view",
+        }
+    });
+    if let (Some(u), Some(o)) = (unit, tail.as_object_mut()) {
+        o.insert("displayTimeUnit".into(), u.into());
+    }
+    w.write_all(b"\n]")?;
+    if let Some(o) = tail.as_object() {
+        for (k, v) in o {
+            w.write_all(b",")?;
+            serde_json::to_writer(&mut w, k).map_err(std::io::Error::other)?;
+            w.write_all(b":")?;
+            serde_json::to_writer(&mut w, v).map_err(std::io::Error::other)?;
+        }
+    }
+    w.write_all(b"}\n")?;
+    w.flush()?;
+    Ok(n)
+}
+
+fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    for l in lines {
+        w.write_all(l.as_bytes())?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()
+}
+
+fn write_flamegraph(path: &Path, lines: &[String], title: String) -> std::io::Result<()> {
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title;
+    opts.count_name = "instructions".to_string();
+    opts.deterministic = true;
+    let w = BufWriter::new(std::fs::File::create(path)?);
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), w)
+}

@@ -1,0 +1,337 @@
+//! `pttrace view` on a real traced program with a known call structure
+//! (tests/progs/calls.c: main calls a() three times, a calls b, then main calls c), traced
+//! whole by the QEMU backend: the timeline JSON holds exactly those spans with the right
+//! nesting, names, start points and lengths; the collapsed stacks hold exactly those
+//! stacks with the instruction counts of `pttrace decode --format jsonl` for the same
+//! trace; the flame graph names them. Needs `qemu-x86_64` (Debian's qemu-user); prints
+//! `SKIP: <reason>` without it.
+
+mod shim_util;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use shim_util::pttrace;
+
+fn qemu_available() -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
+    if !found {
+        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
+    }
+    found
+}
+
+/// The QEMU plugin of this build (beside pttrace); built when a plain `cargo test --test
+/// view` has not built it (it is another workspace member).
+fn plugin() -> PathBuf {
+    let dir = pttrace().parent().unwrap().to_path_buf();
+    let so = dir.join("libpttrace_qemu.so");
+    if !so.is_file() {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        c.args(["build", "-p", "pttrace-qemu"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if release {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
+    }
+    assert!(so.is_file(), "{} missing", so.display());
+    so
+}
+
+fn ok(o: &Output, what: &str) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{what} failed: {text}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// (address, size) of each function symbol of `exe`.
+fn functions(exe: &Path, names: &[&str]) -> BTreeMap<String, (u64, u64)> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(exe).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    names
+        .iter()
+        .map(|n| {
+            let s = obj
+                .symbols()
+                .find(|s| s.name() == Ok(n))
+                .unwrap_or_else(|| panic!("{n} not in {}", exe.display()));
+            assert!(s.size() > 0, "{n} has no size");
+            (n.to_string(), (s.address(), s.size()))
+        })
+        .collect()
+}
+
+/// The instruction addresses of `pttrace decode DIR --format jsonl`, per thread id.
+fn decoded_pcs(dir: &Path) -> BTreeMap<i64, Vec<u64>> {
+    let o = Command::new(pttrace())
+        .args(["decode", "--format", "jsonl"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = ok(&o, "pttrace decode --format jsonl");
+    let mut out: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        if v["type"] == "insn" {
+            let pc = v["pc"].as_str().unwrap();
+            let pc = u64::from_str_radix(pc.trim_start_matches("0x"), 16).unwrap();
+            out.entry(v["tid"].as_i64().unwrap()).or_default().push(pc);
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Span {
+    name: String,
+    ts: u64,
+    dur: u64,
+}
+
+#[test]
+fn calls_program_spans_stacks_and_flamegraph() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with(
+        "calls",
+        dir.path(),
+        "calls",
+        &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
+    );
+    let trace = dir.path().join("out");
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "qemu",
+        ])
+        .arg("--qemu-plugin")
+        .arg(plugin())
+        .arg("--out")
+        .arg(&trace)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    ok(&o, "pttrace run");
+
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let stdout = ok(&o, "pttrace view");
+    let view = trace.join("view");
+    for f in ["timeline.json", "flamegraph.svg", "stacks.folded"] {
+        let p = view.join(f);
+        assert!(
+            stdout.contains(&p.display().to_string()),
+            "{f} not named in: {stdout}"
+        );
+    }
+
+    // The expected figures, from the decoder's own instruction stream.
+    let pcs = decoded_pcs(&trace);
+    assert_eq!(pcs.len(), 1, "one thread: {:?}", pcs.keys());
+    let (&tid, pcs) = pcs.iter().next().unwrap();
+    let funcs = functions(&prog, &["main", "a", "b", "c"]);
+    let count = |f: &str| {
+        let (start, size) = funcs[f];
+        pcs.iter()
+            .filter(|&&pc| (start..start + size).contains(&pc))
+            .count() as u64
+    };
+    let entries = |f: &str| -> Vec<u64> {
+        let start = funcs[f].0;
+        (0..pcs.len() as u64)
+            .filter(|&i| pcs[i as usize] == start)
+            .collect()
+    };
+    let (nm, na, nb, nc) = (count("main"), count("a"), count("b"), count("c"));
+    assert_eq!(na % 3, 0);
+    assert_eq!(nb % 3, 0);
+    // b runs its 100-iteration loop: far more than a's few instructions.
+    assert!(
+        nb > 300 && nc > 150 && na > 0 && nm > 0,
+        "{nm} {na} {nb} {nc}"
+    );
+    let (a_at, b_at, c_at, main_at) = (entries("a"), entries("b"), entries("c"), entries("main"));
+    assert_eq!(
+        (a_at.len(), b_at.len(), c_at.len(), main_at.len()),
+        (3, 3, 1, 1)
+    );
+
+    // Timeline: exactly main > a > b (x3), main > c on the thread's track, at the
+    // instructions where the decoder shows each function entered.
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(view.join("timeline.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["otherData"]["time_axis"], "instructions");
+    let events = json["traceEvents"].as_array().unwrap();
+    let mut spans: Vec<Span> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"].as_i64() == Some(tid) && e["cat"] == "call")
+        .filter(|e| ["main", "a", "b", "c"].contains(&e["name"].as_str().unwrap()))
+        .map(|e| Span {
+            name: e["name"].as_str().unwrap().to_string(),
+            ts: e["ts"].as_u64().unwrap(),
+            dur: e["dur"].as_u64().unwrap(),
+        })
+        .collect();
+    spans.sort_by_key(|s| s.ts);
+    let span = |name: &str, ts: u64, dur: u64| Span {
+        name: name.into(),
+        ts,
+        dur,
+    };
+    let expected = vec![
+        span("main", main_at[0], nm + na + nb + nc),
+        span("a", a_at[0], (na + nb) / 3),
+        span("b", b_at[0], nb / 3),
+        span("a", a_at[1], (na + nb) / 3),
+        span("b", b_at[1], nb / 3),
+        span("a", a_at[2], (na + nb) / 3),
+        span("b", b_at[2], nb / 3),
+        span("c", c_at[0], nc),
+    ];
+    assert_eq!(spans, expected);
+    // Nesting: each b inside its a, each a and c inside main, siblings apart.
+    let inside = |x: &Span, y: &Span| y.ts <= x.ts && x.ts + x.dur <= y.ts + y.dur;
+    for k in 0..3 {
+        assert!(inside(&spans[2 + 2 * k], &spans[1 + 2 * k]));
+        assert!(inside(&spans[1 + 2 * k], &spans[0]));
+    }
+    assert!(inside(&spans[7], &spans[0]));
+    assert!(spans[5].ts + spans[5].dur <= spans[7].ts);
+    // The thread and its windows are named; the windows cover every instruction and the
+    // last one ends at exit_group.
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            format!("calls {tid}"),
+            format!("calls {tid} windows (user code up to each syscall)")
+        ]
+    );
+    let windows: Vec<&Value> = events.iter().filter(|e| e["cat"] == "syscall").collect();
+    let covered: u64 = windows.iter().map(|e| e["dur"].as_u64().unwrap()).sum();
+    assert_eq!(covered, pcs.len() as u64);
+    assert_eq!(windows.last().unwrap()["name"], "exit_group");
+
+    // Collapsed stacks: the program's functions under one common prefix (the loader and
+    // libc frames that called main), with the decoder's exact counts.
+    let folded = std::fs::read_to_string(view.join("stacks.folded")).unwrap();
+    let mut total = 0u64;
+    let mut ours: BTreeMap<String, u64> = BTreeMap::new();
+    let mut prefixes = Vec::new();
+    for line in folded.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        total += n;
+        let frames: Vec<&str> = stack.split(';').collect();
+        assert_eq!(frames[0], "calls", "{line}");
+        if let Some(k) = frames.iter().position(|f| *f == "main") {
+            prefixes.push(frames[..k].join(";"));
+            *ours.entry(frames[k..].join(";")).or_default() += n;
+        } else {
+            assert!(
+                !frames.iter().any(|f| ["a", "b", "c"].contains(f)),
+                "{line}"
+            );
+        }
+    }
+    assert_eq!(total, pcs.len() as u64);
+    prefixes.dedup();
+    assert_eq!(prefixes.len(), 1, "{prefixes:?}");
+    let expected: BTreeMap<String, u64> = [
+        ("main", nm),
+        ("main;a", na),
+        ("main;a;b", nb),
+        ("main;c", nc),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    assert_eq!(ours, expected);
+
+    // The flame graph draws them.
+    let svg = std::fs::read_to_string(view.join("flamegraph.svg")).unwrap();
+    assert!(svg.starts_with("<?xml"), "{}", &svg[..svg.len().min(200)]);
+    // (inferno groups digits by thousands)
+    let grouped = |n: u64| {
+        let d = n.to_string();
+        let mut s = String::new();
+        for (i, ch) in d.chars().enumerate() {
+            if i > 0 && (d.len() - i) % 3 == 0 {
+                s.push(',');
+            }
+            s.push(ch);
+        }
+        s
+    };
+    assert_eq!(grouped(1234567), "1,234,567");
+    for (name, n) in [("main", nm + na + nb + nc), ("b", nb), ("c", nc)] {
+        let title = format!("<title>{name} ({} instructions", grouped(n));
+        assert!(svg.contains(&title), "{title} not in the SVG");
+    }
+
+    // --format folded prints the same stacks; one .ptt file alone gives the same result.
+    let o = Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(ok(&o, "pttrace view --format folded"), folded);
+    let ptt = std::fs::read_dir(&trace)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "ptt"))
+        .unwrap();
+    let single = dir.path().join("single");
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(&ptt)
+        .arg("--out")
+        .arg(&single)
+        .output()
+        .unwrap();
+    ok(&o, "pttrace view FILE.ptt");
+    assert_eq!(
+        std::fs::read_to_string(single.join("stacks.folded")).unwrap(),
+        folded
+    );
+}
+
+#[test]
+fn missing_input_is_named() {
+    let o = Command::new(pttrace())
+        .args(["view", "/nonexistent/trace-dir"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("pttrace view: /nonexistent/trace-dir: offset 0x0: cannot open"),
+        "{err}"
+    );
+}
