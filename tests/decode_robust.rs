@@ -11,7 +11,6 @@ use drpttracer::decode::{
 use drpttracer::format::{auxtrace, pdb};
 use drpttracer::metadata::{PtMetadata, TimeConv};
 
-
 fn check_records(recs: &[Record], len: usize) {
     for r in recs {
         if let Record::Gap(g) = r {

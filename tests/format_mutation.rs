@@ -63,7 +63,6 @@ use pttrace_format::perf_record::{self as perf, Mapping, RecordIter, SIDEBAND_SA
 // Mutation harness
 // ---------------------------------------------------------------------------------------
 
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -1170,7 +1170,9 @@ mod tests {
                 for o in &out.spans {
                     if o != s && o.depth == s.depth {
                         assert!(
-                            o.end <= s.start || s.end <= o.start || o.start == o.end
+                            o.end <= s.start
+                                || s.end <= o.start
+                                || o.start == o.end
                                 || s.start == s.end,
                             "{s:?} overlaps {o:?}"
                         );

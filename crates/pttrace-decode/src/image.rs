@@ -168,6 +168,28 @@ impl AddressSpace {
         (addr < seg.end()).then_some(seg)
     }
 
+    /// Whether the bytes mapped at `addr` are exactly `bytes` (across segments).
+    pub fn holds(&self, addr: u64, bytes: &[u8]) -> bool {
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let Some(at) = addr.checked_add(done as u64) else {
+                return false;
+            };
+            let Some(seg) = self.find(at) else {
+                return false;
+            };
+            let from = (at - seg.start) as usize;
+            let have = seg.bytes().get(from..).unwrap_or(&[]);
+            let want = &bytes[done..];
+            let n = have.len().min(want.len());
+            if n == 0 || have[..n] != want[..n] {
+                return false;
+            }
+            done += n;
+        }
+        true
+    }
+
     /// Copies up to `buf.len()` bytes at `addr` (within one segment); returns the count.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
         let Some(seg) = self.find(addr) else {
@@ -216,6 +238,10 @@ impl AddressSpace {
                 _ => runs.push((addr, bytes.to_vec())),
             }
         }
+        // Code identical to what is mapped there already (a QEMU trace records every block
+        // it runs, mostly straight from the files) changes nothing: keeping the file
+        // segments whole lets libipt read them as cached file sections.
+        runs.retain(|(addr, bytes)| !self.holds(*addr, bytes));
         if runs.is_empty() {
             return;
         }

@@ -21,6 +21,91 @@ pub(crate) struct SharedImage {
     pub last_nomap: Cell<Option<u64>>,
 }
 
+/// libipt's image section cache, shared by every decoder of the process: a file section
+/// (and the block cache libipt builds for it) is made once and reused by every window,
+/// segment and thread that maps the same file range at the same address, instead of being
+/// rebuilt, and its block cache zeroed again, for each new decoder.
+struct SectionCache {
+    raw: std::ptr::NonNull<sys::pt_image_section_cache>,
+    /// (dev, inode, size, mtime) of each file when its sections were first cached: a file
+    /// changed on disk since gets a fresh cache (libipt matches sections by name only).
+    files: std::collections::HashMap<std::path::PathBuf, (u64, u64, u64, i64)>,
+}
+
+// SAFETY: libipt is built with FEATURE_THREADS: the image section cache locks itself, and
+// the pointer is only used through libipt's API (the map beside it is behind a Mutex).
+unsafe impl Send for SectionCache {}
+
+/// Sections kept mapped (with their block caches) at most; least recently used ones are
+/// unmapped beyond it.
+const SECTION_CACHE_LIMIT: u64 = 1 << 30;
+
+static SECTION_CACHE: std::sync::Mutex<Option<SectionCache>> = std::sync::Mutex::new(None);
+
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64, u64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime_nsec() + m.mtime() * 1_000_000_000,
+    ))
+}
+
+fn new_section_cache() -> Option<SectionCache> {
+    // SAFETY: a NULL name is allowed; the result is checked for NULL.
+    let raw = unsafe { sys::pt_iscache_alloc(std::ptr::null()) };
+    let raw = std::ptr::NonNull::new(raw)?;
+    // SAFETY: raw is a live cache.
+    unsafe { sys::pt_iscache_set_limit(raw.as_ptr(), SECTION_CACHE_LIMIT) };
+    Some(SectionCache {
+        raw,
+        files: std::collections::HashMap::new(),
+    })
+}
+
+/// Adds the file range as a cached section to `img`; false when the cache cannot be used
+/// (the caller then adds the file directly).
+fn add_cached_section(
+    img: *mut sys::pt_image,
+    path: &std::path::Path,
+    cpath: &CStr,
+    offset: u64,
+    size: u64,
+    vaddr: u64,
+) -> bool {
+    let Ok(mut guard) = SECTION_CACHE.lock() else {
+        return false;
+    };
+    let id = file_identity(path);
+    let stale = match (guard.as_ref(), id) {
+        (Some(c), Some(id)) => c.files.get(path).is_some_and(|old| *old != id),
+        _ => false,
+    };
+    if guard.is_none() || stale {
+        // The old cache stays alive (images may still reference its sections): leaked,
+        // once per changed file, in exchange for never reading stale bytes.
+        *guard = new_section_cache();
+    }
+    let Some(cache) = guard.as_mut() else {
+        return false;
+    };
+    if let Some(id) = id {
+        cache.files.insert(path.to_path_buf(), id);
+    }
+    // SAFETY: the cache is live; cpath is a valid C string for the call.
+    let isid = unsafe {
+        sys::pt_iscache_add_file(cache.raw.as_ptr(), cpath.as_ptr(), offset, size, vaddr)
+    };
+    if isid < 0 {
+        return false;
+    }
+    // SAFETY: img and the cache are live; a NULL asid means "any address space". The image
+    // takes its own reference on the section.
+    unsafe { sys::pt_image_add_cached(img, cache.raw.as_ptr(), isid, std::ptr::null()) >= 0 }
+}
+
 /// A libipt error code (positive) with its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PtErr(pub i32);
@@ -187,6 +272,9 @@ impl<'a> BlockDecoder<'a> {
             let Ok(cpath) = CString::new(path.as_os_str().as_encoded_bytes()) else {
                 continue; // NUL in the path: leave it to the callback
             };
+            if add_cached_section(img, path, &cpath, seg.offset, seg.len, seg.start) {
+                continue;
+            }
             // SAFETY: img is live, cpath is a valid C string for the call; a NULL asid
             // means "any address space".
             let r = unsafe {

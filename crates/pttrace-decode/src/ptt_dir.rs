@@ -95,6 +95,15 @@ impl PttWindowInfo {
     }
 }
 
+/// The starting point of a thread's decode (see [`PttTrace::thread_image`]).
+pub struct ThreadImage {
+    pub params: TraceParams,
+    pub space: AddressSpace,
+    pub resolver: ImageResolver,
+    /// Image problems met while building it (files that could not be opened...).
+    pub warnings: Vec<String>,
+}
+
 /// How a thread file ended and what was skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ThreadStats {
@@ -283,18 +292,9 @@ impl PttTrace {
             .find(|p| p.pid == th.header.pid && p.nonce == th.header.nonce)
     }
 
-    /// Decodes every window of `th` in order. `f` gets each window and, when it has PT, a
-    /// decoder (an iterator over its records) to consume.
-    pub fn decode_thread(
-        &self,
-        th: &PttThread,
-        f: &mut WindowSink<'_>,
-    ) -> Result<ThreadStats, DecodeError> {
-        let path = &th.path;
-        let input = crate::ptt_input::read_thread(path)?;
-        let data = input.data;
-        let pf = ptt::parse(&path.display().to_string(), &data)
-            .map_err(|e| err(path, 0, e.to_string()))?;
+    /// What decoding `th` starts from: the parameters of its process image, and its image
+    /// when tracing began (the executable file mappings and the vDSO of the info file).
+    pub fn thread_image(&self, th: &PttThread) -> ThreadImage {
         let proc_ = self.process_of(th);
         let params = proc_
             .and_then(|p| p.metadata.as_ref())
@@ -326,6 +326,32 @@ impl PttTrace {
         if let Some((addr, bytes)) = &vdso {
             space.add_bytes("[vdso]", bytes.clone(), *addr);
         }
+        ThreadImage {
+            params,
+            space,
+            resolver,
+            warnings,
+        }
+    }
+
+    /// Decodes every window of `th` in order. `f` gets each window and, when it has PT, a
+    /// decoder (an iterator over its records) to consume.
+    pub fn decode_thread(
+        &self,
+        th: &PttThread,
+        f: &mut WindowSink<'_>,
+    ) -> Result<ThreadStats, DecodeError> {
+        let path = &th.path;
+        let input = crate::ptt_input::read_thread(path)?;
+        let data = input.data;
+        let pf = ptt::parse(&path.display().to_string(), &data)
+            .map_err(|e| err(path, 0, e.to_string()))?;
+        let ThreadImage {
+            params,
+            mut space,
+            mut resolver,
+            mut warnings,
+        } = self.thread_image(th);
         let mut stats = ThreadStats::default();
         for fr in &pf.frames {
             match RecordType::from_raw(fr.ty) {

@@ -191,7 +191,11 @@ fn metadata_record() -> [u8; METADATA_RECORD_SIZE] {
 /// without execute permission (QEMU runs translated code): every file mapping counts but
 /// QEMU's own executable and its libraries (at the host's usual addresses, above
 /// 0x7000_0000_0000, or /proc/self/exe).
-fn guest_file_maps() -> String {
+/// The guest's file mappings (QEMU's own `/proc/self/maps` lines below the host's own
+/// areas). QEMU maps guest code without PROT_EXEC (it never runs it natively), so a
+/// mapping is marked executable (`x`) here when a translated block starts in it: readers
+/// take executable file mappings as code images.
+fn guest_file_maps(ran: impl Fn(u64, u64) -> bool) -> String {
     let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
     let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut out = String::new();
@@ -200,7 +204,16 @@ fn guest_file_maps() -> String {
             continue;
         };
         if m.path.starts_with('/') && Path::new(&m.path) != exe && m.start < 0x7000_0000_0000 {
-            out.push_str(line);
+            match line.split_once(' ') {
+                Some((range, rest)) if !m.exec && ran(m.start, m.end) && rest.len() > 3 => {
+                    out.push_str(range);
+                    out.push(' ');
+                    out.push_str(&rest[..2]);
+                    out.push('x');
+                    out.push_str(&rest[3..]);
+                }
+                _ => out.push_str(line),
+            }
             out.push('\n');
         }
     }
@@ -303,9 +316,13 @@ impl Global {
     }
 
     fn close_info(&self, reason: EndReason, code: i32) {
+        let maps = match self.code_map.lock() {
+            Ok(blocks) => guest_file_maps(|a, b| blocks.range(a..b).next().is_some()),
+            Err(_) => guest_file_maps(|_, _| false),
+        };
         if let Ok(mut g) = self.info.lock() {
             if let Some(mut f) = g.take() {
-                let _ = f.frame(RecordType::Maps, guest_file_maps().as_bytes());
+                let _ = f.frame(RecordType::Maps, maps.as_bytes());
                 let _ = f.frame(RecordType::Clock, &clock_record());
                 let _ = f.frame(
                     RecordType::ProcessEnd,
