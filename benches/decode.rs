@@ -463,4 +463,143 @@ fn main() {
         "machine scaling          : {}   (bare libipt, same segments, no output, 1 vs 2 threads)",
         machine.text()
     );
+    many_windows();
+}
+
+/// Instructions of `dec` (every record visited in place).
+fn count_insns(dec: &mut PtDecoder<'_>) -> u64 {
+    let mut n = 0u64;
+    dec.for_each_slice(|s| {
+        n += s.iter().filter(|r| r.as_instruction().is_some()).count() as u64;
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    n
+}
+
+/// A real trace directory with hundreds of windows (`python3 -c pass` under the QEMU
+/// backend) decoded window by window as `pttrace decode DIR` does, against the same PT
+/// bytes concatenated into one trace with one decoder and the same image. Needs
+/// qemu-x86_64 and the plugin (`cargo build --release -p pttrace-qemu`).
+fn many_windows() {
+    use drpttracer::decode::ptt_dir;
+    use drpttracer::decode::ptt_input::{read_thread, read_windows};
+    use drpttracer::decode::sideband::{parse_records, ImageChange};
+    let plugin =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libpttrace_qemu.so");
+    if !plugin.is_file() {
+        println!(
+            "SKIP many-window case: {} not built (cargo build --release -p pttrace-qemu)",
+            plugin.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("py");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_pttrace"))
+        .args([
+            "run",
+            "--backend",
+            "qemu",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+        ])
+        .arg("--qemu-plugin")
+        .arg(&plugin)
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "/usr/bin/python3", "-c", "pass"])
+        .output()
+        .expect("run pttrace");
+    if !o.status.success() {
+        println!(
+            "SKIP many-window case: pttrace run failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        return;
+    }
+    let trace = ptt_dir::open(&out).expect("trace directory");
+    let th = trace
+        .threads
+        .iter()
+        .max_by_key(|t| std::fs::metadata(&t.path).map_or(0, |m| m.len()))
+        .expect("a thread");
+    // The concatenation: every window's PT, and one image with every window's code.
+    let input = read_thread(&th.path).expect("thread file");
+    let name = th.path.display().to_string();
+    let windows = read_windows(&name, &input.data).expect("windows");
+    let mut img = trace.thread_image(th);
+    let mut whole = Vec::new();
+    for w in &windows {
+        whole.extend_from_slice(w.pt);
+        let evs = parse_records(
+            &name,
+            w.sideband,
+            drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE,
+        )
+        .expect("sideband");
+        let mut code = Vec::new();
+        for e in &evs {
+            match &e.change {
+                ImageChange::Code { addr, bytes } => code.push((*addr, bytes.as_slice())),
+                c => {
+                    let _ = img.resolver.apply(&mut img.space, c);
+                }
+            }
+        }
+        img.space.add_code(&code);
+    }
+    let (mut t_dir, mut t_one) = (Vec::new(), Vec::new());
+    let (mut n_dir, mut n_one) = (0, 0);
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut n = 0u64;
+        trace
+            .decode_thread(th, &mut |_, dec| {
+                if let Some(d) = dec {
+                    n += count_insns(d);
+                }
+                Ok(())
+            })
+            .expect("decode");
+        t_dir.push(t.elapsed());
+        n_dir = n;
+        let t = Instant::now();
+        let mut dec = PtDecoder::new(
+            &whole,
+            img.params,
+            img.space.clone(),
+            Vec::new(),
+            img.resolver.clone(),
+            WindowOptions::default(),
+        )
+        .expect("decoder");
+        n_one = count_insns(&mut dec);
+        t_one.push(t.elapsed());
+    }
+    let rate = paired(&t_one, &t_dir);
+    let (sd, so) = (stats(t_dir), stats(t_one));
+    println!();
+    println!(
+        "many windows: python3 -c pass under QEMU, {} windows, {} PT bytes",
+        windows.len(),
+        whole.len()
+    );
+    println!(
+        "window by window (decode DIR): {:>7.1} / {:>7.1} ms  {n_dir} instructions, {:.1} M insn/s",
+        ms(sd.best),
+        ms(sd.median),
+        n_dir as f64 / sd.median.as_secs_f64() / 1e6
+    );
+    println!(
+        "one concatenated trace       : {:>7.1} / {:>7.1} ms  {n_one} instructions, {:.1} M insn/s",
+        ms(so.best),
+        ms(so.median),
+        n_one as f64 / so.median.as_secs_f64() / 1e6
+    );
+    println!(
+        "many-window rate / single-trace rate: {} (goal >= 0.8x)",
+        rate.text()
+    );
 }

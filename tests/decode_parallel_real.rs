@@ -359,3 +359,32 @@ fn decode_of_one_thread_file_equals_the_directory_decode() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+/// Windows decoded one after the other hand their caches on (decoded instructions, block
+/// records, libipt's file sections): the records are exactly those of every window
+/// decoded with caches of its own.
+#[test]
+fn shared_caches_change_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((out, _)) = trace_ls(dir.path()) else {
+        return;
+    };
+    let collect = |private: bool| {
+        let mut t = drpttracer::decode::ptt_dir::open(&out).unwrap();
+        t.private_caches = private;
+        let mut all = Vec::new();
+        for th in &t.threads {
+            t.decode_thread(th, &mut |_, dec| {
+                if let Some(d) = dec {
+                    all.extend(d.by_ref());
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        all
+    };
+    let shared = collect(false);
+    assert!(shared.len() > 100_000, "{}", shared.len());
+    assert_eq!(shared, collect(true));
+}

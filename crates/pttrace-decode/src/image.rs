@@ -99,11 +99,19 @@ impl Segment {
     }
 }
 
+/// A generation number no address space of this process has had (caches keyed by it are
+/// valid for every clone of a space until one of them changes).
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Non-overlapping segments sorted by address.
 #[derive(Debug, Clone, Default)]
 pub struct AddressSpace {
     segs: Vec<Segment>,
-    /// Bumped on every change (lets caches notice).
+    /// Changed on every change, to a number unique in the process (lets caches notice,
+    /// also across clones).
     generation: u64,
 }
 
@@ -127,7 +135,7 @@ impl AddressSpace {
     /// Removes everything (an exec).
     pub fn clear(&mut self) {
         self.segs.clear();
-        self.generation += 1;
+        self.generation = next_generation();
     }
 
     /// Adds `seg`, shrinking or splitting whatever it overlaps.
@@ -158,7 +166,7 @@ impl AddressSpace {
         out.push(seg);
         out.sort_by_key(|x| x.start);
         self.segs = out;
-        self.generation += 1;
+        self.generation = next_generation();
     }
 
     /// The segment containing `addr`.
@@ -284,7 +292,7 @@ impl AddressSpace {
         out.extend(new);
         out.sort_by_key(|x| x.start);
         self.segs = out;
-        self.generation += 1;
+        self.generation = next_generation();
     }
 
     /// Adds `len` bytes of a file at `offset` to `addr` (an MMAP record).

@@ -21,89 +21,73 @@ pub(crate) struct SharedImage {
     pub last_nomap: Cell<Option<u64>>,
 }
 
-/// libipt's image section cache, shared by every decoder of the process: a file section
-/// (and the block cache libipt builds for it) is made once and reused by every window,
-/// segment and thread that maps the same file range at the same address, instead of being
-/// rebuilt, and its block cache zeroed again, for each new decoder.
-struct SectionCache {
+/// libipt's image section cache: a file section (and the block cache libipt builds for
+/// it) made once and reused by every decoder given the same cache, instead of being
+/// rebuilt, and its block cache zeroed again, for each new decoder (one per window).
+///
+/// libipt's block cache remembers each instruction's execution mode, so decoders that
+/// share sections must all decode 64-bit code only (see [`only_64bit`]); otherwise what
+/// one decoder cached would change what another decodes.
+pub struct SectionCache {
     raw: std::ptr::NonNull<sys::pt_image_section_cache>,
-    /// (dev, inode, size, mtime) of each file when its sections were first cached: a file
-    /// changed on disk since gets a fresh cache (libipt matches sections by name only).
-    files: std::collections::HashMap<std::path::PathBuf, (u64, u64, u64, i64)>,
 }
 
 // SAFETY: libipt is built with FEATURE_THREADS: the image section cache locks itself, and
-// the pointer is only used through libipt's API (the map beside it is behind a Mutex).
+// the pointer is only used through libipt's API.
 unsafe impl Send for SectionCache {}
+// SAFETY: as above; every libipt call on it takes the cache's own lock.
+unsafe impl Sync for SectionCache {}
 
 /// Sections kept mapped (with their block caches) at most; least recently used ones are
 /// unmapped beyond it.
 const SECTION_CACHE_LIMIT: u64 = 1 << 30;
 
-static SECTION_CACHE: std::sync::Mutex<Option<SectionCache>> = std::sync::Mutex::new(None);
+impl SectionCache {
+    /// A new, empty cache; `None` when libipt cannot allocate one.
+    pub fn new() -> Option<SectionCache> {
+        // SAFETY: a NULL name is allowed; the result is checked for NULL.
+        let raw = unsafe { sys::pt_iscache_alloc(std::ptr::null()) };
+        let raw = std::ptr::NonNull::new(raw)?;
+        // SAFETY: raw is a live cache.
+        unsafe { sys::pt_iscache_set_limit(raw.as_ptr(), SECTION_CACHE_LIMIT) };
+        Some(SectionCache { raw })
+    }
 
-fn file_identity(path: &std::path::Path) -> Option<(u64, u64, u64, i64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime_nsec() + m.mtime() * 1_000_000_000,
-    ))
+    /// Adds the file range as a cached section to `img`; false when that fails (the
+    /// caller then adds the file directly).
+    fn add_to(
+        &self,
+        img: *mut sys::pt_image,
+        cpath: &CStr,
+        offset: u64,
+        size: u64,
+        vaddr: u64,
+    ) -> bool {
+        // SAFETY: the cache is live; cpath is a valid C string for the call.
+        let isid = unsafe {
+            sys::pt_iscache_add_file(self.raw.as_ptr(), cpath.as_ptr(), offset, size, vaddr)
+        };
+        if isid < 0 {
+            return false;
+        }
+        // SAFETY: img and the cache are live; a NULL asid means "any address space". The
+        // image takes its own reference on the section.
+        unsafe { sys::pt_image_add_cached(img, self.raw.as_ptr(), isid, std::ptr::null()) >= 0 }
+    }
 }
 
-fn new_section_cache() -> Option<SectionCache> {
-    // SAFETY: a NULL name is allowed; the result is checked for NULL.
-    let raw = unsafe { sys::pt_iscache_alloc(std::ptr::null()) };
-    let raw = std::ptr::NonNull::new(raw)?;
-    // SAFETY: raw is a live cache.
-    unsafe { sys::pt_iscache_set_limit(raw.as_ptr(), SECTION_CACHE_LIMIT) };
-    Some(SectionCache {
-        raw,
-        files: std::collections::HashMap::new(),
-    })
+impl Drop for SectionCache {
+    fn drop(&mut self) {
+        // SAFETY: allocated by pt_iscache_alloc, freed exactly once; images that still use
+        // its sections hold their own references.
+        unsafe { sys::pt_iscache_free(self.raw.as_ptr()) }
+    }
 }
 
-/// Adds the file range as a cached section to `img`; false when the cache cannot be used
-/// (the caller then adds the file directly).
-fn add_cached_section(
-    img: *mut sys::pt_image,
-    path: &std::path::Path,
-    cpath: &CStr,
-    offset: u64,
-    size: u64,
-    vaddr: u64,
-) -> bool {
-    let Ok(mut guard) = SECTION_CACHE.lock() else {
-        return false;
-    };
-    let id = file_identity(path);
-    let stale = match (guard.as_ref(), id) {
-        (Some(c), Some(id)) => c.files.get(path).is_some_and(|old| *old != id),
-        _ => false,
-    };
-    if guard.is_none() || stale {
-        // The old cache stays alive (images may still reference its sections): leaked,
-        // once per changed file, in exchange for never reading stale bytes.
-        *guard = new_section_cache();
+impl std::fmt::Debug for SectionCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SectionCache")
     }
-    let Some(cache) = guard.as_mut() else {
-        return false;
-    };
-    if let Some(id) = id {
-        cache.files.insert(path.to_path_buf(), id);
-    }
-    // SAFETY: the cache is live; cpath is a valid C string for the call.
-    let isid = unsafe {
-        sys::pt_iscache_add_file(cache.raw.as_ptr(), cpath.as_ptr(), offset, size, vaddr)
-    };
-    if isid < 0 {
-        return false;
-    }
-    // SAFETY: img and the cache are live; a NULL asid means "any address space". The image
-    // takes its own reference on the section.
-    unsafe { sys::pt_image_add_cached(img, cache.raw.as_ptr(), isid, std::ptr::null()) >= 0 }
 }
 
 /// A libipt error code (positive) with its text.
@@ -192,6 +176,8 @@ pub(crate) struct BlockDecoder<'a> {
     shared: Rc<SharedImage>,
     /// Generation of `shared.space` last pushed into libipt's image.
     synced_generation: Option<u64>,
+    /// Where file sections come from when they are shared with other decoders.
+    pub sections: Option<std::sync::Arc<SectionCache>>,
     _trace: std::marker::PhantomData<&'a [u8]>,
 }
 
@@ -217,6 +203,7 @@ impl<'a> BlockDecoder<'a> {
             raw,
             shared,
             synced_generation: None,
+            sections: None,
             _trace: std::marker::PhantomData,
         };
         // SAFETY: the decoder is live; its default image lives as long as it does. The
@@ -272,8 +259,10 @@ impl<'a> BlockDecoder<'a> {
             let Ok(cpath) = CString::new(path.as_os_str().as_encoded_bytes()) else {
                 continue; // NUL in the path: leave it to the callback
             };
-            if add_cached_section(img, path, &cpath, seg.offset, seg.len, seg.start) {
-                continue;
+            if let Some(c) = &self.sections {
+                if c.add_to(img, &cpath, seg.offset, seg.len, seg.start) {
+                    continue;
+                }
             }
             // SAFETY: img is live, cpath is a valid C string for the call; a NULL asid
             // means "any address space".
@@ -622,6 +611,37 @@ fn ip_value(ipc: sys::pt_ip_compression, ip: u64) -> u64 {
     match ipc {
         sys::pt_ip_compression_pt_ipc_sext_48 => (((ip << 16) as i64) >> 16) as u64,
         _ => ip,
+    }
+}
+
+/// Whether every packet of `trace` decodes and every MODE.Exec in it says 64-bit: then
+/// libipt's block cache entries it makes and uses are all 64-bit, and sharing sections
+/// with other such decoders cannot change what it decodes.
+pub(crate) fn only_64bit(trace: &[u8]) -> bool {
+    let Ok(mut dec) = PacketDecoder::new(trace) else {
+        return true; // empty: nothing decoded
+    };
+    let mut pkt = empty_packet();
+    if dec.sync_forward().is_err() {
+        return true;
+    }
+    loop {
+        match dec.next(&mut pkt) {
+            Ok(_) => {}
+            Err(e) if e.is_eos() => return true,
+            Err(_) => return false,
+        }
+        if pkt.type_ == sys::pt_packet_type_ppt_mode {
+            // SAFETY: the union's `mode` variant is the one libipt fills for MODE.
+            let m = unsafe { pkt.payload.mode };
+            if m.leaf == sys::pt_mode_leaf_pt_mol_exec {
+                // SAFETY: the `exec` variant is the one filled for the exec leaf.
+                let e = unsafe { m.bits.exec };
+                if e.csl() == 0 {
+                    return false;
+                }
+            }
+        }
     }
 }
 

@@ -57,7 +57,7 @@ use std::path::{Path, PathBuf};
 pub use config::{CpuParams, TraceParams};
 pub use image::{AddressSpace, Symbols};
 pub use insn::{decode_insn, InsnInfo};
-pub use pipeline::{CompactRecords, PtDecoder, WindowOptions};
+pub use pipeline::{CompactRecords, DecoderCaches, PtDecoder, WindowOptions};
 pub use records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
 pub use sideband::{ImageChange, ImageEvent, ImageResolver};
 

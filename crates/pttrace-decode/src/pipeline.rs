@@ -446,6 +446,10 @@ enum State {
 /// Iterator over the records of one PT window.
 pub struct PtDecoder<'a> {
     dec: BlockDecoder<'a>,
+    /// The PT being decoded.
+    trace: &'a [u8],
+    /// The shared section cache handed in with [`DecoderCaches`], handed on.
+    sections: Option<std::sync::Arc<ipt::SectionCache>>,
     shared: Rc<SharedImage>,
     timeline: ImageTimeline,
     resolver: ImageResolver,
@@ -528,7 +532,66 @@ fn block_key(blk: &libipt_sys::pt_block) -> BlockKey {
     }
 }
 
+/// What a decoder learns about the code it walks (decoded instructions, the records of
+/// whole blocks), valid for the image generation it was built for (generations are unique
+/// in the process, see [`AddressSpace::generation`]). Handing it from one window's decoder
+/// to the next ([`PtDecoder::with_caches`], [`PtDecoder::take_caches`]) spares every window
+/// of a thread re-decoding the same code.
+///
+/// With [`DecoderCaches::sharing_sections`] the decoders also share libipt's file sections
+/// and their block caches (built once, not once per window): every window whose PT is
+/// 64-bit only takes part (libipt's block cache keeps each instruction's mode, so a window
+/// with other modes, or damaged packets, gets sections of its own and decodes exactly as
+/// it would alone).
+#[derive(Default)]
+pub struct DecoderCaches {
+    insns: InsnCache,
+    blocks: BlockCache,
+    sections: Option<std::sync::Arc<ipt::SectionCache>>,
+}
+
+impl DecoderCaches {
+    /// Caches that also share file sections between the decoders they are handed to.
+    pub fn sharing_sections() -> Self {
+        DecoderCaches {
+            sections: ipt::SectionCache::new().map(std::sync::Arc::new),
+            ..Default::default()
+        }
+    }
+}
+
 impl<'a> PtDecoder<'a> {
+    /// This decoder, starting with `caches` (from an earlier decoder) instead of empty ones.
+    /// Call before decoding.
+    pub fn with_caches(mut self, caches: DecoderCaches) -> Self {
+        if !self.blocks.retire {
+            self.cache = caches.insns;
+            self.blocks = caches.blocks;
+        }
+        if caches.sections.is_some() && ipt::only_64bit(self.trace) {
+            self.dec.sections = caches.sections.clone();
+        }
+        self.sections = caches.sections;
+        self
+    }
+
+    /// The caches this decoder built (empty ones when it kept block records for a
+    /// compact collection, which owns them). Call when done with the decoder.
+    pub fn take_caches(&mut self) -> DecoderCaches {
+        let sections = self.sections.take();
+        if self.blocks.retire {
+            return DecoderCaches {
+                sections,
+                ..Default::default()
+            };
+        }
+        DecoderCaches {
+            insns: std::mem::take(&mut self.cache),
+            blocks: std::mem::take(&mut self.blocks),
+            sections,
+        }
+    }
+
     /// A decoder over `pt` (raw PT packets) with an initial `image` and the image changes
     /// `events` (from sideband), resolved through `resolver`.
     pub fn new(
@@ -575,6 +638,11 @@ impl<'a> PtDecoder<'a> {
                 ))
             }
         };
+        // File sections through a section cache of the decoder's own: its LRU keeps them
+        // mapped, and with them libipt's block caches, which libipt otherwise frees each
+        // time the decoder moves to another section and zeroes again when it comes back.
+        let mut dec = dec;
+        dec.sections = ipt::SectionCache::new().map(std::sync::Arc::new);
         let mut queue = ItemQueue::with_capacity(1024);
         if let Some(w) = opts.window_id {
             queue.push_back(Item::rec(Record::WindowId(w)));
@@ -584,6 +652,8 @@ impl<'a> PtDecoder<'a> {
         }
         Ok(PtDecoder {
             dec,
+            trace: pt,
+            sections: None,
             shared,
             timeline: ImageTimeline::new(events),
             resolver,

@@ -48,6 +48,9 @@ pub struct PttTrace {
     pub threads: Vec<PttThread>,
     /// Prefix for mapped file paths (default: this machine's root).
     pub sysroot: Option<PathBuf>,
+    /// Decode every window with caches of its own instead of handing them from window to
+    /// window (slower; the records are the same, see [`crate::DecoderCaches`]).
+    pub private_caches: bool,
 }
 
 /// What a decoded window was.
@@ -353,6 +356,11 @@ impl PttTrace {
             mut warnings,
         } = self.thread_image(th);
         let mut stats = ThreadStats::default();
+        let mut caches = if self.private_caches {
+            crate::pipeline::DecoderCaches::default()
+        } else {
+            crate::pipeline::DecoderCaches::sharing_sections()
+        };
         for fr in &pf.frames {
             match RecordType::from_raw(fr.ty) {
                 Some(RecordType::Window) => {}
@@ -413,8 +421,14 @@ impl PttTrace {
                 Vec::new(),
                 resolver.clone(),
                 opts,
-            )?;
+            )?
+            .with_caches(std::mem::take(&mut caches));
             f(&info, Some(&mut dec))?;
+            caches = if self.private_caches {
+                crate::pipeline::DecoderCaches::default()
+            } else {
+                dec.take_caches()
+            };
         }
         stats.tail = input.tail.clone();
         stats.recovered = input.recovered;

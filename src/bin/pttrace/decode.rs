@@ -548,6 +548,8 @@ pub fn run(args: Args) -> CmdResult {
     let mut done = 0u64;
     let mut warnings: Vec<String> = Vec::new();
     let mut resolver = spec.resolver();
+    // Windows decoded one after the other share what their decoders learn.
+    let mut caches = drpttracer::decode::DecoderCaches::sharing_sections();
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
         for w in &windows {
             let opts = WindowOptions {
@@ -609,7 +611,8 @@ pub fn run(args: Args) -> CmdResult {
                 }
             } else {
                 let mut dec =
-                    PtDecoder::new(pt, params, space.clone(), events, resolver.clone(), opts)?;
+                    PtDecoder::new(pt, params, space.clone(), events, resolver.clone(), opts)?
+                        .with_caches(std::mem::take(&mut caches));
                 // Slices in batches of 4096 between progress updates (the decoder's
                 // position is only known between batches).
                 loop {
@@ -640,6 +643,7 @@ pub fn run(args: Args) -> CmdResult {
                         warnings.push(m.clone());
                     }
                 }
+                caches = dec.take_caches();
             }
             done += w.pt.len() as u64;
             if let Some(b) = &bar {
