@@ -894,3 +894,100 @@ fn endless_loop_of_direct_branches_ends_in_a_gap() {
         Some(&Record::Gap(Box::new(gaps[0].clone())))
     );
 }
+
+/// The decoder stops where the trace stops (libipt's `pts_eos`, where ptxed prints
+/// `[end of trace]`): nothing after the last instruction the trace accounts for, whatever
+/// code follows in the image (here `nop; nop; hlt…`, which needs no trace to walk).
+#[test]
+fn the_decode_stops_where_the_trace_stops() {
+    // 0: nop; 1: jz +2; 3: nop; 4: nop; 5: jmp rax; 7: hlt × 5
+    let base = 0x40_1000u64;
+    let code = [
+        0x90, 0x74, 0x02, 0x90, 0x90, 0xff, 0xe0, 0xf4, 0xf4, 0xf4, 0xf4, 0xf4,
+    ];
+    let space = image(&code, base);
+    let insns = |recs: &[Record]| pcs(recs).iter().map(|p| p - base).collect::<Vec<_>>();
+    let no_gaps = |recs: &[Record]| {
+        assert!(
+            !recs.iter().any(|r| matches!(r, Record::Gap(_))),
+            "{recs:?}"
+        )
+    };
+
+    // A TNT (jz not taken), then the end of the stream.
+    let mut w = PtWriter::new();
+    w.psb().mode64().psbend().tip_pge(base).tnt(&[false]);
+    let recs = decode(&w.buf, &space);
+    no_gaps(&recs);
+    assert_eq!(insns(&recs), vec![0, 1]);
+
+    // A TNT (taken), then a TIP for `jmp rax` back to the start, then the end.
+    let mut w = PtWriter::new();
+    w.psb()
+        .mode64()
+        .psbend()
+        .tip_pge(base)
+        .tnt(&[true])
+        .tip(base);
+    let recs = decode(&w.buf, &space);
+    no_gaps(&recs);
+    assert_eq!(insns(&recs), vec![0, 1, 5]);
+
+    // An asynchronous branch (FUP+TIP) as the last packets: the interrupted instruction
+    // (the jz) was not executed, and nothing at the handler is known.
+    let mut w = PtWriter::new();
+    w.psb()
+        .mode64()
+        .psbend()
+        .tip_pge(base)
+        .fup(base + 1)
+        .tip(base + 7);
+    let recs = decode(&w.buf, &space);
+    no_gaps(&recs);
+    assert_eq!(insns(&recs), vec![0]);
+
+    // A PSB+ that ends the stream, with no enable: nothing at all, not a gap.
+    let mut w = PtWriter::new();
+    w.psb().mode64().psbend();
+    let recs = decode(&w.buf, &space);
+    assert!(
+        recs.iter().all(|r| r.as_instruction().is_none()),
+        "{recs:?}"
+    );
+    no_gaps(&recs);
+}
+
+/// The same end in PSB-parallel decode: the last segment stops where the trace does, and
+/// the whole equals the sequential decode.
+#[test]
+fn the_last_psb_segment_stops_where_the_trace_stops() {
+    let base = 0x40_1000u64;
+    let code = [
+        0x90, 0x74, 0x02, 0x90, 0x90, 0xff, 0xe0, 0xf4, 0xf4, 0xf4, 0xf4, 0xf4,
+    ];
+    let space = image(&code, base);
+    let mut w = PtWriter::new();
+    w.psb().mode64().psbend().tip_pge(base);
+    for _ in 0..200 {
+        w.tnt(&[true]).tip(base);
+    }
+    w.psb_plus(None, Some(base)).tnt(&[false]);
+    let seq = decode(&w.buf, &space);
+    let par = drpttracer::decode::parallel::decode_parallel(
+        &w.buf,
+        &TraceParams::default(),
+        &space,
+        &[],
+        &ImageResolver::default(),
+        &WindowOptions {
+            source: "test.pt".into(),
+            ..Default::default()
+        },
+        2,
+    )
+    .unwrap();
+    assert_eq!(par, seq);
+    let p = pcs(&seq);
+    assert_eq!(p.len(), 3 * 200 + 2, "{:?}", &p[p.len() - 5..]);
+    assert_eq!(&p[p.len() - 2..], &[base, base + 1]);
+}

@@ -50,11 +50,13 @@ fn loop_program_decodes_exactly() {
         .map(|i| i.pc)
         .collect();
     assert!(pcs.len() > 10_000);
-    // The trace ends after a return's TIP: the decoder may run on until the next branch
-    // that needs trace; everything the oracle knows must match exactly.
-    assert_eq!(&pcs[..expect.len()], &expect[..]);
-    // ...and runs on through the unresolved branch (the jz at the loop top).
-    assert_eq!(pcs.len(), expect.len() + 1);
+    // The trace ends with a return's TIP: the decoder stops at that return, the last
+    // instruction the trace accounts for (as ptxed does at `pts_eos`); the oracle runs on
+    // to the next branch that would need trace (4 more instructions).
+    assert_eq!(&pcs[..], &expect[..pcs.len()]);
+    let last = recs.iter().rev().find_map(|r| r.as_instruction()).unwrap();
+    assert_eq!(last.class, drpttracer::decode::InsnClass::Return);
+    assert_eq!(pcs.len() + 4, expect.len());
 }
 
 #[test]

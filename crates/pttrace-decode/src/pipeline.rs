@@ -489,7 +489,6 @@ pub struct PtDecoder<'a> {
     mode_known: bool,
     /// Parallel decode's control of a segment decoder.
     seg: Option<Box<SegCtl<'a>>>,
-    insns_after_eos: u64,
     progress_offset: Option<u64>,
     insns_without_progress: u64,
     insns_since_check: u64,
@@ -506,9 +505,6 @@ pub struct PtDecoder<'a> {
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
 /// How often (in instructions) the trace position is checked for progress.
 const PROGRESS_CHECK: u64 = 1 << 16;
-
-/// Instructions decoded after the end of the trace before giving up (see `run_once`).
-const MAX_INSNS_AFTER_EOS: u64 = 1 << 16;
 
 #[inline]
 fn exec_mode(blk: &libipt_sys::pt_block) -> ExecMode {
@@ -677,7 +673,6 @@ impl<'a> PtDecoder<'a> {
             advanced: false,
             mode_known: false,
             seg: None,
-            insns_after_eos: 0,
             progress_offset: None,
             insns_without_progress: 0,
             insns_since_check: 0,
@@ -1229,12 +1224,11 @@ impl<'a> PtDecoder<'a> {
             }
         }
         if status & PTS_EOS != 0 {
-            // Trace exhausted: libipt still yields what needs no trace, up to the next
-            // branch that would. Bound it (a `jmp .` loop needs no trace forever).
-            if self.insns_after_eos > MAX_INSNS_AFTER_EOS {
-                self.state = State::Done;
-                return;
-            }
+            // The trace ends here: what comes after the last instruction the trace
+            // accounts for never ran as far as the trace can tell (libipt would walk on
+            // through code that needs no trace; ptxed stops at `pts_eos` too).
+            self.state = State::Done;
+            return;
         }
         self.advance_image();
         if let Err(e) = self.dec.sync_image() {
@@ -1272,9 +1266,6 @@ impl<'a> PtDecoder<'a> {
     /// The part of `run_once` after `next_block`: expand the block, check progress, and
     /// take the new status or handle the error.
     fn after_block(&mut self, status: u32, blk: &libipt_sys::pt_block, r: Result<u32, PtErr>) {
-        if status & PTS_EOS != 0 {
-            self.insns_after_eos += u64::from(blk.ninsn);
-        }
         if blk.ninsn > 0 {
             self.flush_pending_timestamp();
             if !self.mode_known {
