@@ -335,3 +335,68 @@ fn missing_input_is_named() {
         "{err}"
     );
 }
+
+/// `decode` and `view` of a large directory show a progress bar when stderr is a terminal
+/// (run under a pseudo-terminal with `script`), and nothing on stderr otherwise.
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    if !qemu_available() {
+        return;
+    }
+    if Command::new("script").arg("--version").output().is_err() {
+        println!("SKIP: script (util-linux) not installed: no pseudo-terminal to test with");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("py");
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--backend",
+            "qemu",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+        ])
+        .arg("--qemu-plugin")
+        .arg(plugin())
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "/usr/bin/python3", "-c", "pass"])
+        .output()
+        .unwrap();
+    ok(&o, "pttrace run python3");
+    let size: u64 = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(size > 2 << 20, "{size} bytes: too small for a bar");
+    let views = dir.path().join("views");
+    for args in [
+        format!("decode {} --format summary", out.display()),
+        format!("view {} --out {}", out.display(), views.display()),
+    ] {
+        // Not a terminal: stderr stays empty (the same bar serves both commands: checked
+        // once, the debug build is slow on this trace).
+        if args.starts_with("decode") {
+            let argv: Vec<&str> = args.split(' ').collect();
+            let o = Command::new(pttrace()).args(&argv).output().unwrap();
+            ok(&o, &args);
+            assert!(
+                o.stderr.is_empty(),
+                "{args}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        // A terminal: the bar (redrawn in place) counts up to the total.
+        let cmd = format!("{} {args} > /dev/null", pttrace().display());
+        let o = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let tty = String::from_utf8_lossy(&o.stdout);
+        assert!(tty.contains("ETA") && tty.contains("MiB"), "{args}: {tty}");
+    }
+}

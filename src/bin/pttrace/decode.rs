@@ -533,18 +533,7 @@ pub fn run(args: Args) -> CmdResult {
         counts: Vec::new(),
     };
     let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
-    let bar = (total > 1 << 20).then(|| {
-        let b = indicatif::ProgressBar::with_draw_target(
-            Some(total),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {elapsed} ETA {eta}",
-        ) {
-            b.set_style(style);
-        }
-        b
-    });
+    let bar = crate::progress::pt_bytes(total);
     let mut done = 0u64;
     let mut warnings: Vec<String> = Vec::new();
     let mut resolver = spec.resolver();

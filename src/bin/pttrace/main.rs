@@ -4,6 +4,7 @@ mod check;
 mod damage;
 mod decode;
 mod dump;
+mod progress;
 mod qemu;
 mod report;
 mod run;

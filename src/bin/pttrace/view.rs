@@ -332,6 +332,7 @@ pub fn run(args: Args) -> CmdResult {
         let h = &trace.threads[i].header;
         (h.pid, h.tid, h.start_tsc, h.nonce)
     });
+    let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let mut views: Vec<ThreadView> = Vec::new();
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
     for &i in &order {
@@ -345,6 +346,9 @@ pub fn run(args: Args) -> CmdResult {
         let mut cs = CallStacks::new(&namer.syms);
         let mut windows = Vec::new();
         let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+            if let Some(b) = &bar {
+                b.inc((w.pt_len + w.sideband_len + 124) as u64);
+            }
             if w.flags & LOSS_FLAGS != 0 {
                 cs.restart(Some(format!(
                     "window {}: {}",
@@ -396,6 +400,9 @@ pub fn run(args: Args) -> CmdResult {
             syscall_windows,
             time,
         });
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
     }
 
     // Collapsed stacks of every thread, under the image's command name (as name ids

@@ -29,6 +29,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         (0u64, 0u64, 0u64, 0u64);
     let mut problems = 0u64;
     let mut damages = crate::damage::Damages::default();
+    let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let result = (|| -> CmdResult {
         for th in &trace.threads {
             let h = &th.header;
@@ -62,6 +63,10 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
                 total_windows += 1;
                 total_pt += w.pt_len as u64;
+                if let Some(b) = &bar {
+                    // The window's frame in the file: PT, sideband, fixed fields.
+                    b.inc((w.pt_len + w.sideband_len + 124) as u64);
+                }
                 let flags = w.flag_names().join(",");
                 let end = if w.flags & drpttracer::format::ptt::WF_NO_SYSCALL != 0 {
                     "cut without a syscall".to_string()
@@ -157,6 +162,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions, {total_gaps} gaps, {problems} damaged files",
                 trace.threads.len()
             )?;
+        }
+        if let Some(b) = &bar {
+            b.finish_and_clear();
         }
         printer.out.flush()?;
         Ok(())
