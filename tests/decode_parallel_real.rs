@@ -16,40 +16,9 @@ use std::process::Command;
 
 use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
 use drpttracer::decode::sideband::parse_records;
-use drpttracer::decode::{
-    ptt_dir, ptt_input, AddressSpace, ImageChange, ImageResolver, PtDecoder, Record, TraceParams,
-    WindowOptions,
-};
+use drpttracer::decode::{ptt_dir, ptt_input, ImageChange, PtDecoder, Record, WindowOptions};
 use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
-use shim_util::pttrace;
-
-fn qemu_available() -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
-    if !found {
-        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
-    }
-    found
-}
-
-/// The QEMU plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace);
-/// built with cargo when a plain `cargo test` has not built it.
-fn plugin() -> PathBuf {
-    let dir = pttrace().parent().unwrap().to_path_buf();
-    let so = dir.join("libpttrace_qemu.so");
-    if !so.is_file() {
-        let release = dir.file_name().is_some_and(|n| n == "release");
-        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        c.args(["build", "-p", "pttrace-qemu"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if release {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
-    }
-    assert!(so.is_file(), "{} missing", so.display());
-    so
-}
+use shim_util::{plugin, pttrace, qemu_available};
 
 /// `pttrace decode --ptt FILE --format jsonl --threads N`: its output.
 fn decode(ptt: &Path, threads: usize) -> String {
@@ -189,34 +158,18 @@ fn parallel_decode_equals_sequential_on_every_window_of_ls() {
     };
     let cut = cut_windows(&files);
     assert!(cut >= 1, "no window with two PSBs to cut at");
-    // The image as `pttrace decode DIR` builds it (ptt_dir): the process's executable
-    // mappings and vDSO, then each window's sideband, the code QEMU captured last.
+    // The image as `pttrace decode DIR` builds it (ptt_dir::thread_image: the process's
+    // executable mappings and vDSO), then each window's sideband, the captured code last.
     let trace = ptt_dir::open(&out).unwrap();
     let (mut windows, mut records, mut timestamps) = (0, 0, 0);
     for th in &trace.threads {
-        let p = trace.process_of(th).expect("process info");
-        let params = TraceParams {
-            time: None,
-            ..p.metadata
-                .as_ref()
-                .map(TraceParams::from_pt_metadata)
-                .unwrap_or_default()
-        };
-        let mut resolver =
-            ImageResolver::new(trace.sysroot.clone(), p.vdso.as_ref().map(|v| v.1.clone()));
-        let mut space = AddressSpace::new();
-        for m in p.maps.iter().filter(|m| m.exec) {
-            let change = ImageChange::Map {
-                addr: m.start,
-                len: m.end.saturating_sub(m.start),
-                pgoff: m.offset,
-                filename: m.path.clone(),
-            };
-            resolver.apply(&mut space, &change);
-        }
-        if let Some((addr, bytes)) = &p.vdso {
-            space.add_bytes("[vdso]", bytes.clone(), *addr);
-        }
+        assert!(trace.process_of(th).is_some(), "process info");
+        let ptt_dir::ThreadImage {
+            params,
+            mut space,
+            mut resolver,
+            ..
+        } = trace.thread_image(th);
         let input = ptt_input::read_thread(&th.path).unwrap();
         let name = th.path.display().to_string();
         for w in ptt_input::read_windows(&name, &input.data).unwrap() {

@@ -12,16 +12,7 @@ use std::process::{Command, Output};
 use drpttracer::decode::ptt_dir::{self, PttTrace};
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::Tail;
-use shim_util::{pttrace, symbol};
-
-fn qemu_available() -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
-    if !found {
-        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
-    }
-    found
-}
+use shim_util::{plugin, pttrace, qemu_available, symbol};
 
 /// tests/progs/qemu_cases.c built without PIE (symbols = run-time addresses).
 fn build(dir: &Path, extra: &[&str]) -> PathBuf {
@@ -44,25 +35,6 @@ fn run_case(args: &[&str]) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Outpu
     cmd.extend_from_slice(args);
     let o = run_qemu(&out, &cmd);
     Some((dir, prog, out, o))
-}
-
-/// The plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace); built
-/// with cargo when a plain `cargo test` has not built it (it is another workspace member).
-fn plugin() -> PathBuf {
-    let dir = pttrace().parent().unwrap().to_path_buf();
-    let so = dir.join("libpttrace_qemu.so");
-    if !so.is_file() {
-        let release = dir.file_name().is_some_and(|n| n == "release");
-        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        c.args(["build", "-p", "pttrace-qemu"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if release {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
-    }
-    assert!(so.is_file(), "{} missing", so.display());
-    so
 }
 
 fn run_qemu(out: &Path, cmd: &[&str]) -> Output {

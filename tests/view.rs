@@ -9,39 +9,11 @@
 mod shim_util;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use shim_util::pttrace;
-
-fn qemu_available() -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
-    if !found {
-        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
-    }
-    found
-}
-
-/// The QEMU plugin of this build (beside pttrace); built when a plain `cargo test --test
-/// view` has not built it (it is another workspace member).
-fn plugin() -> PathBuf {
-    let dir = pttrace().parent().unwrap().to_path_buf();
-    let so = dir.join("libpttrace_qemu.so");
-    if !so.is_file() {
-        let release = dir.file_name().is_some_and(|n| n == "release");
-        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        c.args(["build", "-p", "pttrace-qemu"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if release {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
-    }
-    assert!(so.is_file(), "{} missing", so.display());
-    so
-}
+use shim_util::{plugin, pttrace, qemu_available};
 
 fn ok(o: &Output, what: &str) -> String {
     let text = format!(

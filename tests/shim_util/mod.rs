@@ -1,11 +1,41 @@
-//! Helpers shared by the shim integration tests: locating the preload library and the
-//! `pttrace` binary, compiling the C test programs, running them traced, and reading every
-//! file of a trace directory with the library's own reader.
+//! Helpers shared by the integration tests: locating the preload library, the QEMU plugin
+//! and the `pttrace` binary, compiling the C test programs, running them traced, and
+//! reading every file of a trace directory with the library's own reader.
 #![allow(dead_code)]
 
 use drpttracer::format::ptt::{self, FileKind, RecordType, Tail, Window};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+/// Whether `qemu-x86_64` is on the PATH; prints the SKIP line when it is not.
+pub fn qemu_available() -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
+    if !found {
+        println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
+    }
+    found
+}
+
+/// The QEMU plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace);
+/// built with cargo when a plain `cargo test` has not built it (it is another workspace
+/// member).
+pub fn plugin() -> PathBuf {
+    let dir = pttrace().parent().unwrap().to_path_buf();
+    let so = dir.join("libpttrace_qemu.so");
+    if !so.is_file() {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        c.args(["build", "-p", "pttrace-qemu"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if release {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
+    }
+    assert!(so.is_file(), "{} missing", so.display());
+    so
+}
 
 /// libdrpttracer.so of this build (cargo builds the cdylib for integration tests).
 pub fn lib_path() -> PathBuf {

@@ -255,21 +255,29 @@ pub type WindowSink<'f> =
     dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError> + 'f;
 
 impl PttProcess {
+    /// The files mapped when tracing began, once each: (address of the file's offset-0
+    /// mapping, the file under `sysroot`, the path as mapped).
+    pub fn mapped_files(&self, sysroot: Option<&Path>) -> Vec<(u64, PathBuf, &str)> {
+        let mut out: Vec<(u64, PathBuf, &str)> = Vec::new();
+        for m in &self.maps {
+            if m.offset != 0 || !m.path.starts_with('/') || out.iter().any(|f| f.2 == m.path) {
+                continue;
+            }
+            let file = match sysroot {
+                Some(r) => r.join(m.path.trim_start_matches('/')),
+                None => PathBuf::from(&m.path),
+            };
+            out.push((m.start, file, &m.path));
+        }
+        out
+    }
+
     /// Symbols of the ELF files mapped when tracing began (each at its load bias: the
     /// address of its offset-0 mapping minus its lowest PT_LOAD address), plus the vDSO's.
     pub fn symbols(&self, sysroot: Option<&Path>) -> super::Symbols {
         use object::{Object, ObjectSegment};
         let mut syms = super::Symbols::new();
-        let mut done: Vec<&str> = Vec::new();
-        for m in &self.maps {
-            if m.offset != 0 || !m.path.starts_with('/') || done.contains(&m.path.as_str()) {
-                continue;
-            }
-            done.push(&m.path);
-            let file = match sysroot {
-                Some(r) => r.join(m.path.trim_start_matches('/')),
-                None => PathBuf::from(&m.path),
-            };
+        for (start, file, _) in self.mapped_files(sysroot) {
             let Ok(data) = std::fs::read(&file) else {
                 continue;
             };
@@ -277,7 +285,7 @@ impl PttProcess {
                 continue;
             };
             let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-            let _ = syms.add_elf(&file, &data, m.start.wrapping_sub(low));
+            let _ = syms.add_elf(&file, &data, start.wrapping_sub(low));
         }
         if let Some((addr, bytes)) = &self.vdso {
             let _ = syms.add_elf(Path::new("[vdso]"), bytes, *addr);

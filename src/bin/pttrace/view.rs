@@ -187,17 +187,8 @@ impl Namer {
             })
             .unwrap_or_default();
         let mut plts = Vec::new();
-        let mut done: Vec<&str> = Vec::new();
-        for m in p.map(|p| p.maps.as_slice()).unwrap_or_default() {
-            if m.offset != 0 || !m.path.starts_with('/') || done.contains(&m.path.as_str()) {
-                continue;
-            }
-            done.push(&m.path);
-            let file = match sysroot {
-                Some(r) => r.join(m.path.trim_start_matches('/')),
-                None => PathBuf::from(&m.path),
-            };
-            plts.extend(plts_of(&file, m.start, &module_of(&m.path)));
+        for (start, file, path) in p.map(|p| p.mapped_files(sysroot)).unwrap_or_default() {
+            plts.extend(plts_of(&file, start, &module_of(path)));
         }
         Namer {
             syms,
