@@ -160,3 +160,31 @@ fn a_bad_kallsyms_line_is_named_by_byte_offset_and_line() {
         "line 3",
     );
 }
+
+#[test]
+fn a_cpu_of_family_zero_is_refused_and_the_stepping_is_optional() {
+    let dir = tempfile::tempdir().unwrap();
+    let pt = dir.path().join("t.pt");
+    // PSB+ with MODE.Exec, then a PSBEND.
+    let mut w = drpttracer::decode::testgen::PtWriter::new();
+    w.psb_plus(None, None);
+    std::fs::write(&pt, &w.buf).unwrap();
+    let p = pt.to_str().unwrap();
+    for cmd in [&["decode", "--pt", p][..], &["dump", p][..]] {
+        let mut args = cmd.to_vec();
+        args.extend(["--cpu", "0/0/0"]);
+        fails_with(&args, "--cpu '0/0/0': family 0 is no CPU");
+        let mut args = cmd.to_vec();
+        args.extend(["--cpu", "6/92"]);
+        let o = Command::new(pttrace()).args(&args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        let mut args = cmd.to_vec();
+        args.extend(["--cpu", "23/1/0"]);
+        let o = Command::new(pttrace()).args(&args).output().unwrap();
+        assert!(
+            text(&o).contains("warning: --cpu 23/1/0: CPU family 23 (model 1) has no Intel PT"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+}

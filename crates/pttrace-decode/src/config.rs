@@ -41,12 +41,14 @@ impl CpuParams {
         }
     }
 
-    /// Parses `FAMILY/MODEL/STEPPING` (decimal or 0x-hex each), as the CLI's `--cpu`.
+    /// Parses `FAMILY/MODEL[/STEPPING]` (decimal or 0x-hex each; stepping 0 when left out,
+    /// as ptxed's `--cpu`), as the CLI's `--cpu`. Family 0 is no CPU: refused, so that a
+    /// mistyped `--cpu` cannot silently turn every erratum workaround off.
     pub fn parse_cpu(s: &str) -> Result<(u16, u8, u8), String> {
         let parts: Vec<&str> = s.split('/').collect();
-        if parts.len() != 3 {
+        if !(2..=3).contains(&parts.len()) {
             return Err(format!(
-                "--cpu '{s}': expected FAMILY/MODEL/STEPPING, e.g. 6/85/7"
+                "--cpu '{s}': expected FAMILY/MODEL[/STEPPING], e.g. 6/85/7 or 6/92"
             ));
         }
         let num = |p: &str| -> Result<u64, String> {
@@ -57,11 +59,32 @@ impl CpuParams {
             };
             r.map_err(|_| format!("--cpu '{s}': '{p}' is not a number"))
         };
-        let (f, m, st) = (num(parts[0])?, num(parts[1])?, num(parts[2])?);
+        let st = match parts.get(2) {
+            Some(p) => num(p)?,
+            None => 0,
+        };
+        let (f, m) = (num(parts[0])?, num(parts[1])?);
         let f = u16::try_from(f).map_err(|_| format!("--cpu '{s}': family {f} > 65535"))?;
         let m = u8::try_from(m).map_err(|_| format!("--cpu '{s}': model {m} > 255"))?;
         let st = u8::try_from(st).map_err(|_| format!("--cpu '{s}': stepping {st} > 255"))?;
+        if f == 0 {
+            return Err(format!(
+                "--cpu '{s}': family 0 is no CPU; give the family/model of the machine that \
+                 recorded the trace (/proc/cpuinfo there: 'cpu family'/'model'), e.g. 6/85"
+            ));
+        }
         Ok((f, m, st))
+    }
+
+    /// A warning when no Intel processor with PT has this family (6, and 18/19 for newer
+    /// cores): libipt then applies no erratum workaround.
+    pub fn cpu_warning(family: u16, model: u8) -> Option<String> {
+        (!matches!(family, 6 | 18 | 19)).then(|| {
+            format!(
+                "CPU family {family} (model {model}) has no Intel PT processor known to this \
+                 decoder (families 6, 18, 19): no erratum workarounds are applied"
+            )
+        })
     }
 
     /// Builds libipt's configuration (without a trace buffer), errata derived from the CPU.
@@ -124,7 +147,16 @@ mod tests {
     fn cpu_parse_and_errata() {
         assert_eq!(CpuParams::parse_cpu("6/0x9e/11"), Ok((6, 0x9e, 11)));
         assert!(CpuParams::parse_cpu("6/300/1").is_err());
-        assert!(CpuParams::parse_cpu("6/1").is_err());
+        // Without a stepping, as ptxed takes it.
+        assert_eq!(CpuParams::parse_cpu("6/92"), Ok((6, 92, 0)));
+        assert!(CpuParams::parse_cpu("6").is_err());
+        assert!(CpuParams::parse_cpu("6/1/2/3").is_err());
+        let e = CpuParams::parse_cpu("0/0/0").unwrap_err();
+        assert!(e.starts_with("--cpu '0/0/0': family 0 is no CPU"), "{e}");
+        assert_eq!(CpuParams::cpu_warning(6, 85), None);
+        assert!(CpuParams::cpu_warning(25, 1)
+            .unwrap()
+            .starts_with("CPU family 25 (model 1) has no Intel PT processor"));
         let c = CpuParams {
             family: 6,
             model: 0x9e,

@@ -423,12 +423,17 @@ pub(crate) struct PacketDecoder<'a> {
 
 impl<'a> PacketDecoder<'a> {
     pub fn new(trace: &'a [u8]) -> Result<Self, PtErr> {
-        if trace.is_empty() {
-            return Err(PtErr(sys::pt_error_code_pte_eos as i32));
-        }
         // SAFETY: zeroed pt_config = defaults; see CpuParams::to_pt_config.
         let mut cfg: sys::pt_config = unsafe { std::mem::zeroed() };
         cfg.size = std::mem::size_of::<sys::pt_config>();
+        Self::with_config(trace, cfg)
+    }
+
+    /// A packet decoder with `cfg`'s CPU, errata and frequencies (its buffer is set here).
+    pub fn with_config(trace: &'a [u8], mut cfg: sys::pt_config) -> Result<Self, PtErr> {
+        if trace.is_empty() {
+            return Err(PtErr(sys::pt_error_code_pte_eos as i32));
+        }
         cfg.begin = trace.as_ptr().cast_mut();
         // SAFETY: one past the end of the same slice.
         cfg.end = unsafe { cfg.begin.add(trace.len()) };

@@ -38,17 +38,41 @@ impl std::fmt::Display for PacketLine {
     }
 }
 
+/// How to list packets (ptdump's options).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListOptions {
+    /// The CPU that recorded the trace (its errata change how some packets are read).
+    pub cpu: Option<crate::CpuParams>,
+    /// Start at byte 0 instead of the first PSB (ptdump's `--no-sync`); after an error the
+    /// listing resumes at the next PSB as usual.
+    pub no_sync: bool,
+}
+
 /// Lists every packet of `trace` (from its first PSB on). Bytes before the first PSB are
 /// reported as one error line when present.
 pub fn list_packets(trace: &[u8]) -> Vec<PacketLine> {
+    list_packets_with(trace, ListOptions::default())
+}
+
+/// [`list_packets`] with ptdump's options.
+pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
     let mut out = Vec::new();
-    let Ok(mut dec) = PacketDecoder::new(trace) else {
+    let made = match opts.cpu {
+        Some(cpu) => PacketDecoder::with_config(trace, cpu.to_pt_config()),
+        None => PacketDecoder::new(trace),
+    };
+    let Ok(mut dec) = made else {
         return out;
     };
     let mut pkt = empty_packet();
     let mut first = true;
     loop {
-        match dec.sync_forward() {
+        let synced = if first && opts.no_sync {
+            dec.sync_set(0)
+        } else {
+            dec.sync_forward()
+        };
+        match synced {
             Ok(_) => {}
             Err(e) => {
                 if first && !e.is_eos() {
@@ -65,7 +89,12 @@ pub fn list_packets(trace: &[u8]) -> Vec<PacketLine> {
                 break;
             }
         }
-        let Some(sync) = dec.sync_offset() else { break };
+        let sync = if first && opts.no_sync {
+            0
+        } else {
+            let Some(sync) = dec.sync_offset() else { break };
+            sync
+        };
         if first && sync > 0 {
             out.push(PacketLine::Error {
                 offset: 0,
@@ -124,5 +153,46 @@ mod tests {
         assert_eq!(lines[7], format!("{bad:016x}  [error: unknown opcode]"));
         assert_eq!(lines[8], format!("{:016x}  psb", bad + 2));
         assert_eq!(lines.len(), 10);
+    }
+
+    #[test]
+    fn no_sync_lists_from_byte_zero_and_cpu_is_taken() {
+        let mut w = PtWriter::new();
+        w.pad().pad().tnt(&[true]);
+        w.psb_plus(None, Some(0x401000));
+        let text = |o: ListOptions| -> Vec<String> {
+            list_packets_with(&w.buf, o)
+                .iter()
+                .map(|l| l.to_string())
+                .collect()
+        };
+        let synced = text(ListOptions::default());
+        assert_eq!(
+            synced[0],
+            "0000000000000000  [error: 3 bytes before the first PSB skipped]"
+        );
+        assert_eq!(synced[1], "0000000000000003  psb");
+        let raw = text(ListOptions {
+            no_sync: true,
+            ..Default::default()
+        });
+        assert_eq!(raw[0], "0000000000000000  pad");
+        assert_eq!(raw[1], "0000000000000001  pad");
+        assert_eq!(raw[2], "0000000000000002  tnt.8      !");
+        assert_eq!(&raw[3..], &synced[1..]);
+        // A CPU changes nothing in this stream (no erratum applies to these packets).
+        let cpu = crate::CpuParams {
+            family: 6,
+            model: 85,
+            stepping: 7,
+            ..Default::default()
+        };
+        assert_eq!(
+            text(ListOptions {
+                cpu: Some(cpu),
+                ..Default::default()
+            }),
+            synced
+        );
     }
 }

@@ -86,8 +86,8 @@ pub struct DecodeArgs {
     /// Prefix for the file paths named by sideband MMAP records.
     #[arg(long, value_name = "DIR")]
     sysroot: Option<PathBuf>,
-    /// CPU that recorded the trace, FAMILY/MODEL/STEPPING (errata are derived from it).
-    #[arg(long, value_name = "F/M/S")]
+    /// CPU that recorded the trace, FAMILY/MODEL[/STEPPING] (errata are derived from it).
+    #[arg(long, value_name = "F/M[/S]")]
     cpu: Option<String>,
     /// MTC frequency (the PT event's mtc_period).
     #[arg(long = "mtc-freq", value_name = "N")]
@@ -418,6 +418,9 @@ pub fn run(args: Args) -> CmdResult {
     // CPU/time overrides.
     if let Some(c) = &args.cpu {
         let (f, m, s) = CpuParams::parse_cpu(c)?;
+        if let Some(w) = CpuParams::cpu_warning(f, m) {
+            eprintln!("pttrace decode: warning: --cpu {c}: {w}");
+        }
         params.cpu.family = f;
         params.cpu.model = m;
         params.cpu.stepping = s;

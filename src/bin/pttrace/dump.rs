@@ -3,7 +3,8 @@
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-use drpttracer::decode::packets::{list_packets, PacketLine};
+use drpttracer::decode::packets::{list_packets_with, ListOptions, PacketLine};
+use drpttracer::decode::CpuParams;
 use drpttracer::format::{auxtrace, pdb};
 
 use crate::damage::Damages;
@@ -28,10 +29,33 @@ pub struct Args {
     /// on stderr).
     #[arg(long)]
     keep_going: bool,
+    /// CPU that recorded the trace, FAMILY/MODEL[/STEPPING] (its errata change how some
+    /// packets are read), as ptdump's --cpu.
+    #[arg(long, value_name = "F/M[/S]")]
+    cpu: Option<String>,
+    /// List from byte 0 instead of the first PSB, as ptdump's --no-sync.
+    #[arg(long)]
+    no_sync: bool,
 }
 
 pub fn run(args: Args) -> CmdResult {
     let name = args.file.display().to_string();
+    let mut opts = ListOptions {
+        cpu: None,
+        no_sync: args.no_sync,
+    };
+    if let Some(c) = &args.cpu {
+        let (family, model, stepping) = CpuParams::parse_cpu(c)?;
+        if let Some(w) = CpuParams::cpu_warning(family, model) {
+            eprintln!("pttrace dump: warning: --cpu {c}: {w}");
+        }
+        opts.cpu = Some(CpuParams {
+            family,
+            model,
+            stepping,
+            ..Default::default()
+        });
+    }
     let mut damages = Damages::default();
     let data = if args.ptt {
         let input = drpttracer::decode::ptt_input::read_thread(&args.file)?;
@@ -52,7 +76,7 @@ pub fn run(args: Args) -> CmdResult {
     // Undecodable packets, by the file offset of the PT they are in.
     let mut bad_packets: Vec<(u64, String)> = Vec::new();
     let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
-        for l in list_packets(pt) {
+        for l in list_packets_with(pt, opts) {
             if let PacketLine::Error { offset, error } = &l {
                 bad_packets.push((base + offset, format!("undecodable PT: {error}")));
             }
