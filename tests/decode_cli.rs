@@ -523,3 +523,74 @@ fn output_into_a_closed_pipe_ends_quietly_without_a_panic() {
     assert_eq!(st.signal(), Some(libc::SIGPIPE), "{st:?}: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `--raw FILE[:FROM[-TO]]@BASE` (ptxed's raw images): the loop program's bytes, alone or
+/// inside a larger file, decode to exactly the oracle's instructions; bad ranges are named.
+#[test]
+fn raw_code_files_at_an_address() {
+    use drpttracer::decode::testgen::LoopProgram;
+    let dir = tempfile::tempdir().unwrap();
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, bits) = prog.trace(2000, 300, 3);
+    let expect = prog.simulate(&bits);
+    let pt = dir.path().join("t.pt");
+    std::fs::write(&pt, &trace).unwrap();
+    let alone = dir.path().join("code.bin");
+    std::fs::write(&alone, &prog.code).unwrap();
+    let mut padded = vec![0xccu8; 16];
+    padded.extend_from_slice(&prog.code);
+    padded.extend_from_slice(&[0xcc; 8]);
+    let inside = dir.path().join("padded.bin");
+    std::fs::write(&inside, &padded).unwrap();
+    let end = 16 + prog.code.len();
+    let specs = [
+        format!("{}@0x400000", alone.display()),
+        format!("{}:16@0x400000", inside.display()),
+        format!("{}:0x10-{end:#x}@0x400000", inside.display()),
+    ];
+    for spec in &specs {
+        let (ok, out, err) = pttrace(&[
+            "decode",
+            "--pt",
+            pt.to_str().unwrap(),
+            "--raw",
+            spec,
+            "--format",
+            "jsonl",
+        ]);
+        assert!(ok, "{spec}: {err}");
+        let pcs: Vec<u64> = out
+            .lines()
+            .filter_map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                assert_ne!(v["type"], "gap", "{spec}: {l}");
+                (v["type"] == "insn")
+                    .then(|| u64::from_str_radix(&v["pc"].as_str().unwrap()[2..], 16).unwrap())
+            })
+            .collect();
+        assert_eq!(pcs.len() + 4, expect.len(), "{spec}");
+        assert_eq!(&pcs[..], &expect[..pcs.len()], "{spec}");
+    }
+    let (ok, _, err) = pttrace(&[
+        "decode",
+        "--pt",
+        pt.to_str().unwrap(),
+        "--raw",
+        &format!("{}:16-9999@0x400000", inside.display()),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "--raw '{}:16-9999@0x400000': range 0x10..0x270f is not inside the file ({} bytes)",
+            inside.display(),
+            padded.len()
+        )),
+        "{err}"
+    );
+    let (ok, _, err) = pttrace(&["decode", "--pt", pt.to_str().unwrap(), "--raw", "x.bin"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--raw 'x.bin': expected FILE[:FROM[-TO]]@BASE"),
+        "{err}"
+    );
+}

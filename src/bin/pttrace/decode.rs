@@ -77,6 +77,10 @@ pub struct DecodeArgs {
     /// Saved vDSO bytes and their load address.
     #[arg(long, value_name = "FILE@ADDR")]
     vdso: Option<String>,
+    /// Raw code bytes (not ELF) at address BASE: the whole file, or its byte range
+    /// FROM..TO (TO exclusive; as ptxed's --raw FILE[:FROM[-TO]]). Repeatable.
+    #[arg(long, value_name = "FILE[:FROM[-TO]]@BASE")]
+    raw: Vec<String>,
     /// ELF copy of kernel text (kcore).
     #[arg(long, value_name = "FILE")]
     kcore: Option<PathBuf>,
@@ -136,6 +140,36 @@ fn split_at_addr(s: &str, what: &str) -> Result<(PathBuf, Option<u64>), String> 
         }
     }
     Ok((PathBuf::from(s), None))
+}
+
+/// `FILE[:FROM[-TO]]@BASE` -> (name, the bytes, base address).
+fn raw_code(spec: &str) -> Result<(String, Vec<u8>, u64), String> {
+    let bad = |what: String| format!("--raw '{spec}': {what}");
+    let (file_part, base) = spec
+        .rsplit_once('@')
+        .ok_or_else(|| bad("expected FILE[:FROM[-TO]]@BASE".into()))?;
+    let base = parse_u64(base).map_err(bad)?;
+    // A range only when what follows the last ':' is one (paths may contain ':').
+    let (file, range) = match file_part.rsplit_once(':') {
+        Some((f, r)) if r.split('-').all(|n| parse_u64(n).is_ok()) && !r.is_empty() => (f, Some(r)),
+        _ => (file_part, None),
+    };
+    let data = read(Path::new(file))?;
+    let (from, to) = match range {
+        None => (0, data.len() as u64),
+        Some(r) => match r.split_once('-') {
+            Some((a, b)) => (parse_u64(a).map_err(&bad)?, parse_u64(b).map_err(&bad)?),
+            None => (parse_u64(r).map_err(&bad)?, data.len() as u64),
+        },
+    };
+    if from > to || to > data.len() as u64 {
+        return Err(bad(format!(
+            "range {from:#x}..{to:#x} is not inside the file ({} bytes)",
+            data.len()
+        )));
+    }
+    let bytes = data[from as usize..to as usize].to_vec();
+    Ok((format!("{file}@{base:#x}"), bytes, base))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
@@ -475,6 +509,10 @@ pub fn run(args: Args) -> CmdResult {
     };
     for s in &args.image {
         spec.elfs.push(split_at_addr(s, "--image")?);
+    }
+    for r in &args.raw {
+        let (name, bytes, base) = raw_code(r)?;
+        spec.raw.push((name, bytes, base));
     }
     if let Some(v) = &args.vdso {
         let (f, addr) = split_at_addr(v, "--vdso")?;
