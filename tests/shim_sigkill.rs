@@ -129,6 +129,25 @@ fn a_process_that_kills_itself_loses_no_window_and_names_the_kill() {
             salvaged_runs += 1;
         }
         let got = read_threads(&out);
+        if via_cli {
+            // DynamoRIO's per-thread files (kernel mode) got the recovered windows' PDBs:
+            // one per window, in order.
+            for (tid, t) in &got {
+                let raw = out.join(format!("kernel.raw/{tid}.raw.pt"));
+                let data = std::fs::read(&raw).unwrap();
+                let f = drpttracer::format::pdb::parse(&data).unwrap();
+                let idx: Vec<u64> = f.windows.iter().map(|w| w.syscall_idx).collect();
+                let want: Vec<u64> = t.windows.iter().map(|w| w.index).collect();
+                assert!(
+                    idx == want,
+                    "run {run} thread {tid}: {} PDBs ending {:?}, {} windows ending {:?}",
+                    idx.len(),
+                    &idx[idx.len().saturating_sub(4)..],
+                    want.len(),
+                    &want[want.len().saturating_sub(4)..]
+                );
+            }
+        }
         assert_eq!(
             got.keys().collect::<Vec<_>>(),
             want.keys().collect::<Vec<_>>(),

@@ -312,6 +312,11 @@ pub struct Recovery {
     pub file_tail: Tail,
     pub frames: Vec<u8>,
     pub recovered: Recovered,
+    /// The recovered windows, as written into `frames`.
+    pub windows: Vec<Window>,
+    /// The thread's process and thread ids (from the spool).
+    pub pid: i32,
+    pub tid: i32,
 }
 
 /// What the thread file's frames say (the parts recovery needs).
@@ -385,6 +390,7 @@ pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<
         flags: (spool.flags & FLAG_IN_FLIGHT_OVERFLOW) as u32,
         ..Default::default()
     };
+    let mut windows = Vec::new();
     for w in spool.pending.iter().filter(|w| w.index >= from) {
         let mut w = *w;
         w.flags |= WF_RECOVERED;
@@ -393,6 +399,7 @@ pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<
         }
         out.extend(ptt::frame_vec(RecordType::Window, &window_payload(&w))?);
         rec.windows += 1;
+        windows.push(w);
     }
     if spool.dropped > st.dropped_total {
         rec.dropped = spool.dropped - st.dropped_total;
@@ -413,6 +420,9 @@ pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<
         file_tail: file.tail.clone(),
         frames: out,
         recovered: rec,
+        windows,
+        pid: spool.pid,
+        tid: spool.tid,
     })
 }
 
@@ -505,6 +515,94 @@ pub fn recovery_for(path: &Path, data: &[u8]) -> Result<Option<Recovery>, Format
     Ok(recover(&spool, &file, data.len()))
 }
 
+/// Kernel modes also keep DynamoRIO's `kernel.raw/<tid>.raw.pt` per thread, with one
+/// syscall PDB per window (PDB index = window index): after a death it lacks the windows
+/// the spool gave and may lack the last ones the thread file got (the two are written one
+/// after the other) or end in a torn PDB. It gets every window of the completed thread
+/// file (`data`) past its last good PDB, without PT (none was captured for them), and is
+/// created with the process's `pt_metadata` when the thread died before it existed.
+fn complete_kernel_raw(ptt: &Path, data: &[u8], pid: i32, tid: i32) -> Result<(), FormatError> {
+    let dir = ptt.parent().unwrap_or(Path::new(".")).join("kernel.raw");
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let raw = dir.join(format!("{}.raw.pt", tid as u32));
+    let err = |p: &Path, what: String| FormatError::Record {
+        path: p.display().to_string(),
+        offset: 0,
+        what,
+    };
+    // The process's pt_metadata, from its info file (`<pid>-<nonce>.info`), as the header
+    // of a file the thread died before creating (or writing its header into).
+    let fresh = || -> Option<Vec<u8>> {
+        let name = ptt.file_name()?.to_str()?;
+        let (base, _) = name.trim_end_matches(".ptt").rsplit_once('-')?;
+        let info = ptt.with_file_name(format!("{base}.info"));
+        let idata = std::fs::read(&info).ok()?;
+        let parsed = ptt::parse(&info.display().to_string(), &idata).ok()?;
+        let md = parsed
+            .frames
+            .iter()
+            .find(|f| f.ty == RecordType::Metadata as u16)
+            .and_then(|f| crate::metadata::PtMetadata::from_bytes(f.payload))?;
+        Some(crate::pdb::PdbWriter::new(pid as u32 as u64, tid as u32 as u64, &md).buf)
+    };
+    const HEADER: usize = 24 + 18;
+    let mut have = match std::fs::read(&raw) {
+        Ok(d) if d.len() >= HEADER => d,
+        Ok(_) => match fresh() {
+            Some(h) => h,
+            None => return Ok(()),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match fresh() {
+            Some(h) => h,
+            None => return Ok(()),
+        },
+        Err(e) => return Err(err(&raw, format!("cannot read: {e}"))),
+    };
+    let (file, _damage) = crate::pdb::parse_prefix(&have)
+        .map_err(|e| err(&raw, format!("not a DynamoRIO .raw.pt file: {e}")))?;
+    // Keep the good PDBs (a torn one at the end goes: its window is written again).
+    let keep = file.windows.last().map_or(HEADER, |w| w.pt.end);
+    have.truncate(keep);
+    let parsed = ptt::parse(&ptt.display().to_string(), data)?;
+    let windows: Vec<Window> = parsed
+        .frames
+        .iter()
+        .filter(|f| f.ty == RecordType::Window as u16)
+        .filter_map(|f| decode_window(f.payload).map(|w| w.window))
+        .collect();
+    // A tid's file outlives `execve` (each image numbers its windows from 0): this image's
+    // PDBs are the last run of rising indices, if its first one is this file's window 0.
+    let run_start = file
+        .windows
+        .windows(2)
+        .rposition(|p| p[1].syscall_idx <= p[0].syscall_idx)
+        .map_or(0, |i| i + 1);
+    let ours = file.windows.get(run_start).is_some_and(|p| {
+        windows.first().is_some_and(|w| {
+            p.syscall_idx == w.index && p.sysnum == w.nr && p.args[..] == w.args[..]
+        })
+    });
+    let after = file.windows.last().filter(|_| ours).map(|p| p.syscall_idx);
+    let mut pdbs = crate::pdb::PdbWriter::default();
+    for w in windows.iter().filter(|w| after.is_none_or(|a| w.index > a)) {
+        pdbs.syscall(
+            pid as u32 as u64,
+            tid as u32 as u64,
+            w.nr,
+            w.index,
+            &w.args,
+            &[],
+        );
+    }
+    have.extend_from_slice(&pdbs.buf);
+    let tmp = raw.with_extension("pt.salvage");
+    std::fs::write(&tmp, &have).map_err(|e| err(&tmp, format!("cannot write: {e}")))?;
+    std::fs::rename(&tmp, &raw).map_err(|e| err(&raw, format!("cannot write: {e}")))?;
+    Ok(())
+}
+
 /// Makes the recovery of `path`'s spool permanent: the thread file keeps its complete
 /// frames and gets the recovered ones appended (written to a temporary file and renamed
 /// over the original, so a failure leaves both files as they were); the spool is deleted.
@@ -521,6 +619,7 @@ pub fn salvage(path: &Path) -> Result<Option<Recovered>, FormatError> {
         let tmp = path.with_extension("ptt.salvage");
         std::fs::write(&tmp, &data).map_err(|e| io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
+        complete_kernel_raw(path, &data, r.pid, r.tid)?;
         std::fs::remove_file(&sp).map_err(|e| io(&sp, e))?;
         return Ok(Some(r.recovered.clone()));
     }
