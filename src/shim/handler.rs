@@ -186,88 +186,79 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         regs.set(libc::REG_RIP, rip);
         regs.set(libc::REG_RSP, sp.wrapping_add(8));
     }
-    let Begun {
-        slot,
-        record,
-        mut w,
-        t0,
-        vfork_child,
-    } = begin(st, nr, args);
-
-    let ret: i64 = match nr {
-        _ if regs.get(libc::REG_RIP) == raw::notify_resume() => {
-            // The parent of a reissued clone: RAX holds the clone result; leave it.
-            let r = nr;
-            if let Some(s) = slot {
-                // This trap is not a syscall (RAX holds the result): nothing in flight.
-                super::spool::leave(s.spool.load(Relaxed), w.depth);
-                finish_clone(s, r as i64);
-                s.depth.fetch_sub(1, Relaxed);
-            }
-            return;
+    let mut b = begin(st, nr, args);
+    if regs.get(libc::REG_RIP) == raw::notify_resume() {
+        // The parent of a reissued clone: RAX holds the clone result; leave it.
+        if let Some(s) = b.slot {
+            // This trap is not a syscall (RAX holds the result): nothing in flight.
+            super::spool::leave(s.spool.load(Relaxed), b.w.depth);
+            finish_clone(s, nr as i64);
+            s.depth.fetch_sub(1, Relaxed);
         }
+        return;
+    }
+    let outcome = match nr {
+        NR_SIGRETURN | NR_READ_SIGACTION | NR_SIGPROCMASK | NR_SIGSUSPEND | NR_PPOLL
+        | NR_EPOLL_PWAIT | NR_EPOLL_PWAIT2 | NR_PSELECT6 => {
+            signal_syscall(&mut regs, uctx, &mut b, nr, args)
+        }
+        NR_CLONE | NR_CLONE3 | NR_FORK | NR_VFORK | NR_EXECVE | NR_EXECVEAT | NR_EXIT
+        | NR_EXIT_GROUP => lifecycle_syscall(&mut regs, &mut b, nr, args),
+        // The application may not switch Syscall User Dispatch off (or repoint it) under
+        // the shim: refuse as the kernel does for an unsupported configuration.
+        NR_PRCTL if args[0] == PR_SET_SYSCALL_USER_DISPATCH => Outcome::Ret(-(libc::EBUSY as i64)),
+        _ => {
+            let r = ordinary_syscall(b.slot, b.record, &mut b.w, nr, args);
+            if st.rewrite {
+                super::rewrite::maybe_patch(regs.get(libc::REG_RIP), nr);
+            }
+            Outcome::Ret(r)
+        }
+    };
+    if let Outcome::Ret(ret) = outcome {
+        regs.set(libc::REG_RAX, ret as u64);
+        finish(b.slot, b.record, b.w, ret, b.t0);
+    }
+}
+
+/// How a syscall handled by the SIGSYS handler ended.
+enum Outcome {
+    /// It returned this value: into RAX, and its window finished.
+    Ret(i64),
+    /// Its window was finished already, or will be later (a reissued clone), and RAX is
+    /// not to be touched.
+    Handled,
+}
+
+/// Signal-related syscalls: what the kernel must never see as the application wrote it
+/// (SIGSYS stays deliverable and ours), and `rt_sigreturn`.
+fn signal_syscall(
+    regs: &mut Regs<'_>,
+    uctx: *mut c_void,
+    b: &mut Begun<'static>,
+    nr: u64,
+    args: [u64; 6],
+) -> Outcome {
+    match nr {
         NR_SIGRETURN => {
             // Resume at the in-range stub: our own sigreturn restores the application's
             // registers (rsp pointing at its signal frame), then the stub's rt_sigreturn
             // consumes that frame.
             regs.set(libc::REG_RIP, raw::sigreturn_stub());
-            w.flags |= WF_NO_RETURN;
-            finish(slot, record, w, 0, t0);
-            return;
+            b.w.flags |= WF_NO_RETURN;
+            finish(b.slot, b.record, b.w, 0, b.t0);
+            Outcome::Handled
         }
-        NR_CLONE | NR_CLONE3 => match clone_kind(nr, &args) {
-            CloneKind::NewStack { flags, stack_top } => {
-                if let Some(s) = slot {
-                    if reissue_clone(s, &mut regs, nr, flags, stack_top, &args, w, record) {
-                        return;
-                    }
-                }
-                -(libc::ENOMEM as i64)
-            }
-            CloneKind::Fork => do_fork(slot, nr, strip_vm(nr, &args, slot), &mut w),
-        },
-        NR_FORK => do_fork(
-            slot,
-            NR_CLONE,
-            [libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
-            &mut w,
-        ),
-        NR_VFORK => do_fork(
-            slot,
-            NR_CLONE,
-            [CLONE_VFORK | libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
-            &mut w,
-        ),
-        NR_EXECVE | NR_EXECVEAT => do_exec(slot, vfork_child, nr, args, &mut w, t0),
-        NR_EXIT => {
-            if let Some(s) = slot {
-                push_final_window(s, record, &mut w, t0);
-                if vfork_child {
-                    vfork_child::end(s, EndReason::ThreadExit, args[0] as i32);
-                } else {
-                    thread_exit(s, args[0] as i32);
-                }
-            }
-            sys6(nr, args)
-        }
-        NR_EXIT_GROUP => {
-            if let Some(s) = slot {
-                push_final_window(s, record, &mut w, t0);
-                if vfork_child {
-                    vfork_child::end(s, EndReason::ExitGroup, args[0] as i32);
-                } else {
-                    super::userpt::wait_for_writer();
-                    block_all_signals();
-                    output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
-                }
-            }
-            sys6(nr, args)
-        }
-        NR_READ_SIGACTION => do_sigaction(&args),
-        // The application may not switch Syscall User Dispatch off (or repoint it) under
-        // the shim: refuse as the kernel does for an unsupported configuration.
-        NR_PRCTL if args[0] == PR_SET_SYSCALL_USER_DISPATCH => -(libc::EBUSY as i64),
-        NR_SIGPROCMASK => do_sigprocmask(uc_mask(uctx), &args),
+        NR_READ_SIGACTION => Outcome::Ret(do_sigaction(&args)),
+        NR_SIGPROCMASK => Outcome::Ret(do_sigprocmask(uc_mask(uctx), &args)),
+        _ => Outcome::Ret(masked_wait(nr, args)),
+    }
+}
+
+/// `rt_sigsuspend`, `ppoll`, `epoll_pwait(2)`, `pselect6`: performed with SIGSYS removed
+/// from the mask they install for the wait.
+fn masked_wait(nr: u64, args: [u64; 6]) -> i64 {
+    match nr {
         NR_SIGSUSPEND => {
             let mut m = 0u64;
             if args[0] != 0 && args[1] == 8 {
@@ -291,7 +282,8 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             }
             sys6(nr, a)
         }
-        NR_PSELECT6 => {
+        _ => {
+            // pselect6
             let mut a = args;
             let m: u64;
             let mut pair: [u64; 2];
@@ -307,16 +299,69 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
             }
             sys6(nr, a)
         }
-        _ => {
-            let r = ordinary_syscall(slot, record, &mut w, nr, args);
-            if st.rewrite {
-                super::rewrite::maybe_patch(regs.get(libc::REG_RIP), nr);
+    }
+}
+
+/// Syscalls that create, replace or end threads and processes.
+fn lifecycle_syscall(
+    regs: &mut Regs<'_>,
+    b: &mut Begun<'static>,
+    nr: u64,
+    args: [u64; 6],
+) -> Outcome {
+    let slot = b.slot;
+    let r = match nr {
+        NR_CLONE | NR_CLONE3 => match clone_kind(nr, &args) {
+            CloneKind::NewStack { flags, stack_top } => {
+                if let Some(s) = slot {
+                    if reissue_clone(s, regs, nr, flags, stack_top, &args, b.w, b.record) {
+                        return Outcome::Handled;
+                    }
+                }
+                -(libc::ENOMEM as i64)
             }
-            r
+            CloneKind::Fork => do_fork(slot, nr, strip_vm(nr, &args, slot), &mut b.w),
+        },
+        NR_FORK => do_fork(
+            slot,
+            NR_CLONE,
+            [libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
+            &mut b.w,
+        ),
+        NR_VFORK => do_fork(
+            slot,
+            NR_CLONE,
+            [CLONE_VFORK | libc::SIGCHLD as u64, 0, 0, 0, 0, 0],
+            &mut b.w,
+        ),
+        NR_EXECVE | NR_EXECVEAT => do_exec(slot, b.vfork_child, nr, args, &mut b.w, b.t0),
+        NR_EXIT => {
+            if let Some(s) = slot {
+                push_final_window(s, b.record, &mut b.w, b.t0);
+                if b.vfork_child {
+                    vfork_child::end(s, EndReason::ThreadExit, args[0] as i32);
+                } else {
+                    thread_exit(s, args[0] as i32);
+                }
+            }
+            sys6(nr, args)
+        }
+        _ => {
+            // exit_group
+            if let Some(s) = slot {
+                push_final_window(s, b.record, &mut b.w, b.t0);
+                if b.vfork_child {
+                    vfork_child::end(s, EndReason::ExitGroup, args[0] as i32);
+                } else {
+                    super::userpt::wait_for_writer();
+                    block_all_signals();
+                    output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
+                }
+            }
+            sys6(nr, args)
         }
     };
-    regs.set(libc::REG_RAX, ret as u64);
-    finish(slot, record, w, ret, t0);
+    Outcome::Ret(r)
 }
 
 /// A window being recorded.
