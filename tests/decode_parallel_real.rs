@@ -18,7 +18,7 @@ use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{ptt_dir, ptt_input, ImageChange, PtDecoder, Record, WindowOptions};
 use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
-use shim_util::{plugin, pttrace, qemu_available};
+use shim_util::{pttrace, qemu_available, run_under_qemu};
 
 /// `pttrace decode --ptt FILE --format jsonl --threads N`: its output.
 fn decode(ptt: &Path, threads: usize) -> String {
@@ -77,23 +77,7 @@ fn trace_ls(dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
         return None;
     }
     let out = dir.join("ls");
-    let o = Command::new(pttrace())
-        .args([
-            "run",
-            "--mode",
-            "user",
-            "--window",
-            "thread",
-            "--backend",
-            "qemu",
-        ])
-        .arg("--qemu-plugin")
-        .arg(plugin())
-        .arg("--out")
-        .arg(&out)
-        .args(["--", "/bin/ls", "/"])
-        .output()
-        .unwrap();
+    let o = run_under_qemu(&out, &[], &["/bin/ls".as_ref(), "/".as_ref()]);
     assert!(
         o.status.success(),
         "pttrace run: {}{}",

@@ -12,7 +12,8 @@ use std::process::{Command, Output};
 use drpttracer::decode::ptt_dir::{self, PttTrace};
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::Tail;
-use shim_util::{plugin, pttrace, qemu_available, symbol};
+use shim_util::{plugin, pttrace, qemu_available, run_under_qemu, symbol};
+use std::ffi::OsStr;
 
 /// tests/progs/qemu_cases.c built without PIE (symbols = run-time addresses).
 fn build(dir: &Path, extra: &[&str]) -> PathBuf {
@@ -38,25 +39,8 @@ fn run_case(args: &[&str]) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Outpu
 }
 
 fn run_qemu(out: &Path, cmd: &[&str]) -> Output {
-    Command::new(pttrace())
-        .args([
-            "run",
-            "--mode",
-            "user",
-            "--window",
-            "thread",
-            "--backend",
-            "qemu",
-        ])
-        .arg("--qemu-plugin")
-        .arg(plugin())
-        .arg("--qemu-oracle")
-        .arg("--out")
-        .arg(out)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run pttrace")
+    let cmd: Vec<&OsStr> = cmd.iter().map(OsStr::new).collect();
+    run_under_qemu(out, &["--qemu-oracle"], &cmd)
 }
 
 fn text(o: &Output) -> String {

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use shim_util::{plugin, pttrace, qemu_available};
+use shim_util::{pttrace, qemu_available, run_under_qemu};
 
 fn ok(o: &Output, what: &str) -> String {
     let text = format!(
@@ -83,24 +83,7 @@ fn calls_program_spans_stacks_and_flamegraph() {
         &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
     );
     let trace = dir.path().join("out");
-    let o = Command::new(pttrace())
-        .args([
-            "run",
-            "--mode",
-            "user",
-            "--window",
-            "thread",
-            "--backend",
-            "qemu",
-        ])
-        .arg("--qemu-plugin")
-        .arg(plugin())
-        .arg("--out")
-        .arg(&trace)
-        .arg("--")
-        .arg(&prog)
-        .output()
-        .unwrap();
+    let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
     ok(&o, "pttrace run");
 
     let o = Command::new(pttrace())
@@ -321,23 +304,8 @@ fn progress_bar_only_on_a_terminal() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("py");
-    let o = Command::new(pttrace())
-        .args([
-            "run",
-            "--backend",
-            "qemu",
-            "--mode",
-            "user",
-            "--window",
-            "thread",
-        ])
-        .arg("--qemu-plugin")
-        .arg(plugin())
-        .arg("--out")
-        .arg(&out)
-        .args(["--", "/usr/bin/python3", "-c", "pass"])
-        .output()
-        .unwrap();
+    let py: [&std::ffi::OsStr; 3] = ["/usr/bin/python3".as_ref(), "-c".as_ref(), "pass".as_ref()];
+    let o = run_under_qemu(&out, &[], &py);
     ok(&o, "pttrace run python3");
     let size: u64 = std::fs::read_dir(&out)
         .unwrap()

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use drpttracer::format::ptt::{self, FileKind, RecordType, Tail, Window};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -35,6 +36,30 @@ pub fn plugin() -> PathBuf {
     }
     assert!(so.is_file(), "{} missing", so.display());
     so
+}
+
+/// `pttrace run --mode user --window thread --backend qemu` with this build's plugin, the
+/// options `extra`, into `out`, of `cmd`.
+pub fn run_under_qemu(out: &Path, extra: &[&str], cmd: &[&OsStr]) -> Output {
+    Command::new(pttrace())
+        .args([
+            "run",
+            "--mode",
+            "user",
+            "--window",
+            "thread",
+            "--backend",
+            "qemu",
+        ])
+        .arg("--qemu-plugin")
+        .arg(plugin())
+        .args(extra)
+        .arg("--out")
+        .arg(out)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("run pttrace")
 }
 
 /// libdrpttracer.so of this build (cargo builds the cdylib for integration tests).
