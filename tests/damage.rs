@@ -199,7 +199,7 @@ fn an_info_file_of_another_process_is_refused() {
     let (b_pid, b_nonce) = b_name.trim_end_matches(".info").split_once('-').unwrap();
     assert!(
         err.contains(&format!(
-            "{} is the info file of process {b_pid} image {b_nonce}, but {} was written by \
+            "{}: offset 0x0: the info file of process {b_pid} image {b_nonce}, but {} was written by \
              process",
             b_info.display(),
             a_ptt.display()

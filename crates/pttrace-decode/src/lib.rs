@@ -40,6 +40,7 @@
 pub mod callstack;
 pub mod config;
 pub mod image;
+pub mod input;
 mod insn;
 mod ipt;
 pub use ipt::PsbInfo;

@@ -18,26 +18,7 @@ pub struct Damage {
 #[derive(Debug, Default)]
 pub struct Damages(pub Vec<Damage>);
 
-/// What a damaged frame tail of a trace file means, with its offset.
-pub fn tail_damage(t: &Tail) -> Option<(u64, String)> {
-    match *t {
-        Tail::Clean => None,
-        Tail::Truncated { offset, bytes } => Some((
-            offset as u64,
-            format!(
-                "incomplete record: the file ends {bytes} bytes into it (writer killed?); \
-                 the records before it were read"
-            ),
-        )),
-        Tail::Corrupt { offset, bytes } => Some((
-            offset as u64,
-            format!(
-                "corrupt record (bad checksum or length): the {bytes} bytes from here were \
-                 not read"
-            ),
-        )),
-    }
-}
+use drpttracer::decode::input::tail_damage;
 
 impl Damages {
     pub fn add(&mut self, file: impl std::fmt::Display, offset: u64, what: impl Into<String>) {

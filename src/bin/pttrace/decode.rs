@@ -7,10 +7,8 @@ use std::path::{Path, PathBuf};
 use drpttracer::decode::parallel::decode_parallel_compact;
 use drpttracer::decode::sideband::{parse_records, ImageChange};
 use drpttracer::decode::{
-    ptt_input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, TraceParams,
-    WindowOptions,
+    input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, WindowOptions,
 };
-use drpttracer::format::{auxtrace, pdb};
 use drpttracer::metadata::TimeConv;
 use iced_x86::{Decoder, Formatter, GasFormatter, IntelFormatter};
 
@@ -176,19 +174,6 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))
 }
 
-/// One unit of decoding.
-struct Window {
-    name: String,
-    pt: std::ops::Range<usize>,
-    id: Option<u64>,
-    cpu: Option<u32>,
-    base_offset: u64,
-    /// The window's own sideband records (pttrace thread files).
-    sideband: Option<std::ops::Range<usize>>,
-    /// Capture-side loss reported for this window (becomes a LostData gap record).
-    lost: Option<String>,
-}
-
 struct Printer<W: Write> {
     out: W,
     format: OutFormat,
@@ -300,147 +285,20 @@ impl<W: Write> Printer<W> {
     }
 }
 
-/// What a pttrace window's flags say was lost at capture time.
-fn lost_text(flags: u32) -> Option<String> {
-    use drpttracer::format::ptt::{
-        WF_CAPTURE_ERROR, WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST,
-    };
-    let mut v = vec![];
-    if flags & WF_PT_ABSENT != 0 {
-        v.push("no PT captured for this window (see the thread header for why)");
-    }
-    if flags & WF_CAPTURE_ERROR != 0 {
-        v.push("starting or stopping the capture failed for this window");
-    }
-    if flags & WF_PT_LOST != 0 {
-        v.push("PT data lost at capture (ring overwritten or truncated)");
-    }
-    if flags & WF_PT_DROPPED != 0 {
-        v.push("PT dropped by the shim (did not fit its buffer)");
-    }
-    if flags & WF_SIDEBAND_LOST != 0 {
-        v.push("sideband records lost at capture");
-    }
-    (!v.is_empty()).then(|| v.join("; "))
-}
-
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
     if let Some(p) = &args.trace_dir {
         return ptt::run(p, &args);
     }
     // Input bytes and windows.
-    let mut process = None;
-    let mut damages = Damages::default();
-    let (data, windows, mut params) = if let Some(p) = &args.ptt {
-        let input = ptt_input::read_thread(p)?;
-        let name = p.display().to_string();
-        damages.add_tail(&name, &input.tail);
-        if let Some(r) = &input.recovered {
-            eprintln!("pttrace decode: {name}: {}", crate::text::recovered_text(r));
-        }
-        let data = input.data;
-        let info = args.info.clone().or_else(|| ptt_input::info_path_for(p));
-        let proc_info = match info {
-            Some(i) if i.exists() => {
-                let pi = ptt_input::read_process(&i.display().to_string(), &read(&i)?)?;
-                check_info_identity(&i, &pi, p, input.header.as_ref())?;
-                Some(pi)
-            }
-            Some(i) => {
-                eprintln!(
-                    "pttrace decode: warning: {} not found: no CPU/time parameters, initial \
-                     mappings or vDSO (give --info)",
-                    i.display()
-                );
-                None
-            }
-            None => None,
-        };
-        let base = data.as_ptr() as usize;
-        let windows = ptt_input::read_windows(&name, &data)?
-            .iter()
-            .map(|w| {
-                let pt_at = w.pt.as_ptr() as usize - base;
-                let sb_at = w.sideband.as_ptr() as usize - base;
-                Window {
-                    name: format!(
-                        "{name} (window {}, syscall {})",
-                        w.window.index, w.window.nr
-                    ),
-                    pt: pt_at..pt_at + w.pt.len(),
-                    id: Some(w.window.index),
-                    cpu: None,
-                    // Gap offsets become file offsets.
-                    base_offset: w.pt_file_offset,
-                    sideband: Some(sb_at..sb_at + w.sideband.len()),
-                    lost: lost_text(w.window.flags),
-                }
-            })
-            .collect();
-        let params = proc_info.as_ref().map(|p| p.params).unwrap_or_default();
-        process = proc_info;
-        (data, windows, params)
+    let input = if let Some(p) = &args.ptt {
+        input::open_thread_file(p, args.info.as_deref())?
     } else if let Some(p) = &args.pt {
-        let data = read(p)?;
-        let w = Window {
-            name: p.display().to_string(),
-            pt: 0..data.len(),
-            id: None,
-            cpu: None,
-            base_offset: 0,
-            sideband: None,
-            lost: None,
-        };
-        (data, vec![w], TraceParams::default())
+        input::open_raw(p)?
     } else if let Some(p) = &args.auxtrace {
-        let raw = read(p)?;
-        let (a, damage) = auxtrace::unwrap_prefix(&raw);
-        if let Some(e) = damage {
-            if a.chunks.is_empty() {
-                return Err(format!("{}: {e}", p.display()).into());
-            }
-            damages.add(p.display(), e.offset, e.message);
-        }
-        if a.chunks.is_empty() {
-            return Err(format!("{}: no PERF_RECORD_AUXTRACE records", p.display()).into());
-        }
-        let w = Window {
-            name: format!("{} (PT unwrapped from AUXTRACE records)", p.display()),
-            pt: 0..a.pt.len(),
-            id: None,
-            cpu: a.cpu(),
-            base_offset: 0,
-            sideband: None,
-            lost: None,
-        };
-        (a.pt, vec![w], TraceParams::default())
+        input::open_auxtrace(p)?
     } else if let Some(p) = &args.raw_pt {
-        let data = read(p)?;
-        let (f, damage) = pdb::parse_prefix(&data).map_err(|e| format!("{}: {e}", p.display()))?;
-        if let Some(e) = damage {
-            damages.add(p.display(), e.offset, e.message);
-        }
-        let windows = f
-            .windows
-            .iter()
-            .enumerate()
-            .map(|(k, w)| Window {
-                name: format!(
-                    "{} (syscall #{} sysnum {})",
-                    p.display(),
-                    w.syscall_idx,
-                    w.sysnum
-                ),
-                pt: w.pt.clone(),
-                id: Some(k as u64),
-                cpu: None,
-                base_offset: 0,
-                sideband: None,
-                lost: None,
-            })
-            .collect();
-        (data, windows, TraceParams::from_pt_metadata(&f.metadata))
+        input::open_dr_raw(p)?
     } else {
         return Err(
             "give the trace as DIR (a `pttrace run` output), or with --pt, --auxtrace, --raw-pt \
@@ -448,6 +306,27 @@ pub fn run(args: Args) -> CmdResult {
                 .into(),
         );
     };
+    let mut damages = Damages::default();
+    for d in &input.damage {
+        damages.add(&d.file, d.offset, d.what.clone());
+    }
+    for w in &input.warnings {
+        eprintln!("pttrace decode: warning: {}", crate::text::printable(w));
+    }
+    if let (Some(r), Some(p)) = (&input.recovered, &args.ptt) {
+        eprintln!(
+            "pttrace decode: {}: {}",
+            crate::text::printable(&p.display().to_string()),
+            crate::text::recovered_text(r)
+        );
+    }
+    let input::Input {
+        data,
+        windows,
+        mut params,
+        process,
+        ..
+    } = input;
 
     // CPU/time overrides.
     if let Some(c) = &args.cpu {
@@ -701,29 +580,4 @@ pub fn run(args: Args) -> CmdResult {
             damages.finish("decode", args.keep_going)
         }
     }
-}
-
-/// The info file given for a thread file must be its process image's: another process's
-/// mappings and vDSO would decode into gaps without saying why.
-fn check_info_identity(
-    info: &Path,
-    p: &ptt_input::PttProcess,
-    thread: &Path,
-    header: Option<&drpttracer::format::ptt::ThreadHeader>,
-) -> Result<(), String> {
-    let (Some((pid, nonce)), Some(h)) = (p.identity, header) else {
-        return Ok(());
-    };
-    if (pid, nonce) == (h.pid, h.nonce) {
-        return Ok(());
-    }
-    Err(format!(
-        "{} is the info file of process {pid} image {nonce:08x}, but {} was written by \
-         process {} image {:08x}: give that image's info file (<pid>-<nonce>.info) with \
-         --info, or leave --info out to use the one beside the thread file",
-        crate::text::printable(&info.display().to_string()),
-        crate::text::printable(&thread.display().to_string()),
-        h.pid,
-        h.nonce
-    ))
 }
