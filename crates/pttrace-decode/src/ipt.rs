@@ -748,11 +748,31 @@ pub(crate) fn format_packet(p: &sys::pt_packet) -> (&'static str, String) {
             }
             sys::pt_packet_type_ppt_pwre => {
                 let w = p.payload.pwre;
-                ("pwre", format!("c{}.{}", w.state, w.sub_state))
+                let hw = if w.hw() != 0 { ", hw" } else { "" };
+                ("pwre", format!("c{}.{}{hw}", w.state, w.sub_state))
             }
             sys::pt_packet_type_ppt_pwrx => {
                 let w = p.payload.pwrx;
-                ("pwrx", format!("last c{}, deepest c{}", w.last, w.deepest))
+                // Why the core woke (ptdump's int / st / hw).
+                let why: Vec<&str> = [
+                    (w.interrupt(), "int"),
+                    (w.store(), "st"),
+                    (w.autonomous(), "hw"),
+                ]
+                .iter()
+                .filter(|(b, _)| *b != 0)
+                .map(|(_, n)| *n)
+                .collect();
+                (
+                    "pwrx",
+                    format!(
+                        "last c{}, deepest c{}{}{}",
+                        w.last,
+                        w.deepest,
+                        if why.is_empty() { "" } else { ", wake: " },
+                        why.join(",")
+                    ),
+                )
             }
             sys::pt_packet_type_ppt_ptw => {
                 let w = p.payload.ptw;

@@ -156,6 +156,28 @@ mod tests {
     }
 
     #[test]
+    fn power_packets_show_their_fields() {
+        let mut w = PtWriter::new();
+        w.psb_plus(None, None);
+        let at = w.buf.len() as u64;
+        // PWRE: hw, C2.1; PWRX: last C1, deepest C6, woken by an interrupt and a store.
+        w.buf
+            .extend_from_slice(&[0x02, 0x22, 0x08, 0x21, 0x02, 0xa2, 0x16, 0x05, 0, 0, 0]);
+        let lines: Vec<String> = list_packets(&w.buf).iter().map(|l| l.to_string()).collect();
+        assert!(
+            lines.contains(&format!("{at:016x}  pwre       c2.1, hw")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.contains(&format!(
+                "{:016x}  pwrx       last c1, deepest c6, wake: int,st",
+                at + 4
+            )),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
     fn no_sync_lists_from_byte_zero_and_cpu_is_taken() {
         let mut w = PtWriter::new();
         w.pad().pad().tnt(&[true]);
