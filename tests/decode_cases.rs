@@ -991,3 +991,72 @@ fn the_last_psb_segment_stops_where_the_trace_stops() {
     assert_eq!(p.len(), 3 * 200 + 2, "{:?}", &p[p.len() - 5..]);
     assert_eq!(&p[p.len() - 2..], &[base, base + 1]);
 }
+
+/// Address filters (`--filter`): on a CPU with erratum SKL014 a direct branch out of a
+/// filtered range can end tracing with a TIP.PGD that lost its IP; knowing the filter,
+/// the decoder binds the disable to the branch whose target leaves the range.
+#[test]
+fn address_filters_place_a_suppressed_disable_skl014() {
+    let base = 0x40_1000u64;
+    // 0: nop; 1: jmp +0x1e (to 0x21, outside the filter); 0x21..: hlt
+    let mut code = vec![0x90, 0xeb, 0x1e];
+    code.resize(0x40, 0xf4);
+    let space = image(&code, base);
+    let mut w = PtWriter::new();
+    w.psb().mode64().psbend().tip_pge(base).tip_pgd(None);
+    let run = |filter: &[&str]| {
+        let mut params = TraceParams::default();
+        params.cpu.family = 6;
+        params.cpu.model = 78; // Skylake: SKL014
+        params.cpu.stepping = 3;
+        for f in filter {
+            params.filter.set(f).unwrap();
+        }
+        decode_window(
+            &w.buf,
+            None,
+            &params,
+            &space,
+            &ImageSpec::default(),
+            &WindowOptions {
+                source: "test.pt".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let with = run(&["0:filter,0x401000,0x40100f"]);
+    assert_eq!(pcs(&with), vec![base, base + 1], "{with:?}");
+    assert!(
+        !with.iter().any(|r| matches!(r, Record::Gap(_))),
+        "{with:?}"
+    );
+    assert!(
+        matches!(with.last(), Some(Record::TraceDisabled { .. })),
+        "{with:?}"
+    );
+    // Without the filter the disable cannot be placed: the decoder runs on into code the
+    // trace does not cover and reports it.
+    let without = run(&[]);
+    assert_ne!(without, with);
+    assert!(
+        without.iter().any(|r| matches!(r, Record::Gap(_))),
+        "{without:?}"
+    );
+    // The option's errors name it.
+    let mut f = drpttracer::decode::AddrFilter::default();
+    assert_eq!(
+        f.set("4:filter,1,2").unwrap_err(),
+        "--filter '4:filter,1,2': the range number is 0, 1, 2 or 3"
+    );
+    assert_eq!(
+        f.set("filter,9,2").unwrap_err(),
+        "--filter 'filter,9,2': A is above B"
+    );
+    assert_eq!(
+        f.set("maybe,1,2").unwrap_err(),
+        "--filter 'maybe,1,2': CFG is off, filter or stop"
+    );
+    f.set("1:stop,0x10,0x20").unwrap();
+    assert_eq!(f.ranges[1], (2, 0x10, 0x20));
+}

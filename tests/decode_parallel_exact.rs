@@ -362,6 +362,7 @@ fn parallel_equals_sequential_on_valid_traces() {
             params: TraceParams {
                 cpu: timed_cpu(),
                 time: time_conv(),
+                ..Default::default()
             },
             opts: WindowOptions {
                 source: "timed.pt".into(),
@@ -410,6 +411,7 @@ fn parallel_equals_sequential_on_mutated_traces() {
             TraceParams {
                 cpu: timed_cpu(),
                 time: time_conv(),
+                ..Default::default()
             },
             events.clone(),
         ),
@@ -418,6 +420,7 @@ fn parallel_equals_sequential_on_mutated_traces() {
             TraceParams {
                 cpu: timed_cpu(),
                 time: time_conv(),
+                ..Default::default()
             },
             events,
         ),

@@ -110,12 +110,79 @@ impl CpuParams {
     }
 }
 
+/// The address filters the trace was captured with (IA32_RTIT_CTL's ADDRn_CFG and the
+/// IA32_RTIT_ADDRn_A/B ranges, n = 0..3). libipt needs them where erratum SKL014 lets a
+/// TIP.PGD lose its IP on a direct branch out of a filtered range: the branch whose target
+/// lies outside the filters is where tracing stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddrFilter {
+    /// Per range: (cfg: 0 off, 1 filter = trace inside, 2 stop = stop inside, a, b).
+    pub ranges: [(u8, u64, u64); 4],
+}
+
+impl AddrFilter {
+    /// Sets the range a CLI `--filter [N:]CFG,A,B` names (N 0..3, default 0; CFG `off`,
+    /// `filter`, `stop` or 0/1/2; A and B decimal or 0x-hex, A <= B).
+    pub fn set(&mut self, spec: &str) -> Result<(), String> {
+        let bad = |what: &str| format!("--filter '{spec}': {what}");
+        let (n, rest) = match spec.split_once(':') {
+            Some((n, r)) => (
+                n.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n < 4)
+                    .ok_or_else(|| bad("the range number is 0, 1, 2 or 3"))?,
+                r,
+            ),
+            None => (0, spec),
+        };
+        let v: Vec<&str> = rest.split(',').map(str::trim).collect();
+        let [cfg, a, b] = v[..] else {
+            return Err(bad("expected [N:]CFG,A,B, e.g. 0:filter,0x401000,0x401fff"));
+        };
+        let cfg = match cfg {
+            "off" | "0" => 0,
+            "filter" | "1" => 1,
+            "stop" | "2" => 2,
+            _ => return Err(bad("CFG is off, filter or stop")),
+        };
+        let num = |t: &str| -> Result<u64, String> {
+            match t.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => t.parse(),
+            }
+            .map_err(|_| bad(&format!("'{t}' is not an address")))
+        };
+        let (a, b) = (num(a)?, num(b)?);
+        if a > b {
+            return Err(bad("A is above B"));
+        }
+        self.ranges[n] = (cfg, a, b);
+        Ok(())
+    }
+
+    fn apply(&self, cfg: &mut libipt_sys::pt_config) {
+        let mut bits = 0u64;
+        for (n, (c, _, _)) in self.ranges.iter().enumerate() {
+            bits |= u64::from(*c & 0xf) << (4 * n);
+        }
+        cfg.addr_filter.config.addr_cfg = bits;
+        let f = &mut cfg.addr_filter;
+        (f.addr0_a, f.addr0_b) = (self.ranges[0].1, self.ranges[0].2);
+        (f.addr1_a, f.addr1_b) = (self.ranges[1].1, self.ranges[1].2);
+        (f.addr2_a, f.addr2_b) = (self.ranges[2].1, self.ranges[2].2);
+        (f.addr3_a, f.addr3_b) = (self.ranges[3].1, self.ranges[3].2);
+    }
+}
+
 /// Everything describing one trace besides its bytes and images.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TraceParams {
     pub cpu: CpuParams,
     /// TSC -> perf time conversion (to order sideband records against the trace).
     pub time: Option<TimeConv>,
+    /// Address filters of the capture (none by default).
+    pub filter: AddrFilter,
 }
 
 impl TraceParams {
@@ -128,7 +195,15 @@ impl TraceParams {
                 time_mult,
                 time_zero,
             }),
+            filter: AddrFilter::default(),
         }
+    }
+
+    /// libipt's configuration: the CPU's, with the address filters.
+    pub(crate) fn to_pt_config(self) -> libipt_sys::pt_config {
+        let mut cfg = self.cpu.to_pt_config();
+        self.filter.apply(&mut cfg);
+        cfg
     }
 
     pub fn from_ext_metadata(m: &ExtMetadata) -> Self {

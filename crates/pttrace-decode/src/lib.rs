@@ -55,7 +55,7 @@ pub mod testgen;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{CpuParams, TraceParams};
+pub use config::{AddrFilter, CpuParams, TraceParams};
 pub use image::{AddressSpace, Symbols};
 pub use insn::{decode_insn, InsnInfo};
 pub use pipeline::{CompactRecords, DecoderCaches, PtDecoder, WindowOptions};

@@ -615,7 +615,7 @@ impl<'a> PtDecoder<'a> {
             space: std::cell::RefCell::new(image),
             last_nomap: std::cell::Cell::new(None),
         });
-        let cfg = params.cpu.to_pt_config();
+        let cfg = params.to_pt_config();
         let pt_len = pt.len();
         let (dec, state) = match BlockDecoder::new(cfg, pt, shared.clone()) {
             Ok(d) => (d, State::Start),

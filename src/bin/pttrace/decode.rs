@@ -91,6 +91,11 @@ pub struct DecodeArgs {
     /// CPU that recorded the trace, FAMILY/MODEL[/STEPPING] (errata are derived from it).
     #[arg(long, value_name = "F/M[/S]")]
     cpu: Option<String>,
+    /// An address filter the trace was captured with, [N:]CFG,A,B (N 0..3, CFG off, filter
+    /// or stop), as ptxed's --filter:addrN_*; libipt needs it to read a TIP.PGD without
+    /// IP on CPUs with erratum SKL014. Repeatable.
+    #[arg(long, value_name = "[N:]CFG,A,B")]
+    filter: Vec<String>,
     /// MTC frequency (the PT event's mtc_period).
     #[arg(long = "mtc-freq", value_name = "N")]
     mtc_freq: Option<u8>,
@@ -337,6 +342,9 @@ pub fn run(args: Args) -> CmdResult {
         params.cpu.family = f;
         params.cpu.model = m;
         params.cpu.stepping = s;
+    }
+    for f in &args.filter {
+        params.filter.set(f)?;
     }
     if let Some(v) = args.mtc_freq {
         params.cpu.mtc_freq = v;
