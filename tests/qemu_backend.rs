@@ -215,7 +215,7 @@ fn branches_indirect_calls_recursion_libc_and_syscalls_equal_what_ran() {
         "{}",
         text(&o)
     );
-    let (_, threads) = decode(&out);
+    let (t, threads) = decode(&out);
     let d = &threads[0];
     for f in ["fn_a", "fn_b", "fn_c"] {
         assert_eq!(
@@ -230,7 +230,6 @@ fn branches_indirect_calls_recursion_libc_and_syscalls_equal_what_ran() {
         "fib(12) makes 465 calls"
     );
     // The info file names the guest's mappings: symbols of the program and of libc.
-    let (t, _) = decode(&out);
     let syms = t.processes[0].symbols(None);
     assert_eq!(
         syms.lookup(symbol(&prog, "fib")).map(|(n, _)| n),
