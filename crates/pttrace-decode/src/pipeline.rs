@@ -1005,6 +1005,13 @@ impl<'a> PtDecoder<'a> {
             Item::Block(start, _) if i > 0 => Some(Item::Block(*start, i as u32)),
             _ => None,
         };
+        self.hand_over(&aw, drop, keep)
+    }
+
+    /// Ends this segment's decoder at the mark `aw` (the next segment's decoder goes on from
+    /// there) when the parallel decode accepts the handover: the last `drop` queued items go,
+    /// `keep` is queued instead. Returns whether it stopped.
+    fn hand_over(&mut self, aw: &Awaiting, drop: usize, keep: Option<Item>) -> bool {
         let mut h = aw.handover;
         h.delta = aw.insns;
         let Some(seg) = self.seg.as_mut() else {
@@ -1047,18 +1054,7 @@ impl<'a> PtDecoder<'a> {
         }
         // Records after the mark: none but the instructions up to the FUP IP.
         let drop = if aw.insns == 0 { after.len() } else { 0 };
-        let mut h = aw.handover;
-        h.delta = aw.insns;
-        let Some(seg) = self.seg.as_mut() else {
-            return false;
-        };
-        if !(seg.stop)(&h) {
-            return false;
-        }
-        seg.report.handover = Some(h);
-        self.queue.truncate_last(drop);
-        self.state = State::Done;
-        true
+        self.hand_over(&aw, drop, None)
     }
 
     fn event(&mut self) -> Result<u32, PtErr> {
