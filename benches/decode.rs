@@ -483,7 +483,7 @@ fn count_insns(dec: &mut PtDecoder<'_>) -> u64 {
 fn many_windows() {
     use drpttracer::decode::ptt_dir;
     use drpttracer::decode::ptt_input::{read_thread, read_windows};
-    use drpttracer::decode::sideband::{parse_records, ImageChange};
+    use drpttracer::decode::sideband::parse_records;
     let plugin =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libpttrace_qemu.so");
     if !plugin.is_file() {
@@ -539,16 +539,8 @@ fn many_windows() {
             drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE,
         )
         .expect("sideband");
-        let mut code = Vec::new();
-        for e in &evs {
-            match &e.change {
-                ImageChange::Code { addr, bytes } => code.push((*addr, bytes.as_slice())),
-                c => {
-                    let _ = img.resolver.apply(&mut img.space, c);
-                }
-            }
-        }
-        img.space.add_code(&code);
+        img.resolver
+            .apply_window(&mut img.space, &evs, &mut img.warnings);
     }
     let (mut t_dir, mut t_one) = (Vec::new(), Vec::new());
     let (mut n_dir, mut n_one) = (0, 0);

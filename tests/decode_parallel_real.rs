@@ -16,7 +16,7 @@ use std::process::Command;
 
 use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
 use drpttracer::decode::sideband::parse_records;
-use drpttracer::decode::{ptt_dir, ptt_input, ImageChange, PtDecoder, Record, WindowOptions};
+use drpttracer::decode::{ptt_dir, ptt_input, PtDecoder, Record, WindowOptions};
 use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
 use shim_util::{pttrace, qemu_available, run_under_qemu};
 
@@ -159,16 +159,7 @@ fn parallel_decode_equals_sequential_on_every_window_of_ls() {
         for w in ptt_input::read_windows(&name, &input.data).unwrap() {
             if !w.sideband.is_empty() {
                 let events = parse_records("sb", w.sideband, SIDEBAND_SAMPLE_TYPE).unwrap();
-                let mut code = Vec::new();
-                for ev in &events {
-                    match &ev.change {
-                        ImageChange::Code { addr, bytes } => code.push((*addr, bytes.as_slice())),
-                        change => {
-                            resolver.apply(&mut space, change);
-                        }
-                    }
-                }
-                space.add_code(&code);
+                resolver.apply_window(&mut space, &events, &mut Vec::new());
             }
             if w.pt.is_empty() {
                 continue;

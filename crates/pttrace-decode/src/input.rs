@@ -43,6 +43,16 @@ pub struct InputDamage {
     pub what: String,
 }
 
+impl InputDamage {
+    pub fn at(file: impl Into<String>, offset: u64, what: impl Into<String>) -> Self {
+        InputDamage {
+            file: file.into(),
+            offset,
+            what: what.into(),
+        }
+    }
+}
+
 /// An opened input.
 #[derive(Debug, Clone, Default)]
 pub struct Input {
@@ -107,11 +117,7 @@ pub fn open_auxtrace(path: &Path) -> Result<Input, DecodeError> {
     Ok(Input {
         windows: vec![w],
         damage: damage
-            .map(|e| InputDamage {
-                file: name,
-                offset: e.offset,
-                what: e.message,
-            })
+            .map(|e| InputDamage::at(name, e.offset, e.message))
             .into_iter()
             .collect(),
         data: a.pt,
@@ -144,11 +150,7 @@ pub fn open_dr_raw(path: &Path) -> Result<Input, DecodeError> {
         windows,
         params: TraceParams::from_pt_metadata(&f.metadata),
         damage: damage
-            .map(|e| InputDamage {
-                file: name,
-                offset: e.offset,
-                what: e.message,
-            })
+            .map(|e| InputDamage::at(name, e.offset, e.message))
             .into_iter()
             .collect(),
         data,
@@ -167,11 +169,7 @@ pub fn open_thread_file(path: &Path, info: Option<&Path>) -> Result<Input, Decod
         ..Default::default()
     };
     if let Some((offset, what)) = tail_damage(&t.tail) {
-        input.damage.push(InputDamage {
-            file: name.clone(),
-            offset,
-            what,
-        });
+        input.damage.push(InputDamage::at(&name, offset, what));
     }
     let info: Option<PathBuf> = info
         .map(Path::to_path_buf)

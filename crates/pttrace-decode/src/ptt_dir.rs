@@ -396,18 +396,7 @@ impl PttTrace {
             if !wr.sideband.is_empty() {
                 let src = format!("{} window {} (sideband)", path.display(), info.index);
                 let events = parse_records(&src, wr.sideband, SIDEBAND_SAMPLE_TYPE)?;
-                let mut code = Vec::new();
-                for ev in &events {
-                    if let ImageChange::Code { addr, bytes } = &ev.change {
-                        code.push((*addr, bytes.as_slice()));
-                    } else if let Some(w) = resolver.apply(&mut space, &ev.change) {
-                        if !warnings.contains(&w) {
-                            warnings.push(w);
-                        }
-                    }
-                }
-                // Captured code goes in last, in one pass: it is what actually ran.
-                space.add_code(&code);
+                resolver.apply_window(&mut space, &events, &mut warnings);
             }
             if wr.pt.is_empty() {
                 f(&info, None)?;

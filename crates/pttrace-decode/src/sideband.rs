@@ -129,6 +129,28 @@ impl ImageResolver {
         }
     }
 
+    /// Applies one window's sideband before the window (pttrace thread files): mappings
+    /// in order, then the captured code in one pass, since it is what actually ran. Adds
+    /// to `warnings` the changes that could not be applied fully (each message once).
+    pub fn apply_window(
+        &mut self,
+        space: &mut AddressSpace,
+        events: &[ImageEvent],
+        warnings: &mut Vec<String>,
+    ) {
+        let mut code = Vec::new();
+        for ev in events {
+            if let ImageChange::Code { addr, bytes } = &ev.change {
+                code.push((*addr, bytes.as_slice()));
+            } else if let Some(w) = self.apply(space, &ev.change) {
+                if !warnings.contains(&w) {
+                    warnings.push(w);
+                }
+            }
+        }
+        space.add_code(&code);
+    }
+
     /// Applies one change; returns a message when it could not be applied fully.
     pub fn apply(&mut self, space: &mut AddressSpace, change: &ImageChange) -> Option<String> {
         match change {

@@ -4,29 +4,16 @@
 
 use super::text::printable;
 use crate::CmdResult;
+use drpttracer::decode::input::{tail_damage, InputDamage};
 use drpttracer::format::ptt::Tail;
-
-/// One damaged place in an input file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Damage {
-    pub file: String,
-    pub offset: u64,
-    pub what: String,
-}
 
 /// The damage met by one command.
 #[derive(Debug, Default)]
-pub struct Damages(pub Vec<Damage>);
-
-use drpttracer::decode::input::tail_damage;
+pub struct Damages(pub Vec<InputDamage>);
 
 impl Damages {
     pub fn add(&mut self, file: impl std::fmt::Display, offset: u64, what: impl Into<String>) {
-        self.0.push(Damage {
-            file: file.to_string(),
-            offset,
-            what: what.into(),
-        });
+        self.0.push(InputDamage::at(file.to_string(), offset, what));
     }
 
     /// Adds the damage a file's frame tail shows, if any.

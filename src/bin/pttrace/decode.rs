@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use drpttracer::decode::parallel::decode_parallel_compact;
-use drpttracer::decode::sideband::{parse_records, ImageChange};
+use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{
     input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, WindowOptions,
 };
@@ -311,10 +311,6 @@ pub fn run(args: Args) -> CmdResult {
                 .into(),
         );
     };
-    let mut damages = Damages::default();
-    for d in &input.damage {
-        damages.add(&d.file, d.offset, d.what.clone());
-    }
     for w in &input.warnings {
         eprintln!("pttrace decode: warning: {}", crate::text::printable(w));
     }
@@ -330,8 +326,10 @@ pub fn run(args: Args) -> CmdResult {
         windows,
         mut params,
         process,
+        damage,
         ..
     } = input;
+    let damages = Damages(damage);
 
     // CPU/time overrides.
     if let Some(c) = &args.cpu {
@@ -497,20 +495,7 @@ pub fn run(args: Args) -> CmdResult {
                     &data[r.clone()],
                     window_sample_type,
                 )?;
-                let mut code = Vec::new();
-                for ev in &evs {
-                    match &ev.change {
-                        ImageChange::Code { addr, bytes } => code.push((*addr, bytes.as_slice())),
-                        change => {
-                            if let Some(m) = resolver.apply(&mut space, change) {
-                                if !warnings.contains(&m) {
-                                    warnings.push(m);
-                                }
-                            }
-                        }
-                    }
-                }
-                space.add_code(&code);
+                resolver.apply_window(&mut space, &evs, &mut warnings);
             }
             let events = events.clone();
             if args.threads > 1 {
