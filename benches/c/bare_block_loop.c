@@ -37,6 +37,9 @@ uint64_t pttracer_bench_bare_block_loop(struct pt_block_decoder *dec,
                 status = pt_blk_event(dec, abi->event, abi->event_size);
             if (status < 0)
                 break; /* resync */
+            /* The trace ends here (ptxed stops at pts_eos too). */
+            if (status & abi->status_eos)
+                return insns;
             status = pt_blk_next(dec, abi->block, abi->block_size);
             uint16_t ninsn;
             memcpy(&ninsn, (const char *)abi->block + abi->ninsn_offset, sizeof ninsn);

@@ -146,6 +146,8 @@ pub struct BlockCache {
     /// Keep replaced arenas here instead of dropping them (compact collection).
     pub retire: bool,
     pub retired: Vec<Vec<super::records::Record>>,
+    /// The fast decoder's blocks (their records in `arena`).
+    pub flow: crate::pipeline::flow::FlowTable,
 }
 
 impl Default for BlockCache {
@@ -157,6 +159,7 @@ impl Default for BlockCache {
             arena: Vec::new(),
             retire: false,
             retired: Vec::new(),
+            flow: Default::default(),
         }
     }
 }
@@ -215,6 +218,7 @@ impl BlockCache {
     #[cold]
     fn reset(&mut self, generation: u64) {
         self.map.clear();
+        self.flow.clear();
         if self.retire && !self.arena.is_empty() {
             self.retired.push(std::mem::take(&mut self.arena));
         } else {

@@ -52,13 +52,14 @@ pub mod ptt_input;
 pub mod records;
 pub mod sideband;
 pub mod testgen;
+mod wire;
 
 use std::path::{Path, PathBuf};
 
 pub use config::{AddrFilter, CpuParams, TraceParams};
 pub use image::{AddressSpace, Symbols};
 pub use insn::{decode_insn, InsnInfo};
-pub use pipeline::{CompactRecords, DecoderCaches, PtDecoder, WindowOptions};
+pub use pipeline::{CompactRecords, DecoderCaches, DecoderKind, PtDecoder, WindowOptions};
 pub use records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
 pub use sideband::{ImageChange, ImageEvent, ImageResolver};
 

@@ -16,6 +16,9 @@ use super::records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
 use super::sideband::{ImageEvent, ImageResolver, ImageTimeline};
 use super::DecodeError;
 
+pub(crate) mod flow;
+pub use flow::DecoderKind;
+
 /// A queued output unit: one record, or a (shared, cached) block's records.
 enum Item {
     /// A marker (boxed: markers are rare, and this keeps queue entries small).
@@ -37,6 +40,8 @@ struct ItemQueue {
     head: usize,
     /// Items pushed so far (a position in the stream of items that draining leaves valid).
     pushed: u64,
+    /// Records pushed so far (a block item counts its records).
+    records: u64,
 }
 
 impl ItemQueue {
@@ -45,6 +50,7 @@ impl ItemQueue {
             items: Vec::with_capacity(n),
             head: 0,
             pushed: 0,
+            records: 0,
         }
     }
 
@@ -59,6 +65,10 @@ impl ItemQueue {
             self.items.clear();
             self.head = 0;
         }
+        self.records += match item {
+            Item::Rec(_) => 1,
+            Item::Block(_, len) => u64::from(len),
+        };
         self.items.push(item);
         self.pushed += 1;
     }
@@ -282,6 +292,8 @@ pub struct WindowOptions {
     pub cpu: Option<u32>,
     /// Offset of `pt` within the input file (added to every reported PT offset).
     pub base_offset: u64,
+    /// Which decoder runs (the fast one by default, same records).
+    pub decoder: DecoderKind,
 }
 
 /// A cut point of parallel decode: a PSB at which the decoder of the next segment starts.
@@ -499,6 +511,14 @@ pub struct PtDecoder<'a> {
     trace_has_tsc: bool,
     /// Bytes of PT in this window.
     pt_len: usize,
+    /// The fast decoder's state while it runs the window.
+    flow: Option<Box<flow::FlowState>>,
+    /// Why the fast decoder handed the window to libipt.
+    fallback: Option<flow::Fallback>,
+    /// Records libipt gives that the fast decoder handed out already (dropped).
+    skip: u64,
+    /// The fast decoder decoded the whole window.
+    flow_done: bool,
 }
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
@@ -646,6 +666,15 @@ impl<'a> PtDecoder<'a> {
         if let Some(c) = opts.cpu {
             queue.push_back(Item::rec(Record::Cpu(c)));
         }
+        let flow = (opts.decoder == DecoderKind::Fast
+            && state == State::Start
+            && events.is_empty()
+            && params.filter.ranges.iter().all(|r| r.0 == 0))
+        .then(|| {
+            let mut f = flow::FlowState::new(cfg.errata.bdm70() != 0, cfg.errata.skd022() != 0);
+            f.initial_records = queue.records;
+            Box::new(f)
+        });
         Ok(PtDecoder {
             dec,
             trace: pt,
@@ -680,6 +709,10 @@ impl<'a> PtDecoder<'a> {
             last_timestamp: None,
             trace_has_tsc,
             pt_len,
+            flow,
+            fallback: None,
+            skip: 0,
+            flow_done: false,
         })
     }
 
@@ -705,6 +738,8 @@ impl<'a> PtDecoder<'a> {
         }
         d.tsc = start.tsc;
         d.seg = Some(Box::new(ctl));
+        // (Segment decoders report libipt's state at their marks.)
+        d.flow = None;
         Ok(d)
     }
 
@@ -718,7 +753,21 @@ impl<'a> PtDecoder<'a> {
 
     /// The decoder's current position in the PT stream (for progress reporting).
     pub fn position(&self) -> u64 {
-        self.opts.base_offset + self.dec.offset().unwrap_or(0)
+        match &self.flow {
+            Some(f) => self.opts.base_offset + f.pos as u64,
+            None => self.opts.base_offset + self.dec.offset().unwrap_or(0),
+        }
+    }
+
+    /// Which decoder gave (or gives) this window's records: `"fast"`, or `"libipt"` with
+    /// the reason the fast decoder handed it over (`None` when it never ran).
+    pub fn decoded_by(&self) -> (&'static str, Option<&'static str>) {
+        match (&self.flow, self.fallback) {
+            (_, Some(why)) => ("libipt", Some(why)),
+            (Some(_), None) => ("fast", None),
+            (None, None) if self.flow_done => ("fast", None),
+            (None, None) => ("libipt", None),
+        }
     }
 
     /// Image problems met so far (files named by sideband that could not be opened...).
@@ -1329,8 +1378,80 @@ impl<'a> PtDecoder<'a> {
     /// Runs the decoder until at least one record is queued or the trace ends (the fast
     /// paths take over from there), and notes whether they may.
     fn fill(&mut self) {
-        self.fill_inner();
-        self.fast = matches!(self.state, State::Running(s) if self.fast_ready(s));
+        while self.flow.is_some() {
+            self.fast = false;
+            let (pushed, records) = (self.queue.pushed, self.queue.records);
+            match self.flow_run() {
+                Ok(done) => {
+                    if done {
+                        self.flow = None;
+                        self.flow_done = true;
+                        self.state = State::Done;
+                        return;
+                    }
+                    if !self.queue.is_empty() {
+                        return;
+                    }
+                }
+                Err(why) => self.flow_fall_back(why, pushed, records),
+            }
+        }
+        loop {
+            self.fill_inner();
+            if self.skip == 0 || self.queue.is_empty() {
+                break;
+            }
+            self.skip_front();
+            if !self.queue.is_empty() {
+                break;
+            }
+        }
+        self.fast = self.skip == 0 && matches!(self.state, State::Running(s) if self.fast_ready(s));
+    }
+
+    /// Hands the window to libipt: drops what the fast decoder queued since the queue had
+    /// seen `pushed` items and `records` records, and has libipt start over, skipping
+    /// the records already handed out.
+    #[cold]
+    fn flow_fall_back(&mut self, why: flow::Fallback, pushed: u64, records: u64) {
+        let initial = self.flow.as_ref().map_or(0, |f| f.initial_records);
+        self.queue
+            .truncate_last(self.queue.pushed.saturating_sub(pushed) as usize);
+        self.queue.records = records;
+        self.skip = records.saturating_sub(initial);
+        self.flow = None;
+        self.fallback = Some(why);
+        // The state libipt starts with (as `new` left it).
+        self.pending_timestamp = false;
+        self.tsc = None;
+        self.last_timestamp = None;
+        self.ts_unknown = false;
+        self.state = State::Start;
+    }
+
+    /// Drops queued records libipt gives again after a fallback.
+    fn skip_front(&mut self) {
+        while self.skip > 0 {
+            let Some(front) = self.queue.items.get_mut(self.queue.head) else {
+                return;
+            };
+            match front {
+                Item::Rec(_) => {
+                    self.queue.head += 1;
+                    self.skip -= 1;
+                }
+                Item::Block(start, len) => {
+                    let k = u32::try_from(self.skip.min(u64::from(*len))).unwrap_or(*len);
+                    if k == *len {
+                        self.queue.head += 1;
+                    } else {
+                        *start += k;
+                        *len -= k;
+                    }
+                    self.skip -= u64::from(k);
+                }
+            }
+        }
     }
 
     /// One `run_once` on the fast path, for callers that checked `self.fast` and an empty

@@ -51,6 +51,8 @@ pub struct PttTrace {
     /// Decode every window with caches of its own instead of handing them from window to
     /// window (slower; the records are the same, see [`crate::DecoderCaches`]).
     pub private_caches: bool,
+    /// Which decoder decodes the windows (the fast one by default; same records).
+    pub decoder: crate::DecoderKind,
 }
 
 /// What a decoded window was.
@@ -410,6 +412,7 @@ impl PttTrace {
                 window_id: Some(info.index),
                 cpu: None,
                 base_offset: base,
+                decoder: self.decoder,
             };
             let mut dec = PtDecoder::new(
                 wr.pt,

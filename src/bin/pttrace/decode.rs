@@ -117,6 +117,10 @@ pub struct DecodeArgs {
     /// Decode PSB segments on this many threads (output identical to 1 thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
+    /// Decoder: `fast` (our own flow reconstruction, libipt where it does not apply; the
+    /// same records) or `libipt` (libipt's block decoder only).
+    #[arg(long, value_name = "fast|libipt", default_value = "fast")]
+    decoder: drpttracer::decode::DecoderKind,
     /// Damaged input (a torn or corrupt record, a container record that does not fit):
     /// decode what could be read and exit 0 (the damage is still listed on stderr).
     #[arg(long)]
@@ -472,6 +476,7 @@ pub fn run(args: Args) -> CmdResult {
                 window_id: if w.lost.is_some() { None } else { w.id },
                 cpu: w.cpu,
                 base_offset: w.base_offset,
+                decoder: args.decoder,
             };
             let pt = &data[w.pt.clone()];
             if let Some(what) = &w.lost {

@@ -13,6 +13,7 @@ use crate::CmdResult;
 pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut trace = ptt_input::open(path)?;
     trace.sysroot = args.sysroot.clone();
+    trace.decoder = args.decoder;
     let stdout = std::io::stdout();
     let mut printer = Printer {
         out: BufWriter::with_capacity(1 << 16, stdout.lock()),

@@ -1,0 +1,797 @@
+//! The fast decoder: our own flow reconstruction, libipt kept as the oracle.
+//!
+//! It walks the packets itself ([`crate::wire`]) and the code through a table of basic
+//! blocks built once per image (iced-x86 via the instruction cache): a block runs from an
+//! address to the first instruction that needs trace (conditional branch, indirect jump
+//! or call, return, syscall) or to a direct call, following direct jumps; each block's
+//! records lie in the decoder's block arena, so a block costs one queue entry, and a
+//! block's successors are linked once found, so a TNT bit costs no lookup.
+//!
+//! It gives exactly libipt's records (same markers, same timestamps, same stop at the end
+//! of the trace) for what it handles: PSB+ (TSC, CBR, MODE.Exec, FUP), TNT, TIP,
+//! TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, CBR, PAD, 64-bit code, return compression,
+//! no sideband left to apply. Anything else — another packet, an error, an IP it cannot
+//! reach without trace, code it cannot read — hands the window to libipt: the records of
+//! the current PSB segment are dropped and libipt decodes the window from its start, its
+//! first records (those already handed out, which equal ours) skipped. Records are handed
+//! out one PSB segment at a time, and only those the trace before the PSB determines, so
+//! what was handed out is always what libipt gives too.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use super::{Item, PtDecoder, Record};
+use crate::insn::AddrHasher;
+use crate::records::{ExecMode, InsnClass, Instruction};
+use crate::wire::{self, LastIp, Pkt};
+
+/// Which decoder a [`super::PtDecoder`] runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DecoderKind {
+    /// Our own flow reconstruction where it applies, libipt for the rest (same records).
+    #[default]
+    Fast,
+    /// libipt's block decoder only.
+    Libipt,
+}
+
+impl std::str::FromStr for DecoderKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fast" => Ok(DecoderKind::Fast),
+            "libipt" => Ok(DecoderKind::Libipt),
+            other => Err(format!(
+                "--decoder '{other}': expected fast, libipt or check"
+            )),
+        }
+    }
+}
+
+const NO_BLOCK: u32 = u32::MAX;
+/// Instructions a block takes at most (longer straight-line code continues in the next).
+const MAX_BLOCK_INSNS: u32 = 256;
+
+/// How a block ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Conditional branch: a TNT bit chooses `target` or `fall`.
+    Cond,
+    /// Indirect jump: a TIP.
+    Indirect,
+    /// Indirect call: a TIP; `fall` is pushed for return compression.
+    IndirectCall,
+    /// Near return: a TNT bit (compressed) or a TIP.
+    Return,
+    /// System call: a TIP or TIP.PGD.
+    Syscall,
+    /// Direct call to `target` (`fall` pushed unless it is the target: a call to the
+    /// next instruction, as libipt).
+    DirectCall,
+    /// Length limit: on at `fall` without trace.
+    Continue,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FBlock {
+    /// Its records in the block arena.
+    start: u32,
+    len: u32,
+    end: End,
+    fall: u64,
+    target: u64,
+    /// Linked successors: [fall, target].
+    next: [u32; 2],
+}
+
+/// The blocks built for one image generation (their records in the [`BlockCache`]'s
+/// arena: cleared with it).
+///
+/// [`BlockCache`]: crate::insn::BlockCache
+#[derive(Default)]
+pub(crate) struct FlowTable {
+    map: HashMap<u64, u32, BuildHasherDefault<AddrHasher>>,
+    blocks: Vec<FBlock>,
+}
+
+impl FlowTable {
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.blocks.clear();
+    }
+}
+
+/// libipt's return stack: 64 entries, the oldest overwritten when full.
+#[derive(Clone)]
+struct RetStack {
+    slots: [u64; 64],
+    top: usize,
+    len: usize,
+}
+
+impl RetStack {
+    fn new() -> Self {
+        RetStack {
+            slots: [0; 64],
+            top: 0,
+            len: 0,
+        }
+    }
+    #[inline]
+    fn push(&mut self, ip: u64) {
+        self.slots[self.top] = ip;
+        self.top = (self.top + 1) % 64;
+        self.len = (self.len + 1).min(64);
+    }
+    #[inline]
+    fn pop(&mut self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        self.top = (self.top + 63) % 64;
+        Some(self.slots[self.top])
+    }
+}
+
+/// Takes a TNT packet at the trace position straight into `st` (the common case of the
+/// hot loop, without the general packet reader); whether there was one.
+#[inline(always)]
+fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
+    match trace.get(st.pos) {
+        Some(&b) if b & 1 == 0 && b > 2 => {
+            let n = 6 - b.leading_zeros();
+            st.tnt = u64::from(b >> 1) & ((1 << n) - 1);
+            st.tnt_n = n;
+            st.pos += 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Why the fast decoder handed a window to libipt.
+pub(crate) type Fallback = &'static str;
+
+/// Where a run of the engine stopped.
+enum Stop {
+    /// At a PSB with nothing tentative queued: the records so far can be handed out.
+    Segment,
+    /// The trace ended.
+    Done,
+}
+
+/// The trace item a branch waits for.
+enum Item2 {
+    Tnt,
+    Tip(u64),
+    Pgd(Option<u64>),
+    /// FUP `from` + TIP `to` (`Some`) or + TIP.PGD (`None`).
+    Async {
+        from: u64,
+        to: Option<u64>,
+    },
+    Pge(u64),
+    Psb,
+    End,
+}
+
+/// The engine's state between runs (one PSB segment each).
+pub(crate) struct FlowState {
+    pub pos: usize,
+    last_ip: LastIp,
+    time: Option<u64>,
+    tnt: u64,
+    tnt_n: u32,
+    ret: RetStack,
+    enabled: bool,
+    synced: bool,
+    /// The block the decoder is at (enabled), and its address.
+    cur: u32,
+    ip: u64,
+    /// Queue position after the last record the trace decided: what follows it is
+    /// tentative (code walked without trace, dropped if the trace ends).
+    committed: u64,
+    /// Instructions walked since the trace last moved.
+    without_trace: u64,
+    /// Errata the engine checks for.
+    bdm70: bool,
+    skd022: bool,
+    /// Records the decoder had queued before the engine started (window id, cpu).
+    pub initial_records: u64,
+}
+
+impl FlowState {
+    pub fn new(bdm70: bool, skd022: bool) -> Self {
+        FlowState {
+            pos: 0,
+            last_ip: LastIp::default(),
+            time: None,
+            tnt: 0,
+            tnt_n: 0,
+            ret: RetStack::new(),
+            enabled: false,
+            synced: false,
+            cur: NO_BLOCK,
+            ip: 0,
+            committed: 0,
+            without_trace: 0,
+            bdm70,
+            skd022,
+            initial_records: 0,
+        }
+    }
+}
+
+impl PtDecoder<'_> {
+    /// Runs the fast engine to the next PSB segment boundary or the end: `Ok(true)` when
+    /// the trace ended, `Err` when the window must go to libipt (nothing of this run
+    /// should be handed out then).
+    pub(super) fn flow_run(&mut self) -> Result<bool, Fallback> {
+        let generation = self
+            .shared
+            .space
+            .try_borrow()
+            .map_err(|_| "image busy")?
+            .generation();
+        // (The queue is empty: the arena may start over.)
+        self.blocks.validate(generation);
+        let Some(mut st) = self.flow.take() else {
+            return Ok(true);
+        };
+        st.committed = self.queue.pushed;
+        let r = self.flow_segment(&mut st);
+        self.flow = Some(st);
+        match r? {
+            Stop::Segment => Ok(false),
+            Stop::Done => Ok(true),
+        }
+    }
+
+    fn flow_segment(&mut self, st: &mut FlowState) -> Result<Stop, Fallback> {
+        if !st.synced {
+            let Some(p) = wire::find_psb(self.trace, 0) else {
+                return Ok(Stop::Done);
+            };
+            st.pos = p;
+            st.synced = true;
+            self.pending_timestamp = true;
+            self.flow_psb(st, true, None)?;
+        } else if wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
+            // A segment starts at the PSB where the last one stopped.
+            let at = st
+                .enabled
+                .then(|| self.blocks.flow.blocks.get(st.cur as usize).copied())
+                .flatten();
+            self.flow_psb(st, false, at)?;
+        }
+        loop {
+            if !st.enabled {
+                match self.flow_next_item(st)? {
+                    Item2::Pge(ip) => {
+                        self.flow_event(st, Record::TraceEnabled { ip });
+                        st.enabled = true;
+                        st.ip = ip;
+                        st.cur = self.flow_block(st.ip)?;
+                    }
+                    Item2::Psb => {
+                        if self.queue.pushed == st.committed {
+                            return Ok(Stop::Segment);
+                        }
+                        self.flow_psb(st, false, None)?;
+                    }
+                    Item2::End => return Ok(Stop::Done),
+                    _ => return Err("trace while tracing is disabled"),
+                }
+                continue;
+            }
+            match self.flow_hot(st)? {
+                Some(stop) => return Ok(stop),
+                None => continue,
+            }
+        }
+    }
+
+    /// Decodes from the current block while the trace is TNT and TIP; returns at a
+    /// segment boundary or the end (`Some`), or after an event (`None`).
+    #[inline]
+    fn flow_hot(&mut self, st: &mut FlowState) -> Result<Option<Stop>, Fallback> {
+        loop {
+            let b = *self
+                .blocks
+                .flow
+                .blocks
+                .get(st.cur as usize)
+                .ok_or("no block")?;
+            match b.end {
+                End::Continue | End::DirectCall => {
+                    st.without_trace += u64::from(b.len);
+                    if st.without_trace > super::MAX_INSNS_WITHOUT_TRACE {
+                        return Err("too many instructions without trace");
+                    }
+                    self.flow_push(b.start, b.len);
+                    let (next, k) = if b.end == End::DirectCall {
+                        if b.target != b.fall {
+                            st.ret.push(b.fall);
+                        }
+                        (b.target, 1)
+                    } else {
+                        (b.fall, 0)
+                    };
+                    st.cur = self.flow_link(st.cur, k, next)?;
+                    continue;
+                }
+                End::Cond => {
+                    if st.tnt_n == 0 && !tnt_here(self.trace, st) {
+                        match self.flow_next_item(st)? {
+                            Item2::Tnt => {}
+                            other => return self.flow_item_at(st, b, other),
+                        }
+                    }
+                    st.tnt_n -= 1;
+                    let taken = (st.tnt >> st.tnt_n) & 1 != 0;
+                    self.flow_push(b.start, b.len);
+                    self.flow_commit(st);
+                    let (next, k) = if taken { (b.target, 1) } else { (b.fall, 0) };
+                    st.cur = self.flow_link(st.cur, k, next)?;
+                }
+                End::Return => {
+                    if st.tnt_n == 0 && !tnt_here(self.trace, st) {
+                        match self.flow_next_item(st)? {
+                            Item2::Tnt => {}
+                            Item2::Tip(ip) => {
+                                self.flow_push(b.start, b.len);
+                                self.flow_commit(st);
+                                st.cur = self.flow_block(ip)?;
+                                continue;
+                            }
+                            other => return self.flow_item_at(st, b, other),
+                        }
+                    }
+                    st.tnt_n -= 1;
+                    if (st.tnt >> st.tnt_n) & 1 == 0 {
+                        return Err("compressed return not taken");
+                    }
+                    let ip = st
+                        .ret
+                        .pop()
+                        .ok_or("compressed return, empty return stack")?;
+                    self.flow_push(b.start, b.len);
+                    self.flow_commit(st);
+                    st.cur = self.flow_block(ip)?;
+                }
+                End::Indirect | End::IndirectCall | End::Syscall => {
+                    if st.tnt_n != 0 {
+                        return Err("indirect branch with TNT bits pending (deferred TIP)");
+                    }
+                    match self.flow_next_item(st)? {
+                        Item2::Tip(ip) => {
+                            if b.end == End::IndirectCall {
+                                st.ret.push(b.fall);
+                            }
+                            self.flow_push(b.start, b.len);
+                            self.flow_commit(st);
+                            st.cur = self.flow_block(ip)?;
+                        }
+                        other => return self.flow_item_at(st, b, other),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A trace item other than the one block `b`'s branch takes: a disable, an
+    /// asynchronous event, a PSB, the end.
+    #[cold]
+    fn flow_item_at(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+        item: Item2,
+    ) -> Result<Option<Stop>, Fallback> {
+        match item {
+            Item2::End => {
+                // What was walked without trace never ran as far as the trace tells.
+                let tentative = self.queue.pushed - st.committed;
+                self.queue.truncate_last(tentative as usize);
+                Ok(Some(Stop::Done))
+            }
+            Item2::Psb => {
+                if self.queue.pushed == st.committed {
+                    // Stop before the PSB: the next run starts there.
+                    return Ok(Some(Stop::Segment));
+                }
+                self.flow_psb(st, false, Some(b))?;
+                Ok(None)
+            }
+            Item2::Pgd(ip) => {
+                // A disable binds to the first instruction that needs trace, or to its
+                // IP where the code reaches it before.
+                let n = match ip {
+                    Some(ip) => {
+                        self.flow_not_walked(st, ip)?;
+                        self.flow_index_of(b, ip).unwrap_or(b.len)
+                    }
+                    None => b.len,
+                };
+                if n == b.len && b.end == End::IndirectCall {
+                    // (libipt logs a call's return address as it decodes the call.)
+                    st.ret.push(b.fall);
+                }
+                self.flow_push(b.start, n);
+                self.flow_event(st, Record::TraceDisabled { ip });
+                st.enabled = false;
+                Ok(None)
+            }
+            Item2::Async { from, to } => {
+                self.flow_not_walked(st, from)?;
+                let n = self
+                    .flow_index_of(b, from)
+                    .ok_or("asynchronous event IP not reached without trace")?;
+                self.flow_push(b.start, n);
+                match to {
+                    Some(to) => {
+                        self.flow_event(st, Record::KernelXfer { from, to: Some(to) });
+                        st.cur = self.flow_block(to)?;
+                    }
+                    None => {
+                        if st.skd022 && self.flow_is_vmentry(from) {
+                            return Err("erratum SKD022");
+                        }
+                        self.flow_event(st, Record::TraceDisabled { ip: Some(from) });
+                        st.enabled = false;
+                    }
+                }
+                Ok(None)
+            }
+            Item2::Tnt => Err("TNT where the code needs a TIP"),
+            Item2::Tip(_) => Err("TIP where the code needs a TNT bit"),
+            Item2::Pge(_) => Err("TIP.PGE while tracing is enabled"),
+        }
+    }
+
+    /// Events binding to an IP walk from the last trace item: where that IP lies in code
+    /// walked since (past a direct call or a long block), libipt decodes the window.
+    fn flow_not_walked(&self, st: &FlowState, ip: u64) -> Result<(), Fallback> {
+        if self.flow_reachable(st, None, ip) {
+            return Err("event IP in code walked without trace");
+        }
+        Ok(())
+    }
+
+    /// Records of block `b` before its instruction at `ip`.
+    fn flow_index_of(&self, b: FBlock, ip: u64) -> Option<u32> {
+        let recs = self
+            .blocks
+            .arena
+            .get(b.start as usize..(b.start + b.len) as usize)?;
+        recs.iter()
+            .position(|r| matches!(r, Record::Instruction(i) if i.pc == ip))
+            .map(|k| k as u32)
+    }
+
+    fn flow_is_vmentry(&mut self, ip: u64) -> bool {
+        let Ok(space) = self.shared.space.try_borrow() else {
+            return true;
+        };
+        let mut buf = [0u8; 15];
+        let n = space.read(ip, &mut buf);
+        let i = iced_x86::Decoder::with_ip(64, &buf[..n], ip, 0).decode();
+        matches!(
+            i.mnemonic(),
+            iced_x86::Mnemonic::Vmlaunch | iced_x86::Mnemonic::Vmresume
+        )
+    }
+
+    #[inline]
+    fn flow_push(&mut self, start: u32, len: u32) {
+        if len == 0 {
+            return;
+        }
+        if self.pending_timestamp {
+            self.flush_pending_timestamp();
+        }
+        self.queue.push_back(Item::Block(start, len));
+    }
+
+    #[inline]
+    fn flow_commit(&mut self, st: &mut FlowState) {
+        st.committed = self.queue.pushed;
+        st.without_trace = 0;
+    }
+
+    /// An event record (with its timestamp, as the libipt pipeline gives one).
+    fn flow_event(&mut self, st: &mut FlowState, rec: Record) {
+        match st.time {
+            Some(t) => {
+                self.tsc = Some(t);
+                self.timestamp(t);
+            }
+            None => self.flush_pending_timestamp(),
+        }
+        self.queue.push_back(Item::rec(rec));
+        self.flow_commit(st);
+    }
+
+    /// An event that makes no record (status updates, CBR, MODE.Exec): the decoder's
+    /// time moves to the trace's.
+    #[inline]
+    fn flow_quiet_event(&mut self, st: &FlowState) {
+        if let Some(t) = st.time {
+            self.tsc = Some(t);
+        }
+    }
+
+    /// The successor `k` of block `from`, at `ip` (linked on first use).
+    #[inline(always)]
+    fn flow_link(&mut self, from: u32, k: usize, ip: u64) -> Result<u32, Fallback> {
+        let linked = self
+            .blocks
+            .flow
+            .blocks
+            .get(from as usize)
+            .map_or(NO_BLOCK, |b| b.next[k]);
+        if linked != NO_BLOCK {
+            return Ok(linked);
+        }
+        self.flow_link_new(from, k, ip)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flow_link_new(&mut self, from: u32, k: usize, ip: u64) -> Result<u32, Fallback> {
+        let to = self.flow_block(ip)?;
+        if let Some(b) = self.blocks.flow.blocks.get_mut(from as usize) {
+            b.next[k] = to;
+        }
+        Ok(to)
+    }
+
+    /// The block at `ip`, built on first use.
+    #[inline]
+    fn flow_block(&mut self, ip: u64) -> Result<u32, Fallback> {
+        if let Some(&b) = self.blocks.flow.map.get(&ip) {
+            return Ok(b);
+        }
+        self.flow_build(ip)
+    }
+
+    #[cold]
+    fn flow_build(&mut self, ip: u64) -> Result<u32, Fallback> {
+        let space = self.shared.space.try_borrow().map_err(|_| "image busy")?;
+        let start = self.blocks.arena.len();
+        let mut pc = ip;
+        let mut n = 0u32;
+        let mode = ExecMode::Bit64;
+        let (end, fall, target) = loop {
+            let info = self
+                .cache
+                .get(&space, pc, mode)
+                .ok_or("code not readable or not decodable")?;
+            if info.class == InsnClass::Unknown {
+                return Err("unknown instruction");
+            }
+            self.blocks.arena.push(Record::Instruction(Instruction {
+                pc,
+                size: info.size,
+                bytes: info.bytes,
+                class: info.class,
+                mode,
+            }));
+            if info.is_syscall {
+                self.blocks.arena.push(Record::Syscall { pc });
+            }
+            n += 1;
+            let next = pc.wrapping_add(u64::from(info.size));
+            match (info.class, info.direct_target) {
+                (InsnClass::Other, _) => pc = next,
+                (InsnClass::Jump, Some(t)) => pc = t,
+                (InsnClass::Call, Some(t)) => break (End::DirectCall, next, t),
+                (InsnClass::Jump, None) => break (End::Indirect, next, 0),
+                (InsnClass::Call, None) => break (End::IndirectCall, next, 0),
+                (InsnClass::Return, _) => break (End::Return, next, 0),
+                (InsnClass::CondJump, _) => {
+                    let i = iced_x86::Decoder::with_ip(
+                        64,
+                        &info.bytes[..usize::from(info.size).min(15)],
+                        pc,
+                        0,
+                    )
+                    .decode();
+                    break (End::Cond, next, i.near_branch_target());
+                }
+                (InsnClass::FarCall, _) if info.is_syscall => break (End::Syscall, next, 0),
+                _ => return Err("instruction the fast decoder leaves to libipt"),
+            }
+            if n >= MAX_BLOCK_INSNS {
+                break (End::Continue, pc, 0);
+            }
+        };
+        drop(space);
+        let len = self.blocks.arena.len() - start;
+        let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(len)) else {
+            return Err("block arena too large");
+        };
+        let idx = u32::try_from(self.blocks.flow.blocks.len()).map_err(|_| "too many blocks")?;
+        self.blocks.flow.blocks.push(FBlock {
+            start,
+            len,
+            end,
+            fall,
+            target,
+            next: [NO_BLOCK; 2],
+        });
+        self.blocks.flow.map.insert(ip, idx);
+        Ok(idx)
+    }
+
+    /// Reads packets up to the next trace item (time, CBR, MODE.Exec applied on the way).
+    fn flow_next_item(&mut self, st: &mut FlowState) -> Result<Item2, Fallback> {
+        loop {
+            let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
+                if st.pos >= self.trace.len() {
+                    return Ok(Item2::End);
+                }
+                return Err("packet cut by the end of the trace");
+            };
+            st.pos += size;
+            match pkt {
+                Pkt::Tnt { bits, n } => {
+                    st.tnt = bits;
+                    st.tnt_n = n;
+                    return Ok(Item2::Tnt);
+                }
+                Pkt::Tip(p) => {
+                    let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
+                    return Ok(Item2::Tip(ip));
+                }
+                Pkt::Pad => {}
+                Pkt::Tsc(t) => st.time = Some(t),
+                Pkt::Cbr => self.flow_quiet_event(st),
+                Pkt::TipPgd(p) => return Ok(Item2::Pgd(st.last_ip.apply(p))),
+                Pkt::TipPge(p) => {
+                    if st.enabled {
+                        return Err("TIP.PGE while tracing is enabled");
+                    }
+                    let ip = st.last_ip.apply(p).ok_or("TIP.PGE without IP")?;
+                    return Ok(Item2::Pge(ip));
+                }
+                Pkt::Fup(p) => {
+                    if !st.enabled {
+                        return Err("FUP while tracing is disabled");
+                    }
+                    let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                    let Some((next, size)) = wire::parse(self.trace, st.pos) else {
+                        return Err("FUP at the end of the trace");
+                    };
+                    st.pos += size;
+                    return match next {
+                        Pkt::Tip(p) => {
+                            let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
+                            Ok(Item2::Async { from, to: Some(to) })
+                        }
+                        Pkt::TipPgd(p) => {
+                            st.last_ip.apply(p);
+                            Ok(Item2::Async { from, to: None })
+                        }
+                        _ => Err("FUP not followed by TIP or TIP.PGD"),
+                    };
+                }
+                Pkt::ModeExec { csl, csd } => {
+                    if st.enabled {
+                        return Err("MODE.Exec while tracing is enabled");
+                    }
+                    if !csl || csd {
+                        return Err("code other than 64-bit");
+                    }
+                    self.flow_quiet_event(st);
+                }
+                Pkt::Psb => {
+                    // (Left for `flow_psb`, which reads the PSB+.)
+                    st.pos -= size;
+                    return Ok(Item2::Psb);
+                }
+                Pkt::Psbend => return Err("PSBEND outside PSB+"),
+                Pkt::Other(what) => return Err(what),
+            }
+        }
+    }
+
+    /// The PSB+ at `st.pos`: its status applied as libipt does (a synchronization sets the IP; a PSB+ passed
+    /// while decoding must agree with the state).
+    fn flow_psb(
+        &mut self,
+        st: &mut FlowState,
+        sync: bool,
+        at: Option<FBlock>,
+    ) -> Result<(), Fallback> {
+        if wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
+            st.pos += wire::PSB.len();
+        }
+        if st.tnt_n != 0 {
+            return Err("TNT bits left at a PSB");
+        }
+        st.last_ip.reset();
+        let mut fup = None;
+        let mut mode64 = None;
+        loop {
+            let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
+                return Err("PSB+ cut by the end of the trace");
+            };
+            st.pos += size;
+            match pkt {
+                Pkt::Pad | Pkt::Cbr => {}
+                Pkt::Tsc(t) => st.time = Some(t),
+                Pkt::Fup(p) => {
+                    if fup.is_some() {
+                        return Err("two FUPs in a PSB+");
+                    }
+                    fup = Some(st.last_ip.apply(p).ok_or("PSB+ FUP without IP")?);
+                }
+                Pkt::ModeExec { csl, csd } => mode64 = Some(csl && !csd),
+                Pkt::Psbend => break,
+                _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
+            }
+        }
+        if mode64 == Some(false) {
+            return Err("code other than 64-bit");
+        }
+        if st.bdm70 && fup.is_some() && self.flow_bdm70_applies(st.pos) {
+            return Err("erratum BDM70");
+        }
+        // The status update events (their time: the PSB+'s).
+        self.flow_quiet_event(st);
+        if sync {
+            st.ret = RetStack::new();
+            match fup {
+                Some(ip) => {
+                    if mode64.is_none() {
+                        return Err("no MODE.Exec at the synchronization point");
+                    }
+                    st.enabled = true;
+                    st.ip = ip;
+                    st.cur = self.flow_block(ip)?;
+                }
+                None => st.enabled = false,
+            }
+        } else if st.enabled != fup.is_some() {
+            return Err("PSB+ status differs from the decoder's");
+        } else if let (Some(ip), Some(_)) = (fup, mode64) {
+            // libipt binds the PSB+'s MODE.Exec to its FUP IP and walks there without
+            // trace: from the last trace item through the code walked since, up to the
+            // branch that waits for trace.
+            if !self.flow_reachable(st, at, ip) {
+                return Err("PSB+ FUP IP not reached without trace");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `ip` is an instruction walked since the last trace item, or one of block
+    /// `at`'s (the block waiting for trace).
+    fn flow_reachable(&self, st: &FlowState, at: Option<FBlock>, ip: u64) -> bool {
+        let is_ip = |r: &Record| matches!(r, Record::Instruction(i) if i.pc == ip);
+        let arena = &self.blocks.arena;
+        let walked = self.queue.since(st.committed).unwrap_or(&[]);
+        walked.iter().any(|item| match item {
+            Item::Block(start, len) => arena
+                .get(*start as usize..(*start + *len) as usize)
+                .is_some_and(|recs| recs.iter().any(is_ip)),
+            Item::Rec(_) => false,
+        }) || at.is_some_and(|b| self.flow_index_of(b, ip).is_some())
+    }
+
+    /// BDM70: a PSB+ FUP followed by TIP.PGE means tracing was disabled at the PSB+.
+    fn flow_bdm70_applies(&self, mut pos: usize) -> bool {
+        while let Some((p, size)) = wire::parse(self.trace, pos) {
+            match p {
+                Pkt::Pad | Pkt::Tsc(_) | Pkt::Cbr | Pkt::Psbend | Pkt::ModeExec { .. } => {
+                    pos += size
+                }
+                Pkt::TipPge(_) | Pkt::Other(_) => return true,
+                _ => return false,
+            }
+        }
+        false
+    }
+}

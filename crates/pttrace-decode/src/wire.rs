@@ -1,0 +1,269 @@
+//! Intel PT packets as they lie in the trace (Intel SDM vol. 3C, "Trace Packets"): our own
+//! parser for the packets the fast flow decoder ([`crate::pipeline`]'s `flow` engine)
+//! reads itself. Everything it does not handle comes back as [`Pkt::Other`] with the
+//! packet's name; the flow engine then hands the window to libipt.
+
+/// One packet, decoded. IP packets carry their raw compression and payload; the caller
+/// applies them to its last IP ([`LastIp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pkt {
+    Pad,
+    /// `n` (1..=47) branch outcomes in `bits`, the oldest in bit `n - 1`.
+    Tnt {
+        bits: u64,
+        n: u32,
+    },
+    Tip(IpPayload),
+    TipPge(IpPayload),
+    TipPgd(IpPayload),
+    Fup(IpPayload),
+    Tsc(u64),
+    /// MODE.Exec: CS.L and CS.D.
+    ModeExec {
+        csl: bool,
+        csd: bool,
+    },
+    Psb,
+    Psbend,
+    Cbr,
+    /// Any other packet (or a reserved encoding): its name.
+    Other(&'static str),
+}
+
+/// The IP payload of a TIP/TIP.PGE/TIP.PGD/FUP: IPBytes (0..=7) and the payload bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IpPayload {
+    pub ipc: u8,
+    pub raw: u64,
+}
+
+/// The 16 bytes of a PSB packet.
+pub(crate) const PSB: [u8; 16] = [
+    0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82,
+];
+
+#[inline]
+fn le(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .rev()
+        .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+}
+
+/// The packet at `pos` and its size; `None` when the buffer ends inside it (or at `pos`).
+#[inline]
+pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
+    let b0 = *t.get(pos)?;
+    if b0 & 1 == 0 {
+        return match b0 {
+            0x00 => Some((Pkt::Pad, 1)),
+            0x02 => parse_ext(t, pos),
+            _ => {
+                // Short TNT: the highest set bit stops the outcomes below it (bit 0 is 0).
+                let stop = 7 - b0.leading_zeros();
+                let n = stop - 1;
+                Some((
+                    Pkt::Tnt {
+                        bits: u64::from(b0 >> 1) & ((1 << n) - 1),
+                        n,
+                    },
+                    1,
+                ))
+            }
+        };
+    }
+    match b0 & 0x1f {
+        0x0d | 0x11 | 0x01 | 0x1d => {
+            let ipc = b0 >> 5;
+            let len = match ipc {
+                0 => 0,
+                1 => 2,
+                2 => 4,
+                3 | 4 => 6,
+                6 => 8,
+                _ => return Some((Pkt::Other("ip packet with reserved IPBytes"), 1)),
+            };
+            let raw = le(t.get(pos + 1..pos + 1 + len)?);
+            let p = IpPayload { ipc, raw };
+            let pkt = match b0 & 0x1f {
+                0x0d => Pkt::Tip(p),
+                0x11 => Pkt::TipPge(p),
+                0x01 => Pkt::TipPgd(p),
+                _ => Pkt::Fup(p),
+            };
+            return Some((pkt, 1 + len));
+        }
+        _ => {}
+    }
+    match b0 {
+        0x19 => Some((Pkt::Tsc(le(t.get(pos + 1..pos + 8)?)), 8)),
+        0x99 => {
+            let m = *t.get(pos + 1)?;
+            match m >> 5 {
+                0 => Some((
+                    Pkt::ModeExec {
+                        csl: m & 1 != 0,
+                        csd: m & 2 != 0,
+                    },
+                    2,
+                )),
+                1 => Some((Pkt::Other("mode.tsx"), 2)),
+                _ => Some((Pkt::Other("mode (reserved leaf)"), 2)),
+            }
+        }
+        0x59 => Some((Pkt::Other("mtc"), 2)),
+        0xd9 => Some((Pkt::Other("trig"), 1)),
+        _ if b0 & 3 == 3 => Some((Pkt::Other("cyc"), 1)),
+        _ => Some((Pkt::Other("unknown opcode"), 1)),
+    }
+}
+
+#[cold]
+fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
+    let b1 = *t.get(pos + 1)?;
+    match b1 {
+        0xa3 => {
+            let payload = le(t.get(pos + 2..pos + 8)?);
+            if payload == 0 {
+                return Some((Pkt::Other("tnt.64 without stop bit"), 8));
+            }
+            let stop = 63 - payload.leading_zeros();
+            Some((
+                Pkt::Tnt {
+                    bits: payload & ((1u64 << stop) - 1),
+                    n: stop,
+                },
+                8,
+            ))
+        }
+        0x82 => (t.get(pos..pos + 16)? == PSB)
+            .then_some((Pkt::Psb, 16))
+            .or(Some((Pkt::Other("broken psb"), 2))),
+        0x23 => Some((Pkt::Psbend, 2)),
+        0x03 => {
+            t.get(pos..pos + 4)?;
+            Some((Pkt::Cbr, 4))
+        }
+        0xf3 => Some((Pkt::Other("ovf"), 2)),
+        _ => Some((Pkt::Other("extended packet"), 2)),
+    }
+}
+
+/// The offset of the first PSB at or after `from`.
+pub(crate) fn find_psb(t: &[u8], from: usize) -> Option<usize> {
+    let hay = t.get(from..)?;
+    hay.windows(PSB.len())
+        .position(|w| w == PSB)
+        .map(|k| from + k)
+}
+
+/// The last-IP register IP packets are compressed against (libipt's `pt_last_ip`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LastIp {
+    ip: u64,
+    have: bool,
+}
+
+impl LastIp {
+    /// Applies `p`; the IP it gives, `None` when suppressed (or no IP is known yet).
+    #[inline]
+    pub fn apply(&mut self, p: IpPayload) -> Option<u64> {
+        const M16: u64 = 0xffff;
+        const M32: u64 = 0xffff_ffff;
+        const M48: u64 = 0xffff_ffff_ffff;
+        self.ip = match p.ipc {
+            0 => return None,
+            1 => (self.ip & !M16) | (p.raw & M16),
+            2 => (self.ip & !M32) | (p.raw & M32),
+            3 => (((p.raw & M48) << 16) as i64 >> 16) as u64,
+            4 => (self.ip & !M48) | (p.raw & M48),
+            _ => p.raw,
+        };
+        self.have = true;
+        Some(self.ip)
+    }
+
+    pub fn reset(&mut self) {
+        *self = LastIp::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testgen::PtWriter;
+
+    fn all(t: &[u8]) -> Vec<Pkt> {
+        let mut pos = 0;
+        let mut out = Vec::new();
+        while let Some((p, n)) = parse(t, pos) {
+            out.push(p);
+            pos += n;
+        }
+        out
+    }
+
+    #[test]
+    fn packets_of_the_encoder_parse_back() {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(0x1234_5678), Some(0x7fff_1234_5000))
+            .tnt(&[true, false, true])
+            .tnt(&[false; 10])
+            .tip(0x7fff_1234_6000)
+            .tip_pgd(None)
+            .tip_pge(0x40_1000)
+            .pad();
+        let p = all(&w.buf);
+        let mut last = LastIp::default();
+        let ips: Vec<Option<u64>> = p
+            .iter()
+            .filter_map(|p| match p {
+                Pkt::Tip(x) | Pkt::TipPge(x) | Pkt::TipPgd(x) | Pkt::Fup(x) => Some(last.apply(*x)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            ips,
+            [
+                Some(0x7fff_1234_5000),
+                Some(0x7fff_1234_6000),
+                None,
+                Some(0x40_1000)
+            ]
+        );
+        assert_eq!(p[0], Pkt::Psb);
+        assert_eq!(p[1], Pkt::Tsc(0x1234_5678));
+        assert!(p.contains(&Pkt::Psbend));
+        assert!(p.contains(&Pkt::Tnt { bits: 0b101, n: 3 }));
+        assert!(p.contains(&Pkt::Tnt { bits: 0, n: 10 }));
+        assert_eq!(p.last(), Some(&Pkt::Pad));
+    }
+
+    #[test]
+    fn short_tnt_bits_and_packets_we_leave_to_libipt() {
+        // 0b0000_1110: stop bit 3, outcomes bits 2..1 = 1,1.
+        assert_eq!(parse(&[0x0e], 0), Some((Pkt::Tnt { bits: 3, n: 2 }, 1)));
+        assert_eq!(parse(&[0x04], 0), Some((Pkt::Tnt { bits: 0, n: 1 }, 1)));
+        assert_eq!(parse(&[0x02, 0xf3], 0), Some((Pkt::Other("ovf"), 2)));
+        assert_eq!(parse(&[0x59, 0x01], 0), Some((Pkt::Other("mtc"), 2)));
+        assert_eq!(parse(&[0xd9], 0), Some((Pkt::Other("trig"), 1)));
+        assert_eq!(parse(&[0x19, 1, 2, 3], 0), None, "cut TSC");
+        assert_eq!(find_psb(&[0, 0, 0x02, 0x82], 0), None);
+        let mut t = vec![0u8; 3];
+        t.extend_from_slice(&PSB);
+        assert_eq!(find_psb(&t, 0), Some(3));
+        assert_eq!(find_psb(&t, 4), None);
+    }
+
+    #[test]
+    fn last_ip_compression() {
+        let mut l = LastIp::default();
+        let p = |ipc, raw| IpPayload { ipc, raw };
+        assert_eq!(l.apply(p(3, 0xffff_8000_0000)), Some(0xffff_ffff_8000_0000));
+        assert_eq!(l.apply(p(1, 0x1234)), Some(0xffff_ffff_8000_1234));
+        assert_eq!(l.apply(p(2, 0xdead_beef)), Some(0xffff_ffff_dead_beef));
+        assert_eq!(l.apply(p(4, 0x1111_2222_3333)), Some(0xffff_1111_2222_3333));
+        assert_eq!(l.apply(p(6, 42)), Some(42));
+        assert_eq!(l.apply(p(0, 0)), None);
+    }
+}
