@@ -269,11 +269,18 @@ pub fn run(args: Args) -> CmdResult {
     if args.snapshot.is_some() || !args.trigger.is_empty() {
         // Checked first, so that a bad size or trigger is named as such.
         super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
+        let backend = asked_backend(&args);
+        let pt = match drpttracer::perf::pmu::IntelPtPmu::probe() {
+            Ok(_) => String::new(),
+            Err(e) => format!(" (and this machine has no Intel PT: {})", e.message),
+        };
         return Err(format!(
             "--snapshot is supported by the qemu backend only (--backend qemu --mode user \
              --window thread); this run would use the {} backend of the LD_PRELOAD shim, \
-             which writes every window as it ends and keeps no ring",
-            match asked_backend(&args).as_str() {
+             which writes every window as it ends and keeps no ring; the hardware \
+             overwrite-mode capture (perf::hardware::HardwareSnapshot) is not wired into the \
+             shim yet{pt}",
+            match backend.as_str() {
                 "auto" => "hardware or emulated".to_string(),
                 b => b.to_string(),
             }
