@@ -22,7 +22,9 @@
 //! guest addresses being host addresses in user mode); images that cannot be followed are
 //! named in a `Note` of the info file. Plugin arguments: `out=DIR` (required), `qemu=PATH`
 //! and `self=PATH` (for following exec), `oracle=on` (also write each thread's executed
-//! block sequence to `<...>.oracle`, for tests), `cut=BYTES` (PT per window before a cut).
+//! block sequence to `<...>.oracle`, for tests), `cut=BYTES` (PT per window before a cut),
+//! and for snapshot mode `snapshot=BYTES`, `trigger=SPEC` (repeated) and `request=PATH`
+//! (see [`snapshot`] and [`pttrace_format::snapshot`]).
 //!
 //! Threading: QEMU calls the execution and syscall callbacks of a vCPU on that vCPU's
 //! thread only; each vCPU logs into its own [`feeder::Feeder`] and a worker thread per
