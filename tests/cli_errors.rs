@@ -188,3 +188,49 @@ fn a_cpu_of_family_zero_is_refused_and_the_stepping_is_optional() {
         );
     }
 }
+
+#[test]
+fn run_names_bad_snapshot_options_and_refuses_snapshot_on_the_shim() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let run = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "run",
+            "--backend",
+            "emulated",
+            "--mode",
+            "user",
+            "--out",
+            out,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v.extend(["--".to_string(), "/bin/true".to_string()]);
+        v
+    };
+    let cases: &[(&[&str], &str)] = &[
+        (&["--snapshot", "lots"], "--snapshot \"lots\": expected a size"),
+        (&["--snapshot", "1T"], "--snapshot \"1T\": unknown unit \"T\""),
+        (
+            &["--snapshot", "1M", "--trigger", "signal:STOP"],
+            "--trigger \"signal:STOP\": signal 19 cannot be used as a trigger",
+        ),
+        (
+            &["--snapshot", "1M", "--trigger", "syscall:"],
+            "--trigger \"syscall:\": unknown x86-64 syscall",
+        ),
+        (&["--trigger", "exit"], "--trigger \"exit\" needs --snapshot SIZE"),
+        (
+            &["--snapshot", "1M"],
+            "--snapshot is supported by the qemu backend only (--backend qemu --mode user --window thread); this run would use the emulated backend",
+        ),
+    ];
+    for (extra, want) in cases {
+        let args = run(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with(&args, want);
+    }
+}

@@ -2067,6 +2067,7 @@ fn qemu_cmdline() -> Vec<u8> {
         qemu: b"/usr/bin/qemu-x86_64",
         oracle: false,
         cut: Some(4096),
+        extra: Vec::new(),
     };
     let run = launch::Run {
         program: b"/bin/prog".to_vec(),

@@ -6,5 +6,6 @@ pub use pttrace_format::code;
 pub use pttrace_format::launch;
 pub use pttrace_format::pdb;
 pub use pttrace_format::ptt;
+pub use pttrace_format::snapshot;
 pub use pttrace_format::spool;
 pub use pttrace_format::summary;

@@ -4,6 +4,13 @@
 //! start = discard what accumulated between windows, synthesize the executable mappings
 //! (user modes), enable. stop = disable, copy the window's PT (with wrap-around) and
 //! sideband, advance both tails so the handle serves the next window.
+//!
+//! Snapshot (flight-recorder) mode, [`HardwareSnapshot`]: the AUX area is mapped without
+//! `PROT_WRITE` (overwrite mode: the kernel ignores `aux_tail` and keeps the newest
+//! `aux_size` bytes); a snapshot disables the event, copies the valid bytes
+//! ([`crate::perf::ring::copy_overwrite_snapshot`]), reads the DATA ring's AUX records
+//! (`PERF_AUX_FLAG_OVERWRITE` is expected there; TRUNCATED/PARTIAL/COLLISION mean loss)
+//! and enables the event again.
 
 use perf_event_open_sys::bindings::perf_event_attr;
 
@@ -12,7 +19,9 @@ use crate::error::Result;
 use crate::metadata::{BackendKind, ExtMetadata, TimeConv};
 use crate::perf::event::PerfEvent;
 use crate::perf::pmu::IntelPtPmu;
-use crate::perf::ring::{copy_ring_bytes, copy_ring_records, ControlPage, RingMemory};
+use crate::perf::ring::{
+    copy_overwrite_snapshot, copy_ring_bytes, copy_ring_records, ControlPage, RingMemory,
+};
 use crate::perf::sideband_event::{rdtsc, set_sideband_attrs};
 use crate::sideband::record::{
     PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, SIDEBAND_SAMPLE_TYPE,
@@ -210,11 +219,123 @@ impl CaptureBackend for HardwareBackend {
     }
 }
 
+/// One overwrite-mode snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotCapture {
+    /// PT bytes copied (the newest the area held, newer than the previous snapshot).
+    pub pt_size: usize,
+    /// Older PT was overwritten: the snapshot starts mid-stream (decoders sync at its
+    /// first PSB).
+    pub wrapped: bool,
+    /// The kernel reported PT loss (AUX TRUNCATED, PARTIAL or COLLISION) or the output was
+    /// smaller than the data.
+    pub pt_lost: bool,
+    /// DATA ring records were lost.
+    pub sideband_lost: bool,
+}
+
+/// Collects one snapshot from an overwrite-mode AUX area (the event disabled): PT since
+/// `since` (the previous snapshot's head, 0 at first) into `pt`; returns it and the head
+/// to pass as `since` next time. The DATA ring is drained (its AUX records' flags).
+pub fn collect_snapshot(
+    ctl: &ControlPage,
+    aux: &RingMemory,
+    data: &RingMemory,
+    since: u64,
+    pt: &mut [u8],
+) -> (SnapshotCapture, u64) {
+    let head = ctl.aux_head();
+    let c = copy_overwrite_snapshot(aux, head, since, pt);
+    let data_head = ctl.data_head();
+    let rw = copy_ring_records(data, ctl.data_tail(), data_head, None);
+    ctl.set_data_tail(data_head);
+    (
+        SnapshotCapture {
+            pt_size: c.copied,
+            wrapped: c.wrapped,
+            pt_lost: c.truncated_by_output || rw.aux_flags & AUX_LOSS_FLAGS != 0,
+            sideband_lost: rw.overwritten || rw.lost_records > 0,
+        },
+        head,
+    )
+}
+
+/// Hardware Intel PT of the calling thread in snapshot mode: an overwrite-mode AUX area of
+/// at least `size` bytes (a power of two of pages), tracing from [`Self::open`] on.
+pub struct HardwareSnapshot {
+    event: PerfEvent,
+    since: u64,
+    meta: ExtMetadata,
+}
+
+impl HardwareSnapshot {
+    /// Opens and enables the event; fails with the reason where there is no Intel PT (as
+    /// on QEMU's CPU model or a machine without it).
+    pub fn open(mode: Mode, size: u64, sb_shift: u32) -> Result<Self> {
+        let pmu = IntelPtPmu::probe()?;
+        let (config, mtc_freq) = pt_config(&pmu, mode)?;
+        let mut attr = pt_attr(pmu.pmu_type, config, mode);
+        let mut event = PerfEvent::open(
+            &mut attr,
+            current_tid(),
+            -1,
+            &format!(
+                "intel_pt type {} config {config:#x}, {} mode, snapshot",
+                pmu.pmu_type,
+                mode.name()
+            ),
+        )?;
+        event.map_data(sb_shift)?;
+        event.map_aux(aux_shift_for(size), false)?;
+        let conv = event.control().and_then(|c| c.time_conv());
+        let mut meta = ExtMetadata::for_this_cpu(BackendKind::Hardware, conv);
+        meta.mtc_freq = mtc_freq;
+        meta.perf_type = pmu.pmu_type;
+        meta.perf_config = config;
+        event.enable()?;
+        Ok(HardwareSnapshot {
+            event,
+            since: 0,
+            meta,
+        })
+    }
+
+    pub fn metadata(&self) -> ExtMetadata {
+        self.meta
+    }
+
+    /// Takes a snapshot into `pt`: disable, copy, enable again (tracing goes on).
+    pub fn snapshot(&mut self, pt: &mut [u8]) -> Result<SnapshotCapture> {
+        self.event.disable()?;
+        let (Some(ctl), Some(aux), Some(data)) = (
+            self.event.control(),
+            self.event.aux_ring(),
+            self.event.data_ring(),
+        ) else {
+            return Err(crate::error::Error::new(
+                crate::error::Status::FailedToReadPtData,
+                "the perf rings of this handle are not mapped",
+            ));
+        };
+        let (cap, head) = collect_snapshot(&ctl, &aux, &data, self.since, pt);
+        self.since = head;
+        self.event.enable()?;
+        Ok(cap)
+    }
+}
+
+/// The AUX shift (2^n pages) whose area holds at least `size` bytes.
+pub fn aux_shift_for(size: u64) -> u32 {
+    let page = crate::capture::page_size() as u64;
+    let pages = size.div_ceil(page).max(1).next_power_of_two();
+    pages.trailing_zeros()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::perf::ring::sim::SimMapping;
-    use crate::sideband::record::{encode_aux, encode_lost, SampleId};
+    use crate::sideband::record::{encode_aux, encode_lost, SampleId, PERF_AUX_FLAG_OVERWRITE};
 
     fn fake_pmu(caps: &[(&str, u64)]) -> IntelPtPmu {
         let mut p = IntelPtPmu {
@@ -376,6 +497,70 @@ mod tests {
         let cap = collect_window(&sim.ctl(), &sim.aux(), &sim.data(), &[], &mut small, None);
         assert_eq!((cap.pt_size, cap.pt_truncated_by_output), (64, true));
         assert_eq!(cap.status(), crate::Status::FailedToReadPtData);
+    }
+
+    /// Snapshot collection on a simulated overwrite-mode area: the newest bytes, then only
+    /// what came after; AUX OVERWRITE is normal, TRUNCATED/COLLISION are loss.
+    #[test]
+    fn snapshot_collection_in_overwrite_mode() {
+        let mut sim = SimMapping::new(256, 128);
+        let stream: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        sim.produce_aux(0, &stream[..128]);
+        sim.produce_aux(128, &stream[128..256]);
+        sim.produce_aux(256, &stream[256..]);
+        let rec = encode_aux(
+            0,
+            300,
+            PERF_AUX_FLAG_OVERWRITE,
+            &sample(),
+            SIDEBAND_SAMPLE_TYPE,
+        );
+        sim.produce_data(0, &rec);
+        let mut out = vec![0u8; 256];
+        let (cap, head) = collect_snapshot(&sim.ctl(), &sim.aux(), &sim.data(), 0, &mut out);
+        assert_eq!(head, 300);
+        assert_eq!(
+            cap,
+            SnapshotCapture {
+                pt_size: 128,
+                wrapped: true,
+                pt_lost: false,
+                sideband_lost: false
+            }
+        );
+        assert_eq!(&out[..128], &stream[172..]);
+        assert_eq!(sim.ctl().data_tail(), rec.len() as u64);
+        // 20 more bytes and a COLLISION: only the new bytes, flagged.
+        let more = [9u8; 20];
+        sim.produce_aux(300, &more);
+        let rec2 = encode_aux(
+            300,
+            20,
+            PERF_AUX_FLAG_COLLISION,
+            &sample(),
+            SIDEBAND_SAMPLE_TYPE,
+        );
+        sim.produce_data(rec.len() as u64, &rec2);
+        let (cap, head) = collect_snapshot(&sim.ctl(), &sim.aux(), &sim.data(), head, &mut out);
+        assert_eq!(head, 320);
+        assert_eq!((cap.pt_size, cap.wrapped, cap.pt_lost), (20, false, true));
+        assert_eq!(&out[..20], &more);
+        assert_eq!(aux_shift_for(64 * 1024), 4);
+        assert_eq!(aux_shift_for(5000), 1);
+        assert_eq!(aux_shift_for(1), 0);
+    }
+
+    #[test]
+    fn snapshot_open_fails_cleanly_without_intel_pt() {
+        if IntelPtPmu::probe().is_ok() {
+            println!("SKIP: this machine has an intel_pt PMU");
+            return;
+        }
+        let e = HardwareSnapshot::open(Mode::UserOnly, 64 * 1024, 2)
+            .err()
+            .expect("must fail");
+        assert_eq!(e.status, crate::Status::FailedToOpenPerfEvent);
+        assert!(e.message.contains("no intel_pt PMU"), "{}", e.message);
     }
 
     #[test]

@@ -406,6 +406,33 @@ impl<M> FlowEncoder<M> {
         Ok(())
     }
 
+    /// Ends the current window at `ip` inside the last [`Self::block`] (from its start up to,
+    /// not including, the instruction at `ip` executed: FUP(`ip`) + TIP.PGD); the next
+    /// window enables at `ip` and goes on with that block. `ip` outside the block is taken
+    /// as its start (then this is [`Self::cut`]).
+    pub fn cut_at(
+        &mut self,
+        ip: u64,
+        meta: M,
+        tsc: &mut dyn FnMut() -> u64,
+    ) -> Result<(), EncodeError> {
+        let Some(b) = self.prev.take() else {
+            self.end_window(meta);
+            return Ok(());
+        };
+        let ip = if (b.start..b.end).contains(&ip) {
+            ip
+        } else {
+            b.start
+        };
+        self.w.async_disable(ip)?;
+        self.end_window(meta);
+        self.w.psb_plus(Some(tsc()), None)?;
+        self.w.enable(ip, None)?;
+        self.prev = Some(b);
+        Ok(())
+    }
+
     /// Closes the current window's PT with `meta` (after [`Self::far_transfer`], or at the
     /// end of the thread: then a window still enabled just stops).
     pub fn end_window(&mut self, meta: M) {

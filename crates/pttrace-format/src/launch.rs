@@ -121,6 +121,9 @@ pub struct Plugin<'a> {
     pub oracle: bool,
     /// PT bytes per window before a cut (the plugin's default when `None`).
     pub cut: Option<usize>,
+    /// Further `key=value` arguments, in order (snapshot mode: `snapshot=`, `trigger=`,
+    /// `request=`; see [`crate::snapshot`]).
+    pub extra: Vec<(String, Vec<u8>)>,
 }
 
 fn escaped(v: &[u8]) -> Vec<u8> {
@@ -156,6 +159,12 @@ impl Plugin<'_> {
         }
         if let Some(c) = self.cut {
             o.extend_from_slice(format!(",cut={c}").as_bytes());
+        }
+        for (k, v) in &self.extra {
+            o.push(b',');
+            o.extend_from_slice(k.as_bytes());
+            o.push(b'=');
+            o.extend(escaped(v));
         }
         o
     }
@@ -228,10 +237,11 @@ mod tests {
             qemu: b"/usr/bin/qemu-x86_64",
             oracle: true,
             cut: Some(42),
+            extra: vec![("trigger".into(), b"addr:0x10::a,b".to_vec())],
         };
         assert_eq!(
             p.option(),
-            b"file=/lib/p,,q.so,out=/tmp/out,qemu=/usr/bin/qemu-x86_64,self=/lib/p,,q.so,oracle=on,cut=42"
+            b"file=/lib/p,,q.so,out=/tmp/out,qemu=/usr/bin/qemu-x86_64,self=/lib/p,,q.so,oracle=on,cut=42,trigger=addr:0x10::a,,b"
         );
         let (argv, env) = p.command(
             [b"PATH=/bin".to_vec(), b"LD_PRELOAD=/x.so".to_vec()],

@@ -7,6 +7,7 @@
 //! - [`perf_record`]: perf sideband records (parse/encode), [`maps`]: `/proc/<pid>/maps`;
 //! - [`metadata`]: `pt_metadata_t` and the extended metadata, CPU identity, time conversion;
 //! - [`pdb`]: DynamoRIO's `kernel.raw` PT Data Buffers; [`auxtrace`]: perf's AUXTRACE;
+//! - [`snapshot`]: snapshot (flight-recorder) mode: sizes, triggers, the `Snapshot` record;
 //! - [`summary`]: whole-file summaries for `pttrace report`;
 //! - [`sysnames`]: x86-64 syscall names;
 //! - [`launch`]: the QEMU command line shared by `pttrace run` and the QEMU plugin.
@@ -19,6 +20,7 @@ pub mod metadata;
 pub mod pdb;
 pub mod perf_record;
 pub mod ptt;
+pub mod snapshot;
 pub mod spool;
 pub mod summary;
 pub mod sysnames;

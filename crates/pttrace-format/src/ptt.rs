@@ -86,6 +86,9 @@ pub enum FileKind {
 /// - `Recovered` (26): what was taken from the thread's spool after the process died
 ///   without writing it (SIGKILL): see [`crate::spool`] for the payload. The recovered
 ///   windows come before it as ordinary `Window` frames flagged [`WF_RECOVERED`].
+/// - `Snapshot` (27): snapshot mode (`pttrace run --snapshot`): the windows after it, up to
+///   the next `Snapshot` or `End`, are one snapshot of the thread's ring, written when a
+///   trigger fired; payload in [`crate::snapshot::SnapshotRecord`].
 ///
 /// Backend byte (`ThreadHeader`, `Process`, `Metadata`): 0 hardware, 1 emulated
 /// (single-step), 2 qemu ([`BACKEND_QEMU`]: the QEMU TCG plugin; its windows' sideband
@@ -108,6 +111,7 @@ pub enum RecordType {
     ProcessEnd = 24,
     Note = 25,
     Recovered = 26,
+    Snapshot = 27,
 }
 
 impl RecordType {
@@ -129,6 +133,7 @@ impl RecordType {
             24 => ProcessEnd,
             25 => Note,
             26 => Recovered,
+            27 => Snapshot,
             _ => return None,
         })
     }

@@ -8,6 +8,7 @@ use crate::ptt::{
     WF_CAPTURE_ERROR, WF_FORK_CHILD, WF_NO_SYSCALL, WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST,
     WF_VFORK_CHILD,
 };
+use crate::snapshot::SnapshotRecord;
 use crate::spool::{self, Recovered};
 use std::path::Path;
 
@@ -37,8 +38,11 @@ pub struct ThreadSummary {
     pub spool_pending: bool,
     /// Windows whose index does not follow the previous one (windows missing in between).
     pub index_gaps: u64,
-    /// The index the next window should have.
+    /// The index the next window should have (`u64::MAX` after a `Snapshot` record: the
+    /// windows discarded from the ring before it are no gap).
     pub next_index: u64,
+    /// `Snapshot` records (snapshot mode), in order.
+    pub snapshots: Vec<SnapshotRecord>,
 }
 
 /// Reads and summarizes a thread file, frame by frame (memory bounded by the largest
@@ -63,6 +67,7 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         spool_pending: false,
         index_gaps: 0,
         next_index: 0,
+        snapshots: Vec::new(),
     };
     if spool::path_for(path).exists() {
         let (data, rec) = spool::read_thread_file(path)?;
@@ -127,7 +132,7 @@ fn summarize_thread_frame(
         Some(RecordType::Window) => {
             let w = decode_window(f.payload).ok_or_else(|| bad(f, "malformed Window"))?;
             s.windows += 1;
-            if w.window.index != s.next_index {
+            if w.window.index != s.next_index && s.next_index != u64::MAX {
                 s.index_gaps += 1;
             }
             s.next_index = w.window.index.wrapping_add(1);
@@ -157,6 +162,11 @@ fn summarize_thread_frame(
         }
         Some(RecordType::End) => {
             s.end = Some(decode_end(f.payload).ok_or_else(|| bad(f, "short End"))?)
+        }
+        Some(RecordType::Snapshot) => {
+            s.snapshots
+                .push(SnapshotRecord::decode(f.payload).ok_or_else(|| bad(f, "short Snapshot"))?);
+            s.next_index = u64::MAX;
         }
         _ => {}
     }

@@ -11,9 +11,11 @@
 //! without the worker.
 
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Arc;
 
 use pttrace_format::ptt::EndReason;
 
+use crate::snapshot::Firing;
 use crate::thread::Thread;
 use crate::{rdtsc, say};
 
@@ -27,7 +29,7 @@ pub const CHUNKS: usize = 4;
 /// Room a multi-word entry needs (a chunk never splits one).
 const LONGEST_ENTRY: usize = 9;
 
-fn block_all_signals() -> libc::sigset_t {
+pub fn block_all_signals() -> libc::sigset_t {
     // SAFETY: sigfillset/pthread_sigmask write into the sets we pass.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -38,7 +40,7 @@ fn block_all_signals() -> libc::sigset_t {
     }
 }
 
-fn restore_signals(old: &libc::sigset_t) {
+pub fn restore_signals(old: &libc::sigset_t) {
     // SAFETY: `old` is the mask pthread_sigmask returned.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
@@ -50,6 +52,8 @@ pub enum Msg {
     Sync(SyncSender<()>),
     /// End the thread's files, then answer and stop.
     Finish(EndReason, SyncSender<()>),
+    /// Snapshot mode: a trigger fired (in another thread, or a request): write the ring.
+    Snapshot(Arc<Firing>),
 }
 
 /// A vCPU's end of its worker.
@@ -61,6 +65,8 @@ pub struct Feeder {
     pub pid: i32,
     /// The last syscall entered (number, arguments, TSC): a fork child's first window.
     pub last_syscall: Option<(u64, [u64; 6], u64)>,
+    /// `Thread::uid` of the worker (its entry in `Global::workers`).
+    uid: u64,
     finished: bool,
     dead: bool,
 }
@@ -73,7 +79,7 @@ impl Feeder {
         for _ in 1..CHUNKS {
             let _ = free_tx.send(Vec::with_capacity(CHUNK));
         }
-        let (tid, pid) = (t.tid, t.pid);
+        let (tid, pid, uid) = (t.tid, t.pid, t.uid);
         // The worker must never take a signal: QEMU's host handlers expect a vCPU thread (a
         // process-directed SIGALRM delivered to the worker would crash QEMU). A new thread
         // starts with its creator's mask: block everything around the spawn.
@@ -91,6 +97,13 @@ impl Feeder {
                 true
             }
         };
+        if !dead {
+            if let Some(g) = crate::global().filter(|g| g.cfg.snapshot.is_some()) {
+                if let Ok(mut w) = g.workers.lock() {
+                    w.push((uid, tx.clone()));
+                }
+            }
+        }
         let mut f = Feeder {
             buf: Vec::with_capacity(CHUNK),
             tx,
@@ -98,6 +111,7 @@ impl Feeder {
             tid,
             pid,
             last_syscall: None,
+            uid,
             finished: false,
             dead,
         };
@@ -175,6 +189,11 @@ impl Feeder {
             return;
         }
         self.finished = true;
+        if let Some(g) = crate::global().filter(|g| g.cfg.snapshot.is_some()) {
+            if let Ok(mut w) = g.workers.lock() {
+                w.retain(|(u, _)| *u != self.uid);
+            }
+        }
         self.request(|ack| Msg::Finish(reason, ack));
     }
 

@@ -22,7 +22,9 @@
 //! guest addresses being host addresses in user mode); images that cannot be followed are
 //! named in a `Note` of the info file. Plugin arguments: `out=DIR` (required), `qemu=PATH`
 //! and `self=PATH` (for following exec), `oracle=on` (also write each thread's executed
-//! block sequence to `<...>.oracle`, for tests), `cut=BYTES` (PT per window before a cut).
+//! block sequence to `<...>.oracle`, for tests), `cut=BYTES` (PT per window before a cut),
+//! and for snapshot mode `snapshot=BYTES`, `trigger=SPEC` (repeated) and `request=PATH`
+//! (see [`snapshot`] and [`pttrace_format::snapshot`]).
 //!
 //! Threading: QEMU calls the execution and syscall callbacks of a vCPU on that vCPU's
 //! thread only; each vCPU logs into its own [`feeder::Feeder`] and a worker thread per
@@ -33,6 +35,7 @@ mod api;
 mod exec;
 mod feeder;
 mod files;
+mod snapshot;
 mod thread;
 
 use std::collections::BTreeMap;
@@ -40,6 +43,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Mutex, OnceLock};
 
 use pttrace_encoder::{classify_bytes, Block, BlockEnd};
@@ -47,8 +51,9 @@ use pttrace_format::maps::MapsEntry;
 use pttrace_format::metadata::{BackendKind, ExtMetadata, PtMetadata, METADATA_RECORD_SIZE};
 use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
+use pttrace_format::snapshot::Trigger;
 
-use feeder::Feeder;
+use feeder::{Feeder, Msg};
 use files::TraceFile;
 use thread::Thread;
 
@@ -72,6 +77,36 @@ struct Config {
     cut: usize,
     qemu: Option<String>,
     this: Option<String>,
+    /// Snapshot mode: PT bytes kept per thread (see [`snapshot`]).
+    snapshot: Option<u64>,
+    triggers: Vec<Trigger>,
+    /// The request file `pttrace run` appends to for signal triggers.
+    request: Option<PathBuf>,
+}
+
+impl Config {
+    fn has_trigger(&self, f: impl Fn(&Trigger) -> bool) -> bool {
+        self.snapshot.is_some() && self.triggers.iter().any(f)
+    }
+
+    /// The snapshot arguments an exec'd image gets: all but `addr:` triggers (they name
+    /// addresses of this image's executable).
+    fn snapshot_args(&self) -> Vec<(String, Vec<u8>)> {
+        let mut v = Vec::new();
+        if let Some(s) = self.snapshot {
+            v.push(("snapshot".to_string(), s.to_string().into_bytes()));
+            for t in &self.triggers {
+                if !matches!(t, Trigger::Addr { .. }) {
+                    v.push(("trigger".to_string(), t.to_arg().into_bytes()));
+                }
+            }
+            if let Some(r) = &self.request {
+                use std::os::unix::ffi::OsStrExt;
+                v.push(("request".to_string(), r.as_os_str().as_bytes().to_vec()));
+            }
+        }
+        v
+    }
 }
 
 /// One translated block.
@@ -85,6 +120,8 @@ struct BlockInfo {
     replaces: bool,
     /// `uid` of the last thread that put this block's code in its file.
     owner: AtomicU64,
+    /// An `addr:` snapshot trigger inside the block: (its address, trigger index).
+    trigger: Option<(u64, u32)>,
 }
 
 struct Global {
@@ -109,6 +146,14 @@ struct Global {
     /// Guest addresses are host addresses (checked on the first translated block).
     identity_mapped: AtomicBool,
     checked_mapping: AtomicBool,
+    /// Snapshot mode: the last snapshot number given, the process-wide exit snapshot's
+    /// number (0: none yet), every worker's channel (by `Thread::uid`), the `addr:`
+    /// triggers' run-time addresses, and how much of the request file was taken.
+    snapshot_no: AtomicU64,
+    exit_no: AtomicU64,
+    workers: Mutex<Vec<(u64, Sender<Msg>)>>,
+    trigger_addrs: OnceLock<Vec<(u64, u32)>>,
+    request_seen: AtomicU64,
 }
 
 static GLOBAL: OnceLock<Global> = OnceLock::new();
@@ -253,10 +298,18 @@ impl Global {
                 pt_absent_reason: String::new(),
             };
             f.frame(RecordType::Process, &ptt::process_payload(&rec))?;
-            let cfg = format!(
+            let mut cfg = format!(
                 "PTTRACER_BACKEND=qemu\nPTTRACER_MODE=user\nPTTRACER_WINDOW=thread\nPTTRACER_OUT={}\n",
                 self.cfg.out.display()
             );
+            if let Some(size) = self.cfg.snapshot {
+                let t: Vec<String> = self.cfg.triggers.iter().map(Trigger::describe).collect();
+                cfg.push_str(&format!(
+                    "PTTRACER_SNAPSHOT={size}\nPTTRACER_TRIGGERS={}\nPTTRACER_CUT={}\n",
+                    t.join(","),
+                    self.cfg.cut
+                ));
+            }
             f.frame(RecordType::Config, cfg.as_bytes())?;
             f.frame(RecordType::Metadata, &metadata_record())?;
             f.frame(RecordType::Clock, &clock_record())?;
@@ -421,6 +474,9 @@ fn translate(tb: *mut api::Tb) {
         let mut here = vec![0u8; insns[0].1.len()];
         let same = exec::read_memory(start, &mut here) == here.len() && here == insns[0].1;
         g.identity_mapped.store(same, Ordering::Relaxed);
+        if g.cfg.has_trigger(|t| matches!(t, Trigger::Addr { .. })) {
+            let _ = g.trigger_addrs.set(snapshot::resolve_addresses(g));
+        }
     }
     let mut code = Vec::with_capacity(n * 4);
     let mut lens = Vec::with_capacity(insns.len());
@@ -429,6 +485,10 @@ fn translate(tb: *mut api::Tb) {
         lens.push(bytes.len() as u8);
     }
     let end = start + code.len() as u64;
+    let trigger = g
+        .trigger_addrs
+        .get()
+        .and_then(|v| v.iter().find(|(a, _)| (start..end).contains(a)).copied());
     let id = g.next_id.fetch_add(1, Ordering::Relaxed);
     let mut replaces = false;
     let info = {
@@ -459,6 +519,7 @@ fn translate(tb: *mut api::Tb) {
             lens: lens.into_boxed_slice(),
             replaces,
             owner: AtomicU64::new(0),
+            trigger,
         }));
         map.insert(start, info);
         info
@@ -538,11 +599,18 @@ extern "C" fn on_syscall_ret(_id: api::PluginId, vcpu: c_uint, num: i64, ret: i6
 /// In the child of a fork: a new process image with new files. The parent's workers do
 /// not exist here, so every copied log is abandoned (leaked: its channels may be in any
 /// state); this thread starts afresh, its first window being the child's side of the fork.
-fn become_fork_child(g: &Global, vcpu: c_uint) {
+fn become_fork_child(g: &'static Global, vcpu: c_uint) {
     let parent = g.pid.load(Ordering::Relaxed);
     if let Ok(mut info) = g.info.lock() {
         *info = None; // our copy of the parent's descriptor
     }
+    if let Ok(mut w) = g.workers.lock() {
+        // The parent's workers do not exist here: forget their channels (never dropped,
+        // like the logs below).
+        std::mem::forget(std::mem::take(&mut *w));
+    }
+    g.snapshot_no.store(0, Ordering::Relaxed);
+    g.exit_no.store(0, Ordering::Relaxed);
     let mut fork_syscall = None;
     for (i, slot) in g.threads.iter().enumerate() {
         let p = slot.swap(std::ptr::null_mut(), Ordering::Relaxed);
@@ -557,6 +625,7 @@ fn become_fork_child(g: &Global, vcpu: c_uint) {
         }
     }
     g.open_info(parent);
+    snapshot::start_watcher(g);
     let Some(slot) = g.slot(vcpu) else { return };
     let mut t = Thread::new(g);
     if let Some((nr, args, tsc)) = fork_syscall {
@@ -608,7 +677,11 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
         cut: DEFAULT_CUT,
         qemu: None,
         this: None,
+        snapshot: None,
+        triggers: Vec::new(),
+        request: None,
     };
+    let mut cut_given = false;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU passes argc valid NUL-terminated strings.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -619,19 +692,41 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             "cut" => {
                 cfg.cut = v
                     .parse()
-                    .map_err(|_| format!("cut={v}: not a number of bytes"))?
+                    .map_err(|_| format!("cut={v}: not a number of bytes"))?;
+                cut_given = true;
             }
+            "snapshot" => {
+                cfg.snapshot = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &u64| n > 0)
+                        .ok_or_else(|| format!("snapshot={v}: not a number of bytes"))?,
+                )
+            }
+            "trigger" => cfg.triggers.push(
+                Trigger::from_arg(v)
+                    .ok_or_else(|| format!("trigger={v}: not a trigger pttrace run writes"))?,
+            ),
+            "request" => cfg.request = Some(PathBuf::from(v)),
             "qemu" => cfg.qemu = Some(v.to_string()),
             "self" => cfg.this = Some(v.to_string()),
             _ => {
                 return Err(format!(
-                    "unknown argument {arg:?} (out=, oracle=, cut=, qemu=, self=)"
+                    "unknown argument {arg:?} (out=, oracle=, cut=, qemu=, self=, \
+                     snapshot=, trigger=, request=)"
                 ))
             }
         }
     }
     if cfg.out.as_os_str().is_empty() {
         return Err("missing out=DIR (the trace directory)".into());
+    }
+    if let Some(size) = cfg.snapshot {
+        // Windows of about an eighth of the ring: it holds 7/8 to all of `size`.
+        let small = usize::try_from(size / 8).unwrap_or(usize::MAX).max(1024);
+        if !cut_given || cfg.cut > small {
+            cfg.cut = small;
+        }
     }
     Ok(cfg)
 }
@@ -688,6 +783,11 @@ pub unsafe extern "C" fn qemu_plugin_install(
             handlers_gen: AtomicU64::new(0),
             identity_mapped: AtomicBool::new(false),
             checked_mapping: AtomicBool::new(false),
+            snapshot_no: AtomicU64::new(0),
+            exit_no: AtomicU64::new(0),
+            workers: Mutex::new(Vec::new()),
+            trigger_addrs: OnceLock::new(),
+            request_seen: AtomicU64::new(0),
         };
         if GLOBAL.set(g).is_err() {
             return -1;
@@ -695,6 +795,9 @@ pub unsafe extern "C" fn qemu_plugin_install(
         let Some(g) = global() else { return -1 };
         // SAFETY: getppid cannot fail.
         g.open_info(unsafe { libc::getppid() });
+        g.request_seen
+            .store(snapshot::request_file_len(g), Ordering::Relaxed);
+        snapshot::start_watcher(g);
         // SAFETY: registering callbacks with the id QEMU gave us.
         unsafe {
             api::qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);

@@ -6,25 +6,28 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
 
 use pttrace_encoder::{FlowEncoder, PSB_PERIOD};
 use pttrace_format::code::{push_code_record, SampleId};
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
+use pttrace_format::snapshot::{SnapshotRecord, Trigger, TriggerKind};
 
 use crate::feeder::{Msg, TAG_RET, TAG_SYSCALL, TAG_TSC};
 use crate::files::TraceFile;
+use crate::snapshot::{Firing, Ring};
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
 pub struct WinMeta {
     w: Window,
-    sideband: Vec<u8>,
+    pub sideband: Vec<u8>,
 }
 
 /// One guest thread's encoder and files; owned by its worker thread.
 pub struct Thread {
     /// Unique per thread state of this process image (never 0).
-    uid: u64,
+    pub uid: u64,
     pub tid: i32,
     pub pid: i32,
     file: Option<TraceFile>,
@@ -46,6 +49,10 @@ pub struct Thread {
     last_tsc: u64,
     /// `Global::handlers_gen` last copied into the encoder.
     handlers_gen: u64,
+    /// Snapshot mode: the last windows, written when a trigger fires.
+    ring: Option<Ring>,
+    /// A `syscall:` trigger (its index) fires once the window ending at it is final.
+    syscall_trigger: Option<u32>,
 }
 
 impl Thread {
@@ -104,6 +111,8 @@ impl Thread {
             oracle,
             written: 0,
             failed,
+            ring: g.cfg.snapshot.map(Ring::new),
+            syscall_trigger: None,
         }
     }
 
@@ -138,6 +147,7 @@ impl Thread {
             }
             self.enc.end_window(meta);
             self.drain();
+            self.fire_syscall_trigger();
         }
     }
 
@@ -229,12 +239,130 @@ impl Thread {
         }
     }
 
-    /// Writes every window whose PT is final.
+    /// Writes every window whose PT is final (into the ring in snapshot mode).
     fn drain(&mut self) {
         while let Some((meta, pt)) = self.enc.ready() {
+            self.emit(meta, pt);
+        }
+    }
+
+    /// A final window: written, or kept in the ring.
+    fn emit(&mut self, meta: WinMeta, pt: Vec<u8>) {
+        match self.ring.as_mut() {
+            Some(r) => {
+                let enc = &mut self.enc;
+                r.push(meta, pt, |b| enc.recycle(b));
+            }
+            None => {
+                self.write_window(&meta, &pt);
+                self.enc.recycle(pt);
+            }
+        }
+    }
+
+    /// Snapshot mode: writes the ring as snapshot `f` (a `Snapshot` record, then its
+    /// windows, the first carrying the code of the windows dropped before it) and empties
+    /// it; tracing goes on.
+    fn write_snapshot(&mut self, f: &Firing) {
+        let Some(mut ring) = self.ring.take() else {
+            return;
+        };
+        let rec = SnapshotRecord {
+            number: f.number,
+            kind: f.kind as u32,
+            fired_tid: f.tid,
+            tsc: self.last_tsc,
+            windows: ring.windows.len() as u64,
+            pt_bytes: ring.pt_bytes,
+            discarded_windows: ring.discarded_windows,
+            discarded_pt_bytes: ring.discarded_pt,
+            ring_size: ring.size,
+            trigger: f.text.clone(),
+        };
+        if let (Some(file), false) = (self.file.as_mut(), self.failed) {
+            if let Err(e) = file.frame(RecordType::Snapshot, &rec.payload()) {
+                self.failed = true;
+                say(&format!(
+                    "writing {} failed at snapshot {}: {e}",
+                    self.path.display(),
+                    f.number
+                ));
+            }
+        }
+        let mut first = true;
+        while let Some((mut meta, pt)) = ring.windows.pop_front() {
+            if first && !ring.dropped_sideband.is_empty() {
+                let mut sb = std::mem::take(&mut ring.dropped_sideband);
+                sb.extend_from_slice(&meta.sideband);
+                meta.sideband = sb;
+            }
+            first = false;
             self.write_window(&meta, &pt);
             self.enc.recycle(pt);
         }
+        ring.pt_bytes = 0;
+        ring.discarded_windows = 0;
+        ring.discarded_pt = 0;
+        self.ring = Some(ring);
+    }
+
+    /// A trigger fired in this thread: a new snapshot number, a note, this thread's ring
+    /// written and every other thread told.
+    fn fire(&mut self, kind: TriggerKind, text: String) {
+        let Some(g) = crate::global() else { return };
+        let number = g.next_snapshot();
+        g.note(&format!(
+            "snapshot {number}: trigger {text} fired in thread {}",
+            self.tid
+        ));
+        let f = Arc::new(Firing {
+            number,
+            kind,
+            tid: self.tid,
+            text,
+        });
+        self.write_snapshot(&f);
+        g.broadcast(&f, self.uid);
+    }
+
+    /// Another thread's trigger or a request: the window in flight is cut so that the
+    /// snapshot holds this thread's latest code too, then the ring is written.
+    fn take_request(&mut self, f: &Firing) {
+        if self.ring.is_none() {
+            return;
+        }
+        if self.in_syscall.is_none() && self.enc.in_window() {
+            let last = self.last_tsc;
+            self.cut(&mut move || last);
+        }
+        self.write_snapshot(f);
+    }
+
+    /// The `addr:` trigger `idx` at `addr` in the block just encoded: the window ends at
+    /// `addr` (the instruction there not executed yet) and the snapshot is taken.
+    #[cold]
+    #[inline(never)]
+    fn fire_addr(&mut self, addr: u64, idx: u32, tsc: &mut dyn FnMut() -> u64) {
+        if self.ring.is_none() {
+            return;
+        }
+        let meta = self.no_syscall_meta();
+        let _ = self.enc.cut_at(addr, meta, tsc);
+        self.drain();
+        let what = crate::global()
+            .and_then(|g| g.cfg.triggers.get(idx as usize))
+            .map_or_else(|| "addr".to_string(), Trigger::describe);
+        self.fire(TriggerKind::Addr, format!("{what} ({addr:#x})"));
+    }
+
+    fn fire_syscall_trigger(&mut self) {
+        let Some(idx) = self.syscall_trigger.take() else {
+            return;
+        };
+        let what = crate::global()
+            .and_then(|g| g.cfg.triggers.get(idx as usize))
+            .map_or_else(|| "syscall".to_string(), Trigger::describe);
+        self.fire(TriggerKind::Syscall, what);
     }
 
     /// Appends one `Window` frame, written in place from the PT and sideband buffers.
@@ -281,6 +409,30 @@ impl Thread {
         }
         self.enc.finish();
         self.drain();
+        self.fire_syscall_trigger();
+        if let Some(g) = crate::global() {
+            if g.cfg.has_trigger(|t| *t == Trigger::Exit) {
+                let (number, text) = if reason == EndReason::ThreadExit {
+                    let n = g.next_snapshot();
+                    g.note(&format!(
+                        "snapshot {n}: trigger exit fired (thread {} ended)",
+                        self.tid
+                    ));
+                    (n, "exit (thread exit)".to_string())
+                } else {
+                    (
+                        g.exit_snapshot(self.tid),
+                        format!("exit ({})", reason.name()),
+                    )
+                };
+                self.write_snapshot(&Firing {
+                    number,
+                    kind: TriggerKind::Exit,
+                    tid: self.tid,
+                    text,
+                });
+            }
+        }
         if let Some(f) = self.file.as_mut() {
             if !self.failed {
                 let payload = ptt::end_payload(reason, self.written, 0);
@@ -355,6 +507,9 @@ impl Thread {
         if self.oracle.is_some() {
             self.record_oracle(b, first);
         }
+        if let Some((addr, idx)) = b.trigger {
+            self.fire_addr(addr, idx, &mut tsc);
+        }
         if self.enc.window_len() > self.cut {
             self.cut(&mut tsc);
         }
@@ -383,6 +538,16 @@ impl Thread {
         };
         self.index += 1;
         self.in_syscall = Some(meta);
+        if self.ring.is_some() {
+            if let Some(g) = crate::global() {
+                self.syscall_trigger = g
+                    .cfg
+                    .triggers
+                    .iter()
+                    .position(|t| *t == Trigger::Syscall(nr))
+                    .map(|i| i as u32);
+            }
+        }
     }
 
     /// Syscall return: the window is complete.
@@ -399,6 +564,7 @@ impl Thread {
         self.drain();
         self.win_tsc = tsc;
         self.last_tsc = tsc;
+        self.fire_syscall_trigger();
     }
 
     /// The child's side of a fork, as the first window of the child's new file: the
@@ -418,7 +584,7 @@ impl Thread {
             sideband: Vec::new(),
         };
         self.index = 1;
-        self.write_window(&meta, &[]);
+        self.emit(meta, Vec::new());
         self.win_tsc = rdtsc();
     }
 }
@@ -436,6 +602,7 @@ pub fn run(mut t: Thread, rx: Receiver<Msg>, free: Sender<Vec<u64>>) {
             Msg::Sync(ack) => {
                 let _ = ack.send(());
             }
+            Msg::Snapshot(f) => t.take_request(&f),
             Msg::Finish(reason, ack) => {
                 t.finish(reason);
                 let _ = ack.send(());

@@ -8,6 +8,7 @@ mod progress;
 mod qemu;
 mod report;
 mod run;
+mod snapshot;
 mod text;
 mod view;
 

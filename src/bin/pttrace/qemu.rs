@@ -100,6 +100,7 @@ pub fn command(
     out: &Path,
     cmd: &[String],
     oracle: bool,
+    extra: Vec<(String, Vec<u8>)>,
 ) -> Result<Command, String> {
     let prog = cmd
         .first()
@@ -124,6 +125,7 @@ pub fn command(
         qemu: qemu.as_os_str().as_bytes(),
         oracle,
         cut: None,
+        extra,
     }
     .command(env, run);
     let mut argv = argv.into_iter().map(OsString::from_vec);

@@ -194,6 +194,13 @@ fn end_text(end: Option<(u32, u64, u64)>) -> String {
     }
 }
 
+/// `NAME=value` from a `Config` record's text.
+fn config_value<'a>(config: &'a str, name: &str) -> Option<&'a str> {
+    config
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+}
+
 /// Prints the summary; returns it for callers that add to it.
 pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String> {
     let s = summarize_dir(dir)?;
@@ -247,6 +254,12 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                     ),
                     None => println!("  ended: no ProcessEnd record (killed or still running)"),
                 }
+                if let Some(size) = config_value(&p.config, "PTTRACER_SNAPSHOT") {
+                    println!(
+                        "  snapshot mode: last {size} PT bytes per thread, triggers {}",
+                        printable(config_value(&p.config, "PTTRACER_TRIGGERS").unwrap_or("?"))
+                    );
+                }
                 for n in &p.notes {
                     println!("  note: {}", printable(n));
                 }
@@ -292,6 +305,9 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                          the file when the program ends)"
                     );
                 }
+            }
+            for snap in &t.snapshots {
+                println!("    {}", printable(&snap.describe()));
             }
             if per_syscall {
                 for (nr, n) in &t.per_syscall {

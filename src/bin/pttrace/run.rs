@@ -62,6 +62,17 @@ pub struct Args {
     /// Print windows per syscall in the summary.
     #[arg(long)]
     pub per_syscall: bool,
+    /// Snapshot (flight-recorder) mode: keep only the last SIZE of PT per thread (e.g.
+    /// 64K, 1M) and write it when a trigger fires (QEMU backend).
+    #[arg(long, value_name = "SIZE")]
+    pub snapshot: Option<String>,
+    /// When to write the snapshot (repeatable): exit (default: each thread's ring at its
+    /// end), signal:SIG (SIG sent to this pttrace run, e.g. signal:USR2), syscall:NAME
+    /// (the program enters it), addr:SYMBOL or addr:0xADDR (execution reaches that address
+    /// of the program's ELF file). Each firing writes every thread's ring as one numbered
+    /// snapshot and tracing goes on.
+    #[arg(long, value_name = "SPEC")]
+    pub trigger: Vec<String>,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     pub cmd: Vec<String>,
@@ -220,7 +231,18 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         .map_err(|e| format!("{}: {e}", plugin.display()))?;
     let out = writable_out_dir(&args.out)?;
     let prog = args.cmd.first().cloned().unwrap_or_default();
-    let mut cmd = qemu::command(&qemu, &plugin, &out, &args.cmd, args.qemu_oracle)?;
+    let snap = super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
+    let extra = match &snap {
+        Some(s) => {
+            let path = qemu::which(&prog).ok_or_else(|| format!("{prog}: command not found"))?;
+            super::snapshot::plugin_args(s, &path, &out)?
+        }
+        None => Vec::new(),
+    };
+    let mut cmd = qemu::command(&qemu, &plugin, &out, &args.cmd, args.qemu_oracle, extra)?;
+    if let Some(s) = &snap {
+        super::snapshot::forward_signals(s, &out)?;
+    }
     let status = cmd
         .status()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
@@ -243,6 +265,27 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
 pub fn run(args: Args) -> CmdResult {
     if let Some((qemu, plugin)) = qemu_backend(&args)? {
         return run_qemu(&args, qemu, plugin);
+    }
+    if args.snapshot.is_some() || !args.trigger.is_empty() {
+        // Checked first, so that a bad size or trigger is named as such.
+        super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
+        let backend = asked_backend(&args);
+        let pt = match drpttracer::perf::pmu::IntelPtPmu::probe() {
+            Ok(_) => String::new(),
+            Err(e) => format!(" (and this machine has no Intel PT: {})", e.message),
+        };
+        return Err(format!(
+            "--snapshot is supported by the qemu backend only (--backend qemu --mode user \
+             --window thread); this run would use the {} backend of the LD_PRELOAD shim, \
+             which writes every window as it ends and keeps no ring; the hardware \
+             overwrite-mode capture (perf::hardware::HardwareSnapshot) is not wired into the \
+             shim yet{pt}",
+            match backend.as_str() {
+                "auto" => "hardware or emulated".to_string(),
+                b => b.to_string(),
+            }
+        )
+        .into());
     }
     let pairs = env_pairs(&args);
     // Validate here with the shim's own parser so mistakes are reported before running.

@@ -1,0 +1,263 @@
+//! Snapshot (flight-recorder) mode in the plugin (semantics in
+//! [`pttrace_format::snapshot`]): per thread a [`Ring`] of finished windows holding about
+//! the last `snapshot=` bytes of PT, written into the thread's file when a trigger fires.
+//!
+//! - `addr:` triggers are resolved at the first translated block (the guest's executable
+//!   is mapped by then); a block containing such an address carries it
+//!   ([`crate::BlockInfo::trigger`]), and the worker cuts the window at the address and
+//!   fires ([`crate::thread::Thread`]).
+//! - `syscall:` triggers fire in the worker once the window ending at that syscall is final.
+//! - `signal:` requests come from `pttrace run` through the trace directory's request file,
+//!   polled by a watcher thread of each process image ([`start_watcher`]).
+//! - `exit` fires in each thread's worker when the thread ends.
+//!
+//! A firing gets the next number of the process image ([`crate::Global::next_snapshot`]);
+//! the worker where it fired writes its ring at once and every other worker gets a
+//! [`crate::feeder::Msg::Snapshot`].
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use pttrace_format::maps::MapsEntry;
+use pttrace_format::snapshot::{Trigger, TriggerKind, REQUEST_POLL_MS};
+
+use crate::feeder::Msg;
+use crate::thread::WinMeta;
+use crate::{say, Global};
+
+/// One firing, as every worker of the process gets it.
+#[derive(Debug, Clone)]
+pub struct Firing {
+    pub number: u64,
+    pub kind: TriggerKind,
+    /// Thread where it fired (0: a request from `pttrace run`).
+    pub tid: i32,
+    pub text: String,
+}
+
+/// A thread's last windows, oldest first.
+pub struct Ring {
+    /// Most PT bytes kept.
+    pub size: u64,
+    pub windows: VecDeque<(WinMeta, Vec<u8>)>,
+    pub pt_bytes: u64,
+    /// Windows (and their PT bytes) dropped since the last snapshot.
+    pub discarded_windows: u64,
+    pub discarded_pt: u64,
+    /// The sideband (code records) of dropped windows: the decoder needs that code too, so
+    /// it goes into the first window a snapshot writes.
+    pub dropped_sideband: Vec<u8>,
+}
+
+impl Ring {
+    pub fn new(size: u64) -> Ring {
+        Ring {
+            size,
+            windows: VecDeque::new(),
+            pt_bytes: 0,
+            discarded_windows: 0,
+            discarded_pt: 0,
+            dropped_sideband: Vec::new(),
+        }
+    }
+
+    /// Adds a finished window; drops the oldest ones while the PT held exceeds `size` (the
+    /// newest window always stays). Returns dropped PT buffers for reuse.
+    pub fn push(&mut self, meta: WinMeta, pt: Vec<u8>, mut reuse: impl FnMut(Vec<u8>)) {
+        self.pt_bytes += pt.len() as u64;
+        self.windows.push_back((meta, pt));
+        while self.pt_bytes > self.size && self.windows.len() > 1 {
+            let Some((meta, pt)) = self.windows.pop_front() else {
+                break;
+            };
+            self.pt_bytes -= pt.len() as u64;
+            self.discarded_windows += 1;
+            self.discarded_pt += pt.len() as u64;
+            self.dropped_sideband.extend_from_slice(&meta.sideband);
+            reuse(pt);
+        }
+    }
+}
+
+/// Where `addr:` triggers point in this process: (run-time address, trigger index).
+pub fn resolve_addresses(g: &Global) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    let needs_bias = g.cfg.triggers.iter().any(|t| {
+        matches!(
+            t,
+            Trigger::Addr {
+                pie_base: Some(_),
+                ..
+            }
+        )
+    });
+    let exe_start = if needs_bias { exe_first_page() } else { None };
+    for (i, t) in g.cfg.triggers.iter().enumerate() {
+        let Trigger::Addr {
+            value, pie_base, ..
+        } = t
+        else {
+            continue;
+        };
+        let at = match (pie_base, exe_start) {
+            (None, _) => Some(*value),
+            (Some(base), Some(start)) => Some(value.wrapping_sub(*base).wrapping_add(start)),
+            (Some(_), None) => None,
+        };
+        match at {
+            Some(a) => {
+                g.note(&format!(
+                    "snapshot trigger {} is address {a:#x}",
+                    t.describe()
+                ));
+                out.push((a, i as u32));
+            }
+            None => {
+                let msg = format!(
+                    "snapshot trigger {}: the executable's mapping was not found; it never fires",
+                    t.describe()
+                );
+                say(&msg);
+                g.note(&msg);
+            }
+        }
+    }
+    out
+}
+
+/// Where the guest executable's first page (file offset 0) is mapped.
+fn exe_first_page() -> Option<u64> {
+    let (_, exe) = crate::guest_cmdline();
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(MapsEntry::parse)
+        .find(|m| m.offset == 0 && Path::new(&m.path) == Path::new(&exe))
+        .map(|m| m.start)
+}
+
+impl Global {
+    /// The next snapshot number of this process image.
+    pub fn next_snapshot(&self) -> u64 {
+        self.snapshot_no.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The number of the process-wide `exit` snapshot (one for every thread ending with
+    /// the process); the first caller also notes it in the info file.
+    pub fn exit_snapshot(&self, tid: i32) -> u64 {
+        let mut n = self.exit_no.load(Ordering::Acquire);
+        if n == 0 {
+            let mine = self.next_snapshot();
+            n = match self
+                .exit_no
+                .compare_exchange(0, mine, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.note(&format!(
+                        "snapshot {mine}: trigger exit fired (process end, first in thread {tid})"
+                    ));
+                    mine
+                }
+                Err(other) => other,
+            };
+        }
+        n
+    }
+
+    /// Tells every worker but `except` (a `Thread::uid`) to write its ring as `f`.
+    pub fn broadcast(&self, f: &Arc<Firing>, except: u64) {
+        if let Ok(w) = self.workers.lock() {
+            for (uid, tx) in w.iter() {
+                if *uid != except {
+                    let _ = tx.send(Msg::Snapshot(Arc::clone(f)));
+                }
+            }
+        }
+    }
+
+    /// A firing that is not any thread's own (a request from `pttrace run`).
+    fn fire_request(&self, sig: i32) {
+        let t = Trigger::Signal(sig);
+        let number = self.next_snapshot();
+        let text = format!("{} (sent to pttrace run)", t.describe());
+        self.note(&format!("snapshot {number}: trigger {text} fired"));
+        let f = Arc::new(Firing {
+            number,
+            kind: TriggerKind::Signal,
+            tid: 0,
+            text,
+        });
+        self.broadcast(&f, 0);
+    }
+}
+
+/// Starts the thread that polls the request file (signal triggers), with every signal
+/// blocked (QEMU's host handlers expect vCPU threads). Requests already in the file when
+/// the process image started (an exec) or before its fork (inherited `request_seen`) are
+/// not taken again.
+pub fn start_watcher(g: &'static Global) {
+    let Some(path) = g.cfg.request.clone() else {
+        return;
+    };
+    let signals: Vec<i32> = g
+        .cfg
+        .triggers
+        .iter()
+        .filter_map(|t| match t {
+            Trigger::Signal(s) => Some(*s),
+            _ => None,
+        })
+        .collect();
+    if signals.is_empty() {
+        return;
+    }
+    let old = crate::feeder::block_all_signals();
+    let r = std::thread::Builder::new()
+        .name("pttrace-snap".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(REQUEST_POLL_MS));
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let seen = g.request_seen.load(Ordering::Relaxed);
+            if len <= seen {
+                continue;
+            }
+            let Ok(data) = std::fs::read(&path) else {
+                continue;
+            };
+            let Some(new) = data.get(seen as usize..) else {
+                continue;
+            };
+            // Whole lines only: a line being appended is taken at the next poll.
+            let Some(end) = new.iter().rposition(|b| *b == b'\n') else {
+                continue;
+            };
+            g.request_seen
+                .store(seen + end as u64 + 1, Ordering::Relaxed);
+            for line in new[..end].split(|b| *b == b'\n') {
+                // `signal <number>`: fire for the triggers asked for.
+                let sig = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|l| l.strip_prefix("signal "))
+                    .and_then(|n| n.trim().parse::<i32>().ok());
+                if let Some(s) = sig.filter(|s| signals.contains(s)) {
+                    g.fire_request(s);
+                }
+            }
+        });
+    crate::feeder::restore_signals(&old);
+    if let Err(e) = r {
+        say(&format!(
+            "cannot start the snapshot request watcher: {e}; signal triggers will not fire"
+        ));
+    }
+}
+
+/// Length of the request file now (requests before this are not for this image).
+pub fn request_file_len(g: &Global) -> u64 {
+    g.cfg
+        .request
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len())
+}

@@ -1,0 +1,195 @@
+//! `pttrace run --snapshot SIZE [--trigger SPEC]...` (flight-recorder mode; semantics in
+//! [`drpttracer::format::snapshot`]): checks the size and the triggers, resolves `addr:`
+//! triggers in the program's ELF file, and turns the signals of `signal:` triggers sent
+//! to `pttrace run` into requests the QEMU plugin polls.
+
+use std::io::Write;
+use std::path::Path;
+
+use drpttracer::format::launch::{self, Program};
+use drpttracer::format::snapshot::{
+    parse_size, signal_name, AddrSpec, Trigger, UserTrigger, REQUEST_FILE,
+};
+
+/// The checked snapshot options.
+pub struct Snapshot {
+    pub size: u64,
+    pub triggers: Vec<UserTrigger>,
+}
+
+/// Parses `--snapshot` and `--trigger` (`None` without `--snapshot`; triggers alone are
+/// an error). No trigger means `exit`.
+pub fn parse(size: Option<&str>, triggers: &[String]) -> Result<Option<Snapshot>, String> {
+    let Some(size) = size else {
+        if let Some(t) = triggers.first() {
+            return Err(format!(
+                "--trigger {t:?} needs --snapshot SIZE (triggers write the flight recorder's ring)"
+            ));
+        }
+        return Ok(None);
+    };
+    let size = parse_size(size)?;
+    let mut parsed = triggers
+        .iter()
+        .map(|t| UserTrigger::parse(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    if parsed.is_empty() {
+        parsed.push(UserTrigger::Exit);
+    }
+    Ok(Some(Snapshot {
+        size,
+        triggers: parsed,
+    }))
+}
+
+/// `addr:` resolved in `prog`'s ELF file: (value, PIE base).
+fn resolve_addr(prog: &Path, spec: &AddrSpec) -> Result<(u64, Option<u64>), String> {
+    use object::{Object, ObjectKind, ObjectSegment, ObjectSymbol};
+    let shown = match spec {
+        AddrSpec::Symbol(s) => format!("addr:{s}"),
+        AddrSpec::Value(v) => format!("addr:{v:#x}"),
+    };
+    match launch::inspect(prog) {
+        Ok(Program::X86_64) => {}
+        Ok(_) => {
+            return Err(format!(
+                "--trigger {shown}: {} is not an x86-64 ELF executable (addr: triggers name \
+                 addresses of the program's own ELF file)",
+                prog.display()
+            ))
+        }
+        Err(e) => return Err(format!("--trigger {shown}: {}: {e}", prog.display())),
+    }
+    let data =
+        std::fs::read(prog).map_err(|e| format!("--trigger {shown}: {}: {e}", prog.display()))?;
+    let obj = object::File::parse(&*data)
+        .map_err(|e| format!("--trigger {shown}: {}: {e}", prog.display()))?;
+    let loads: Vec<(u64, u64)> = obj
+        .segments()
+        .map(|s| (s.address(), s.address() + s.size()))
+        .filter(|(a, b)| b > a)
+        .collect();
+    let pie_base = (obj.kind() == ObjectKind::Dynamic)
+        .then(|| loads.iter().map(|(a, _)| *a).min().unwrap_or(0) & !0xfff);
+    let value = match spec {
+        AddrSpec::Value(v) => *v,
+        AddrSpec::Symbol(name) => obj
+            .symbols()
+            .chain(obj.dynamic_symbols())
+            .find(|s| s.is_definition() && s.name() == Ok(name.as_str()))
+            .map(|s| s.address())
+            .ok_or_else(|| {
+                format!(
+                    "--trigger {shown}: no symbol {name:?} defined in {} (.symtab/.dynsym; a \
+                     stripped program has no .symtab: give addr:0xADDR)",
+                    prog.display()
+                )
+            })?,
+    };
+    if !loads.iter().any(|(a, b)| (*a..*b).contains(&value)) {
+        return Err(format!(
+            "--trigger {shown}: {value:#x} is not inside a loaded segment of {}",
+            prog.display()
+        ));
+    }
+    Ok((value, pie_base))
+}
+
+/// The plugin's arguments (`snapshot=`, `trigger=`..., `request=`) for running `prog`.
+pub fn plugin_args(
+    s: &Snapshot,
+    prog: &Path,
+    out: &Path,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut v = vec![("snapshot".to_string(), s.size.to_string().into_bytes())];
+    for t in &s.triggers {
+        let t = match t {
+            UserTrigger::Exit => Trigger::Exit,
+            UserTrigger::Signal(n) => Trigger::Signal(*n),
+            UserTrigger::Syscall(nr) => Trigger::Syscall(*nr),
+            UserTrigger::Addr(spec) => {
+                let (value, pie_base) = resolve_addr(prog, spec)?;
+                Trigger::Addr {
+                    value,
+                    pie_base,
+                    label: match spec {
+                        AddrSpec::Symbol(s) => s.clone(),
+                        AddrSpec::Value(v) => format!("{v:#x}"),
+                    },
+                }
+            }
+        };
+        v.push(("trigger".to_string(), t.to_arg().into_bytes()));
+    }
+    if !signals(s).is_empty() {
+        v.push((
+            "request".to_string(),
+            out.join(REQUEST_FILE).as_os_str().as_bytes().to_vec(),
+        ));
+    }
+    Ok(v)
+}
+
+fn signals(s: &Snapshot) -> Vec<i32> {
+    s.triggers
+        .iter()
+        .filter_map(|t| match t {
+            UserTrigger::Signal(n) => Some(*n),
+            _ => None,
+        })
+        .collect()
+}
+
+/// For `signal:` triggers: blocks those signals here (the child gets an empty mask from
+/// std's spawn) and starts a thread that takes them with `sigwait` and appends a request
+/// line for the plugin to the trace directory's request file. Call before starting the
+/// program (and before any other thread exists, so that none takes the signal instead).
+pub fn forward_signals(s: &Snapshot, out: &Path) -> Result<(), String> {
+    let sigs = signals(s);
+    if sigs.is_empty() {
+        return Ok(());
+    }
+    let path = out.join(REQUEST_FILE);
+    std::fs::write(&path, b"").map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    // SAFETY: the set is initialized by sigemptyset before use; pthread_sigmask only
+    // changes this thread's mask (inherited by the thread spawned below).
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &n in &sigs {
+            libc::sigaddset(&mut set, n);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let names: Vec<String> = sigs.iter().map(|&n| signal_name(n)).collect();
+    eprintln!(
+        "pttrace run: snapshot mode: send {} to pid {} (this pttrace run) to take a snapshot",
+        names.join(" or "),
+        std::process::id()
+    );
+    std::thread::Builder::new()
+        .name("pttrace-signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid signal set and `sig` a valid out-pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                return;
+            }
+            let r = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(format!("signal {sig}\n").as_bytes()));
+            match r {
+                Ok(()) => eprintln!("pttrace run: {}: snapshot requested", signal_name(sig)),
+                Err(e) => eprintln!(
+                    "pttrace run: {}: cannot request a snapshot in {}: {e}",
+                    signal_name(sig),
+                    path.display()
+                ),
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    Ok(())
+}
