@@ -29,6 +29,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
         (0u64, 0u64, 0u64, 0u64);
     let mut problems = 0u64;
+    // Windows per decoder that gave their records (and why libipt took over).
+    let mut decoders: std::collections::BTreeMap<String, u64> = Default::default();
     let mut damages = crate::damage::Damages::default();
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let result = (|| -> CmdResult {
@@ -113,6 +115,13 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                         OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
                     }
                 }
+                let (by, why) = dec.decoded_by();
+                *decoders
+                    .entry(match why {
+                        Some(why) => format!("{by} ({why})"),
+                        None => by.to_string(),
+                    })
+                    .or_insert(0u64) += 1;
                 if args.format == OutFormat::Summary {
                     writeln!(
                         printer.out,
@@ -163,6 +172,10 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions, {total_gaps} gaps, {problems} damaged files",
                 trace.threads.len()
             )?;
+            let by: Vec<String> = decoders.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+            if !by.is_empty() {
+                writeln!(printer.out, "decoded by: {}", by.join(", "))?;
+            }
         }
         if let Some(b) = &bar {
             b.finish_and_clear();
