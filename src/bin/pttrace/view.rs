@@ -1,8 +1,10 @@
 //! `pttrace view`: pictures of a `pttrace run` trace, from the call stacks that
 //! `drpttracer::decode::callstack` reconstructs from the decoded instructions:
 //! - `timeline.json`: Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing,
-//!   speedscope): per thread, the function calls as nested complete (`X`) events, its
-//!   windows (syscalls) on a track beside it, gaps as instant events;
+//!   speedscope): per thread, the function calls as nested complete (`X`) events (category
+//!   `call`, with `,start=KIND` / `,end=KIND` added for a span that did not begin with a
+//!   call or end with a return), its windows (syscalls) on a track beside it, gaps as
+//!   instant events;
 //! - `flamegraph.svg`: a flame graph (inferno) weighted by instructions;
 //! - `stacks.folded`: the collapsed stacks it is drawn from (`a;b;c N`, N instructions).
 //!
@@ -257,7 +259,7 @@ enum Ts {
 struct Event<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cat: Option<&'static str>,
+    cat: Option<&'a str>,
     ph: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     ts: Option<Ts>,
@@ -620,15 +622,13 @@ fn write_timeline(
         for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
             let (ts, dur) = axis.place(v, s.start, s.end);
             let mut e = Event::new(names.get(name), "X", v.pid, Some(tid));
-            e.cat = Some("call");
+            // How an unusual span began or ended goes into its categories, not its args:
+            // speedscope names a frame by its name and args together, so args would split
+            // one function into several in its Left Heavy and Sandwich views.
+            let cat = span_category(s.start_kind, s.end_kind);
+            e.cat = Some(&cat);
             e.ts = Some(ts);
             e.dur = Some(dur);
-            if s.start_kind != SpanStart::Call || s.end_kind != SpanEnd::Return {
-                e.args = Some(serde_json::json!({
-                    "start": s.start_kind.name(),
-                    "end": s.end_kind.name(),
-                }));
-            }
             emit(&mut w, &e)?;
         }
         for (win, start, end) in &v.windows {
@@ -703,6 +703,19 @@ fn write_timeline(
     w.write_all(b"}\n")?;
     w.flush()?;
     Ok(n)
+}
+
+/// The categories of a call span: `call`, then `start=KIND` when it did not begin with a
+/// call and `end=KIND` when it did not end with a return (e.g. `call,start=implied`).
+fn span_category(start: SpanStart, end: SpanEnd) -> std::borrow::Cow<'static, str> {
+    let mut cat = std::borrow::Cow::Borrowed("call");
+    if start != SpanStart::Call {
+        cat = format!("{cat},start={}", start.name()).into();
+    }
+    if end != SpanEnd::Return {
+        cat = format!("{cat},end={}", end.name()).into();
+    }
+    cat
 }
 
 fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
