@@ -339,6 +339,7 @@ fn parallel_equals_sequential_on_valid_traces() {
                     window_id: window,
                     cpu: Some(3),
                     base_offset: 0x100,
+                    ..Default::default()
                 },
             };
             let what = format!("loop {size}/{psb_every}/{seed}");

@@ -169,6 +169,7 @@ fn parallel_decode_equals_sequential_on_every_window_of_ls() {
                 window_id: Some(w.window.index),
                 cpu: None,
                 base_offset: w.pt_file_offset,
+                ..Default::default()
             };
             let seq: Vec<Record> = PtDecoder::new(
                 w.pt,
