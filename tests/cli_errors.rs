@@ -4,17 +4,9 @@
 
 mod shim_util;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-use shim_util::{compile_with, lib_path, pttrace};
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use shim_util::{compile_with, lib_path, pttrace, text};
 
 fn fails_with(args: &[&str], want: &str) {
     let o = Command::new(pttrace()).args(args).output().unwrap();

@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use drpttracer::decode::ptt_dir::{self, PttTrace};
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::Tail;
-use shim_util::{plugin, pttrace, qemu_available, run_under_qemu, symbol};
+use shim_util::{plugin, pttrace, qemu_available, run_under_qemu, symbol, text};
 use std::ffi::OsStr;
 
 /// tests/progs/qemu_cases.c built without PIE (symbols = run-time addresses).
@@ -41,14 +41,6 @@ fn run_case(args: &[&str]) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Outpu
 fn run_qemu(out: &Path, cmd: &[&str]) -> Output {
     let cmd: Vec<&OsStr> = cmd.iter().map(OsStr::new).collect();
     run_under_qemu(out, &["--qemu-oracle"], &cmd)
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// One decoded thread: its file and every record of every window, in order.

@@ -13,18 +13,10 @@ use drpttracer::decode::ptt_dir;
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::{self, RecordType, WF_NO_SYSCALL};
 use drpttracer::format::snapshot::{SnapshotRecord, TriggerKind};
-use shim_util::{plugin, pttrace, qemu_available, run_under_qemu, symbol};
+use shim_util::{plugin, pttrace, qemu_available, run_under_qemu, symbol, text};
 
 const N: u64 = 100_000;
 const SIZE: u64 = 64 * 1024;
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 struct Prog {
     _dir: tempfile::TempDir,

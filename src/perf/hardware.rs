@@ -123,6 +123,57 @@ pub fn collect_window(
     cap
 }
 
+/// The PMU and configuration an `intel_pt` event was opened with.
+struct PtSetup {
+    pmu: IntelPtPmu,
+    config: u64,
+    mtc_freq: u8,
+}
+
+impl PtSetup {
+    /// Opens the calling thread's `intel_pt` event for `mode` (`what` is added to the
+    /// event's name in errors).
+    fn open_event(mode: Mode, what: &str) -> Result<(PerfEvent, PtSetup)> {
+        let pmu = IntelPtPmu::probe()?;
+        let (config, mtc_freq) = pt_config(&pmu, mode)?;
+        let mut attr = pt_attr(pmu.pmu_type, config, mode);
+        let event = PerfEvent::open(
+            &mut attr,
+            current_tid(),
+            -1,
+            &format!(
+                "intel_pt type {} config {config:#x}, {} mode{what}",
+                pmu.pmu_type,
+                mode.name()
+            ),
+        )?;
+        Ok((
+            event,
+            PtSetup {
+                pmu,
+                config,
+                mtc_freq,
+            },
+        ))
+    }
+
+    /// What a decoder needs to know of traces of this event (its DATA ring mapped: the
+    /// time conversion comes from its control page).
+    fn metadata(&self, event: &PerfEvent) -> ExtMetadata {
+        let conv = event.control().and_then(|c| c.time_conv());
+        let mut meta = ExtMetadata::for_this_cpu(BackendKind::Hardware, conv);
+        if let Some((denominator, numerator)) = self.pmu.tsc_art_ratio {
+            meta.cpuid_0x15_eax = denominator;
+            meta.cpuid_0x15_ebx = numerator;
+        }
+        meta.nom_freq = self.pmu.max_nonturbo_ratio.unwrap_or(0).min(255) as u8;
+        meta.mtc_freq = self.mtc_freq;
+        meta.perf_type = self.pmu.pmu_type;
+        meta.perf_config = self.config;
+        meta
+    }
+}
+
 /// Hardware Intel PT for the calling thread.
 pub struct HardwareBackend {
     event: PerfEvent,
@@ -135,31 +186,10 @@ impl HardwareBackend {
     /// Opens the `intel_pt` event for the calling thread and maps 2^`sb_shift` pages of
     /// DATA ring and 2^`pt_shift` pages of linear AUX ring.
     pub fn open(mode: Mode, pt_shift: u32, sb_shift: u32) -> Result<Self> {
-        let pmu = IntelPtPmu::probe()?;
-        let (config, mtc_freq) = pt_config(&pmu, mode)?;
-        let mut attr = pt_attr(pmu.pmu_type, config, mode);
-        let mut event = PerfEvent::open(
-            &mut attr,
-            current_tid(),
-            -1,
-            &format!(
-                "intel_pt type {} config {config:#x}, {} mode",
-                pmu.pmu_type,
-                mode.name()
-            ),
-        )?;
+        let (mut event, setup) = PtSetup::open_event(mode, "")?;
         event.map_data(sb_shift)?;
         event.map_aux(pt_shift, true)?;
-        let conv = event.control().and_then(|c| c.time_conv());
-        let mut meta = ExtMetadata::for_this_cpu(BackendKind::Hardware, conv);
-        if let Some((denominator, numerator)) = pmu.tsc_art_ratio {
-            meta.cpuid_0x15_eax = denominator;
-            meta.cpuid_0x15_ebx = numerator;
-        }
-        meta.nom_freq = pmu.max_nonturbo_ratio.unwrap_or(0).min(255) as u8;
-        meta.mtc_freq = mtc_freq;
-        meta.perf_type = pmu.pmu_type;
-        meta.perf_config = config;
+        let meta = setup.metadata(&event);
         Ok(HardwareBackend {
             event,
             mode,
@@ -272,26 +302,10 @@ impl HardwareSnapshot {
     /// Opens and enables the event; fails with the reason where there is no Intel PT (as
     /// on QEMU's CPU model or a machine without it).
     pub fn open(mode: Mode, size: u64, sb_shift: u32) -> Result<Self> {
-        let pmu = IntelPtPmu::probe()?;
-        let (config, mtc_freq) = pt_config(&pmu, mode)?;
-        let mut attr = pt_attr(pmu.pmu_type, config, mode);
-        let mut event = PerfEvent::open(
-            &mut attr,
-            current_tid(),
-            -1,
-            &format!(
-                "intel_pt type {} config {config:#x}, {} mode, snapshot",
-                pmu.pmu_type,
-                mode.name()
-            ),
-        )?;
+        let (mut event, setup) = PtSetup::open_event(mode, ", snapshot")?;
         event.map_data(sb_shift)?;
         event.map_aux(aux_shift_for(size), false)?;
-        let conv = event.control().and_then(|c| c.time_conv());
-        let mut meta = ExtMetadata::for_this_cpu(BackendKind::Hardware, conv);
-        meta.mtc_freq = mtc_freq;
-        meta.perf_type = pmu.pmu_type;
-        meta.perf_config = config;
+        let meta = setup.metadata(&event);
         event.enable()?;
         Ok(HardwareSnapshot {
             event,

@@ -8,6 +8,15 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A command's stdout then stderr, as text (for assertions and their messages).
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// Whether `qemu-x86_64` is on the PATH; prints the SKIP line when it is not.
 pub fn qemu_available() -> bool {
     let found = std::env::var_os("PATH")

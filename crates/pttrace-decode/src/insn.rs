@@ -99,6 +99,31 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
     })
 }
 
+impl InsnInfo {
+    /// The records of this instruction executed at `pc` in `mode`: the instruction, and a
+    /// syscall marker after a system call.
+    #[inline]
+    pub(crate) fn push_records(
+        &self,
+        out: &mut Vec<crate::records::Record>,
+        pc: u64,
+        mode: ExecMode,
+    ) {
+        out.push(crate::records::Record::Instruction(
+            crate::records::Instruction {
+                pc,
+                size: self.size,
+                bytes: self.bytes,
+                class: self.class,
+                mode,
+            },
+        ));
+        if self.is_syscall {
+            out.push(crate::records::Record::Syscall { pc });
+        }
+    }
+}
+
 /// A fast hasher for code addresses (multiplicative, no DoS concern: keys are ours).
 #[derive(Default)]
 pub struct AddrHasher(u64);

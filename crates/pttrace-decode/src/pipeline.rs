@@ -1240,16 +1240,7 @@ impl<'a> PtDecoder<'a> {
                     return None;
                 }
             };
-            out.push(Record::Instruction(Instruction {
-                pc,
-                size: info.size,
-                bytes: info.bytes,
-                class: info.class,
-                mode,
-            }));
-            if info.is_syscall {
-                out.push(Record::Syscall { pc });
-            }
+            info.push_records(out, pc, mode);
             pc = match info.direct_target {
                 Some(t) if i + 1 < n => t,
                 _ => pc.wrapping_add(u64::from(info.size)),

@@ -22,7 +22,7 @@ use std::hash::BuildHasherDefault;
 
 use super::{Item, PtDecoder, Record};
 use crate::insn::AddrHasher;
-use crate::records::{ExecMode, InsnClass, Instruction};
+use crate::records::{ExecMode, InsnClass};
 use crate::wire::{self, LastIp, Pkt};
 
 /// Which decoder a [`super::PtDecoder`] runs.
@@ -571,16 +571,7 @@ impl PtDecoder<'_> {
             if info.class == InsnClass::Unknown {
                 return Err("unknown instruction");
             }
-            self.blocks.arena.push(Record::Instruction(Instruction {
-                pc,
-                size: info.size,
-                bytes: info.bytes,
-                class: info.class,
-                mode,
-            }));
-            if info.is_syscall {
-                self.blocks.arena.push(Record::Syscall { pc });
-            }
+            info.push_records(&mut self.blocks.arena, pc, mode);
             n += 1;
             let next = pc.wrapping_add(u64::from(info.size));
             match (info.class, info.direct_target) {
