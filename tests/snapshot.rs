@@ -369,11 +369,9 @@ fn signal_sent_to_pttrace_takes_a_snapshot_and_the_program_goes_on() {
     assert_eq!(s.rec.fired_tid, 0);
     assert_eq!(s.gaps, 0);
     assert!(s.pt_bytes <= SIZE + SIZE / 8, "{}", s.pt_bytes);
-    // The ring holds the end of the loop, then the creation of READY (the window of that
-    // openat is final before the program goes on; the request took at least one 10 ms
-    // poll). A thread inside a syscall (the 1 ms sleeps) contributes up to the window
-    // before it.
-    assert!(s.windows.iter().any(|w| w.nr == libc::SYS_openat as u64));
+    // The ring holds the end of the loop (the creation of READY after it may or may not be
+    // in: a thread's worker writes what it had received when the request reached it, and
+    // a thread inside a syscall, the 1 ms sleeps, contributes up to the window before it).
     assert!(!s.pcs.contains(&p.marker), "taken before marker ran");
     let upto = s
         .pcs
