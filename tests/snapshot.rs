@@ -13,7 +13,7 @@ use drpttracer::decode::ptt_dir;
 use drpttracer::decode::Record;
 use drpttracer::format::ptt::{self, RecordType, WF_NO_SYSCALL};
 use drpttracer::format::snapshot::{SnapshotRecord, TriggerKind};
-use shim_util::{plugin, pttrace, qemu_available, run_under_qemu, symbol, text};
+use shim_util::{plugin, pttrace, qemu_available, qemu_run_command, run_under_qemu, symbol, text};
 
 const N: u64 = 100_000;
 const SIZE: u64 = 64 * 1024;
@@ -301,29 +301,22 @@ fn signal_sent_to_pttrace_takes_a_snapshot_and_the_program_goes_on() {
     let Some(p) = prog() else { return };
     let ready = p.out.with_file_name("ready");
     let go = p.out.with_file_name("go");
-    let child = Command::new(pttrace())
-        .args([
-            "run",
-            "--mode",
-            "user",
-            "--window",
-            "thread",
-            "--backend",
-            "qemu",
-        ])
-        .arg("--qemu-plugin")
-        .arg(plugin())
-        .args(["--snapshot", "64K", "--trigger", "signal:USR2", "--out"])
-        .arg(&p.out)
-        .arg("--")
-        .arg(&p.exe)
-        .args(["30000", "wait"])
-        .arg(&ready)
-        .arg(&go)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let cmd = [
+        p.exe.as_os_str(),
+        OsStr::new("30000"),
+        OsStr::new("wait"),
+        ready.as_os_str(),
+        go.as_os_str(),
+    ];
+    let child = qemu_run_command(
+        &p.out,
+        &["--snapshot", "64K", "--trigger", "signal:USR2"],
+        &cmd,
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !ready.exists() {
         assert!(

@@ -48,27 +48,33 @@ pub fn plugin() -> PathBuf {
 }
 
 /// `pttrace run --mode user --window thread --backend qemu` with this build's plugin, the
-/// options `extra`, into `out`, of `cmd`.
+/// options `extra`, into `out`, of `cmd`, run to its end.
 pub fn run_under_qemu(out: &Path, extra: &[&str], cmd: &[&OsStr]) -> Output {
-    Command::new(pttrace())
-        .args([
-            "run",
-            "--mode",
-            "user",
-            "--window",
-            "thread",
-            "--backend",
-            "qemu",
-        ])
-        .arg("--qemu-plugin")
-        .arg(plugin())
-        .args(extra)
-        .arg("--out")
-        .arg(out)
-        .arg("--")
-        .args(cmd)
+    qemu_run_command(out, extra, cmd)
         .output()
         .expect("run pttrace")
+}
+
+/// The command [`run_under_qemu`] runs (to spawn it instead).
+pub fn qemu_run_command(out: &Path, extra: &[&str], cmd: &[&OsStr]) -> Command {
+    let mut c = Command::new(pttrace());
+    c.args([
+        "run",
+        "--mode",
+        "user",
+        "--window",
+        "thread",
+        "--backend",
+        "qemu",
+    ])
+    .arg("--qemu-plugin")
+    .arg(plugin())
+    .args(extra)
+    .arg("--out")
+    .arg(out)
+    .arg("--")
+    .args(cmd);
+    c
 }
 
 /// libdrpttracer.so of this build (cargo builds the cdylib for integration tests).

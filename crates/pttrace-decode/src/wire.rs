@@ -161,11 +161,10 @@ pub(crate) fn find_psb(t: &[u8], from: usize) -> Option<usize> {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LastIp {
     ip: u64,
-    have: bool,
 }
 
 impl LastIp {
-    /// Applies `p`; the IP it gives, `None` when suppressed (or no IP is known yet).
+    /// Applies `p`; the IP it gives, `None` when suppressed (IPBytes 0).
     #[inline]
     pub fn apply(&mut self, p: IpPayload) -> Option<u64> {
         const M16: u64 = 0xffff;
@@ -179,7 +178,6 @@ impl LastIp {
             4 => (self.ip & !M48) | (p.raw & M48),
             _ => p.raw,
         };
-        self.have = true;
         Some(self.ip)
     }
 

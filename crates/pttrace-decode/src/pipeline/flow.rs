@@ -41,9 +41,7 @@ impl std::str::FromStr for DecoderKind {
         match s {
             "fast" => Ok(DecoderKind::Fast),
             "libipt" => Ok(DecoderKind::Libipt),
-            other => Err(format!(
-                "--decoder '{other}': expected fast, libipt or check"
-            )),
+            other => Err(format!("--decoder '{other}': expected fast or libipt")),
         }
     }
 }
@@ -162,7 +160,7 @@ enum Stop {
 }
 
 /// The trace item a branch waits for.
-enum Item2 {
+enum TraceItem {
     Tnt,
     Tip(u64),
     Pgd(Option<u64>),
@@ -186,9 +184,8 @@ pub(crate) struct FlowState {
     ret: RetStack,
     enabled: bool,
     synced: bool,
-    /// The block the decoder is at (enabled), and its address.
+    /// The block the decoder is at (while enabled).
     cur: u32,
-    ip: u64,
     /// Queue position after the last record the trace decided: what follows it is
     /// tentative (code walked without trace, dropped if the trace ends).
     committed: u64,
@@ -213,7 +210,6 @@ impl FlowState {
             enabled: false,
             synced: false,
             cur: NO_BLOCK,
-            ip: 0,
             committed: 0,
             without_trace: 0,
             bdm70,
@@ -268,19 +264,18 @@ impl PtDecoder<'_> {
         loop {
             if !st.enabled {
                 match self.flow_next_item(st)? {
-                    Item2::Pge(ip) => {
+                    TraceItem::Pge(ip) => {
                         self.flow_event(st, Record::TraceEnabled { ip });
                         st.enabled = true;
-                        st.ip = ip;
-                        st.cur = self.flow_block(st.ip)?;
+                        st.cur = self.flow_block(ip)?;
                     }
-                    Item2::Psb => {
+                    TraceItem::Psb => {
                         if self.queue.pushed == st.committed {
                             return Ok(Stop::Segment);
                         }
                         self.flow_psb(st, false, None)?;
                     }
-                    Item2::End => return Ok(Stop::Done),
+                    TraceItem::End => return Ok(Stop::Done),
                     _ => return Err("trace while tracing is disabled"),
                 }
                 continue;
@@ -324,7 +319,7 @@ impl PtDecoder<'_> {
                 End::Cond => {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         match self.flow_next_item(st)? {
-                            Item2::Tnt => {}
+                            TraceItem::Tnt => {}
                             other => return self.flow_item_at(st, b, other),
                         }
                     }
@@ -338,8 +333,8 @@ impl PtDecoder<'_> {
                 End::Return => {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         match self.flow_next_item(st)? {
-                            Item2::Tnt => {}
-                            Item2::Tip(ip) => {
+                            TraceItem::Tnt => {}
+                            TraceItem::Tip(ip) => {
                                 self.flow_push(b.start, b.len);
                                 self.flow_commit(st);
                                 st.cur = self.flow_block(ip)?;
@@ -365,7 +360,7 @@ impl PtDecoder<'_> {
                         return Err("indirect branch with TNT bits pending (deferred TIP)");
                     }
                     match self.flow_next_item(st)? {
-                        Item2::Tip(ip) => {
+                        TraceItem::Tip(ip) => {
                             if b.end == End::IndirectCall {
                                 st.ret.push(b.fall);
                             }
@@ -387,16 +382,16 @@ impl PtDecoder<'_> {
         &mut self,
         st: &mut FlowState,
         b: FBlock,
-        item: Item2,
+        item: TraceItem,
     ) -> Result<Option<Stop>, Fallback> {
         match item {
-            Item2::End => {
+            TraceItem::End => {
                 // What was walked without trace never ran as far as the trace tells.
                 let tentative = self.queue.pushed - st.committed;
                 self.queue.truncate_last(tentative as usize);
                 Ok(Some(Stop::Done))
             }
-            Item2::Psb => {
+            TraceItem::Psb => {
                 if self.queue.pushed == st.committed {
                     // Stop before the PSB: the next run starts there.
                     return Ok(Some(Stop::Segment));
@@ -404,7 +399,7 @@ impl PtDecoder<'_> {
                 self.flow_psb(st, false, Some(b))?;
                 Ok(None)
             }
-            Item2::Pgd(ip) => {
+            TraceItem::Pgd(ip) => {
                 // A disable binds to the first instruction that needs trace, or to its
                 // IP where the code reaches it before.
                 let n = match ip {
@@ -423,7 +418,7 @@ impl PtDecoder<'_> {
                 st.enabled = false;
                 Ok(None)
             }
-            Item2::Async { from, to } => {
+            TraceItem::Async { from, to } => {
                 self.flow_not_walked(st, from)?;
                 let n = self
                     .flow_index_of(b, from)
@@ -444,9 +439,9 @@ impl PtDecoder<'_> {
                 }
                 Ok(None)
             }
-            Item2::Tnt => Err("TNT where the code needs a TIP"),
-            Item2::Tip(_) => Err("TIP where the code needs a TNT bit"),
-            Item2::Pge(_) => Err("TIP.PGE while tracing is enabled"),
+            TraceItem::Tnt => Err("TNT where the code needs a TIP"),
+            TraceItem::Tip(_) => Err("TIP where the code needs a TNT bit"),
+            TraceItem::Pge(_) => Err("TIP.PGE while tracing is enabled"),
         }
     }
 
@@ -470,7 +465,7 @@ impl PtDecoder<'_> {
             .map(|k| k as u32)
     }
 
-    fn flow_is_vmentry(&mut self, ip: u64) -> bool {
+    fn flow_is_vmentry(&self, ip: u64) -> bool {
         let Ok(space) = self.shared.space.try_borrow() else {
             return true;
         };
@@ -617,11 +612,11 @@ impl PtDecoder<'_> {
     }
 
     /// Reads packets up to the next trace item (time, CBR, MODE.Exec applied on the way).
-    fn flow_next_item(&mut self, st: &mut FlowState) -> Result<Item2, Fallback> {
+    fn flow_next_item(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 if st.pos >= self.trace.len() {
-                    return Ok(Item2::End);
+                    return Ok(TraceItem::End);
                 }
                 return Err("packet cut by the end of the trace");
             };
@@ -630,22 +625,22 @@ impl PtDecoder<'_> {
                 Pkt::Tnt { bits, n } => {
                     st.tnt = bits;
                     st.tnt_n = n;
-                    return Ok(Item2::Tnt);
+                    return Ok(TraceItem::Tnt);
                 }
                 Pkt::Tip(p) => {
                     let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
-                    return Ok(Item2::Tip(ip));
+                    return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
                 Pkt::Tsc(t) => st.time = Some(t),
                 Pkt::Cbr => self.flow_quiet_event(st),
-                Pkt::TipPgd(p) => return Ok(Item2::Pgd(st.last_ip.apply(p))),
+                Pkt::TipPgd(p) => return Ok(TraceItem::Pgd(st.last_ip.apply(p))),
                 Pkt::TipPge(p) => {
                     if st.enabled {
                         return Err("TIP.PGE while tracing is enabled");
                     }
                     let ip = st.last_ip.apply(p).ok_or("TIP.PGE without IP")?;
-                    return Ok(Item2::Pge(ip));
+                    return Ok(TraceItem::Pge(ip));
                 }
                 Pkt::Fup(p) => {
                     if !st.enabled {
@@ -659,11 +654,11 @@ impl PtDecoder<'_> {
                     return match next {
                         Pkt::Tip(p) => {
                             let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
-                            Ok(Item2::Async { from, to: Some(to) })
+                            Ok(TraceItem::Async { from, to: Some(to) })
                         }
                         Pkt::TipPgd(p) => {
                             st.last_ip.apply(p);
-                            Ok(Item2::Async { from, to: None })
+                            Ok(TraceItem::Async { from, to: None })
                         }
                         _ => Err("FUP not followed by TIP or TIP.PGD"),
                     };
@@ -680,7 +675,7 @@ impl PtDecoder<'_> {
                 Pkt::Psb => {
                     // (Left for `flow_psb`, which reads the PSB+.)
                     st.pos -= size;
-                    return Ok(Item2::Psb);
+                    return Ok(TraceItem::Psb);
                 }
                 Pkt::Psbend => return Err("PSBEND outside PSB+"),
                 Pkt::Other(what) => return Err(what),
@@ -740,7 +735,6 @@ impl PtDecoder<'_> {
                         return Err("no MODE.Exec at the synchronization point");
                     }
                     st.enabled = true;
-                    st.ip = ip;
                     st.cur = self.flow_block(ip)?;
                 }
                 None => st.enabled = false,
