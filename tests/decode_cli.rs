@@ -232,6 +232,56 @@ fn threads_give_identical_output() {
     assert_eq!(run("3"), one);
 }
 
+/// `--decoder check`: both decoders on every window, compared; the summary names what was
+/// compared and which decoder gave the fast side's records.
+#[test]
+fn decoder_check_compares_fast_and_libipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = drpttracer::decode::testgen::LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(30_000, 700, 23);
+    let exe = dir.path().join("loop");
+    std::fs::write(&exe, exe_elf(prog.base, &prog.code)).unwrap();
+    let pt = dir.path().join("loop.pt");
+    std::fs::write(&pt, &trace).unwrap();
+    let args = |decoder: &'static str| {
+        vec![
+            "decode".to_string(),
+            "--pt".into(),
+            pt.display().to_string(),
+            "--image".into(),
+            exe.display().to_string(),
+            "--format".into(),
+            "jsonl".into(),
+            "--decoder".into(),
+            decoder.into(),
+        ]
+    };
+    let run = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        pttrace(&a)
+    };
+    let (ok, jsonl, err) = run(args("libipt"));
+    assert!(ok, "{err}");
+    let records = jsonl.lines().count();
+    let (ok, out, err) = run(args("check"));
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "check: the fast decoder and libipt agree: 1 windows, {records} records \
+             (decoded by fast: 1)\n"
+        )
+    );
+    let mut two = args("check");
+    two.extend(["--threads".to_string(), "2".to_string()]);
+    let (ok, _, err) = run(two);
+    assert!(!ok);
+    assert!(
+        err.contains("--decoder check compares on one thread"),
+        "{err}"
+    );
+}
+
 #[test]
 fn decodes_pttrace_thread_files_with_their_info_file() {
     use drpttracer::format::ptt::{

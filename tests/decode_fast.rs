@@ -328,3 +328,57 @@ fn large_loop_trace_equals_libipt() {
     let l = libipt(&trace, &space);
     assert!(f == l, "{}", first_difference(&f, &l));
 }
+
+/// The oracle check (`decode --decoder check`): two decoders of the same window agree,
+/// with the count of records compared; two of different traces differ first exactly where
+/// their record streams do, with both records.
+#[test]
+fn oracle_check_finds_the_first_differing_record() {
+    use drpttracer::decode::check;
+    let prog = LoopProgram::new(0x40_0000);
+    let space = loop_space(&prog);
+    let (a, _) = prog.trace(20_000, 1500, 5);
+    let (b, _) = prog.trace(20_000, 1500, 6);
+    let recs_a = libipt(&a, &space);
+    let agreed = check::compare(
+        &mut decoder(&a, &space, DecoderKind::Fast),
+        &mut decoder(&a, &space, DecoderKind::Libipt),
+    )
+    .unwrap();
+    assert_eq!(agreed.records, recs_a.len() as u64);
+    assert_eq!(agreed.decoded_by, ("fast", None));
+
+    let recs_b = libipt(&b, &space);
+    let k = recs_a
+        .iter()
+        .zip(&recs_b)
+        .position(|(x, y)| x != y)
+        .unwrap();
+    assert!(k > 3, "the traces differ from their first records: {k}");
+    let d = check::compare(
+        &mut decoder(&a, &space, DecoderKind::Fast),
+        &mut decoder(&b, &space, DecoderKind::Libipt),
+    )
+    .unwrap_err();
+    assert_eq!(d.record, k as u64);
+    assert_eq!(d.fast.as_ref(), Some(&recs_a[k]));
+    assert_eq!(d.libipt.as_ref(), Some(&recs_b[k]));
+    assert_eq!(d.decoded_by, ("fast", None));
+
+    // One side ending first: the other's next record against the end.
+    let short = &a[..a.len() / 2];
+    let recs_short = libipt(short, &space);
+    let d = check::compare(
+        &mut decoder(&a, &space, DecoderKind::Fast),
+        &mut decoder(short, &space, DecoderKind::Libipt),
+    )
+    .unwrap_err();
+    let k = recs_short
+        .iter()
+        .zip(&recs_a)
+        .position(|(x, y)| x != y)
+        .unwrap_or(recs_short.len());
+    assert_eq!(d.record, k as u64);
+    assert_eq!(d.fast.as_ref(), recs_a.get(k));
+    assert_eq!(d.libipt.as_ref(), recs_short.get(k));
+}

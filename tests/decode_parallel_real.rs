@@ -286,6 +286,52 @@ fn decode_of_one_thread_file_equals_the_directory_decode() {
         assert_eq!(want_gaps, 0, "{name}");
         assert_eq!(got_gaps, 0, "{name}");
         assert_eq!(got, want, "{name}");
+        // Every record, not only the instructions: the same image from the same start.
+        let tag = format!(r#","tid":{tid}"#);
+        let dir_lines: Vec<String> = all
+            .lines()
+            .filter(|l| !l.contains(r#""type":"thread""#) && l.contains(&tag))
+            .map(|l| l.replace(&tag, ""))
+            .collect();
+        let file_lines: Vec<String> = decode(f, 1).lines().map(String::from).collect();
+        assert!(file_lines == dir_lines, "{name}: records differ");
+    }
+    // The oracle check: both decoders on every window, the fast one decoding all of them.
+    let check = |input: &[&std::ffi::OsStr]| {
+        let o = Command::new(pttrace())
+            .arg("decode")
+            .args(input)
+            .args(["--decoder", "check"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let records = all
+        .lines()
+        .filter(|l| !l.contains(r#""type":"thread""#))
+        .count();
+    let windows = all
+        .lines()
+        .filter(|l| l.contains(r#""type":"window""#))
+        .count();
+    assert_eq!(
+        check(&[out.as_os_str()]),
+        format!(
+            "check: the fast decoder and libipt agree: {windows} windows, {records} records \
+             (decoded by fast: {windows})\n"
+        )
+    );
+    for f in &files {
+        let out = check(&["--ptt".as_ref(), f.as_os_str()]);
+        assert!(
+            out.starts_with("check: the fast decoder and libipt agree: ")
+                && out.ends_with(")\n")
+                && out.contains("(decoded by fast: ")
+                && !out.contains("libipt ("),
+            "{}: {out}",
+            f.display()
+        );
     }
 }
 

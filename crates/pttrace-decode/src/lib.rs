@@ -38,6 +38,7 @@
 //! [`pttrace_format::pdb`] (DynamoRIO `.raw.pt`).
 
 pub mod callstack;
+pub mod check;
 pub mod config;
 pub mod image;
 pub mod input;

@@ -256,6 +256,38 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
 pub type WindowSink<'f> =
     dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError> + 'f;
 
+/// Receives each window of a thread and, when it has PT, how the two decoders compared.
+pub type CheckSink<'f> = dyn FnMut(
+        &PttWindowInfo,
+        Option<Result<crate::check::Agreement, Box<crate::check::Difference>>>,
+    ) -> Result<(), DecodeError>
+    + 'f;
+
+/// What decoding one window takes (the image as the window starts).
+struct WindowInput<'d> {
+    pt: &'d [u8],
+    params: TraceParams,
+    space: &'d AddressSpace,
+    resolver: &'d ImageResolver,
+    opts: WindowOptions,
+}
+
+impl<'d> WindowInput<'d> {
+    fn decoder(&self, kind: crate::DecoderKind) -> Result<PtDecoder<'d>, DecodeError> {
+        PtDecoder::new(
+            self.pt,
+            self.params,
+            self.space.clone(),
+            Vec::new(),
+            self.resolver.clone(),
+            WindowOptions {
+                decoder: kind,
+                ..self.opts.clone()
+            },
+        )
+    }
+}
+
 impl PttProcess {
     /// The files mapped when tracing began, once each: (address of the file's offset-0
     /// mapping, the file under `sysroot`, the path as mapped).
@@ -354,6 +386,69 @@ impl PttTrace {
         th: &PttThread,
         f: &mut WindowSink<'_>,
     ) -> Result<ThreadStats, DecodeError> {
+        let mut caches = self.new_caches();
+        self.walk_thread(th, &mut |info, input| {
+            let Some(w) = input else {
+                return f(info, None);
+            };
+            let mut dec = w
+                .decoder(self.decoder)?
+                .with_caches(std::mem::take(&mut caches));
+            f(info, Some(&mut dec))?;
+            caches = self.next_caches(&mut dec);
+            Ok(())
+        })
+    }
+
+    /// Decodes every window of `th` with the fast decoder and with libipt alone and
+    /// compares their records ([`crate::check::compare`]); `f` gets each window and, when
+    /// it has PT, the outcome.
+    pub fn check_thread(
+        &self,
+        th: &PttThread,
+        f: &mut CheckSink<'_>,
+    ) -> Result<ThreadStats, DecodeError> {
+        let (mut fast_caches, mut ref_caches) = (self.new_caches(), self.new_caches());
+        self.walk_thread(th, &mut |info, input| {
+            let Some(w) = input else {
+                return f(info, None);
+            };
+            let mut fast = w
+                .decoder(crate::DecoderKind::Fast)?
+                .with_caches(std::mem::take(&mut fast_caches));
+            let mut reference = w
+                .decoder(crate::DecoderKind::Libipt)?
+                .with_caches(std::mem::take(&mut ref_caches));
+            let outcome = crate::check::compare(&mut fast, &mut reference);
+            fast_caches = self.next_caches(&mut fast);
+            ref_caches = self.next_caches(&mut reference);
+            f(info, Some(outcome))
+        })
+    }
+
+    fn new_caches(&self) -> crate::pipeline::DecoderCaches {
+        if self.private_caches {
+            crate::pipeline::DecoderCaches::default()
+        } else {
+            crate::pipeline::DecoderCaches::sharing_sections()
+        }
+    }
+
+    fn next_caches(&self, dec: &mut PtDecoder<'_>) -> crate::pipeline::DecoderCaches {
+        if self.private_caches {
+            crate::pipeline::DecoderCaches::default()
+        } else {
+            dec.take_caches()
+        }
+    }
+
+    /// Goes through the windows of `th` in order, keeping the image up to date: `f` gets
+    /// each window and, when it has PT, what decoding it takes.
+    fn walk_thread(
+        &self,
+        th: &PttThread,
+        f: &mut dyn FnMut(&PttWindowInfo, Option<WindowInput<'_>>) -> Result<(), DecodeError>,
+    ) -> Result<ThreadStats, DecodeError> {
         let path = &th.path;
         let input = crate::ptt_input::read_thread(path)?;
         let data = input.data;
@@ -366,11 +461,6 @@ impl PttTrace {
             mut warnings,
         } = self.thread_image(th);
         let mut stats = ThreadStats::default();
-        let mut caches = if self.private_caches {
-            crate::pipeline::DecoderCaches::default()
-        } else {
-            crate::pipeline::DecoderCaches::sharing_sections()
-        };
         for fr in &pf.frames {
             match RecordType::from_raw(fr.ty) {
                 Some(RecordType::Window) => {}
@@ -414,21 +504,14 @@ impl PttTrace {
                 base_offset: base,
                 decoder: self.decoder,
             };
-            let mut dec = PtDecoder::new(
-                wr.pt,
+            let w = WindowInput {
+                pt: wr.pt,
                 params,
-                space.clone(),
-                Vec::new(),
-                resolver.clone(),
+                space: &space,
+                resolver: &resolver,
                 opts,
-            )?
-            .with_caches(std::mem::take(&mut caches));
-            f(&info, Some(&mut dec))?;
-            caches = if self.private_caches {
-                crate::pipeline::DecoderCaches::default()
-            } else {
-                dec.take_caches()
             };
+            f(&info, Some(w))?;
         }
         stats.tail = input.tail.clone();
         stats.recovered = input.recovered;

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use drpttracer::decode::parallel::decode_parallel_compact;
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{
-    input, AddressSpace, CpuParams, ImageSpec, PtDecoder, Record, Symbols, WindowOptions,
+    check, input, AddressSpace, CpuParams, DecoderKind, ImageSpec, PtDecoder, Record, Symbols,
+    WindowOptions,
 };
 use drpttracer::metadata::TimeConv;
 use iced_x86::{Decoder, Formatter, GasFormatter, IntelFormatter};
@@ -26,6 +27,91 @@ pub enum OutFormat {
     Jsonl,
     /// Instruction counts per window and the errors met.
     Summary,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecoderArg {
+    Fast,
+    Libipt,
+    Check,
+}
+
+impl DecoderArg {
+    /// The decoder that gives the records (the fast one for `check`, compared with libipt).
+    fn kind(self) -> DecoderKind {
+        match self {
+            DecoderArg::Libipt => DecoderKind::Libipt,
+            DecoderArg::Fast | DecoderArg::Check => DecoderKind::Fast,
+        }
+    }
+}
+
+/// What `--decoder check` compared so far.
+#[derive(Default)]
+struct CheckTally {
+    windows: u64,
+    records: u64,
+    /// Windows per decoder that gave the fast side's records.
+    by: std::collections::BTreeMap<String, u64>,
+}
+
+fn decoded_by_text((by, why): (&str, Option<&str>)) -> String {
+    match why {
+        Some(why) => format!("{by} ({why})"),
+        None => by.to_string(),
+    }
+}
+
+impl CheckTally {
+    /// Counts a window's outcome; a difference is printed and ends the check.
+    fn add(
+        &mut self,
+        out: &mut impl Write,
+        source: &str,
+        outcome: Result<check::Agreement, Box<check::Difference>>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        self.windows += 1;
+        match outcome {
+            Ok(a) => {
+                self.records += a.records;
+                *self.by.entry(decoded_by_text(a.decoded_by)).or_insert(0) += 1;
+                Ok(())
+            }
+            Err(d) => {
+                let json = |r: &Option<Record>| match r {
+                    Some(r) => r.to_json().to_string(),
+                    None => "(end of the window)".to_string(),
+                };
+                writeln!(
+                    out,
+                    "check: {}: record {} differs (fast side at PT offset {:#x}, decoded by {}):",
+                    crate::text::printable(source),
+                    d.record,
+                    d.pt_offset,
+                    decoded_by_text(d.decoded_by)
+                )?;
+                writeln!(out, "  fast:   {}", json(&d.fast))?;
+                writeln!(out, "  libipt: {}", json(&d.libipt))?;
+                out.flush()?;
+                Err("the fast decoder and libipt differ (first difference above)".into())
+            }
+        }
+    }
+
+    fn finish(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let by: Vec<String> = self.by.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+        writeln!(
+            out,
+            "check: the fast decoder and libipt agree: {} windows, {} records (decoded by {})",
+            self.windows,
+            self.records,
+            if by.is_empty() {
+                "none".to_string()
+            } else {
+                by.join(", ")
+            }
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -118,9 +204,11 @@ pub struct DecodeArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
     /// Decoder: `fast` (our own flow reconstruction, libipt where it does not apply; the
-    /// same records) or `libipt` (libipt's block decoder only).
-    #[arg(long, value_name = "fast|libipt", default_value = "fast")]
-    decoder: drpttracer::decode::DecoderKind,
+    /// same records), `libipt` (libipt's block decoder only), or `check` (both, compared
+    /// record for record: prints the first record where they differ and exits 1, or what
+    /// was compared).
+    #[arg(long, value_enum, default_value = "fast")]
+    decoder: DecoderArg,
     /// Damaged input (a torn or corrupt record, a container record that does not fit):
     /// decode what could be read and exit 0 (the damage is still listed on stderr).
     #[arg(long)]
@@ -296,6 +384,9 @@ impl<W: Write> Printer<W> {
 
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
+    if args.decoder == DecoderArg::Check && args.threads > 1 {
+        return Err("--decoder check compares on one thread: leave out --threads".into());
+    }
     if let Some(p) = &args.trace_dir {
         return ptt::run(p, &args);
     }
@@ -439,9 +530,6 @@ pub fn run(args: Args) -> CmdResult {
         let st = args.sample_type.unwrap_or(0);
         events.extend(parse_records(&sb.display().to_string(), &read(sb)?, st)?);
     }
-    if let Some(p) = &process {
-        events.extend(p.initial_events.iter().cloned());
-    }
     events.sort_by_key(|e| e.time.unwrap_or(0));
     let window_sample_type = process
         .as_ref()
@@ -467,8 +555,15 @@ pub fn run(args: Args) -> CmdResult {
     let mut done = 0u64;
     let mut warnings: Vec<String> = Vec::new();
     let mut resolver = spec.resolver();
+    // A thread file's mappings when tracing began make the image the windows start with
+    // (as `decode DIR` builds it).
+    if let Some(p) = &process {
+        resolver.apply_window(&mut space, &p.initial_events, &mut warnings);
+    }
     // Windows decoded one after the other share what their decoders learn.
     let mut caches = drpttracer::decode::DecoderCaches::sharing_sections();
+    let mut ref_caches = drpttracer::decode::DecoderCaches::sharing_sections();
+    let mut tally = CheckTally::default();
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
         for w in &windows {
             let opts = WindowOptions {
@@ -476,7 +571,7 @@ pub fn run(args: Args) -> CmdResult {
                 window_id: if w.lost.is_some() { None } else { w.id },
                 cpu: w.cpu,
                 base_offset: w.base_offset,
-                decoder: args.decoder,
+                decoder: args.decoder.kind(),
             };
             let pt = &data[w.pt.clone()];
             if let Some(what) = &w.lost {
@@ -503,7 +598,34 @@ pub fn run(args: Args) -> CmdResult {
                 resolver.apply_window(&mut space, &evs, &mut warnings);
             }
             let events = events.clone();
-            if args.threads > 1 {
+            if args.decoder == DecoderArg::Check {
+                let mut fast = PtDecoder::new(
+                    pt,
+                    params,
+                    space.clone(),
+                    events.clone(),
+                    resolver.clone(),
+                    opts.clone(),
+                )?
+                .with_caches(std::mem::take(&mut caches));
+                let reference = WindowOptions {
+                    decoder: DecoderKind::Libipt,
+                    ..opts
+                };
+                let mut libipt = PtDecoder::new(
+                    pt,
+                    params,
+                    space.clone(),
+                    events,
+                    resolver.clone(),
+                    reference,
+                )?
+                .with_caches(std::mem::take(&mut ref_caches));
+                let outcome = check::compare(&mut fast, &mut libipt);
+                caches = fast.take_caches();
+                ref_caches = libipt.take_caches();
+                tally.add(&mut printer.out, &w.name, outcome)?;
+            } else if args.threads > 1 {
                 let chunks = decode_parallel_compact(
                     pt,
                     &params,
@@ -557,7 +679,12 @@ pub fn run(args: Args) -> CmdResult {
                 b.set_position(done);
             }
         }
-        printer.finish()?;
+        if args.decoder == DecoderArg::Check {
+            tally.finish(&mut printer.out)?;
+            printer.out.flush()?;
+        } else {
+            printer.finish()?;
+        }
         Ok(())
     })();
     if let Some(b) = bar {

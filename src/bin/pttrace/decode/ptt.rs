@@ -13,7 +13,10 @@ use crate::CmdResult;
 pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut trace = ptt_input::open(path)?;
     trace.sysroot = args.sysroot.clone();
-    trace.decoder = args.decoder;
+    trace.decoder = args.decoder.kind();
+    if args.decoder == super::DecoderArg::Check {
+        return check(&trace);
+    }
     let stdout = std::io::stdout();
     let mut printer = Printer {
         out: BufWriter::with_capacity(1 << 16, stdout.lock()),
@@ -115,12 +118,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                         OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
                     }
                 }
-                let (by, why) = dec.decoded_by();
                 *decoders
-                    .entry(match why {
-                        Some(why) => format!("{by} ({why})"),
-                        None => by.to_string(),
-                    })
+                    .entry(super::decoded_by_text(dec.decoded_by()))
                     .or_insert(0u64) += 1;
                 if args.format == OutFormat::Summary {
                     writeln!(
@@ -195,4 +194,36 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             damages.finish("decode", args.keep_going)
         }
     }
+}
+
+/// `--decoder check` on a directory: every thread's windows by both decoders, compared.
+fn check(trace: &ptt_input::PttTrace) -> CmdResult {
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut tally = super::CheckTally::default();
+    let mut damages = crate::damage::Damages::default();
+    for th in &trace.threads {
+        let mut failed: Option<Box<dyn std::error::Error>> = None;
+        let stats = trace.check_thread(th, &mut |w: &PttWindowInfo, outcome| {
+            let Some(outcome) = outcome else {
+                return Ok(());
+            };
+            let source = format!("{} window {}", th.path.display(), w.index);
+            tally.add(&mut out, &source, outcome).map_err(|e| {
+                let d = DecodeError::new(&source, 0, e.to_string());
+                failed = Some(e);
+                d
+            })
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let stats = stats?;
+        if stats.tail != drpttracer::format::ptt::Tail::Clean {
+            damages.add_tail(th.path.display(), &stats.tail);
+        }
+    }
+    tally.finish(&mut out)?;
+    out.flush()?;
+    damages.finish("decode", false)
 }
