@@ -263,6 +263,10 @@ pub type CheckSink<'f> = dyn FnMut(
     ) -> Result<(), DecodeError>
     + 'f;
 
+/// Receives each window of a thread and, when it has PT, what decoding it takes.
+type InputSink<'f> =
+    dyn FnMut(&PttWindowInfo, Option<WindowInput<'_>>) -> Result<(), DecodeError> + 'f;
+
 /// What decoding one window takes (the image as the window starts).
 struct WindowInput<'d> {
     pt: &'d [u8],
@@ -447,7 +451,7 @@ impl PttTrace {
     fn walk_thread(
         &self,
         th: &PttThread,
-        f: &mut dyn FnMut(&PttWindowInfo, Option<WindowInput<'_>>) -> Result<(), DecodeError>,
+        f: &mut InputSink<'_>,
     ) -> Result<ThreadStats, DecodeError> {
         let path = &th.path;
         let input = crate::ptt_input::read_thread(path)?;
