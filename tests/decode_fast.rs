@@ -382,3 +382,198 @@ fn oracle_check_finds_the_first_differing_record() {
     assert_eq!(d.fast.as_ref(), recs_a.get(k));
     assert_eq!(d.libipt.as_ref(), recs_short.get(k));
 }
+
+/// PSB-parallel decode with the fast decoder: on 2, 3 and 4 threads exactly the records of
+/// one pass (which equal libipt's, above), with the segments decoded by the fast decoder:
+/// joined where the next segment's own decode continues the records, decoded again from
+/// the handoff where it cannot (it needed the return stack from before its start).
+mod parallel {
+    use super::*;
+    use drpttracer::decode::parallel::{decode_parallel_stats, ParallelStats};
+
+    fn one_pass(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
+        decoder(trace, space, DecoderKind::Fast).collect()
+    }
+
+    fn parallel(
+        trace: &[u8],
+        space: &AddressSpace,
+        threads: usize,
+    ) -> (Vec<Record>, ParallelStats) {
+        let opts = WindowOptions {
+            source: "t".into(),
+            window_id: Some(1),
+            decoder: DecoderKind::Fast,
+            ..Default::default()
+        };
+        let (chunks, stats) = decode_parallel_stats(
+            trace,
+            &TraceParams::default(),
+            space,
+            &[],
+            &ImageResolver::default(),
+            &opts,
+            threads,
+        )
+        .unwrap();
+        let recs = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+        (recs, stats)
+    }
+
+    /// `top: call f; jmp top` / `f: test al,1; jz s; call f; s: ret`: (top, f, s, space).
+    fn recursion() -> (u64, u64, u64, AddressSpace) {
+        let mut a = CodeAssembler::new(64).unwrap();
+        let (mut top, mut f, mut s) = (a.create_label(), a.create_label(), a.create_label());
+        a.set_label(&mut top).unwrap();
+        a.call(f).unwrap();
+        a.jmp(top).unwrap();
+        a.set_label(&mut f).unwrap();
+        a.test(al, 1).unwrap();
+        a.jz(s).unwrap();
+        a.call(f).unwrap();
+        a.set_label(&mut s).unwrap();
+        a.ret().unwrap();
+        let r = a
+            .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+            .unwrap();
+        let mut space = AddressSpace::new();
+        space.add_bytes("rec", r.inner.code_buffer.clone(), BASE);
+        let ip = |l| r.label_ip(l).unwrap();
+        (ip(&top), ip(&f), ip(&s), space)
+    }
+
+    /// Rounds of recursion `1..=60` deep, returning compressed (or by TIP), with a PSB+
+    /// (its FUP where the decoder waits) about every `psb_every` bits.
+    fn recursion_trace(
+        compressed: bool,
+        rounds: usize,
+        psb_every: u64,
+        seed: u64,
+    ) -> (Vec<u8>, AddressSpace) {
+        let (top, f, s, space) = recursion();
+        let mut rng = XorShift::new(seed);
+        let mut w = PtWriter::new();
+        let mut tsc = 1000;
+        w.psb_plus(Some(tsc), Some(top));
+        let mut psb = |w: &mut PtWriter, at: u64, rng: &mut XorShift| {
+            if rng.below(psb_every) == 0 {
+                tsc += 7;
+                w.psb_plus(Some(tsc), Some(at));
+            }
+        };
+        for _ in 0..rounds {
+            let depth = 1 + rng.below(60);
+            for k in 0..depth {
+                // (Waiting at f's jz: not taken recurses, taken returns.)
+                psb(&mut w, f, &mut rng);
+                w.tnt(&[k + 1 == depth]);
+            }
+            for k in 0..depth {
+                psb(&mut w, s, &mut rng);
+                if compressed {
+                    w.tnt(&[true]);
+                } else {
+                    // (The outermost return goes back to `top`'s `jmp`.)
+                    w.tip(if k + 1 == depth { top + 5 } else { s });
+                }
+            }
+        }
+        (w.buf.clone(), space)
+    }
+
+    fn assert_parallel(trace: &[u8], space: &AddressSpace, what: &str) -> Vec<ParallelStats> {
+        let want = one_pass(trace, space);
+        [2, 3, 4]
+            .iter()
+            .map(|&threads| {
+                let (got, stats) = parallel(trace, space, threads);
+                assert!(
+                    got == want,
+                    "{what}, {threads} threads ({stats:?}): {}",
+                    first_difference(&got, &want)
+                );
+                stats
+            })
+            .collect()
+    }
+
+    #[test]
+    fn loop_traces() {
+        let prog = LoopProgram::new(0x40_0000);
+        let space = loop_space(&prog);
+        for (size, psb_every, seed) in [(60_000, 1000, 2), (400_000, 4096, 3)] {
+            let (trace, _) = prog.trace(size, psb_every, seed);
+            for stats in assert_parallel(&trace, &space, "loop") {
+                assert_eq!(stats.by, "fast", "{stats:?}");
+                assert!(stats.segments >= 16, "{stats:?}");
+                assert_eq!(
+                    stats.joined + stats.redecoded + 1,
+                    stats.segments,
+                    "{stats:?}"
+                );
+                assert!(stats.joined * 2 > stats.segments, "{stats:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn recursion_across_cuts() {
+        // Returns by TIP: every segment's own decode joins.
+        let (trace, space) = recursion_trace(false, 400, 40, 1);
+        assert_eq!(
+            decoder(&trace, &space, DecoderKind::Fast).by_ref().count(),
+            one_pass(&trace, &space).len()
+        );
+        for stats in assert_parallel(&trace, &space, "returns by TIP") {
+            assert_eq!(stats.by, "fast", "{stats:?}");
+            assert!(stats.segments >= 16, "{stats:?}");
+            assert_eq!(stats.joined + 1, stats.segments, "{stats:?}");
+        }
+        // Compressed returns across cuts: a segment's own decode runs out of return
+        // stack and the stitching decodes it again from the handoff, whose stack is
+        // exact (a wrong stack would fail or give other records).
+        let (trace, space) = recursion_trace(true, 400, 40, 2);
+        let mut d = decoder(&trace, &space, DecoderKind::Fast);
+        let n = d.by_ref().count();
+        assert_eq!(d.decoded_by(), ("fast", None));
+        assert!(n > 20_000);
+        for stats in assert_parallel(&trace, &space, "compressed returns") {
+            assert_eq!(stats.by, "fast", "{stats:?}");
+            assert!(stats.redecoded > 0, "{stats:?}");
+            assert_eq!(
+                stats.joined + stats.redecoded + 1,
+                stats.segments,
+                "{stats:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn mutated_traces() {
+        let prog = LoopProgram::new(0x40_0000);
+        let lspace = loop_space(&prog);
+        let (loop_trace, _) = prog.trace(20_000, 600, 5);
+        let (rec_trace, rspace) = recursion_trace(true, 60, 25, 3);
+        let (tip_trace, _) = recursion_trace(false, 60, 25, 4);
+        let mut rng = XorShift::new(0xfa57);
+        let mut by = std::collections::BTreeMap::new();
+        for k in 0..600 {
+            let (base, space) = match k % 3 {
+                0 => (&loop_trace, &lspace),
+                1 => (&rec_trace, &rspace),
+                _ => (&tip_trace, &rspace),
+            };
+            let m = mutate(&mut rng, base);
+            let want = one_pass(&m, space);
+            let (got, stats) = parallel(&m, space, 2 + k % 3);
+            assert!(
+                got == want,
+                "mutant {k} ({stats:?}): {}",
+                first_difference(&got, &want)
+            );
+            *by.entry(stats.by).or_insert(0) += 1;
+        }
+        eprintln!("parallel decode of mutants by: {by:?}");
+        assert!(by.get("fast").copied().unwrap_or(0) > 10, "{by:?}");
+    }
+}

@@ -31,6 +31,8 @@
 //! cuts until one passes (and where that decode is itself suspect, the whole trace in one
 //! pass). Windows with sideband loss records decode in one pass.
 
+mod fast;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -269,6 +271,33 @@ pub fn decode_parallel_compact(
     opts: &WindowOptions,
     threads: usize,
 ) -> Result<Vec<CompactRecords>, DecodeError> {
+    decode_parallel_stats(trace, params, image, events, resolver, opts, threads).map(|(r, _)| r)
+}
+
+/// How a parallel decode went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParallelStats {
+    /// Who decoded the segments: `"fast"` (the fast decoder), `"libipt"`, or `"one pass"`
+    /// (one decoder over the whole trace: one segment, or the stitching gave up).
+    pub by: &'static str,
+    /// Segments the trace was cut into.
+    pub segments: usize,
+    /// Handovers where the next segment's own decode joined, and segments decoded again
+    /// on the stitching thread (fast decoder).
+    pub joined: usize,
+    pub redecoded: usize,
+}
+
+/// [`decode_parallel_compact`] and how it went.
+pub fn decode_parallel_stats(
+    trace: &[u8],
+    params: &TraceParams,
+    image: &AddressSpace,
+    events: &[ImageEvent],
+    resolver: &ImageResolver,
+    opts: &WindowOptions,
+    threads: usize,
+) -> Result<(Vec<CompactRecords>, ParallelStats), DecodeError> {
     let inputs = Inputs {
         trace,
         params,
@@ -291,7 +320,22 @@ pub fn decode_parallel_compact(
     };
     let segs = split(trace, &psbs, threads * CHUNKS_PER_THREAD);
     if segs.len() <= 1 {
-        return Ok(vec![inputs.sequential()?]);
+        return one_pass(&inputs, segs.len());
+    }
+    // The fast decoder where it decodes the whole trace (no sideband, no filters); else
+    // libipt's segments below.
+    if opts.decoder == super::DecoderKind::Fast
+        && events.is_empty()
+        && params.filter.ranges.iter().all(|r| r.0 == 0)
+    {
+        let mut stats = ParallelStats {
+            by: "fast",
+            segments: segs.len(),
+            ..Default::default()
+        };
+        if let Some(out) = fast::decode(&inputs, &segs, threads, &mut stats)? {
+            return Ok((out, stats));
+        }
     }
     let n = segs.len();
     let workers = threads.min(n);
@@ -369,12 +413,12 @@ pub fn decode_parallel_compact(
     // was decoded before (see `SegReport::modes`).
     let modes = reports.iter().fold(0, |m, r| m | r.modes);
     if modes.count_ones() > 1 {
-        return Ok(vec![inputs.sequential()?]);
+        return one_pass(&inputs, segs.len());
     }
 
     // Stitch: follow the handovers from the first segment, checking each.
     let Some((recs, report)) = done[0].take() else {
-        return Ok(vec![inputs.sequential()?]);
+        return one_pass(&inputs, segs.len());
     };
     let mut run = Run {
         seg: 0,
@@ -393,7 +437,12 @@ pub fn decode_parallel_compact(
         let joined = match run.report.handover {
             None if !run.report.gave_up => {
                 out.push(run.recs);
-                return Ok(out);
+                let stats = ParallelStats {
+                    by: "libipt",
+                    segments: n,
+                    ..Default::default()
+                };
+                return Ok((out, stats));
             }
             None => None,
             Some(h) => {
@@ -455,7 +504,7 @@ pub fn decode_parallel_compact(
                                 || report.first_gap.is_some_and(FirstGap::is_retstack_empty))
                     });
                 if suspect {
-                    return Ok(vec![inputs.sequential()?]);
+                    return one_pass(&inputs, segs.len());
                 }
                 run.recs = recs;
                 run.report = report;
@@ -463,7 +512,20 @@ pub fn decode_parallel_compact(
         }
     }
     // (Every round joins a later segment or decodes on to one: never reached.)
-    inputs.sequential().map(|r| vec![r])
+    one_pass(&inputs, segs.len())
+}
+
+/// One decoder over the whole trace.
+fn one_pass(
+    inputs: &Inputs<'_>,
+    segments: usize,
+) -> Result<(Vec<CompactRecords>, ParallelStats), DecodeError> {
+    let stats = ParallelStats {
+        by: "one pass",
+        segments,
+        ..Default::default()
+    };
+    Ok((vec![inputs.sequential()?], stats))
 }
 
 fn is_timestamp(r: &Record) -> bool {

@@ -519,6 +519,9 @@ pub struct PtDecoder<'a> {
     skip: u64,
     /// The fast decoder decoded the whole window.
     flow_done: bool,
+    /// A decoder of part of a trace (parallel decode with the fast decoder): how it
+    /// started and ended; it fails rather than hand the trace to libipt.
+    part: Option<Box<flow::PartReport>>,
 }
 
 /// Instructions decoded while the trace position stands still before declaring a gap.
@@ -591,12 +594,14 @@ impl<'a> PtDecoder<'a> {
         self
     }
 
-    /// The caches this decoder built (empty ones when it kept block records for a
-    /// compact collection, which owns them). Call when done with the decoder.
+    /// The caches this decoder built (no block records when it kept them for a compact
+    /// collection, which owns them). Call when done with the decoder.
     pub fn take_caches(&mut self) -> DecoderCaches {
         let sections = self.sections.take();
         if self.blocks.retire {
+            // (The decoded instructions stay valid; the block records went to the output.)
             return DecoderCaches {
+                insns: std::mem::take(&mut self.cache),
                 sections,
                 ..Default::default()
             };
@@ -713,6 +718,7 @@ impl<'a> PtDecoder<'a> {
             fallback: None,
             skip: 0,
             flow_done: false,
+            part: None,
         })
     }
 
@@ -1384,7 +1390,15 @@ impl<'a> PtDecoder<'a> {
                         return;
                     }
                 }
-                Err(why) => self.flow_fall_back(why, pushed, records),
+                Err(why) => {
+                    if let Some(part) = self.part.as_mut() {
+                        part.failed = Some(why);
+                        self.flow = None;
+                        self.state = State::Done;
+                        return;
+                    }
+                    self.flow_fall_back(why, pushed, records)
+                }
             }
         }
         loop {

@@ -130,6 +130,17 @@ impl RetStack {
         self.top = (self.top + 63) % 64;
         Some(self.slots[self.top])
     }
+
+    /// This stack (of a decoder that started empty and never popped it empty) on top of
+    /// `below` (what the stack held where that decoder started): the stack one decoder
+    /// running through both would have.
+    fn stacked_on(&self, below: &RetStack) -> RetStack {
+        let mut out = below.clone();
+        for k in 0..self.len {
+            out.push(self.slots[(self.top + 64 - self.len + k) % 64]);
+        }
+        out
+    }
 }
 
 /// Takes a TNT packet at the trace position straight into `st` (the common case of the
@@ -157,6 +168,16 @@ enum Stop {
     Segment,
     /// The trace ended.
     Done,
+}
+
+/// What a decoder of part of a trace did at a PSB.
+enum Cut {
+    /// Not a cut: nothing done.
+    No,
+    /// Passed the cut's PSB+ (as at any PSB), but cannot stop there.
+    Passed,
+    /// Passed it and stopped, its handoff made.
+    Stopped,
 }
 
 /// The trace item a branch waits for.
@@ -196,6 +217,93 @@ pub(crate) struct FlowState {
     skd022: bool,
     /// Records the decoder had queued before the engine started (window id, cpu).
     pub initial_records: u64,
+    /// Parallel decode: the cuts where this decoder may stop (offset of the cut's PSB in
+    /// this decoder's buffer, the segment starting there), ascending; the first not
+    /// passed yet.
+    cuts: Vec<(usize, usize)>,
+    next_cut: usize,
+    /// Resuming from a [`Handoff`]: where decoding goes on (tracing enabled).
+    resume: Option<u64>,
+    /// Synchronizing at a cut, not at the trace's start: the sequential decoder passes
+    /// that PSB+ without a sync-point timestamp.
+    at_cut: bool,
+}
+
+/// Where a decoder of part of a trace stopped (parallel decode): the engine's state right
+/// after the PSB+ of a cut, the instructions of the block waiting there up to the PSB+'s
+/// FUP IP included in its records, as one decoder of the whole trace has it there.
+#[derive(Clone)]
+pub(crate) struct Handoff {
+    /// The segment that starts at the cut.
+    pub cut: usize,
+    /// Offset after the PSB+, from the cut's PSB.
+    pos: usize,
+    pub enabled: bool,
+    /// The FUP IP, where decoding goes on (tracing enabled).
+    pub ip: Option<u64>,
+    last_ip: LastIp,
+    pub time: Option<u64>,
+    ret: RetStack,
+    pub tsc: Option<u64>,
+    pub pending_timestamp: bool,
+    pub last_timestamp: Option<u64>,
+    /// No timestamp emitted since the decoder started at a cut: `last_timestamp` is the
+    /// one before (see [`Handoff::after`]).
+    pub ts_unknown: bool,
+}
+
+impl Handoff {
+    /// This handoff of a decoder that started at `before`'s cut, which joined there:
+    /// with what the decoder could not know (the return stack below its start, the last
+    /// timestamp where it emitted none) taken from `before`.
+    pub fn after(mut self, before: &Handoff) -> Handoff {
+        self.ret = self.ret.stacked_on(&before.ret);
+        if self.ts_unknown {
+            self.ts_unknown = false;
+            self.last_timestamp = before.last_timestamp;
+        }
+        self
+    }
+}
+
+/// How a decoder that synchronized at a cut started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CutStart {
+    pub enabled: bool,
+    pub ip: Option<u64>,
+    pub time: Option<u64>,
+    pub tsc: Option<u64>,
+}
+
+impl CutStart {
+    /// Whether a decoder that synchronized at the cut gives the records one decoder of the
+    /// whole trace gives after `h`, the same cut passed (its first timestamp aside, which
+    /// it emits whatever it is; and it must not run out of return stack, where it fails).
+    pub fn joins(&self, h: &Handoff) -> bool {
+        self.enabled == h.enabled
+            && self.ip == h.ip
+            && self.time == h.time
+            && self.tsc == h.tsc
+            && !h.pending_timestamp
+    }
+}
+
+/// A decoder of part of a trace: how it started and how it ended.
+#[derive(Default)]
+pub(crate) struct PartReport {
+    pub start: Option<CutStart>,
+    pub end: Option<Handoff>,
+    pub failed: Option<Fallback>,
+}
+
+/// Where a decoder of part of a trace starts.
+pub(crate) enum PartStart {
+    /// At the trace's start, as sequential decode.
+    Trace,
+    /// Synchronizing at the cut its buffer starts with.
+    Cut,
+    /// Where another decoder handed off (its buffer starts at that cut's PSB).
+    Handoff(Handoff),
 }
 
 impl FlowState {
@@ -215,7 +323,77 @@ impl FlowState {
             bdm70,
             skd022,
             initial_records: 0,
+            cuts: Vec::new(),
+            next_cut: 0,
+            resume: None,
+            at_cut: false,
         }
+    }
+
+    /// The engine of a decoder of part of a trace, starting at `start`, stopping at the
+    /// first of `cuts` it can.
+    pub fn for_part(mut self, start: &PartStart, cuts: Vec<(usize, usize)>) -> Self {
+        self.cuts = cuts;
+        match start {
+            PartStart::Trace => {}
+            PartStart::Cut => self.at_cut = true,
+            PartStart::Handoff(h) => {
+                self.pos = h.pos;
+                self.last_ip = h.last_ip;
+                self.time = h.time;
+                self.ret = h.ret.clone();
+                self.enabled = h.enabled;
+                self.synced = true;
+                self.resume = h.ip;
+            }
+        }
+        self
+    }
+}
+
+impl<'a> PtDecoder<'a> {
+    /// A fast decoder of part of a trace for parallel decode: `pt` starts at the trace's
+    /// start ([`PartStart::Trace`]) or at a cut's PSB; it stops at the first of `cuts`
+    /// where it can, or at the end. Without sideband events or address filters.
+    pub(crate) fn new_part(
+        pt: &'a [u8],
+        params: crate::TraceParams,
+        image: crate::AddressSpace,
+        resolver: crate::ImageResolver,
+        opts: super::WindowOptions,
+        start: PartStart,
+        cuts: Vec<(usize, usize)>,
+    ) -> Result<Self, crate::DecodeError> {
+        // (Whether the trace has TSC packets matters to sideband only: it has none.)
+        let mut d = Self::new_inner(pt, params, image, Vec::new(), resolver, opts, false)?;
+        d.part = Some(Box::default());
+        match d.flow.take() {
+            Some(f) => d.flow = Some(Box::new(f.for_part(&start, cuts))),
+            None => {
+                if let Some(p) = d.part.as_mut() {
+                    p.failed = Some("not a trace for the fast decoder");
+                }
+            }
+        }
+        match &start {
+            PartStart::Trace => {}
+            PartStart::Cut => d.ts_unknown = true,
+            PartStart::Handoff(h) => {
+                d.tsc = h.tsc;
+                d.pending_timestamp = h.pending_timestamp;
+                d.last_timestamp = h.last_timestamp;
+                d.ts_unknown = h.ts_unknown;
+            }
+        }
+        Ok(d)
+    }
+
+    /// Decodes to the end or the cut where it stops: the records (as
+    /// [`collect_compact`](Self::collect_compact)) and how it started and ended.
+    pub(crate) fn collect_part(&mut self) -> (super::CompactRecords, PartReport) {
+        let recs = self.collect_compact_mut();
+        let report = self.part.take().map(|p| *p).unwrap_or_default();
+        (recs, report)
     }
 }
 
@@ -236,12 +414,82 @@ impl PtDecoder<'_> {
             return Ok(true);
         };
         st.committed = self.queue.pushed;
-        let r = self.flow_segment(&mut st);
+        let mut r = self.flow_segment(&mut st);
+        if matches!(r, Ok(Stop::Segment)) && !st.cuts.is_empty() {
+            let at = st
+                .enabled
+                .then(|| self.blocks.flow.blocks.get(st.cur as usize).copied())
+                .flatten();
+            r = match self.flow_cut(&mut st, at) {
+                Ok(Cut::Stopped) => Ok(Stop::Done),
+                Ok(_) => Ok(Stop::Segment),
+                Err(e) => Err(e),
+            };
+        }
         self.flow = Some(st);
         match r? {
             Stop::Segment => Ok(false),
             Stop::Done => Ok(true),
         }
+    }
+
+    /// At a PSB of a decoder of part of a trace, the decoder waiting for trace in block
+    /// `at` (tracing enabled): where it is a cut, passes its PSB+ as one decoder of the
+    /// whole trace does, adds the instructions of `at` before the FUP IP (where the next
+    /// decoder starts; code walked without trace before `at` is confirmed by it), and
+    /// stops there with its [`Handoff`].
+    fn flow_cut(&mut self, st: &mut FlowState, at: Option<FBlock>) -> Result<Cut, Fallback> {
+        while st.cuts.get(st.next_cut).is_some_and(|c| c.0 < st.pos) {
+            st.next_cut += 1;
+        }
+        let Some(&(off, cut)) = st.cuts.get(st.next_cut) else {
+            return Ok(Cut::No);
+        };
+        if off != st.pos {
+            return Ok(Cut::No);
+        }
+        st.next_cut += 1;
+        let fup = self.flow_psb(st, false, at)?;
+        let ip = match (at, fup) {
+            (Some(b), Some(ip)) => {
+                let recs = self
+                    .blocks
+                    .arena
+                    .get(b.start as usize..(b.start + b.len) as usize)
+                    .unwrap_or(&[]);
+                let mut hits = recs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| matches!(r, Record::Instruction(i) if i.pc == ip))
+                    .map(|(k, _)| k);
+                let (Some(n), None) = (hits.next(), hits.next()) else {
+                    // (The FUP IP in code walked before `at`, or twice in `at`: not a
+                    // place to split.)
+                    return Ok(Cut::Passed);
+                };
+                self.flow_push(b.start, n as u32);
+                Some(ip)
+            }
+            (None, None) if self.queue.pushed == st.committed => None,
+            _ => return Ok(Cut::Passed),
+        };
+        self.flow_commit(st);
+        if let Some(part) = self.part.as_mut() {
+            part.end = Some(Handoff {
+                cut,
+                pos: st.pos - off,
+                enabled: st.enabled,
+                ip,
+                last_ip: st.last_ip,
+                time: st.time,
+                ret: st.ret.clone(),
+                tsc: self.tsc,
+                pending_timestamp: self.pending_timestamp,
+                last_timestamp: self.last_timestamp,
+                ts_unknown: self.ts_unknown,
+            });
+        }
+        Ok(Cut::Stopped)
     }
 
     fn flow_segment(&mut self, st: &mut FlowState) -> Result<Stop, Fallback> {
@@ -251,8 +499,18 @@ impl PtDecoder<'_> {
             };
             st.pos = p;
             st.synced = true;
-            self.pending_timestamp = true;
-            self.flow_psb(st, true, None)?;
+            self.pending_timestamp = !st.at_cut;
+            let fup = self.flow_psb(st, true, None)?;
+            if let Some(part) = self.part.as_mut() {
+                part.start = Some(CutStart {
+                    enabled: st.enabled,
+                    ip: fup.filter(|_| st.enabled),
+                    time: st.time,
+                    tsc: self.tsc,
+                });
+            }
+        } else if let Some(ip) = st.resume.take() {
+            st.cur = self.flow_block(ip)?;
         } else if wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
             // A segment starts at the PSB where the last one stopped.
             let at = st
@@ -395,6 +653,13 @@ impl PtDecoder<'_> {
                 if self.queue.pushed == st.committed {
                     // Stop before the PSB: the next run starts there.
                     return Ok(Some(Stop::Segment));
+                }
+                if !st.cuts.is_empty() {
+                    match self.flow_cut(st, Some(b))? {
+                        Cut::Stopped => return Ok(Some(Stop::Done)),
+                        Cut::Passed => return Ok(None),
+                        Cut::No => {}
+                    }
                 }
                 self.flow_psb(st, false, Some(b))?;
                 Ok(None)
@@ -690,7 +955,7 @@ impl PtDecoder<'_> {
         st: &mut FlowState,
         sync: bool,
         at: Option<FBlock>,
-    ) -> Result<(), Fallback> {
+    ) -> Result<Option<u64>, Fallback> {
         if wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
             st.pos += wire::PSB.len();
         }
@@ -749,7 +1014,7 @@ impl PtDecoder<'_> {
                 return Err("PSB+ FUP IP not reached without trace");
             }
         }
-        Ok(())
+        Ok(fup)
     }
 
     /// Whether `ip` is an instruction walked since the last trace item, or one of block
