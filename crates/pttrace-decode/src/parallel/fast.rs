@@ -155,7 +155,8 @@ pub(super) fn decode(
             }
             None => {
                 let cut = h.cut;
-                let (recs, next) = inputs.part(segs, cut, PartStart::Handoff(h), &mut caches)?;
+                let (recs, next) =
+                    inputs.part(segs, cut, PartStart::Handoff(Box::new(h)), &mut caches)?;
                 stats.redecoded += 1;
                 out.push(recs);
                 report = next;

@@ -303,7 +303,7 @@ pub(crate) enum PartStart {
     /// Synchronizing at the cut its buffer starts with.
     Cut,
     /// Where another decoder handed off (its buffer starts at that cut's PSB).
-    Handoff(Handoff),
+    Handoff(Box<Handoff>),
 }
 
 impl FlowState {
