@@ -781,6 +781,14 @@ impl<'a> PtDecoder<'a> {
 
     fn push_gap(&mut self, err: PtErr, ip: Option<u64>) {
         let mut error = err.text();
+        let here = self.dec.offset().and_then(|o| usize::try_from(o).ok());
+        let trig = here.and_then(|o| crate::wire::parse_trig(self.trace.get(o..)?));
+        if trig.is_some_and(|(t, _)| t.ip) {
+            error = format!(
+                "{error}: a TRIG with the IP bit (bound to the FUP after it) is beyond \
+                 libipt 2.1.2"
+            );
+        }
         if err.is_nomap() {
             if let Some(ip) = ip {
                 error = format!("{error}: no code image covers {ip:#x}");

@@ -148,6 +148,17 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
     }
 }
 
+/// A TRIG carries no control flow: both decoders step over it (libipt through the size
+/// [`crate::ipt`] teaches it). One whose IP bit binds it to the next FUP goes to libipt,
+/// which reports it (its version knows no FUP-bound TRIG).
+#[inline]
+fn trig_skippable(t: wire::Trig) -> Result<(), Fallback> {
+    if t.ip {
+        return Err("TRIG bound to a FUP (IP bit)");
+    }
+    Ok(())
+}
+
 /// Why the fast decoder handed a window to libipt.
 pub(crate) type Fallback = &'static str;
 
@@ -632,6 +643,7 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
+                Pkt::Trig(t) => trig_skippable(t)?,
                 Pkt::Tsc(t) => st.time = Some(t),
                 Pkt::Cbr => self.flow_quiet_event(st),
                 Pkt::TipPgd(p) => return Ok(TraceItem::Pgd(st.last_ip.apply(p))),
@@ -707,6 +719,8 @@ impl PtDecoder<'_> {
             st.pos += size;
             match pkt {
                 Pkt::Pad | Pkt::Cbr => {}
+                // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
+                Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(t) => st.time = Some(t),
                 Pkt::Fup(p) => {
                     if fup.is_some() {
@@ -773,7 +787,7 @@ impl PtDecoder<'_> {
                 Pkt::Pad | Pkt::Tsc(_) | Pkt::Cbr | Pkt::Psbend | Pkt::ModeExec { .. } => {
                     pos += size
                 }
-                Pkt::TipPge(_) | Pkt::Other(_) => return true,
+                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) => return true,
                 _ => return false,
             }
         }
