@@ -466,3 +466,116 @@ fn fup_bound_trig_is_a_gap_not_a_misread() {
     assert_eq!(pcs(&l[..k]), pcs(&plain)[..pcs(&l[..k]).len()]);
     assert_eq!(pcs(&l[..k]).len(), 13);
 }
+
+/// Code with branches libipt 2.1.2 does not know, at `NEWER`: `nop; jmpabs T1; hlt` /
+/// `T1: nop; eretu; hlt` / `T2: nop; erets; hlt` / `T3: nop; ret`.
+const NEWER: u64 = 0x60_0000;
+const T1: u64 = NEWER + 0x20;
+const T2: u64 = NEWER + 0x40;
+const T3: u64 = NEWER + 0x60;
+
+fn newer_space() -> AddressSpace {
+    let mut code = vec![0xf4u8; 0x80];
+    code[0] = 0x90;
+    code[1..4].copy_from_slice(&[0xd5, 0x00, 0xa1]);
+    code[4..12].copy_from_slice(&T1.to_le_bytes());
+    code[0x20..0x25].copy_from_slice(&[0x90, 0xf3, 0x0f, 0x01, 0xca]);
+    code[0x40..0x45].copy_from_slice(&[0x90, 0xf2, 0x0f, 0x01, 0xca]);
+    code[0x60..0x62].copy_from_slice(&[0x90, 0xc3]);
+    let mut space = AddressSpace::new();
+    space.add_bytes("newer", code, NEWER);
+    space
+}
+
+/// Each record as text: instructions as "PC CLASS", the rest as Debug.
+fn show(recs: &[Record]) -> Vec<String> {
+    recs.iter()
+        .map(|r| match r {
+            Record::Instruction(i) => format!("{:#x} {:?}", i.pc, i.class),
+            Record::Gap(g) => {
+                let at = g.ip.map_or("-".to_string(), |ip| format!("{ip:#x}"));
+                format!("gap {:#x} at {at}: {}", g.pt_offset, g.error)
+            }
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+/// JMPABS (its target from a TIP, as Intel PT reports it), ERETU and ERETS (far returns
+/// to a TIP's target): the fast decoder follows them; libipt 2.1.2 does not know them
+/// and would decode on past them, so its path stops at each with a gap that names it.
+#[test]
+fn jmpabs_eretu_erets_fast_decoder_follows_libipt_path_stops() {
+    let space = newer_space();
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(7), Some(NEWER))
+        .tip(T1)
+        .tip(T2)
+        .tip(T3)
+        .tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        show(&f),
+        [
+            "WindowId(1)".to_string(),
+            "Timestamp { tsc: 7, perf_time: None }".into(),
+            format!("{NEWER:#x} Other"),
+            format!("{:#x} Jump", NEWER + 1),
+            format!("{T1:#x} Other"),
+            format!("{:#x} FarReturn", T1 + 1),
+            format!("{T2:#x} Other"),
+            format!("{:#x} FarReturn", T2 + 1),
+            format!("{T3:#x} Other"),
+            format!("{:#x} Return", T3 + 1),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    let jmpabs = f[3].as_instruction().unwrap();
+    assert_eq!(
+        (jmpabs.size, &jmpabs.bytes[..3]),
+        (11, &[0xd5, 0, 0xa1][..])
+    );
+    // libipt's path: the instructions up to the unknown branch, then a gap naming it
+    // (no PSB follows: nothing more). From T1 and T2 on: the same at ERETU and ERETS.
+    let head = ["WindowId(1)", "Timestamp { tsc: 7, perf_time: None }"].map(String::from);
+    let gap = |off: u64, at: u64, name: &str| {
+        format!(
+            "gap {off:#x} at {at:#x}: {name}: a branch libipt 2.1.2 does not \
+             know (it would decode on past it as if it were none); decoding resumes at the \
+             next PSB (the fast decoder follows {name})"
+        )
+    };
+    let l = libipt(&w.buf, &space);
+    let mut expected = head.to_vec();
+    expected.extend([
+        format!("{NEWER:#x} Other"),
+        format!("{:#x} Jump", NEWER + 1),
+        gap(0x2a, NEWER + 1, "JMPABS"),
+    ]);
+    assert_eq!(show(&l), expected);
+    for (start, name) in [(T1, "ERETU"), (T2, "ERETS")] {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(7), Some(start)).tip(T3).tip_pgd(None);
+        let mut expected = head.to_vec();
+        expected.extend([
+            format!("{start:#x} Other"),
+            format!("{:#x} FarReturn", start + 1),
+            // (libipt's position then: past the TIP it took for a later branch.)
+            gap(0x2b, start + 1, name),
+        ]);
+        assert_eq!(show(&libipt(&w.buf, &space)), expected);
+        let (f, by) = fast(&w.buf, &space);
+        assert_eq!(by, ("fast", None));
+        assert_eq!(
+            show(&f)[2..],
+            [
+                format!("{start:#x} Other"),
+                format!("{:#x} FarReturn", start + 1),
+                format!("{T3:#x} Other"),
+                format!("{:#x} Return", T3 + 1),
+                "TraceDisabled { ip: None }".into(),
+            ]
+        );
+    }
+}

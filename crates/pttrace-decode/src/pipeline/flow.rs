@@ -598,6 +598,10 @@ impl PtDecoder<'_> {
                     break (End::Cond, next, i.near_branch_target());
                 }
                 (InsnClass::FarCall, _) if info.is_syscall => break (End::Syscall, next, 0),
+                // ERETU / ERETS: far returns to where a TIP says (no return stack).
+                (InsnClass::FarReturn, _) if info.beyond_libipt.is_some() => {
+                    break (End::Indirect, next, 0)
+                }
                 _ => return Err("instruction the fast decoder leaves to libipt"),
             }
             if n >= MAX_BLOCK_INSNS {
