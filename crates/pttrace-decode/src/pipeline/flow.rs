@@ -9,7 +9,8 @@
 //!
 //! It gives exactly libipt's records (same markers, same timestamps, same stop at the end
 //! of the trace) for what it handles: PSB+ (TSC, CBR, MODE.Exec, FUP), TNT, TIP,
-//! TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, CBR, PAD, 64-bit code, return compression,
+//! TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, CBR, PAD, TRIG, 64-bit code (ERETU, ERETS
+//! and JMPABS included, which libipt 2.1.2 does not know), return compression,
 //! no sideband left to apply. Anything else — another packet, an error, an IP it cannot
 //! reach without trace, code it cannot read — hands the window to libipt: the records of
 //! the current PSB segment are dropped and libipt decodes the window from its start, its
