@@ -644,3 +644,32 @@ fn raw_code_files_at_an_address() {
         "{err}"
     );
 }
+
+/// `pttrace dump` of packets newer than libipt 2.1.2 (TRIG) and event-trace packets
+/// (EVD, CFE): their fields, where 2.1.2 alone says "unknown opcode" or "other type".
+#[test]
+fn dump_prints_trig_cfe_and_evd_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = PtWriter::new();
+    w.psb().psbend();
+    w.buf.extend_from_slice(&[0xd9, 0x60, 0x03, 0x10, 0x00]); // TRIG: ICNTV, MULT
+    w.buf.extend_from_slice(&[0x02, 0x53, 0x00]); // EVD CR2
+    w.buf.extend_from_slice(&0xdead_b000u64.to_le_bytes());
+    w.buf.extend_from_slice(&[0x02, 0x13, 0x01, 0x0e]); // CFE INTR vector 14
+    w.tip_pge(0x401000);
+    let p = dir.path().join("t.pt");
+    std::fs::write(&p, &w.buf).unwrap();
+    let (ok, out, err) = pttrace(&["dump", p.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "0000000000000000  psb",
+            "0000000000000010  psbend",
+            "0000000000000012  trig       trbv 0x03, icnt 16, mult",
+            "0000000000000017  evd        cr2 0xdeadb000",
+            "0000000000000022  cfe        intr, vector 14",
+            "0000000000000026  tip.pge    sext48: 0x401000",
+        ]
+    );
+}

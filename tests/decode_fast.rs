@@ -577,3 +577,254 @@ mod parallel {
         assert!(by.get("fast").copied().unwrap_or(0) > 10, "{by:?}");
     }
 }
+
+/// The call program's trace (calls, compressed returns, a syscall, an asynchronous
+/// branch), with `extra(w, k)` given the chance to add packets at 9 points: PSB+ (k = 0,
+/// before PSBEND), after TNTs, between a FUP's TIP and what follows, at a disable and an
+/// enable.
+fn call_trace_with(p: &CallProg, extra: &dyn Fn(&mut PtWriter, usize)) -> Vec<u8> {
+    let mut w = PtWriter::new();
+    w.psb().tsc(1000).mode64().fup(p.top);
+    extra(&mut w, 0);
+    w.psbend();
+    for k in 0..3 {
+        w.tnt(&[k % 2 == 0, true, true]);
+        extra(&mut w, 1 + k);
+    }
+    w.tip_pgd(None);
+    extra(&mut w, 4);
+    w.tsc(2000).tip_pge(p.after_syscall);
+    extra(&mut w, 5);
+    w.tnt(&[false]);
+    extra(&mut w, 6);
+    w.fup(p.ret).tip(p.top);
+    extra(&mut w, 7);
+    w.tnt(&[true]).tip(p.top + 5);
+    extra(&mut w, 8);
+    w.tnt(&[false]).tip_pgd(None);
+    w.buf
+}
+
+/// TRIG packets (libipt 2.1.2 does not know them: the size we teach it) decode to the
+/// records of the trace without them, in both decoders, and the fast decoder keeps the
+/// window.
+#[test]
+fn trig_packets_change_no_record_and_stay_fast() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let plain = call_trace_with(&p, &|_, _| {});
+    let expected = assert_same_and_fast(&plain, &space);
+    // (The plain trace, exactly: 3 iterations, the syscall, an interrupt at the `ret`.)
+    let first_pcs = [p.top, p.f, p.f + 2, p.ret, p.top + 5, p.top + 8];
+    assert_eq!(pcs(&expected)[..6], first_pcs);
+    assert!(expected.contains(&Record::KernelXfer {
+        from: p.ret,
+        to: Some(p.top)
+    }));
+    let with_trig = call_trace_with(&p, &|w, k| {
+        // TRBV k, with and without ICNT, MULT on odd points; none in the PSB+.
+        let flags = if k % 2 == 1 { 0x20 } else { 0 };
+        if k > 0 {
+            w.buf.extend_from_slice(&[0xd9, flags, k as u8]);
+            w.buf.extend_from_slice(&[0xd9, 0x40 | flags, 1, 3, 0]);
+        }
+    });
+    assert_eq!(with_trig.len(), plain.len() + 8 * 8);
+    let recs = assert_same_and_fast(&with_trig, &space);
+    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    // A TRIG inside the PSB+ is out of place (libipt's context error): a gap at it, the
+    // rest (no further PSB) lost, in both decoders.
+    let in_psb = call_trace_with(&p, &|w, k| {
+        if k == 0 {
+            w.buf.extend_from_slice(&[0xd9, 0x00, 0x01]);
+        }
+    });
+    let (f, by) = fast(&in_psb, &space);
+    assert_eq!(f, libipt(&in_psb, &space));
+    assert_eq!(by, ("libipt", Some("TRIG in a PSB+")));
+    assert_eq!(gaps(&f), ["0x21 unexpected packet context"]);
+}
+
+/// The decode errors among `recs`: "PT-OFFSET ERROR".
+fn gaps(recs: &[Record]) -> Vec<String> {
+    recs.iter()
+        .filter_map(|r| match r {
+            Record::Gap(g) => Some(format!("{:#x} {}", g.pt_offset, g.error)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Event trace packets (EVD + CFE of an interrupt before the FUP+TIP of its asynchronous
+/// branch, as libipt's own event-trace tests have them): libipt's events they make carry nothing our
+/// records show, so the records are those of the trace without them. The fast decoder
+/// leaves such windows to libipt (named as the reason).
+#[test]
+fn cfe_and_evd_packets_change_no_record() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let plain = call_trace_with(&p, &|_, _| {});
+    let expected = libipt(&plain, &space);
+    let with_events = call_trace_with(&p, &|w, k| {
+        if k == 6 {
+            // Before the FUP+TIP of the interrupt: EVD (CR2), CFE INTR vector 14 + IP.
+            w.buf.extend_from_slice(&[0x02, 0x53, 0x00]);
+            w.buf.extend_from_slice(&0x7f00_0000_1000u64.to_le_bytes());
+            w.buf.extend_from_slice(&[0x02, 0x13, 0x01, 0x0e]);
+        }
+    });
+    let l = libipt(&with_events, &space);
+    assert!(l == expected, "{}", first_difference(&l, &expected));
+    let (f, by) = fast(&with_events, &space);
+    assert!(f == expected, "{}", first_difference(&f, &expected));
+    assert_eq!(by, ("libipt", Some("evd")));
+}
+
+/// A TRIG whose IP bit binds it to the FUP after it: libipt 2.1.2 would take that FUP for
+/// an asynchronous event's, so both decoders stop at it with a gap that says why, and
+/// decode on from the next PSB.
+#[test]
+fn fup_bound_trig_is_a_gap_not_a_misread() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let at = std::cell::Cell::new(0);
+    let t = call_trace_with(&p, &|w, k| {
+        if k == 2 {
+            at.set(w.buf.len());
+            w.buf.extend_from_slice(&[0xd9, 0xc0, 0x01, 0, 0]);
+            w.fup(p.top);
+        }
+    });
+    let at = at.get();
+    let l = libipt(&t, &space);
+    let (f, by) = fast(&t, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+    assert_eq!(by, ("libipt", Some("TRIG bound to a FUP (IP bit)")));
+    assert_eq!(
+        gaps(&l),
+        [format!(
+            "{at:#x} unknown packet: a TRIG with the IP bit (bound to the FUP after it) is \
+             beyond libipt 2.1.2"
+        )]
+    );
+    // Before it, the plain trace's records (2 iterations: 6 + 7 instructions); after it
+    // nothing (no PSB follows).
+    let plain = libipt(&call_trace_with(&p, &|_, _| {}), &space);
+    let k = l.len() - 1;
+    assert!(matches!(l[k], Record::Gap(_)));
+    assert_eq!(pcs(&l[..k]), pcs(&plain)[..pcs(&l[..k]).len()]);
+    assert_eq!(pcs(&l[..k]).len(), 13);
+}
+
+/// Code with branches libipt 2.1.2 does not know, at `NEWER`: `nop; jmpabs T1; hlt` /
+/// `T1: nop; eretu; hlt` / `T2: nop; erets; hlt` / `T3: nop; ret`.
+const NEWER: u64 = 0x60_0000;
+const T1: u64 = NEWER + 0x20;
+const T2: u64 = NEWER + 0x40;
+const T3: u64 = NEWER + 0x60;
+
+fn newer_space() -> AddressSpace {
+    let mut code = vec![0xf4u8; 0x80];
+    code[0] = 0x90;
+    code[1..4].copy_from_slice(&[0xd5, 0x00, 0xa1]);
+    code[4..12].copy_from_slice(&T1.to_le_bytes());
+    code[0x20..0x25].copy_from_slice(&[0x90, 0xf3, 0x0f, 0x01, 0xca]);
+    code[0x40..0x45].copy_from_slice(&[0x90, 0xf2, 0x0f, 0x01, 0xca]);
+    code[0x60..0x62].copy_from_slice(&[0x90, 0xc3]);
+    let mut space = AddressSpace::new();
+    space.add_bytes("newer", code, NEWER);
+    space
+}
+
+/// Each record as text: instructions as "PC CLASS", the rest as Debug.
+fn show(recs: &[Record]) -> Vec<String> {
+    recs.iter()
+        .map(|r| match r {
+            Record::Instruction(i) => format!("{:#x} {:?}", i.pc, i.class),
+            Record::Gap(g) => {
+                let at = g.ip.map_or("-".to_string(), |ip| format!("{ip:#x}"));
+                format!("gap {:#x} at {at}: {}", g.pt_offset, g.error)
+            }
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+/// JMPABS (its target from a TIP, as Intel PT reports it), ERETU and ERETS (far returns
+/// to a TIP's target): the fast decoder follows them; libipt 2.1.2 does not know them
+/// and would decode on past them, so its path stops at each with a gap that names it.
+#[test]
+fn jmpabs_eretu_erets_fast_decoder_follows_libipt_path_stops() {
+    let space = newer_space();
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(7), Some(NEWER))
+        .tip(T1)
+        .tip(T2)
+        .tip(T3)
+        .tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        show(&f),
+        [
+            "WindowId(1)".to_string(),
+            "Timestamp { tsc: 7, perf_time: None }".into(),
+            format!("{NEWER:#x} Other"),
+            format!("{:#x} Jump", NEWER + 1),
+            format!("{T1:#x} Other"),
+            format!("{:#x} FarReturn", T1 + 1),
+            format!("{T2:#x} Other"),
+            format!("{:#x} FarReturn", T2 + 1),
+            format!("{T3:#x} Other"),
+            format!("{:#x} Return", T3 + 1),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    let jmpabs = f[3].as_instruction().unwrap();
+    assert_eq!(
+        (jmpabs.size, &jmpabs.bytes[..3]),
+        (11, &[0xd5, 0, 0xa1][..])
+    );
+    // libipt's path: the instructions up to the unknown branch, then a gap naming it
+    // (no PSB follows: nothing more). From T1 and T2 on: the same at ERETU and ERETS.
+    let head = ["WindowId(1)", "Timestamp { tsc: 7, perf_time: None }"].map(String::from);
+    let gap = |off: u64, at: u64, name: &str| {
+        format!(
+            "gap {off:#x} at {at:#x}: {name}: a branch libipt 2.1.2 does not \
+             know (it would decode on past it as if it were none); decoding resumes at the \
+             next PSB (the fast decoder follows {name})"
+        )
+    };
+    let l = libipt(&w.buf, &space);
+    let mut expected = head.to_vec();
+    expected.extend([
+        format!("{NEWER:#x} Other"),
+        format!("{:#x} Jump", NEWER + 1),
+        gap(0x2a, NEWER + 1, "JMPABS"),
+    ]);
+    assert_eq!(show(&l), expected);
+    for (start, name) in [(T1, "ERETU"), (T2, "ERETS")] {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(7), Some(start)).tip(T3).tip_pgd(None);
+        let mut expected = head.to_vec();
+        expected.extend([
+            format!("{start:#x} Other"),
+            format!("{:#x} FarReturn", start + 1),
+            // (libipt's position then: past the TIP it took for a later branch.)
+            gap(0x2b, start + 1, name),
+        ]);
+        assert_eq!(show(&libipt(&w.buf, &space)), expected);
+        let (f, by) = fast(&w.buf, &space);
+        assert_eq!(by, ("fast", None));
+        assert_eq!(
+            show(&f)[2..],
+            [
+                format!("{start:#x} Other"),
+                format!("{:#x} FarReturn", start + 1),
+                format!("{T3:#x} Other"),
+                format!("{:#x} Return", T3 + 1),
+                "TraceDisabled { ip: None }".into(),
+            ]
+        );
+    }
+}

@@ -465,3 +465,65 @@ fn parallel_equals_sequential_on_mutated_traces() {
         assert!(insns > 500_000, "{insns} instructions");
     }
 }
+
+/// TRIG packets (libipt 2.1.2 steps over them through the size we teach it, in every
+/// segment decoder too): the parallel decode of a trace with a TRIG after each PSB+ and
+/// TNT run is the sequential one, and both are the records of the trace without them.
+#[test]
+fn parallel_with_trig_packets_equals_sequential_and_the_plain_trace() {
+    use drpttracer::decode::packets::{list_packets, PacketLine};
+    let prog = LoopProgram::new(BASE);
+    let (plain, _) = prog.trace(30_000, 100, 5);
+    // After every PSBEND and every 7th TNT: TRIG (TRBV 1), with ICNT every other time.
+    let mut with_trig = Vec::with_capacity(plain.len() * 2);
+    let mut copied = 0usize;
+    let (mut added, mut tnts) = (0usize, 0usize);
+    for line in list_packets(&plain) {
+        let PacketLine::Packet {
+            offset, size, name, ..
+        } = line
+        else {
+            panic!("{line}");
+        };
+        let end = offset as usize + size as usize;
+        let at = match name {
+            "psbend" => true,
+            "tnt.8" | "tnt.64" => {
+                tnts += 1;
+                tnts % 7 == 0
+            }
+            _ => false,
+        };
+        if at {
+            with_trig.extend_from_slice(&plain[copied..end]);
+            copied = end;
+            if added % 2 == 0 {
+                with_trig.extend_from_slice(&[0xd9, 0x00, 0x01]);
+            } else {
+                with_trig.extend_from_slice(&[0xd9, 0x40, 0x01, 0x05, 0x00]);
+            }
+            added += 1;
+        }
+    }
+    with_trig.extend_from_slice(&plain[copied..]);
+    assert!(added > 300, "{added}");
+    let s = Setup {
+        space: {
+            let mut space = AddressSpace::new();
+            space.add_bytes("loop", prog.code.clone(), prog.base);
+            space
+        },
+        events: vec![],
+        params: TraceParams::default(),
+        opts: WindowOptions {
+            source: "trig.pt".into(),
+            ..Default::default()
+        },
+    };
+    assert!(split_at_psbs(&with_trig, 64).len() > 20);
+    let expected = check(&plain, &s, "plain", &[2], false);
+    let seq = check(&with_trig, &s, "with TRIG", &[2, 4], true);
+    assert_same(&expected, &seq, "with TRIG against plain");
+    assert!(count(&seq, |r| r.as_instruction().is_some()) > 30_000);
+    assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0);
+}

@@ -19,10 +19,41 @@ pub struct InsnInfo {
     pub direct_target: Option<u64>,
     /// syscall / sysenter / int 0x80.
     pub is_syscall: bool,
+    /// The name of a branch libipt 2.1.2's instruction decoder does not know (ERETU,
+    /// ERETS, JMPABS): it walks on past these as if they were no branch.
+    pub beyond_libipt: Option<&'static str>,
+}
+
+/// JMPABS (APX): a REX2 prefix (0xD5, payload with M0 = 0 and W = 0), opcode 0xA1 and a
+/// 64-bit absolute target, 11 bytes, 64-bit mode only. iced-x86 1.22 knows no APX. The
+/// jump is direct, but Intel PT reports its target with a TIP like an indirect jump's
+/// (libipt's later versions decode it so), which is how our decoder takes it.
+fn jmpabs(bytes: &[u8], mode: ExecMode) -> Option<InsnInfo> {
+    if mode != ExecMode::Bit64 {
+        return None;
+    }
+    match bytes {
+        [0xd5, payload, 0xa1, ..] if payload & 0x88 == 0 && bytes.len() >= 11 => {
+            let mut raw = [0u8; 15];
+            raw[..11].copy_from_slice(&bytes[..11]);
+            Some(InsnInfo {
+                size: 11,
+                bytes: raw,
+                class: InsnClass::Jump,
+                direct_target: None,
+                is_syscall: false,
+                beyond_libipt: Some("JMPABS"),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Classifies the instruction at the start of `bytes` (decoded at `pc`).
 pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
+    if let Some(info) = jmpabs(bytes, mode) {
+        return Some(info);
+    }
     let mut dec = Decoder::with_ip(mode.bitness(), bytes, pc, DecoderOptions::NONE);
     let insn = dec.decode();
     if insn.is_invalid() {
@@ -78,12 +109,21 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
         },
         FlowControl::XbeginXabortXend => InsnClass::Other,
     };
+    // ERETU / ERETS (FRED): far returns, their target from a TIP (iced-x86's flow
+    // control does not say far).
+    let beyond_libipt = match insn.code() {
+        Code::Eretu => Some("ERETU"),
+        Code::Erets => Some("ERETS"),
+        _ => None,
+    };
     let class = if is_syscall {
         InsnClass::FarCall
-    } else if matches!(
-        insn.mnemonic(),
-        Mnemonic::Sysret | Mnemonic::Sysretq | Mnemonic::Sysexit | Mnemonic::Sysexitq
-    ) {
+    } else if beyond_libipt.is_some()
+        || matches!(
+            insn.mnemonic(),
+            Mnemonic::Sysret | Mnemonic::Sysretq | Mnemonic::Sysexit | Mnemonic::Sysexitq
+        )
+    {
         InsnClass::FarReturn
     } else {
         class
@@ -96,6 +136,7 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
         class,
         direct_target,
         is_syscall,
+        beyond_libipt,
     })
 }
 
@@ -399,5 +440,40 @@ mod tests {
         assert_eq!(c(&[0x48, 0xcf]).class, InsnClass::FarReturn); // iretq
         assert_eq!(c(&[0x0f, 0x07]).class, InsnClass::FarReturn); // sysret
         assert!(decode_insn(&[0x0f], 0, m).is_none());
+        // FRED's far returns and APX's absolute jump (libipt 2.1.2 knows neither).
+        for (b, name) in [
+            ([0xf3, 0x0f, 0x01, 0xca], "ERETU"),
+            ([0xf2, 0x0f, 0x01, 0xca], "ERETS"),
+        ] {
+            let i = c(&b);
+            assert_eq!(
+                (i.class, i.size, i.direct_target),
+                (InsnClass::FarReturn, 4, None)
+            );
+            assert_eq!(i.beyond_libipt, Some(name));
+        }
+        let clac = c(&[0x0f, 0x01, 0xca]); // the same bytes without F2/F3: CLAC
+        assert_eq!((clac.class, clac.beyond_libipt), (InsnClass::Other, None));
+        let mut abs = vec![0xd5, 0x00, 0xa1];
+        abs.extend_from_slice(&0x7f00_1234_5678u64.to_le_bytes());
+        let j = c(&abs);
+        assert_eq!(
+            (j.class, j.size, j.direct_target),
+            (InsnClass::Jump, 11, None)
+        );
+        assert_eq!(
+            (j.beyond_libipt, &j.bytes[..11]),
+            (Some("JMPABS"), &abs[..])
+        );
+        // REX2.W = 1 or map 1: not JMPABS (and nothing iced-x86 decodes); cut: none.
+        for payload in [0x08, 0x80] {
+            abs[1] = payload;
+            assert!(decode_insn(&abs, 0x1000, m).is_none());
+        }
+        abs[1] = 0;
+        assert!(decode_insn(&abs[..10], 0x1000, m).is_none());
+        assert!(
+            decode_insn(&abs, 0x1000, ExecMode::Bit32).is_none_or(|i| i.beyond_libipt.is_none())
+        );
     }
 }

@@ -170,6 +170,76 @@ unsafe extern "C" fn read_image(
     n as c_int
 }
 
+/// What [`decode_unknown`] does with a TRIG whose IP bit binds it to the FUP after it.
+/// The address of one of these statics is the callback's context.
+struct UnknownPackets {
+    /// Refuse it (`pte_bad_packet`): libipt 2.1.2 would take that FUP for the start of an
+    /// asynchronous event and misread the flow. Flow decoders use this.
+    refuse_fup_bound_trig: bool,
+}
+
+static LIST_UNKNOWN: UnknownPackets = UnknownPackets {
+    refuse_fup_bound_trig: false,
+};
+static DECODE_UNKNOWN: UnknownPackets = UnknownPackets {
+    refuse_fup_bound_trig: true,
+};
+
+/// Teaches libipt (2.1.2) the packets newer than it through its unknown-packet callback:
+/// TRIG gets its size, so that libipt's decoders step over it as a `ppt_unknown` packet
+/// (its event decoder ignores those) instead of failing with "unknown opcode". Every
+/// libipt decoder this crate allocates gets its configuration through here. `flow`: the
+/// configuration is for a flow (block) decoder, see [`UnknownPackets`].
+fn teach_unknown_packets(cfg: &mut sys::pt_config, flow: bool) {
+    let how: &'static UnknownPackets = if flow { &DECODE_UNKNOWN } else { &LIST_UNKNOWN };
+    cfg.decode.callback = Some(decode_unknown);
+    cfg.decode.context = std::ptr::from_ref(how).cast_mut().cast();
+}
+
+/// libipt's unknown-packet callback (see [`teach_unknown_packets`]): the size of the TRIG
+/// packet at `pos`, or a negative libipt error code. Never unwinds into libipt.
+unsafe extern "C" fn decode_unknown(
+    _unknown: *mut sys::pt_packet_unknown,
+    config: *const sys::pt_config,
+    pos: *const u8,
+    context: *mut c_void,
+) -> c_int {
+    let internal = -(sys::pt_error_code_pte_internal as c_int);
+    let r = std::panic::catch_unwind(|| {
+        if config.is_null() || pos.is_null() {
+            return internal;
+        }
+        // SAFETY: libipt passes its decoder's own (live) configuration.
+        let end = unsafe { (*config).end };
+        if end.is_null() || end.cast_const() < pos {
+            return -(sys::pt_error_code_pte_eos as c_int);
+        }
+        // SAFETY: `pos` and `end` point into the same trace buffer (libipt reads packets
+        // between its configuration's begin and end), and `end >= pos`.
+        let len = unsafe { end.cast_const().offset_from(pos) } as usize;
+        // SAFETY: pos..end is the readable rest of the trace buffer (see above), which
+        // outlives this call.
+        let rest = unsafe { std::slice::from_raw_parts(pos, len) };
+        if rest.first() != Some(&crate::wire::TRIG_OPCODE) {
+            return -(sys::pt_error_code_pte_bad_opc as c_int);
+        }
+        let Some((trig, size)) = crate::wire::parse_trig(rest) else {
+            return -(sys::pt_error_code_pte_eos as c_int);
+        };
+        // (Compared by address only: the context is one of the two statics.)
+        let how = if std::ptr::eq(context.cast_const().cast(), &DECODE_UNKNOWN) {
+            &DECODE_UNKNOWN
+        } else {
+            &LIST_UNKNOWN
+        };
+        if trig.ip && how.refuse_fup_bound_trig {
+            return -(sys::pt_error_code_pte_bad_packet as c_int);
+        }
+        size as c_int
+    });
+    r.unwrap_or(internal)
+}
+
 /// An owned `pt_block_decoder` over a borrowed trace buffer.
 pub(crate) struct BlockDecoder<'a> {
     raw: std::ptr::NonNull<sys::pt_block_decoder>,
@@ -191,6 +261,7 @@ impl<'a> BlockDecoder<'a> {
         if trace.is_empty() {
             return Err(PtErr(sys::pt_error_code_pte_eos as i32));
         }
+        teach_unknown_packets(&mut cfg, true);
         // libipt never writes through begin/end of a decoder's buffer.
         cfg.begin = trace.as_ptr().cast_mut();
         // SAFETY: one past the end of the same slice.
@@ -434,6 +505,7 @@ impl<'a> PacketDecoder<'a> {
         if trace.is_empty() {
             return Err(PtErr(sys::pt_error_code_pte_eos as i32));
         }
+        teach_unknown_packets(&mut cfg, false);
         cfg.begin = trace.as_ptr().cast_mut();
         // SAFETY: one past the end of the same slice.
         cfg.end = unsafe { cfg.begin.add(trace.len()) };
@@ -666,8 +738,65 @@ pub fn has_tsc(trace: &[u8]) -> bool {
     false
 }
 
-/// ptdump-style name and payload text of a decoded packet.
-pub(crate) fn format_packet(p: &sys::pt_packet) -> (&'static str, String) {
+/// Text of a TRIG packet's fields.
+fn format_trig(t: &crate::wire::Trig) -> String {
+    let mut s = format!("trbv {:#04x}", t.trbv);
+    if let Some(n) = t.icnt {
+        s.push_str(&format!(", icnt {n}"));
+    }
+    if t.ip {
+        s.push_str(", ip");
+    }
+    if t.mult {
+        s.push_str(", mult");
+    }
+    s
+}
+
+/// Text of a CFE packet's fields: the event's name, its vector where the type has one,
+/// and whether a FUP gives its IP.
+fn format_cfe(ty: u32, vector: u8, ip: bool) -> String {
+    // (Types and which carry a vector: Intel SDM, "Control Flow Event (CFE) Packet".)
+    let (name, vector) = match ty {
+        1 => ("intr", Some(format!("vector {vector}"))),
+        2 => ("iret", None),
+        3 => ("smi", None),
+        4 => ("rsm", None),
+        5 => ("sipi", Some(format!("vector {vector:#x}"))),
+        6 => ("init", None),
+        7 => ("vmentry", None),
+        8 => ("vmexit", None),
+        9 => ("vmexit_intr", Some(format!("vector {vector}"))),
+        10 => ("shutdown", None),
+        12 => ("uintr", Some(format!("vector {vector}"))),
+        13 => ("uiret", None),
+        14 => ("swintr", Some(format!("vector {vector}"))),
+        15 => ("syscall", None),
+        _ => ("", Some(format!("type {ty}, vector {vector}"))),
+    };
+    let mut s = name.to_string();
+    for part in vector.into_iter().chain(ip.then(|| "ip".to_string())) {
+        if !s.is_empty() {
+            s.push_str(", ");
+        }
+        s.push_str(&part);
+    }
+    s
+}
+
+/// Text of an EVD packet's fields: what its payload is, and the payload.
+fn format_evd(ty: u32, payload: u64) -> String {
+    match ty {
+        0 => format!("cr2 {payload:#x}"),
+        1 => format!("vmx exit qualification {payload:#x}"),
+        2 => format!("vmx exit reason {payload:#x}"),
+        _ => format!("type {ty}, {payload:#x}"),
+    }
+}
+
+/// ptdump-style name and payload text of a decoded packet; `raw` holds the packet's bytes
+/// (libipt gives only those of a packet it does not know itself).
+pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> (&'static str, String) {
     let ipc_name = |ipc: sys::pt_ip_compression| match ipc {
         sys::pt_ip_compression_pt_ipc_suppressed => "suppressed",
         sys::pt_ip_compression_pt_ipc_update_16 => "upd16",
@@ -778,7 +907,18 @@ pub(crate) fn format_packet(p: &sys::pt_packet) -> (&'static str, String) {
                 let w = p.payload.ptw;
                 ("ptw", format!("{:#x}, ip={}", w.payload, w.ip()))
             }
-            sys::pt_packet_type_ppt_unknown => ("unknown", String::new()),
+            sys::pt_packet_type_ppt_cfe => {
+                let c = p.payload.cfe;
+                ("cfe", format_cfe(c.type_, c.vector, c.ip() != 0))
+            }
+            sys::pt_packet_type_ppt_evd => {
+                let e = p.payload.evd;
+                ("evd", format_evd(e.type_, e.payload))
+            }
+            sys::pt_packet_type_ppt_unknown => match crate::wire::parse_trig(raw) {
+                Some((t, _)) => ("trig", format_trig(&t)),
+                None => ("unknown", String::new()),
+            },
             _ => ("other", format!("type {}", p.type_)),
         }
     }

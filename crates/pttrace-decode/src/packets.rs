@@ -106,7 +106,11 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
             let offset = dec.offset().unwrap_or(sync);
             match dec.next(&mut pkt) {
                 Ok(size) => {
-                    let (name, payload) = format_packet(&pkt);
+                    let raw = usize::try_from(offset)
+                        .ok()
+                        .and_then(|o| trace.get(o..o.checked_add(size as usize)?))
+                        .unwrap_or(&[]);
+                    let (name, payload) = format_packet(&pkt, raw);
                     out.push(PacketLine::Packet {
                         offset,
                         size,
@@ -175,6 +179,57 @@ mod tests {
             )),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn trig_cfe_and_evd_show_their_fields() {
+        let mut w = PtWriter::new();
+        w.psb_plus(None, Some(0x401000));
+        let at_usize = w.buf.len();
+        let at = at_usize as u64;
+        w.buf.extend_from_slice(&[
+            0xd9, 0x20, 0x05, // TRIG: TRBV 5, MULT
+            0xd9, 0x40, 0x01, 0x2c, 0x01, // TRIG: TRBV 1, ICNT 300
+            0xd9, 0xc0, 0x82, 0, 0, // TRIG: TRBV 0x82, ICNT 0, IP (a FUP follows)
+        ]);
+        w.fup(0x401234);
+        w.buf.extend_from_slice(&[0x02, 0x53, 0x00]); // EVD: CR2
+        w.buf.extend_from_slice(&0x7fff_1234_5000u64.to_le_bytes());
+        w.buf.extend_from_slice(&[0x02, 0x13, 0x81, 0x0e]); // CFE: INTR, vector 14, IP
+        w.buf.extend_from_slice(&[0x02, 0x13, 0x02, 0x00]); // CFE: IRET
+        w.buf.extend_from_slice(&[0x02, 0x13, 0x05, 0x9a]); // CFE: SIPI, vector 0x9a
+        w.buf.extend_from_slice(&[0x02, 0x13, 0x1f, 0x07]); // CFE: a type of no name
+        w.buf.extend_from_slice(&[0x02, 0x53, 0x02]); // EVD: VMX exit reason
+        w.buf.extend_from_slice(&48u64.to_le_bytes());
+        w.tnt(&[true]);
+        let lines: Vec<String> = list_packets(&w.buf).iter().map(|l| l.to_string()).collect();
+        let k = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{at:016x}")))
+            .unwrap();
+        let at = |d: u64| format!("{:016x}", at + d);
+        assert_eq!(
+            lines[k..],
+            [
+                format!("{}  trig       trbv 0x05, mult", at(0)),
+                format!("{}  trig       trbv 0x01, icnt 300", at(3)),
+                format!("{}  trig       trbv 0x82, icnt 0, ip", at(8)),
+                format!("{}  fup        sext48: 0x401234", at(13)),
+                format!("{}  evd        cr2 0x7fff12345000", at(20)),
+                format!("{}  cfe        intr, vector 14, ip", at(31)),
+                format!("{}  cfe        iret", at(35)),
+                format!("{}  cfe        sipi, vector 0x9a", at(39)),
+                format!("{}  cfe        type 31, vector 7", at(43)),
+                format!("{}  evd        vmx exit reason 0x30", at(47)),
+                format!("{}  tnt.8      !", at(58)),
+            ]
+        );
+        // The second TRIG cut by the end of the trace: libipt's end of stream, no line.
+        let cut: Vec<String> = list_packets(&w.buf[..at_usize + 7])
+            .iter()
+            .map(|l| l.to_string())
+            .collect();
+        assert_eq!(cut, lines[..=k]);
     }
 
     #[test]

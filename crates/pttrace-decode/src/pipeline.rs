@@ -335,6 +335,10 @@ pub(crate) enum FirstGap {
     Progress,
     /// Instruction bytes libipt decoded but we cannot.
     Unreadable,
+    /// A branch libipt's instruction decoder does not know ([`InsnInfo::beyond_libipt`]).
+    ///
+    /// [`InsnInfo::beyond_libipt`]: crate::insn::InsnInfo::beyond_libipt
+    BeyondLibipt,
     /// Anything else (lost data).
     Other,
 }
@@ -515,6 +519,9 @@ pub struct PtDecoder<'a> {
     flow: Option<Box<flow::FlowState>>,
     /// Why the fast decoder handed the window to libipt.
     fallback: Option<flow::Fallback>,
+    /// The block just expanded holds a branch libipt does not know: decoding stops there
+    /// (a gap) and resumes at the next PSB.
+    stop_at_unknown_branch: bool,
     /// Records libipt gives that the fast decoder handed out already (dropped).
     skip: u64,
     /// The fast decoder decoded the whole window.
@@ -716,6 +723,7 @@ impl<'a> PtDecoder<'a> {
             pt_len,
             flow,
             fallback: None,
+            stop_at_unknown_branch: false,
             skip: 0,
             flow_done: false,
             part: None,
@@ -787,6 +795,14 @@ impl<'a> PtDecoder<'a> {
 
     fn push_gap(&mut self, err: PtErr, ip: Option<u64>) {
         let mut error = err.text();
+        let here = self.dec.offset().and_then(|o| usize::try_from(o).ok());
+        let trig = here.and_then(|o| crate::wire::parse_trig(self.trace.get(o..)?));
+        if trig.is_some_and(|(t, _)| t.ip) {
+            error = format!(
+                "{error}: a TRIG with the IP bit (bound to the FUP after it) is beyond \
+                 libipt 2.1.2"
+            );
+        }
         if err.is_nomap() {
             if let Some(ip) = ip {
                 error = format!("{error}: no code image covers {ip:#x}");
@@ -931,7 +947,10 @@ impl<'a> PtDecoder<'a> {
     fn note_gap(&mut self, g: FirstGap) {
         if let Some(seg) = self.seg.as_mut() {
             seg.report.first_gap.get_or_insert(g);
-            seg.report.block_bound |= matches!(g, FirstGap::Progress | FirstGap::Unreadable);
+            seg.report.block_bound |= matches!(
+                g,
+                FirstGap::Progress | FirstGap::Unreadable | FirstGap::BeyondLibipt
+            );
             seg.awaiting = None;
         }
     }
@@ -1247,6 +1266,25 @@ impl<'a> PtDecoder<'a> {
                 }
             };
             info.push_records(out, pc, mode);
+            if let Some(name) = info.beyond_libipt {
+                // libipt 2.1.2 walks on past it as if it were no branch: what it decodes
+                // from here on is not what ran.
+                drop(space);
+                self.note_gap(FirstGap::BeyondLibipt);
+                self.stop_at_unknown_branch = true;
+                out.push(Record::Gap(Box::new(Gap {
+                    kind: GapKind::DecodeError,
+                    ip: Some(pc),
+                    pt_offset: self.offset(),
+                    source: self.opts.source.clone(),
+                    error: format!(
+                        "{name}: a branch libipt 2.1.2 does not know (it would decode on past \
+                         it as if it were none); decoding resumes at the next PSB (the fast \
+                         decoder follows {name})"
+                    ),
+                })));
+                return None;
+            }
             pc = match info.direct_target {
                 Some(t) if i + 1 < n => t,
                 _ => pc.wrapping_add(u64::from(info.size)),
@@ -1321,6 +1359,12 @@ impl<'a> PtDecoder<'a> {
         } else {
             Some(blk.ip)
         };
+        if std::mem::take(&mut self.stop_at_unknown_branch) {
+            // (The gap is queued: `expand_uncached`.)
+            self.last_error_sync = self.dec.sync_offset().or(self.last_error_sync);
+            self.state = State::NeedSync;
+            return;
+        }
         if self.seg.as_ref().is_some_and(|s| s.awaiting.is_some()) && self.seg_block() {
             return;
         }

@@ -26,6 +26,8 @@ pub(crate) enum Pkt {
     Psb,
     Psbend,
     Cbr,
+    /// TRIG (trigger report): carries no control flow.
+    Trig(Trig),
     /// Any other packet (or a reserved encoding): its name.
     Other(&'static str),
 }
@@ -35,6 +37,47 @@ pub(crate) enum Pkt {
 pub(crate) struct IpPayload {
     pub ipc: u8,
     pub raw: u64,
+}
+
+/// A TRIG packet's fields (Intel SDM: opcode 0xD9; payload byte 1: IP bit 7, ICNTV bit 6,
+/// MULT bit 5; byte 2: TRBV; then, when ICNTV is set, ICNT as 2 bytes little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Trig {
+    /// Which triggers fired (a bit each).
+    pub trbv: u8,
+    /// Instructions since the last IP packet (when ICNTV is set).
+    pub icnt: Option<u16>,
+    /// A FUP follows that gives the IP the trigger is attributed to.
+    pub ip: bool,
+    /// More triggers fired than TRBV reports.
+    pub mult: bool,
+}
+
+/// TRIG's opcode (libipt 2.1.2 does not know it; see [`parse_trig`]).
+pub(crate) const TRIG_OPCODE: u8 = 0xd9;
+
+/// The TRIG packet at the start of `t` and its size (3, or 5 with ICNT); `None` when `t`
+/// does not start with TRIG's opcode or ends inside the packet. The one definition of
+/// TRIG's layout: our packet parser and the size we teach libipt both use it.
+pub(crate) fn parse_trig(t: &[u8]) -> Option<(Trig, usize)> {
+    let (&op, rest) = t.split_first()?;
+    if op != TRIG_OPCODE {
+        return None;
+    }
+    let (&flags, &trbv) = (rest.first()?, rest.get(1)?);
+    let icntv = flags & 0x40 != 0;
+    let icnt = if icntv {
+        Some(u16::from_le_bytes([*rest.get(2)?, *rest.get(3)?]))
+    } else {
+        None
+    };
+    let trig = Trig {
+        trbv,
+        icnt,
+        ip: flags & 0x80 != 0,
+        mult: flags & 0x20 != 0,
+    };
+    Some((trig, if icntv { 5 } else { 3 }))
 }
 
 /// The 16 bytes of a PSB packet.
@@ -112,7 +155,7 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             }
         }
         0x59 => Some((Pkt::Other("mtc"), 2)),
-        0xd9 => Some((Pkt::Other("trig"), 1)),
+        TRIG_OPCODE => parse_trig(t.get(pos..)?).map(|(trig, n)| (Pkt::Trig(trig), n)),
         _ if b0 & 3 == 3 => Some((Pkt::Other("cyc"), 1)),
         _ => Some((Pkt::Other("unknown opcode"), 1)),
     }
@@ -145,6 +188,8 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             Some((Pkt::Cbr, 4))
         }
         0xf3 => Some((Pkt::Other("ovf"), 2)),
+        0x13 => Some((Pkt::Other("cfe"), 4)),
+        0x53 => Some((Pkt::Other("evd"), 11)),
         _ => Some((Pkt::Other("extended packet"), 2)),
     }
 }
@@ -244,13 +289,47 @@ mod tests {
         assert_eq!(parse(&[0x04], 0), Some((Pkt::Tnt { bits: 0, n: 1 }, 1)));
         assert_eq!(parse(&[0x02, 0xf3], 0), Some((Pkt::Other("ovf"), 2)));
         assert_eq!(parse(&[0x59, 0x01], 0), Some((Pkt::Other("mtc"), 2)));
-        assert_eq!(parse(&[0xd9], 0), Some((Pkt::Other("trig"), 1)));
+        assert_eq!(
+            parse(&[0x02, 0x13, 0x81, 0x0e], 0),
+            Some((Pkt::Other("cfe"), 4))
+        );
+        assert_eq!(
+            parse(&[0x02, 0x53, 0, 1, 2], 0),
+            Some((Pkt::Other("evd"), 11))
+        );
         assert_eq!(parse(&[0x19, 1, 2, 3], 0), None, "cut TSC");
         assert_eq!(find_psb(&[0, 0, 0x02, 0x82], 0), None);
         let mut t = vec![0u8; 3];
         t.extend_from_slice(&PSB);
         assert_eq!(find_psb(&t, 0), Some(3));
         assert_eq!(find_psb(&t, 4), None);
+    }
+
+    #[test]
+    fn trig_fields_and_sizes() {
+        let trig = |trbv, icnt, ip, mult| Trig {
+            trbv,
+            icnt,
+            ip,
+            mult,
+        };
+        assert_eq!(
+            parse(&[0xd9, 0x20, 0x05, 0x00], 0),
+            Some((Pkt::Trig(trig(5, None, false, true)), 3))
+        );
+        assert_eq!(
+            parse(&[0x00, 0xd9, 0x40, 0x01, 0x2c, 0x01], 1),
+            Some((Pkt::Trig(trig(1, Some(300), false, false)), 5))
+        );
+        assert_eq!(
+            parse(&[0xd9, 0xc0, 0x82, 0, 0], 0),
+            Some((Pkt::Trig(trig(0x82, Some(0), true, false)), 5))
+        );
+        // Cut by the end: no packet (as libipt's end of stream).
+        for cut in [&[0xd9][..], &[0xd9, 0x00], &[0xd9, 0x40, 0x01, 0x2c]] {
+            assert_eq!(parse(cut, 0), None, "{cut:x?}");
+        }
+        assert_eq!(parse_trig(&[0x19, 0, 0]), None, "not a TRIG");
     }
 
     #[test]

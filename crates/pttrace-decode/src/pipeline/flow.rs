@@ -9,7 +9,8 @@
 //!
 //! It gives exactly libipt's records (same markers, same timestamps, same stop at the end
 //! of the trace) for what it handles: PSB+ (TSC, CBR, MODE.Exec, FUP), TNT, TIP,
-//! TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, CBR, PAD, 64-bit code, return compression,
+//! TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, CBR, PAD, TRIG, 64-bit code (ERETU, ERETS
+//! and JMPABS included, which libipt 2.1.2 does not know), return compression,
 //! no sideband left to apply. Anything else — another packet, an error, an IP it cannot
 //! reach without trace, code it cannot read — hands the window to libipt: the records of
 //! the current PSB segment are dropped and libipt decodes the window from its start, its
@@ -157,6 +158,17 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
         }
         _ => false,
     }
+}
+
+/// A TRIG carries no control flow: both decoders step over it (libipt through the size
+/// [`crate::ipt`] teaches it). One whose IP bit binds it to the next FUP goes to libipt,
+/// which reports it (its version knows no FUP-bound TRIG).
+#[inline]
+fn trig_skippable(t: wire::Trig) -> Result<(), Fallback> {
+    if t.ip {
+        return Err("TRIG bound to a FUP (IP bit)");
+    }
+    Ok(())
 }
 
 /// Why the fast decoder handed a window to libipt.
@@ -852,6 +864,10 @@ impl PtDecoder<'_> {
                     break (End::Cond, next, i.near_branch_target());
                 }
                 (InsnClass::FarCall, _) if info.is_syscall => break (End::Syscall, next, 0),
+                // ERETU / ERETS: far returns to where a TIP says (no return stack).
+                (InsnClass::FarReturn, _) if info.beyond_libipt.is_some() => {
+                    break (End::Indirect, next, 0)
+                }
                 _ => return Err("instruction the fast decoder leaves to libipt"),
             }
             if n >= MAX_BLOCK_INSNS {
@@ -897,6 +913,7 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
+                Pkt::Trig(t) => trig_skippable(t)?,
                 Pkt::Tsc(t) => st.time = Some(t),
                 Pkt::Cbr => self.flow_quiet_event(st),
                 Pkt::TipPgd(p) => return Ok(TraceItem::Pgd(st.last_ip.apply(p))),
@@ -972,6 +989,8 @@ impl PtDecoder<'_> {
             st.pos += size;
             match pkt {
                 Pkt::Pad | Pkt::Cbr => {}
+                // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
+                Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(t) => st.time = Some(t),
                 Pkt::Fup(p) => {
                     if fup.is_some() {
@@ -1038,7 +1057,7 @@ impl PtDecoder<'_> {
                 Pkt::Pad | Pkt::Tsc(_) | Pkt::Cbr | Pkt::Psbend | Pkt::ModeExec { .. } => {
                     pos += size
                 }
-                Pkt::TipPge(_) | Pkt::Other(_) => return true,
+                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) => return true,
                 _ => return false,
             }
         }
