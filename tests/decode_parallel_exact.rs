@@ -527,3 +527,135 @@ fn parallel_with_trig_packets_equals_sequential_and_the_plain_trace() {
     assert!(count(&seq, |r| r.as_instruction().is_some()) > 30_000);
     assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0);
 }
+
+/// The fast decoder keeps libipt's time without cycle-accurate mode (TSC, TMA, MTC through
+/// CPUID 0x15's ratio): on the timed traces (no sideband, so it decodes them itself), with
+/// MTC frequencies where TMA holds every MTC bit (2) and where it does not (9, the first MTC
+/// after a TMA estimating the rest), with and without the ratio, its records (timestamps
+/// included) equal libipt's, sequentially and on 2 and 3 threads; so do those of 600
+/// mutants, wherever it hands a window to libipt.
+#[test]
+fn fast_decoder_keeps_libipt_time_on_timed_traces() {
+    use drpttracer::decode::parallel::decode_parallel_stats;
+    use drpttracer::decode::DecoderKind;
+    let prog = LoopProgram::new(BASE);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let decode = |trace: &[u8], params: TraceParams, kind: DecoderKind| {
+        let opts = WindowOptions {
+            source: "timed.pt".into(),
+            window_id: Some(7),
+            decoder: kind,
+            ..Default::default()
+        };
+        let mut d = PtDecoder::new(
+            trace,
+            params,
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts,
+        )
+        .unwrap();
+        let recs: Vec<Record> = d.by_ref().collect();
+        (recs, d.decoded_by())
+    };
+    let cpus = [
+        timed_cpu(),
+        CpuParams {
+            mtc_freq: 9,
+            ..timed_cpu()
+        },
+        CpuParams {
+            cpuid_0x15_eax: 0,
+            cpuid_0x15_ebx: 0,
+            ..timed_cpu()
+        },
+    ];
+    let traces = [
+        timed_trace(&prog, 30_000, 60, 21, false),
+        timed_trace(&prog, 30_000, 150, 22, false),
+    ];
+    for (t, trace) in traces.iter().enumerate() {
+        for (c, cpu) in cpus.iter().enumerate() {
+            let params = TraceParams {
+                cpu: *cpu,
+                time: time_conv(),
+                ..Default::default()
+            };
+            let what = format!("timed trace {t}, cpu {c}");
+            let (want, _) = decode(trace, params, DecoderKind::Libipt);
+            let (got, by) = decode(trace, params, DecoderKind::Fast);
+            assert_same(&want, &got, &what);
+            assert_eq!(by, ("fast", None), "{what}");
+            let ts: Vec<u64> = want
+                .iter()
+                .filter_map(|r| match r {
+                    Record::Timestamp { tsc, .. } => Some(*tsc),
+                    _ => None,
+                })
+                .collect();
+            assert!(ts.len() > 50, "{what}: {} timestamps", ts.len());
+            for threads in [2, 3] {
+                let (chunks, stats) = decode_parallel_stats(
+                    trace,
+                    &params,
+                    &space,
+                    &[],
+                    &ImageResolver::default(),
+                    &WindowOptions {
+                        source: "timed.pt".into(),
+                        window_id: Some(7),
+                        ..Default::default()
+                    },
+                    threads,
+                )
+                .unwrap();
+                let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+                assert_same(&want, &par, &format!("{what}, {threads} threads"));
+                assert_eq!(stats.by, "fast", "{what}: {stats:?}");
+            }
+        }
+    }
+    // MTC advanced the time between TSCs: timestamps a TSC packet never gave (not only
+    // the generator's TSC values).
+    let params = TraceParams {
+        cpu: timed_cpu(),
+        time: time_conv(),
+        ..Default::default()
+    };
+    let (recs, _) = decode(&traces[0], params, DecoderKind::Fast);
+    let (untimed, _) = decode(
+        &traces[0],
+        TraceParams {
+            cpu: CpuParams {
+                cpuid_0x15_eax: 0,
+                ..timed_cpu()
+            },
+            ..params
+        },
+        DecoderKind::Fast,
+    );
+    assert_ne!(recs, untimed, "MTC changed no timestamp");
+
+    let mut rng = XorShift::new(0x71e);
+    let mut by = std::collections::BTreeMap::new();
+    for k in 0..600 {
+        let base = &traces[k % 2];
+        let m = mutate(&mut rng, base);
+        let params = TraceParams {
+            cpu: cpus[k % 3],
+            time: time_conv(),
+            ..Default::default()
+        };
+        let (want, _) = decode(&m, params, DecoderKind::Libipt);
+        let (got, b) = decode(&m, params, DecoderKind::Fast);
+        if want != got {
+            let _ = std::fs::write(std::env::temp_dir().join("timed_mutant.pt"), &m);
+        }
+        assert_same(&want, &got, &format!("mutant {k} (cpu {})", k % 3));
+        *by.entry(b.1.unwrap_or("fast")).or_insert(0) += 1;
+    }
+    eprintln!("timed mutants: {by:?}");
+    assert!(by.get("fast").copied().unwrap_or(0) > 20, "{by:?}");
+}

@@ -683,7 +683,13 @@ impl<'a> PtDecoder<'a> {
             && events.is_empty()
             && params.filter.ranges.iter().all(|r| r.0 == 0))
         .then(|| {
-            let mut f = flow::FlowState::new(cfg.errata.bdm70() != 0, cfg.errata.skd022() != 0);
+            let clock = flow::ClockCfg {
+                mtc_freq: cfg.mtc_freq,
+                ratio_den: cfg.cpuid_0x15_eax,
+                ratio_num: cfg.cpuid_0x15_ebx,
+            };
+            let mut f =
+                flow::FlowState::new(cfg.errata.bdm70() != 0, cfg.errata.skd022() != 0, clock);
             f.initial_records = queue.records;
             Box::new(f)
         });

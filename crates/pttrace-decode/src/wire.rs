@@ -26,6 +26,13 @@ pub(crate) enum Pkt {
     Psb,
     Psbend,
     Cbr,
+    /// MTC: bits `mtc_freq..mtc_freq + 8` of the crystal clock (CTC).
+    Mtc(u8),
+    /// TMA: the CTC's low 16 bits and the fast counter at the preceding TSC.
+    Tma {
+        ctc: u16,
+        fc: u16,
+    },
     /// TRIG (trigger report): carries no control flow.
     Trig(Trig),
     /// Any other packet (or a reserved encoding): its name.
@@ -154,7 +161,7 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
                 _ => Some((Pkt::Other("mode (reserved leaf)"), 2)),
             }
         }
-        0x59 => Some((Pkt::Other("mtc"), 2)),
+        0x59 => Some((Pkt::Mtc(*t.get(pos + 1)?), 2)),
         TRIG_OPCODE => parse_trig(t.get(pos..)?).map(|(trig, n)| (Pkt::Trig(trig), n)),
         _ if b0 & 3 == 3 => Some((Pkt::Other("cyc"), 1)),
         _ => Some((Pkt::Other("unknown opcode"), 1)),
@@ -184,8 +191,22 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             .or(Some((Pkt::Other("broken psb"), 2))),
         0x23 => Some((Pkt::Psbend, 2)),
         0x03 => {
-            t.get(pos..pos + 4)?;
+            let b = t.get(pos..pos + 4)?;
+            // (A ratio of 0 is an error to libipt.)
+            if b[2] == 0 {
+                return Some((Pkt::Other("cbr with ratio 0"), 4));
+            }
             Some((Pkt::Cbr, 4))
+        }
+        0x73 => {
+            // TMA: CTC (2 bytes), a reserved zero byte, FC (9 bits in 2 bytes).
+            let b = t.get(pos..pos + 7)?;
+            let ctc = u16::from_le_bytes([b[2], b[3]]);
+            let fc = u16::from_le_bytes([b[5], b[6]]);
+            if b[4] != 0 || fc > 0x1ff {
+                return Some((Pkt::Other("tma with reserved bits set"), 7));
+            }
+            Some((Pkt::Tma { ctc, fc }, 7))
         }
         0xf3 => Some((Pkt::Other("ovf"), 2)),
         0x13 => Some((Pkt::Other("cfe"), 4)),
@@ -288,7 +309,32 @@ mod tests {
         assert_eq!(parse(&[0x0e], 0), Some((Pkt::Tnt { bits: 3, n: 2 }, 1)));
         assert_eq!(parse(&[0x04], 0), Some((Pkt::Tnt { bits: 0, n: 1 }, 1)));
         assert_eq!(parse(&[0x02, 0xf3], 0), Some((Pkt::Other("ovf"), 2)));
-        assert_eq!(parse(&[0x59, 0x01], 0), Some((Pkt::Other("mtc"), 2)));
+        assert_eq!(parse(&[0x59, 0x01], 0), Some((Pkt::Mtc(1), 2)));
+        assert_eq!(parse(&[0x59], 0), None, "cut MTC");
+        // TMA: CTC 0x1234, FC 0x1ff; a reserved bit set; cut.
+        let tma = [0x02, 0x73, 0x34, 0x12, 0, 0xff, 0x01];
+        assert_eq!(
+            parse(&tma, 0),
+            Some((
+                Pkt::Tma {
+                    ctc: 0x1234,
+                    fc: 0x1ff
+                },
+                7
+            ))
+        );
+        let bad = [0x02, 0x73, 0x34, 0x12, 0, 0xff, 0x03];
+        assert_eq!(
+            parse(&bad, 0),
+            Some((Pkt::Other("tma with reserved bits set"), 7))
+        );
+        assert_eq!(parse(&tma[..6], 0), None, "cut TMA");
+        // CBR: a ratio of 0 is an error to libipt.
+        assert_eq!(parse(&[0x02, 0x03, 24, 0], 0), Some((Pkt::Cbr, 4)));
+        assert_eq!(
+            parse(&[0x02, 0x03, 0, 0], 0),
+            Some((Pkt::Other("cbr with ratio 0"), 4))
+        );
         assert_eq!(
             parse(&[0x02, 0x13, 0x81, 0x0e], 0),
             Some((Pkt::Other("cfe"), 4))

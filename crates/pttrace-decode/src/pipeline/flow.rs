@@ -154,6 +154,7 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
             st.tnt = u64::from(b >> 1) & ((1 << n) - 1);
             st.tnt_n = n;
             st.pos += 1;
+            st.read_on = ReadOn::Nothing;
             true
         }
         _ => false,
@@ -169,6 +170,121 @@ fn trig_skippable(t: wire::Trig) -> Result<(), Fallback> {
         return Err("TRIG bound to a FUP (IP bit)");
     }
     Ok(())
+}
+
+/// The CPU parameters the trace's time depends on: the MTC frequency (`mtc_freq`) and the
+/// TSC / crystal clock ratio (CPUID leaf 0x15's EBX / EAX).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ClockCfg {
+    pub mtc_freq: u8,
+    pub ratio_den: u32,
+    pub ratio_num: u32,
+}
+
+/// The trace's time as libipt estimates it without cycle-accurate mode: a TSC packet
+/// sets it; the TMA after it tells where in the crystal clock's (CTC) period it came;
+/// each MTC then moves it on by the CTC ticks since the last one, converted to TSC ticks
+/// (CPUID 0x15's ratio). Errors libipt reports (a TMA out of place, CTC wrapped more
+/// than once) hand the window to libipt; a missing ratio leaves the time where it is, as
+/// libipt does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Clock {
+    /// The estimate.
+    tsc: u64,
+    /// The TSC at the last CTC reference (MTC, or TSC less the TMA's fast counter).
+    base: u64,
+    /// CTC bits at the last MTC or TMA.
+    ctc: u32,
+    /// Fast-counter ticks since the reference.
+    fc: u64,
+    have_tsc: bool,
+    have_tma: bool,
+    have_mtc: bool,
+}
+
+/// Bits of the CTC that an MTC payload holds, and that TMA holds.
+const MTC_BITS: u32 = 8;
+const TMA_CTC_BITS: u32 = 16;
+
+impl Clock {
+    /// The time, once a TSC packet gave one.
+    #[inline]
+    pub fn now(&self) -> Option<u64> {
+        self.have_tsc.then_some(self.tsc)
+    }
+
+    fn on_tsc(&mut self, tsc: u64) {
+        *self = Clock {
+            tsc,
+            base: tsc,
+            have_tsc: true,
+            ..Clock::default()
+        };
+    }
+
+    fn on_tma(&mut self, ctc: u16, fc: u16, cfg: ClockCfg) -> Result<(), Fallback> {
+        if !self.have_tsc || self.have_tma || self.have_mtc || cfg.mtc_freq > 15 {
+            return Err("TMA out of place");
+        }
+        let hi = u32::from(cfg.mtc_freq) + MTC_BITS;
+        self.have_tma = true;
+        self.base = self.base.wrapping_sub(u64::from(fc));
+        self.fc = self.fc.wrapping_add(u64::from(fc));
+        // With all the CTC bits an MTC has, the TMA serves as the first MTC.
+        if hi <= TMA_CTC_BITS {
+            self.have_mtc = true;
+        }
+        self.ctc = u32::from(ctc) & ((1 << hi) - 1);
+        Ok(())
+    }
+
+    fn on_mtc(&mut self, payload: u8, cfg: ClockCfg) -> Result<(), Fallback> {
+        if cfg.mtc_freq > 15 {
+            return Err("MTC frequency out of range");
+        }
+        // MTCs between a TSC and its TMA do not count.
+        if self.have_tsc && !self.have_tma {
+            return Ok(());
+        }
+        let (had_mtc, had_tma) = (self.have_mtc, self.have_tma);
+        let mut last = self.ctc;
+        let ctc = u32::from(payload) << cfg.mtc_freq;
+        self.have_mtc = true;
+        self.fc = 0;
+        self.ctc = ctc;
+        if !had_mtc {
+            // The first MTC after a TMA that held too few CTC bits: the bits above the
+            // TMA's estimated from this MTC (no MTC lost around the TMA); before any TMA,
+            // nothing to measure from.
+            if !had_tma {
+                return Ok(());
+            }
+            let tma_mask = (1u32 << TMA_CTC_BITS) - 1;
+            if last & !tma_mask != 0 {
+                return Err("MTC after a TMA with more CTC bits than TMA has");
+            }
+            let mut high = ctc & !tma_mask;
+            if ctc & tma_mask < last {
+                high = high.wrapping_sub(1 << TMA_CTC_BITS) & (0xff << cfg.mtc_freq);
+            }
+            last |= high;
+        }
+        // CTC ticks since the last reference, one wrap-around corrected.
+        let mut now = ctc;
+        if now < last {
+            now += 1 << (u32::from(cfg.mtc_freq) + MTC_BITS);
+            if now < last {
+                return Err("CTC wrapped more than once between MTCs");
+            }
+        }
+        if cfg.ratio_den == 0 || cfg.ratio_num == 0 {
+            return Ok(());
+        }
+        let ticks = u64::from(now - last) * u64::from(cfg.ratio_num) / u64::from(cfg.ratio_den);
+        self.base = self.base.wrapping_add(ticks);
+        self.tsc = self.base;
+        Ok(())
+    }
 }
 
 /// Why the fast decoder handed a window to libipt.
@@ -204,14 +320,30 @@ enum TraceItem {
     },
     Pge(u64),
     Psb,
-    End,
+    /// The trace ended; what came after the last trace item.
+    End(ReadOn),
+}
+
+/// What came after the last trace item (TNT, TIP...) where the trace ends: after PADs and
+/// timing packets libipt knew the trace ended when it took the item and stops there;
+/// after a PSB+ it decodes on without trace to the PSB+'s FUP IP and stops there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadOn {
+    /// PAD, TSC, TMA, MTC, TRIG at most.
+    Nothing,
+    /// A PSB+ with this FUP (and maybe timing packets).
+    ToFup(u64),
+    /// Others (a CBR, a PSB+ without FUP while tracing is enabled...): the fast decoder
+    /// leaves these ends to libipt.
+    Other,
 }
 
 /// The engine's state between runs (one PSB segment each).
 pub(crate) struct FlowState {
     pub pos: usize,
     last_ip: LastIp,
-    time: Option<u64>,
+    clock: Clock,
+    clock_cfg: ClockCfg,
     tnt: u64,
     tnt_n: u32,
     ret: RetStack,
@@ -224,6 +356,8 @@ pub(crate) struct FlowState {
     committed: u64,
     /// Instructions walked since the trace last moved.
     without_trace: u64,
+    /// What was read since the last trace item.
+    read_on: ReadOn,
     /// Errata the engine checks for.
     bdm70: bool,
     skd022: bool,
@@ -254,7 +388,7 @@ pub(crate) struct Handoff {
     /// The FUP IP, where decoding goes on (tracing enabled).
     pub ip: Option<u64>,
     last_ip: LastIp,
-    pub time: Option<u64>,
+    pub clock: Clock,
     ret: RetStack,
     pub tsc: Option<u64>,
     pub pending_timestamp: bool,
@@ -283,7 +417,7 @@ impl Handoff {
 pub(crate) struct CutStart {
     pub enabled: bool,
     pub ip: Option<u64>,
-    pub time: Option<u64>,
+    pub clock: Clock,
     pub tsc: Option<u64>,
 }
 
@@ -294,7 +428,7 @@ impl CutStart {
     pub fn joins(&self, h: &Handoff) -> bool {
         self.enabled == h.enabled
             && self.ip == h.ip
-            && self.time == h.time
+            && self.clock == h.clock
             && self.tsc == h.tsc
             && !h.pending_timestamp
     }
@@ -319,11 +453,12 @@ pub(crate) enum PartStart {
 }
 
 impl FlowState {
-    pub fn new(bdm70: bool, skd022: bool) -> Self {
+    pub fn new(bdm70: bool, skd022: bool, clock_cfg: ClockCfg) -> Self {
         FlowState {
             pos: 0,
             last_ip: LastIp::default(),
-            time: None,
+            clock: Clock::default(),
+            clock_cfg,
             tnt: 0,
             tnt_n: 0,
             ret: RetStack::new(),
@@ -332,6 +467,7 @@ impl FlowState {
             cur: NO_BLOCK,
             committed: 0,
             without_trace: 0,
+            read_on: ReadOn::Nothing,
             bdm70,
             skd022,
             initial_records: 0,
@@ -350,9 +486,10 @@ impl FlowState {
             PartStart::Trace => {}
             PartStart::Cut => self.at_cut = true,
             PartStart::Handoff(h) => {
+                self.read_on = h.ip.map_or(ReadOn::Nothing, ReadOn::ToFup);
                 self.pos = h.pos;
                 self.last_ip = h.last_ip;
-                self.time = h.time;
+                self.clock = h.clock;
                 self.ret = h.ret.clone();
                 self.enabled = h.enabled;
                 self.synced = true;
@@ -493,7 +630,7 @@ impl PtDecoder<'_> {
                 enabled: st.enabled,
                 ip,
                 last_ip: st.last_ip,
-                time: st.time,
+                clock: st.clock,
                 ret: st.ret.clone(),
                 tsc: self.tsc,
                 pending_timestamp: self.pending_timestamp,
@@ -517,7 +654,7 @@ impl PtDecoder<'_> {
                 part.start = Some(CutStart {
                     enabled: st.enabled,
                     ip: fup.filter(|_| st.enabled),
-                    time: st.time,
+                    clock: st.clock,
                     tsc: self.tsc,
                 });
             }
@@ -545,7 +682,7 @@ impl PtDecoder<'_> {
                         }
                         self.flow_psb(st, false, None)?;
                     }
-                    TraceItem::End => return Ok(Stop::Done),
+                    TraceItem::End(_) => return Ok(Stop::Done),
                     _ => return Err("trace while tracing is disabled"),
                 }
                 continue;
@@ -655,10 +792,22 @@ impl PtDecoder<'_> {
         item: TraceItem,
     ) -> Result<Option<Stop>, Fallback> {
         match item {
-            TraceItem::End => {
+            TraceItem::End(ReadOn::Nothing) => {
                 // What was walked without trace never ran as far as the trace tells.
                 let tentative = self.queue.pushed - st.committed;
                 self.queue.truncate_last(tentative as usize);
+                Ok(Some(Stop::Done))
+            }
+            TraceItem::End(read_on) => {
+                // libipt read on past the last trace item: the code walked, and this
+                // block up to the FUP IP.
+                let ReadOn::ToFup(ip) = read_on else {
+                    return Err("the trace ends after a status packet");
+                };
+                let n = self
+                    .flow_index_of(b, ip)
+                    .ok_or("the trace ends after a PSB+ whose FUP IP was walked")?;
+                self.flow_push(b.start, n);
                 Ok(Some(Stop::Done))
             }
             TraceItem::Psb => {
@@ -774,7 +923,7 @@ impl PtDecoder<'_> {
 
     /// An event record (with its timestamp, as the libipt pipeline gives one).
     fn flow_event(&mut self, st: &mut FlowState, rec: Record) {
-        match st.time {
+        match st.clock.now() {
             Some(t) => {
                 self.tsc = Some(t);
                 self.timestamp(t);
@@ -789,7 +938,7 @@ impl PtDecoder<'_> {
     /// time moves to the trace's.
     #[inline]
     fn flow_quiet_event(&mut self, st: &FlowState) {
-        if let Some(t) = st.time {
+        if let Some(t) = st.clock.now() {
             self.tsc = Some(t);
         }
     }
@@ -897,31 +1046,46 @@ impl PtDecoder<'_> {
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 if st.pos >= self.trace.len() {
-                    return Ok(TraceItem::End);
+                    return Ok(TraceItem::End(st.read_on));
                 }
                 return Err("packet cut by the end of the trace");
             };
             st.pos += size;
+            // (Trace items clear it below.)
+            if !matches!(
+                pkt,
+                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Trig(_)
+            ) {
+                st.read_on = ReadOn::Other;
+            }
             match pkt {
                 Pkt::Tnt { bits, n } => {
                     st.tnt = bits;
                     st.tnt_n = n;
+                    st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Tnt);
                 }
                 Pkt::Tip(p) => {
                     let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
+                    st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
                 Pkt::Trig(t) => trig_skippable(t)?,
-                Pkt::Tsc(t) => st.time = Some(t),
+                Pkt::Tsc(t) => st.clock.on_tsc(t),
+                Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
+                Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
                 Pkt::Cbr => self.flow_quiet_event(st),
-                Pkt::TipPgd(p) => return Ok(TraceItem::Pgd(st.last_ip.apply(p))),
+                Pkt::TipPgd(p) => {
+                    st.read_on = ReadOn::Nothing;
+                    return Ok(TraceItem::Pgd(st.last_ip.apply(p)));
+                }
                 Pkt::TipPge(p) => {
                     if st.enabled {
                         return Err("TIP.PGE while tracing is enabled");
                     }
                     let ip = st.last_ip.apply(p).ok_or("TIP.PGE without IP")?;
+                    st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Pge(ip));
                 }
                 Pkt::Fup(p) => {
@@ -933,6 +1097,7 @@ impl PtDecoder<'_> {
                         return Err("FUP at the end of the trace");
                     };
                     st.pos += size;
+                    st.read_on = ReadOn::Nothing;
                     return match next {
                         Pkt::Tip(p) => {
                             let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
@@ -991,7 +1156,9 @@ impl PtDecoder<'_> {
                 Pkt::Pad | Pkt::Cbr => {}
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
-                Pkt::Tsc(t) => st.time = Some(t),
+                Pkt::Tsc(t) => st.clock.on_tsc(t),
+                Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
+                Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
                 Pkt::Fup(p) => {
                     if fup.is_some() {
                         return Err("two FUPs in a PSB+");
@@ -1006,6 +1173,13 @@ impl PtDecoder<'_> {
         if mode64 == Some(false) {
             return Err("code other than 64-bit");
         }
+        // libipt synchronizes at a PSB+ to decode what follows; one it passes (or the
+        // one a segment's decoder starts at, which one pass passes) tells it that the
+        // trace goes on after the last item.
+        st.read_on = match fup {
+            Some(ip) if !sync || st.at_cut => ReadOn::ToFup(ip),
+            _ => ReadOn::Nothing,
+        };
         if st.bdm70 && fup.is_some() && self.flow_bdm70_applies(st.pos) {
             return Err("erratum BDM70");
         }
@@ -1054,13 +1228,74 @@ impl PtDecoder<'_> {
     fn flow_bdm70_applies(&self, mut pos: usize) -> bool {
         while let Some((p, size)) = wire::parse(self.trace, pos) {
             match p {
-                Pkt::Pad | Pkt::Tsc(_) | Pkt::Cbr | Pkt::Psbend | Pkt::ModeExec { .. } => {
-                    pos += size
-                }
+                Pkt::Pad
+                | Pkt::Tsc(_)
+                | Pkt::Mtc(_)
+                | Pkt::Tma { .. }
+                | Pkt::Cbr
+                | Pkt::Psbend
+                | Pkt::ModeExec { .. } => pos += size,
                 Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) => return true,
                 _ => return false,
             }
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_follows_tsc_tma_and_mtc() {
+        let cfg = ClockCfg {
+            mtc_freq: 2,
+            ratio_den: 1,
+            ratio_num: 3,
+        };
+        let mut c = Clock::default();
+        assert_eq!(c.now(), None);
+        // An MTC before any TSC: nothing to measure from.
+        c.on_mtc(7, cfg).unwrap();
+        assert_eq!(c.now(), None);
+        c.on_tsc(1000);
+        // MTCs between a TSC and its TMA do not count.
+        c.on_mtc(9, cfg).unwrap();
+        assert_eq!(c.now(), Some(1000));
+        // TMA: CTC 0x10 at the TSC, 5 fast-counter ticks after the CTC tick; 10 CTC
+        // bits per MTC fit in TMA's 16, so it serves as the first MTC.
+        c.on_tma(0x10, 5, cfg).unwrap();
+        assert_eq!(c.now(), Some(1000));
+        assert!(c.on_tma(0x10, 5, cfg).is_err(), "a second TMA");
+        // MTC payload 5: CTC 0x14, 4 ticks on from 0x10, 3 TSC ticks each, from the
+        // CTC tick before the TSC (1000 - 5).
+        c.on_mtc(5, cfg).unwrap();
+        assert_eq!(c.now(), Some(995 + 12));
+        // Payload 3 (CTC 0x0c): wrapped once (10 bits): 0x400 + 0x0c - 0x14 ticks.
+        c.on_mtc(3, cfg).unwrap();
+        assert_eq!(c.now(), Some(1007 + (0x400 + 0x0c - 0x14) * 3));
+        // Without the ratio the time stays.
+        let t = c.now();
+        c.on_mtc(
+            4,
+            ClockCfg {
+                ratio_num: 0,
+                ..cfg
+            },
+        )
+        .unwrap();
+        assert_eq!(c.now(), t);
+
+        // 17 CTC bits per MTC (mtc_freq 9): the first MTC after the TMA takes the bits
+        // above TMA's 16 from its own, one period back when its low bits are smaller.
+        let cfg9 = ClockCfg { mtc_freq: 9, ..cfg };
+        let mut c = Clock::default();
+        c.on_tsc(5000);
+        c.on_tma(0xff00, 0, cfg9).unwrap();
+        // Payload 0x81: CTC 0x10200; low 16 bits 0x0200 < 0xff00: the TMA was at
+        // 0x0ff00, 0x300 ticks before.
+        c.on_mtc(0x81, cfg9).unwrap();
+        assert_eq!(c.now(), Some(5000 + 0x300 * 3));
     }
 }
