@@ -151,9 +151,19 @@ struct Global {
     /// triggers' run-time addresses, and how much of the request file was taken.
     snapshot_no: AtomicU64,
     exit_no: AtomicU64,
-    workers: Mutex<Vec<(u64, Sender<Msg>)>>,
+    workers: Mutex<Vec<Worker>>,
+    /// Firings published for every thread ([`Global::publish`]) and the last one's number.
+    firings: Mutex<Vec<std::sync::Arc<snapshot::Firing>>>,
+    published: AtomicU64,
     trigger_addrs: OnceLock<Vec<(u64, u32)>>,
     request_seen: AtomicU64,
+}
+
+/// Snapshot mode: a live thread's worker, as publishers of firings reach it.
+struct Worker {
+    uid: u64,
+    tx: Sender<Msg>,
+    share: feeder::Share,
 }
 
 static GLOBAL: OnceLock<Global> = OnceLock::new();
@@ -548,6 +558,9 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
 fn exec_block(vcpu: c_uint, b: &BlockInfo) {
     let Some(g) = global() else { return };
     let Some(f) = g.feeder(vcpu) else { return };
+    if g.published.load(Ordering::Relaxed) != f.seen {
+        f.take_firings(g);
+    }
     f.block(b as *const BlockInfo as u64);
 }
 
@@ -609,6 +622,10 @@ fn become_fork_child(g: &'static Global, vcpu: c_uint) {
         // like the logs below).
         std::mem::forget(std::mem::take(&mut *w));
     }
+    if let Ok(mut list) = g.firings.lock() {
+        list.clear();
+    }
+    g.published.store(0, Ordering::SeqCst);
     g.snapshot_no.store(0, Ordering::Relaxed);
     g.exit_no.store(0, Ordering::Relaxed);
     let mut fork_syscall = None;
@@ -786,6 +803,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
             snapshot_no: AtomicU64::new(0),
             exit_no: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
+            firings: Mutex::new(Vec::new()),
+            published: AtomicU64::new(0),
             trigger_addrs: OnceLock::new(),
             request_seen: AtomicU64::new(0),
         };
