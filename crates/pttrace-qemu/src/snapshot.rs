@@ -168,6 +168,64 @@ pub fn resolve_addresses(g: &Global) -> Vec<(u64, u32)> {
     out
 }
 
+/// Resolves the `addr:SYMBOL` triggers carried from the image before an exec in this
+/// image's executable (its ELF `.symtab`/`.dynsym`, like `pttrace run` does for the first
+/// one) into `cfg.triggers`; returns the notes saying what became of each.
+pub fn resolve_carried(cfg: &mut crate::Config) -> Vec<String> {
+    if cfg.addr_symbols.is_empty() || cfg.snapshot.is_none() {
+        return Vec::new();
+    }
+    let (_, exe) = crate::guest_cmdline();
+    let data = std::fs::read(&exe);
+    let mut notes = Vec::new();
+    for name in &cfg.addr_symbols {
+        let found = data
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|d| elf_symbol(d, name));
+        match found {
+            Ok((value, pie_base)) => {
+                notes.push(format!(
+                    "snapshot trigger addr:{name} carried into this image: symbol of {exe} at \
+                     {value:#x}"
+                ));
+                cfg.triggers.push(Trigger::Addr {
+                    value,
+                    pie_base,
+                    label: name.clone(),
+                });
+            }
+            Err(why) => notes.push(format!(
+                "snapshot trigger addr:{name} (carried from the image before exec) does not \
+                 fire in this image: {exe}: {why}"
+            )),
+        }
+    }
+    notes
+}
+
+/// A symbol defined in an x86-64 ELF file: (its address, the PIE base for a PIE).
+fn elf_symbol(data: &[u8], name: &str) -> Result<(u64, Option<u64>), String> {
+    use object::{Architecture, Object, ObjectKind, ObjectSegment, ObjectSymbol};
+    let obj = object::File::parse(data).map_err(|e| format!("not an ELF file ({e})"))?;
+    if obj.architecture() != Architecture::X86_64 {
+        return Err("not an x86-64 ELF file".into());
+    }
+    let pie_base = (obj.kind() == ObjectKind::Dynamic).then(|| {
+        obj.segments()
+            .filter(|s| s.size() > 0)
+            .map(|s| s.address())
+            .min()
+            .unwrap_or(0)
+            & !0xfff
+    });
+    obj.symbols()
+        .chain(obj.dynamic_symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name))
+        .map(|s| (s.address(), pie_base))
+        .ok_or_else(|| format!("no symbol {name:?} defined (.symtab/.dynsym)"))
+}
+
 /// Where the guest executable's first page (file offset 0) is mapped.
 fn exe_first_page() -> Option<u64> {
     let (_, exe) = crate::guest_cmdline();
