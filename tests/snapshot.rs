@@ -224,10 +224,17 @@ fn addr_trigger_keeps_exactly_the_end_of_the_loop_up_to_marker() {
         !s.pcs.contains(&p.marker),
         "marker's entry itself is not executed"
     );
+    // The last instruction is main's call of marker (e8 rel32 to marker).
     let last = *s.pcs.last().unwrap();
     let main = symbol(&p.exe, "main");
-    assert!(
-        (main..main + 0x200).contains(&last),
+    let call = s.last_insn.last().unwrap();
+    assert!(last > main, "{last:#x} is not in main");
+    assert_eq!(call.len(), 5, "{call:x?}");
+    assert_eq!(call[0], 0xe8, "{call:x?}");
+    let rel = i32::from_le_bytes(call[1..5].try_into().unwrap());
+    assert_eq!(
+        (last + 5).wrapping_add(rel as i64 as u64),
+        p.marker,
         "the last instruction {last:#x} is not main's call of marker"
     );
     // Nothing from the start of the program: no instruction before the loop's tail, no
@@ -591,6 +598,73 @@ fn one_firing_writes_every_live_threads_ring_each_ending_at_its_own_last_iterati
     }
     which.sort_unstable();
     assert_eq!(which, (0..=K as u64).collect::<Vec<_>>());
+}
+
+/// The snapshots of every thread file, per thread, sorted by how many there are.
+fn all_snapshots(out: &Path) -> Vec<Vec<Snap>> {
+    let t = ptt_dir::open(out).unwrap();
+    let mut v: Vec<Vec<Snap>> = t
+        .threads
+        .iter()
+        .map(|th| thread_snapshots(&t, th))
+        .collect();
+    v.sort_by_key(Vec::len);
+    v
+}
+
+#[test]
+fn addr_symbol_triggers_are_carried_into_exec_d_images() {
+    let Some(p) = prog() else { return };
+    let exe = p.exe.to_str().unwrap();
+    // The first image execs itself at once: marker runs in the second image only.
+    let o = run(
+        &p,
+        &["--snapshot", "32K", "--trigger", "addr:marker"],
+        &["0", "exec", exe, "20000"],
+    );
+    let real = std::fs::canonicalize(&p.exe).unwrap();
+    let notes = notes(&p.out);
+    let carried = format!(
+        "snapshot trigger addr:marker carried into this image: symbol of {} at {:#x}",
+        real.display(),
+        p.marker
+    );
+    assert!(notes.contains(&carried), "{notes:?}\n{}", text(&o));
+    let snaps = all_snapshots(&p.out);
+    assert_eq!(snaps.len(), 2, "two images, one thread each");
+    assert!(snaps[0].is_empty(), "the first image never reached marker");
+    assert_eq!(snaps[1].len(), 1, "fired once, in the exec'd image");
+    let s = &snaps[1][0];
+    assert_eq!(s.rec.kind, TriggerKind::Addr as u32);
+    assert_eq!(s.rec.trigger, format!("addr:marker ({:#x})", p.marker));
+    assert_eq!(s.gaps, 0);
+    assert_tail_of_loop(&p, &s.pcs, 19_999);
+    assert!(!s.pcs.contains(&p.marker));
+}
+
+#[test]
+fn addr_address_triggers_are_not_carried_into_exec_d_images_and_say_so() {
+    let Some(p) = prog() else { return };
+    let exe = p.exe.to_str().unwrap();
+    let spec = format!("addr:{:#x}", p.marker);
+    run(
+        &p,
+        &["--snapshot", "32K", "--trigger", &spec],
+        &["0", "exec", exe, "20000"],
+    );
+    let notes = notes(&p.out);
+    assert!(
+        notes.iter().any(|n| n.starts_with(&format!(
+            "snapshot trigger {spec} is not carried into the exec of {exe} (thread "
+        )) && n.ends_with("use addr:SYMBOL to follow a symbol")),
+        "{notes:?}"
+    );
+    let snaps = all_snapshots(&p.out);
+    assert_eq!(snaps.len(), 2);
+    assert!(
+        snaps.iter().all(Vec::is_empty),
+        "no snapshot in either image"
+    );
 }
 
 #[test]

@@ -9,6 +9,7 @@
  *   syscall          getppid() (a syscall trigger), then marker()
  *   block            writes "ready 0\n" on stdout, then blocks reading one byte of stdin,
  *                    then marker()
+ *   exec PROG ARGS   execv(PROG, [PROG, ARGS...]) first (no loop in this image)
  *   threads K        K more threads: thread k (1..K) runs step(i) for i = kN..(k+1)N-1,
  *                    writes "ready k\n" and blocks reading a pipe; the main thread runs its
  *                    loop, writes "ready 0\n" and blocks reading stdin; a byte there makes
@@ -66,6 +67,10 @@ static void *worker(void *arg) {
 int main(int argc, char **argv) {
     unsigned long n = argc > 1 ? strtoul(argv[1], 0, 0) : 100000;
     const char *mode = argc > 2 ? argv[2] : "";
+    if (!strcmp(mode, "exec") && argc > 3) {
+        execv(argv[3], argv + 3);
+        return 4;
+    }
     if (!strcmp(mode, "threads") && argc > 3) {
         long k = strtol(argv[3], 0, 0);
         pthread_t t[64];
