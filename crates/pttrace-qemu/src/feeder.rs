@@ -132,7 +132,7 @@ impl Feeder {
         };
         let mut share = None;
         let mut seen = 0;
-        if let Some(g) = crate::global().filter(|g| g.cfg.snapshot.is_some()) {
+        if let Some(g) = crate::global().filter(|g| g.cfg.publishes()) {
             // Firings published before the thread existed are not its own.
             let mut w = g.workers.lock().unwrap_or_else(|e| e.into_inner());
             seen = g.published.load(Ordering::SeqCst);

@@ -117,6 +117,12 @@ impl Config {
             .collect()
     }
 
+    /// Snapshot mode with triggers that fire for every thread (all but `exit`): threads
+    /// share their state with the publishers ([`feeder::Share`]).
+    fn publishes(&self) -> bool {
+        self.has_trigger(|t| *t != Trigger::Exit)
+    }
+
     fn has_trigger(&self, f: impl Fn(&Trigger) -> bool) -> bool {
         self.snapshot.is_some() && self.triggers.iter().any(f)
     }
