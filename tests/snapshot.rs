@@ -600,6 +600,66 @@ fn one_firing_writes_every_live_threads_ring_each_ending_at_its_own_last_iterati
     assert_eq!(which, (0..=K as u64).collect::<Vec<_>>());
 }
 
+#[test]
+fn a_thread_running_code_takes_a_firing_between_two_blocks_and_loses_nothing() {
+    let Some(p) = prog() else { return };
+    // A ring large enough that nothing of the spinning thread is dropped (its iterations
+    // from the first are in its two snapshots).
+    let o = run(
+        &p,
+        &[
+            "--snapshot",
+            "64M",
+            "--trigger",
+            "syscall:getppid",
+            "--trigger",
+            "exit",
+        ],
+        &["30000", "spin"],
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2, "{}", text(&o));
+    let main_tid = t.processes[0].pid;
+    for th in &t.threads {
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 2, "the syscall firing, then the thread's exit");
+        let (s1, s2) = (&snaps[0], &snaps[1]);
+        assert_eq!(s1.rec.number, 1);
+        assert_eq!(s1.rec.kind, TriggerKind::Syscall as u32);
+        assert_eq!(s1.rec.fired_tid, main_tid);
+        assert_eq!(s2.rec.kind, TriggerKind::Exit as u32);
+        for s in [s1, s2] {
+            assert_eq!(s.gaps, 0);
+            assert_eq!(s.rec.discarded_windows, 0);
+        }
+        if th.header.tid == main_tid {
+            assert_eq!(s1.windows.last().unwrap().nr, libc::SYS_getppid as u64);
+            assert_tail_of_loop(&p, &s1.pcs, 29_999);
+            continue;
+        }
+        // The spinning thread was executing code: its first snapshot ends between two
+        // blocks, at the cut's time.
+        let last = s1.windows.last().unwrap();
+        assert_eq!(last.flags, WF_NO_SYSCALL | ptt::WF_SNAPSHOT_CUT);
+        assert_eq!(s1.rec.tsc, last.tsc_end);
+        assert!(s1.windows[..s1.windows.len() - 1]
+            .iter()
+            .all(|w| w.flags & ptt::WF_SNAPSHOT_CUT == 0));
+        // Nothing lost or repeated at the cut: both snapshots together spell every
+        // iteration from the first, in order (17 bits each, so modulo 2^17).
+        let mut pcs = s1.pcs.clone();
+        pcs.extend_from_slice(&s2.pcs);
+        let (lead, done, unfinished) = iterations(&p, &pcs);
+        assert!(lead.is_empty());
+        assert_eq!(unfinished, None);
+        assert!(done.len() > 1, "{} iterations", done.len());
+        let want: Vec<u64> = (0..done.len() as u64).map(|i| i % (1 << 17)).collect();
+        assert_eq!(done, want);
+        let (_, before, _) = iterations(&p, &s1.pcs);
+        assert!(!before.is_empty(), "the cut came after some iterations");
+    }
+}
+
 /// The snapshots of every thread file, per thread, sorted by how many there are.
 fn all_snapshots(out: &Path) -> Vec<Vec<Snap>> {
     let t = ptt_dir::open(out).unwrap();

@@ -10,6 +10,9 @@
  *   block            writes "ready 0\n" on stdout, then blocks reading one byte of stdin,
  *                    then marker()
  *   exec PROG ARGS   execv(PROG, [PROG, ARGS...]) first (no loop in this image)
+ *   spin             another thread runs step(i) for i = 0, 1, ... until told to stop;
+ *                    once it is looping, the main thread runs its loop, calls getppid(),
+ *                    then stops it and joins it
  *   threads K        K more threads: thread k (1..K) runs step(i) for i = kN..(k+1)N-1,
  *                    writes "ready k\n" and blocks reading a pipe; the main thread runs its
  *                    loop, writes "ready 0\n" and blocks reading stdin; a byte there makes
@@ -64,12 +67,35 @@ static void *worker(void *arg) {
     return 0;
 }
 
+static volatile int spin_started, spin_stop;
+
+static void *spinner(void *arg) {
+    (void)arg;
+    for (unsigned long i = 0; !spin_stop; i++) {
+        step(i);
+        spin_started = 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     unsigned long n = argc > 1 ? strtoul(argv[1], 0, 0) : 100000;
     const char *mode = argc > 2 ? argv[2] : "";
     if (!strcmp(mode, "exec") && argc > 3) {
         execv(argv[3], argv + 3);
         return 4;
+    }
+    if (!strcmp(mode, "spin")) {
+        pthread_t t;
+        if (pthread_create(&t, 0, spinner, 0) != 0)
+            return 3;
+        while (!spin_started)
+            ;
+        loop(0, n);
+        (void)getppid();
+        spin_stop = 1;
+        pthread_join(t, 0);
+        return 0;
     }
     if (!strcmp(mode, "threads") && argc > 3) {
         long k = strtol(argv[3], 0, 0);
