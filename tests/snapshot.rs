@@ -527,6 +527,18 @@ fn signal_snapshot_of_a_blocked_thread_ends_exactly_at_its_syscall() {
     let k = assert_tail_of_loop(&p, before, 29_999);
     assert!(k > 200, "{k} iterations");
     assert!(!s.pcs.contains(&p.marker), "taken before marker ran");
+    // decode names the cut window as such (no return value to show).
+    let d = Command::new(pttrace())
+        .args(["decode", "--format", "disasm"])
+        .arg(&p.out)
+        .output()
+        .unwrap();
+    assert!(d.status.success(), "{}", text(&d));
+    let want = format!(
+        "window {} (ends at read, not returned at the snapshot) flags snapshot-cut:",
+        s.windows.last().unwrap().index
+    );
+    assert!(text(&d).contains(&want), "{want}");
 }
 
 #[test]
