@@ -413,8 +413,8 @@ impl Live {
             if reading == n {
                 return;
             }
-            assert!(reading < n, "{reading} threads in read, expected {n}");
-            std::thread::sleep(Duration::from_millis(5).min(self.left("blocked threads")));
+            let what = format!("{n} threads blocked in read ({reading} now)");
+            std::thread::sleep(Duration::from_millis(5).min(self.left(&what)));
         }
     }
 
