@@ -225,4 +225,38 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_on_the_shim() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         fails_with(&args, want);
     }
+    // The hardware backend: refused before anything runs, naming the backend that has a
+    // ring, and, on a machine without Intel PT (like this one), the probe's reason.
+    for mode in [["user", "thread"], ["kernel", "syscall"]] {
+        let args = [
+            "run",
+            "--backend",
+            "hardware",
+            "--mode",
+            mode[0],
+            "--window",
+            mode[1],
+            "--out",
+            out,
+            "--snapshot",
+            "64K",
+            "--",
+            "/bin/true",
+        ];
+        fails_with(
+            &args,
+            "--snapshot is supported by the qemu backend only (--backend qemu --mode user \
+             --window thread); this run would use the hardware backend of the LD_PRELOAD shim",
+        );
+        if let Err(e) = drpttracer::perf::pmu::IntelPtPmu::probe() {
+            fails_with(
+                &args,
+                &format!("(and this machine has no Intel PT: {})", e.message),
+            );
+        }
+        assert!(
+            !std::path::Path::new(out).exists(),
+            "nothing was traced or created"
+        );
+    }
 }

@@ -6,8 +6,10 @@
 mod shim_util;
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use drpttracer::decode::ptt_dir;
 use drpttracer::decode::Record;
@@ -62,12 +64,19 @@ struct Snap {
     pt_bytes: u64,
     pcs: Vec<u64>,
     gaps: usize,
+    /// Per window: its first instruction's index in `pcs` and its last instruction's
+    /// encoding.
+    starts: Vec<usize>,
+    last_insn: Vec<Vec<u8>>,
 }
 
 fn snapshots(out: &Path) -> Vec<Snap> {
     let t = ptt_dir::open(out).unwrap();
     assert_eq!(t.threads.len(), 1, "one thread");
-    let th = &t.threads[0];
+    thread_snapshots(&t, &t.threads[0])
+}
+
+fn thread_snapshots(t: &ptt_dir::PttTrace, th: &ptt_dir::PttThread) -> Vec<Snap> {
     let data = std::fs::read(&th.path).unwrap();
     let pf = ptt::parse("t", &data).unwrap();
     assert_eq!(pf.tail, ptt::Tail::Clean);
@@ -80,6 +89,8 @@ fn snapshots(out: &Path) -> Vec<Snap> {
                 pt_bytes: 0,
                 pcs: Vec::new(),
                 gaps: 0,
+                starts: Vec::new(),
+                last_insn: Vec::new(),
             }),
             Some(RecordType::Window) => {
                 let w = ptt::decode_window(f.payload).unwrap();
@@ -99,16 +110,20 @@ fn snapshots(out: &Path) -> Vec<Snap> {
         for w in &s.windows {
             let (info, recs) = it.next().unwrap();
             assert_eq!(info.index, w.index);
+            s.starts.push(s.pcs.len());
+            let mut last = Vec::new();
             for r in recs {
                 match r {
                     Record::Gap(_) => s.gaps += 1,
                     r => {
                         if let Some(i) = r.as_instruction() {
-                            s.pcs.push(i.pc)
+                            s.pcs.push(i.pc);
+                            last = i.encoding().to_vec();
                         }
                     }
                 }
             }
+            s.last_insn.push(last);
         }
     }
     snaps
@@ -209,10 +224,17 @@ fn addr_trigger_keeps_exactly_the_end_of_the_loop_up_to_marker() {
         !s.pcs.contains(&p.marker),
         "marker's entry itself is not executed"
     );
+    // The last instruction is main's call of marker (e8 rel32 to marker).
     let last = *s.pcs.last().unwrap();
     let main = symbol(&p.exe, "main");
-    assert!(
-        (main..main + 0x200).contains(&last),
+    let call = s.last_insn.last().unwrap();
+    assert!(last > main, "{last:#x} is not in main");
+    assert_eq!(call.len(), 5, "{call:x?}");
+    assert_eq!(call[0], 0xe8, "{call:x?}");
+    let rel = i32::from_le_bytes(call[1..5].try_into().unwrap());
+    assert_eq!(
+        (last + 5).wrapping_add(rel as i64 as u64),
+        p.marker,
         "the last instruction {last:#x} is not main's call of marker"
     );
     // Nothing from the start of the program: no instruction before the loop's tail, no
@@ -296,60 +318,197 @@ fn exit_is_the_default_trigger_and_holds_the_end_of_the_program() {
     assert_tail_of_loop(&p, &s.pcs[..upto], 29_999);
 }
 
-#[test]
-fn signal_sent_to_pttrace_takes_a_snapshot_and_the_program_goes_on() {
-    let Some(p) = prog() else { return };
-    let ready = p.out.with_file_name("ready");
-    let go = p.out.with_file_name("go");
-    let cmd = [
-        p.exe.as_os_str(),
-        OsStr::new("30000"),
-        OsStr::new("wait"),
-        ready.as_os_str(),
-        go.as_os_str(),
-    ];
-    let child = qemu_run_command(
-        &p.out,
-        &["--snapshot", "64K", "--trigger", "signal:USR2"],
-        &cmd,
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !ready.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the program never got ready"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
+/// A traced program running under `pttrace run`, its stdout read line by line.
+struct Live {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+    deadline: Instant,
+}
+
+impl Live {
+    fn start(p: &Prog, opts: &[&str], args: &[&str]) -> Live {
+        let mut cmd: Vec<&OsStr> = vec![p.exe.as_os_str()];
+        cmd.extend(args.iter().map(OsStr::new));
+        let mut child = qemu_run_command(&p.out, opts, &cmd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        let stdout = std::thread::spawn(move || {
+            let mut all = String::new();
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                all.push_str(&l);
+                all.push('\n');
+                let _ = tx.send(l);
+            }
+            all
+        });
+        let mut err = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Live {
+            child,
+            lines,
+            stdout,
+            stderr,
+            deadline: Instant::now() + Duration::from_secs(120),
+        }
     }
-    // SAFETY: kill sends a signal to our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGUSR2) }, 0);
-    // Wait until the snapshot is in the thread file, then let the program end.
-    let has_snapshot = |out: &Path| -> bool {
-        std::fs::read_dir(out).unwrap().flatten().any(|e| {
-            let data = std::fs::read(e.path()).unwrap_or_default();
-            e.path().extension() == Some(OsStr::new("ptt"))
-                && ptt::parse("t", &data).is_ok_and(|pf| {
-                    pf.frames
-                        .iter()
-                        .any(|f| f.ty == RecordType::Snapshot as u16)
+
+    fn left(&self, what: &str) -> Duration {
+        self.deadline
+            .checked_duration_since(Instant::now())
+            .unwrap_or_else(|| panic!("timed out waiting for {what}"))
+    }
+
+    /// Waits for the program's `ready K` lines, K in 0..n (any order).
+    fn wait_ready(&self, n: usize) {
+        let mut seen = Vec::new();
+        while seen.len() < n {
+            let l = self
+                .lines
+                .recv_timeout(self.left("ready lines"))
+                .unwrap_or_else(|_| panic!("the program never got ready ({seen:?})"));
+            if let Some(k) = l.strip_prefix("ready ") {
+                seen.push(k.parse::<usize>().unwrap());
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..n).collect::<Vec<_>>());
+    }
+
+    /// Waits until `n` threads of the QEMU process (a child of pttrace run) are blocked
+    /// in read(2) (its host syscall, as /proc/PID/task/TID/syscall shows it).
+    fn wait_blocked_in_read(&self, n: usize) {
+        let me = self.child.id().to_string();
+        loop {
+            let qemu = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .find(|e| {
+                    std::fs::read_to_string(e.path().join("stat")).is_ok_and(|st| {
+                        let after = st.rsplit_once(')').map_or("", |x| x.1);
+                        after.split_whitespace().nth(1) == Some(me.as_str())
+                    })
                 })
-        })
-    };
-    while !has_snapshot(&p.out) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no snapshot was written"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
+                .map(|e| e.path());
+            let reading = qemu.map_or(0, |q| {
+                std::fs::read_dir(q.join("task")).map_or(0, |d| {
+                    d.flatten()
+                        .filter(|t| {
+                            std::fs::read_to_string(t.path().join("syscall"))
+                                .is_ok_and(|s| s.starts_with("0 "))
+                        })
+                        .count()
+                })
+            });
+            if reading == n {
+                return;
+            }
+            let what = format!("{n} threads blocked in read ({reading} now)");
+            std::thread::sleep(Duration::from_millis(5).min(self.left(&what)));
+        }
     }
-    std::fs::write(&go, b"").unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let out = text(&o);
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill sends a signal to our own child (pttrace run).
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    /// Waits until the info file has a note containing `text`.
+    fn wait_note(&self, out: &Path, text: &str) {
+        while !notes(out).iter().any(|n| n.contains(text)) {
+            std::thread::sleep(Duration::from_millis(5).min(self.left(text)));
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.child.stdin.as_mut().unwrap().write_all(bytes).unwrap();
+    }
+
+    /// Closes the program's stdin and waits for the end; returns stdout and stderr.
+    fn end(mut self) -> String {
+        drop(self.child.stdin.take());
+        let st = self.child.wait().unwrap();
+        let out = format!(
+            "{}{}",
+            self.stdout.join().unwrap(),
+            self.stderr.join().unwrap()
+        );
+        assert!(st.success(), "{out}");
+        out
+    }
+}
+
+/// Every `Note` of the trace directory's info files.
+fn notes(out: &Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(out).unwrap().flatten() {
+        if e.path().extension() != Some(OsStr::new("info")) {
+            continue;
+        }
+        let data = std::fs::read(e.path()).unwrap_or_default();
+        if let Ok(pf) = ptt::parse("info", &data) {
+            for f in pf.frames.iter().filter(|f| f.ty == RecordType::Note as u16) {
+                v.push(String::from_utf8_lossy(f.payload).into_owned());
+            }
+        }
+    }
+    v
+}
+
+const SYSCALL_INSN: &[u8] = &[0x0f, 0x05];
+
+/// The end of a thread's snapshot taken while it was blocked in read(fd): the window of
+/// its `ready K` write(1), final with its return value, then the window up to the read,
+/// cut by the snapshot (no return value yet) at the syscall instruction; before them only
+/// windows cut between blocks (the loop makes no syscall). Returns the instructions
+/// up to the read (the loop, ready(), its write).
+fn assert_ends_blocked_in_read(s: &Snap, fd: Option<u64>) -> &[u64] {
+    let n = s.windows.len();
+    assert!(n >= 3, "{n} windows");
+    let (w, r) = (&s.windows[n - 2], &s.windows[n - 1]);
+    assert_eq!(w.nr, libc::SYS_write as u64);
+    assert_eq!(w.args[0], 1);
+    assert_eq!(w.ret, "ready 0\n".len() as i64);
+    assert_eq!(w.flags, 0);
+    assert_eq!(r.nr, libc::SYS_read as u64);
+    if let Some(fd) = fd {
+        assert_eq!(r.args[0], fd);
+    }
+    assert_eq!(r.flags, ptt::WF_SNAPSHOT_CUT, "the read had not returned");
+    assert_eq!(s.rec.tsc, r.tsc_end, "the snapshot's time is the cut's");
+    assert_eq!(s.last_insn[n - 2], SYSCALL_INSN);
+    assert_eq!(s.last_insn[n - 1], SYSCALL_INSN);
+    assert!(s.windows[..n - 2]
+        .iter()
+        .all(|w| w.flags == WF_NO_SYSCALL || w.flags == WF_NO_SYSCALL | ptt::WF_SNAPSHOT_CUT));
+    &s.pcs[..s.starts[n - 1]]
+}
+
+#[test]
+fn signal_snapshot_of_a_blocked_thread_ends_exactly_at_its_syscall() {
+    let Some(p) = prog() else { return };
+    let mut live = Live::start(
+        &p,
+        &["--snapshot", "64K", "--trigger", "signal:USR2"],
+        &["30000", "block"],
+    );
+    live.wait_ready(1);
+    live.wait_blocked_in_read(1);
+    live.signal(libc::SIGUSR2);
+    live.wait_note(&p.out, "snapshot 1: complete, written by 1 thread");
+    // The program goes on: a byte on stdin ends its read.
+    live.send(b"x");
+    let out = live.end();
     assert!(out.contains("SIGUSR2: snapshot requested"), "{out}");
     assert!(
         out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
@@ -361,14 +520,223 @@ fn signal_sent_to_pttrace_takes_a_snapshot_and_the_program_goes_on() {
     assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
     assert_eq!(s.rec.fired_tid, 0);
     assert_eq!(s.gaps, 0);
-    assert!(s.pt_bytes <= SIZE + SIZE / 8, "{}", s.pt_bytes);
-    // The ring holds the end of the loop (the creation of READY after it may or may not be
-    // in: a thread's worker writes what it had received when the request reached it, and
-    // a thread inside a syscall, the 1 ms sleeps, contributes up to the window before it).
-    // How much of the loop's end is in depends on when the request reached the worker
-    // (it may end inside an iteration under load): the loop's code is there, marker's not.
+    assert!(s.pt_bytes <= SIZE, "{}", s.pt_bytes);
+    // Exactly: the last iterations of the loop, whole, then ready()'s write, then the
+    // read the thread was blocked in.
+    let before = assert_ends_blocked_in_read(s, Some(0));
+    let k = assert_tail_of_loop(&p, before, 29_999);
+    assert!(k > 200, "{k} iterations");
     assert!(!s.pcs.contains(&p.marker), "taken before marker ran");
-    assert!(s.pcs.iter().any(|&pc| pc == p.one || pc == p.zero));
+    // decode names the cut window as such (no return value to show).
+    let d = Command::new(pttrace())
+        .args(["decode", "--format", "disasm"])
+        .arg(&p.out)
+        .output()
+        .unwrap();
+    assert!(d.status.success(), "{}", text(&d));
+    let want = format!(
+        "window {} (ends at read, not returned at the snapshot) flags snapshot-cut:",
+        s.windows.last().unwrap().index
+    );
+    assert!(text(&d).contains(&want), "{want}");
+}
+
+#[test]
+fn one_firing_writes_every_live_threads_ring_each_ending_at_its_own_last_iterations() {
+    let Some(p) = prog() else { return };
+    const PER: u64 = 20_000;
+    const K: usize = 3;
+    let mut live = Live::start(
+        &p,
+        &[
+            "--snapshot",
+            "32K",
+            "--trigger",
+            "signal:USR2",
+            "--trigger",
+            "syscall:getppid",
+        ],
+        &[&PER.to_string(), "threads", &K.to_string()],
+    );
+    live.wait_ready(K + 1);
+    live.wait_blocked_in_read(K + 1);
+    live.signal(libc::SIGUSR2);
+    live.wait_note(&p.out, "snapshot 1: complete, written by 4 threads");
+    // A byte on stdin: the main thread calls getppid (a trigger fired in that thread while
+    // the others are still blocked), then reads again.
+    live.send(b"x");
+    live.wait_note(&p.out, "snapshot 2: complete, written by 4 threads");
+    let out = live.end();
+    assert!(
+        out.contains("snapshot 2: trigger syscall:getppid fired in thread"),
+        "{out}"
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), K + 1);
+    let main_tid = t.processes[0].pid;
+    let mut which = Vec::new();
+    for th in &t.threads {
+        let snaps = thread_snapshots(&t, th);
+        let main = th.header.tid == main_tid;
+        assert_eq!(snaps.len(), 2, "thread {}: two firings", th.header.tid);
+        let (s1, s2) = (&snaps[0], &snaps[1]);
+        assert_eq!(s1.rec.number, 1);
+        assert_eq!(s1.rec.kind, TriggerKind::Signal as u32);
+        assert_eq!(s1.rec.fired_tid, 0);
+        assert_eq!(s1.gaps, 0);
+        assert!(s1.pt_bytes <= 32 * 1024, "{}", s1.pt_bytes);
+        // Each thread's own loop, exactly its last iterations, then its write and read.
+        let before = assert_ends_blocked_in_read(s1, main.then_some(0));
+        let (_, done, _) = iterations(&p, before);
+        let k = done[0] / PER;
+        assert_tail_of_loop(&p, before, (k + 1) * PER - 1);
+        assert_eq!(k == 0, main, "thread {}: loop {k}", th.header.tid);
+        which.push(k);
+        // The second firing, in the main thread at getppid's return.
+        assert_eq!(s2.rec.number, 2);
+        assert_eq!(s2.rec.kind, TriggerKind::Syscall as u32);
+        assert_eq!(s2.rec.fired_tid, main_tid);
+        if main {
+            // Only what ran since: the read returned, getppid.
+            assert_eq!(s2.windows.len(), 1);
+            assert_eq!(s2.windows[0].nr, libc::SYS_getppid as u64);
+            assert!(s2.windows[0].ret > 0);
+            assert!(!s2.pcs.contains(&p.step));
+        } else {
+            // Still in the same read: nothing new.
+            assert_eq!(s2.rec.windows, 0);
+            assert!(s2.windows.is_empty());
+        }
+    }
+    which.sort_unstable();
+    assert_eq!(which, (0..=K as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_thread_running_code_takes_a_firing_between_two_blocks_and_loses_nothing() {
+    let Some(p) = prog() else { return };
+    // A ring large enough that nothing of the spinning thread is dropped (its iterations
+    // from the first are in its two snapshots).
+    let o = run(
+        &p,
+        &[
+            "--snapshot",
+            "64M",
+            "--trigger",
+            "syscall:getppid",
+            "--trigger",
+            "exit",
+        ],
+        &["30000", "spin"],
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2, "{}", text(&o));
+    let main_tid = t.processes[0].pid;
+    for th in &t.threads {
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 2, "the syscall firing, then the thread's exit");
+        let (s1, s2) = (&snaps[0], &snaps[1]);
+        assert_eq!(s1.rec.number, 1);
+        assert_eq!(s1.rec.kind, TriggerKind::Syscall as u32);
+        assert_eq!(s1.rec.fired_tid, main_tid);
+        assert_eq!(s2.rec.kind, TriggerKind::Exit as u32);
+        for s in [s1, s2] {
+            assert_eq!(s.gaps, 0);
+            assert_eq!(s.rec.discarded_windows, 0);
+        }
+        if th.header.tid == main_tid {
+            assert_eq!(s1.windows.last().unwrap().nr, libc::SYS_getppid as u64);
+            assert_tail_of_loop(&p, &s1.pcs, 29_999);
+            continue;
+        }
+        // The spinning thread was executing code: its first snapshot ends between two
+        // blocks, at the cut's time.
+        let last = s1.windows.last().unwrap();
+        assert_eq!(last.flags, WF_NO_SYSCALL | ptt::WF_SNAPSHOT_CUT);
+        assert_eq!(s1.rec.tsc, last.tsc_end);
+        assert!(s1.windows[..s1.windows.len() - 1]
+            .iter()
+            .all(|w| w.flags & ptt::WF_SNAPSHOT_CUT == 0));
+        // Nothing lost or repeated at the cut: both snapshots together spell every
+        // iteration from the first, in order (17 bits each, so modulo 2^17).
+        let mut pcs = s1.pcs.clone();
+        pcs.extend_from_slice(&s2.pcs);
+        let (lead, done, unfinished) = iterations(&p, &pcs);
+        assert!(lead.is_empty());
+        assert_eq!(unfinished, None);
+        assert!(done.len() > 1, "{} iterations", done.len());
+        let want: Vec<u64> = (0..done.len() as u64).map(|i| i % (1 << 17)).collect();
+        assert_eq!(done, want);
+        let (_, before, _) = iterations(&p, &s1.pcs);
+        assert!(!before.is_empty(), "the cut came after some iterations");
+    }
+}
+
+/// The snapshots of every thread file, per thread, sorted by how many there are.
+fn all_snapshots(out: &Path) -> Vec<Vec<Snap>> {
+    let t = ptt_dir::open(out).unwrap();
+    let mut v: Vec<Vec<Snap>> = t
+        .threads
+        .iter()
+        .map(|th| thread_snapshots(&t, th))
+        .collect();
+    v.sort_by_key(Vec::len);
+    v
+}
+
+#[test]
+fn addr_symbol_triggers_are_carried_into_exec_d_images() {
+    let Some(p) = prog() else { return };
+    let exe = p.exe.to_str().unwrap();
+    // The first image execs itself at once: marker runs in the second image only.
+    let o = run(
+        &p,
+        &["--snapshot", "32K", "--trigger", "addr:marker"],
+        &["0", "exec", exe, "20000"],
+    );
+    let real = std::fs::canonicalize(&p.exe).unwrap();
+    let notes = notes(&p.out);
+    let carried = format!(
+        "snapshot trigger addr:marker carried into this image: symbol of {} at {:#x}",
+        real.display(),
+        p.marker
+    );
+    assert!(notes.contains(&carried), "{notes:?}\n{}", text(&o));
+    let snaps = all_snapshots(&p.out);
+    assert_eq!(snaps.len(), 2, "two images, one thread each");
+    assert!(snaps[0].is_empty(), "the first image never reached marker");
+    assert_eq!(snaps[1].len(), 1, "fired once, in the exec'd image");
+    let s = &snaps[1][0];
+    assert_eq!(s.rec.kind, TriggerKind::Addr as u32);
+    assert_eq!(s.rec.trigger, format!("addr:marker ({:#x})", p.marker));
+    assert_eq!(s.gaps, 0);
+    assert_tail_of_loop(&p, &s.pcs, 19_999);
+    assert!(!s.pcs.contains(&p.marker));
+}
+
+#[test]
+fn addr_address_triggers_are_not_carried_into_exec_d_images_and_say_so() {
+    let Some(p) = prog() else { return };
+    let exe = p.exe.to_str().unwrap();
+    let spec = format!("addr:{:#x}", p.marker);
+    run(
+        &p,
+        &["--snapshot", "32K", "--trigger", &spec],
+        &["0", "exec", exe, "20000"],
+    );
+    let notes = notes(&p.out);
+    assert!(
+        notes.iter().any(|n| n.starts_with(&format!(
+            "snapshot trigger {spec} is not carried into the exec of {exe} (thread "
+        )) && n.ends_with("use addr:SYMBOL to follow a symbol")),
+        "{notes:?}"
+    );
+    let snaps = all_snapshots(&p.out);
+    assert_eq!(snaps.len(), 2);
+    assert!(
+        snaps.iter().all(Vec::is_empty),
+        "no snapshot in either image"
+    );
 }
 
 #[test]

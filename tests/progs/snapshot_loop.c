@@ -7,14 +7,24 @@
  *   (none)           marker(), then exit 0
  *   twice            marker(), the loop again for i = N..2N-1, marker() again
  *   syscall          getppid() (a syscall trigger), then marker()
- *   wait READY GO    creates READY, waits (1 ms sleeps) until GO exists, then marker()
+ *   block            writes "ready 0\n" on stdout, then blocks reading one byte of stdin,
+ *                    then marker()
+ *   exec PROG ARGS   execv(PROG, [PROG, ARGS...]) first (no loop in this image)
+ *   spin             another thread runs step(i) for i = 0, 1, ... until told to stop;
+ *                    once it is looping, the main thread runs its loop, calls getppid(),
+ *                    then stops it and joins it
+ *   threads K        K more threads: thread k (1..K) runs step(i) for i = kN..(k+1)N-1,
+ *                    writes "ready k\n" and blocks reading a pipe; the main thread runs its
+ *                    loop, writes "ready 0\n" and blocks reading stdin; a byte there makes
+ *                    it call getppid(), then read stdin again; at its end (EOF) it closes
+ *                    the pipe, the threads call marker() and end, and main joins them
  *
  * step(i) calls bit_one() or bit_zero() for each of the 17 low bits of i, lowest first, so
  * the decoded instruction stream spells every iteration's number. */
-#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 volatile unsigned long sink;
@@ -38,20 +48,85 @@ static void loop(unsigned long from, unsigned long to) {
         step(i);
 }
 
+static unsigned long per_thread;
+static int pipe_fds[2];
+
+static void ready(long k) {
+    char msg[32];
+    int len = snprintf(msg, sizeof msg, "ready %ld\n", k);
+    (void)write(1, msg, len);
+}
+
+static void *worker(void *arg) {
+    long k = (long)arg;
+    char c;
+    loop(k * per_thread, (k + 1) * per_thread);
+    ready(k);
+    (void)read(pipe_fds[0], &c, 1);
+    marker();
+    return 0;
+}
+
+static volatile int spin_started, spin_stop;
+
+static void *spinner(void *arg) {
+    (void)arg;
+    for (unsigned long i = 0; !spin_stop; i++) {
+        step(i);
+        spin_started = 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     unsigned long n = argc > 1 ? strtoul(argv[1], 0, 0) : 100000;
     const char *mode = argc > 2 ? argv[2] : "";
+    if (!strcmp(mode, "exec") && argc > 3) {
+        execv(argv[3], argv + 3);
+        return 4;
+    }
+    if (!strcmp(mode, "spin")) {
+        pthread_t t;
+        if (pthread_create(&t, 0, spinner, 0) != 0)
+            return 3;
+        while (!spin_started)
+            ;
+        loop(0, n);
+        (void)getppid();
+        spin_stop = 1;
+        pthread_join(t, 0);
+        return 0;
+    }
+    if (!strcmp(mode, "threads") && argc > 3) {
+        long k = strtol(argv[3], 0, 0);
+        pthread_t t[64];
+        char c;
+        per_thread = n;
+        if (k < 1 || k > 64 || pipe(pipe_fds) != 0)
+            return 2;
+        for (long i = 1; i <= k; i++)
+            if (pthread_create(&t[i - 1], 0, worker, (void *)i) != 0)
+                return 3;
+        loop(0, n);
+        ready(0);
+        while (read(0, &c, 1) == 1)
+            (void)getppid();
+        close(pipe_fds[1]);
+        for (long i = 1; i <= k; i++)
+            pthread_join(t[i - 1], 0);
+        marker();
+        return 0;
+    }
     loop(0, n);
-    if (!strcmp(mode, "twice")) {
+    if (!strcmp(mode, "block")) {
+        char c;
+        ready(0);
+        (void)read(0, &c, 1);
+    } else if (!strcmp(mode, "twice")) {
         marker();
         loop(n, 2 * n);
     } else if (!strcmp(mode, "syscall")) {
         (void)getppid();
-    } else if (!strcmp(mode, "wait") && argc > 4) {
-        close(open(argv[3], O_CREAT | O_WRONLY, 0644));
-        struct timespec ms = {0, 1000000};
-        while (access(argv[4], F_OK) != 0)
-            nanosleep(&ms, 0);
     }
     marker();
     return 0;

@@ -91,6 +91,7 @@ impl PttWindowInfo {
             (ptt::WF_FORK_CHILD, "fork-child"),
             (ptt::WF_NO_SYSCALL, "no-syscall"),
             (ptt::WF_RECOVERED, "recovered"),
+            (ptt::WF_SNAPSHOT_CUT, "snapshot-cut"),
         ];
         names
             .iter()

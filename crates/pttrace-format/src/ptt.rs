@@ -208,6 +208,11 @@ pub const WF_NO_SYSCALL: u32 = 1 << 9;
 /// The window was recovered from the thread's spool after the process died before writing
 /// it (see [`crate::spool`]); its PT, if it had any, is lost (`WF_PT_DROPPED`).
 pub const WF_RECOVERED: u32 = 1 << 10;
+/// Snapshot mode: the window is the last of a thread's snapshot and ends where the thread
+/// took it (see [`crate::snapshot`]): at a syscall that had not returned yet (then `nr` and
+/// `args` are that syscall's and `ret` is meaningless; the next window starts after its
+/// return), or between two blocks (with [`WF_NO_SYSCALL`]). `tsc_end` is the cut's time.
+pub const WF_SNAPSHOT_CUT: u32 = 1 << 11;
 
 /// Backend byte of the QEMU plugin.
 pub const BACKEND_QEMU: u8 = 2;

@@ -14,13 +14,21 @@
 //!   executable (a symbol of its ELF `.symtab`/`.dynsym`, or an address as the ELF file
 //!   gives it; a PIE's load bias is applied). The snapshot holds the trace up to, not
 //!   including, the instruction at the address (where its last window's FUP points).
+//!   After an `execve`, an `addr:SYMBOL` trigger is resolved again in the new image's
+//!   executable (the info file notes where, or why it does not fire there); an
+//!   `addr:0xADDR` trigger is not carried into the new image (noted at the exec).
 //!
 //! Each firing (but `exit`, which is per thread) has a number, per process image, from 1:
-//! every thread of the process writes its ring as one snapshot with that number (the
-//! thread where the trigger fired at once; the others when their encoder next runs, at the
-//! latest when they end) and tracing goes on with an empty ring, so a window is written
-//! at most once and each snapshot holds what came after the previous one (at most SIZE).
-//! The info file gets a `Note` per firing.
+//! every thread of the process writes its ring as one snapshot with that number and
+//! tracing goes on with an empty ring, so a window is written at most once and each
+//! snapshot holds what came after the previous one (at most SIZE). Where each thread's
+//! snapshot ends is defined: the thread where the trigger fired, at the trigger; a thread
+//! inside a syscall when the firing is published, at that syscall (its window is the
+//! snapshot's last, flagged [`crate::ptt::WF_SNAPSHOT_CUT`], without a return value); a
+//! thread executing code, before the next block it executes (a window flagged
+//! `WF_SNAPSHOT_CUT | WF_NO_SYSCALL`). The record's TSC is the cut's. The info file gets
+//! a `Note` per firing (`snapshot N: trigger ... fired`) and one when every thread has
+//! written it (`snapshot N: complete, written by K threads`).
 //!
 //! In a thread file, a `Snapshot` record (type 27, [`SnapshotRecord`]) comes before the
 //! windows of its snapshot: the windows after it, up to the next `Snapshot` or `End`,

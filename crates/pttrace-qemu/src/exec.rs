@@ -156,6 +156,13 @@ pub fn follow(g: &Global, t: &mut Feeder, num: i64, a: [u64; 5]) {
         not_traced("an argument or variable holds a NUL byte");
         return;
     };
+    for trig in g.cfg.address_triggers() {
+        g.note(&format!(
+            "snapshot trigger {trig} is not carried into the exec of {shown} (thread {}): it names \
+             an address of this image's executable; use addr:SYMBOL to follow a symbol",
+            t.tid
+        ));
+    }
     // Everything of this image is written before the new one starts.
     t.finish(EndReason::Exec);
     g.close_info(EndReason::Exec, 0);

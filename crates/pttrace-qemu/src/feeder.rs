@@ -9,19 +9,32 @@
 //! stays bounded). At every syscall return the vCPU waits until the worker has written the
 //! window, so a program killed later keeps every window up to its last syscall, as
 //! without the worker.
+//!
+//! Snapshot mode: a firing another thread or `pttrace run` publishes
+//! ([`crate::Global::publish`]) is taken by each thread at a well-defined point of its
+//! log. A thread executing code takes it at its next block: `TAG_SNAP, firing, tsc` goes
+//! into its log before that block, and the worker cuts the window there. A thread inside a
+//! syscall has handed its whole log over at the syscall's entry, so the publisher sends
+//! its worker the firing directly: the snapshot ends at that syscall. Which of the two
+//! applies is decided under the thread's [`Share`] lock, which the vCPU takes at each
+//! syscall entry and return.
 
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use std::sync::atomic::Ordering;
 
 use pttrace_format::ptt::EndReason;
 
 use crate::snapshot::Firing;
 use crate::thread::Thread;
-use crate::{rdtsc, say};
+use crate::{rdtsc, say, Global};
 
 pub const TAG_SYSCALL: u64 = 1;
 pub const TAG_RET: u64 = 2;
 pub const TAG_TSC: u64 = 3;
+/// `TAG_SNAP, Arc<Firing> (raw), tsc`: take the firing here.
+pub const TAG_SNAP: u64 = 4;
 /// Words per chunk (512 KiB).
 pub const CHUNK: usize = 1 << 16;
 /// Chunks per thread.
@@ -56,6 +69,22 @@ pub enum Msg {
     Snapshot(Arc<Firing>),
 }
 
+/// Snapshot mode: what a vCPU shares with the publishers of firings.
+#[derive(Default)]
+pub struct ShareState {
+    /// The vCPU is inside a syscall, its log up to the syscall's entry handed over.
+    pub in_syscall: bool,
+    /// The last firing number this thread has taken (or was not meant for it).
+    pub taken: u64,
+}
+
+pub type Share = Arc<Mutex<ShareState>>;
+
+/// Locks a share (a poisoned lock still holds consistent state: two plain fields).
+pub fn lock(s: &Share) -> MutexGuard<'_, ShareState> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A vCPU's end of its worker.
 pub struct Feeder {
     buf: Vec<u64>,
@@ -69,6 +98,10 @@ pub struct Feeder {
     uid: u64,
     finished: bool,
     dead: bool,
+    /// Snapshot mode: the share with the publishers, and `Global::published` when last
+    /// looked at.
+    share: Option<Share>,
+    pub seen: u64,
 }
 
 impl Feeder {
@@ -97,11 +130,23 @@ impl Feeder {
                 true
             }
         };
-        if !dead {
-            if let Some(g) = crate::global().filter(|g| g.cfg.snapshot.is_some()) {
-                if let Ok(mut w) = g.workers.lock() {
-                    w.push((uid, tx.clone()));
-                }
+        let mut share = None;
+        let mut seen = 0;
+        if let Some(g) = crate::global().filter(|g| g.cfg.publishes()) {
+            // Firings published before the thread existed are not its own.
+            let mut w = g.workers.lock().unwrap_or_else(|e| e.into_inner());
+            seen = g.published.load(Ordering::SeqCst);
+            if !dead {
+                let s: Share = Arc::new(Mutex::new(ShareState {
+                    in_syscall: false,
+                    taken: seen,
+                }));
+                w.push(crate::Worker {
+                    uid,
+                    tx: tx.clone(),
+                    share: Arc::clone(&s),
+                });
+                share = Some(s);
             }
         }
         let mut f = Feeder {
@@ -114,6 +159,8 @@ impl Feeder {
             uid,
             finished: false,
             dead,
+            share,
+            seen,
         };
         f.buf.push(TAG_TSC);
         f.buf.push(rdtsc());
@@ -143,10 +190,74 @@ impl Feeder {
         self.buf.extend_from_slice(&args);
         self.buf.push(tsc);
         self.last_syscall = Some((nr, args, tsc));
+        if self.share.is_some() {
+            self.enter_syscall();
+        }
+    }
+
+    /// Snapshot mode, at a syscall's entry: the log goes to the worker, then the thread
+    /// counts as inside the syscall (firings published from now on are sent to the worker
+    /// directly); firings published before and not taken yet are sent now.
+    #[cold]
+    #[inline(never)]
+    fn enter_syscall(&mut self) {
+        self.flush();
+        let (Some(share), Some(g)) = (self.share.as_ref(), crate::global()) else {
+            return;
+        };
+        if self.dead {
+            return;
+        }
+        let mut st = lock(share);
+        st.in_syscall = true;
+        if g.published.load(Ordering::SeqCst) > st.taken {
+            for f in g.claim(&mut st, self.uid) {
+                let _ = self.tx.send(Msg::Snapshot(f));
+            }
+        }
+    }
+
+    /// Snapshot mode: firings published since [`Self::seen`] are taken here, before the
+    /// next block (the vCPU is executing code).
+    #[cold]
+    #[inline(never)]
+    pub fn take_firings(&mut self, g: &Global) {
+        self.seen = g.published.load(Ordering::SeqCst);
+        let Some(share) = self.share.as_ref() else {
+            return;
+        };
+        if self.dead {
+            return;
+        }
+        let taken = {
+            let mut st = lock(share);
+            // Executing code: not inside a syscall (even if its return was not seen).
+            st.in_syscall = false;
+            g.claim(&mut st, self.uid)
+        };
+        if taken.is_empty() {
+            return;
+        }
+        self.log_firings(taken);
+        self.flush();
+    }
+
+    fn log_firings(&mut self, taken: Vec<Arc<Firing>>) {
+        for f in taken {
+            if self.buf.len() + 3 > CHUNK {
+                self.flush();
+            }
+            self.buf.push(TAG_SNAP);
+            self.buf.push(Arc::into_raw(f) as u64);
+            self.buf.push(rdtsc());
+        }
     }
 
     /// Syscall return: the window is written before the guest goes on.
     pub fn ret(&mut self, ret: i64) {
+        if let Some(s) = self.share.as_ref() {
+            lock(s).in_syscall = false;
+        }
         self.room();
         self.buf.push(TAG_RET);
         self.buf.push(ret as u64);
@@ -189,9 +300,16 @@ impl Feeder {
             return;
         }
         self.finished = true;
-        if let Some(g) = crate::global().filter(|g| g.cfg.snapshot.is_some()) {
-            if let Ok(mut w) = g.workers.lock() {
-                w.retain(|(u, _)| *u != self.uid);
+        if let (Some(g), Some(share)) = (crate::global(), self.share.as_ref()) {
+            // Firings published before the thread left the list are still its own.
+            let taken = {
+                let mut w = g.workers.lock().unwrap_or_else(|e| e.into_inner());
+                w.retain(|x| x.uid != self.uid);
+                let mut st = lock(share);
+                g.claim(&mut st, self.uid)
+            };
+            if !self.dead {
+                self.log_firings(taken);
             }
         }
         self.request(|ack| Msg::Finish(reason, ack));

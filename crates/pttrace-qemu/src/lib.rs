@@ -23,8 +23,9 @@
 //! named in a `Note` of the info file. Plugin arguments: `out=DIR` (required), `qemu=PATH`
 //! and `self=PATH` (for following exec), `oracle=on` (also write each thread's executed
 //! block sequence to `<...>.oracle`, for tests), `cut=BYTES` (PT per window before a cut),
-//! and for snapshot mode `snapshot=BYTES`, `trigger=SPEC` (repeated) and `request=PATH`
-//! (see [`snapshot`] and [`pttrace_format::snapshot`]).
+//! and for snapshot mode `snapshot=BYTES`, `trigger=SPEC` (repeated; `addrsym:NAME` is an
+//! `addr:` symbol carried over an exec, resolved in the new executable) and
+//! `request=PATH` (see [`snapshot`] and [`pttrace_format::snapshot`]).
 //!
 //! Threading: QEMU calls the execution and syscall callbacks of a vCPU on that vCPU's
 //! thread only; each vCPU logs into its own [`feeder::Feeder`] and a worker thread per
@@ -82,15 +83,53 @@ struct Config {
     triggers: Vec<Trigger>,
     /// The request file `pttrace run` appends to for signal triggers.
     request: Option<PathBuf>,
+    /// `addr:SYMBOL` triggers carried from the image before an exec (`trigger=addrsym:`),
+    /// resolved in this image's executable at start ([`snapshot::resolve_carried`]).
+    addr_symbols: Vec<String>,
 }
 
+/// `trigger=` prefix of an `addr:SYMBOL` trigger carried into an exec'd image.
+const ADDR_SYMBOL: &str = "addrsym:";
+
 impl Config {
+    /// Names of the `addr:SYMBOL` triggers (given, or carried here and not found).
+    fn carried_symbols(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .triggers
+            .iter()
+            .filter_map(|t| match t {
+                Trigger::Addr { label, .. } if !label.starts_with("0x") => Some(label.clone()),
+                _ => None,
+            })
+            .chain(self.addr_symbols.iter().cloned())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// `addr:0xADDR` triggers (not carried into an exec'd image).
+    fn address_triggers(&self) -> Vec<String> {
+        self.triggers
+            .iter()
+            .filter(|t| matches!(t, Trigger::Addr { label, .. } if label.starts_with("0x")))
+            .map(Trigger::describe)
+            .collect()
+    }
+
+    /// Snapshot mode with triggers that fire for every thread (all but `exit`): threads
+    /// share their state with the publishers ([`feeder::Share`]).
+    fn publishes(&self) -> bool {
+        self.has_trigger(|t| *t != Trigger::Exit)
+    }
+
     fn has_trigger(&self, f: impl Fn(&Trigger) -> bool) -> bool {
         self.snapshot.is_some() && self.triggers.iter().any(f)
     }
 
-    /// The snapshot arguments an exec'd image gets: all but `addr:` triggers (they name
-    /// addresses of this image's executable).
+    /// The snapshot arguments an exec'd image gets: the triggers, `addr:SYMBOL` ones as
+    /// the symbol's name (the new image resolves it in its own executable); `addr:0xADDR`
+    /// ones are not carried (they name an address of this image's executable).
     fn snapshot_args(&self) -> Vec<(String, Vec<u8>)> {
         let mut v = Vec::new();
         if let Some(s) = self.snapshot {
@@ -99,6 +138,12 @@ impl Config {
                 if !matches!(t, Trigger::Addr { .. }) {
                     v.push(("trigger".to_string(), t.to_arg().into_bytes()));
                 }
+            }
+            for name in self.carried_symbols() {
+                v.push((
+                    "trigger".to_string(),
+                    format!("{ADDR_SYMBOL}{name}").into_bytes(),
+                ));
             }
             if let Some(r) = &self.request {
                 use std::os::unix::ffi::OsStrExt;
@@ -151,9 +196,19 @@ struct Global {
     /// triggers' run-time addresses, and how much of the request file was taken.
     snapshot_no: AtomicU64,
     exit_no: AtomicU64,
-    workers: Mutex<Vec<(u64, Sender<Msg>)>>,
+    workers: Mutex<Vec<Worker>>,
+    /// Firings published for every thread ([`Global::publish`]) and the last one's number.
+    firings: Mutex<Vec<std::sync::Arc<snapshot::Firing>>>,
+    published: AtomicU64,
     trigger_addrs: OnceLock<Vec<(u64, u32)>>,
     request_seen: AtomicU64,
+}
+
+/// Snapshot mode: a live thread's worker, as publishers of firings reach it.
+struct Worker {
+    uid: u64,
+    tx: Sender<Msg>,
+    share: feeder::Share,
 }
 
 static GLOBAL: OnceLock<Global> = OnceLock::new();
@@ -548,6 +603,9 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
 fn exec_block(vcpu: c_uint, b: &BlockInfo) {
     let Some(g) = global() else { return };
     let Some(f) = g.feeder(vcpu) else { return };
+    if g.published.load(Ordering::Relaxed) != f.seen {
+        f.take_firings(g);
+    }
     f.block(b as *const BlockInfo as u64);
 }
 
@@ -609,6 +667,10 @@ fn become_fork_child(g: &'static Global, vcpu: c_uint) {
         // like the logs below).
         std::mem::forget(std::mem::take(&mut *w));
     }
+    if let Ok(mut list) = g.firings.lock() {
+        list.clear();
+    }
+    g.published.store(0, Ordering::SeqCst);
     g.snapshot_no.store(0, Ordering::Relaxed);
     g.exit_no.store(0, Ordering::Relaxed);
     let mut fork_syscall = None;
@@ -680,6 +742,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
         snapshot: None,
         triggers: Vec::new(),
         request: None,
+        addr_symbols: Vec::new(),
     };
     let mut cut_given = false;
     for i in 0..argc.max(0) as usize {
@@ -702,6 +765,9 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
                         .filter(|&n: &u64| n > 0)
                         .ok_or_else(|| format!("snapshot={v}: not a number of bytes"))?,
                 )
+            }
+            "trigger" if v.starts_with(ADDR_SYMBOL) => {
+                cfg.addr_symbols.push(v[ADDR_SYMBOL.len()..].to_string())
             }
             "trigger" => cfg.triggers.push(
                 Trigger::from_arg(v)
@@ -754,13 +820,14 @@ pub unsafe extern "C" fn qemu_plugin_install(
                 return -1;
             }
         }
-        let cfg = match parse_args(argc, argv) {
+        let mut cfg = match parse_args(argc, argv) {
             Ok(c) => c,
             Err(e) => {
                 say(&e);
                 return -1;
             }
         };
+        let carried = snapshot::resolve_carried(&mut cfg);
         if let Err(e) = std::fs::create_dir_all(&cfg.out) {
             say(&format!("cannot create {}: {e}", cfg.out.display()));
             return -1;
@@ -786,6 +853,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
             snapshot_no: AtomicU64::new(0),
             exit_no: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
+            firings: Mutex::new(Vec::new()),
+            published: AtomicU64::new(0),
             trigger_addrs: OnceLock::new(),
             request_seen: AtomicU64::new(0),
         };
@@ -795,6 +864,9 @@ pub unsafe extern "C" fn qemu_plugin_install(
         let Some(g) = global() else { return -1 };
         // SAFETY: getppid cannot fail.
         g.open_info(unsafe { libc::getppid() });
+        for n in carried {
+            g.note(&n);
+        }
         g.request_seen
             .store(snapshot::request_file_len(g), Ordering::Relaxed);
         snapshot::start_watcher(g);

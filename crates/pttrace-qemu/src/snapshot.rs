@@ -12,30 +12,71 @@
 //! - `exit` fires in each thread's worker when the thread ends.
 //!
 //! A firing gets the next number of the process image ([`crate::Global::next_snapshot`]);
-//! the worker where it fired writes its ring at once and every other worker gets a
-//! [`crate::feeder::Msg::Snapshot`].
+//! the worker where it fired writes its ring at once and every other thread takes it at a
+//! well-defined point of its log ([`Global::publish`], [`crate::feeder`]): its snapshot
+//! ends there, the last window flagged `WF_SNAPSHOT_CUT`. When every thread has written
+//! it, a `snapshot N: complete` note goes into the info file.
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use pttrace_format::maps::MapsEntry;
 use pttrace_format::snapshot::{Trigger, TriggerKind, REQUEST_POLL_MS};
 
-use crate::feeder::Msg;
+use crate::feeder::{lock, Msg, ShareState};
 use crate::thread::WinMeta;
 use crate::{say, Global};
 
 /// One firing, as every worker of the process gets it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Firing {
     pub number: u64,
     pub kind: TriggerKind,
     /// Thread where it fired (0: a request from `pttrace run`).
     pub tid: i32,
     pub text: String,
+    /// `Thread::uid` of the thread where it fired (it writes its own ring at once; 0: none).
+    pub except: u64,
+    /// Threads that have still to write it, of `threads`.
+    remaining: AtomicUsize,
+    threads: usize,
 }
+
+impl Firing {
+    /// A firing of one thread only (`exit`), never published.
+    pub fn own(number: u64, kind: TriggerKind, tid: i32, text: String) -> Firing {
+        Firing {
+            number,
+            kind,
+            tid,
+            text,
+            except: 0,
+            remaining: AtomicUsize::new(0),
+            threads: 1,
+        }
+    }
+
+    /// A thread has written its ring for this firing; the last one notes that the
+    /// snapshot is complete.
+    pub fn done(&self, g: &Global) {
+        let before = self
+            .remaining
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if before == Ok(1) {
+            g.note(&complete_note(self.number, self.threads));
+        }
+    }
+}
+
+fn complete_note(number: u64, threads: usize) -> String {
+    let s = if threads == 1 { "" } else { "s" };
+    format!("snapshot {number}: complete, written by {threads} thread{s}")
+}
+
+/// Firings kept for threads that have not taken them yet.
+const KEPT_FIRINGS: usize = 256;
 
 /// A thread's last windows, oldest first.
 pub struct Ring {
@@ -127,6 +168,64 @@ pub fn resolve_addresses(g: &Global) -> Vec<(u64, u32)> {
     out
 }
 
+/// Resolves the `addr:SYMBOL` triggers carried from the image before an exec in this
+/// image's executable (its ELF `.symtab`/`.dynsym`, like `pttrace run` does for the first
+/// one) into `cfg.triggers`; returns the notes saying what became of each.
+pub fn resolve_carried(cfg: &mut crate::Config) -> Vec<String> {
+    if cfg.addr_symbols.is_empty() || cfg.snapshot.is_none() {
+        return Vec::new();
+    }
+    let (_, exe) = crate::guest_cmdline();
+    let data = std::fs::read(&exe);
+    let mut notes = Vec::new();
+    for name in &cfg.addr_symbols {
+        let found = data
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|d| elf_symbol(d, name));
+        match found {
+            Ok((value, pie_base)) => {
+                notes.push(format!(
+                    "snapshot trigger addr:{name} carried into this image: symbol of {exe} at \
+                     {value:#x}"
+                ));
+                cfg.triggers.push(Trigger::Addr {
+                    value,
+                    pie_base,
+                    label: name.clone(),
+                });
+            }
+            Err(why) => notes.push(format!(
+                "snapshot trigger addr:{name} (carried from the image before exec) does not \
+                 fire in this image: {exe}: {why}"
+            )),
+        }
+    }
+    notes
+}
+
+/// A symbol defined in an x86-64 ELF file: (its address, the PIE base for a PIE).
+fn elf_symbol(data: &[u8], name: &str) -> Result<(u64, Option<u64>), String> {
+    use object::{Architecture, Object, ObjectKind, ObjectSegment, ObjectSymbol};
+    let obj = object::File::parse(data).map_err(|e| format!("not an ELF file ({e})"))?;
+    if obj.architecture() != Architecture::X86_64 {
+        return Err("not an x86-64 ELF file".into());
+    }
+    let pie_base = (obj.kind() == ObjectKind::Dynamic).then(|| {
+        obj.segments()
+            .filter(|s| s.size() > 0)
+            .map(|s| s.address())
+            .min()
+            .unwrap_or(0)
+            & !0xfff
+    });
+    obj.symbols()
+        .chain(obj.dynamic_symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name))
+        .map(|s| (s.address(), pie_base))
+        .ok_or_else(|| format!("no symbol {name:?} defined (.symtab/.dynsym)"))
+}
+
 /// Where the guest executable's first page (file offset 0) is mapped.
 fn exe_first_page() -> Option<u64> {
     let (_, exe) = crate::guest_cmdline();
@@ -165,30 +264,79 @@ impl Global {
         n
     }
 
-    /// Tells every worker but `except` (a `Thread::uid`) to write its ring as `f`.
-    pub fn broadcast(&self, f: &Arc<Firing>, except: u64) {
-        if let Ok(w) = self.workers.lock() {
-            for (uid, tx) in w.iter() {
-                if *uid != except {
-                    let _ = tx.send(Msg::Snapshot(Arc::clone(f)));
+    /// Publishes a firing (`tid`, `except`: where it fired, see [`Firing`]) with the next
+    /// number, noting `note` (after `snapshot N: `) in the info file. Every thread listed
+    /// in `workers` but `except` takes it at a well-defined point ([`crate::feeder`]):
+    /// threads inside a syscall now (their worker gets it), the others at their next
+    /// block or syscall.
+    pub fn publish(&self, kind: TriggerKind, tid: i32, text: String, except: u64) -> Arc<Firing> {
+        // The workers' list is held throughout: a thread that starts or ends meanwhile
+        // either counts and takes the firing, or neither.
+        let workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let others = workers.iter().filter(|w| w.uid != except).count();
+        let threads = others + usize::from(except != 0);
+        let f = {
+            let mut list = self.firings.lock().unwrap_or_else(|e| e.into_inner());
+            let number = self.next_snapshot();
+            let where_ = if tid > 0 {
+                format!(" in thread {tid}")
+            } else {
+                String::new()
+            };
+            self.note(&format!(
+                "snapshot {}: trigger {} fired{where_}",
+                number, text
+            ));
+            let f = Arc::new(Firing {
+                number,
+                kind,
+                tid,
+                text,
+                except,
+                remaining: AtomicUsize::new(threads),
+                threads,
+            });
+            list.push(Arc::clone(&f));
+            if list.len() > KEPT_FIRINGS {
+                list.remove(0);
+            }
+            self.published.store(number, Ordering::SeqCst);
+            f
+        };
+        if threads == 0 {
+            self.note(&complete_note(f.number, 0));
+        }
+        for w in workers.iter().filter(|w| w.uid != except) {
+            let mut st = lock(&w.share);
+            if st.in_syscall {
+                for x in self.claim(&mut st, w.uid) {
+                    let _ = w.tx.send(Msg::Snapshot(x));
                 }
             }
         }
+        f
+    }
+
+    /// The firings published and not yet taken by thread `uid` (those not meant for it
+    /// skipped); all count as taken from now on. Called with the thread's share locked.
+    pub fn claim(&self, st: &mut ShareState, uid: u64) -> Vec<Arc<Firing>> {
+        let list = self.firings.lock().unwrap_or_else(|e| e.into_inner());
+        let out = list
+            .iter()
+            .filter(|f| f.number > st.taken && f.except != uid)
+            .cloned()
+            .collect();
+        if let Some(last) = list.last() {
+            st.taken = st.taken.max(last.number);
+        }
+        out
     }
 
     /// A firing that is not any thread's own (a request from `pttrace run`).
     fn fire_request(&self, sig: i32) {
         let t = Trigger::Signal(sig);
-        let number = self.next_snapshot();
         let text = format!("{} (sent to pttrace run)", t.describe());
-        self.note(&format!("snapshot {number}: trigger {text} fired"));
-        let f = Arc::new(Firing {
-            number,
-            kind: TriggerKind::Signal,
-            tid: 0,
-            text,
-        });
-        self.broadcast(&f, 0);
+        self.publish(TriggerKind::Signal, 0, text, 0);
     }
 }
 

@@ -13,7 +13,7 @@ use pttrace_format::code::{push_code_record, SampleId};
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
 use pttrace_format::snapshot::{SnapshotRecord, Trigger, TriggerKind};
 
-use crate::feeder::{Msg, TAG_RET, TAG_SYSCALL, TAG_TSC};
+use crate::feeder::{Msg, TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
 use crate::files::TraceFile;
 use crate::snapshot::{Firing, Ring};
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
@@ -53,6 +53,8 @@ pub struct Thread {
     ring: Option<Ring>,
     /// A `syscall:` trigger (its index) fires once the window ending at it is final.
     syscall_trigger: Option<u32>,
+    /// A snapshot ended the window of the syscall in flight (its return ends nothing).
+    cut_syscall: bool,
 }
 
 impl Thread {
@@ -113,6 +115,7 @@ impl Thread {
             failed,
             ring: g.cfg.snapshot.map(Ring::new),
             syscall_trigger: None,
+            cut_syscall: false,
         }
     }
 
@@ -310,32 +313,35 @@ impl Thread {
     /// written and every other thread told.
     fn fire(&mut self, kind: TriggerKind, text: String) {
         let Some(g) = crate::global() else { return };
-        let number = g.next_snapshot();
-        g.note(&format!(
-            "snapshot {number}: trigger {text} fired in thread {}",
-            self.tid
-        ));
-        let f = Arc::new(Firing {
-            number,
-            kind,
-            tid: self.tid,
-            text,
-        });
+        let f = g.publish(kind, self.tid, text, self.uid);
         self.write_snapshot(&f);
-        g.broadcast(&f, self.uid);
+        f.done(g);
     }
 
-    /// Another thread's trigger or a request: the window in flight is cut so that the
-    /// snapshot holds this thread's latest code too, then the ring is written.
+    /// Another thread's firing or a request, taken where the vCPU met it (see
+    /// [`crate::feeder`]): everything logged before is encoded; the window in flight ends
+    /// here (`WF_SNAPSHOT_CUT`: at the syscall the thread is in, or between the last block
+    /// and the next), then the ring is written.
     fn take_request(&mut self, f: &Firing) {
-        if self.ring.is_none() {
-            return;
+        if self.ring.is_some() {
+            if let Some(mut meta) = self.in_syscall.take() {
+                // Inside a syscall: its window is final but for the return value.
+                meta.w.flags |= ptt::WF_SNAPSHOT_CUT;
+                self.enc.end_window(meta);
+                self.cut_syscall = true;
+                self.drain();
+            } else if self.enc.in_window() {
+                let mut meta = self.no_syscall_meta();
+                meta.w.flags |= ptt::WF_SNAPSHOT_CUT;
+                let last = self.last_tsc;
+                let _ = self.enc.cut(meta, &mut move || last);
+                self.drain();
+            }
+            self.write_snapshot(f);
         }
-        if self.in_syscall.is_none() && self.enc.in_window() {
-            let last = self.last_tsc;
-            self.cut(&mut move || last);
+        if let Some(g) = crate::global() {
+            f.done(g);
         }
-        self.write_snapshot(f);
     }
 
     /// The `addr:` trigger `idx` at `addr` in the block just encoded: the window ends at
@@ -425,12 +431,7 @@ impl Thread {
                         format!("exit ({})", reason.name()),
                     )
                 };
-                self.write_snapshot(&Firing {
-                    number,
-                    kind: TriggerKind::Exit,
-                    tid: self.tid,
-                    text,
-                });
+                self.write_snapshot(&Firing::own(number, TriggerKind::Exit, self.tid, text));
             }
         }
         if let Some(f) = self.file.as_mut() {
@@ -478,6 +479,17 @@ impl Thread {
                     self.on_ret(e[0] as i64, e[1]);
                     i += 3;
                 }
+                TAG_SNAP => {
+                    let Some(e) = words.get(i + 1..i + 3) else {
+                        return;
+                    };
+                    // SAFETY: the vCPU logged this word from Arc::into_raw of a Firing,
+                    // and each logged word is consumed exactly once.
+                    let f = unsafe { Arc::from_raw(e[0] as *const Firing) };
+                    self.last_tsc = e[1];
+                    self.take_request(&f);
+                    i += 3;
+                }
                 TAG_TSC => {
                     if let Some(&t) = words.get(i + 1) {
                         self.last_tsc = t;
@@ -517,6 +529,7 @@ impl Thread {
 
     /// Syscall entry: the window in flight ends (TIP.PGD); it is written at the return.
     fn on_syscall(&mut self, nr: u64, args: [u64; 6], tsc: u64) {
+        self.cut_syscall = false;
         if let Some(mut meta) = self.in_syscall.take() {
             meta.w.flags |= ptt::WF_NO_RETURN;
             self.enc.end_window(meta);
@@ -553,6 +566,15 @@ impl Thread {
     /// Syscall return: the window is complete.
     fn on_ret(&mut self, ret: i64, tsc: u64) {
         let Some(mut meta) = self.in_syscall.take() else {
+            if std::mem::take(&mut self.cut_syscall) {
+                // Its window went into a snapshot: the next one starts after the return.
+                if ret == QEMU_ESIGRETURN {
+                    self.enc.sigreturned();
+                }
+                self.win_tsc = tsc;
+                self.last_tsc = tsc;
+                self.fire_syscall_trigger();
+            }
             return;
         };
         meta.w.ret = ret;

@@ -76,6 +76,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 let flags = w.flag_names().join(",");
                 let end = if w.flags & drpttracer::format::ptt::WF_NO_SYSCALL != 0 {
                     "cut without a syscall".to_string()
+                } else if w.flags & drpttracer::format::ptt::WF_SNAPSHOT_CUT != 0 {
+                    format!("ends at {}, not returned at the snapshot", w.syscall_name())
                 } else {
                     format!("ends at {} = {}", w.syscall_name(), w.ret)
                 };
