@@ -142,7 +142,8 @@ pub(super) fn decode(
         });
         match joined {
             Some((mut recs, mut next)) => {
-                let repeats = recs.first_marker(is_timestamp).is_some_and(|r| {
+                let repeats = next.timestamped
+                    && recs.first_marker(is_timestamp).is_some_and(|r| {
                     matches!(r, Record::Timestamp { tsc, .. } if Some(*tsc) == h.last_timestamp)
                 });
                 if repeats {

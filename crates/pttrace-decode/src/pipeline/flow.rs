@@ -437,6 +437,9 @@ impl CutStart {
 /// A decoder of part of a trace: how it started and how it ended.
 #[derive(Default)]
 pub(crate) struct PartReport {
+    /// It emitted a timestamp (a decoder started at a cut emits its first one whatever it
+    /// is).
+    pub timestamped: bool,
     pub start: Option<CutStart>,
     pub end: Option<Handoff>,
     pub failed: Option<Fallback>,
@@ -516,6 +519,10 @@ impl<'a> PtDecoder<'a> {
         // (Whether the trace has TSC packets matters to sideband only: it has none.)
         let mut d = Self::new_inner(pt, params, image, Vec::new(), resolver, opts, false)?;
         d.part = Some(Box::default());
+        // (What it will most likely decode: its segment. The output's reservation follows.)
+        if let Some(&(next, _)) = cuts.first() {
+            d.pt_len = d.pt_len.min(next + next / 4);
+        }
         match d.flow.take() {
             Some(f) => d.flow = Some(Box::new(f.for_part(&start, cuts))),
             None => {
@@ -541,7 +548,8 @@ impl<'a> PtDecoder<'a> {
     /// [`collect_compact`](Self::collect_compact)) and how it started and ended.
     pub(crate) fn collect_part(&mut self) -> (super::CompactRecords, PartReport) {
         let recs = self.collect_compact_mut();
-        let report = self.part.take().map(|p| *p).unwrap_or_default();
+        let mut report = self.part.take().map(|p| *p).unwrap_or_default();
+        report.timestamped = self.last_timestamp.is_some() && !self.ts_unknown;
         (recs, report)
     }
 }
