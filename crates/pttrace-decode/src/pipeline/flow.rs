@@ -222,6 +222,7 @@ impl Clock {
         };
     }
 
+    #[inline(never)]
     fn on_tma(&mut self, ctc: u16, fc: u16, cfg: ClockCfg) -> Result<(), Fallback> {
         if !self.have_tsc || self.have_tma || self.have_mtc || cfg.mtc_freq > 15 {
             return Err("TMA out of place");
@@ -238,6 +239,7 @@ impl Clock {
         Ok(())
     }
 
+    #[inline(never)]
     fn on_mtc(&mut self, payload: u8, cfg: ClockCfg) -> Result<(), Fallback> {
         if cfg.mtc_freq > 15 {
             return Err("MTC frequency out of range");
@@ -1059,13 +1061,8 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             st.pos += size;
-            // (Trace items clear it below.)
-            if !matches!(
-                pkt,
-                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Trig(_)
-            ) {
-                st.read_on = ReadOn::Other;
-            }
+            // (Trace items set `read_on` to `Nothing`; timing packets leave it; a CBR
+            // makes it `Other`. MODE.Exec comes while tracing is disabled: no matter.)
             match pkt {
                 Pkt::Tnt { bits, n } => {
                     st.tnt = bits;
@@ -1083,7 +1080,10 @@ impl PtDecoder<'_> {
                 Pkt::Tsc(t) => st.clock.on_tsc(t),
                 Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
                 Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
-                Pkt::Cbr => self.flow_quiet_event(st),
+                Pkt::Cbr => {
+                    st.read_on = ReadOn::Other;
+                    self.flow_quiet_event(st);
+                }
                 Pkt::TipPgd(p) => {
                     st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Pgd(st.last_ip.apply(p)));
