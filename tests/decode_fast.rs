@@ -212,13 +212,13 @@ fn compressed_returns_disables_and_async_branches_equal_libipt() {
     assert_eq!(pcs(&recs).last(), Some(&p.nop));
 }
 
-#[test]
-fn deep_recursion_beyond_the_return_stack_and_a_bad_compressed_return() {
-    // f: test al,1; jz s; call f; s: ret — recursing 100 deep (beyond libipt's 64-entry
-    // return stack: the oldest returns must come as TIPs, compressed ones fail).
+/// `top: call f; jmp top` / `f: test al,1; jz s; call f; s: ret`: (top, f, s, space).
+fn recursion() -> (u64, u64, u64, AddressSpace) {
     let mut a = CodeAssembler::new(64).unwrap();
-    let mut f = a.create_label();
-    let mut s = a.create_label();
+    let (mut top, mut f, mut s) = (a.create_label(), a.create_label(), a.create_label());
+    a.set_label(&mut top).unwrap();
+    a.call(f).unwrap();
+    a.jmp(top).unwrap();
     a.set_label(&mut f).unwrap();
     a.test(al, 1).unwrap();
     a.jz(s).unwrap();
@@ -228,9 +228,17 @@ fn deep_recursion_beyond_the_return_stack_and_a_bad_compressed_return() {
     let r = a
         .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .unwrap();
-    let (fa, sa) = (r.label_ip(&f).unwrap(), r.label_ip(&s).unwrap());
     let mut space = AddressSpace::new();
-    space.add_bytes("rec", r.inner.code_buffer, BASE);
+    space.add_bytes("rec", r.inner.code_buffer.clone(), BASE);
+    let ip = |l| r.label_ip(l).unwrap();
+    (ip(&top), ip(&f), ip(&s), space)
+}
+
+#[test]
+fn deep_recursion_beyond_the_return_stack_and_a_bad_compressed_return() {
+    // f: test al,1; jz s; call f; s: ret — recursing 100 deep (beyond libipt's 64-entry
+    // return stack: the oldest returns must come as TIPs, compressed ones fail).
+    let (_, fa, sa, space) = recursion();
     let depth = 100;
     let build = |compress_all: bool| {
         let mut w = PtWriter::new();
@@ -418,28 +426,6 @@ mod parallel {
         .unwrap();
         let recs = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
         (recs, stats)
-    }
-
-    /// `top: call f; jmp top` / `f: test al,1; jz s; call f; s: ret`: (top, f, s, space).
-    fn recursion() -> (u64, u64, u64, AddressSpace) {
-        let mut a = CodeAssembler::new(64).unwrap();
-        let (mut top, mut f, mut s) = (a.create_label(), a.create_label(), a.create_label());
-        a.set_label(&mut top).unwrap();
-        a.call(f).unwrap();
-        a.jmp(top).unwrap();
-        a.set_label(&mut f).unwrap();
-        a.test(al, 1).unwrap();
-        a.jz(s).unwrap();
-        a.call(f).unwrap();
-        a.set_label(&mut s).unwrap();
-        a.ret().unwrap();
-        let r = a
-            .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-            .unwrap();
-        let mut space = AddressSpace::new();
-        space.add_bytes("rec", r.inner.code_buffer.clone(), BASE);
-        let ip = |l| r.label_ip(l).unwrap();
-        (ip(&top), ip(&f), ip(&s), space)
     }
 
     /// Rounds of recursion `1..=60` deep, returning compressed (or by TIP), with a PSB+

@@ -144,6 +144,20 @@ struct Inputs<'t> {
 }
 
 impl<'t> Inputs<'t> {
+    /// The options of a decoder of segment `k` whose buffer starts at byte `from`: its
+    /// offsets the trace's, and the window's leading records only in the first one.
+    fn options_from(&self, from: usize, k: usize) -> WindowOptions {
+        let mut o = WindowOptions {
+            base_offset: self.opts.base_offset + from as u64,
+            ..self.opts.clone()
+        };
+        if k > 0 {
+            o.window_id = None;
+            o.cpu = None;
+        }
+        o
+    }
+
     fn sequential(&self) -> Result<CompactRecords, DecodeError> {
         let dec = PtDecoder::new(
             self.trace,
@@ -181,14 +195,7 @@ impl<'t> Inputs<'t> {
                 psbend: (s.psbend - from) as u64,
             })
             .collect();
-        let mut o = WindowOptions {
-            base_offset: self.opts.base_offset + from as u64,
-            ..self.opts.clone()
-        };
-        if k > 0 {
-            o.window_id = None;
-            o.cpu = None;
-        }
+        let o = self.options_from(from, k);
         let start = SegStart {
             psbend: (k > 0).then(|| (segs[k].psbend - from) as u64),
             ..state

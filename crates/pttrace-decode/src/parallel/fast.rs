@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use super::{Inputs, Segment};
 use crate::pipeline::flow::{PartReport, PartStart};
-use crate::pipeline::{CompactRecords, DecoderCaches, PtDecoder, WindowOptions};
+use crate::pipeline::{CompactRecords, DecoderCaches, PtDecoder};
 use crate::records::Record;
 use crate::DecodeError;
 
@@ -47,20 +47,12 @@ impl Inputs<'_> {
             .skip(k + 1)
             .map(|(j, s)| (s.start - from, j))
             .collect();
-        let mut o = WindowOptions {
-            base_offset: self.opts.base_offset + from as u64,
-            ..self.opts.clone()
-        };
-        if k > 0 {
-            o.window_id = None;
-            o.cpu = None;
-        }
         let mut dec = PtDecoder::new_part(
             &self.trace[from..],
             *self.params,
             self.image.clone(),
             self.resolver.clone(),
-            o,
+            self.options_from(from, k),
             start,
             cuts,
         )?

@@ -289,6 +289,12 @@ impl Clock {
     }
 }
 
+/// Whether `r` is the instruction at `ip`.
+#[inline]
+fn is_insn_at(r: &Record, ip: u64) -> bool {
+    matches!(r, Record::Instruction(i) if i.pc == ip)
+}
+
 /// Why the fast decoder handed a window to libipt.
 pub(crate) type Fallback = &'static str;
 
@@ -335,8 +341,7 @@ enum ReadOn {
     Nothing,
     /// A PSB+ with this FUP (and maybe timing packets).
     ToFup(u64),
-    /// Others (a CBR, a PSB+ without FUP while tracing is enabled...): the fast decoder
-    /// leaves these ends to libipt.
+    /// Others (a CBR): the fast decoder leaves these ends to libipt.
     Other,
 }
 
@@ -611,22 +616,14 @@ impl PtDecoder<'_> {
         let fup = self.flow_psb(st, false, at)?;
         let ip = match (at, fup) {
             (Some(b), Some(ip)) => {
-                let recs = self
-                    .blocks
-                    .arena
-                    .get(b.start as usize..(b.start + b.len) as usize)
-                    .unwrap_or(&[]);
-                let mut hits = recs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| matches!(r, Record::Instruction(i) if i.pc == ip))
-                    .map(|(k, _)| k);
-                let (Some(n), None) = (hits.next(), hits.next()) else {
+                let n = self.flow_index_of(b, ip);
+                let last = self.flow_recs(b).iter().rposition(|r| is_insn_at(r, ip));
+                let Some(n) = n.filter(|&n| Some(n as usize) == last) else {
                     // (The FUP IP in code walked before `at`, or twice in `at`: not a
                     // place to split.)
                     return Ok(Cut::Passed);
                 };
-                self.flow_push(b.start, n as u32);
+                self.flow_push(b.start, n);
                 Some(ip)
             }
             (None, None) if self.queue.pushed == st.committed => None,
@@ -892,13 +889,18 @@ impl PtDecoder<'_> {
 
     /// Records of block `b` before its instruction at `ip`.
     fn flow_index_of(&self, b: FBlock, ip: u64) -> Option<u32> {
-        let recs = self
-            .blocks
-            .arena
-            .get(b.start as usize..(b.start + b.len) as usize)?;
-        recs.iter()
-            .position(|r| matches!(r, Record::Instruction(i) if i.pc == ip))
+        self.flow_recs(b)
+            .iter()
+            .position(|r| is_insn_at(r, ip))
             .map(|k| k as u32)
+    }
+
+    /// Block `b`'s records.
+    fn flow_recs(&self, b: FBlock) -> &[Record] {
+        self.blocks
+            .arena
+            .get(b.start as usize..(b.start + b.len) as usize)
+            .unwrap_or(&[])
     }
 
     fn flow_is_vmentry(&self, ip: u64) -> bool {
@@ -1221,13 +1223,12 @@ impl PtDecoder<'_> {
     /// Whether `ip` is an instruction walked since the last trace item, or one of block
     /// `at`'s (the block waiting for trace).
     fn flow_reachable(&self, st: &FlowState, at: Option<FBlock>, ip: u64) -> bool {
-        let is_ip = |r: &Record| matches!(r, Record::Instruction(i) if i.pc == ip);
         let arena = &self.blocks.arena;
         let walked = self.queue.since(st.committed).unwrap_or(&[]);
         walked.iter().any(|item| match item {
             Item::Block(start, len) => arena
                 .get(*start as usize..(*start + *len) as usize)
-                .is_some_and(|recs| recs.iter().any(is_ip)),
+                .is_some_and(|recs| recs.iter().any(|r| is_insn_at(r, ip))),
             Item::Rec(_) => false,
         }) || at.is_some_and(|b| self.flow_index_of(b, ip).is_some())
     }
