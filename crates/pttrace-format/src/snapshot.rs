@@ -87,6 +87,61 @@ pub enum AddrSpec {
     Value(u64),
 }
 
+/// An `addr:` trigger's address in an ELF executable's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElfAddr {
+    /// The address as linked.
+    pub value: u64,
+    /// The executable's lowest loaded page when it is position-independent (the run-time
+    /// address is `value - pie_base + the load address of that page`).
+    pub pie_base: Option<u64>,
+    /// `value` lies in a loaded segment.
+    pub loaded: bool,
+}
+
+/// Why an `addr:` trigger has no address in an ELF file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElfAddrError {
+    /// Not an ELF file (what the parser said).
+    NotElf(String),
+    /// An ELF file for another architecture.
+    NotX86_64,
+    /// No such symbol defined in `.symtab` or `.dynsym`.
+    NoSymbol,
+}
+
+/// Resolves `spec` in the ELF file `data` (its `.symtab` and `.dynsym` definitions), as
+/// `pttrace run` does for the program and the QEMU plugin for an exec'd image.
+pub fn elf_address(data: &[u8], spec: &AddrSpec) -> Result<ElfAddr, ElfAddrError> {
+    use object::{Architecture, Object, ObjectKind, ObjectSegment, ObjectSymbol};
+    let obj = object::File::parse(data).map_err(|e| ElfAddrError::NotElf(e.to_string()))?;
+    if obj.architecture() != Architecture::X86_64 {
+        return Err(ElfAddrError::NotX86_64);
+    }
+    let loads: Vec<(u64, u64)> = obj
+        .segments()
+        .map(|s| (s.address(), s.address() + s.size()))
+        .filter(|(a, b)| b > a)
+        .collect();
+    let pie_base = (obj.kind() == ObjectKind::Dynamic)
+        .then(|| loads.iter().map(|(a, _)| *a).min().unwrap_or(0) & !0xfff);
+    let value = match spec {
+        AddrSpec::Value(v) => *v,
+        AddrSpec::Symbol(name) => obj
+            .symbols()
+            .chain(obj.dynamic_symbols())
+            .find(|s| s.is_definition() && s.name() == Ok(name.as_str()))
+            .map(|s| s.address())
+            .ok_or(ElfAddrError::NoSymbol)?,
+    };
+    let loaded = loads.iter().any(|(a, b)| (*a..*b).contains(&value));
+    Ok(ElfAddr {
+        value,
+        pie_base,
+        loaded,
+    })
+}
+
 /// A trigger as the user writes it (`--trigger`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserTrigger {
@@ -419,6 +474,29 @@ impl SnapshotRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elf_addresses_of_symbols_and_values() {
+        // This test program: an x86-64 ELF file with `main` defined.
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let main = elf_address(&exe, &AddrSpec::Symbol("main".into())).unwrap();
+        assert!(main.loaded, "{main:?}");
+        let same = elf_address(&exe, &AddrSpec::Value(main.value)).unwrap();
+        assert_eq!(same, main);
+        assert!(
+            !elf_address(&exe, &AddrSpec::Value(u64::MAX))
+                .unwrap()
+                .loaded
+        );
+        assert_eq!(
+            elf_address(&exe, &AddrSpec::Symbol("no such symbol here".into())),
+            Err(ElfAddrError::NoSymbol)
+        );
+        assert!(matches!(
+            elf_address(b"#!/bin/sh\n", &AddrSpec::Value(0)),
+            Err(ElfAddrError::NotElf(_))
+        ));
+    }
 
     #[test]
     fn sizes() {

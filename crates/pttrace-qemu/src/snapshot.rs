@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use pttrace_format::maps::MapsEntry;
-use pttrace_format::snapshot::{Trigger, TriggerKind, REQUEST_POLL_MS};
+use pttrace_format::snapshot::{
+    elf_address, AddrSpec, ElfAddr, ElfAddrError, Trigger, TriggerKind, REQUEST_POLL_MS,
+};
 
 use crate::feeder::{lock, Msg, ShareState};
 use crate::thread::WinMeta;
@@ -179,12 +181,17 @@ pub fn resolve_carried(cfg: &mut crate::Config) -> Vec<String> {
     let data = std::fs::read(&exe);
     let mut notes = Vec::new();
     for name in &cfg.addr_symbols {
-        let found = data
-            .as_ref()
-            .map_err(|e| e.to_string())
-            .and_then(|d| elf_symbol(d, name));
+        let found = data.as_ref().map_err(|e| e.to_string()).and_then(|d| {
+            elf_address(d, &AddrSpec::Symbol(name.clone())).map_err(|e| match e {
+                ElfAddrError::NotElf(e) => format!("not an ELF file ({e})"),
+                ElfAddrError::NotX86_64 => "not an x86-64 ELF file".to_string(),
+                ElfAddrError::NoSymbol => format!("no symbol {name:?} defined (.symtab/.dynsym)"),
+            })
+        });
         match found {
-            Ok((value, pie_base)) => {
+            Ok(ElfAddr {
+                value, pie_base, ..
+            }) => {
                 notes.push(format!(
                     "snapshot trigger addr:{name} carried into this image: symbol of {exe} at \
                      {value:#x}"
@@ -202,28 +209,6 @@ pub fn resolve_carried(cfg: &mut crate::Config) -> Vec<String> {
         }
     }
     notes
-}
-
-/// A symbol defined in an x86-64 ELF file: (its address, the PIE base for a PIE).
-fn elf_symbol(data: &[u8], name: &str) -> Result<(u64, Option<u64>), String> {
-    use object::{Architecture, Object, ObjectKind, ObjectSegment, ObjectSymbol};
-    let obj = object::File::parse(data).map_err(|e| format!("not an ELF file ({e})"))?;
-    if obj.architecture() != Architecture::X86_64 {
-        return Err("not an x86-64 ELF file".into());
-    }
-    let pie_base = (obj.kind() == ObjectKind::Dynamic).then(|| {
-        obj.segments()
-            .filter(|s| s.size() > 0)
-            .map(|s| s.address())
-            .min()
-            .unwrap_or(0)
-            & !0xfff
-    });
-    obj.symbols()
-        .chain(obj.dynamic_symbols())
-        .find(|s| s.is_definition() && s.name() == Ok(name))
-        .map(|s| (s.address(), pie_base))
-        .ok_or_else(|| format!("no symbol {name:?} defined (.symtab/.dynsym)"))
 }
 
 /// Where the guest executable's first page (file offset 0) is mapped.

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use drpttracer::format::launch::{self, Program};
 use drpttracer::format::snapshot::{
-    parse_size, signal_name, AddrSpec, Trigger, UserTrigger, REQUEST_FILE,
+    elf_address, parse_size, signal_name, AddrSpec, ElfAddrError, Trigger, UserTrigger,
+    REQUEST_FILE,
 };
 
 /// The checked snapshot options.
@@ -44,7 +45,6 @@ pub fn parse(size: Option<&str>, triggers: &[String]) -> Result<Option<Snapshot>
 
 /// `addr:` resolved in `prog`'s ELF file: (value, PIE base).
 fn resolve_addr(prog: &Path, spec: &AddrSpec) -> Result<(u64, Option<u64>), String> {
-    use object::{Object, ObjectKind, ObjectSegment, ObjectSymbol};
     let shown = match spec {
         AddrSpec::Symbol(s) => format!("addr:{s}"),
         AddrSpec::Value(v) => format!("addr:{v:#x}"),
@@ -62,37 +62,25 @@ fn resolve_addr(prog: &Path, spec: &AddrSpec) -> Result<(u64, Option<u64>), Stri
     }
     let data =
         std::fs::read(prog).map_err(|e| format!("--trigger {shown}: {}: {e}", prog.display()))?;
-    let obj = object::File::parse(&*data)
-        .map_err(|e| format!("--trigger {shown}: {}: {e}", prog.display()))?;
-    let loads: Vec<(u64, u64)> = obj
-        .segments()
-        .map(|s| (s.address(), s.address() + s.size()))
-        .filter(|(a, b)| b > a)
-        .collect();
-    let pie_base = (obj.kind() == ObjectKind::Dynamic)
-        .then(|| loads.iter().map(|(a, _)| *a).min().unwrap_or(0) & !0xfff);
-    let value = match spec {
-        AddrSpec::Value(v) => *v,
-        AddrSpec::Symbol(name) => obj
-            .symbols()
-            .chain(obj.dynamic_symbols())
-            .find(|s| s.is_definition() && s.name() == Ok(name.as_str()))
-            .map(|s| s.address())
-            .ok_or_else(|| {
-                format!(
-                    "--trigger {shown}: no symbol {name:?} defined in {} (.symtab/.dynsym; a \
-                     stripped program has no .symtab: give addr:0xADDR)",
-                    prog.display()
-                )
-            })?,
-    };
-    if !loads.iter().any(|(a, b)| (*a..*b).contains(&value)) {
+    let found = elf_address(&data, spec).map_err(|e| match (e, spec) {
+        (ElfAddrError::NoSymbol, AddrSpec::Symbol(name)) => format!(
+            "--trigger {shown}: no symbol {name:?} defined in {} (.symtab/.dynsym; a \
+             stripped program has no .symtab: give addr:0xADDR)",
+            prog.display()
+        ),
+        (ElfAddrError::NotElf(e), _) => format!("--trigger {shown}: {}: {e}", prog.display()),
+        // (`launch::inspect` above let only x86-64 programs through, and an address needs
+        // no symbol.)
+        (e, _) => format!("--trigger {shown}: {}: {e:?}", prog.display()),
+    })?;
+    if !found.loaded {
         return Err(format!(
-            "--trigger {shown}: {value:#x} is not inside a loaded segment of {}",
+            "--trigger {shown}: {:#x} is not inside a loaded segment of {}",
+            found.value,
             prog.display()
         ));
     }
-    Ok((value, pie_base))
+    Ok((found.value, found.pie_base))
 }
 
 /// The plugin's arguments (`snapshot=`, `trigger=`..., `request=`) for running `prog`.
