@@ -541,20 +541,25 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
     let prog = LoopProgram::new(BASE);
     let mut space = AddressSpace::new();
     space.add_bytes("loop", prog.code.clone(), prog.base);
+    let opts = |decoder: DecoderKind| WindowOptions {
+        source: "timed.pt".into(),
+        window_id: Some(7),
+        decoder,
+        ..Default::default()
+    };
+    let timed = |cpu: CpuParams| TraceParams {
+        cpu,
+        time: time_conv(),
+        ..Default::default()
+    };
     let decode = |trace: &[u8], params: TraceParams, kind: DecoderKind| {
-        let opts = WindowOptions {
-            source: "timed.pt".into(),
-            window_id: Some(7),
-            decoder: kind,
-            ..Default::default()
-        };
         let mut d = PtDecoder::new(
             trace,
             params,
             space.clone(),
             vec![],
             ImageResolver::default(),
-            opts,
+            opts(kind),
         )
         .unwrap();
         let recs: Vec<Record> = d.by_ref().collect();
@@ -578,11 +583,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
     ];
     for (t, trace) in traces.iter().enumerate() {
         for (c, cpu) in cpus.iter().enumerate() {
-            let params = TraceParams {
-                cpu: *cpu,
-                time: time_conv(),
-                ..Default::default()
-            };
+            let params = timed(*cpu);
             let what = format!("timed trace {t}, cpu {c}");
             let (want, _) = decode(trace, params, DecoderKind::Libipt);
             let (got, by) = decode(trace, params, DecoderKind::Fast);
@@ -603,11 +604,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
                     &space,
                     &[],
                     &ImageResolver::default(),
-                    &WindowOptions {
-                        source: "timed.pt".into(),
-                        window_id: Some(7),
-                        ..Default::default()
-                    },
+                    &opts(DecoderKind::Fast),
                     threads,
                 )
                 .unwrap();
@@ -619,11 +616,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
     }
     // MTC advanced the time between TSCs: timestamps a TSC packet never gave (not only
     // the generator's TSC values).
-    let params = TraceParams {
-        cpu: timed_cpu(),
-        time: time_conv(),
-        ..Default::default()
-    };
+    let params = timed(timed_cpu());
     let (recs, _) = decode(&traces[0], params, DecoderKind::Fast);
     let (untimed, _) = decode(
         &traces[0],
@@ -643,11 +636,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
     for k in 0..600 {
         let base = &traces[k % 2];
         let m = mutate(&mut rng, base);
-        let params = TraceParams {
-            cpu: cpus[k % 3],
-            time: time_conv(),
-            ..Default::default()
-        };
+        let params = timed(cpus[k % 3]);
         let (want, _) = decode(&m, params, DecoderKind::Libipt);
         let (got, b) = decode(&m, params, DecoderKind::Fast);
         if want != got {
