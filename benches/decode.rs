@@ -2,16 +2,18 @@
 //! (benches/c/bare_block_loop.c, the same bundled libipt), and
 //! parallel decode by PSB segments on 2 threads vs sequential. Prints figures and ratios.
 //!
-//! `cargo bench --bench decode [-- SIZE_MB]` (default 8 MB of PT).
+//! `cargo bench --bench decode [-- SIZE_MB]` (default 8 MB of PT). Ends with the memory
+//! comparison (peak resident memory of the fast decoder against the libipt pipeline, each
+//! in a process of its own); `-- --mem` runs that alone.
 
 use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use drpttracer::decode::image::Backing;
 use drpttracer::decode::parallel::{decode_parallel_compact, CHUNKS_PER_THREAD};
-use drpttracer::decode::testgen::LoopProgram;
+use drpttracer::decode::testgen::{CallProgram, CallTraceOptions, LoopProgram};
 use drpttracer::decode::{
-    AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
+    AddressSpace, DecoderKind, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };
 use libipt_sys as sys;
 
@@ -210,6 +212,16 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(8);
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(k) = args.iter().position(|a| a == "--mem-child") {
+        let arg = |i: usize| args.get(k + i).map_or("", String::as_str);
+        mem_child(arg(1), arg(2), arg(3), mb);
+        return;
+    }
+    if args.iter().any(|a| a == "--mem") {
+        memory_peaks(mb);
+        return;
+    }
     let prog = LoopProgram::new(0x40_0000);
     let t = Instant::now();
     let (trace, _) = prog.trace(mb << 20, 4096, 42);
@@ -464,6 +476,147 @@ fn main() {
         machine.text()
     );
     many_windows();
+    memory_peaks(mb);
+}
+
+/// A trace of the memory comparison, its image and parameters: `loop`, the benchmark's
+/// loop trace (`mb` MB), or `calls`, a generated trace of 10 M instructions over 16 images
+/// whose functions call each other (return compression, timing packets).
+fn mem_trace(which: &str, mb: usize) -> (Vec<u8>, AddressSpace, TraceParams) {
+    let mut space = AddressSpace::new();
+    if which == "loop" {
+        let prog = LoopProgram::new(0x40_0000);
+        space.add_bytes("loop", prog.code.clone(), prog.base);
+        return (
+            prog.trace(mb << 20, 4096, 42).0,
+            space,
+            TraceParams::default(),
+        );
+    }
+    let prog = CallProgram::new(0x40_0000, 16, 8);
+    let t = prog.trace(CallTraceOptions {
+        ret_compression: true,
+        timing: true,
+        psb_every: 4096,
+        min_insns: 10_000_000,
+        seed: 0x5eed,
+    });
+    let params = TraceParams {
+        cpu: CallProgram::timed_cpu(),
+        time: Some(drpttracer::metadata::TimeConv {
+            time_shift: 0,
+            time_mult: 1,
+            time_zero: 0,
+        }),
+        ..Default::default()
+    };
+    (t.pt, prog.space(), params)
+}
+
+/// A field of /proc/self/status in kB.
+fn status_kb(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// One measurement of the memory comparison, in this process: the trace made, the heap
+/// given back, the peak reset; then one decode; prints the peak resident memory above
+/// where it started, in kB.
+fn mem_child(which: &str, variant: &str, kind: &str, mb: usize) {
+    let (trace, space, params) = mem_trace(which, mb);
+    let kind: DecoderKind = kind.parse().expect("decoder kind");
+    // SAFETY: malloc_trim only returns free heap memory to the system.
+    unsafe { libc::malloc_trim(0) };
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak (clear_refs)");
+    let base = status_kb("VmRSS");
+    let opts = WindowOptions {
+        decoder: kind,
+        ..Default::default()
+    };
+    let dec = || {
+        PtDecoder::new(
+            &trace,
+            params,
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts.clone(),
+        )
+        .expect("decoder")
+    };
+    let n = match variant {
+        "stream" => {
+            let mut d = dec();
+            let mut n = 0;
+            while let Some(s) = d.next_slice() {
+                n += s.len();
+            }
+            n
+        }
+        "compact" => dec().collect_compact().len(),
+        _ => decode_parallel_compact(
+            &trace,
+            &params,
+            &space,
+            &[],
+            &ImageResolver::default(),
+            &opts,
+            2,
+        )
+        .expect("parallel decode")
+        .iter()
+        .map(|c| c.len())
+        .sum(),
+    };
+    std::hint::black_box(n);
+    println!("{}", status_kb("VmHWM").saturating_sub(base));
+}
+
+/// Peak memory of the fast decoder against the libipt pipeline (the decoder before it),
+/// each decode in a process of its own (median of 5), for a streamed decode (records
+/// visited, none kept), a sequential decode keeping every record (compact) and PSB-parallel
+/// decode on 2 threads. Goal: the fast decoder's peak no more than the libipt pipeline's.
+fn memory_peaks(mb: usize) {
+    let exe = std::env::current_exe().expect("this benchmark's path");
+    let peak = |which: &str, variant: &str, kind: &str| {
+        let mut v: Vec<u64> = (0..5)
+            .map(|_| {
+                let o = std::process::Command::new(&exe)
+                    .args(["--mem-child", which, variant, kind, &mb.to_string()])
+                    .output()
+                    .expect("run the measuring process");
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse()
+                    .unwrap_or(0)
+            })
+            .collect();
+        v.sort_unstable();
+        v[2]
+    };
+    println!();
+    println!(
+        "memory: peak resident memory of the decode (kB above the process's start, median of 5)"
+    );
+    println!("  trace  decode                  libipt pipeline   fast decoder   fast / libipt (goal <= 1.0)");
+    for which in ["loop", "calls"] {
+        for (variant, what) in [
+            ("stream", "streamed (next_slice)"),
+            ("compact", "all kept (compact)"),
+            ("parallel", "PSB-parallel, 2 thr."),
+        ] {
+            let l = peak(which, variant, "libipt");
+            let f = peak(which, variant, "fast");
+            println!(
+                "  {which:<6} {what:<23} {l:>12} kB {f:>11} kB   {:.2}",
+                f as f64 / l.max(1) as f64
+            );
+        }
+    }
 }
 
 /// Instructions of `dec` (every record visited in place).

@@ -337,6 +337,41 @@ fn large_loop_trace_equals_libipt() {
     assert!(f == l, "{}", first_difference(&f, &l));
 }
 
+/// A streamed decode holds a bounded number of records however far apart the PSBs are:
+/// the first slice of a 1 MiB trace with one PSB comes before the decoder has read far
+/// into it (the engine hands out what the trace decided every few hundred blocks).
+#[test]
+fn streamed_decode_hands_out_records_between_psbs() {
+    let prog = LoopProgram::new(0x40_0000);
+    let space = loop_space(&prog);
+    let (trace, _) = prog.trace(1 << 20, usize::MAX, 9);
+    assert_eq!(
+        drpttracer::decode::parallel::split_at_psbs(&trace, 8).len(),
+        1
+    );
+    let mut d = decoder(&trace, &space, DecoderKind::Fast);
+    let mut n = 0;
+    // Up to the first instructions (the window's marker comes before any decoding).
+    while let Some(s) = d.next_slice() {
+        n += s.len();
+        if s.iter().any(|r| r.as_instruction().is_some()) {
+            break;
+        }
+    }
+    let at = d.position();
+    assert!(
+        at < 16 << 10,
+        "the first instructions came at PT offset {at} of {}",
+        trace.len()
+    );
+    while let Some(s) = d.next_slice() {
+        n += s.len();
+    }
+    assert_eq!(d.decoded_by(), ("fast", None));
+    assert_eq!(d.position(), trace.len() as u64);
+    assert_eq!(n, libipt(&trace, &space).len());
+}
+
 /// The oracle check (`decode --decoder check`): two decoders of the same window agree,
 /// with the count of records compared; two of different traces differ first exactly where
 /// their record streams do, with both records.
@@ -812,5 +847,162 @@ fn jmpabs_eretu_erets_fast_decoder_follows_libipt_path_stops() {
                 "TraceDisabled { ip: None }".into(),
             ]
         );
+    }
+}
+
+/// A generated trace of ≥ 10 M instructions over 16 images whose functions call each
+/// other (direct and indirect calls, tail calls, returns at every depth up to 40), with
+/// timing packets (TSC, TMA, MTC, CBR) and PSBs, once with return compression and once
+/// without: the fast decoder gives libipt's records one for one, its instructions are
+/// exactly the generator's, and PSB-parallel decode on 2 threads gives the same records.
+mod generated {
+    use super::*;
+    use drpttracer::decode::parallel::decode_parallel_stats;
+    use drpttracer::decode::testgen::{CallProgram, CallTraceOptions};
+    use drpttracer::metadata::TimeConv;
+
+    fn params() -> TraceParams {
+        TraceParams {
+            cpu: CallProgram::timed_cpu(),
+            time: Some(TimeConv {
+                time_shift: 0,
+                time_mult: 1,
+                time_zero: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn opts(kind: DecoderKind) -> WindowOptions {
+        WindowOptions {
+            source: "generated.pt".into(),
+            window_id: Some(3),
+            decoder: kind,
+            ..Default::default()
+        }
+    }
+
+    fn decoder<'a>(trace: &'a [u8], space: &AddressSpace, kind: DecoderKind) -> PtDecoder<'a> {
+        PtDecoder::new(
+            trace,
+            params(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts(kind),
+        )
+        .unwrap()
+    }
+
+    /// Compares two record streams one by one (neither is kept: 10 M records each).
+    fn lockstep(
+        what: &str,
+        a: impl Iterator<Item = Record>,
+        mut b: impl Iterator<Item = Record>,
+        mut each: impl FnMut(&Record),
+    ) -> u64 {
+        let mut n = 0u64;
+        for x in a {
+            let y = b.next();
+            assert!(
+                y.as_ref() == Some(&x),
+                "{what}: record {n} differs: {x:?} against {y:?}"
+            );
+            each(&x);
+            n += 1;
+        }
+        assert_eq!(
+            b.next(),
+            None,
+            "{what}: the second stream goes on after {n} records"
+        );
+        n
+    }
+
+    #[test]
+    fn generated_many_image_traces_equal_libipt_and_the_generator() {
+        let prog = CallProgram::new(0x40_0000, 16, 8);
+        let space = prog.space();
+        for (ret_compression, seed) in [(true, 0x5eed), (false, 0xfeed)] {
+            let what = format!("return compression {ret_compression}");
+            let t = prog.trace(CallTraceOptions {
+                ret_compression,
+                timing: true,
+                psb_every: 4096,
+                min_insns: 10_000_000,
+                seed,
+            });
+            eprintln!(
+                "{what}: {} bytes, {} instructions, {} calls, returns {} by TIP and {} \
+                 compressed, {} other indirect branches, {} PSBs, {} MTCs, {} interrupts",
+                t.pt.len(),
+                t.ips.len(),
+                t.calls,
+                t.tip_returns,
+                t.compressed_returns,
+                t.indirect,
+                t.psbs,
+                t.mtcs,
+                t.interrupts
+            );
+            assert!(t.ips.len() >= 10_000_000);
+            assert!(t.calls > 100_000 && t.indirect > 10_000 && t.psbs > 100 && t.mtcs > 1000);
+            assert!(t.tip_returns > 1000 && t.interrupts > 1000);
+            assert_eq!(t.compressed_returns > 100_000, ret_compression, "{what}");
+
+            // Fast against libipt, and the instructions against the generator's.
+            let mut fast = decoder(&t.pt, &space, DecoderKind::Fast);
+            let mut ips = Vec::with_capacity(t.ips.len());
+            let mut stamps = std::collections::BTreeSet::new();
+            let records = lockstep(
+                &what,
+                fast.by_ref(),
+                decoder(&t.pt, &space, DecoderKind::Libipt),
+                |r| match r {
+                    Record::Instruction(i) => ips.push(i.pc),
+                    Record::Timestamp { tsc, .. } => {
+                        stamps.insert(*tsc);
+                    }
+                    _ => {}
+                },
+            );
+            assert_eq!(fast.decoded_by(), ("fast", None), "{what}");
+            if let Some(k) = ips.iter().zip(&t.ips).position(|(a, b)| a != b) {
+                panic!(
+                    "{what}: instruction {k} is {:#x}, the generator executed {:#x}",
+                    ips[k], t.ips[k]
+                );
+            }
+            assert_eq!(ips.len(), t.ips.len(), "{what}: instructions decoded");
+            // Each interrupt's enable has a timestamp of its own (its TSC, or MTCs since).
+            assert!(
+                stamps.len() as u64 > t.interrupts / 2,
+                "{what}: {} timestamps, {} interrupts",
+                stamps.len(),
+                t.interrupts
+            );
+
+            // PSB-parallel decode (fast) on 2 threads against one pass.
+            let (chunks, stats) = decode_parallel_stats(
+                &t.pt,
+                &params(),
+                &space,
+                &[],
+                &ImageResolver::default(),
+                &opts(DecoderKind::Fast),
+                2,
+            )
+            .unwrap();
+            eprintln!("{what}: 2 threads: {stats:?}");
+            assert_eq!(stats.by, "fast", "{what}: {stats:?}");
+            assert!(stats.segments > 2, "{what}: {stats:?}");
+            let par = lockstep(
+                &format!("{what}, 2 threads"),
+                chunks.iter().flat_map(|c| c.iter().cloned()),
+                decoder(&t.pt, &space, DecoderKind::Fast),
+                |_| {},
+            );
+            assert_eq!(par, records);
+        }
     }
 }

@@ -59,6 +59,12 @@ impl ItemQueue {
         self.head >= self.items.len()
     }
 
+    /// Items queued (not handed out yet).
+    #[inline]
+    fn len(&self) -> usize {
+        self.items.len().saturating_sub(self.head)
+    }
+
     // (Always inlined: the fast decoder pushes once per block, and the compiler's own
     // choice here has flipped with unrelated changes, costing a third of its speed.)
     #[inline(always)]
@@ -210,7 +216,25 @@ impl CompactRecords {
 
     /// Appends a reference to `len` records at `start` of arena `arena` (whose records are
     /// `recs`), or copies of them where the reference does not fit.
+    /// A block that continues the last one in the arena (blocks built one after the other
+    /// and executed in that order) extends its reference.
+    #[inline]
     fn push_block(&mut self, arena: u32, start: u32, len: u32, recs: &[Record]) {
+        if let Some(last) = self.items.last_mut() {
+            if let CItemKind::Block {
+                arena: a,
+                start: s,
+                len: l,
+            } = last.kind()
+            {
+                if a == arena && s + l == start {
+                    if let Some(joined) = CItem::block(arena, s, l + len) {
+                        *last = joined;
+                        return;
+                    }
+                }
+            }
+        }
         match CItem::block(arena, start, len) {
             Some(it) => self.items.push(it),
             None => {
@@ -777,6 +801,8 @@ impl<'a> PtDecoder<'a> {
     pub fn position(&self) -> u64 {
         match &self.flow {
             Some(f) => self.opts.base_offset + f.pos as u64,
+            // (The fast decoder read the whole window; libipt's decoder never moved.)
+            None if self.flow_done => self.opts.base_offset + self.pt_len as u64,
             None => self.opts.base_offset + self.dec.offset().unwrap_or(0),
         }
     }

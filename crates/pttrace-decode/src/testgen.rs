@@ -4,10 +4,13 @@
 //! [`LoopProgram`] is a small x86-64 program (assembled with iced-x86) whose every
 //! conditional-branch outcome sequence is a valid execution, so random TNT bits give a
 //! valid trace of any length; [`LoopProgram::simulate`] is the oracle for the expected
-//! instruction addresses.
+//! instruction addresses. [`CallProgram`] is a program of many images whose functions call
+//! each other; its traces (return compression on or off, timing packets) come with the
+//! address of every instruction they execute.
 
 use iced_x86::code_asm::*;
 use iced_x86::BlockEncoderOptions;
+use pttrace_encoder::packet::Sink;
 use pttrace_encoder::PacketWriter;
 
 use super::insn::decode_insn;
@@ -311,5 +314,476 @@ impl LoopProgram {
                 }
             }
         }
+    }
+}
+
+/// How a [`CallProgram`] trace is written.
+#[derive(Debug, Clone, Copy)]
+pub struct CallTraceOptions {
+    /// Returns whose call was seen since the last PSB are one taken TNT bit (hardware's
+    /// return compression); otherwise, and for returns whose call came before the last
+    /// PSB (hardware starts its compression afresh at every PSB), a TIP.
+    pub ret_compression: bool,
+    /// TSC + TMA (and sometimes CBR) in every PSB+, MTC packets on the way, now and then a
+    /// TSC of its own. CPU parameters that give MTC meaning: [`CallProgram::timed_cpu`].
+    pub timing: bool,
+    /// A PSB+ (with a FUP of the next instruction) after roughly this many bytes.
+    pub psb_every: usize,
+    /// At least this many instructions; the trace ends right after a conditional branch.
+    pub min_insns: usize,
+    pub seed: u64,
+}
+
+/// A generated trace of a [`CallProgram`] and its oracle.
+#[derive(Debug, Clone)]
+pub struct CallTrace {
+    pub pt: Vec<u8>,
+    /// The address of every instruction the trace executes, in order.
+    pub ips: Vec<u64>,
+    /// Calls, returns written as TIP, returns compressed to a TNT bit, indirect branches
+    /// other than returns, PSBs, MTC packets.
+    pub calls: u64,
+    pub tip_returns: u64,
+    pub compressed_returns: u64,
+    pub indirect: u64,
+    pub psbs: u64,
+    pub mtcs: u64,
+    /// Interrupts (tracing disabled and enabled again at the same instruction).
+    pub interrupts: u64,
+}
+
+/// What one instruction of a [`CallProgram`] does to the flow.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Plain,
+    /// A conditional branch deciding what the function does next.
+    Cond {
+        target: u64,
+        role: Choice,
+    },
+    DirectCall {
+        target: u64,
+    },
+    DirectJump {
+        target: u64,
+    },
+    IndirectCall,
+    IndirectJump,
+    Return,
+}
+
+/// The decision a [`CallProgram`] function's conditional branch (taken) stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    Return,
+    Indirect,
+    IndirectTail,
+    Tail,
+    Skip,
+}
+
+/// A program of many images whose functions call each other across images (tests and
+/// benchmarks of decoders on realistic flow: calls, returns at any depth, tail calls,
+/// indirect calls and jumps): every function is a loop that at each turn returns, or
+/// calls (directly a fixed function of another image, or indirectly any function), or
+/// tail-calls (directly or indirectly), each decided by a conditional branch; any
+/// sequence of decisions is a valid execution (a trace generator picks them, the
+/// register values do not matter to a decoder).
+///
+/// ```text
+/// f:    push rbx
+/// top:  add rax, 1 ; test rax, 1 ; jz ret      (return)
+///       test rax, 2 ; jz ind                   (indirect call or tail call)
+///       test rax, 4 ; jz tail                  (direct tail call)
+///       test rax, 8 ; jz skip ; add rbx, 1     (a branch that skips an instruction)
+/// skip: call g      ; jmp top                  (g: a fixed function of another image)
+/// ind:  test rax, 16 ; jz itail ; call rcx ; jmp top
+/// itail: pop rbx ; jmp rdx
+/// tail: pop rbx ; jmp h                        (h: another fixed function)
+/// ret:  pop rbx ; ret
+/// ```
+#[derive(Debug, Clone)]
+pub struct CallProgram {
+    /// (base address, code) of each image.
+    pub images: Vec<(u64, Vec<u8>)>,
+    /// Function entries.
+    pub funcs: Vec<u64>,
+    /// The deepest call nesting a trace reaches (within every decoder's return stack).
+    pub max_depth: usize,
+    /// Per image: the step of the instruction starting at each offset.
+    steps: Vec<Vec<Option<(u8, Step)>>>,
+}
+
+/// The role of each decision branch of a function, by address.
+type BranchRoles = Vec<(u64, Choice)>;
+
+/// CTC bits per MTC period of [`CallProgram::timed_cpu`].
+pub const CALL_MTC_FREQ: u8 = 3;
+
+/// Bytes reserved for each [`CallProgram`] function.
+const CALL_FUNC_SPACE: u64 = 0x100;
+
+impl CallProgram {
+    /// `images` images (at least 2) of `per_image` functions each, the first image at
+    /// `base`, one every 1 MiB.
+    pub fn new(base: u64, images: usize, per_image: usize) -> Self {
+        Self::build(base, images.max(2), per_image.max(1)).expect("assemble call program")
+    }
+
+    fn build(base: u64, nimg: usize, per: usize) -> Result<Self, IcedError> {
+        let n = nimg * per;
+        let image_base = |m: usize| base + (m as u64) * 0x10_0000;
+        let entry = |j: usize| image_base(j / per) + (j % per) as u64 * CALL_FUNC_SPACE;
+        let mut images = Vec::new();
+        let mut steps = Vec::new();
+        for m in 0..nimg {
+            let mut code = vec![0xccu8; per * CALL_FUNC_SPACE as usize];
+            let mut roles = std::collections::HashMap::new();
+            for k in 0..per {
+                let j = m * per + k;
+                // The direct callee lies in another image; the tail-callee is the next
+                // image's function after it.
+                let g = entry((j + per * (1 + j % (nimg - 1))) % n);
+                let h = entry((j + per + 1) % n);
+                let (bytes, func_roles) = Self::function(entry(j), g, h)?;
+                let at = k * CALL_FUNC_SPACE as usize;
+                code[at..at + bytes.len()].copy_from_slice(&bytes);
+                roles.extend(func_roles);
+            }
+            steps.push(Self::steps_of(&code, image_base(m), &roles));
+            images.push((image_base(m), code));
+        }
+        Ok(CallProgram {
+            images,
+            funcs: (0..n).map(entry).collect(),
+            max_depth: 40,
+            steps,
+        })
+    }
+
+    /// One function at `at` (see the type's layout) calling `g` and tail-calling `h`; its
+    /// code and the role of each conditional branch (by address).
+    fn function(at: u64, g: u64, h: u64) -> Result<(Vec<u8>, BranchRoles), IcedError> {
+        let mut a = CodeAssembler::new(64)?;
+        let mut top = a.create_label();
+        let mut ret = a.create_label();
+        let mut ind = a.create_label();
+        let mut itail = a.create_label();
+        let mut tail = a.create_label();
+        let mut skip = a.create_label();
+        let mut conds = Vec::new();
+        a.push(rbx)?;
+        a.set_label(&mut top)?;
+        a.add(rax, 1)?;
+        for (bit, label, role) in [
+            (1, ret, Choice::Return),
+            (2, ind, Choice::Indirect),
+            (4, tail, Choice::Tail),
+            (8, skip, Choice::Skip),
+        ] {
+            a.test(rax, bit)?;
+            let mut here = a.create_label();
+            a.set_label(&mut here)?;
+            a.jz(label)?;
+            conds.push((here, role));
+        }
+        a.add(rbx, 1)?;
+        a.set_label(&mut skip)?;
+        a.call(g)?;
+        a.jmp(top)?;
+        a.set_label(&mut ind)?;
+        a.test(rax, 16)?;
+        let mut here = a.create_label();
+        a.set_label(&mut here)?;
+        a.jz(itail)?;
+        conds.push((here, Choice::IndirectTail));
+        a.call(rcx)?;
+        a.jmp(top)?;
+        a.set_label(&mut itail)?;
+        a.pop(rbx)?;
+        a.jmp(rdx)?;
+        a.set_label(&mut tail)?;
+        a.pop(rbx)?;
+        a.jmp(h)?;
+        a.set_label(&mut ret)?;
+        a.pop(rbx)?;
+        a.ret()?;
+        let res = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+        let roles = conds
+            .iter()
+            .map(|(l, role)| Ok((res.label_ip(l)?, *role)))
+            .collect::<Result<Vec<_>, IcedError>>()?;
+        assert!(
+            res.inner.code_buffer.len() <= CALL_FUNC_SPACE as usize,
+            "function too large"
+        );
+        Ok((res.inner.code_buffer, roles))
+    }
+
+    /// The step of every instruction of an image (functions decoded from their entries).
+    fn steps_of(
+        code: &[u8],
+        base: u64,
+        roles: &std::collections::HashMap<u64, Choice>,
+    ) -> Vec<Option<(u8, Step)>> {
+        let mut steps = vec![None; code.len()];
+        for entry in (0..code.len()).step_by(CALL_FUNC_SPACE as usize) {
+            let mut off = entry;
+            while let Some(info) = code
+                .get(off..)
+                .filter(|b| b.first() != Some(&0xcc))
+                .and_then(|b| decode_insn(b, base + off as u64, ExecMode::Bit64))
+            {
+                let pc = base + off as u64;
+                let step = match (info.class, info.direct_target) {
+                    (InsnClass::CondJump, _) => {
+                        let i = iced_x86::Decoder::with_ip(64, &info.bytes, pc, 0).decode();
+                        Step::Cond {
+                            target: i.near_branch_target(),
+                            role: roles[&pc],
+                        }
+                    }
+                    (InsnClass::Call, Some(target)) => Step::DirectCall { target },
+                    (InsnClass::Call, None) => Step::IndirectCall,
+                    (InsnClass::Jump, Some(target)) => Step::DirectJump { target },
+                    (InsnClass::Jump, None) => Step::IndirectJump,
+                    (InsnClass::Return, _) => Step::Return,
+                    _ => Step::Plain,
+                };
+                steps[off] = Some((info.size, step));
+                off += usize::from(info.size);
+            }
+        }
+        steps
+    }
+
+    /// An image holding every function of the program.
+    pub fn space(&self) -> super::AddressSpace {
+        let mut space = super::AddressSpace::new();
+        for (k, (base, code)) in self.images.iter().enumerate() {
+            space.add_bytes(&format!("image{k}"), code.clone(), *base);
+        }
+        space
+    }
+
+    /// CPU parameters under which the MTC packets of a timed trace advance time (TMA and
+    /// CPUID 0x15's TSC/crystal ratio 3).
+    pub fn timed_cpu() -> super::CpuParams {
+        super::CpuParams {
+            mtc_freq: CALL_MTC_FREQ,
+            cpuid_0x15_eax: 1,
+            cpuid_0x15_ebx: 3,
+            ..Default::default()
+        }
+    }
+
+    fn step(&self, pc: u64) -> (u8, Step) {
+        let m = ((pc - self.images[0].0) >> 20) as usize;
+        self.steps[m][(pc - self.images[m].0) as usize].expect("an instruction of the program")
+    }
+
+    /// A valid trace of at least `o.min_insns` instructions with random decisions,
+    /// starting (PSB+, TIP.PGE) in the first function.
+    pub fn trace(&self, o: CallTraceOptions) -> CallTrace {
+        CallGen::new(self, o).run()
+    }
+}
+
+/// The state of one [`CallProgram::trace`].
+struct CallGen<'p> {
+    prog: &'p CallProgram,
+    o: CallTraceOptions,
+    rng: XorShift,
+    w: PacketWriter<Vec<u8>>,
+    out: CallTrace,
+    /// Return addresses; those below `floor` were pushed before the last PSB.
+    stack: Vec<u64>,
+    floor: usize,
+    tsc: u64,
+    ctc: u32,
+    last_psb: usize,
+}
+
+impl<'p> CallGen<'p> {
+    fn new(prog: &'p CallProgram, o: CallTraceOptions) -> Self {
+        CallGen {
+            prog,
+            o,
+            rng: XorShift::new(o.seed),
+            w: PacketWriter::new(Vec::new(), usize::MAX),
+            out: CallTrace {
+                pt: Vec::new(),
+                ips: Vec::with_capacity(o.min_insns + 64),
+                calls: 0,
+                tip_returns: 0,
+                compressed_returns: 0,
+                indirect: 0,
+                psbs: 0,
+                mtcs: 0,
+                interrupts: 0,
+            },
+            stack: Vec::new(),
+            floor: 0,
+            tsc: 1_000_000,
+            ctc: 0,
+            last_psb: 0,
+        }
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        let r = self
+            .w
+            .flush_tnt()
+            .and_then(|()| self.w.sink_mut().put(bytes));
+        debug_assert!(r.is_ok());
+    }
+
+    fn ok(r: Result<(), pttrace_encoder::EncodeError>) {
+        debug_assert!(r.is_ok(), "writing into a vector");
+    }
+
+    /// PSB+ (TSC, TMA, sometimes CBR when timed), MODE.Exec, FUP(`ip`) when given.
+    fn psb(&mut self, ip: Option<u64>) {
+        self.raw(&pttrace_encoder::packet::PSB);
+        self.w.forget_last_ip();
+        if self.o.timing {
+            self.tsc += 50;
+            Self::ok(self.w.tsc(self.tsc));
+            let [c0, c1] = ((self.ctc & 0xffff) as u16).to_le_bytes();
+            let [f0, f1] = (self.rng.below(0x100) as u16).to_le_bytes();
+            self.raw(&[0x02, 0x73, c0, c1, 0, f0, f1]);
+            if self.rng.below(4) == 0 {
+                let ratio = 20 + self.rng.below(10) as u8;
+                self.raw(&[0x02, 0x03, ratio, 0]);
+            }
+        }
+        Self::ok(self.w.mode_exec64());
+        if let Some(ip) = ip {
+            Self::ok(self.w.fup(ip));
+        }
+        self.raw(&pttrace_encoder::packet::PSBEND);
+        self.last_psb = self.w.len();
+        self.floor = self.stack.len();
+        self.out.psbs += 1;
+    }
+
+    /// Timing packets now and then (MTC mostly, sometimes a TSC), when timed.
+    fn timing(&mut self) {
+        if !self.o.timing || self.rng.below(8) != 0 {
+            return;
+        }
+        if self.rng.below(6) == 0 {
+            self.tsc += 10 + self.rng.below(100);
+            Self::ok(self.w.tsc(self.tsc));
+        } else {
+            self.ctc = self.ctc.wrapping_add(1 << CALL_MTC_FREQ);
+            self.tsc += 3 << CALL_MTC_FREQ;
+            let payload = (self.ctc >> CALL_MTC_FREQ) as u8;
+            self.raw(&[0x59, payload]);
+            self.out.mtcs += 1;
+        }
+    }
+
+    /// Before the instruction at `pc` (a branch target): a PSB+ when one is due, and now
+    /// and then an interrupt (user-only tracing: FUP + TIP.PGD there, TIP.PGE back there,
+    /// with a TSC first when timed).
+    fn maybe_psb(&mut self, pc: u64) {
+        if self.w.len() - self.last_psb >= self.o.psb_every {
+            self.psb(Some(pc));
+        }
+        if self.rng.below(64) == 0 {
+            Self::ok(self.w.async_disable(pc));
+            self.out.interrupts += 1;
+            self.timing();
+            let tsc = self.o.timing.then(|| {
+                self.tsc += 200;
+                self.tsc
+            });
+            Self::ok(self.w.enable(pc, tsc));
+        }
+    }
+
+    /// Whether the conditional branch of `role` is taken.
+    fn decide(&mut self, role: Choice) -> bool {
+        let depth = self.stack.len();
+        match role {
+            Choice::Return if depth == 0 => false,
+            Choice::Return if depth >= self.prog.max_depth => true,
+            Choice::Return => self.rng.below(10) < 4,
+            Choice::Indirect => self.rng.below(4) == 0,
+            Choice::IndirectTail | Choice::Skip => self.rng.below(2) == 0,
+            Choice::Tail => self.rng.below(5) == 0,
+        }
+    }
+
+    fn any_function(&mut self) -> u64 {
+        let k = self.rng.below(self.prog.funcs.len() as u64) as usize;
+        self.prog.funcs[k]
+    }
+
+    fn run(mut self) -> CallTrace {
+        let mut pc = self.prog.funcs[0];
+        self.psb(None);
+        if self.o.timing {
+            self.tsc += 20;
+            Self::ok(self.w.tsc(self.tsc));
+        }
+        Self::ok(self.w.mode_exec64());
+        Self::ok(self.w.tip_pge(pc));
+        loop {
+            let (size, step) = self.prog.step(pc);
+            self.out.ips.push(pc);
+            let next = pc + u64::from(size);
+            pc = match step {
+                Step::Plain => next,
+                Step::Cond { target, role } => {
+                    let taken = self.decide(role);
+                    Self::ok(self.w.branch(taken));
+                    if self.out.ips.len() >= self.o.min_insns {
+                        Self::ok(self.w.flush_tnt());
+                        break;
+                    }
+                    if taken {
+                        target
+                    } else {
+                        next
+                    }
+                }
+                Step::DirectCall { target } => {
+                    self.stack.push(next);
+                    self.out.calls += 1;
+                    target
+                }
+                Step::DirectJump { target } => target,
+                Step::IndirectCall | Step::IndirectJump => {
+                    let to = self.any_function();
+                    if matches!(step, Step::IndirectCall) {
+                        self.stack.push(next);
+                        self.out.calls += 1;
+                    }
+                    self.out.indirect += 1;
+                    Self::ok(self.w.tip(to));
+                    self.timing();
+                    self.maybe_psb(to);
+                    to
+                }
+                Step::Return => {
+                    let to = self.stack.pop().expect("returns only with a caller");
+                    if self.o.ret_compression && self.stack.len() >= self.floor {
+                        Self::ok(self.w.branch(true));
+                        self.out.compressed_returns += 1;
+                    } else {
+                        self.floor = self.floor.min(self.stack.len());
+                        Self::ok(self.w.tip(to));
+                        self.out.tip_returns += 1;
+                        self.timing();
+                        self.maybe_psb(to);
+                    }
+                    to
+                }
+            };
+        }
+        self.out.pt = self.w.into_sink();
+        self.out
     }
 }

@@ -50,6 +50,8 @@ impl std::str::FromStr for DecoderKind {
 const NO_BLOCK: u32 = u32::MAX;
 /// Instructions a block takes at most (longer straight-line code continues in the next).
 const MAX_BLOCK_INSNS: u32 = 256;
+/// Queued items after which a run stops to hand them out ([`Stop::Yield`]).
+const FLOW_YIELD_ITEMS: usize = 256;
 
 /// How a block ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,19 +66,22 @@ enum End {
     Return,
     /// System call: a TIP or TIP.PGD.
     Syscall,
-    /// Direct call to `target` (`fall` pushed unless it is the target: a call to the
-    /// next instruction, as libipt).
-    DirectCall,
     /// Length limit: on at `fall` without trace.
     Continue,
 }
 
+/// Straight-line code up to a branch that needs trace, through direct jumps and direct
+/// calls (as libipt's blocks: one block, one output slice, where a call's callee follows).
 #[derive(Debug, Clone, Copy)]
 struct FBlock {
     /// Its records in the block arena.
     start: u32,
     len: u32,
     end: End,
+    /// Its direct calls that push a return address: `ncalls` entries of the table's
+    /// `calls` from `calls`.
+    ncalls: u16,
+    calls: u32,
     fall: u64,
     target: u64,
     /// Linked successors: [fall, target].
@@ -91,12 +96,16 @@ struct FBlock {
 pub(crate) struct FlowTable {
     map: HashMap<u64, u32, BuildHasherDefault<AddrHasher>>,
     blocks: Vec<FBlock>,
+    /// The direct calls inside blocks: (the block's records up to and including the
+    /// call, the return address the call pushes).
+    calls: Vec<(u32, u64)>,
 }
 
 impl FlowTable {
     pub fn clear(&mut self) {
         self.map.clear();
         self.blocks.clear();
+        self.calls.clear();
     }
 }
 
@@ -302,6 +311,9 @@ pub(crate) type Fallback = &'static str;
 enum Stop {
     /// At a PSB with nothing tentative queued: the records so far can be handed out.
     Segment,
+    /// [`FLOW_YIELD_ITEMS`] queued, nothing tentative: handed out before decoding on, so
+    /// that a streamed decode holds few records however far apart the PSBs are.
+    Yield,
     /// The trace ended.
     Done,
 }
@@ -377,6 +389,9 @@ pub(crate) struct FlowState {
     next_cut: usize,
     /// Resuming from a [`Handoff`]: where decoding goes on (tracing enabled).
     resume: Option<u64>,
+    /// The last run stopped in the middle of the trace ([`Stop::Yield`]): the next goes
+    /// on where it was (the packet there, even a PSB, is the block's to read).
+    yielded: bool,
     /// Synchronizing at a cut, not at the trace's start: the sequential decoder passes
     /// that PSB+ without a sync-point timestamp.
     at_cut: bool,
@@ -484,6 +499,7 @@ impl FlowState {
             cuts: Vec::new(),
             next_cut: 0,
             resume: None,
+            yielded: false,
             at_cut: false,
         }
     }
@@ -592,7 +608,7 @@ impl PtDecoder<'_> {
         }
         self.flow = Some(st);
         match r? {
-            Stop::Segment => Ok(false),
+            Stop::Segment | Stop::Yield => Ok(false),
             Stop::Done => Ok(true),
         }
     }
@@ -623,7 +639,7 @@ impl PtDecoder<'_> {
                     // place to split.)
                     return Ok(Cut::Passed);
                 };
-                self.flow_push(b.start, n);
+                self.flow_push_block(st, b, n);
                 Some(ip)
             }
             (None, None) if self.queue.pushed == st.committed => None,
@@ -667,7 +683,9 @@ impl PtDecoder<'_> {
             }
         } else if let Some(ip) = st.resume.take() {
             st.cur = self.flow_block(ip)?;
-        } else if wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
+        } else if !std::mem::take(&mut st.yielded)
+            && wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb)
+        {
             // A segment starts at the PSB where the last one stopped.
             let at = st
                 .enabled
@@ -713,21 +731,13 @@ impl PtDecoder<'_> {
                 .get(st.cur as usize)
                 .ok_or("no block")?;
             match b.end {
-                End::Continue | End::DirectCall => {
+                End::Continue => {
                     st.without_trace += u64::from(b.len);
                     if st.without_trace > super::MAX_INSNS_WITHOUT_TRACE {
                         return Err("too many instructions without trace");
                     }
-                    self.flow_push(b.start, b.len);
-                    let (next, k) = if b.end == End::DirectCall {
-                        if b.target != b.fall {
-                            st.ret.push(b.fall);
-                        }
-                        (b.target, 1)
-                    } else {
-                        (b.fall, 0)
-                    };
-                    st.cur = self.flow_link(st.cur, k, next)?;
+                    self.flow_push_block(st, b, b.len);
+                    st.cur = self.flow_link(st.cur, 0, b.fall)?;
                     continue;
                 }
                 End::Cond => {
@@ -739,19 +749,25 @@ impl PtDecoder<'_> {
                     }
                     st.tnt_n -= 1;
                     let taken = (st.tnt >> st.tnt_n) & 1 != 0;
-                    self.flow_push(b.start, b.len);
+                    self.flow_push_block(st, b, b.len);
                     self.flow_commit(st);
                     let (next, k) = if taken { (b.target, 1) } else { (b.fall, 0) };
                     st.cur = self.flow_link(st.cur, k, next)?;
+                    if self.flow_yield(st) {
+                        return Ok(Some(Stop::Yield));
+                    }
                 }
                 End::Return => {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         match self.flow_next_item(st)? {
                             TraceItem::Tnt => {}
                             TraceItem::Tip(ip) => {
-                                self.flow_push(b.start, b.len);
+                                self.flow_push_block(st, b, b.len);
                                 self.flow_commit(st);
                                 st.cur = self.flow_block(ip)?;
+                                if self.flow_yield(st) {
+                                    return Ok(Some(Stop::Yield));
+                                }
                                 continue;
                             }
                             other => return self.flow_item_at(st, b, other),
@@ -761,13 +777,17 @@ impl PtDecoder<'_> {
                     if (st.tnt >> st.tnt_n) & 1 == 0 {
                         return Err("compressed return not taken");
                     }
+                    // (The block's own calls first: a callee's return may end it.)
+                    self.flow_push_block(st, b, b.len);
                     let ip = st
                         .ret
                         .pop()
                         .ok_or("compressed return, empty return stack")?;
-                    self.flow_push(b.start, b.len);
                     self.flow_commit(st);
                     st.cur = self.flow_block(ip)?;
+                    if self.flow_yield(st) {
+                        return Ok(Some(Stop::Yield));
+                    }
                 }
                 End::Indirect | End::IndirectCall | End::Syscall => {
                     if st.tnt_n != 0 {
@@ -775,18 +795,32 @@ impl PtDecoder<'_> {
                     }
                     match self.flow_next_item(st)? {
                         TraceItem::Tip(ip) => {
+                            self.flow_push_block(st, b, b.len);
                             if b.end == End::IndirectCall {
                                 st.ret.push(b.fall);
                             }
-                            self.flow_push(b.start, b.len);
                             self.flow_commit(st);
                             st.cur = self.flow_block(ip)?;
+                            if self.flow_yield(st) {
+                                return Ok(Some(Stop::Yield));
+                            }
                         }
                         other => return self.flow_item_at(st, b, other),
                     }
                 }
             }
         }
+    }
+
+    /// Whether to hand out what is queued before decoding on (all of it decided by the
+    /// trace, and [`FLOW_YIELD_ITEMS`] of it).
+    #[inline(always)]
+    fn flow_yield(&self, st: &mut FlowState) -> bool {
+        if self.queue.len() < FLOW_YIELD_ITEMS {
+            return false;
+        }
+        st.yielded = true;
+        true
     }
 
     /// A trace item other than the one block `b`'s branch takes: a disable, an
@@ -814,7 +848,7 @@ impl PtDecoder<'_> {
                 let n = self
                     .flow_index_of(b, ip)
                     .ok_or("the trace ends after a PSB+ whose FUP IP was walked")?;
-                self.flow_push(b.start, n);
+                self.flow_push_block(st, b, n);
                 Ok(Some(Stop::Done))
             }
             TraceItem::Psb => {
@@ -842,11 +876,11 @@ impl PtDecoder<'_> {
                     }
                     None => b.len,
                 };
+                self.flow_push_block(st, b, n);
                 if n == b.len && b.end == End::IndirectCall {
                     // (libipt logs a call's return address as it decodes the call.)
                     st.ret.push(b.fall);
                 }
-                self.flow_push(b.start, n);
                 self.flow_event(st, Record::TraceDisabled { ip });
                 st.enabled = false;
                 Ok(None)
@@ -856,7 +890,7 @@ impl PtDecoder<'_> {
                 let n = self
                     .flow_index_of(b, from)
                     .ok_or("asynchronous event IP not reached without trace")?;
-                self.flow_push(b.start, n);
+                self.flow_push_block(st, b, n);
                 match to {
                     Some(to) => {
                         self.flow_event(st, Record::KernelXfer { from, to: Some(to) });
@@ -879,7 +913,8 @@ impl PtDecoder<'_> {
     }
 
     /// Events binding to an IP walk from the last trace item: where that IP lies in code
-    /// walked since (past a direct call or a long block), libipt decodes the window.
+    /// walked since in blocks before the current one (a block longer than
+    /// `MAX_BLOCK_INSNS`), libipt decodes the window.
     fn flow_not_walked(&self, st: &FlowState, ip: u64) -> Result<(), Fallback> {
         if self.flow_reachable(st, None, ip) {
             return Err("event IP in code walked without trace");
@@ -925,6 +960,31 @@ impl PtDecoder<'_> {
             self.flush_pending_timestamp();
         }
         self.queue.push_back(Item::Block(start, len));
+    }
+
+    /// The first `n` records of block `b` executed: queued, and the return addresses of
+    /// the direct calls among them pushed.
+    #[inline(always)]
+    fn flow_push_block(&mut self, st: &mut FlowState, b: FBlock, n: u32) {
+        self.flow_push(b.start, n);
+        if b.ncalls != 0 {
+            self.flow_block_calls(st, b, n);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flow_block_calls(&mut self, st: &mut FlowState, b: FBlock, n: u32) {
+        let (first, count) = (b.calls as usize, usize::from(b.ncalls));
+        let calls = self
+            .blocks
+            .flow
+            .calls
+            .get(first..first + count)
+            .unwrap_or(&[]);
+        for &(_, ret) in calls.iter().take_while(|c| c.0 <= n) {
+            st.ret.push(ret);
+        }
     }
 
     #[inline]
@@ -993,6 +1053,7 @@ impl PtDecoder<'_> {
     fn flow_build(&mut self, ip: u64) -> Result<u32, Fallback> {
         let space = self.shared.space.try_borrow().map_err(|_| "image busy")?;
         let start = self.blocks.arena.len();
+        let calls = self.blocks.flow.calls.len();
         let mut pc = ip;
         let mut n = 0u32;
         let mode = ExecMode::Bit64;
@@ -1010,7 +1071,15 @@ impl PtDecoder<'_> {
             match (info.class, info.direct_target) {
                 (InsnClass::Other, _) => pc = next,
                 (InsnClass::Jump, Some(t)) => pc = t,
-                (InsnClass::Call, Some(t)) => break (End::DirectCall, next, t),
+                (InsnClass::Call, Some(t)) => {
+                    // (A call to the next instruction pushes nothing, as in libipt.)
+                    if t != next {
+                        let upto = u32::try_from(self.blocks.arena.len() - start)
+                            .map_err(|_| "block too large")?;
+                        self.blocks.flow.calls.push((upto, next));
+                    }
+                    pc = t;
+                }
                 (InsnClass::Jump, None) => break (End::Indirect, next, 0),
                 (InsnClass::Call, None) => break (End::IndirectCall, next, 0),
                 (InsnClass::Return, _) => break (End::Return, next, 0),
@@ -1041,10 +1110,15 @@ impl PtDecoder<'_> {
             return Err("block arena too large");
         };
         let idx = u32::try_from(self.blocks.flow.blocks.len()).map_err(|_| "too many blocks")?;
+        let ncalls = u16::try_from(self.blocks.flow.calls.len() - calls)
+            .map_err(|_| "too many calls in a block")?;
+        let calls = u32::try_from(calls).map_err(|_| "too many calls")?;
         self.blocks.flow.blocks.push(FBlock {
             start,
             len,
             end,
+            ncalls,
+            calls,
             fall,
             target,
             next: [NO_BLOCK; 2],
