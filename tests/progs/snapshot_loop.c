@@ -20,7 +20,11 @@
  *                    the pipe, the threads call marker() and end, and main joins them
  *
  * step(i) calls bit_one() or bit_zero() for each of the 17 low bits of i, lowest first, so
- * the decoded instruction stream spells every iteration's number. */
+ * the decoded instruction stream spells every iteration's number.
+ *
+ * With SNAPSHOT_LOOP_SYSCALL set in the environment, main first calls getpid(): the
+ * single-step backend of the LD_PRELOAD shim steps a thread's code from its first syscall
+ * on, so that the loop is traced there too. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +85,8 @@ static void *spinner(void *arg) {
 int main(int argc, char **argv) {
     unsigned long n = argc > 1 ? strtoul(argv[1], 0, 0) : 100000;
     const char *mode = argc > 2 ? argv[2] : "";
+    if (getenv("SNAPSHOT_LOOP_SYSCALL"))
+        (void)getpid();
     if (!strcmp(mode, "exec") && argc > 3) {
         execv(argv[3], argv + 3);
         return 4;

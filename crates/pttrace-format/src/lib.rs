@@ -21,6 +21,7 @@ pub mod pdb;
 pub mod perf_record;
 pub mod ptt;
 pub mod snapshot;
+pub mod snapshot_ring;
 pub mod spool;
 pub mod summary;
 pub mod sysnames;

@@ -789,7 +789,8 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     }
     if let Some(size) = cfg.snapshot {
         // Windows of about an eighth of the ring: it holds 7/8 to all of `size`.
-        let small = usize::try_from(size / 8).unwrap_or(usize::MAX).max(1024);
+        let small =
+            usize::try_from(pttrace_format::snapshot_ring::cut_size(size)).unwrap_or(usize::MAX);
         if !cut_given || cfg.cut > small {
             cfg.cut = small;
         }

@@ -1,5 +1,5 @@
 //! Snapshot (flight-recorder) mode in the plugin (semantics in
-//! [`pttrace_format::snapshot`]): per thread a [`Ring`] of finished windows holding about
+//! [`pttrace_format::snapshot`]): per thread a [`Ring`] (`pttrace_format::snapshot_ring`) of finished windows holding about
 //! the last `snapshot=` bytes of PT, written into the thread's file when a trigger fires.
 //!
 //! - `addr:` triggers are resolved at the first translated block (the guest's executable
@@ -17,7 +17,6 @@
 //! ends there, the last window flagged `WF_SNAPSHOT_CUT`. When every thread has written
 //! it, a `snapshot N: complete` note goes into the info file.
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -80,47 +79,12 @@ fn complete_note(number: u64, threads: usize) -> String {
 /// Firings kept for threads that have not taken them yet.
 const KEPT_FIRINGS: usize = 256;
 
-/// A thread's last windows, oldest first.
-pub struct Ring {
-    /// Most PT bytes kept.
-    pub size: u64,
-    pub windows: VecDeque<(WinMeta, Vec<u8>)>,
-    pub pt_bytes: u64,
-    /// Windows (and their PT bytes) dropped since the last snapshot.
-    pub discarded_windows: u64,
-    pub discarded_pt: u64,
-    /// The sideband (code records) of dropped windows: the decoder needs that code too, so
-    /// it goes into the first window a snapshot writes.
-    pub dropped_sideband: Vec<u8>,
-}
+/// A thread's ring of its last windows (shared with the shim's single-step backend).
+pub type Ring = pttrace_format::snapshot_ring::Ring<WinMeta>;
 
-impl Ring {
-    pub fn new(size: u64) -> Ring {
-        Ring {
-            size,
-            windows: VecDeque::new(),
-            pt_bytes: 0,
-            discarded_windows: 0,
-            discarded_pt: 0,
-            dropped_sideband: Vec::new(),
-        }
-    }
-
-    /// Adds a finished window; drops the oldest ones while the PT held exceeds `size` (the
-    /// newest window always stays). Returns dropped PT buffers for reuse.
-    pub fn push(&mut self, meta: WinMeta, pt: Vec<u8>, mut reuse: impl FnMut(Vec<u8>)) {
-        self.pt_bytes += pt.len() as u64;
-        self.windows.push_back((meta, pt));
-        while self.pt_bytes > self.size && self.windows.len() > 1 {
-            let Some((meta, pt)) = self.windows.pop_front() else {
-                break;
-            };
-            self.pt_bytes -= pt.len() as u64;
-            self.discarded_windows += 1;
-            self.discarded_pt += pt.len() as u64;
-            self.dropped_sideband.extend_from_slice(&meta.sideband);
-            reuse(pt);
-        }
+impl pttrace_format::snapshot_ring::RingWindow for WinMeta {
+    fn sideband_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.sideband
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use pttrace_encoder::{FlowEncoder, PSB_PERIOD};
 use pttrace_format::code::{push_code_record, SampleId};
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
-use pttrace_format::snapshot::{SnapshotRecord, Trigger, TriggerKind};
+use pttrace_format::snapshot::{Trigger, TriggerKind};
 
 use crate::feeder::{Msg, TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
 use crate::files::TraceFile;
@@ -267,21 +267,17 @@ impl Thread {
     /// windows, the first carrying the code of the windows dropped before it) and empties
     /// it; tracing goes on.
     fn write_snapshot(&mut self, f: &Firing) {
-        let Some(mut ring) = self.ring.take() else {
+        let Some(ring) = self.ring.as_mut() else {
             return;
         };
-        let rec = SnapshotRecord {
-            number: f.number,
-            kind: f.kind as u32,
-            fired_tid: f.tid,
-            tsc: self.last_tsc,
-            windows: ring.windows.len() as u64,
-            pt_bytes: ring.pt_bytes,
-            discarded_windows: ring.discarded_windows,
-            discarded_pt_bytes: ring.discarded_pt,
-            ring_size: ring.size,
-            trigger: f.text.clone(),
-        };
+        let taken = ring.take();
+        let rec = taken.record(
+            f.number,
+            f.kind as u32,
+            f.tid,
+            self.last_tsc,
+            f.text.clone(),
+        );
         if let (Some(file), false) = (self.file.as_mut(), self.failed) {
             if let Err(e) = file.frame(RecordType::Snapshot, &rec.payload()) {
                 self.failed = true;
@@ -292,21 +288,10 @@ impl Thread {
                 ));
             }
         }
-        let mut first = true;
-        while let Some((mut meta, pt)) = ring.windows.pop_front() {
-            if first && !ring.dropped_sideband.is_empty() {
-                let mut sb = std::mem::take(&mut ring.dropped_sideband);
-                sb.extend_from_slice(&meta.sideband);
-                meta.sideband = sb;
-            }
-            first = false;
+        for (meta, pt) in taken.windows {
             self.write_window(&meta, &pt);
             self.enc.recycle(pt);
         }
-        ring.pt_bytes = 0;
-        ring.discarded_windows = 0;
-        ring.discarded_pt = 0;
-        self.ring = Some(ring);
     }
 
     /// A trigger fired in this thread: a new snapshot number, a note, this thread's ring
