@@ -48,6 +48,43 @@ fn prog() -> Option<Prog> {
     })
 }
 
+/// The loop program without needing QEMU (the single-step backend's tests).
+fn prog_emu() -> Prog {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = shim_util::compile_with("snapshot_loop", dir.path(), "sl", &["-no-pie"]);
+    let out = dir.path().join("out");
+    Prog {
+        step: symbol(&exe, "step"),
+        one: symbol(&exe, "bit_one"),
+        zero: symbol(&exe, "bit_zero"),
+        marker: symbol(&exe, "marker"),
+        exe,
+        out,
+        _dir: dir,
+    }
+}
+
+/// `pttrace run --backend emulated --mode user --window thread` of the loop program (which
+/// makes a syscall first, so that its loop is stepped), with `opts`.
+fn emu_command(p: &Prog, opts: &[&str], args: &[&str]) -> Command {
+    let mut c = Command::new(pttrace());
+    c.args(["run", "--backend", "emulated", "--mode", "user"])
+        .args(["--window", "thread", "--out"])
+        .arg(&p.out)
+        .args(opts)
+        .arg("--")
+        .arg(&p.exe)
+        .args(args)
+        .env("SNAPSHOT_LOOP_SYSCALL", "1");
+    c
+}
+
+fn run_emu(p: &Prog, opts: &[&str], args: &[&str]) -> Output {
+    let o = emu_command(p, opts, args).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
 fn run(p: &Prog, opts: &[&str], args: &[&str]) -> Output {
     let mut cmd: Vec<&OsStr> = vec![p.exe.as_os_str()];
     cmd.extend(args.iter().map(OsStr::new));
@@ -331,7 +368,11 @@ impl Live {
     fn start(p: &Prog, opts: &[&str], args: &[&str]) -> Live {
         let mut cmd: Vec<&OsStr> = vec![p.exe.as_os_str()];
         cmd.extend(args.iter().map(OsStr::new));
-        let mut child = qemu_run_command(&p.out, opts, &cmd)
+        Live::spawn(qemu_run_command(&p.out, opts, &cmd))
+    }
+
+    fn spawn(mut cmd: Command) -> Live {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -813,7 +854,183 @@ fn bad_snapshot_options_are_named() {
         .unwrap();
     assert!(!o.status.success());
     assert!(
-        text(&o).contains("--snapshot is supported by the qemu backend only (--backend qemu"),
+        text(&o).contains(
+            "--snapshot with the emulated backend traces user code in thread windows: use \
+             --mode user --window thread (got --mode user --window syscall)"
+        ),
+        "{}",
+        text(&o)
+    );
+    // The hardware backend keeps no ring: refused, saying what is missing.
+    let o = Command::new(pttrace())
+        .args(["run", "--backend", "hardware", "--mode", "user"])
+        .args(["--window", "thread", "--out", out])
+        .args(["--snapshot", "64K", "--", exe])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(
+            "--snapshot is not available on the hardware backend: the shim captures Intel PT \
+             of kernel-mode syscall windows only, and the overwrite-mode AUX capture \
+             (perf::hardware::HardwareSnapshot) is not wired into it"
+        ),
+        "{}",
+        text(&o)
+    );
+}
+
+// The single-step (emulated) backend of the LD_PRELOAD shim: the same ring and records.
+// It steps ~0.7 M instructions/s here, so the loops are short (an iteration is ~140
+// instructions and ~73 PT bytes).
+
+const EMU_N: u64 = 2000;
+
+#[test]
+fn emulated_addr_trigger_keeps_exactly_the_end_of_the_loop_up_to_marker() {
+    let p = prog_emu();
+    let o = run_emu(
+        &p,
+        &["--snapshot", "16K", "--trigger", "addr:marker"],
+        &[&EMU_N.to_string()],
+    );
+    let out = text(&o);
+    assert!(
+        out.contains(&format!(
+            "snapshot 1: trigger addr:marker ({:#x}) fired in thread",
+            p.marker
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("snapshot 1: complete, written by 1 thread"),
+        "{out}"
+    );
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1, "the trigger fired once");
+    let s = &snaps[0];
+    assert_eq!(s.rec.number, 1);
+    assert_eq!(s.rec.kind, TriggerKind::Addr as u32);
+    assert_eq!(s.rec.trigger, format!("addr:marker ({:#x})", p.marker));
+    assert_eq!(s.rec.ring_size, 16 * 1024);
+    assert_eq!(s.gaps, 0);
+    // At most SIZE of PT, 7/8 of it at least (pieces of SIZE/8).
+    assert!(s.pt_bytes <= 16 * 1024, "{} PT bytes", s.pt_bytes);
+    assert!(s.pt_bytes >= 14 * 1024, "{} PT bytes", s.pt_bytes);
+    assert!(s.rec.discarded_windows > 20, "{:?}", s.rec);
+    // Exactly the last K iterations, whole, then main up to its call of marker.
+    let k = assert_tail_of_loop(&p, &s.pcs, EMU_N - 1);
+    assert!(k > 100 && k < 400, "{k} iterations");
+    assert!(!s.pcs.contains(&p.marker), "marker's entry is not executed");
+    let call = s.last_insn.last().unwrap();
+    let last = *s.pcs.last().unwrap();
+    assert_eq!((call.len(), call[0]), (5, 0xe8), "{call:x?}");
+    let rel = i32::from_le_bytes(call[1..5].try_into().unwrap());
+    assert_eq!((last + 5).wrapping_add(rel as i64 as u64), p.marker);
+    // The loop makes no syscall: only pieces cut without one.
+    assert!(s.windows.iter().all(|w| w.flags == WF_NO_SYSCALL));
+    // Nothing is written after the trigger (no exit trigger).
+    let pf = std::fs::read(&ptt_dir::open(&p.out).unwrap().threads[0].path).unwrap();
+    let pf = ptt::parse("t", &pf).unwrap();
+    let tail: Vec<u16> = pf.frames.iter().rev().take(2).map(|f| f.ty).collect();
+    assert_eq!(tail, [RecordType::End as u16, RecordType::Window as u16]);
+}
+
+#[test]
+fn emulated_syscall_trigger_ends_with_the_syscall_window() {
+    let p = prog_emu();
+    run_emu(
+        &p,
+        &["--snapshot", "8K", "--trigger", "syscall:getppid"],
+        &["1500", "syscall"],
+    );
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1);
+    let s = &snaps[0];
+    assert_eq!(s.rec.kind, TriggerKind::Syscall as u32);
+    assert_eq!(s.rec.trigger, "syscall:getppid");
+    let w = s.windows.last().unwrap();
+    assert_eq!(w.nr, libc::SYS_getppid as u64);
+    assert_eq!(w.flags, 0);
+    assert!(w.ret > 0, "getppid returned {}", w.ret);
+    assert_eq!(s.last_insn.last().unwrap(), SYSCALL_INSN);
+    assert!(s.pt_bytes <= 8 * 1024);
+    assert_eq!(s.gaps, 0);
+    assert_tail_of_loop(&p, &s.pcs, 1499);
+    assert!(!s.pcs.contains(&p.marker));
+}
+
+#[test]
+fn emulated_exit_is_the_default_trigger_and_holds_the_end_of_the_program() {
+    let p = prog_emu();
+    run_emu(&p, &["--snapshot", "8K"], &["1500"]);
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1);
+    let s = &snaps[0];
+    assert_eq!(s.rec.kind, TriggerKind::Exit as u32);
+    assert_eq!(s.rec.trigger, "exit (exit_group)");
+    assert!(s.pt_bytes <= 8 * 1024);
+    assert_eq!(s.gaps, 0);
+    assert!(s.pcs.contains(&p.marker));
+    assert_eq!(
+        s.windows.last().unwrap().nr,
+        libc::SYS_exit_group as u64,
+        "the last window ends at exit_group"
+    );
+    let upto = s.pcs.iter().position(|&pc| pc == p.marker).unwrap();
+    assert_tail_of_loop(&p, &s.pcs[..upto], 1499);
+}
+
+#[test]
+fn emulated_signal_snapshot_of_a_blocked_thread_ends_before_its_read() {
+    let p = prog_emu();
+    let mut live = Live::spawn(emu_command(
+        &p,
+        &["--snapshot", "8K", "--trigger", "signal:USR2"],
+        &["1500", "block"],
+    ));
+    live.wait_ready(1);
+    live.wait_blocked_in_read(1);
+    live.signal(libc::SIGUSR2);
+    live.wait_note(&p.out, "snapshot 1: complete, written by 1 thread");
+    live.send(b"x");
+    let out = live.end();
+    assert!(out.contains("SIGUSR2: snapshot requested"), "{out}");
+    assert!(
+        out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
+        "{out}"
+    );
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1, "one signal, one snapshot (none at exit)");
+    let s = &snaps[0];
+    assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
+    assert_eq!(s.rec.fired_tid, 0);
+    assert_eq!(s.gaps, 0);
+    assert!(s.pt_bytes <= 8 * 1024, "{}", s.pt_bytes);
+    // The thread is blocked in read: its snapshot ends with the window of ready()'s
+    // write (returned); the window up to the read is still in flight.
+    let w = s.windows.last().unwrap();
+    assert_eq!(w.nr, libc::SYS_write as u64);
+    assert_eq!(w.ret, "ready 0\n".len() as i64);
+    let upto = s.starts[s.windows.len() - 1];
+    let k = assert_tail_of_loop(&p, &s.pcs[..upto], 1499);
+    assert!(k > 50, "{k} iterations");
+    assert!(!s.pcs.contains(&p.marker), "taken before marker ran");
+}
+
+#[test]
+fn emulated_bad_addr_trigger_is_named() {
+    let p = prog_emu();
+    let o = emu_command(
+        &p,
+        &["--snapshot", "8K", "--trigger", "addr:no_such_fn"],
+        &["1"],
+    )
+    .output()
+    .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--trigger addr:no_such_fn: no symbol \"no_such_fn\" defined in"),
         "{}",
         text(&o)
     );

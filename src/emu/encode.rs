@@ -99,6 +99,12 @@ pub struct Encoded {
     pub out_of_space: bool,
     /// The executed IP sequence the packets encode (only when requested).
     pub ips: Option<Vec<u64>>,
+    /// Steps encoded: all of them, or fewer when the output filled up; the rest continues
+    /// in a window of its own from [`Encoded::next_ip`] (the instruction the encoded
+    /// part's closing FUP names) at [`Encoded::next_tsc`].
+    pub consumed: usize,
+    pub next_ip: u64,
+    pub next_tsc: u64,
 }
 
 /// The window's packet writer: the shared encoder over the caller's output buffer, with
@@ -352,6 +358,9 @@ pub fn encode_window(
         w.flush_tnt()?;
     }
     res.size = w.offset();
+    res.consumed = i;
+    res.next_ip = pending;
+    res.next_tsc = last_tsc;
     Ok(res)
 }
 

@@ -31,7 +31,7 @@
 
 use std::cell::Cell;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result, Status};
@@ -44,6 +44,16 @@ pub const STEP_TRAP: u32 = 0;
 /// A signal handler was entered while the thread was being stepped; `ip` is the
 /// interrupted (not yet executed) instruction, `arg` the signal number.
 pub const STEP_SIGNAL: u32 = 1;
+
+/// A snapshot `addr:` trigger was reached (LD_PRELOAD shim, snapshot mode): `ip` is the
+/// trigger's address, the instruction about to execute (the [`STEP_TRAP`] record before
+/// this one says so too), `arg` the trigger's index. The encoder skips it; the shim cuts
+/// the window there.
+pub const STEP_MARK: u32 = 2;
+
+/// Addresses whose execution records a [`STEP_MARK`] (0: unused slot). Set by the shim
+/// before stepping starts; read by the single-step handler at every step.
+pub static MARK_ADDRS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
 /// One record of the capture buffer (written by the handlers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -439,6 +449,18 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                     b.overflow.store(true, Ordering::Relaxed);
                     // SAFETY: as above.
                     unsafe { *efl &= !(EFLAGS_TF as i64) };
+                    return;
+                }
+                if let Some(k) = MARK_ADDRS
+                    .iter()
+                    .position(|a| a.load(Ordering::Relaxed) == ip)
+                {
+                    let _ = b.push_step(Step {
+                        ip,
+                        tsc: rdtsc(),
+                        kind: STEP_MARK,
+                        arg: k as u32,
+                    });
                 }
                 return;
             }

@@ -7,5 +7,6 @@ pub use pttrace_format::launch;
 pub use pttrace_format::pdb;
 pub use pttrace_format::ptt;
 pub use pttrace_format::snapshot;
+pub use pttrace_format::snapshot_ring;
 pub use pttrace_format::spool;
 pub use pttrace_format::summary;

@@ -13,11 +13,14 @@
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
 //! | `PTTRACER_SPOOL`       | `on`: each thread's queue in a `<pid>-<nonce>-<tid>.spool` file mapping, so a SIGKILL loses nothing (see `shim::spool`); `off`: in memory | `on` |
 //! | `PTTRACER_REWRITE`     | `sites`: patch `mov $nr,%eax; syscall` sites into jumps to recording stubs; `all`: also every other site via a page-0 trampoline (needs root); `off` (see `shim::rewrite`) | `sites` |
+//! | `PTTRACER_SNAPSHOT`    | snapshot (flight-recorder) mode: PT bytes kept per thread (`64K`, `1M`; emulated backend, see `shim::snapring`) | off |
+//! | `PTTRACER_TRIGGERS`    | comma list of snapshot triggers (`exit`, `signal:USR2`, `syscall:getppid`, `addr:marker`, `addr:0x401136`) | `exit` |
 //!
 //! `PTTRACER_SYSCALLS`: with at least one plain entry only the listed syscalls are
 //! recorded; `!name` entries are never recorded. Every syscall is still intercepted
 //! (the filter only decides what is written).
 
+use crate::format::snapshot::{parse_size, AddrSpec, Trigger, UserTrigger};
 use crate::tracer::{BackendChoice, Mode};
 use std::path::PathBuf;
 
@@ -168,6 +171,10 @@ pub struct ShimConfig {
     pub spool: bool,
     pub backend: BackendChoice,
     pub rewrite: RewriteKind,
+    /// Snapshot (flight-recorder) mode: PT bytes kept per thread (`PTTRACER_SNAPSHOT`).
+    pub snapshot: Option<u64>,
+    /// Snapshot triggers (`PTTRACER_TRIGGERS`; `exit` when none is given).
+    pub triggers: Vec<UserTrigger>,
 }
 
 /// Which syscall sites the shim patches into direct calls (see `shim::rewrite`).
@@ -214,9 +221,11 @@ pub const ENV_BACKPRESSURE: &str = "PTTRACER_BACKPRESSURE";
 pub const ENV_BACKEND: &str = crate::tracer::BACKEND_ENV;
 pub const ENV_REWRITE: &str = "PTTRACER_REWRITE";
 pub const ENV_SPOOL: &str = "PTTRACER_SPOOL";
+pub const ENV_SNAPSHOT: &str = "PTTRACER_SNAPSHOT";
+pub const ENV_TRIGGERS: &str = "PTTRACER_TRIGGERS";
 
 /// Every variable the shim reads, in the order `Config` records list them.
-pub const ALL_VARS: [&str; 11] = [
+pub const ALL_VARS: [&str; 13] = [
     ENV_OUT,
     ENV_MODE,
     ENV_WINDOW,
@@ -228,6 +237,8 @@ pub const ALL_VARS: [&str; 11] = [
     ENV_BACKEND,
     ENV_REWRITE,
     ENV_SPOOL,
+    ENV_SNAPSHOT,
+    ENV_TRIGGERS,
 ];
 
 pub fn parse_mode(v: &str) -> Result<Mode, String> {
@@ -306,6 +317,10 @@ impl ShimConfig {
         let backend =
             BackendChoice::parse(&get(ENV_BACKEND).unwrap_or_default()).map_err(|e| e.message)?;
         let rewrite = RewriteKind::parse(&get(ENV_REWRITE).unwrap_or_default())?;
+        let (snapshot, triggers) = parse_snapshot(
+            get(ENV_SNAPSHOT).unwrap_or_default().trim(),
+            get(ENV_TRIGGERS).unwrap_or_default().trim(),
+        )?;
         Ok(Some(ShimConfig {
             out_dir: out,
             mode,
@@ -319,6 +334,8 @@ impl ShimConfig {
             spool,
             backend,
             rewrite,
+            snapshot,
+            triggers,
         }))
     }
 
@@ -347,8 +364,53 @@ impl ShimConfig {
             self.backend,
             self.rewrite.name(),
             if self.spool { "on" } else { "off" },
-        )
+        ) + &self.describe_snapshot()
     }
+
+    /// The snapshot settings' lines (`pttrace report` prints them), empty without.
+    fn describe_snapshot(&self) -> String {
+        let Some(size) = self.snapshot else {
+            return String::new();
+        };
+        let t: Vec<String> = self.triggers.iter().map(describe_trigger).collect();
+        format!("{ENV_SNAPSHOT}={size}\n{ENV_TRIGGERS}={}\n", t.join(","))
+    }
+}
+
+/// How notes and the `Config` record name a trigger (`addr:marker`, `syscall:getppid`).
+pub fn describe_trigger(t: &UserTrigger) -> String {
+    match t {
+        UserTrigger::Exit => Trigger::Exit.describe(),
+        UserTrigger::Signal(s) => Trigger::Signal(*s).describe(),
+        UserTrigger::Syscall(nr) => Trigger::Syscall(*nr).describe(),
+        UserTrigger::Addr(AddrSpec::Symbol(s)) => format!("addr:{s}"),
+        UserTrigger::Addr(AddrSpec::Value(v)) => format!("addr:{v:#x}"),
+    }
+}
+
+/// `PTTRACER_SNAPSHOT` (a size, see [`parse_size`]) and `PTTRACER_TRIGGERS` (a comma list
+/// of `--trigger` values; `exit` when empty). Triggers without a size are an error.
+fn parse_snapshot(size: &str, triggers: &str) -> Result<(Option<u64>, Vec<UserTrigger>), String> {
+    if size.is_empty() {
+        if !triggers.is_empty() {
+            return Err(format!(
+                "{ENV_TRIGGERS}={triggers:?} needs {ENV_SNAPSHOT}=SIZE (triggers write the \
+                 flight recorder's ring)"
+            ));
+        }
+        return Ok((None, Vec::new()));
+    }
+    let size = parse_size(size).map_err(|e| format!("{ENV_SNAPSHOT}: {e}"))?;
+    let mut list = triggers
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| UserTrigger::parse(t).map_err(|e| format!("{ENV_TRIGGERS}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if list.is_empty() {
+        list.push(UserTrigger::Exit);
+    }
+    Ok((Some(size), list))
 }
 
 #[cfg(test)]

@@ -354,6 +354,7 @@ fn lifecycle_syscall(
                     vfork_child::end(s, EndReason::ExitGroup, args[0] as i32);
                 } else {
                     super::userpt::wait_for_writer();
+                    super::snapreq::flush_for_exit(EndReason::ExitGroup);
                     block_all_signals();
                     output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
                 }
@@ -639,6 +640,7 @@ unsafe extern "C" fn on_fatal(sig: c_int, _info: *mut siginfo_t, _uctx: *mut c_v
         if let Some(s) = slots::current() {
             s.end_reason.store(EndReason::Signal as u32, Release);
         }
+        super::snapreq::flush_for_exit(EndReason::Signal);
         output::drain_all(Some((EndReason::Signal, sig)));
     }
     let dfl = KSigaction::default();
@@ -980,9 +982,11 @@ fn do_exec(
         vfork_child::retract(s, pos);
         return r;
     }
-    let record = STATIC.get().is_some_and(|st| st.filter.records(nr));
+    // (In snapshot mode the exec's window belongs to no snapshot: not written.)
+    let record = STATIC.get().is_some_and(|st| st.filter.records(nr)) && !super::snapreq::on();
     // Flush everything this image recorded so far.
     super::userpt::wait_for_writer();
+    super::snapreq::flush_for_exit(EndReason::Exec);
     output::drain_all(None);
     s.lock_drain();
     let fd = s.fd.load(Relaxed);

@@ -53,6 +53,8 @@ pub mod paths;
 pub mod raw;
 pub mod rewrite;
 pub mod slots;
+pub mod snapreq;
+pub mod snapring;
 pub mod spool;
 pub use pttrace_format::sysnames;
 pub mod userpt;
@@ -337,6 +339,8 @@ fn init() -> Result<(), String> {
             reason = format!("emulated backend: {e}");
         }
     }
+    // Snapshot mode: a ring per thread on the writer (needs the single-step backend).
+    let snapshot_notes = snapring::init(&cfg, stepping && pt_present, &cfg.out_dir)?;
     // Patched syscall sites run shim code in normal context, which stepping would trace,
     // and the decoder reads the original images: no patching while user code is stepped.
     let rewrite = !stepping && {
@@ -383,6 +387,13 @@ fn init() -> Result<(), String> {
             "cannot write the process info file in {}",
             cfg.out_dir.display()
         ));
+    }
+    for n in &snapshot_notes {
+        output::write_frame_parts(
+            slots::INFO_FD.load(Acquire),
+            crate::format::ptt::RecordType::Note,
+            &[n.as_bytes()],
+        );
     }
     writer::spawn();
     install_sigsys()?;

@@ -380,11 +380,52 @@ pub fn drain_locked(slot: &Slot) {
             *n = 0;
         }
     };
+    // Snapshot mode (see `super::snapring`): on the writer thread windows go into the
+    // thread's ring; drained anywhere else (a handler at an exit, after the writer wrote
+    // the rings) they belong to no snapshot and are not written.
+    let snap = super::snapreq::on();
+    let snap_writer = snap && slots::untraced();
+    if snap_writer {
+        super::snapring::begin_drain(slot, fd);
+    }
     // Windows leave the queue (and the spool) only once they are in the file: a kill in
     // between leaves them in the spool for the reader (see `super::spool`).
     let mut count = 0u64;
     while let Some(mut w) = slot.peek(count) {
         count += 1;
+        if snap {
+            if snap_writer {
+                match super::userpt::window_pt(slot, &w, super::snapring::cut()) {
+                    super::userpt::WindowPt::Pieces {
+                        pieces,
+                        sideband,
+                        flags,
+                    } => super::snapring::push(slot, fd, &w, pieces, sideband, flags),
+                    super::userpt::WindowPt::Some {
+                        pt,
+                        sideband,
+                        flags,
+                    } => {
+                        let p = super::userpt::Piece {
+                            pt,
+                            tsc_start: w.tsc_start,
+                            tsc_end: w.tsc_end,
+                            mark: None,
+                        };
+                        super::snapring::push(slot, fd, &w, vec![p], sideband, flags);
+                    }
+                    super::userpt::WindowPt::Dropped => {
+                        w.flags |= ptt::WF_PT_DROPPED;
+                        super::snapring::push_plain(slot, fd, &w);
+                    }
+                    super::userpt::WindowPt::None => super::snapring::push_plain(slot, fd, &w),
+                }
+            } else {
+                // Not encodable here: its step buffer is freed, the window not written.
+                let _ = super::userpt::window_pt(slot, &w, None);
+            }
+            continue;
+        }
         // Hardware PT of a kernel-mode window, in place in the AUX mapping.
         if let Some(kp) = super::kernelpt::take_for(slot, &w) {
             flush(buf, &mut n, fd);
@@ -414,7 +455,7 @@ pub fn drain_locked(slot: &Slot) {
             }
         };
         // User PT of thread windows (emulated backend), see `super::userpt`.
-        match super::userpt::window_pt(slot, &w) {
+        match super::userpt::window_pt(slot, &w, None) {
             super::userpt::WindowPt::Some {
                 pt,
                 sideband,
@@ -428,7 +469,10 @@ pub fn drain_locked(slot: &Slot) {
                 w.flags |= ptt::WF_PT_DROPPED;
                 put(buf, &mut n, &w);
             }
-            super::userpt::WindowPt::None => put(buf, &mut n, &w),
+            // (Pieces come only with a cut, in snapshot mode.)
+            super::userpt::WindowPt::None | super::userpt::WindowPt::Pieces { .. } => {
+                put(buf, &mut n, &w)
+            }
         }
         if kfd >= 0 {
             for _ in 0..2 {
@@ -469,9 +513,16 @@ pub fn drain_locked(slot: &Slot) {
     flush(buf, &mut n, fd);
     flush(kbuf, &mut kn, kfd);
     slot.release(count);
-    slot.written.fetch_add(count, Relaxed);
+    if !snap {
+        slot.written.fetch_add(count, Relaxed);
+    }
     let reason = slot.end_reason.load(Acquire);
     if reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
+        if snap_writer {
+            if let Some(r) = EndReason::from_raw(reason) {
+                super::snapring::thread_end(slot, fd, r);
+            }
+        }
         let mut tmp = [0u8; 48];
         let written = slot.written.load(Relaxed);
         if let Some(m) = encode_frame(&mut tmp, RecordType::End, |c| {

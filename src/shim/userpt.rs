@@ -613,13 +613,83 @@ pub enum WindowPt {
         sideband: Vec<u8>,
         flags: u32,
     },
+    /// Snapshot mode: the PT in pieces of at most the cut size (see
+    /// [`super::snapring`]), the sideband, extra window flags.
+    Pieces {
+        pieces: Vec<Piece>,
+        sideband: Vec<u8>,
+        flags: u32,
+    },
     /// Captured but not encodable here (drained outside the writer thread): dropped.
     Dropped,
 }
 
+/// A piece of a window's PT (snapshot mode): it starts with a PSB+ and decodes on its
+/// own; the next piece starts where its closing FUP points.
+pub struct Piece {
+    pub pt: Vec<u8>,
+    pub tsc_start: u64,
+    pub tsc_end: u64,
+    /// An `addr:` trigger (its index) was reached where this piece ends.
+    pub mark: Option<u32>,
+}
+
+/// Encodes `steps` in pieces of at most `cut` PT bytes, also cut at every `addr:` trigger
+/// mark ([`crate::emu::trap::STEP_MARK`]). Flags `WF_PT_LOST` when encoding fails.
+fn encode_pieces(first: u64, tsc: u64, steps: &[Step], cut: usize, flags: &mut u32) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let (mut ip, mut t, mut pos) = (first, tsc, 0usize);
+    loop {
+        let rest = steps.get(pos..).unwrap_or(&[]);
+        let end = rest
+            .iter()
+            .position(|s| s.kind == trap::STEP_MARK)
+            .map_or(steps.len(), |k| pos + k);
+        loop {
+            let mut buf = vec![0u8; cut];
+            let part = steps.get(pos..end).unwrap_or(&[]);
+            match crate::emu::encode::encode_window(ip, t, part, &mut buf, false) {
+                Ok(e) => {
+                    buf.truncate(e.size);
+                    out.push(Piece {
+                        pt: buf,
+                        tsc_start: t,
+                        tsc_end: e.next_tsc,
+                        mark: None,
+                    });
+                    pos += e.consumed;
+                    ip = e.next_ip;
+                    t = e.next_tsc;
+                    if !e.out_of_space {
+                        break;
+                    }
+                    if e.consumed == 0 {
+                        *flags |= WF_PT_LOST;
+                        return out;
+                    }
+                }
+                Err(_) => {
+                    *flags |= WF_PT_LOST;
+                    return out;
+                }
+            }
+        }
+        let Some(m) = steps.get(end) else { break };
+        if let Some(last) = out.last_mut() {
+            last.mark = Some(m.arg);
+        }
+        ip = m.ip;
+        t = m.tsc;
+        pos = end + 1;
+    }
+    out
+}
+
 /// Finds and encodes the PT of window `w` of `slot` (drainer; encodes only on the writer
 /// thread, which is normal context).
-pub fn window_pt(slot: &Slot, w: &Window) -> WindowPt {
+///
+/// With `cut` (snapshot mode) the PT comes in pieces ([`WindowPt::Pieces`]).
+pub fn window_pt(slot: &Slot, w: &Window, cut: Option<usize>) -> WindowPt {
     if !ENABLED.load(Relaxed) || w.flags & WF_PT_ABSENT != 0 {
         return WindowPt::None;
     }
@@ -640,6 +710,17 @@ pub fn window_pt(slot: &Slot, w: &Window) -> WindowPt {
     let steps = b.steps.records();
     let first = b.first_ip.load(Relaxed);
     let tsc = b.start_tsc.load(Relaxed);
+    if let Some(cut) = cut {
+        let mut flags = 0;
+        let pieces = encode_pieces(first, tsc, steps, cut, &mut flags);
+        b.steps.release_memory();
+        b.state.store(B_FREE, Release);
+        return WindowPt::Pieces {
+            pieces,
+            sideband: maps_sideband(),
+            flags,
+        };
+    }
     let mut cap = steps.len().saturating_mul(4).max(64 * 1024);
     let mut flags = 0;
     let pt = loop {
@@ -663,21 +744,22 @@ pub fn window_pt(slot: &Slot, w: &Window) -> WindowPt {
     };
     b.steps.release_memory();
     b.state.store(B_FREE, Release);
-    let gen = MAPS_GEN.load(Relaxed);
-    let mut sideband = Vec::new();
-    if MAPS_SEEN.swap(gen, Relaxed) != gen {
-        if let Ok(sb) = crate::sideband::synth::synthesize_exec_mmap2(
-            crate::sideband::record::SIDEBAND_SAMPLE_TYPE,
-            0,
-        ) {
-            sideband = sb;
-        }
-    }
     WindowPt::Some {
         pt,
-        sideband,
+        sideband: maps_sideband(),
         flags,
     }
+}
+
+/// MMAP2 records of every executable mapping when a mapping may have changed since the
+/// last window written (writer thread).
+fn maps_sideband() -> Vec<u8> {
+    let gen = MAPS_GEN.load(Relaxed);
+    if MAPS_SEEN.swap(gen, Relaxed) == gen {
+        return Vec::new();
+    }
+    crate::sideband::synth::synthesize_exec_mmap2(crate::sideband::record::SIDEBAND_SAMPLE_TYPE, 0)
+        .unwrap_or_default()
 }
 
 /// Writes window `w` with `pt` and `sideband` as one frame to `fd`.

@@ -142,6 +142,25 @@ pub fn elf_address(data: &[u8], spec: &AddrSpec) -> Result<ElfAddr, ElfAddrError
     })
 }
 
+/// Where the executable `exe`'s first page (file offset 0) is mapped, from the text of
+/// `/proc/PID/maps`.
+pub fn exe_first_page(maps: &str, exe: &std::path::Path) -> Option<u64> {
+    maps.lines()
+        .filter_map(crate::maps::MapsEntry::parse)
+        .find(|m| m.offset == 0 && std::path::Path::new(&m.path) == exe)
+        .map(|m| m.start)
+}
+
+/// The run-time address of `a` when the executable's first page is mapped at
+/// `first_page` (needed for a PIE only; `None` when a PIE's mapping is unknown).
+pub fn runtime_address(a: &ElfAddr, first_page: Option<u64>) -> Option<u64> {
+    match (a.pie_base, first_page) {
+        (None, _) => Some(a.value),
+        (Some(base), Some(start)) => Some(a.value.wrapping_sub(base).wrapping_add(start)),
+        (Some(_), None) => None,
+    }
+}
+
 /// A trigger as the user writes it (`--trigger`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserTrigger {
@@ -496,6 +515,31 @@ mod tests {
             elf_address(b"#!/bin/sh\n", &AddrSpec::Value(0)),
             Err(ElfAddrError::NotElf(_))
         ));
+    }
+
+    #[test]
+    fn run_time_addresses_apply_the_pie_bias() {
+        let maps = "555555554000-555555555000 r--p 00000000 08:01 42 /usr/bin/prog\n\
+                    555555555000-555555556000 r-xp 00001000 08:01 42 /usr/bin/prog\n";
+        let first = exe_first_page(maps, std::path::Path::new("/usr/bin/prog"));
+        assert_eq!(first, Some(0x5555_5555_4000));
+        assert_eq!(
+            exe_first_page(maps, std::path::Path::new("/bin/other")),
+            None
+        );
+        let pie = ElfAddr {
+            value: 0x1139,
+            pie_base: Some(0),
+            loaded: true,
+        };
+        assert_eq!(runtime_address(&pie, first), Some(0x5555_5555_5139));
+        assert_eq!(runtime_address(&pie, None), None);
+        let fixed = ElfAddr {
+            value: 0x401136,
+            pie_base: None,
+            loaded: true,
+        };
+        assert_eq!(runtime_address(&fixed, None), Some(0x401136));
     }
 
     #[test]

@@ -21,7 +21,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use pttrace_format::maps::MapsEntry;
 use pttrace_format::snapshot::{
     elf_address, AddrSpec, ElfAddr, ElfAddrError, Trigger, TriggerKind, REQUEST_POLL_MS,
 };
@@ -108,11 +107,12 @@ pub fn resolve_addresses(g: &Global) -> Vec<(u64, u32)> {
         else {
             continue;
         };
-        let at = match (pie_base, exe_start) {
-            (None, _) => Some(*value),
-            (Some(base), Some(start)) => Some(value.wrapping_sub(*base).wrapping_add(start)),
-            (Some(_), None) => None,
+        let a = ElfAddr {
+            value: *value,
+            pie_base: *pie_base,
+            loaded: true,
         };
+        let at = pttrace_format::snapshot::runtime_address(&a, exe_start);
         match at {
             Some(a) => {
                 g.note(&format!(
@@ -179,10 +179,7 @@ pub fn resolve_carried(cfg: &mut crate::Config) -> Vec<String> {
 fn exe_first_page() -> Option<u64> {
     let (_, exe) = crate::guest_cmdline();
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(MapsEntry::parse)
-        .find(|m| m.offset == 0 && Path::new(&m.path) == Path::new(&exe))
-        .map(|m| m.start)
+    pttrace_format::snapshot::exe_first_page(&maps, Path::new(&exe))
 }
 
 impl Global {

@@ -63,7 +63,7 @@ pub struct Args {
     #[arg(long)]
     pub per_syscall: bool,
     /// Snapshot (flight-recorder) mode: keep only the last SIZE of PT per thread (e.g.
-    /// 64K, 1M) and write it when a trigger fires (QEMU backend).
+    /// 64K, 1M) and write it when a trigger fires (QEMU and emulated backends).
     #[arg(long, value_name = "SIZE")]
     pub snapshot: Option<String>,
     /// When to write the snapshot (repeatable): exit (default: each thread's ring at its
@@ -266,28 +266,15 @@ pub fn run(args: Args) -> CmdResult {
     if let Some((qemu, plugin)) = qemu_backend(&args)? {
         return run_qemu(&args, qemu, plugin);
     }
-    if args.snapshot.is_some() || !args.trigger.is_empty() {
-        // Checked first, so that a bad size or trigger is named as such.
-        super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
-        let backend = asked_backend(&args);
-        let pt = match drpttracer::perf::pmu::IntelPtPmu::probe() {
-            Ok(_) => String::new(),
-            Err(e) => format!(" (and this machine has no Intel PT: {})", e.message),
-        };
-        return Err(format!(
-            "--snapshot is supported by the qemu backend only (--backend qemu --mode user \
-             --window thread); this run would use the {} backend of the LD_PRELOAD shim, \
-             which writes every window as it ends and keeps no ring; the hardware \
-             overwrite-mode capture (perf::hardware::HardwareSnapshot) is not wired into the \
-             shim yet{pt}",
-            match backend.as_str() {
-                "auto" => "hardware or emulated".to_string(),
-                b => b.to_string(),
-            }
-        )
-        .into());
+    let snap = super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
+    if let Some(sn) = &snap {
+        shim_snapshot_check(&args, sn)?;
     }
-    let pairs = env_pairs(&args);
+    let mut pairs = env_pairs(&args);
+    if let Some(sn) = &snap {
+        pairs.push((config::ENV_SNAPSHOT, sn.size.to_string()));
+        pairs.push((config::ENV_TRIGGERS, args.trigger.join(",")));
+    }
     // Validate here with the shim's own parser so mistakes are reported before running.
     ShimConfig::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))?;
     let lib = match &args.lib {
@@ -299,6 +286,9 @@ pub fn run(args: Args) -> CmdResult {
         .map_err(|e| format!("{}: {e}", lib.display()))?;
     check_preload_library(&lib)?;
     let out = writable_out_dir(&args.out)?;
+    if let Some(sn) = &snap {
+        super::snapshot::forward_signals(sn, &out)?;
+    }
     let (prog, rest) = args
         .cmd
         .split_first()
@@ -327,6 +317,36 @@ pub fn run(args: Args) -> CmdResult {
     let summary = super::report::print_summary(&out, args.per_syscall)?;
     print_decode_hint(&out, &summary);
     mirror_status(prog, status)
+}
+
+/// `--snapshot` with the LD_PRELOAD shim: the single-step (emulated) backend keeps the
+/// ring (user mode, thread windows); the hardware backend does not (yet).
+fn shim_snapshot_check(args: &Args, sn: &super::snapshot::Snapshot) -> Result<(), String> {
+    let backend = asked_backend(args);
+    let pmu = drpttracer::perf::pmu::IntelPtPmu::probe();
+    let hardware = backend == "hardware" || (backend == "auto" && pmu.is_ok());
+    if hardware {
+        let pt = match &pmu {
+            Ok(_) => String::new(),
+            Err(e) => format!(" (and this machine has no Intel PT: {})", e.message),
+        };
+        return Err(format!(
+            "--snapshot is not available on the hardware backend: the shim captures Intel PT \
+             of kernel-mode syscall windows only, and the overwrite-mode AUX capture \
+             (perf::hardware::HardwareSnapshot) is not wired into it; use --backend emulated \
+             or --backend qemu with --mode user --window thread{pt}"
+        ));
+    }
+    if args.mode != "user" || args.window != "thread" {
+        return Err(format!(
+            "--snapshot with the {backend} backend traces user code in thread windows: use \
+             --mode user --window thread (got --mode {} --window {})",
+            args.mode, args.window
+        ));
+    }
+    let prog = args.cmd.first().cloned().unwrap_or_default();
+    let path = qemu::which(&prog).ok_or_else(|| format!("{prog}: command not found"))?;
+    super::snapshot::check_addrs(sn, &path)
 }
 
 /// Completes the thread files of processes that died before writing everything (SIGKILL)

@@ -1,7 +1,7 @@
 //! `pttrace run --snapshot SIZE [--trigger SPEC]...` (flight-recorder mode; semantics in
 //! [`drpttracer::format::snapshot`]): checks the size and the triggers, resolves `addr:`
 //! triggers in the program's ELF file, and turns the signals of `signal:` triggers sent
-//! to `pttrace run` into requests the QEMU plugin polls.
+//! to `pttrace run` into requests the QEMU plugin (or the shim's writer thread) polls.
 
 use std::io::Write;
 use std::path::Path;
@@ -81,6 +81,17 @@ fn resolve_addr(prog: &Path, spec: &AddrSpec) -> Result<(u64, Option<u64>), Stri
         ));
     }
     Ok((found.value, found.pie_base))
+}
+
+/// Checks that every `addr:` trigger names an address of `prog` (the shim resolves them
+/// again in the running image).
+pub fn check_addrs(s: &Snapshot, prog: &Path) -> Result<(), String> {
+    for t in &s.triggers {
+        if let UserTrigger::Addr(spec) = t {
+            resolve_addr(prog, spec)?;
+        }
+    }
+    Ok(())
 }
 
 /// The plugin's arguments (`snapshot=`, `trigger=`..., `request=`) for running `prog`.

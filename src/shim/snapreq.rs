@@ -1,0 +1,67 @@
+//! The SIGSYS handler's side of snapshot mode ([`super::snapring`] is the writer's).
+//! **Async-signal-safe module**: atomics, the futex wake of the writer and `nanosleep`
+//! through the shim's raw syscalls; no allocation, no locks, no std I/O.
+
+use super::raw;
+use super::slots;
+use crate::format::ptt::EndReason;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+
+/// Snapshot mode is on in this process image (windows go into rings, not files).
+static ON: AtomicBool = AtomicBool::new(false);
+/// The `exit` trigger is on.
+static EXIT: AtomicBool = AtomicBool::new(false);
+/// Exit requests asked and answered (generations), the reason and the asking thread.
+static ASKED: AtomicU64 = AtomicU64::new(0);
+static ANSWERED: AtomicU64 = AtomicU64::new(0);
+static REASON: AtomicU32 = AtomicU32::new(0);
+static TID: AtomicI32 = AtomicI32::new(0);
+
+/// Longest wait for the writer to write the rings at an exit.
+const WAIT_MS: u64 = 10_000;
+
+/// Turns snapshot mode on (start-up, normal context).
+pub fn turn_on(exit: bool) {
+    EXIT.store(exit, Relaxed);
+    ON.store(true, Release);
+}
+
+/// Whether snapshot mode is on.
+pub fn on() -> bool {
+    ON.load(Relaxed)
+}
+
+/// The process image ends (`exit_group`, `execve`, a fatal signal) on the calling
+/// application thread: asks the writer to take every queue into its ring and write the
+/// rings as the `exit` snapshot, and waits for it (bounded). Windows drained by the
+/// caller afterwards are not written (they belong to no snapshot).
+pub fn flush_for_exit(reason: EndReason) {
+    if !on() || !EXIT.load(Relaxed) || slots::untraced() || !slots::WRITER_ALIVE.load(Acquire) {
+        return;
+    }
+    REASON.store(reason as u32, Relaxed);
+    TID.store(raw::gettid(), Relaxed);
+    let gen = ASKED.fetch_add(1, AcqRel) + 1;
+    for _ in 0..WAIT_MS {
+        slots::wake_writer();
+        if ANSWERED.load(Acquire) >= gen {
+            return;
+        }
+        raw::nanosleep(1_000_000);
+    }
+}
+
+/// For the writer: an exit request not answered yet (generation, reason, thread).
+pub fn exit_requested() -> Option<(u64, EndReason, i32)> {
+    let gen = ASKED.load(Acquire);
+    if gen <= ANSWERED.load(Acquire) {
+        return None;
+    }
+    let reason = EndReason::from_raw(REASON.load(Relaxed)).unwrap_or(EndReason::ExitGroup);
+    Some((gen, reason, TID.load(Relaxed)))
+}
+
+/// For the writer: the request `gen` is answered.
+pub fn exit_done(gen: u64) {
+    ANSWERED.fetch_max(gen, AcqRel);
+}

@@ -1,0 +1,608 @@
+//! Snapshot (flight-recorder) mode of the shim's single-step backend (`pttrace run
+//! --backend emulated --mode user --window thread --snapshot SIZE [--trigger ...]`;
+//! semantics shared with the QEMU backend in [`crate::format::snapshot`]).
+//!
+//! **Normal context only: everything here runs on the writer thread** (the one thread
+//! that encodes PT, see [`super::userpt::window_pt`]); the handler's side (the exit
+//! request, whether the mode is on) is [`super::snapreq`]. The state is the writer's
+//! alone: no lock, and a forked child (whose writer is a new thread) leaves its parent's
+//! copy untouched and starts afresh (the pid changed).
+//!
+//! Each thread has a [`Ring`] of its last windows (`pttrace_format::snapshot_ring`, the
+//! QEMU plugin's ring too). The writer encodes a window in pieces of at most SIZE/8 bytes
+//! of PT ([`super::userpt::window_pt`] with a cut): every piece but the last is a window
+//! of its own flagged `WF_NO_SYSCALL` (it starts with a PSB+ and decodes on its own), so
+//! a long stretch of code without syscalls does not become one window bigger than the
+//! ring. In snapshot mode the windows of a thread file are numbered by the ring (a window
+//! cut into pieces numbers each piece).
+//!
+//! Triggers:
+//! - `syscall:NAME`: the window ending at that syscall (return value included) is the
+//!   firing thread's last;
+//! - `addr:SYMBOL|0xADDR`: the single-step handler records a mark when the thread is about
+//!   to execute the address ([`crate::emu::trap::MARK_ADDRS`]); the window is cut there
+//!   (the instruction at the address not executed) and the snapshot taken. The writer
+//!   sees the mark when the window ends (at the thread's next syscall);
+//! - `signal:SIG`: `pttrace run` appends `signal N` to the trace directory's request file,
+//!   which the writer reads at each pass (at least every 10 ms);
+//! - `exit`: a thread's ring when it ends (`exit`), every thread's at `exit_group`,
+//!   `execve`, a fatal signal or the last thread's end (the handler asks the writer and
+//!   waits, [`super::snapreq::flush_for_exit`]).
+//!
+//! A firing has the next number of the process image; the firing thread writes its ring
+//! at once, every other thread of the process writes the windows the writer had taken
+//! from its queue by then, before any later one (a thread blocked in a syscall: up to the
+//! window before that syscall; its window in flight goes into the next snapshot). The
+//! info file gets the same notes as under QEMU.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::OnceLock;
+
+use super::output::write_frame_parts;
+use super::raw;
+use super::slots::{self, Slot};
+use super::userpt::Piece;
+use crate::format::ptt::{EndReason, RecordType, Window, WF_NO_SYSCALL};
+use crate::format::snapshot::{
+    elf_address, AddrSpec, ElfAddrError, TriggerKind, UserTrigger, REQUEST_FILE,
+};
+use crate::format::snapshot_ring::{cut_size, Ring, RingWindow};
+
+/// The snapshot settings of this process image (set at start-up).
+pub struct Settings {
+    pub size: u64,
+    exit: bool,
+    syscalls: Vec<u64>,
+    signals: Vec<i32>,
+    /// `addr:` triggers by mark index: how notes and records name them.
+    marks: Vec<String>,
+    request: Option<PathBuf>,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+/// Bytes of the request file already taken (inherited by a forked child, so that it does
+/// not take its parent's requests again).
+static REQUEST_SEEN: AtomicU64 = AtomicU64::new(0);
+
+pub fn settings() -> Option<&'static Settings> {
+    SETTINGS.get()
+}
+
+/// PT bytes per window piece.
+pub fn cut() -> Option<usize> {
+    settings().map(|s| usize::try_from(cut_size(s.size)).unwrap_or(usize::MAX))
+}
+
+/// Start-up (normal context, before Syscall User Dispatch is armed): checks that this
+/// configuration can keep a ring, resolves `addr:` triggers in this image's executable and
+/// turns the mode on. Returns the notes for the info file.
+pub fn init(
+    cfg: &super::config::ShimConfig,
+    stepping: bool,
+    out: &std::path::Path,
+) -> Result<Vec<String>, String> {
+    let Some(size) = cfg.snapshot else {
+        return Ok(Vec::new());
+    };
+    if !stepping {
+        return Err(
+            "snapshot mode (PTTRACER_SNAPSHOT) needs the emulated backend's user PT \
+             (PTTRACER_MODE=user PTTRACER_WINDOW=thread PTTRACER_BACKEND=emulated); the \
+             hardware backend's overwrite-mode AUX capture is not wired into the shim"
+                .into(),
+        );
+    }
+    let mut notes = Vec::new();
+    let mut s = Settings {
+        size,
+        exit: false,
+        syscalls: Vec::new(),
+        signals: Vec::new(),
+        marks: Vec::new(),
+        request: None,
+    };
+    for t in &cfg.triggers {
+        match t {
+            UserTrigger::Exit => s.exit = true,
+            UserTrigger::Syscall(nr) => s.syscalls.push(*nr),
+            UserTrigger::Signal(n) => s.signals.push(*n),
+            UserTrigger::Addr(spec) => {
+                let label = super::config::describe_trigger(t);
+                match resolve_addr(spec) {
+                    Ok(a) => {
+                        let k = s.marks.len();
+                        let cell = crate::emu::trap::MARK_ADDRS.get(k).ok_or_else(|| {
+                            format!(
+                                "{label}: at most {} addr: triggers",
+                                crate::emu::trap::MARK_ADDRS.len()
+                            )
+                        })?;
+                        cell.store(a, Relaxed);
+                        s.marks.push(label.clone());
+                        notes.push(format!("snapshot trigger {label} is address {a:#x}"));
+                    }
+                    Err(why) => notes.push(format!(
+                        "snapshot trigger {label} does not fire in this image: {why}"
+                    )),
+                }
+            }
+        }
+    }
+    if !s.signals.is_empty() {
+        let path = out.join(REQUEST_FILE);
+        REQUEST_SEEN.store(std::fs::metadata(&path).map_or(0, |m| m.len()), Relaxed);
+        s.request = Some(path);
+    }
+    let exit = s.exit;
+    let _ = SETTINGS.set(s);
+    super::snapreq::turn_on(exit);
+    Ok(notes)
+}
+
+/// An `addr:` trigger's run-time address in this image's executable.
+fn resolve_addr(spec: &AddrSpec) -> Result<u64, String> {
+    let exe = std::fs::read_link("/proc/self/exe").map_err(|e| format!("/proc/self/exe: {e}"))?;
+    let data = std::fs::read(&exe).map_err(|e| format!("{}: {e}", exe.display()))?;
+    let a = elf_address(&data, spec).map_err(|e| match e {
+        ElfAddrError::NotElf(e) => format!("{}: not an ELF file ({e})", exe.display()),
+        ElfAddrError::NotX86_64 => format!("{}: not an x86-64 ELF file", exe.display()),
+        ElfAddrError::NoSymbol => format!("no such symbol defined in {}", exe.display()),
+    })?;
+    if !a.loaded {
+        return Err(format!(
+            "{:#x} is not inside a loaded segment of {}",
+            a.value,
+            exe.display()
+        ));
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let first = crate::format::snapshot::exe_first_page(&maps, &exe);
+    crate::format::snapshot::runtime_address(&a, first)
+        .ok_or_else(|| format!("the mapping of {} was not found", exe.display()))
+}
+
+/// A window in the ring: its record and sideband.
+struct Meta {
+    w: Window,
+    sideband: Vec<u8>,
+}
+
+impl RingWindow for Meta {
+    fn sideband_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.sideband
+    }
+}
+
+/// One firing, as the threads of the process write it.
+struct Firing {
+    number: u64,
+    kind: TriggerKind,
+    tid: i32,
+    text: String,
+    tsc: u64,
+    /// Threads still to write it, of `threads`.
+    remaining: usize,
+    threads: usize,
+}
+
+struct ThreadRing {
+    slot: *const Slot,
+    tid: i32,
+    ring: Ring<Meta>,
+    next_index: u64,
+    /// Window frames written to the file.
+    written: u64,
+    /// Firings (indices into `State::firings`) this thread has still to write.
+    pending: Vec<usize>,
+    /// The process-end `exit` snapshot is written.
+    exit_done: bool,
+}
+
+struct State {
+    pid: i32,
+    number: u64,
+    threads: Vec<ThreadRing>,
+    firings: Vec<Firing>,
+}
+
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The writer's state for this process (a fresh one in a forked child).
+fn state() -> &'static mut State {
+    let pid = raw::getpid();
+    let p = STATE.load(Acquire);
+    // SAFETY: only the writer thread of this process dereferences STATE, and never holds
+    // two references at once (each entry point takes it once); a state of another pid is
+    // the parent's (copied by fork) and is left alone (leaked).
+    if let Some(st) = unsafe { p.as_mut() } {
+        if st.pid == pid {
+            return st;
+        }
+    }
+    let fresh = Box::into_raw(Box::new(State {
+        pid,
+        number: 0,
+        threads: Vec::new(),
+        firings: Vec::new(),
+    }));
+    STATE.store(fresh, Release);
+    // SAFETY: just allocated; see above.
+    unsafe { &mut *fresh }
+}
+
+impl State {
+    fn ring_of(&mut self, slot: &Slot) -> Option<&mut ThreadRing> {
+        let size = settings()?.size;
+        let tid = slot.tid.load(Relaxed);
+        let sp = slot as *const Slot;
+        let i = match self.threads.iter().position(|t| t.slot == sp) {
+            Some(i) if self.threads[i].tid == tid => i,
+            Some(i) => {
+                // A recycled slot: the previous thread's ring is gone with it.
+                self.threads.remove(i);
+                self.new_ring(sp, tid, size)
+            }
+            None => self.new_ring(sp, tid, size),
+        };
+        self.threads.get_mut(i)
+    }
+
+    fn new_ring(&mut self, slot: *const Slot, tid: i32, size: u64) -> usize {
+        self.threads.push(ThreadRing {
+            slot,
+            tid,
+            ring: Ring::new(size),
+            next_index: 0,
+            written: 0,
+            pending: Vec::new(),
+            exit_done: false,
+        });
+        self.threads.len() - 1
+    }
+
+    fn next_number(&mut self) -> u64 {
+        self.number += 1;
+        self.number
+    }
+}
+
+fn note(text: &str) {
+    write_frame_parts(
+        slots::INFO_FD.load(Acquire),
+        RecordType::Note,
+        &[text.as_bytes()],
+    );
+}
+
+fn complete_note(number: u64, threads: usize) -> String {
+    let s = if threads == 1 { "" } else { "s" };
+    format!("snapshot {number}: complete, written by {threads} thread{s}")
+}
+
+/// Writes `t`'s ring (of `slot`) as snapshot `number` into `fd` and empties it; the
+/// slot's count of written windows (its `End` record's) follows.
+#[allow(clippy::too_many_arguments)]
+fn write_ring(
+    slot: &Slot,
+    t: &mut ThreadRing,
+    fd: i32,
+    number: u64,
+    kind: TriggerKind,
+    tid: i32,
+    text: &str,
+    tsc: u64,
+) {
+    let taken = t.ring.take();
+    let tsc = taken.windows.back().map_or(tsc, |(m, _)| m.w.tsc_end);
+    let rec = taken.record(number, kind as u32, tid, tsc, text.to_string());
+    write_frame_parts(fd, RecordType::Snapshot, &[&rec.payload()]);
+    for (meta, pt) in &taken.windows {
+        if super::userpt::write_window(fd, &meta.w, pt, &meta.sideband) {
+            t.written += 1;
+        }
+    }
+    slot.written.store(t.written, Relaxed);
+}
+
+/// Firings this thread has still to write, written now (before any window the writer
+/// takes from its queue from here on).
+fn write_pending(st: &mut State, slot: &Slot, fd: i32) {
+    let Some(t) = st.ring_of(slot) else { return };
+    let pending = std::mem::take(&mut t.pending);
+    for i in pending {
+        let Some(f) = st.firings.get(i) else { continue };
+        let (number, kind, tid, text, tsc) = (f.number, f.kind, f.tid, f.text.clone(), f.tsc);
+        if let Some(t) = st.ring_of(slot) {
+            write_ring(slot, t, fd, number, kind, tid, &text, tsc);
+        }
+        done(st, i);
+    }
+}
+
+/// A thread has written firing `i`; the last one notes the snapshot complete.
+fn done(st: &mut State, i: usize) {
+    if let Some(f) = st.firings.get_mut(i) {
+        f.remaining = f.remaining.saturating_sub(1);
+        if f.remaining == 0 {
+            note(&complete_note(f.number, f.threads));
+        }
+    }
+}
+
+/// A trigger fired (in thread `slot` when given, whose ring is written at once into `fd`);
+/// every other thread of the process writes it at its next drain.
+fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: String) {
+    let number = st.next_number();
+    let tid = from.map_or(0, |(s, _)| s.tid.load(Relaxed));
+    let where_ = if tid > 0 {
+        format!(" in thread {tid}")
+    } else {
+        String::new()
+    };
+    note(&format!("snapshot {number}: trigger {text} fired{where_}"));
+    let me = from.map(|(s, _)| s as *const Slot);
+    let pid = raw::getpid();
+    let live: Vec<*const Slot> = (0..slots::slot_count())
+        .filter_map(slots::slot_at)
+        .filter(|s| s.state.load(Acquire) != slots::FREE && s.pid.load(Relaxed) == pid)
+        .map(|s| s as *const Slot)
+        .collect();
+    let i = st.firings.len();
+    st.firings.push(Firing {
+        number,
+        kind,
+        tid,
+        text,
+        tsc: raw::rdtsc(),
+        remaining: live.len() + usize::from(me.is_some_and(|m| !live.contains(&m))),
+        threads: 0,
+    });
+    let total = st.firings[i].remaining;
+    st.firings[i].threads = total;
+    if total == 0 {
+        note(&complete_note(number, 0));
+    }
+    for sp in live {
+        if Some(sp) == me {
+            continue;
+        }
+        // SAFETY: slots are never unmapped.
+        let s = unsafe { &*sp };
+        if let Some(t) = st.ring_of(s) {
+            t.pending.push(i);
+        }
+    }
+    if let Some((s, fd)) = from {
+        let f = &st.firings[i];
+        let (text, tsc) = (f.text.clone(), f.tsc);
+        if let Some(t) = st.ring_of(s) {
+            write_ring(s, t, fd, number, kind, tid, &text, tsc);
+        }
+        done(st, i);
+    }
+}
+
+/// Before the writer takes windows from `slot`'s queue (its file `fd` is open): the
+/// firings it has still to write.
+pub fn begin_drain(slot: &Slot, fd: i32) {
+    write_pending(state(), slot, fd);
+}
+
+/// A window of `slot` without PT (metadata only), into its ring.
+pub fn push_plain(slot: &Slot, fd: i32, w: &Window) {
+    push(slot, fd, w, Vec::new(), Vec::new(), 0);
+}
+
+/// A window of `slot` whose PT was encoded in `pieces`: every piece but the last becomes
+/// a `WF_NO_SYSCALL` window; the last carries `w`. Triggers reached in it fire.
+pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<u8>, flags: u32) {
+    let st = state();
+    let Some(set) = settings() else { return };
+    let n = pieces.len();
+    let mut sideband = Some(sideband);
+    let mut last_pt = Vec::new();
+    let mut last_tsc = w.tsc_start;
+    for (k, p) in pieces.into_iter().enumerate() {
+        if k + 1 == n && p.mark.is_none() {
+            last_pt = p.pt;
+            last_tsc = p.tsc_start;
+            break;
+        }
+        let Some(t) = st.ring_of(slot) else { return };
+        let piece = Window {
+            index: t.next_index,
+            nr: u64::MAX,
+            tsc_start: p.tsc_start,
+            tsc_end: p.tsc_end,
+            flags: WF_NO_SYSCALL,
+            ..Window::default()
+        };
+        t.next_index += 1;
+        let sb = sideband.take().unwrap_or_default();
+        t.ring.push(
+            Meta {
+                w: piece,
+                sideband: sb,
+            },
+            p.pt,
+            drop,
+        );
+        if let Some(m) = p.mark {
+            let what = set.marks.get(m as usize).map_or("addr", String::as_str);
+            let ip = crate::emu::trap::MARK_ADDRS
+                .get(m as usize)
+                .map_or(0, |a| a.load(Relaxed));
+            fire(
+                st,
+                Some((slot, fd)),
+                TriggerKind::Addr,
+                format!("{what} ({ip:#x})"),
+            );
+        }
+        last_tsc = p.tsc_end;
+    }
+    let Some(t) = st.ring_of(slot) else { return };
+    let mut last = *w;
+    last.index = t.next_index;
+    last.flags |= flags;
+    if n > 0 {
+        last.tsc_start = last_tsc;
+    }
+    t.next_index += 1;
+    let sb = sideband.take().unwrap_or_default();
+    t.ring.push(
+        Meta {
+            w: last,
+            sideband: sb,
+        },
+        last_pt,
+        drop,
+    );
+    if w.depth == 0 && set.syscalls.contains(&w.nr) {
+        let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
+        fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
+    }
+}
+
+/// Window frames written for `slot` in snapshot mode (its `End` record counts them).
+pub fn written(slot: &Slot) -> u64 {
+    state().ring_of(slot).map_or(0, |t| t.written)
+}
+
+/// `slot`'s thread ended (`exit`): its ring is written as its own `exit` snapshot when
+/// that trigger is on, then dropped. Called before its `End` record.
+pub fn thread_end(slot: &Slot, fd: i32, reason: EndReason) {
+    let st = state();
+    let Some(set) = settings() else { return };
+    write_pending(st, slot, fd);
+    let sp = slot as *const Slot;
+    if set.exit {
+        let exit_done = st.ring_of(slot).is_some_and(|t| t.exit_done);
+        if !exit_done {
+            let tid = slot.tid.load(Relaxed);
+            let number = st.next_number();
+            let text = if reason == EndReason::ThreadExit {
+                note(&format!(
+                    "snapshot {number}: trigger exit fired (thread {tid} ended)"
+                ));
+                "exit (thread exit)".to_string()
+            } else {
+                note(&format!(
+                    "snapshot {number}: trigger exit fired (process end, first in thread {tid})"
+                ));
+                format!("exit ({})", reason.name())
+            };
+            if let Some(t) = st.ring_of(slot) {
+                write_ring(
+                    slot,
+                    t,
+                    fd,
+                    number,
+                    TriggerKind::Exit,
+                    tid,
+                    &text,
+                    raw::rdtsc(),
+                );
+            }
+        }
+    }
+    st.threads.retain(|t| t.slot != sp);
+}
+
+/// The process image ends (`reason`, asked by `tid`): every thread's queue is taken into
+/// its ring and, with the `exit` trigger, every ring written as one `exit` snapshot.
+pub fn process_end(reason: EndReason, tid: i32) {
+    let Some(set) = settings() else { return };
+    let pid = raw::getpid();
+    let live: Vec<&Slot> = (0..slots::slot_count())
+        .filter_map(slots::slot_at)
+        .filter(|s| s.state.load(Acquire) != slots::FREE && s.pid.load(Relaxed) == pid)
+        .collect();
+    for s in &live {
+        s.lock_drain();
+        super::output::drain_locked(s);
+        s.unlock_drain();
+    }
+    if !set.exit {
+        return;
+    }
+    // (Taken only now: draining used the state too.)
+    let st = state();
+    let number = st.next_number();
+    note(&format!(
+        "snapshot {number}: trigger exit fired (process end, first in thread {tid})"
+    ));
+    let text = format!("exit ({})", reason.name());
+    let mut wrote = 0;
+    for s in &live {
+        s.lock_drain();
+        let fd = s.fd.load(Relaxed);
+        if fd >= 0 {
+            write_pending(st, s, fd);
+            if let Some(t) = st.ring_of(s) {
+                if !t.exit_done {
+                    write_ring(
+                        s,
+                        t,
+                        fd,
+                        number,
+                        TriggerKind::Exit,
+                        tid,
+                        &text,
+                        raw::rdtsc(),
+                    );
+                    t.exit_done = true;
+                    wrote += 1;
+                }
+            }
+        }
+        s.unlock_drain();
+    }
+    note(&complete_note(number, wrote));
+}
+
+/// One pass of the writer: `signal:` requests from `pttrace run` and the handler's exit
+/// request.
+pub fn poll() {
+    let Some(set) = settings() else { return };
+    if let Some((gen, reason, tid)) = super::snapreq::exit_requested() {
+        process_end(reason, tid);
+        super::snapreq::exit_done(gen);
+    }
+    let Some(path) = set.request.as_ref() else {
+        return;
+    };
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    let seen = REQUEST_SEEN.load(Relaxed);
+    if len <= seen {
+        return;
+    }
+    let Ok(data) = std::fs::read(path) else {
+        return;
+    };
+    let Some(new) = data.get(seen as usize..) else {
+        return;
+    };
+    // Whole lines only: a line being appended is taken at the next pass.
+    let Some(end) = new.iter().rposition(|b| *b == b'\n') else {
+        return;
+    };
+    REQUEST_SEEN.store(seen + end as u64 + 1, Relaxed);
+    for line in new[..end].split(|b| *b == b'\n') {
+        let sig = std::str::from_utf8(line)
+            .ok()
+            .and_then(|l| l.strip_prefix("signal "))
+            .and_then(|n| n.trim().parse::<i32>().ok());
+        if let Some(s) = sig.filter(|s| set.signals.contains(s)) {
+            let t = crate::format::snapshot::Trigger::Signal(s);
+            fire(
+                state(),
+                None,
+                TriggerKind::Signal,
+                format!("{} (sent to pttrace run)", t.describe()),
+            );
+        }
+    }
+}
