@@ -31,9 +31,10 @@
 //!
 //! A firing has the next number of the process image; the firing thread writes its ring
 //! at once, every other thread of the process writes the windows the writer had taken
-//! from its queue by then, before any later one (a thread blocked in a syscall: up to the
-//! window before that syscall; its window in flight goes into the next snapshot). The
-//! info file gets the same notes as under QEMU.
+//! from its queue by then, before any later one (a `signal:` request first takes every
+//! queue; a thread blocked in a syscall: up to the window before that syscall, whose
+//! window is still in flight and goes into the next snapshot). The info file gets the
+//! same notes as under QEMU.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
@@ -515,16 +516,7 @@ pub fn thread_end(slot: &Slot, fd: i32, reason: EndReason) {
 /// its ring and, with the `exit` trigger, every ring written as one `exit` snapshot.
 pub fn process_end(reason: EndReason, tid: i32) {
     let Some(set) = settings() else { return };
-    let pid = raw::getpid();
-    let live: Vec<&Slot> = (0..slots::slot_count())
-        .filter_map(slots::slot_at)
-        .filter(|s| s.state.load(Acquire) != slots::FREE && s.pid.load(Relaxed) == pid)
-        .collect();
-    for s in &live {
-        s.lock_drain();
-        super::output::drain_locked(s);
-        s.unlock_drain();
-    }
+    let live = drain_live();
     if !set.exit {
         return;
     }
@@ -563,6 +555,22 @@ pub fn process_end(reason: EndReason, tid: i32) {
     note(&complete_note(number, wrote));
 }
 
+/// Takes every queue of this process into its ring (each thread's file opened); returns
+/// the threads.
+fn drain_live() -> Vec<&'static Slot> {
+    let pid = raw::getpid();
+    let live: Vec<&Slot> = (0..slots::slot_count())
+        .filter_map(slots::slot_at)
+        .filter(|s| s.state.load(Acquire) != slots::FREE && s.pid.load(Relaxed) == pid)
+        .collect();
+    for s in &live {
+        s.lock_drain();
+        super::output::drain_locked(s);
+        s.unlock_drain();
+    }
+    live
+}
+
 /// One pass of the writer: `signal:` requests from `pttrace run` and the handler's exit
 /// request.
 pub fn poll() {
@@ -596,6 +604,8 @@ pub fn poll() {
             .and_then(|l| l.strip_prefix("signal "))
             .and_then(|n| n.trim().parse::<i32>().ok());
         if let Some(s) = sig.filter(|s| set.signals.contains(s)) {
+            // Every window queued when the request is taken belongs to it.
+            drain_live();
             let t = crate::format::snapshot::Trigger::Signal(s);
             fire(
                 state(),
