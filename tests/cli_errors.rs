@@ -182,7 +182,7 @@ fn a_cpu_of_family_zero_is_refused_and_the_stepping_is_optional() {
 }
 
 #[test]
-fn run_names_bad_snapshot_options_and_refuses_snapshot_on_the_shim() {
+fn run_names_bad_snapshot_options_and_refuses_snapshot_where_the_shim_keeps_no_ring() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let out = out.to_str().unwrap();
@@ -217,7 +217,7 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_on_the_shim() {
         (&["--trigger", "exit"], "--trigger \"exit\" needs --snapshot SIZE"),
         (
             &["--snapshot", "1M"],
-            "--snapshot is supported by the qemu backend only (--backend qemu --mode user --window thread); this run would use the emulated backend",
+            "--snapshot with the emulated backend traces user code in thread windows: use --mode user --window thread (got --mode user --window syscall)",
         ),
     ];
     for (extra, want) in cases {
@@ -225,7 +225,7 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_on_the_shim() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         fails_with(&args, want);
     }
-    // The hardware backend: refused before anything runs, naming the backend that has a
+    // The hardware backend: refused before anything runs, naming the backends that have a
     // ring, and, on a machine without Intel PT (like this one), the probe's reason.
     for mode in [["user", "thread"], ["kernel", "syscall"]] {
         let args = [
@@ -245,8 +245,10 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_on_the_shim() {
         ];
         fails_with(
             &args,
-            "--snapshot is supported by the qemu backend only (--backend qemu --mode user \
-             --window thread); this run would use the hardware backend of the LD_PRELOAD shim",
+            "--snapshot is not available on the hardware backend: the shim captures Intel PT \
+             of kernel-mode syscall windows only, and the overwrite-mode AUX capture \
+             (perf::hardware::HardwareSnapshot) is not wired into it; use --backend emulated \
+             or --backend qemu with --mode user --window thread",
         );
         if let Err(e) = drpttracer::perf::pmu::IntelPtPmu::probe() {
             fails_with(
