@@ -273,6 +273,186 @@ fn deep_recursion_beyond_the_return_stack_and_a_bad_compressed_return() {
     assert!(f.iter().any(|r| matches!(r, Record::Gap(_))));
 }
 
+/// A loop trace with overflows: OVF resolved by a FUP (sometimes after timing packets)
+/// where the decoder waits for a TNT bit or right after a TIP, and OVF resolved with
+/// tracing disabled (TIP.PGE later, sometimes after MODE.Exec).
+fn overflow_trace(prog: &LoopProgram, rounds: u64, seed: u64) -> Vec<u8> {
+    let mut rng = XorShift::new(seed);
+    let mut w = PtWriter::new();
+    let mut tsc = 1000;
+    w.psb_plus(Some(tsc), None).tip_pge(prog.top);
+    let bits =
+        |rng: &mut XorShift, n: usize| -> Vec<bool> { (0..n).map(|_| rng.below(2) == 1).collect() };
+    for _ in 0..rounds {
+        let outer = bits(&mut rng, 4);
+        w.tnt(&outer[..2]);
+        match rng.below(6) {
+            0 => {
+                // Overflow in the middle of the loop body: resumes at the top.
+                w.ovf();
+                if rng.below(2) == 0 {
+                    tsc += 100;
+                    w.tsc(tsc);
+                }
+                w.fup(prog.top);
+                continue;
+            }
+            1 => {
+                // Overflow resolved with tracing disabled.
+                w.ovf();
+                tsc += 100;
+                w.tsc(tsc);
+                if rng.below(2) == 0 {
+                    w.mode64();
+                }
+                w.tip_pge(prog.top);
+                continue;
+            }
+            _ => {}
+        }
+        w.tnt(&outer[2..]).tip(prog.func);
+        if rng.below(5) == 0 {
+            // Overflow right after the TIP: resumes after the call.
+            w.ovf().fup(prog.after_call);
+            continue;
+        }
+        w.tnt(&bits(&mut rng, 2)).tip(prog.after_call);
+    }
+    w.buf
+}
+
+/// OVF (libipt's rules: the block waiting for trace is not walked, the overflow resolves
+/// at the first FUP, only timing packets before it, or with tracing disabled; the record
+/// has the time before the OVF) decoded by the fast decoder itself, record for record
+/// libipt's; OVF resolved by a PSB (libipt's gap) goes to libipt.
+#[test]
+fn overflows_equal_libipt_and_stay_fast() {
+    let p = LoopProgram::new(0x40_0000);
+    let space = loop_space(&p);
+    let t = [true, false, true, false];
+    let case = |f: &dyn Fn(&mut PtWriter)| {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(1000), None).tip_pge(p.top);
+        f(&mut w);
+        w.buf
+    };
+    let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+        (
+            "OVF after a TIP, FUP",
+            case(&|w| {
+                w.tnt(&t).tip(p.func).ovf().fup(p.after_call).tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            "OVF, TSC + MTC, FUP",
+            case(&|w| {
+                w.tnt(&t).tip(p.func).ovf().tsc(2000);
+                w.buf.extend_from_slice(&[0x59, 0x07]);
+                w.fup(p.after_call).tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            "OVF, TSC, TIP.PGE",
+            case(&|w| {
+                w.tnt(&t)
+                    .tip(p.func)
+                    .ovf()
+                    .tsc(2000)
+                    .tip_pge(p.top)
+                    .tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            "OVF, MODE.Exec, TIP.PGE",
+            case(&|w| {
+                w.tnt(&t[..2]).ovf().mode64().tip_pge(p.func).tnt(&t[..2]);
+            }),
+            true,
+        ),
+        (
+            "OVF waiting for a TNT bit",
+            case(&|w| {
+                w.tnt(&t[..2]).ovf().fup(p.top).tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            "OVF at the end",
+            case(&|w| {
+                w.tnt(&t[..2]).ovf();
+            }),
+            true,
+        ),
+        (
+            "OVF while tracing is disabled",
+            case(&|w| {
+                w.tnt(&t).tip_pgd(None).ovf().tip_pge(p.top).tnt(&t[..1]);
+            }),
+            false,
+        ),
+        (
+            "OVF, PSB+",
+            case(&|w| {
+                w.tnt(&t[..2])
+                    .ovf()
+                    .psb_plus(Some(3000), Some(p.top))
+                    .tnt(&t[..1]);
+            }),
+            false,
+        ),
+        ("many overflows", overflow_trace(&p, 300, 3), true),
+    ];
+    for (what, trace, stays_fast) in &cases {
+        let (f, by) = fast(trace, &space);
+        let l = libipt(trace, &space);
+        assert!(f == l, "{what}: {}", first_difference(&f, &l));
+        assert_eq!(by.0 == "fast", *stays_fast, "{what}: {by:?}");
+        assert!(
+            f.iter().any(|r| matches!(r, Record::Overflow { .. })),
+            "{what}"
+        );
+    }
+    // Exactly: the function's instructions walked before the OVF are not decoded, the
+    // record names the FUP's IP, decoding goes on there.
+    let (f, _) = fast(&cases[0].1, &space);
+    let k = f
+        .iter()
+        .position(|r| matches!(r, Record::Overflow { .. }))
+        .unwrap_or(0);
+    assert_eq!(
+        f[k],
+        Record::Overflow {
+            ip: Some(p.after_call)
+        }
+    );
+    assert!(
+        matches!(&f[k - 1], Record::Instruction(i) if i.class == drpttracer::decode::InsnClass::Call)
+    );
+    assert!(matches!(&f[k + 1], Record::Instruction(i) if i.pc == p.after_call));
+    // A PSB-parallel decode of the overflow trace equals one pass.
+    let many = &cases[8].1;
+    let (chunks, stats) = drpttracer::decode::parallel::decode_parallel_stats(
+        many,
+        &TraceParams::default(),
+        &space,
+        &[],
+        &ImageResolver::default(),
+        &WindowOptions {
+            source: "t".into(),
+            window_id: Some(1),
+            decoder: DecoderKind::Fast,
+            ..Default::default()
+        },
+        2,
+    )
+    .unwrap();
+    let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+    assert!(par == libipt(many, &space), "2 threads: {stats:?}");
+}
+
 #[test]
 fn mutated_traces_give_libipt_records() {
     let prog = LoopProgram::new(0x40_0000);
@@ -296,13 +476,14 @@ fn mutated_traces_give_libipt_records() {
         .fup(p.ret)
         .tip(p.top);
     let call_trace = w.buf.clone();
+    let ovf_trace = overflow_trace(&prog, 60, 8);
     let (mut fast_kept, mut total) = (0usize, 0usize);
     let mut reasons = std::collections::BTreeMap::new();
     for k in 0..5_000 {
-        let (base, space) = if k % 2 == 0 {
-            (&loop_trace, &lspace)
-        } else {
-            (&call_trace, &cspace)
+        let (base, space) = match k % 3 {
+            0 => (&loop_trace, &lspace),
+            1 => (&call_trace, &cspace),
+            _ => (&ovf_trace, &lspace),
         };
         let m = mutate(&mut rng, base);
         let mut d = decoder(&m, space, DecoderKind::Fast);

@@ -717,6 +717,8 @@ impl<'a> PtDecoder<'a> {
             let mut f =
                 flow::FlowState::new(cfg.errata.bdm70() != 0, cfg.errata.skd022() != 0, clock);
             f.initial_records = queue.records;
+            f.ovf_errata =
+                cfg.errata.skd010() != 0 || cfg.errata.apl11() != 0 || cfg.errata.apl12() != 0;
             Box::new(f)
         });
         Ok(PtDecoder {

@@ -35,6 +35,8 @@ pub(crate) enum Pkt {
     },
     /// TRIG (trigger report): carries no control flow.
     Trig(Trig),
+    /// OVF: the processor's internal buffers overflowed.
+    Ovf,
     /// Any other packet (or a reserved encoding): its name.
     Other(&'static str),
 }
@@ -208,7 +210,7 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             }
             Some((Pkt::Tma { ctc, fc }, 7))
         }
-        0xf3 => Some((Pkt::Other("ovf"), 2)),
+        0xf3 => Some((Pkt::Ovf, 2)),
         0x13 => Some((Pkt::Other("cfe"), 4)),
         0x53 => Some((Pkt::Other("evd"), 11)),
         _ => Some((Pkt::Other("extended packet"), 2)),
@@ -308,7 +310,7 @@ mod tests {
         // 0b0000_1110: stop bit 3, outcomes bits 2..1 = 1,1.
         assert_eq!(parse(&[0x0e], 0), Some((Pkt::Tnt { bits: 3, n: 2 }, 1)));
         assert_eq!(parse(&[0x04], 0), Some((Pkt::Tnt { bits: 0, n: 1 }, 1)));
-        assert_eq!(parse(&[0x02, 0xf3], 0), Some((Pkt::Other("ovf"), 2)));
+        assert_eq!(parse(&[0x02, 0xf3], 0), Some((Pkt::Ovf, 2)));
         assert_eq!(parse(&[0x59, 0x01], 0), Some((Pkt::Mtc(1), 2)));
         assert_eq!(parse(&[0x59], 0), None, "cut MTC");
         // TMA: CTC 0x1234, FC 0x1ff; a reserved bit set; cut.

@@ -340,6 +340,7 @@ enum TraceItem {
     },
     Pge(u64),
     Psb,
+    Ovf,
     /// The trace ended; what came after the last trace item.
     End(ReadOn),
 }
@@ -380,6 +381,8 @@ pub(crate) struct FlowState {
     /// Errata the engine checks for.
     bdm70: bool,
     skd022: bool,
+    /// SKD010, APL11 or APL12 (how an overflow resolves): OVF goes to libipt.
+    pub ovf_errata: bool,
     /// Records the decoder had queued before the engine started (window id, cpu).
     pub initial_records: u64,
     /// Parallel decode: the cuts where this decoder may stop (offset of the cut's PSB in
@@ -495,6 +498,7 @@ impl FlowState {
             read_on: ReadOn::Nothing,
             bdm70,
             skd022,
+            ovf_errata: false,
             initial_records: 0,
             cuts: Vec::new(),
             next_cut: 0,
@@ -906,10 +910,69 @@ impl PtDecoder<'_> {
                 }
                 Ok(None)
             }
+            TraceItem::Ovf => {
+                // (libipt takes the overflow before walking the block waiting for trace:
+                // none of it ran as far as the trace tells.)
+                self.flow_ovf(st)?;
+                Ok(None)
+            }
             TraceItem::Tnt => Err("TNT where the code needs a TIP"),
             TraceItem::Tip(_) => Err("TIP where the code needs a TNT bit"),
             TraceItem::Pge(_) => Err("TIP.PGE while tracing is enabled"),
         }
+    }
+
+    /// An OVF just read (tracing enabled, the block waiting for trace not walked): the
+    /// overflow resolves at the first FUP after it (only timing packets between: tracing
+    /// resumes at its IP) or, at any other packet or the end, with tracing disabled (a
+    /// TIP.PGE enables it later). The `Overflow` record has the time before the OVF, as
+    /// libipt's event. Anything else (pending TNT bits, code walked without trace, a CBR
+    /// or PSB on the way, the OVF errata) goes to libipt.
+    fn flow_ovf(&mut self, st: &mut FlowState) -> Result<(), Fallback> {
+        if st.ovf_errata {
+            return Err("OVF on a CPU with OVF errata");
+        }
+        if st.tnt_n != 0 || self.queue.pushed != st.committed {
+            return Err("OVF with trace or walked code pending");
+        }
+        // Where it resolves.
+        let mut p = st.pos;
+        let fup = loop {
+            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+                if p >= self.trace.len() {
+                    break None;
+                }
+                return Err("packet cut by the end of the trace");
+            };
+            match pkt {
+                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } => p += size,
+                Pkt::Fup(ip) => break Some((ip, p + size)),
+                Pkt::TipPge(_) | Pkt::ModeExec { .. } => break None,
+                _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
+            }
+        };
+        st.last_ip.reset();
+        let ip = match fup {
+            Some((ip, _)) => Some(st.last_ip.apply(ip).ok_or("FUP without IP after OVF")?),
+            None => None,
+        };
+        self.flow_event(st, Record::Overflow { ip });
+        let Some((ip, after)) = ip.zip(fup.map(|f| f.1)) else {
+            st.enabled = false;
+            return Ok(());
+        };
+        // The timing packets up to the FUP move the time on.
+        while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < after) {
+            match pkt {
+                Pkt::Tsc(t) => st.clock.on_tsc(t),
+                Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
+                Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
+                _ => {}
+            }
+            st.pos += size;
+        }
+        st.cur = self.flow_block(ip)?;
+        Ok(())
     }
 
     /// Events binding to an IP walk from the last trace item: where that IP lies in code
@@ -1209,6 +1272,10 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Psb);
                 }
                 Pkt::Psbend => return Err("PSBEND outside PSB+"),
+                Pkt::Ovf => {
+                    st.read_on = ReadOn::Nothing;
+                    return Ok(TraceItem::Ovf);
+                }
                 Pkt::Other(what) => return Err(what),
             }
         }
@@ -1318,7 +1385,7 @@ impl PtDecoder<'_> {
                 | Pkt::Cbr
                 | Pkt::Psbend
                 | Pkt::ModeExec { .. } => pos += size,
-                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) => return true,
+                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) | Pkt::Ovf => return true,
                 _ => return false,
             }
         }
