@@ -7,10 +7,10 @@
 //!
 //! Snapshot (flight-recorder) mode, [`HardwareSnapshot`]: the AUX area is mapped without
 //! `PROT_WRITE` (overwrite mode: the kernel ignores `aux_tail` and keeps the newest
-//! `aux_size` bytes); a snapshot disables the event, copies the valid bytes
-//! ([`crate::perf::ring::copy_overwrite_snapshot`]), reads the DATA ring's AUX records
-//! (`PERF_AUX_FLAG_OVERWRITE` is expected there; TRUNCATED/PARTIAL/COLLISION mean loss)
-//! and enables the event again.
+//! `aux_size` bytes); a snapshot disables the event, writes the `Snapshot` record and window
+//! of the valid bytes from their first PSB on ([`crate::perf::hwsnap`]: the DATA ring's
+//! records become the window's sideband; `PERF_AUX_FLAG_OVERWRITE` is expected there,
+//! TRUNCATED/PARTIAL/COLLISION mean loss) and enables the event again.
 
 use perf_event_open_sys::bindings::perf_event_attr;
 
@@ -18,10 +18,9 @@ use crate::capture::{current_tid, CaptureBackend, Mode, WindowCapture};
 use crate::error::Result;
 use crate::metadata::{BackendKind, ExtMetadata, TimeConv};
 use crate::perf::event::PerfEvent;
+use crate::perf::hwsnap::{snapshot_from_rings, Firing, SnapshotCursor, Written};
 use crate::perf::pmu::IntelPtPmu;
-use crate::perf::ring::{
-    copy_overwrite_snapshot, copy_ring_bytes, copy_ring_records, ControlPage, RingMemory,
-};
+use crate::perf::ring::{copy_ring_bytes, copy_ring_records, ControlPage, RingMemory};
 use crate::perf::sideband_event::{rdtsc, set_sideband_attrs};
 use crate::sideband::record::{
     PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, SIDEBAND_SAMPLE_TYPE,
@@ -249,67 +248,39 @@ impl CaptureBackend for HardwareBackend {
     }
 }
 
-/// One overwrite-mode snapshot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SnapshotCapture {
-    /// PT bytes copied (the newest the area held, newer than the previous snapshot).
-    pub pt_size: usize,
-    /// Older PT was overwritten: the snapshot starts mid-stream (decoders sync at its
-    /// first PSB).
-    pub wrapped: bool,
-    /// The kernel reported PT loss (AUX TRUNCATED, PARTIAL or COLLISION) or the output was
-    /// smaller than the data.
-    pub pt_lost: bool,
-    /// DATA ring records were lost.
-    pub sideband_lost: bool,
-}
-
-/// Collects one snapshot from an overwrite-mode AUX area (the event disabled): PT since
-/// `since` (the previous snapshot's head, 0 at first) into `pt`; returns it and the head
-/// to pass as `since` next time. The DATA ring is drained (its AUX records' flags).
-pub fn collect_snapshot(
-    ctl: &ControlPage,
-    aux: &RingMemory,
-    data: &RingMemory,
-    since: u64,
-    pt: &mut [u8],
-) -> (SnapshotCapture, u64) {
-    let head = ctl.aux_head();
-    let c = copy_overwrite_snapshot(aux, head, since, pt);
-    let data_head = ctl.data_head();
-    let rw = copy_ring_records(data, ctl.data_tail(), data_head, None);
-    ctl.set_data_tail(data_head);
-    (
-        SnapshotCapture {
-            pt_size: c.copied,
-            wrapped: c.wrapped,
-            pt_lost: c.truncated_by_output || rw.aux_flags & AUX_LOSS_FLAGS != 0,
-            sideband_lost: rw.overwritten || rw.lost_records > 0,
-        },
-        head,
-    )
-}
-
 /// Hardware Intel PT of the calling thread in snapshot mode: an overwrite-mode AUX area of
-/// at least `size` bytes (a power of two of pages), tracing from [`Self::open`] on.
+/// at least `size` bytes (a power of two of pages), tracing from [`Self::open`] on; each
+/// [`Self::write_snapshot`] writes the `Snapshot` record and window of one firing
+/// ([`crate::perf::hwsnap`]).
 pub struct HardwareSnapshot {
     event: PerfEvent,
-    since: u64,
+    cursor: SnapshotCursor,
     meta: ExtMetadata,
 }
 
 impl HardwareSnapshot {
-    /// Opens and enables the event; fails with the reason where there is no Intel PT (as
-    /// on QEMU's CPU model or a machine without it).
+    /// Opens and enables the event (the AUX area mapped without `PROT_WRITE`: overwrite
+    /// mode); fails with the reason where there is no Intel PT (as on QEMU's CPU model or
+    /// a machine without it). In user modes the executable mappings are synthesized first
+    /// (the first snapshot window carries them).
     pub fn open(mode: Mode, size: u64, sb_shift: u32) -> Result<Self> {
         let (mut event, setup) = PtSetup::open_event(mode, ", snapshot")?;
         event.map_data(sb_shift)?;
         event.map_aux(aux_shift_for(size), false)?;
         let meta = setup.metadata(&event);
+        let synth = if mode.has_sideband() {
+            let now = match event.control().and_then(|c| c.time_conv()) {
+                Some(conv) => conv.tsc_to_perf_time(rdtsc()),
+                None => 0,
+            };
+            synthesize_exec_mmap2(SIDEBAND_SAMPLE_TYPE, now)?
+        } else {
+            Vec::new()
+        };
         event.enable()?;
         Ok(HardwareSnapshot {
             event,
-            since: 0,
+            cursor: SnapshotCursor::new(size, synth),
             meta,
         })
     }
@@ -318,8 +289,13 @@ impl HardwareSnapshot {
         self.meta
     }
 
-    /// Takes a snapshot into `pt`: disable, copy, enable again (tracing goes on).
-    pub fn snapshot(&mut self, pt: &mut [u8]) -> Result<SnapshotCapture> {
+    /// A firing: disable, write the snapshot into `out` (a thread file), enable again
+    /// (tracing goes on; the next snapshot holds only what comes after this one).
+    pub fn write_snapshot(
+        &mut self,
+        firing: &Firing,
+        out: &mut impl std::io::Write,
+    ) -> Result<Written> {
         self.event.disable()?;
         let (Some(ctl), Some(aux), Some(data)) = (
             self.event.control(),
@@ -331,10 +307,14 @@ impl HardwareSnapshot {
                 "the perf rings of this handle are not mapped",
             ));
         };
-        let (cap, head) = collect_snapshot(&ctl, &aux, &data, self.since, pt);
-        self.since = head;
+        let written = snapshot_from_rings(&ctl, &aux, &data, &mut self.cursor, firing, out);
         self.event.enable()?;
-        Ok(cap)
+        written.map_err(|e| {
+            crate::error::Error::new(
+                crate::error::Status::FailedToReadPtData,
+                format!("writing snapshot {}: {e}", firing.number),
+            )
+        })
     }
 }
 
@@ -349,7 +329,7 @@ pub fn aux_shift_for(size: u64) -> u32 {
 mod tests {
     use super::*;
     use crate::perf::ring::sim::SimMapping;
-    use crate::sideband::record::{encode_aux, encode_lost, SampleId, PERF_AUX_FLAG_OVERWRITE};
+    use crate::sideband::record::{encode_aux, encode_lost, SampleId};
 
     fn fake_pmu(caps: &[(&str, u64)]) -> IntelPtPmu {
         let mut p = IntelPtPmu {
@@ -513,52 +493,8 @@ mod tests {
         assert_eq!(cap.status(), crate::Status::FailedToReadPtData);
     }
 
-    /// Snapshot collection on a simulated overwrite-mode area: the newest bytes, then only
-    /// what came after; AUX OVERWRITE is normal, TRUNCATED/COLLISION are loss.
     #[test]
-    fn snapshot_collection_in_overwrite_mode() {
-        let mut sim = SimMapping::new(256, 128);
-        let stream: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
-        sim.produce_aux(0, &stream[..128]);
-        sim.produce_aux(128, &stream[128..256]);
-        sim.produce_aux(256, &stream[256..]);
-        let rec = encode_aux(
-            0,
-            300,
-            PERF_AUX_FLAG_OVERWRITE,
-            &sample(),
-            SIDEBAND_SAMPLE_TYPE,
-        );
-        sim.produce_data(0, &rec);
-        let mut out = vec![0u8; 256];
-        let (cap, head) = collect_snapshot(&sim.ctl(), &sim.aux(), &sim.data(), 0, &mut out);
-        assert_eq!(head, 300);
-        assert_eq!(
-            cap,
-            SnapshotCapture {
-                pt_size: 128,
-                wrapped: true,
-                pt_lost: false,
-                sideband_lost: false
-            }
-        );
-        assert_eq!(&out[..128], &stream[172..]);
-        assert_eq!(sim.ctl().data_tail(), rec.len() as u64);
-        // 20 more bytes and a COLLISION: only the new bytes, flagged.
-        let more = [9u8; 20];
-        sim.produce_aux(300, &more);
-        let rec2 = encode_aux(
-            300,
-            20,
-            PERF_AUX_FLAG_COLLISION,
-            &sample(),
-            SIDEBAND_SAMPLE_TYPE,
-        );
-        sim.produce_data(rec.len() as u64, &rec2);
-        let (cap, head) = collect_snapshot(&sim.ctl(), &sim.aux(), &sim.data(), head, &mut out);
-        assert_eq!(head, 320);
-        assert_eq!((cap.pt_size, cap.wrapped, cap.pt_lost), (20, false, true));
-        assert_eq!(&out[..20], &more);
+    fn snapshot_aux_area_sizes() {
         assert_eq!(aux_shift_for(64 * 1024), 4);
         assert_eq!(aux_shift_for(5000), 1);
         assert_eq!(aux_shift_for(1), 0);

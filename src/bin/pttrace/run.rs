@@ -320,22 +320,16 @@ pub fn run(args: Args) -> CmdResult {
 }
 
 /// `--snapshot` with the LD_PRELOAD shim: the single-step (emulated) backend keeps the
-/// ring (user mode, thread windows); the hardware backend does not (yet).
+/// ring (user mode, thread windows). The hardware backend's overwrite-mode capture and its
+/// snapshot records exist (`perf::hwsnap`, `perf::hardware::HardwareSnapshot`) but the
+/// shim has no per-thread user-mode capture to run them in: refused, first naming a
+/// missing `intel_pt` PMU (what a user must fix before anything else).
 fn shim_snapshot_check(args: &Args, sn: &super::snapshot::Snapshot) -> Result<(), String> {
     let backend = asked_backend(args);
     let pmu = drpttracer::perf::pmu::IntelPtPmu::probe();
     let hardware = backend == "hardware" || (backend == "auto" && pmu.is_ok());
     if hardware {
-        let pt = match &pmu {
-            Ok(_) => String::new(),
-            Err(e) => format!(" (and this machine has no Intel PT: {})", e.message),
-        };
-        return Err(format!(
-            "--snapshot is not available on the hardware backend: the shim captures Intel PT \
-             of kernel-mode syscall windows only, and the overwrite-mode AUX capture \
-             (perf::hardware::HardwareSnapshot) is not wired into it; use --backend emulated \
-             or --backend qemu with --mode user --window thread{pt}"
-        ));
+        return Err(hardware_snapshot_refusal(pmu.err().map(|e| e.message)));
     }
     if args.mode != "user" || args.window != "thread" {
         return Err(format!(
@@ -347,6 +341,23 @@ fn shim_snapshot_check(args: &Args, sn: &super::snapshot::Snapshot) -> Result<()
     let prog = args.cmd.first().cloned().unwrap_or_default();
     let path = qemu::which(&prog).ok_or_else(|| format!("{prog}: command not found"))?;
     super::snapshot::check_addrs(sn, &path)
+}
+
+/// Why `--snapshot` is refused on the hardware backend (`no_pmu`: the PMU probe's error
+/// where this machine has no `intel_pt` PMU).
+fn hardware_snapshot_refusal(no_pmu: Option<String>) -> String {
+    match no_pmu {
+        Some(why) => format!(
+            "--snapshot on the hardware backend needs an intel_pt PMU, and this machine has \
+             none: {why}"
+        ),
+        None => "--snapshot is not available on the hardware backend yet: the overwrite-mode \
+                 AUX capture and its snapshot records are written (perf::hwsnap), but the \
+                 shim traces only kernel-mode syscall windows on this backend and has no \
+                 per-thread user-mode capture to run them in; use --backend emulated or \
+                 --backend qemu with --mode user --window thread"
+            .to_string(),
+    }
 }
 
 /// Completes the thread files of processes that died before writing everything (SIGKILL)
