@@ -6,18 +6,25 @@
 //! with the event disabled ([`super::hardware::HardwareSnapshot::write_snapshot`] does
 //! disable, [`SnapshotCursor::write`], enable).
 //!
-//! At a firing: `aux_head` is the kernel's head (in overwrite mode the kernel ignores
-//! `aux_tail`, and it is not used here). The valid bytes are the last `aux_size` before
-//! the head, or fewer when the area never wrapped, and only those newer than the previous
-//! snapshot's head; of them the last `min(SIZE, valid)` are kept, in order (copied in two
-//! pieces when they wrap). What precedes the first PSB in them cannot be decoded (no
-//! packet boundary, no IP, no mode), so the snapshot's PT starts at that PSB. The result
-//! is one `Snapshot` record (built by the shared [`crate::format::snapshot_ring::Taken`])
-//! and one window flagged `WF_NO_SYSCALL | WF_SNAPSHOT_CUT` (`WF_PT_LOST` where the
-//! kernel reported TRUNCATED, PARTIAL or COLLISION) holding that PT and the sideband that
-//! arrived since the previous snapshot. Kept bytes without a PSB give an explicit empty
-//! snapshot: the record, no window, and the reason appended to its trigger text (never
-//! bytes a decoder would have to guess at).
+//! At a firing, with the event disabled: in overwrite mode the kernel ignores `aux_tail`
+//! (not used here), and Intel PT's `aux_head` is an *offset within the area*, not an
+//! ever-increasing count (`pt_buffer_reset_offsets` masks it in snapshot mode; perf's
+//! `intel_pt_find_snapshot` says so and detects wrapping from the data). So whether the
+//! kernel went round since the previous snapshot is told from the data, as perf does: the
+//! area starts zero-filled, and the cursor keeps a copy of up to [`REF_MAX`] bytes just
+//! before the previous head (zeros at first: perf's "first wrap" test of the area's end);
+//! if the part of them that a write of `head - previous head` bytes does not reach is
+//! unchanged, exactly those bytes are new, otherwise the kernel lapped and the whole area
+//! is new (oldest at the head). Of the new bytes the last `min(SIZE, new)` are kept, in
+//! order (read in two pieces when they wrap). What precedes the first PSB in them cannot
+//! be decoded (no packet boundary, no IP, no mode), so the snapshot's PT starts at that
+//! PSB. The result is one `Snapshot` record (built by the shared
+//! [`crate::format::snapshot_ring::Taken`]) and one window flagged
+//! `WF_NO_SYSCALL | WF_SNAPSHOT_CUT` (`WF_PT_LOST` where the kernel reported TRUNCATED,
+//! PARTIAL or COLLISION) holding that PT and the sideband that arrived since the previous
+//! snapshot. Kept bytes without a PSB give an explicit empty snapshot: the record, no
+//! window, and the reason appended to its trigger text (never bytes a decoder would have
+//! to guess at).
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -30,7 +37,7 @@ use crate::format::ptt::{
 use crate::format::snapshot::{SnapshotRecord, TriggerKind};
 use crate::format::snapshot_ring::Taken;
 use crate::perf::hardware::AUX_LOSS_FLAGS;
-use crate::perf::ring::{copy_overwrite_snapshot, copy_ring_records, ControlPage, RingMemory};
+use crate::perf::ring::{copy_ring_records, ControlPage, RingMemory};
 
 /// One trigger firing, as the caller numbers and names it (the same numbering per process
 /// image and the same texts as the other backends).
@@ -46,16 +53,21 @@ pub struct Firing {
     pub tsc: u64,
 }
 
+/// Most bytes compared behind the previous head to tell whether the kernel lapped (at
+/// most half the area).
+pub const REF_MAX: usize = 4096;
+
 /// The PT of one snapshot, cut at its first PSB.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeptPt {
     /// The PT from the first PSB on (empty when there is none).
     pub pt: Vec<u8>,
-    /// Bytes the kernel wrote since the previous snapshot (`aux_head - since`, or since
-    /// the start) that are not in `pt`: overwritten, beyond SIZE, or before the PSB.
+    /// New bytes (written since the previous snapshot) not in `pt`: beyond SIZE or before
+    /// the PSB. A lower bound when `lapped` (what the kernel overwrote is not counted).
     pub discarded: u64,
-    /// Bytes copied out of the area (`pt` and what preceded its PSB).
-    pub copied: usize,
+    /// The kernel went round the area since the previous snapshot (or, at the first, ever):
+    /// the whole area was new and older PT is gone.
+    pub lapped: bool,
     /// Why `pt` is empty, if it is.
     pub empty_reason: Option<String>,
 }
@@ -65,19 +77,59 @@ pub fn first_psb(bytes: &[u8]) -> Option<usize> {
     bytes.windows(PSB.len()).position(|w| w == PSB)
 }
 
-/// The PT of a snapshot of an overwrite-mode area `aux` whose head is `aux_head`: the last
-/// `min(size, valid)` bytes newer than `since`, from their first PSB on.
-pub fn kept_pt(aux: &RingMemory, aux_head: u64, since: u64, size: u64) -> KeptPt {
-    let want = usize::try_from(size).unwrap_or(usize::MAX).min(aux.len());
-    let mut buf = vec![0u8; want];
-    let c = copy_overwrite_snapshot(aux, aux_head, since, &mut buf);
-    buf.truncate(c.copied);
-    let written = if since <= aux_head {
-        aux_head - since
-    } else {
-        aux_head
-    };
-    let (pt, empty_reason) = if c.copied == 0 {
+/// Where the previous snapshot ended in an area: the head offset and a copy of the bytes
+/// just before it (`None`: nothing taken yet, the area as allocated, zero-filled).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AreaMark {
+    pub head: usize,
+    pub reference: Option<Vec<u8>>,
+}
+
+impl AreaMark {
+    /// The new bytes of `aux` (head offset `head`): `(start offset, length, lapped)`.
+    pub fn new_bytes(&self, aux: &RingMemory, head: usize) -> (usize, usize, bool) {
+        let size = aux.len();
+        let head = head & (size - 1);
+        let d = (head + size - self.head) & (size - 1);
+        let untouched = if d == 0 { size } else { size - d };
+        let r = REF_MAX.min(size / 2).max(1);
+        let m = r.min(untouched);
+        let mut now = vec![0u8; m];
+        aux.read_at((self.head + size - m) as u64, &mut now);
+        let same = match &self.reference {
+            Some(reference) => reference.get(reference.len().saturating_sub(m)..) == Some(&now[..]),
+            None => now.iter().all(|&b| b == 0),
+        };
+        if same {
+            (self.head, d, false)
+        } else {
+            (head, size, true)
+        }
+    }
+
+    /// The mark after taking everything up to `head`.
+    pub fn at(aux: &RingMemory, head: usize) -> AreaMark {
+        let size = aux.len();
+        let head = head & (size - 1);
+        let r = REF_MAX.min(size / 2).max(1);
+        let mut reference = vec![0u8; r];
+        aux.read_at((head + size - r) as u64, &mut reference);
+        AreaMark {
+            head,
+            reference: Some(reference),
+        }
+    }
+}
+
+/// The PT of a snapshot of an overwrite-mode area `aux` whose head offset is `aux_head`:
+/// the last `min(size, new)` of the bytes newer than `mark`, from their first PSB on.
+pub fn kept_pt(aux: &RingMemory, aux_head: u64, mark: &AreaMark, size: u64) -> KeptPt {
+    let head = (aux_head as usize) & (aux.len() - 1);
+    let (start, len, lapped) = mark.new_bytes(aux, head);
+    let keep = usize::try_from(size).unwrap_or(usize::MAX).min(len);
+    let mut buf = vec![0u8; keep];
+    aux.read_at((start + len - keep) as u64, &mut buf);
+    let (pt, empty_reason) = if keep == 0 {
         (
             Vec::new(),
             Some("no PT was written since the previous snapshot".to_string()),
@@ -88,16 +140,15 @@ pub fn kept_pt(aux: &RingMemory, aux_head: u64, since: u64, size: u64) -> KeptPt
             None => (
                 Vec::new(),
                 Some(format!(
-                    "no PSB in the last {} bytes of PT (the decoder cannot start without \
-                     one; use a larger --snapshot SIZE)",
-                    c.copied
+                    "no PSB in the last {keep} bytes of PT (the decoder cannot start without \
+                     one; use a larger --snapshot SIZE)"
                 )),
             ),
         }
     };
     KeptPt {
-        discarded: written.saturating_sub(pt.len() as u64),
-        copied: c.copied,
+        discarded: (len - pt.len()) as u64,
+        lapped,
         pt,
         empty_reason,
     }
@@ -110,15 +161,17 @@ pub struct Written {
     /// The window written (`None` for an empty snapshot).
     pub window: Option<Window>,
     pub pt_bytes: usize,
+    /// The kernel went round the area since the previous snapshot (older PT is gone).
+    pub lapped: bool,
     pub empty_reason: Option<String>,
 }
 
-/// A thread's snapshot state between firings: SIZE, the head the previous snapshot ended
-/// at, the next window index, the sideband not yet written.
+/// A thread's snapshot state between firings: SIZE, where the previous snapshot ended,
+/// the next window index, the sideband not yet written.
 #[derive(Debug, Clone)]
 pub struct SnapshotCursor {
     size: u64,
-    since: u64,
+    mark: AreaMark,
     next_index: u64,
     sideband: Vec<u8>,
 }
@@ -129,15 +182,15 @@ impl SnapshotCursor {
     pub fn new(size: u64, sideband: Vec<u8>) -> Self {
         SnapshotCursor {
             size,
-            since: 0,
+            mark: AreaMark::default(),
             next_index: 0,
             sideband,
         }
     }
 
-    /// The head the previous snapshot ended at (0 before the first).
-    pub fn since(&self) -> u64 {
-        self.since
+    /// Where the previous snapshot ended.
+    pub fn mark(&self) -> &AreaMark {
+        &self.mark
     }
 
     /// Sideband (perf records from the DATA ring) to carry in the next window written.
@@ -145,9 +198,9 @@ impl SnapshotCursor {
         self.sideband.extend_from_slice(records);
     }
 
-    /// The seam: with the event disabled, writes the snapshot of `aux` (head `aux_head`)
-    /// for `firing` into `out` (a thread file: `Snapshot` record, then the window) and
-    /// moves on past `aux_head`. `pt_lost`: the kernel reported loss since the previous
+    /// The seam: with the event disabled, writes the snapshot of `aux` (head offset
+    /// `aux_head`, as the control page gives it) for `firing` into `out` (a thread file:
+    /// `Snapshot` record, then the window) and moves on past `aux_head`. `pt_lost`: the kernel reported loss since the previous
     /// snapshot (AUX TRUNCATED/PARTIAL/COLLISION).
     pub fn write(
         &mut self,
@@ -157,8 +210,8 @@ impl SnapshotCursor {
         pt_lost: bool,
         out: &mut impl Write,
     ) -> io::Result<Written> {
-        let kept = kept_pt(aux, aux_head, self.since, self.size);
-        self.since = aux_head;
+        let kept = kept_pt(aux, aux_head, &self.mark, self.size);
+        self.mark = AreaMark::at(aux, aux_head as usize);
         let window = (!kept.pt.is_empty()).then(|| Window {
             index: self.next_index,
             nr: u64::MAX,
@@ -207,6 +260,7 @@ impl SnapshotCursor {
             record,
             window,
             pt_bytes: kept.pt.len(),
+            lapped: kept.lapped,
             empty_reason: kept.empty_reason,
         })
     }
@@ -380,7 +434,7 @@ mod tests {
         let mut sim = SimMapping::new(4096, aux_len);
         let mut pos = 0u64;
         for c in stream.chunks(piece) {
-            sim.produce_aux(pos, c);
+            sim.produce_aux_overwrite(pos, c);
             pos += c.len() as u64;
         }
         let head = stream.len();
@@ -401,7 +455,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(w.empty_reason, None);
-        assert_eq!(cursor.since(), head as u64);
+        assert_eq!(cursor.mark().head, head % aux_len);
+        assert_eq!(w.lapped, head >= aux_len);
+        let new = head.min(aux_len);
         let (snaps, wins) = read_back(&out);
         assert_eq!(snaps.len(), 1);
         let r = &snaps[0];
@@ -418,7 +474,7 @@ mod tests {
                 TriggerKind::Signal as u32,
                 1,
                 (head - psb) as u64,
-                psb as u64
+                (new - (head - psb)) as u64
             )
         );
         assert_eq!(
@@ -499,7 +555,7 @@ mod tests {
         let (stream, _) = prog.trace(100_000, 1 << 20, 7);
         assert_eq!(psb_offsets(&stream), [0], "one PSB, at the start");
         let mut sim = SimMapping::new(4096, 4096);
-        sim.produce_aux(0, &stream);
+        sim.produce_aux_overwrite(0, &stream);
         let mut cursor = SnapshotCursor::new(4096, b"SB".to_vec());
         let mut out = Vec::new();
         let w = snapshot_from_rings(
@@ -527,7 +583,7 @@ mod tests {
                 windows: 0,
                 pt_bytes: 0,
                 discarded_windows: 0,
-                discarded_pt_bytes: stream.len() as u64,
+                discarded_pt_bytes: 4096,
                 ring_size: 4096,
                 trigger: format!("signal:SIGUSR2; empty: {why}"),
             }]
@@ -550,7 +606,7 @@ mod tests {
         assert_eq!((w.record.discarded_pt_bytes, w.record.windows), (0, 0));
         // Then a PSB+ and more loop: the window carries the sideband kept for it.
         let (more, _) = prog.trace(3000, 1 << 20, 8);
-        sim.produce_aux(stream.len() as u64, &more);
+        sim.produce_aux_overwrite(stream.len() as u64, &more);
         let mut out = Vec::new();
         snapshot_from_rings(
             &sim.ctl(),
@@ -568,16 +624,25 @@ mod tests {
         assert_eq!(wins[0].0.tsc_start, 1_000_000, "the PSB+'s TSC");
     }
 
-    /// Consecutive snapshots: each holds only what came after the previous one; window
-    /// indices count on; the DATA ring's records become the sideband; loss is flagged.
+    /// Consecutive snapshots: each holds only what came after the previous one (new bytes
+    /// across the area's end without a lap; then exactly two laps, the head back at the
+    /// same offset, told from the data); window indices count on; the DATA ring's records
+    /// become the sideband; loss is flagged.
     #[test]
-    fn consecutive_snapshots_sideband_and_loss() {
+    fn consecutive_snapshots_laps_sideband_and_loss() {
         let prog = LoopProgram::new(BASE);
-        let (stream, _) = prog.trace(40_000, 600, 9);
+        let (stream, _) = prog.trace(50_000, 600, 9);
         let psbs = psb_offsets(&stream);
-        let mut sim = SimMapping::new(4096, 8192);
-        let first_end = psbs[psbs.len() / 2] + 5;
-        sim.produce_aux(0, &stream[..first_end]);
+        let aux = 8192usize;
+        let mut sim = SimMapping::new(4096, aux);
+        let first_end = psbs[psbs.len() * 2 / 5] + 5;
+        let second_end = first_end + 5000;
+        let third_end = second_end + 2 * aux;
+        assert!(
+            first_end % aux + 5000 > aux,
+            "the second chunk crosses the area's end"
+        );
+        assert!(third_end <= stream.len());
         let sample = SampleId {
             pid: Some(10),
             tid: Some(11),
@@ -586,18 +651,22 @@ mod tests {
             identifier: Some(4),
             ..Default::default()
         };
-        let rec1 = encode_aux(
-            0,
-            8192,
-            PERF_AUX_FLAG_OVERWRITE,
-            &sample,
-            SIDEBAND_SAMPLE_TYPE,
-        );
-        sim.produce_data(0, &rec1);
+        let rec1 = encode_aux(0, 0, PERF_AUX_FLAG_OVERWRITE, &sample, SIDEBAND_SAMPLE_TYPE);
         let rec2 = encode_aux(0, 0, PERF_AUX_FLAG_COLLISION, &sample, SIDEBAND_SAMPLE_TYPE);
-        let mut cursor = SnapshotCursor::new(8192, Vec::new());
+        let mut cursor = SnapshotCursor::new(aux as u64, Vec::new());
         let mut out = Vec::new();
-        for n in 1..=2u64 {
+        let mut lapped = Vec::new();
+        let mut pos = 0usize;
+        let mut dpos = 0u64;
+        for (n, end, rec) in [
+            (1u64, first_end, &rec1),
+            (2, second_end, &rec2),
+            (3, third_end, &rec1),
+        ] {
+            sim.produce_aux_overwrite(pos as u64, &stream[pos..end]);
+            sim.produce_data(dpos, rec);
+            dpos += rec.len() as u64;
+            pos = end;
             let w = snapshot_from_rings(
                 &sim.ctl(),
                 &sim.aux(),
@@ -608,30 +677,139 @@ mod tests {
             )
             .unwrap();
             assert!(w.window.is_some());
-            if n == 1 {
-                // 2000 bytes more, then a COLLISION.
-                let second_end = first_end + 2000;
-                sim.produce_aux(first_end as u64, &stream[first_end..second_end]);
-                sim.produce_data(rec1.len() as u64, &rec2);
-            }
+            lapped.push(w.lapped);
         }
+        assert_eq!(lapped, [true, false, true]);
+        assert_eq!(
+            sim.ctl().aux_head() as usize,
+            second_end % aux,
+            "the head came back"
+        );
         let (snaps, wins) = read_back(&out);
-        assert_eq!(snaps.len(), 2);
-        let second_end = first_end + 2000;
-        let p1 = *psbs.iter().find(|&&o| o >= first_end - 8192).unwrap();
+        assert_eq!(snaps.len(), 3);
+        let p1 = *psbs.iter().find(|&&o| o >= first_end - aux).unwrap();
         let p2 = *psbs.iter().find(|&&o| o >= first_end).unwrap();
+        let p3 = *psbs.iter().find(|&&o| o >= third_end - aux).unwrap();
         assert_eq!(wins[0].1, &stream[p1..first_end]);
         assert_eq!(wins[1].1, &stream[p2..second_end], "only what came after");
-        assert_eq!((wins[0].0.index, wins[1].0.index), (0, 1));
-        assert_eq!(wins[0].0.flags, WF_NO_SYSCALL | WF_SNAPSHOT_CUT);
         assert_eq!(
-            wins[1].0.flags,
-            WF_NO_SYSCALL | WF_SNAPSHOT_CUT | WF_PT_LOST
+            wins[2].1,
+            &stream[p3..third_end],
+            "the whole area after laps"
         );
-        assert_eq!(wins[0].2, rec1);
-        assert_eq!(wins[1].2, rec2);
+        let idx: Vec<u64> = wins.iter().map(|w| w.0.index).collect();
+        assert_eq!(idx, [0, 1, 2]);
+        let flags: Vec<u32> = wins.iter().map(|w| w.0.flags).collect();
+        let cut = WF_NO_SYSCALL | WF_SNAPSHOT_CUT;
+        assert_eq!(flags, [cut, cut | WF_PT_LOST, cut]);
+        let sbs: Vec<&[u8]> = wins.iter().map(|w| w.2.as_slice()).collect();
+        assert_eq!(sbs, [&rec1[..], &rec2[..], &rec1[..]]);
         assert_eq!(snaps[1].discarded_pt_bytes, (p2 - first_end) as u64);
-        assert_eq!(pcs(&prog, &wins[1].1), pcs(&prog, &stream[p2..second_end]));
+        assert_eq!(snaps[2].discarded_pt_bytes, (aux - (third_end - p3)) as u64);
+        for (k, (a, b)) in [(p2, second_end), (p3, third_end)].into_iter().enumerate() {
+            assert_eq!(pcs(&prog, &wins[k + 1].1), pcs(&prog, &stream[a..b]));
+        }
         assert_eq!(first_psb(&[0x02, 0x82]), None);
+    }
+
+    /// What `pttrace decode`/`view` read: a trace directory (info file with the loop
+    /// program's mapping, the thread file with two snapshots, the second empty, and a
+    /// third) decodes through `ptt_dir` to exactly the kept tails.
+    #[test]
+    fn written_snapshots_decode_through_the_trace_directory_reader() {
+        use crate::decode::ptt_dir;
+        use crate::format::ptt::{process_payload, ProcessRecord};
+        let prog = LoopProgram::new(BASE);
+        let dir = tempfile::tempdir().unwrap();
+        let code = dir.path().join("loop.bin");
+        std::fs::write(&code, &prog.code).unwrap();
+        let mut info = encode_header(FileKind::ProcessInfo).to_vec();
+        let p = ProcessRecord {
+            pid: 77,
+            ppid: 1,
+            nonce: 0xab,
+            start_tsc: 1,
+            start_monotonic_ns: 1,
+            mode: 0,
+            window: 1,
+            backend: 0,
+            pt_present: true,
+            pt_absent_reason: String::new(),
+        };
+        info.extend(frame_vec(RecordType::Process, &process_payload(&p)).unwrap());
+        let md = crate::metadata::PtMetadata {
+            cpu_family: 6,
+            cpu_model: 85,
+            cpu_stepping: 4,
+            ..Default::default()
+        };
+        let mut meta = md.to_bytes().to_vec();
+        meta.extend_from_slice(&[0u8; 24]);
+        meta.extend_from_slice(&SIDEBAND_SAMPLE_TYPE.to_le_bytes());
+        info.extend(frame_vec(RecordType::Metadata, &meta).unwrap());
+        let maps = format!(
+            "00400000-00401000 r-xp 00000000 08:01 1 {}\n",
+            code.display()
+        );
+        info.extend(frame_vec(RecordType::Maps, maps.as_bytes()).unwrap());
+        std::fs::write(dir.path().join("77-00000000000000ab.info"), &info).unwrap();
+
+        let (stream, _) = prog.trace(60_000, 700, 11);
+        let psbs = psb_offsets(&stream);
+        let mut sim = SimMapping::new(4096, 8192);
+        let mut cursor = SnapshotCursor::new(8192, Vec::new());
+        let mut body = Vec::new();
+        let mut expect = Vec::new();
+        let mut pos = 0usize;
+        for (n, end) in [(1u64, 30_000usize), (2, 30_000), (3, stream.len())] {
+            sim.produce_aux_overwrite(pos as u64, &stream[pos..end]);
+            let w = snapshot_from_rings(
+                &sim.ctl(),
+                &sim.aux(),
+                &sim.data(),
+                &mut cursor,
+                &firing(n),
+                &mut body,
+            )
+            .unwrap();
+            if end > pos {
+                let psb = *psbs.iter().find(|&&o| o >= end - 8192).unwrap();
+                expect.push(pcs(&prog, &stream[psb..end]));
+            } else {
+                assert!(w.window.is_none());
+            }
+            pos = end;
+        }
+        let mut v = encode_header(FileKind::Thread).to_vec();
+        let h = ThreadHeader {
+            pid: 77,
+            tid: 78,
+            mode: 0,
+            window: 1,
+            backend: 0,
+            pt_present: true,
+            nonce: 0xab,
+            start_tsc: 1,
+            pt_absent_reason: String::new(),
+        };
+        v.extend(frame_vec(RecordType::ThreadHeader, &thread_header_payload(&h)).unwrap());
+        v.extend_from_slice(&body);
+        v.extend(frame_vec(RecordType::End, &end_payload(EndReason::ThreadExit, 2, 0)).unwrap());
+        std::fs::write(dir.path().join("77-00000000000000ab-78.ptt"), &v).unwrap();
+
+        let t = ptt_dir::open(dir.path()).unwrap();
+        assert_eq!(t.threads.len(), 1);
+        let decoded = t.collect_thread(&t.threads[0]).unwrap();
+        let got: Vec<Vec<u64>> = decoded
+            .iter()
+            .map(|(_, recs)| {
+                recs.iter()
+                    .filter_map(|r| r.as_instruction().map(|i| i.pc))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(got.len(), 2);
+        assert!(got[0].len() > 1000 && got[1].len() > 1000);
+        assert_eq!(got, expect);
     }
 }

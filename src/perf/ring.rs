@@ -2,7 +2,8 @@
 //! the DATA ring (whole records) and the AUX ring (raw bytes).
 //!
 //! head/tail are ever-increasing byte counts; a position is `count % size` with `size` a
-//! power of two. The kernel writes `*_head`; we read it with acquire ordering before
+//! power of two (not Intel PT's `aux_head` in overwrite mode, an offset within the area:
+//! see [`crate::perf::hwsnap`]). The kernel writes `*_head`; we read it with acquire ordering before
 //! touching data, and publish the new `*_tail` with release ordering after copying.
 //! The same code runs over real mappings and over simulated memory in tests.
 
@@ -242,68 +243,6 @@ pub fn copy_ring_bytes(ring: &RingMemory, tail: u64, head: u64, dst: &mut [u8]) 
     }
 }
 
-/// Where the PT of an AUX area in overwrite (snapshot) mode lies. In overwrite mode (the
-/// AUX area mapped without `PROT_WRITE`) the kernel ignores `aux_tail` and keeps writing,
-/// wrapping; `aux_head` is where the newest data end. Valid are the last `aux_size` bytes
-/// before `aux_head` (wrapped), or `[0, aux_head)` when it never wrapped. `since` (the
-/// head of the previous snapshot, 0 at first) excludes what an earlier snapshot took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OverwriteRange {
-    /// Byte count where the valid data start (position = `start % aux_size`).
-    pub start: u64,
-    pub len: usize,
-    /// The kernel wrote over older data: the trace begins mid-stream (decoders sync at
-    /// the first PSB).
-    pub wrapped: bool,
-}
-
-/// The valid bytes of an overwrite-mode AUX area of `aux_size` bytes whose head is
-/// `aux_head`, newer than `since`.
-pub fn overwrite_range(aux_head: u64, aux_size: usize, since: u64) -> OverwriteRange {
-    let size = aux_size as u64;
-    let oldest = aux_head.saturating_sub(size);
-    let start = if since > oldest && since <= aux_head {
-        since
-    } else {
-        oldest
-    };
-    OverwriteRange {
-        start,
-        len: (aux_head - start) as usize,
-        // Bytes written after `since` (or ever) that are gone.
-        wrapped: oldest > since,
-    }
-}
-
-/// Result of copying an overwrite-mode snapshot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SnapshotBytes {
-    pub copied: usize,
-    /// The data begin mid-stream (older data were overwritten by the kernel).
-    pub wrapped: bool,
-    /// `dst` was smaller than the valid data: its newest bytes were copied.
-    pub truncated_by_output: bool,
-}
-
-/// Copies the valid bytes of an overwrite-mode AUX area (see [`overwrite_range`]) into
-/// `dst`, the newest that fit when `dst` is smaller. The event must be disabled meanwhile
-/// (the kernel writes the area while it is enabled).
-pub fn copy_overwrite_snapshot(
-    ring: &RingMemory,
-    aux_head: u64,
-    since: u64,
-    dst: &mut [u8],
-) -> SnapshotBytes {
-    let r = overwrite_range(aux_head, ring.len(), since);
-    let n = r.len.min(dst.len());
-    ring.read_at(aux_head - n as u64, &mut dst[..n]);
-    SnapshotBytes {
-        copied: n,
-        wrapped: r.wrapped || n < r.len,
-        truncated_by_output: n < r.len,
-    }
-}
-
 /// Result of copying the records of a DATA ring window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecordWindow {
@@ -448,6 +387,13 @@ pub(crate) mod sim {
             self.write(PAGE + self.data_len, self.aux_len, pos, bytes);
             self.ctl().set_aux_head(pos + bytes.len() as u64);
         }
+        /// Kernel side in overwrite (snapshot) mode for Intel PT: writes PT bytes at byte
+        /// count `pos` and publishes the new head as an offset within the area.
+        pub(crate) fn produce_aux_overwrite(&mut self, pos: u64, bytes: &[u8]) {
+            self.write(PAGE + self.data_len, self.aux_len, pos, bytes);
+            let head = (pos + bytes.len() as u64) & (self.aux_len as u64 - 1);
+            self.ctl().set_aux_head(head);
+        }
     }
 }
 
@@ -564,99 +510,6 @@ mod tests {
 
     /// Overwrite (snapshot) mode: the kernel writes `total` bytes from byte count 0 into a
     /// 64-byte area, wrapping; the snapshot is exactly the newest bytes still there.
-    #[test]
-    fn overwrite_snapshot_not_wrapped_exactly_full_wrapped_and_empty() {
-        let len = 64usize;
-        for total in [0usize, 1, 40, 63, 64, 65, 100, 128, 129, 1000] {
-            let mut sim = SimMapping::new(64, len);
-            let stream = pattern(total, 5);
-            // What the kernel does in overwrite mode: write on, wrapping, ignore aux_tail.
-            for (i, chunk) in stream.chunks(7).enumerate() {
-                sim.produce_aux((i * 7) as u64, chunk);
-            }
-            if total == 0 {
-                sim.ctl().set_aux_head(0);
-            }
-            let head = sim.ctl().aux_head();
-            assert_eq!(head, total as u64);
-            let r = overwrite_range(head, len, 0);
-            let keep = total.min(len);
-            assert_eq!(r.len, keep, "total {total}");
-            assert_eq!(r.start, (total - keep) as u64);
-            assert_eq!(r.wrapped, total > len, "total {total}");
-            let mut dst = vec![0u8; 128];
-            let c = copy_overwrite_snapshot(&sim.aux(), head, 0, &mut dst);
-            assert_eq!(c.copied, keep);
-            assert_eq!(c.wrapped, total > len);
-            assert!(!c.truncated_by_output);
-            assert_eq!(&dst[..keep], &stream[total - keep..], "total {total}");
-            // A smaller output gets the newest bytes, flagged.
-            let mut small = vec![0u8; 16];
-            let c = copy_overwrite_snapshot(&sim.aux(), head, 0, &mut small);
-            assert_eq!(c.copied, keep.min(16));
-            assert_eq!(c.truncated_by_output, keep > 16);
-            assert_eq!(&small[..c.copied], &stream[total - c.copied..]);
-        }
-        // Head at 0: nothing was written.
-        assert_eq!(
-            overwrite_range(0, 64, 0),
-            OverwriteRange {
-                start: 0,
-                len: 0,
-                wrapped: false
-            }
-        );
-        // Exactly full, never wrapped: [0, 64).
-        assert_eq!(
-            overwrite_range(64, 64, 0),
-            OverwriteRange {
-                start: 0,
-                len: 64,
-                wrapped: false
-            }
-        );
-    }
-
-    /// A second snapshot takes only what came after the first one's head (when that is
-    /// still in the area), and is "wrapped" only when data between them were lost.
-    #[test]
-    fn overwrite_snapshot_after_a_previous_one() {
-        assert_eq!(
-            overwrite_range(100, 64, 90),
-            OverwriteRange {
-                start: 90,
-                len: 10,
-                wrapped: false
-            }
-        );
-        assert_eq!(
-            overwrite_range(300, 64, 90),
-            OverwriteRange {
-                start: 236,
-                len: 64,
-                wrapped: true
-            }
-        );
-        assert_eq!(overwrite_range(100, 64, 100).len, 0);
-        // Nothing new since the last snapshot, exactly a full area later.
-        assert_eq!(
-            overwrite_range(164, 64, 100),
-            OverwriteRange {
-                start: 100,
-                len: 64,
-                wrapped: false
-            }
-        );
-        let mut sim = SimMapping::new(64, 64);
-        let stream = pattern(100, 1);
-        sim.produce_aux(0, &stream[..64]);
-        sim.produce_aux(64, &stream[64..]);
-        let mut dst = vec![0u8; 64];
-        let c = copy_overwrite_snapshot(&sim.aux(), 100, 90, &mut dst);
-        assert_eq!((c.copied, c.wrapped), (10, false));
-        assert_eq!(&dst[..10], &stream[90..]);
-    }
-
     #[test]
     fn control_page_offsets_match_uapi() {
         assert_eq!(offset_of!(perf_event_mmap_page, data_head), 1024);
