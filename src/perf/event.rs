@@ -188,6 +188,18 @@ impl PerfEvent {
         Some(unsafe { RingMemory::new(p, m.len()) })
     }
 
+    /// The control page, the AUX ring and the DATA ring, or an error when any is not
+    /// mapped.
+    pub fn rings(&self) -> Result<(ControlPage, RingMemory, RingMemory)> {
+        match (self.control(), self.aux_ring(), self.data_ring()) {
+            (Some(ctl), Some(aux), Some(data)) => Ok((ctl, aux, data)),
+            _ => Err(Error::new(
+                Status::FailedToReadPtData,
+                "the perf rings of this handle are not mapped",
+            )),
+        }
+    }
+
     fn ioctl(&self, req: u64, what: &str, status: Status) -> Result<()> {
         // SAFETY: PERF_EVENT_IOC_{ENABLE,DISABLE,RESET} take an integer argument (0) on a
         // perf fd we own.

@@ -230,16 +230,7 @@ impl CaptureBackend for HardwareBackend {
 
     fn stop(&mut self, pt: &mut [u8], sideband: Option<&mut [u8]>) -> Result<WindowCapture> {
         self.event.disable()?;
-        let (Some(ctl), Some(aux), Some(data)) = (
-            self.event.control(),
-            self.event.aux_ring(),
-            self.event.data_ring(),
-        ) else {
-            return Err(crate::error::Error::new(
-                crate::error::Status::FailedToReadPtData,
-                "the perf rings of this handle are not mapped",
-            ));
-        };
+        let (ctl, aux, data) = self.event.rings()?;
         Ok(collect_window(&ctl, &aux, &data, &self.synth, pt, sideband))
     }
 
@@ -297,16 +288,7 @@ impl HardwareSnapshot {
         out: &mut impl std::io::Write,
     ) -> Result<Written> {
         self.event.disable()?;
-        let (Some(ctl), Some(aux), Some(data)) = (
-            self.event.control(),
-            self.event.aux_ring(),
-            self.event.data_ring(),
-        ) else {
-            return Err(crate::error::Error::new(
-                crate::error::Status::FailedToReadPtData,
-                "the perf rings of this handle are not mapped",
-            ));
-        };
+        let (ctl, aux, data) = self.event.rings()?;
         let written = snapshot_from_rings(&ctl, &aux, &data, &mut self.cursor, firing, out);
         self.event.enable()?;
         written.map_err(|e| {
