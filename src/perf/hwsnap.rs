@@ -359,6 +359,24 @@ mod tests {
             .collect()
     }
 
+    /// Snapshot number `number` of the simulated rings, written into `out`.
+    fn fire(
+        sim: &mut SimMapping,
+        cursor: &mut SnapshotCursor,
+        number: u64,
+        out: &mut Vec<u8>,
+    ) -> Written {
+        snapshot_from_rings(
+            &sim.ctl(),
+            &sim.aux(),
+            &sim.data(),
+            cursor,
+            &firing(number),
+            out,
+        )
+        .unwrap()
+    }
+
     fn firing(number: u64) -> Firing {
         Firing {
             number,
@@ -445,15 +463,7 @@ mod tests {
             .expect("the case has a PSB in the kept bytes");
         let mut cursor = SnapshotCursor::new(size, b"SYNTH".to_vec());
         let mut out = Vec::new();
-        let w = snapshot_from_rings(
-            &sim.ctl(),
-            &sim.aux(),
-            &sim.data(),
-            &mut cursor,
-            &firing(1),
-            &mut out,
-        )
-        .unwrap();
+        let w = fire(&mut sim, &mut cursor, 1, &mut out);
         assert_eq!(w.empty_reason, None);
         assert_eq!(cursor.mark().head, head % aux_len);
         assert_eq!(w.lapped, head >= aux_len);
@@ -558,15 +568,7 @@ mod tests {
         sim.produce_aux_overwrite(0, &stream);
         let mut cursor = SnapshotCursor::new(4096, b"SB".to_vec());
         let mut out = Vec::new();
-        let w = snapshot_from_rings(
-            &sim.ctl(),
-            &sim.aux(),
-            &sim.data(),
-            &mut cursor,
-            &firing(1),
-            &mut out,
-        )
-        .unwrap();
+        let w = fire(&mut sim, &mut cursor, 1, &mut out);
         let why = "no PSB in the last 4096 bytes of PT (the decoder cannot start without one; \
                    use a larger --snapshot SIZE)";
         assert_eq!(w.empty_reason.as_deref(), Some(why));
@@ -590,15 +592,7 @@ mod tests {
         );
         // Nothing new: empty again, saying so; the sideband still waits for a window.
         let mut out = Vec::new();
-        let w = snapshot_from_rings(
-            &sim.ctl(),
-            &sim.aux(),
-            &sim.data(),
-            &mut cursor,
-            &firing(2),
-            &mut out,
-        )
-        .unwrap();
+        let w = fire(&mut sim, &mut cursor, 2, &mut out);
         assert_eq!(
             w.empty_reason.as_deref(),
             Some("no PT was written since the previous snapshot")
@@ -608,15 +602,7 @@ mod tests {
         let (more, _) = prog.trace(3000, 1 << 20, 8);
         sim.produce_aux_overwrite(stream.len() as u64, &more);
         let mut out = Vec::new();
-        snapshot_from_rings(
-            &sim.ctl(),
-            &sim.aux(),
-            &sim.data(),
-            &mut cursor,
-            &firing(3),
-            &mut out,
-        )
-        .unwrap();
+        fire(&mut sim, &mut cursor, 3, &mut out);
         let (snaps, wins) = read_back(&out);
         assert_eq!((snaps[0].number, snaps[0].windows), (3, 1));
         assert_eq!(wins[0].1, more);
@@ -667,15 +653,7 @@ mod tests {
             sim.produce_data(dpos, rec);
             dpos += rec.len() as u64;
             pos = end;
-            let w = snapshot_from_rings(
-                &sim.ctl(),
-                &sim.aux(),
-                &sim.data(),
-                &mut cursor,
-                &firing(n),
-                &mut out,
-            )
-            .unwrap();
+            let w = fire(&mut sim, &mut cursor, n, &mut out);
             assert!(w.window.is_some());
             lapped.push(w.lapped);
         }
@@ -763,15 +741,7 @@ mod tests {
         let mut pos = 0usize;
         for (n, end) in [(1u64, 30_000usize), (2, 30_000), (3, stream.len())] {
             sim.produce_aux_overwrite(pos as u64, &stream[pos..end]);
-            let w = snapshot_from_rings(
-                &sim.ctl(),
-                &sim.aux(),
-                &sim.data(),
-                &mut cursor,
-                &firing(n),
-                &mut body,
-            )
-            .unwrap();
+            let w = fire(&mut sim, &mut cursor, n, &mut body);
             if end > pos {
                 let psb = *psbs.iter().find(|&&o| o >= end - 8192).unwrap();
                 expect.push(pcs(&prog, &stream[psb..end]));
