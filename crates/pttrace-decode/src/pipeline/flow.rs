@@ -952,12 +952,20 @@ impl PtDecoder<'_> {
             }
         };
         st.last_ip.reset();
-        let ip = match fup {
-            Some((ip, _)) => Some(st.last_ip.apply(ip).ok_or("FUP without IP after OVF")?),
+        let resume = match fup {
+            Some((p, after)) => Some((
+                st.last_ip.apply(p).ok_or("FUP without IP after OVF")?,
+                after,
+            )),
             None => None,
         };
-        self.flow_event(st, Record::Overflow { ip });
-        let Some((ip, after)) = ip.zip(fup.map(|f| f.1)) else {
+        self.flow_event(
+            st,
+            Record::Overflow {
+                ip: resume.map(|r| r.0),
+            },
+        );
+        let Some((ip, after)) = resume else {
             st.enabled = false;
             return Ok(());
         };
