@@ -535,19 +535,14 @@ fn assert_ends_blocked_in_read(s: &Snap, fd: Option<u64>) -> &[u64] {
     &s.pcs[..s.starts[n - 1]]
 }
 
-#[test]
-fn signal_snapshot_of_a_blocked_thread_ends_exactly_at_its_syscall() {
-    let Some(p) = prog() else { return };
-    let mut live = Live::start(
-        &p,
-        &["--snapshot", "64K", "--trigger", "signal:USR2"],
-        &["30000", "block"],
-    );
+/// `signal:USR2` sent while the program (one thread, `ARGS block`) is blocked in `read`
+/// after writing `ready`: the program goes on (a byte on stdin ends its read); the one
+/// snapshot, asserted as a complete, error-free signal firing of the first thread.
+fn usr2_while_blocked_in_read(mut live: Live, out_dir: &Path) -> Snap {
     live.wait_ready(1);
     live.wait_blocked_in_read(1);
     live.signal(libc::SIGUSR2);
-    live.wait_note(&p.out, "snapshot 1: complete, written by 1 thread");
-    // The program goes on: a byte on stdin ends its read.
+    live.wait_note(out_dir, "snapshot 1: complete, written by 1 thread");
     live.send(b"x");
     let out = live.end();
     assert!(out.contains("SIGUSR2: snapshot requested"), "{out}");
@@ -555,12 +550,24 @@ fn signal_snapshot_of_a_blocked_thread_ends_exactly_at_its_syscall() {
         out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
         "{out}"
     );
-    let snaps = snapshots(&p.out);
+    let mut snaps = snapshots(out_dir);
     assert_eq!(snaps.len(), 1, "one signal, one snapshot (none at exit)");
-    let s = &snaps[0];
+    let s = snaps.remove(0);
     assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
     assert_eq!(s.rec.fired_tid, 0);
     assert_eq!(s.gaps, 0);
+    s
+}
+
+#[test]
+fn signal_snapshot_of_a_blocked_thread_ends_exactly_at_its_syscall() {
+    let Some(p) = prog() else { return };
+    let live = Live::start(
+        &p,
+        &["--snapshot", "64K", "--trigger", "signal:USR2"],
+        &["30000", "block"],
+    );
+    let s = &usr2_while_blocked_in_read(live, &p.out);
     assert!(s.pt_bytes <= SIZE, "{}", s.pt_bytes);
     // Exactly: the last iterations of the loop, whole, then ready()'s write, then the
     // read the thread was blocked in.
@@ -982,28 +989,12 @@ fn emulated_exit_is_the_default_trigger_and_holds_the_end_of_the_program() {
 #[test]
 fn emulated_signal_snapshot_of_a_blocked_thread_ends_before_its_read() {
     let p = prog_emu();
-    let mut live = Live::spawn(emu_command(
+    let live = Live::spawn(emu_command(
         &p,
         &["--snapshot", "8K", "--trigger", "signal:USR2"],
         &["1500", "block"],
     ));
-    live.wait_ready(1);
-    live.wait_blocked_in_read(1);
-    live.signal(libc::SIGUSR2);
-    live.wait_note(&p.out, "snapshot 1: complete, written by 1 thread");
-    live.send(b"x");
-    let out = live.end();
-    assert!(out.contains("SIGUSR2: snapshot requested"), "{out}");
-    assert!(
-        out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
-        "{out}"
-    );
-    let snaps = snapshots(&p.out);
-    assert_eq!(snaps.len(), 1, "one signal, one snapshot (none at exit)");
-    let s = &snaps[0];
-    assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
-    assert_eq!(s.rec.fired_tid, 0);
-    assert_eq!(s.gaps, 0);
+    let s = &usr2_while_blocked_in_read(live, &p.out);
     assert!(s.pt_bytes <= 8 * 1024, "{}", s.pt_bytes);
     // The thread is blocked in read: its snapshot ends with the window of ready()'s
     // write (returned); the window up to the read is still in flight.
