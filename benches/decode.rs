@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use drpttracer::decode::image::Backing;
 use drpttracer::decode::parallel::{decode_parallel_compact, CHUNKS_PER_THREAD};
 use drpttracer::decode::testgen::{CallProgram, CallTraceOptions, LoopProgram};
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     AddressSpace, DecoderKind, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };

@@ -3,6 +3,7 @@
 
 use drpttracer::decode::sideband::{encode_mmap2, TEST_SAMPLE_TYPE};
 use drpttracer::decode::testgen::PtWriter;
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     decode_window, AddressSpace, Gap, ImageResolver, ImageSpec, PtDecoder, Record, Symbols,
     TraceParams, WindowOptions,

@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 
 use drpttracer::decode::testgen::{mutate, LoopProgram, PtWriter, XorShift};
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     AddressSpace, DecoderKind, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };

@@ -1,6 +1,7 @@
 //! The pipeline reproduces the oracle's instruction sequence for the synthetic loop program.
 
 use drpttracer::decode::testgen::LoopProgram;
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };
@@ -230,4 +231,86 @@ fn compact_collection_equals_iteration_and_parallel_compact_equals_sequential() 
         assert_eq!(flat.len(), seq.len(), "threads {threads}");
         assert!(flat == seq, "threads {threads}");
     }
+}
+
+/// A decoder that gives only what [`TraceDecoder`] requires (its slices, position and
+/// name), so that every consumer runs on the trait's generic versions.
+struct SlicesOnly<'a>(PtDecoder<'a>);
+
+impl TraceDecoder for SlicesOnly<'_> {
+    fn next_slice(&mut self) -> Option<&[Record]> {
+        self.0.next_slice()
+    }
+    fn position(&self) -> u64 {
+        self.0.position()
+    }
+    fn decoded_by(&self) -> (&'static str, Option<&'static str>) {
+        self.0.decoded_by()
+    }
+}
+
+#[test]
+fn the_decoder_seams_generic_consumers_equal_the_pipelines_own() {
+    let prog = LoopProgram::new(0x40_0000);
+    let (trace, _) = prog.trace(20_000, 1500, 7);
+    let mut space = AddressSpace::new();
+    space.add_bytes("loop", prog.code.clone(), prog.base);
+    let want: Vec<Record> = loop_decoder(&trace, &space, 3).collect();
+    assert!(want.len() > 20_000);
+
+    // One at a time.
+    let generic = SlicesOnly(loop_decoder(&trace, &space, 3));
+    let got: Vec<Record> = generic.records().collect();
+    assert_eq!(got, want);
+
+    // Slice by slice, and stopping where the consumer says.
+    let mut generic = SlicesOnly(loop_decoder(&trace, &space, 3));
+    let mut seen = Vec::new();
+    let stop = generic.for_each_slice(|s| {
+        seen.extend_from_slice(s);
+        if seen.len() >= 10_000 {
+            std::ops::ControlFlow::Break(seen.len())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    });
+    assert_eq!(stop, Some(seen.len()));
+    assert_eq!(&seen[..], &want[..seen.len()]);
+    // ... and going on from there.
+    generic.for_each_slice(|s| {
+        seen.extend_from_slice(s);
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    assert_eq!(seen, want);
+    assert_eq!(generic.position(), trace.len() as u64);
+    assert_eq!(generic.decoded_by(), ("fast", None));
+
+    // Kept whole: copies in the collection's own arenas equal the pipeline's references
+    // into its block cache.
+    let copied = SlicesOnly(loop_decoder(&trace, &space, 3)).collect_compact();
+    let referenced = loop_decoder(&trace, &space, 3).collect_compact();
+    assert_eq!(copied.to_vec(), want);
+    assert_eq!(copied, referenced);
+    // Fewer entries than slices: consecutive copies join into one reference.
+    let slices = {
+        let mut d = loop_decoder(&trace, &space, 3);
+        std::iter::from_fn(|| d.next_slice().map(|_| ())).count()
+    };
+    assert!(copied.slices().count() < slices / 100, "{slices} slices");
+
+    // The oracle comparison takes any two decoders.
+    let same = drpttracer::decode::check::compare(
+        SlicesOnly(loop_decoder(&trace, &space, 3)),
+        &mut loop_decoder(&trace, &space, 3),
+    )
+    .unwrap();
+    assert_eq!(same.records, want.len() as u64);
+    let other = drpttracer::decode::check::compare(
+        SlicesOnly(loop_decoder(&trace, &space, 3)),
+        loop_decoder(&trace, &space, 4),
+    )
+    .unwrap_err();
+    assert_eq!(other.record, 0);
+    assert_eq!(other.fast, Some(Record::WindowId(3)));
+    assert_eq!(other.libipt, Some(Record::WindowId(4)));
 }

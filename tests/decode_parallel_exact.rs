@@ -7,6 +7,7 @@ use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE
 use drpttracer::decode::testgen::{
     mutate, LoopProgram, PtWriter, XorShift, FUNC_CONDS, LOOP_CONDS,
 };
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     decode_insn, AddressSpace, CpuParams, ExecMode, ImageEvent, ImageResolver, InsnClass,
     PtDecoder, Record, TraceParams, WindowOptions,

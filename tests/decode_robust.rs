@@ -5,6 +5,7 @@ use drpttracer::decode::packets::list_packets;
 use drpttracer::decode::parallel::decode_parallel;
 use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE};
 use drpttracer::decode::testgen::{mutate, LoopProgram, XorShift};
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     AddressSpace, ImageResolver, PtDecoder, Record, TraceParams, WindowOptions,
 };

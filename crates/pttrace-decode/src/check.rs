@@ -2,7 +2,7 @@
 //! for record, stopping at the first record where they differ (`pttrace decode --decoder
 //! check`).
 
-use crate::pipeline::PtDecoder;
+use crate::decoder::TraceDecoder;
 use crate::records::Record;
 
 /// Two decoders of one window gave the same records.
@@ -10,7 +10,7 @@ use crate::records::Record;
 pub struct Agreement {
     /// Records compared.
     pub records: u64,
-    /// Which decoder gave the fast side's records (see [`PtDecoder::decoded_by`]).
+    /// Which decoder gave the fast side's records (see [`TraceDecoder::decoded_by`]).
     pub decoded_by: (&'static str, Option<&'static str>),
 }
 
@@ -28,21 +28,24 @@ pub struct Difference {
     pub decoded_by: (&'static str, Option<&'static str>),
 }
 
-/// Decodes the window with both decoders (`fast` made with [`crate::DecoderKind::Fast`],
-/// `reference` with [`crate::DecoderKind::Libipt`], from the same inputs) and compares
-/// their records one by one.
+/// Decodes the window with both decoders (`fast` the one under test, e.g. a
+/// [`crate::PtDecoder`] made with [`crate::DecoderKind::Fast`]; `reference` the oracle, one
+/// made with [`crate::DecoderKind::Libipt`] from the same inputs) and compares their
+/// records one by one.
 pub fn compare(
-    fast: &mut PtDecoder<'_>,
-    reference: &mut PtDecoder<'_>,
+    fast: impl TraceDecoder,
+    reference: impl TraceDecoder,
 ) -> Result<Agreement, Box<Difference>> {
+    let (mut fast, mut reference) = (fast.records(), reference.records());
     let mut index = 0u64;
     loop {
         let (a, b) = (fast.next(), reference.next());
         if a != b {
+            let dec = fast.decoder();
             return Err(Box::new(Difference {
                 record: index,
-                pt_offset: PtDecoder::position(fast),
-                decoded_by: fast.decoded_by(),
+                pt_offset: dec.position(),
+                decoded_by: dec.decoded_by(),
                 fast: a,
                 libipt: b,
             }));
@@ -50,7 +53,7 @@ pub fn compare(
         if a.is_none() {
             return Ok(Agreement {
                 records: index,
-                decoded_by: fast.decoded_by(),
+                decoded_by: fast.decoder().decoded_by(),
             });
         }
         index += 1;

@@ -1,4 +1,7 @@
-//! CPU and timing parameters -> libipt's `pt_config` (with the CPU's errata applied).
+//! What describes a trace besides its bytes and images: the CPU that recorded it (with
+//! the errata that change how it decodes), its timing parameters and its address filters.
+//! Plain data; [`crate::errata`] looks a CPU's errata up, and only the private `ipt` module turns
+//! this into libipt's configuration.
 
 use pttrace_format::metadata::{ExtMetadata, PtMetadata, TimeConv};
 
@@ -75,91 +78,44 @@ impl CpuParams {
         }
         Ok((f, m, st))
     }
-
-    /// A warning when no Intel processor with PT has this family (6, and 18/19 for newer
-    /// cores), or when the model is in no erratum list this decoder has (libipt 2.1.2's
-    /// and [`newer_errata`]'s): no erratum workaround is applied then (ptxed reports the
-    /// latter as a configuration error and decodes on, too).
-    pub fn cpu_warning(family: u16, model: u8) -> Option<String> {
-        if !matches!(family, 6 | 18 | 19) {
-            return Some(format!(
-                "CPU family {family} (model {model}) has no Intel PT processor known to this \
-                 decoder (families 6, 18, 19): no erratum workarounds are applied"
-            ));
-        }
-        let cpu = CpuParams {
-            family,
-            model,
-            ..Default::default()
-        };
-        cpu.errata().is_none().then(|| {
-            format!(
-                "CPU {family}/{model} ({family:#x}/{model:#x}) is in no erratum list this \
-                 decoder knows (libipt 2.1.2's and the newer models it adds): no erratum \
-                 workarounds are applied"
-            )
-        })
-    }
-
-    /// libipt's errata for this CPU: libipt 2.1.2's own list, else [`newer_errata`];
-    /// `None` for a CPU in neither (or family 0).
-    fn errata(self) -> Option<libipt_sys::pt_errata> {
-        if self.family == 0 {
-            return None;
-        }
-        // SAFETY: pt_cpu and pt_errata are plain C structs; all-zero is valid for both.
-        let (mut cpu, mut errata): (libipt_sys::pt_cpu, libipt_sys::pt_errata) =
-            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-        cpu.vendor = libipt_sys::pt_cpu_vendor_pcv_intel;
-        cpu.family = self.family;
-        cpu.model = self.model;
-        cpu.stepping = self.stepping;
-        // SAFETY: both pointers are to live, properly typed locals.
-        if unsafe { libipt_sys::pt_cpu_errata(&mut errata, &cpu) } >= 0 {
-            return Some(errata);
-        }
-        newer_errata(self.family, self.model)
-    }
-
-    /// Builds libipt's configuration (without a trace buffer), errata derived from the CPU.
-    pub(crate) fn to_pt_config(self) -> libipt_sys::pt_config {
-        // SAFETY: pt_config is a plain C struct for which all-zero is the documented
-        // "no options" value (libipt's pt_config_init does exactly this).
-        let mut cfg: libipt_sys::pt_config = unsafe { std::mem::zeroed() };
-        cfg.size = std::mem::size_of::<libipt_sys::pt_config>();
-        if self.family != 0 {
-            cfg.cpu.vendor = libipt_sys::pt_cpu_vendor_pcv_intel;
-            cfg.cpu.family = self.family;
-            cfg.cpu.model = self.model;
-            cfg.cpu.stepping = self.stepping;
-            // (An unknown CPU: zeroed errata = no workarounds; `cpu_warning` says so.)
-            if let Some(errata) = self.errata() {
-                cfg.errata = errata;
-            }
-        }
-        cfg.mtc_freq = self.mtc_freq;
-        cfg.nom_freq = self.nom_freq;
-        cfg.cpuid_0x15_eax = self.cpuid_0x15_eax;
-        cfg.cpuid_0x15_ebx = self.cpuid_0x15_ebx;
-        cfg
-    }
 }
 
-/// Errata of processors newer than libipt 2.1.2's list, as libipt's later lists
-/// (`pt_cpu_errata`) give them, for the errata 2.1.2's `pt_errata` can express (all of
-/// them): family 6 model 0xd5 and family 18 (0x12) models 1 and 3 have BDM70, SKD022 and
-/// APL11.
-fn newer_errata(family: u16, model: u8) -> Option<libipt_sys::pt_errata> {
-    match (family, model) {
-        (6, 0xd5) | (0x12, 0x01 | 0x03) => {
-            // SAFETY: pt_errata is a plain C bit-field struct; all-zero = no errata.
-            let mut e: libipt_sys::pt_errata = unsafe { std::mem::zeroed() };
-            e.set_bdm70(1);
-            e.set_skd022(1);
-            e.set_apl11(1);
-            Some(e)
-        }
-        _ => None,
+/// The errata of a CPU that change how its trace decodes (the bits of libipt's
+/// `pt_errata`; what each means: libipt's `intel-pt.h` and the CPUs' specification
+/// updates). Which CPU has which: [`crate::errata::of`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Errata {
+    pub bdm70: bool,
+    pub bdm64: bool,
+    pub skd007: bool,
+    pub skd022: bool,
+    pub skd010: bool,
+    pub skl014: bool,
+    pub apl12: bool,
+    pub apl11: bool,
+    pub skl168: bool,
+    pub skz84: bool,
+}
+
+impl Errata {
+    /// The names of the errata set, in libipt's order.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            ("bdm70", self.bdm70),
+            ("bdm64", self.bdm64),
+            ("skd007", self.skd007),
+            ("skd022", self.skd022),
+            ("skd010", self.skd010),
+            ("skl014", self.skl014),
+            ("apl12", self.apl12),
+            ("apl11", self.apl11),
+            ("skl168", self.skl168),
+            ("skz84", self.skz84),
+        ]
+        .into_iter()
+        .filter(|(_, set)| *set)
+        .map(|(name, _)| name)
+        .collect()
     }
 }
 
@@ -213,19 +169,6 @@ impl AddrFilter {
         self.ranges[n] = (cfg, a, b);
         Ok(())
     }
-
-    fn apply(&self, cfg: &mut libipt_sys::pt_config) {
-        let mut bits = 0u64;
-        for (n, (c, _, _)) in self.ranges.iter().enumerate() {
-            bits |= u64::from(*c & 0xf) << (4 * n);
-        }
-        cfg.addr_filter.config.addr_cfg = bits;
-        let f = &mut cfg.addr_filter;
-        (f.addr0_a, f.addr0_b) = (self.ranges[0].1, self.ranges[0].2);
-        (f.addr1_a, f.addr1_b) = (self.ranges[1].1, self.ranges[1].2);
-        (f.addr2_a, f.addr2_b) = (self.ranges[2].1, self.ranges[2].2);
-        (f.addr3_a, f.addr3_b) = (self.ranges[3].1, self.ranges[3].2);
-    }
 }
 
 /// Everything describing one trace besides its bytes and images.
@@ -252,13 +195,6 @@ impl TraceParams {
         }
     }
 
-    /// libipt's configuration: the CPU's, with the address filters.
-    pub(crate) fn to_pt_config(self) -> libipt_sys::pt_config {
-        let mut cfg = self.cpu.to_pt_config();
-        self.filter.apply(&mut cfg);
-        cfg
-    }
-
     pub fn from_ext_metadata(m: &ExtMetadata) -> Self {
         TraceParams {
             cpu: CpuParams::from_ext_metadata(m),
@@ -272,7 +208,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_parse_and_errata() {
+    fn cpu_parse() {
         assert_eq!(CpuParams::parse_cpu("6/0x9e/11"), Ok((6, 0x9e, 11)));
         assert!(CpuParams::parse_cpu("6/300/1").is_err());
         // Without a stepping, as ptxed takes it.
@@ -281,83 +217,17 @@ mod tests {
         assert!(CpuParams::parse_cpu("6/1/2/3").is_err());
         let e = CpuParams::parse_cpu("0/0/0").unwrap_err();
         assert!(e.starts_with("--cpu '0/0/0': family 0 is no CPU"), "{e}");
-        assert_eq!(CpuParams::cpu_warning(6, 85), None);
-        assert!(CpuParams::cpu_warning(25, 1)
-            .unwrap()
-            .starts_with("CPU family 25 (model 1) has no Intel PT processor"));
-        let c = CpuParams {
-            family: 6,
-            model: 0x9e,
-            stepping: 11,
-            ..Default::default()
-        };
-        let cfg = c.to_pt_config();
-        // Kaby Lake has SKD007 and SKD022 (same facts libipt's own tests assert).
-        assert_eq!(cfg.errata.skd007(), 1);
-        assert_eq!(cfg.errata.skd022(), 1);
-        let unknown = CpuParams::default().to_pt_config();
-        assert_eq!(unknown.errata.skd007(), 0);
-    }
-
-    /// The names of the errata `to_pt_config` sets for CPU (family, model).
-    fn errata_set(c: (u16, u8)) -> Vec<&'static str> {
-        let e = CpuParams {
-            family: c.0,
-            model: c.1,
-            ..Default::default()
-        }
-        .to_pt_config()
-        .errata;
-        [
-            ("bdm70", e.bdm70()),
-            ("bdm64", e.bdm64()),
-            ("skd007", e.skd007()),
-            ("skd022", e.skd022()),
-            ("skd010", e.skd010()),
-            ("skl014", e.skl014()),
-            ("apl12", e.apl12()),
-            ("apl11", e.apl11()),
-            ("skl168", e.skl168()),
-            ("skz84", e.skz84()),
-        ]
-        .into_iter()
-        .filter(|(_, v)| *v != 0)
-        .map(|(n, _)| n)
-        .collect()
     }
 
     #[test]
-    fn newer_cpus_get_their_errata_unknown_ones_a_warning() {
-        // Newer than libipt 2.1.2's list (facts from libipt's later list).
-        for cpu in [(6, 0xd5), (18, 1), (18, 3)] {
-            // SAFETY: plain C structs, all-zero valid; pointers to live locals.
-            let known = unsafe {
-                let mut c: libipt_sys::pt_cpu = std::mem::zeroed();
-                let mut e: libipt_sys::pt_errata = std::mem::zeroed();
-                c.vendor = libipt_sys::pt_cpu_vendor_pcv_intel;
-                (c.family, c.model) = cpu;
-                libipt_sys::pt_cpu_errata(&mut e, &c) >= 0
-            };
-            assert!(!known, "libipt 2.1.2 lists {cpu:?} itself now");
-            assert_eq!(errata_set(cpu), ["bdm70", "skd022", "apl11"], "{cpu:?}");
-            assert_eq!(CpuParams::cpu_warning(cpu.0, cpu.1), None, "{cpu:?}");
-        }
-        // libipt 2.1.2's own: family 19 model 1, 6/0x5c (no warning either).
-        assert_eq!(errata_set((19, 1)), ["bdm70", "skd022", "skz84"]);
-        assert_eq!(errata_set((6, 0x5c)), ["apl12", "apl11"]);
-        assert_eq!(CpuParams::cpu_warning(19, 1), None);
-        // Known families, models in no list: no errata, and a warning saying so.
-        for (f, m) in [(18, 2), (19, 5), (6, 0x3c)] {
-            assert_eq!(errata_set((f, m)), Vec::<&str>::new());
-            let w = CpuParams::cpu_warning(f, m).unwrap();
-            assert_eq!(
-                w,
-                format!(
-                    "CPU {f}/{m} ({f:#x}/{m:#x}) is in no erratum list this decoder knows \
-                     (libipt 2.1.2's and the newer models it adds): no erratum workarounds \
-                     are applied"
-                )
-            );
-        }
+    fn errata_names_follow_libipts_order() {
+        let e = Errata {
+            skz84: true,
+            bdm70: true,
+            apl11: true,
+            ..Default::default()
+        };
+        assert_eq!(e.names(), ["bdm70", "apl11", "skz84"]);
+        assert!(Errata::default().names().is_empty());
     }
 }

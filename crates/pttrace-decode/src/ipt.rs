@@ -1,4 +1,6 @@
-//! Thin safe wrapper over libipt's block decoder (raw C API via `libipt_sys`).
+//! Thin safe wrapper over libipt's block and packet decoders (raw C API via `libipt_sys`):
+//! the one module that names libipt's types. The rest of the crate sees [`Block`],
+//! [`Event`], [`PtErr`] and the configuration built from [`TraceParams`] here.
 //!
 //! The safe `libipt` crate drops the partially decoded block that `pt_blk_next` returns
 //! together with an error, and panics on event types it does not know; a decoder that must
@@ -11,7 +13,10 @@ use std::rc::Rc;
 
 use libipt_sys as sys;
 
+use super::config::{CpuParams, Errata, TraceParams};
 use super::image::AddressSpace;
+use super::insn::BlockKey;
+use super::records::ExecMode;
 
 /// The address space libipt reads through our callback, plus what the callback saw.
 #[derive(Debug, Default)]
@@ -118,6 +123,81 @@ impl PtErr {
         // SAFETY: non-NULL, static, NUL-terminated (see above).
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
+}
+
+/// libipt's configuration for a trace recorded with `params` on a CPU with `errata`
+/// (without a trace buffer: the decoders set theirs).
+fn pt_config(params: &TraceParams, errata: Errata) -> sys::pt_config {
+    // SAFETY: pt_config is a plain C struct for which all-zero is the documented
+    // "no options" value (libipt's pt_config_init does exactly this).
+    let mut cfg: sys::pt_config = unsafe { std::mem::zeroed() };
+    cfg.size = std::mem::size_of::<sys::pt_config>();
+    let cpu = &params.cpu;
+    if cpu.family != 0 {
+        cfg.cpu.vendor = sys::pt_cpu_vendor_pcv_intel;
+        cfg.cpu.family = cpu.family;
+        cfg.cpu.model = cpu.model;
+        cfg.cpu.stepping = cpu.stepping;
+        cfg.errata = raw_errata(errata);
+    }
+    cfg.mtc_freq = cpu.mtc_freq;
+    cfg.nom_freq = cpu.nom_freq;
+    cfg.cpuid_0x15_eax = cpu.cpuid_0x15_eax;
+    cfg.cpuid_0x15_ebx = cpu.cpuid_0x15_ebx;
+    let ranges = &params.filter.ranges;
+    let mut bits = 0u64;
+    for (n, (c, _, _)) in ranges.iter().enumerate() {
+        bits |= u64::from(*c & 0xf) << (4 * n);
+    }
+    cfg.addr_filter.config.addr_cfg = bits;
+    let f = &mut cfg.addr_filter;
+    (f.addr0_a, f.addr0_b) = (ranges[0].1, ranges[0].2);
+    (f.addr1_a, f.addr1_b) = (ranges[1].1, ranges[1].2);
+    (f.addr2_a, f.addr2_b) = (ranges[2].1, ranges[2].2);
+    (f.addr3_a, f.addr3_b) = (ranges[3].1, ranges[3].2);
+    cfg
+}
+
+fn raw_errata(e: Errata) -> sys::pt_errata {
+    // SAFETY: pt_errata is a plain C bit-field struct; all-zero = no errata.
+    let mut r: sys::pt_errata = unsafe { std::mem::zeroed() };
+    r.set_bdm70(e.bdm70.into());
+    r.set_bdm64(e.bdm64.into());
+    r.set_skd007(e.skd007.into());
+    r.set_skd022(e.skd022.into());
+    r.set_skd010(e.skd010.into());
+    r.set_skl014(e.skl014.into());
+    r.set_apl12(e.apl12.into());
+    r.set_apl11(e.apl11.into());
+    r.set_skl168(e.skl168.into());
+    r.set_skz84(e.skz84.into());
+    r
+}
+
+/// The errata libipt 2.1.2's own list (`pt_cpu_errata`) gives an Intel CPU; `None` when
+/// the CPU is not in it.
+pub(crate) fn libipt_errata(family: u16, model: u8, stepping: u8) -> Option<Errata> {
+    // SAFETY: pt_cpu and pt_errata are plain C structs; all-zero is valid for both.
+    let (mut cpu, mut e): (sys::pt_cpu, sys::pt_errata) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    cpu.vendor = sys::pt_cpu_vendor_pcv_intel;
+    (cpu.family, cpu.model, cpu.stepping) = (family, model, stepping);
+    // SAFETY: both pointers are to live, properly typed locals.
+    if unsafe { sys::pt_cpu_errata(&mut e, &cpu) } < 0 {
+        return None;
+    }
+    Some(Errata {
+        bdm70: e.bdm70() != 0,
+        bdm64: e.bdm64() != 0,
+        skd007: e.skd007() != 0,
+        skd022: e.skd022() != 0,
+        skd010: e.skd010() != 0,
+        skl014: e.skl014() != 0,
+        apl12: e.apl12() != 0,
+        apl11: e.apl11() != 0,
+        skl168: e.skl168() != 0,
+        skz84: e.skz84() != 0,
+    })
 }
 
 #[inline]
@@ -252,12 +332,14 @@ pub(crate) struct BlockDecoder<'a> {
 }
 
 impl<'a> BlockDecoder<'a> {
-    /// A decoder over `trace` with `cfg` (cpu, errata, frequencies already set).
+    /// A decoder over `trace` for a CPU with `errata` (see [`crate::errata::of`]).
     pub fn new(
-        mut cfg: sys::pt_config,
+        params: &TraceParams,
+        errata: Errata,
         trace: &'a [u8],
         shared: Rc<SharedImage>,
     ) -> Result<Self, PtErr> {
+        let mut cfg = pt_config(params, errata);
         if trace.is_empty() {
             return Err(PtErr(sys::pt_error_code_pte_eos as i32));
         }
@@ -384,18 +466,115 @@ impl<'a> BlockDecoder<'a> {
 
     /// The next block. On error the block may still hold instructions decoded before it.
     #[inline]
-    pub fn next_block(&mut self, blk: &mut sys::pt_block) -> Result<u32, PtErr> {
-        // SAFETY: live decoder; blk is a valid pt_block of the size we pass.
+    pub fn next_block(&mut self, blk: &mut Block) -> Result<u32, PtErr> {
+        // SAFETY: live decoder; blk.0 is a valid pt_block of the size we pass.
         check(unsafe {
-            sys::pt_blk_next(self.raw.as_ptr(), blk, std::mem::size_of::<sys::pt_block>())
+            sys::pt_blk_next(
+                self.raw.as_ptr(),
+                &mut blk.0,
+                std::mem::size_of::<sys::pt_block>(),
+            )
         })
     }
 
-    pub fn event(&mut self, ev: &mut sys::pt_event) -> Result<u32, PtErr> {
+    /// The pending event, and the status after it.
+    pub fn event(&mut self) -> Result<(u32, Event), PtErr> {
+        // SAFETY: pt_event is plain C data; all-zero is a valid value.
+        let mut ev: sys::pt_event = unsafe { std::mem::zeroed() };
         // SAFETY: live decoder; ev is a valid pt_event of the size we pass.
-        check(unsafe {
-            sys::pt_blk_event(self.raw.as_ptr(), ev, std::mem::size_of::<sys::pt_event>())
-        })
+        let status = check(unsafe {
+            sys::pt_blk_event(
+                self.raw.as_ptr(),
+                &mut ev,
+                std::mem::size_of::<sys::pt_event>(),
+            )
+        })?;
+        Ok((status, Event::of(&ev)))
+    }
+}
+
+/// One block of instructions as libipt's block decoder gives it: `ninsn` instructions
+/// from `ip` in one execution mode, each but the last followed by the next in memory or
+/// by a direct jump or call.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub(crate) struct Block(sys::pt_block);
+
+impl Block {
+    /// An empty block (output buffer for [`BlockDecoder::next_block`]).
+    pub fn empty() -> Block {
+        // SAFETY: pt_block is plain C data; all-zero is a valid (empty) value.
+        Block(unsafe { std::mem::zeroed() })
+    }
+
+    /// The address of its first instruction.
+    #[inline]
+    pub fn ip(&self) -> u64 {
+        self.0.ip
+    }
+
+    /// How many instructions it holds.
+    #[inline]
+    pub fn ninsn(&self) -> u16 {
+        self.0.ninsn
+    }
+
+    /// libipt's raw execution mode (0..=3).
+    #[inline]
+    pub fn raw_mode(&self) -> u32 {
+        self.0.mode
+    }
+
+    #[inline]
+    pub fn mode(&self) -> ExecMode {
+        match self.0.mode {
+            sys::pt_exec_mode_ptem_16bit => ExecMode::Bit16,
+            sys::pt_exec_mode_ptem_32bit => ExecMode::Bit32,
+            sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
+            _ => ExecMode::Unknown,
+        }
+    }
+
+    /// Its block cache key. The mode part is libipt's raw mode (0..=3; anything else,
+    /// which libipt never returns, shares 4): injective where [`Block::mode`] is, so equal
+    /// keys still mean equal expansions, and cheaper than mapping it on every block.
+    #[inline]
+    pub fn key(&self) -> BlockKey {
+        BlockKey {
+            ip: self.0.ip,
+            ninsn: self.0.ninsn,
+            mode: self.0.mode.min(4) as u8,
+        }
+    }
+
+    /// The bytes of its last instruction when that instruction lies across two sections
+    /// of the image (libipt copies them into the block); `None` otherwise.
+    pub fn truncated_insn(&self) -> Option<&[u8]> {
+        (self.0.truncated() != 0).then(|| &self.0.raw[..usize::from(self.0.size).min(15)])
+    }
+}
+
+/// What the pipeline uses of a libipt event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Event {
+    pub kind: Ev,
+    /// The time libipt gives it, if any.
+    pub tsc: Option<u64>,
+    /// It reports the state a PSB+ tells (not an event of the program's).
+    pub status_update: bool,
+    /// The execution mode it sets (libipt's raw value), if it sets one.
+    pub exec_mode: Option<u32>,
+}
+
+impl Event {
+    fn of(ev: &sys::pt_event) -> Event {
+        let (kind, tsc, status_update) = classify_event(ev);
+        Event {
+            kind,
+            tsc,
+            status_update,
+            exec_mode: exec_mode_of(ev),
+        }
     }
 }
 
@@ -404,18 +583,6 @@ impl Drop for BlockDecoder<'_> {
         // SAFETY: allocated by pt_blk_alloc_decoder, freed exactly once.
         unsafe { sys::pt_blk_free_decoder(self.raw.as_ptr()) }
     }
-}
-
-/// A zeroed block (output buffer for `next_block`).
-pub(crate) fn empty_block() -> sys::pt_block {
-    // SAFETY: pt_block is plain C data; all-zero is a valid (empty) value.
-    unsafe { std::mem::zeroed() }
-}
-
-/// A zeroed event (output buffer for `event`).
-pub(crate) fn empty_event() -> sys::pt_event {
-    // SAFETY: pt_event is plain C data; all-zero is a valid value.
-    unsafe { std::mem::zeroed() }
 }
 
 /// The parts of a libipt event the pipeline uses.
@@ -430,7 +597,7 @@ pub(crate) enum Ev {
 }
 
 /// The execution mode `ev` sets (libipt's raw value), if it sets one.
-pub(crate) fn exec_mode_of(ev: &sys::pt_event) -> Option<u32> {
+fn exec_mode_of(ev: &sys::pt_event) -> Option<u32> {
     if ev.type_ != sys::pt_event_type_ptev_exec_mode {
         return None;
     }
@@ -440,7 +607,7 @@ pub(crate) fn exec_mode_of(ev: &sys::pt_event) -> Option<u32> {
 }
 
 /// Decodes `ev`'s type and payload; also returns (tsc if present, status_update).
-pub(crate) fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
+fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
     let suppressed = ev.ip_suppressed() != 0;
     let tsc = (ev.has_tsc() != 0).then_some(ev.tsc);
     let ip_opt = |ip: u64| (!suppressed).then_some(ip);
@@ -494,14 +661,16 @@ pub(crate) struct PacketDecoder<'a> {
 
 impl<'a> PacketDecoder<'a> {
     pub fn new(trace: &'a [u8]) -> Result<Self, PtErr> {
-        // SAFETY: zeroed pt_config = defaults; see CpuParams::to_pt_config.
-        let mut cfg: sys::pt_config = unsafe { std::mem::zeroed() };
-        cfg.size = std::mem::size_of::<sys::pt_config>();
-        Self::with_config(trace, cfg)
+        Self::with_cpu(trace, &CpuParams::default(), Errata::default())
     }
 
-    /// A packet decoder with `cfg`'s CPU, errata and frequencies (its buffer is set here).
-    pub fn with_config(trace: &'a [u8], mut cfg: sys::pt_config) -> Result<Self, PtErr> {
+    /// A packet decoder for `cpu` (its identity, errata and frequencies).
+    pub fn with_cpu(trace: &'a [u8], cpu: &CpuParams, errata: Errata) -> Result<Self, PtErr> {
+        let params = TraceParams {
+            cpu: *cpu,
+            ..Default::default()
+        };
+        let mut cfg = pt_config(&params, errata);
         if trace.is_empty() {
             return Err(PtErr(sys::pt_error_code_pte_eos as i32));
         }
@@ -921,5 +1090,96 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> (&'static str, St
             },
             _ => ("other", format!("type {}", p.type_)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AddrFilter;
+
+    #[test]
+    fn the_configuration_carries_the_cpu_its_errata_time_and_filters() {
+        let mut filter = AddrFilter::default();
+        filter.set("0:filter,0x1000,0x1fff").unwrap();
+        filter.set("3:stop,0x5000,0x5fff").unwrap();
+        let params = TraceParams {
+            cpu: CpuParams {
+                family: 6,
+                model: 0x9e,
+                stepping: 11,
+                mtc_freq: 3,
+                nom_freq: 24,
+                cpuid_0x15_eax: 2,
+                cpuid_0x15_ebx: 188,
+            },
+            time: None,
+            filter,
+        };
+        // Each erratum alone reaches its own bit.
+        let names = ["bdm70", "bdm64", "skd007", "skd022", "skd010"];
+        let more = ["skl014", "apl12", "apl11", "skl168", "skz84"];
+        for (k, name) in names.iter().chain(more.iter()).enumerate() {
+            let mut e = Errata::default();
+            let flags = [
+                &mut e.bdm70,
+                &mut e.bdm64,
+                &mut e.skd007,
+                &mut e.skd022,
+                &mut e.skd010,
+                &mut e.skl014,
+                &mut e.apl12,
+                &mut e.apl11,
+                &mut e.skl168,
+                &mut e.skz84,
+            ];
+            *flags.into_iter().nth(k).unwrap() = true;
+            let r = pt_config(&params, e).errata;
+            let got = [
+                r.bdm70(),
+                r.bdm64(),
+                r.skd007(),
+                r.skd022(),
+                r.skd010(),
+                r.skl014(),
+                r.apl12(),
+                r.apl11(),
+                r.skl168(),
+                r.skz84(),
+            ];
+            let want: Vec<u32> = (0..10).map(|i| u32::from(i == k)).collect();
+            assert_eq!(got.to_vec(), want, "{name}");
+            assert_eq!(e.names(), [*name]);
+        }
+        let cfg = pt_config(&params, Errata::default());
+        assert_eq!(cfg.size, std::mem::size_of::<sys::pt_config>());
+        assert_eq!(
+            (cfg.cpu.family, cfg.cpu.model, cfg.cpu.stepping),
+            (6, 0x9e, 11)
+        );
+        assert_eq!(cfg.cpu.vendor, sys::pt_cpu_vendor_pcv_intel);
+        assert_eq!((cfg.mtc_freq, cfg.nom_freq), (3, 24));
+        assert_eq!((cfg.cpuid_0x15_eax, cfg.cpuid_0x15_ebx), (2, 188));
+        // SAFETY: reading a plain integer of a plain C union.
+        let addr_cfg = unsafe { cfg.addr_filter.config.addr_cfg };
+        assert_eq!(addr_cfg, 0x2001);
+        let f = &cfg.addr_filter;
+        assert_eq!((f.addr0_a, f.addr0_b), (0x1000, 0x1fff));
+        assert_eq!((f.addr3_a, f.addr3_b), (0x5000, 0x5fff));
+        // An unknown CPU (family 0): no vendor, no errata, whatever is passed.
+        let unknown = TraceParams::default();
+        let all = Errata {
+            skd007: true,
+            ..Default::default()
+        };
+        let cfg = pt_config(&unknown, all);
+        assert_eq!(cfg.cpu.vendor, sys::pt_cpu_vendor_pcv_unknown);
+        assert_eq!(cfg.errata.skd007(), 0);
+        // libipt's own list, read back bit by bit: Kaby Lake (6/0x9e) has these, and
+        // not APL11/APL12 (Apollo Lake's) nor SKZ84 (family 19's).
+        let kbl = libipt_errata(6, 0x9e, 11).unwrap();
+        let names = ["bdm70", "skd007", "skd022", "skd010", "skl014", "skl168"];
+        assert_eq!(kbl.names(), names);
+        assert_eq!(raw_errata(kbl).skl168(), 1);
     }
 }

@@ -1,12 +1,17 @@
 //! Decoder: PT + sideband + images -> drmemtrace-style records (libipt). Also available
 //! as `drpttracer::decode`.
 //!
-//! - [`config`]: CPU identity/frequencies -> libipt configuration (errata included);
+//! - [`config`]: what describes a trace: CPU identity/frequencies, errata, address filters;
+//! - [`errata`]: which errata a CPU has (libipt's list and newer models);
 //! - [`image`]: code images (ELF PT_LOAD segments, raw bytes such as the vDSO, kcore) and
 //!   symbols (ELF symtab, kallsyms);
 //! - [`sideband`]: the image over time from perf MMAP/MMAP2/COMM records;
 //! - [`records`]: the output records;
-//! - [`pipeline`]: [`PtDecoder`], the record iterator over one PT window;
+//! - [`decoder`]: [`TraceDecoder`], the seam between a decoder of one trace and its
+//!   consumers (slices, one record at a time, [`compact`] collections, the oracle check);
+//! - [`pipeline`]: [`PtDecoder`], the decoder of one PT window (our own flow
+//!   reconstruction, libipt's block decoder where it does not apply; libipt's types stay
+//!   in the private `ipt` module);
 //! - [`parallel`]: decoding by PSB segments on several threads;
 //! - [`testgen`]: synthetic code + trace builder for tests and benchmarks;
 //! - [`callstack`]: call-stack reconstruction (nested call spans, stacks for flame graphs).
@@ -29,17 +34,20 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Streaming: [`PtDecoder::new`] is an `Iterator<Item = Record>` (its `for_each` takes the
-//! fast path); `next_slice()` hands out records without copying; `for_each_slice()` does the
-//! same from one tight loop (the fastest way to consume a window); `collect_compact()` keeps
-//! a whole window cheaply. Large traces:
+//! Streaming: [`PtDecoder::new`] is an `Iterator<Item = Record>` (its `for_each` takes
+//! the fast path) and a [`TraceDecoder`]: `next_slice()` hands out records without
+//! copying; `for_each_slice()` does the same from one tight loop (the fastest way to
+//! consume a window); `collect_compact()` keeps a whole window cheaply. Large traces:
 //! [`parallel::decode_parallel`] / [`parallel::decode_parallel_compact`] give exactly the
-//! sequential result. Input containers: [`pttrace_format::auxtrace`] (perf AUXTRACE) and
-//! [`pttrace_format::pdb`] (DynamoRIO `.raw.pt`).
+//! sequential result. Input containers: [`input`] (raw PT, perf AUXTRACE, DynamoRIO
+//! `.raw.pt`, `pttrace run` thread files).
 
 pub mod callstack;
 pub mod check;
+pub mod compact;
 pub mod config;
+pub mod decoder;
+pub mod errata;
 pub mod image;
 pub mod input;
 mod insn;
@@ -57,7 +65,8 @@ mod wire;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{AddrFilter, CpuParams, TraceParams};
+pub use config::{AddrFilter, CpuParams, Errata, TraceParams};
+pub use decoder::{Records, TraceDecoder};
 pub use image::{AddressSpace, Symbols};
 pub use insn::{decode_insn, InsnInfo};
 pub use pipeline::{CompactRecords, DecoderCaches, DecoderKind, PtDecoder, WindowOptions};

@@ -58,7 +58,10 @@ pub fn list_packets(trace: &[u8]) -> Vec<PacketLine> {
 pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
     let mut out = Vec::new();
     let made = match opts.cpu {
-        Some(cpu) => PacketDecoder::with_config(trace, cpu.to_pt_config()),
+        Some(cpu) => {
+            let errata = crate::errata::of(&cpu).unwrap_or_default();
+            PacketDecoder::with_cpu(trace, &cpu, errata)
+        }
         None => PacketDecoder::new(trace),
     };
     let Ok(mut dec) = made else {

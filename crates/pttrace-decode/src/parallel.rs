@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::config::TraceParams;
+use super::decoder::TraceDecoder;
 use super::image::AddressSpace;
 use super::ipt::{cyc_possible, has_tsc, psb_offsets, psb_positions, PsbInfo};
 use super::pipeline::{

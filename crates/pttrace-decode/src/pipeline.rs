@@ -1,6 +1,9 @@
-//! The decoder: libipt's block decoder + the image over time -> [`Record`]s.
+//! The decoder of one PT window, [`PtDecoder`]: the image over time, our own flow
+//! reconstruction (`flow`) and libipt's block decoder (through the `ipt` module) where
+//! that does not apply -> [`Record`]s, handed out through its output queue as a
+//! [`TraceDecoder`].
 //!
-//! Syncs forward to the first PSB, then decodes blocks and expands each into instruction
+//! With libipt it syncs forward to the first PSB, then decodes blocks and expands each into instruction
 //! records (following direct jumps/calls within a block, as libipt does). libipt events
 //! become markers. On any decode error a [`Record::Gap`] (PT offset, address, libipt's
 //! error text) is emitted and decoding resumes at the next PSB.
@@ -10,302 +13,19 @@ use std::rc::Rc;
 
 use super::config::TraceParams;
 use super::image::AddressSpace;
-use super::insn::{BlockCache, BlockKey, InsnCache};
-use super::ipt::{self, BlockDecoder, Ev, PtErr, SharedImage, PTS_EOS, PTS_EVENT_PENDING};
+use super::insn::{BlockCache, InsnCache};
+use super::ipt::{self, Block, BlockDecoder, Ev, PtErr, SharedImage, PTS_EOS, PTS_EVENT_PENDING};
 use super::records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
 use super::sideband::{ImageEvent, ImageResolver, ImageTimeline};
 use super::DecodeError;
 
 pub(crate) mod flow;
+mod queue;
 pub use flow::DecoderKind;
 
-/// A queued output unit: one record, or a (shared, cached) block's records.
-enum Item {
-    /// A marker (boxed: markers are rare, and this keeps queue entries small).
-    Rec(Box<Record>),
-    /// `len` records at `start` in the block cache's arena.
-    Block(u32, u32),
-}
-
-impl Item {
-    fn rec(r: Record) -> Item {
-        Item::Rec(Box::new(r))
-    }
-}
-
-/// FIFO of [`Item`]s: a vector and a read position, emptied when fully read (cheaper
-/// than a ring buffer for the fill-then-drain pattern of the decoder).
-struct ItemQueue {
-    items: Vec<Item>,
-    head: usize,
-    /// Items pushed so far (a position in the stream of items that draining leaves valid).
-    pushed: u64,
-    /// Records pushed so far (a block item counts its records).
-    records: u64,
-}
-
-impl ItemQueue {
-    fn with_capacity(n: usize) -> Self {
-        ItemQueue {
-            items: Vec::with_capacity(n),
-            head: 0,
-            pushed: 0,
-            records: 0,
-        }
-    }
-
-    #[inline]
-    fn is_empty(&self) -> bool {
-        self.head >= self.items.len()
-    }
-
-    /// Items queued (not handed out yet).
-    #[inline]
-    fn len(&self) -> usize {
-        self.items.len().saturating_sub(self.head)
-    }
-
-    // (Always inlined: the fast decoder pushes once per block, and the compiler's own
-    // choice here has flipped with unrelated changes, costing a third of its speed.)
-    #[inline(always)]
-    fn push_back(&mut self, item: Item) {
-        if self.head > 0 && self.head >= self.items.len() {
-            self.items.clear();
-            self.head = 0;
-        }
-        self.records += match item {
-            Item::Rec(_) => 1,
-            Item::Block(_, len) => u64::from(len),
-        };
-        self.items.push(item);
-        self.pushed += 1;
-    }
-
-    /// The items pushed after the queue had seen `pushed` pushes, if all are still queued.
-    fn since(&self, pushed: u64) -> Option<&[Item]> {
-        let n = usize::try_from(self.pushed.checked_sub(pushed)?).ok()?;
-        let queued = self.items.len().checked_sub(self.head)?;
-        (n <= queued).then(|| &self.items[self.items.len() - n..])
-    }
-
-    /// Drops the last `n` queued items.
-    fn truncate_last(&mut self, n: usize) {
-        let keep = self.items.len().saturating_sub(n).max(self.head);
-        self.items.truncate(keep);
-    }
-
-    #[inline]
-    fn front(&self) -> Option<&Item> {
-        self.items.get(self.head)
-    }
-
-    /// The front item if it is a block (start, len), removed.
-    #[inline]
-    fn pop_block(&mut self) -> Option<(u32, u32)> {
-        match self.items.get(self.head) {
-            Some(&Item::Block(start, len)) => {
-                self.head += 1;
-                Some((start, len))
-            }
-            _ => None,
-        }
-    }
-
-    #[inline]
-    fn pop_front(&mut self) -> Option<Item> {
-        let slot = self.items.get_mut(self.head)?;
-        self.head += 1;
-        Some(std::mem::replace(slot, Item::Block(0, 0)))
-    }
-
-    /// Removes and returns every queued item, in order.
-    fn drain(&mut self) -> impl Iterator<Item = Item> + '_ {
-        let head = std::mem::take(&mut self.head);
-        self.items.drain(..).skip(head)
-    }
-}
-
-/// One entry of [`CompactRecords`], packed into 8 bytes (a decode keeps one per block, so
-/// this halves the memory a whole window's records take): bit 63 set: a marker, bits 0..32
-/// its index in `markers`; clear: a block, `start` (bits 0..24) and `len` (bits 24..41)
-/// in arena `arena` (bits 41..63).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CItem(u64);
-
-/// What a [`CItem`] holds.
-enum CItemKind {
-    Rec(u32),
-    Block { arena: u32, start: u32, len: u32 },
-}
-
-const CITEM_REC: u64 = 1 << 63;
-const CITEM_START_BITS: u32 = 24;
-const CITEM_LEN_BITS: u32 = 17;
-const CITEM_ARENA_BITS: u32 = 22;
-
-impl CItem {
-    /// No records (a block of length 0).
-    const EMPTY: CItem = CItem(0);
-
-    fn rec(i: u32) -> CItem {
-        CItem(CITEM_REC | u64::from(i))
-    }
-
-    /// A block reference, if its fields fit (always for the decoder's arenas: a block has
-    /// at most 2 * 65535 + 1 records and an arena is cut near 2^22 records).
-    fn block(arena: u32, start: u32, len: u32) -> Option<CItem> {
-        let fits = u64::from(start) < 1 << CITEM_START_BITS
-            && u64::from(len) < 1 << CITEM_LEN_BITS
-            && u64::from(arena) < 1 << CITEM_ARENA_BITS;
-        fits.then(|| {
-            CItem(
-                u64::from(start)
-                    | u64::from(len) << CITEM_START_BITS
-                    | u64::from(arena) << (CITEM_START_BITS + CITEM_LEN_BITS),
-            )
-        })
-    }
-
-    #[inline]
-    fn kind(self) -> CItemKind {
-        if self.0 & CITEM_REC != 0 {
-            CItemKind::Rec(self.0 as u32)
-        } else {
-            CItemKind::Block {
-                start: (self.0 & ((1 << CITEM_START_BITS) - 1)) as u32,
-                len: ((self.0 >> CITEM_START_BITS) & ((1 << CITEM_LEN_BITS) - 1)) as u32,
-                arena: (self.0 >> (CITEM_START_BITS + CITEM_LEN_BITS)) as u32,
-            }
-        }
-    }
-}
-
-/// A decoded record sequence in compact form (see [`PtDecoder::collect_compact`]).
-/// Equal when the record sequences are (however they are stored).
-#[derive(Debug, Clone, Default)]
-pub struct CompactRecords {
-    items: Vec<CItem>,
-    markers: Vec<Record>,
-    arenas: Vec<Vec<Record>>,
-}
-
-impl PartialEq for CompactRecords {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for CompactRecords {}
-
-impl CompactRecords {
-    fn item_slice(&self, it: &CItem) -> &[Record] {
-        match it.kind() {
-            CItemKind::Rec(i) => self
-                .markers
-                .get(i as usize)
-                .map_or(&[][..], std::slice::from_ref),
-            CItemKind::Block { arena, start, len } => {
-                let (s, l) = (start as usize, len as usize);
-                self.arenas
-                    .get(arena as usize)
-                    .and_then(|a| a.get(s..s + l))
-                    .unwrap_or(&[])
-            }
-        }
-    }
-
-    /// Appends a reference to `len` records at `start` of arena `arena` (whose records are
-    /// `recs`), or copies of them where the reference does not fit.
-    /// A block that continues the last one in the arena (blocks built one after the other
-    /// and executed in that order) extends its reference.
-    #[inline]
-    fn push_block(&mut self, arena: u32, start: u32, len: u32, recs: &[Record]) {
-        if let Some(last) = self.items.last_mut() {
-            if let CItemKind::Block {
-                arena: a,
-                start: s,
-                len: l,
-            } = last.kind()
-            {
-                if a == arena && s + l == start {
-                    if let Some(joined) = CItem::block(arena, s, l + len) {
-                        *last = joined;
-                        return;
-                    }
-                }
-            }
-        }
-        match CItem::block(arena, start, len) {
-            Some(it) => self.items.push(it),
-            None => {
-                let (s, l) = (start as usize, len as usize);
-                for r in recs.get(s..s + l).unwrap_or(&[]) {
-                    self.push_marker(r.clone());
-                }
-            }
-        }
-    }
-
-    fn push_marker(&mut self, r: Record) {
-        self.items.push(CItem::rec(self.markers.len() as u32));
-        self.markers.push(r);
-    }
-
-    /// The records as consecutive slices.
-    pub fn slices(&self) -> impl Iterator<Item = &[Record]> + '_ {
-        self.items.iter().map(|it| self.item_slice(it))
-    }
-
-    /// The records in order.
-    pub fn iter(&self) -> impl Iterator<Item = &Record> + '_ {
-        self.slices().flatten()
-    }
-
-    /// Number of records.
-    pub fn len(&self) -> usize {
-        self.slices().map(<[Record]>::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slices().all(<[Record]>::is_empty)
-    }
-
-    /// The records, copied out.
-    pub fn to_vec(&self) -> Vec<Record> {
-        let mut v = Vec::with_capacity(self.len());
-        for s in self.slices() {
-            v.extend_from_slice(s);
-        }
-        v
-    }
-
-    /// The last record.
-    pub fn last(&self) -> Option<&Record> {
-        self.items
-            .iter()
-            .rev()
-            .find_map(|it| self.item_slice(it).last())
-    }
-
-    /// Drops the first marker for which `find` holds, wherever it is.
-    pub(crate) fn drop_first_marker(&mut self, find: impl Fn(&Record) -> bool) {
-        let hit = self.items.iter().position(|it| match it.kind() {
-            CItemKind::Rec(i) => self.markers.get(i as usize).is_some_and(&find),
-            CItemKind::Block { .. } => false,
-        });
-        if let Some(k) = hit {
-            self.items[k] = CItem::EMPTY;
-        }
-    }
-
-    /// The first marker for which `find` holds.
-    pub(crate) fn first_marker(&self, find: impl Fn(&Record) -> bool) -> Option<&Record> {
-        self.items.iter().find_map(|it| match it.kind() {
-            CItemKind::Rec(i) => self.markers.get(i as usize).filter(|r| find(r)),
-            CItemKind::Block { .. } => None,
-        })
-    }
-}
+pub use crate::compact::CompactRecords;
+use crate::decoder::TraceDecoder;
+use queue::{Item, ItemQueue};
 
 /// Per-window decoding options.
 #[derive(Debug, Clone, Default)]
@@ -508,7 +228,7 @@ pub struct PtDecoder<'a> {
     /// since changed that: `step_fast` may run.
     fast: bool,
     /// Output buffer of `step_fast`.
-    blk: libipt_sys::pt_block,
+    blk: Block,
 
     state: State,
     opts: WindowOptions,
@@ -561,28 +281,6 @@ pub struct PtDecoder<'a> {
 const MAX_INSNS_WITHOUT_TRACE: u64 = 1 << 22;
 /// How often (in instructions) the trace position is checked for progress.
 const PROGRESS_CHECK: u64 = 1 << 16;
-
-#[inline]
-fn exec_mode(blk: &libipt_sys::pt_block) -> ExecMode {
-    match blk.mode {
-        libipt_sys::pt_exec_mode_ptem_16bit => ExecMode::Bit16,
-        libipt_sys::pt_exec_mode_ptem_32bit => ExecMode::Bit32,
-        libipt_sys::pt_exec_mode_ptem_64bit => ExecMode::Bit64,
-        _ => ExecMode::Unknown,
-    }
-}
-
-/// The block cache key of `blk`. The mode part is libipt's raw mode (0..=3; anything
-/// else, which libipt never returns, shares 4): injective where `exec_mode` is, so equal
-/// keys still mean equal expansions, and cheaper than mapping it on every block.
-#[inline]
-fn block_key(blk: &libipt_sys::pt_block) -> BlockKey {
-    BlockKey {
-        ip: blk.ip,
-        ninsn: blk.ninsn,
-        mode: blk.mode.min(4) as u8,
-    }
-}
 
 /// What a decoder learns about the code it walks (decoded instructions, the records of
 /// whole blocks), valid for the image generation it was built for (generations are unique
@@ -673,14 +371,14 @@ impl<'a> PtDecoder<'a> {
             space: std::cell::RefCell::new(image),
             last_nomap: std::cell::Cell::new(None),
         });
-        let cfg = params.to_pt_config();
+        let errata = super::errata::of(&params.cpu).unwrap_or_default();
         let pt_len = pt.len();
-        let (dec, state) = match BlockDecoder::new(cfg, pt, shared.clone()) {
+        let (dec, state) = match BlockDecoder::new(&params, errata, pt, shared.clone()) {
             Ok(d) => (d, State::Start),
             Err(e) if e.is_eos() => {
                 // Empty trace: a decoder over one dummy byte that reports nothing.
                 static ONE: [u8; 1] = [0];
-                let d = BlockDecoder::new(cfg, &ONE, shared.clone())
+                let d = BlockDecoder::new(&params, errata, &ONE, shared.clone())
                     .map_err(|e| DecodeError::new(&opts.source, opts.base_offset, e.text()))?;
                 (d, State::Done)
             }
@@ -710,15 +408,13 @@ impl<'a> PtDecoder<'a> {
             && params.filter.ranges.iter().all(|r| r.0 == 0))
         .then(|| {
             let clock = flow::ClockCfg {
-                mtc_freq: cfg.mtc_freq,
-                ratio_den: cfg.cpuid_0x15_eax,
-                ratio_num: cfg.cpuid_0x15_ebx,
+                mtc_freq: params.cpu.mtc_freq,
+                ratio_den: params.cpu.cpuid_0x15_eax,
+                ratio_num: params.cpu.cpuid_0x15_ebx,
             };
-            let mut f =
-                flow::FlowState::new(cfg.errata.bdm70() != 0, cfg.errata.skd022() != 0, clock);
+            let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
             f.initial_records = queue.records;
-            f.ovf_errata =
-                cfg.errata.skd010() != 0 || cfg.errata.apl11() != 0 || cfg.errata.apl12() != 0;
+            f.ovf_errata = errata.skd010 || errata.apl11 || errata.apl12;
             Box::new(f)
         });
         Ok(PtDecoder {
@@ -736,7 +432,7 @@ impl<'a> PtDecoder<'a> {
             cur_end: 0,
             batch: Vec::new(),
             fast: false,
-            blk: ipt::empty_block(),
+            blk: Block::empty(),
             state,
             opts,
             last_error_sync: None,
@@ -797,27 +493,6 @@ impl<'a> PtDecoder<'a> {
         let recs = self.collect_compact_mut();
         let report = self.seg.take().map(|s| s.report).unwrap_or_default();
         (recs, report)
-    }
-
-    /// The decoder's current position in the PT stream (for progress reporting).
-    pub fn position(&self) -> u64 {
-        match &self.flow {
-            Some(f) => self.opts.base_offset + f.pos as u64,
-            // (The fast decoder read the whole window; libipt's decoder never moved.)
-            None if self.flow_done => self.opts.base_offset + self.pt_len as u64,
-            None => self.opts.base_offset + self.dec.offset().unwrap_or(0),
-        }
-    }
-
-    /// Which decoder gave (or gives) this window's records: `"fast"`, or `"libipt"` with
-    /// the reason the fast decoder handed it over (`None` when it never ran).
-    pub fn decoded_by(&self) -> (&'static str, Option<&'static str>) {
-        match (&self.flow, self.fallback) {
-            (_, Some(why)) => ("libipt", Some(why)),
-            (Some(_), None) => ("fast", None),
-            (None, None) if self.flow_done => ("fast", None),
-            (None, None) => ("libipt", None),
-        }
     }
 
     /// Image problems met so far (files named by sideband that could not be opened...).
@@ -1174,13 +849,12 @@ impl<'a> PtDecoder<'a> {
             Some(_) => self.dec.offset(),
             None => None,
         };
-        let mut ev = ipt::empty_event();
-        let status = self.dec.event(&mut ev)?;
-        let (kind, tsc, status_update) = ipt::classify_event(&ev);
+        let (status, ev) = self.dec.event()?;
+        let (kind, tsc, status_update) = (ev.kind, ev.tsc, ev.status_update);
         if let Some(t) = tsc {
             self.tsc = Some(t);
         }
-        if let Some(mode) = ipt::exec_mode_of(&ev) {
+        if let Some(mode) = ev.exec_mode {
             self.mode_known = true;
             if let Some(seg) = self.seg.as_mut() {
                 seg.report.modes |= 1 << mode.min(31);
@@ -1240,9 +914,9 @@ impl<'a> PtDecoder<'a> {
     }
 
     /// Expands a block into instruction records; returns the address after the last one.
-    fn expand(&mut self, blk: &libipt_sys::pt_block) -> Option<u64> {
-        let mode = exec_mode(blk);
-        let key = block_key(blk);
+    fn expand(&mut self, blk: &Block) -> Option<u64> {
+        let mode = blk.mode();
+        let key = blk.key();
         let generation = self.shared.space.try_borrow().ok()?.generation();
         // Safe to reset the arena here: `fill` only runs with an empty queue, and this
         // run_once has queued no block yet.
@@ -1264,7 +938,7 @@ impl<'a> PtDecoder<'a> {
         }
         let next = next?;
         // Truncated blocks (an instruction split across sections) are not cached.
-        if blk.truncated() == 0 {
+        if blk.truncated_insn().is_none() {
             self.blocks.insert(key, (start32, len32, next));
         }
         Some(next)
@@ -1272,21 +946,20 @@ impl<'a> PtDecoder<'a> {
 
     fn expand_uncached(
         &mut self,
-        blk: &libipt_sys::pt_block,
+        blk: &Block,
         mode: ExecMode,
         out: &mut Vec<Record>,
     ) -> Option<u64> {
-        let n = blk.ninsn;
-        let mut pc = blk.ip;
+        let n = blk.ninsn();
+        let mut pc = blk.ip();
         let Ok(space) = self.shared.space.try_borrow() else {
             return None;
         };
         for i in 0..n {
             let info = match self.cache.get(&space, pc, mode) {
                 Some(info) => info,
-                None if i + 1 == n && blk.truncated() != 0 => {
-                    let raw = &blk.raw[..usize::from(blk.size).min(15)];
-                    super::insn::decode_insn(raw, pc, mode)?
+                None if i + 1 == n && blk.truncated_insn().is_some() => {
+                    super::insn::decode_insn(blk.truncated_insn()?, pc, mode)?
                 }
                 None => {
                     drop(space);
@@ -1351,7 +1024,7 @@ impl<'a> PtDecoder<'a> {
             return self.fail(e, None);
         }
         self.shared.last_nomap.set(None);
-        let mut blk = ipt::empty_block();
+        let mut blk = Block::empty();
         let r = self.dec.next_block(&mut blk);
         self.after_block(status, &blk, r);
     }
@@ -1381,8 +1054,8 @@ impl<'a> PtDecoder<'a> {
 
     /// The part of `run_once` after `next_block`: expand the block, check progress, and
     /// take the new status or handle the error.
-    fn after_block(&mut self, status: u32, blk: &libipt_sys::pt_block, r: Result<u32, PtErr>) {
-        if blk.ninsn > 0 {
+    fn after_block(&mut self, status: u32, blk: &Block, r: Result<u32, PtErr>) {
+        if blk.ninsn() > 0 {
             self.flush_pending_timestamp();
             if !self.mode_known {
                 if let Some(seg) = self.seg.as_mut() {
@@ -1390,10 +1063,10 @@ impl<'a> PtDecoder<'a> {
                 }
             }
         }
-        let next_ip = if blk.ninsn > 0 {
+        let next_ip = if blk.ninsn() > 0 {
             self.expand(blk)
         } else {
-            Some(blk.ip)
+            Some(blk.ip())
         };
         if std::mem::take(&mut self.stop_at_unknown_branch) {
             // (The gap is queued: `expand_uncached`.)
@@ -1407,7 +1080,7 @@ impl<'a> PtDecoder<'a> {
         // A loop of direct branches needs no trace and would never end: bound the
         // instructions decoded without the trace position moving (checked every
         // PROGRESS_CHECK instructions to keep the FFI call off the fast path).
-        self.insns_since_check += u64::from(blk.ninsn);
+        self.insns_since_check += u64::from(blk.ninsn());
         if self.insns_since_check >= PROGRESS_CHECK {
             // (Blocks of up to 65535 instructions can take the count well past the
             // check interval: count what was decoded, not the interval.)
@@ -1516,27 +1189,7 @@ impl<'a> PtDecoder<'a> {
 
     /// Drops queued records libipt gives again after a fallback.
     fn skip_front(&mut self) {
-        while self.skip > 0 {
-            let Some(front) = self.queue.items.get_mut(self.queue.head) else {
-                return;
-            };
-            match front {
-                Item::Rec(_) => {
-                    self.queue.head += 1;
-                    self.skip -= 1;
-                }
-                Item::Block(start, len) => {
-                    let k = u32::try_from(self.skip.min(u64::from(*len))).unwrap_or(*len);
-                    if k == *len {
-                        self.queue.head += 1;
-                    } else {
-                        *start += k;
-                        *len -= k;
-                    }
-                    self.skip -= u64::from(k);
-                }
-            }
-        }
+        self.skip = self.queue.skip_records(self.skip);
     }
 
     /// One `run_once` on the fast path, for callers that checked `self.fast` and an empty
@@ -1575,19 +1228,12 @@ impl<'a> PtDecoder<'a> {
 }
 
 impl PtDecoder<'_> {
-    /// Decodes to the end into [`CompactRecords`]: block records stay in the decoder's
-    /// block arenas and are referenced, not copied (a few bytes per block instead of ~40
-    /// per instruction). The fastest way to keep a whole window's records.
-    pub fn collect_compact(mut self) -> CompactRecords {
-        self.collect_compact_mut()
-    }
-
     fn collect_compact_mut(&mut self) -> CompactRecords {
         self.blocks.retire = true;
         let mut out = CompactRecords::default();
         // About one block per 2 bytes of PT (a TNT bit or a TIP each): reserved up front,
         // the item vector never moves while it grows (untouched capacity costs nothing).
-        out.items.reserve((self.pt_len / 2).min(1 << 24));
+        out.reserve((self.pt_len / 2).min(1 << 24));
         // The rest of a block partly consumed through `Iterator::next`.
         if self.cur < self.cur_end {
             let arena = self.blocks.retired.len() as u32;
@@ -1625,57 +1271,8 @@ impl PtDecoder<'_> {
         }
         let mut arenas = std::mem::take(&mut self.blocks.retired);
         arenas.push(std::mem::take(&mut self.blocks.arena));
-        out.arenas = arenas;
+        out.set_arenas(arenas);
         out
-    }
-
-    /// The next records as a slice (a run of markers, or one block's instructions),
-    /// without copying instruction records: the fast way to consume a decoder. May be
-    /// mixed with [`Iterator::next`].
-    #[inline(always)]
-    pub fn next_slice(&mut self) -> Option<&[Record]> {
-        if self.cur >= self.cur_end {
-            let block = match self.queue.pop_block() {
-                None if self.fast && self.queue.is_empty() => self.step_fast(),
-                b => b,
-            };
-            if let Some((start, len)) = block {
-                let (start, len) = (start as usize, len as usize);
-                return self.blocks.arena.get(start..start + len);
-            }
-        }
-        self.next_slice_slow()
-    }
-
-    /// Calls `f` with each run of records, exactly as `next_slice` would hand them out,
-    /// until `f` breaks (its value is returned) or the trace ends (`None`). The fastest
-    /// way to consume a decoder: cached blocks go from libipt to `f` in one tight loop
-    /// that keeps the decoder's state in registers. May be mixed with `next_slice` and
-    /// [`Iterator::next`].
-    #[inline]
-    pub fn for_each_slice<B>(
-        &mut self,
-        mut f: impl FnMut(&[Record]) -> ControlFlow<B>,
-    ) -> Option<B> {
-        loop {
-            if self.hot_ready() {
-                let flow = self.run_hot(&mut |arena: &[Record], start: u32, len: u32| {
-                    let start = start as usize;
-                    match arena.get(start..start + len as usize) {
-                        Some(recs) => f(recs),
-                        // (Cached ranges always lie in the arena.)
-                        None => ControlFlow::Continue(()),
-                    }
-                });
-                if let ControlFlow::Break(b) = flow {
-                    return Some(b);
-                }
-            }
-            let s = self.next_slice_cold()?;
-            if let ControlFlow::Break(b) = f(s) {
-                return Some(b);
-            }
-        }
     }
 
     /// `next_slice` out of line: `for_each_slice`'s way past its hot loop (keeps that
@@ -1718,11 +1315,13 @@ impl PtDecoder<'_> {
             // callback sets it, and a nomap error always comes from one, so it names this
             // block's failure.)
             let r = self.dec.next_block(&mut self.blk);
-            let ninsn = self.blk.ninsn;
+            let ninsn = self.blk.ninsn();
             let left_after = left.checked_sub(u64::from(ninsn));
             // (Empty blocks never hit: `get_fast` does not cache them.)
             let hit = match (r, left_after) {
-                (Ok(_), Some(_)) => self.blocks.get_fast(self.blk.ip, ninsn, self.blk.mode),
+                (Ok(_), Some(_)) => self
+                    .blocks
+                    .get_fast(self.blk.ip(), ninsn, self.blk.raw_mode()),
                 _ => None,
             };
             let (Some((start, len)), Ok(status), Some(l)) = (hit, r, left_after) else {
@@ -1777,11 +1376,87 @@ impl PtDecoder<'_> {
     }
 }
 
+impl TraceDecoder for PtDecoder<'_> {
+    /// The decoder's current position in the PT stream (for progress reporting).
+    fn position(&self) -> u64 {
+        match &self.flow {
+            Some(f) => self.opts.base_offset + f.pos as u64,
+            // (The fast decoder read the whole window; libipt's decoder never moved.)
+            None if self.flow_done => self.opts.base_offset + self.pt_len as u64,
+            None => self.opts.base_offset + self.dec.offset().unwrap_or(0),
+        }
+    }
+
+    /// Which decoder gave (or gives) this window's records: `"fast"`, or `"libipt"` with
+    /// the reason the fast decoder handed it over (`None` when it never ran).
+    fn decoded_by(&self) -> (&'static str, Option<&'static str>) {
+        match (&self.flow, self.fallback) {
+            (_, Some(why)) => ("libipt", Some(why)),
+            (Some(_), None) => ("fast", None),
+            (None, None) if self.flow_done => ("fast", None),
+            (None, None) => ("libipt", None),
+        }
+    }
+
+    /// Decodes to the end into [`CompactRecords`]: block records stay in the decoder's
+    /// block arenas and are referenced, not copied (a few bytes per block instead of ~40
+    /// per instruction). The fastest way to keep a whole window's records.
+    fn collect_compact(mut self) -> CompactRecords {
+        self.collect_compact_mut()
+    }
+
+    /// The next records as a slice (a run of markers, or one block's instructions),
+    /// without copying instruction records: the fast way to consume a decoder. May be
+    /// mixed with [`Iterator::next`].
+    #[inline(always)]
+    fn next_slice(&mut self) -> Option<&[Record]> {
+        if self.cur >= self.cur_end {
+            let block = match self.queue.pop_block() {
+                None if self.fast && self.queue.is_empty() => self.step_fast(),
+                b => b,
+            };
+            if let Some((start, len)) = block {
+                let (start, len) = (start as usize, len as usize);
+                return self.blocks.arena.get(start..start + len);
+            }
+        }
+        self.next_slice_slow()
+    }
+
+    /// Calls `f` with each run of records, exactly as `next_slice` would hand them out,
+    /// until `f` breaks (its value is returned) or the trace ends (`None`). The fastest
+    /// way to consume a decoder: cached blocks go from libipt to `f` in one tight loop
+    /// that keeps the decoder's state in registers. May be mixed with `next_slice` and
+    /// [`Iterator::next`].
+    #[inline]
+    fn for_each_slice<B>(&mut self, mut f: impl FnMut(&[Record]) -> ControlFlow<B>) -> Option<B> {
+        loop {
+            if self.hot_ready() {
+                let flow = self.run_hot(&mut |arena: &[Record], start: u32, len: u32| {
+                    let start = start as usize;
+                    match arena.get(start..start + len as usize) {
+                        Some(recs) => f(recs),
+                        // (Cached ranges always lie in the arena.)
+                        None => ControlFlow::Continue(()),
+                    }
+                });
+                if let ControlFlow::Break(b) = flow {
+                    return Some(b);
+                }
+            }
+            let s = self.next_slice_cold()?;
+            if let ControlFlow::Break(b) = f(s) {
+                return Some(b);
+            }
+        }
+    }
+}
+
 impl Iterator for PtDecoder<'_> {
     type Item = Record;
 
     /// The common case inline (the next instruction of the current block, copied);
-    /// everything else in [`PtDecoder::next_record_slow`].
+    /// everything else in `next_record_slow`.
     #[inline]
     fn next(&mut self) -> Option<Record> {
         if self.cur < self.cur_end {
@@ -1841,131 +1516,5 @@ impl PtDecoder<'_> {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::records::InsnClass;
-
-    fn insn(pc: u64) -> Record {
-        Record::Instruction(Instruction {
-            pc,
-            size: 1,
-            bytes: [0x90, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            class: InsnClass::Other,
-            mode: ExecMode::Bit64,
-        })
-    }
-
-    #[test]
-    fn compact_items_pack_into_eight_bytes_and_round_trip() {
-        assert_eq!(std::mem::size_of::<CItem>(), 8);
-        let max = |bits: u32| (1u32 << bits) - 1;
-        let (a, s, l) = (
-            max(CITEM_ARENA_BITS),
-            max(CITEM_START_BITS),
-            max(CITEM_LEN_BITS),
-        );
-        match CItem::block(a, s, l).map(CItem::kind) {
-            Some(CItemKind::Block { arena, start, len }) => {
-                assert_eq!((arena, start, len), (a, s, l))
-            }
-            _ => panic!("block did not round-trip"),
-        }
-        assert!(CItem::block(a + 1, 0, 1).is_none());
-        assert!(CItem::block(0, s + 1, 1).is_none());
-        assert!(CItem::block(0, 0, l + 1).is_none());
-        assert!(matches!(
-            CItem::rec(u32::MAX).kind(),
-            CItemKind::Rec(u32::MAX)
-        ));
-    }
-
-    #[test]
-    fn compact_records_reference_blocks_and_copy_what_does_not_fit() {
-        let arena: Vec<Record> = (0..6).map(|k| insn(0x1000 + k)).collect();
-        let mut c = CompactRecords::default();
-        c.push_block(0, 1, 3, &arena);
-        c.push_marker(Record::Timestamp {
-            tsc: 7,
-            perf_time: None,
-        });
-        // An arena index beyond the packed range: the records are copied instead.
-        c.push_block(1 << CITEM_ARENA_BITS, 4, 2, &arena);
-        c.arenas.push(arena.clone());
-        let want: Vec<Record> = [
-            &arena[1..4],
-            &[Record::Timestamp {
-                tsc: 7,
-                perf_time: None,
-            }],
-            &arena[4..6],
-        ]
-        .concat();
-        assert_eq!(c.to_vec(), want);
-        assert_eq!(c.len(), 6);
-    }
-
-    #[test]
-    fn compact_records_find_and_drop_the_first_marker_in_place() {
-        let ts = |tsc| Record::Timestamp {
-            tsc,
-            perf_time: None,
-        };
-        let is_ts = |r: &Record| matches!(r, Record::Timestamp { .. });
-        let arena: Vec<Record> = (0..3).map(|k| insn(0x2000 + k)).collect();
-        let mut c = CompactRecords::default();
-        c.push_marker(Record::Cpu(3));
-        c.push_block(0, 0, 3, &arena);
-        c.push_marker(ts(1));
-        c.push_marker(ts(2));
-        c.arenas.push(arena.clone());
-        let items = c.items.len();
-        // Found after a block; dropped in place (no item moved), the later one stays.
-        assert_eq!(c.first_marker(is_ts), Some(&ts(1)));
-        c.drop_first_marker(is_ts);
-        let want: Vec<Record> = [&[Record::Cpu(3)][..], &arena, &[ts(2)]].concat();
-        assert_eq!(c.to_vec(), want);
-        assert_eq!((c.len(), c.items.len()), (5, items));
-        assert_eq!(c.first_marker(is_ts), Some(&ts(2)));
-        c.drop_first_marker(|r| matches!(r, Record::Cpu(_)));
-        c.drop_first_marker(is_ts);
-        assert_eq!(c.first_marker(is_ts), None);
-        assert_eq!(c.to_vec(), arena);
-        // Equality is by records, not by how they are stored.
-        let mut d = CompactRecords::default();
-        d.push_block(0, 0, 3, &arena);
-        d.arenas.push(arena);
-        assert_eq!(c, d);
-        assert_ne!(c, CompactRecords::default());
-    }
-
-    #[test]
-    fn item_queue_hands_out_what_was_pushed_since_a_position() {
-        let mut q = ItemQueue::with_capacity(4);
-        q.push_back(Item::Block(0, 1));
-        let mark = q.pushed;
-        assert_eq!(q.since(mark).map(<[Item]>::len), Some(0));
-        q.push_back(Item::Block(1, 2));
-        q.push_back(Item::rec(Record::Cpu(1)));
-        assert!(matches!(
-            q.since(mark),
-            Some([Item::Block(1, 2), Item::Rec(_)])
-        ));
-        // Once items after the position were consumed, there is no answer.
-        assert!(q.pop_block().is_some());
-        assert!(q.pop_block().is_some());
-        assert!(q.since(mark).is_none());
-        assert_eq!(q.since(q.pushed - 1).map(<[Item]>::len), Some(1));
-        // Truncating never reaches into consumed items.
-        q.truncate_last(5);
-        assert!(q.is_empty());
-        q.push_back(Item::Block(3, 1));
-        q.push_back(Item::Block(4, 1));
-        q.truncate_last(1);
-        assert!(matches!(q.pop_front(), Some(Item::Block(3, 1))));
-        assert!(q.pop_front().is_none());
     }
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use drpttracer::decode::parallel::decode_parallel_compact;
 use drpttracer::decode::sideband::parse_records;
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     check, input, AddressSpace, CpuParams, DecoderKind, ImageSpec, PtDecoder, Record, Symbols,
     WindowOptions,
@@ -429,7 +430,7 @@ pub fn run(args: Args) -> CmdResult {
     // CPU/time overrides.
     if let Some(c) = &args.cpu {
         let (f, m, s) = CpuParams::parse_cpu(c)?;
-        if let Some(w) = CpuParams::cpu_warning(f, m) {
+        if let Some(w) = drpttracer::decode::errata::cpu_warning(f, m) {
             eprintln!("pttrace decode: warning: --cpu {c}: {w}");
         }
         params.cpu.family = f;

@@ -46,7 +46,7 @@ pub fn run(args: Args) -> CmdResult {
     };
     if let Some(c) = &args.cpu {
         let (family, model, stepping) = CpuParams::parse_cpu(c)?;
-        if let Some(w) = CpuParams::cpu_warning(family, model) {
+        if let Some(w) = drpttracer::decode::errata::cpu_warning(family, model) {
             eprintln!("pttrace dump: warning: --cpu {c}: {w}");
         }
         opts.cpu = Some(CpuParams {

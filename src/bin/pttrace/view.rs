@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use drpttracer::decode::callstack::{CallStacks, SpanEnd, SpanStart, ThreadStacks, TimeMap};
 use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{DecodeError, Symbols};
 use drpttracer::format::ptt;
 use drpttracer::metadata::TimeConv;

@@ -4,6 +4,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use drpttracer::decode::ptt_dir::{self as ptt_input, PttWindowInfo};
+use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{DecodeError, Record};
 use iced_x86::{GasFormatter, IntelFormatter};
 

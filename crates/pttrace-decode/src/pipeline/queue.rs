@@ -1,0 +1,169 @@
+//! The decoder's output queue: records and references to cached blocks' records, in
+//! order, between the decoder that produces them and the consumer that takes them.
+
+use crate::records::Record;
+
+/// A queued output unit: one record, or a (shared, cached) block's records.
+pub(crate) enum Item {
+    /// A marker (boxed: markers are rare, and this keeps queue entries small).
+    Rec(Box<Record>),
+    /// `len` records at `start` in the block cache's arena.
+    Block(u32, u32),
+}
+
+impl Item {
+    pub(crate) fn rec(r: Record) -> Item {
+        Item::Rec(Box::new(r))
+    }
+}
+
+/// FIFO of [`Item`]s: a vector and a read position, emptied when fully read (cheaper
+/// than a ring buffer for the fill-then-drain pattern of the decoder).
+pub(crate) struct ItemQueue {
+    items: Vec<Item>,
+    head: usize,
+    /// Items pushed so far (a position in the stream of items that draining leaves valid).
+    pub(crate) pushed: u64,
+    /// Records pushed so far (a block item counts its records).
+    pub(crate) records: u64,
+}
+
+impl ItemQueue {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        ItemQueue {
+            items: Vec::with_capacity(n),
+            head: 0,
+            pushed: 0,
+            records: 0,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head >= self.items.len()
+    }
+
+    /// Items queued (not handed out yet).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.items.len().saturating_sub(self.head)
+    }
+
+    // (Always inlined: the fast decoder pushes once per block, and the compiler's own
+    // choice here has flipped with unrelated changes, costing a third of its speed.)
+    #[inline(always)]
+    pub(crate) fn push_back(&mut self, item: Item) {
+        if self.head > 0 && self.head >= self.items.len() {
+            self.items.clear();
+            self.head = 0;
+        }
+        self.records += match item {
+            Item::Rec(_) => 1,
+            Item::Block(_, len) => u64::from(len),
+        };
+        self.items.push(item);
+        self.pushed += 1;
+    }
+
+    /// The items pushed after the queue had seen `pushed` pushes, if all are still queued.
+    pub(crate) fn since(&self, pushed: u64) -> Option<&[Item]> {
+        let n = usize::try_from(self.pushed.checked_sub(pushed)?).ok()?;
+        let queued = self.items.len().checked_sub(self.head)?;
+        (n <= queued).then(|| &self.items[self.items.len() - n..])
+    }
+
+    /// Drops the last `n` queued items.
+    pub(crate) fn truncate_last(&mut self, n: usize) {
+        let keep = self.items.len().saturating_sub(n).max(self.head);
+        self.items.truncate(keep);
+    }
+
+    #[inline]
+    pub(crate) fn front(&self) -> Option<&Item> {
+        self.items.get(self.head)
+    }
+
+    /// The front item if it is a block (start, len), removed.
+    #[inline]
+    pub(crate) fn pop_block(&mut self) -> Option<(u32, u32)> {
+        match self.items.get(self.head) {
+            Some(&Item::Block(start, len)) => {
+                self.head += 1;
+                Some((start, len))
+            }
+            _ => None,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<Item> {
+        let slot = self.items.get_mut(self.head)?;
+        self.head += 1;
+        Some(std::mem::replace(slot, Item::Block(0, 0)))
+    }
+
+    /// Drops the first `n` queued records (a block's first ones from its front); returns
+    /// how many of the `n` were not queued.
+    pub(crate) fn skip_records(&mut self, mut n: u64) -> u64 {
+        while n > 0 {
+            let Some(front) = self.items.get_mut(self.head) else {
+                return n;
+            };
+            match front {
+                Item::Rec(_) => {
+                    self.head += 1;
+                    n -= 1;
+                }
+                Item::Block(start, len) => {
+                    let k = u32::try_from(n.min(u64::from(*len))).unwrap_or(*len);
+                    if k == *len {
+                        self.head += 1;
+                    } else {
+                        *start += k;
+                        *len -= k;
+                    }
+                    n -= u64::from(k);
+                }
+            }
+        }
+        0
+    }
+
+    /// Removes and returns every queued item, in order.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = Item> + '_ {
+        let head = std::mem::take(&mut self.head);
+        self.items.drain(..).skip(head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_queue_hands_out_what_was_pushed_since_a_position() {
+        let mut q = ItemQueue::with_capacity(4);
+        q.push_back(Item::Block(0, 1));
+        let mark = q.pushed;
+        assert_eq!(q.since(mark).map(<[Item]>::len), Some(0));
+        q.push_back(Item::Block(1, 2));
+        q.push_back(Item::rec(Record::Cpu(1)));
+        assert!(matches!(
+            q.since(mark),
+            Some([Item::Block(1, 2), Item::Rec(_)])
+        ));
+        // Once items after the position were consumed, there is no answer.
+        assert!(q.pop_block().is_some());
+        assert!(q.pop_block().is_some());
+        assert!(q.since(mark).is_none());
+        assert_eq!(q.since(q.pushed - 1).map(<[Item]>::len), Some(1));
+        // Truncating never reaches into consumed items.
+        q.truncate_last(5);
+        assert!(q.is_empty());
+        q.push_back(Item::Block(3, 1));
+        q.push_back(Item::Block(4, 1));
+        q.truncate_last(1);
+        assert!(matches!(q.pop_front(), Some(Item::Block(3, 1))));
+        assert!(q.pop_front().is_none());
+    }
+}
