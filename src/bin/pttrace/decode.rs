@@ -5,11 +5,12 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use drpttracer::decode::parallel::decode_parallel_compact;
+use drpttracer::decode::ptt_input::PttProcess;
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
-    check, input, AddressSpace, CpuParams, DecoderKind, ImageSpec, PtDecoder, Record, Symbols,
-    WindowOptions,
+    check, input, AddressSpace, CpuParams, DecoderCaches, DecoderKind, ImageEvent, ImageResolver,
+    ImageSpec, PtDecoder, Record, Symbols, TraceParams, WindowOptions,
 };
 use drpttracer::metadata::TimeConv;
 use iced_x86::{Decoder, Formatter, GasFormatter, IntelFormatter};
@@ -391,7 +392,141 @@ pub fn run(args: Args) -> CmdResult {
     if let Some(p) = &args.trace_dir {
         return ptt::run(p, &args);
     }
-    // Input bytes and windows.
+    let input::Input {
+        data,
+        windows,
+        mut params,
+        process,
+        damage,
+        ..
+    } = open_input(&args)?;
+    let damages = Damages(damage);
+    apply_trace_options(&args, &mut params)?;
+    let (spec, mut space, syms) = load_images(&args, process.as_ref())?;
+    let events = sideband_events(&args)?;
+    let window_sample_type = process
+        .as_ref()
+        .map(|p| p.sideband_sample_type)
+        .filter(|&st| st != 0)
+        .or(args.sample_type)
+        .unwrap_or(drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE);
+
+    let stdout = std::io::stdout();
+    let mut printer = Printer {
+        out: BufWriter::with_capacity(1 << 16, stdout.lock()),
+        format: args.format,
+        syntax: args.syntax,
+        syms,
+        intel: IntelFormatter::new(),
+        gas: GasFormatter::new(),
+        text: String::new(),
+        window: None,
+        counts: Vec::new(),
+    };
+    let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
+    let bar = crate::progress::pt_bytes(total);
+    let mut done = 0u64;
+    let mut warnings: Vec<String> = Vec::new();
+    let mut resolver = spec.resolver();
+    // A thread file's mappings when tracing began make the image the windows start with
+    // (as `decode DIR` builds it).
+    if let Some(p) = &process {
+        resolver.apply_window(&mut space, &p.initial_events, &mut warnings);
+    }
+    let mut ctx = WindowDecode {
+        args: &args,
+        params,
+        events,
+        caches: DecoderCaches::sharing_sections(),
+        ref_caches: DecoderCaches::sharing_sections(),
+        tally: CheckTally::default(),
+    };
+    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        for w in &windows {
+            let opts = WindowOptions {
+                source: w.name.clone(),
+                window_id: if w.lost.is_some() { None } else { w.id },
+                cpu: w.cpu,
+                base_offset: w.base_offset,
+                decoder: args.decoder.kind(),
+            };
+            let pt = &data[w.pt.clone()];
+            if let Some(what) = &w.lost {
+                if let Some(id) = w.id {
+                    printer.record(&Record::WindowId(id))?;
+                }
+                printer.record(&Record::Gap(Box::new(drpttracer::decode::Gap {
+                    kind: drpttracer::decode::GapKind::LostData,
+                    ip: None,
+                    pt_offset: w.base_offset,
+                    source: w.name.clone(),
+                    error: what.clone(),
+                })))?;
+            }
+            // A thread file's window sideband changes the image before the window, as in
+            // `decode DIR` (ptt_dir): mappings in order, then the captured code, which is
+            // what actually ran.
+            if let Some(r) = w.sideband.as_ref().filter(|r| !r.is_empty()) {
+                let evs = parse_records(
+                    &format!("{} sideband", w.name),
+                    &data[r.clone()],
+                    window_sample_type,
+                )?;
+                resolver.apply_window(&mut space, &evs, &mut warnings);
+            }
+            if args.decoder == DecoderArg::Check {
+                ctx.check(&mut printer, pt, &space, &resolver, opts, &w.name)?;
+            } else if args.threads > 1 {
+                ctx.parallel(&mut printer, pt, &space, &resolver, &opts)?;
+            } else {
+                let progress = |position: u64| {
+                    if let Some(b) = &bar {
+                        b.set_position(done + position);
+                    }
+                };
+                let found = ctx.stream(&mut printer, pt, &space, &resolver, opts, progress)?;
+                for m in found {
+                    if !warnings.contains(&m) {
+                        warnings.push(m);
+                    }
+                }
+            }
+            done += w.pt.len() as u64;
+            if let Some(b) = &bar {
+                b.set_position(done);
+            }
+        }
+        if args.decoder == DecoderArg::Check {
+            ctx.tally.finish(&mut printer.out)?;
+            printer.out.flush()?;
+        } else {
+            printer.finish()?;
+        }
+        Ok(())
+    })();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    for w in &warnings {
+        eprintln!("pttrace decode: warning: {w}");
+    }
+    match result {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        r => {
+            r?;
+            damages.finish("decode", args.keep_going)
+        }
+    }
+}
+
+/// Opens the one input the options name (its container's reader in the library), and
+/// reports what it says about itself.
+fn open_input(args: &DecodeArgs) -> Result<input::Input, Box<dyn std::error::Error>> {
     let input = if let Some(p) = &args.ptt {
         input::open_thread_file(p, args.info.as_deref())?
     } else if let Some(p) = &args.pt {
@@ -417,17 +552,11 @@ pub fn run(args: Args) -> CmdResult {
             crate::text::recovered_text(r)
         );
     }
-    let input::Input {
-        data,
-        windows,
-        mut params,
-        process,
-        damage,
-        ..
-    } = input;
-    let damages = Damages(damage);
+    Ok(input)
+}
 
-    // CPU/time overrides.
+/// The CPU, timing and filter options, over what the input carries.
+fn apply_trace_options(args: &DecodeArgs, params: &mut TraceParams) -> Result<(), String> {
     if let Some(c) = &args.cpu {
         let (f, m, s) = CpuParams::parse_cpu(c)?;
         if let Some(w) = drpttracer::decode::errata::cpu_warning(f, m) {
@@ -456,7 +585,7 @@ pub fn run(args: Args) -> CmdResult {
     if let Some(s) = &args.time_conv {
         let v: Vec<&str> = s.split(',').collect();
         if v.len() != 3 {
-            return Err(format!("--time-conv '{s}': expected SHIFT,MULT,ZERO").into());
+            return Err(format!("--time-conv '{s}': expected SHIFT,MULT,ZERO"));
         }
         params.time = Some(TimeConv {
             time_shift: parse_u64(v[0])? as u16,
@@ -464,9 +593,16 @@ pub fn run(args: Args) -> CmdResult {
             time_zero: parse_u64(v[2])?,
         });
     }
+    Ok(())
+}
 
-    // Images and symbols.
-    // DynamoRIO saves kcore and kallsyms beside kernel.raw/: use them unless told otherwise.
+/// The code the options name (ELF files, raw code, vDSO, kcore; DynamoRIO's kcore and
+/// kallsyms beside a `.raw.pt` unless told otherwise) and the process's own vDSO: what
+/// to load, the loaded image and its symbols.
+fn load_images(
+    args: &DecodeArgs,
+    process: Option<&PttProcess>,
+) -> Result<(ImageSpec, AddressSpace, Symbols), Box<dyn std::error::Error>> {
     let beside = |name: &str| -> Option<PathBuf> {
         let dir = args.raw_pt.as_ref()?.parent()?;
         [dir.join(name), dir.parent()?.join(name)]
@@ -502,7 +638,7 @@ pub fn run(args: Args) -> CmdResult {
         spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
         spec.vdso = Some(bytes);
     }
-    if let Some((addr, bytes)) = process.as_ref().and_then(|p| p.vdso.clone()) {
+    if let Some((addr, bytes)) = process.and_then(|p| p.vdso.clone()) {
         if spec.vdso.is_none() {
             spec.raw.push(("[vdso]".into(), bytes.clone(), addr));
             spec.vdso = Some(bytes);
@@ -526,184 +662,145 @@ pub fn run(args: Args) -> CmdResult {
             std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
         syms.add_kallsyms(k, &text)?;
     }
+    Ok((spec, space, syms))
+}
+
+/// The image changes of the `--sideband` files, in time order.
+fn sideband_events(args: &DecodeArgs) -> Result<Vec<ImageEvent>, Box<dyn std::error::Error>> {
     let mut events = Vec::new();
     for sb in &args.sideband {
         let st = args.sample_type.unwrap_or(0);
         events.extend(parse_records(&sb.display().to_string(), &read(sb)?, st)?);
     }
     events.sort_by_key(|e| e.time.unwrap_or(0));
-    let window_sample_type = process
-        .as_ref()
-        .map(|p| p.sideband_sample_type)
-        .filter(|&st| st != 0)
-        .or(args.sample_type)
-        .unwrap_or(drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE);
+    Ok(events)
+}
 
-    let stdout = std::io::stdout();
-    let mut printer = Printer {
-        out: BufWriter::with_capacity(1 << 16, stdout.lock()),
-        format: args.format,
-        syntax: args.syntax,
-        syms,
-        intel: IntelFormatter::new(),
-        gas: GasFormatter::new(),
-        text: String::new(),
-        window: None,
-        counts: Vec::new(),
-    };
-    let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
-    let bar = crate::progress::pt_bytes(total);
-    let mut done = 0u64;
-    let mut warnings: Vec<String> = Vec::new();
-    let mut resolver = spec.resolver();
-    // A thread file's mappings when tracing began make the image the windows start with
-    // (as `decode DIR` builds it).
-    if let Some(p) = &process {
-        resolver.apply_window(&mut space, &p.initial_events, &mut warnings);
+/// What decoding one window after the other keeps: the trace's parameters and sideband,
+/// the decoders' caches (windows decoded one after the other share what their decoders
+/// learn) and the oracle check's tally.
+struct WindowDecode<'a> {
+    args: &'a DecodeArgs,
+    params: TraceParams,
+    events: Vec<ImageEvent>,
+    caches: DecoderCaches,
+    ref_caches: DecoderCaches,
+    tally: CheckTally,
+}
+
+type WindowResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+impl WindowDecode<'_> {
+    /// `--decoder check`: the fast decoder against libipt alone, record for record.
+    fn check<W: Write>(
+        &mut self,
+        printer: &mut Printer<W>,
+        pt: &[u8],
+        space: &AddressSpace,
+        resolver: &ImageResolver,
+        opts: WindowOptions,
+        name: &str,
+    ) -> WindowResult<()> {
+        let (params, events) = (self.params, self.events.clone());
+        let mut fast = PtDecoder::new(
+            pt,
+            params,
+            space.clone(),
+            events.clone(),
+            resolver.clone(),
+            opts.clone(),
+        )?
+        .with_caches(std::mem::take(&mut self.caches));
+        let reference = WindowOptions {
+            decoder: DecoderKind::Libipt,
+            ..opts
+        };
+        let mut libipt = PtDecoder::new(
+            pt,
+            params,
+            space.clone(),
+            events,
+            resolver.clone(),
+            reference,
+        )?
+        .with_caches(std::mem::take(&mut self.ref_caches));
+        let outcome = check::compare(&mut fast, &mut libipt);
+        self.caches = fast.take_caches();
+        self.ref_caches = libipt.take_caches();
+        self.tally.add(&mut printer.out, name, outcome)?;
+        Ok(())
     }
-    // Windows decoded one after the other share what their decoders learn.
-    let mut caches = drpttracer::decode::DecoderCaches::sharing_sections();
-    let mut ref_caches = drpttracer::decode::DecoderCaches::sharing_sections();
-    let mut tally = CheckTally::default();
-    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
-        for w in &windows {
-            let opts = WindowOptions {
-                source: w.name.clone(),
-                window_id: if w.lost.is_some() { None } else { w.id },
-                cpu: w.cpu,
-                base_offset: w.base_offset,
-                decoder: args.decoder.kind(),
-            };
-            let pt = &data[w.pt.clone()];
-            if let Some(what) = &w.lost {
-                if let Some(id) = w.id {
-                    printer.record(&Record::WindowId(id))?;
-                }
-                printer.record(&Record::Gap(Box::new(drpttracer::decode::Gap {
-                    kind: drpttracer::decode::GapKind::LostData,
-                    ip: None,
-                    pt_offset: w.base_offset,
-                    source: w.name.clone(),
-                    error: what.clone(),
-                })))?;
-            }
-            // A thread file's window sideband changes the image before the window, as in
-            // `decode DIR` (ptt_dir): mappings in order, then the captured code, which is
-            // what actually ran.
-            if let Some(r) = w.sideband.as_ref().filter(|r| !r.is_empty()) {
-                let evs = parse_records(
-                    &format!("{} sideband", w.name),
-                    &data[r.clone()],
-                    window_sample_type,
-                )?;
-                resolver.apply_window(&mut space, &evs, &mut warnings);
-            }
-            let events = events.clone();
-            if args.decoder == DecoderArg::Check {
-                let mut fast = PtDecoder::new(
-                    pt,
-                    params,
-                    space.clone(),
-                    events.clone(),
-                    resolver.clone(),
-                    opts.clone(),
-                )?
-                .with_caches(std::mem::take(&mut caches));
-                let reference = WindowOptions {
-                    decoder: DecoderKind::Libipt,
-                    ..opts
-                };
-                let mut libipt = PtDecoder::new(
-                    pt,
-                    params,
-                    space.clone(),
-                    events,
-                    resolver.clone(),
-                    reference,
-                )?
-                .with_caches(std::mem::take(&mut ref_caches));
-                let outcome = check::compare(&mut fast, &mut libipt);
-                caches = fast.take_caches();
-                ref_caches = libipt.take_caches();
-                tally.add(&mut printer.out, &w.name, outcome)?;
-            } else if args.threads > 1 {
-                let chunks = decode_parallel_compact(
-                    pt,
-                    &params,
-                    &space,
-                    &events,
-                    &resolver,
-                    &opts,
-                    usize::from(args.threads),
-                )?;
-                for r in chunks.iter().flat_map(|c| c.iter()) {
-                    printer.record(r)?;
-                }
-            } else {
-                let mut dec =
-                    PtDecoder::new(pt, params, space.clone(), events, resolver.clone(), opts)?
-                        .with_caches(std::mem::take(&mut caches));
-                // Slices in batches of 4096 between progress updates (the decoder's
-                // position is only known between batches).
-                loop {
-                    let mut n = 0u32;
-                    let flow = dec.for_each_slice(|recs| {
-                        for r in recs {
-                            if let Err(e) = printer.record(r) {
-                                return ControlFlow::Break(Err(e));
-                            }
-                        }
-                        n += 1;
-                        if n == 4096 {
-                            ControlFlow::Break(Ok(()))
-                        } else {
-                            ControlFlow::Continue(())
-                        }
-                    });
-                    match flow {
-                        None => break,
-                        Some(r) => r?,
-                    }
-                    if let Some(b) = &bar {
-                        b.set_position(done + dec.position());
-                    }
-                }
-                for m in dec.warnings() {
-                    if !warnings.contains(m) {
-                        warnings.push(m.clone());
-                    }
-                }
-                caches = dec.take_caches();
-            }
-            done += w.pt.len() as u64;
-            if let Some(b) = &bar {
-                b.set_position(done);
-            }
-        }
-        if args.decoder == DecoderArg::Check {
-            tally.finish(&mut printer.out)?;
-            printer.out.flush()?;
-        } else {
-            printer.finish()?;
+
+    /// `--threads N`: PSB-parallel decode of the window.
+    fn parallel<W: Write>(
+        &mut self,
+        printer: &mut Printer<W>,
+        pt: &[u8],
+        space: &AddressSpace,
+        resolver: &ImageResolver,
+        opts: &WindowOptions,
+    ) -> WindowResult<()> {
+        let chunks = decode_parallel_compact(
+            pt,
+            &self.params,
+            space,
+            &self.events,
+            resolver,
+            opts,
+            usize::from(self.args.threads),
+        )?;
+        for r in chunks.iter().flat_map(|c| c.iter()) {
+            printer.record(r)?;
         }
         Ok(())
-    })();
-    if let Some(b) = bar {
-        b.finish_and_clear();
     }
-    for w in &warnings {
-        eprintln!("pttrace decode: warning: {w}");
-    }
-    match result {
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
-        {
-            Ok(())
+
+    /// One decoder over the window, its records printed as they come; `progress` gets its
+    /// position now and then. Returns the image warnings the decoder met.
+    fn stream<W: Write>(
+        &mut self,
+        printer: &mut Printer<W>,
+        pt: &[u8],
+        space: &AddressSpace,
+        resolver: &ImageResolver,
+        opts: WindowOptions,
+        progress: impl Fn(u64),
+    ) -> WindowResult<Vec<String>> {
+        let events = self.events.clone();
+        let mut dec = PtDecoder::new(
+            pt,
+            self.params,
+            space.clone(),
+            events,
+            resolver.clone(),
+            opts,
+        )?
+        .with_caches(std::mem::take(&mut self.caches));
+        // Slices in batches of 4096 between progress updates (the decoder's position is
+        // only known between batches).
+        loop {
+            let mut n = 0u32;
+            let flow = dec.for_each_slice(|recs| {
+                for r in recs {
+                    if let Err(e) = printer.record(r) {
+                        return ControlFlow::Break(Err(e));
+                    }
+                }
+                n += 1;
+                if n == 4096 {
+                    ControlFlow::Break(Ok(()))
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+            match flow {
+                None => break,
+                Some(r) => r?,
+            }
+            progress(dec.position());
         }
-        r => {
-            r?;
-            damages.finish("decode", args.keep_going)
-        }
+        let warnings = dec.warnings().to_vec();
+        self.caches = dec.take_caches();
+        Ok(warnings)
     }
 }
