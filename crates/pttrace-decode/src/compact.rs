@@ -67,6 +67,8 @@ pub struct CompactRecords {
     items: Vec<CItem>,
     markers: Vec<Record>,
     arenas: Vec<Vec<Record>>,
+    /// Records referenced by `items` (kept, so that counting is not a walk).
+    records: usize,
 }
 
 impl PartialEq for CompactRecords {
@@ -110,13 +112,17 @@ impl CompactRecords {
                 if a == arena && s + l == start {
                     if let Some(joined) = CItem::block(arena, s, l + len) {
                         *last = joined;
+                        self.records += len as usize;
                         return;
                     }
                 }
             }
         }
         match CItem::block(arena, start, len) {
-            Some(it) => self.items.push(it),
+            Some(it) => {
+                self.items.push(it);
+                self.records += len as usize;
+            }
             None => {
                 let (s, l) = (start as usize, len as usize);
                 for r in recs.get(s..s + l).unwrap_or(&[]) {
@@ -129,6 +135,7 @@ impl CompactRecords {
     pub(crate) fn push_marker(&mut self, r: Record) {
         self.items.push(CItem::rec(self.markers.len() as u32));
         self.markers.push(r);
+        self.records += 1;
     }
 
     /// Room for `n` more entries.
@@ -176,12 +183,14 @@ impl CompactRecords {
     }
 
     /// Number of records.
+    #[inline]
     pub fn len(&self) -> usize {
-        self.slices().map(<[Record]>::len).sum()
+        self.records
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.slices().all(<[Record]>::is_empty)
+        self.records == 0
     }
 
     /// The records, copied out.
@@ -209,6 +218,7 @@ impl CompactRecords {
         });
         if let Some(k) = hit {
             self.items[k] = CItem::EMPTY;
+            self.records -= 1;
         }
     }
 
@@ -298,7 +308,9 @@ mod tests {
         let lens: Vec<usize> = c.slices().map(<[Record]>::len).collect();
         assert_eq!(lens, [5, max, 5]);
         assert_eq!(c.to_vec(), recs);
+        assert_eq!(c.len(), recs.len());
         c.push_copies(&[]);
+        assert_eq!(c.len(), recs.len());
         assert_eq!(c.slices().count(), 3);
     }
 
