@@ -1141,3 +1141,61 @@ fn emulated_sigkill_keeps_the_ring_as_a_recovered_snapshot_of_the_last_iteration
     let notes = notes(&p.out);
     assert!(notes.contains(&want_note), "{notes:?}");
 }
+
+#[test]
+fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
+    let p = prog_emu();
+    const PER: u64 = 1500;
+    let mut live = Live::spawn(emu_command(
+        &p,
+        &["--snapshot", "8K", "--trigger", "signal:USR2"],
+        &[&PER.to_string(), "threads", "1"],
+    ));
+    live.wait_ready(2);
+    live.wait_blocked_in_read(2);
+    live.signal(libc::SIGUSR2);
+    live.wait_note(&p.out, "snapshot 1: complete, written by 2 threads");
+    // A byte on stdin: main calls getppid (no trigger), then reads again; EOF ends it.
+    live.send(b"x");
+    let out = live.end();
+    assert!(
+        out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
+        "{out}"
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2);
+    let main_tid = t.processes[0].pid;
+    let mut loops = Vec::new();
+    for th in &t.threads {
+        let main = th.header.tid == main_tid;
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 1, "thread {}: one firing", th.header.tid);
+        let s = &snaps[0];
+        assert_eq!(s.rec.number, 1);
+        assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
+        assert_eq!(s.rec.fired_tid, 0);
+        assert_eq!(s.gaps, 0);
+        assert!(s.pt_bytes <= 8 * 1024, "{}", s.pt_bytes);
+        assert!(s.rec.discarded_windows > 0, "{:?}", s.rec);
+        // Blocked in read: the snapshot ends with the window of its `ready K` write,
+        // returned; the window up to the read is in flight (single-step backend).
+        let n = s.windows.len();
+        let w = &s.windows[n - 1];
+        assert_eq!((w.nr, w.args[0], w.flags), (libc::SYS_write as u64, 1, 0));
+        assert_eq!(w.ret, "ready 0\n".len() as i64);
+        assert_eq!(s.last_insn[n - 1], SYSCALL_INSN);
+        assert!(s.windows[..n - 1].iter().all(|w| w.flags == WF_NO_SYSCALL));
+        // Exactly the last iterations of the thread's own loop, whole (the write's window
+        // is the last piece of the loop's: it holds the loop's end, then ready()).
+        let before = &s.pcs[..];
+        let (_, done, _) = iterations(&p, before);
+        let k = done[0] / PER;
+        let got = assert_tail_of_loop(&p, before, (k + 1) * PER - 1);
+        assert!(got > 50, "{got} iterations");
+        assert_eq!(k == 0, main, "thread {}: loop {k}", th.header.tid);
+        assert!(!s.pcs.contains(&p.marker));
+        loops.push(k);
+    }
+    loops.sort_unstable();
+    assert_eq!(loops, [0, 1]);
+}

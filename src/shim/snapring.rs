@@ -14,7 +14,9 @@
 //! of its own flagged `WF_NO_SYSCALL` (it starts with a PSB+ and decodes on its own), so
 //! a long stretch of code without syscalls does not become one window bigger than the
 //! ring. In snapshot mode the windows of a thread file are numbered by the ring (a window
-//! cut into pieces numbers each piece).
+//! cut into pieces numbers each piece). Each ring has a copy in a `MAP_SHARED` file
+//! ([`super::snapfile`]) that a SIGKILL does not take away: `pttrace run` then writes it
+//! as a `kill` snapshot ([`crate::format::ringfile`]).
 //!
 //! Triggers:
 //! - `syscall:NAME`: the window ending at that syscall (return value included) is the
