@@ -1024,3 +1024,178 @@ fn emulated_bad_addr_trigger_is_named() {
         text(&o)
     );
 }
+
+/// The `.snapring` file of the trace directory (one thread traced), once there is one.
+fn ring_file(out: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(out)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension() == Some(OsStr::new("snapring")))
+}
+
+#[test]
+fn emulated_sigkill_keeps_the_ring_as_a_recovered_snapshot_of_the_last_iterations() {
+    use drpttracer::format::ringfile;
+    let p = prog_emu();
+    // The loop then one iteration per getppid() until killed; no trigger fires before.
+    let mut live = Live::spawn(emu_command(
+        &p,
+        &["--snapshot", "8K", "--trigger", "syscall:exit"],
+        &["10", "forever"],
+    ));
+    // Wait until the ring (its file) has dropped windows: the horizon has moved on.
+    let path = loop {
+        if let Some(path) = ring_file(&p.out) {
+            let data = std::fs::read(&path).unwrap();
+            let r = ringfile::parse("ring", &data).unwrap();
+            if r.is_some_and(|r| r.discarded_windows > 300) {
+                break path;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20).min(live.left("the ring to wrap")));
+    };
+    let name = path.file_name().unwrap().to_str().unwrap().to_string();
+    let pid: i32 = name.split('-').next().unwrap().parse().unwrap();
+    // SAFETY: kill sends SIGKILL to the traced program (a child of pttrace run).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    drop(live.child.stdin.take());
+    let st = live.child.wait().unwrap();
+    let out = format!(
+        "{}{}",
+        live.stdout.join().unwrap(),
+        live.stderr.join().unwrap()
+    );
+    assert!(!st.success(), "{out}");
+    assert!(out.contains("signal: 9 (SIGKILL)"), "{out}");
+    // Salvaged: the ring file and the spool are gone, the snapshot is in the thread file.
+    assert!(ring_file(&p.out).is_none(), "{out}");
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1, "{out}");
+    let s = &snaps[0];
+    assert_eq!(s.rec.number, 1);
+    assert_eq!(s.rec.kind, TriggerKind::Kill as u32);
+    assert_eq!(s.rec.fired_tid, 0);
+    assert_eq!(s.rec.trigger, ringfile::KILL_TRIGGER);
+    assert_eq!(s.rec.ring_size, 8 * 1024);
+    assert!(s.rec.discarded_windows > 300, "{:?}", s.rec);
+    assert!(s.pt_bytes <= 8 * 1024, "{} PT bytes", s.pt_bytes);
+    assert!(s.pt_bytes >= 7 * 1024, "{} PT bytes", s.pt_bytes);
+    assert!(
+        out.contains(&format!(
+            "snapshot 1 recovered after the process was killed: {} windows, {} PT bytes",
+            s.windows.len(),
+            s.pt_bytes
+        )),
+        "{out}"
+    );
+    // The ring's windows, each one iteration ending at its getppid (returned), then the
+    // windows still queued when the process died: no PT (it was in the process's memory),
+    // flagged so, numbered on.
+    let n_ring = s
+        .windows
+        .iter()
+        .position(|w| w.flags & ptt::WF_RECOVERED != 0)
+        .unwrap_or(s.windows.len());
+    assert!(n_ring > 50, "{n_ring} windows from the ring");
+    for w in &s.windows[..n_ring] {
+        assert_eq!((w.nr, w.flags), (libc::SYS_getppid as u64, 0), "{w:?}");
+        assert!(w.ret > 0);
+    }
+    for w in &s.windows[n_ring..] {
+        assert_eq!(w.nr, libc::SYS_getppid as u64);
+        assert_eq!(w.flags, ptt::WF_RECOVERED | ptt::WF_PT_DROPPED, "{w:?}");
+    }
+    let idx: Vec<u64> = s.windows.iter().map(|w| w.index).collect();
+    let first = idx[0];
+    assert_eq!(idx, (first..first + idx.len() as u64).collect::<Vec<_>>());
+    assert!(
+        first > 300,
+        "windows from the start of the program: {first}"
+    );
+    // Exactly consecutive iterations, one per ring window, ending at the last one the
+    // ring got; nothing from before its horizon (not the first loop of 10).
+    let upto = s.starts.get(n_ring).copied().unwrap_or(s.pcs.len());
+    let (lead, done, unfinished) = iterations(&p, &s.pcs[..upto]);
+    assert!(lead.is_empty(), "{lead:?}");
+    assert_eq!(unfinished, None);
+    assert_eq!(done.len(), n_ring);
+    let want: Vec<u64> = (done[0]..done[0] + n_ring as u64).collect();
+    assert_eq!(done, want);
+    assert!(done[0] > 300, "iteration {}", done[0]);
+    assert_eq!(s.gaps, 0);
+    assert_eq!(
+        upto,
+        s.pcs.len(),
+        "instructions decoded from windows without PT"
+    );
+    let want_note = format!(
+        "snapshot 1: {} of thread {pid}: {} windows, {} PT bytes ({n_ring} from its ring, {} \
+         still queued without PT), {} windows discarded before them",
+        ringfile::RECOVERED_NOTE,
+        s.windows.len(),
+        s.pt_bytes,
+        s.windows.len() - n_ring,
+        s.rec.discarded_windows
+    );
+    let notes = notes(&p.out);
+    assert!(notes.contains(&want_note), "{notes:?}");
+}
+
+#[test]
+fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
+    let p = prog_emu();
+    const PER: u64 = 1500;
+    let mut live = Live::spawn(emu_command(
+        &p,
+        &["--snapshot", "8K", "--trigger", "signal:USR2"],
+        &[&PER.to_string(), "threads", "1"],
+    ));
+    live.wait_ready(2);
+    live.wait_blocked_in_read(2);
+    live.signal(libc::SIGUSR2);
+    live.wait_note(&p.out, "snapshot 1: complete, written by 2 threads");
+    // A byte on stdin: main calls getppid (no trigger), then reads again; EOF ends it.
+    live.send(b"x");
+    let out = live.end();
+    assert!(
+        out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
+        "{out}"
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2);
+    let main_tid = t.processes[0].pid;
+    let mut loops = Vec::new();
+    for th in &t.threads {
+        let main = th.header.tid == main_tid;
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 1, "thread {}: one firing", th.header.tid);
+        let s = &snaps[0];
+        assert_eq!(s.rec.number, 1);
+        assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
+        assert_eq!(s.rec.fired_tid, 0);
+        assert_eq!(s.gaps, 0);
+        assert!(s.pt_bytes <= 8 * 1024, "{}", s.pt_bytes);
+        assert!(s.rec.discarded_windows > 0, "{:?}", s.rec);
+        // Blocked in read: the snapshot ends with the window of its `ready K` write,
+        // returned; the window up to the read is in flight (single-step backend).
+        let n = s.windows.len();
+        let w = &s.windows[n - 1];
+        assert_eq!((w.nr, w.args[0], w.flags), (libc::SYS_write as u64, 1, 0));
+        assert_eq!(w.ret, "ready 0\n".len() as i64);
+        assert_eq!(s.last_insn[n - 1], SYSCALL_INSN);
+        assert!(s.windows[..n - 1].iter().all(|w| w.flags == WF_NO_SYSCALL));
+        // Exactly the last iterations of the thread's own loop, whole (the write's window
+        // is the last piece of the loop's: it holds the loop's end, then ready()).
+        let before = &s.pcs[..];
+        let (_, done, _) = iterations(&p, before);
+        let k = done[0] / PER;
+        let got = assert_tail_of_loop(&p, before, (k + 1) * PER - 1);
+        assert!(got > 50, "{got} iterations");
+        assert_eq!(k == 0, main, "thread {}: loop {k}", th.header.tid);
+        assert!(!s.pcs.contains(&p.marker));
+        loops.push(k);
+    }
+    loops.sort_unstable();
+    assert_eq!(loops, [0, 1]);
+}

@@ -6,6 +6,7 @@ pub use pttrace_format::code;
 pub use pttrace_format::launch;
 pub use pttrace_format::pdb;
 pub use pttrace_format::ptt;
+pub use pttrace_format::ringfile;
 pub use pttrace_format::snapshot;
 pub use pttrace_format::snapshot_ring;
 pub use pttrace_format::spool;

@@ -53,6 +53,7 @@ pub mod paths;
 pub mod raw;
 pub mod rewrite;
 pub mod slots;
+pub mod snapfile;
 pub mod snapreq;
 pub mod snapring;
 pub mod spool;

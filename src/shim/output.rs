@@ -540,6 +540,11 @@ pub fn drain_locked(slot: &Slot) {
             slot.nonce.load(Relaxed),
             slot.tid.load(Relaxed),
         );
+        super::snapfile::remove(
+            slot.pid.load(Relaxed),
+            slot.nonce.load(Relaxed),
+            slot.tid.load(Relaxed),
+        );
         if slot.state.load(Acquire) == EXITED {
             slot.forget_spool();
             slot.kpt.close();

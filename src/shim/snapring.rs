@@ -14,7 +14,9 @@
 //! of its own flagged `WF_NO_SYSCALL` (it starts with a PSB+ and decodes on its own), so
 //! a long stretch of code without syscalls does not become one window bigger than the
 //! ring. In snapshot mode the windows of a thread file are numbered by the ring (a window
-//! cut into pieces numbers each piece).
+//! cut into pieces numbers each piece). Each ring has a copy in a `MAP_SHARED` file
+//! ([`super::snapfile`]) that a SIGKILL does not take away: `pttrace run` then writes it
+//! as a `kill` snapshot ([`crate::format::ringfile`]).
 //!
 //! Triggers:
 //! - `syscall:NAME`: the window ending at that syscall (return value included) is the
@@ -43,6 +45,7 @@ use std::sync::OnceLock;
 use super::output::write_frame_parts;
 use super::raw;
 use super::slots::{self, Slot};
+use super::snapfile::RingFile;
 use super::userpt::Piece;
 use crate::format::ptt::{EndReason, RecordType, Window, WF_NO_SYSCALL};
 use crate::format::snapshot::{
@@ -192,6 +195,8 @@ struct ThreadRing {
     slot: *const Slot,
     tid: i32,
     ring: Ring<Meta>,
+    /// The ring's copy in a file ([`super::snapfile`]), when it could be made.
+    file: Option<RingFile>,
     next_index: u64,
     /// Window frames written to the file.
     written: u64,
@@ -251,10 +256,29 @@ impl State {
     }
 
     fn new_ring(&mut self, slot: *const Slot, tid: i32, size: u64) -> usize {
+        // SAFETY: slots are never unmapped.
+        let s = unsafe { &*slot };
+        let wanted = slots::STATIC.get().is_some_and(|st| st.spool);
+        let file = if wanted {
+            let (pid, nonce) = (s.pid.load(Relaxed), s.nonce.load(Relaxed));
+            match RingFile::create(pid, nonce, tid, size) {
+                Ok(f) => Some(f),
+                Err(why) => {
+                    note(&format!(
+                        "snapshot ring of thread {tid} is not kept in a file ({why}): a \
+                         SIGKILL of the process loses it"
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         self.threads.push(ThreadRing {
             slot,
             tid,
             ring: Ring::new(size),
+            file,
             next_index: 0,
             written: 0,
             pending: Vec::new(),
@@ -305,6 +329,31 @@ fn write_ring(
         }
     }
     slot.written.store(t.written, Relaxed);
+    // In the thread file now (a recovery skips the windows the file has, should a kill
+    // come before the clear).
+    t.sync_file();
+    if let Some(f) = t.file.as_mut() {
+        f.clear();
+    }
+}
+
+impl ThreadRing {
+    /// Adds a window to the ring and its file.
+    fn push(&mut self, meta: Meta, pt: Vec<u8>) {
+        if let Some(f) = self.file.as_mut() {
+            f.push(&meta.w, &pt, &meta.sideband);
+        }
+        self.ring.push(meta, pt, drop);
+        self.sync_file();
+    }
+
+    /// The file follows the ring: the windows it dropped, its counts.
+    fn sync_file(&mut self) {
+        if let Some(f) = self.file.as_mut() {
+            f.keep_last(self.ring.len());
+            f.set_state(self.ring.discarded(), self.next_index);
+        }
+    }
 }
 
 /// Firings this thread has still to write, written now (before any window the writer
@@ -422,13 +471,12 @@ pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<
         };
         t.next_index += 1;
         let sb = sideband.take().unwrap_or_default();
-        t.ring.push(
+        t.push(
             Meta {
                 w: piece,
                 sideband: sb,
             },
             p.pt,
-            drop,
         );
         if let Some(m) = p.mark {
             let what = set.marks.get(m as usize).map_or("addr", String::as_str);
@@ -453,13 +501,12 @@ pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<
     }
     t.next_index += 1;
     let sb = sideband.take().unwrap_or_default();
-    t.ring.push(
+    t.push(
         Meta {
             w: last,
             sideband: sb,
         },
         last_pt,
-        drop,
     );
     if w.depth == 0 && set.syscalls.contains(&w.nr) {
         let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();

@@ -10,6 +10,8 @@
  *   block            writes "ready 0\n" on stdout, then blocks reading one byte of stdin,
  *                    then marker()
  *   exec PROG ARGS   execv(PROG, [PROG, ARGS...]) first (no loop in this image)
+ *   forever          after its loop, runs step(i) then getppid() for i = N, N+1, ...
+ *                    until it is killed
  *   spin             another thread runs step(i) for i = 0, 1, ... until told to stop;
  *                    once it is looping, the main thread runs its loop, calls getppid(),
  *                    then stops it and joins it
@@ -124,6 +126,12 @@ int main(int argc, char **argv) {
         return 0;
     }
     loop(0, n);
+    if (!strcmp(mode, "forever")) {
+        for (unsigned long i = n;; i++) {
+            step(i);
+            (void)getppid();
+        }
+    }
     if (!strcmp(mode, "block")) {
         char c;
         ready(0);

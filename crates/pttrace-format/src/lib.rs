@@ -20,6 +20,7 @@ pub mod metadata;
 pub mod pdb;
 pub mod perf_record;
 pub mod ptt;
+pub mod ringfile;
 pub mod snapshot;
 pub mod snapshot_ring;
 pub mod spool;

@@ -313,6 +313,9 @@ pub enum TriggerKind {
     Signal = 1,
     Syscall = 2,
     Addr = 3,
+    /// Not a trigger: the ring recovered from its file after the process was killed
+    /// ([`crate::ringfile`]).
+    Kill = 4,
 }
 
 impl TriggerKind {
@@ -322,6 +325,7 @@ impl TriggerKind {
             1 => TriggerKind::Signal,
             2 => TriggerKind::Syscall,
             3 => TriggerKind::Addr,
+            4 => TriggerKind::Kill,
             _ => return None,
         })
     }
@@ -331,6 +335,7 @@ impl TriggerKind {
             TriggerKind::Signal => "signal",
             TriggerKind::Syscall => "syscall",
             TriggerKind::Addr => "addr",
+            TriggerKind::Kill => "kill",
         }
     }
 }

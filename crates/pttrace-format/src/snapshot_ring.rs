@@ -85,6 +85,23 @@ impl<M: RingWindow> Ring<M> {
         }
     }
 
+    /// Windows and PT bytes dropped since the last snapshot, and their sideband.
+    pub fn discarded(&self) -> (u64, u64, &[u8]) {
+        (
+            self.discarded_windows,
+            self.discarded_pt,
+            &self.dropped_sideband,
+        )
+    }
+
+    /// Starts the counts of dropped windows (and their sideband) from these (a ring read
+    /// back from its file, [`crate::ringfile`]).
+    pub fn set_discarded(&mut self, windows: u64, pt: u64, sideband: Vec<u8>) {
+        self.discarded_windows = windows;
+        self.discarded_pt = pt;
+        self.dropped_sideband = sideband;
+    }
+
     /// PT bytes held now.
     pub fn pt_bytes(&self) -> u64 {
         self.pt_bytes

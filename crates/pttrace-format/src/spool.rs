@@ -317,6 +317,10 @@ pub struct Recovery {
     /// The thread's process and thread ids (from the spool).
     pub pid: i32,
     pub tid: i32,
+    /// Snapshot mode: the snapshot recovered from the thread's ring file
+    /// ([`crate::ringfile`]) that `frames` starts with, and how many of its windows came
+    /// from the ring (the others: the spool's, without PT).
+    pub snapshot: Option<(crate::snapshot::SnapshotRecord, u64)>,
 }
 
 /// What the thread file's frames say (the parts recovery needs).
@@ -423,7 +427,146 @@ pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<
         windows,
         pid: spool.pid,
         tid: spool.tid,
+        snapshot: None,
     })
+}
+
+/// The last window index of a thread file's frames, and whether it holds a `Recovered`
+/// record.
+fn last_index(file: &ParsedFile<'_>) -> (Option<u64>, bool) {
+    let mut last: Option<u64> = None;
+    let mut recovered = false;
+    for f in &file.frames {
+        match RecordType::from_raw(f.ty) {
+            Some(RecordType::Window) => {
+                if let Some(w) = decode_window(f.payload) {
+                    last = Some(last.map_or(w.window.index, |l| l.max(w.window.index)));
+                }
+            }
+            Some(RecordType::Recovered) => recovered = true,
+            _ => {}
+        }
+    }
+    (last, recovered)
+}
+
+/// Snapshot mode: what the ring file `ring` (and the spool, if any) add to the thread
+/// file `file`: the ring's windows not written yet and the spool's queued windows as one
+/// snapshot numbered `number` ([`crate::ringfile::recover`]), then what the spool says
+/// besides (dropped windows, syscalls in flight) in a `Recovered` record. `None` when the
+/// file was salvaged before.
+pub fn recover_with_ring(
+    spool: Option<&Spool>,
+    ring: &crate::ringfile::RingFile,
+    file: &ParsedFile<'_>,
+    file_len: usize,
+    number: u64,
+) -> Option<Recovery> {
+    let (last, salvaged) = last_index(file);
+    if salvaged {
+        return None;
+    }
+    let keep = match file.tail {
+        Tail::Clean => file_len,
+        Tail::Truncated { offset, .. } | Tail::Corrupt { offset, .. } => offset,
+    };
+    let queued = spool.map_or(&[][..], |s| &s.pending[..]);
+    let mut out = Vec::new();
+    let mut snapshot = None;
+    let mut windows = Vec::new();
+    let mut rec = Recovered::default();
+    if let Some(r) = crate::ringfile::recover(ring, last, queued, number) {
+        out.extend_from_slice(&r.frames);
+        rec.windows = r.from_spool;
+        snapshot = Some((r.record, r.from_ring));
+        windows = r.windows;
+    }
+    if let Some(spool) = spool {
+        rec.flags = (spool.flags & FLAG_IN_FLIGHT_OVERFLOW) as u32;
+        let mut dropped_total = 0;
+        for f in &file.frames {
+            if f.ty == RecordType::Dropped as u16 {
+                if let Some((_, total)) = decode_dropped(f.payload) {
+                    dropped_total = dropped_total.max(total);
+                }
+            }
+        }
+        if spool.dropped > dropped_total {
+            rec.dropped = spool.dropped - dropped_total;
+            let mut p = Vec::with_capacity(16);
+            p.extend_from_slice(&rec.dropped.to_le_bytes());
+            p.extend_from_slice(&spool.dropped.to_le_bytes());
+            out.extend(ptt::frame_vec(RecordType::Dropped, &p)?);
+        }
+        // The recovered windows have no syscall fields of their own to match: a syscall
+        // whose window was queued returned.
+        rec.in_flight = spool
+            .in_flight
+            .iter()
+            .filter(|f| !in_flight_done(f, &[], &spool.pending))
+            .copied()
+            .collect();
+    }
+    out.extend(ptt::frame_vec(RecordType::Recovered, &rec.payload())?);
+    Some(Recovery {
+        keep,
+        file_tail: file.tail.clone(),
+        frames: out,
+        recovered: rec,
+        windows,
+        pid: ring.pid,
+        tid: ring.tid,
+        snapshot,
+    })
+}
+
+/// The number the recovered snapshot of a thread file takes: one more than the last
+/// firing of its process image (the `Snapshot` records of its thread files, the firing
+/// notes of its info file).
+pub fn next_snapshot_number(ptt_path: &Path) -> u64 {
+    let Some(name) = ptt_path.file_name().and_then(|n| n.to_str()) else {
+        return 1;
+    };
+    let Some((base, _)) = name.trim_end_matches(".ptt").rsplit_once('-') else {
+        return 1;
+    };
+    let dir = ptt_path.parent().unwrap_or(Path::new("."));
+    let mut max = 0;
+    let prefix = format!("{base}-");
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for e in entries {
+        let p = e.path();
+        let Some(n) = p.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let thread = n.starts_with(&prefix) && n.ends_with(".ptt");
+        let info = n == format!("{base}.info");
+        if !thread && !info {
+            continue;
+        }
+        let Ok(data) = std::fs::read(&p) else {
+            continue;
+        };
+        let Ok(pf) = ptt::parse(n, &data) else {
+            continue;
+        };
+        for f in &pf.frames {
+            let number = match RecordType::from_raw(f.ty) {
+                Some(RecordType::Snapshot) => crate::snapshot::SnapshotRecord::decode(f.payload)
+                    .filter(|r| r.kind != crate::snapshot::TriggerKind::Kill as u32)
+                    .map(|r| r.number),
+                Some(RecordType::Note) => std::str::from_utf8(f.payload)
+                    .ok()
+                    .filter(|t| !t.contains(crate::ringfile::RECOVERED_NOTE))
+                    .and_then(|t| t.strip_prefix("snapshot "))
+                    .and_then(|t| t.split_once(':'))
+                    .and_then(|(n, _)| n.parse::<u64>().ok()),
+                _ => None,
+            };
+            max = max.max(number.unwrap_or(0));
+        }
+    }
+    max + 1
 }
 
 /// The `Window` payload of `w` without PT or sideband.
@@ -440,7 +583,7 @@ pub fn thread_files(entries: &[PathBuf]) -> Vec<PathBuf> {
         .iter()
         .filter_map(|e| match e.extension().and_then(|x| x.to_str()) {
             Some("ptt") => Some(e.clone()),
-            Some("spool") => Some(e.with_extension("ptt")),
+            Some("spool") | Some("snapring") => Some(e.with_extension("ptt")),
             _ => None,
         })
         .collect();
@@ -456,7 +599,12 @@ pub fn read_thread_file(path: &Path) -> Result<(Vec<u8>, Option<Recovery>), Form
     let name = path.display().to_string();
     let mut data = match std::fs::read(path) {
         Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path_for(path).exists() => Vec::new(),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && (path_for(path).exists() || crate::ringfile::path_for(path).exists()) =>
+        {
+            Vec::new()
+        }
         Err(e) => {
             return Err(FormatError::Record {
                 path: name.clone(),
@@ -476,23 +624,31 @@ pub fn read_thread_file(path: &Path) -> Result<(Vec<u8>, Option<Recovery>), Form
     Ok((data, Some(r)))
 }
 
-/// The recovery a spool beside `path` (whose bytes are `data`) brings, if any.
+/// The recovery a spool beside `path` (whose bytes are `data`) brings, if any; in
+/// snapshot mode, with the thread's ring file ([`recover_with_ring`]).
 pub fn recovery_for(path: &Path, data: &[u8]) -> Result<Option<Recovery>, FormatError> {
+    let read = |p: &Path| match std::fs::read(p) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(FormatError::Record {
+            path: p.display().to_string(),
+            offset: 0,
+            what: format!("cannot read: {e}"),
+        }),
+    };
     let sp = path_for(path);
-    let sdata = match std::fs::read(&sp) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(FormatError::Record {
-                path: sp.display().to_string(),
-                offset: 0,
-                what: format!("cannot read: {e}"),
-            })
-        }
+    let spool = match read(&sp)? {
+        Some(d) => parse(&sp.display().to_string(), &d)?,
+        None => None,
     };
-    let Some(spool) = parse(&sp.display().to_string(), &sdata)? else {
+    let rp = crate::ringfile::path_for(path);
+    let ring = match read(&rp)? {
+        Some(d) => crate::ringfile::parse(&rp.display().to_string(), &d)?,
+        None => None,
+    };
+    if spool.is_none() && ring.is_none() {
         return Ok(None);
-    };
+    }
     let name = path.display().to_string();
     // A file the process died creating (shorter than its header): the spool has it all.
     let created: Vec<u8>;
@@ -512,7 +668,20 @@ pub fn recovery_for(path: &Path, data: &[u8]) -> Result<Option<Recovery>, Format
             what: "expected a thread file (kind 2) beside the spool".into(),
         });
     }
-    Ok(recover(&spool, &file, data.len()))
+    match (&spool, &ring) {
+        (_, Some(ring)) => {
+            let number = next_snapshot_number(path);
+            Ok(recover_with_ring(
+                spool.as_ref(),
+                ring,
+                &file,
+                data.len(),
+                number,
+            ))
+        }
+        (Some(spool), None) => Ok(recover(spool, &file, data.len())),
+        (None, None) => Ok(None),
+    }
 }
 
 /// Kernel modes also keep DynamoRIO's `kernel.raw/<tid>.raw.pt` per thread, with one
@@ -607,7 +776,10 @@ fn complete_kernel_raw(ptt: &Path, data: &[u8], pid: i32, tid: i32) -> Result<()
 /// frames and gets the recovered ones appended (written to a temporary file and renamed
 /// over the original, so a failure leaves both files as they were); the spool is deleted.
 /// Call only when the process that wrote them is gone. Returns what was recovered.
-pub fn salvage(path: &Path) -> Result<Option<Recovered>, FormatError> {
+///
+/// In snapshot mode the thread's ring file ([`crate::ringfile`]) is recovered with it,
+/// as one more snapshot, noted in the process's info file, and deleted too.
+pub fn salvage(path: &Path) -> Result<Option<Recovery>, FormatError> {
     let (data, rec) = read_thread_file(path)?;
     let io = |p: &Path, e: std::io::Error| FormatError::Record {
         path: p.display().to_string(),
@@ -620,14 +792,74 @@ pub fn salvage(path: &Path) -> Result<Option<Recovered>, FormatError> {
         std::fs::write(&tmp, &data).map_err(|e| io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
         complete_kernel_raw(path, &data, r.pid, r.tid)?;
-        std::fs::remove_file(&sp).map_err(|e| io(&sp, e))?;
-        return Ok(Some(r.recovered.clone()));
+        if let Some((snap, from_ring)) = &r.snapshot {
+            note_recovered_snapshot(path, snap, *from_ring, r.tid);
+        }
+        remove_if_there(&sp).map_err(|e| io(&sp, e))?;
+        let rp = crate::ringfile::path_for(path);
+        remove_if_there(&rp).map_err(|e| io(&rp, e))?;
+        return Ok(rec);
     }
     // Nothing to add (never set up, or salvaged already): the spool is only a leftover.
-    match std::fs::remove_file(&sp) {
-        Ok(()) => Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io(&sp, e)),
+    remove_if_there(&sp).map_err(|e| io(&sp, e))?;
+    let rp = crate::ringfile::path_for(path);
+    remove_if_there(&rp).map_err(|e| io(&rp, e))?;
+    Ok(None)
+}
+
+fn remove_if_there(p: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Appends to the process's info file (`<pid>-<nonce>.info` beside the thread file) the
+/// note that thread `tid`'s snapshot `snap` was recovered after the process was killed.
+/// Best effort: an info file that cannot be read or written keeps what it has (the
+/// snapshot's record says the same).
+fn note_recovered_snapshot(
+    ptt_path: &Path,
+    snap: &crate::snapshot::SnapshotRecord,
+    from_ring: u64,
+    tid: i32,
+) {
+    let Some(name) = ptt_path.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    let Some((base, _)) = name.trim_end_matches(".ptt").rsplit_once('-') else {
+        return;
+    };
+    let info = ptt_path.with_file_name(format!("{base}.info"));
+    let Ok(data) = std::fs::read(&info) else {
+        return;
+    };
+    let Ok(pf) = ptt::parse(&info.display().to_string(), &data) else {
+        return;
+    };
+    let keep = match pf.tail {
+        Tail::Clean => data.len(),
+        Tail::Truncated { offset, .. } | Tail::Corrupt { offset, .. } => offset,
+    };
+    let text = format!(
+        "snapshot {}: {} of thread {tid}: {} windows, {} PT bytes ({} from its ring, {} \
+         still queued without PT), {} windows discarded before them",
+        snap.number,
+        crate::ringfile::RECOVERED_NOTE,
+        snap.windows,
+        snap.pt_bytes,
+        from_ring.min(snap.windows),
+        snap.windows.saturating_sub(from_ring),
+        snap.discarded_windows
+    );
+    let Some(frame) = ptt::frame_vec(RecordType::Note, text.as_bytes()) else {
+        return;
+    };
+    let mut all = data[..keep].to_vec();
+    all.extend_from_slice(&frame);
+    let tmp = info.with_extension("info.salvage");
+    if std::fs::write(&tmp, &all).is_ok() {
+        let _ = std::fs::rename(&tmp, &info);
     }
 }
 
@@ -787,7 +1019,7 @@ mod tests {
         std::fs::write(path_for(&ptt), spool_bytes(4, &[], &ws, &[])).unwrap();
         let (merged, r) = read_thread_file(&ptt).unwrap();
         assert_eq!(r.unwrap().recovered.windows, 2);
-        let rec = salvage(&ptt).unwrap().unwrap();
+        let rec = salvage(&ptt).unwrap().unwrap().recovered;
         assert_eq!(rec.windows, 2);
         assert!(!path_for(&ptt).exists());
         assert_eq!(std::fs::read(&ptt).unwrap(), merged);

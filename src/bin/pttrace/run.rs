@@ -390,14 +390,28 @@ fn salvage_spools(out: &Path) {
         if name.ends_with(".spool.exec") {
             // Set aside at an execve whose new image was not traced: nothing in it.
             let _ = std::fs::remove_file(&path);
-        } else if let Some(stem) = name.strip_suffix(".spool") {
+        } else if let Some(stem) = name
+            .strip_suffix(".spool")
+            .or_else(|| name.strip_suffix(".snapring"))
+        {
             let ptt = path.with_file_name(format!("{stem}.ptt"));
+            if !path.exists() {
+                // Salvaged with the other file of the pair.
+                continue;
+            }
             match drpttracer::format::spool::salvage(&ptt) {
-                Ok(Some(r)) => println!(
-                    "{}: {}",
-                    super::text::printable(&ptt.display().to_string()),
-                    super::text::recovered_text(&r)
-                ),
+                Ok(Some(r)) => {
+                    let shown = ptt.display().to_string();
+                    let p = super::text::printable(&shown);
+                    if let Some((snap, _)) = &r.snapshot {
+                        println!(
+                            "{p}: snapshot {} recovered after the process was killed: {} \
+                             windows, {} PT bytes",
+                            snap.number, snap.windows, snap.pt_bytes
+                        );
+                    }
+                    println!("{p}: {}", super::text::recovered_text(&r.recovered));
+                }
                 Ok(None) => {}
                 Err(e) => eprintln!("pttrace run: cannot complete {name} from its spool: {e}"),
             }
