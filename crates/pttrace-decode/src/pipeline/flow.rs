@@ -946,9 +946,9 @@ impl PtDecoder<'_> {
                 self.flow_ovf(st)?;
                 Ok(None)
             }
-            TraceItem::Tnt => {
-                Err(self.flow_bad_query(st, b, st.pos, "TNT where the code needs a TIP"))
-            }
+            // (libipt 2.1.2 takes the TIP after the TNT for the indirect branch and keeps
+            // the bits for later: not an error to resync at.)
+            TraceItem::Tnt => Err("TNT where the code needs a TIP"),
             TraceItem::Tip(_) => {
                 Err(self.flow_bad_query(st, b, st.item_at, "TIP where the code needs a TNT bit"))
             }

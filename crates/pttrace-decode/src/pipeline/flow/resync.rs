@@ -225,7 +225,7 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: BAD_RETCOMP,
             ip: None,
-            offset: st.pos,
+            offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
         });
         "compressed return not taken"
@@ -238,7 +238,7 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: RETSTACK_EMPTY,
             ip: None,
-            offset: st.pos,
+            offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
         });
         "compressed return, empty return stack"
