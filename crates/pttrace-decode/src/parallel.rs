@@ -327,7 +327,9 @@ pub fn decode_parallel_stats(
         psb_offsets(trace)
     };
     let segs = split(trace, &psbs, threads * CHUNKS_PER_THREAD);
-    if segs.len() <= 1 {
+    // (Resync after errors goes on from where the error was, which a decoder starting at
+    // a later PSB cannot know: one pass.)
+    if segs.len() <= 1 || opts.resync_on_error {
         return one_pass(&inputs, segs.len());
     }
     // The fast decoder where it decodes the whole trace (no sideband, no filters); else

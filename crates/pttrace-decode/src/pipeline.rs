@@ -40,6 +40,10 @@ pub struct WindowOptions {
     pub base_offset: u64,
     /// Which decoder runs (the fast one by default, same records).
     pub decoder: DecoderKind,
+    /// After a decode error, resume at the next packet that gives an IP (TIP, TIP.PGE,
+    /// FUP-bound events, OVF) as libipt 2.2's `pt_blk_resync` (ptxed `--resync-on-error`)
+    /// does, instead of at the next PSB: the fast decoder's `flow::resync`.
+    pub resync_on_error: bool,
 }
 
 /// A cut point of parallel decode: a PSB at which the decoder of the next segment starts.
@@ -414,6 +418,7 @@ impl<'a> PtDecoder<'a> {
             };
             let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
             f.initial_records = queue.records;
+            f.resync = opts.resync_on_error;
             f.ovf_errata = errata.skd010 || errata.apl11 || errata.apl12;
             Box::new(f)
         });

@@ -53,6 +53,9 @@ pub struct PttTrace {
     pub private_caches: bool,
     /// Which decoder decodes the windows (the fast one by default; same records).
     pub decoder: crate::DecoderKind,
+    /// Resynchronize after a decode error at the next packet that gives an IP
+    /// ([`WindowOptions::resync_on_error`]).
+    pub resync_on_error: bool,
 }
 
 /// What a decoded window was.
@@ -508,6 +511,7 @@ impl PttTrace {
                 cpu: None,
                 base_offset: base,
                 decoder: self.decoder,
+                resync_on_error: self.resync_on_error,
             };
             let w = WindowInput {
                 pt: wr.pt,

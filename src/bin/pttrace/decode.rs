@@ -211,6 +211,14 @@ pub struct DecodeArgs {
     /// was compared).
     #[arg(long, value_enum, default_value = "fast")]
     decoder: DecoderArg,
+    /// After a decode error (no code at an IP, trace that does not match the code), go on
+    /// at the next packet that gives an IP (TIP, TIP.PGE/PGD, FUP-bound events, OVF) as
+    /// ptxed's `--resync-on-error` (libipt 2.2's `pt_blk_resync`) does, instead of at the
+    /// next PSB. The fast decoder only (libipt 2.1.2 cannot): the error's gap record
+    /// stays; where the fast decoder must hand a window to libipt, that window resyncs at
+    /// PSBs and a warning says why.
+    #[arg(long)]
+    resync_on_error: bool,
     /// Damaged input (a torn or corrupt record, a container record that does not fit):
     /// decode what could be read and exit 0 (the damage is still listed on stderr).
     #[arg(long)]
@@ -386,6 +394,13 @@ impl<W: Write> Printer<W> {
 
 pub fn run(args: Args) -> CmdResult {
     let args = *args.opts;
+    if args.resync_on_error && args.decoder != DecoderArg::Fast {
+        return Err(
+            "--resync-on-error needs --decoder fast: libipt 2.1.2 resyncs at PSBs \
+                    only (and `check` would compare against it)"
+                .into(),
+        );
+    }
     if args.decoder == DecoderArg::Check && args.threads > 1 {
         return Err("--decoder check compares on one thread: leave out --threads".into());
     }
@@ -449,6 +464,7 @@ pub fn run(args: Args) -> CmdResult {
                 cpu: w.cpu,
                 base_offset: w.base_offset,
                 decoder: args.decoder.kind(),
+                resync_on_error: args.resync_on_error,
             };
             let pt = &data[w.pt.clone()];
             if let Some(what) = &w.lost {

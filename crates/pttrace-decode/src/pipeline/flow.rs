@@ -22,9 +22,12 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
 use super::{Item, PtDecoder, Record};
+
+mod resync;
 use crate::insn::AddrHasher;
 use crate::records::{ExecMode, InsnClass};
 use crate::wire::{self, LastIp, Pkt};
+pub(crate) use resync::FlowError;
 
 /// Which decoder a [`super::PtDecoder`] runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,6 +71,9 @@ enum End {
     Syscall,
     /// Length limit: on at `fall` without trace.
     Continue,
+    /// No code at `fall` (no image covers it): libipt's nomap error when the walk gets
+    /// there, unless an event binds to one of the block's instructions first.
+    Nomap,
 }
 
 /// Straight-line code up to a branch that needs trace, through direct jumps and direct
@@ -398,6 +404,17 @@ pub(crate) struct FlowState {
     /// Synchronizing at a cut, not at the trace's start: the sequential decoder passes
     /// that PSB+ without a sync-point timestamp.
     at_cut: bool,
+    /// Where the last trace item read ([`PtDecoder::flow_next_item`]) starts.
+    item_at: usize,
+    /// Resynchronize after a decode error as libipt 2.2's `pt_blk_resync`
+    /// ([`super::WindowOptions::resync_on_error`]).
+    pub resync: bool,
+    /// The decode error the engine stopped at (a gap, not something to hand to libipt).
+    error: Option<FlowError>,
+    /// It resynchronized after an error: its records no longer are libipt's.
+    resynced: bool,
+    /// The PSB a resynchronization at the next PSB tried last.
+    psb_tried: Option<usize>,
 }
 
 /// Where a decoder of part of a trace stopped (parallel decode): the engine's state right
@@ -505,6 +522,11 @@ impl FlowState {
             resume: None,
             yielded: false,
             at_cut: false,
+            item_at: 0,
+            resync: false,
+            error: None,
+            resynced: false,
+            psb_tried: None,
         }
     }
 
@@ -599,6 +621,9 @@ impl PtDecoder<'_> {
         };
         st.committed = self.queue.pushed;
         let mut r = self.flow_segment(&mut st);
+        if r.is_err() && st.resync {
+            r = self.flow_recover(&mut st, r);
+        }
         if matches!(r, Ok(Stop::Segment)) && !st.cuts.is_empty() {
             let at = st
                 .enabled
@@ -735,6 +760,7 @@ impl PtDecoder<'_> {
                 .get(st.cur as usize)
                 .ok_or("no block")?;
             match b.end {
+                End::Nomap => return self.flow_nomap(st, b),
                 End::Continue => {
                     st.without_trace += u64::from(b.len);
                     if st.without_trace > super::MAX_INSNS_WITHOUT_TRACE {
@@ -779,14 +805,13 @@ impl PtDecoder<'_> {
                     }
                     st.tnt_n -= 1;
                     if (st.tnt >> st.tnt_n) & 1 == 0 {
-                        return Err("compressed return not taken");
+                        return Err(self.flow_bad_retcomp(st, b));
                     }
                     // (The block's own calls first: a callee's return may end it.)
                     self.flow_push_block(st, b, b.len);
-                    let ip = st
-                        .ret
-                        .pop()
-                        .ok_or("compressed return, empty return stack")?;
+                    let Some(ip) = st.ret.pop() else {
+                        return Err(self.flow_retstack_empty(st));
+                    };
                     self.flow_commit(st);
                     st.cur = self.flow_block(ip)?;
                     if self.flow_yield(st) {
@@ -891,9 +916,14 @@ impl PtDecoder<'_> {
             }
             TraceItem::Async { from, to } => {
                 self.flow_not_walked(st, from)?;
-                let n = self
-                    .flow_index_of(b, from)
-                    .ok_or("asynchronous event IP not reached without trace")?;
+                let Some(n) = self.flow_index_of(b, from) else {
+                    return Err(self.flow_bad_query(
+                        st,
+                        b,
+                        st.item_at,
+                        "asynchronous event IP not reached without trace",
+                    ));
+                };
                 self.flow_push_block(st, b, n);
                 match to {
                     Some(to) => {
@@ -916,8 +946,12 @@ impl PtDecoder<'_> {
                 self.flow_ovf(st)?;
                 Ok(None)
             }
+            // (libipt 2.1.2 takes the TIP after the TNT for the indirect branch and keeps
+            // the bits for later: not an error to resync at.)
             TraceItem::Tnt => Err("TNT where the code needs a TIP"),
-            TraceItem::Tip(_) => Err("TIP where the code needs a TNT bit"),
+            TraceItem::Tip(_) => {
+                Err(self.flow_bad_query(st, b, st.item_at, "TIP where the code needs a TNT bit"))
+            }
             TraceItem::Pge(_) => Err("TIP.PGE while tracing is enabled"),
         }
     }
@@ -1129,10 +1163,12 @@ impl PtDecoder<'_> {
         let mut n = 0u32;
         let mode = ExecMode::Bit64;
         let (end, fall, target) = loop {
-            let info = self
-                .cache
-                .get(&space, pc, mode)
-                .ok_or("code not readable or not decodable")?;
+            let Some(info) = self.cache.get(&space, pc, mode) else {
+                if space.read(pc, &mut [0u8; 1]) == 0 {
+                    break (End::Nomap, pc, 0);
+                }
+                return Err("code not readable or not decodable");
+            };
             if info.class == InsnClass::Unknown {
                 return Err("unknown instruction");
             }
@@ -1140,7 +1176,9 @@ impl PtDecoder<'_> {
             n += 1;
             let next = pc.wrapping_add(u64::from(info.size));
             match (info.class, info.direct_target) {
-                (InsnClass::Other, _) => pc = next,
+                // (ptwrite without PTW packets is straight-line code to libipt too; a PTW
+                // packet goes to libipt.)
+                (InsnClass::Other | InsnClass::Ptwrite, _) => pc = next,
                 (InsnClass::Jump, Some(t)) => pc = t,
                 (InsnClass::Call, Some(t)) => {
                     // (A call to the next instruction pushes nothing, as in libipt.)
@@ -1201,6 +1239,7 @@ impl PtDecoder<'_> {
     /// Reads packets up to the next trace item (time, CBR, MODE.Exec applied on the way).
     fn flow_next_item(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
         loop {
+            st.item_at = st.pos;
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 if st.pos >= self.trace.len() {
                     return Ok(TraceItem::End(st.read_on));
@@ -1312,7 +1351,8 @@ impl PtDecoder<'_> {
             };
             st.pos += size;
             match pkt {
-                Pkt::Pad | Pkt::Cbr => {}
+                // (MODE.TSX in a PSB+ is a status libipt makes no record of.)
+                Pkt::Pad | Pkt::Cbr | Pkt::Other("mode.tsx") => {}
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(t) => st.clock.on_tsc(t),

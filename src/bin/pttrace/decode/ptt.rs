@@ -15,6 +15,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut trace = ptt_input::open(path)?;
     trace.sysroot = args.sysroot.clone();
     trace.decoder = args.decoder.kind();
+    trace.resync_on_error = args.resync_on_error;
     if args.decoder == super::DecoderArg::Check {
         return check(&trace);
     }

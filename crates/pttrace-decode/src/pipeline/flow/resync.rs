@@ -1,0 +1,457 @@
+//! Resynchronisation after a decode error ([`WindowOptions::resync_on_error`]), as libipt
+//! 2.2's `pt_blk_resync` (ptxed `--resync-on-error`) does it, in the fast decoder (libipt
+//! 2.1.2, the oracle of everything else, resyncs at PSBs only).
+//!
+//! A decode error the fast decoder is sure of (no code at an IP: libipt's nomap; trace
+//! that does not match the code: bad query, bad compressed return, compressed return
+//! without call) queues the gap record libipt gives for it, then decoding goes on at the
+//! first trace packet from the error on that gives an IP:
+//! - TNT, timing, PAD, CBR: passed;
+//! - TIP: decoding goes on at its target;
+//! - TIP.PGD: tracing disabled (a `TraceDisabled` record);
+//! - TIP.PGE: tracing disabled (`TraceDisabled` without IP: the state libipt reports),
+//!   the TIP.PGE then enables it as usual;
+//! - FUP + TIP / FUP + TIP.PGD (an asynchronous branch / disable): its record, decoding
+//!   goes on at the TIP's target / tracing disabled;
+//! - MODE.Exec (64-bit), MODE.TSX, PTW with its IP bit: the FUP they bind to gives the IP
+//!   (no record: none of them makes one); a TIP or TIP.PGD right after that FUP is its
+//!   asynchronous branch or disable as above;
+//! - OVF: the overflow as usual (resolved by the next FUP, or tracing disabled);
+//! - PSB: a new synchronization there (libipt's `pt_blk_resync_at_sync`).
+//!
+//! What the fast decoder does not handle (other packets, 32-bit code, errata) is never
+//! guessed at: before the first resynchronization of a window the window goes to libipt
+//! as without the option (its records, PSB resync, and a warning that says why); after
+//! one (the records are no longer libipt's to redo), a gap record names why and decoding
+//! goes on at the next PSB.
+//!
+//! [`WindowOptions::resync_on_error`]: super::super::WindowOptions::resync_on_error
+
+use super::{FBlock, Fallback, FlowState, PtDecoder, Stop};
+use crate::pipeline::Item;
+use crate::records::{Gap, GapKind, Record};
+use crate::wire::{self, LastIp, Pkt};
+
+/// libipt's texts for the errors the fast decoder recognizes (`pt_errstr`).
+const NOMAP: &str = "no memory mapped at this address";
+const BAD_QUERY: &str = "trace stream does not match query";
+const BAD_RETCOMP: &str = "bad compressed return";
+const RETSTACK_EMPTY: &str = "compressed return without call";
+
+/// A decode error the fast decoder stopped at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlowError {
+    /// libipt's text.
+    what: &'static str,
+    /// The address without code (nomap).
+    ip: Option<u64>,
+    /// The gap's offset in the trace.
+    offset: usize,
+    /// Where the search for the resync point starts.
+    resume: usize,
+}
+
+/// A PTW packet at `p`: its size and whether its IP bit binds it to a FUP (the packet
+/// parser leaves PTW to libipt).
+fn ptw_at(t: &[u8], p: usize) -> Option<(usize, bool)> {
+    match t.get(p..p + 2)? {
+        [0x02, b] if b & 0x1f == 0x12 => {
+            let payload = match (b >> 5) & 3 {
+                0 => 4,
+                1 => 8,
+                _ => return None,
+            };
+            Some((2 + payload, b & 0x80 != 0))
+        }
+        _ => None,
+    }
+}
+
+/// What a FUP met in a resync search is bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// Nothing: an asynchronous branch or disable (FUP + TIP / TIP.PGD).
+    No,
+    /// MODE.Exec, MODE.TSX (begin, commit) or PTW: the FUP alone gives the IP.
+    Alone,
+    /// A MODE.TSX abort: its FUP, with a TIP or TIP.PGD after it as the branch.
+    Abort,
+}
+
+impl PtDecoder<'_> {
+    /// The flow reached a block that ends where no image has code (`b.fall`): libipt
+    /// walks the block and fails there (nomap) unless the trace ends first or the next
+    /// trace item binds to one of the block's instructions before.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_nomap(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+    ) -> Result<Option<Stop>, Fallback> {
+        if st.tnt_n == 0 && self.flow_nomap_binds(st, b) {
+            let item = self.flow_next_item(st)?;
+            return self.flow_item_at(st, b, item);
+        }
+        self.flow_push_block(st, b, b.len);
+        st.error = Some(FlowError {
+            what: NOMAP,
+            ip: Some(b.fall),
+            offset: self.flow_gap_offset(st.pos),
+            resume: st.pos,
+        });
+        Err(NOMAP)
+    }
+
+    /// Whether the trace after the block ending at unmapped code `b` ends, or its next
+    /// item binds to an instruction of `b` (or is one the engine leaves to its usual
+    /// handling: an OVF, something it does not know): `false` where libipt fails at the
+    /// unmapped address first.
+    fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> bool {
+        let mut last = st.last_ip;
+        let mut p = st.pos;
+        let in_block = |ip: Option<u64>| ip.is_some_and(|ip| self.flow_index_of(b, ip).is_some());
+        loop {
+            if let Some((size, _)) = ptw_at(self.trace, p) {
+                p += size;
+                continue;
+            }
+            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+                return true;
+            };
+            match pkt {
+                Pkt::Pad
+                | Pkt::Tsc(_)
+                | Pkt::Mtc(_)
+                | Pkt::Tma { .. }
+                | Pkt::Cbr
+                | Pkt::ModeExec { .. }
+                | Pkt::Other("mode.tsx") => p += size,
+                Pkt::Trig(t) if !t.ip => p += size,
+                Pkt::Fup(ip) | Pkt::TipPgd(ip) => return in_block(last.apply(ip)),
+                Pkt::Psb => {
+                    return self
+                        .flow_psb_fup(p)
+                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
+                }
+                Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPge(_) => return false,
+                _ => return true,
+            }
+        }
+    }
+
+    /// The FUP IP of the PSB+ at `p`.
+    fn flow_psb_fup(&self, mut p: usize) -> Option<u64> {
+        let mut last = LastIp::default();
+        p += wire::PSB.len();
+        while let Some((pkt, size)) = wire::parse(self.trace, p) {
+            match pkt {
+                Pkt::Fup(ip) => return last.apply(ip),
+                Pkt::Psbend | Pkt::Psb => return None,
+                _ => p += size,
+            }
+        }
+        None
+    }
+
+    /// Where libipt 2.1.2 reports an error found with the trace at `p`: its query decoder
+    /// has read the events up to the next TIP-class packet (a FUP, MODE.Exec, a PSB+ up
+    /// to its PSBEND), the FUP a MODE.TSX binds to, or the TNT packet it takes bits from.
+    fn flow_gap_offset(&self, mut p: usize) -> usize {
+        let mut tsx = false;
+        loop {
+            if let Some((size, _)) = ptw_at(self.trace, p) {
+                p += size;
+                continue;
+            }
+            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+                return p;
+            };
+            match pkt {
+                Pkt::Pad
+                | Pkt::Tsc(_)
+                | Pkt::Mtc(_)
+                | Pkt::Tma { .. }
+                | Pkt::Cbr
+                | Pkt::ModeExec { .. } => p += size,
+                Pkt::Other("mode.tsx") => {
+                    tsx = true;
+                    p += size;
+                }
+                Pkt::Fup(_) if tsx => return p,
+                Pkt::Fup(_) => p += size,
+                Pkt::Tnt { .. } => return p + size,
+                Pkt::Psb => {
+                    p += size;
+                    while let Some((pkt, size)) = wire::parse(self.trace, p) {
+                        if pkt == Pkt::Psbend {
+                            break;
+                        }
+                        p += size;
+                    }
+                    return p;
+                }
+                _ => return p,
+            }
+        }
+    }
+
+    /// Trace that does not match the code at block `b`'s branch (`why`: what the engine
+    /// met), the trace item that showed it starting at `item`: the block ran.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_bad_query(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+        item: usize,
+        why: Fallback,
+    ) -> Fallback {
+        self.flow_push_block(st, b, b.len);
+        st.error = Some(FlowError {
+            what: BAD_QUERY,
+            ip: None,
+            offset: self.flow_gap_offset(item),
+            resume: item,
+        });
+        why
+    }
+
+    /// A compressed return (block `b`'s) whose TNT bit says not taken.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_bad_retcomp(&mut self, st: &mut FlowState, b: FBlock) -> Fallback {
+        self.flow_push_block(st, b, b.len);
+        st.error = Some(FlowError {
+            what: BAD_RETCOMP,
+            ip: None,
+            offset: self.flow_gap_offset(st.pos),
+            resume: st.pos,
+        });
+        "compressed return not taken"
+    }
+
+    /// A compressed return with nothing on the return stack (its block queued).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_retstack_empty(&mut self, st: &mut FlowState) -> Fallback {
+        st.error = Some(FlowError {
+            what: RETSTACK_EMPTY,
+            ip: None,
+            offset: self.flow_gap_offset(st.pos),
+            resume: st.pos,
+        });
+        "compressed return, empty return stack"
+    }
+
+    fn flow_gap(&mut self, offset: usize, ip: Option<u64>, error: String) {
+        self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
+            kind: GapKind::DecodeError,
+            ip,
+            pt_offset: self.opts.base_offset + offset as u64,
+            source: self.opts.source.clone(),
+            error,
+        }))));
+    }
+
+    /// The engine stopped with `r` (an error): a decode error queues its gap and decoding
+    /// goes on at the resync point; anything else goes to libipt (`Err`) before the
+    /// window's first resync, and to the next PSB after it (a gap saying why).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_recover(
+        &mut self,
+        st: &mut FlowState,
+        mut r: Result<Stop, Fallback>,
+    ) -> Result<Stop, Fallback> {
+        if self.part.is_some() {
+            return r;
+        }
+        loop {
+            let Err(why) = r else {
+                return r;
+            };
+            if let Some(e) = st.error.take() {
+                self.flow_commit(st);
+                let error = match e.ip {
+                    Some(ip) if e.what == NOMAP => format!("{NOMAP}: no code image covers {ip:#x}"),
+                    _ => e.what.to_string(),
+                };
+                self.flow_gap(e.offset, e.ip, error);
+                self.flow_commit(st);
+                st.resynced = true;
+                r = self.flow_resync(st, e);
+                continue;
+            }
+            if !st.resynced {
+                let msg = format!(
+                    "{}: --resync-on-error: the fast decoder handed the window to libipt \
+                     ({why}), which resyncs at the next PSB after an error",
+                    self.opts.source
+                );
+                if !self.warnings.contains(&msg) {
+                    self.warnings.push(msg);
+                }
+                return Err(why);
+            }
+            // Records from here on cannot come from libipt (it did not resync where we
+            // did): a gap, and on at the next PSB.
+            let tentative = self.queue.pushed - st.committed;
+            self.queue.truncate_last(tentative as usize);
+            self.flow_gap(
+                st.pos,
+                None,
+                format!(
+                    "{why}: beyond the fast decoder after a resync on error (libipt 2.1.2 \
+                     cannot go on from there); decoding resumes at the next PSB"
+                ),
+            );
+            let from = st.psb_tried.map_or(st.pos, |q| st.pos.max(q + 1));
+            let Some(q) = wire::find_psb(self.trace, from) else {
+                return Ok(Stop::Done);
+            };
+            st.psb_tried = Some(q);
+            r = self.flow_sync_at(st, q);
+        }
+    }
+
+    /// A synchronization at the PSB at `q` (after an error).
+    fn flow_sync_at(&mut self, st: &mut FlowState, q: usize) -> Result<Stop, Fallback> {
+        st.pos = q;
+        st.tnt_n = 0;
+        self.pending_timestamp = true;
+        self.flow_psb(st, true, None)?;
+        Ok(Stop::Segment)
+    }
+
+    /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
+    fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
+        st.pos = e.resume;
+        st.tnt_n = 0;
+        // A FUP that MODE.Exec, MODE.TSX or PTW binds to gives the IP by itself.
+        let mut bound = Bound::No;
+        loop {
+            if let Some((size, ip)) = ptw_at(self.trace, st.pos) {
+                st.pos += size;
+                if ip {
+                    bound = Bound::Alone;
+                }
+                continue;
+            }
+            let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
+                if st.pos >= self.trace.len() {
+                    return Ok(Stop::Done);
+                }
+                return Err("packet cut by the end of the trace");
+            };
+            match pkt {
+                Pkt::Pad | Pkt::Cbr | Pkt::Tnt { .. } => st.pos += size,
+                Pkt::Trig(t) if !t.ip => st.pos += size,
+                Pkt::Tsc(t) => {
+                    st.clock.on_tsc(t);
+                    st.pos += size;
+                }
+                Pkt::Mtc(c) => {
+                    st.clock.on_mtc(c, st.clock_cfg)?;
+                    st.pos += size;
+                }
+                Pkt::Tma { ctc, fc } => {
+                    st.clock.on_tma(ctc, fc, st.clock_cfg)?;
+                    st.pos += size;
+                }
+                Pkt::ModeExec { csl, csd } => {
+                    if !csl || csd {
+                        return Err("code other than 64-bit");
+                    }
+                    bound = Bound::Alone;
+                    st.pos += size;
+                }
+                Pkt::Other("mode.tsx") => {
+                    // (An abort's FUP is the source of the branch a TIP after it gives.)
+                    let abort = self.trace.get(st.pos + 1).is_some_and(|b| b & 2 != 0);
+                    bound = if abort { Bound::Abort } else { Bound::Alone };
+                    st.pos += size;
+                }
+                Pkt::Tip(p) => {
+                    st.pos += size;
+                    let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
+                    return self.flow_resume_at(st, ip);
+                }
+                Pkt::TipPgd(p) => {
+                    st.pos += size;
+                    let ip = st.last_ip.apply(p);
+                    self.flow_event(st, Record::TraceDisabled { ip });
+                    st.enabled = false;
+                    return Ok(Stop::Segment);
+                }
+                Pkt::TipPge(_) => {
+                    // (The TIP.PGE itself enables tracing as usual.)
+                    self.flow_event(st, Record::TraceDisabled { ip: None });
+                    st.enabled = false;
+                    return Ok(Stop::Segment);
+                }
+                Pkt::Fup(p) => {
+                    st.pos += size;
+                    let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                    if e.what == NOMAP && e.ip == Some(from) {
+                        // (libipt takes an event at the IP before reading its code.)
+                        return Err("event at the address without code");
+                    }
+                    return self.flow_resync_fup(st, from, bound);
+                }
+                Pkt::Ovf => {
+                    st.pos += size;
+                    st.enabled = true;
+                    self.flow_ovf(st)?;
+                    return Ok(Stop::Segment);
+                }
+                Pkt::Psb => return self.flow_sync_at(st, st.pos),
+                Pkt::Other(what) => return Err(what),
+                _ => return Err("packet the fast decoder leaves to libipt after an error"),
+            }
+        }
+    }
+
+    /// The resync point is the FUP at `from` (just read): with a TIP or TIP.PGD after it,
+    /// an asynchronous branch or disable (as well as the end of the transaction a MODE.TSX
+    /// abort before it tells); bound to MODE.Exec, MODE.TSX (no abort) or PTW, the IP
+    /// decoding goes on at.
+    fn flow_resync_fup(
+        &mut self,
+        st: &mut FlowState,
+        from: u64,
+        bound: Bound,
+    ) -> Result<Stop, Fallback> {
+        if bound == Bound::Alone {
+            return self.flow_resume_at(st, from);
+        }
+        match wire::parse(self.trace, st.pos) {
+            Some((Pkt::Tip(p), size)) => {
+                st.pos += size;
+                let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
+                self.flow_event(st, Record::KernelXfer { from, to: Some(to) });
+                self.flow_resume_at(st, to)
+            }
+            Some((Pkt::TipPgd(p), size)) => {
+                if st.skd022 && self.flow_is_vmentry(from) {
+                    return Err("erratum SKD022");
+                }
+                st.pos += size;
+                st.last_ip.apply(p);
+                self.flow_event(st, Record::TraceDisabled { ip: Some(from) });
+                st.enabled = false;
+                Ok(Stop::Segment)
+            }
+            _ if bound == Bound::Abort => self.flow_resume_at(st, from),
+            _ => Err("FUP without TIP after an error"),
+        }
+    }
+
+    /// Decoding goes on at `ip`, tracing enabled, with no trace pending.
+    fn flow_resume_at(&mut self, st: &mut FlowState, ip: u64) -> Result<Stop, Fallback> {
+        st.enabled = true;
+        st.cur = self.flow_block(ip)?;
+        self.flow_commit(st);
+        Ok(Stop::Segment)
+    }
+}

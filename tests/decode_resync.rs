@@ -1,0 +1,812 @@
+//! Resynchronisation after a decode error (`WindowOptions::resync_on_error`, `pttrace
+//! decode --resync-on-error`): libipt 2.2's `pt_blk_resync` scenarios (its
+//! `test/src/ptxed-resync-*.ptt`), rebuilt packet by packet, each with the exact record
+//! stream ptxed's expected output stands for; and the option changing nothing where the
+//! trace has no error.
+
+use drpttracer::decode::testgen::PtWriter;
+use drpttracer::decode::TraceDecoder;
+use drpttracer::decode::{
+    AddressSpace, DecoderKind, Gap, GapKind, ImageResolver, PtDecoder, Record, TraceParams,
+    WindowOptions,
+};
+use iced_x86::code_asm::*;
+use iced_x86::BlockEncoderOptions;
+
+const ORG: u64 = 0x10_0000;
+
+/// A trace written packet by packet; `p[k]` is the offset of packet `pk` (the `.ptt`'s
+/// numbering).
+#[derive(Default)]
+struct Trace {
+    w: PtWriter,
+    p: Vec<u64>,
+}
+
+impl Trace {
+    /// The writer, the next packet's offset noted.
+    fn at(&mut self) -> &mut PtWriter {
+        self.p.push(self.w.buf.len() as u64);
+        &mut self.w
+    }
+    /// A packet PtWriter does not write, as raw bytes.
+    fn raw(&mut self, bytes: &[u8]) {
+        self.at().buf.extend_from_slice(bytes);
+    }
+    fn mode_exec(&mut self, payload: u8) {
+        self.raw(&[0x99, payload]);
+    }
+    /// MODE.TSX: begin (InTX), commit (neither), abort (TXAbort).
+    fn mode_tsx(&mut self, intx: bool, abort: bool) {
+        self.raw(&[0x99, 0x20 | u8::from(intx) | (u8::from(abort) << 1)]);
+    }
+    /// PTW with a 4-byte payload (IP bit: a FUP follows) or an 8-byte one.
+    fn ptw4_ip(&mut self, v: u32) {
+        let mut b = vec![0x02, 0x92];
+        b.extend_from_slice(&v.to_le_bytes());
+        self.raw(&b);
+    }
+    fn ptw8(&mut self, v: u64) {
+        let mut b = vec![0x02, 0x32];
+        b.extend_from_slice(&v.to_le_bytes());
+        self.raw(&b);
+    }
+    fn psb_plus(&mut self, fup: u64) {
+        self.at().psb();
+        self.at().fup(fup);
+        self.mode_exec(1);
+        self.at().psbend();
+    }
+}
+
+/// The code at `ORG` and each label's address (labels in `f`'s order of `set_label`).
+fn asm(f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> (AddressSpace, Vec<u64>) {
+    let mut a = CodeAssembler::new(64).unwrap();
+    f(&mut a).unwrap();
+    let r = a
+        .assemble_options(ORG, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .unwrap();
+    let ips = r
+        .inner
+        .new_instruction_offsets
+        .iter()
+        .map(|&o| ORG + u64::from(o))
+        .collect();
+    let mut s = AddressSpace::new();
+    s.add_bytes("code", r.inner.code_buffer, ORG);
+    (s, ips)
+}
+
+fn decode(trace: &[u8], space: &AddressSpace, kind: DecoderKind, resync: bool) -> Vec<Record> {
+    PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            decoder: kind,
+            resync_on_error: resync,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .collect()
+}
+
+/// A record as the tests write them: instructions by address, the rest as they are.
+#[derive(Debug, Clone, PartialEq)]
+enum R {
+    I(u64),
+    Rec(Record),
+}
+
+fn view(recs: &[Record]) -> Vec<R> {
+    recs.iter()
+        .map(|r| match r {
+            Record::Instruction(i) => R::I(i.pc),
+            other => R::Rec(other.clone()),
+        })
+        .collect()
+}
+
+fn gap(ip: Option<u64>, off: u64, error: String) -> R {
+    R::Rec(Record::Gap(Box::new(Gap {
+        kind: GapKind::DecodeError,
+        ip,
+        pt_offset: off,
+        source: "t".into(),
+        error,
+    })))
+}
+
+/// libipt's nomap gap at `ip`, PT offset `off`.
+fn nomap(ip: u64, off: u64) -> R {
+    gap(
+        Some(ip),
+        off,
+        format!("no memory mapped at this address: no code image covers {ip:#x}"),
+    )
+}
+
+fn bad_query(off: u64) -> R {
+    gap(None, off, "trace stream does not match query".into())
+}
+
+fn disabled(ip: Option<u64>) -> R {
+    R::Rec(Record::TraceDisabled { ip })
+}
+
+fn xfer(from: u64, to: u64) -> R {
+    R::Rec(Record::KernelXfer { from, to: Some(to) })
+}
+
+fn first_gap(recs: &[Record]) -> Option<usize> {
+    recs.iter().position(|r| matches!(r, Record::Gap(_)))
+}
+
+/// The scenario decoded with `--resync-on-error` gives `want` (by the fast decoder itself);
+/// without it, libipt's records (PSB resync), as before; up to and including the first
+/// gap both agree with libipt.
+fn check(c: &Case, want: &[R]) {
+    let trace = &c.t.w.buf;
+    let l = decode(trace, &c.space, DecoderKind::Libipt, false);
+    let off = decode(trace, &c.space, DecoderKind::Fast, false);
+    assert_eq!(view(&off), view(&l), "the default path changed");
+    let mut d = PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        c.space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            resync_on_error: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let on: Vec<Record> = d.by_ref().collect();
+    assert_eq!(view(&on), want);
+    assert_eq!(d.decoded_by(), ("fast", None));
+    assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+    let k = first_gap(&l).expect("the scenario has an error");
+    assert_eq!(
+        view(&on[..=k]),
+        view(&l[..=k]),
+        "up to the first gap: libipt's"
+    );
+}
+
+/// One scenario: the trace, the code, the labels' addresses.
+struct Case {
+    t: Trace,
+    space: AddressSpace,
+    l: Vec<u64>,
+}
+
+const T: bool = true;
+const N: bool = false;
+
+fn bad_query_fup_tip() -> Case {
+    let (space, l) = asm(|a| {
+        let mut l3 = a.create_label();
+        a.jnz(l3)?; // l0
+        a.hlt()?; // l1
+        a.jmp(rax)?; // l2
+        a.set_label(&mut l3)?;
+        a.hlt()?; // l3
+        a.nop()?; // l4
+        a.hlt() // l5
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().fup(l[2]);
+    t.at().tip(l[4]);
+    t.at().fup(l[5]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn bad_query_ovf() -> Case {
+    let (space, l) = asm(|a| {
+        let mut l3 = a.create_label();
+        a.jnz(l3)?; // l0
+        a.hlt()?; // l1
+        a.jmp(rax)?; // l2
+        a.set_label(&mut l3)?;
+        a.hlt()?; // l3
+        a.nop() // l4
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(l[4]);
+    t.at().ovf();
+    Case { t, space, l }
+}
+
+fn bad_query_tip() -> Case {
+    let (space, l) = asm(|a| {
+        let mut l1 = a.create_label();
+        a.jnz(l1)?; // l0
+        a.set_label(&mut l1)?;
+        a.hlt()?; // l1
+        a.jmp(rax)?; // l2
+        a.nop()?; // l3
+        a.hlt() // l4
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(l[3]);
+    t.at().fup(l[4]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_fup_tip() -> Case {
+    let (space, l) = asm(|a| {
+        a.jmp(0x10_0100u64)?; // l0
+        a.hlt()?; // l1
+        a.nop()?; // l2
+        a.hlt() // l3
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().fup(0x10_0200);
+    t.at().tip(0x10_0300);
+    t.at().fup(0x10_0400);
+    t.at().tip(l[2]);
+    t.at().fup(l[3]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_mode_exec_fup() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.cli()?; // l2
+        a.hlt() // l3
+    });
+    let mut t = Trace::default();
+    t.at().psb();
+    t.at().fup(l[0]);
+    t.mode_exec(0x05); // 64-bit, IF
+    t.at().psbend();
+    t.at().tip(0x10_0100);
+    t.mode_exec(0x01);
+    t.at().fup(l[2]);
+    t.at().fup(l[3]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_mode_tsx_eos() -> Case {
+    let (space, l) = asm(|a| a.jmp(0x10_0100u64));
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.mode_tsx(true, false);
+    t.at().fup(0x10_0200);
+    t.mode_tsx(false, false);
+    t.at().fup(0x10_0300);
+    Case { t, space, l }
+}
+
+fn nomap_mode_tsx_fup_tip() -> Case {
+    let (space, l) = asm(|a| {
+        a.jmp(0x10_0100u64)?; // l0
+        a.hlt()?; // l1
+        a.hlt()?; // l2
+        a.nop()?; // l3
+        a.hlt() // l4
+    });
+    let mut t = Trace::default();
+    t.at().psb();
+    t.at().fup(l[0]);
+    t.mode_exec(0x01);
+    t.mode_tsx(true, false);
+    t.at().psbend();
+    t.mode_tsx(false, true);
+    t.at().fup(l[2]);
+    t.at().tip(l[3]);
+    t.at().fup(l[4]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_mode_tsx_tip_pgd() -> Case {
+    let (space, l) = asm(|a| {
+        a.jmp(0x10_0100u64)?; // l0
+        a.hlt()?; // l1
+        a.hlt() // l3
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.mode_tsx(true, false);
+    t.at().fup(0x10_0200);
+    t.mode_tsx(false, false);
+    t.at().fup(0x10_0300);
+    t.at().tip_pgd(Some(l[2]));
+    Case { t, space, l }
+}
+
+fn nomap_ovf_fup() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.nop()?; // l2
+        a.hlt() // l3
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(0x10_0100);
+    t.at().tnt(&[T, N, T, T, N, N]);
+    t.at().ovf();
+    t.at().fup(l[2]);
+    t.at().fup(l[3]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_psb() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(0x10_0100u64)?; // l0
+        a.nop()?; // l1
+        a.hlt() // l2
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.psb_plus(0x10_0200);
+    t.at().tnt(&[N, N, T, N, T]);
+    t.psb_plus(l[1]);
+    t.at().fup(l[2]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_ptw_fup() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.db(&[0xf3, 0x0f, 0xae, 0xe0])?; // l2: ptwrite eax
+        a.hlt() // l3
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(0x10_0100);
+    t.at().tnt(&[T, N, T, T, N, N]);
+    t.ptw4_ip(0xabcd);
+    t.at().fup(l[2]);
+    t.at().fup(l[3]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_ptw_tip() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.jmp(rax)?; // l2
+        a.nop()?; // l3
+        a.hlt() // l4
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(0x10_0100);
+    t.at().tnt(&[T, N, T, T, N, N]);
+    t.ptw8(0x1234_5678);
+    t.at().tip(l[3]);
+    t.at().fup(l[4]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_tip() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.jmp(rax)?; // l2
+        a.nop()?; // l3
+        a.hlt() // l4
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(0x10_0100);
+    t.at().tip(0x10_0200);
+    t.at().tip(l[3]);
+    t.at().fup(l[4]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn nomap_tip_pgd() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.jmp(rax)?; // l2
+        a.nop() // l3
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(0x10_0100);
+    t.at().tnt(&[N, T, T, N, N, T]);
+    t.at().tnt(&[N, T, T, N, N, T]);
+    t.at().tip(0x10_0200);
+    t.at().tnt(&[N, T, T, N, N, T]);
+    t.at().tip_pgd(Some(l[3]));
+    Case { t, space, l }
+}
+
+fn nomap_tip_pge() -> Case {
+    let (space, l) = asm(|a| {
+        a.call(rax)?; // l0
+        a.hlt()?; // l1
+        a.nop()?; // l2
+        a.hlt() // l3
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tip(0x10_0100);
+    t.at().tip(0x10_0200);
+    t.at().tnt(&[T, N, T, T, N, N]);
+    t.at().tip_pge(l[2]);
+    t.at().fup(l[3]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn psb_bad_status_psb() -> Case {
+    let (space, l) = asm(|a| {
+        let mut l2 = a.create_label();
+        a.jge(l2)?; // l0
+        a.hlt()?; // l1
+        a.set_label(&mut l2)?;
+        a.hlt()?; // l2
+        a.nop()?; // l3
+        a.hlt() // l4
+    });
+    let mut t = Trace::default();
+    t.at().psb();
+    t.at().fup(l[0]);
+    t.mode_exec(0x02); // 32-bit
+    t.at().psbend();
+    t.at().tnt(&[T]);
+    t.psb_plus(l[2]);
+    t.at().tnt(&[T, N, N, T, N, T]);
+    t.psb_plus(l[3]);
+    t.at().fup(l[4]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+fn psb_nomap_psb() -> Case {
+    let (space, l) = asm(|a| {
+        a.nop()?; // l1
+        a.hlt() // l2
+    });
+    let mut t = Trace::default();
+    t.psb_plus(0x10_0100);
+    t.psb_plus(0x10_0200);
+    t.at().tnt(&[N, N, T, N, T]);
+    t.psb_plus(l[0]);
+    t.at().fup(l[1]);
+    t.at().tip_pgd(None);
+    Case { t, space, l }
+}
+
+// ptxed's expected output (test/src/ptxed-resync-*.ptt) is quoted above each test;
+// `%pN` is the offset of packet N (`t.p[N]`), `%lN` label N. Events ptxed prints that
+// make no record here (TSX, iflags, ptwrite, end of trace) have none.
+
+/// `l0; [%p5, l0: error: trace stream does not match query]; [interrupt]; l4; [disabled]`
+#[test]
+fn resync_bad_query_fup_tip() {
+    let c = bad_query_fup_tip();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            bad_query(p[5]),
+            xfer(l[2], l[4]),
+            R::I(l[4]),
+            disabled(Some(l[5])),
+        ],
+    );
+}
+
+/// `l0; [%p4, l0: error: trace stream does not match query]; [overflow]`
+#[test]
+fn resync_bad_query_ovf() {
+    let c = bad_query_ovf();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            bad_query(p[4]),
+            R::Rec(Record::Overflow { ip: None }),
+        ],
+    );
+}
+
+/// `l0; [%p4, l0: error: trace stream does not match query]; l3; [disabled]`
+#[test]
+fn resync_bad_query_tip() {
+    let c = bad_query_tip();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            bad_query(p[4]),
+            R::I(l[3]),
+            disabled(Some(l[4])),
+        ],
+    );
+}
+
+/// `l0; [%p5, 100100: nomap]; [interrupt, from: 100200, to: 100300];
+/// [%p7, 100300: nomap]; [interrupt, from: 100400, to: l2]; l2; [disabled, at: l3]`
+#[test]
+fn resync_nomap_fup_tip() {
+    let c = nomap_fup_tip();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[5]),
+            xfer(0x10_0200, 0x10_0300),
+            nomap(0x10_0300, p[7]),
+            xfer(0x10_0400, l[2]),
+            R::I(l[2]),
+            disabled(Some(l[3])),
+        ],
+    );
+}
+
+/// `l0; [%p6, 100100: nomap]; [interrupts disabled]; l2; [disabled]` (libipt 2.1.2
+/// reports the error at p8, having read the FUP after the MODE.Exec's too; the gap
+/// keeps libipt's offset).
+#[test]
+fn resync_nomap_mode_exec_fup() {
+    let c = nomap_mode_exec_fup();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[8]),
+            R::I(l[2]),
+            disabled(Some(l[3])),
+        ],
+    );
+}
+
+/// `l0; [%p5, 100100: nomap]; [begin transaction]; [%p7, 100200: nomap]; [committed];
+/// [end of trace]`
+#[test]
+fn resync_nomap_mode_tsx_eos() {
+    let c = nomap_mode_tsx_eos();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[R::I(l[0]), nomap(0x10_0100, p[5]), nomap(0x10_0200, p[7])],
+    );
+}
+
+/// `l0; [%p6, 100100: nomap]; [aborted, ip: l2]; [interrupt, from: l2, to: l3]; l3;
+/// [disabled, at: l4]`
+#[test]
+fn resync_nomap_mode_tsx_fup_tip() {
+    let c = nomap_mode_tsx_fup_tip();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[6]),
+            xfer(l[2], l[3]),
+            R::I(l[3]),
+            disabled(Some(l[4])),
+        ],
+    );
+}
+
+/// `l0; [%p5, 100100: nomap]; [begin transaction]; [%p7, 100200: nomap]; [committed];
+/// [%eos, 100300: nomap]; [disabled]` (the third error: at the TIP.PGD here)
+#[test]
+fn resync_nomap_mode_tsx_tip_pgd() {
+    let c = nomap_mode_tsx_tip_pgd();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[5]),
+            nomap(0x10_0200, p[7]),
+            nomap(0x10_0300, p[8]),
+            disabled(Some(l[2])),
+        ],
+    );
+}
+
+/// `l0; [%p6, 100100: nomap]; [overflow]; l2; [disabled]`
+#[test]
+fn resync_nomap_ovf_fup() {
+    let c = nomap_ovf_fup();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[6]),
+            R::Rec(Record::Overflow { ip: Some(l[2]) }),
+            R::I(l[2]),
+            disabled(Some(l[3])),
+        ],
+    );
+}
+
+/// `l0; [%p7, 100100: nomap]; [%p9, 100200: nomap]; l1; [disabled]`
+#[test]
+fn resync_nomap_psb() {
+    let c = nomap_psb();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[7]),
+            nomap(0x10_0200, p[9]),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ],
+    );
+}
+
+/// `l0; [%p6, 100100: nomap]; l2; [ptwrite: abcd]; [disabled]`
+#[test]
+fn resync_nomap_ptw_fup() {
+    let c = nomap_ptw_fup();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[6]),
+            R::I(l[2]),
+            disabled(Some(l[3])),
+        ],
+    );
+}
+
+/// `l0; [%p6, 100100: nomap]; [ptwrite: 12345678]; l3; [disabled]`
+#[test]
+fn resync_nomap_ptw_tip() {
+    let c = nomap_ptw_tip();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[6]),
+            R::I(l[3]),
+            disabled(Some(l[4])),
+        ],
+    );
+}
+
+/// `l0; [%p5, 100100: nomap]; [%p6, 100200: nomap]; l3; [disabled]`
+#[test]
+fn resync_nomap_tip() {
+    let c = nomap_tip();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[5]),
+            nomap(0x10_0200, p[6]),
+            R::I(l[3]),
+            disabled(Some(l[4])),
+        ],
+    );
+}
+
+/// `l0; [%p6, 100100: nomap]; [%p9, 100200: nomap]; [disabled]`
+#[test]
+fn resync_nomap_tip_pgd() {
+    let c = nomap_tip_pgd();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[6]),
+            nomap(0x10_0200, p[9]),
+            disabled(Some(l[3])),
+        ],
+    );
+}
+
+/// `l0; [%p5, 100100: nomap]; [%p7, 100200: nomap]; [disabled]; [enabled]; l2;
+/// [disabled]`
+#[test]
+fn resync_nomap_tip_pge() {
+    let c = nomap_tip_pge();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[5]),
+            nomap(0x10_0200, p[7]),
+            disabled(None),
+            R::Rec(Record::TraceEnabled { ip: l[2] }),
+            R::I(l[2]),
+            disabled(Some(l[3])),
+        ],
+    );
+}
+
+/// `[%p7, 100100: nomap]; [%p9, 100200: nomap]; l1; [disabled]`
+#[test]
+fn resync_psb_nomap_psb() {
+    let c = psb_nomap_psb();
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            nomap(0x10_0100, p[7]),
+            nomap(0x10_0200, p[9]),
+            R::I(l[0]),
+            disabled(Some(l[1])),
+        ],
+    );
+}
+
+/// `l0; [%p7, l2: error: bad status update]; [%p7, l2: resync error: bad status update];
+/// l3; [disabled]`: 32-bit code, which the fast decoder leaves to libipt; libipt 2.1.2
+/// resyncs at the next PSB, which is where ptxed's resync (at the failing PSB, failing
+/// again) ends up too: the same records, and a warning that says why libipt decoded it.
+#[test]
+fn resync_psb_bad_status_psb_goes_to_libipt() {
+    let c = psb_bad_status_psb();
+    let (l, p) = (&c.l, &c.t.p);
+    let trace = &c.t.w.buf;
+    let mut d = PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        c.space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            resync_on_error: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let on: Vec<Record> = d.by_ref().collect();
+    assert_eq!(
+        view(&on),
+        [
+            R::I(l[0]),
+            gap(None, p[7], "bad status update".into()),
+            R::I(l[3]),
+            disabled(Some(l[4])),
+        ]
+    );
+    assert_eq!(on, decode(trace, &c.space, DecoderKind::Libipt, false));
+    assert_eq!(d.decoded_by(), ("libipt", Some("code other than 64-bit")));
+    assert_eq!(
+        d.warnings(),
+        [
+            "t: --resync-on-error: the fast decoder handed the window to libipt (code other \
+          than 64-bit), which resyncs at the next PSB after an error"
+        ]
+    );
+}
