@@ -67,6 +67,15 @@ fn ptw_at(t: &[u8], p: usize) -> Option<(usize, bool)> {
     }
 }
 
+/// Where the first packet at or after `p` that is not a PTWRITE starts, and that packet
+/// with its size (`None` where nothing parses there).
+fn packet_past_ptws(t: &[u8], mut p: usize) -> (usize, Option<(Pkt, usize)>) {
+    while let Some((size, _)) = ptw_at(t, p) {
+        p += size;
+    }
+    (p, wire::parse(t, p))
+}
+
 /// What a FUP met in a resync search is bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Bound {
@@ -112,11 +121,9 @@ impl PtDecoder<'_> {
         let mut p = st.pos;
         let in_block = |ip: Option<u64>| ip.is_some_and(|ip| self.flow_index_of(b, ip).is_some());
         loop {
-            if let Some((size, _)) = ptw_at(self.trace, p) {
-                p += size;
-                continue;
-            }
-            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+            let (at, next) = packet_past_ptws(self.trace, p);
+            p = at;
+            let Some((pkt, size)) = next else {
                 return true;
             };
             match pkt {
@@ -160,11 +167,9 @@ impl PtDecoder<'_> {
     fn flow_gap_offset(&self, mut p: usize) -> usize {
         let mut tsx = false;
         loop {
-            if let Some((size, _)) = ptw_at(self.trace, p) {
-                p += size;
-                continue;
-            }
-            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+            let (at, next) = packet_past_ptws(self.trace, p);
+            p = at;
+            let Some((pkt, size)) = next else {
                 return p;
             };
             match pkt {
