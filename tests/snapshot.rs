@@ -868,21 +868,164 @@ fn bad_snapshot_options_are_named() {
         "{}",
         text(&o)
     );
-    // The hardware backend: refused, naming what is missing (here: the intel_pt PMU).
+    // The hardware backend: without an intel_pt PMU refused, naming it; with one, an
+    // `addr:` trigger is refused (the `hardware_*` tests run it).
+    let hw = |trigger: &[&str]| {
+        Command::new(pttrace())
+            .args(["run", "--backend", "hardware", "--mode", "user"])
+            .args(["--window", "thread", "--out", out])
+            .args(["--snapshot", "64K"])
+            .args(trigger)
+            .args(["--", exe])
+            .output()
+            .unwrap()
+    };
+    if drpttracer::perf::pmu::IntelPtPmu::probe().is_err() {
+        let o = hw(&[]);
+        assert!(!o.status.success());
+        assert!(
+            text(&o).contains(
+                "--snapshot on the hardware backend needs an intel_pt PMU, and this machine \
+                 has none: no intel_pt PMU ("
+            ),
+            "{}",
+            text(&o)
+        );
+    } else {
+        let o = hw(&["--trigger", "addr:marker"]);
+        assert!(!o.status.success());
+        assert!(
+            text(&o).contains(
+                "--trigger addr:marker: the hardware backend cannot see an address being \
+                 executed"
+            ),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+// Intel PT hardware through the LD_PRELOAD shim: each thread's overwrite-mode event
+// (`shim::snaphw`). Only where the `intel_pt` PMU exists; `SKIP: <reason>` elsewhere.
+
+/// The loop program under `pttrace run --backend hardware --mode user --window thread`,
+/// or `None` (SKIP printed) without Intel PT.
+fn run_hw(opts: &[&str], args: &[&str]) -> Option<Prog> {
+    if let Err(e) = drpttracer::perf::pmu::IntelPtPmu::probe() {
+        println!("SKIP: no Intel PT hardware: {}", e.message);
+        return None;
+    }
+    let p = prog_emu();
     let o = Command::new(pttrace())
         .args(["run", "--backend", "hardware", "--mode", "user"])
-        .args(["--window", "thread", "--out", out])
-        .args(["--snapshot", "64K", "--", exe])
+        .args(["--window", "thread", "--out"])
+        .arg(&p.out)
+        .args(opts)
+        .arg("--")
+        .arg(&p.exe)
+        .args(args)
         .output()
         .unwrap();
-    assert!(!o.status.success());
-    let want = if drpttracer::perf::pmu::IntelPtPmu::probe().is_err() {
-        "--snapshot on the hardware backend needs an intel_pt PMU, and this machine has none: \
-         no intel_pt PMU ("
-    } else {
-        "--snapshot is not available on the hardware backend yet"
+    assert!(o.status.success(), "{}", text(&o));
+    Some(p)
+}
+
+/// A hardware snapshot: one window, cut, within SIZE, decoded without gaps.
+fn assert_one_hardware_window(s: &Snap, size: u64) {
+    assert_eq!(s.windows.len(), 1);
+    assert_eq!(
+        s.windows[0].flags & !ptt::WF_PT_LOST,
+        ptt::WF_NO_SYSCALL | ptt::WF_SNAPSHOT_CUT
+    );
+    assert_eq!(
+        s.windows[0].flags & ptt::WF_PT_LOST,
+        0,
+        "the kernel reported loss"
+    );
+    assert!(
+        s.pt_bytes > 0 && s.pt_bytes <= size,
+        "{} PT bytes",
+        s.pt_bytes
+    );
+    assert_eq!(s.gaps, 0);
+}
+
+#[test]
+fn hardware_exit_snapshot_holds_the_end_of_the_loop_then_marker() {
+    let Some(p) = run_hw(&["--snapshot", "16K"], &["1500"]) else {
+        return;
     };
-    assert!(text(&o).contains(want), "{}", text(&o));
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1);
+    let s = &snaps[0];
+    assert_eq!(s.rec.kind, TriggerKind::Exit as u32);
+    assert_eq!(s.rec.trigger, "exit (exit_group)");
+    assert_one_hardware_window(s, 16 * 1024);
+    let upto = s
+        .pcs
+        .iter()
+        .position(|&pc| pc == p.marker)
+        .expect("marker ran");
+    let k = assert_tail_of_loop(&p, &s.pcs[..upto], 1499);
+    assert!(
+        k < 1500,
+        "all {k} iterations in 16K: the area kept more than SIZE"
+    );
+}
+
+#[test]
+fn hardware_syscall_snapshot_ends_at_the_syscall_before_marker() {
+    let Some(p) = run_hw(
+        &["--snapshot", "16K", "--trigger", "syscall:getppid"],
+        &["1500", "syscall"],
+    ) else {
+        return;
+    };
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1);
+    let s = &snaps[0];
+    assert_eq!(s.rec.kind, TriggerKind::Syscall as u32);
+    assert_eq!(s.rec.trigger, "syscall:getppid");
+    assert_one_hardware_window(s, 16 * 1024);
+    // The handler stopped the trace right after getppid: marker never in it.
+    assert!(!s.pcs.contains(&p.marker));
+    assert_tail_of_loop(&p, &s.pcs, 1499);
+}
+
+#[test]
+fn shim_hardware_snapshot_without_intel_pt_says_why_and_runs_untraced() {
+    if drpttracer::perf::pmu::IntelPtPmu::probe().is_ok() {
+        println!("SKIP: this machine has Intel PT (the hardware_* tests run the mode)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new("/bin/sh")
+        .args(["-c", "echo ran"])
+        .env("LD_PRELOAD", shim_util::lib_path())
+        .env("PTTRACER_OUT", &out)
+        .env("PTTRACER_MODE", "user")
+        .env("PTTRACER_WINDOW", "thread")
+        .env("PTTRACER_BACKEND", "hardware")
+        .env("PTTRACER_SNAPSHOT", "64K")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with(
+            "drpttracer shim: snapshot mode (PTTRACER_SNAPSHOT) needs user PT in thread \
+             windows (PTTRACER_MODE=user PTTRACER_WINDOW=thread) from the emulated backend \
+             or Intel PT hardware; here: hardware backend for mode user: no intel_pt PMU ("
+        ),
+        "{err}"
+    );
+    assert!(
+        err.trim_end()
+            .ends_with("tracing disabled, the program runs untraced"),
+        "{err}"
+    );
 }
 
 // The single-step (emulated) backend of the LD_PRELOAD shim: the same ring and records.

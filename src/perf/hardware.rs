@@ -130,15 +130,15 @@ struct PtSetup {
 }
 
 impl PtSetup {
-    /// Opens the calling thread's `intel_pt` event for `mode` (`what` is added to the
-    /// event's name in errors).
-    fn open_event(mode: Mode, what: &str) -> Result<(PerfEvent, PtSetup)> {
+    /// Opens thread `tid`'s `intel_pt` event for `mode` (`what` is added to the event's
+    /// name in errors).
+    fn open_event(tid: i32, mode: Mode, what: &str) -> Result<(PerfEvent, PtSetup)> {
         let pmu = IntelPtPmu::probe()?;
         let (config, mtc_freq) = pt_config(&pmu, mode)?;
         let mut attr = pt_attr(pmu.pmu_type, config, mode);
         let event = PerfEvent::open(
             &mut attr,
-            current_tid(),
+            tid,
             -1,
             &format!(
                 "intel_pt type {} config {config:#x}, {} mode{what}",
@@ -185,7 +185,7 @@ impl HardwareBackend {
     /// Opens the `intel_pt` event for the calling thread and maps 2^`sb_shift` pages of
     /// DATA ring and 2^`pt_shift` pages of linear AUX ring.
     pub fn open(mode: Mode, pt_shift: u32, sb_shift: u32) -> Result<Self> {
-        let (mut event, setup) = PtSetup::open_event(mode, "")?;
+        let (mut event, setup) = PtSetup::open_event(current_tid(), mode, "")?;
         event.map_data(sb_shift)?;
         event.map_aux(pt_shift, true)?;
         let meta = setup.metadata(&event);
@@ -250,12 +250,19 @@ pub struct HardwareSnapshot {
 }
 
 impl HardwareSnapshot {
-    /// Opens and enables the event (the AUX area mapped without `PROT_WRITE`: overwrite
-    /// mode); fails with the reason where there is no Intel PT (as on QEMU's CPU model or
-    /// a machine without it). In user modes the executable mappings are synthesized first
-    /// (the first snapshot window carries them).
+    /// Opens and enables the calling thread's event (the AUX area mapped without
+    /// `PROT_WRITE`: overwrite mode); fails with the reason where there is no Intel PT (as
+    /// on QEMU's CPU model or a machine without it). In user modes the executable mappings
+    /// are synthesized first (the first snapshot window carries them).
     pub fn open(mode: Mode, size: u64, sb_shift: u32) -> Result<Self> {
-        let (mut event, setup) = PtSetup::open_event(mode, ", snapshot")?;
+        Self::open_thread(current_tid(), mode, size, sb_shift)
+    }
+
+    /// [`Self::open`] for thread `tid` of this process (the shim's writer thread opens one
+    /// per application thread: a per-thread event counts only while that thread runs).
+    pub fn open_thread(tid: i32, mode: Mode, size: u64, sb_shift: u32) -> Result<Self> {
+        let (mut event, setup) =
+            PtSetup::open_event(tid, mode, &format!(", snapshot of thread {tid}"))?;
         event.map_data(sb_shift)?;
         event.map_aux(aux_shift_for(size), false)?;
         let meta = setup.metadata(&event);
@@ -278,6 +285,12 @@ impl HardwareSnapshot {
 
     pub fn metadata(&self) -> ExtMetadata {
         self.meta
+    }
+
+    /// The event's descriptor (for `PERF_EVENT_IOC_DISABLE` from a signal handler: the
+    /// shim stops a thread's trace at its trigger syscall, before the writer writes it).
+    pub fn raw_fd(&self) -> i32 {
+        self.event.raw_fd()
     }
 
     /// A firing: disable, write the snapshot into `out` (a thread file), enable again

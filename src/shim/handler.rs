@@ -753,6 +753,7 @@ fn push_window(slot: &Slot, w: &mut Window) {
         return;
     }
     w.index = slots::next_index(slot);
+    super::snapreq::hold_if_trigger(slot, w.nr, w.depth);
     super::userpt::attach(slot, w);
     super::kernelpt::publish(slot, w.index);
     slots::push(slot, w);

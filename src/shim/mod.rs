@@ -54,6 +54,7 @@ pub mod raw;
 pub mod rewrite;
 pub mod slots;
 pub mod snapfile;
+pub mod snaphw;
 pub mod snapreq;
 pub mod snapring;
 pub mod spool;
@@ -162,6 +163,15 @@ fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMeta
                 t.backend_kind() as u32 as u8,
                 present,
                 reason,
+                t.ext_metadata(),
+            )
+        }
+        Ok(t) if snaphw::wanted(cfg, t.backend_kind()) => {
+            // Snapshot mode on Intel PT hardware: each thread's event is `snaphw`'s.
+            (
+                t.backend_kind() as u32 as u8,
+                true,
+                String::new(),
                 t.ext_metadata(),
             )
         }
@@ -333,18 +343,30 @@ fn init() -> Result<(), String> {
         )
     })?;
     let (backend, mut pt_present, mut reason, meta) = probe_tracer(&cfg);
-    let stepping = pt_present && !kernelpt::enabled();
+    let hw_snapshot = pt_present
+        && backend == crate::metadata::BackendKind::Hardware as u32 as u8
+        && snaphw::wanted(&cfg, crate::metadata::BackendKind::Hardware);
+    let stepping = pt_present && !kernelpt::enabled() && !hw_snapshot;
     if stepping {
         if let Err(e) = userpt::init(&cfg) {
             pt_present = false;
             reason = format!("emulated backend: {e}");
         }
     }
-    // Snapshot mode: a ring per thread on the writer (needs the single-step backend).
-    let snapshot_notes = snapring::init(&cfg, stepping && pt_present, &cfg.out_dir)?;
+    // Snapshot mode: a ring per thread on the writer (the single-step backend's steps, or
+    // each thread's overwrite-mode event on Intel PT hardware).
+    let snapshot_notes = snapring::init(&cfg, stepping && pt_present, hw_snapshot, &cfg.out_dir)
+        .map_err(|e| {
+            if pt_present {
+                e
+            } else {
+                format!("{e}; here: {reason}")
+            }
+        })?;
     // Patched syscall sites run shim code in normal context, which stepping would trace,
-    // and the decoder reads the original images: no patching while user code is stepped.
-    let rewrite = !stepping && {
+    // and the decoder reads the original images: no patching while user code is stepped
+    // or traced by the hardware.
+    let rewrite = !stepping && !hw_snapshot && {
         let (active, msgs) = rewrite::setup(cfg.rewrite);
         for m in msgs {
             eprintln!("{WHO}: {m}");
@@ -396,6 +418,7 @@ fn init() -> Result<(), String> {
             &[n.as_bytes()],
         );
     }
+    snapring::start_main_thread(main);
     writer::spawn();
     install_sigsys()?;
     handler::install_fatal_handlers();

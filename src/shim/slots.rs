@@ -162,6 +162,9 @@ pub struct Slot {
     pub child_buf: UnsafeCell<super::vfork_child::ChildBuf>,
     /// Hardware PT of this thread's kernel-mode windows (see `super::kernelpt`).
     pub kpt: super::kernelpt::KptSlot,
+    /// Hardware snapshot mode: the descriptor of this thread's overwrite-mode event,
+    /// opened and closed by the writer (see `super::snaphw`); -1 when none.
+    pub snap_fd: AtomicI32,
     /// Copy of the application's `clone_args` for a reissued clone3.
     pub clone_args: UnsafeCell<[u64; 16]>,
     pub cap: usize,
@@ -244,6 +247,7 @@ impl Slot {
         self.next_index.store(0, Relaxed);
         self.fd.store(-1, Relaxed);
         self.kfd.store(-1, Relaxed);
+        self.snap_fd.store(-1, Relaxed);
         self.end_reason.store(u32::MAX, Relaxed);
         self.end_written.store(false, Relaxed);
         self.vfork_child.store(false, Relaxed);
@@ -395,6 +399,7 @@ fn alloc_slot(cap: usize) -> Option<*mut Slot> {
         std::ptr::addr_of_mut!((*slot).scratch).write(base.add(header));
         std::ptr::addr_of_mut!((*slot).fd).write(AtomicI32::new(-1));
         std::ptr::addr_of_mut!((*slot).kfd).write(AtomicI32::new(-1));
+        std::ptr::addr_of_mut!((*slot).snap_fd).write(AtomicI32::new(-1));
         (*slot).kpt.reset(false);
     }
     Some(slot)

@@ -65,3 +65,36 @@ pub fn exit_requested() -> Option<(u64, EndReason, i32)> {
 pub fn exit_done(gen: u64) {
     ANSWERED.fetch_max(gen, AcqRel);
 }
+
+/// Hardware snapshot mode (see [`super::snaphw`]): the syscalls of `syscall:` triggers
+/// (0 is `read`, so unused cells hold `u64::MAX`).
+static HOLD_AT: [AtomicU64; MAX_HOLD] = [const { AtomicU64::new(u64::MAX) }; MAX_HOLD];
+/// Most `syscall:` triggers whose thread's trace the handler stops at the syscall.
+pub const MAX_HOLD: usize = 16;
+
+/// Start-up (normal context): the hardware backend's trace of a thread is stopped when
+/// it completes one of `nrs` (its event disabled in the handler, right after the syscall),
+/// so that the snapshot the writer then writes ends there. Returns false when there are
+/// more than [`MAX_HOLD`].
+pub fn hold_at(nrs: &[u64]) -> bool {
+    for (cell, nr) in HOLD_AT.iter().zip(nrs) {
+        cell.store(*nr, Relaxed);
+    }
+    nrs.len() <= MAX_HOLD
+}
+
+/// In the handler, as a window of `slot` is queued: a depth-0 window of a trigger
+/// syscall disables the thread's hardware snapshot event (the writer writes the snapshot
+/// and enables it again). No-op unless the slot has such an event.
+pub fn hold_if_trigger(slot: &slots::Slot, nr: u64, depth: u32) {
+    let fd = slot.snap_fd.load(Acquire);
+    if fd < 0 || depth != 0 || !HOLD_AT.iter().any(|c| c.load(Relaxed) == nr) {
+        return;
+    }
+    raw::sys3(
+        libc::SYS_ioctl,
+        fd as u64,
+        u64::from(perf_event_open_sys::bindings::DISABLE),
+        0,
+    );
+}

@@ -62,6 +62,10 @@ pub struct Settings {
     /// `addr:` triggers by mark index: how notes and records name them.
     marks: Vec<String>,
     request: Option<PathBuf>,
+    /// The hardware backend keeps each thread's PT ([`super::snaphw`]), not the rings.
+    hardware: bool,
+    /// DATA ring pages (2^n) of the hardware events.
+    sb_shift: u32,
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -80,23 +84,40 @@ pub fn cut() -> Option<usize> {
 }
 
 /// Start-up (normal context, before Syscall User Dispatch is armed): checks that this
-/// configuration can keep a ring, resolves `addr:` triggers in this image's executable and
-/// turns the mode on. Returns the notes for the info file.
+/// configuration can keep a ring (`stepping`: the single-step backend records user PT;
+/// `hardware`: Intel PT hardware in user mode, see [`super::snaphw`]), resolves `addr:`
+/// triggers in this image's executable and turns the mode on. Returns the notes for the
+/// info file.
 pub fn init(
     cfg: &super::config::ShimConfig,
     stepping: bool,
+    hardware: bool,
     out: &std::path::Path,
 ) -> Result<Vec<String>, String> {
     let Some(size) = cfg.snapshot else {
         return Ok(Vec::new());
     };
-    if !stepping {
+    if !stepping && !hardware {
         return Err(
-            "snapshot mode (PTTRACER_SNAPSHOT) needs the emulated backend's user PT \
-             (PTTRACER_MODE=user PTTRACER_WINDOW=thread PTTRACER_BACKEND=emulated); the \
-             hardware backend's overwrite-mode AUX capture is not wired into the shim"
+            "snapshot mode (PTTRACER_SNAPSHOT) needs user PT in thread windows \
+             (PTTRACER_MODE=user PTTRACER_WINDOW=thread) from the emulated backend or Intel \
+             PT hardware"
                 .into(),
         );
+    }
+    if hardware {
+        if let Some(t) = cfg
+            .triggers
+            .iter()
+            .find(|t| matches!(t, UserTrigger::Addr(_)))
+        {
+            return Err(format!(
+                "snapshot trigger {}: the hardware backend cannot see an address being \
+                 executed (Intel PT reports branches, not each instruction); use exit, \
+                 signal:SIG or syscall:NAME, or --backend qemu|emulated",
+                super::config::describe_trigger(t)
+            ));
+        }
     }
     let mut notes = Vec::new();
     let mut s = Settings {
@@ -106,6 +127,8 @@ pub fn init(
         signals: Vec::new(),
         marks: Vec::new(),
         request: None,
+        hardware,
+        sb_shift: cfg.sb_shift,
     };
     for t in &cfg.triggers {
         match t {
@@ -138,6 +161,12 @@ pub fn init(
         let path = out.join(REQUEST_FILE);
         REQUEST_SEEN.store(std::fs::metadata(&path).map_or(0, |m| m.len()), Relaxed);
         s.request = Some(path);
+    }
+    if hardware && !super::snapreq::hold_at(&s.syscalls) {
+        return Err(format!(
+            "at most {} syscall: snapshot triggers on the hardware backend",
+            super::snapreq::MAX_HOLD
+        ));
     }
     let exit = s.exit;
     let _ = SETTINGS.set(s);
@@ -204,6 +233,8 @@ struct ThreadRing {
     pending: Vec<usize>,
     /// The process-end `exit` snapshot is written.
     exit_done: bool,
+    /// Hardware backend: the thread's event (`None` when it could not be opened: noted).
+    hw: Option<super::snaphw::ThreadPt>,
 }
 
 struct State {
@@ -258,7 +289,22 @@ impl State {
     fn new_ring(&mut self, slot: *const Slot, tid: i32, size: u64) -> usize {
         // SAFETY: slots are never unmapped.
         let s = unsafe { &*slot };
-        let wanted = slots::STATIC.get().is_some_and(|st| st.spool);
+        let hardware = settings().filter(|set| set.hardware);
+        let hw =
+            hardware.and_then(
+                |set| match super::snaphw::ThreadPt::open(s, size, set.sb_shift) {
+                    Ok(t) => Some(t),
+                    Err(why) => {
+                        note(&format!(
+                    "thread {tid} is in no snapshot: its hardware trace could not be opened \
+                     ({why})"
+                ));
+                        None
+                    }
+                },
+            );
+        // The single-step ring's file copy (the hardware's area is the kernel's).
+        let wanted = hardware.is_none() && slots::STATIC.get().is_some_and(|st| st.spool);
         let file = if wanted {
             let (pid, nonce) = (s.pid.load(Relaxed), s.nonce.load(Relaxed));
             match RingFile::create(pid, nonce, tid, size) {
@@ -283,6 +329,7 @@ impl State {
             written: 0,
             pending: Vec::new(),
             exit_done: false,
+            hw,
         });
         self.threads.len() - 1
     }
@@ -319,6 +366,20 @@ fn write_ring(
     text: &str,
     tsc: u64,
 ) {
+    if settings().is_some_and(|set| set.hardware) {
+        if let Some(hw) = t.hw.as_mut() {
+            match hw.write(fd, number, kind, tid, text) {
+                Ok(true) => t.written += 1,
+                Ok(false) => {}
+                Err(why) => note(&format!(
+                    "snapshot {number}: thread {}'s hardware trace was not written: {why}",
+                    t.tid
+                )),
+            }
+        }
+        slot.written.store(t.written, Relaxed);
+        return;
+    }
     let taken = t.ring.take();
     let tsc = taken.windows.back().map_or(tsc, |(m, _)| m.w.tsc_end);
     let rec = taken.record(number, kind as u32, tid, tsc, text.to_string());
@@ -434,14 +495,36 @@ fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: Str
     }
 }
 
+/// Start-up, before the writer thread exists (so the writer's state is touched by one
+/// thread): on the hardware backend the main thread's event opens here, so that it is
+/// traced from its first instruction after start-up (later threads: at the writer's
+/// first pass over their slot, see [`super::snaphw`]).
+pub fn start_main_thread(slot: &Slot) {
+    if settings().is_some_and(|set| set.hardware) {
+        let _ = state().ring_of(slot);
+    }
+}
+
 /// Before the writer takes windows from `slot`'s queue (its file `fd` is open): the
 /// firings it has still to write.
 pub fn begin_drain(slot: &Slot, fd: i32) {
     write_pending(state(), slot, fd);
 }
 
-/// A window of `slot` without PT (metadata only), into its ring.
+/// A window of `slot` without PT (metadata only), into its ring. On the hardware backend
+/// the windows are not kept (the PT holds the syscalls as disable/enable pairs): only a
+/// `syscall:` trigger fires.
 pub fn push_plain(slot: &Slot, fd: i32, w: &Window) {
+    if settings().is_some_and(|set| set.hardware) {
+        let st = state();
+        // Opens the thread's event when this is the writer's first sight of it.
+        let _ = st.ring_of(slot);
+        if w.depth == 0 && settings().is_some_and(|set| set.syscalls.contains(&w.nr)) {
+            let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
+            fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
+        }
+        return;
+    }
     push(slot, fd, w, Vec::new(), Vec::new(), 0);
 }
 

@@ -157,8 +157,9 @@ pub fn absent_reason(cfg: &ShimConfig, backend: BackendKind) -> Option<String> {
     if backend == BackendKind::Hardware {
         return Some(format!(
             "hardware backend, mode {}, window {}: the shim captures Intel PT for kernel \
-             modes with syscall windows only (these windows carry metadata); the C API \
-             captures any (drpttracer_start_tracing / drpttracer_stop_tracing)",
+             modes with syscall windows, and user mode with thread windows in snapshot mode \
+             only (these windows carry metadata); the C API captures any \
+             (drpttracer_start_tracing / drpttracer_stop_tracing)",
             cfg.mode.name(),
             cfg.window.name()
         ));

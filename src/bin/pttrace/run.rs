@@ -3,6 +3,7 @@
 
 use super::qemu;
 use crate::CmdResult;
+use drpttracer::format::snapshot::UserTrigger;
 use drpttracer::shim::config::{self, ShimConfig};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -63,7 +64,8 @@ pub struct Args {
     #[arg(long)]
     pub per_syscall: bool,
     /// Snapshot (flight-recorder) mode: keep only the last SIZE of PT per thread (e.g.
-    /// 64K, 1M) and write it when a trigger fires (QEMU and emulated backends).
+    /// 64K, 1M) and write it when a trigger fires (QEMU and emulated backends; Intel PT
+    /// hardware in user mode with thread windows, without addr: triggers).
     #[arg(long, value_name = "SIZE")]
     pub snapshot: Option<String>,
     /// When to write the snapshot (repeatable): exit (default: each thread's ring at its
@@ -319,45 +321,63 @@ pub fn run(args: Args) -> CmdResult {
     mirror_status(prog, status)
 }
 
-/// `--snapshot` with the LD_PRELOAD shim: the single-step (emulated) backend keeps the
-/// ring (user mode, thread windows). The hardware backend's overwrite-mode capture and its
-/// snapshot records exist (`perf::hwsnap`, `perf::hardware::HardwareSnapshot`) but the
-/// shim has no per-thread user-mode capture to run them in: refused, first naming a
-/// missing `intel_pt` PMU (what a user must fix before anything else).
+/// `--snapshot` with the LD_PRELOAD shim: user mode, thread windows, on the single-step
+/// (emulated) backend (a ring of windows per thread) or Intel PT hardware (an
+/// overwrite-mode AUX area per thread, `drpttracer::shim::snaphw`).
 fn shim_snapshot_check(args: &Args, sn: &super::snapshot::Snapshot) -> Result<(), String> {
     let backend = asked_backend(args);
     let pmu = drpttracer::perf::pmu::IntelPtPmu::probe();
     let hardware = backend == "hardware" || (backend == "auto" && pmu.is_ok());
-    if hardware {
-        return Err(hardware_snapshot_refusal(pmu.err().map(|e| e.message)));
-    }
-    if args.mode != "user" || args.window != "thread" {
-        return Err(format!(
-            "--snapshot with the {backend} backend traces user code in thread windows: use \
-             --mode user --window thread (got --mode {} --window {})",
-            args.mode, args.window
-        ));
-    }
+    snapshot_backend_check(
+        hardware.then(|| pmu.err().map(|e| e.message)),
+        &backend,
+        &args.mode,
+        &args.window,
+        &sn.triggers,
+    )?;
     let prog = args.cmd.first().cloned().unwrap_or_default();
     let path = qemu::which(&prog).ok_or_else(|| format!("{prog}: command not found"))?;
     super::snapshot::check_addrs(sn, &path)
 }
 
-/// Why `--snapshot` is refused on the hardware backend (`no_pmu`: the PMU probe's error
-/// where this machine has no `intel_pt` PMU).
-fn hardware_snapshot_refusal(no_pmu: Option<String>) -> String {
-    match no_pmu {
-        Some(why) => format!(
+/// What `--snapshot` needs of the backend, mode and window (`hardware`: the hardware
+/// backend is the one, with the PMU probe's error where this machine has no `intel_pt`
+/// PMU — named first, as what a user must fix before anything else).
+fn snapshot_backend_check(
+    hardware: Option<Option<String>>,
+    backend: &str,
+    mode: &str,
+    window: &str,
+    triggers: &[UserTrigger],
+) -> Result<(), String> {
+    if let Some(Some(why)) = &hardware {
+        return Err(format!(
             "--snapshot on the hardware backend needs an intel_pt PMU, and this machine has \
              none: {why}"
-        ),
-        None => "--snapshot is not available on the hardware backend yet: the overwrite-mode \
-                 AUX capture and its snapshot records are written (perf::hwsnap), but the \
-                 shim traces only kernel-mode syscall windows on this backend and has no \
-                 per-thread user-mode capture to run them in; use --backend emulated or \
-                 --backend qemu with --mode user --window thread"
-            .to_string(),
+        ));
     }
+    let backend = if hardware.is_some() {
+        "hardware"
+    } else {
+        backend
+    };
+    if mode != "user" || window != "thread" {
+        return Err(format!(
+            "--snapshot with the {backend} backend traces user code in thread windows: use \
+             --mode user --window thread (got --mode {mode} --window {window})"
+        ));
+    }
+    if hardware.is_some() {
+        if let Some(t) = triggers.iter().find(|t| matches!(t, UserTrigger::Addr(_))) {
+            return Err(format!(
+                "--trigger {}: the hardware backend cannot see an address being executed \
+                 (Intel PT reports branches, not each instruction); use exit, signal:SIG or \
+                 syscall:NAME, or --backend qemu|emulated",
+                config::describe_trigger(t)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Completes the thread files of processes that died before writing everything (SIGKILL)
@@ -460,4 +480,69 @@ fn has_info_file(out: &Path) -> bool {
         rd.flatten()
             .any(|e| e.path().extension().is_some_and(|x| x == "info"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drpttracer::format::snapshot::AddrSpec;
+
+    #[test]
+    fn snapshot_backends_take_user_thread_windows_and_hardware_refuses_addr_triggers() {
+        let sys = [UserTrigger::Exit, UserTrigger::Syscall(110)];
+        let addr = [
+            UserTrigger::Exit,
+            UserTrigger::Addr(AddrSpec::Symbol("marker".into())),
+        ];
+        // Hardware with its PMU: user thread windows, exit/signal/syscall triggers.
+        assert_eq!(
+            snapshot_backend_check(Some(None), "auto", "user", "thread", &sys),
+            Ok(())
+        );
+        assert_eq!(
+            snapshot_backend_check(Some(None), "hardware", "user", "thread", &addr),
+            Err(
+                "--trigger addr:marker: the hardware backend cannot see an address being \
+                 executed (Intel PT reports branches, not each instruction); use exit, \
+                 signal:SIG or syscall:NAME, or --backend qemu|emulated"
+                    .into()
+            )
+        );
+        assert_eq!(
+            snapshot_backend_check(Some(None), "auto", "kernel", "syscall", &sys),
+            Err(
+                "--snapshot with the hardware backend traces user code in thread windows: \
+                 use --mode user --window thread (got --mode kernel --window syscall)"
+                    .into()
+            )
+        );
+        // Hardware without a PMU: that first, whatever else is wrong.
+        assert_eq!(
+            snapshot_backend_check(
+                Some(Some("no intel_pt PMU".into())),
+                "hardware",
+                "kernel",
+                "syscall",
+                &addr
+            ),
+            Err(
+                "--snapshot on the hardware backend needs an intel_pt PMU, and this machine \
+                 has none: no intel_pt PMU"
+                    .into()
+            )
+        );
+        // The single-step backend sees addresses.
+        assert_eq!(
+            snapshot_backend_check(None, "emulated", "user", "thread", &addr),
+            Ok(())
+        );
+        assert_eq!(
+            snapshot_backend_check(None, "emulated", "user", "syscall", &sys),
+            Err(
+                "--snapshot with the emulated backend traces user code in thread windows: \
+                 use --mode user --window thread (got --mode user --window syscall)"
+                    .into()
+            )
+        );
+    }
 }
