@@ -8,6 +8,12 @@
 //! ([`crate::check::compare`]) — and a decoder overrides what it can do faster (the
 //! pipeline's [`crate::PtDecoder`] refers to its cached blocks instead of copying them).
 //! libipt's raw types never cross this seam (they stay in the `ipt` module).
+//!
+//! PSB-parallel decode ([`crate::parallel`]) is built on a second, crate-internal seam:
+//! [`PartDecoding`] makes decoders of parts of one trace (from its start, from a PSB cut,
+//! or from the state another decoder handed over at a cut, [`PartStart`]) that stop at a
+//! later cut and report how they started and ended ([`PartReport`]); the parallel driver
+//! and the stitching of the parts into the one-pass result are generic over it.
 
 use std::ops::ControlFlow;
 
@@ -115,4 +121,83 @@ impl<D: TraceDecoder> TraceDecoder for &mut D {
     fn for_each_slice<B>(&mut self, f: impl FnMut(&[Record]) -> ControlFlow<B>) -> Option<B> {
         (**self).for_each_slice(f)
     }
+}
+
+/// Where a decoder of part of a trace starts (`H`: the state decoders hand over at cuts).
+pub(crate) enum PartStart<H> {
+    /// At the trace's start, as sequential decode.
+    Trace,
+    /// Synchronizing at the cut its buffer starts with.
+    Cut,
+    /// Where another decoder handed off (its buffer starts at that cut's PSB).
+    Handoff(Box<H>),
+}
+
+/// A decoder's state where it stopped at a cut: exactly what one decoder of the whole
+/// trace has there.
+pub(crate) trait CutHandoff: Sized {
+    /// The part (segment index) that starts at the cut.
+    fn cut(&self) -> usize;
+
+    /// The last timestamp emitted before the cut (a decoder started at the cut emits its
+    /// first one whatever it is: the stitching drops it where it repeats this one).
+    fn last_timestamp(&self) -> Option<u64>;
+
+    /// This handoff of a decoder that started at `before`'s cut and joined there, with
+    /// what it could not know taken from `before`.
+    fn after(self, before: &Self) -> Self;
+}
+
+/// How a decoder that synchronized at a cut started: whether its records are the ones
+/// one decoder of the whole trace gives after handoff `H` at that cut.
+pub(crate) trait CutJoin<H> {
+    fn joins(&self, h: &H) -> bool;
+}
+
+/// A decoder of part of a trace: how it started (`S`, when it synchronized at a cut) and
+/// how it ended (`H`, when it stopped at a later cut).
+pub(crate) struct PartReport<S, H> {
+    /// It emitted a timestamp.
+    pub timestamped: bool,
+    pub start: Option<S>,
+    pub end: Option<H>,
+    /// It cannot give this part's records (why): the caller decodes another way.
+    pub failed: Option<&'static str>,
+}
+
+impl<S, H> Default for PartReport<S, H> {
+    fn default() -> Self {
+        PartReport {
+            timestamped: false,
+            start: None,
+            end: None,
+            failed: None,
+        }
+    }
+}
+
+/// A part's records and its decoder's report.
+pub(crate) type DecodedPart<P> = (
+    CompactRecords,
+    PartReport<<P as PartDecoding>::Start, <P as PartDecoding>::Handoff>,
+);
+
+/// What PSB-parallel decode needs of a decoder: decoders of parts of one trace, each run
+/// on one thread with that thread's reusable `Caches`.
+pub(crate) trait PartDecoding: Sync + Sized {
+    type Handoff: CutHandoff + Send;
+    type Start: CutJoin<Self::Handoff> + Send;
+    type Caches: Default;
+
+    /// Decodes from byte `from` of the trace, starting as `start` says, on to the first of
+    /// `cuts` (offsets from `from`, part indices) where it can stop, or the end. `part`:
+    /// the index of the part it starts in.
+    fn decode_part(
+        &self,
+        part: usize,
+        from: usize,
+        start: PartStart<Self::Handoff>,
+        cuts: Vec<(usize, usize)>,
+        caches: &mut Self::Caches,
+    ) -> Result<DecodedPart<Self>, crate::DecodeError>;
 }

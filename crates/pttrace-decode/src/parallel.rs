@@ -343,7 +343,7 @@ pub fn decode_parallel_stats(
             segments: segs.len(),
             ..Default::default()
         };
-        if let Some(out) = fast::decode(&inputs, &segs, threads, &mut stats)? {
+        if let Some(out) = fast::decode(&inputs, &opts.source, &segs, threads, &mut stats)? {
             return Ok((out, stats));
         }
     }

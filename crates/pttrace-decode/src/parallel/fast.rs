@@ -1,4 +1,6 @@
-//! PSB-parallel decode with the fast decoder, record for record its one-pass result.
+//! PSB-parallel decode with the fast decoder, record for record its one-pass result. The
+//! driver and the stitching are generic over [`PartDecoding`] (the decoder seam for parts
+//! of a trace); the fast decoder's parts are [`PtDecoder`]s.
 //!
 //! Each segment's decoder synchronizes at its cut's PSB (the first one decodes from the
 //! trace's start) and decodes on until it can stop at a later cut: where nothing it walked
@@ -22,37 +24,32 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::{Inputs, Segment};
-use crate::pipeline::flow::{PartReport, PartStart};
+use crate::decoder::{CutHandoff, CutJoin, DecodedPart, PartDecoding, PartStart};
+use crate::pipeline::flow::{CutStart, Handoff};
 use crate::pipeline::{CompactRecords, DecoderCaches, PtDecoder};
 use crate::records::Record;
 use crate::DecodeError;
 
-impl Inputs<'_> {
-    /// Decodes from segment `k`'s cut (or the trace's start) as `start` says, on to the
-    /// first later cut where the decoder can stop.
-    fn part(
+/// The fast decoder's parts: [`PtDecoder`]s of the trace from a cut on.
+impl PartDecoding for Inputs<'_> {
+    type Handoff = Handoff;
+    type Start = CutStart;
+    type Caches = DecoderCaches;
+
+    fn decode_part(
         &self,
-        segs: &[Segment],
-        k: usize,
-        start: PartStart,
+        part: usize,
+        from: usize,
+        start: PartStart<Handoff>,
+        cuts: Vec<(usize, usize)>,
         caches: &mut DecoderCaches,
-    ) -> Result<(CompactRecords, PartReport), DecodeError> {
-        let from = match start {
-            PartStart::Trace => 0,
-            _ => segs[k].start,
-        };
-        let cuts = segs
-            .iter()
-            .enumerate()
-            .skip(k + 1)
-            .map(|(j, s)| (s.start - from, j))
-            .collect();
+    ) -> Result<DecodedPart<Self>, DecodeError> {
         let mut dec = PtDecoder::new_part(
             &self.trace[from..],
             *self.params,
             self.image.clone(),
             self.resolver.clone(),
-            self.options_from(from, k),
+            self.options_from(from, part),
             start,
             cuts,
         )?
@@ -63,22 +60,46 @@ impl Inputs<'_> {
     }
 }
 
-/// The records of one fast decoder's pass over the trace, decoded on `threads` threads;
-/// `None` where the fast decoder leaves the trace to libipt.
-pub(super) fn decode(
-    inputs: &Inputs<'_>,
+/// Decodes from segment `k`'s cut (or the trace's start) as `start` says, on to the first
+/// later cut where the decoder can stop.
+fn part<P: PartDecoding>(
+    parts: &P,
+    segs: &[Segment],
+    k: usize,
+    start: PartStart<P::Handoff>,
+    caches: &mut P::Caches,
+) -> Result<DecodedPart<P>, DecodeError> {
+    let from = match start {
+        PartStart::Trace => 0,
+        _ => segs[k].start,
+    };
+    let cuts = segs
+        .iter()
+        .enumerate()
+        .skip(k + 1)
+        .map(|(j, s)| (s.start - from, j))
+        .collect();
+    parts.decode_part(k, from, start, cuts, caches)
+}
+
+/// The records of one pass of `parts`' decoder over the trace, decoded on `threads`
+/// threads; `None` where a part's decoder cannot give them (`source`: the trace's name in
+/// errors).
+pub(super) fn decode<P: PartDecoding>(
+    parts: &P,
+    source: &str,
     segs: &[Segment],
     threads: usize,
     stats: &mut super::ParallelStats,
 ) -> Result<Option<Vec<CompactRecords>>, DecodeError> {
     let n = segs.len();
-    type Slot = Mutex<Option<Result<(CompactRecords, PartReport), DecodeError>>>;
-    let results: Vec<Slot> = segs.iter().map(|_| Mutex::new(None)).collect();
+    type Slot<P> = Mutex<Option<Result<DecodedPart<P>, DecodeError>>>;
+    let results: Vec<Slot<P>> = segs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads.min(n) {
             s.spawn(|| {
-                let mut caches = DecoderCaches::default();
+                let mut caches = P::Caches::default();
                 loop {
                     let k = next.fetch_add(1, Ordering::Relaxed);
                     if k >= n {
@@ -89,7 +110,7 @@ pub(super) fn decode(
                     } else {
                         PartStart::Cut
                     };
-                    let r = inputs.part(segs, k, start, &mut caches);
+                    let r = part(parts, segs, k, start, &mut caches);
                     if let Ok(mut slot) = results[k].lock() {
                         *slot = Some(r);
                     }
@@ -101,7 +122,7 @@ pub(super) fn decode(
     for (k, m) in results.into_iter().enumerate() {
         let r = m.into_inner().ok().flatten().unwrap_or_else(|| {
             Err(DecodeError::new(
-                &inputs.opts.source,
+                source,
                 segs[k].start as u64,
                 "decoder thread failed",
             ))
@@ -114,7 +135,7 @@ pub(super) fn decode(
         return Ok(None);
     };
     let mut out = vec![recs];
-    let mut caches = DecoderCaches::default();
+    let mut caches = P::Caches::default();
     loop {
         if report.failed.is_some() {
             return Ok(None);
@@ -122,9 +143,9 @@ pub(super) fn decode(
         let Some(h) = report.end.take() else {
             return Ok(Some(out));
         };
-        let joined = done.get_mut(h.cut).and_then(|d| {
+        let joined = done.get_mut(h.cut()).and_then(|d| {
             let joins = d.as_ref().is_some_and(|(_, r)| {
-                r.failed.is_none() && r.start.is_some_and(|start| start.joins(&h))
+                r.failed.is_none() && r.start.as_ref().is_some_and(|start| start.joins(&h))
             });
             if joins {
                 d.take()
@@ -136,8 +157,8 @@ pub(super) fn decode(
             Some((mut recs, mut next)) => {
                 let repeats = next.timestamped
                     && recs.first_marker(is_timestamp).is_some_and(|r| {
-                    matches!(r, Record::Timestamp { tsc, .. } if Some(*tsc) == h.last_timestamp)
-                });
+                        matches!(r, Record::Timestamp { tsc, .. } if Some(*tsc) == h.last_timestamp())
+                    });
                 if repeats {
                     recs.drop_first_marker(is_timestamp);
                 }
@@ -147,9 +168,14 @@ pub(super) fn decode(
                 report = next;
             }
             None => {
-                let cut = h.cut;
-                let (recs, next) =
-                    inputs.part(segs, cut, PartStart::Handoff(Box::new(h)), &mut caches)?;
+                let cut = h.cut();
+                let (recs, next) = part(
+                    parts,
+                    segs,
+                    cut,
+                    PartStart::Handoff(Box::new(h)),
+                    &mut caches,
+                )?;
                 stats.redecoded += 1;
                 out.push(recs);
                 report = next;
@@ -160,4 +186,100 @@ pub(super) fn decode(
 
 fn is_timestamp(r: &Record) -> bool {
     matches!(r, Record::Timestamp { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testgen::LoopProgram;
+    use crate::{ImageResolver, TraceParams, WindowOptions};
+    use std::sync::atomic::AtomicUsize;
+
+    /// A part decoder of its own: the fast decoder's parts, each start counted by kind
+    /// and the second part's synchronized start spoiled on request (so that its join
+    /// fails and the driver must decode on from the handoff).
+    struct Watched<'t> {
+        inner: Inputs<'t>,
+        traced: AtomicUsize,
+        cut: AtomicUsize,
+        handoff: AtomicUsize,
+        spoil: bool,
+    }
+
+    impl PartDecoding for Watched<'_> {
+        type Handoff = Handoff;
+        type Start = CutStart;
+        type Caches = DecoderCaches;
+
+        fn decode_part(
+            &self,
+            part: usize,
+            from: usize,
+            start: PartStart<Handoff>,
+            cuts: Vec<(usize, usize)>,
+            caches: &mut DecoderCaches,
+        ) -> Result<DecodedPart<Self>, DecodeError> {
+            let counter = match &start {
+                PartStart::Trace => &self.traced,
+                PartStart::Cut => &self.cut,
+                PartStart::Handoff(_) => &self.handoff,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let spoil = self.spoil && part == 1 && matches!(start, PartStart::Cut);
+            let (recs, mut report) = self.inner.decode_part(part, from, start, cuts, caches)?;
+            if spoil {
+                if let Some(s) = report.start.as_mut() {
+                    s.ip = s.ip.map(|ip| ip ^ 1);
+                }
+            }
+            Ok((recs, report))
+        }
+    }
+
+    #[test]
+    fn the_parallel_driver_is_generic_over_part_decoders_and_redecodes_where_a_join_fails() {
+        let prog = LoopProgram::new(0x40_0000);
+        let (trace, _) = prog.trace(256 << 10, 4096, 7);
+        let mut space = crate::AddressSpace::new();
+        space.add_bytes("loop", prog.code.clone(), prog.base);
+        let params = TraceParams::default();
+        let opts = WindowOptions::default();
+        let resolver = ImageResolver::default();
+        let inputs = || Inputs {
+            trace: &trace,
+            params: &params,
+            image: &space,
+            events: &[],
+            resolver: &resolver,
+            opts: &opts,
+        };
+        let one_pass = inputs().sequential().unwrap();
+        let want: Vec<Record> = one_pass.iter().cloned().collect();
+        assert!(want.len() > 100_000, "{} records", want.len());
+        let segs = super::super::split_at_psbs(&trace, 8);
+        assert_eq!(segs.len(), 8);
+        for spoil in [false, true] {
+            let w = Watched {
+                inner: inputs(),
+                traced: AtomicUsize::new(0),
+                cut: AtomicUsize::new(0),
+                handoff: AtomicUsize::new(0),
+                spoil,
+            };
+            let mut stats = super::super::ParallelStats::default();
+            let out = decode(&w, "loop.pt", &segs, 2, &mut stats)
+                .unwrap()
+                .expect("the fast decoder's parts");
+            let got: Vec<Record> = out.iter().flat_map(|c| c.iter().cloned()).collect();
+            assert_eq!(got.len(), want.len(), "spoil {spoil}");
+            assert!(got == want, "spoil {spoil}: the stitched records differ");
+            assert_eq!(w.traced.load(Ordering::Relaxed), 1);
+            assert_eq!(w.cut.load(Ordering::Relaxed), 7);
+            // Every join holds, except the spoiled one: the driver decodes that part
+            // again from the handoff (and on from there, joining the next cut).
+            let redecoded = usize::from(spoil);
+            assert_eq!(w.handoff.load(Ordering::Relaxed), redecoded);
+            assert_eq!((stats.joined, stats.redecoded), (7 - redecoded, redecoded));
+        }
+    }
 }

@@ -477,24 +477,29 @@ impl CutStart {
 }
 
 /// A decoder of part of a trace: how it started and how it ended.
-#[derive(Default)]
-pub(crate) struct PartReport {
-    /// It emitted a timestamp (a decoder started at a cut emits its first one whatever it
-    /// is).
-    pub timestamped: bool,
-    pub start: Option<CutStart>,
-    pub end: Option<Handoff>,
-    pub failed: Option<Fallback>,
-}
+pub(crate) type PartReport = crate::decoder::PartReport<CutStart, Handoff>;
 
 /// Where a decoder of part of a trace starts.
-pub(crate) enum PartStart {
-    /// At the trace's start, as sequential decode.
-    Trace,
-    /// Synchronizing at the cut its buffer starts with.
-    Cut,
-    /// Where another decoder handed off (its buffer starts at that cut's PSB).
-    Handoff(Box<Handoff>),
+pub(crate) type PartStart = crate::decoder::PartStart<Handoff>;
+
+impl crate::decoder::CutHandoff for Handoff {
+    fn cut(&self) -> usize {
+        self.cut
+    }
+
+    fn last_timestamp(&self) -> Option<u64> {
+        self.last_timestamp
+    }
+
+    fn after(self, before: &Handoff) -> Handoff {
+        Handoff::after(self, before)
+    }
+}
+
+impl crate::decoder::CutJoin<Handoff> for CutStart {
+    fn joins(&self, h: &Handoff) -> bool {
+        CutStart::joins(self, h)
+    }
 }
 
 impl FlowState {
