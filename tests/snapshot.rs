@@ -492,7 +492,11 @@ impl Live {
 /// Every `Note` of the trace directory's info files.
 fn notes(out: &Path) -> Vec<String> {
     let mut v = Vec::new();
-    for e in std::fs::read_dir(out).unwrap().flatten() {
+    // (None yet while `pttrace run` starts.)
+    let Ok(dir) = std::fs::read_dir(out) else {
+        return v;
+    };
+    for e in dir.flatten() {
         if e.path().extension() != Some(OsStr::new("info")) {
             continue;
         }
@@ -1069,12 +1073,7 @@ fn emulated_addr_trigger_keeps_exactly_the_end_of_the_loop_up_to_marker() {
     // Exactly the last K iterations, whole, then main up to its call of marker.
     let k = assert_tail_of_loop(&p, &s.pcs, EMU_N - 1);
     assert!(k > 100 && k < 400, "{k} iterations");
-    assert!(!s.pcs.contains(&p.marker), "marker's entry is not executed");
-    let call = s.last_insn.last().unwrap();
-    let last = *s.pcs.last().unwrap();
-    assert_eq!((call.len(), call[0]), (5, 0xe8), "{call:x?}");
-    let rel = i32::from_le_bytes(call[1..5].try_into().unwrap());
-    assert_eq!((last + 5).wrapping_add(rel as i64 as u64), p.marker);
+    assert_ends_at_call_of_marker(&p, s);
     // The loop makes no syscall: only pieces cut without one.
     assert!(s.windows.iter().all(|w| w.flags == WF_NO_SYSCALL));
     // Nothing is written after the trigger (no exit trigger).
@@ -1082,6 +1081,156 @@ fn emulated_addr_trigger_keeps_exactly_the_end_of_the_loop_up_to_marker() {
     let pf = ptt::parse("t", &pf).unwrap();
     let tail: Vec<u16> = pf.frames.iter().rev().take(2).map(|f| f.ty).collect();
     assert_eq!(tail, [RecordType::End as u16, RecordType::Window as u16]);
+}
+
+/// The snapshot's last instruction is main's `call marker` (marker's entry not executed).
+fn assert_ends_at_call_of_marker(p: &Prog, s: &Snap) {
+    assert!(!s.pcs.contains(&p.marker), "marker's entry is not executed");
+    let call = s.last_insn.last().unwrap();
+    let last = *s.pcs.last().unwrap();
+    assert_eq!((call.len(), call[0]), (5, 0xe8), "{call:x?}");
+    let rel = i32::from_le_bytes(call[1..5].try_into().unwrap());
+    assert_eq!((last + 5).wrapping_add(rel as i64 as u64), p.marker);
+}
+
+/// How many times the info files note that `addr:marker` fired.
+fn marker_firings(out: &Path) -> usize {
+    notes(out)
+        .iter()
+        .filter(|n| n.contains("trigger addr:marker ("))
+        .count()
+}
+
+#[test]
+fn emulated_a_stretch_longer_than_the_step_buffer_keeps_its_end() {
+    let p = prog_emu();
+    // --pt-shift 1: step buffers of 8192 steps, ~58 iterations (~140 steps each); the
+    // loop fills ~26 of them without a syscall. Each full buffer is handed over and
+    // stepping goes on in another one.
+    let o = run_emu(
+        &p,
+        &[
+            "--pt-shift",
+            "1",
+            "--snapshot",
+            "8K",
+            "--trigger",
+            "addr:marker",
+        ],
+        &["1500"],
+    );
+    let out = text(&o);
+    assert!(
+        out.contains("snapshot 1: complete, written by 1 thread"),
+        "{out}"
+    );
+    assert_eq!(marker_firings(&p.out), 1, "{:?}", notes(&p.out));
+    let snaps = snapshots(&p.out);
+    assert_eq!(snaps.len(), 1, "the trigger fired once");
+    let s = &snaps[0];
+    assert_eq!(s.rec.kind, TriggerKind::Addr as u32);
+    assert_eq!(s.gaps, 0);
+    assert!(s.pt_bytes <= 8 * 1024, "{} PT bytes", s.pt_bytes);
+    assert!(s.pt_bytes >= 7 * 1024, "{} PT bytes", s.pt_bytes);
+    // Windows cut without a syscall (buffer handovers and ring pieces), none lost.
+    assert!(
+        s.windows.iter().all(|w| w.flags == WF_NO_SYSCALL),
+        "{:?}",
+        s.windows
+    );
+    // The end of the stretch, not its beginning: exactly the last iterations, whole
+    // and consecutive across buffer handovers (more than one buffer holds), up to main's
+    // call of marker.
+    let k = assert_tail_of_loop(&p, &s.pcs, 1499);
+    assert!(k > 80, "{k} iterations");
+    assert_ends_at_call_of_marker(&p, s);
+}
+
+/// The thread file of a trace directory with one traced thread, once there is one.
+fn thread_file(out: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(out)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension() == Some(OsStr::new("ptt")))
+}
+
+#[test]
+fn emulated_addr_snapshot_is_written_while_the_program_spins_on_without_syscalls() {
+    let p = prog_emu();
+    // The loop, marker(), then more iterations without any syscall until killed.
+    let mut live = Live::spawn(emu_command(
+        &p,
+        &["--snapshot", "8K", "--trigger", "addr:marker"],
+        &["1500", "after"],
+    ));
+    let path = loop {
+        if let Some(path) = thread_file(&p.out) {
+            break path;
+        }
+        std::thread::sleep(Duration::from_millis(5).min(live.left("the thread file")));
+    };
+    let name = path.file_name().unwrap().to_str().unwrap().to_string();
+    let pid: i32 = name.split('-').next().unwrap().parse().unwrap();
+    // The program never ends by itself: killed when the test ends, failed or not.
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            // SAFETY: kill sends SIGKILL to the traced program (a child of pttrace run).
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let guard = KillOnDrop(pid);
+    live.wait_note(&p.out, "snapshot 1: complete, written by 1 thread");
+    // The snapshot is in the thread file while the program is still running its loop.
+    let data = std::fs::read(&path).unwrap();
+    let pf = ptt::parse("t", &data).unwrap();
+    let at = pf
+        .frames
+        .iter()
+        .position(|f| f.ty == RecordType::Snapshot as u16)
+        .expect("the snapshot record is in the thread file");
+    let early = SnapshotRecord::decode(pf.frames[at].payload).unwrap();
+    let windows_after = pf.frames[at + 1..]
+        .iter()
+        .take_while(|f| f.ty == RecordType::Window as u16)
+        .count() as u64;
+    assert_eq!(early.number, 1);
+    assert_eq!(windows_after, early.windows, "{early:?}");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let state = stat.rsplit_once(')').unwrap().1.split_whitespace().next();
+    assert!(matches!(state, Some("R" | "S" | "D")), "{stat}");
+    assert!(
+        live.child.try_wait().unwrap().is_none(),
+        "pttrace run ended"
+    );
+    drop(guard);
+    drop(live.child.stdin.take());
+    let st = live.child.wait().unwrap();
+    let out = format!(
+        "{}{}",
+        live.stdout.join().unwrap(),
+        live.stderr.join().unwrap()
+    );
+    assert!(!st.success(), "{out}");
+    assert!(out.contains("signal: 9 (SIGKILL)"), "{out}");
+    assert_eq!(marker_firings(&p.out), 1, "{:?}", notes(&p.out));
+    let snaps = snapshots(&p.out);
+    let s = &snaps[0];
+    assert_eq!(s.rec, early, "the snapshot written while the program ran");
+    assert_eq!(s.rec.kind, TriggerKind::Addr as u32);
+    assert_eq!(s.gaps, 0);
+    assert!(s.pt_bytes <= 8 * 1024, "{} PT bytes", s.pt_bytes);
+    let k = assert_tail_of_loop(&p, &s.pcs, 1499);
+    assert!(k > 80, "{k} iterations");
+    assert_ends_at_call_of_marker(&p, s);
+    // What the kill recovered (if anything reached the ring) is after marker: none of
+    // the loop's code again.
+    for r in &snaps[1..] {
+        assert_eq!(r.rec.kind, TriggerKind::Kill as u32);
+        let (_, done, _) = iterations(&p, &r.pcs);
+        assert!(done.iter().all(|&i| i >= 1500), "{done:?}");
+    }
 }
 
 #[test]
@@ -1130,7 +1279,7 @@ fn emulated_exit_is_the_default_trigger_and_holds_the_end_of_the_program() {
 }
 
 #[test]
-fn emulated_signal_snapshot_of_a_blocked_thread_ends_before_its_read() {
+fn emulated_signal_snapshot_of_a_blocked_thread_ends_exactly_at_its_syscall() {
     let p = prog_emu();
     let live = Live::spawn(emu_command(
         &p,
@@ -1139,15 +1288,25 @@ fn emulated_signal_snapshot_of_a_blocked_thread_ends_before_its_read() {
     ));
     let s = &usr2_while_blocked_in_read(live, &p.out);
     assert!(s.pt_bytes <= 8 * 1024, "{}", s.pt_bytes);
-    // The thread is blocked in read: its snapshot ends with the window of ready()'s
-    // write (returned); the window up to the read is still in flight.
-    let w = s.windows.last().unwrap();
-    assert_eq!(w.nr, libc::SYS_write as u64);
-    assert_eq!(w.ret, "ready 0\n".len() as i64);
-    let upto = s.starts[s.windows.len() - 1];
-    let k = assert_tail_of_loop(&p, &s.pcs[..upto], 1499);
+    // As under QEMU: the last iterations of the loop, whole, then ready()'s write
+    // (returned), then the read the thread was blocked in, cut (no return value).
+    let before = assert_ends_blocked_in_read(s, Some(0));
+    let k = assert_tail_of_loop(&p, before, 1499);
     assert!(k > 50, "{k} iterations");
     assert!(!s.pcs.contains(&p.marker), "taken before marker ran");
+    // The read returned after the snapshot: its window is not written again (no exit
+    // trigger, so nothing follows the snapshot), and decode names the cut window.
+    let d = Command::new(pttrace())
+        .args(["decode", "--format", "disasm"])
+        .arg(&p.out)
+        .output()
+        .unwrap();
+    assert!(d.status.success(), "{}", text(&d));
+    let want = format!(
+        "window {} (ends at read, not returned at the snapshot) flags snapshot-cut:",
+        s.windows.last().unwrap().index
+    );
+    assert!(text(&d).contains(&want), "{want}");
 }
 
 #[test]
@@ -1291,16 +1450,29 @@ fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
     const PER: u64 = 1500;
     let mut live = Live::spawn(emu_command(
         &p,
-        &["--snapshot", "8K", "--trigger", "signal:USR2"],
+        &[
+            "--snapshot",
+            "8K",
+            "--trigger",
+            "signal:USR2",
+            "--trigger",
+            "syscall:getppid",
+        ],
         &[&PER.to_string(), "threads", "1"],
     ));
     live.wait_ready(2);
     live.wait_blocked_in_read(2);
     live.signal(libc::SIGUSR2);
     live.wait_note(&p.out, "snapshot 1: complete, written by 2 threads");
-    // A byte on stdin: main calls getppid (no trigger), then reads again; EOF ends it.
+    // A byte on stdin: main's read returns, it calls getppid (a trigger fired in that
+    // thread while the other is still blocked), then reads again; EOF ends it.
     live.send(b"x");
+    live.wait_note(&p.out, "snapshot 2: complete, written by 2 threads");
     let out = live.end();
+    assert!(
+        out.contains("snapshot 2: trigger syscall:getppid fired in thread"),
+        "{out}"
+    );
     assert!(
         out.contains("snapshot 1: trigger signal:SIGUSR2 (sent to pttrace run) fired"),
         "{out}"
@@ -1312,8 +1484,8 @@ fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
     for th in &t.threads {
         let main = th.header.tid == main_tid;
         let snaps = thread_snapshots(&t, th);
-        assert_eq!(snaps.len(), 1, "thread {}: one firing", th.header.tid);
-        let s = &snaps[0];
+        assert_eq!(snaps.len(), 2, "thread {}: two firings", th.header.tid);
+        let (s, s2) = (&snaps[0], &snaps[1]);
         assert_eq!(s.rec.number, 1);
         assert_eq!(s.rec.kind, TriggerKind::Signal as u32);
         assert_eq!(s.rec.fired_tid, 0);
@@ -1321,16 +1493,10 @@ fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
         assert!(s.pt_bytes <= 8 * 1024, "{}", s.pt_bytes);
         assert!(s.rec.discarded_windows > 0, "{:?}", s.rec);
         // Blocked in read: the snapshot ends with the window of its `ready K` write,
-        // returned; the window up to the read is in flight (single-step backend).
-        let n = s.windows.len();
-        let w = &s.windows[n - 1];
-        assert_eq!((w.nr, w.args[0], w.flags), (libc::SYS_write as u64, 1, 0));
-        assert_eq!(w.ret, "ready 0\n".len() as i64);
-        assert_eq!(s.last_insn[n - 1], SYSCALL_INSN);
-        assert!(s.windows[..n - 1].iter().all(|w| w.flags == WF_NO_SYSCALL));
-        // Exactly the last iterations of the thread's own loop, whole (the write's window
-        // is the last piece of the loop's: it holds the loop's end, then ready()).
-        let before = &s.pcs[..];
+        // returned, then the window up to the read, cut there (as under QEMU). Before
+        // them, exactly the last iterations of the thread's own loop, whole (the write's
+        // window holds the loop's end, then ready()).
+        let before = assert_ends_blocked_in_read(s, main.then_some(0));
         let (_, done, _) = iterations(&p, before);
         let k = done[0] / PER;
         let got = assert_tail_of_loop(&p, before, (k + 1) * PER - 1);
@@ -1338,6 +1504,26 @@ fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
         assert_eq!(k == 0, main, "thread {}: loop {k}", th.header.tid);
         assert!(!s.pcs.contains(&p.marker));
         loops.push(k);
+        // The second firing, in the main thread at getppid's return.
+        assert_eq!(s2.rec.number, 2);
+        assert_eq!(s2.rec.kind, TriggerKind::Syscall as u32);
+        assert_eq!(s2.rec.fired_tid, main_tid);
+        assert_eq!(s2.gaps, 0);
+        if main {
+            // Only what ran since: not the read's code again (its window returned after
+            // the cut), just the code from its return to getppid.
+            assert_eq!(s2.windows.len(), 1, "{:?}", s2.windows);
+            let w = &s2.windows[0];
+            assert_eq!((w.nr, w.flags), (libc::SYS_getppid as u64, 0));
+            assert!(w.ret > 0);
+            assert_eq!(s2.last_insn[0], SYSCALL_INSN);
+            assert!(!s2.pcs.contains(&p.step));
+            assert!(!s2.pcs.contains(&p.one) && !s2.pcs.contains(&p.zero));
+        } else {
+            // Still in the same read, cut already: nothing new.
+            assert_eq!(s2.rec.windows, 0);
+            assert!(s2.windows.is_empty());
+        }
     }
     loops.sort_unstable();
     assert_eq!(loops, [0, 1]);

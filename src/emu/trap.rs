@@ -27,7 +27,10 @@
 //!   recorded or killing the process;
 //! - a SIGTRAP that is not a single step (int3, kill, hardware breakpoints) goes to the
 //!   handler that was installed before ours (default action included);
-//! - a buffer that fills up stops the stepping (linear-mode semantics).
+//! - a buffer that fills up stops the stepping (linear-mode semantics), unless a handover
+//!   hook is installed ([`set_handover`], the LD_PRELOAD shim's snapshot mode): then the
+//!   hook closes the full buffer (or the one that just recorded an `addr:` mark) and arms
+//!   another, and stepping goes on.
 
 use std::cell::Cell;
 use std::ptr;
@@ -54,6 +57,42 @@ pub const STEP_MARK: u32 = 2;
 /// Addresses whose execution records a [`STEP_MARK`] (0: unused slot). Set by the shim
 /// before stepping starts; read by the single-step handler at every step.
 pub static MARK_ADDRS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Records a buffer keeps free for what may follow a step before the next one (a signal
+/// record, a mark, the shim's synthesized syscall step): the handler asks for a handover
+/// when fewer are left.
+pub const HANDOVER_ROOM: usize = 4;
+/// [`set_handover`] hook reasons: the buffer is (nearly) full; a [`STEP_MARK`] was recorded.
+pub const HAND_FULL: u32 = 1;
+pub const HAND_MARK: u32 = 2;
+/// [`set_handover`] hook results: nothing done (the buffer stays armed); a fresh buffer is
+/// armed and stepping goes on; no buffer could be armed, stepping stops.
+pub const HANDOVER_DECLINED: u32 = 0;
+pub const HANDOVER_CONTINUED: u32 = 1;
+pub const HANDOVER_STOPPED: u32 = 2;
+
+/// The installed handover hook (`fn(u32) -> u32` as an address; 0: none).
+static HANDOVER: AtomicUsize = AtomicUsize::new(0);
+
+/// Installs `hook`, called by the single-step handler on the stepped thread (so it must be
+/// async-signal-safe) when the armed buffer has fewer than [`HANDOVER_ROOM`] free records
+/// ([`HAND_FULL`]) or has just recorded a [`STEP_MARK`] ([`HAND_MARK`]). It returns one of
+/// the `HANDOVER_*` results; with [`HANDOVER_CONTINUED`] it has armed ([`arm`]) the buffer
+/// to go on with.
+pub fn set_handover(hook: fn(u32) -> u32) {
+    HANDOVER.store(hook as usize, Ordering::Release);
+}
+
+/// Calls the handover hook ([`HANDOVER_DECLINED`] without one). Async-signal-safe.
+fn handover(reason: u32) -> u32 {
+    let f = HANDOVER.load(Ordering::Acquire);
+    if f == 0 {
+        return HANDOVER_DECLINED;
+    }
+    // SAFETY: a non-zero value was stored by `set_handover` from a `fn(u32) -> u32`.
+    let hook: fn(u32) -> u32 = unsafe { std::mem::transmute::<usize, fn(u32) -> u32>(f) };
+    hook(reason)
+}
 
 /// One record of the capture buffer (written by the handlers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -451,16 +490,27 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                     unsafe { *efl &= !(EFLAGS_TF as i64) };
                     return;
                 }
-                if let Some(k) = MARK_ADDRS
+                let mark = MARK_ADDRS
                     .iter()
-                    .position(|a| a.load(Ordering::Relaxed) == ip)
-                {
+                    .position(|a| a.load(Ordering::Relaxed) == ip);
+                if let Some(k) = mark {
                     let _ = b.push_step(Step {
                         ip,
                         tsc: rdtsc(),
                         kind: STEP_MARK,
                         arg: k as u32,
                     });
+                }
+                let reason = if mark.is_some() {
+                    HAND_MARK
+                } else if b.len() + HANDOVER_ROOM >= b.capacity() {
+                    HAND_FULL
+                } else {
+                    return;
+                };
+                if handover(reason) == HANDOVER_STOPPED {
+                    // SAFETY: as above.
+                    unsafe { *efl &= !(EFLAGS_TF as i64) };
                 }
                 return;
             }

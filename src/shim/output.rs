@@ -419,6 +419,7 @@ pub fn drain_locked(slot: &Slot) {
                         super::snapring::push_plain(slot, fd, &w);
                     }
                     super::userpt::WindowPt::None => super::snapring::push_plain(slot, fd, &w),
+                    super::userpt::WindowPt::Cut => super::snapring::cut_returned(slot, fd, &w),
                 }
             } else {
                 // Not encodable here: its step buffer is freed, the window not written.
@@ -470,9 +471,9 @@ pub fn drain_locked(slot: &Slot) {
                 put(buf, &mut n, &w);
             }
             // (Pieces come only with a cut, in snapshot mode.)
-            super::userpt::WindowPt::None | super::userpt::WindowPt::Pieces { .. } => {
-                put(buf, &mut n, &w)
-            }
+            super::userpt::WindowPt::None
+            | super::userpt::WindowPt::Pieces { .. }
+            | super::userpt::WindowPt::Cut => put(buf, &mut n, &w),
         }
         if kfd >= 0 {
             for _ in 0..2 {

@@ -22,9 +22,11 @@
 //! - `syscall:NAME`: the window ending at that syscall (return value included) is the
 //!   firing thread's last;
 //! - `addr:SYMBOL|0xADDR`: the single-step handler records a mark when the thread is about
-//!   to execute the address ([`crate::emu::trap::MARK_ADDRS`]); the window is cut there
-//!   (the instruction at the address not executed) and the snapshot taken. The writer
-//!   sees the mark when the window ends (at the thread's next syscall);
+//!   to execute the address ([`crate::emu::trap::MARK_ADDRS`]) and hands its buffer over
+//!   there ([`super::userpt`]: a window of its own, stepping goes on in another buffer);
+//!   the window is cut there (the instruction at the address not executed) and the
+//!   snapshot taken at the writer's next pass, however long the thread runs on without
+//!   a syscall;
 //! - `signal:SIG`: `pttrace run` appends `signal N` to the trace directory's request file,
 //!   which the writer reads at each pass (at least every 10 ms);
 //! - `exit`: a thread's ring when it ends (`exit`), every thread's at `exit_group`,
@@ -34,9 +36,15 @@
 //! A firing has the next number of the process image; the firing thread writes its ring
 //! at once, every other thread of the process writes the windows the writer had taken
 //! from its queue by then, before any later one (a `signal:` request first takes every
-//! queue; a thread blocked in a syscall: up to the window before that syscall, whose
-//! window is still in flight and goes into the next snapshot). The info file gets the
-//! same notes as under QEMU.
+//! queue). A thread inside a syscall whose earlier windows were all taken ends, as
+//! under QEMU, with that syscall's window cut (`WF_SNAPSHOT_CUT`, its user code up to
+//! the syscall, no return value: [`super::userpt::cut_in_flight`]); the window queued at
+//! its return is not written again, its `syscall:` trigger fires then
+//! ([`cut_returned`]). The info file gets the same notes as under QEMU.
+//!
+//! A stretch without syscalls longer than a step buffer comes in buffers handed over
+//! mid-window (windows `nr` [`super::userpt::HANDOVER_NR`], `WF_NO_SYSCALL`), cut into
+//! pieces like any window: the ring keeps the stretch's end.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
@@ -425,6 +433,11 @@ fn write_pending(st: &mut State, slot: &Slot, fd: i32) {
     for i in pending {
         let Some(f) = st.firings.get(i) else { continue };
         let (number, kind, tid, text, tsc) = (f.number, f.kind, f.tid, f.text.clone(), f.tsc);
+        // A thread inside a syscall ends with that syscall's window, cut (no return value
+        // yet); its return ends nothing (see `super::userpt::cut_in_flight`).
+        if let Some(c) = cut().and_then(|n| super::userpt::cut_in_flight(slot, n)) {
+            push_pieces(st, slot, fd, &c.w, c.pieces, c.sideband, 0, false);
+        }
         if let Some(t) = st.ring_of(slot) {
             write_ring(slot, t, fd, number, kind, tid, &text, tsc);
         }
@@ -531,13 +544,44 @@ pub fn push_plain(slot: &Slot, fd: i32, w: &Window) {
 /// A window of `slot` whose PT was encoded in `pieces`: every piece but the last becomes
 /// a `WF_NO_SYSCALL` window; the last carries `w`. Triggers reached in it fire.
 pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<u8>, flags: u32) {
-    let st = state();
+    push_pieces(state(), slot, fd, w, pieces, sideband, flags, true);
+}
+
+/// The window of a syscall whose code went into a snapshot as a `snapshot-cut` window
+/// while it was in flight has returned: it is not written again, but a `syscall:` trigger
+/// on it fires now (its return).
+pub fn cut_returned(slot: &Slot, fd: i32, w: &Window) {
+    let Some(set) = settings() else { return };
+    if w.depth == 0 && set.syscalls.contains(&w.nr) {
+        let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
+        fire(state(), Some((slot, fd)), TriggerKind::Syscall, text);
+    }
+}
+
+/// [`push`] into `st`; `syscall` false: the window's syscall trigger does not fire (a
+/// window cut before its syscall returned).
+#[allow(clippy::too_many_arguments)]
+fn push_pieces(
+    st: &mut State,
+    slot: &Slot,
+    fd: i32,
+    w: &Window,
+    pieces: Vec<Piece>,
+    sideband: Vec<u8>,
+    flags: u32,
+    syscall: bool,
+) {
     let Some(set) = settings() else { return };
     let n = pieces.len();
     let mut sideband = Some(sideband);
     let mut last_pt = Vec::new();
     let mut last_tsc = w.tsc_start;
+    // A buffer handed over mid-window (at an `addr:` mark or full) ends without a
+    // syscall: when its last piece ends at the mark, that piece is the window's end.
+    let handed = w.nr == super::userpt::HANDOVER_NR && w.flags & WF_NO_SYSCALL != 0;
+    let mut ended_at_mark = false;
     for (k, p) in pieces.into_iter().enumerate() {
+        ended_at_mark = p.mark.is_some();
         if k + 1 == n && p.mark.is_none() {
             last_pt = p.pt;
             last_tsc = p.tsc_start;
@@ -575,6 +619,9 @@ pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<
         }
         last_tsc = p.tsc_end;
     }
+    if handed && ended_at_mark {
+        return;
+    }
     let Some(t) = st.ring_of(slot) else { return };
     let mut last = *w;
     last.index = t.next_index;
@@ -591,7 +638,7 @@ pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<
         },
         last_pt,
     );
-    if w.depth == 0 && set.syscalls.contains(&w.nr) {
+    if syscall && w.depth == 0 && set.syscalls.contains(&w.nr) {
         let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
         fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
     }

@@ -60,14 +60,34 @@
 //! A buffer holds one step per byte of the configured PT ring (`PTTRACER_PT_SHIFT`,
 //! default 2^8 pages = 1 Mi steps). A window whose steps overflow it carries `WF_PT_LOST`:
 //! stepping stops there (linear-mode semantics), what was captured decodes, and the next
-//! syscall opens a fresh window. Syscall windows (`--window syscall`) in user mode have no user code inside
-//! them by definition: PT stays absent with that reason (see [`absent_reason`]).
+//! syscall opens a fresh window. Syscall windows (`--window syscall`) in user mode have no
+//! user code inside them by definition: PT stays absent with that reason (see
+//! [`absent_reason`]).
+//!
+//! Snapshot mode ([`super::snapring`]) hands buffers over mid-window instead
+//! (`hand_over`, the single-step handler's hook): when the recording buffer is nearly
+//! full, or has just recorded an `addr:` mark, the handler closes it as a window of its
+//! own (`WF_NO_SYSCALL`, `nr` [`HANDOVER_NR`]: tagged and queued like a syscall's window,
+//! so the writer finds it in queue order) and goes on stepping in a free buffer of the
+//! pool from the instruction about to execute. The ring thus keeps the end of a long
+//! stretch without syscalls, and an `addr:` snapshot is written at the writer's next
+//! pass. With no buffer free the backpressure rules above apply.
+//!
+//! Buffer states: `FREE` → `RECORDING` (armed) → `CLOSED` (at the syscall, [`enter`]) →
+//! `READY` (tagged with its window's index, [`attach`]; or straight from `RECORDING` at a
+//! handover) → `FREE` (encoded by the writer). In snapshot mode the writer may take a
+//! `CLOSED` buffer for a moment (`CUTTING`, [`cut_in_flight`]) to write the window of a
+//! syscall still in flight into a snapshot (`snapshot-cut`); the thread waits for it to
+//! be `CLOSED` again before moving it on, and the writer skips that window when it is
+//! queued ([`WindowPt::Cut`]).
 
 use super::config::{Backpressure, ShimConfig, WindowKind};
 use super::raw;
 use super::slots::{self, Slot, MAX_SLOTS, STATIC};
 use crate::emu::trap::{self, Step, StepBuffer, EFLAGS_TF, STEP_SIGNAL, STEP_TRAP};
-use crate::format::ptt::{Window, WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST};
+use crate::format::ptt::{
+    Window, WF_NO_SYSCALL, WF_PT_ABSENT, WF_PT_DROPPED, WF_PT_LOST, WF_SNAPSHOT_CUT,
+};
 use crate::metadata::BackendKind;
 use crate::tracer::Mode;
 use libc::{c_void, ucontext_t};
@@ -89,6 +109,13 @@ const B_RECORDING: u32 = 1;
 const B_CLOSED: u32 = 2;
 /// Tagged with a window index; the writer encodes it.
 const B_READY: u32 = 3;
+/// Closed, its steps being read by the writer for a snapshot cut ([`cut_in_flight`]): the
+/// thread waits before moving it on (from `B_CLOSED` only, with a compare-exchange).
+const B_CUTTING: u32 = 4;
+
+/// `nr` of a window handed over mid-window (`hand_over`): it ends without a syscall
+/// (`WF_NO_SYSCALL`), like the pieces the snapshot ring cuts.
+pub const HANDOVER_NR: u64 = u64::MAX;
 
 /// Step capacity of one buffer (address space only until used: MAP_NORESERVE).
 static BUF_STEPS: AtomicU64 = AtomicU64::new(1 << 20);
@@ -109,6 +136,17 @@ struct PtBuf {
     first_ip: AtomicU64,
     start_tsc: AtomicU64,
     tag: AtomicU64,
+    /// Snapshot mode: the window's code went into a snapshot as a `snapshot-cut` window
+    /// while its syscall was in flight ([`cut_in_flight`]); the window, once queued, is
+    /// not written again ([`WindowPt::Cut`]).
+    cut: AtomicBool,
+    /// The syscall that closed the window ([`enter`]): number, arguments, whether the
+    /// filter records it, the window's start and end (for a cut while it is in flight).
+    sys_nr: AtomicU64,
+    sys_args: [AtomicU64; 6],
+    sys_record: AtomicBool,
+    sys_tsc_start: AtomicU64,
+    sys_tsc_end: AtomicU64,
     steps: StepBuffer,
 }
 
@@ -220,6 +258,12 @@ pub fn init(cfg: &ShimConfig) -> Result<(), String> {
     // One step per PT ring byte, like the emulated backend's handles (linear mode).
     let steps = ring.clamp(4096, crate::emu::MAX_STEPS) as u64;
     BUF_STEPS.store(steps, Relaxed);
+    if cfg.snapshot.is_some() {
+        // A flight recorder keeps the end of a stretch without syscalls, and an `addr:`
+        // snapshot is due when the address is reached: full or marked buffers are handed
+        // over mid-window.
+        trap::set_handover(hand_over);
+    }
     ENABLED.store(true, Release);
     // New threads are stepped from their first instruction.
     raw::step_new_threads();
@@ -468,6 +512,26 @@ pub unsafe fn enter(uctx: *mut c_void) -> Token {
         if b.steps.overflowed() {
             b.flags.fetch_or(WF_PT_LOST, Relaxed);
         }
+        const ARGS: [libc::c_int; 6] = [
+            libc::REG_RDI,
+            libc::REG_RSI,
+            libc::REG_RDX,
+            libc::REG_R10,
+            libc::REG_R8,
+            libc::REG_R9,
+        ];
+        for (cell, r) in b.sys_args.iter().zip(ARGS) {
+            // SAFETY: the register is inside the live ucontext.
+            cell.store(unsafe { *greg(uctx, r) } as u64, Relaxed);
+        }
+        b.sys_nr.store(rax, Relaxed);
+        b.sys_record
+            .store(STATIC.get().is_some_and(|s| s.filter.records(rax)), Relaxed);
+        let since = slot.last_exit_tsc.load(Relaxed);
+        let start = b.start_tsc.load(Relaxed);
+        b.sys_tsc_start
+            .store(if since == 0 { start } else { since }, Relaxed);
+        b.sys_tsc_end.store(raw::rdtsc(), Relaxed);
         b.state.store(B_CLOSED, Release);
         t.closed.store(t.cur.swap(-1, Relaxed), Relaxed);
         // SAFETY: as above.
@@ -494,7 +558,7 @@ pub fn attach(slot: &Slot, w: &mut Window) {
         b.tag.store(w.index, Relaxed);
         w.flags &= !WF_PT_ABSENT;
         w.flags |= b.flags.swap(0, Relaxed);
-        b.state.store(B_READY, Release);
+        settle(b, B_READY);
     } else if t.missed.swap(false, Relaxed) {
         w.flags &= !WF_PT_ABSENT;
         w.flags |= WF_PT_DROPPED;
@@ -525,7 +589,7 @@ pub unsafe fn leave(tok: Token, uctx: *mut c_void) {
         if let Some(b) = buf(t, t.closed.swap(-1, Relaxed)) {
             // The window was not recorded (filtered out): its PT goes with it.
             b.flags.store(0, Relaxed);
-            b.state.store(B_FREE, Release);
+            settle(b, B_FREE);
         }
     }
     if t.cur.load(Relaxed) >= 0 {
@@ -539,12 +603,7 @@ pub unsafe fn leave(tok: Token, uctx: *mut c_void) {
     let Some(b) = buf(t, i) else { return };
     // SAFETY: uctx is the live ucontext.
     let rip = unsafe { *greg(uctx, libc::REG_RIP) } as u64;
-    b.steps.reset(raw::gettid());
-    b.flags.store(0, Relaxed);
-    b.first_ip.store(rip, Relaxed);
-    b.start_tsc.store(raw::rdtsc(), Relaxed);
-    t.cur.store(i, Relaxed);
-    trap::arm(&b.steps);
+    open(t, i, b, rip, raw::rdtsc());
     // SAFETY: uc_sigmask and the flags are inside the live ucontext; rt_sigreturn applies
     // them. SIGTRAP must not be blocked while stepping.
     unsafe {
@@ -552,6 +611,99 @@ pub unsafe fn leave(tok: Token, uctx: *mut c_void) {
         m.write_unaligned(m.read_unaligned() & !(1u64 << (libc::SIGTRAP - 1)));
         *greg(uctx, libc::REG_EFL) |= EFLAGS_TF as i64;
     }
+}
+
+/// Makes buffer `i` (just claimed) the recording one of `t`, its window starting at `ip`
+/// at `tsc`, and arms it. Async-signal-safe.
+fn open(t: &ThreadPt, i: i32, b: &PtBuf, ip: u64, tsc: u64) {
+    b.steps.reset(raw::gettid());
+    b.flags.store(0, Relaxed);
+    b.cut.store(false, Relaxed);
+    b.first_ip.store(ip, Relaxed);
+    b.start_tsc.store(tsc, Relaxed);
+    t.cur.store(i, Relaxed);
+    trap::arm(&b.steps);
+}
+
+/// Moves a closed buffer on to `to` (the thread's side, async-signal-safe), waiting while
+/// the writer reads it for a snapshot cut (a bounded encoding, see [`cut_in_flight`]).
+fn settle(b: &PtBuf, to: u32) {
+    loop {
+        match b.state.compare_exchange(B_CLOSED, to, AcqRel, Acquire) {
+            Err(B_CUTTING) => {
+                slots::wake_writer();
+                raw::nanosleep(100_000);
+            }
+            Ok(_) | Err(_) => return,
+        }
+    }
+}
+
+/// The single-step handler's handover hook in snapshot mode ([`trap::set_handover`]):
+/// the recording buffer is full, or has just recorded an `addr:` mark. The buffer is
+/// handed to the writer as a window of its own (`WF_NO_SYSCALL`, `nr` [`HANDOVER_NR`],
+/// queued like a syscall's; the writer encodes it into ring pieces, firing the mark's
+/// trigger at once), and stepping goes on in a free buffer of the thread's pool from the
+/// instruction about to execute. No buffer free: the backpressure of `claim_free`
+/// applies, then the rest of the stretch runs untraced and the window ending at the next
+/// syscall is flagged `WF_PT_DROPPED` (counted). Runs inside the SIGTRAP handler:
+/// async-signal-safe.
+fn hand_over(reason: u32) -> u32 {
+    if !ENABLED.load(Relaxed) || !super::snapreq::on() {
+        return trap::HANDOVER_DECLINED;
+    }
+    let me = MINE.try_with(Cell::get).unwrap_or(std::ptr::null_mut());
+    // SAFETY: ThreadPt mappings are never unmapped.
+    let Some(t) = (unsafe { me.as_ref() }) else {
+        return trap::HANDOVER_DECLINED;
+    };
+    // SAFETY: slots are never unmapped.
+    let Some(slot) = (unsafe { t.slot.load(Relaxed).as_ref() }) else {
+        return trap::HANDOVER_DECLINED;
+    };
+    if t.pid.load(Relaxed) != raw::getpid()
+        || slot.depth.load(Relaxed) != 0
+        || slot.vfork_child.load(Acquire)
+    {
+        return trap::HANDOVER_DECLINED;
+    }
+    let Some(b) = buf(t, t.cur.load(Relaxed)) else {
+        return trap::HANDOVER_DECLINED;
+    };
+    // The last record is the step to the instruction about to execute (or the mark
+    // recorded at it): the next buffer starts there.
+    let Some(last) = b.steps.last() else {
+        return trap::HANDOVER_DECLINED;
+    };
+    trap::disarm(&b.steps);
+    t.cur.store(-1, Relaxed);
+    let w = Window {
+        index: slots::next_index(slot),
+        nr: HANDOVER_NR,
+        args: [0; 6],
+        ret: 0,
+        tsc_start: b.start_tsc.load(Relaxed),
+        tsc_end: last.tsc,
+        flags: WF_NO_SYSCALL,
+        depth: 0,
+    };
+    b.tag.store(w.index, Relaxed);
+    b.state.store(B_READY, Release);
+    slots::push(slot, &w);
+    if reason == trap::HAND_MARK {
+        // The snapshot is due now, not at the writer's next poll.
+        slots::wake_writer();
+    }
+    let Some(i) = claim_free(t) else {
+        t.missed.store(true, Relaxed);
+        DROPPED_WINDOWS.fetch_add(1, Relaxed);
+        return trap::HANDOVER_STOPPED;
+    };
+    let Some(nb) = buf(t, i) else {
+        return trap::HANDOVER_STOPPED;
+    };
+    open(t, i, nb, last.ip, last.tsc);
+    trap::HANDOVER_CONTINUED
 }
 
 fn claim_free(t: &ThreadPt) -> Option<i32> {
@@ -623,6 +775,9 @@ pub enum WindowPt {
     },
     /// Captured but not encodable here (drained outside the writer thread): dropped.
     Dropped,
+    /// Snapshot mode: the window's code is in a snapshot already, as the `snapshot-cut`
+    /// window of its syscall in flight ([`cut_in_flight`]); not written again.
+    Cut,
 }
 
 /// A piece of a window's PT (snapshot mode): it starts with a PSB+ and decodes on its
@@ -682,8 +837,81 @@ fn encode_pieces(first: u64, tsc: u64, steps: &[Step], cut: usize, flags: &mut u
         ip = m.ip;
         t = m.tsc;
         pos = end + 1;
+        if pos >= steps.len() {
+            // A buffer handed over at the mark: nothing after it here.
+            break;
+        }
     }
     out
+}
+
+/// A window whose syscall was still in flight when a snapshot took its thread's ring
+/// ([`cut_in_flight`]).
+pub struct CutWindow {
+    /// The syscall's window, `WF_SNAPSHOT_CUT`, no return value.
+    pub w: Window,
+    pub pieces: Vec<Piece>,
+    pub sideband: Vec<u8>,
+}
+
+/// Snapshot mode, on the writer thread (normal context): when `slot`'s thread is inside a
+/// recorded syscall and every window before it was taken from its queue, encodes the
+/// window ending at that syscall (its user code up to the `syscall` instruction) for the
+/// snapshot being written, in pieces of at most `cut` bytes. The buffer stays the
+/// thread's: marked `PtBuf::cut`, so that the window queued at the syscall's return is
+/// not written again ([`WindowPt::Cut`]). While the writer reads it, the buffer is
+/// `B_CUTTING` and the thread cannot move it on (`settle`). None: not in a syscall,
+/// windows still queued before it (the thread went on after the firing: the snapshot
+/// ends with what was taken), cut already, or a mark inside (its trigger fires when the
+/// window is written).
+pub fn cut_in_flight(slot: &Slot, cut: usize) -> Option<CutWindow> {
+    if !ENABLED.load(Relaxed) {
+        return None;
+    }
+    let t = state_of(slot)?;
+    if t.pid.load(Relaxed) != raw::getpid() {
+        return None;
+    }
+    let b = t.bufs.iter().find(|b| {
+        b.state.load(Acquire) == B_CLOSED
+            && !b.cut.load(Relaxed)
+            && b.sys_record.load(Relaxed)
+            && b.state
+                .compare_exchange(B_CLOSED, B_CUTTING, AcqRel, Relaxed)
+                .is_ok()
+    })?;
+    // From here the thread cannot queue this window: an empty queue means everything
+    // before it was taken.
+    let steps = b.steps.records();
+    if slot.queued() != 0 || steps.iter().any(|s| s.kind == trap::STEP_MARK) {
+        b.state.store(B_CLOSED, Release);
+        return None;
+    }
+    let mut flags = b.flags.load(Relaxed);
+    let first = b.first_ip.load(Relaxed);
+    let tsc = b.start_tsc.load(Relaxed);
+    let pieces = encode_pieces(first, tsc, steps, cut, &mut flags);
+    let mut args = [0u64; 6];
+    for (a, cell) in args.iter_mut().zip(&b.sys_args) {
+        *a = cell.load(Relaxed);
+    }
+    let w = Window {
+        index: 0,
+        nr: b.sys_nr.load(Relaxed),
+        args,
+        ret: 0,
+        tsc_start: b.sys_tsc_start.load(Relaxed),
+        tsc_end: b.sys_tsc_end.load(Relaxed),
+        flags: flags | WF_SNAPSHOT_CUT,
+        depth: 0,
+    };
+    b.cut.store(true, Relaxed);
+    b.state.store(B_CLOSED, Release);
+    Some(CutWindow {
+        w,
+        pieces,
+        sideband: maps_sideband(),
+    })
 }
 
 /// Finds and encodes the PT of window `w` of `slot` (drainer; encodes only on the writer
@@ -707,6 +935,11 @@ pub fn window_pt(slot: &Slot, w: &Window, cut: Option<usize>) -> WindowPt {
     if !slots::untraced() {
         b.state.store(B_FREE, Release);
         return WindowPt::Dropped;
+    }
+    if b.cut.load(Relaxed) {
+        b.steps.release_memory();
+        b.state.store(B_FREE, Release);
+        return WindowPt::Cut;
     }
     let steps = b.steps.records();
     let first = b.first_ip.load(Relaxed);

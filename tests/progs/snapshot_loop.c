@@ -6,6 +6,8 @@
  * runs step(i) for i = 0..N-1, then by MODE:
  *   (none)           marker(), then exit 0
  *   twice            marker(), the loop again for i = N..2N-1, marker() again
+ *   after            marker(), then step(i) for i = N, N+1, ... without any syscall until
+ *                    it is killed
  *   syscall          getppid() (a syscall trigger), then marker()
  *   block            writes "ready 0\n" on stdout, then blocks reading one byte of stdin,
  *                    then marker()
@@ -131,6 +133,11 @@ int main(int argc, char **argv) {
             step(i);
             (void)getppid();
         }
+    }
+    if (!strcmp(mode, "after")) {
+        marker();
+        for (unsigned long i = n;; i++)
+            step(i);
     }
     if (!strcmp(mode, "block")) {
         char c;
