@@ -756,7 +756,10 @@ fn push_window(slot: &Slot, w: &mut Window) {
     super::snapreq::hold_if_trigger(slot, w.nr, w.depth);
     super::userpt::attach(slot, w);
     super::kernelpt::publish(slot, w.index);
-    slots::push(slot, w);
+    if !slots::push(slot, w) {
+        // Dropped: the writer never asks for its PT.
+        super::userpt::forget(slot, w.index);
+    }
     super::spool::leave(slot.spool.load(Relaxed), w.depth);
 }
 

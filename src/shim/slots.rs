@@ -493,23 +493,24 @@ pub fn wake_writer() {
     raw::futex_wake(&WAKE);
 }
 
-/// Enqueues a window applying the backpressure policy.
-pub fn push(slot: &Slot, w: &Window) {
-    let Some(st) = STATIC.get() else { return };
+/// Enqueues a window applying the backpressure policy. False: not queued (dropped, and
+/// counted, by backpressure `drop`; or no queue).
+pub fn push(slot: &Slot, w: &Window) -> bool {
+    let Some(st) = STATIC.get() else { return false };
     if slot.entries.load(Acquire).is_null() {
-        return;
+        return false;
     }
     loop {
         if slot.try_push(w) {
             if slot.queued() == (slot.cap as u64) / 2 {
                 wake_writer();
             }
-            return;
+            return true;
         }
         match st.backpressure {
             Backpressure::Drop => {
                 slot.dropped().fetch_add(1, Relaxed);
-                return;
+                return false;
             }
             Backpressure::Block => {
                 if WRITER_ALIVE.load(Acquire) {

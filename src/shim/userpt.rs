@@ -565,6 +565,23 @@ pub fn attach(slot: &Slot, w: &mut Window) {
     }
 }
 
+/// A window tagged with `index` was not queued (backpressure `drop`): its buffer, which
+/// the writer will never ask for, is free again (its steps dropped with the window, which
+/// the slot's drop count reports). Async-signal-safe (the SIGSYS and SIGTRAP handlers).
+pub fn forget(slot: &Slot, index: u64) {
+    let Some(t) = state_of_current(slot) else {
+        return;
+    };
+    // (Only this thread claims buffers, and the writer takes READY ones by the index of a
+    // queued window, which this one is not.)
+    for b in &t.bufs {
+        if b.state.load(Acquire) == B_READY && b.tag.load(Relaxed) == index {
+            b.steps.release_memory();
+            b.state.store(B_FREE, Release);
+        }
+    }
+}
+
 fn state_of_current(slot: &Slot) -> Option<&'static ThreadPt> {
     let me = MINE.try_with(Cell::get).unwrap_or(std::ptr::null_mut());
     // SAFETY: ThreadPt mappings are never unmapped.
@@ -689,7 +706,9 @@ fn hand_over(reason: u32) -> u32 {
     };
     b.tag.store(w.index, Relaxed);
     b.state.store(B_READY, Release);
-    slots::push(slot, &w);
+    if !slots::push(slot, &w) {
+        forget(slot, w.index);
+    }
     if reason == trap::HAND_MARK {
         // The snapshot is due now, not at the writer's next poll.
         slots::wake_writer();
