@@ -997,6 +997,27 @@ fn hardware_syscall_snapshot_ends_at_the_syscall_before_marker() {
 }
 
 #[test]
+fn hardware_a_thread_without_syscalls_is_in_its_exit_snapshot() {
+    let Some(p) = run_hw(&["--snapshot", "16K"], &["1500", "spin"]) else {
+        return;
+    };
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2, "main and the spinner");
+    for th in &t.threads {
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 1, "{}", th.path.display());
+        let s = &snaps[0];
+        assert_eq!(s.rec.kind, TriggerKind::Exit as u32);
+        assert_one_hardware_window(s, 16 * 1024);
+        // Consecutive whole iterations: the spinner's trace (its loop never makes a
+        // syscall) as much as main's.
+        let (_, done, _) = iterations(&p, &s.pcs);
+        assert!(done.len() > 10, "{} iterations", done.len());
+        assert!(done.windows(2).all(|w| w[1] == w[0] + 1), "{done:?}");
+    }
+}
+
+#[test]
 fn shim_hardware_snapshot_without_intel_pt_says_why_and_runs_untraced() {
     if drpttracer::perf::pmu::IntelPtPmu::probe().is_ok() {
         println!("SKIP: this machine has Intel PT (the hardware_* tests run the mode)");

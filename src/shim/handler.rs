@@ -168,13 +168,16 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
     if regs.get(libc::REG_RIP) == raw::child_start_resume() {
         // A new thread's start trap (see `raw`): perform the stub's `ret 128` with clone's
         // child result; `userpt::leave` then arms stepping at the thread's first
-        // instruction. Nothing is recorded.
+        // instruction (hardware snapshot mode: the thread waits for its event). Nothing
+        // is recorded.
         let sp = regs.get(libc::REG_RSP);
         // SAFETY: the reissue put the resume address at the child's stack pointer.
         let rip = unsafe { peek(sp) };
         regs.set(libc::REG_RIP, rip);
         regs.set(libc::REG_RSP, sp.wrapping_add(8 + 128));
         regs.set(libc::REG_RAX, 0);
+        // Hardware snapshot mode: traced from here once the writer opened its event.
+        super::snapreq::await_thread_event();
         return;
     }
     if regs.get(libc::REG_RIP) == super::rewrite::fallback_resume() {

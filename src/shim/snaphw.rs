@@ -11,10 +11,11 @@
 //! thread's "ring" is on this backend.
 //!
 //! - The writer opens a thread's event (per thread: `pid` = its tid, `cpu` -1, user mode,
-//!   enabled at once) the first time it drains the thread's slot: at its first pass after
-//!   the thread started (the main thread: after start-up). Code the thread ran before
-//!   that is not in any snapshot; so are the shim's own writer thread and anything the
-//!   kernel does. The shim's SIGSYS handler is user code of the thread and is traced with
+//!   enabled at once) the first time it drains the thread's slot: the main thread's at
+//!   start-up, a new thread's while the thread waits at its start (the clone stub's
+//!   start trap, [`super::snapreq::await_thread_event`], bounded), so that each thread is
+//!   traced from its first instruction. The shim's own writer thread and anything the
+//!   kernel does are not traced. The shim's SIGSYS handler is user code of the thread and is traced with
 //!   it (it shows between the syscall's PGD and the next PGE).
 //! - A firing disables the event, writes the PT since the previous snapshot (its last
 //!   SIZE bytes from their first PSB) with the sideband since then, and enables it again.

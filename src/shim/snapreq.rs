@@ -98,3 +98,34 @@ pub fn hold_if_trigger(slot: &slots::Slot, nr: u64, depth: u32) {
         0,
     );
 }
+
+/// Hardware snapshot mode: new threads wait at their start until the writer opened their
+/// event ([`await_thread_event`]).
+static WAIT_NEW_THREADS: AtomicBool = AtomicBool::new(false);
+/// Longest wait of a new thread for its event.
+const NEW_THREAD_WAIT_US: u64 = 1_000_000;
+
+/// Start-up (normal context): new threads trap once at their start (the clone stub's
+/// child-start trap, as for stepping) and wait there for their hardware snapshot event,
+/// so that they are traced from their first instruction.
+pub fn trace_new_threads_from_start() {
+    WAIT_NEW_THREADS.store(true, Release);
+    raw::step_new_threads();
+}
+
+/// In the handler, at a new thread's start trap: claims its slot and waits (bounded)
+/// until the writer has opened its event or given up on it (`snap_fd` no longer -1).
+pub fn await_thread_event() {
+    if !WAIT_NEW_THREADS.load(Acquire) || slots::untraced() || !slots::WRITER_ALIVE.load(Acquire) {
+        return;
+    }
+    let Some(slot) = slots::current() else {
+        return;
+    };
+    let mut waited = 0;
+    while slot.snap_fd.load(Acquire) == -1 && waited < NEW_THREAD_WAIT_US {
+        slots::wake_writer();
+        raw::nanosleep(100_000);
+        waited += 100;
+    }
+}

@@ -170,6 +170,9 @@ pub fn init(
         REQUEST_SEEN.store(std::fs::metadata(&path).map_or(0, |m| m.len()), Relaxed);
         s.request = Some(path);
     }
+    if hardware {
+        super::snapreq::trace_new_threads_from_start();
+    }
     if hardware && !super::snapreq::hold_at(&s.syscalls) {
         return Err(format!(
             "at most {} syscall: snapshot triggers on the hardware backend",
@@ -298,19 +301,7 @@ impl State {
         // SAFETY: slots are never unmapped.
         let s = unsafe { &*slot };
         let hardware = settings().filter(|set| set.hardware);
-        let hw =
-            hardware.and_then(
-                |set| match super::snaphw::ThreadPt::open(s, size, set.sb_shift) {
-                    Ok(t) => Some(t),
-                    Err(why) => {
-                        note(&format!(
-                    "thread {tid} is in no snapshot: its hardware trace could not be opened \
-                     ({why})"
-                ));
-                        None
-                    }
-                },
-            );
+        let hw = hardware.and_then(|set| open_hardware(s, tid, size, set.sb_shift));
         // The single-step ring's file copy (the hardware's area is the kernel's).
         let wanted = hardware.is_none() && slots::STATIC.get().is_some_and(|st| st.spool);
         let file = if wanted {
@@ -345,6 +336,26 @@ impl State {
     fn next_number(&mut self) -> u64 {
         self.number += 1;
         self.number
+    }
+}
+
+/// Thread `tid`'s hardware snapshot event (`slot`'s), or `None` noted with the kernel's
+/// reason (a new thread waiting for it then goes on untraced).
+fn open_hardware(
+    slot: &Slot,
+    tid: i32,
+    size: u64,
+    sb_shift: u32,
+) -> Option<super::snaphw::ThreadPt> {
+    match super::snaphw::ThreadPt::open(slot, size, sb_shift) {
+        Ok(t) => Some(t),
+        Err(why) => {
+            note(&format!(
+                "thread {tid} is in no snapshot: its hardware trace could not be opened ({why})"
+            ));
+            slot.snap_fd.store(-2, Release);
+            None
+        }
     }
 }
 
