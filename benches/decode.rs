@@ -223,6 +223,14 @@ fn main() {
         memory_peaks(mb);
         return;
     }
+    // For profilers: the many-window case's directory decode or its one-trace decode
+    // alone (the traced run happens outside the profiled loop's count only in time).
+    for (flag, which) in [("--profile-many-dir", true), ("--profile-many-one", false)] {
+        if args.iter().any(|a| a == flag) {
+            many_windows(Some(which));
+            return;
+        }
+    }
     let prog = LoopProgram::new(0x40_0000);
     let t = Instant::now();
     let (trace, _) = prog.trace(mb << 20, 4096, 42);
@@ -476,7 +484,7 @@ fn main() {
         "machine scaling          : {}   (bare libipt, same segments, no output, 1 vs 2 threads)",
         machine.text()
     );
-    many_windows();
+    many_windows(None);
     memory_peaks(mb);
 }
 
@@ -633,8 +641,9 @@ fn count_insns(dec: &mut PtDecoder<'_>) -> u64 {
 /// A real trace directory with hundreds of windows (`python3 -c pass` under the QEMU
 /// backend) decoded window by window as `pttrace decode DIR` does, against the same PT
 /// bytes concatenated into one trace with one decoder and the same image. Needs
-/// qemu-x86_64 and the plugin (`cargo build --release -p pttrace-qemu`).
-fn many_windows() {
+/// qemu-x86_64 and the plugin (`cargo build --release -p pttrace-qemu`). `profile`: only
+/// the directory decode (true) or the one-trace decode (false), PROFILE_RUNS times.
+fn many_windows(profile: Option<bool>) {
     use drpttracer::decode::ptt_dir;
     use drpttracer::decode::ptt_input::{read_thread, read_windows};
     use drpttracer::decode::sideband::parse_records;
@@ -695,6 +704,36 @@ fn many_windows() {
         .expect("sideband");
         img.resolver
             .apply_window(&mut img.space, &evs, &mut img.warnings);
+    }
+    if let Some(dir) = profile {
+        let runs: usize = std::env::var("PROFILE_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10);
+        for _ in 0..runs {
+            if dir {
+                trace
+                    .decode_thread(th, &mut |_, dec| {
+                        if let Some(d) = dec {
+                            std::hint::black_box(count_insns(d));
+                        }
+                        Ok(())
+                    })
+                    .expect("decode");
+            } else {
+                let mut dec = PtDecoder::new(
+                    &whole,
+                    img.params,
+                    img.space.clone(),
+                    Vec::new(),
+                    img.resolver.clone(),
+                    WindowOptions::default(),
+                )
+                .expect("decoder");
+                std::hint::black_box(count_insns(&mut dec));
+            }
+        }
+        return;
     }
     let (mut t_dir, mut t_one) = (Vec::new(), Vec::new());
     let (mut n_dir, mut n_one) = (0, 0);
