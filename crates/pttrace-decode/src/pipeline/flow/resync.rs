@@ -300,8 +300,9 @@ impl PtDecoder<'_> {
                 return Err(why);
             }
             // Records from here on cannot come from libipt (it did not resync where we
-            // did): a gap, and on at the next PSB.
-            let tentative = self.queue.pushed - st.committed;
+            // did): the code walked without trace goes, a gap (decided: it stays should
+            // the next PSB fail too, as every failure has its gap), and on at the next PSB.
+            let tentative = self.queue.pushed.saturating_sub(st.committed);
             self.queue.truncate_last(tentative as usize);
             self.flow_gap(
                 st.pos,
@@ -311,6 +312,7 @@ impl PtDecoder<'_> {
                      cannot go on from there); decoding resumes at the next PSB"
                 ),
             );
+            self.flow_commit(st);
             let from = st.psb_tried.map_or(st.pos, |q| st.pos.max(q + 1));
             let Some(q) = wire::find_psb(self.trace, from) else {
                 return Ok(Stop::Done);
