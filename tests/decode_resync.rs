@@ -908,3 +908,82 @@ fn resync_bad_retcomp_then_failing_psbs_keeps_every_gap() {
         ],
     );
 }
+
+/// With `--resync-on-error`, the window goes to libipt (`why`): its records are `want`,
+/// libipt's without the option, with a warning that says why.
+fn check_to_libipt(c: &Case, want: &[R], why: &str) {
+    let trace = &c.t.w.buf;
+    let l = decode(trace, &c.space, DecoderKind::Libipt, false);
+    assert_eq!(view(&l), want, "libipt");
+    assert_eq!(decode(trace, &c.space, DecoderKind::Fast, false), l);
+    let mut d = PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        c.space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            resync_on_error: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let on: Vec<Record> = d.by_ref().collect();
+    assert_eq!(on, l);
+    assert_eq!(d.decoded_by(), ("libipt", Some(why)));
+    assert_eq!(
+        d.warnings(),
+        [format!(
+            "t: --resync-on-error: the fast decoder handed the window to libipt ({why}), \
+             which resyncs at the next PSB after an error"
+        )]
+    );
+}
+
+/// A TIP to an address without code, then a packet libipt's event decoder fails at when
+/// it reads ahead from the TIP: libipt reports that before it reads the code at the TIP's
+/// target (no nomap gap). (Mutants 768 and 2009 of `decode_fast.rs`'s resync mutants.)
+fn tip_to_nomap_then(next: impl FnOnce(&mut Trace)) -> Case {
+    let (space, l) = asm(|a| {
+        a.jmp(rax)?; // l0
+        a.hlt() // l1
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tip(0x10_0100); // p4
+    next(&mut t); // p5
+    Case { t, space, l }
+}
+
+/// `l0; [%p5: unexpected packet context]`: a TIP.PGE while tracing is enabled.
+#[test]
+fn tip_to_nomap_then_tip_pge_goes_to_libipt() {
+    let c = tip_to_nomap_then(|t| {
+        t.at().tip_pge(0x10_0000);
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    check_to_libipt(
+        &c,
+        &[
+            R::I(l[0]),
+            gap(None, p[5], "unexpected packet context".into()),
+        ],
+        "TIP.PGE while tracing is enabled",
+    );
+}
+
+/// `l0; [%p5: ip has been suppressed]`: a FUP without IP.
+#[test]
+fn tip_to_nomap_then_fup_without_ip_goes_to_libipt() {
+    let c = tip_to_nomap_then(|t| {
+        t.raw(&[0x1d]);
+        t.at().tip(0x10_0000);
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    check_to_libipt(
+        &c,
+        &[R::I(l[0]), gap(None, p[5], "ip has been suppressed".into())],
+        "FUP without IP",
+    );
+}

@@ -114,8 +114,8 @@ impl PtDecoder<'_> {
 
     /// Whether the trace after the block ending at unmapped code `b` ends, or its next
     /// item binds to an instruction of `b` (or is one the engine leaves to its usual
-    /// handling: an OVF, something it does not know): `false` where libipt fails at the
-    /// unmapped address first.
+    /// handling: an OVF, a TIP.PGE, something it does not know): `false` where libipt
+    /// fails at the unmapped address first.
     fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> bool {
         let mut last = st.last_ip;
         let mut p = st.pos;
@@ -135,13 +135,19 @@ impl PtDecoder<'_> {
                 | Pkt::ModeExec { .. }
                 | Pkt::Other("mode.tsx") => p += size,
                 Pkt::Trig(t) if !t.ip => p += size,
-                Pkt::Fup(ip) | Pkt::TipPgd(ip) => return in_block(last.apply(ip)),
+                // (A FUP without IP: libipt's event decoder fails at it, reading ahead
+                // from the last trace item, before the code.)
+                Pkt::Fup(ip) => return last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
+                Pkt::TipPgd(ip) => return in_block(last.apply(ip)),
                 Pkt::Psb => {
                     return self
                         .flow_psb_fup(p)
                         .is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
                 }
-                Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPge(_) => return false,
+                // (A TIP.PGE while tracing is enabled: libipt takes its enable event
+                // before the code at the block's start, and fails there.)
+                Pkt::TipPge(_) => return true,
+                Pkt::Tnt { .. } | Pkt::Tip(_) => return false,
                 _ => return true,
             }
         }
