@@ -131,7 +131,8 @@ impl PtDecoder<'_> {
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
-                | Pkt::Cbr
+                | Pkt::Cyc(_)
+                | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. }
                 | Pkt::Other("mode.tsx") => p += size,
                 Pkt::Trig(t) if !t.ip => p += size,
@@ -183,7 +184,8 @@ impl PtDecoder<'_> {
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
-                | Pkt::Cbr
+                | Pkt::Cyc(_)
+                | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. } => p += size,
                 Pkt::Other("mode.tsx") => {
                     tsx = true;
@@ -358,18 +360,10 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             match pkt {
-                Pkt::Pad | Pkt::Cbr | Pkt::Tnt { .. } => st.pos += size,
+                Pkt::Pad | Pkt::Tnt { .. } => st.pos += size,
                 Pkt::Trig(t) if !t.ip => st.pos += size,
-                Pkt::Tsc(t) => {
-                    st.clock.on_tsc(t);
-                    st.pos += size;
-                }
-                Pkt::Mtc(c) => {
-                    st.clock.on_mtc(c, st.clock_cfg)?;
-                    st.pos += size;
-                }
-                Pkt::Tma { ctc, fc } => {
-                    st.clock.on_tma(ctc, fc, st.clock_cfg)?;
+                Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
+                    st.clock.on_timing(pkt, false, st.clock_cfg)?;
                     st.pos += size;
                 }
                 Pkt::ModeExec { csl, csd } => {
