@@ -136,6 +136,21 @@ fn straight_line(prog: &LoopProgram, mut pc: u64) -> Vec<u64> {
     }
 }
 
+/// A CYC packet with payload `v`: 5 bits in the first byte, 7 in each following one (bit
+/// 2, then bit 0, says another byte follows).
+fn cyc_packet(v: u64) -> Vec<u8> {
+    let mut out = vec![(((v & 0x1f) as u8) << 3) | 0x03];
+    let mut rest = v >> 5;
+    let mut last = 0;
+    while rest != 0 {
+        out[last] |= if last == 0 { 0x04 } else { 0x01 };
+        out.push(((rest & 0x7f) as u8) << 1);
+        last = out.len() - 1;
+        rest >>= 7;
+    }
+    out
+}
+
 /// A valid trace of the loop program with timing: PSB+ (TSC, TMA, CBR, MODE, FUP) every
 /// `psb_every` bytes or so, MTC and stand-alone TSC packets (some right before a PSB, so
 /// that a segment boundary falls right after them), CYC packets when `cyc`, tracing
@@ -173,8 +188,14 @@ impl TimedGen<'_> {
     }
 
     fn cyc(&mut self) {
-        let v = 1 + self.rng.below(31) as u8;
-        self.raw(&[(v << 3) | 0x03]);
+        // Mostly 5-bit payloads (one byte), sometimes up to 19 bits (two or three bytes).
+        let v = if self.rng.below(4) == 0 {
+            1 + self.rng.below(1 << 19)
+        } else {
+            1 + self.rng.below(31)
+        };
+        let b = cyc_packet(v);
+        self.raw(&b);
     }
 
     /// Random timing packets (possibly none).
@@ -278,6 +299,17 @@ impl TimedGen<'_> {
     }
 }
 
+/// The payload size of the IP packet (TIP, TIP.PGE, TIP.PGD, FUP) at `p`.
+fn wire_ip_len(t: &[u8], p: usize) -> usize {
+    match t[p] >> 5 {
+        0 => 0,
+        1 => 2,
+        2 => 4,
+        3 | 4 => 6,
+        _ => 8,
+    }
+}
+
 fn timed_trace(prog: &LoopProgram, size: usize, psb_every: usize, seed: u64, cyc: bool) -> Vec<u8> {
     TimedGen {
         prog,
@@ -354,7 +386,7 @@ fn parallel_equals_sequential_on_valid_traces() {
     for (size, psb_every, seed, cyc) in [
         (30_000, 60, 11u64, false),
         (30_000, 150, 12, false),
-        (15_000, 40, 13, true),
+        (20_000, 40, 13, true),
     ] {
         let trace = timed_trace(&prog, size, psb_every, seed, cyc);
         assert!(split_at_psbs(&trace, 64).len() > 30);
@@ -529,12 +561,13 @@ fn parallel_with_trig_packets_equals_sequential_and_the_plain_trace() {
     assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0);
 }
 
-/// The fast decoder keeps libipt's time without cycle-accurate mode (TSC, TMA, MTC through
-/// CPUID 0x15's ratio): on the timed traces (no sideband, so it decodes them itself), with
-/// MTC frequencies where TMA holds every MTC bit (2) and where it does not (9, the first MTC
-/// after a TMA estimating the rest), with and without the ratio, its records (timestamps
-/// included) equal libipt's, sequentially and on 2 and 3 threads; so do those of 600
-/// mutants, wherever it hands a window to libipt.
+/// The fast decoder keeps libipt's time (TSC, TMA, MTC through CPUID 0x15's ratio, CYC
+/// through the calibrated cycle ratio): on the timed traces (no sideband, so it decodes
+/// them itself), without and with CYC packets, with MTC frequencies where TMA holds every
+/// MTC bit (2) and where it does not (9, the first MTC after a TMA estimating the rest),
+/// with and without the ratio, with and without the nominal frequency (CBR calibrates
+/// cycles then), its records (timestamps included) equal libipt's, sequentially and on 2
+/// and 3 threads; so do those of 900 mutants, wherever it hands a window to libipt.
 #[test]
 fn fast_decoder_keeps_libipt_time_on_timed_traces() {
     use drpttracer::decode::parallel::decode_parallel_stats;
@@ -577,10 +610,23 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
             cpuid_0x15_ebx: 0,
             ..timed_cpu()
         },
+        CpuParams {
+            nom_freq: 24,
+            ..timed_cpu()
+        },
+        CpuParams {
+            mtc_freq: 9,
+            nom_freq: 30,
+            cpuid_0x15_eax: 0,
+            cpuid_0x15_ebx: 0,
+            ..timed_cpu()
+        },
     ];
     let traces = [
         timed_trace(&prog, 30_000, 60, 21, false),
         timed_trace(&prog, 30_000, 150, 22, false),
+        timed_trace(&prog, 30_000, 60, 23, true),
+        timed_trace(&prog, 30_000, 400, 24, true),
     ];
     for (t, trace) in traces.iter().enumerate() {
         for (c, cpu) in cpus.iter().enumerate() {
@@ -632,20 +678,75 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
     );
     assert_ne!(recs, untimed, "MTC changed no timestamp");
 
+    // CYC moved the time between MTCs: other timestamps than without CYC packets.
+    // (The trace without its CYC packets: the generator writes only these packets.)
+    let strip = |t: &[u8]| -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut p = 0;
+        while p < t.len() {
+            let b = t[p];
+            let n = match (b, t.get(p + 1).copied().unwrap_or(0)) {
+                (0x02, 0x73) => 7,
+                (0x02, 0x03) => 4,
+                (0x02, 0x82) => 16,
+                (0x02, 0xa3) => 8,
+                (0x02, _) => 2,
+                (0x19, _) => 8,
+                (0x59 | 0x99, _) => 2,
+                _ if b & 3 == 3 => {
+                    let mut n = 1;
+                    let mut ext = b & 4 != 0;
+                    while ext {
+                        ext = t[p + n] & 1 != 0;
+                        n += 1;
+                    }
+                    p += n;
+                    continue;
+                }
+                _ if b & 1 == 0 => 1,
+                _ => 1 + wire_ip_len(t, p),
+            };
+            out.extend_from_slice(&t[p..p + n]);
+            p += n;
+        }
+        out
+    };
+    let cyc_trace = &traces[2];
+    let plain = strip(cyc_trace);
+    assert!(plain.len() < cyc_trace.len());
+    let with = decode(cyc_trace, timed(cpus[3]), DecoderKind::Fast).0;
+    let without = decode(&plain, timed(cpus[3]), DecoderKind::Fast).0;
+    let stamps = |r: &[Record]| -> Vec<u64> {
+        r.iter()
+            .filter_map(|r| match r {
+                Record::Timestamp { tsc, .. } => Some(*tsc),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        with.iter().filter(|r| r.as_instruction().is_some()).count(),
+        without
+            .iter()
+            .filter(|r| r.as_instruction().is_some())
+            .count()
+    );
+    assert_ne!(stamps(&with), stamps(&without), "CYC changed no timestamp");
+
     let mut rng = XorShift::new(0x71e);
     let mut by = std::collections::BTreeMap::new();
-    for k in 0..600 {
-        let base = &traces[k % 2];
+    for k in 0..900 {
+        let base = &traces[k % 4];
         let m = mutate(&mut rng, base);
-        let params = timed(cpus[k % 3]);
+        let params = timed(cpus[k % 5]);
         let (want, _) = decode(&m, params, DecoderKind::Libipt);
         let (got, b) = decode(&m, params, DecoderKind::Fast);
         if want != got {
             let _ = std::fs::write(std::env::temp_dir().join("timed_mutant.pt"), &m);
         }
-        assert_same(&want, &got, &format!("mutant {k} (cpu {})", k % 3));
+        assert_same(&want, &got, &format!("mutant {k} (cpu {})", k % 5));
         *by.entry(b.1.unwrap_or("fast")).or_insert(0) += 1;
     }
     eprintln!("timed mutants: {by:?}");
-    assert!(by.get("fast").copied().unwrap_or(0) > 20, "{by:?}");
+    assert!(by.get("fast").copied().unwrap_or(0) > 30, "{by:?}");
 }

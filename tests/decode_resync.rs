@@ -810,3 +810,180 @@ fn resync_psb_bad_status_psb_goes_to_libipt() {
         ]
     );
 }
+
+/// Calls and compressed returns: `l0: call l4; l1: dec rcx; l2: jnz l0; l3: hlt;
+/// l4: test al, 1; l5: jz l7; l6: nop; l7: ret`.
+fn call_loop() -> (AddressSpace, Vec<u64>) {
+    asm(|a| {
+        let mut top = a.create_label();
+        let mut f = a.create_label();
+        let mut s = a.create_label();
+        a.set_label(&mut top)?;
+        a.call(f)?; // l0
+        a.dec(rcx)?; // l1
+        a.jnz(top)?; // l2
+        a.hlt()?; // l3
+        a.set_label(&mut f)?;
+        a.test(al, 1)?; // l4
+        a.jz(s)?; // l5
+        a.nop()?; // l6
+        a.set_label(&mut s)?;
+        a.ret() // l7
+    })
+}
+
+/// The text of the gap the fast decoder gives where it cannot go on after a resync.
+fn beyond(why: &str) -> String {
+    format!(
+        "{why}: beyond the fast decoder after a resync on error (libipt 2.1.2 cannot go on \
+         from there); decoding resumes at the next PSB"
+    )
+}
+
+/// Mutant 58 of `decode_fast.rs`'s resync mutants, rebuilt: a TSC whose payload runs
+/// over the start of a PSB (the rest of the PSB: a TNT.8 byte, then six `02 82` that are
+/// no packet), a compressed return whose bit (from that TNT) says not taken, then two
+/// PSBs the fast decoder cannot synchronize at after the resync. Each failure keeps its
+/// gap: the bad compressed return's (libipt's first gap, the same) was once dropped with
+/// the records the later failures discarded.
+#[test]
+fn resync_bad_retcomp_then_failing_psbs_keeps_every_gap() {
+    let (space, l) = call_loop();
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.at().tsc(1000); // p1
+    t.mode_exec(1); // p2
+    t.at().fup(l[0]); // p3
+    t.at().psbend(); // p4
+                     // call, jz taken, ret (compressed), jnz taken.
+    t.at().tnt(&[T, T, T]); // p5
+                            // A TSC over the PSB's first 3 bytes.
+    t.raw(&[0x19, 0xe8, 0x03, 0x00, 0x00, 0x02, 0x82, 0x02]); // p6
+                                                              // The PSB's 4th byte: TNT.8 with N N N N N T: jz not taken, the ret not taken.
+    t.raw(&[0x82]); // p7
+    t.raw(&[0x02, 0x82].repeat(6)); // p8
+                                    // The rest of that PSB+, and a loop iteration.
+    t.at().tsc(1004); // p9
+    t.mode_exec(1); // p10
+    t.at().fup(l[0]); // p11
+    t.at().psbend(); // p12
+    t.at().tnt(&[T, T, T]); // p13
+                            // A PSB+ with a TNT in it (the fast decoder leaves it to libipt).
+    t.at().psb(); // p14
+    t.at().tsc(2000); // p15
+    t.at().tnt(&[T]); // p16
+    t.at().psbend(); // p17
+                     // A PSB+ cut by the end of the trace.
+    t.at().psb(); // p18
+    t.at().tsc(3000); // p19
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let end = c.t.w.buf.len() as u64;
+    check(
+        &c,
+        &[
+            R::Rec(Record::Timestamp {
+                tsc: 1000,
+                perf_time: None,
+            }),
+            R::I(l[0]),
+            R::I(l[4]),
+            R::I(l[5]),
+            R::I(l[7]),
+            R::I(l[1]),
+            R::I(l[2]),
+            R::I(l[0]),
+            R::I(l[4]),
+            R::I(l[5]),
+            R::I(l[6]),
+            R::I(l[7]),
+            gap(None, p[8], "bad compressed return".into()),
+            gap(None, p[8], beyond("broken psb")),
+            gap(
+                None,
+                p[17],
+                beyond("packet the fast decoder leaves to libipt in a PSB+"),
+            ),
+            gap(None, end, beyond("PSB+ cut by the end of the trace")),
+        ],
+    );
+}
+
+/// With `--resync-on-error`, the window goes to libipt (`why`): its records are `want`,
+/// libipt's without the option, with a warning that says why.
+fn check_to_libipt(c: &Case, want: &[R], why: &str) {
+    let trace = &c.t.w.buf;
+    let l = decode(trace, &c.space, DecoderKind::Libipt, false);
+    assert_eq!(view(&l), want, "libipt");
+    assert_eq!(decode(trace, &c.space, DecoderKind::Fast, false), l);
+    let mut d = PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        c.space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            resync_on_error: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let on: Vec<Record> = d.by_ref().collect();
+    assert_eq!(on, l);
+    assert_eq!(d.decoded_by(), ("libipt", Some(why)));
+    assert_eq!(
+        d.warnings(),
+        [format!(
+            "t: --resync-on-error: the fast decoder handed the window to libipt ({why}), \
+             which resyncs at the next PSB after an error"
+        )]
+    );
+}
+
+/// A TIP to an address without code, then a packet libipt's event decoder fails at when
+/// it reads ahead from the TIP: libipt reports that before it reads the code at the TIP's
+/// target (no nomap gap). (Mutants 768 and 2009 of `decode_fast.rs`'s resync mutants.)
+fn tip_to_nomap_then(next: impl FnOnce(&mut Trace)) -> Case {
+    let (space, l) = asm(|a| {
+        a.jmp(rax)?; // l0
+        a.hlt() // l1
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tip(0x10_0100); // p4
+    next(&mut t); // p5
+    Case { t, space, l }
+}
+
+/// `l0; [%p5: unexpected packet context]`: a TIP.PGE while tracing is enabled.
+#[test]
+fn tip_to_nomap_then_tip_pge_goes_to_libipt() {
+    let c = tip_to_nomap_then(|t| {
+        t.at().tip_pge(0x10_0000);
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    check_to_libipt(
+        &c,
+        &[
+            R::I(l[0]),
+            gap(None, p[5], "unexpected packet context".into()),
+        ],
+        "TIP.PGE while tracing is enabled",
+    );
+}
+
+/// `l0; [%p5: ip has been suppressed]`: a FUP without IP.
+#[test]
+fn tip_to_nomap_then_fup_without_ip_goes_to_libipt() {
+    let c = tip_to_nomap_then(|t| {
+        t.raw(&[0x1d]);
+        t.at().tip(0x10_0000);
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    check_to_libipt(
+        &c,
+        &[R::I(l[0]), gap(None, p[5], "ip has been suppressed".into())],
+        "FUP without IP",
+    );
+}

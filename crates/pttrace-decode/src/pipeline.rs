@@ -415,6 +415,7 @@ impl<'a> PtDecoder<'a> {
                 mtc_freq: params.cpu.mtc_freq,
                 ratio_den: params.cpu.cpuid_0x15_eax,
                 ratio_num: params.cpu.cpuid_0x15_ebx,
+                nom_freq: params.cpu.nom_freq,
             };
             let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
             f.initial_records = queue.records;

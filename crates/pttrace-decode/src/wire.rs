@@ -25,7 +25,10 @@ pub(crate) enum Pkt {
     },
     Psb,
     Psbend,
-    Cbr,
+    /// CBR: the core:bus ratio (never 0: that is an error to libipt).
+    Cbr(u8),
+    /// CYC: core clock cycles since the last CYC-eligible packet (cycle-accurate mode).
+    Cyc(u64),
     /// MTC: bits `mtc_freq..mtc_freq + 8` of the crystal clock (CTC).
     Mtc(u8),
     /// TMA: the CTC's low 16 bits and the fast counter at the preceding TSC.
@@ -165,9 +168,33 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
         }
         0x59 => Some((Pkt::Mtc(*t.get(pos + 1)?), 2)),
         TRIG_OPCODE => parse_trig(t.get(pos..)?).map(|(trig, n)| (Pkt::Trig(trig), n)),
-        _ if b0 & 3 == 3 => Some((Pkt::Other("cyc"), 1)),
+        _ if b0 & 3 == 3 => parse_cyc(t, pos),
         _ => Some((Pkt::Other("unknown opcode"), 1)),
     }
+}
+
+/// A CYC packet (libipt's `pt_pkt_read_cyc`): the first byte holds 5 payload bits (from
+/// bit 3) and, in bit 2, whether a byte follows; each following byte 7 more (from bit 1),
+/// and in bit 0 whether another follows. A payload longer than 64 bits is an error to
+/// libipt ([`Pkt::Other`]).
+fn parse_cyc(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
+    let b0 = *t.get(pos)?;
+    let mut value = u64::from(b0 >> 3);
+    let mut ext = b0 & 4 != 0;
+    let mut shl = 5u32;
+    let mut p = pos + 1;
+    while ext {
+        let b = *t.get(p)?;
+        p += 1;
+        ext = b & 1 != 0;
+        let bits = u64::from(b >> 1) << shl;
+        shl += 7;
+        if shl > 64 {
+            return Some((Pkt::Other("cyc payload over 64 bits"), p - pos));
+        }
+        value |= bits;
+    }
+    Some((Pkt::Cyc(value), p - pos))
 }
 
 #[cold]
@@ -198,7 +225,7 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             if b[2] == 0 {
                 return Some((Pkt::Other("cbr with ratio 0"), 4));
             }
-            Some((Pkt::Cbr, 4))
+            Some((Pkt::Cbr(b[2]), 4))
         }
         0x73 => {
             // TMA: CTC (2 bytes), a reserved zero byte, FC (9 bits in 2 bytes).
@@ -332,7 +359,7 @@ mod tests {
         );
         assert_eq!(parse(&tma[..6], 0), None, "cut TMA");
         // CBR: a ratio of 0 is an error to libipt.
-        assert_eq!(parse(&[0x02, 0x03, 24, 0], 0), Some((Pkt::Cbr, 4)));
+        assert_eq!(parse(&[0x02, 0x03, 24, 0], 0), Some((Pkt::Cbr(24), 4)));
         assert_eq!(
             parse(&[0x02, 0x03, 0, 0], 0),
             Some((Pkt::Other("cbr with ratio 0"), 4))
@@ -351,6 +378,31 @@ mod tests {
         t.extend_from_slice(&PSB);
         assert_eq!(find_psb(&t, 0), Some(3));
         assert_eq!(find_psb(&t, 4), None);
+    }
+
+    #[test]
+    fn cyc_payloads_and_sizes() {
+        // 5 bits in the first byte.
+        assert_eq!(parse(&[0x1f << 3 | 3], 0), Some((Pkt::Cyc(0x1f), 1)));
+        assert_eq!(parse(&[0x03], 0), Some((Pkt::Cyc(0), 1)));
+        // 0x0b: value 1, another byte; 0x05: value 2 << 5, another; 0x02: 1 << 12, last.
+        assert_eq!(
+            parse(&[0x0f, 0x05, 0x02, 0x59], 0),
+            Some((Pkt::Cyc(1 | (2 << 5) | (1 << 12)), 3))
+        );
+        assert_eq!(parse(&[0x0f, 0x05], 0), None, "cut CYC");
+        // 8 extension bytes: 5 + 56 bits; a 9th would pass 64 bits.
+        let mut long = vec![0xff];
+        long.extend_from_slice(&[0xff; 7]);
+        long.push(0xfe);
+        assert_eq!(parse(&long, 0), Some((Pkt::Cyc(u64::MAX >> 3), 9)));
+        let mut over = vec![0xff];
+        over.extend_from_slice(&[0xff; 8]);
+        over.push(0x02);
+        assert_eq!(
+            parse(&over, 0),
+            Some((Pkt::Other("cyc payload over 64 bits"), 10))
+        );
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! block's successors are linked once found, so a TNT bit costs no lookup.
 //!
 //! It gives exactly libipt's records (same markers, same timestamps, same stop at the end
-//! of the trace) for what it handles: PSB+ (TSC, CBR, MODE.Exec, FUP), TNT, TIP,
-//! TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, CBR, PAD, TRIG, 64-bit code (ERETU, ERETS
+//! of the trace) for what it handles: PSB+ (TSC, TMA, MTC, CYC, CBR, MODE.Exec, FUP),
+//! TNT, TIP, TIP.PGE/PGD, FUP+TIP and FUP+TIP.PGD, TSC, TMA, MTC, CYC (libipt's
+//! cycle-accurate time, its calibration included: [`Clock`]), CBR, PAD, TRIG, OVF,
+//! 64-bit code (ERETU, ERETS
 //! and JMPABS included, which libipt 2.1.2 does not know), return compression,
 //! no sideband left to apply. Anything else — another packet, an error, an IP it cannot
 //! reach without trace, code it cannot read — hands the window to libipt: the records of
@@ -187,21 +189,161 @@ fn trig_skippable(t: wire::Trig) -> Result<(), Fallback> {
     Ok(())
 }
 
-/// The CPU parameters the trace's time depends on: the MTC frequency (`mtc_freq`) and the
-/// TSC / crystal clock ratio (CPUID leaf 0x15's EBX / EAX).
+/// The CPU parameters the trace's time depends on: the MTC frequency (`mtc_freq`), the
+/// TSC / crystal clock ratio (CPUID leaf 0x15's EBX / EAX) and the nominal core:bus ratio
+/// (`nom_freq`, 0 when unknown), which calibrates cycle-accurate time from CBR.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ClockCfg {
     pub mtc_freq: u8,
     pub ratio_den: u32,
     pub ratio_num: u32,
+    pub nom_freq: u8,
 }
 
-/// The trace's time as libipt estimates it without cycle-accurate mode: a TSC packet
-/// sets it; the TMA after it tells where in the crystal clock's (CTC) period it came;
-/// each MTC then moves it on by the CTC ticks since the last one, converted to TSC ticks
-/// (CPUID 0x15's ratio). Errors libipt reports (a TMA out of place, CTC wrapped more
-/// than once) hand the window to libipt; a missing ratio leaves the time where it is, as
-/// libipt does.
+/// libipt's fixed-point shift of the fast-counter:cycles ratio (`pt_tcal_fcr_shr`).
+const FCR_SHR: u32 = 8;
+/// Bits of a TSC packet's payload.
+const TSC_BITS: u32 = 56;
+
+/// libipt 2.1.2's calibration of cycle-accurate time (`struct pt_time_cal`): the ratio of
+/// fast-counter (TSC) ticks to core cycles (`fcr`, fixed point, [`FCR_SHR`] bits), from
+/// the cycles counted between two MTCs (CTC ticks converted with CPUID 0x15's ratio),
+/// between two PSB+ TSCs where no MTC came, or from a CBR and the nominal frequency.
+/// (Its SKL168 workaround is armed by `pt_tcal_update_psb`, which 2.1.2 never calls.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tcal {
+    fcr: u64,
+    min_fcr: u64,
+    max_fcr: u64,
+    /// The last TSC, and the cycles since it.
+    tsc: u64,
+    cyc_tsc: u64,
+    /// The cycles since the last MTC that calibrated (or started calibrating), its CTC.
+    cyc_mtc: u64,
+    ctc: u32,
+    have_mtc: bool,
+}
+
+impl Default for Tcal {
+    fn default() -> Self {
+        Tcal {
+            fcr: 0,
+            min_fcr: u64::MAX,
+            max_fcr: 0,
+            tsc: 0,
+            cyc_tsc: 0,
+            cyc_mtc: 0,
+            ctc: 0,
+            have_mtc: false,
+        }
+    }
+}
+
+impl Tcal {
+    /// The ratio, 0 before any calibration (`pt_tcal_fcr`'s no-time case).
+    fn fcr(&self) -> u64 {
+        if self.min_fcr <= self.max_fcr {
+            self.fcr
+        } else {
+            0
+        }
+    }
+
+    fn set_fcr(&mut self, fcr: u64) {
+        self.fcr = fcr;
+        self.min_fcr = self.min_fcr.min(fcr);
+        self.max_fcr = self.max_fcr.max(fcr);
+    }
+
+    /// `pt_tcal_header_tsc`: a PSB+ TSC calibrates from the cycles since the last TSC
+    /// where no MTC came.
+    fn header_tsc(&mut self, tsc: u64) -> Result<(), Fallback> {
+        let (last, cyc) = (self.tsc, self.cyc_tsc);
+        self.tsc = tsc;
+        self.cyc_tsc = 0;
+        if last == 0 || cyc == 0 || self.have_mtc {
+            return Ok(());
+        }
+        let mut t = tsc;
+        if t < last {
+            t = t.wrapping_add(1 << TSC_BITS);
+            if t < last {
+                return Err("TSC wrapped more than once between calibrations");
+            }
+        }
+        let delta = t - last;
+        if delta & !(u64::MAX >> FCR_SHR) != 0 {
+            return Err("TSC calibration overflow");
+        }
+        self.set_fcr((delta << FCR_SHR) / cyc);
+        Ok(())
+    }
+
+    /// `pt_tcal_header_cbr`: with the nominal frequency known, a CBR gives the ratio.
+    fn header_cbr(&mut self, ratio: u8, cfg: ClockCfg) {
+        if cfg.nom_freq != 0 && ratio != 0 {
+            self.set_fcr((u64::from(cfg.nom_freq) << FCR_SHR) / u64::from(ratio));
+        }
+    }
+
+    /// `pt_tcal_update_mtc`: the cycles since the last MTC with cycles over the CTC ticks
+    /// since (converted to fast-counter ticks).
+    fn mtc(&mut self, ctc: u32, cfg: ClockCfg) -> Result<(), Fallback> {
+        let (last, cyc) = (self.ctc, self.cyc_mtc);
+        if !self.have_mtc {
+            self.cyc_mtc = 0;
+            self.ctc = ctc;
+            self.have_mtc = true;
+            return Ok(());
+        }
+        // Without cycles, the next MTC calibrates over both periods.
+        if cyc == 0 {
+            return Ok(());
+        }
+        self.cyc_mtc = 0;
+        self.ctc = ctc;
+        let delta = ctc_delta(ctc, last, cfg)?;
+        // (Without CPUID 0x15's ratio: a configuration error libipt ignores.)
+        let Some(fc) = ctc_fc(u64::from(delta), cfg) else {
+            return Ok(());
+        };
+        if fc & !(u64::MAX >> FCR_SHR) != 0 {
+            return Err("MTC calibration overflow");
+        }
+        self.set_fcr((fc << FCR_SHR) / cyc);
+        Ok(())
+    }
+}
+
+/// CTC ticks from `last` to `ctc`, one wrap-around corrected (`pt_time_ctc_delta`).
+fn ctc_delta(ctc: u32, last: u32, cfg: ClockCfg) -> Result<u32, Fallback> {
+    let mut now = ctc;
+    if now < last {
+        now = now.wrapping_add(1 << (u32::from(cfg.mtc_freq) + MTC_BITS));
+        if now < last {
+            return Err("CTC wrapped more than once between MTCs");
+        }
+    }
+    Ok(now - last)
+}
+
+/// CTC ticks in fast-counter (TSC) ticks (`pt_time_ctc_fc`); `None` without CPUID 0x15's
+/// ratio.
+fn ctc_fc(ctc: u64, cfg: ClockCfg) -> Option<u64> {
+    if cfg.ratio_den == 0 || cfg.ratio_num == 0 {
+        return None;
+    }
+    Some(ctc.wrapping_mul(u64::from(cfg.ratio_num)) / u64::from(cfg.ratio_den))
+}
+
+/// The trace's time as libipt 2.1.2 estimates it (`struct pt_time`, with its calibration):
+/// a TSC packet sets it; the TMA after it tells where in the crystal clock's (CTC) period
+/// it came; each MTC then moves it on by the CTC ticks since the last one, converted to
+/// TSC ticks (CPUID 0x15's ratio); each CYC between moves it on by its core cycles times
+/// the calibrated fast-counter:cycles ratio ([`Tcal`]; a CYC before any calibration is
+/// lost, as in libipt). Errors libipt reports (a TMA out of place, CTC wrapped more than
+/// once, a calibration overflow) hand the window to libipt; a missing ratio leaves the
+/// time where it is, as libipt does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Clock {
     /// The estimate.
@@ -210,11 +352,16 @@ pub(crate) struct Clock {
     base: u64,
     /// CTC bits at the last MTC or TMA.
     ctc: u32,
+    /// The CTC where the cycles of the next CYC started counting (`ctc_cyc`).
+    ctc_cyc: u32,
     /// Fast-counter ticks since the reference.
     fc: u64,
+    /// CYCs lost (before any calibration) since the last MTC or TSC.
+    lost_cyc: u32,
     have_tsc: bool,
     have_tma: bool,
     have_mtc: bool,
+    tcal: Tcal,
 }
 
 /// Bits of the CTC that an MTC payload holds, and that TMA holds.
@@ -228,13 +375,52 @@ impl Clock {
         self.have_tsc.then_some(self.tsc)
     }
 
-    fn on_tsc(&mut self, tsc: u64) {
-        *self = Clock {
-            tsc,
-            base: tsc,
-            have_tsc: true,
-            ..Clock::default()
-        };
+    /// Applies `pkt` where it is a timing packet (TSC, TMA, MTC, CYC, CBR), in a PSB+
+    /// (`header`) or not, as libipt's event decoder does; whether it was one.
+    #[inline]
+    fn on_timing(&mut self, pkt: Pkt, header: bool, cfg: ClockCfg) -> Result<bool, Fallback> {
+        match pkt {
+            Pkt::Tsc(t) => self.on_tsc(t, header)?,
+            Pkt::Mtc(c) => self.on_mtc(c, cfg)?,
+            Pkt::Tma { ctc, fc } => self.on_tma(ctc, fc, cfg)?,
+            Pkt::Cyc(c) => self.on_cyc(c, cfg)?,
+            Pkt::Cbr(r) => self.on_cbr(r, header, cfg),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn on_tsc(&mut self, tsc: u64, header: bool) -> Result<(), Fallback> {
+        if header {
+            self.tcal.header_tsc(tsc)?;
+        } else {
+            // (A TSC outside PSB+ may follow lost time: not used to calibrate, only kept
+            // for the next PSB+'s.)
+            self.tcal.tsc = tsc;
+            self.tcal.cyc_tsc = 0;
+        }
+        self.tsc = tsc;
+        self.base = tsc;
+        self.ctc = 0;
+        self.fc = 0;
+        self.lost_cyc = 0;
+        self.have_tsc = true;
+        self.have_tma = false;
+        self.have_mtc = false;
+        Ok(())
+    }
+
+    /// A CBR outside PSB+ (a frequency change) starts calibration over.
+    fn on_cbr(&mut self, ratio: u8, header: bool, cfg: ClockCfg) {
+        if !header {
+            self.tcal = Tcal::default();
+        }
+        self.tcal.header_cbr(ratio, cfg);
+    }
+
+    /// An OVF: libipt resets its decoder, the time kept, the calibration not.
+    pub fn on_ovf(&mut self) {
+        self.tcal = Tcal::default();
     }
 
     #[inline(never)]
@@ -251,6 +437,7 @@ impl Clock {
             self.have_mtc = true;
         }
         self.ctc = u32::from(ctc) & ((1 << hi) - 1);
+        self.ctc_cyc = self.ctc;
         Ok(())
     }
 
@@ -259,16 +446,23 @@ impl Clock {
         if cfg.mtc_freq > 15 {
             return Err("MTC frequency out of range");
         }
+        let ctc = u32::from(payload) << cfg.mtc_freq;
+        self.tcal.mtc(ctc, cfg)?;
         // MTCs between a TSC and its TMA do not count.
         if self.have_tsc && !self.have_tma {
             return Ok(());
         }
         let (had_mtc, had_tma) = (self.have_mtc, self.have_tma);
         let mut last = self.ctc;
-        let ctc = u32::from(payload) << cfg.mtc_freq;
+        // (Where the fast counter would have been reset: the next CYC's cycles count
+        // from here.)
+        if self.fc != 0 || self.lost_cyc != 0 || !had_mtc {
+            self.ctc_cyc = ctc;
+        }
         self.have_mtc = true;
         self.fc = 0;
         self.ctc = ctc;
+        self.lost_cyc = 0;
         if !had_mtc {
             // The first MTC after a TMA that held too few CTC bits: the bits above the
             // TMA's estimated from this MTC (no MTC lost around the TMA); before any TMA,
@@ -287,19 +481,40 @@ impl Clock {
             last |= high;
         }
         // CTC ticks since the last reference, one wrap-around corrected.
-        let mut now = ctc;
-        if now < last {
-            now += 1 << (u32::from(cfg.mtc_freq) + MTC_BITS);
-            if now < last {
-                return Err("CTC wrapped more than once between MTCs");
-            }
-        }
-        if cfg.ratio_den == 0 || cfg.ratio_num == 0 {
+        let delta = ctc_delta(ctc, last, cfg)?;
+        let Some(ticks) = ctc_fc(u64::from(delta), cfg) else {
             return Ok(());
-        }
-        let ticks = u64::from(now - last) * u64::from(cfg.ratio_num) / u64::from(cfg.ratio_den);
+        };
         self.base = self.base.wrapping_add(ticks);
         self.tsc = self.base;
+        Ok(())
+    }
+
+    /// `pt_time_update_cyc` after `pt_tcal_update_cyc`: `cyc` core cycles on from the last
+    /// CYC-eligible packet, in fast-counter ticks by the calibrated ratio. The first CYC
+    /// after an MTC whose cycles began in an earlier MTC period counts only those of the
+    /// current one (the earlier periods' estimated by the ratio).
+    #[inline(never)]
+    fn on_cyc(&mut self, cyc: u64, cfg: ClockCfg) -> Result<(), Fallback> {
+        self.tcal.cyc_mtc = self.tcal.cyc_mtc.wrapping_add(cyc);
+        self.tcal.cyc_tsc = self.tcal.cyc_tsc.wrapping_add(cyc);
+        let fcr = self.tcal.fcr();
+        if fcr == 0 {
+            self.lost_cyc = self.lost_cyc.wrapping_add(1);
+            return Ok(());
+        }
+        let mut cyc = cyc;
+        if self.fc == 0 && self.ctc != self.ctc_cyc {
+            let delta = ctc_delta(self.ctc, self.ctc_cyc, cfg)?;
+            // (Without CPUID 0x15's ratio: a configuration error, the CYC ignored.)
+            let Some(fc) = ctc_fc(u64::from(delta), cfg) else {
+                return Ok(());
+            };
+            let old = (fc << FCR_SHR) / fcr;
+            cyc = cyc.max(old) - old;
+        }
+        self.fc = self.fc.wrapping_add(cyc.wrapping_mul(fcr) >> FCR_SHR);
+        self.tsc = self.base.wrapping_add(self.fc);
         Ok(())
     }
 }
@@ -984,13 +1199,14 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             match pkt {
-                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } => p += size,
+                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => p += size,
                 Pkt::Fup(ip) => break Some((ip, p + size)),
                 Pkt::TipPge(_) | Pkt::ModeExec { .. } => break None,
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
         st.last_ip.reset();
+        st.clock.on_ovf();
         let resume = match fup {
             Some((p, after)) => Some((
                 st.last_ip.apply(p).ok_or("FUP without IP after OVF")?,
@@ -1010,12 +1226,7 @@ impl PtDecoder<'_> {
         };
         // The timing packets up to the FUP move the time on.
         while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < after) {
-            match pkt {
-                Pkt::Tsc(t) => st.clock.on_tsc(t),
-                Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
-                Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
-                _ => {}
-            }
+            st.clock.on_timing(pkt, false, st.clock_cfg)?;
             st.pos += size;
         }
         st.cur = self.flow_block(ip)?;
@@ -1268,10 +1479,11 @@ impl PtDecoder<'_> {
                 }
                 Pkt::Pad => {}
                 Pkt::Trig(t) => trig_skippable(t)?,
-                Pkt::Tsc(t) => st.clock.on_tsc(t),
-                Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
-                Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
-                Pkt::Cbr => {
+                Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
+                    st.clock.on_timing(pkt, false, st.clock_cfg)?;
+                }
+                Pkt::Cbr(_) => {
+                    st.clock.on_timing(pkt, false, st.clock_cfg)?;
                     st.read_on = ReadOn::Other;
                     self.flow_quiet_event(st);
                 }
@@ -1357,12 +1569,12 @@ impl PtDecoder<'_> {
             st.pos += size;
             match pkt {
                 // (MODE.TSX in a PSB+ is a status libipt makes no record of.)
-                Pkt::Pad | Pkt::Cbr | Pkt::Other("mode.tsx") => {}
+                Pkt::Pad | Pkt::Other("mode.tsx") => {}
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
-                Pkt::Tsc(t) => st.clock.on_tsc(t),
-                Pkt::Mtc(c) => st.clock.on_mtc(c, st.clock_cfg)?,
-                Pkt::Tma { ctc, fc } => st.clock.on_tma(ctc, fc, st.clock_cfg)?,
+                Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
+                    st.clock.on_timing(pkt, true, st.clock_cfg)?;
+                }
                 Pkt::Fup(p) => {
                     if fup.is_some() {
                         return Err("two FUPs in a PSB+");
@@ -1435,7 +1647,8 @@ impl PtDecoder<'_> {
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
-                | Pkt::Cbr
+                | Pkt::Cyc(_)
+                | Pkt::Cbr(_)
                 | Pkt::Psbend
                 | Pkt::ModeExec { .. } => pos += size,
                 Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) | Pkt::Ovf => return true,
@@ -1456,13 +1669,14 @@ mod tests {
             mtc_freq: 2,
             ratio_den: 1,
             ratio_num: 3,
+            nom_freq: 0,
         };
         let mut c = Clock::default();
         assert_eq!(c.now(), None);
         // An MTC before any TSC: nothing to measure from.
         c.on_mtc(7, cfg).unwrap();
         assert_eq!(c.now(), None);
-        c.on_tsc(1000);
+        c.on_tsc(1000, false).unwrap();
         // MTCs between a TSC and its TMA do not count.
         c.on_mtc(9, cfg).unwrap();
         assert_eq!(c.now(), Some(1000));
@@ -1494,7 +1708,7 @@ mod tests {
         // above TMA's 16 from its own, one period back when its low bits are smaller.
         let cfg9 = ClockCfg { mtc_freq: 9, ..cfg };
         let mut c = Clock::default();
-        c.on_tsc(5000);
+        c.on_tsc(5000, true).unwrap();
         c.on_tma(0xff00, 0, cfg9).unwrap();
         // Payload 0x81: CTC 0x10200; low 16 bits 0x0200 < 0xff00: the TMA was at
         // 0x0ff00, 0x300 ticks before.

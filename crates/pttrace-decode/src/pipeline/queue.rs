@@ -72,10 +72,18 @@ impl ItemQueue {
         (n <= queued).then(|| &self.items[self.items.len() - n..])
     }
 
-    /// Drops the last `n` queued items.
+    /// Drops the last `n` queued items (never one handed out already). `pushed` and
+    /// `records` count what is left, so that positions taken before the dropped items
+    /// still measure the items queued after them.
     pub(crate) fn truncate_last(&mut self, n: usize) {
         let keep = self.items.len().saturating_sub(n).max(self.head);
-        self.items.truncate(keep);
+        for item in self.items.drain(keep..) {
+            self.pushed -= 1;
+            self.records -= match item {
+                Item::Rec(_) => 1,
+                Item::Block(_, len) => u64::from(len),
+            };
+        }
     }
 
     #[inline]
@@ -161,8 +169,18 @@ mod tests {
         q.truncate_last(5);
         assert!(q.is_empty());
         q.push_back(Item::Block(3, 1));
-        q.push_back(Item::Block(4, 1));
-        q.truncate_last(1);
+        let mark = q.pushed;
+        q.push_back(Item::Block(4, 2));
+        q.push_back(Item::rec(Record::Cpu(2)));
+        let (pushed, records) = (q.pushed, q.records);
+        q.truncate_last(2);
+        // The counts follow: a position taken before the dropped items measures what was
+        // queued after it (and truncating what that measures drops nothing before it).
+        assert_eq!((q.pushed, q.records), (pushed - 2, records - 3));
+        assert_eq!(q.since(mark).map(<[Item]>::len), Some(0));
+        q.push_back(Item::rec(Record::Cpu(3)));
+        assert!(matches!(q.since(mark), Some([Item::Rec(_)])));
+        q.truncate_last(usize::try_from(q.pushed - mark).unwrap());
         assert!(matches!(q.pop_front(), Some(Item::Block(3, 1))));
         assert!(q.pop_front().is_none());
     }

@@ -114,8 +114,8 @@ impl PtDecoder<'_> {
 
     /// Whether the trace after the block ending at unmapped code `b` ends, or its next
     /// item binds to an instruction of `b` (or is one the engine leaves to its usual
-    /// handling: an OVF, something it does not know): `false` where libipt fails at the
-    /// unmapped address first.
+    /// handling: an OVF, a TIP.PGE, something it does not know): `false` where libipt
+    /// fails at the unmapped address first.
     fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> bool {
         let mut last = st.last_ip;
         let mut p = st.pos;
@@ -131,17 +131,24 @@ impl PtDecoder<'_> {
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
-                | Pkt::Cbr
+                | Pkt::Cyc(_)
+                | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. }
                 | Pkt::Other("mode.tsx") => p += size,
                 Pkt::Trig(t) if !t.ip => p += size,
-                Pkt::Fup(ip) | Pkt::TipPgd(ip) => return in_block(last.apply(ip)),
+                // (A FUP without IP: libipt's event decoder fails at it, reading ahead
+                // from the last trace item, before the code.)
+                Pkt::Fup(ip) => return last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
+                Pkt::TipPgd(ip) => return in_block(last.apply(ip)),
                 Pkt::Psb => {
                     return self
                         .flow_psb_fup(p)
                         .is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
                 }
-                Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPge(_) => return false,
+                // (A TIP.PGE while tracing is enabled: libipt takes its enable event
+                // before the code at the block's start, and fails there.)
+                Pkt::TipPge(_) => return true,
+                Pkt::Tnt { .. } | Pkt::Tip(_) => return false,
                 _ => return true,
             }
         }
@@ -177,7 +184,8 @@ impl PtDecoder<'_> {
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
-                | Pkt::Cbr
+                | Pkt::Cyc(_)
+                | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. } => p += size,
                 Pkt::Other("mode.tsx") => {
                     tsx = true;
@@ -300,8 +308,9 @@ impl PtDecoder<'_> {
                 return Err(why);
             }
             // Records from here on cannot come from libipt (it did not resync where we
-            // did): a gap, and on at the next PSB.
-            let tentative = self.queue.pushed - st.committed;
+            // did): the code walked without trace goes, a gap (decided: it stays should
+            // the next PSB fail too, as every failure has its gap), and on at the next PSB.
+            let tentative = self.queue.pushed.saturating_sub(st.committed);
             self.queue.truncate_last(tentative as usize);
             self.flow_gap(
                 st.pos,
@@ -311,6 +320,7 @@ impl PtDecoder<'_> {
                      cannot go on from there); decoding resumes at the next PSB"
                 ),
             );
+            self.flow_commit(st);
             let from = st.psb_tried.map_or(st.pos, |q| st.pos.max(q + 1));
             let Some(q) = wire::find_psb(self.trace, from) else {
                 return Ok(Stop::Done);
@@ -350,18 +360,10 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             match pkt {
-                Pkt::Pad | Pkt::Cbr | Pkt::Tnt { .. } => st.pos += size,
+                Pkt::Pad | Pkt::Tnt { .. } => st.pos += size,
                 Pkt::Trig(t) if !t.ip => st.pos += size,
-                Pkt::Tsc(t) => {
-                    st.clock.on_tsc(t);
-                    st.pos += size;
-                }
-                Pkt::Mtc(c) => {
-                    st.clock.on_mtc(c, st.clock_cfg)?;
-                    st.pos += size;
-                }
-                Pkt::Tma { ctc, fc } => {
-                    st.clock.on_tma(ctc, fc, st.clock_cfg)?;
+                Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
+                    st.clock.on_timing(pkt, false, st.clock_cfg)?;
                     st.pos += size;
                 }
                 Pkt::ModeExec { csl, csd } => {
