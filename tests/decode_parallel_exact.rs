@@ -657,7 +657,16 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
                 .unwrap();
                 let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
                 assert_same(&want, &par, &format!("{what}, {threads} threads"));
-                assert_eq!(stats.by, "fast", "{what}: {stats:?}");
+                // Without CYC packets the calibration of cycle-accurate time never shows
+                // in a timestamp: segments join on the time alone (each one here). With
+                // them a segment's own decode cannot know the calibration carried over
+                // its PSB: one pass (the CYC is in the first segment).
+                if t < 2 {
+                    assert_eq!(stats.by, "fast", "{what}: {stats:?}");
+                    assert_eq!(stats.joined + 1, stats.segments, "{what}: {stats:?}");
+                } else {
+                    assert_eq!(stats.by, "one pass", "{what}: {stats:?}");
+                }
             }
         }
     }
@@ -711,6 +720,49 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
         }
         out
     };
+
+    // CYC packets first met after the first segment (a CYC trace whose first half lost
+    // its CYC packets): the parallel path is taken; a segment joins only with the
+    // calibration equal too where a CYC may follow (here: none does), and is decoded
+    // again from the handoff otherwise. The records are exactly one pass's (and
+    // libipt's).
+    let cyc_trace = &traces[2];
+    let psb = [0x02u8, 0x82].repeat(8);
+    let half = cyc_trace.len() / 2;
+    let k = half
+        + cyc_trace[half..]
+            .windows(psb.len())
+            .position(|w| w == &psb[..])
+            .expect("a PSB in the second half");
+    let mixed: Vec<u8> = [strip(&cyc_trace[..k]), cyc_trace[k..].to_vec()].concat();
+    assert!(
+        mixed.len() < cyc_trace.len(),
+        "CYC packets in the first half"
+    );
+    for (c, cpu) in cpus.iter().enumerate() {
+        let params = timed(*cpu);
+        let what = format!("no CYC then CYC, cpu {c}");
+        let (want, _) = decode(&mixed, params, DecoderKind::Libipt);
+        let (got, by) = decode(&mixed, params, DecoderKind::Fast);
+        assert_same(&want, &got, &what);
+        assert_eq!(by, ("fast", None), "{what}");
+        for threads in [2, 3] {
+            let (chunks, stats) = decode_parallel_stats(
+                &mixed,
+                &params,
+                &space,
+                &[],
+                &ImageResolver::default(),
+                &opts(DecoderKind::Fast),
+                threads,
+            )
+            .unwrap();
+            let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+            assert_same(&want, &par, &format!("{what}, {threads} threads"));
+            assert_eq!(stats.by, "fast", "{what}: {stats:?}");
+            assert!(stats.redecoded > stats.segments / 2, "{what}: {stats:?}");
+        }
+    }
     let cyc_trace = &traces[2];
     let plain = strip(cyc_trace);
     assert!(plain.len() < cyc_trace.len());

@@ -149,9 +149,11 @@ pub(crate) trait CutHandoff: Sized {
 }
 
 /// How a decoder that synchronized at a cut started: whether its records are the ones
-/// one decoder of the whole trace gives after handoff `H` at that cut.
+/// one decoder of the whole trace gives after handoff `H` at that cut. `calibration`:
+/// state the decoder calibrates over the trace (cycle-accurate time) must be equal too;
+/// false where no part from the cut on uses it ([`PartReport::calibrated`]).
 pub(crate) trait CutJoin<H> {
-    fn joins(&self, h: &H) -> bool;
+    fn joins(&self, h: &H, calibration: bool) -> bool;
 }
 
 /// A decoder of part of a trace: how it started (`S`, when it synchronized at a cut) and
@@ -159,6 +161,9 @@ pub(crate) trait CutJoin<H> {
 pub(crate) struct PartReport<S, H> {
     /// It emitted a timestamp.
     pub timestamped: bool,
+    /// Its records may depend on state calibrated over the trace before it (cycle-accurate
+    /// time: it met a CYC packet), or it cannot tell.
+    pub calibrated: bool,
     pub start: Option<S>,
     pub end: Option<H>,
     /// It cannot give this part's records (why): the caller decodes another way.
@@ -169,6 +174,7 @@ impl<S, H> Default for PartReport<S, H> {
     fn default() -> Self {
         PartReport {
             timestamped: false,
+            calibrated: false,
             start: None,
             end: None,
             failed: None,

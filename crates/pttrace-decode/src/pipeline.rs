@@ -1140,6 +1140,10 @@ impl<'a> PtDecoder<'a> {
             match self.flow_run() {
                 Ok(done) => {
                     if done {
+                        // (A decoder of part of a trace: whether CYC came in its part.)
+                        if let (Some(part), Some(f)) = (self.part.as_mut(), self.flow.as_ref()) {
+                            part.calibrated = f.met_cyc();
+                        }
                         self.flow = None;
                         self.flow_done = true;
                         self.state = State::Done;

@@ -130,6 +130,16 @@ pub(super) fn decode<P: PartDecoding>(
         done.push(Some(r?));
     }
 
+    // Where calibrated state may show in the records (cycle-accurate time: a CYC packet):
+    // at a cut from which any part (or a failed one, which cannot tell) used it.
+    let mut calibrated_from = vec![false; n + 1];
+    for k in (0..n).rev() {
+        let used = done[k]
+            .as_ref()
+            .is_none_or(|(_, r)| r.calibrated || r.failed.is_some());
+        calibrated_from[k] = calibrated_from[k + 1] || used;
+    }
+
     // Stitch: follow the handoffs from the first segment.
     let Some((recs, mut report)) = done.first_mut().and_then(Option::take) else {
         return Ok(None);
@@ -145,7 +155,11 @@ pub(super) fn decode<P: PartDecoding>(
         };
         let joined = done.get_mut(h.cut()).and_then(|d| {
             let joins = d.as_ref().is_some_and(|(_, r)| {
-                r.failed.is_none() && r.start.as_ref().is_some_and(|start| start.joins(&h))
+                let calibration = calibrated_from.get(h.cut()).is_none_or(|&c| c);
+                r.failed.is_none()
+                    && r.start
+                        .as_ref()
+                        .is_some_and(|start| start.joins(&h, calibration))
             });
             if joins {
                 d.take()
@@ -163,12 +177,21 @@ pub(super) fn decode<P: PartDecoding>(
                     recs.drop_first_marker(is_timestamp);
                 }
                 next.end = next.end.map(|e| e.after(&h));
+                // Parts it decoded through without stopping are not used.
+                let upto = next.end.as_ref().map_or(n, CutHandoff::cut);
+                for d in done.iter_mut().take(upto).skip(h.cut() + 1) {
+                    *d = None;
+                }
                 stats.joined += 1;
                 out.push(recs);
                 report = next;
             }
             None => {
                 let cut = h.cut();
+                // (Its own decode is not used: freed before decoding it again.)
+                if let Some(d) = done.get_mut(cut) {
+                    *d = None;
+                }
                 let (recs, next) = part(
                     parts,
                     segs,
@@ -176,6 +199,11 @@ pub(super) fn decode<P: PartDecoding>(
                     PartStart::Handoff(Box::new(h)),
                     &mut caches,
                 )?;
+                // Parts it decoded through without stopping are not used either.
+                let upto = next.end.as_ref().map_or(n, CutHandoff::cut);
+                for d in done.iter_mut().take(upto).skip(cut + 1) {
+                    *d = None;
+                }
                 stats.redecoded += 1;
                 out.push(recs);
                 report = next;

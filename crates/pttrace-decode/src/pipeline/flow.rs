@@ -362,6 +362,8 @@ pub(crate) struct Clock {
     have_tma: bool,
     have_mtc: bool,
     tcal: Tcal,
+    /// A CYC packet came (since this clock started: a decoder's own part of the trace).
+    met_cyc: bool,
 }
 
 /// Bits of the CTC that an MTC payload holds, and that TMA holds.
@@ -369,6 +371,23 @@ const MTC_BITS: u32 = 8;
 const TMA_CTC_BITS: u32 = 16;
 
 impl Clock {
+    /// Whether the times this clock and `o` give from here on are the same: equal in
+    /// everything, the cycle-accurate calibration included only where `calibration` (a
+    /// CYC packet may come: without one it never shows in a time).
+    pub fn joins(&self, o: &Clock, calibration: bool) -> bool {
+        let strip = |c: &Clock| Clock {
+            met_cyc: false,
+            tcal: if calibration { c.tcal } else { Tcal::default() },
+            ..*c
+        };
+        strip(self) == strip(o)
+    }
+
+    /// A CYC packet came since this clock started.
+    pub fn met_cyc(&self) -> bool {
+        self.met_cyc
+    }
+
     /// The time, once a TSC packet gave one.
     #[inline]
     pub fn now(&self) -> Option<u64> {
@@ -496,6 +515,7 @@ impl Clock {
     /// current one (the earlier periods' estimated by the ratio).
     #[inline(never)]
     fn on_cyc(&mut self, cyc: u64, cfg: ClockCfg) -> Result<(), Fallback> {
+        self.met_cyc = true;
         self.tcal.cyc_mtc = self.tcal.cyc_mtc.wrapping_add(cyc);
         self.tcal.cyc_tsc = self.tcal.cyc_tsc.wrapping_add(cyc);
         let fcr = self.tcal.fcr();
@@ -682,10 +702,10 @@ impl CutStart {
     /// Whether a decoder that synchronized at the cut gives the records one decoder of the
     /// whole trace gives after `h`, the same cut passed (its first timestamp aside, which
     /// it emits whatever it is; and it must not run out of return stack, where it fails).
-    pub fn joins(&self, h: &Handoff) -> bool {
+    pub fn joins(&self, h: &Handoff, calibration: bool) -> bool {
         self.enabled == h.enabled
             && self.ip == h.ip
-            && self.clock == h.clock
+            && self.clock.joins(&h.clock, calibration)
             && self.tsc == h.tsc
             && !h.pending_timestamp
     }
@@ -712,12 +732,17 @@ impl crate::decoder::CutHandoff for Handoff {
 }
 
 impl crate::decoder::CutJoin<Handoff> for CutStart {
-    fn joins(&self, h: &Handoff) -> bool {
-        CutStart::joins(self, h)
+    fn joins(&self, h: &Handoff, calibration: bool) -> bool {
+        CutStart::joins(self, h, calibration)
     }
 }
 
 impl FlowState {
+    /// A CYC packet came since this engine's clock started (its part of the trace).
+    pub fn met_cyc(&self) -> bool {
+        self.clock.met_cyc()
+    }
+
     pub fn new(bdm70: bool, skd022: bool, clock_cfg: ClockCfg) -> Self {
         FlowState {
             pos: 0,
