@@ -140,6 +140,41 @@ fn loop_traces_equal_libipt_and_stay_fast() {
     }
 }
 
+/// The conditional branches a short TNT packet decides come out as one slice (the fast
+/// decoder memoizes, per block and TNT bits, the blocks they take and copies their
+/// records together): fewer slices than conditional branches, the records exactly
+/// libipt's.
+#[test]
+fn the_bits_of_a_tnt_packet_are_taken_in_one_step_and_one_slice() {
+    use drpttracer::decode::InsnClass;
+    let prog = LoopProgram::new(0x40_0000);
+    let space = loop_space(&prog);
+    let (trace, _) = prog.trace(300_000, 4096, 9);
+    let want = assert_same_and_fast(&trace, &space);
+    let conds = want
+        .iter()
+        .filter(|r| {
+            r.as_instruction()
+                .is_some_and(|i| i.class == InsnClass::CondJump)
+        })
+        .count();
+    let mut dec = decoder(&trace, &space, DecoderKind::Fast);
+    let (mut slices, mut got) = (0usize, Vec::new());
+    while let Some(s) = dec.next_slice() {
+        slices += 1;
+        got.extend_from_slice(s);
+    }
+    assert!(got == want, "{}", first_difference(&got, &want));
+    assert!(conds > 100_000, "{conds} conditional branches");
+    // An iteration: 4 bits outside the function, the indirect call's block, 2 bits in
+    // it, its return's block. Block by block that is 8 slices for 6 conditional
+    // branches; with the bits of each packet in one step, 4.
+    assert!(
+        slices * 4 < conds * 3,
+        "{slices} slices for {conds} conditional branches"
+    );
+}
+
 /// A program with a direct call, a compressed return, a conditional skip and a syscall:
 /// `top: call f; dec rcx; jnz top; syscall; jmp top` / `f: test al,1; jz s; nop; s: ret`.
 struct CallProg {

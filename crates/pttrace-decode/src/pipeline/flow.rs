@@ -107,6 +107,12 @@ pub(crate) struct FlowTable {
     /// The direct calls inside blocks: (the block's records up to and including the
     /// call, the return address the call pushes).
     calls: Vec<(u32, u64)>,
+    /// Runs decided by the next bits of a TNT packet, by [`memo_key`].
+    memo: HashMap<u64, MemoRun, BuildHasherDefault<AddrHasher>>,
+    /// The return addresses memoized runs push, in order.
+    memo_rets: Vec<u64>,
+    /// Records the memoized runs copied into the arena.
+    memo_records: usize,
 }
 
 impl FlowTable {
@@ -114,7 +120,40 @@ impl FlowTable {
         self.map.clear();
         self.blocks.clear();
         self.calls.clear();
+        self.memo.clear();
+        self.memo_rets.clear();
+        self.memo_records = 0;
     }
+}
+
+/// The blocks the next bits of a TNT packet take from a conditional block, as one step
+/// (libxdc's idea, with every record kept): their records copied one after the other
+/// into the arena (one output slice instead of one per block), the return addresses
+/// their direct calls push, the block after the last bit's branch, and the bits
+/// consumed. `bits` 0: no run from there (an indirect branch, a return or unmapped code
+/// comes first, or the walk needs what only the per-bit loop does: building a block
+/// that fails, a stretch without trace too long).
+#[derive(Debug, Clone, Copy)]
+struct MemoRun {
+    start: u32,
+    len: u32,
+    rets: u32,
+    nrets: u32,
+    next: u32,
+    bits: u32,
+}
+
+/// Bits a memoized run consumes at most (a short TNT packet's).
+const MEMO_BITS: u32 = 6;
+/// Records all memoized runs may copy into the arena (then no new runs are made until
+/// the cache starts over).
+const MEMO_RECORDS: usize = 1 << 20;
+
+/// A memoized run's key: the block it starts at, and the next `n` bits (the first one
+/// the highest).
+#[inline(always)]
+fn memo_key(block: u32, n: u32, bits: u64) -> u64 {
+    (u64::from(block) << 16) | (u64::from(n) << 8) | bits
 }
 
 /// libipt's return stack: 64 entries, the oldest overwritten when full.
@@ -1022,6 +1061,21 @@ impl PtDecoder<'_> {
                             other => return self.flow_item_at(st, b, other),
                         }
                     }
+                    if st.tnt_n > 1 {
+                        if let Some(run) = self.flow_memo(st) {
+                            st.tnt_n -= run.bits;
+                            self.flow_push(run.start, run.len);
+                            if run.nrets != 0 {
+                                self.flow_memo_rets(st, run);
+                            }
+                            self.flow_commit(st);
+                            st.cur = run.next;
+                            if self.flow_yield(st) {
+                                return Ok(Some(Stop::Yield));
+                            }
+                            continue;
+                        }
+                    }
                     st.tnt_n -= 1;
                     let taken = (st.tnt >> st.tnt_n) & 1 != 0;
                     self.flow_push_block(st, b, b.len);
@@ -1083,6 +1137,121 @@ impl PtDecoder<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// The memoized run from the conditional block `st.cur` for the pending TNT bits (up
+    /// to [`MEMO_BITS`]), made on first use; `None` where there is none.
+    #[inline(always)]
+    fn flow_memo(&mut self, st: &FlowState) -> Option<MemoRun> {
+        let n = st.tnt_n.min(MEMO_BITS);
+        let bits = (st.tnt >> (st.tnt_n - n)) & ((1 << n) - 1);
+        let key = memo_key(st.cur, n, bits);
+        match self.blocks.flow.memo.get(&key) {
+            Some(r) => (r.bits > 0).then_some(*r),
+            None => self.flow_memo_make(st.cur, n, bits, key),
+        }
+    }
+
+    /// Walks from block `from` as the per-bit loop would for the `n` bits `bits`, and
+    /// keeps what it did up to the last bit whose branch it could follow.
+    #[cold]
+    #[inline(never)]
+    fn flow_memo_make(&mut self, from: u32, n: u32, bits: u64, key: u64) -> Option<MemoRun> {
+        let full = self.blocks.flow.memo_records >= MEMO_RECORDS;
+        // (records start, length, the block) of the walk, and how far it is good: the
+        // blocks up to a conditional branch followed, the bits, the block after.
+        let mut walk: Vec<(u32, u32, u32)> = Vec::new();
+        let (mut good, mut used, mut next) = (0usize, 0u32, NO_BLOCK);
+        let mut cur = from;
+        let mut without = 0u64;
+        while !full && used < n {
+            let Some(&b) = self.blocks.flow.blocks.get(cur as usize) else {
+                break;
+            };
+            let (k, ip) = match b.end {
+                End::Continue => {
+                    without += u64::from(b.len);
+                    if without > super::MAX_INSNS_WITHOUT_TRACE {
+                        break;
+                    }
+                    (0, b.fall)
+                }
+                End::Cond => {
+                    let taken = (bits >> (n - used - 1)) & 1 != 0;
+                    if taken {
+                        (1, b.target)
+                    } else {
+                        (0, b.fall)
+                    }
+                }
+                _ => break,
+            };
+            walk.push((b.start, b.len, cur));
+            let Ok(to) = self.flow_link(cur, k, ip) else {
+                break;
+            };
+            cur = to;
+            if b.end == End::Cond {
+                used += 1;
+                without = 0;
+                good = walk.len();
+                next = cur;
+            }
+        }
+        let mut run = MemoRun {
+            start: 0,
+            len: 0,
+            rets: 0,
+            nrets: 0,
+            next,
+            bits: used,
+        };
+        if used > 0 {
+            let t = &mut self.blocks;
+            let (Ok(start), Ok(rets)) = (
+                u32::try_from(t.arena.len()),
+                u32::try_from(t.flow.memo_rets.len()),
+            ) else {
+                return None;
+            };
+            run.start = start;
+            run.rets = rets;
+            for &(s, l, blk) in walk.get(..good).unwrap_or(&[]) {
+                let (s, l) = (s as usize, l as usize);
+                if s + l > t.arena.len() {
+                    return None;
+                }
+                t.arena.extend_from_within(s..s + l);
+                if let Some(b) = t.flow.blocks.get(blk as usize) {
+                    let (first, count) = (b.calls as usize, usize::from(b.ncalls));
+                    if let Some(calls) = t.flow.calls.get(first..first + count) {
+                        t.flow.memo_rets.extend(calls.iter().map(|c| c.1));
+                    }
+                }
+            }
+            run.len = t.arena.len() as u32 - start;
+            run.nrets = t.flow.memo_rets.len() as u32 - rets;
+            t.flow.memo_records += run.len as usize;
+        }
+        if !full {
+            self.blocks.flow.memo.insert(key, run);
+        }
+        (run.bits > 0).then_some(run)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flow_memo_rets(&mut self, st: &mut FlowState, run: MemoRun) {
+        let (first, count) = (run.rets as usize, run.nrets as usize);
+        for &ret in self
+            .blocks
+            .flow
+            .memo_rets
+            .get(first..first + count)
+            .unwrap_or(&[])
+        {
+            st.ret.push(ret);
         }
     }
 
