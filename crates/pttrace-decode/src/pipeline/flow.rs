@@ -145,9 +145,13 @@ struct MemoRun {
 
 /// Bits a memoized run consumes at most (a short TNT packet's).
 const MEMO_BITS: u32 = 6;
-/// Records all memoized runs may copy into the arena (then no new runs are made until
-/// the cache starts over).
-const MEMO_RECORDS: usize = 1 << 20;
+/// Records all memoized runs may copy into the arena, and runs (or places without one)
+/// memoized, before no new ones are made until the cache starts over: 32 KiB of records
+/// and a 32 KiB table, so that a streamed decode's memory stays that of the libipt
+/// pipeline's (runs are copies; a program with many branches would otherwise fill
+/// megabytes with them), while a hot loop's runs fit.
+const MEMO_RECORDS: usize = 1024;
+const MEMO_RUNS: usize = 512;
 
 /// A memoized run's key: the block it starts at, and the next `n` bits (the first one
 /// the highest).
@@ -1158,7 +1162,8 @@ impl PtDecoder<'_> {
     #[cold]
     #[inline(never)]
     fn flow_memo_make(&mut self, from: u32, n: u32, bits: u64, key: u64) -> Option<MemoRun> {
-        let full = self.blocks.flow.memo_records >= MEMO_RECORDS;
+        let full = self.blocks.flow.memo_records >= MEMO_RECORDS
+            || self.blocks.flow.memo.len() >= MEMO_RUNS;
         // (records start, length, the block) of the walk, and how far it is good: the
         // blocks up to a conditional branch followed, the bits, the block after.
         let mut walk: Vec<(u32, u32, u32)> = Vec::new();
