@@ -543,10 +543,7 @@ pub fn push_plain(slot: &Slot, fd: i32, w: &Window) {
         let st = state();
         // Opens the thread's event when this is the writer's first sight of it.
         let _ = st.ring_of(slot);
-        if w.depth == 0 && settings().is_some_and(|set| set.syscalls.contains(&w.nr)) {
-            let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
-            fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
-        }
+        fire_syscall_trigger(st, slot, fd, w);
         return;
     }
     push(slot, fd, w, Vec::new(), Vec::new(), 0);
@@ -562,10 +559,15 @@ pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<
 /// while it was in flight has returned: it is not written again, but a `syscall:` trigger
 /// on it fires now (its return).
 pub fn cut_returned(slot: &Slot, fd: i32, w: &Window) {
-    let Some(set) = settings() else { return };
-    if w.depth == 0 && set.syscalls.contains(&w.nr) {
+    fire_syscall_trigger(state(), slot, fd, w);
+}
+
+/// Window `w` of `slot` (file `fd`) ended at a `syscall:` trigger's syscall (not a
+/// nested one): the trigger fires in that thread.
+fn fire_syscall_trigger(st: &mut State, slot: &Slot, fd: i32, w: &Window) {
+    if w.depth == 0 && settings().is_some_and(|set| set.syscalls.contains(&w.nr)) {
         let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
-        fire(state(), Some((slot, fd)), TriggerKind::Syscall, text);
+        fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
     }
 }
 
@@ -649,9 +651,8 @@ fn push_pieces(
         },
         last_pt,
     );
-    if syscall && w.depth == 0 && set.syscalls.contains(&w.nr) {
-        let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
-        fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
+    if syscall {
+        fire_syscall_trigger(st, slot, fd, w);
     }
 }
 
