@@ -1549,3 +1549,139 @@ fn emulated_signal_writes_both_threads_rings_each_its_own_last_iterations() {
     loops.sort_unstable();
     assert_eq!(loops, [0, 1]);
 }
+
+/// Where the instruction at `pc` (`bytes`) may go next: its fall-through or its direct
+/// target; `None` for returns and indirect branches (anywhere).
+fn successors(pc: u64, bytes: &[u8]) -> Option<Vec<u64>> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl};
+    let i = Decoder::with_ip(64, bytes, pc, DecoderOptions::NONE).decode();
+    let next = pc + i.len() as u64;
+    match i.flow_control() {
+        FlowControl::Next | FlowControl::Interrupt => Some(vec![next]),
+        FlowControl::UnconditionalBranch | FlowControl::Call => Some(vec![i.near_branch64()]),
+        FlowControl::ConditionalBranch => Some(vec![next, i.near_branch64()]),
+        _ => None,
+    }
+}
+
+#[test]
+fn emulated_a_thread_running_code_takes_a_firing_between_two_instructions_and_loses_nothing() {
+    let p = prog_emu();
+    const N: u64 = 300;
+    // A ring large enough that nothing of the spinning thread is dropped (its iterations
+    // from the first are in its two snapshots).
+    let o = run_emu(
+        &p,
+        &[
+            "--snapshot",
+            "16M",
+            "--trigger",
+            "syscall:getppid",
+            "--trigger",
+            "exit",
+        ],
+        &[&N.to_string(), "spin"],
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2, "{}", text(&o));
+    let main_tid = t.processes[0].pid;
+    let notes = notes(&p.out);
+    assert!(
+        notes.contains(&"snapshot 1: complete, written by 2 threads".to_string()),
+        "{notes:?}"
+    );
+    assert!(
+        !notes.iter().any(|n| n.contains("did not reach")),
+        "{notes:?}"
+    );
+    for th in &t.threads {
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 2, "the syscall firing, then the thread's exit");
+        let (s1, s2) = (&snaps[0], &snaps[1]);
+        assert_eq!(s1.rec.number, 1);
+        assert_eq!(s1.rec.kind, TriggerKind::Syscall as u32);
+        assert_eq!(s1.rec.fired_tid, main_tid);
+        assert_eq!(s2.rec.kind, TriggerKind::Exit as u32);
+        for s in [s1, s2] {
+            assert_eq!(s.gaps, 0);
+            assert_eq!(s.rec.discarded_windows, 0);
+        }
+        if th.header.tid == main_tid {
+            let w = s1.windows.last().unwrap();
+            assert_eq!((w.nr, w.flags), (libc::SYS_getppid as u64, 0));
+            assert_tail_of_loop(&p, &s1.pcs, N - 1);
+            continue;
+        }
+        // The spinning thread was executing code when getppid returned in main (which
+        // then stops it): its first snapshot ends at its next instruction, in a window
+        // cut there, at the cut's time.
+        let last = s1.windows.last().unwrap();
+        assert_eq!(last.flags, WF_NO_SYSCALL | ptt::WF_SNAPSHOT_CUT);
+        assert_eq!(s1.rec.tsc, last.tsc_end);
+        assert!(s1.windows[..s1.windows.len() - 1]
+            .iter()
+            .all(|w| w.flags & ptt::WF_SNAPSHOT_CUT == 0));
+        assert!(s2
+            .windows
+            .iter()
+            .all(|w| w.flags & ptt::WF_SNAPSHOT_CUT == 0));
+        // Nothing lost or repeated at the cut: the second snapshot starts with the
+        // instruction the first one's last instruction leads to...
+        let (pc, bytes) = (*s1.pcs.last().unwrap(), s1.last_insn.last().unwrap());
+        if let Some(next) = successors(pc, bytes) {
+            assert!(next.contains(&s2.pcs[0]), "{pc:#x} then {:#x}", s2.pcs[0]);
+        }
+        // ...and both together spell every iteration from the first, in order.
+        let mut pcs = s1.pcs.clone();
+        pcs.extend_from_slice(&s2.pcs);
+        let (lead, done, unfinished) = iterations(&p, &pcs);
+        assert!(lead.is_empty());
+        assert_eq!(unfinished, None);
+        let want: Vec<u64> = (0..done.len() as u64).collect();
+        assert_eq!(done, want);
+        let (_, before, _) = iterations(&p, &s1.pcs);
+        assert!(!before.is_empty(), "the cut came after some iterations");
+    }
+}
+
+#[test]
+fn emulated_exit_snapshot_ends_a_thread_running_code_at_its_next_instruction() {
+    let p = prog_emu();
+    const N: u64 = 200;
+    run_emu(
+        &p,
+        &["--snapshot", "16M", "--trigger", "exit"],
+        &[&N.to_string(), "spinexit"],
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2);
+    let main_tid = t.processes[0].pid;
+    let notes = notes(&p.out);
+    assert!(
+        notes.contains(&"snapshot 1: complete, written by 2 threads".to_string()),
+        "{notes:?}"
+    );
+    for th in &t.threads {
+        let snaps = thread_snapshots(&t, th);
+        assert_eq!(snaps.len(), 1, "the exit snapshot");
+        let s = &snaps[0];
+        assert_eq!(s.rec.kind, TriggerKind::Exit as u32);
+        assert_eq!(s.rec.trigger, "exit (exit_group)");
+        assert_eq!((s.gaps, s.rec.discarded_windows), (0, 0));
+        let last = s.windows.last().unwrap();
+        if th.header.tid == main_tid {
+            assert_eq!(last.nr, libc::SYS_exit_group as u64);
+            assert_tail_of_loop(&p, &s.pcs, N - 1);
+            continue;
+        }
+        // Still looping when main called exit_group: its snapshot holds its iterations
+        // from the first up to its next instruction then, in a window cut there.
+        assert_eq!(last.flags, WF_NO_SYSCALL | ptt::WF_SNAPSHOT_CUT);
+        assert_eq!(s.rec.tsc, last.tsc_end);
+        let (lead, done, _) = iterations(&p, &s.pcs);
+        assert!(lead.is_empty());
+        assert!(done.len() > 1, "{} iterations", done.len());
+        let want: Vec<u64> = (0..done.len() as u64).collect();
+        assert_eq!(done, want);
+    }
+}

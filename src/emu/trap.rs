@@ -62,9 +62,11 @@ pub static MARK_ADDRS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 /// record, a mark, the shim's synthesized syscall step): the handler asks for a handover
 /// when fewer are left.
 pub const HANDOVER_ROOM: usize = 4;
-/// [`set_handover`] hook reasons: the buffer is (nearly) full; a [`STEP_MARK`] was recorded.
+/// [`set_handover`] hook reasons: the buffer is (nearly) full; a [`STEP_MARK`] was recorded;
+/// a snapshot cut was requested since the buffer was armed ([`request_cut`]).
 pub const HAND_FULL: u32 = 1;
 pub const HAND_MARK: u32 = 2;
+pub const HAND_CUT: u32 = 3;
 /// [`set_handover`] hook results: nothing done (the buffer stays armed); a fresh buffer is
 /// armed and stepping goes on; no buffer could be armed, stepping stops.
 pub const HANDOVER_DECLINED: u32 = 0;
@@ -74,9 +76,27 @@ pub const HANDOVER_STOPPED: u32 = 2;
 /// The installed handover hook (`fn(u32) -> u32` as an address; 0: none).
 static HANDOVER: AtomicUsize = AtomicUsize::new(0);
 
+/// Snapshot cuts requested so far (a generation, see [`request_cut`]).
+static CUT_REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+/// Asks every stepped thread to end its buffer at its next step (the LD_PRELOAD shim's
+/// snapshot mode: a trigger fired, each thread's snapshot ends at the instruction it is
+/// about to execute). A buffer armed before the request is handed over ([`HAND_CUT`]) at
+/// its next step when a handover hook is installed. Returns the request's generation.
+/// Async-signal-safe.
+pub fn request_cut() -> u64 {
+    CUT_REQUESTS.fetch_add(1, Ordering::AcqRel) + 1
+}
+
+/// The generation of the latest [`request_cut`] (0: none yet). Async-signal-safe.
+pub fn cut_requests() -> u64 {
+    CUT_REQUESTS.load(Ordering::Acquire)
+}
+
 /// Installs `hook`, called by the single-step handler on the stepped thread (so it must be
 /// async-signal-safe) when the armed buffer has fewer than [`HANDOVER_ROOM`] free records
-/// ([`HAND_FULL`]) or has just recorded a [`STEP_MARK`] ([`HAND_MARK`]). It returns one of
+/// ([`HAND_FULL`]), has just recorded a [`STEP_MARK`] ([`HAND_MARK`]) or was armed before
+/// the latest [`request_cut`] ([`HAND_CUT`]). It returns one of
 /// the `HANDOVER_*` results; with [`HANDOVER_CONTINUED`] it has armed ([`arm`]) the buffer
 /// to go on with.
 pub fn set_handover(hook: fn(u32) -> u32) {
@@ -124,6 +144,8 @@ pub struct StepBuffer {
     tid: AtomicI32,
     /// Traps seen from a thread other than `tid` (their TF was cleared).
     foreign: AtomicU32,
+    /// [`cut_requests`] when the buffer was armed (a later request hands it over).
+    armed_at: AtomicU64,
 }
 
 // SAFETY: the raw record pointer is only written by the owning thread (and its signal
@@ -169,6 +191,7 @@ impl StepBuffer {
             active: AtomicBool::new(false),
             tid: AtomicI32::new(0),
             foreign: AtomicU32::new(0),
+            armed_at: AtomicU64::new(0),
         })
     }
 
@@ -201,11 +224,18 @@ impl StepBuffer {
             active: AtomicBool::new(false),
             tid: AtomicI32::new(0),
             foreign: AtomicU32::new(0),
+            armed_at: AtomicU64::new(0),
         })
     }
 
     pub fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// The [`cut_requests`] generation when the buffer was last armed: it holds code run
+    /// after every cut request up to that one.
+    pub fn armed_at(&self) -> u64 {
+        self.armed_at.load(Ordering::Acquire)
     }
 
     /// Records captured so far.
@@ -312,6 +342,7 @@ fn current() -> *const StepBuffer {
 ///
 /// The caller must keep `buf` alive and call [`disarm`] before dropping or moving it.
 pub fn arm(buf: &StepBuffer) {
+    buf.armed_at.store(cut_requests(), Ordering::Release);
     buf.active.store(true, Ordering::Release);
     let _ = CURRENT.try_with(|c| c.set(buf as *const StepBuffer));
 }
@@ -501,16 +532,24 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                         arg: k as u32,
                     });
                 }
+                let cut = cut_requests();
                 let reason = if mark.is_some() {
                     HAND_MARK
                 } else if b.len() + HANDOVER_ROOM >= b.capacity() {
                     HAND_FULL
+                } else if cut != b.armed_at.load(Ordering::Relaxed) {
+                    HAND_CUT
                 } else {
                     return;
                 };
-                if handover(reason) == HANDOVER_STOPPED {
-                    // SAFETY: as above.
-                    unsafe { *efl &= !(EFLAGS_TF as i64) };
+                match handover(reason) {
+                    HANDOVER_STOPPED => {
+                        // SAFETY: as above.
+                        unsafe { *efl &= !(EFLAGS_TF as i64) };
+                    }
+                    // Not asked again for this request: the buffer goes on.
+                    HANDOVER_DECLINED => b.armed_at.store(cut, Ordering::Relaxed),
+                    _ => {}
                 }
                 return;
             }

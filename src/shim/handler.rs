@@ -756,8 +756,8 @@ fn push_window(slot: &Slot, w: &mut Window) {
         return;
     }
     w.index = slots::next_index(slot);
-    super::snapreq::hold_if_trigger(slot, w.nr, w.depth);
-    super::userpt::attach(slot, w);
+    let fired = super::snapreq::fire_if_trigger(slot, w.nr, w.depth);
+    super::userpt::attach(slot, w, fired);
     super::kernelpt::publish(slot, w.index);
     if !slots::push(slot, w) {
         // Dropped: the writer never asks for its PT.

@@ -385,9 +385,6 @@ pub fn drain_locked(slot: &Slot) {
     // the rings) they belong to no snapshot and are not written.
     let snap = super::snapreq::on();
     let snap_writer = snap && slots::untraced();
-    if snap_writer {
-        super::snapring::begin_drain(slot, fd);
-    }
     // Windows leave the queue (and the spool) only once they are in the file: a kill in
     // between leaves them in the spool for the reader (see `super::spool`).
     let mut count = 0u64;
@@ -400,7 +397,8 @@ pub fn drain_locked(slot: &Slot) {
                         pieces,
                         sideband,
                         flags,
-                    } => super::snapring::push(slot, fd, &w, pieces, sideband, flags),
+                        cuts,
+                    } => super::snapring::push(slot, fd, &w, pieces, sideband, flags, cuts),
                     super::userpt::WindowPt::Some {
                         pt,
                         sideband,
@@ -412,7 +410,8 @@ pub fn drain_locked(slot: &Slot) {
                             tsc_end: w.tsc_end,
                             mark: None,
                         };
-                        super::snapring::push(slot, fd, &w, vec![p], sideband, flags);
+                        let cuts = super::userpt::Cuts::default();
+                        super::snapring::push(slot, fd, &w, vec![p], sideband, flags, cuts);
                     }
                     super::userpt::WindowPt::Dropped => {
                         w.flags |= ptt::WF_PT_DROPPED;
@@ -514,6 +513,9 @@ pub fn drain_locked(slot: &Slot) {
     flush(buf, &mut n, fd);
     flush(kbuf, &mut kn, kfd);
     slot.release(count);
+    if snap_writer {
+        super::snapring::end_drain(slot, fd);
+    }
     if !snap {
         slot.written.fetch_add(count, Relaxed);
     }

@@ -6,7 +6,7 @@
 //!
 //! **Normal context only: everything here runs on the writer thread** (it allocates and
 //! opens events); the handler's side, which stops a thread's trace at a `syscall:`
-//! trigger, is [`super::snapreq::hold_if_trigger`]. Firings, their numbers and notes are
+//! trigger, is [`super::snapreq::fire_if_trigger`]. Firings, their numbers and notes are
 //! [`super::snapring`]'s, shared with the single-step backend; this module is what a
 //! thread's "ring" is on this backend.
 //!

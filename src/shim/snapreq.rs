@@ -66,37 +66,48 @@ pub fn exit_done(gen: u64) {
     ANSWERED.fetch_max(gen, AcqRel);
 }
 
-/// Hardware snapshot mode (see [`super::snaphw`]): the syscalls of `syscall:` triggers
-/// (0 is `read`, so unused cells hold `u64::MAX`).
-static HOLD_AT: [AtomicU64; MAX_HOLD] = [const { AtomicU64::new(u64::MAX) }; MAX_HOLD];
-/// Most `syscall:` triggers whose thread's trace the handler stops at the syscall.
-pub const MAX_HOLD: usize = 16;
+/// The syscalls of `syscall:` triggers (0 is `read`, so unused cells hold `u64::MAX`).
+static FIRE_AT: [AtomicU64; MAX_SYSCALL_TRIGGERS] =
+    [const { AtomicU64::new(u64::MAX) }; MAX_SYSCALL_TRIGGERS];
+/// Most `syscall:` triggers the handler acts on at the syscall.
+pub const MAX_SYSCALL_TRIGGERS: usize = 16;
 
-/// Start-up (normal context): the hardware backend's trace of a thread is stopped when
-/// it completes one of `nrs` (its event disabled in the handler, right after the syscall),
-/// so that the snapshot the writer then writes ends there. Returns false when there are
-/// more than [`MAX_HOLD`].
-pub fn hold_at(nrs: &[u64]) -> bool {
-    for (cell, nr) in HOLD_AT.iter().zip(nrs) {
+/// Start-up (normal context): the syscalls of `syscall:` triggers, which the handler
+/// acts on as they return ([`fire_if_trigger`]). Returns false when there are more than
+/// [`MAX_SYSCALL_TRIGGERS`].
+pub fn fire_at(nrs: &[u64]) -> bool {
+    for (cell, nr) in FIRE_AT.iter().zip(nrs) {
         cell.store(*nr, Relaxed);
     }
-    nrs.len() <= MAX_HOLD
+    nrs.len() <= MAX_SYSCALL_TRIGGERS
 }
 
 /// In the handler, as a window of `slot` is queued: a depth-0 window of a trigger
-/// syscall disables the thread's hardware snapshot event (the writer writes the snapshot
-/// and enables it again). No-op unless the slot has such an event.
-pub fn hold_if_trigger(slot: &slots::Slot, nr: u64, depth: u32) {
-    let fd = slot.snap_fd.load(Acquire);
-    if fd < 0 || depth != 0 || !HOLD_AT.iter().any(|c| c.load(Relaxed) == nr) {
-        return;
+/// syscall ends the snapshot right there, before the thread runs on.
+/// - Hardware backend: the thread's event is disabled (the writer writes the snapshot
+///   and enables it again).
+/// - Single-step backend: every other stepped thread is asked to end its buffer at its
+///   next step ([`crate::emu::trap::request_cut`]); returns the request, which the
+///   window carries to the writer (0: not a trigger).
+pub fn fire_if_trigger(slot: &slots::Slot, nr: u64, depth: u32) -> u64 {
+    if !on() || depth != 0 || !FIRE_AT.iter().any(|c| c.load(Relaxed) == nr) {
+        return 0;
     }
-    raw::sys3(
-        libc::SYS_ioctl,
-        fd as u64,
-        u64::from(perf_event_open_sys::bindings::DISABLE),
-        0,
-    );
+    let fd = slot.snap_fd.load(Acquire);
+    if fd >= 0 {
+        raw::sys3(
+            libc::SYS_ioctl,
+            fd as u64,
+            u64::from(perf_event_open_sys::bindings::DISABLE),
+            0,
+        );
+        return 0;
+    }
+    if super::userpt::enabled() {
+        crate::emu::trap::request_cut()
+    } else {
+        0
+    }
 }
 
 /// Hardware snapshot mode: new threads wait at their start until the writer opened their

@@ -34,13 +34,25 @@
 //!   waits, [`super::snapreq::flush_for_exit`]).
 //!
 //! A firing has the next number of the process image; the firing thread writes its ring
-//! at once, every other thread of the process writes the windows the writer had taken
-//! from its queue by then, before any later one (a `signal:` request first takes every
-//! queue). A thread inside a syscall whose earlier windows were all taken ends, as
-//! under QEMU, with that syscall's window cut (`WF_SNAPSHOT_CUT`, its user code up to
-//! the syscall, no return value: [`super::userpt::cut_in_flight`]); the window queued at
-//! its return is not written again, its `syscall:` trigger fires then
-//! ([`cut_returned`]). The info file gets the same notes as under QEMU.
+//! at once. Every other thread's part ends where that thread was when the trigger fired,
+//! as under QEMU: a firing makes a cut request ([`crate::emu::trap::request_cut`]; the
+//! SIGSYS handler makes it as a `syscall:` trigger's syscall returns, the single-step
+//! handler at an `addr:` mark, the writer for `signal:`), and
+//! - a thread running stepped code ends its buffer at its next step, a window of its own
+//!   cut there (`WF_NO_SYSCALL | WF_SNAPSHOT_CUT`), the last of its part;
+//! - a thread inside a syscall ends with that syscall's window cut (`WF_SNAPSHOT_CUT`,
+//!   its user code up to the syscall, no return value:
+//!   [`super::userpt::cut_in_flight`]); the window queued at its return is not written
+//!   again, its `syscall:` trigger fires then ([`cut_returned`]);
+//! - windows opened after the request belong to the next snapshot
+//!   ([`super::userpt::Cuts`] says where each window lies).
+//!
+//! The writer waits for those ends ([`end_drain`]) up to [`CUT_WAIT`] (a thread running
+//! an untraced signal handler does not step: noted, its part ends with what was taken).
+//! A thread's snapshots stay in number order: when it fires a trigger itself, the
+//! firings it still owes are written first with what it has. At the process's end the
+//! `exit` snapshot waits the same way for threads still running code. The info file gets
+//! the same notes as under QEMU.
 //!
 //! A stretch without syscalls longer than a step buffer comes in buffers handed over
 //! mid-window (windows `nr` [`super::userpt::HANDOVER_NR`], `WF_NO_SYSCALL`), cut into
@@ -54,7 +66,7 @@ use super::output::write_frame_parts;
 use super::raw;
 use super::slots::{self, Slot};
 use super::snapfile::RingFile;
-use super::userpt::Piece;
+use super::userpt::{Cuts, Piece};
 use crate::format::ptt::{EndReason, RecordType, Window, WF_NO_SYSCALL};
 use crate::format::snapshot::{
     elf_address, AddrSpec, ElfAddrError, TriggerKind, UserTrigger, REQUEST_FILE,
@@ -173,10 +185,10 @@ pub fn init(
     if hardware {
         super::snapreq::trace_new_threads_from_start();
     }
-    if hardware && !super::snapreq::hold_at(&s.syscalls) {
+    if !super::snapreq::fire_at(&s.syscalls) {
         return Err(format!(
-            "at most {} syscall: snapshot triggers on the hardware backend",
-            super::snapreq::MAX_HOLD
+            "at most {} syscall: snapshot triggers",
+            super::snapreq::MAX_SYSCALL_TRIGGERS
         ));
     }
     let exit = s.exit;
@@ -226,6 +238,10 @@ struct Firing {
     tid: i32,
     text: String,
     tsc: u64,
+    /// Its cut request ([`crate::emu::trap::request_cut`]; single-step backend): each
+    /// other thread's part ends with its window open at the request.
+    gen: u64,
+    at: std::time::Instant,
     /// Threads still to write it, of `threads`.
     remaining: usize,
     threads: usize,
@@ -436,23 +452,71 @@ impl ThreadRing {
     }
 }
 
-/// Firings this thread has still to write, written now (before any window the writer
-/// takes from its queue from here on).
+/// How long a thread may take to reach its next step after a firing's cut request (it
+/// may be running an untraced signal handler) before its part is written without it.
+const CUT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The first firing this thread has still to write: (index, cut request, when fired).
+fn first_pending(st: &mut State, slot: &Slot) -> Option<(usize, u64, std::time::Instant)> {
+    loop {
+        let i = *st.ring_of(slot)?.pending.first()?;
+        match st.firings.get(i) {
+            Some(f) => return Some((i, f.gen, f.at)),
+            None => {
+                st.ring_of(slot)?.pending.remove(0);
+            }
+        }
+    }
+}
+
+/// Writes firing `i` (this thread's first pending one) from the ring as it is; a thread
+/// inside a syscall whose window opened before the firing first ends with that window,
+/// cut (no return value yet; its return ends nothing, see
+/// [`super::userpt::cut_in_flight`]).
+fn write_firing(st: &mut State, slot: &Slot, fd: i32, i: usize) {
+    if let Some(t) = st.ring_of(slot) {
+        t.pending.retain(|&k| k != i);
+    }
+    let Some(f) = st.firings.get(i) else { return };
+    let (number, kind, tid, text, tsc, gen) =
+        (f.number, f.kind, f.tid, f.text.clone(), f.tsc, f.gen);
+    if let Some(c) = cut().and_then(|n| super::userpt::cut_in_flight(slot, n, gen)) {
+        push_pieces(
+            st,
+            slot,
+            fd,
+            &c.w,
+            c.pieces,
+            c.sideband,
+            0,
+            false,
+            Cuts::default(),
+        );
+    }
+    if let Some(t) = st.ring_of(slot) {
+        write_ring(slot, t, fd, number, kind, tid, &text, tsc);
+    }
+    done(st, i);
+}
+
+/// Every firing this thread has still to write, written now with what its ring holds
+/// (it ended, the process ends, or it fires a trigger itself: its snapshots stay in
+/// number order).
 fn write_pending(st: &mut State, slot: &Slot, fd: i32) {
-    let Some(t) = st.ring_of(slot) else { return };
-    let pending = std::mem::take(&mut t.pending);
-    for i in pending {
-        let Some(f) = st.firings.get(i) else { continue };
-        let (number, kind, tid, text, tsc) = (f.number, f.kind, f.tid, f.text.clone(), f.tsc);
-        // A thread inside a syscall ends with that syscall's window, cut (no return value
-        // yet); its return ends nothing (see `super::userpt::cut_in_flight`).
-        if let Some(c) = cut().and_then(|n| super::userpt::cut_in_flight(slot, n)) {
-            push_pieces(st, slot, fd, &c.w, c.pieces, c.sideband, 0, false);
+    while let Some((i, _, _)) = first_pending(st, slot) {
+        write_firing(st, slot, fd, i);
+    }
+}
+
+/// The firings this thread has pending whose cut request is at most `upto`, in order:
+/// the windows in its ring are all of its part in them (the window just taken was open at
+/// their request, or the next one opened after it).
+fn write_due(st: &mut State, slot: &Slot, fd: i32, upto: u64) {
+    while let Some((i, gen, _)) = first_pending(st, slot) {
+        if gen > upto {
+            return;
         }
-        if let Some(t) = st.ring_of(slot) {
-            write_ring(slot, t, fd, number, kind, tid, &text, tsc);
-        }
-        done(st, i);
+        write_firing(st, slot, fd, i);
     }
 }
 
@@ -467,8 +531,15 @@ fn done(st: &mut State, i: usize) {
 }
 
 /// A trigger fired (in thread `slot` when given, whose ring is written at once into `fd`);
-/// every other thread of the process writes it at its next drain.
-fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: String) {
+/// every other thread of the process writes it once the writer has its window that was
+/// open at the cut request `gen` (0: requested here): its part ends where it was when the
+/// trigger fired, at most one instruction later.
+fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: String, gen: u64) {
+    let stepping = settings().is_some_and(|set| !set.hardware) && super::userpt::enabled();
+    let gen = match gen {
+        0 if stepping => crate::emu::trap::request_cut(),
+        g => g,
+    };
     let number = st.next_number();
     let tid = from.map_or(0, |(s, _)| s.tid.load(Relaxed));
     let where_ = if tid > 0 {
@@ -491,6 +562,8 @@ fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: Str
         tid,
         text,
         tsc: raw::rdtsc(),
+        gen,
+        at: std::time::Instant::now(),
         remaining: live.len() + usize::from(me.is_some_and(|m| !live.contains(&m))),
         threads: 0,
     });
@@ -510,6 +583,8 @@ fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: Str
         }
     }
     if let Some((s, fd)) = from {
+        // (Its earlier firings first, with what it has.)
+        write_pending(st, s, fd);
         let f = &st.firings[i];
         let (text, tsc) = (f.text.clone(), f.tsc);
         if let Some(t) = st.ring_of(s) {
@@ -529,10 +604,32 @@ pub fn start_main_thread(slot: &Slot) {
     }
 }
 
-/// Before the writer takes windows from `slot`'s queue (its file `fd` is open): the
-/// firings it has still to write.
-pub fn begin_drain(slot: &Slot, fd: i32) {
-    write_pending(state(), slot, fd);
+/// After the writer took `slot`'s queue (its file `fd` is open): the firings it has still
+/// to write whose part is complete. Waits (at the next passes) while the thread still runs
+/// the code of a window opened before a firing, up to [`CUT_WAIT`]; a thread in a syscall
+/// ends with that syscall's window, cut.
+pub fn end_drain(slot: &Slot, fd: i32) {
+    let st = state();
+    while let Some((i, gen, at)) = first_pending(st, slot) {
+        if slot.queued() != 0 {
+            // Its windows first, at the next pass.
+            return;
+        }
+        if super::userpt::at_firing(slot, gen) == super::userpt::AtFiring::Running {
+            if at.elapsed() < CUT_WAIT {
+                return;
+            }
+            let (number, tid) = (
+                st.firings.get(i).map_or(0, |f| f.number),
+                slot.tid.load(Relaxed),
+            );
+            note(&format!(
+                "snapshot {number}: thread {tid} did not reach its next instruction within                  {} ms of the firing (running untraced code, e.g. a signal handler): its                  part ends with its last window before",
+                CUT_WAIT.as_millis()
+            ));
+        }
+        write_firing(st, slot, fd, i);
+    }
 }
 
 /// A window of `slot` without PT (metadata only), into its ring. On the hardware backend
@@ -543,31 +640,41 @@ pub fn push_plain(slot: &Slot, fd: i32, w: &Window) {
         let st = state();
         // Opens the thread's event when this is the writer's first sight of it.
         let _ = st.ring_of(slot);
-        fire_syscall_trigger(st, slot, fd, w);
+        fire_syscall_trigger(st, slot, fd, w, 0);
         return;
     }
-    push(slot, fd, w, Vec::new(), Vec::new(), 0);
+    push(slot, fd, w, Vec::new(), Vec::new(), 0, Cuts::default());
 }
 
 /// A window of `slot` whose PT was encoded in `pieces`: every piece but the last becomes
-/// a `WF_NO_SYSCALL` window; the last carries `w`. Triggers reached in it fire.
-pub fn push(slot: &Slot, fd: i32, w: &Window, pieces: Vec<Piece>, sideband: Vec<u8>, flags: u32) {
-    push_pieces(state(), slot, fd, w, pieces, sideband, flags, true);
+/// a `WF_NO_SYSCALL` window; the last carries `w`. Triggers reached in it fire; firings
+/// of other threads are written around it by `cuts`.
+pub fn push(
+    slot: &Slot,
+    fd: i32,
+    w: &Window,
+    pieces: Vec<Piece>,
+    sideband: Vec<u8>,
+    flags: u32,
+    cuts: Cuts,
+) {
+    push_pieces(state(), slot, fd, w, pieces, sideband, flags, true, cuts);
 }
 
 /// The window of a syscall whose code went into a snapshot as a `snapshot-cut` window
 /// while it was in flight has returned: it is not written again, but a `syscall:` trigger
 /// on it fires now (its return).
 pub fn cut_returned(slot: &Slot, fd: i32, w: &Window) {
-    fire_syscall_trigger(state(), slot, fd, w);
+    fire_syscall_trigger(state(), slot, fd, w, 0);
 }
 
 /// Window `w` of `slot` (file `fd`) ended at a `syscall:` trigger's syscall (not a
-/// nested one): the trigger fires in that thread.
-fn fire_syscall_trigger(st: &mut State, slot: &Slot, fd: i32, w: &Window) {
+/// nested one): the trigger fires in that thread, with the cut request the handler made
+/// at the syscall (`gen`, 0: none).
+fn fire_syscall_trigger(st: &mut State, slot: &Slot, fd: i32, w: &Window, gen: u64) {
     if w.depth == 0 && settings().is_some_and(|set| set.syscalls.contains(&w.nr)) {
         let text = crate::format::snapshot::Trigger::Syscall(w.nr).describe();
-        fire(st, Some((slot, fd)), TriggerKind::Syscall, text);
+        fire(st, Some((slot, fd)), TriggerKind::Syscall, text, gen);
     }
 }
 
@@ -583,8 +690,11 @@ fn push_pieces(
     sideband: Vec<u8>,
     flags: u32,
     syscall: bool,
+    cuts: Cuts,
 ) {
     let Some(set) = settings() else { return };
+    // Firings of other threads requested before this window opened end before it.
+    write_due(st, slot, fd, cuts.armed);
     let n = pieces.len();
     let mut sideband = Some(sideband);
     let mut last_pt = Vec::new();
@@ -623,16 +733,20 @@ fn push_pieces(
             let ip = crate::emu::trap::MARK_ADDRS
                 .get(m as usize)
                 .map_or(0, |a| a.load(Relaxed));
+            // (The request made at the mark when the buffer was handed over there.)
+            let gen = if handed && k + 1 == n { cuts.fired } else { 0 };
             fire(
                 st,
                 Some((slot, fd)),
                 TriggerKind::Addr,
                 format!("{what} ({ip:#x})"),
+                gen,
             );
         }
         last_tsc = p.tsc_end;
     }
     if handed && ended_at_mark {
+        write_due(st, slot, fd, cuts.closed);
         return;
     }
     let Some(t) = st.ring_of(slot) else { return };
@@ -651,8 +765,10 @@ fn push_pieces(
         },
         last_pt,
     );
+    // Firings of other threads requested while this window was open end with it.
+    write_due(st, slot, fd, cuts.closed);
     if syscall {
-        fire_syscall_trigger(st, slot, fd, w);
+        fire_syscall_trigger(st, slot, fd, w, cuts.fired);
     }
 }
 
@@ -705,6 +821,9 @@ pub fn thread_end(slot: &Slot, fd: i32, reason: EndReason) {
 /// its ring and, with the `exit` trigger, every ring written as one `exit` snapshot.
 pub fn process_end(reason: EndReason, tid: i32) {
     let Some(set) = settings() else { return };
+    if set.exit {
+        await_running_threads();
+    }
     let live = drain_live();
     if !set.exit {
         return;
@@ -742,6 +861,28 @@ pub fn process_end(reason: EndReason, tid: i32) {
         s.unlock_drain();
     }
     note(&complete_note(number, wrote));
+}
+
+/// Single-step backend, at the process's end: every thread still running stepped code
+/// ends its buffer at its next step (a cut request), so that the `exit` snapshot holds
+/// its code up to there; waits for them (taking their queues), at most [`CUT_WAIT`].
+fn await_running_threads() {
+    if settings().is_some_and(|set| set.hardware) || !super::userpt::enabled() {
+        return;
+    }
+    let g = crate::emu::trap::request_cut();
+    let start = std::time::Instant::now();
+    loop {
+        let live = drain_live();
+        let running = live
+            .iter()
+            .any(|s| super::userpt::at_firing(s, g) == super::userpt::AtFiring::Running);
+        if !running || start.elapsed() >= CUT_WAIT {
+            return;
+        }
+        slots::wake_writer();
+        raw::nanosleep(1_000_000);
+    }
 }
 
 /// Takes every queue of this process into its ring (each thread's file opened); returns
@@ -801,6 +942,7 @@ pub fn poll() {
                 None,
                 TriggerKind::Signal,
                 format!("{} (sent to pttrace run)", t.describe()),
+                0,
             );
         }
     }

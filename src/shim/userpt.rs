@@ -66,7 +66,9 @@
 //!
 //! Snapshot mode ([`super::snapring`]) hands buffers over mid-window instead
 //! (`hand_over`, the single-step handler's hook): when the recording buffer is nearly
-//! full, or has just recorded an `addr:` mark, the handler closes it as a window of its
+//! full, has just recorded an `addr:` mark, or was armed before a firing's cut request
+//! (another thread's trigger: this thread's part of the snapshot ends at its next
+//! step, the window flagged `WF_SNAPSHOT_CUT`), the handler closes it as a window of its
 //! own (`WF_NO_SYSCALL`, `nr` [`HANDOVER_NR`]: tagged and queued like a syscall's window,
 //! so the writer finds it in queue order) and goes on stepping in a free buffer of the
 //! pool from the instruction about to execute. The ring thus keeps the end of a long
@@ -147,6 +149,12 @@ struct PtBuf {
     sys_record: AtomicBool,
     sys_tsc_start: AtomicU64,
     sys_tsc_end: AtomicU64,
+    /// Snapshot mode: [`trap::cut_requests`] when the window was closed (with the
+    /// steps' `armed_at`: which firings it precedes, straddles or follows, see [`Cuts`]).
+    closed_at: AtomicU64,
+    /// Snapshot mode: the cut request of the trigger this window's end fired (a
+    /// `syscall:` trigger's syscall, an `addr:` mark), 0 when none.
+    fired: AtomicU64,
     steps: StepBuffer,
 }
 
@@ -532,6 +540,7 @@ pub unsafe fn enter(uctx: *mut c_void) -> Token {
         b.sys_tsc_start
             .store(if since == 0 { start } else { since }, Relaxed);
         b.sys_tsc_end.store(raw::rdtsc(), Relaxed);
+        b.closed_at.store(trap::cut_requests(), Relaxed);
         b.state.store(B_CLOSED, Release);
         t.closed.store(t.cur.swap(-1, Relaxed), Relaxed);
         // SAFETY: as above.
@@ -541,8 +550,10 @@ pub unsafe fn enter(uctx: *mut c_void) -> Token {
 }
 
 /// Tags the buffer closed at this syscall with the window's index (the window is about to
-/// be queued) and fixes the window's PT flags. Async-signal-safe.
-pub fn attach(slot: &Slot, w: &mut Window) {
+/// be queued) and fixes the window's PT flags; `fired` is the cut request of a `syscall:`
+/// trigger the syscall fired (0: none, see [`super::snapreq::fire_if_trigger`]).
+/// Async-signal-safe.
+pub fn attach(slot: &Slot, w: &mut Window, fired: u64) {
     if !ENABLED.load(Relaxed) || w.depth != 0 {
         return;
     }
@@ -556,6 +567,7 @@ pub fn attach(slot: &Slot, w: &mut Window) {
     let i = t.closed.swap(-1, Relaxed);
     if let Some(b) = buf(t, i) {
         b.tag.store(w.index, Relaxed);
+        b.fired.store(fired, Relaxed);
         w.flags &= !WF_PT_ABSENT;
         w.flags |= b.flags.swap(0, Relaxed);
         settle(b, B_READY);
@@ -636,6 +648,7 @@ fn open(t: &ThreadPt, i: i32, b: &PtBuf, ip: u64, tsc: u64) {
     b.steps.reset(raw::gettid());
     b.flags.store(0, Relaxed);
     b.cut.store(false, Relaxed);
+    b.fired.store(0, Relaxed);
     b.first_ip.store(ip, Relaxed);
     b.start_tsc.store(tsc, Relaxed);
     t.cur.store(i, Relaxed);
@@ -657,7 +670,8 @@ fn settle(b: &PtBuf, to: u32) {
 }
 
 /// The single-step handler's handover hook in snapshot mode ([`trap::set_handover`]):
-/// the recording buffer is full, or has just recorded an `addr:` mark. The buffer is
+/// the recording buffer is full, has just recorded an `addr:` mark (whose firing makes a
+/// cut request), or was armed before a cut request ([`trap::HAND_CUT`]). The buffer is
 /// handed to the writer as a window of its own (`WF_NO_SYSCALL`, `nr` [`HANDOVER_NR`],
 /// queued like a syscall's; the writer encodes it into ring pieces, firing the mark's
 /// trigger at once), and stepping goes on in a free buffer of the thread's pool from the
@@ -694,6 +708,15 @@ fn hand_over(reason: u32) -> u32 {
     };
     trap::disarm(&b.steps);
     t.cur.store(-1, Relaxed);
+    b.closed_at.store(trap::cut_requests(), Relaxed);
+    // A mark fires its trigger here: every other stepped thread ends its snapshot at its
+    // next step (this one's next buffer is armed after the request).
+    let fired = if reason == trap::HAND_MARK {
+        trap::request_cut()
+    } else {
+        0
+    };
+    b.fired.store(fired, Relaxed);
     let w = Window {
         index: slots::next_index(slot),
         nr: HANDOVER_NR,
@@ -701,7 +724,13 @@ fn hand_over(reason: u32) -> u32 {
         ret: 0,
         tsc_start: b.start_tsc.load(Relaxed),
         tsc_end: last.tsc,
-        flags: WF_NO_SYSCALL,
+        // A buffer ended for another thread's firing is the end of this thread's part
+        // of that snapshot: cut by it, as under QEMU.
+        flags: if reason == trap::HAND_CUT {
+            WF_NO_SYSCALL | WF_SNAPSHOT_CUT
+        } else {
+            WF_NO_SYSCALL
+        },
         depth: 0,
     };
     b.tag.store(w.index, Relaxed);
@@ -709,7 +738,7 @@ fn hand_over(reason: u32) -> u32 {
     if !slots::push(slot, &w) {
         forget(slot, w.index);
     }
-    if reason == trap::HAND_MARK {
+    if reason == trap::HAND_MARK || reason == trap::HAND_CUT {
         // The snapshot is due now, not at the writer's next poll.
         slots::wake_writer();
     }
@@ -786,17 +815,72 @@ pub enum WindowPt {
         flags: u32,
     },
     /// Snapshot mode: the PT in pieces of at most the cut size (see
-    /// [`super::snapring`]), the sideband, extra window flags.
+    /// [`super::snapring`]), the sideband, extra window flags, where the window lies
+    /// among the cut requests.
     Pieces {
         pieces: Vec<Piece>,
         sideband: Vec<u8>,
         flags: u32,
+        cuts: Cuts,
     },
     /// Captured but not encodable here (drained outside the writer thread): dropped.
     Dropped,
     /// Snapshot mode: the window's code is in a snapshot already, as the `snapshot-cut`
     /// window of its syscall in flight ([`cut_in_flight`]); not written again.
     Cut,
+}
+
+/// Where a window lies among the snapshot cut requests ([`trap::request_cut`], one per
+/// firing): it ran entirely after request `g` when `armed >= g`, it was open at request
+/// `g` (and ends at most one instruction after it) when `armed < g <= closed`, it ended
+/// before it otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cuts {
+    pub armed: u64,
+    pub closed: u64,
+    /// The request its own end fired (0: none).
+    pub fired: u64,
+}
+
+/// Where a thread is, for a firing's cut request `g` (on the writer thread, its queue
+/// taken): [`at_firing`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtFiring {
+    /// Still running the code of a window opened before the request (it ends at the
+    /// thread's next step), or a window that ended at it is on its way to the queue.
+    Running,
+    /// Inside a syscall whose window opened before the request: [`cut_in_flight`].
+    InSyscall,
+    /// Nothing of it before the request is still to come (not stepped, or everything
+    /// since ran after it).
+    Past,
+}
+
+/// Where `slot`'s thread is for cut request `g` (writer thread, after taking its queue).
+pub fn at_firing(slot: &Slot, g: u64) -> AtFiring {
+    if !ENABLED.load(Relaxed) {
+        return AtFiring::Past;
+    }
+    let Some(t) = state_of(slot) else {
+        return AtFiring::Past;
+    };
+    if t.pid.load(Relaxed) != raw::getpid() {
+        return AtFiring::Past;
+    }
+    let mut at = AtFiring::Past;
+    for b in &t.bufs {
+        match b.state.load(Acquire) {
+            // (A handed-over buffer between its state and its queue entry, or a buffer
+            // claimed and not armed yet: its window comes.)
+            B_READY => return AtFiring::Running,
+            B_RECORDING if b.steps.armed_at() < g => return AtFiring::Running,
+            B_CLOSED | B_CUTTING if b.steps.armed_at() < g && !b.cut.load(Relaxed) => {
+                at = AtFiring::InSyscall;
+            }
+            _ => {}
+        }
+    }
+    at
 }
 
 /// A piece of a window's PT (snapshot mode): it starts with a PSB+ and decodes on its
@@ -879,11 +963,11 @@ pub struct CutWindow {
 /// snapshot being written, in pieces of at most `cut` bytes. The buffer stays the
 /// thread's: marked `PtBuf::cut`, so that the window queued at the syscall's return is
 /// not written again ([`WindowPt::Cut`]). While the writer reads it, the buffer is
-/// `B_CUTTING` and the thread cannot move it on (`settle`). None: not in a syscall,
-/// windows still queued before it (the thread went on after the firing: the snapshot
-/// ends with what was taken), cut already, or a mark inside (its trigger fires when the
-/// window is written).
-pub fn cut_in_flight(slot: &Slot, cut: usize) -> Option<CutWindow> {
+/// `B_CUTTING` and the thread cannot move it on (`settle`). None: not in a syscall whose
+/// window opened before cut request `g`, windows still queued before it (the thread went
+/// on after the firing: the snapshot ends with what was taken), cut already, or a mark
+/// inside (its trigger fires when the window is written).
+pub fn cut_in_flight(slot: &Slot, cut: usize, g: u64) -> Option<CutWindow> {
     if !ENABLED.load(Relaxed) {
         return None;
     }
@@ -894,6 +978,7 @@ pub fn cut_in_flight(slot: &Slot, cut: usize) -> Option<CutWindow> {
     let b = t.bufs.iter().find(|b| {
         b.state.load(Acquire) == B_CLOSED
             && !b.cut.load(Relaxed)
+            && b.steps.armed_at() < g
             && b.sys_record.load(Relaxed)
             && b.state
                 .compare_exchange(B_CLOSED, B_CUTTING, AcqRel, Relaxed)
@@ -966,12 +1051,18 @@ pub fn window_pt(slot: &Slot, w: &Window, cut: Option<usize>) -> WindowPt {
     if let Some(cut) = cut {
         let mut flags = 0;
         let pieces = encode_pieces(first, tsc, steps, cut, &mut flags);
+        let cuts = Cuts {
+            armed: b.steps.armed_at(),
+            closed: b.closed_at.load(Relaxed),
+            fired: b.fired.load(Relaxed),
+        };
         b.steps.release_memory();
         b.state.store(B_FREE, Release);
         return WindowPt::Pieces {
             pieces,
             sideband: maps_sideband(),
             flags,
+            cuts,
         };
     }
     let mut cap = steps.len().saturating_mul(4).max(64 * 1024);

@@ -17,6 +17,8 @@
  *   spin             another thread runs step(i) for i = 0, 1, ... until told to stop;
  *                    once it is looping, the main thread runs its loop, calls getppid(),
  *                    then stops it and joins it
+ *   spinexit         like spin, but main returns right after its loop (exit_group while the
+ *                    other thread is still looping)
  *   threads K        K more threads: thread k (1..K) runs step(i) for i = kN..(k+1)N-1,
  *                    writes "ready k\n" and blocks reading a pipe; the main thread runs its
  *                    loop, writes "ready 0\n" and blocks reading stdin; a byte there makes
@@ -95,13 +97,15 @@ int main(int argc, char **argv) {
         execv(argv[3], argv + 3);
         return 4;
     }
-    if (!strcmp(mode, "spin")) {
+    if (!strcmp(mode, "spin") || !strcmp(mode, "spinexit")) {
         pthread_t t;
         if (pthread_create(&t, 0, spinner, 0) != 0)
             return 3;
         while (!spin_started)
             ;
         loop(0, n);
+        if (!strcmp(mode, "spinexit"))
+            return 0;
         (void)getppid();
         spin_stop = 1;
         pthread_join(t, 0);

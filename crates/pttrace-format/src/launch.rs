@@ -64,7 +64,7 @@ fn path_of(bytes: &[u8]) -> &Path {
     Path::new(std::ffi::OsStr::from_bytes(bytes))
 }
 
-/// What QEMU runs: the program, its argv[0], the arguments after it.
+/// What QEMU runs: the program, its `argv[0]`, the arguments after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Run {
     pub program: Vec<u8>,
@@ -72,7 +72,7 @@ pub struct Run {
     pub args: Vec<Vec<u8>>,
 }
 
-/// What QEMU is asked to run for `path` started with `argv` (its argv[0] first). A script
+/// What QEMU is asked to run for `path` started with `argv` (its `argv[0]` first). A script
 /// runs as its interpreter; the error says why the file cannot run under `qemu-x86_64`
 /// (it names no path).
 pub fn resolve(path: &[u8], argv: &[Vec<u8>]) -> Result<Run, String> {
@@ -194,7 +194,7 @@ impl Plugin<'_> {
     }
 }
 
-/// The guest's command line (argv[0] and arguments, each followed by NUL) and its program,
+/// The guest's command line (`argv[0]` and arguments, each followed by NUL) and its program,
 /// from QEMU's own command line (`/proc/self/cmdline`, started by [`Plugin::command`]).
 pub fn guest_cmdline(raw: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();

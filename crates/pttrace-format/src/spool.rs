@@ -40,7 +40,7 @@
 //!
 //! `Recovered` record payload: u64 windows recovered, u64 dropped windows recovered (not
 //! yet counted by a `Dropped` record), u32 in-flight count, u32 flags (as above), then per
-//! in-flight syscall: u32 depth, u32 reserved, u64 t0, u64 nr, u64 args[6] (72 bytes).
+//! in-flight syscall: u32 depth, u32 reserved, u64 t0, u64 nr, `u64 args[6]` (72 bytes).
 
 use crate::ptt::{
     self, decode_dropped, decode_window, FileKind, FormatError, ParsedFile, RecordType, Tail,
