@@ -338,12 +338,6 @@ pub fn decode_parallel_stats(
         && events.is_empty()
         && params.filter.ranges.iter().all(|r| r.0 == 0)
     {
-        // Cycle-accurate time: its calibration carries over PSBs, which a decoder starting
-        // at one cannot know, so no segment's own decode would join (each would be
-        // decoded again): one pass. (A CYC first met later only costs that.)
-        if first_segment_has_cyc(trace, &segs) {
-            return one_pass(&inputs, segs.len());
-        }
         let mut stats = ParallelStats {
             by: "fast",
             segments: segs.len(),
@@ -532,23 +526,6 @@ pub fn decode_parallel_stats(
 }
 
 /// One decoder over the whole trace.
-/// Whether the first segment of `trace` (from its first PSB) holds a CYC packet (its
-/// packets read with the fast decoder's parser, up to one it does not know).
-fn first_segment_has_cyc(trace: &[u8], segs: &[Segment]) -> bool {
-    let (Some(first), end) = (segs.first(), segs.get(1).map_or(trace.len(), |s| s.start)) else {
-        return false;
-    };
-    let mut p = first.start;
-    while p < end {
-        match super::wire::parse(trace, p) {
-            Some((super::wire::Pkt::Cyc(_), _)) => return true,
-            Some((_, n)) if n > 0 => p += n,
-            _ => return false,
-        }
-    }
-    false
-}
-
 fn one_pass(
     inputs: &Inputs<'_>,
     segments: usize,

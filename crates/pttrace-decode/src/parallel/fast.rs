@@ -30,6 +30,10 @@ use crate::pipeline::{CompactRecords, DecoderCaches, PtDecoder};
 use crate::records::Record;
 use crate::DecodeError;
 
+/// Trace before a cut's PSB that its decoder's clock warms up on (at most; from the first
+/// PSB in it): PSBs come every few KiB, calibrating MTCs far more often.
+const WARM_UP: usize = 16 * 1024;
+
 /// The fast decoder's parts: [`PtDecoder`]s of the trace from a cut on.
 impl PartDecoding for Inputs<'_> {
     type Handoff = Handoff;
@@ -44,8 +48,19 @@ impl PartDecoding for Inputs<'_> {
         cuts: Vec<(usize, usize)>,
         caches: &mut DecoderCaches,
     ) -> Result<DecodedPart<Self>, DecodeError> {
+        // A later cut's decoder warms its clock up on the trace before its PSB, from an
+        // earlier PSB within WARM_UP bytes (cycle-accurate time's calibration).
+        let before = match start {
+            PartStart::Cut => {
+                let lo = from.saturating_sub(WARM_UP);
+                let head = self.trace.get(lo..from).unwrap_or(&[]);
+                crate::wire::find_psb(head, 0).map_or(&[][..], |p| &head[p..])
+            }
+            _ => &[],
+        };
         let mut dec = PtDecoder::new_part(
             &self.trace[from..],
+            before,
             *self.params,
             self.image.clone(),
             self.resolver.clone(),

@@ -292,6 +292,20 @@ impl Tcal {
         }
     }
 
+    /// What shows in times from here on: the ratio (0 uncalibrated) and the state the
+    /// next calibrations start from; not the ratio's range (which only says whether it
+    /// was ever set).
+    fn effective(&self) -> (u64, u64, u64, u64, u32, bool) {
+        (
+            self.fcr(),
+            self.tsc,
+            self.cyc_tsc,
+            self.cyc_mtc,
+            self.ctc,
+            self.have_mtc,
+        )
+    }
+
     fn set_fcr(&mut self, fcr: u64) {
         self.fcr = fcr;
         self.min_fcr = self.min_fcr.min(fcr);
@@ -420,10 +434,49 @@ impl Clock {
     pub fn joins(&self, o: &Clock, calibration: bool) -> bool {
         let strip = |c: &Clock| Clock {
             met_cyc: false,
-            tcal: if calibration { c.tcal } else { Tcal::default() },
+            tcal: Tcal::default(),
             ..*c
         };
-        strip(self) == strip(o)
+        strip(self) == strip(o) && (!calibration || self.tcal.effective() == o.tcal.effective())
+    }
+
+    /// The clock of a decoder of the whole trace at the end of `pt` (trace from a PSB),
+    /// as far as `pt` tells: its timing packets (and OVFs) applied, as the decoder
+    /// applies them, to a clock that knew nothing. A decoder that starts at a later PSB
+    /// warms its clock up on some trace before it, so that the cycle-accurate
+    /// calibration carried over that PSB is known where that trace settles it (an MTC
+    /// with cycles after another one, a PSB+ CBR with the nominal frequency...); whether
+    /// it did is what the join at the cut checks ([`Clock::joins`]). A default clock
+    /// where the packets cannot be read.
+    pub fn warmed_up(pt: &[u8], cfg: ClockCfg) -> Clock {
+        let mut c = Clock::default();
+        let (mut p, mut header) = (0, false);
+        while p < pt.len() {
+            let Some((pkt, n)) = wire::parse(pt, p).filter(|&(_, n)| n > 0) else {
+                return Clock::default();
+            };
+            p += n;
+            let ok = match pkt {
+                Pkt::Psb => {
+                    header = true;
+                    true
+                }
+                Pkt::Psbend => {
+                    header = false;
+                    true
+                }
+                Pkt::Ovf => {
+                    c.on_ovf();
+                    true
+                }
+                _ => c.on_timing(pkt, header, cfg).is_ok(),
+            };
+            if !ok {
+                return Clock::default();
+            }
+        }
+        c.met_cyc = false;
+        c
     }
 
     /// A CYC packet came since this clock started.
@@ -819,12 +872,16 @@ impl FlowState {
     }
 
     /// The engine of a decoder of part of a trace, starting at `start`, stopping at the
-    /// first of `cuts` it can.
-    pub fn for_part(mut self, start: &PartStart, cuts: Vec<(usize, usize)>) -> Self {
+    /// first of `cuts` it can; `before`: trace up to a cut's PSB to warm the clock up on
+    /// ([`Clock::warmed_up`]).
+    pub fn for_part(mut self, start: &PartStart, cuts: Vec<(usize, usize)>, before: &[u8]) -> Self {
         self.cuts = cuts;
         match start {
             PartStart::Trace => {}
-            PartStart::Cut => self.at_cut = true,
+            PartStart::Cut => {
+                self.at_cut = true;
+                self.clock = Clock::warmed_up(before, self.clock_cfg);
+            }
             PartStart::Handoff(h) => {
                 self.read_on = h.ip.map_or(ReadOn::Nothing, ReadOn::ToFup);
                 self.pos = h.pos;
@@ -842,10 +899,13 @@ impl FlowState {
 
 impl<'a> PtDecoder<'a> {
     /// A fast decoder of part of a trace for parallel decode: `pt` starts at the trace's
-    /// start ([`PartStart::Trace`]) or at a cut's PSB; it stops at the first of `cuts`
+    /// start ([`PartStart::Trace`]) or at a cut's PSB (`before`: some trace up to it,
+    /// from an earlier PSB, to warm the clock up on); it stops at the first of `cuts`
     /// where it can, or at the end. Without sideband events or address filters.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_part(
         pt: &'a [u8],
+        before: &[u8],
         params: crate::TraceParams,
         image: crate::AddressSpace,
         resolver: crate::ImageResolver,
@@ -861,7 +921,7 @@ impl<'a> PtDecoder<'a> {
             d.pt_len = d.pt_len.min(next + next / 4);
         }
         match d.flow.take() {
-            Some(f) => d.flow = Some(Box::new(f.for_part(&start, cuts))),
+            Some(f) => d.flow = Some(Box::new(f.for_part(&start, cuts, before))),
             None => {
                 if let Some(p) = d.part.as_mut() {
                     p.failed = Some("not a trace for the fast decoder");
