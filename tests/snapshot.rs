@@ -1685,3 +1685,68 @@ fn emulated_exit_snapshot_ends_a_thread_running_code_at_its_next_instruction() {
         assert_eq!(done, want);
     }
 }
+
+#[test]
+fn emulated_a_thread_in_an_untraced_signal_handler_at_a_firing_is_written_after_500_ms_and_noted() {
+    let p = prog_emu();
+    const N: u64 = 100;
+    run_emu(
+        &p,
+        &[
+            "--snapshot",
+            "16M",
+            "--trigger",
+            "syscall:getppid",
+            "--trigger",
+            "exit",
+        ],
+        &[&N.to_string(), "handler"],
+    );
+    let t = ptt_dir::open(&p.out).unwrap();
+    assert_eq!(t.threads.len(), 2);
+    let main_tid = t.processes[0].pid;
+    let other = t
+        .threads
+        .iter()
+        .find(|th| th.header.tid != main_tid)
+        .unwrap();
+    // The spinning thread was inside its SIGUSR1 handler (signal handlers run untraced:
+    // no step ends its buffer) for 1.5 s after getppid fired: the writer waited 500 ms,
+    // said so, and wrote its part with the windows taken by then.
+    let notes = notes(&p.out);
+    let want = format!(
+        "snapshot 1: thread {} did not reach its next instruction within 500 ms of the \
+         firing (running untraced code, e.g. a signal handler): its part ends with the \
+         windows taken by then",
+        other.header.tid
+    );
+    assert!(notes.contains(&want), "{notes:?}");
+    assert!(
+        notes.contains(&"snapshot 1: complete, written by 2 threads".to_string()),
+        "{notes:?}"
+    );
+    let snaps = thread_snapshots(&t, other);
+    assert_eq!(snaps.len(), 2, "the syscall firing, then the thread's exit");
+    let (s1, s2) = (&snaps[0], &snaps[1]);
+    assert_eq!(s1.rec.kind, TriggerKind::Syscall as u32);
+    assert_eq!(s2.rec.kind, TriggerKind::Exit as u32);
+    // (Nor does its window that ended at its first step after the handler, in the next
+    // snapshot: it ends no part.)
+    for s in [s1, s2] {
+        assert!(s
+            .windows
+            .iter()
+            .all(|w| w.flags & ptt::WF_SNAPSHOT_CUT == 0));
+    }
+    // Its stepped code is all there, none lost or repeated: both snapshots spell every
+    // iteration from the first, in order.
+    let mut pcs = s1.pcs.clone();
+    pcs.extend_from_slice(&s2.pcs);
+    let (lead, done, unfinished) = iterations(&p, &pcs);
+    assert!(lead.is_empty());
+    assert_eq!(unfinished, None);
+    assert!(done.len() > 1, "{} iterations", done.len());
+    let want: Vec<u64> = (0..done.len() as u64).collect();
+    assert_eq!(done, want);
+    assert_eq!((s1.gaps, s2.gaps), (0, 0));
+}

@@ -67,7 +67,7 @@ use super::raw;
 use super::slots::{self, Slot};
 use super::snapfile::RingFile;
 use super::userpt::{Cuts, Piece};
-use crate::format::ptt::{EndReason, RecordType, Window, WF_NO_SYSCALL};
+use crate::format::ptt::{EndReason, RecordType, Window, WF_NO_SYSCALL, WF_SNAPSHOT_CUT};
 use crate::format::snapshot::{
     elf_address, AddrSpec, ElfAddrError, TriggerKind, UserTrigger, REQUEST_FILE,
 };
@@ -267,6 +267,8 @@ struct ThreadRing {
 struct State {
     pid: i32,
     number: u64,
+    /// The cut request of the process end's `exit` snapshot (0: none yet).
+    exit_cut: u64,
     threads: Vec<ThreadRing>,
     firings: Vec<Firing>,
 }
@@ -288,6 +290,7 @@ fn state() -> &'static mut State {
     let fresh = Box::into_raw(Box::new(State {
         pid,
         number: 0,
+        exit_cut: 0,
         threads: Vec::new(),
         firings: Vec::new(),
     }));
@@ -454,7 +457,7 @@ impl ThreadRing {
 
 /// How long a thread may take to reach its next step after a firing's cut request (it
 /// may be running an untraced signal handler) before its part is written without it.
-const CUT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+const CUT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The first firing this thread has still to write: (index, cut request, when fired).
 fn first_pending(st: &mut State, slot: &Slot) -> Option<(usize, u64, std::time::Instant)> {
@@ -611,11 +614,11 @@ pub fn start_main_thread(slot: &Slot) {
 pub fn end_drain(slot: &Slot, fd: i32) {
     let st = state();
     while let Some((i, gen, at)) = first_pending(st, slot) {
-        if slot.queued() != 0 {
-            // Its windows first, at the next pass.
-            return;
-        }
-        if super::userpt::at_firing(slot, gen) == super::userpt::AtFiring::Running {
+        // Its queued windows first (at the next pass), then its window open at the
+        // request.
+        let incomplete = slot.queued() != 0
+            || super::userpt::at_firing(slot, gen) == super::userpt::AtFiring::Running;
+        if incomplete {
             if at.elapsed() < CUT_WAIT {
                 return;
             }
@@ -624,7 +627,9 @@ pub fn end_drain(slot: &Slot, fd: i32) {
                 slot.tid.load(Relaxed),
             );
             note(&format!(
-                "snapshot {number}: thread {tid} did not reach its next instruction within                  {} ms of the firing (running untraced code, e.g. a signal handler): its                  part ends with its last window before",
+                "snapshot {number}: thread {tid} did not reach its next instruction within \
+                 {} ms of the firing (running untraced code, e.g. a signal handler): its \
+                 part ends with the windows taken by then",
                 CUT_WAIT.as_millis()
             ));
         }
@@ -749,10 +754,17 @@ fn push_pieces(
         write_due(st, slot, fd, cuts.closed);
         return;
     }
+    // A buffer handed over for a cut request ends a firing's part only where that firing
+    // still waits for it (not one written without it after CUT_WAIT).
+    let ends_part = first_pending(st, slot).is_some_and(|(_, g, _)| g <= cuts.closed)
+        || (cuts.armed < st.exit_cut && st.exit_cut <= cuts.closed);
     let Some(t) = st.ring_of(slot) else { return };
     let mut last = *w;
     last.index = t.next_index;
     last.flags |= flags;
+    if handed && !ends_part {
+        last.flags &= !WF_SNAPSHOT_CUT;
+    }
     if n > 0 {
         last.tsc_start = last_tsc;
     }
@@ -871,6 +883,7 @@ fn await_running_threads() {
         return;
     }
     let g = crate::emu::trap::request_cut();
+    state().exit_cut = g;
     let start = std::time::Instant::now();
     loop {
         let live = drain_live();

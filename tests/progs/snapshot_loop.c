@@ -19,6 +19,9 @@
  *                    then stops it and joins it
  *   spinexit         like spin, but main returns right after its loop (exit_group while the
  *                    other thread is still looping)
+ *   handler          like spin, but after its loop main sends the other thread SIGUSR1,
+ *                    whose handler spins until told to stop; once it runs, main calls
+ *                    getppid(), sleeps 1.5 s, then stops the handler and the thread
  *   threads K        K more threads: thread k (1..K) runs step(i) for i = kN..(k+1)N-1,
  *                    writes "ready k\n" and blocks reading a pipe; the main thread runs its
  *                    loop, writes "ready 0\n" and blocks reading stdin; a byte there makes
@@ -32,6 +35,7 @@
  * single-step backend of the LD_PRELOAD shim steps a thread's code from its first syscall
  * on, so that the loop is traced there too. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +92,15 @@ static void *spinner(void *arg) {
     return 0;
 }
 
+static volatile int in_handler, handler_stop;
+
+static void on_usr1(int sig) {
+    (void)sig;
+    in_handler = 1;
+    while (!handler_stop)
+        ;
+}
+
 int main(int argc, char **argv) {
     unsigned long n = argc > 1 ? strtoul(argv[1], 0, 0) : 100000;
     const char *mode = argc > 2 ? argv[2] : "";
@@ -97,8 +110,11 @@ int main(int argc, char **argv) {
         execv(argv[3], argv + 3);
         return 4;
     }
-    if (!strcmp(mode, "spin") || !strcmp(mode, "spinexit")) {
+    if (!strcmp(mode, "spin") || !strcmp(mode, "spinexit") || !strcmp(mode, "handler")) {
         pthread_t t;
+        int handler = !strcmp(mode, "handler");
+        if (handler)
+            signal(SIGUSR1, on_usr1);
         if (pthread_create(&t, 0, spinner, 0) != 0)
             return 3;
         while (!spin_started)
@@ -106,6 +122,17 @@ int main(int argc, char **argv) {
         loop(0, n);
         if (!strcmp(mode, "spinexit"))
             return 0;
+        if (handler) {
+            pthread_kill(t, SIGUSR1);
+            while (!in_handler)
+                ;
+            (void)getppid();
+            usleep(1500000);
+            handler_stop = 1;
+            spin_stop = 1;
+            pthread_join(t, 0);
+            return 0;
+        }
         (void)getppid();
         spin_stop = 1;
         pthread_join(t, 0);
