@@ -221,7 +221,7 @@ impl Default for BlockCache {
         BlockCache {
             generation: None,
             map: HashMap::default(),
-            l1: Box::new([L1Entry::UNUSED; L1_SIZE]),
+            l1: new_l1(),
             arena: Vec::new(),
             retire: false,
             retired: Vec::new(),
@@ -254,6 +254,15 @@ impl L1Entry {
 }
 
 const L1_SIZE: usize = 4096;
+
+/// An empty front cache, built in place on the heap (not on the stack and copied: every
+/// decoder, and every part of a PSB-parallel decode, makes one or more).
+fn new_l1() -> Box<[L1Entry; L1_SIZE]> {
+    vec![L1Entry::UNUSED; L1_SIZE]
+        .into_boxed_slice()
+        .try_into()
+        .unwrap_or_else(|_| Box::new([L1Entry::UNUSED; L1_SIZE]))
+}
 
 /// Front-cache slot of a block at `ip`: a multiplicative hash of the address's low bits
 /// (blocks at one address with other lengths share the slot; they are rare).

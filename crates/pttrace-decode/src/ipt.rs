@@ -742,15 +742,50 @@ pub(crate) fn empty_packet() -> sys::pt_packet {
 
 /// Every PSB in `trace` with the FUP of its PSB+ (if any).
 pub fn psb_offsets(trace: &[u8]) -> Vec<PsbInfo> {
+    psbs_in(trace, 0, trace.len())
+}
+
+/// [`psb_offsets`] found on up to `threads` threads, each scanning a range of the trace
+/// (a PSB belongs to the range it starts in; its PSB+ is read on past the range's end).
+pub fn psb_offsets_parallel(trace: &[u8], threads: usize) -> Vec<PsbInfo> {
+    // (Below this, starting threads costs more than the scan.)
+    const MIN_PER_THREAD: usize = 256 * 1024;
+    let threads = threads.clamp(1, (trace.len() / MIN_PER_THREAD).max(1));
+    if threads == 1 {
+        return psb_offsets(trace);
+    }
+    let per = trace.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                let (from, to) = (k * per, ((k + 1) * per).min(trace.len()));
+                s.spawn(move || psbs_in(trace, from, to))
+            })
+            .collect();
+        // (A scan that failed leaves its PSBs out: fewer places to cut, nothing wrong.)
+        hs.into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// The PSBs of `trace` that start in `from..to`, as [`psb_offsets`] gives them.
+fn psbs_in(trace: &[u8], from: usize, to: usize) -> Vec<PsbInfo> {
     let mut out = Vec::new();
-    let Ok(mut dec) = PacketDecoder::new(trace) else {
+    let Some(tail) = trace.get(from..) else {
+        return out;
+    };
+    let Ok(mut dec) = PacketDecoder::new(tail) else {
         return out;
     };
     let mut pkt = empty_packet();
     while dec.sync_forward().is_ok() {
-        let Some(offset) = dec.sync_offset() else {
+        let Some(offset) = dec.sync_offset().map(|o| o + from as u64) else {
             break;
         };
+        if offset >= to as u64 {
+            break;
+        }
         let mut info = PsbInfo {
             offset,
             fup: None,
@@ -766,7 +801,7 @@ pub fn psb_offsets(trace: &[u8]) -> Vec<PsbInfo> {
             }
             match pkt.type_ {
                 sys::pt_packet_type_ppt_psbend => {
-                    info.psbend = at;
+                    info.psbend = at.map(|o| o + from as u64);
                     break;
                 }
                 sys::pt_packet_type_ppt_fup => {
@@ -1097,6 +1132,42 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> (&'static str, St
 mod tests {
     use super::*;
     use crate::config::AddrFilter;
+
+    #[test]
+    fn psbs_found_on_threads_are_the_ones_found_on_one() {
+        // PSBs every ~300 bytes (timed, with FUPs), so that range ends fall inside PSB+s
+        // and PSB patterns too.
+        let prog = crate::testgen::CallProgram::new(0x40_0000, 4, 4);
+        let t = prog.trace(crate::testgen::CallTraceOptions {
+            ret_compression: true,
+            timing: true,
+            psb_every: 300,
+            min_insns: 4_500_000,
+            seed: 7,
+        });
+        let one = psb_offsets(&t.pt);
+        assert!(t.pt.len() > 1 << 20, "{} bytes", t.pt.len());
+        assert!(one.len() > 3000, "{} PSBs", one.len());
+        assert!(one.iter().all(|p| p.psbend.is_some() && p.tsc.is_some()));
+        for threads in [2, 3, 4, 7] {
+            assert_eq!(
+                psb_offsets_parallel(&t.pt, threads),
+                one,
+                "{threads} threads"
+            );
+        }
+        // Every range end inside a PSB pattern or its PSB+: found once, by its range.
+        let tail = &t.pt[..1 << 20];
+        let want = psb_offsets(tail);
+        for (k, p) in want.iter().enumerate().take(40) {
+            for cut in [p.offset + 1, p.offset + 8, p.offset + 17] {
+                let (a, b) = (tail, cut as usize);
+                let mut got = psbs_in(a, 0, b);
+                got.extend(psbs_in(a, b, a.len()));
+                assert_eq!(got, want, "PSB {k} cut at {cut}");
+            }
+        }
+    }
 
     #[test]
     fn the_configuration_carries_the_cpu_its_errata_time_and_filters() {

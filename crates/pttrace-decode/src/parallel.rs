@@ -39,7 +39,9 @@ use std::sync::Mutex;
 use super::config::TraceParams;
 use super::decoder::TraceDecoder;
 use super::image::AddressSpace;
-use super::ipt::{cyc_possible, has_tsc, psb_offsets, psb_positions, PsbInfo};
+use super::ipt::{
+    cyc_possible, has_tsc, psb_offsets, psb_offsets_parallel, psb_positions, PsbInfo,
+};
 use super::pipeline::{
     CompactRecords, FirstGap, Handover, Mark, PtDecoder, SegCtl, SegReport, SegStart, WindowOptions,
 };
@@ -142,6 +144,9 @@ struct Inputs<'t> {
     events: &'t [ImageEvent],
     resolver: &'t ImageResolver,
     opts: &'t WindowOptions,
+    /// The fast decoder's parts warm their clocks up before their cuts (cycle-accurate
+    /// time, see `fast::WARM_UP`).
+    warm_up: bool,
 }
 
 impl<'t> Inputs<'t> {
@@ -313,6 +318,7 @@ pub fn decode_parallel_stats(
         events,
         resolver,
         opts,
+        warm_up: false,
     };
     let threads = threads.max(1);
     // Loss records are reported once, where the trace's time passes them; a chunk cannot
@@ -324,7 +330,7 @@ pub fn decode_parallel_stats(
     let psbs = if has_losses {
         Vec::new()
     } else {
-        psb_offsets(trace)
+        psb_offsets_parallel(trace, threads)
     };
     let segs = split(trace, &psbs, threads * CHUNKS_PER_THREAD);
     // (Resync after errors goes on from where the error was, which a decoder starting at
@@ -338,6 +344,14 @@ pub fn decode_parallel_stats(
         && events.is_empty()
         && params.filter.ranges.iter().all(|r| r.0 == 0)
     {
+        // Cycle-accurate time: the calibration carried over a cut's PSB is the one pass's
+        // only where the part's clock warmed up on the trace before it. Cycle-accurate
+        // mode is the capture's setting, so the trace's start tells whether it is on
+        // (where CYC packets come later only, the segments before are decoded again).
+        let inputs = Inputs {
+            warm_up: cyc_near_start(trace),
+            ..inputs
+        };
         let mut stats = ParallelStats {
             by: "fast",
             segments: segs.len(),
@@ -523,6 +537,25 @@ pub fn decode_parallel_stats(
     }
     // (Every round joins a later segment or decodes on to one: never reached.)
     one_pass(&inputs, segs.len())
+}
+
+/// Whether a CYC packet comes in the first [`fast::WARM_UP`] bytes of `trace` from its
+/// first PSB (its packets read with the fast decoder's parser, up to one it does not
+/// know).
+fn cyc_near_start(trace: &[u8]) -> bool {
+    let Some(start) = super::wire::find_psb(trace, 0) else {
+        return false;
+    };
+    let end = trace.len().min(start.saturating_add(fast::WARM_UP));
+    let mut p = start;
+    while p < end {
+        match super::wire::parse(trace, p) {
+            Some((super::wire::Pkt::Cyc(_), _)) => return true,
+            Some((_, n)) if n > 0 => p += n,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// One decoder over the whole trace.

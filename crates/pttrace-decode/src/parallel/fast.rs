@@ -30,9 +30,10 @@ use crate::pipeline::{CompactRecords, DecoderCaches, PtDecoder};
 use crate::records::Record;
 use crate::DecodeError;
 
-/// Trace before a cut's PSB that its decoder's clock warms up on (at most; from the first
-/// PSB in it): PSBs come every few KiB, calibrating MTCs far more often.
-const WARM_UP: usize = 16 * 1024;
+/// Trace before a cut's PSB that its decoder's clock warms up on in a cycle-accurate
+/// trace (at most; from the first PSB in it): PSBs come every few KiB, calibrating MTCs
+/// far more often.
+pub(super) const WARM_UP: usize = 16 * 1024;
 
 /// The fast decoder's parts: [`PtDecoder`]s of the trace from a cut on.
 impl PartDecoding for Inputs<'_> {
@@ -51,7 +52,7 @@ impl PartDecoding for Inputs<'_> {
         // A later cut's decoder warms its clock up on the trace before its PSB, from an
         // earlier PSB within WARM_UP bytes (cycle-accurate time's calibration).
         let before = match start {
-            PartStart::Cut => {
+            PartStart::Cut if self.warm_up => {
                 let lo = from.saturating_sub(WARM_UP);
                 let head = self.trace.get(lo..from).unwrap_or(&[]);
                 crate::wire::find_psb(head, 0).map_or(&[][..], |p| &head[p..])
@@ -295,6 +296,7 @@ mod tests {
             events: &[],
             resolver: &resolver,
             opts: &opts,
+            warm_up: false,
         };
         let one_pass = inputs().sequential().unwrap();
         let want: Vec<Record> = one_pass.iter().cloned().collect();
