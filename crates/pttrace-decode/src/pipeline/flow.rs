@@ -1282,12 +1282,23 @@ impl PtDecoder<'_> {
             };
             run.start = start;
             run.rets = rets;
-            for &(s, l, blk) in walk.get(..good).unwrap_or(&[]) {
+            let walked = walk.get(..good).unwrap_or(&[]);
+            // Blocks whose records already lie one after the other in the arena (built in
+            // the order walked) are that range: nothing copied, and the output's entries
+            // still join it with its neighbours.
+            let contiguous = walked.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
+            if let (true, Some(&(s, _, _))) = (contiguous, walked.first()) {
+                run.start = s;
+            }
+            for &(s, l, blk) in walked {
                 let (s, l) = (s as usize, l as usize);
                 if s + l > t.arena.len() {
                     return None;
                 }
-                t.arena.extend_from_within(s..s + l);
+                if !contiguous {
+                    t.arena.extend_from_within(s..s + l);
+                }
+                run.len += l as u32;
                 if let Some(b) = t.flow.blocks.get(blk as usize) {
                     let (first, count) = (b.calls as usize, usize::from(b.ncalls));
                     if let Some(calls) = t.flow.calls.get(first..first + count) {
@@ -1295,9 +1306,10 @@ impl PtDecoder<'_> {
                     }
                 }
             }
-            run.len = t.arena.len() as u32 - start;
             run.nrets = t.flow.memo_rets.len() as u32 - rets;
-            t.flow.memo_records += run.len as usize;
+            if !contiguous {
+                t.flow.memo_records += run.len as usize;
+            }
         }
         if !full {
             self.blocks.flow.memo.insert(key, run);
