@@ -418,7 +418,9 @@ pub fn drain_locked(slot: &Slot) {
                         super::snapring::push_plain(slot, fd, &w);
                     }
                     super::userpt::WindowPt::None => super::snapring::push_plain(slot, fd, &w),
-                    super::userpt::WindowPt::Cut => super::snapring::cut_returned(slot, fd, &w),
+                    super::userpt::WindowPt::Cut { fired } => {
+                        super::snapring::cut_returned(slot, fd, &w, fired)
+                    }
                 }
             } else {
                 // Not encodable here: its step buffer is freed, the window not written.
@@ -472,7 +474,7 @@ pub fn drain_locked(slot: &Slot) {
             // (Pieces come only with a cut, in snapshot mode.)
             super::userpt::WindowPt::None
             | super::userpt::WindowPt::Pieces { .. }
-            | super::userpt::WindowPt::Cut => put(buf, &mut n, &w),
+            | super::userpt::WindowPt::Cut { .. } => put(buf, &mut n, &w),
         }
         if kfd >= 0 {
             for _ in 0..2 {

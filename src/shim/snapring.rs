@@ -668,9 +668,9 @@ pub fn push(
 
 /// The window of a syscall whose code went into a snapshot as a `snapshot-cut` window
 /// while it was in flight has returned: it is not written again, but a `syscall:` trigger
-/// on it fires now (its return).
-pub fn cut_returned(slot: &Slot, fd: i32, w: &Window) {
-    fire_syscall_trigger(state(), slot, fd, w, 0);
+/// on it fires now (its return), with the cut request the handler made there (`fired`).
+pub fn cut_returned(slot: &Slot, fd: i32, w: &Window, fired: u64) {
+    fire_syscall_trigger(state(), slot, fd, w, fired);
 }
 
 /// Window `w` of `slot` (file `fd`) ended at a `syscall:` trigger's syscall (not a

@@ -826,8 +826,9 @@ pub enum WindowPt {
     /// Captured but not encodable here (drained outside the writer thread): dropped.
     Dropped,
     /// Snapshot mode: the window's code is in a snapshot already, as the `snapshot-cut`
-    /// window of its syscall in flight ([`cut_in_flight`]); not written again.
-    Cut,
+    /// window of its syscall in flight ([`cut_in_flight`]); not written again. `fired`:
+    /// the cut request of the `syscall:` trigger its return fired (0: none).
+    Cut { fired: u64 },
 }
 
 /// Where a window lies among the snapshot cut requests ([`trap::request_cut`], one per
@@ -1041,9 +1042,10 @@ pub fn window_pt(slot: &Slot, w: &Window, cut: Option<usize>) -> WindowPt {
         return WindowPt::Dropped;
     }
     if b.cut.load(Relaxed) {
+        let fired = b.fired.load(Relaxed);
         b.steps.release_memory();
         b.state.store(B_FREE, Release);
-        return WindowPt::Cut;
+        return WindowPt::Cut { fired };
     }
     let steps = b.steps.records();
     let first = b.first_ip.load(Relaxed);
