@@ -599,6 +599,23 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
         let recs: Vec<Record> = d.by_ref().collect();
         (recs, d.decoded_by())
     };
+    // PSB-parallel decode with the fast decoder: its records exactly `want`, its stats.
+    let parallel =
+        |trace: &[u8], params: &TraceParams, threads: usize, want: &[Record], what: &str| {
+            let (chunks, stats) = decode_parallel_stats(
+                trace,
+                params,
+                &space,
+                &[],
+                &ImageResolver::default(),
+                &opts(DecoderKind::Fast),
+                threads,
+            )
+            .unwrap();
+            let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+            assert_same(want, &par, &format!("{what}, {threads} threads"));
+            stats
+        };
     let cpus = [
         timed_cpu(),
         CpuParams {
@@ -646,18 +663,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
                 .collect();
             assert!(ts.len() > 50, "{what}: {} timestamps", ts.len());
             for threads in [2, 3] {
-                let (chunks, stats) = decode_parallel_stats(
-                    trace,
-                    &params,
-                    &space,
-                    &[],
-                    &ImageResolver::default(),
-                    &opts(DecoderKind::Fast),
-                    threads,
-                )
-                .unwrap();
-                let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
-                assert_same(&want, &par, &format!("{what}, {threads} threads"));
+                let stats = parallel(trace, &params, threads, &want, &what);
                 // Without CYC packets the calibration of cycle-accurate time never shows
                 // in a timestamp: segments join on the time alone (each one here). With
                 // them the calibration carried over a cut's PSB must be equal too: each
@@ -760,18 +766,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
         assert_same(&want, &got, &what);
         assert_eq!(by, ("fast", None), "{what}");
         for threads in [2, 3] {
-            let (chunks, stats) = decode_parallel_stats(
-                &mixed,
-                &params,
-                &space,
-                &[],
-                &ImageResolver::default(),
-                &opts(DecoderKind::Fast),
-                threads,
-            )
-            .unwrap();
-            let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
-            assert_same(&want, &par, &format!("{what}, {threads} threads"));
+            let stats = parallel(&mixed, &params, threads, &want, &what);
             assert_eq!(stats.by, "fast", "{what}: {stats:?}");
             assert_eq!(stats.joined + 1, stats.segments, "{what}: {stats:?}");
         }

@@ -711,17 +711,23 @@ fn a_thread_running_code_takes_a_firing_between_two_blocks_and_loses_nothing() {
             .all(|w| w.flags & ptt::WF_SNAPSHOT_CUT == 0));
         // Nothing lost or repeated at the cut: both snapshots together spell every
         // iteration from the first, in order (17 bits each, so modulo 2^17).
-        let mut pcs = s1.pcs.clone();
-        pcs.extend_from_slice(&s2.pcs);
-        let (lead, done, unfinished) = iterations(&p, &pcs);
-        assert!(lead.is_empty());
-        assert_eq!(unfinished, None);
-        assert!(done.len() > 1, "{} iterations", done.len());
-        let want: Vec<u64> = (0..done.len() as u64).map(|i| i % (1 << 17)).collect();
-        assert_eq!(done, want);
+        assert_every_iteration_from_the_first(&p, s1, s2);
         let (_, before, _) = iterations(&p, &s1.pcs);
         assert!(!before.is_empty(), "the cut came after some iterations");
     }
+}
+
+/// A looping thread's two snapshots together spell every iteration from its first, in
+/// order, whole (17 bits each, so modulo 2^17): nothing lost or repeated between them.
+fn assert_every_iteration_from_the_first(p: &Prog, s1: &Snap, s2: &Snap) {
+    let mut pcs = s1.pcs.clone();
+    pcs.extend_from_slice(&s2.pcs);
+    let (lead, done, unfinished) = iterations(p, &pcs);
+    assert!(lead.is_empty());
+    assert_eq!(unfinished, None);
+    assert!(done.len() > 1, "{} iterations", done.len());
+    let want: Vec<u64> = (0..done.len() as u64).map(|i| i % (1 << 17)).collect();
+    assert_eq!(done, want);
 }
 
 /// The snapshots of every thread file, per thread, sorted by how many there are.
@@ -1632,13 +1638,7 @@ fn emulated_a_thread_running_code_takes_a_firing_between_two_instructions_and_lo
             assert!(next.contains(&s2.pcs[0]), "{pc:#x} then {:#x}", s2.pcs[0]);
         }
         // ...and both together spell every iteration from the first, in order.
-        let mut pcs = s1.pcs.clone();
-        pcs.extend_from_slice(&s2.pcs);
-        let (lead, done, unfinished) = iterations(&p, &pcs);
-        assert!(lead.is_empty());
-        assert_eq!(unfinished, None);
-        let want: Vec<u64> = (0..done.len() as u64).collect();
-        assert_eq!(done, want);
+        assert_every_iteration_from_the_first(&p, s1, s2);
         let (_, before, _) = iterations(&p, &s1.pcs);
         assert!(!before.is_empty(), "the cut came after some iterations");
     }
@@ -1740,13 +1740,6 @@ fn emulated_a_thread_in_an_untraced_signal_handler_at_a_firing_is_written_after_
     }
     // Its stepped code is all there, none lost or repeated: both snapshots spell every
     // iteration from the first, in order.
-    let mut pcs = s1.pcs.clone();
-    pcs.extend_from_slice(&s2.pcs);
-    let (lead, done, unfinished) = iterations(&p, &pcs);
-    assert!(lead.is_empty());
-    assert_eq!(unfinished, None);
-    assert!(done.len() > 1, "{} iterations", done.len());
-    let want: Vec<u64> = (0..done.len() as u64).collect();
-    assert_eq!(done, want);
+    assert_every_iteration_from_the_first(&p, s1, s2);
     assert_eq!((s1.gaps, s2.gaps), (0, 0));
 }
