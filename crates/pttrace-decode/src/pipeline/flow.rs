@@ -456,23 +456,15 @@ impl Clock {
                 return Clock::default();
             };
             p += n;
-            let ok = match pkt {
-                Pkt::Psb => {
-                    header = true;
-                    true
+            match pkt {
+                Pkt::Psb => header = true,
+                Pkt::Psbend => header = false,
+                Pkt::Ovf => c.on_ovf(),
+                _ => {
+                    if c.on_timing(pkt, header, cfg).is_err() {
+                        return Clock::default();
+                    }
                 }
-                Pkt::Psbend => {
-                    header = false;
-                    true
-                }
-                Pkt::Ovf => {
-                    c.on_ovf();
-                    true
-                }
-                _ => c.on_timing(pkt, header, cfg).is_ok(),
-            };
-            if !ok {
-                return Clock::default();
             }
         }
         c.met_cyc = false;
