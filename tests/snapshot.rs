@@ -1468,7 +1468,7 @@ fn emulated_sigkill_keeps_the_ring_as_a_recovered_snapshot_of_the_last_iteration
         s.rec.discarded_windows
     );
     let notes = notes(&p.out);
-    assert!(notes.contains(&want_note), "{notes:?}");
+    assert!(notes.contains(&want_note), "{notes:?} lack {want_note:?}");
 }
 
 #[test]

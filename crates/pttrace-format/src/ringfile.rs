@@ -225,6 +225,8 @@ struct Kept {
     w: Window,
     pt: Vec<u8>,
     sideband: Vec<u8>,
+    /// From the spool's queue (no PT), not from the ring file.
+    queued: bool,
 }
 
 impl RingWindow for Kept {
@@ -238,7 +240,8 @@ pub struct RingRecovery {
     /// The `Snapshot` frame and its windows' frames.
     pub frames: Vec<u8>,
     pub record: crate::snapshot::SnapshotRecord,
-    /// Windows from the ring file, and from the spool (without PT).
+    /// How many of `windows` came from the ring file, and from the spool (without PT):
+    /// the windows kept, not those read (the oldest of them may not fit the ring's size).
     pub from_ring: u64,
     pub from_spool: u64,
     /// The windows written (as in `frames`).
@@ -269,7 +272,6 @@ pub fn recover(
     );
     let mut next = ring.next_index;
     let mut seen: Vec<(u64, u64)> = Vec::new();
-    let mut from_ring = 0;
     for f in &ring.frames {
         let Some(wr) = f
             .get(8..f.len() - 4)
@@ -280,18 +282,17 @@ pub fn recover(
         };
         next = next.max(wr.window.index + 1);
         seen.push((wr.window.nr, wr.window.tsc_end));
-        from_ring += 1;
         r.push(
             Kept {
                 w: wr.window,
                 pt: wr.pt.to_vec(),
                 sideband: wr.sideband.to_vec(),
+                queued: false,
             },
             wr.pt.to_vec(),
             drop,
         );
     }
-    let mut from_spool = 0;
     for q in queued {
         // Taken into the ring already (the death came before the queue entry's release).
         if seen.contains(&(q.nr, q.tsc_end)) {
@@ -304,12 +305,12 @@ pub fn recover(
         if w.flags & ptt::WF_PT_ABSENT == 0 {
             w.flags |= ptt::WF_PT_DROPPED;
         }
-        from_spool += 1;
         r.push(
             Kept {
                 w,
                 pt: Vec::new(),
                 sideband: Vec::new(),
+                queued: true,
             },
             Vec::new(),
             drop,
@@ -329,6 +330,8 @@ pub fn recover(
     );
     let mut frames = ptt::frame_vec(RecordType::Snapshot, &record.payload())?;
     let windows = taken.windows.iter().map(|(k, _)| k.w).collect();
+    let from_spool = taken.windows.iter().filter(|(k, _)| k.queued).count() as u64;
+    let from_ring = taken.windows.len() as u64 - from_spool;
     for (k, _) in &taken.windows {
         let mut buf = vec![0u8; ptt::WINDOW_HEAD_SIZE + k.pt.len() + k.sideband.len() + 4];
         let n = ptt::encode_window(&mut buf, &k.w, &k.pt, &k.sideband)?;
@@ -444,8 +447,8 @@ mod tests {
         twin.index = 7;
         let q = win(8, 39, 1000, 0);
         let rec = recover(&ring, Some(30), &[twin, q], 6).unwrap();
-        assert_eq!((rec.from_ring, rec.from_spool), (4, 1));
         // 100 bytes hold two windows of 40 and the queued one (no PT): 31 and 32 go.
+        assert_eq!((rec.from_ring, rec.from_spool), (2, 1));
         let mut whole = ptt::encode_header(ptt::FileKind::Thread).to_vec();
         whole.extend_from_slice(&rec.frames);
         let parsed = ptt::parse("t", &whole).unwrap();
