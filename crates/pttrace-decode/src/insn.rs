@@ -206,8 +206,9 @@ pub struct BlockCache {
     generation: Option<u64>,
     map: HashMap<BlockKey, (u32, u32, u64), BuildHasherDefault<AddrHasher>>,
     /// Direct-mapped front cache of `map` for the hot path (hits without hashing). A
-    /// fixed-size array, so the slot index needs no bounds check.
-    l1: Box<[L1Entry; L1_SIZE]>,
+    /// fixed-size array, so the slot index needs no bounds check. Made on first use: the
+    /// fast decoder has blocks of its own and needs it only where it hands over to libipt.
+    l1: Option<Box<[L1Entry; L1_SIZE]>>,
     pub arena: Vec<super::records::Record>,
     /// Keep replaced arenas here instead of dropping them (compact collection).
     pub retire: bool,
@@ -221,7 +222,7 @@ impl Default for BlockCache {
         BlockCache {
             generation: None,
             map: HashMap::default(),
-            l1: new_l1(),
+            l1: None,
             arena: Vec::new(),
             retire: false,
             retired: Vec::new(),
@@ -299,8 +300,8 @@ impl BlockCache {
         } else {
             self.arena.clear();
         }
-        if self.generation.is_some() {
-            self.l1.fill(L1Entry::UNUSED);
+        if let Some(l1) = &mut self.l1 {
+            l1.fill(L1Entry::UNUSED);
         }
         self.generation = Some(generation);
     }
@@ -320,12 +321,14 @@ impl BlockCache {
     #[inline]
     pub fn get_fast(&mut self, ip: u64, ninsn: u16, mode: u32) -> Option<(u32, u32)> {
         let slot = l1_slot(ip);
-        let e = &self.l1[slot];
-        let hit = e.ip == ip && e.ninsn == ninsn && u32::from(e.mode) == mode;
+        let hit = self.l1.as_ref().is_some_and(|l1| {
+            let e = &l1[slot];
+            e.ip == ip && e.ninsn == ninsn && u32::from(e.mode) == mode
+        });
         if !hit && !self.fill_l1(slot, ip, ninsn, mode) {
             return None;
         }
-        let e = &self.l1[slot];
+        let e = &self.l1.as_ref()?[slot];
         Some((e.start, u32::from(e.ninsn) + u32::from(e.extra)))
     }
 
@@ -348,7 +351,7 @@ impl BlockCache {
             .and_then(|x| u8::try_from(x).ok());
         match extra {
             Some(extra) if start.checked_add(len).is_some() => {
-                self.l1[slot] = L1Entry {
+                self.l1.get_or_insert_with(new_l1)[slot] = L1Entry {
                     ip,
                     start,
                     ninsn,
@@ -386,12 +389,19 @@ impl InsnCache {
         if let Some(i) = self.map.get(&key) {
             return Some(*i);
         }
-        let mut buf = [0u8; 15];
-        let n = space.read(pc, &mut buf);
-        let info = decode_insn(&buf[..n], pc, mode)?;
+        let info = decode_at(space, pc, mode)?;
         self.map.insert(key, info);
         Some(info)
     }
+}
+
+/// The instruction at `pc` in `space`, decoded now (no cache): `None` if unmapped or
+/// undecodable. For callers that keep what they decode themselves (the fast decoder's
+/// blocks), so that the instructions are not held twice.
+pub fn decode_at(space: &AddressSpace, pc: u64, mode: ExecMode) -> Option<InsnInfo> {
+    let mut buf = [0u8; 15];
+    let n = space.read(pc, &mut buf);
+    decode_insn(&buf[..n], pc, mode)
 }
 
 #[cfg(test)]
@@ -405,7 +415,12 @@ mod tests {
         let key = |ip, ninsn| BlockKey { ip, ninsn, mode: 3 };
         c.insert(key(0x1000, 4), (10, 5, 0x1020)); // 4 instructions + a syscall marker
         c.insert(key(0x2000, 2), (20, 302, 0x2010)); // more markers than the front cache holds
-                                                     // Twice each: the first fills the front cache, the second hits it.
+                                                     // The front cache is made by the first block it holds (not for misses, nor for
+                                                     // blocks it cannot hold): a decoder that never asks keeps its 64 KiB.
+        assert_eq!(c.get_fast(0x5000, 4, 3), None);
+        assert_eq!(c.get_fast(0x2000, 2, 3), None);
+        assert!(c.l1.is_none());
+        // Twice each: the first fills the front cache, the second hits it.
         for _ in 0..2 {
             assert_eq!(c.get_fast(0x1000, 4, 3), Some((10, 5)));
             assert_eq!(c.get_fast(0x1000, 3, 3), None, "other length");

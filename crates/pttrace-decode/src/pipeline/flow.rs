@@ -1642,7 +1642,9 @@ impl PtDecoder<'_> {
         let mut n = 0u32;
         let mode = ExecMode::Bit64;
         let (end, fall, target) = loop {
-            let Some(info) = self.cache.get(&space, pc, mode) else {
+            // (Decoded here, not through the instruction cache: each block is built once
+            // and keeps its records, so a cache would only hold them a second time.)
+            let Some(info) = crate::insn::decode_at(&space, pc, mode) else {
                 if space.read(pc, &mut [0u8; 1]) == 0 {
                     break (End::Nomap, pc, 0);
                 }
