@@ -202,6 +202,7 @@ impl std::hash::Hash for BlockKey {
 
 /// Cache of expanded blocks: each block's records live in one arena; the map gives a
 /// block's (start, len) in it and the address after the block.
+#[derive(Default)]
 pub struct BlockCache {
     generation: Option<u64>,
     map: HashMap<BlockKey, (u32, u32, u64), BuildHasherDefault<AddrHasher>>,
@@ -215,20 +216,6 @@ pub struct BlockCache {
     pub retired: Vec<Vec<super::records::Record>>,
     /// The fast decoder's blocks (their records in `arena`).
     pub flow: crate::pipeline::flow::FlowTable,
-}
-
-impl Default for BlockCache {
-    fn default() -> Self {
-        BlockCache {
-            generation: None,
-            map: HashMap::default(),
-            l1: None,
-            arena: Vec::new(),
-            retire: false,
-            retired: Vec::new(),
-            flow: Default::default(),
-        }
-    }
 }
 
 /// A front-cache entry, 16 bytes (4 per cache line): the key exactly, the block's arena
