@@ -138,7 +138,15 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
                 6 => 8,
                 _ => return Some((Pkt::Other("ip packet with reserved IPBytes"), 1)),
             };
-            let raw = le(t.get(pos + 1..pos + 1 + len)?);
+            let raw = match t.get(pos + 1..pos + 9) {
+                // Eight bytes there (all but the trace's last bytes): one load, masked.
+                Some(w) if len < 8 => {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(w);
+                    u64::from_le_bytes(b) & ((1u64 << (8 * len)) - 1)
+                }
+                _ => le(t.get(pos + 1..pos + 1 + len)?),
+            };
             let p = IpPayload { ipc, raw };
             let pkt = match b0 & 0x1f {
                 0x0d => Pkt::Tip(p),
@@ -430,6 +438,29 @@ mod tests {
             assert_eq!(parse(cut, 0), None, "{cut:x?}");
         }
         assert_eq!(parse_trig(&[0x19, 0, 0]), None, "not a TRIG");
+    }
+
+    #[test]
+    fn ip_payloads_read_alike_mid_trace_and_at_its_end() {
+        // Each IPBytes size, as a TIP: at the trace's end (the byte-wise read), then with
+        // 0xff bytes after it (the 8-byte load must mask them off).
+        for (ipc, len) in [(0u8, 0usize), (1, 2), (2, 4), (3, 6), (4, 6), (6, 8)] {
+            let payload = [0x11u8, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
+            let mut t = vec![(ipc << 5) | 0x0d];
+            t.extend_from_slice(&payload[..len]);
+            let want = payload[..len]
+                .iter()
+                .rev()
+                .fold(0u64, |a, &b| (a << 8) | u64::from(b));
+            let pkt = Some((Pkt::Tip(IpPayload { ipc, raw: want }), 1 + len));
+            assert_eq!(parse(&t, 0), pkt, "ipc {ipc} at the end");
+            t.extend_from_slice(&[0xff; 9]);
+            assert_eq!(parse(&t, 0), pkt, "ipc {ipc} mid-trace");
+            // Cut inside the payload: no packet.
+            if len > 0 {
+                assert_eq!(parse(&t[..len], 0), None, "ipc {ipc} cut");
+            }
+        }
     }
 
     #[test]
