@@ -32,8 +32,8 @@
 //! patched into calls of a recording entry ([`rewrite`]), about 5x cheaper than a SIGSYS.
 //!
 //! What runs where: the SIGSYS handler and the patched-site entry run on the application
-//! thread and are async-signal-safe ([`handler`], [`slots`], [`output`], [`raw`],
-//! [`execenv`], [`rewrite`]); the constructor, the `pthread_atfork` handler and the writer
+//! thread and are async-signal-safe ([`handler`], [`window`], [`slots`], [`output`],
+//! [`raw`], [`execenv`], [`rewrite`]); the constructor, the `pthread_atfork` handler and the writer
 //! thread are normal context ([`writer`], this module).
 //!
 //! PT: with `PTTRACER_MODE=user PTTRACER_WINDOW=thread` on the emulated backend, the user
@@ -61,6 +61,7 @@ pub mod spool;
 pub use pttrace_format::sysnames;
 pub mod userpt;
 pub mod vfork_child;
+pub mod window;
 pub mod writer;
 
 use config::ShimConfig;

@@ -6,7 +6,7 @@
 //!
 //! Both kinds of patch end in `pttracer_fast_entry`, which saves the flags, the argument
 //! registers and the whole extended (x87/SSE/AVX/AVX-512) state with `xsavec`, records the
-//! syscall like the SIGSYS handler does ([`super::handler::general`]) and returns to the
+//! syscall like the SIGSYS handler does ([`super::window::general`]) and returns to the
 //! patch, which resumes behind the original `syscall`.
 //!
 //! **Site stubs** (`PTTRACER_REWRITE=sites`, the default when no user code is stepped): the
@@ -40,8 +40,8 @@
 //! shim turns patching off when it steps user code (the decoder reads the original images).
 
 use super::config::RewriteKind;
-use super::handler;
 use super::raw;
+use super::window;
 use core::arch::global_asm;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
@@ -163,7 +163,7 @@ extern "C" fn fast_syscall(frame: *const u64) -> i64 {
     // SAFETY: the entry stub passes 7 readable u64 it pushed on its own stack.
     let f = unsafe { core::slice::from_raw_parts(frame, 7) };
     let (nr, a6, a5, a4, a3, a2, a1) = (f[0], f[1], f[2], f[3], f[4], f[5], f[6]);
-    handler::general(nr, [a1, a2, a3, a4, a5, a6])
+    window::general(nr, [a1, a2, a3, a4, a5, a6])
 }
 
 /// An address range [start, end).
