@@ -45,6 +45,7 @@
 
 pub mod config;
 pub mod execenv;
+pub mod frame;
 pub mod handler;
 pub mod kernel_files;
 pub mod kernelpt;
@@ -413,7 +414,7 @@ fn init() -> Result<(), String> {
         ));
     }
     for n in &snapshot_notes {
-        output::write_frame_parts(
+        frame::write_frame_parts(
             slots::INFO_FD.load(Acquire),
             crate::format::ptt::RecordType::Note,
             &[n.as_bytes()],

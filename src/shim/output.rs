@@ -11,37 +11,17 @@
 //! `<nonce>` is 8 hex digits of the TSC when the image started tracing; it tells apart the
 //! images of one pid before and after `execve`.
 
+use super::frame::write_frame_parts;
 use super::raw;
 use super::slots::{self, Slot, EXITED, FREE, STATIC};
 use crate::format::ptt::{
-    self, encode_frame, encode_window, Crc32, EndReason, FileKind, RecordType, Window,
+    self, encode_frame, encode_window, EndReason, FileKind, RecordType, Window,
 };
 use std::sync::atomic::Ordering::*;
 
 use super::paths::{image_base as base_path, Path};
 
 const CREATE: i32 = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
-
-/// Writes one frame whose payload is the concatenation of `parts`, straight to `fd`.
-pub fn write_frame_parts(fd: i32, ty: RecordType, parts: &[&[u8]]) -> bool {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    let Ok(len32) = u32::try_from(len) else {
-        return false;
-    };
-    let mut head = [0u8; 8];
-    head[0..4].copy_from_slice(&len32.to_le_bytes());
-    head[4..6].copy_from_slice(&(ty as u16).to_le_bytes());
-    let mut crc = Crc32::new();
-    crc.update(&head);
-    for p in parts {
-        crc.update(p);
-    }
-    let mut ok = raw::write_all(fd, &head);
-    for p in parts {
-        ok &= raw::write_all(fd, p);
-    }
-    ok & raw::write_all(fd, &crc.finish().to_le_bytes())
-}
 
 /// A temporary buffer from `mmap` holding a whole file read with raw syscalls.
 struct MappedFile {

@@ -62,7 +62,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 
-use super::output::write_frame_parts;
+use super::frame::write_frame_parts;
 use super::raw;
 use super::slots::{self, Slot};
 use super::snapfile::RingFile;

@@ -1137,7 +1137,7 @@ pub fn write_window_parts(fd: i32, w: &Window, pt: &[&[u8]], sideband: &[u8]) ->
     for (dst, p) in parts[1..3].iter_mut().zip(pt) {
         *dst = p;
     }
-    super::output::write_frame_parts(fd, crate::format::ptt::RecordType::Window, &parts)
+    super::frame::write_frame_parts(fd, crate::format::ptt::RecordType::Window, &parts)
 }
 
 #[cfg(test)]
