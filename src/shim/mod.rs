@@ -33,8 +33,8 @@
 //!
 //! What runs where: the SIGSYS handler and the patched-site entry run on the application
 //! thread and are async-signal-safe ([`handler`], [`window`], [`slots`], [`output`],
-//! [`raw`], [`execenv`], [`rewrite`]); the constructor, the `pthread_atfork` handler and the writer
-//! thread are normal context ([`writer`], this module).
+//! [`frame`], [`raw`], [`execenv`], [`rewrite`]); the constructor, the `pthread_atfork`
+//! handler and the writer thread are normal context ([`writer`], this module).
 //!
 //! PT: with `PTTRACER_MODE=user PTTRACER_WINDOW=thread` on the emulated backend, the user
 //! code between syscalls is single-stepped and written as PT with each window

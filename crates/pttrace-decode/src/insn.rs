@@ -401,9 +401,10 @@ mod tests {
         c.validate(1);
         let key = |ip, ninsn| BlockKey { ip, ninsn, mode: 3 };
         c.insert(key(0x1000, 4), (10, 5, 0x1020)); // 4 instructions + a syscall marker
-        c.insert(key(0x2000, 2), (20, 302, 0x2010)); // more markers than the front cache holds
-                                                     // The front cache is made by the first block it holds (not for misses, nor for
-                                                     // blocks it cannot hold): a decoder that never asks keeps its 64 KiB.
+                                                   // More syscall markers than the front cache holds:
+        c.insert(key(0x2000, 2), (20, 302, 0x2010));
+        // The front cache is made by the first block it holds (not for misses, nor for
+        // blocks it cannot hold): a decoder that never asks keeps its 64 KiB.
         assert_eq!(c.get_fast(0x5000, 4, 3), None);
         assert_eq!(c.get_fast(0x2000, 2, 3), None);
         assert!(c.l1.is_none());
