@@ -86,6 +86,7 @@ fn main() {
     })
     .expect("emulated tracer");
     let mut out = OutputBuffers::new(10, 4).expect("output");
+    emu::keep_window_reports(true);
     t.start().expect("start");
     asm_loop(1000); // warm-up window
     t.stop(&mut out).expect("stop");

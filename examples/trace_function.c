@@ -4,6 +4,9 @@
  *   cc -o trace_function examples/trace_function.c -Iinclude -Ltarget/release \
  *      -Wl,-rpath,$PWD/target/release -ldrpttracer
  *   ./trace_function /tmp/window   # writes /tmp/window.pt, .sideband, .meta
+ *
+ * Without Intel PT, drpttracer_init() returns false (as DynamoRIO's library) unless a
+ * software backend is asked for: PTTRACER_BACKEND=auto ./trace_function /tmp/window
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,8 +48,10 @@ main(int argc, char **argv)
     pt_metadata_t meta;
     drpttracer_ext_metadata_t ext;
 
-    if (!drpttracer_init())
+    if (!drpttracer_init()) {
+        fprintf(stderr, "drpttracer: %s\n", drpttracer_ext_last_error());
         return 1;
+    }
     if (drpttracer_create_handle(NULL, DRPTTRACER_TRACING_ONLY_USER, 8, 6, &tracer) !=
             DRPTTRACER_SUCCESS ||
         drpttracer_create_output(NULL, 8, 6, &out) != DRPTTRACER_SUCCESS) {

@@ -57,6 +57,15 @@ pub enum BackendChoice {
 pub const BACKEND_ENV: &str = "PTTRACER_BACKEND";
 
 impl BackendChoice {
+    /// The name [`BackendChoice::parse`] takes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Hardware => "hardware",
+            BackendChoice::Emulated => "emulated",
+        }
+    }
+
     /// Reads [`BACKEND_ENV`]: unset/empty/`auto`, `hardware`, `emulated`.
     pub fn from_env() -> Result<BackendChoice> {
         match std::env::var(BACKEND_ENV) {
@@ -136,6 +145,17 @@ pub fn page_size() -> usize {
     }
 }
 
+/// Set inside DynamoRIO ([`uncache_tids`]): every [`current_tid`] asks the kernel.
+static TID_UNCACHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`current_tid`] ask the kernel every time. For DynamoRIO's private loader: the
+/// private libc this library runs on there never calls its fork handlers (the
+/// application's fork goes through the application's libc), so a cached id would survive
+/// into a forked child.
+pub fn uncache_tids() {
+    TID_UNCACHED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Bumped in the child of every fork (pthread_atfork), invalidating cached thread ids.
 static FORK_GENERATION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 static ATFORK_REGISTERED: std::sync::Once = std::sync::Once::new();
@@ -159,6 +179,9 @@ fn gettid() -> i32 {
 /// Cached per thread (and revalidated after fork) so that start/stop paths, which run
 /// inside trace windows, make no gettid syscall of their own.
 pub fn current_tid() -> i32 {
+    if TID_UNCACHED.load(std::sync::atomic::Ordering::Relaxed) {
+        return gettid();
+    }
     ATFORK_REGISTERED.call_once(|| {
         // SAFETY: registers a child handler that only bumps an atomic.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };

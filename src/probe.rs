@@ -9,6 +9,31 @@ use crate::perf::event::perf_event_paranoid;
 use crate::perf::pmu::IntelPtPmu;
 use crate::tracer::{BackendChoice, Mode};
 
+/// Whether this process runs under DynamoRIO (its `libdynamorio.so` is mapped): then this
+/// library is loaded by DynamoRIO's private loader for a client, or runs in an application
+/// whose code executes from DynamoRIO's code cache. Read once from /proc/self/maps.
+pub fn inside_dynamorio() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static KNOWN: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
+    match KNOWN.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let yes = maps_show_dynamorio(&std::fs::read("/proc/self/maps").unwrap_or_default());
+            KNOWN.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+/// Whether a /proc/PID/maps text maps DynamoRIO's core library.
+fn maps_show_dynamorio(maps: &[u8]) -> bool {
+    maps.split(|&b| b == b'\n').any(|line| {
+        let path = line.rsplit(|&b| b == b'/').next().unwrap_or(b"");
+        path == b"libdynamorio.so" || path.starts_with(b"libdynamorio.so.")
+    })
+}
+
 /// One probed fact: a name, whether it is fine, and what was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
@@ -239,5 +264,25 @@ impl fmt::Display for Report {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamorio_is_recognised_by_its_core_library_only() {
+        let dr = b"7f00-7f10 r-xp 00000000 08:01 42 /opt/dr/lib64/release/libdynamorio.so\n";
+        assert!(maps_show_dynamorio(dr));
+        assert!(maps_show_dynamorio(
+            b"1-2 r-xp 0 0:0 1 /x/libdynamorio.so.11.3\n"
+        ));
+        let plain = b"1-2 r-xp 0 0:0 1 /usr/lib/libc.so.6\n3-4 ---p 0 0:0 0 \n";
+        assert!(!maps_show_dynamorio(plain));
+        assert!(!maps_show_dynamorio(
+            b"1-2 r-xp 0 0:0 1 /x/libdynamorio_static.a\n"
+        ));
+        assert!(!inside_dynamorio(), "the test runs outside DynamoRIO");
     }
 }

@@ -74,16 +74,29 @@ pub struct WindowReport {
 
 thread_local! {
     static KEEP_IPS: Cell<bool> = const { Cell::new(false) };
+    static KEEP_REPORTS: Cell<bool> = const { Cell::new(false) };
+    /// Has a destructor: touched only on threads that asked for reports, never on the C
+    /// API's own paths (a TLS destructor registers through `__cxa_thread_atexit_impl`,
+    /// which DynamoRIO's private loader lacks).
     static LAST_WINDOW: RefCell<Option<WindowReport>> = const { RefCell::new(None) };
 }
 
-/// Makes the emulated backend keep the executed IP sequence of the calling thread's windows
-/// (8 bytes per instruction), retrievable with [`take_last_window`].
-pub fn keep_observed_ips(on: bool) {
-    KEEP_IPS.with(|k| k.set(on));
+/// Makes the emulated backend keep a [`WindowReport`] of the calling thread's windows,
+/// retrievable with [`take_last_window`].
+pub fn keep_window_reports(on: bool) {
+    KEEP_REPORTS.with(|k| k.set(on));
 }
 
-/// The report of the calling thread's last emulated window (taken: a second call gives None).
+/// Makes the emulated backend keep the executed IP sequence of the calling thread's windows
+/// (8 bytes per instruction) in their reports (and keep the reports), retrievable with
+/// [`take_last_window`].
+pub fn keep_observed_ips(on: bool) {
+    KEEP_IPS.with(|k| k.set(on));
+    keep_window_reports(on);
+}
+
+/// The report of the calling thread's last emulated window, kept when
+/// [`keep_window_reports`] is on (taken: a second call gives None).
 pub fn take_last_window() -> Option<WindowReport> {
     LAST_WINDOW.with(|l| l.borrow_mut().take())
 }
@@ -285,7 +298,9 @@ impl CaptureBackend for EmulatedBackend {
             pt_size: enc.size,
         };
         self.buf.release_memory();
-        LAST_WINDOW.with(|l| *l.borrow_mut() = Some(report));
+        if KEEP_REPORTS.with(Cell::get) {
+            LAST_WINDOW.with(|l| *l.borrow_mut() = Some(report));
+        }
         Ok(cap)
     }
 

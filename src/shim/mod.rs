@@ -332,6 +332,15 @@ fn init() -> Result<(), String> {
     {
         return Ok(());
     }
+    if crate::probe::inside_dynamorio() {
+        // Its signal handlers, patched sites and writer thread would fight DynamoRIO's
+        // code cache and signal handling (and a client's private copy has no program).
+        return Err(
+            "running under DynamoRIO: the LD_PRELOAD shim stays off there (DynamoRIO \
+                    clients trace through the drpttracer C API)"
+                .into(),
+        );
+    }
     let cfg = match ShimConfig::from_env()? {
         Some(c) => c,
         None => return Ok(()),

@@ -1,26 +1,30 @@
 //! C ABI: DynamoRIO's drpttracer API and the `drpttracer_ext_*` extensions.
 //!
 //! ABI only: the types here are the C layouts, every function converts its arguments,
-//! looks handles up in a registry (a pointer we did not hand out is never dereferenced),
-//! calls [`crate::tracer`], records a thread-local message for the last failure and returns
-//! the status. No panic crosses this boundary: every entry point runs under
-//! `catch_unwind`.
+//! looks handles up in [`registry`] (a pointer we did not hand out is never dereferenced),
+//! calls [`crate::tracer`], records the calling thread's message for its last failure
+//! ([`last_error`]) and returns the status. No panic crosses this boundary: every entry
+//! point runs under `catch_unwind`.
+//!
+//! DynamoRIO's clients load this library through DynamoRIO's private loader, with a private
+//! libc that lacks some of what a normal process has: nothing on these paths registers a
+//! thread-local destructor (`__cxa_thread_atexit_impl` dereferences NULL there), and the
+//! statics are plain std mutexes. Semantics follow DynamoRIO's `drpttracer.c`:
+//! `drpttracer_init` returns false where nothing can trace (see [`backend_for_c_api`]).
 #![allow(non_camel_case_types)]
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ffi::{c_char, c_uint, c_void, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+pub mod last_error;
+pub mod registry;
 
-use once_cell::sync::Lazy;
-use parking_lot::Mutex;
+use std::ffi::{c_char, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Result, Status};
-use crate::metadata::PtMetadata;
+use crate::metadata::{BackendKind, PtMetadata};
+use crate::perf::pmu::IntelPtPmu;
+use crate::probe::inside_dynamorio;
 use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
-use crate::tracer::{current_tid, BackendChoice, Mode, OutputBuffers, Tracer, TracerConfig};
+use crate::tracer::{BackendChoice, Mode, OutputBuffers, Tracer, TracerConfig, BACKEND_ENV};
 
 /// Status of every drpttracer call (values fixed by DynamoRIO's ABI).
 #[repr(C)]
@@ -135,19 +139,9 @@ pub struct drpttracer_ext_metadata_t {
 }
 
 // ---------------------------------------------------------------------------------------
-// Registries and the last-error message.
+// Outputs, errors, the backend.
 
-/// A live handle's tracer, shared between the registry and per-thread caches.
-type SharedTracer = Arc<Mutex<Tracer>>;
-
-struct HandleEntry {
-    owner_tid: i32,
-    tracer: Arc<Mutex<Tracer>>,
-}
-
-static HANDLES: Lazy<Mutex<HashMap<usize, HandleEntry>>> = Lazy::new(Default::default);
-
-/// Each output is boxed; the pointer handed out is the box's address.
+/// Each output is boxed; the pointer handed out is the address of its `c` field.
 struct OutputAlloc {
     c: drpttracer_output_t,
     _buffers: OutputBuffers,
@@ -155,55 +149,19 @@ struct OutputAlloc {
 // SAFETY: the raw pointers in `c` point into `_buffers`, owned by the same allocation.
 unsafe impl Send for OutputAlloc {}
 
-static OUTPUTS: Lazy<Mutex<HashMap<usize, Box<OutputAlloc>>>> = Lazy::new(Default::default);
-
-static INIT_COUNT: Mutex<u64> = Mutex::new(0);
-
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-    /// Destroys this thread's remaining handles when the thread exits.
-    static THREAD_HANDLES: ThreadHandles = const { ThreadHandles };
-}
-
-struct ThreadHandles;
-
-impl Drop for ThreadHandles {
-    fn drop(&mut self) {
-        let tid = current_tid();
-        let mut map = HANDLES.lock();
-        map.retain(|_, e| e.owner_tid != tid);
-        drop(map);
-        handles_removed();
-    }
-}
-
-fn set_last_error(msg: &str) {
-    let _ = LAST_ERROR.try_with(|e| {
-        let mut e = e.borrow_mut();
-        // Successes clear the message without allocating: start/stop run inside windows.
-        if msg.is_empty() {
-            if !e.as_bytes().is_empty() {
-                *e = CString::default();
-            }
-        } else {
-            *e = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-        }
-    });
-}
-
 /// Runs `f`, converting errors and panics into a status (+ message).
 fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> drpttracer_status_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => {
-            set_last_error("");
+            last_error::set("");
             drpttracer_status_t::DRPTTRACER_SUCCESS
         }
         Ok(Err(e)) => {
-            set_last_error(&format!("{what}: {}", e.message));
+            last_error::set(&format!("{what}: {}", e.message));
             e.status.into()
         }
         Err(_) => {
-            set_last_error(&format!(
+            last_error::set(&format!(
                 "{what}: internal error (panic caught at the C boundary)"
             ));
             drpttracer_status_t::DRPTTRACER_ERROR
@@ -211,97 +169,72 @@ fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> drpttracer_status_t {
     }
 }
 
-/// Bumped whenever handles leave the registry, so per-thread lookup caches revalidate.
-static REGISTRY_GENERATION: AtomicU64 = AtomicU64::new(0);
-
-fn handles_removed() {
-    REGISTRY_GENERATION.fetch_add(1, Ordering::Release);
-}
-
-thread_local! {
-    /// The last handle this thread looked up successfully: (key, registry generation, it).
-    /// Start and stop run inside trace windows; the cache keeps them short.
-    static LAST_LOOKUP: RefCell<Option<(usize, u64, SharedTracer)>> =
-        const { RefCell::new(None) };
-}
-
-fn lookup(handle: *mut c_void, what: &str) -> Result<SharedTracer> {
-    if handle.is_null() {
-        return Err(Error::invalid("tracer_handle is NULL"));
+/// The backend C callers get: [`BACKEND_ENV`] when set (`hardware`, `emulated`, or `auto`:
+/// hardware where present, else emulated), and when unset or empty Intel PT hardware only,
+/// as DynamoRIO's library (a software backend is used only where asked for).
+pub fn backend_for_c_api() -> Result<BackendChoice> {
+    match std::env::var_os(BACKEND_ENV) {
+        None => Ok(BackendChoice::Hardware),
+        Some(v) if v.is_empty() => Ok(BackendChoice::Hardware),
+        Some(v) => BackendChoice::parse(&v.to_string_lossy()),
     }
-    let key = handle as usize;
-    let generation = REGISTRY_GENERATION.load(Ordering::Acquire);
-    let cached = LAST_LOOKUP
-        .try_with(|c| match &*c.borrow() {
-            Some((k, g, t)) if *k == key && *g == generation => Some(t.clone()),
-            _ => None,
-        })
-        .ok()
-        .flatten();
-    if let Some(t) = cached {
-        return Ok(t);
-    }
-    let t = lookup_in_registry(handle, what)?;
-    let _ = LAST_LOOKUP.try_with(|c| *c.borrow_mut() = Some((key, generation, t.clone())));
-    Ok(t)
 }
 
-fn lookup_in_registry(handle: *mut c_void, what: &str) -> Result<SharedTracer> {
-    let map = HANDLES.lock();
-    let Some(entry) = map.get(&(handle as usize)) else {
-        return Err(Error::invalid(format!(
-            "tracer_handle {handle:p} is not a live handle (never created, or already destroyed)"
-        )));
-    };
-    let tid = current_tid();
-    if entry.owner_tid != tid {
-        return Err(Error::invalid(format!(
-            "{what}: tracer_handle {handle:p} belongs to thread {} but was used from thread \
-             {tid}; handles are per thread",
-            entry.owner_tid
-        )));
-    }
-    Ok(entry.tracer.clone())
-}
+const NOT_IN_DYNAMORIO: &str = "the emulated backend single-steps the thread (EFLAGS.TF and \
+     a SIGTRAP handler), which cannot work inside DynamoRIO: DynamoRIO runs the application \
+     from its code cache and owns its signals; there only Intel PT hardware traces";
 
-fn require_init() -> Result<()> {
-    if *INIT_COUNT.lock() == 0 {
-        return Err(Error::new(
+/// Whether `choice` can trace on this machine, checked by the first `drpttracer_init` as
+/// DynamoRIO's checks for the `intel_pt` PMU; the error says why not and what to do.
+fn can_trace(choice: BackendChoice) -> Result<()> {
+    let no_pt = |e: Error| {
+        Error::new(
             Status::Error,
-            "drpttracer is not initialized: call drpttracer_init() first",
-        ));
+            format!(
+                "no Intel PT to trace with ({}); DynamoRIO's drpttracer needs the intel_pt \
+                 PMU, and so does this library unless a software backend is asked for: set \
+                 {BACKEND_ENV}=emulated (single-stepping) or {BACKEND_ENV}=auto",
+                e.message
+            ),
+        )
+    };
+    let in_dr = inside_dynamorio();
+    match choice {
+        BackendChoice::Hardware => IntelPtPmu::probe().map(|_| ()).map_err(no_pt),
+        BackendChoice::Emulated | BackendChoice::Auto if in_dr => match IntelPtPmu::probe() {
+            Ok(_) if choice == BackendChoice::Auto => Ok(()),
+            _ => Err(Error::new(
+                Status::Error,
+                format!("{BACKEND_ENV}={}: {NOT_IN_DYNAMORIO}", choice.name()),
+            )),
+        },
+        BackendChoice::Emulated | BackendChoice::Auto => Ok(()),
     }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
 // DynamoRIO's API.
 
-/// Initializes the library (reference counted; pair each call with `drpttracer_exit`).
+/// Initializes the library (reference counted; pair each call that returned true with
+/// `drpttracer_exit`). As DynamoRIO's: false where nothing can trace (no `intel_pt` PMU and
+/// no software backend asked for with `PTTRACER_BACKEND`), with the reason in
+/// `drpttracer_ext_last_error()`; later calls only count.
 #[no_mangle]
 pub extern "C" fn drpttracer_init() -> bool {
-    catch_unwind(|| {
-        *INIT_COUNT.lock() += 1;
-        true
-    })
-    .unwrap_or(false)
+    guard("drpttracer_init", || {
+        registry::init(|| {
+            if inside_dynamorio() {
+                crate::capture::uncache_tids();
+            }
+            can_trace(backend_for_c_api()?)
+        })
+    }) == drpttracer_status_t::DRPTTRACER_SUCCESS
 }
 
 /// Drops one reference; the last one destroys every remaining handle and output.
 #[no_mangle]
 pub extern "C" fn drpttracer_exit() {
-    let _ = catch_unwind(|| {
-        let mut n = INIT_COUNT.lock();
-        if *n == 0 {
-            return;
-        }
-        *n -= 1;
-        if *n == 0 {
-            HANDLES.lock().clear();
-            handles_removed();
-            OUTPUTS.lock().clear();
-        }
-    });
+    let _ = catch_unwind(registry::exit);
 }
 
 /// Creates a trace handle for the calling thread. Rings are 2^shift pages (shift > 0).
@@ -322,28 +255,29 @@ pub unsafe extern "C" fn drpttracer_create_handle(
         if tracer_handle.is_null() {
             return Err(Error::invalid("tracer_handle (the out pointer) is NULL"));
         }
-        require_init()?;
+        registry::require_init()?;
         let mode = Mode::from_raw(raw_mode).ok_or_else(|| {
             Error::invalid(format!(
                 "tracing_mode={raw_mode} is not a drpttracer_tracing_mode_t (0, 1 or 2)"
             ))
         })?;
+        let backend = backend_for_c_api()?;
+        let in_dr = inside_dynamorio();
+        if in_dr && backend.resolve(mode)? == BackendKind::Emulated {
+            return Err(Error::new(
+                Status::FailedToOpenPerfEvent,
+                format!("{BACKEND_ENV}={}: {NOT_IN_DYNAMORIO}", backend.name()),
+            ));
+        }
         let config = TracerConfig {
             mode,
             pt_size_shift,
             sideband_size_shift,
-            backend: BackendChoice::from_env()?,
+            backend,
         };
-        let tracer = Tracer::new(config)?;
-        let owner_tid = tracer.owner_tid();
-        let tracer = Arc::new(Mutex::new(tracer));
-        let key = Arc::as_ptr(&tracer) as usize;
-        THREAD_HANDLES.with(|_| ());
-        HANDLES
-            .lock()
-            .insert(key, HandleEntry { owner_tid, tracer });
+        let handle = registry::insert_handle(Tracer::new(config)?, !in_dr);
         // SAFETY: checked non-NULL above; the caller provides storage for a pointer.
-        unsafe { *tracer_handle = key as *mut c_void };
+        unsafe { *tracer_handle = handle };
         Ok(())
     })
 }
@@ -356,13 +290,7 @@ pub extern "C" fn drpttracer_destroy_handle(
 ) -> drpttracer_status_t {
     let _ = drcontext;
     guard("drpttracer_destroy_handle", || {
-        lookup(tracer_handle, "drpttracer_destroy_handle")?;
-        let removed = HANDLES.lock().remove(&(tracer_handle as usize));
-        handles_removed();
-        // Drop this thread's cached reference too, so the tracer (and its fds) goes now.
-        let _ = LAST_LOOKUP.try_with(|c| c.borrow_mut().take());
-        drop(removed);
-        Ok(())
+        registry::remove_handle(tracer_handle, "drpttracer_destroy_handle")
     })
 }
 
@@ -374,8 +302,8 @@ pub extern "C" fn drpttracer_start_tracing(
 ) -> drpttracer_status_t {
     let _ = drcontext;
     guard("drpttracer_start_tracing", || {
-        let t = lookup(tracer_handle, "drpttracer_start_tracing")?;
-        let mut t = t.lock();
+        let t = registry::lookup(tracer_handle, "drpttracer_start_tracing")?;
+        let mut t = registry::lock(&t);
         t.start()
     })
 }
@@ -393,15 +321,15 @@ pub unsafe extern "C" fn drpttracer_stop_tracing(
 ) -> drpttracer_status_t {
     let _ = drcontext;
     guard("drpttracer_stop_tracing", || {
-        let t = lookup(tracer_handle, "drpttracer_stop_tracing")?;
+        let t = registry::lookup(tracer_handle, "drpttracer_stop_tracing")?;
         if output.is_null() {
             return Err(Error::invalid("output is NULL"));
         }
         // SAFETY: non-NULL; the caller guarantees it points to a valid output struct.
         let out = unsafe { &mut *output };
-        if out.pt_buffer.is_null() || out.pt_buffer_size == 0 {
+        if out.pt_buffer.is_null() && out.pt_buffer_size != 0 {
             return Err(Error::invalid(
-                "output->pt_buffer is NULL or pt_buffer_size is 0",
+                "output->pt_buffer is NULL but pt_buffer_size is not 0",
             ));
         }
         if out.sideband_buffer.is_null() && out.sideband_buffer_size != 0 {
@@ -409,9 +337,14 @@ pub unsafe extern "C" fn drpttracer_stop_tracing(
                 "output->sideband_buffer is NULL but sideband_buffer_size is not 0",
             ));
         }
-        // SAFETY: the caller guarantees pt_buffer holds pt_buffer_size writable bytes.
-        let pt =
-            unsafe { std::slice::from_raw_parts_mut(out.pt_buffer as *mut u8, out.pt_buffer_size) };
+        // A buffer of size 0 holds nothing: a window with PT then fails as one that does
+        // not fit (ERROR_FAILED_TO_READ_PT_DATA, as DynamoRIO's library).
+        let pt: &mut [u8] = if out.pt_buffer.is_null() {
+            &mut []
+        } else {
+            // SAFETY: the caller guarantees pt_buffer holds pt_buffer_size writable bytes.
+            unsafe { std::slice::from_raw_parts_mut(out.pt_buffer as *mut u8, out.pt_buffer_size) }
+        };
         let sb = if out.sideband_buffer.is_null() {
             None
         } else {
@@ -423,8 +356,7 @@ pub unsafe extern "C" fn drpttracer_stop_tracing(
                 )
             })
         };
-        let mut t = t.lock();
-        let cap = t.stop_into(pt, sb)?;
+        let cap = registry::lock(&t).stop_into(pt, sb)?;
         out.pt_size = cap.pt_size;
         out.sideband_size = cap.sideband_size;
         match cap.status() {
@@ -471,11 +403,11 @@ pub unsafe extern "C" fn drpttracer_get_pt_metadata(
     pt_metadata: *mut pt_metadata_t,
 ) -> drpttracer_status_t {
     guard("drpttracer_get_pt_metadata", || {
-        let t = lookup(tracer_handle, "drpttracer_get_pt_metadata")?;
+        let t = registry::lookup(tracer_handle, "drpttracer_get_pt_metadata")?;
         if pt_metadata.is_null() {
             return Err(Error::invalid("pt_metadata is NULL"));
         }
-        let m: PtMetadata = t.lock().metadata();
+        let m: PtMetadata = registry::lock(&t).metadata();
         let c = pt_metadata_t {
             cpu_family: m.cpu_family,
             cpu_model: m.cpu_model,
@@ -530,7 +462,7 @@ pub unsafe extern "C" fn drpttracer_create_output(
             _buffers: buffers,
         });
         let ptr: *mut drpttracer_output_t = &mut alloc.c;
-        OUTPUTS.lock().insert(ptr as usize, alloc);
+        registry::insert_output(ptr as usize, alloc);
         // SAFETY: checked non-NULL; the caller provides storage for a pointer.
         unsafe { *output = ptr };
         Ok(())
@@ -548,11 +480,12 @@ pub extern "C" fn drpttracer_destroy_output(
         if output.is_null() {
             return Err(Error::invalid("output is NULL"));
         }
-        match OUTPUTS.lock().remove(&(output as usize)) {
-            Some(_) => Ok(()),
-            None => Err(Error::invalid(format!(
+        if registry::remove_output(output as usize) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
                 "output {output:p} was not made by drpttracer_create_output or is already destroyed"
-            ))),
+            )))
         }
     })
 }
@@ -565,12 +498,7 @@ pub extern "C" fn drpttracer_destroy_output(
 #[no_mangle]
 pub extern "C" fn drpttracer_ext_last_error() -> *const c_char {
     static EMPTY: &[u8] = b"\0";
-    catch_unwind(|| {
-        LAST_ERROR
-            .try_with(|e| e.borrow().as_ptr())
-            .unwrap_or(EMPTY.as_ptr() as *const c_char)
-    })
-    .unwrap_or(EMPTY.as_ptr() as *const c_char)
+    catch_unwind(last_error::as_ptr).unwrap_or(EMPTY.as_ptr() as *const c_char)
 }
 
 /// Copies the handle's extended metadata into `out` (`out->struct_size` must be set).
@@ -583,7 +511,7 @@ pub unsafe extern "C" fn drpttracer_ext_get_metadata(
     out: *mut drpttracer_ext_metadata_t,
 ) -> drpttracer_status_t {
     guard("drpttracer_ext_get_metadata", || {
-        let t = lookup(tracer_handle, "drpttracer_ext_get_metadata")?;
+        let t = registry::lookup(tracer_handle, "drpttracer_ext_get_metadata")?;
         if out.is_null() {
             return Err(Error::invalid("out is NULL"));
         }
@@ -596,7 +524,7 @@ pub unsafe extern "C" fn drpttracer_ext_get_metadata(
                 std::mem::size_of::<drpttracer_ext_metadata_t>()
             )));
         }
-        let m = t.lock().ext_metadata();
+        let m = registry::lock(&t).ext_metadata();
         let c = drpttracer_ext_metadata_t {
             struct_size: size as u32,
             backend: m.backend as u32,
