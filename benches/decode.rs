@@ -656,9 +656,17 @@ fn many_windows(profile: Option<bool>) {
         );
         return;
     }
+    let pttrace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/pttrace");
+    if !pttrace.is_file() {
+        println!(
+            "SKIP many-window case: {} not built (cargo build --release -p pttrace-cli)",
+            pttrace.display()
+        );
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("py");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_pttrace"))
+    let o = std::process::Command::new(&pttrace)
         .args([
             "run",
             "--backend",

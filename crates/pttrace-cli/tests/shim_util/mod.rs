@@ -27,21 +27,32 @@ pub fn qemu_available() -> bool {
     found
 }
 
-/// The QEMU plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace);
-/// built with cargo when a plain `cargo test` has not built it (it is another workspace
-/// member).
+/// The QEMU plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace).
 pub fn plugin() -> PathBuf {
+    built_beside_pttrace("libpttrace_qemu.so", &["-p", "pttrace-qemu"])
+}
+
+/// libdrpttracer.so of this build (target/<profile>/, beside pttrace).
+pub fn lib_path() -> PathBuf {
+    built_beside_pttrace("libdrpttracer.so", &["-p", "drpttracer", "--lib"])
+}
+
+/// `file` in pttrace's folder, built with `cargo build ARGS` (same profile) when a plain
+/// `cargo test` has not built it (another workspace member: `cargo test -p pttrace-cli`
+/// alone builds only this package's dependencies).
+fn built_beside_pttrace(file: &str, args: &[&str]) -> PathBuf {
     let dir = pttrace().parent().unwrap().to_path_buf();
-    let so = dir.join("libpttrace_qemu.so");
+    let so = dir.join(file);
     if !so.is_file() {
         let release = dir.file_name().is_some_and(|n| n == "release");
         let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        c.args(["build", "-p", "pttrace-qemu"])
+        c.arg("build")
+            .args(args)
             .current_dir(env!("CARGO_MANIFEST_DIR"));
         if release {
             c.arg("--release");
         }
-        assert!(c.status().unwrap().success(), "cargo build -p pttrace-qemu");
+        assert!(c.status().unwrap().success(), "cargo build {args:?}");
     }
     assert!(so.is_file(), "{} missing", so.display());
     so
@@ -75,26 +86,6 @@ pub fn qemu_run_command(out: &Path, extra: &[&str], cmd: &[&OsStr]) -> Command {
     .arg("--")
     .args(cmd);
     c
-}
-
-/// libdrpttracer.so of this build (cargo builds the cdylib for integration tests).
-pub fn lib_path() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<test> -> target/<profile>/libdrpttracer.so
-    for dir in exe.ancestors().skip(1).take(3) {
-        let cand = dir.join("libdrpttracer.so");
-        if cand.is_file() {
-            return cand;
-        }
-    }
-    let fallback = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libdrpttracer.so");
-    assert!(
-        fallback.is_file(),
-        "libdrpttracer.so not found near {} nor at {}",
-        exe.display(),
-        fallback.display()
-    );
-    fallback
 }
 
 pub fn pttrace() -> PathBuf {
