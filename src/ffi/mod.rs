@@ -191,9 +191,9 @@ fn can_trace(choice: BackendChoice) -> Result<()> {
         Error::new(
             Status::Error,
             format!(
-                "no Intel PT to trace with ({}); DynamoRIO's drpttracer needs the intel_pt \
-                 PMU, and so does this library unless a software backend is asked for: set \
-                 {BACKEND_ENV}=emulated (single-stepping) or {BACKEND_ENV}=auto",
+                "no Intel PT to trace with ({}); as DynamoRIO's drpttracer, this library \
+                 then traces nothing unless a software backend is asked for \
+                 ({BACKEND_ENV}=emulated or {BACKEND_ENV}=auto)",
                 e.message
             ),
         )
@@ -255,12 +255,23 @@ pub unsafe extern "C" fn drpttracer_create_handle(
         if tracer_handle.is_null() {
             return Err(Error::invalid("tracer_handle (the out pointer) is NULL"));
         }
-        registry::require_init()?;
+        // Parameters first, then the state, as DynamoRIO's library checks them.
+        for (name, v) in [
+            ("pt_size_shift", pt_size_shift),
+            ("sideband_size_shift", sideband_size_shift),
+        ] {
+            if v == 0 {
+                return Err(Error::invalid(format!(
+                    "{name}=0: rings are 2^shift pages, the shift must be > 0"
+                )));
+            }
+        }
         let mode = Mode::from_raw(raw_mode).ok_or_else(|| {
             Error::invalid(format!(
                 "tracing_mode={raw_mode} is not a drpttracer_tracing_mode_t (0, 1 or 2)"
             ))
         })?;
+        registry::require_init()?;
         let backend = backend_for_c_api()?;
         let in_dr = inside_dynamorio();
         if in_dr && backend.resolve(mode)? == BackendKind::Emulated {
