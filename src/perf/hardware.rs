@@ -20,16 +20,12 @@ use crate::metadata::{BackendKind, ExtMetadata, TimeConv};
 use crate::perf::event::PerfEvent;
 use crate::perf::hwsnap::{snapshot_from_rings, Firing, SnapshotCursor, Written};
 use crate::perf::pmu::IntelPtPmu;
-use crate::perf::ring::{copy_ring_bytes, copy_ring_records, ControlPage, RingMemory};
-use crate::perf::sideband_event::{rdtsc, set_sideband_attrs};
-use crate::sideband::record::{
-    PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, SIDEBAND_SAMPLE_TYPE,
+use crate::perf::ring::{
+    copy_ring_bytes, copy_ring_records, ControlPage, RingMemory, AUX_LOSS_FLAGS,
 };
+use crate::perf::sideband_event::{rdtsc, set_sideband_attrs};
+use crate::sideband::record::SIDEBAND_SAMPLE_TYPE;
 use crate::sideband::synth::synthesize_exec_mmap2;
-
-/// AUX record flags that mean PT data of the window is missing.
-pub const AUX_LOSS_FLAGS: u64 =
-    PERF_AUX_FLAG_TRUNCATED | PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION;
 
 /// The `mtc_period` we ask for when MTC is supported (an MTC every 2^(n+1) ART ticks).
 const MTC_PERIOD: u64 = 3;
@@ -324,7 +320,7 @@ pub fn aux_shift_for(size: u64) -> u32 {
 mod tests {
     use super::*;
     use crate::perf::ring::sim::SimMapping;
-    use crate::sideband::record::{encode_aux, encode_lost, SampleId};
+    use crate::sideband::record::{encode_aux, encode_lost, SampleId, PERF_AUX_FLAG_TRUNCATED};
 
     fn fake_pmu(caps: &[(&str, u64)]) -> IntelPtPmu {
         let mut p = IntelPtPmu {

@@ -36,7 +36,7 @@ use crate::format::ptt::{
 };
 use crate::format::snapshot::{SnapshotRecord, TriggerKind};
 use crate::format::snapshot_ring::Taken;
-use crate::perf::hardware::AUX_LOSS_FLAGS;
+use crate::perf::ring::AUX_LOSS_FLAGS;
 use crate::perf::ring::{copy_ring_records, ControlPage, RingMemory};
 
 /// One trigger firing, as the caller numbers and names it (the same numbering per process

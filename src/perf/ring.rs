@@ -14,7 +14,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use perf_event_open_sys::bindings::perf_event_mmap_page;
 
 use crate::metadata::TimeConv;
-use crate::sideband::record::{RecordHeader, HEADER_SIZE, PERF_RECORD_AUX, PERF_RECORD_LOST};
+use crate::sideband::record::{
+    RecordHeader, HEADER_SIZE, PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_PARTIAL,
+    PERF_AUX_FLAG_TRUNCATED, PERF_RECORD_AUX, PERF_RECORD_LOST,
+};
+
+/// AUX record flags that mean PT data of the window is missing.
+pub const AUX_LOSS_FLAGS: u64 =
+    PERF_AUX_FLAG_TRUNCATED | PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION;
 
 const CAP_USER_TIME_ZERO: u64 = 1 << 4;
 

@@ -200,10 +200,17 @@ impl std::hash::Hash for BlockKey {
     }
 }
 
+/// Data built on a [`BlockCache`]'s arena by a layer above (the fast decoder's block
+/// table): kept in the cache and cleared with it when the image generation changes.
+pub trait ArenaTied: Default {
+    fn clear(&mut self);
+}
+
 /// Cache of expanded blocks: each block's records live in one arena; the map gives a
-/// block's (start, len) in it and the address after the block.
+/// block's (start, len) in it and the address after the block. `T` is what a layer above
+/// keeps on the same arena ([`ArenaTied`]).
 #[derive(Default)]
-pub struct BlockCache {
+pub struct BlockCache<T: ArenaTied> {
     generation: Option<u64>,
     map: HashMap<BlockKey, (u32, u32, u64), BuildHasherDefault<AddrHasher>>,
     /// Direct-mapped front cache of `map` for the hot path (hits without hashing). A
@@ -215,7 +222,7 @@ pub struct BlockCache {
     pub retire: bool,
     pub retired: Vec<Vec<super::records::Record>>,
     /// The fast decoder's blocks (their records in `arena`).
-    pub flow: crate::pipeline::flow::FlowTable,
+    pub flow: T,
 }
 
 /// A front-cache entry, 16 bytes (4 per cache line): the key exactly, the block's arena
@@ -262,7 +269,7 @@ fn l1_slot(ip: u64) -> usize {
 /// Arena size (records) at which the cache starts over.
 const ARENA_LIMIT: usize = 1 << 22;
 
-impl BlockCache {
+impl<T: ArenaTied> BlockCache<T> {
     /// Drops everything when the image changed or the arena grew too big. Callers make
     /// sure no queued item still refers to the arena.
     #[inline]
@@ -395,9 +402,16 @@ pub fn decode_at(space: &AddressSpace, pc: u64, mode: ExecMode) -> Option<InsnIn
 mod tests {
     use super::*;
 
+    /// A block cache without the fast decoder's table.
+    #[derive(Default)]
+    struct NoFlow;
+    impl ArenaTied for NoFlow {
+        fn clear(&mut self) {}
+    }
+
     #[test]
     fn block_cache_front_cache_hits_exact_keys_only() {
-        let mut c = BlockCache::default();
+        let mut c = BlockCache::<NoFlow>::default();
         c.validate(1);
         let key = |ip, ninsn| BlockKey { ip, ninsn, mode: 3 };
         c.insert(key(0x1000, 4), (10, 5, 0x1020)); // 4 instructions + a syscall marker

@@ -221,7 +221,7 @@ pub struct PtDecoder<'a> {
     resolver: ImageResolver,
     params: TraceParams,
     cache: InsnCache,
-    blocks: BlockCache,
+    blocks: BlockCache<flow::FlowTable>,
     queue: ItemQueue,
     /// Arena range of the block being handed out record by record (`Iterator::next`).
     cur: usize,
@@ -300,7 +300,7 @@ const PROGRESS_CHECK: u64 = 1 << 16;
 #[derive(Default)]
 pub struct DecoderCaches {
     insns: InsnCache,
-    blocks: BlockCache,
+    blocks: BlockCache<flow::FlowTable>,
     sections: Option<std::sync::Arc<ipt::SectionCache>>,
 }
 

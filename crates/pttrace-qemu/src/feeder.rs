@@ -20,70 +20,21 @@
 //! syscall entry and return.
 
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use std::sync::atomic::Ordering;
 
 use pttrace_format::ptt::EndReason;
 
-use crate::snapshot::Firing;
+use crate::log::{
+    block_all_signals, lock, restore_signals, Firing, Msg, Share, ShareState, CHUNK, CHUNKS,
+    TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
+};
 use crate::thread::Thread;
 use crate::{rdtsc, say, Global};
 
-pub const TAG_SYSCALL: u64 = 1;
-pub const TAG_RET: u64 = 2;
-pub const TAG_TSC: u64 = 3;
-/// `TAG_SNAP, Arc<Firing> (raw), tsc`: take the firing here.
-pub const TAG_SNAP: u64 = 4;
-/// Words per chunk (512 KiB).
-pub const CHUNK: usize = 1 << 16;
-/// Chunks per thread.
-pub const CHUNKS: usize = 4;
 /// Room a multi-word entry needs (a chunk never splits one).
 const LONGEST_ENTRY: usize = 9;
-
-pub fn block_all_signals() -> libc::sigset_t {
-    // SAFETY: sigfillset/pthread_sigmask write into the sets we pass.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        old
-    }
-}
-
-pub fn restore_signals(old: &libc::sigset_t) {
-    // SAFETY: `old` is the mask pthread_sigmask returned.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
-}
-
-/// What the vCPU sends its worker.
-pub enum Msg {
-    Chunk(Vec<u64>),
-    /// Answered once everything sent before is processed.
-    Sync(SyncSender<()>),
-    /// End the thread's files, then answer and stop.
-    Finish(EndReason, SyncSender<()>),
-    /// Snapshot mode: a trigger fired (in another thread, or a request): write the ring.
-    Snapshot(Arc<Firing>),
-}
-
-/// Snapshot mode: what a vCPU shares with the publishers of firings.
-#[derive(Default)]
-pub struct ShareState {
-    /// The vCPU is inside a syscall, its log up to the syscall's entry handed over.
-    pub in_syscall: bool,
-    /// The last firing number this thread has taken (or was not meant for it).
-    pub taken: u64,
-}
-
-pub type Share = Arc<Mutex<ShareState>>;
-
-/// Locks a share (a poisoned lock still holds consistent state: two plain fields).
-pub fn lock(s: &Share) -> MutexGuard<'_, ShareState> {
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A vCPU's end of its worker.
 pub struct Feeder {

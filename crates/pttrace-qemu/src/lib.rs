@@ -36,6 +36,7 @@ mod api;
 mod exec;
 mod feeder;
 mod files;
+mod log;
 mod snapshot;
 mod thread;
 
@@ -54,8 +55,9 @@ use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
 use pttrace_format::snapshot::Trigger;
 
-use feeder::{Feeder, Msg};
+use feeder::Feeder;
 use files::TraceFile;
+use log::Msg;
 use thread::Thread;
 
 /// The plugin API version this plugin speaks (QEMU 6.0 to 7.2).
@@ -198,7 +200,7 @@ struct Global {
     exit_no: AtomicU64,
     workers: Mutex<Vec<Worker>>,
     /// Firings published for every thread ([`Global::publish`]) and the last one's number.
-    firings: Mutex<Vec<std::sync::Arc<snapshot::Firing>>>,
+    firings: Mutex<Vec<std::sync::Arc<log::Firing>>>,
     published: AtomicU64,
     trigger_addrs: OnceLock<Vec<(u64, u32)>>,
     request_seen: AtomicU64,
@@ -208,7 +210,7 @@ struct Global {
 struct Worker {
     uid: u64,
     tx: Sender<Msg>,
-    share: feeder::Share,
+    share: log::Share,
 }
 
 static GLOBAL: OnceLock<Global> = OnceLock::new();

@@ -18,74 +18,20 @@
 //! it, a `snapshot N: complete` note goes into the info file.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pttrace_format::snapshot::{
     elf_address, AddrSpec, ElfAddr, ElfAddrError, Trigger, TriggerKind, REQUEST_POLL_MS,
 };
 
-use crate::feeder::{lock, Msg, ShareState};
-use crate::thread::WinMeta;
+use crate::log::{
+    block_all_signals, complete_note, lock, restore_signals, Firing, Msg, ShareState,
+};
 use crate::{say, Global};
-
-/// One firing, as every worker of the process gets it.
-#[derive(Debug)]
-pub struct Firing {
-    pub number: u64,
-    pub kind: TriggerKind,
-    /// Thread where it fired (0: a request from `pttrace run`).
-    pub tid: i32,
-    pub text: String,
-    /// `Thread::uid` of the thread where it fired (it writes its own ring at once; 0: none).
-    pub except: u64,
-    /// Threads that have still to write it, of `threads`.
-    remaining: AtomicUsize,
-    threads: usize,
-}
-
-impl Firing {
-    /// A firing of one thread only (`exit`), never published.
-    pub fn own(number: u64, kind: TriggerKind, tid: i32, text: String) -> Firing {
-        Firing {
-            number,
-            kind,
-            tid,
-            text,
-            except: 0,
-            remaining: AtomicUsize::new(0),
-            threads: 1,
-        }
-    }
-
-    /// A thread has written its ring for this firing; the last one notes that the
-    /// snapshot is complete.
-    pub fn done(&self, g: &Global) {
-        let before = self
-            .remaining
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        if before == Ok(1) {
-            g.note(&complete_note(self.number, self.threads));
-        }
-    }
-}
-
-fn complete_note(number: u64, threads: usize) -> String {
-    let s = if threads == 1 { "" } else { "s" };
-    format!("snapshot {number}: complete, written by {threads} thread{s}")
-}
 
 /// Firings kept for threads that have not taken them yet.
 const KEPT_FIRINGS: usize = 256;
-
-/// A thread's ring of its last windows (shared with the shim's single-step backend).
-pub type Ring = pttrace_format::snapshot_ring::Ring<WinMeta>;
-
-impl pttrace_format::snapshot_ring::RingWindow for WinMeta {
-    fn sideband_mut(&mut self) -> &mut Vec<u8> {
-        &mut self.sideband
-    }
-}
 
 /// Where `addr:` triggers point in this process: (run-time address, trigger index).
 pub fn resolve_addresses(g: &Global) -> Vec<(u64, u32)> {
@@ -233,15 +179,7 @@ impl Global {
                 "snapshot {}: trigger {} fired{where_}",
                 number, text
             ));
-            let f = Arc::new(Firing {
-                number,
-                kind,
-                tid,
-                text,
-                except,
-                remaining: AtomicUsize::new(threads),
-                threads,
-            });
+            let f = Arc::new(Firing::published(number, kind, tid, text, except, threads));
             list.push(Arc::clone(&f));
             if list.len() > KEPT_FIRINGS {
                 list.remove(0);
@@ -306,7 +244,7 @@ pub fn start_watcher(g: &'static Global) {
     if signals.is_empty() {
         return;
     }
-    let old = crate::feeder::block_all_signals();
+    let old = block_all_signals();
     let r = std::thread::Builder::new()
         .name("pttrace-snap".into())
         .spawn(move || loop {
@@ -339,7 +277,7 @@ pub fn start_watcher(g: &'static Global) {
                 }
             }
         });
-    crate::feeder::restore_signals(&old);
+    restore_signals(&old);
     if let Err(e) = r {
         say(&format!(
             "cannot start the snapshot request watcher: {e}; signal triggers will not fire"

@@ -13,15 +13,23 @@ use pttrace_format::code::{push_code_record, SampleId};
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
 use pttrace_format::snapshot::{Trigger, TriggerKind};
 
-use crate::feeder::{Msg, TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
 use crate::files::TraceFile;
-use crate::snapshot::{Firing, Ring};
+use crate::log::{Firing, Msg, TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
 pub struct WinMeta {
     w: Window,
     pub sideband: Vec<u8>,
+}
+
+/// A thread's ring of its last windows (shared with the shim's single-step backend).
+pub type Ring = pttrace_format::snapshot_ring::Ring<WinMeta>;
+
+impl pttrace_format::snapshot_ring::RingWindow for WinMeta {
+    fn sideband_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.sideband
+    }
 }
 
 /// One guest thread's encoder and files; owned by its worker thread.

@@ -26,7 +26,7 @@ use std::hash::BuildHasherDefault;
 use super::{Item, PtDecoder, Record};
 
 mod resync;
-use crate::insn::AddrHasher;
+use crate::insn::{AddrHasher, ArenaTied};
 use crate::records::{ExecMode, InsnClass};
 use crate::wire::{self, LastIp, Pkt};
 pub(crate) use resync::FlowError;
@@ -115,8 +115,8 @@ pub(crate) struct FlowTable {
     memo_records: usize,
 }
 
-impl FlowTable {
-    pub fn clear(&mut self) {
+impl ArenaTied for FlowTable {
+    fn clear(&mut self) {
         self.map.clear();
         self.blocks.clear();
         self.calls.clear();
