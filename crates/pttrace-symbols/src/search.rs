@@ -1,0 +1,429 @@
+//! Finding the debug info of an ELF file.
+//!
+//! In order (the first hit wins):
+//! 1. the file's own DWARF (a `.debug_info` with contents);
+//! 2. by build-id (`NT_GNU_BUILD_ID`): `ROOT/.build-id/xx/rest.debug`, for each extra
+//!    debug dir, then each build-id root (default `/usr/lib/debug`);
+//! 3. by `.gnu_debuglink` (file name + CRC32 of the debug file, checked): beside the binary,
+//!    in `<binary dir>/.debug/`, in each extra debug dir (`DIR/name` and
+//!    `DIR/<binary dir>/name`), then `ROOT/<binary dir>/name` for each root;
+//! 4. the debuginfod client caches: `CACHE/<build-id>/debuginfo` for
+//!    `$DEBUGINFOD_CACHE_PATH`, `$XDG_CACHE_HOME/debuginfod_client` and
+//!    `$HOME/.cache/debuginfod_client`.
+//!
+//! A candidate whose build-id differs from the binary's, or whose CRC32 differs from the
+//! debuglink's, is rejected (and listed in [`DebugLookup::rejected`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::elf::{self, Buf};
+
+/// Where to look for separate debug files.
+#[derive(Debug, Clone, Default)]
+pub struct DebugSearch {
+    extra_dirs: Vec<PathBuf>,
+    roots: Vec<PathBuf>,
+    debuginfod_caches: Vec<PathBuf>,
+}
+
+/// Where the DWARF of a module came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DebugSource {
+    /// The file's own `.debug_info`.
+    Embedded,
+    /// A separate file found by build-id under a `.build-id` directory.
+    BuildId(PathBuf),
+    /// A separate file named by `.gnu_debuglink` (CRC checked).
+    DebugLink(PathBuf),
+    /// A file in a debuginfod client cache.
+    Debuginfod(PathBuf),
+    /// No DWARF found.
+    None,
+}
+
+/// The result of a debug-info search for one ELF file.
+#[derive(Debug, Clone)]
+pub struct DebugLookup {
+    /// Where the DWARF (or the debug file's symbols) comes from.
+    pub source: DebugSource,
+    /// The binary's build-id, if it has one.
+    pub build_id: Option<Vec<u8>>,
+    /// The binary's `.gnu_debuglink`: (file name, CRC32).
+    pub debuglink: Option<(String, u32)>,
+    /// The binary has its own `.symtab` function symbols.
+    pub has_symtab: bool,
+    /// The chosen file (the binary itself for [`DebugSource::Embedded`]) has DWARF.
+    pub has_dwarf: bool,
+    /// Candidates that existed but were rejected, with the reason.
+    pub rejected: Vec<(PathBuf, String)>,
+    /// The dwz supplementary file (`.gnu_debugaltlink`) used, if any.
+    pub sup: Option<PathBuf>,
+    /// A reason the DWARF could not be used, if it could not.
+    pub dwarf_error: Option<String>,
+}
+
+/// A debug file found (mapped), with its provenance.
+pub(crate) struct Found {
+    pub path: PathBuf,
+    pub buf: Arc<Buf>,
+}
+
+impl DebugSearch {
+    /// The system defaults: build-id root `/usr/lib/debug` and the debuginfod client caches
+    /// (`$DEBUGINFOD_CACHE_PATH`, `$XDG_CACHE_HOME/debuginfod_client`,
+    /// `$HOME/.cache/debuginfod_client`).
+    pub fn new() -> Self {
+        let mut s = DebugSearch::empty();
+        s.add_root("/usr/lib/debug");
+        if let Some(p) = std::env::var_os("DEBUGINFOD_CACHE_PATH").filter(|p| !p.is_empty()) {
+            s.add_debuginfod_cache(p);
+        }
+        if let Some(p) = std::env::var_os("XDG_CACHE_HOME").filter(|p| !p.is_empty()) {
+            s.add_debuginfod_cache(Path::new(&p).join("debuginfod_client"));
+        }
+        if let Some(p) = std::env::var_os("HOME").filter(|p| !p.is_empty()) {
+            s.add_debuginfod_cache(Path::new(&p).join(".cache/debuginfod_client"));
+        }
+        s
+    }
+
+    /// Nothing but the file's own DWARF (add directories to it).
+    pub fn empty() -> Self {
+        DebugSearch::default()
+    }
+
+    /// A `--debug-dir DIR`: searched first, as a build-id root (`DIR/.build-id/xx/rest.debug`)
+    /// and for the debuglink name (`DIR/name`, `DIR/<binary dir>/name`).
+    pub fn add_debug_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        push_unique(&mut self.extra_dirs, dir.into());
+        self
+    }
+
+    /// A global debug root like `/usr/lib/debug` (build-id and `ROOT/<binary dir>/name`).
+    pub fn add_root(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        push_unique(&mut self.roots, dir.into());
+        self
+    }
+
+    /// A debuginfod client cache directory (`CACHE/<build-id>/debuginfo`).
+    pub fn add_debuginfod_cache(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        push_unique(&mut self.debuginfod_caches, dir.into());
+        self
+    }
+
+    /// The extra debug dirs, in search order.
+    pub fn debug_dirs(&self) -> &[PathBuf] {
+        &self.extra_dirs
+    }
+
+    /// Finds the debug info of the ELF file at `path` whose bytes are `data` (see the
+    /// module doc for the order).
+    pub fn find(&self, path: &Path, data: &[u8]) -> DebugLookup {
+        let facts = elf::parse(path, data)
+            .map(|f| elf::facts(&f))
+            .unwrap_or_default();
+        self.find_with(path, &facts).0
+    }
+
+    pub(crate) fn find_with(
+        &self,
+        path: &Path,
+        facts: &elf::Facts,
+    ) -> (DebugLookup, Option<Found>) {
+        let mut lookup = DebugLookup {
+            source: DebugSource::None,
+            build_id: facts.build_id.clone(),
+            debuglink: facts.debuglink.clone(),
+            has_symtab: facts.has_symtab,
+            has_dwarf: false,
+            rejected: Vec::new(),
+            sup: None,
+            dwarf_error: None,
+        };
+        if facts.has_dwarf {
+            lookup.source = DebugSource::Embedded;
+            lookup.has_dwarf = true;
+            return (lookup, None);
+        }
+        let want_id = facts.build_id.as_deref().filter(|id| id.len() >= 2);
+        // 2. build-id.
+        if let Some(id) = want_id {
+            for root in self.extra_dirs.iter().chain(&self.roots) {
+                let cand = build_id_path(root, id);
+                if let Some(found) = check(&cand, want_id, None, &mut lookup, true) {
+                    lookup.source = DebugSource::BuildId(cand);
+                    return (lookup, Some(found));
+                }
+            }
+        }
+        // 3. .gnu_debuglink.
+        if let Some((name, crc)) = &facts.debuglink {
+            let name_path = Path::new(name);
+            // A debuglink is a bare file name; anything else is not looked up.
+            let plain = name_path
+                .file_name()
+                .is_some_and(|f| f == name_path.as_os_str());
+            if plain {
+                for cand in self.debuglink_candidates(path, name) {
+                    if let Some(found) = check(&cand, want_id, Some(*crc), &mut lookup, true) {
+                        lookup.source = DebugSource::DebugLink(cand);
+                        return (lookup, Some(found));
+                    }
+                }
+            }
+        }
+        // 4. debuginfod caches.
+        if let Some(id) = want_id {
+            for cache in &self.debuginfod_caches {
+                let cand = cache.join(elf::hex(id)).join("debuginfo");
+                if let Some(found) = check(&cand, want_id, None, &mut lookup, true) {
+                    lookup.source = DebugSource::Debuginfod(cand);
+                    return (lookup, Some(found));
+                }
+            }
+        }
+        (lookup, None)
+    }
+
+    /// Where a debuglink `name` of the binary at `path` may be, in search order.
+    fn debuglink_candidates(&self, path: &Path, name: &str) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        if let Some(d) = path.parent() {
+            push_unique(&mut dirs, d.to_path_buf());
+        }
+        if let Some(d) = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        {
+            push_unique(&mut dirs, d);
+        }
+        let mut out = Vec::new();
+        for d in &dirs {
+            push_unique(&mut out, d.join(name));
+            push_unique(&mut out, d.join(".debug").join(name));
+        }
+        for extra in &self.extra_dirs {
+            push_unique(&mut out, extra.join(name));
+            for d in &dirs {
+                push_unique(&mut out, under(extra, d).join(name));
+            }
+        }
+        for root in &self.roots {
+            for d in &dirs {
+                push_unique(&mut out, under(root, d).join(name));
+            }
+        }
+        // The binary itself is never its own debug file.
+        out.retain(|c| c != path);
+        out
+    }
+
+    /// Finds a dwz supplementary file named by `.gnu_debugaltlink` (`name`, `id`) of the
+    /// debug file at `debug_path`.
+    pub(crate) fn find_sup(&self, debug_path: &Path, name: &str, id: &[u8]) -> Option<Found> {
+        let mut cands = Vec::new();
+        let p = Path::new(name);
+        if p.is_absolute() {
+            cands.push(p.to_path_buf());
+        } else if let Some(d) = debug_path.parent() {
+            cands.push(d.join(p));
+        }
+        if id.len() >= 2 {
+            for root in self.extra_dirs.iter().chain(&self.roots) {
+                cands.push(build_id_path(root, id));
+            }
+        }
+        let mut scratch = DebugLookup {
+            source: DebugSource::None,
+            build_id: None,
+            debuglink: None,
+            has_symtab: false,
+            has_dwarf: false,
+            rejected: Vec::new(),
+            sup: None,
+            dwarf_error: None,
+        };
+        cands
+            .into_iter()
+            .find_map(|c| check(&c, Some(id), None, &mut scratch, false))
+    }
+}
+
+/// `ROOT/.build-id/xx/rest.debug`.
+pub fn build_id_path(root: &Path, id: &[u8]) -> PathBuf {
+    let hex = elf::hex(id);
+    let (head, rest) = hex.split_at(2.min(hex.len()));
+    root.join(".build-id")
+        .join(head)
+        .join(format!("{rest}.debug"))
+}
+
+/// `root` joined with the absolute `dir` (its leading `/` dropped).
+fn under(root: &Path, dir: &Path) -> PathBuf {
+    let rel: PathBuf = dir
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .collect();
+    root.join(rel)
+}
+
+fn push_unique(v: &mut Vec<PathBuf>, p: PathBuf) {
+    if !v.contains(&p) {
+        v.push(p);
+    }
+}
+
+/// Maps `cand` if it is a usable debug file for a binary with build-id `want_id` and
+/// debuglink CRC `crc` (and, with `need_debug`, has DWARF or symbols); otherwise records
+/// why not in `lookup.rejected` (when it exists).
+fn check(
+    cand: &Path,
+    want_id: Option<&[u8]>,
+    crc: Option<u32>,
+    lookup: &mut DebugLookup,
+    need_debug: bool,
+) -> Option<Found> {
+    if !cand.is_file() {
+        return None;
+    }
+    let reject = |lookup: &mut DebugLookup, why: String| {
+        lookup.rejected.push((cand.to_path_buf(), why));
+        None
+    };
+    let buf = match elf::map_file(cand) {
+        Ok(b) => b,
+        Err(e) => return reject(lookup, e.to_string()),
+    };
+    if let Some(crc) = crc {
+        let got = crc32fast::hash(buf.as_slice());
+        if got != crc {
+            return reject(
+                lookup,
+                format!("CRC32 {got:08x} differs from the debuglink's {crc:08x}"),
+            );
+        }
+    }
+    let file = match elf::parse(cand, buf.as_slice()) {
+        Ok(f) => f,
+        Err(e) => return reject(lookup, e.to_string()),
+    };
+    let facts = elf::facts(&file);
+    if let (Some(want), Some(got)) = (want_id, facts.build_id.as_deref()) {
+        if want != got {
+            return reject(
+                lookup,
+                format!("build-id {} differs from {}", elf::hex(got), elf::hex(want)),
+            );
+        }
+    }
+    // (A dwz supplementary file may hold nothing but shared strings.)
+    if need_debug && !facts.has_dwarf && !facts.has_symtab {
+        return reject(lookup, "has neither DWARF nor symbols".into());
+    }
+    lookup.has_dwarf = facts.has_dwarf;
+    drop(file);
+    Some(Found {
+        path: cand.to_path_buf(),
+        buf,
+    })
+}
+
+impl DebugLookup {
+    /// The separate debug file used, if any.
+    pub fn debug_file(&self) -> Option<&Path> {
+        match &self.source {
+            DebugSource::BuildId(p) | DebugSource::DebugLink(p) | DebugSource::Debuginfod(p) => {
+                Some(p)
+            }
+            DebugSource::Embedded | DebugSource::None => None,
+        }
+    }
+
+    /// The build-id in hex, if any.
+    pub fn build_id_hex(&self) -> Option<String> {
+        self.build_id.as_deref().map(elf::hex)
+    }
+
+    /// One line for the user about `module`'s debug info, e.g.
+    /// `libc.so.6: DWARF from /usr/lib/debug/.build-id/93/ac61….debug (build-id)` or
+    /// `python3.11: stripped, no debug file for build-id 1234…`.
+    pub fn describe(&self, module: &str) -> String {
+        let short = |id: &str| {
+            if id.len() > 12 {
+                format!("{}…", &id[..12])
+            } else {
+                id.to_string()
+            }
+        };
+        let what = if self.has_dwarf { "DWARF" } else { "symbols" };
+        let mut s = match &self.source {
+            DebugSource::Embedded => format!("{module}: DWARF in the file itself"),
+            DebugSource::BuildId(p) => format!("{module}: {what} from {} (build-id)", p.display()),
+            DebugSource::DebugLink(p) => {
+                format!("{module}: {what} from {} (.gnu_debuglink)", p.display())
+            }
+            DebugSource::Debuginfod(p) => {
+                format!("{module}: {what} from {} (debuginfod cache)", p.display())
+            }
+            DebugSource::None => {
+                let state = if self.has_symtab {
+                    "no DWARF, names from .symtab"
+                } else {
+                    "stripped"
+                };
+                match self.build_id_hex() {
+                    Some(id) => format!(
+                        "{module}: {state}, no debug file for build-id {}",
+                        short(&id)
+                    ),
+                    None => format!("{module}: {state}, no build-id and no debug file"),
+                }
+            }
+        };
+        if let Some(e) = &self.dwarf_error {
+            s.push_str(&format!(" (DWARF unusable: {e})"));
+        }
+        for (p, why) in &self.rejected {
+            s.push_str(&format!("; rejected {}: {why}", p.display()));
+        }
+        s
+    }
+}
+
+/// The Debian package to install for `binary`'s debug info (`libc6-dbg` for glibc's
+/// files, `PKG-dbgsym` for others), found from dpkg's file lists; `None` when no installed
+/// package owns the file.
+pub fn debian_debug_package(binary: &Path) -> Option<String> {
+    let mut names: Vec<String> = vec![binary.display().to_string()];
+    if let Ok(c) = std::fs::canonicalize(binary) {
+        names.push(c.display().to_string());
+    }
+    // /usr-merged systems list files under either /lib or /usr/lib.
+    for n in names.clone() {
+        if let Some(rest) = n.strip_prefix("/usr") {
+            names.push(rest.to_string());
+        } else if n.starts_with('/') {
+            names.push(format!("/usr{n}"));
+        }
+    }
+    let dir = std::fs::read_dir("/var/lib/dpkg/info").ok()?;
+    for e in dir.flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("list") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        if text.lines().any(|l| names.iter().any(|n| n == l)) {
+            let stem = p.file_stem()?.to_str()?;
+            let pkg = stem.split(':').next().unwrap_or(stem);
+            return Some(match pkg {
+                "libc6" => "libc6-dbg".to_string(),
+                other => format!("{other}-dbgsym"),
+            });
+        }
+    }
+    None
+}
