@@ -9,6 +9,16 @@ use drpttracer::shim::sysnames;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// `writeln!` for summaries: a closed stream (`| head`) is not an error of the summary.
+macro_rules! say {
+    ($w:expr) => {{
+        let _ = writeln!($w);
+    }};
+    ($w:expr, $($arg:tt)*) => {{
+        let _ = writeln!($w, $($arg)*);
+    }};
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Trace directory (the `--out` of `pttrace run`).
@@ -202,9 +212,17 @@ fn config_value<'a>(config: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// Prints the summary; returns it for callers that add to it.
-pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String> {
+pub fn print_summary(
+    dir: &Path,
+    per_syscall: bool,
+    w: &mut dyn std::io::Write,
+) -> Result<DirSummary, String> {
     let s = summarize_dir(dir)?;
-    println!("trace directory: {}", printable(&dir.display().to_string()));
+    say!(
+        w,
+        "trace directory: {}",
+        printable(&dir.display().to_string())
+    );
     let mut keys: Vec<_> = s
         .processes
         .keys()
@@ -219,7 +237,8 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
         match s.processes.get(key) {
             Some(p) => {
                 let ppid = p.process.as_ref().map_or(0, |r| r.ppid);
-                println!(
+                say!(
+                    w,
                     "process {pid} (image {nonce}, parent {ppid}): {}",
                     printable(&if p.cmdline.is_empty() {
                         p.exe.clone()
@@ -230,7 +249,8 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 if let Some(r) = &p.process {
                     let b = ptt::backend_name(r.backend).to_string();
                     *backends.entry(b.clone()).or_default() += 1;
-                    println!(
+                    say!(
+                        w,
                         "  exe {}, mode {}, window {}, backend {b}, {} mappings, vDSO {} bytes",
                         printable(&p.exe),
                         ptt::mode_name(r.mode),
@@ -239,11 +259,12 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                         p.vdso_bytes
                     );
                     if !r.pt_present {
-                        println!("  PT absent: {}", printable(&r.pt_absent_reason));
+                        say!(w, "  PT absent: {}", printable(&r.pt_absent_reason));
                     }
                 }
                 match p.end {
-                    Some((r, code)) => println!(
+                    Some((r, code)) => say!(
+                        w,
                         "  ended: {} (status {code}){}",
                         ptt::EndReason::from_raw(r).map_or("?", |r| r.name()),
                         if p.patched_sites > 0 {
@@ -252,34 +273,37 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                             String::new()
                         }
                     ),
-                    None => println!("  ended: no ProcessEnd record (killed or still running)"),
+                    None => say!(w, "  ended: no ProcessEnd record (killed or still running)"),
                 }
                 if let Some(size) = config_value(&p.config, "PTTRACER_SNAPSHOT") {
-                    println!(
+                    say!(
+                        w,
                         "  snapshot mode: last {size} PT bytes per thread, triggers {}",
                         printable(config_value(&p.config, "PTTRACER_TRIGGERS").unwrap_or("?"))
                     );
                 }
                 for n in &p.notes {
-                    println!("  note: {}", printable(n));
+                    say!(w, "  note: {}", printable(n));
                 }
                 if let Some(t) = tail_text(&p.tail) {
-                    println!("  info file {t}");
+                    say!(w, "  info file {t}");
                 }
                 let threads = s.threads.get(key).map_or(&[][..], Vec::as_slice);
                 if threads.iter().any(|t| t.windows > 0)
                     && threads.iter().all(|t| t.vfork_child_windows == t.windows)
                 {
-                    println!(
+                    say!(
+                        w,
                         "  vfork-style child (posix_spawn): ran on its parent's memory until it exec'd or exited"
                     );
                 }
             }
-            None => println!("process {pid} (image {nonce}): no info file"),
+            None => say!(w, "process {pid} (image {nonce}): no info file"),
         }
         for t in s.threads.get(key).into_iter().flatten() {
             let tid = t.header.as_ref().map_or(0, |h| h.tid);
-            println!(
+            say!(
+                w,
                 "  thread {tid}: {} windows, {} PT bytes, {} sideband bytes, {} lossy, {} dropped, ended: {}",
                 t.windows,
                 t.pt_bytes,
@@ -289,36 +313,38 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
                 end_text(t.end)
             );
             if torn_tail_recovered(t) {
-                println!(
+                say!(
+                    w,
                     "    {}: its last record was torn when the process died; the spool \
                      beside it has that window",
                     printable(&t.file)
                 );
             } else if let Some(tt) = tail_text(&t.tail) {
-                println!("    {}: {tt}", printable(&t.file));
+                say!(w, "    {}: {tt}", printable(&t.file));
             }
             if let Some(r) = &t.recovered {
-                println!("    {}", recovered_text(r));
+                say!(w, "    {}", recovered_text(r));
                 if t.spool_pending {
-                    println!(
+                    say!(
+                        w,
                         "    (read from the .spool beside the file; `pttrace run` merges it into \
                          the file when the program ends)"
                     );
                 }
             }
             for snap in &t.snapshots {
-                println!("    {}", printable(&snap.describe()));
+                say!(w, "    {}", printable(&snap.describe()));
             }
             if per_syscall {
                 for (nr, n) in &t.per_syscall {
                     let name = sysnames::name(*nr).map_or_else(|| format!("#{nr}"), String::from);
-                    println!("    {name:<20} {n}");
+                    say!(w, "    {name:<20} {n}");
                 }
             }
         }
     }
     for (name, e) in &s.unreadable {
-        println!("unreadable: {name}: {e}");
+        say!(w, "unreadable: {name}: {e}");
     }
     let pt: u64 = s.threads.values().flatten().map(|t| t.pt_bytes).sum();
     let sb: u64 = s.threads.values().flatten().map(|t| t.sideband_bytes).sum();
@@ -329,7 +355,8 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
     } else {
         backends.keys().cloned().collect::<Vec<_>>().join(", ")
     };
-    println!(
+    say!(
+        w,
         "total: {} processes, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
          losses: {lossy} lossy windows, {dropped} dropped windows, {} truncated/corrupt files; \
          backend {backend}; kernel.raw: {} files, {} bytes{}{}",
@@ -348,6 +375,6 @@ pub fn print_summary(dir: &Path, per_syscall: bool) -> Result<DirSummary, String
 }
 
 pub fn run(args: Args) -> CmdResult {
-    let s = print_summary(&args.dir, args.per_syscall)?;
+    let s = print_summary(&args.dir, args.per_syscall, &mut std::io::stdout().lock())?;
     s.damages().finish("report", args.keep_going)
 }

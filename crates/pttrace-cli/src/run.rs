@@ -5,28 +5,36 @@ use super::qemu;
 use crate::CmdResult;
 use drpttracer::format::snapshot::UserTrigger;
 use drpttracer::shim::config::{self, ShimConfig};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Output directory (created if missing).
+    /// Output directory (created if missing). A directory that already holds a trace is
+    /// moved aside to DIR.old first (replacing an older one), as perf does with perf.data.
     #[arg(long, default_value = "pttrace.out")]
     pub out: PathBuf,
-    /// What to trace: kernel, user or user_kernel.
-    #[arg(long, default_value = "kernel")]
-    pub mode: String,
-    /// Window kind: syscall (entry to exit) or thread (user execution between syscalls).
-    #[arg(long, default_value = "syscall")]
-    pub window: String,
+    /// What to trace: user (default), kernel or user_kernel (`--window syscall` alone:
+    /// kernel, DynamoRIO's syscall_pt_trace).
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Window kind: thread (user execution between syscalls; the default in user mode) or
+    /// syscall (entry to exit; the default in the kernel modes).
+    #[arg(long)]
+    pub window: Option<String>,
+    /// Print nothing of pttrace's own but errors: the program's output and exit status
+    /// only (pttrace's messages, the summary included, go to stderr otherwise).
+    #[arg(long, short)]
+    pub quiet: bool,
     /// Syscalls to record: names or numbers, comma separated; `!name` excludes.
     #[arg(long, default_value = "")]
     pub syscalls: String,
     /// Capture backend: auto, hardware, emulated (single-stepping in the shim) or qemu
     /// (the whole program under QEMU with pttrace's plugin; user mode, thread windows).
-    /// auto (default, or PTTRACER_BACKEND): hardware where Intel PT exists; otherwise, for
-    /// `--mode user --window thread`, qemu when qemu-x86_64 and the plugin are found, else
-    /// emulated.
+    /// auto (default, or PTTRACER_BACKEND): hardware where Intel PT exists; otherwise, in
+    /// user mode with thread windows, qemu when qemu-x86_64 and the plugin are found, else
+    /// emulated. The first line of `run` says which one traces and why.
     #[arg(long, default_value = "auto")]
     pub backend: String,
     /// The qemu-x86_64 to run the program with (QEMU backend; default: PATH).
@@ -80,6 +88,36 @@ pub struct Args {
     pub cmd: Vec<String>,
 }
 
+impl Args {
+    /// `--mode`, else user, or kernel when only `--window syscall` is given (DynamoRIO's
+    /// syscall_pt_trace: kernel code in syscall windows).
+    pub fn mode(&self) -> &str {
+        match (self.mode.as_deref(), self.window.as_deref()) {
+            (Some(m), _) => m,
+            (None, Some("syscall")) => "kernel",
+            (None, _) => "user",
+        }
+    }
+
+    /// `--window`, else thread in user mode and syscall in the kernel modes.
+    pub fn window(&self) -> &str {
+        match self.window.as_deref() {
+            Some(w) => w,
+            None if self.mode() == "user" => "thread",
+            None => "syscall",
+        }
+    }
+
+    /// Where pttrace's own messages go: stderr, or nowhere with `--quiet`.
+    fn messages(&self) -> Box<dyn Write> {
+        if self.quiet {
+            Box::new(std::io::sink())
+        } else {
+            Box::new(std::io::stderr())
+        }
+    }
+}
+
 /// libdrpttracer.so next to the running executable (target/<profile>/), or in its parent
 /// (test and bench executables live in target/<profile>/deps/).
 pub fn find_library() -> Result<PathBuf, String> {
@@ -103,8 +141,8 @@ pub fn find_library() -> Result<PathBuf, String> {
 fn env_pairs(args: &Args) -> Vec<(&'static str, String)> {
     let mut v = vec![
         (config::ENV_OUT, args.out.display().to_string()),
-        (config::ENV_MODE, args.mode.clone()),
-        (config::ENV_WINDOW, args.window.clone()),
+        (config::ENV_MODE, args.mode().to_string()),
+        (config::ENV_WINDOW, args.window().to_string()),
         (config::ENV_SYSCALLS, args.syscalls.clone()),
         (config::ENV_BACKEND, asked_backend(args)),
     ];
@@ -135,9 +173,10 @@ fn prepend_preload(lib: &Path) -> String {
 }
 
 /// Tells how to decode what was captured (or that there is no PT to decode).
-fn print_decode_hint(out: &Path, s: &super::report::DirSummary) {
+fn print_decode_hint(out: &Path, s: &super::report::DirSummary, w: &mut dyn Write) {
     if s.pt_bytes() == 0 {
-        println!(
+        let _ = writeln!(
+            w,
             "nothing to decode: no PT was captured (see \"PT absent\" above); the windows' \
              metadata is in the .ptt files (summary again: pttrace report {})",
             out.display()
@@ -154,18 +193,22 @@ fn print_decode_hint(out: &Path, s: &super::report::DirSummary) {
             if s.has_kallsyms {
                 extra.push_str(&format!(" --kallsyms {}", kdir.join("kallsyms").display()));
             }
-            println!(
+            let _ = writeln!(
+                w,
                 "decode with (one per thread file in {}): pttrace decode --raw-pt {}{extra}",
                 kdir.display(),
                 first.display()
             );
         }
-        None => println!(
-            "decode with: pttrace decode {} --format summary   (or --format disasm|jsonl; \
+        None => {
+            let _ = writeln!(
+                w,
+                "decode with: pttrace decode {} --format summary   (or --format disasm|jsonl; \
              summary again: pttrace report {})",
-            out.display(),
-            out.display()
-        ),
+                out.display(),
+                out.display()
+            );
+        }
     }
 }
 
@@ -184,7 +227,7 @@ fn asked_backend(args: &Args) -> String {
 /// The emulator and plugin when this run goes through QEMU (see `--backend`).
 fn qemu_backend(args: &Args) -> Result<Option<(PathBuf, PathBuf)>, String> {
     let backend = asked_backend(args);
-    let thread_user = args.mode == "user" && args.window == "thread";
+    let thread_user = args.mode() == "user" && args.window() == "thread";
     let found = || -> Result<(PathBuf, PathBuf), String> {
         Ok((
             qemu::find_qemu(args.qemu.as_deref())?,
@@ -197,7 +240,8 @@ fn qemu_backend(args: &Args) -> Result<Option<(PathBuf, PathBuf)>, String> {
                 return Err(format!(
                     "the qemu backend traces user mode in thread windows: use --mode user \
                      --window thread (got --mode {} --window {})",
-                    args.mode, args.window
+                    args.mode(),
+                    args.window()
                 ));
             }
             found().map(Some)
@@ -228,10 +272,22 @@ fn mirror_status(prog: &str, status: std::process::ExitStatus) -> CmdResult {
 }
 
 fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
+    let mut msg = args.messages();
     let plugin = plugin
         .canonicalize()
         .map_err(|e| format!("{}: {e}", plugin.display()))?;
-    let out = writable_out_dir(&args.out)?;
+    let why = if asked_backend(args) == "qemu" {
+        "as asked".to_string()
+    } else {
+        "no intel_pt PMU on this machine; --backend emulated single-steps instead".to_string()
+    };
+    let _ = writeln!(
+        msg,
+        "pttrace run: tracing user code in thread windows under QEMU ({}, plugin {}; {why})",
+        qemu.display(),
+        plugin.display()
+    );
+    let out = fresh_out_dir(&args.out, &mut msg)?;
     let prog = args.cmd.first().cloned().unwrap_or_default();
     let snap = super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
     let extra = match &snap {
@@ -248,7 +304,7 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
     let status = cmd
         .status()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
-    println!("{prog}: {status} (traced under {})", qemu.display());
+    let _ = writeln!(msg, "{prog}: {status} (traced under {})", qemu.display());
     if !has_info_file(&out) {
         return Err(format!(
             "{} wrote no trace into {}: QEMU did not load the plugin {} (see its message \
@@ -259,8 +315,8 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         )
         .into());
     }
-    let summary = super::report::print_summary(&out, args.per_syscall)?;
-    print_decode_hint(&out, &summary);
+    let summary = super::report::print_summary(&out, args.per_syscall, &mut msg)?;
+    print_decode_hint(&out, &summary, &mut msg);
     mirror_status(&prog, status)
 }
 
@@ -268,6 +324,7 @@ pub fn run(args: Args) -> CmdResult {
     if let Some((qemu, plugin)) = qemu_backend(&args)? {
         return run_qemu(&args, qemu, plugin);
     }
+    let mut msg = args.messages();
     let snap = super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
     if let Some(sn) = &snap {
         shim_snapshot_check(&args, sn)?;
@@ -287,7 +344,8 @@ pub fn run(args: Args) -> CmdResult {
         .canonicalize()
         .map_err(|e| format!("{}: {e}", lib.display()))?;
     check_preload_library(&lib)?;
-    let out = writable_out_dir(&args.out)?;
+    let _ = writeln!(msg, "pttrace run: {}", shim_backend_line(&args));
+    let out = fresh_out_dir(&args.out, &mut msg)?;
     if let Some(sn) = &snap {
         super::snapshot::forward_signals(sn, &out)?;
     }
@@ -305,7 +363,7 @@ pub fn run(args: Args) -> CmdResult {
     let status = cmd
         .status()
         .map_err(|e| format!("cannot run {prog}: {e}"))?;
-    println!("{prog}: {status}");
+    let _ = writeln!(msg, "{prog}: {status}");
     if !has_info_file(&out) {
         return Err(format!(
             "{prog} wrote no trace into {}: the preload library {} did not start in it (a \
@@ -315,9 +373,9 @@ pub fn run(args: Args) -> CmdResult {
         )
         .into());
     }
-    salvage_spools(&out);
-    let summary = super::report::print_summary(&out, args.per_syscall)?;
-    print_decode_hint(&out, &summary);
+    salvage_spools(&out, &mut msg);
+    let summary = super::report::print_summary(&out, args.per_syscall, &mut msg)?;
+    print_decode_hint(&out, &summary, &mut msg);
     mirror_status(prog, status)
 }
 
@@ -331,8 +389,8 @@ fn shim_snapshot_check(args: &Args, sn: &super::snapshot::Snapshot) -> Result<()
     snapshot_backend_check(
         hardware.then(|| pmu.err().map(|e| e.message)),
         &backend,
-        &args.mode,
-        &args.window,
+        args.mode(),
+        args.window(),
         &sn.triggers,
     )?;
     let prog = args.cmd.first().cloned().unwrap_or_default();
@@ -383,7 +441,7 @@ fn snapshot_backend_check(
 /// Completes the thread files of processes that died before writing everything (SIGKILL)
 /// from their spools, so that the directory needs nothing else; processes still running
 /// (daemons the program left behind) keep their spools.
-fn salvage_spools(out: &Path) {
+fn salvage_spools(out: &Path, msg: &mut dyn Write) {
     let Ok(rd) = std::fs::read_dir(out) else {
         return;
     };
@@ -424,13 +482,14 @@ fn salvage_spools(out: &Path) {
                     let shown = ptt.display().to_string();
                     let p = super::text::printable(&shown);
                     if let Some((snap, _)) = &r.snapshot {
-                        println!(
+                        let _ = writeln!(
+                            msg,
                             "{p}: snapshot {} recovered after the process was killed: {} \
                              windows, {} PT bytes",
                             snap.number, snap.windows, snap.pt_bytes
                         );
                     }
-                    println!("{p}: {}", super::text::recovered_text(&r.recovered));
+                    let _ = writeln!(msg, "{p}: {}", super::text::recovered_text(&r.recovered));
                 }
                 Ok(None) => {}
                 Err(e) => eprintln!("pttrace run: cannot complete {name} from its spool: {e}"),
@@ -473,6 +532,87 @@ fn writable_out_dir(out: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot write into {}: {e}", out.display()))?;
     let _ = std::fs::remove_file(&probe);
     Ok(out)
+}
+
+/// The output directory for a new run: a directory that already holds a trace is moved
+/// aside to `DIR.old` first (an older `DIR.old` is removed), so two runs never mix (perf's
+/// convention for perf.data). Then as [`writable_out_dir`].
+fn fresh_out_dir(out: &Path, msg: &mut dyn Write) -> Result<PathBuf, String> {
+    if holds_trace(out) {
+        let mut old = out.as_os_str().to_os_string();
+        old.push(".old");
+        let old = PathBuf::from(old);
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(|e| {
+                format!(
+                    "{} holds a trace and {} cannot be removed to make room for it: {e}",
+                    out.display(),
+                    old.display()
+                )
+            })?;
+        }
+        std::fs::rename(out, &old).map_err(|e| {
+            format!(
+                "{} holds a trace and cannot be moved aside to {}: {e}",
+                out.display(),
+                old.display()
+            )
+        })?;
+        let _ = writeln!(
+            msg,
+            "pttrace run: {} held a trace of an earlier run: moved to {}",
+            out.display(),
+            old.display()
+        );
+    }
+    writable_out_dir(out)
+}
+
+/// Whether `dir` holds files of a trace (thread or info files, spools, DynamoRIO's
+/// kernel.raw folder).
+fn holds_trace(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == "kernel.raw"
+                || [".info", ".ptt", ".spool", ".snapring", ".spool.exec"]
+                    .iter()
+                    .any(|x| name.ends_with(x))
+        })
+    })
+}
+
+/// What traces a run through the shim, and why: the line `run` starts with.
+fn shim_backend_line(args: &Args) -> String {
+    let what = match (args.mode(), args.window()) {
+        ("user", "thread") => "user code in thread windows".to_string(),
+        (m, w) => format!("mode {m} in {w} windows"),
+    };
+    let pmu = drpttracer::perf::pmu::IntelPtPmu::probe();
+    match asked_backend(args).as_str() {
+        "hardware" => format!("tracing {what} with Intel PT hardware (as asked)"),
+        "emulated" => format!("tracing {what} by single-stepping (emulated backend, as asked)"),
+        _ if pmu.is_ok() => format!("tracing {what} with Intel PT hardware (intel_pt PMU found)"),
+        _ if args.mode() == "user" && args.window() == "thread" => {
+            let qemu = qemu::find_qemu(args.qemu.as_deref())
+                .and_then(|_| qemu::find_plugin(args.qemu_plugin.as_deref()).map(|_| ()));
+            format!(
+                "tracing {what} by single-stepping (emulated backend: no intel_pt PMU on this \
+                 machine, and QEMU cannot be used: {})",
+                qemu.err().unwrap_or_default()
+            )
+        }
+        _ if args.mode() == "user" => format!(
+            "tracing {what} by single-stepping (emulated backend: no intel_pt PMU on this \
+             machine)"
+        ),
+        _ => format!(
+            "{what}: this machine has no intel_pt PMU, so the windows are recorded without \
+             PT (their syscalls, arguments and times only; `pttrace check` says why). For \
+             user code leave out --mode and --window"
+        ),
+    }
 }
 
 fn has_info_file(out: &Path) -> bool {

@@ -39,6 +39,8 @@ fn run_refuses_a_preload_library_that_is_not_one() {
     fails_with(
         &[
             "run",
+            "--window",
+            "syscall",
             "--lib",
             fake.to_str().unwrap(),
             "--out",
@@ -93,7 +95,14 @@ fn text_from_trace_files_is_escaped() {
     let out = dir.path().join("out");
     let evil = "\u{1b}[31mred\u{1b}]0;title\u{7}";
     let o = Command::new(pttrace())
-        .args(["run", "--lib", lib_path().to_str().unwrap(), "--out"])
+        .args([
+            "run",
+            "--window",
+            "syscall",
+            "--lib",
+            lib_path().to_str().unwrap(),
+        ])
+        .arg("--out")
         .arg(&out)
         .args(["--", "/bin/echo", evil])
         .output()
@@ -193,6 +202,8 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_where_the_shim_keeps_no_r
             "emulated",
             "--mode",
             "user",
+            "--window",
+            "syscall",
             "--out",
             out,
         ]

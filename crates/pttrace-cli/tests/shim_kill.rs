@@ -138,10 +138,13 @@ fn pttrace_run_prints_the_summary_and_the_decode_command() {
         .arg(lib_path())
         .arg("--out")
         .arg(&out)
+        // Kernel mode in syscall windows (DynamoRIO's syscall_pt_trace), named explicitly.
+        .args(["--window", "syscall"])
         .args(["--syscalls", "getdents64,write", "--", "/bin/ls", "/"])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    // pttrace's own messages go to stderr: stdout is the program's.
+    let text = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{o:?}");
     let td = read_dir(&out);
     let n = td.threads[0].windows.len();

@@ -87,7 +87,7 @@ fn a_process_that_kills_itself_loses_no_window_and_names_the_kill() {
         let via_cli = run % 4 == 0;
         let o = if via_cli {
             Command::new(pttrace())
-                .args(["run", "--out"])
+                .args(["run", "--window", "syscall", "--out"])
                 .arg(&out)
                 .arg("--")
                 .arg(&prog)

@@ -863,6 +863,8 @@ fn bad_snapshot_options_are_named() {
             "emulated",
             "--mode",
             "user",
+            "--window",
+            "syscall",
             "--out",
             out,
         ])

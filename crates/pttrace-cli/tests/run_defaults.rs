@@ -1,0 +1,239 @@
+//! `pttrace run` as a new user types it: no flags trace the program's user code with the
+//! best backend this machine has (saying which and why), `--backend qemu` or `--mode user`
+//! alone imply thread windows, a second run never mixes with the first, stdout is the
+//! program's alone and the exit status is the program's.
+
+mod shim_util;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use drpttracer::decode::ptt_dir;
+use drpttracer::format::ptt;
+use shim_util::{pttrace, qemu_available, symbol, text};
+
+fn run(args: &[&str], cmd: &[&str]) -> Output {
+    Command::new(pttrace())
+        .arg("run")
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap()
+}
+
+/// (mode, window, backend) names of the trace (its first thread's header).
+fn kind_of(out: &Path) -> (String, String, String) {
+    let t = ptt_dir::open(out).unwrap();
+    let p = &t.threads[0].header;
+    (
+        ptt::mode_name(p.mode).to_string(),
+        ptt::window_name(p.window).to_string(),
+        ptt::backend_name(p.backend).to_string(),
+    )
+}
+
+/// The backend that no flags pick here, and the words of `run`'s first line for it.
+fn expected_default() -> (&'static str, &'static str) {
+    if drpttracer::perf::pmu::IntelPtPmu::probe().is_ok() {
+        ("hardware", "with Intel PT hardware (intel_pt PMU found)")
+    } else if qemu_available() {
+        ("qemu", "under QEMU (")
+    } else {
+        (
+            "emulated",
+            "by single-stepping (emulated backend: no intel_pt PMU",
+        )
+    }
+}
+
+#[test]
+fn no_flags_trace_the_programs_user_code_exactly_with_the_best_backend() {
+    // The plugin is found beside pttrace: make sure this build has it.
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with("qemu_cases", dir.path(), "qc", &["-no-pie"]);
+    let out = dir.path().join("out");
+    let o = run(
+        &["--out", out.to_str().unwrap()],
+        &[prog.to_str().unwrap(), "loop", "1000"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let first = err.lines().next().unwrap_or("");
+    let (backend, words) = expected_default();
+    assert!(
+        first.starts_with("pttrace run: tracing user code in thread windows ")
+            && first.contains(words),
+        "first line: {first}\n{}",
+        text(&o)
+    );
+    assert_eq!(
+        kind_of(&out),
+        ("user".into(), "thread".into(), backend.into())
+    );
+    // The loop, instruction by instruction: test cl,1 | jz | nop | dec rcx | jnz.
+    let t = ptt_dir::open(&out).unwrap();
+    let main = t
+        .threads
+        .iter()
+        .find(|th| th.header.tid == th.header.pid)
+        .unwrap();
+    let records: Vec<_> = t
+        .collect_thread(main)
+        .unwrap()
+        .into_iter()
+        .flat_map(|(_, r)| r)
+        .collect();
+    let count = |pc: u64| {
+        records
+            .iter()
+            .filter_map(|r| r.as_instruction())
+            .filter(|i| i.pc == pc)
+            .count()
+    };
+    let head = symbol(&prog, "pt_loop_head");
+    assert_eq!(
+        [
+            count(head),
+            count(head + 3),
+            count(head + 5),
+            count(head + 6),
+            count(head + 9)
+        ],
+        [1000, 1000, 500, 1000, 1000]
+    );
+}
+
+#[test]
+fn backend_qemu_or_mode_user_alone_trace_thread_windows() {
+    if !qemu_available() {
+        return;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    for (args, backend) in [
+        (&["--backend", "qemu"][..], "qemu"),
+        (&["--mode", "user"][..], expected_default().0),
+    ] {
+        let out = dir.path().join(args.join("_"));
+        let mut a = args.to_vec();
+        a.extend(["--out", out.to_str().unwrap()]);
+        let o = run(&a, &["/bin/true"]);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        assert_eq!(
+            kind_of(&out),
+            ("user".into(), "thread".into(), backend.into()),
+            "{args:?}"
+        );
+    }
+    // `--window syscall` alone keeps its old meaning: kernel code in syscall windows.
+    let out = dir.path().join("syscall");
+    let o = run(
+        &["--window", "syscall", "--out", out.to_str().unwrap()],
+        &["/bin/true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let (mode, window, _) = kind_of(&out);
+    assert_eq!((mode.as_str(), window.as_str()), ("kernel", "syscall"));
+}
+
+#[test]
+fn a_second_run_into_the_same_directory_moves_the_first_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace");
+    let old = dir.path().join("trace.old");
+    let args = ["--window", "syscall", "--out", out.to_str().unwrap()];
+    let files = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let o = run(&args, &["/bin/true"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let first = files(&out);
+    assert!(first.iter().any(|f| f.ends_with(".info")), "{first:?}");
+    // An older .old goes: the second run's .old is the first run.
+    std::fs::create_dir(&old).unwrap();
+    std::fs::write(old.join("stale"), b"x").unwrap();
+    let o = run(&args, &["/bin/true"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!(
+            "pttrace run: {} held a trace of an earlier run: moved to {}",
+            out.display(),
+            old.display()
+        )),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(files(&old), first);
+    assert_eq!(ptt_dir::open(&out).unwrap().processes.len(), 1);
+    assert_ne!(
+        files(&out),
+        first,
+        "the second run's own files (another pid)"
+    );
+    // A directory without a trace is used as it is.
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    std::fs::write(plain.join("notes.txt"), b"mine").unwrap();
+    let o = run(
+        &["--window", "syscall", "--out", plain.to_str().unwrap()],
+        &["/bin/true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(plain.join("notes.txt").is_file());
+    assert!(!dir.path().join("plain.old").exists());
+}
+
+#[test]
+fn stdout_is_the_programs_own_and_the_exit_status_is_its_own() {
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = "printf 'line 1\\nline 2\\n'; ls /; exit $0";
+    for (status, want) in [("0", Some(0)), ("3", Some(3))] {
+        let native = Command::new("sh")
+            .args(["-c", script, status])
+            .output()
+            .unwrap();
+        let out = dir.path().join(format!("out{status}"));
+        let o = run(
+            &["--out", out.to_str().unwrap()],
+            &["sh", "-c", script, status],
+        );
+        assert_eq!(o.stdout, native.stdout, "{}", text(&o));
+        assert_eq!(o.status.code(), want, "{}", text(&o));
+        let o = run(
+            &["--quiet", "--out", out.to_str().unwrap()],
+            &["sh", "-c", script, status],
+        );
+        assert_eq!(o.stdout, native.stdout);
+        assert_eq!(o.status.code(), want);
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("pttrace run:"),
+            "--quiet: {}",
+            text(&o)
+        );
+    }
+    // Killed by SIGSEGV: 128 + 11, as a shell reports it.
+    let out = dir.path().join("segv");
+    let o = run(
+        &["--out", out.to_str().unwrap()],
+        &["sh", "-c", "kill -SEGV $$"],
+    );
+    assert_eq!(o.status.code(), Some(139), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("pttrace run: sh was killed by signal 11 (Segmentation fault)"),
+        "{}",
+        text(&o)
+    );
+}
