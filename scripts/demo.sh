@@ -9,7 +9,7 @@ cargo build --release --lib --bins
 out=${1:-/tmp/pttrace-demo}
 rm -rf "$out"
 ./target/release/pttrace check
-./target/release/pttrace run --out "$out" --mode user --window thread -- /bin/ls /
+./target/release/pttrace run --out "$out" -- /bin/ls /
 ./target/release/pttrace report "$out"
 ./target/release/pttrace decode "$out" --format summary
 echo "first decoded instructions of the trace (pttrace decode $out --format disasm):"

@@ -256,7 +256,10 @@ impl fmt::Display for Report {
                 x.detail
             )?;
         }
-        writeln!(f, "Backend per mode:")?;
+        writeln!(
+            f,
+            "Backend per mode in the LD_PRELOAD shim and the C API (PTTRACER_BACKEND=auto):"
+        )?;
         for (m, r) in &self.modes {
             match r {
                 Ok(k) => writeln!(f, "  {:<12} {}", m.name(), k.name())?,

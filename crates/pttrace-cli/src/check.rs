@@ -36,7 +36,8 @@ fn print_qemu() {
                 println!("  pttrace run uses it when asked (--backend qemu); Intel PT hardware is the default here");
             } else {
                 println!(
-                    "  pttrace run --mode user --window thread uses it by default on this machine"
+                    "  pttrace run -- PROG (no flags: user code in thread windows) uses it on \
+                     this machine"
                 );
             }
         }
@@ -47,7 +48,10 @@ fn print_qemu() {
                     Err(e) => println!("  [FAIL] {e}"),
                 }
             }
-            println!("  pttrace run --mode user --window thread single-steps instead (slow)");
+            println!(
+                "  pttrace run -- PROG (no flags: user code in thread windows) single-steps \
+                 instead (slow)"
+            );
         }
     }
 }
