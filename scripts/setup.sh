@@ -9,7 +9,7 @@
 # installed below with `npm ci`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core)
+pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

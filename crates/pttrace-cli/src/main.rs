@@ -5,6 +5,7 @@ mod damage;
 mod decode;
 mod dump;
 mod progress;
+mod names;
 mod qemu;
 mod report;
 mod run;

@@ -22,11 +22,12 @@ use std::path::{Path, PathBuf};
 use drpttracer::decode::callstack::{CallStacks, SpanEnd, SpanStart, ThreadStacks, TimeMap};
 use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
 use drpttracer::decode::TraceDecoder;
-use drpttracer::decode::{DecodeError, Symbols};
+use drpttracer::decode::DecodeError;
 use drpttracer::format::ptt;
 use drpttracer::metadata::TimeConv;
 use serde::Serialize;
 
+use crate::names::ImageNames;
 use crate::CmdResult;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -52,6 +53,10 @@ pub struct Args {
     /// Prefix for the paths of the mapped files (their symbols).
     #[arg(long, value_name = "DIR")]
     sysroot: Option<PathBuf>,
+    /// Also look for separate debug files here (repeatable): as a build-id tree
+    /// (DIR/.build-id/xx/rest.debug) and by .gnu_debuglink name.
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Vec<PathBuf>,
     /// Damaged input: draw what could be read and exit 0 (the damage is still listed).
     #[arg(long)]
     keep_going: bool,
@@ -87,144 +92,47 @@ impl Names {
     }
 }
 
-/// Names the frame addresses of one process image: PLT stubs as `function@plt`, else its
-/// ELF symbols (`.symtab`, `.dynsym`, the vDSO's), else `module+0xOFF` (the offset in the
-/// mapped file), else the address.
+/// Names frames of one process image ([`ImageNames`]) as ids of the view's string table.
 struct Namer {
-    syms: Symbols,
-    maps: Vec<(u64, u64, u64, String)>,
-    plts: Vec<Plt>,
-    cache: HashMap<u64, u32>,
-}
-
-/// A PLT section of a mapped ELF file, at its run-time address, and the names of the
-/// functions its GOT slots are bound to (run-time slot address -> name).
-struct Plt {
-    start: u64,
-    bytes: Vec<u8>,
-    module: String,
-    got: HashMap<u64, String>,
-}
-
-impl Plt {
-    /// The stub at `addr` (a call target): its `jmp *slot(%rip)` (within the stub's first
-    /// 8 bytes, after endbr64/bnd) names the function bound to the slot.
-    fn name(&self, addr: u64) -> Option<String> {
-        let off = usize::try_from(addr.checked_sub(self.start)?).ok()?;
-        if off >= self.bytes.len() {
-            return None;
-        }
-        let stub = self.bytes.get(off..self.bytes.len().min(off + 14))?;
-        let name = (0..stub.len().saturating_sub(5).min(8))
-            .find(|&k| stub[k] == 0xff && stub[k + 1] == 0x25)
-            .and_then(|k| {
-                let disp = i32::from_le_bytes(stub.get(k + 2..k + 6)?.try_into().ok()?);
-                let slot = addr
-                    .wrapping_add(k as u64 + 6)
-                    .wrapping_add(i64::from(disp) as u64);
-                self.got.get(&slot).cloned()
-            })
-            .unwrap_or_else(|| self.module.clone());
-        Some(format!("{name}@plt"))
-    }
-}
-
-/// The PLT sections (`.plt`, `.plt.sec`, `.plt.got`) of the ELF file mapped from file
-/// offset 0 at `start`, moved like `PttProcess::symbols` moves its symbols.
-fn plts_of(path: &Path, start: u64, module: &str) -> Vec<Plt> {
-    use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable};
-    let Ok(data) = std::fs::read(path) else {
-        return Vec::new();
-    };
-    let Ok(obj) = object::File::parse(&*data) else {
-        return Vec::new();
-    };
-    let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-    let bias = start.wrapping_sub(low);
-    let mut got = HashMap::new();
-    if let (Some(relocs), Some(dynsyms)) = (obj.dynamic_relocations(), obj.dynamic_symbol_table()) {
-        for (slot, r) in relocs {
-            if let object::RelocationTarget::Symbol(i) = r.target() {
-                if let Some(name) = dynsyms.symbol_by_index(i).ok().and_then(|s| s.name().ok()) {
-                    if !name.is_empty() {
-                        got.insert(slot.wrapping_add(bias), name.to_string());
-                    }
-                }
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for sec in obj.sections() {
-        if !matches!(sec.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
-            continue;
-        }
-        if let Ok(bytes) = sec.data() {
-            out.push(Plt {
-                start: sec.address().wrapping_add(bias),
-                bytes: bytes.to_vec(),
-                module: module.to_string(),
-                got: got.clone(),
-            });
-        }
-    }
-    out
+    image: ImageNames,
+    ids: HashMap<u64, u32>,
 }
 
 impl Namer {
-    fn new(p: Option<&PttProcess>, sysroot: Option<&Path>) -> Self {
-        let syms = p.map(|p| p.symbols(sysroot)).unwrap_or_default();
-        let module_of = |path: &str| {
-            if path.is_empty() {
-                "[anon]".to_string()
-            } else {
-                path.rsplit('/').next().unwrap_or(path).to_string()
-            }
-        };
-        // Every mapping, not only executable ones: QEMU's guest maps show none.
-        let maps: Vec<(u64, u64, u64, String)> = p
-            .map(|p| {
-                p.maps
-                    .iter()
-                    .map(|m| (m.start, m.end, m.offset, module_of(&m.path)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut plts = Vec::new();
-        for (start, file, path) in p.map(|p| p.mapped_files(sysroot)).unwrap_or_default() {
-            plts.extend(plts_of(&file, start, &module_of(path)));
-        }
+    fn new(image: ImageNames) -> Self {
         Namer {
-            syms,
-            maps,
-            plts,
-            cache: HashMap::new(),
+            image,
+            ids: HashMap::new(),
         }
     }
 
     fn id(&mut self, addr: u64, names: &mut Names) -> u32 {
-        if let Some(&i) = self.cache.get(&addr) {
+        if let Some(&i) = self.ids.get(&addr) {
             return i;
         }
-        let name = match self.plts.iter().find_map(|p| p.name(addr)) {
-            Some(n) => n,
-            None => match self.syms.lookup(addr) {
-                Some((name, _)) => name.to_string(),
-                None => match self.maps.iter().find(|m| (m.0..m.1).contains(&addr)) {
-                    Some((start, _, off, module)) => {
-                        format!("{module}+{:#x}", addr - start + off)
-                    }
-                    None => format!("{addr:#x}"),
-                },
-            },
-        };
         // Folded stacks separate frames with ';' and end with the count.
-        let name: String = name
+        let name: String = self
+            .image
+            .name(addr)
             .chars()
             .map(|c| if c == ';' || c.is_control() { ':' } else { c })
             .collect();
         let i = names.intern(name);
-        self.cache.insert(addr, i);
+        self.ids.insert(addr, i);
         i
+    }
+}
+
+/// One line per module whose code got no name from symbols, with what would fix it.
+pub fn note_unnamed_modules<'a>(cmd: &str, images: impl Iterator<Item = &'a ImageNames>) {
+    let mut lines: Vec<String> = images.flat_map(ImageNames::modules_without_symbols).collect();
+    lines.sort();
+    lines.dedup();
+    for l in lines {
+        eprintln!(
+            "pttrace {cmd}: code without symbols named module+0xOFFSET: {}",
+            crate::text::printable(&l)
+        );
     }
 }
 
@@ -318,6 +226,12 @@ fn basename(cmdline: &str) -> String {
 pub fn run(args: Args) -> CmdResult {
     let mut trace = ptt_dir::open(&args.trace)?;
     trace.sysroot = args.sysroot.clone();
+    let trace_dir = if args.trace.is_dir() {
+        args.trace.clone()
+    } else {
+        args.trace.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let mut names = Names::default();
     let mut namers: HashMap<(i32, u64), Namer> = HashMap::new();
     let mut damages = crate::damage::Damages::default();
@@ -335,9 +249,16 @@ pub fn run(args: Args) -> CmdResult {
         let proc_ = trace.process_of(th);
         let namer = namers
             .entry((h.pid, h.nonce))
-            .or_insert_with(|| Namer::new(proc_, trace.sysroot.as_deref()));
+            .or_insert_with(|| {
+                Namer::new(ImageNames::new(
+                    proc_,
+                    trace.sysroot.as_deref(),
+                    Some(&trace_dir),
+                    symbolizer.clone(),
+                ))
+            });
         let syscall_windows = ptt::window_name(h.window) == "syscall";
-        let mut cs = CallStacks::new(&namer.syms);
+        let mut cs = CallStacks::new(&namer.image);
         let mut windows = Vec::new();
         let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
             if let Some(b) = &bar {
@@ -434,6 +355,7 @@ pub fn run(args: Args) -> CmdResult {
     drop(folded);
     folded_lines.sort_unstable();
 
+    note_unnamed_modules("view", namers.values().map(|n| &n.image));
     if args.format == ViewFormat::Folded {
         let stdout = std::io::stdout();
         let mut out = BufWriter::new(stdout.lock());

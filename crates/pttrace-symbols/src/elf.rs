@@ -203,10 +203,49 @@ pub(crate) fn facts(file: &object::File<'_>) -> Facts {
     }
 }
 
-/// The function symbols of `.symtab` and `.dynsym`.
+/// The function symbols of `.symtab` and `.dynsym`, and the untyped labels of code
+/// sections that no function symbol covers (assembly entry points such as ld.so's
+/// `_start`, which would otherwise be named after the code before them).
 pub(crate) fn symbols(file: &object::File<'_>, out: &mut Vec<RawSym>) {
+    let mut funcs: Vec<(u64, u64)> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
+        .map(|s| (s.address(), s.address().saturating_add(s.size())))
+        .collect();
+    funcs.sort_unstable();
+    // The furthest end of the functions starting at or before each one.
+    let mut reach = 0;
+    let funcs: Vec<(u64, u64)> = funcs
+        .into_iter()
+        .map(|(a, e)| {
+            reach = reach.max(e);
+            (a, reach)
+        })
+        .collect();
+    let inside_function = |addr: u64| {
+        let i = funcs.partition_point(|f| f.0 <= addr);
+        i > 0 && funcs[i - 1].1 > addr
+    };
+    // An executable section (also the NOBITS copy of `.text` in a separate debug file).
+    let in_code = |s: &object::Symbol<'_, '_>| {
+        s.section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+            .is_some_and(|sec| match sec.flags() {
+                object::SectionFlags::Elf { sh_flags } => {
+                    sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0
+                }
+                _ => sec.kind() == SectionKind::Text,
+            })
+    };
     for s in file.symbols().chain(file.dynamic_symbols()) {
-        if s.kind() != SymbolKind::Text || s.address() == 0 || s.is_undefined() {
+        if s.address() == 0 || s.is_undefined() {
+            continue;
+        }
+        let label = s.kind() == SymbolKind::Unknown
+            && in_code(&s)
+            && !inside_function(s.address());
+        if s.kind() != SymbolKind::Text && !label {
             continue;
         }
         let Ok(name) = s.name() else { continue };

@@ -1,0 +1,311 @@
+//! Names of code addresses in one traced process image, for every output that names
+//! frames (`view`'s timeline, flame graph and folded stacks; `decode`'s source lines).
+//!
+//! In order: PLT stubs as `function@plt`; JIT code from the image's perf map
+//! (`perf-PID.map`, kept in the trace directory by `pttrace run`, else `/tmp`); the mapped
+//! ELF file through [`pttrace_symbols`] (DWARF with separate debug files by build-id or
+//! debuglink, `--debug-dir`, demangled; code without symbols named once per function from
+//! its `.eh_frame` start, `module+0xOFF`); the ELF symbols the decoder reads (the vDSO's);
+//! else `module+0xOFF` of the address, else the address.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use drpttracer::decode::callstack::Functions;
+use drpttracer::decode::ptt_dir::PttProcess;
+use drpttracer::decode::Symbols;
+use pttrace_symbols::{DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer};
+
+/// Debug-file search and opened modules, shared by every image of one command.
+pub type SharedSymbolizer = Rc<RefCell<Symbolizer>>;
+
+/// A symbolizer that also looks in `debug_dirs` (the `--debug-dir` options).
+pub fn symbolizer(debug_dirs: &[PathBuf]) -> SharedSymbolizer {
+    let mut search = DebugSearch::new();
+    for d in debug_dirs {
+        search.add_debug_dir(d);
+    }
+    Rc::new(RefCell::new(Symbolizer::new(search)))
+}
+
+/// A file-backed mapping of the image.
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    /// The file to read (under `--sysroot` when given).
+    file: PathBuf,
+    /// Its name in messages and names (`libc.so.6`).
+    module: String,
+}
+
+/// What an address is: its function (`name`, run-time `start` when known) and the frames
+/// inlined at it, innermost first (each with its source position), then the function's.
+#[derive(Debug, Clone)]
+pub struct Named {
+    pub name: Arc<str>,
+    pub start: Option<u64>,
+    pub resolved: Option<Arc<Symbolized>>,
+}
+
+/// Names of one process image's code.
+pub struct ImageNames {
+    maps: Vec<Mapping>,
+    elf: Symbols,
+    plts: Vec<Plt>,
+    jit: Option<PerfMap>,
+    symbolizer: SharedSymbolizer,
+    cache: RefCell<HashMap<u64, Named>>,
+    /// Mapped files some of whose code got no name from symbols.
+    unnamed: RefCell<std::collections::BTreeSet<PathBuf>>,
+}
+
+/// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
+/// else `/tmp/perf-PID.map`.
+fn perf_map(dir: Option<&Path>, pid: i32) -> Option<PerfMap> {
+    let name = format!("perf-{pid}.map");
+    let kept = dir.map(|d| d.join(&name));
+    let path = kept
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| Path::new("/tmp").join(&name));
+    PerfMap::open(&path).ok()
+}
+
+fn module_of(path: &str) -> String {
+    if path.is_empty() {
+        "[anon]".to_string()
+    } else {
+        path.rsplit('/').next().unwrap_or(path).to_string()
+    }
+}
+
+impl ImageNames {
+    pub fn new(
+        p: Option<&PttProcess>,
+        sysroot: Option<&Path>,
+        trace_dir: Option<&Path>,
+        symbolizer: SharedSymbolizer,
+    ) -> Self {
+        let elf = p.map(|p| p.symbols(sysroot)).unwrap_or_default();
+        let mut maps: Vec<Mapping> = p
+            .map(|p| {
+                p.maps
+                    .iter()
+                    .map(|m| Mapping {
+                        start: m.start,
+                        end: m.end,
+                        offset: m.offset,
+                        file: if m.path.starts_with('/') {
+                            match sysroot {
+                                Some(r) => r.join(m.path.trim_start_matches('/')),
+                                None => PathBuf::from(&m.path),
+                            }
+                        } else {
+                            PathBuf::new()
+                        },
+                        module: module_of(&m.path),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        maps.sort_by_key(|m| m.start);
+        let mut plts = Vec::new();
+        for (start, file, path) in p.map(|p| p.mapped_files(sysroot)).unwrap_or_default() {
+            plts.extend(plts_of(&file, start, &module_of(path)));
+        }
+        ImageNames {
+            maps,
+            elf,
+            plts,
+            jit: p.and_then(|p| perf_map(trace_dir, p.pid)),
+            symbolizer,
+            cache: RefCell::new(HashMap::new()),
+            unnamed: RefCell::new(Default::default()),
+        }
+    }
+
+    fn mapping(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.maps.partition_point(|m| m.start <= addr);
+        let m = self.maps.get(i.checked_sub(1)?)?;
+        (addr < m.end).then_some(m)
+    }
+
+    /// The address through the mapped file's debug info and symbols.
+    fn from_file(&self, addr: u64) -> Option<Named> {
+        let m = self.mapping(addr)?;
+        if m.file.as_os_str().is_empty() {
+            return None;
+        }
+        let mut sym = self.symbolizer.borrow_mut();
+        let module = sym.module(&m.file).ok()?;
+        let elf_addr = module.runtime_to_addr(addr, m.start, m.offset)?;
+        let r = module.resolve(elf_addr);
+        match r.origin {
+            NameOrigin::Unknown => return None,
+            NameOrigin::EhFrame | NameOrigin::Boundary => {
+                self.unnamed.borrow_mut().insert(m.file.clone());
+            }
+            NameOrigin::Dwarf | NameOrigin::Symbol => {}
+        }
+        let start = r
+            .start
+            .and_then(|s| module.addr_to_runtime(s, m.start, m.offset));
+        Some(Named {
+            name: r.function.clone(),
+            start,
+            resolved: Some(r),
+        })
+    }
+
+    /// What `addr` is (cached).
+    pub fn named(&self, addr: u64) -> Named {
+        if let Some(n) = self.cache.borrow().get(&addr) {
+            return n.clone();
+        }
+        let n = self.resolve(addr);
+        self.cache.borrow_mut().insert(addr, n.clone());
+        n
+    }
+
+    fn resolve(&self, addr: u64) -> Named {
+        let plain = |name: String, start: Option<u64>| Named {
+            name: name.into(),
+            start,
+            resolved: None,
+        };
+        if let Some(n) = self.plts.iter().find_map(|p| p.name(addr)) {
+            return plain(n, None);
+        }
+        if let Some(j) = self.jit.as_ref().and_then(|j| j.lookup(addr)) {
+            return plain(j.name.clone(), Some(j.start));
+        }
+        if let Some(n) = self.from_file(addr) {
+            return n;
+        }
+        if let Some((name, off)) = self.elf.lookup(addr) {
+            return plain(name.to_string(), Some(addr.wrapping_sub(off)));
+        }
+        match self.mapping(addr) {
+            Some(m) => plain(format!("{}+{:#x}", m.module, addr - m.start + m.offset), None),
+            None => plain(format!("{addr:#x}"), None),
+        }
+    }
+
+    /// The function's name at `addr`.
+    pub fn name(&self, addr: u64) -> Arc<str> {
+        self.named(addr).name
+    }
+
+    /// `file:line` of the instruction at `addr`, where DWARF gives it.
+    pub fn srcline(&self, addr: u64) -> Option<String> {
+        let n = self.named(addr);
+        let loc = n.resolved.as_ref()?.location()?;
+        Some(loc.to_string())
+    }
+
+    /// The mapped files some of whose code named so far got no name from symbols, each
+    /// with where the search looked and what would fix it (for `report` and `view`), e.g.
+    /// `python3.11: stripped, no debug file for build-id 1234…; install python3.11-dbgsym`.
+    pub fn modules_without_symbols(&self) -> Vec<String> {
+        let mut sym = self.symbolizer.borrow_mut();
+        let mut out = Vec::new();
+        for file in self.unnamed.borrow().iter() {
+            let Ok(module) = sym.module(file) else {
+                continue;
+            };
+            let debug = module.debug();
+            let mut line = debug.describe(module.name());
+            if debug.source == DebugSource::None {
+                if let Some(pkg) = pttrace_symbols::debian_debug_package(file) {
+                    line.push_str(&format!("; install {pkg}"));
+                }
+            } else {
+                line.push_str("; some of its code has no symbol there either");
+            }
+            out.push(line);
+        }
+        out
+    }
+}
+
+/// A PLT section of a mapped ELF file, at its run-time address, and the names of the
+/// functions its GOT slots are bound to (run-time slot address -> name).
+pub struct Plt {
+    start: u64,
+    bytes: Vec<u8>,
+    module: String,
+    got: HashMap<u64, String>,
+}
+
+impl Plt {
+    /// The stub at `addr` (a call target): its `jmp *slot(%rip)` (within the stub's first
+    /// 8 bytes, after endbr64/bnd) names the function bound to the slot.
+    pub fn name(&self, addr: u64) -> Option<String> {
+        let off = usize::try_from(addr.checked_sub(self.start)?).ok()?;
+        if off >= self.bytes.len() {
+            return None;
+        }
+        let stub = self.bytes.get(off..self.bytes.len().min(off + 14))?;
+        let name = (0..stub.len().saturating_sub(5).min(8))
+            .find(|&k| stub[k] == 0xff && stub[k + 1] == 0x25)
+            .and_then(|k| {
+                let disp = i32::from_le_bytes(stub.get(k + 2..k + 6)?.try_into().ok()?);
+                let slot = addr
+                    .wrapping_add(k as u64 + 6)
+                    .wrapping_add(i64::from(disp) as u64);
+                self.got.get(&slot).cloned()
+            })
+            .unwrap_or_else(|| self.module.clone());
+        Some(format!("{name}@plt"))
+    }
+}
+
+/// The PLT sections (`.plt`, `.plt.sec`, `.plt.got`) of the ELF file mapped from file
+/// offset 0 at `start`, moved like `PttProcess::symbols` moves its symbols.
+pub fn plts_of(path: &Path, start: u64, module: &str) -> Vec<Plt> {
+    use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable};
+    let Ok(data) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+    let bias = start.wrapping_sub(low);
+    let mut got = HashMap::new();
+    if let (Some(relocs), Some(dynsyms)) = (obj.dynamic_relocations(), obj.dynamic_symbol_table()) {
+        for (slot, r) in relocs {
+            if let object::RelocationTarget::Symbol(i) = r.target() {
+                if let Some(name) = dynsyms.symbol_by_index(i).ok().and_then(|s| s.name().ok()) {
+                    if !name.is_empty() {
+                        got.insert(slot.wrapping_add(bias), name.to_string());
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for sec in obj.sections() {
+        if !matches!(sec.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
+            continue;
+        }
+        if let Ok(bytes) = sec.data() {
+            out.push(Plt {
+                start: sec.address().wrapping_add(bias),
+                bytes: bytes.to_vec(),
+                module: module.to_string(),
+                got: got.clone(),
+            });
+        }
+    }
+    out
+}
+
+impl Functions for ImageNames {
+    fn function_start(&self, addr: u64) -> Option<u64> {
+        self.named(addr).start
+    }
+}
