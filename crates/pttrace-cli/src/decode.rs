@@ -176,6 +176,14 @@ pub struct DecodeArgs {
     /// Prefix for the file paths named by sideband MMAP records.
     #[arg(long, value_name = "DIR")]
     sysroot: Option<PathBuf>,
+    /// With a trace directory: each instruction's source file:line where DWARF gives it
+    /// (jsonl: a "src" field; disasm: after the instruction), like perf script's srcline.
+    #[arg(long)]
+    srcline: bool,
+    /// Also look for separate debug files here (repeatable): as a build-id tree
+    /// (DIR/.build-id/xx/rest.debug) and by .gnu_debuglink name.
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Vec<PathBuf>,
     /// CPU that recorded the trace, FAMILY/MODEL[/STEPPING] (errata are derived from it).
     #[arg(long, value_name = "F/M[/S]")]
     cpu: Option<String>,
@@ -291,6 +299,8 @@ struct Printer<W: Write> {
     text: String,
     window: Option<u64>,
     counts: Vec<(Option<u64>, u64, Vec<String>)>,
+    /// Source lines of the current process image (`--srcline`).
+    lines: Option<crate::names::ImageNames>,
 }
 
 impl<W: Write> Printer<W> {
@@ -352,6 +362,10 @@ impl<W: Write> Printer<W> {
             Syntax::Att => self.gas.format(&insn, &mut self.text),
         }
         let bytes: String = i.encoding().iter().map(|b| format!("{b:02x} ")).collect();
+        if let Some(src) = self.lines.as_ref().and_then(|l| l.srcline(i.pc)) {
+            self.text.push_str("    ; ");
+            self.text.push_str(&crate::text::printable(&src));
+        }
         match self.syms.lookup(i.pc) {
             Some((name, 0)) => writeln!(
                 self.out,
@@ -437,6 +451,7 @@ pub fn run(args: Args) -> CmdResult {
         text: String::new(),
         window: None,
         counts: Vec::new(),
+        lines: None,
     };
     let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
     let bar = crate::progress::pt_bytes(total);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use drpttracer::decode::callstack::Functions;
+use drpttracer::decode::callstack::{Functions, INLINE_KEY};
 use drpttracer::decode::ptt_dir::PttProcess;
 use drpttracer::decode::Symbols;
 use pttrace_symbols::{DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer};
@@ -61,6 +61,8 @@ pub struct ImageNames {
     cache: RefCell<HashMap<u64, Named>>,
     /// Mapped files some of whose code got no name from symbols.
     unnamed: RefCell<std::collections::BTreeSet<PathBuf>>,
+    /// Chains of inlined functions (outermost first), by their id in an inline key.
+    chains: RefCell<(Vec<Vec<Arc<str>>>, HashMap<Vec<Arc<str>>, u32>)>,
 }
 
 /// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
@@ -124,6 +126,7 @@ impl ImageNames {
             symbolizer,
             cache: RefCell::new(HashMap::new()),
             unnamed: RefCell::new(Default::default()),
+            chains: RefCell::new(Default::default()),
         }
     }
 
@@ -189,7 +192,10 @@ impl ImageNames {
             return plain(name.to_string(), Some(addr.wrapping_sub(off)));
         }
         match self.mapping(addr) {
-            Some(m) => plain(format!("{}+{:#x}", m.module, addr - m.start + m.offset), None),
+            Some(m) => plain(
+                format!("{}+{:#x}", m.module, addr - m.start + m.offset),
+                None,
+            ),
             None => plain(format!("{addr:#x}"), None),
         }
     }
@@ -304,8 +310,39 @@ pub fn plts_of(path: &Path, start: u64, module: &str) -> Vec<Plt> {
     out
 }
 
+impl ImageNames {
+    /// The functions inlined at the key's place, outermost first (see
+    /// [`Functions::inline_context`]).
+    pub fn inline_chain(&self, key: u64) -> Option<Vec<Arc<str>>> {
+        if key & INLINE_KEY == 0 {
+            return None;
+        }
+        let chains = self.chains.borrow();
+        chains.0.get((key & 0xffff_ffff) as usize).cloned()
+    }
+}
+
 impl Functions for ImageNames {
     fn function_start(&self, addr: u64) -> Option<u64> {
         self.named(addr).start
+    }
+
+    fn inline_context(&self, pc: u64) -> u64 {
+        let n = self.named(pc);
+        let Some(r) = n.resolved.as_ref() else {
+            return 0;
+        };
+        let inlined = r.inlined();
+        if inlined.is_empty() {
+            return 0;
+        }
+        let chain: Vec<Arc<str>> = inlined.iter().rev().map(|f| f.name.clone()).collect();
+        let mut chains = self.chains.borrow_mut();
+        let next = chains.0.len() as u32;
+        let id = *chains.1.entry(chain.clone()).or_insert(next);
+        if id == next {
+            chains.0.push(chain);
+        }
+        INLINE_KEY | u64::from(id)
     }
 }

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 
 use drpttracer::decode::callstack::{CallStacks, SpanEnd, SpanStart, ThreadStacks, TimeMap};
 use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
-use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::DecodeError;
+use drpttracer::decode::TraceDecoder;
 use drpttracer::format::ptt;
 use drpttracer::metadata::TimeConv;
 use serde::Serialize;
@@ -110,13 +110,21 @@ impl Namer {
         if let Some(&i) = self.ids.get(&addr) {
             return i;
         }
-        // Folded stacks separate frames with ';' and end with the count.
-        let name: String = self
-            .image
-            .name(addr)
-            .chars()
-            .map(|c| if c == ';' || c.is_control() { ':' } else { c })
-            .collect();
+        // Folded stacks separate frames with ';' and end with the count: an inlined chain
+        // is one key but as many frames.
+        let clean = |n: &str| -> String {
+            n.chars()
+                .map(|c| if c == ';' || c.is_control() { ':' } else { c })
+                .collect()
+        };
+        let name = match self.image.inline_chain(addr) {
+            Some(chain) => chain
+                .iter()
+                .map(|n| format!("{} (inlined)", clean(n)))
+                .collect::<Vec<_>>()
+                .join(";"),
+            None => clean(&self.image.name(addr)),
+        };
         let i = names.intern(name);
         self.ids.insert(addr, i);
         i
@@ -125,7 +133,9 @@ impl Namer {
 
 /// One line per module whose code got no name from symbols, with what would fix it.
 pub fn note_unnamed_modules<'a>(cmd: &str, images: impl Iterator<Item = &'a ImageNames>) {
-    let mut lines: Vec<String> = images.flat_map(ImageNames::modules_without_symbols).collect();
+    let mut lines: Vec<String> = images
+        .flat_map(ImageNames::modules_without_symbols)
+        .collect();
     lines.sort();
     lines.dedup();
     for l in lines {
@@ -229,7 +239,10 @@ pub fn run(args: Args) -> CmdResult {
     let trace_dir = if args.trace.is_dir() {
         args.trace.clone()
     } else {
-        args.trace.parent().map(Path::to_path_buf).unwrap_or_default()
+        args.trace
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
     };
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let mut names = Names::default();
@@ -247,18 +260,16 @@ pub fn run(args: Args) -> CmdResult {
         let th = &trace.threads[i];
         let h = &th.header;
         let proc_ = trace.process_of(th);
-        let namer = namers
-            .entry((h.pid, h.nonce))
-            .or_insert_with(|| {
-                Namer::new(ImageNames::new(
-                    proc_,
-                    trace.sysroot.as_deref(),
-                    Some(&trace_dir),
-                    symbolizer.clone(),
-                ))
-            });
+        let namer = namers.entry((h.pid, h.nonce)).or_insert_with(|| {
+            Namer::new(ImageNames::new(
+                proc_,
+                trace.sysroot.as_deref(),
+                Some(&trace_dir),
+                symbolizer.clone(),
+            ))
+        });
         let syscall_windows = ptt::window_name(h.window) == "syscall";
-        let mut cs = CallStacks::new(&namer.image);
+        let mut cs = CallStacks::new(&namer.image).with_inline_frames();
         let mut windows = Vec::new();
         let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
             if let Some(b) = &bar {

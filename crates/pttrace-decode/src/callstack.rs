@@ -61,7 +61,19 @@ use crate::records::{InsnClass, Record};
 pub trait Functions {
     /// The start address of the function containing `addr`, when known.
     fn function_start(&self, addr: u64) -> Option<u64>;
+
+    /// The functions inlined at `pc`, as one key: 0 where none, else [`INLINE_KEY`] with an
+    /// id of the chain in the low 32 bits. With [`CallStacks::with_inline_frames`], the
+    /// instructions at such a `pc` are counted under a child of the current frame with that
+    /// key (its own frame, or frames, in folded stacks and flame graphs).
+    fn inline_context(&self, pc: u64) -> u64 {
+        let _ = pc;
+        0
+    }
 }
+
+/// The high bits of an inlined-frames key: a non-canonical address, so never a frame's.
+pub const INLINE_KEY: u64 = 0x8000_0000_0000_0000;
 
 impl Functions for Symbols {
     fn function_start(&self, addr: u64) -> Option<u64> {
@@ -213,6 +225,9 @@ const CACHE_SLOTS: usize = 4096;
 pub struct CallStacks<'f, F: Functions + ?Sized> {
     funcs: &'f F,
     cache: Vec<(u64, Option<u64>, bool)>,
+    /// (pc, inline key + 1) of the last lookups (0: empty slot), when inlined frames are
+    /// counted.
+    inline_cache: Vec<(u64, u64)>,
     stack: Vec<Frame>,
     insns: u64,
     last: Option<Last>,
@@ -247,6 +262,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         let mut s = CallStacks {
             funcs,
             cache: vec![(0, None, false); CACHE_SLOTS],
+            inline_cache: Vec::new(),
             stack: Vec::new(),
             insns: 0,
             last: None,
@@ -354,6 +370,28 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         }
     }
 
+    /// Counts the instructions of inlined functions under frames of their own
+    /// ([`Functions::inline_context`]).
+    pub fn with_inline_frames(mut self) -> Self {
+        self.inline_cache = vec![(0, 0); CACHE_SLOTS];
+        self
+    }
+
+    fn inline_context(&mut self, pc: u64) -> u64 {
+        let slot =
+            ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % CACHE_SLOTS;
+        if let Some(&(a, k)) = self.inline_cache.get(slot) {
+            if k != 0 && a == pc {
+                return k - 1;
+            }
+        }
+        let k = self.funcs.inline_context(pc);
+        if let Some(e) = self.inline_cache.get_mut(slot) {
+            *e = (pc, k + 1);
+        }
+        k
+    }
+
     fn function_start(&mut self, addr: u64) -> Option<u64> {
         let slot = ((addr ^ (addr >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
             % CACHE_SLOTS;
@@ -383,7 +421,14 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             let func = self.function_start(pc);
             self.push(func.unwrap_or(pc), func, None, SpanStart::Implied, false);
         }
-        if let Some(n) = self.nodes.get_mut(self.cur as usize) {
+        let mut node = self.cur;
+        if !self.inline_cache.is_empty() {
+            let key = self.inline_context(pc);
+            if key != 0 {
+                node = self.node_for(self.cur, key);
+            }
+        }
+        if let Some(n) = self.nodes.get_mut(node as usize) {
             n.count += 1;
         }
         self.insns += 1;

@@ -242,13 +242,17 @@ pub(crate) fn symbols(file: &object::File<'_>, out: &mut Vec<RawSym>) {
         if s.address() == 0 || s.is_undefined() {
             continue;
         }
-        let label = s.kind() == SymbolKind::Unknown
-            && in_code(&s)
-            && !inside_function(s.address());
+        let label = s.kind() == SymbolKind::Unknown && in_code(&s) && !inside_function(s.address());
         if s.kind() != SymbolKind::Text && !label {
             continue;
         }
         let Ok(name) = s.name() else { continue };
+        // A versioned definition (`__libc_start_main@@GLIBC_2.34`) names the function
+        // without its version, as perf shows it.
+        let name = match name.find('@') {
+            Some(i) if i > 0 => &name[..i],
+            _ => name,
+        };
         if name.is_empty() {
             continue;
         }

@@ -30,6 +30,13 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         text: String::new(),
         window: None,
         counts: Vec::new(),
+        lines: None,
+    };
+    let symbolizer = crate::names::symbolizer(&args.debug_dir);
+    let trace_dir = if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        path.parent().map(Path::to_path_buf).unwrap_or_default()
     };
     let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
         (0u64, 0u64, 0u64, 0u64);
@@ -45,6 +52,14 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if args.format == OutFormat::Disasm {
                     printer.syms = p.symbols(trace.sysroot.as_deref());
                 }
+            }
+            if args.srcline {
+                printer.lines = Some(crate::names::ImageNames::new(
+                    trace.process_of(th),
+                    trace.sysroot.as_deref(),
+                    Some(&trace_dir),
+                    symbolizer.clone(),
+                ));
             }
             let cmd = trace
                 .process_of(th)
@@ -116,6 +131,11 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                             let mut v = r.to_json();
                             if let Some(o) = v.as_object_mut() {
                                 o.insert("tid".into(), h.tid.into());
+                                if let (Some(l), Record::Instruction(i)) = (&printer.lines, &r) {
+                                    if let Some(src) = l.srcline(i.pc) {
+                                        o.insert("src".into(), src.into());
+                                    }
+                                }
                             }
                             writeln!(printer.out, "{v}").map_err(&mut io)?;
                         }

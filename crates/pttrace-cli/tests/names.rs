@@ -1,0 +1,186 @@
+//! Every frame named: a stripped program whose debug info was split off is named from its
+//! debug file, found with `--debug-dir` by `.gnu_debuglink` or by build-id; its
+//! `always_inline` function is a frame of its own nested in its caller; `decode --srcline`
+//! gives each instruction's file:line as binutils' addr2line does.
+
+mod shim_util;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use shim_util::{pttrace, text};
+
+fn ok(c: &mut Command) -> String {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{c:?}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool).arg("--version").output().is_ok()
+}
+
+/// The test program built `-O2 -g -no-pie`, then split: (stripped binary with a
+/// debuglink, its debug file).
+fn build(dir: &Path) -> (PathBuf, PathBuf) {
+    let full = shim_util::compile_with("names", dir, "names.full", &["-O2", "-g", "-no-pie"]);
+    let debug = dir.join("names.debug");
+    let exe = dir.join("names");
+    ok(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&full)
+        .arg(&debug));
+    ok(Command::new("objcopy")
+        .args(["--strip-all", "--add-gnu-debuglink"])
+        .arg(&debug)
+        .arg(&full)
+        .arg(&exe));
+    (exe, debug)
+}
+
+/// Line number of the line holding `marker` in tests/progs/names.c.
+fn line_of(marker: &str) -> u32 {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/names.c");
+    let text = std::fs::read_to_string(src).unwrap();
+    text.lines().position(|l| l.contains(marker)).unwrap() as u32 + 1
+}
+
+#[test]
+fn a_split_stripped_program_is_named_from_its_debug_file_with_inlined_frames_and_lines() {
+    if !have("objcopy") || !have("addr2line") {
+        println!("SKIP: binutils (objcopy, addr2line) not installed");
+        return;
+    }
+    if shim_util::qemu_available() {
+        shim_util::plugin();
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let (exe, debug) = build(&bin);
+    // The debug file lives elsewhere: found by its debuglink name in a --debug-dir.
+    let by_link = tmp.path().join("debug-by-link");
+    std::fs::create_dir(&by_link).unwrap();
+    std::fs::rename(&debug, by_link.join("names.debug")).unwrap();
+    // ... and in a build-id tree of another --debug-dir.
+    let by_id = tmp.path().join("debug-by-id");
+    let id = {
+        let o = ok(Command::new("readelf").arg("-n").arg(&exe));
+        o.lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+            .expect("a build-id note")
+    };
+    let id_dir = by_id.join(".build-id").join(&id[..2]);
+    std::fs::create_dir_all(&id_dir).unwrap();
+    std::fs::copy(
+        by_link.join("names.debug"),
+        id_dir.join(format!("{}.debug", &id[2..])),
+    )
+    .unwrap();
+
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+
+    for dir in [&by_link, &by_id] {
+        // Without the debug dir: no names for the program's code, and view says why.
+        let o = Command::new(pttrace())
+            .args(["view", "--format", "folded"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!(
+                "pttrace view: code without symbols named module+0xOFFSET: names: stripped, \
+                 no debug file for build-id {}…",
+                &id[..12]
+            )),
+            "{err}"
+        );
+        // With it: main > outer > helper > mix (inlined), mix also inlined into outer.
+        let folded = ok(Command::new(pttrace())
+            .args(["view", "--format", "folded", "--debug-dir"])
+            .arg(dir)
+            .arg(&out));
+        let stacks: BTreeMap<String, u64> = folded
+            .lines()
+            .map(|l| {
+                let (s, n) = l.rsplit_once(' ').unwrap();
+                (s.to_string(), n.parse().unwrap())
+            })
+            .collect();
+        let ends = |suffix: &str| {
+            stacks
+                .iter()
+                .filter(|(s, _)| s.ends_with(suffix))
+                .map(|(_, n)| n)
+                .sum::<u64>()
+        };
+        assert!(
+            ends(";main;outer;helper;mix (inlined)") > 1000,
+            "{dir:?}: {folded}"
+        );
+        assert!(ends(";main;outer;helper") > 1000, "{folded}");
+        assert!(ends(";main;outer;mix (inlined)") > 0, "{folded}");
+        assert!(
+            stacks.keys().all(|s| !s.contains(";names+0x")),
+            "no frame of the program unnamed: {folded}"
+        );
+    }
+
+    // decode --srcline: each instruction of the program's own code gets the line addr2line
+    // gives (the innermost, inlined frame's).
+    let jsonl = ok(Command::new(pttrace())
+        .args(["decode", "--format", "jsonl", "--srcline", "--debug-dir"])
+        .arg(&by_link)
+        .arg(&out));
+    let mut got: BTreeMap<u64, String> = BTreeMap::new();
+    for l in jsonl.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        if v["type"] != "insn" {
+            continue;
+        }
+        let pc =
+            u64::from_str_radix(v["pc"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+        // -no-pie: the program's code is at its link-time addresses.
+        if !(0x401000..0x402000).contains(&pc) {
+            continue;
+        }
+        let src = v["src"].as_str().unwrap_or("").to_string();
+        got.insert(pc, src);
+    }
+    assert!(got.len() > 20, "{} instructions of the program", got.len());
+    let addrs: Vec<String> = got.keys().map(|a| format!("{a:#x}")).collect();
+    let oracle = ok(Command::new("addr2line")
+        .arg("-e")
+        .arg(by_link.join("names.debug"))
+        .args(&addrs));
+    let mut lines_seen = std::collections::BTreeSet::new();
+    for ((pc, src), want) in got.iter().zip(oracle.lines()) {
+        // addr2line: "/dir/names.c:9 (discriminator 1)"; ours: "/dir/names.c:9".
+        let want = want.split(" (").next().unwrap();
+        // "??:?", "crtstuff.c:?": no line for the address (.init, .plt, crt code).
+        let no_line = want.starts_with("??") || want.ends_with(":?") || want.ends_with(":0");
+        let want = if no_line { "" } else { want };
+        let want_tail = want.rsplit('/').next().unwrap();
+        let got_tail = src.rsplit('/').next().unwrap();
+        assert_eq!(got_tail, want_tail, "{pc:#x}");
+        if let Some(line) = got_tail.strip_prefix("names.c:") {
+            lines_seen.insert(line.parse::<u32>().unwrap());
+        }
+    }
+    assert!(lines_seen.contains(&line_of("MIX_LINE")), "{lines_seen:?}");
+    assert!(
+        lines_seen.contains(&line_of("HELPER_LOOP")),
+        "{lines_seen:?}"
+    );
+}
