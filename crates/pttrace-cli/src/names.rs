@@ -51,6 +51,9 @@ pub struct Named {
     pub resolved: Option<Arc<Symbolized>>,
 }
 
+/// Interned chains of inlined functions (outermost first): by id, and ids by chain.
+type Chains = (Vec<Vec<Arc<str>>>, HashMap<Vec<Arc<str>>, u32>);
+
 /// Names of one process image's code.
 pub struct ImageNames {
     maps: Vec<Mapping>,
@@ -62,7 +65,7 @@ pub struct ImageNames {
     /// Mapped files some of whose code got no name from symbols.
     unnamed: RefCell<std::collections::BTreeSet<PathBuf>>,
     /// Chains of inlined functions (outermost first), by their id in an inline key.
-    chains: RefCell<(Vec<Vec<Arc<str>>>, HashMap<Vec<Arc<str>>, u32>)>,
+    chains: RefCell<Chains>,
 }
 
 /// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
@@ -137,7 +140,7 @@ impl ImageNames {
     }
 
     /// The address through the mapped file's debug info and symbols.
-    fn from_file(&self, addr: u64) -> Option<Named> {
+    fn in_mapped_file(&self, addr: u64) -> Option<Named> {
         let m = self.mapping(addr)?;
         if m.file.as_os_str().is_empty() {
             return None;
@@ -185,7 +188,7 @@ impl ImageNames {
         if let Some(j) = self.jit.as_ref().and_then(|j| j.lookup(addr)) {
             return plain(j.name.clone(), Some(j.start));
         }
-        if let Some(n) = self.from_file(addr) {
+        if let Some(n) = self.in_mapped_file(addr) {
             return n;
         }
         if let Some((name, off)) = self.elf.lookup(addr) {
