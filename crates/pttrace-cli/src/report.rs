@@ -86,8 +86,24 @@ impl DirSummary {
     pub fn windows(&self) -> u64 {
         self.threads.values().flatten().map(|t| t.windows).sum()
     }
+    /// Threads as the kernel counts them: a thread that execs goes on with the same id in
+    /// its new image (another thread file); files without a readable header count alone.
     pub fn thread_count(&self) -> usize {
-        self.threads.values().map(Vec::len).sum()
+        let tids: std::collections::BTreeSet<(i32, i32)> = self
+            .threads
+            .iter()
+            .flat_map(|((pid, _), ts)| {
+                ts.iter()
+                    .filter_map(move |t| t.header.as_ref().map(|h| (*pid, h.tid)))
+            })
+            .collect();
+        let headerless = self
+            .threads
+            .values()
+            .flatten()
+            .filter(|t| t.header.is_none())
+            .count();
+        tids.len() + headerless
     }
     pub fn truncated_files(&self) -> usize {
         let t = self
@@ -355,12 +371,19 @@ pub fn print_summary(
     } else {
         backends.keys().cloned().collect::<Vec<_>>().join(", ")
     };
+    // As the kernel counts them: an execve starts a new image of the same process.
+    let pids: std::collections::BTreeSet<i32> = keys.iter().map(|k| k.0).collect();
+    let images = if keys.len() > pids.len() {
+        format!(" ({} images: execve)", keys.len())
+    } else {
+        String::new()
+    };
     say!(
         w,
-        "total: {} processes, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
+        "total: {} processes{images}, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
          losses: {lossy} lossy windows, {dropped} dropped windows, {} truncated/corrupt files; \
          backend {backend}; kernel.raw: {} files, {} bytes{}{}",
-        keys.len(),
+        pids.len(),
         s.thread_count(),
         s.windows(),
         pt,

@@ -315,6 +315,7 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         )
         .into());
     }
+    keep_jit_maps(&out, &mut msg);
     let summary = super::report::print_summary(&out, args.per_syscall, &mut msg)?;
     print_decode_hint(&out, &summary, &mut msg);
     mirror_status(&prog, status)
@@ -374,6 +375,7 @@ pub fn run(args: Args) -> CmdResult {
         .into());
     }
     salvage_spools(&out, &mut msg);
+    keep_jit_maps(&out, &mut msg);
     let summary = super::report::print_summary(&out, args.per_syscall, &mut msg)?;
     print_decode_hint(&out, &summary, &mut msg);
     mirror_status(prog, status)
@@ -612,6 +614,56 @@ fn shim_backend_line(args: &Args) -> String {
              PT (their syscalls, arguments and times only; `pttrace check` says why). For \
              user code leave out --mode and --window"
         ),
+    }
+}
+
+/// Copies the JIT symbol files of the traced processes into the trace directory: perf map
+/// files (`/tmp/perf-PID.map`: node --perf-basic-prof, JVM perf-map agents, python -X perf)
+/// and jitdump files (`jit-PID.dump` in the working directory: node --perf-prof), which
+/// the next run of the same program may delete or rewrite. `view` reads the kept copies.
+fn keep_jit_maps(out: &Path, msg: &mut dyn Write) {
+    let Ok(rd) = std::fs::read_dir(out) else {
+        return;
+    };
+    let mut pids: Vec<i32> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let stem = name.strip_suffix(".info")?;
+            stem.split('-').next()?.parse().ok()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        for src in [
+            PathBuf::from(format!("/tmp/perf-{pid}.map")),
+            PathBuf::from(format!("jit-{pid}.dump")),
+        ] {
+            let Some(name) = src.file_name() else {
+                continue;
+            };
+            if !src.is_file() {
+                continue;
+            }
+            let dst = out.join(name);
+            match std::fs::copy(&src, &dst) {
+                Ok(_) => {
+                    let _ = writeln!(
+                        msg,
+                        "pttrace run: JIT symbols of process {pid} kept: {}",
+                        dst.display()
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        msg,
+                        "pttrace run: cannot keep {} with the trace: {e}",
+                        src.display()
+                    );
+                }
+            }
+        }
     }
 }
 

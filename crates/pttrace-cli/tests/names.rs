@@ -184,3 +184,65 @@ fn a_split_stripped_program_is_named_from_its_debug_file_with_inlined_frames_and
         "{lines_seen:?}"
     );
 }
+
+/// JIT code named from the program's perf map, which `pttrace run` keeps with the trace
+/// (the one in /tmp may be gone or rewritten by the next run).
+#[test]
+fn jit_code_is_named_from_the_perf_map_kept_with_the_trace() {
+    if shim_util::qemu_available() {
+        shim_util::plugin();
+    } else {
+        // The single-step backend does not follow code written at run time.
+        println!("SKIP: qemu-x86_64 is not installed (JIT code is traced under QEMU)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = shim_util::compile("minijit", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // sum of 2i+1 for i < 1000
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1000000\n");
+    let kept: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("perf-"))
+        })
+        .collect();
+    assert_eq!(kept.len(), 1, "{}", text(&o));
+    let name = kept[0].file_name().unwrap().to_owned();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!(
+            "JIT symbols of process {} kept: {}",
+            name.to_string_lossy()
+                .trim_start_matches("perf-")
+                .trim_end_matches(".map"),
+            kept[0].display()
+        )),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_file(Path::new("/tmp").join(&name));
+    let folded = ok(Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&out));
+    // 1000 calls of 2 instructions each, under main.
+    let jit: Vec<&str> = folded
+        .lines()
+        .filter(|l| l.contains("jitted double"))
+        .collect();
+    assert_eq!(jit.len(), 1, "{folded}");
+    assert!(
+        jit[0].ends_with(";main;jitted double (2x+1) 2000"),
+        "{}",
+        jit[0]
+    );
+}

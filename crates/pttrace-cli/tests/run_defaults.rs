@@ -237,3 +237,27 @@ fn stdout_is_the_programs_own_and_the_exit_status_is_its_own() {
         text(&o)
     );
 }
+
+#[test]
+fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace");
+    let o = run(
+        &["--quiet", "--out", out.to_str().unwrap()],
+        &["sh", "-c", "exec /bin/true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new(pttrace())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        report.contains("total: 1 processes (2 images: execve), 1 threads, "),
+        "{report}"
+    );
+}
