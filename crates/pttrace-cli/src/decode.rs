@@ -298,7 +298,9 @@ struct Printer<W: Write> {
     gas: GasFormatter,
     text: String,
     window: Option<u64>,
-    counts: Vec<(Option<u64>, u64, Vec<String>)>,
+    /// Per window: its id, instructions, gaps, overflows (trace lost where the backend or
+    /// the hardware wrote OVF).
+    counts: Vec<(Option<u64>, u64, Vec<String>, u64)>,
     /// Source lines of the current process image (`--srcline`).
     lines: Option<crate::names::ImageNames>,
 }
@@ -312,12 +314,13 @@ impl<W: Write> Printer<W> {
                     self.window = Some(*w);
                 }
                 if self.counts.is_empty() || matches!(r, Record::WindowId(_)) {
-                    self.counts.push((self.window, 0, Vec::new()));
+                    self.counts.push((self.window, 0, Vec::new(), 0));
                 }
                 if let Some(last) = self.counts.last_mut() {
                     match r {
                         Record::Instruction(_) => last.1 += 1,
                         Record::Gap(g) => last.2.push(g.to_string()),
+                        Record::Overflow { .. } => last.3 += 1,
                         _ => {}
                     }
                 }
@@ -385,22 +388,31 @@ impl<W: Write> Printer<W> {
         if self.format == OutFormat::Summary {
             let mut total = 0;
             let mut errors = 0;
-            for (w, n, gaps) in &self.counts {
+            let mut overflows = 0;
+            for (w, n, gaps, ovf) in &self.counts {
                 match w {
                     Some(w) => writeln!(
                         self.out,
-                        "window {w}: {n} instructions, {} gaps",
+                        "window {w}: {n} instructions, {} gaps, {ovf} overflows",
                         gaps.len()
                     )?,
-                    None => writeln!(self.out, "trace: {n} instructions, {} gaps", gaps.len())?,
+                    None => writeln!(
+                        self.out,
+                        "trace: {n} instructions, {} gaps, {ovf} overflows",
+                        gaps.len()
+                    )?,
                 }
                 for g in gaps {
                     writeln!(self.out, "  gap: {g}")?;
                 }
                 total += n;
                 errors += gaps.len();
+                overflows += ovf;
             }
-            writeln!(self.out, "total: {total} instructions, {errors} gaps")?;
+            writeln!(
+                self.out,
+                "total: {total} instructions, {errors} gaps, {overflows} overflows"
+            )?;
         }
         self.out.flush()
     }

@@ -320,11 +320,12 @@ pub fn print_summary(
             let tid = t.header.as_ref().map_or(0, |h| h.tid);
             say!(
                 w,
-                "  thread {tid}: {} windows, {} PT bytes, {} sideband bytes, {} lossy, {} dropped, ended: {}",
+                "  thread {tid}: {} windows, {} PT bytes, {} sideband bytes, {} lossy ({} with PT overflows), {} dropped, ended: {}",
                 t.windows,
                 t.pt_bytes,
                 t.sideband_bytes,
                 t.lossy_windows,
+                t.overflow_windows,
                 t.dropped,
                 end_text(t.end)
             );
@@ -365,6 +366,12 @@ pub fn print_summary(
     let pt: u64 = s.threads.values().flatten().map(|t| t.pt_bytes).sum();
     let sb: u64 = s.threads.values().flatten().map(|t| t.sideband_bytes).sum();
     let lossy: u64 = s.threads.values().flatten().map(|t| t.lossy_windows).sum();
+    let overflowed: u64 = s
+        .threads
+        .values()
+        .flatten()
+        .map(|t| t.overflow_windows)
+        .sum();
     let dropped: u64 = s.threads.values().flatten().map(|t| t.dropped).sum();
     let backend = if backends.is_empty() {
         "none".to_string()
@@ -381,7 +388,8 @@ pub fn print_summary(
     say!(
         w,
         "total: {} processes{images}, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
-         losses: {lossy} lossy windows, {dropped} dropped windows, {} truncated/corrupt files; \
+         losses: {lossy} lossy windows ({overflowed} with PT overflows), {dropped} dropped windows, \
+         {} truncated/corrupt files; \
          backend {backend}; kernel.raw: {} files, {} bytes{}{}",
         pids.len(),
         s.thread_count(),

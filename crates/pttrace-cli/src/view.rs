@@ -406,10 +406,17 @@ pub fn run(args: Args) -> CmdResult {
     let svg_written = if folded_lines.is_empty() {
         false
     } else {
-        let title = match trace.processes.first() {
+        let mut title = match trace.processes.first() {
             Some(p) if !p.cmdline.is_empty() => format!("pttrace view: {}", p.cmdline),
             _ => "pttrace view".to_string(),
         };
+        let losses: usize = views.iter().map(|v| v.stacks.markers.len()).sum();
+        if losses > 0 {
+            title.push_str(&format!(
+                " ({losses} gaps or losses in the trace: the stacks start over at each; they \
+                 are instant events on the timeline)"
+            ));
+        }
         write_flamegraph(&svg, &folded_lines, title)
             .map_err(|e| format!("{}: cannot write: {e}", svg.display()))?;
         true

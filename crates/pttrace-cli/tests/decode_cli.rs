@@ -166,9 +166,9 @@ fn decode_and_dump_files() {
     assert_eq!(
         sum.lines().collect::<Vec<_>>(),
         [
-            "window 0: 3 instructions, 0 gaps",
-            "window 1: 3 instructions, 0 gaps",
-            "total: 6 instructions, 0 gaps"
+            "window 0: 3 instructions, 0 gaps, 0 overflows",
+            "window 1: 3 instructions, 0 gaps, 0 overflows",
+            "total: 6 instructions, 0 gaps, 0 overflows"
         ]
     );
     // Without the image: a gap naming the file, offset and address.
@@ -362,8 +362,14 @@ fn decodes_pttrace_thread_files_with_their_info_file() {
     ]);
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[0], "window 0: 3 instructions, 0 gaps", "{out}");
-    assert_eq!(lines[1], "window 1: 0 instructions, 2 gaps", "{out}");
+    assert_eq!(
+        lines[0], "window 0: 3 instructions, 0 gaps, 0 overflows",
+        "{out}"
+    );
+    assert_eq!(
+        lines[1], "window 1: 0 instructions, 2 gaps, 0 overflows",
+        "{out}"
+    );
     assert!(lines[2].contains("PT data lost at capture"), "{out}");
     let lines: Vec<&str> = lines
         .into_iter()

@@ -85,6 +85,7 @@ impl PttWindowInfo {
         let names = [
             (ptt::WF_NO_RETURN, "no-return"),
             (ptt::WF_PT_LOST, "pt-lost"),
+            (ptt::WF_PT_OVERFLOW, "pt-overflow"),
             (ptt::WF_SIDEBAND_LOST, "sideband-lost"),
             (ptt::WF_PT_ABSENT, "pt-absent"),
             (ptt::WF_NESTED, "nested"),

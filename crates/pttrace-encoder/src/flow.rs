@@ -145,6 +145,15 @@ pub struct FlowStats {
     pub far_transfers: u64,
 }
 
+/// A window whose PT is final.
+#[derive(Debug)]
+pub struct ReadyWindow<M> {
+    pub meta: M,
+    pub pt: Vec<u8>,
+    /// OVF packets in `pt`: where an asynchronous entry's interrupted IP stayed unknown.
+    pub overflows: u32,
+}
+
 /// Most bytes of windows held back waiting for a splice before the gap is written as lost.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
 /// Most windows held back likewise.
@@ -157,8 +166,11 @@ pub struct FlowEncoder<M> {
     prev: Option<Block>,
     /// Sequence number of the window being written.
     seq: u64,
-    held: VecDeque<(u64, M, Vec<u8>)>,
+    /// Ended windows not final yet: (seq, meta, PT, OVF packets written into it).
+    held: VecDeque<(u64, M, Vec<u8>, u32)>,
     held_bytes: usize,
+    /// OVF packets written into the window being written.
+    overflows: u32,
     pending: Option<Pending>,
     stats: FlowStats,
     /// Emptied window buffers for reuse ([`Self::recycle`]).
@@ -177,6 +189,7 @@ impl<M> FlowEncoder<M> {
             seq: 0,
             held: VecDeque::new(),
             held_bytes: 0,
+            overflows: 0,
             pending: None,
             stats: FlowStats::default(),
             spare: Vec::new(),
@@ -364,12 +377,15 @@ impl<M> FlowEncoder<M> {
         }
         patch.flush_tnt()?;
         let bytes = patch.into_sink();
+        let lost = u32::from(resumed.is_none());
         let buf = if p.seq == self.seq {
+            self.overflows += lost;
             self.w.sink_mut()
         } else {
-            match self.held.iter_mut().find(|(s, _, _)| *s == p.seq) {
-                Some((_, _, pt)) => {
+            match self.held.iter_mut().find(|(s, _, _, _)| *s == p.seq) {
+                Some((_, _, pt, ovf)) => {
                     self.held_bytes += bytes.len();
+                    *ovf += lost;
                     pt
                 }
                 None => return Ok(()),
@@ -444,7 +460,8 @@ impl<M> FlowEncoder<M> {
         let pt = std::mem::replace(self.w.sink_mut(), next);
         self.w.restart();
         self.held_bytes += pt.len();
-        self.held.push_back((self.seq, meta, pt));
+        self.held
+            .push_back((self.seq, meta, pt, std::mem::take(&mut self.overflows)));
         self.seq += 1;
         self.stats.windows += 1;
         if self.pending.is_some()
@@ -456,13 +473,23 @@ impl<M> FlowEncoder<M> {
 
     /// The next window whose PT is final, in order.
     pub fn ready(&mut self) -> Option<(M, Vec<u8>)> {
+        self.ready_window().map(|w| (w.meta, w.pt))
+    }
+
+    /// The next window whose PT is final, in order, with the number of OVF packets in it
+    /// (asynchronous transfers whose interrupted IP never became known: trace lost there).
+    pub fn ready_window(&mut self) -> Option<ReadyWindow<M>> {
         let seq = self.held.front()?.0;
         if self.pending.is_some_and(|p| p.seq <= seq) {
             return None;
         }
-        let (_, m, pt) = self.held.pop_front()?;
+        let (_, meta, pt, overflows) = self.held.pop_front()?;
         self.held_bytes -= pt.len().min(self.held_bytes);
-        Some((m, pt))
+        Some(ReadyWindow {
+            meta,
+            pt,
+            overflows,
+        })
     }
 
     /// The program's signal handler entry points (from its `rt_sigaction` calls): a jump or

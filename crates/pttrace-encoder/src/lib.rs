@@ -12,7 +12,7 @@ pub mod flow;
 pub mod packet;
 
 pub use classify::{classify_bytes, Class, Flow};
-pub use flow::{Block, BlockEnd, FlowEncoder, FlowStats, Transition};
+pub use flow::{Block, BlockEnd, FlowEncoder, FlowStats, ReadyWindow, Transition};
 pub use packet::{IpPacket, PacketWriter, Sink, SliceSink};
 
 /// Bytes of trace between two PSB+ (hardware's psb_period is 2^11..2^16 bytes).

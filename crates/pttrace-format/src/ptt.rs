@@ -213,6 +213,10 @@ pub const WF_RECOVERED: u32 = 1 << 10;
 /// `args` are that syscall's and `ret` is meaningless; the next window starts after its
 /// return), or between two blocks (with [`WF_NO_SYSCALL`]). `tsc_end` is the cut's time.
 pub const WF_SNAPSHOT_CUT: u32 = 1 << 11;
+/// The window's PT holds OVF packets its backend wrote where it lost the flow (the QEMU
+/// backend: a signal entered between two blocks whose interrupted instruction never became
+/// known, because the handler did not return to it): trace is missing at each of them.
+pub const WF_PT_OVERFLOW: u32 = 1 << 12;
 
 /// Backend byte of the QEMU plugin.
 pub const BACKEND_QEMU: u8 = 2;

@@ -5,8 +5,8 @@ use crate::ptt::{
     decode_clock, decode_dropped, decode_end, decode_patched_sites, decode_process,
     decode_process_end, decode_thread_header, decode_vdso, decode_window, parse, stream_frames,
     FileKind, FormatError, Frame, ParsedFile, ProcessRecord, RecordType, Tail, ThreadHeader,
-    WF_CAPTURE_ERROR, WF_FORK_CHILD, WF_NO_SYSCALL, WF_PT_DROPPED, WF_PT_LOST, WF_SIDEBAND_LOST,
-    WF_VFORK_CHILD,
+    WF_CAPTURE_ERROR, WF_FORK_CHILD, WF_NO_SYSCALL, WF_PT_DROPPED, WF_PT_LOST, WF_PT_OVERFLOW,
+    WF_SIDEBAND_LOST, WF_VFORK_CHILD,
 };
 use crate::snapshot::SnapshotRecord;
 use crate::spool::{self, Recovered};
@@ -22,6 +22,8 @@ pub struct ThreadSummary {
     pub sideband_bytes: u64,
     /// Windows with any of the loss flags (PT lost, sideband lost, PT dropped, capture error).
     pub lossy_windows: u64,
+    /// Of those, windows whose PT holds OVF packets of the backend (`WF_PT_OVERFLOW`).
+    pub overflow_windows: u64,
     /// Windows the shim dropped under backpressure (from `Dropped` records).
     pub dropped: u64,
     /// Windows made by a vfork-style child before its exec (`WF_VFORK_CHILD`).
@@ -58,6 +60,7 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         pt_bytes: 0,
         sideband_bytes: 0,
         lossy_windows: 0,
+        overflow_windows: 0,
         dropped: 0,
         vfork_child_windows: 0,
         per_syscall: Default::default(),
@@ -138,10 +141,18 @@ fn summarize_thread_frame(
             s.next_index = w.window.index.wrapping_add(1);
             s.pt_bytes += w.pt.len() as u64;
             s.sideband_bytes += w.sideband.len() as u64;
-            if w.window.flags & (WF_PT_LOST | WF_SIDEBAND_LOST | WF_PT_DROPPED | WF_CAPTURE_ERROR)
+            if w.window.flags
+                & (WF_PT_LOST
+                    | WF_SIDEBAND_LOST
+                    | WF_PT_DROPPED
+                    | WF_CAPTURE_ERROR
+                    | WF_PT_OVERFLOW)
                 != 0
             {
                 s.lossy_windows += 1;
+            }
+            if w.window.flags & WF_PT_OVERFLOW != 0 {
+                s.overflow_windows += 1;
             }
             if w.window.flags & WF_VFORK_CHILD != 0 {
                 s.vfork_child_windows += 1;

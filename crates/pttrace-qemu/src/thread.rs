@@ -252,8 +252,12 @@ impl Thread {
 
     /// Writes every window whose PT is final (into the ring in snapshot mode).
     fn drain(&mut self) {
-        while let Some((meta, pt)) = self.enc.ready() {
-            self.emit(meta, pt);
+        while let Some(w) = self.enc.ready_window() {
+            let mut meta = w.meta;
+            if w.overflows > 0 {
+                meta.w.flags |= ptt::WF_PT_OVERFLOW;
+            }
+            self.emit(meta, w.pt);
         }
     }
 

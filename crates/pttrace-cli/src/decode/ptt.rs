@@ -40,6 +40,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     };
     let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
         (0u64, 0u64, 0u64, 0u64);
+    let mut total_ovf = 0u64;
     let mut problems = 0u64;
     // Windows per decoder that gave their records (and why libipt took over).
     let mut decoders: std::collections::BTreeMap<String, u64> = Default::default();
@@ -81,7 +82,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     crate::text::printable(&cmd)
                 )?,
             }
-            let (mut t_insns, mut t_gaps) = (0u64, 0u64);
+            let (mut t_insns, mut t_gaps, mut t_ovf) = (0u64, 0u64, 0u64);
             let mut io_err: Option<std::io::Error> = None;
             let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
                 total_windows += 1;
@@ -115,7 +116,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     }
                     return Ok(());
                 };
-                let (mut n, mut gaps) = (0u64, Vec::new());
+                let (mut n, mut gaps, mut ovf) = (0u64, Vec::new(), 0u64);
                 if args.format == OutFormat::Disasm {
                     writeln!(printer.out, "  {head}:").map_err(&mut io)?;
                 }
@@ -123,6 +124,16 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     match &r {
                         Record::Instruction(_) => n += 1,
                         Record::Gap(g) => gaps.push(g.to_string()),
+                        Record::Overflow { ip } => {
+                            ovf += 1;
+                            gaps.push(match ip {
+                                Some(ip) => format!(
+                                    "overflow: trace lost, resumed at {ip:#x} (the backend \
+                                     wrote OVF; see the window's flags)"
+                                ),
+                                None => "overflow: trace lost (OVF)".to_string(),
+                            });
+                        }
                         _ => {}
                     }
                     match args.format {
@@ -148,8 +159,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if args.format == OutFormat::Summary {
                     writeln!(
                         printer.out,
-                        "  {head}: {n} instructions, {} gaps, {} PT bytes",
-                        gaps.len(),
+                        "  {head}: {n} instructions, {} gaps, {ovf} overflows, {} PT bytes",
+                        gaps.len() as u64 - ovf,
                         w.pt_len
                     )
                     .map_err(&mut io)?;
@@ -158,7 +169,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     }
                 }
                 t_insns += n;
-                t_gaps += gaps.len() as u64;
+                t_gaps += gaps.len() as u64 - ovf;
+                t_ovf += ovf;
                 Ok(())
             });
             if let Some(e) = io_err {
@@ -167,10 +179,11 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             let stats = stats?;
             total_insns += t_insns;
             total_gaps += t_gaps;
+            total_ovf += t_ovf;
             if args.format != OutFormat::Jsonl {
                 writeln!(
                     printer.out,
-                    "  thread {}: {} windows ({} with PT), {t_insns} instructions, {t_gaps} gaps, {} dropped",
+                    "  thread {}: {} windows ({} with PT), {t_insns} instructions, {t_gaps} gaps, {t_ovf} overflows, {} dropped",
                     h.tid, stats.windows, stats.windows_with_pt, stats.dropped
                 )?;
             }
@@ -192,7 +205,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         if args.format != OutFormat::Jsonl {
             writeln!(
                 printer.out,
-                "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions, {total_gaps} gaps, {problems} damaged files",
+                "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
                 trace.threads.len()
             )?;
             let by: Vec<String> = decoders.iter().map(|(k, n)| format!("{k}: {n}")).collect();

@@ -1,0 +1,119 @@
+//! Every loss is counted by every command: a program whose signal handler leaves with
+//! siglongjmp (the interrupted instruction is never returned to, so the QEMU backend cannot
+//! tell which way the branch before it went and writes OVF there) shows the same number of
+//! overflows in `run`'s summary, `report`, `decode --format summary`, `dump` and `view`.
+
+mod shim_util;
+
+use std::process::Command;
+
+use shim_util::{pttrace, qemu_available, text};
+
+/// The number after `prefix` in `s` (e.g. "losses: 11 lossy windows" with "losses: ").
+fn number_after(s: &str, prefix: &str) -> u64 {
+    let at = s
+        .find(prefix)
+        .unwrap_or_else(|| panic!("{prefix:?} not in:\n{s}"))
+        + prefix.len();
+    s[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {prefix:?} in:\n{s}"))
+}
+
+#[test]
+fn overflows_written_by_the_qemu_backend_are_counted_by_every_command() {
+    if !qemu_available() {
+        return;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = shim_util::compile("sigjmp_loop", dir.path());
+    let out = dir.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--backend", "qemu", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "20\n");
+    let run = String::from_utf8_lossy(&o.stderr).into_owned();
+    let lossy = number_after(&run, "losses: ");
+    let flagged = number_after(&run, "lossy windows (");
+    assert!(flagged >= 1, "{run}");
+    assert_eq!(lossy, flagged, "only overflows are lost here: {run}");
+
+    let report = String::from_utf8_lossy(
+        &Command::new(pttrace())
+            .arg("report")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert_eq!(
+        number_after(&report, "lossy windows ("),
+        flagged,
+        "{report}"
+    );
+
+    let ptt: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ptt"))
+        .collect();
+    assert_eq!(ptt.len(), 1);
+    let dump = Command::new(pttrace())
+        .args(["dump", "--ptt"])
+        .arg(&ptt[0])
+        .output()
+        .unwrap();
+    let packets = String::from_utf8_lossy(&dump.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("ovf"))
+        .count() as u64;
+    assert!(
+        packets >= flagged,
+        "{packets} ovf packets, {flagged} windows"
+    );
+
+    let decode = String::from_utf8_lossy(
+        &Command::new(pttrace())
+            .args(["decode", "--format", "summary"])
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    let total = decode.lines().find(|l| l.starts_with("total: ")).unwrap();
+    assert!(
+        total.contains(&format!(" 0 gaps, {packets} overflows, ")),
+        "{decode}"
+    );
+
+    let view = Command::new(pttrace())
+        .arg("view")
+        .arg(&out)
+        .arg("--out")
+        .arg(dir.path().join("view"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&view.stdout);
+    assert!(said.contains(&format!(", {packets} gaps;")), "{said}");
+    let svg = std::fs::read_to_string(dir.path().join("view/flamegraph.svg")).unwrap();
+    assert!(
+        svg.contains(&format!("({packets} gaps or losses in the trace")),
+        "the flame graph's title names the losses"
+    );
+    let timeline = std::fs::read_to_string(dir.path().join("view/timeline.json")).unwrap();
+    assert_eq!(
+        timeline.matches("\"what\":\"overflow").count() as u64,
+        packets,
+        "one instant event per overflow"
+    );
+}
