@@ -10,6 +10,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -51,6 +52,30 @@ pub struct Named {
     pub resolved: Option<Arc<Symbolized>>,
 }
 
+/// A resolved address and the key of the functions inlined there (0: none).
+struct Entry {
+    named: Named,
+    inline_key: u64,
+}
+
+/// A fast hasher for code addresses (the keys are ours: no flooding concern).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// Interned chains of inlined functions (outermost first): by id, and ids by chain.
 type Chains = (Vec<Vec<Arc<str>>>, HashMap<Vec<Arc<str>>, u32>);
 
@@ -61,7 +86,7 @@ pub struct ImageNames {
     plts: Vec<Plt>,
     jit: Option<PerfMap>,
     symbolizer: SharedSymbolizer,
-    cache: RefCell<HashMap<u64, Named>>,
+    cache: RefCell<HashMap<u64, Entry, BuildHasherDefault<AddrHasher>>>,
     /// Mapped files some of whose code got no name from symbols.
     unnamed: RefCell<std::collections::BTreeSet<PathBuf>>,
     /// Chains of inlined functions (outermost first), by their id in an inline key.
@@ -127,7 +152,7 @@ impl ImageNames {
             plts,
             jit: p.and_then(|p| perf_map(trace_dir, p.pid)),
             symbolizer,
-            cache: RefCell::new(HashMap::new()),
+            cache: RefCell::new(HashMap::default()),
             unnamed: RefCell::new(Default::default()),
             chains: RefCell::new(Default::default()),
         }
@@ -168,12 +193,39 @@ impl ImageNames {
 
     /// What `addr` is (cached).
     pub fn named(&self, addr: u64) -> Named {
-        if let Some(n) = self.cache.borrow().get(&addr) {
-            return n.clone();
+        self.with_entry(addr, |e| e.named.clone())
+    }
+
+    /// Runs `f` on the cached entry of `addr`, resolving it first when new.
+    fn with_entry<T>(&self, addr: u64, f: impl FnOnce(&Entry) -> T) -> T {
+        if let Some(e) = self.cache.borrow().get(&addr) {
+            return f(e);
         }
-        let n = self.resolve(addr);
-        self.cache.borrow_mut().insert(addr, n.clone());
-        n
+        let named = self.resolve(addr);
+        let inline_key = self.chain_key(&named);
+        let e = Entry { named, inline_key };
+        let r = f(&e);
+        self.cache.borrow_mut().insert(addr, e);
+        r
+    }
+
+    /// The inline key of a resolved address (see [`Functions::inline_context`]).
+    fn chain_key(&self, n: &Named) -> u64 {
+        let Some(r) = n.resolved.as_ref() else {
+            return 0;
+        };
+        let inlined = r.inlined();
+        if inlined.is_empty() {
+            return 0;
+        }
+        let chain: Vec<Arc<str>> = inlined.iter().rev().map(|f| f.name.clone()).collect();
+        let mut chains = self.chains.borrow_mut();
+        let next = chains.0.len() as u32;
+        let id = *chains.1.entry(chain.clone()).or_insert(next);
+        if id == next {
+            chains.0.push(chain);
+        }
+        INLINE_KEY | u64::from(id)
     }
 
     fn resolve(&self, addr: u64) -> Named {
@@ -327,25 +379,10 @@ impl ImageNames {
 
 impl Functions for ImageNames {
     fn function_start(&self, addr: u64) -> Option<u64> {
-        self.named(addr).start
+        self.with_entry(addr, |e| e.named.start)
     }
 
     fn inline_context(&self, pc: u64) -> u64 {
-        let n = self.named(pc);
-        let Some(r) = n.resolved.as_ref() else {
-            return 0;
-        };
-        let inlined = r.inlined();
-        if inlined.is_empty() {
-            return 0;
-        }
-        let chain: Vec<Arc<str>> = inlined.iter().rev().map(|f| f.name.clone()).collect();
-        let mut chains = self.chains.borrow_mut();
-        let next = chains.0.len() as u32;
-        let id = *chains.1.entry(chain.clone()).or_insert(next);
-        if id == next {
-            chains.0.push(chain);
-        }
-        INLINE_KEY | u64::from(id)
+        self.with_entry(pc, |e| e.inline_key)
     }
 }

@@ -220,6 +220,9 @@ struct Node {
 
 const ROOT: u32 = u32::MAX;
 const CACHE_SLOTS: usize = 4096;
+/// Instruction addresses remembered with their inline key (an interpreter's loop alone
+/// spans thousands).
+const INLINE_CACHE_SLOTS: usize = 1 << 16;
 
 /// Reconstructs one thread's call stacks; see the module documentation.
 pub struct CallStacks<'f, F: Functions + ?Sized> {
@@ -228,6 +231,8 @@ pub struct CallStacks<'f, F: Functions + ?Sized> {
     /// (pc, inline key + 1) of the last lookups (0: empty slot), when inlined frames are
     /// counted.
     inline_cache: Vec<(u64, u64)>,
+    /// The last (frame node, inline key) counted to and its child node.
+    last_inline: (u32, u64, u32),
     stack: Vec<Frame>,
     insns: u64,
     last: Option<Last>,
@@ -263,6 +268,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             funcs,
             cache: vec![(0, None, false); CACHE_SLOTS],
             inline_cache: Vec::new(),
+            last_inline: (u32::MAX, 0, 0),
             stack: Vec::new(),
             insns: 0,
             last: None,
@@ -373,13 +379,13 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
     /// Counts the instructions of inlined functions under frames of their own
     /// ([`Functions::inline_context`]).
     pub fn with_inline_frames(mut self) -> Self {
-        self.inline_cache = vec![(0, 0); CACHE_SLOTS];
+        self.inline_cache = vec![(0, 0); INLINE_CACHE_SLOTS];
         self
     }
 
     fn inline_context(&mut self, pc: u64) -> u64 {
-        let slot =
-            ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % CACHE_SLOTS;
+        let slot = ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 44) as usize
+            % INLINE_CACHE_SLOTS;
         if let Some(&(a, k)) = self.inline_cache.get(slot) {
             if k != 0 && a == pc {
                 return k - 1;
@@ -425,7 +431,14 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         if !self.inline_cache.is_empty() {
             let key = self.inline_context(pc);
             if key != 0 {
-                node = self.node_for(self.cur, key);
+                node = match self.last_inline {
+                    (c, k, n) if c == self.cur && k == key => n,
+                    _ => {
+                        let n = self.node_for(self.cur, key);
+                        self.last_inline = (self.cur, key, n);
+                        n
+                    }
+                };
             }
         }
         if let Some(n) = self.nodes.get_mut(node as usize) {
@@ -577,6 +590,8 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
     /// The caller of everything seen so far in this segment, returned to with an empty
     /// stack: a frame below all the segment's spans, from the segment's start.
     fn push_bottom(&mut self, target: u64) {
+        // Nodes move under the new bottom frame: forget the last inline child.
+        self.last_inline = (u32::MAX, 0, 0);
         let func = self.function_start(target);
         let addr = func.unwrap_or(target);
         let root = self.seg_root;
