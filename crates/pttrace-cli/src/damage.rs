@@ -7,6 +7,20 @@ use crate::CmdResult;
 use drpttracer::decode::input::{tail_damage, InputDamage};
 use drpttracer::format::ptt::Tail;
 
+/// The damage of a trace input as every command reports it, and whether it covers the
+/// input's files: for a directory the shared check of every file ([`crate::tracedir`]),
+/// which the command then does not repeat per file; for a single file, nothing yet (its
+/// reader adds what it meets).
+pub fn of_trace(path: &std::path::Path) -> (Damages, bool) {
+    if !path.is_dir() {
+        return (Damages::default(), false);
+    }
+    match crate::tracedir::summarize_dir(path) {
+        Ok(s) => (s.damages(), true),
+        Err(_) => (Damages::default(), false),
+    }
+}
+
 /// The damage met by one command.
 #[derive(Debug, Default)]
 pub struct Damages(pub Vec<InputDamage>);
@@ -14,6 +28,16 @@ pub struct Damages(pub Vec<InputDamage>);
 impl Damages {
     pub fn add(&mut self, file: impl std::fmt::Display, offset: u64, what: impl Into<String>) {
         self.0.push(InputDamage::at(file.to_string(), offset, what));
+    }
+
+    /// Adds the files the decoder left out of a directory that the damage check did not
+    /// name already (so no unusable file goes unreported).
+    pub fn add_skipped(&mut self, skipped: &[drpttracer::decode::DecodeError]) {
+        for e in skipped {
+            if !self.0.iter().any(|d| d.file == e.source_name) {
+                self.add(&e.source_name, e.offset, e.message.clone());
+            }
+        }
     }
 
     /// Adds the damage a file's frame tail shows, if any.
@@ -38,7 +62,7 @@ impl Damages {
                 "pttrace {cmd}: damaged: {}: byte {}: {}",
                 printable(&d.file),
                 d.offset,
-                d.what
+                printable(&d.what)
             );
         }
         let n = self.0.len();

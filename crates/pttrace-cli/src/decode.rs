@@ -551,7 +551,10 @@ pub fn run(args: Args) -> CmdResult {
         b.finish_and_clear();
     }
     for w in &warnings {
-        eprintln!("pttrace decode: warning: {w}");
+        eprintln!(
+            "pttrace decode: warning: {}",
+            crate::text::printable(&w.to_string())
+        );
     }
     match result {
         Err(e)

@@ -11,6 +11,7 @@ mod report;
 mod run;
 mod snapshot;
 mod text;
+mod tracedir;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -65,7 +66,10 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pttrace {name}: {e}");
+            // Bytes from trace files reach the terminal escaped (line breaks kept).
+            let text = e.to_string();
+            let lines: Vec<_> = text.lines().map(text::printable).collect();
+            eprintln!("pttrace {name}: {}", lines.join("\n"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -247,7 +247,8 @@ pub fn run(args: Args) -> CmdResult {
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let mut names = Names::default();
     let mut namers: HashMap<(i32, u64), Namer> = HashMap::new();
-    let mut damages = crate::damage::Damages::default();
+    let (mut damages, files_checked) = crate::damage::of_trace(&args.trace);
+    damages.add_skipped(&trace.skipped);
     let mut order: Vec<usize> = (0..trace.threads.len()).collect();
     order.sort_by_key(|&i| {
         let h = &trace.threads[i].header;
@@ -297,9 +298,15 @@ pub fn run(args: Args) -> CmdResult {
             windows.push((w.clone(), start, cs.instructions()));
             Ok::<(), DecodeError>(())
         })?;
-        damages.add_tail(th.path.display(), &stats.tail);
+        if !files_checked {
+            damages.add_tail(th.path.display(), &stats.tail);
+        }
         for w in &stats.warnings {
-            eprintln!("pttrace view: warning: {}: {w}", th.path.display());
+            eprintln!(
+                "pttrace view: warning: {}: {}",
+                crate::text::printable(&th.path.display().to_string()),
+                crate::text::printable(&w.to_string())
+            );
         }
         let stacks = cs.finish();
         let span_names = stacks

@@ -126,6 +126,42 @@ fn text_from_trace_files_is_escaped() {
             );
         }
     }
+    // A directory whose name holds escapes, with a damaged thread file: the damage lines,
+    // warnings and errors of every reader name it escaped.
+    let evil_dir = dir.path().join(format!("trace{evil}"));
+    std::fs::create_dir(&evil_dir).unwrap();
+    for e in std::fs::read_dir(&out).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            let mut data = std::fs::read(&p).unwrap();
+            if p.extension().is_some_and(|x| x == "ptt") {
+                data[30] ^= 0x20;
+            }
+            std::fs::write(evil_dir.join(p.file_name().unwrap()), data).unwrap();
+        }
+    }
+    for args in [
+        vec!["report"],
+        vec!["decode", "--format", "summary"],
+        vec!["view", "--format", "folded"],
+    ] {
+        let o = Command::new(pttrace())
+            .args(&args)
+            .arg(&evil_dir)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !err.contains('\u{1b}') && !err.contains('\u{7}'),
+            "{args:?}: raw escape in {err:?}"
+        );
+        assert!(err.contains("damaged: "), "{args:?}: {err}");
+        assert!(
+            err.contains("trace\\x1b[31mred\\x1b]0;title\\x07/"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -216,3 +216,84 @@ fn an_info_file_of_another_process_is_refused() {
         .unwrap();
     assert!(o.status.success(), "{o:?}");
 }
+
+/// Every reader of a directory reports its damage from the same check (the one reader of
+/// trace directories): the same line from `report`, `decode DIR` and `view DIR`.
+fn all_readers_say(dir: &Path, named: &Path, byte: u64, what: &str) {
+    damaged_in(&["report"], dir, named, byte, what);
+    damaged_in(&["decode", "--format", "summary"], dir, named, byte, what);
+    damaged_in(&["view", "--format", "folded"], dir, named, byte, what);
+}
+
+#[test]
+fn damage_every_directory_reader_reports_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (good_dir, good) = traced_ls(tmp.path(), "t");
+    let info = std::fs::read_dir(&good_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "info"))
+        .unwrap();
+    let copy = |name: &str| -> PathBuf {
+        let d = tmp.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        for f in [&good, &info] {
+            std::fs::copy(f, d.join(f.file_name().unwrap())).unwrap();
+        }
+        d
+    };
+
+    // 1. A byte of the info file set to 0xff (its second record).
+    let d1 = copy("info");
+    let info1 = d1.join(info.file_name().unwrap());
+    let mut data = std::fs::read(&info1).unwrap();
+    let frames = ptt::parse("x", &data).unwrap().frames;
+    let second = frames[1].offset;
+    data[second + 20] = 0xff;
+    std::fs::write(&info1, &data).unwrap();
+    let what = format!(
+        "corrupt record (bad checksum or length): the {} bytes from here were not read",
+        data.len() - second
+    );
+    all_readers_say(&d1, &info1, second as u64, &what);
+
+    // 2. The thread file cut exactly at a record boundary: its last window and End record
+    // are gone, while the info file says the process ended.
+    let d2 = copy("cut");
+    let t2 = d2.join(good.file_name().unwrap());
+    let data = std::fs::read(&t2).unwrap();
+    let frames = ptt::parse("x", &data).unwrap().frames;
+    let cut = frames[frames.len() - 2].offset;
+    std::fs::write(&t2, &data[..cut]).unwrap();
+    all_readers_say(
+        &d2,
+        &t2,
+        cut as u64,
+        "the file ends without its End record although its process ended (exit_group): \
+         its last windows are missing",
+    );
+
+    // 3. Two windows swapped (each record's checksum still valid).
+    let d3 = copy("swap");
+    let t3 = d3.join(good.file_name().unwrap());
+    let data = std::fs::read(&t3).unwrap();
+    let frames = ptt::parse("x", &data).unwrap().frames;
+    let windows: Vec<_> = frames
+        .iter()
+        .filter(|f| f.ty == ptt::RecordType::Window as u16)
+        .collect();
+    assert!(windows.len() > 4);
+    let (a, b, c) = (windows[1].offset, windows[2].offset, windows[3].offset);
+    let mut swapped = data[..a].to_vec();
+    swapped.extend_from_slice(&data[b..c]);
+    swapped.extend_from_slice(&data[a..b]);
+    swapped.extend_from_slice(&data[c..]);
+    std::fs::write(&t3, &swapped).unwrap();
+    all_readers_say(
+        &d3,
+        &t3,
+        a as u64,
+        "window 2 follows window 0: windows missing (the first of 3 places where the \
+         indices jump)",
+    );
+}

@@ -56,6 +56,10 @@ pub struct PttTrace {
     /// Resynchronize after a decode error at the next packet that gives an IP
     /// ([`WindowOptions::resync_on_error`]).
     pub resync_on_error: bool,
+    /// Files of a directory that could not be used at all (an unreadable info file, a
+    /// thread file without a readable header), left out: the directory's damage check
+    /// names them; a single thread file given alone fails instead.
+    pub skipped: Vec<DecodeError>,
 }
 
 /// What a decoded window was.
@@ -234,18 +238,23 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
     let mut t = PttTrace::default();
     for e in &entries {
         if e.extension().is_some_and(|x| x == "info") {
-            t.processes.push(parse_process(e)?);
+            match parse_process(e) {
+                Ok(p) => t.processes.push(p),
+                Err(err) if only.is_none() => t.skipped.push(err),
+                Err(err) => return Err(err),
+            }
         }
     }
     for e in pttrace_format::spool::thread_files(&entries) {
         if only.as_ref().is_none_or(|o| *o == e) {
-            t.threads.push(PttThread {
-                header: thread_header(&e)?,
-                path: e,
-            });
+            match thread_header(&e) {
+                Ok(header) => t.threads.push(PttThread { header, path: e }),
+                Err(err) if only.is_none() => t.skipped.push(err),
+                Err(err) => return Err(err),
+            }
         }
     }
-    if t.threads.is_empty() {
+    if t.threads.is_empty() && t.skipped.is_empty() {
         return Err(err(
             path,
             0,

@@ -38,8 +38,12 @@ pub struct ThreadSummary {
     pub recovered: Option<Recovered>,
     /// The spool was merged in memory (it is still beside the file, not salvaged).
     pub spool_pending: bool,
+    /// The file's length in bytes.
+    pub file_len: u64,
     /// Windows whose index does not follow the previous one (windows missing in between).
     pub index_gaps: u64,
+    /// The first jump: (byte offset of the window's frame, index expected, index found).
+    pub first_index_gap: Option<(u64, u64, u64)>,
     /// The index the next window should have (`u64::MAX` after a `Snapshot` record: the
     /// windows discarded from the ring before it are no gap).
     pub next_index: u64,
@@ -68,7 +72,9 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         tail: Tail::Clean,
         recovered: None,
         spool_pending: false,
+        file_len: std::fs::metadata(path).map_or(0, |m| m.len()),
         index_gaps: 0,
+        first_index_gap: None,
         next_index: 0,
         snapshots: Vec::new(),
     };
@@ -137,6 +143,8 @@ fn summarize_thread_frame(
             s.windows += 1;
             if w.window.index != s.next_index && s.next_index != u64::MAX {
                 s.index_gaps += 1;
+                s.first_index_gap
+                    .get_or_insert((f.offset as u64, s.next_index, w.window.index));
             }
             s.next_index = w.window.index.wrapping_add(1);
             s.pt_bytes += w.pt.len() as u64;

@@ -17,7 +17,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     trace.decoder = args.decoder.kind();
     trace.resync_on_error = args.resync_on_error;
     if args.decoder == super::DecoderArg::Check {
-        return check(&trace);
+        return check(&trace, path);
     }
     let stdout = std::io::stdout();
     let mut printer = Printer {
@@ -44,7 +44,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut problems = 0u64;
     // Windows per decoder that gave their records (and why libipt took over).
     let mut decoders: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut damages = crate::damage::Damages::default();
+    let (mut damages, files_checked) = crate::damage::of_trace(path);
+    damages.add_skipped(&trace.skipped);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let result = (|| -> CmdResult {
         for th in &trace.threads {
@@ -189,7 +190,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             }
             if stats.tail != drpttracer::format::ptt::Tail::Clean {
                 problems += 1;
-                damages.add_tail(th.path.display(), &stats.tail);
+                if !files_checked {
+                    damages.add_tail(th.path.display(), &stats.tail);
+                }
             }
             if let Some(r) = &stats.recovered {
                 eprintln!(
@@ -199,7 +202,11 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 );
             }
             for w in &stats.warnings {
-                eprintln!("pttrace decode: warning: {}: {w}", th.path.display());
+                eprintln!(
+                    "pttrace decode: warning: {}: {}",
+                    crate::text::printable(&th.path.display().to_string()),
+                    crate::text::printable(&w.to_string())
+                );
             }
         }
         if args.format != OutFormat::Jsonl {
@@ -234,11 +241,11 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
 }
 
 /// `--decoder check` on a directory: every thread's windows by both decoders, compared.
-fn check(trace: &ptt_input::PttTrace) -> CmdResult {
+fn check(trace: &ptt_input::PttTrace, path: &Path) -> CmdResult {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut tally = super::CheckTally::default();
-    let mut damages = crate::damage::Damages::default();
+    let (mut damages, files_checked) = crate::damage::of_trace(path);
     for th in &trace.threads {
         let mut failed: Option<Box<dyn std::error::Error>> = None;
         let stats = trace.check_thread(th, &mut |w: &PttWindowInfo, outcome| {
@@ -256,7 +263,7 @@ fn check(trace: &ptt_input::PttTrace) -> CmdResult {
             return Err(e);
         }
         let stats = stats?;
-        if stats.tail != drpttracer::format::ptt::Tail::Clean {
+        if stats.tail != drpttracer::format::ptt::Tail::Clean && !files_checked {
             damages.add_tail(th.path.display(), &stats.tail);
         }
     }

@@ -1,0 +1,202 @@
+//! The one reader of a trace directory's files for every command: each info and thread
+//! file (and the spool standing for a thread file a killed process never made) read and
+//! validated once, frame by frame, into a [`DirSummary`]; [`DirSummary::damages`] is the
+//! list of damage that `report`, `decode DIR` and `view DIR` all print, with the same
+//! cause, file and position.
+
+use crate::damage::Damages;
+use drpttracer::format::ptt::Tail;
+use drpttracer::format::summary::{self, ProcessSummary, ThreadSummary};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Everything found in a trace directory.
+pub struct DirSummary {
+    /// Info files keyed by (pid, nonce) as written in their file names.
+    pub processes: BTreeMap<(i32, String), ProcessSummary>,
+    /// Thread files keyed by (pid, nonce) of their process image.
+    pub threads: BTreeMap<(i32, String), Vec<ThreadSummary>>,
+    /// Files that could not be read at all (name, error).
+    pub unreadable: Vec<(String, String)>,
+    pub kernel_raw_files: usize,
+    pub kernel_raw_bytes: u64,
+    /// `kernel.raw/<tid>.raw.pt` paths, sorted.
+    pub kernel_raw_paths: Vec<PathBuf>,
+    pub has_kallsyms: bool,
+    pub has_kcore: bool,
+}
+
+impl DirSummary {
+    /// PT bytes over all windows.
+    pub fn pt_bytes(&self) -> u64 {
+        self.threads.values().flatten().map(|t| t.pt_bytes).sum()
+    }
+}
+
+impl DirSummary {
+    /// Every damaged place in the directory's files.
+    pub fn damages(&self) -> Damages {
+        let mut d = Damages::default();
+        for p in self.processes.values() {
+            d.add_tail(&p.file, &p.tail);
+        }
+        for t in self.threads.values().flatten() {
+            if !torn_tail_recovered(t) {
+                d.add_tail(&t.file, &t.tail);
+            }
+            if let Some((offset, want, got)) = t.first_index_gap {
+                let more = match t.index_gaps {
+                    1 => String::new(),
+                    n => format!(" (the first of {n} places where the indices jump)"),
+                };
+                d.add(
+                    &t.file,
+                    offset,
+                    format!(
+                        "window {got} follows window {}: windows missing{more}",
+                        want.wrapping_sub(1)
+                    ),
+                );
+            }
+        }
+        for (key, ts) in &self.threads {
+            let Some((reason, _)) = self.processes.get(key).and_then(|p| p.end) else {
+                continue;
+            };
+            for t in ts {
+                if t.end.is_none() && t.tail == Tail::Clean && !t.spool_pending {
+                    let name = drpttracer::format::ptt::EndReason::from_raw(reason)
+                        .map_or("?", |r| r.name());
+                    d.add(
+                        &t.file,
+                        t.file_len,
+                        format!(
+                            "the file ends without its End record although its process ended \
+                             ({name}): its last windows are missing"
+                        ),
+                    );
+                }
+            }
+        }
+        for (name, e) in &self.unreadable {
+            d.add(name, 0, format!("unreadable: {e}"));
+        }
+        d
+    }
+
+    pub fn windows(&self) -> u64 {
+        self.threads.values().flatten().map(|t| t.windows).sum()
+    }
+    /// Threads as the kernel counts them: a thread that execs goes on with the same id in
+    /// its new image (another thread file); files without a readable header count alone.
+    pub fn thread_count(&self) -> usize {
+        let tids: std::collections::BTreeSet<(i32, i32)> = self
+            .threads
+            .iter()
+            .flat_map(|((pid, _), ts)| {
+                ts.iter()
+                    .filter_map(move |t| t.header.as_ref().map(|h| (*pid, h.tid)))
+            })
+            .collect();
+        let headerless = self
+            .threads
+            .values()
+            .flatten()
+            .filter(|t| t.header.is_none())
+            .count();
+        tids.len() + headerless
+    }
+    pub fn truncated_files(&self) -> usize {
+        let t = self
+            .threads
+            .values()
+            .flatten()
+            .filter(|t| t.tail != Tail::Clean && !torn_tail_recovered(t))
+            .count();
+        let p = self
+            .processes
+            .values()
+            .filter(|p| p.tail != Tail::Clean)
+            .count();
+        t + p
+    }
+}
+
+/// `<pid>-<nonce>.info` / `<pid>-<nonce>-<tid>.ptt` -> (pid, nonce).
+fn key_of(name: &str) -> Option<(i32, String)> {
+    let stem = name
+        .strip_suffix(".info")
+        .or_else(|| name.strip_suffix(".ptt"))?;
+    let mut it = stem.split('-');
+    let pid = it.next()?.parse().ok()?;
+    let nonce = it.next()?.to_string();
+    Some((pid, nonce))
+}
+
+/// Reads every shim file in `dir`.
+pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read trace directory {}: {e}", dir.display()))?;
+    let mut s = DirSummary {
+        processes: BTreeMap::new(),
+        threads: BTreeMap::new(),
+        unreadable: Vec::new(),
+        kernel_raw_files: 0,
+        kernel_raw_bytes: 0,
+        kernel_raw_paths: Vec::new(),
+        has_kallsyms: false,
+        has_kcore: false,
+    };
+    let entries: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let mut names: Vec<PathBuf> = entries
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "info"))
+        .cloned()
+        .collect();
+    // Thread files, and those a spool stands for (the process died before creating them).
+    names.extend(drpttracer::format::spool::thread_files(&entries));
+    names.sort();
+    for path in names {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(key) = key_of(&name) else { continue };
+        if name.ends_with(".info") {
+            match summary::summarize_process(&path) {
+                Ok(p) => {
+                    s.processes.insert(key, p);
+                }
+                Err(e) => s.unreadable.push((name, e.to_string())),
+            }
+        } else {
+            match summary::summarize_thread(&path) {
+                Ok(t) => s.threads.entry(key).or_default().push(t),
+                Err(e) => s.unreadable.push((name, e.to_string())),
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(dir.join("kernel.raw")) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            match name.as_str() {
+                "kallsyms" => s.has_kallsyms = true,
+                "kcore" => s.has_kcore = true,
+                n if n.ends_with(".raw.pt") => {
+                    s.kernel_raw_files += 1;
+                    s.kernel_raw_bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+                    s.kernel_raw_paths.push(e.path());
+                }
+                _ => {}
+            }
+        }
+        s.kernel_raw_paths.sort();
+    }
+    Ok(s)
+}
+
+/// A thread file whose last record was torn by the death of its process, completed from
+/// its spool: not damage (the torn window is among the recovered ones).
+pub fn torn_tail_recovered(t: &ThreadSummary) -> bool {
+    t.spool_pending && matches!(t.tail, Tail::Truncated { .. })
+}
