@@ -89,6 +89,15 @@ fn a_split_stripped_program_is_named_from_its_debug_file_with_inlined_frames_and
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
 
+    // report names the stripped program and what would fix it, before any decoding.
+    let report = ok(Command::new(pttrace()).arg("report").arg(&out));
+    assert!(
+        report.contains(&format!(
+            "  no symbols: names: stripped, no debug file for build-id {}…",
+            &id[..12]
+        )),
+        "{report}"
+    );
     for dir in [&by_link, &by_id] {
         // Without the debug dir: no names for the program's code, and view says why.
         let o = Command::new(pttrace())

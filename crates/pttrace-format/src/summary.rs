@@ -200,6 +200,8 @@ pub struct ProcessSummary {
     pub cmdline: Vec<String>,
     pub exe: String,
     pub maps_lines: usize,
+    /// Distinct files of its file-backed mappings (absolute paths), in map order.
+    pub mapped_files: Vec<String>,
     pub vdso_bytes: usize,
     pub has_metadata: bool,
     pub config: String,
@@ -226,6 +228,7 @@ fn summarize_process_frames(
         cmdline: Vec::new(),
         exe: String::new(),
         maps_lines: 0,
+        mapped_files: Vec::new(),
         vdso_bytes: 0,
         has_metadata: false,
         config: String::new(),
@@ -250,7 +253,15 @@ fn summarize_process_frames(
                     .collect()
             }
             Some(RecordType::Exe) => s.exe = String::from_utf8_lossy(f.payload).into_owned(),
-            Some(RecordType::Maps) => s.maps_lines = f.payload.split(|&b| b == b'\n').count() - 1,
+            Some(RecordType::Maps) => {
+                s.maps_lines = f.payload.split(|&b| b == b'\n').count() - 1;
+                let text = String::from_utf8_lossy(f.payload);
+                for m in text.lines().filter_map(crate::maps::MapsEntry::parse) {
+                    if m.path.starts_with('/') && !s.mapped_files.contains(&m.path) {
+                        s.mapped_files.push(m.path);
+                    }
+                }
+            }
             Some(RecordType::Vdso) => {
                 s.vdso_bytes = decode_vdso(f.payload).map_or(0, |(_, b)| b.len())
             }
