@@ -34,11 +34,11 @@ use crate::perf::ring::AUX_LOSS_FLAGS;
 use crate::perf::ring::{copy_ring_records, ControlPage, RingMemory};
 use perf_event_open_sys::bindings::{self, perf_event_attr};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 
-/// Windows whose PT may wait for the drainer, per thread.
-pub const PENDING: usize = 256;
+use super::kpt_slot::FD_NONE;
+pub use super::kpt_slot::PENDING;
 
 /// The event attributes (set once by [`init`]).
 static ATTR: OnceLock<perf_event_attr> = OnceLock::new();
@@ -47,42 +47,12 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static DATA_LEN: AtomicU64 = AtomicU64::new(0);
 static AUX_LEN: AtomicU64 = AtomicU64::new(0);
 
-/// fd states besides a real descriptor.
-const FD_NONE: i32 = -1;
+/// fd state besides a real descriptor or none: opening the event failed.
 const FD_FAILED: i32 = -2;
 
-/// One thread's event and its windows waiting for the drainer (in the slot, valid after
-/// [`KptSlot::reset`]; all-zero is "nothing open" too once `fd` is set to -1).
-pub struct KptSlot {
-    fd: AtomicI32,
-    /// Base of the control page + DATA ring mapping; base of the AUX mapping.
-    ctl: AtomicU64,
-    aux: AtomicU64,
-    /// Ends of the last window (set by `leave`, pushed by `publish`).
-    pending_aux: AtomicU64,
-    pending_data: AtomicU64,
-    has_pending: AtomicBool,
-    /// Ring of (index, aux end, data end): producer `head`, consumer `tail`.
-    ring: [[AtomicU64; 3]; PENDING],
-    head: AtomicU64,
-    tail: AtomicU64,
-}
+pub use super::kpt_slot::KptSlot;
 
 impl KptSlot {
-    /// Nothing open, nothing pending (a new owner thread, or a forked child whose parent's
-    /// mappings did not come along: the descriptor copy is closed).
-    pub fn reset(&self, close_fd: bool) {
-        let fd = self.fd.swap(FD_NONE, Relaxed);
-        if close_fd && fd >= 0 {
-            raw::close(fd);
-        }
-        self.ctl.store(0, Relaxed);
-        self.aux.store(0, Relaxed);
-        self.has_pending.store(false, Relaxed);
-        self.head.store(0, Relaxed);
-        self.tail.store(0, Relaxed);
-    }
-
     /// Closes the event and unmaps its areas (the drainer, after the thread's last window).
     pub fn close(&self) {
         let fd = self.fd.swap(FD_NONE, Relaxed);

@@ -43,14 +43,17 @@
 //! stores the reason it is absent once in the info file and each thread header; those
 //! windows carry `WF_PT_ABSENT`.
 
+pub mod child_files;
 pub mod config;
 pub mod execenv;
 pub mod frame;
 pub mod handler;
 pub mod kernel_files;
 pub mod kernelpt;
+pub mod kpt_slot;
 pub mod output;
 pub mod paths;
+pub mod process;
 pub mod raw;
 pub mod rewrite;
 pub mod slots;
@@ -384,6 +387,9 @@ fn init() -> Result<(), String> {
         }
         active.sites || active.page0
     };
+    // The per-thread layer drains a full queue itself when no writer exists: through the
+    // writer's function, handed down here.
+    slots::set_drainer(output::drain_locked);
     let mut st = slots::make_static(
         &cfg,
         backend,

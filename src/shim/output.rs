@@ -195,7 +195,7 @@ pub fn write_process_end_to(fd: i32, reason: EndReason, code: i32) {
     let mut end = [0u8; 16];
     end[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
     end[4..8].copy_from_slice(&code.to_le_bytes());
-    end[8..16].copy_from_slice(&super::rewrite::PATCHED.load(Relaxed).to_le_bytes());
+    end[8..16].copy_from_slice(&super::process::PATCHED.load(Relaxed).to_le_bytes());
     write_frame_parts(fd, RecordType::ProcessEnd, &[&end]);
 }
 

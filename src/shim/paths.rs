@@ -3,8 +3,8 @@
 //! `<out>/<pid>-<nonce>` is the base of every file of one process image (see
 //! [`super::output`]); a thread's files add `-<tid>` and an extension.
 
+use super::process::STATIC;
 use super::raw::PathBuf;
-use super::slots::STATIC;
 
 pub type Path = PathBuf<4352>;
 

@@ -179,7 +179,7 @@ static SITES: AtomicBool = AtomicBool::new(false);
 /// The page-0 trampoline is mapped.
 static PAGE0: AtomicBool = AtomicBool::new(false);
 /// Sites patched so far (for the info file and tests).
-pub static PATCHED: AtomicU64 = AtomicU64::new(0);
+pub use super::process::PATCHED;
 
 /// One patcher at a time: another thread's mprotect back to R-X must not land between our
 /// mprotect and our store, and stub slots are handed out under it. A busy lock just leaves

@@ -15,13 +15,12 @@
 //! slot. With `drop` the window is counted in `dropped` and the writer writes a `Dropped`
 //! record with the count, so a drop is never silent.
 
-use super::config::{Backpressure, ShimConfig, SyscallFilter, WindowKind};
+use super::config::{Backpressure, ShimConfig};
 use super::raw;
 use crate::format::ptt::Window;
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64};
 use std::sync::atomic::{AtomicUsize, Ordering::*};
-use std::sync::OnceLock;
 
 /// Most threads traced at the same time in one process.
 pub const MAX_SLOTS: usize = 4096;
@@ -33,58 +32,7 @@ pub const ACTIVE: u32 = 1;
 /// The thread is gone; the slot is freed once drained.
 pub const EXITED: u32 = 2;
 
-/// Settings fixed at start-up (normal context), read by the handler.
-pub struct Static {
-    pub filter: SyscallFilter,
-    pub mode: u8,
-    pub window: WindowKind,
-    pub backend: u8,
-    pub pt_present: bool,
-    /// Why PT is absent (empty when present).
-    pub reason: String,
-    pub config_text: String,
-    pub out_dir: Vec<u8>,
-    pub queue_cap: usize,
-    pub backpressure: Backpressure,
-    /// Queues in `.spool` files (see [`super::spool`]).
-    pub spool: bool,
-    /// The `Metadata` record payload (50 bytes).
-    pub metadata: [u8; 50],
-    /// The 18-byte pt_metadata_t.
-    pub pt_metadata: [u8; 18],
-    /// vDSO address and length (0, 0 when absent).
-    pub vdso: (u64, usize),
-    /// Write DynamoRIO `kernel.raw/<tid>.raw.pt` files.
-    pub kernel_raw: bool,
-    /// Patch syscall sites into direct calls (site stubs or the page-0 trampoline ready).
-    pub rewrite: bool,
-    /// Path of this library as loaded (for `LD_PRELOAD` in exec'd images).
-    pub lib_path: Vec<u8>,
-    /// `PTTRACER_*=value\0` entries carried into exec'd images.
-    pub exec_env: Vec<Vec<u8>>,
-}
-
-pub static STATIC: OnceLock<Static> = OnceLock::new();
-
-/// The handler is installed and recording.
-pub static ACTIVE_FLAG: AtomicBool = AtomicBool::new(false);
-/// pid and image nonce of this process image (changed in forked children).
-pub static PID: AtomicI32 = AtomicI32::new(0);
-pub static NONCE: AtomicU64 = AtomicU64::new(0);
-pub static START_TSC: AtomicU64 = AtomicU64::new(0);
-/// Application threads alive (the writer thread excluded).
-pub static LIVE: AtomicI64 = AtomicI64::new(0);
-/// A writer thread exists in this process.
-pub static WRITER_ALIVE: AtomicBool = AtomicBool::new(false);
-/// Futex word the writer sleeps on.
-pub static WAKE: AtomicU32 = AtomicU32::new(0);
-/// Exit code of the thread-group leader's `exit` (the process status when the last
-/// thread leaves with `exit`).
-pub static LEADER_CODE: AtomicI32 = AtomicI32::new(0);
-/// The process info file (kept open to append `Clock`/`ProcessEnd`).
-pub static INFO_FD: AtomicI32 = AtomicI32::new(-1);
-/// `ProcessEnd` has been written.
-pub static PROCESS_ENDED: AtomicBool = AtomicBool::new(false);
+pub use super::process::*;
 
 static SLOTS: [AtomicPtr<Slot>; MAX_SLOTS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
@@ -157,11 +105,11 @@ pub struct Slot {
     pub vfork_child: AtomicBool,
     pub pending_clone: UnsafeCell<PendingClone>,
     /// Files of the vfork-style child running on this slot (valid when zeroed).
-    pub child: UnsafeCell<super::vfork_child::ChildFiles>,
+    pub child: UnsafeCell<super::child_files::ChildFiles>,
     /// Buffers of that child's files (valid when zeroed).
-    pub child_buf: UnsafeCell<super::vfork_child::ChildBuf>,
+    pub child_buf: UnsafeCell<super::child_files::ChildBuf>,
     /// Hardware PT of this thread's kernel-mode windows (see `super::kernelpt`).
-    pub kpt: super::kernelpt::KptSlot,
+    pub kpt: super::kpt_slot::KptSlot,
     /// Hardware snapshot mode: the descriptor of this thread's overwrite-mode event,
     /// opened and closed by the writer (see `super::snaphw`); -1 when none.
     pub snap_fd: AtomicI32,
@@ -487,6 +435,27 @@ pub fn slot_count() -> usize {
     SLOT_COUNT.load(Acquire).min(MAX_SLOTS)
 }
 
+/// What drains a slot whose drain lock the caller holds: the writer's
+/// (`super::output::drain_locked`), handed down by [`set_drainer`] at start-up, so that
+/// this layer calls the one above it without importing it.
+static DRAINER: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the function that drains a locked slot (before the handler is installed).
+pub fn set_drainer(f: fn(&Slot)) {
+    DRAINER.store(f as usize, Release);
+}
+
+/// Drains `slot` (its drain lock held) with the function [`set_drainer`] gave; nothing
+/// before one was set.
+pub fn drain_locked(slot: &Slot) {
+    let f = DRAINER.load(Acquire);
+    if f != 0 {
+        // SAFETY: a non-zero DRAINER is only ever stored from a `fn(&Slot)` pointer.
+        let f: fn(&Slot) = unsafe { std::mem::transmute::<usize, fn(&Slot)>(f) };
+        f(slot);
+    }
+}
+
 /// Wakes the writer thread.
 pub fn wake_writer() {
     WAKE.fetch_add(1, Release);
@@ -517,7 +486,7 @@ pub fn push(slot: &Slot, w: &Window) -> bool {
                     wake_writer();
                     raw::nanosleep(50_000);
                 } else if slot.try_lock_drain() {
-                    super::output::drain_locked(slot);
+                    drain_locked(slot);
                     slot.unlock_drain();
                 } else {
                     raw::sched_yield();

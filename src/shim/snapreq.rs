@@ -8,7 +8,7 @@ use crate::format::ptt::EndReason;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
 /// Snapshot mode is on in this process image (windows go into rings, not files).
-static ON: AtomicBool = AtomicBool::new(false);
+use super::process::SNAPSHOT_ON as ON;
 /// The `exit` trigger is on.
 static EXIT: AtomicBool = AtomicBool::new(false);
 /// Exit requests asked and answered (generations), the reason and the asking thread.
@@ -103,7 +103,7 @@ pub fn fire_if_trigger(slot: &slots::Slot, nr: u64, depth: u32) -> u64 {
         );
         return 0;
     }
-    if super::userpt::enabled() {
+    if super::process::USER_PT_ON.load(Relaxed) {
         crate::emu::trap::request_cut()
     } else {
         0

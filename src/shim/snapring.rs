@@ -908,7 +908,7 @@ fn drain_live() -> Vec<&'static Slot> {
         .collect();
     for s in &live {
         s.lock_drain();
-        super::output::drain_locked(s);
+        slots::drain_locked(s);
         s.unlock_drain();
     }
     live

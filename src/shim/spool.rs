@@ -41,7 +41,7 @@ pub struct Identity {
 /// it; anonymous memory when the file cannot be created and reserved.
 pub fn create(pid: i32, nonce: u64, tid: i32, cap: usize) -> Option<Mapping> {
     let len = crate::format::spool::file_len(cap);
-    let wanted = super::slots::STATIC.get().is_some_and(|st| st.spool);
+    let wanted = super::process::STATIC.get().is_some_and(|st| st.spool);
     if let Some(mut path) = paths::thread_file(pid, nonce, tid, b".spool").filter(|_| wanted) {
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
         let fd = raw::open(path.c_str(), flags, 0o644);

@@ -122,7 +122,7 @@ pub const HANDOVER_NR: u64 = u64::MAX;
 /// Step capacity of one buffer (address space only until used: MAP_NORESERVE).
 static BUF_STEPS: AtomicU64 = AtomicU64::new(1 << 20);
 /// User PT of thread windows is on in this process.
-static ENABLED: AtomicBool = AtomicBool::new(false);
+use super::process::USER_PT_ON as ENABLED;
 /// Bumped by the handler on mapping changes; the writer attaches fresh mappings.
 static MAPS_GEN: AtomicU64 = AtomicU64::new(1);
 static MAPS_SEEN: AtomicU64 = AtomicU64::new(0);
@@ -680,7 +680,7 @@ fn settle(b: &PtBuf, to: u32) {
 /// syscall is flagged `WF_PT_DROPPED` (counted). Runs inside the SIGTRAP handler:
 /// async-signal-safe.
 fn hand_over(reason: u32) -> u32 {
-    if !ENABLED.load(Relaxed) || !super::snapreq::on() {
+    if !ENABLED.load(Relaxed) || !super::process::SNAPSHOT_ON.load(Relaxed) {
         return trap::HANDOVER_DECLINED;
     }
     let me = MINE.try_with(Cell::get).unwrap_or(std::ptr::null_mut());

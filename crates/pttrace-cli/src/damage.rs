@@ -7,20 +7,6 @@ use crate::CmdResult;
 use drpttracer::decode::input::{tail_damage, InputDamage};
 use drpttracer::format::ptt::Tail;
 
-/// The damage of a trace input as every command reports it, and whether it covers the
-/// input's files: for a directory the shared check of every file ([`crate::tracedir`]),
-/// which the command then does not repeat per file; for a single file, nothing yet (its
-/// reader adds what it meets).
-pub fn of_trace(path: &std::path::Path) -> (Damages, bool) {
-    if !path.is_dir() {
-        return (Damages::default(), false);
-    }
-    match crate::tracedir::summarize_dir(path) {
-        Ok(s) => (s.damages(), true),
-        Err(_) => (Damages::default(), false),
-    }
-}
-
 /// The damage met by one command.
 #[derive(Debug, Default)]
 pub struct Damages(pub Vec<InputDamage>);

@@ -200,3 +200,17 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
 pub fn torn_tail_recovered(t: &ThreadSummary) -> bool {
     t.spool_pending && matches!(t.tail, Tail::Truncated { .. })
 }
+
+/// The damage of a trace input as every command reports it, and whether it covers the
+/// input's files: for a directory the shared check of every file (this module),
+/// which the command then does not repeat per file; for a single file, nothing yet (its
+/// reader adds what it meets).
+pub fn of_trace(path: &std::path::Path) -> (Damages, bool) {
+    if !path.is_dir() {
+        return (Damages::default(), false);
+    }
+    match summarize_dir(path) {
+        Ok(s) => (s.damages(), true),
+        Err(_) => (Damages::default(), false),
+    }
+}

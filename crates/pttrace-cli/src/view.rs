@@ -247,7 +247,7 @@ pub fn run(args: Args) -> CmdResult {
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let mut names = Names::default();
     let mut namers: HashMap<(i32, u64), Namer> = HashMap::new();
-    let (mut damages, files_checked) = crate::damage::of_trace(&args.trace);
+    let (mut damages, files_checked) = crate::tracedir::of_trace(&args.trace);
     damages.add_skipped(&trace.skipped);
     let mut order: Vec<usize> = (0..trace.threads.len()).collect();
     order.sort_by_key(|&i| {

@@ -44,7 +44,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut problems = 0u64;
     // Windows per decoder that gave their records (and why libipt took over).
     let mut decoders: std::collections::BTreeMap<String, u64> = Default::default();
-    let (mut damages, files_checked) = crate::damage::of_trace(path);
+    let (mut damages, files_checked) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let result = (|| -> CmdResult {
@@ -245,7 +245,7 @@ fn check(trace: &ptt_input::PttTrace, path: &Path) -> CmdResult {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut tally = super::CheckTally::default();
-    let (mut damages, files_checked) = crate::damage::of_trace(path);
+    let (mut damages, files_checked) = crate::tracedir::of_trace(path);
     for th in &trace.threads {
         let mut failed: Option<Box<dyn std::error::Error>> = None;
         let stats = trace.check_thread(th, &mut |w: &PttWindowInfo, outcome| {
