@@ -13,7 +13,7 @@
 //! | `PTTRACER_BACKEND`     | `auto`, `hardware`, `emulated`               | `auto`    |
 //! | `PTTRACER_SPOOL`       | `on`: each thread's queue in a `<pid>-<nonce>-<tid>.spool` file mapping, so a SIGKILL loses nothing (see `shim::spool`); `off`: in memory | `on` |
 //! | `PTTRACER_REWRITE`     | `sites`: patch `mov $nr,%eax; syscall` sites into jumps to recording stubs; `all`: also every other site via a page-0 trampoline (needs root); `off` (see `shim::rewrite`) | `sites` |
-//! | `PTTRACER_SNAPSHOT`    | snapshot (flight-recorder) mode: PT bytes kept per thread (`64K`, `1M`; emulated backend, see `shim::snapring`) | off |
+//! | `PTTRACER_SNAPSHOT`    | snapshot (flight-recorder) mode: PT bytes kept per thread (`64K`, `1M`; emulated backend, see `shim::snapshot::ring`) | off |
 //! | `PTTRACER_TRIGGERS`    | comma list of snapshot triggers (`exit`, `signal:USR2`, `syscall:getppid`, `addr:marker`, `addr:0x401136`) | `exit` |
 //!
 //! `PTTRACER_SYSCALLS`: with at least one plain entry only the listed syscalls are

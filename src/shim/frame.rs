@@ -1,7 +1,7 @@
 //! One frame of a pttrace file (length, type, payload, CRC-32; see
 //! [`crate::format::ptt`]) written straight to a file descriptor with the shim's raw
 //! syscalls. **Async-signal-safe**: used by the writer thread and inside the SIGSYS
-//! handler ([`super::output`], [`super::userpt`], [`super::snapring`]); no allocation,
+//! handler ([`super::output`], [`super::userpt`], [`super::snapshot::ring`]); no allocation,
 //! no locks, no std I/O, no panics.
 
 use super::raw;

@@ -360,10 +360,10 @@ pub fn drain_locked(slot: &Slot) {
             *n = 0;
         }
     };
-    // Snapshot mode (see `super::snapring`): on the writer thread windows go into the
+    // Snapshot mode (see `super::snapshot::ring`): on the writer thread windows go into the
     // thread's ring; drained anywhere else (a handler at an exit, after the writer wrote
     // the rings) they belong to no snapshot and are not written.
-    let snap = super::snapreq::on();
+    let snap = super::snapshot::request::on();
     let snap_writer = snap && slots::untraced();
     // Windows leave the queue (and the spool) only once they are in the file: a kill in
     // between leaves them in the spool for the reader (see `super::spool`).
@@ -372,13 +372,13 @@ pub fn drain_locked(slot: &Slot) {
         count += 1;
         if snap {
             if snap_writer {
-                match super::userpt::window_pt(slot, &w, super::snapring::cut()) {
+                match super::userpt::window_pt(slot, &w, super::snapshot::ring::cut()) {
                     super::userpt::WindowPt::Pieces {
                         pieces,
                         sideband,
                         flags,
                         cuts,
-                    } => super::snapring::push(slot, fd, &w, pieces, sideband, flags, cuts),
+                    } => super::snapshot::ring::push(slot, fd, &w, pieces, sideband, flags, cuts),
                     super::userpt::WindowPt::Some {
                         pt,
                         sideband,
@@ -391,15 +391,17 @@ pub fn drain_locked(slot: &Slot) {
                             mark: None,
                         };
                         let cuts = super::userpt::Cuts::default();
-                        super::snapring::push(slot, fd, &w, vec![p], sideband, flags, cuts);
+                        super::snapshot::ring::push(slot, fd, &w, vec![p], sideband, flags, cuts);
                     }
                     super::userpt::WindowPt::Dropped => {
                         w.flags |= ptt::WF_PT_DROPPED;
-                        super::snapring::push_plain(slot, fd, &w);
+                        super::snapshot::ring::push_plain(slot, fd, &w);
                     }
-                    super::userpt::WindowPt::None => super::snapring::push_plain(slot, fd, &w),
+                    super::userpt::WindowPt::None => {
+                        super::snapshot::ring::push_plain(slot, fd, &w)
+                    }
                     super::userpt::WindowPt::Cut { fired } => {
-                        super::snapring::cut_returned(slot, fd, &w, fired)
+                        super::snapshot::ring::cut_returned(slot, fd, &w, fired)
                     }
                 }
             } else {
@@ -496,7 +498,7 @@ pub fn drain_locked(slot: &Slot) {
     flush(kbuf, &mut kn, kfd);
     slot.release(count);
     if snap_writer {
-        super::snapring::end_drain(slot, fd);
+        super::snapshot::ring::end_drain(slot, fd);
     }
     if !snap {
         slot.written.fetch_add(count, Relaxed);
@@ -505,7 +507,7 @@ pub fn drain_locked(slot: &Slot) {
     if reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
         if snap_writer {
             if let Some(r) = EndReason::from_raw(reason) {
-                super::snapring::thread_end(slot, fd, r);
+                super::snapshot::ring::thread_end(slot, fd, r);
             }
         }
         let mut tmp = [0u8; 48];
@@ -525,7 +527,7 @@ pub fn drain_locked(slot: &Slot) {
             slot.nonce.load(Relaxed),
             slot.tid.load(Relaxed),
         );
-        super::snapfile::remove(
+        super::snapshot::file::remove(
             slot.pid.load(Relaxed),
             slot.nonce.load(Relaxed),
             slot.tid.load(Relaxed),

@@ -111,7 +111,7 @@ pub struct Slot {
     /// Hardware PT of this thread's kernel-mode windows (see `super::kernelpt`).
     pub kpt: super::kpt_slot::KptSlot,
     /// Hardware snapshot mode: the descriptor of this thread's overwrite-mode event,
-    /// opened and closed by the writer (see `super::snaphw`); -1 when none.
+    /// opened and closed by the writer (see `super::snapshot::hw`); -1 when none.
     pub snap_fd: AtomicI32,
     /// Copy of the application's `clone_args` for a reissued clone3.
     pub clone_args: UnsafeCell<[u64; 16]>,

@@ -64,7 +64,7 @@
 //! user code inside them by definition: PT stays absent with that reason (see
 //! [`absent_reason`]).
 //!
-//! Snapshot mode ([`super::snapring`]) hands buffers over mid-window instead
+//! Snapshot mode ([`super::snapshot::ring`]) hands buffers over mid-window instead
 //! (`hand_over`, the single-step handler's hook): when the recording buffer is nearly
 //! full, has just recorded an `addr:` mark, or was armed before a firing's cut request
 //! (another thread's trigger: this thread's part of the snapshot ends at its next
@@ -551,7 +551,7 @@ pub unsafe fn enter(uctx: *mut c_void) -> Token {
 
 /// Tags the buffer closed at this syscall with the window's index (the window is about to
 /// be queued) and fixes the window's PT flags; `fired` is the cut request of a `syscall:`
-/// trigger the syscall fired (0: none, see [`super::snapreq::fire_if_trigger`]).
+/// trigger the syscall fired (0: none, see [`super::snapshot::request::fire_if_trigger`]).
 /// Async-signal-safe.
 pub fn attach(slot: &Slot, w: &mut Window, fired: u64) {
     if !ENABLED.load(Relaxed) || w.depth != 0 {
@@ -815,7 +815,7 @@ pub enum WindowPt {
         flags: u32,
     },
     /// Snapshot mode: the PT in pieces of at most the cut size (see
-    /// [`super::snapring`]), the sideband, extra window flags, where the window lies
+    /// [`super::snapshot::ring`]), the sideband, extra window flags, where the window lies
     /// among the cut requests.
     Pieces {
         pieces: Vec<Piece>,
@@ -1164,7 +1164,7 @@ mod tests {
         let r = absent_reason(&cfg("user", "syscall"), BackendKind::Emulated).unwrap();
         assert!(r.contains("--window thread"), "{r}");
         // On a machine with Intel PT, user-mode windows of the shim carry metadata only
-        // (outside snapshot mode, `super::super::snaphw`): say so, and where hardware PT
+        // (outside snapshot mode, `super::super::snapshot::hw`): say so, and where hardware PT
         // is captured instead.
         let r = absent_reason(&cfg("user", "thread"), BackendKind::Hardware).unwrap();
         assert_eq!(

@@ -383,7 +383,7 @@ pub fn run(args: Args) -> CmdResult {
 
 /// `--snapshot` with the LD_PRELOAD shim: user mode, thread windows, on the single-step
 /// (emulated) backend (a ring of windows per thread) or Intel PT hardware (an
-/// overwrite-mode AUX area per thread, `drpttracer::shim::snaphw`).
+/// overwrite-mode AUX area per thread, `drpttracer::shim::snapshot::hw`).
 fn shim_snapshot_check(args: &Args, sn: &super::snapshot::Snapshot) -> Result<(), String> {
     let backend = asked_backend(args);
     let pmu = drpttracer::perf::pmu::IntelPtPmu::probe();

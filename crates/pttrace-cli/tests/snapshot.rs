@@ -918,7 +918,7 @@ fn bad_snapshot_options_are_named() {
 }
 
 // Intel PT hardware through the LD_PRELOAD shim: each thread's overwrite-mode event
-// (`shim::snaphw`). Only where the `intel_pt` PMU exists; `SKIP: <reason>` elsewhere.
+// (`shim::snapshot::hw`). Only where the `intel_pt` PMU exists; `SKIP: <reason>` elsewhere.
 
 /// The loop program under `pttrace run --backend hardware --mode user --window thread`,
 /// or `None` (SKIP printed) without Intel PT.

@@ -1,14 +1,14 @@
-//! The SIGSYS handler's side of snapshot mode ([`super::snapring`] is the writer's).
+//! The SIGSYS handler's side of snapshot mode ([`super::ring`] is the writer's).
 //! **Async-signal-safe module**: atomics, the futex wake of the writer and `nanosleep`
 //! through the shim's raw syscalls; no allocation, no locks, no std I/O.
 
-use super::raw;
-use super::slots;
+use super::super::raw;
+use super::super::slots;
 use crate::format::ptt::EndReason;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
 /// Snapshot mode is on in this process image (windows go into rings, not files).
-use super::process::SNAPSHOT_ON as ON;
+use super::super::process::SNAPSHOT_ON as ON;
 /// The `exit` trigger is on.
 static EXIT: AtomicBool = AtomicBool::new(false);
 /// Exit requests asked and answered (generations), the reason and the asking thread.
@@ -103,7 +103,7 @@ pub fn fire_if_trigger(slot: &slots::Slot, nr: u64, depth: u32) -> u64 {
         );
         return 0;
     }
-    if super::process::USER_PT_ON.load(Relaxed) {
+    if super::super::process::USER_PT_ON.load(Relaxed) {
         crate::emu::trap::request_cut()
     } else {
         0

@@ -6,14 +6,14 @@
 //!
 //! **Normal context only: everything here runs on the writer thread** (it allocates and
 //! opens events); the handler's side, which stops a thread's trace at a `syscall:`
-//! trigger, is [`super::snapreq::fire_if_trigger`]. Firings, their numbers and notes are
-//! [`super::snapring`]'s, shared with the single-step backend; this module is what a
+//! trigger, is [`super::request::fire_if_trigger`]. Firings, their numbers and notes are
+//! [`super::ring`]'s, shared with the single-step backend; this module is what a
 //! thread's "ring" is on this backend.
 //!
 //! - The writer opens a thread's event (per thread: `pid` = its tid, `cpu` -1, user mode,
 //!   enabled at once) the first time it drains the thread's slot: the main thread's at
 //!   start-up, a new thread's while the thread waits at its start (the clone stub's
-//!   start trap, [`super::snapreq::await_thread_event`], bounded), so that each thread is
+//!   start trap, [`super::request::await_thread_event`], bounded), so that each thread is
 //!   traced from its first instruction. The shim's own writer thread and anything the
 //!   kernel does are not traced. The shim's SIGSYS handler is user code of the thread and is traced with
 //!   it (it shows between the syscall's PGD and the next PGE).
@@ -33,9 +33,9 @@
 
 use std::io;
 
-use super::config::{ShimConfig, WindowKind};
-use super::raw;
-use super::slots::Slot;
+use super::super::config::{ShimConfig, WindowKind};
+use super::super::raw;
+use super::super::slots::Slot;
 use crate::capture::Mode;
 use crate::format::snapshot::TriggerKind;
 use crate::metadata::BackendKind;

@@ -3,19 +3,19 @@
 //! semantics shared with the QEMU backend in [`crate::format::snapshot`]).
 //!
 //! **Normal context only: everything here runs on the writer thread** (the one thread
-//! that encodes PT, see [`super::userpt::window_pt`]); the handler's side (the exit
-//! request, whether the mode is on) is [`super::snapreq`]. The state is the writer's
+//! that encodes PT, see [`super::super::userpt::window_pt`]); the handler's side (the exit
+//! request, whether the mode is on) is [`super::request`]. The state is the writer's
 //! alone: no lock, and a forked child (whose writer is a new thread) leaves its parent's
 //! copy untouched and starts afresh (the pid changed).
 //!
 //! Each thread has a [`Ring`] of its last windows (`pttrace_format::snapshot_ring`, the
 //! QEMU plugin's ring too). The writer encodes a window in pieces of at most SIZE/8 bytes
-//! of PT ([`super::userpt::window_pt`] with a cut): every piece but the last is a window
+//! of PT ([`super::super::userpt::window_pt`] with a cut): every piece but the last is a window
 //! of its own flagged `WF_NO_SYSCALL` (it starts with a PSB+ and decodes on its own), so
 //! a long stretch of code without syscalls does not become one window bigger than the
 //! ring. In snapshot mode the windows of a thread file are numbered by the ring (a window
 //! cut into pieces numbers each piece). Each ring has a copy in a `MAP_SHARED` file
-//! ([`super::snapfile`]) that a SIGKILL does not take away: `pttrace run` then writes it
+//! ([`super::file`]) that a SIGKILL does not take away: `pttrace run` then writes it
 //! as a `kill` snapshot ([`crate::format::ringfile`]).
 //!
 //! Triggers:
@@ -23,7 +23,7 @@
 //!   firing thread's last;
 //! - `addr:SYMBOL|0xADDR`: the single-step handler records a mark when the thread is about
 //!   to execute the address ([`crate::emu::trap::MARK_ADDRS`]) and hands its buffer over
-//!   there ([`super::userpt`]: a window of its own, stepping goes on in another buffer);
+//!   there ([`super::super::userpt`]: a window of its own, stepping goes on in another buffer);
 //!   the window is cut there (the instruction at the address not executed) and the
 //!   snapshot taken at the writer's next pass, however long the thread runs on without
 //!   a syscall;
@@ -31,7 +31,7 @@
 //!   which the writer reads at each pass (at least every 10 ms);
 //! - `exit`: a thread's ring when it ends (`exit`), every thread's at `exit_group`,
 //!   `execve`, a fatal signal or the last thread's end (the handler asks the writer and
-//!   waits, [`super::snapreq::flush_for_exit`]).
+//!   waits, [`super::request::flush_for_exit`]).
 //!
 //! A firing has the next number of the process image; the firing thread writes its ring
 //! at once. Every other thread's part ends where that thread was when the trigger fired,
@@ -42,10 +42,10 @@
 //!   cut there (`WF_NO_SYSCALL | WF_SNAPSHOT_CUT`), the last of its part;
 //! - a thread inside a syscall ends with that syscall's window cut (`WF_SNAPSHOT_CUT`,
 //!   its user code up to the syscall, no return value:
-//!   [`super::userpt::cut_in_flight`]); the window queued at its return is not written
+//!   [`super::super::userpt::cut_in_flight`]); the window queued at its return is not written
 //!   again, its `syscall:` trigger fires then ([`cut_returned`]);
 //! - windows opened after the request belong to the next snapshot
-//!   ([`super::userpt::Cuts`] says where each window lies).
+//!   ([`super::super::userpt::Cuts`] says where each window lies).
 //!
 //! The writer waits for those ends ([`end_drain`]) up to [`CUT_WAIT`] (a thread running
 //! an untraced signal handler does not step: noted, its part ends with what was taken).
@@ -55,18 +55,18 @@
 //! the same notes as under QEMU.
 //!
 //! A stretch without syscalls longer than a step buffer comes in buffers handed over
-//! mid-window (windows `nr` [`super::userpt::HANDOVER_NR`], `WF_NO_SYSCALL`), cut into
+//! mid-window (windows `nr` [`super::super::userpt::HANDOVER_NR`], `WF_NO_SYSCALL`), cut into
 //! pieces like any window: the ring keeps the stretch's end.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 
-use super::frame::write_frame_parts;
-use super::raw;
-use super::slots::{self, Slot};
-use super::snapfile::RingFile;
-use super::userpt::{Cuts, Piece};
+use super::super::frame::write_frame_parts;
+use super::super::raw;
+use super::super::slots::{self, Slot};
+use super::super::userpt::{Cuts, Piece};
+use super::file::RingFile;
 use crate::format::ptt::{EndReason, RecordType, Window, WF_NO_SYSCALL, WF_SNAPSHOT_CUT};
 use crate::format::snapshot::{
     elf_address, AddrSpec, ElfAddrError, TriggerKind, UserTrigger, REQUEST_FILE,
@@ -82,7 +82,7 @@ pub struct Settings {
     /// `addr:` triggers by mark index: how notes and records name them.
     marks: Vec<String>,
     request: Option<PathBuf>,
-    /// The hardware backend keeps each thread's PT ([`super::snaphw`]), not the rings.
+    /// The hardware backend keeps each thread's PT ([`super::hw`]), not the rings.
     hardware: bool,
     /// DATA ring pages (2^n) of the hardware events.
     sb_shift: u32,
@@ -105,11 +105,11 @@ pub fn cut() -> Option<usize> {
 
 /// Start-up (normal context, before Syscall User Dispatch is armed): checks that this
 /// configuration can keep a ring (`stepping`: the single-step backend records user PT;
-/// `hardware`: Intel PT hardware in user mode, see [`super::snaphw`]), resolves `addr:`
+/// `hardware`: Intel PT hardware in user mode, see [`super::hw`]), resolves `addr:`
 /// triggers in this image's executable and turns the mode on. Returns the notes for the
 /// info file.
 pub fn init(
-    cfg: &super::config::ShimConfig,
+    cfg: &super::super::config::ShimConfig,
     stepping: bool,
     hardware: bool,
     out: &std::path::Path,
@@ -135,7 +135,7 @@ pub fn init(
                 "snapshot trigger {}: the hardware backend cannot see an address being \
                  executed (Intel PT reports branches, not each instruction); use exit, \
                  signal:SIG or syscall:NAME, or --backend qemu|emulated",
-                super::config::describe_trigger(t)
+                super::super::config::describe_trigger(t)
             ));
         }
     }
@@ -156,7 +156,7 @@ pub fn init(
             UserTrigger::Syscall(nr) => s.syscalls.push(*nr),
             UserTrigger::Signal(n) => s.signals.push(*n),
             UserTrigger::Addr(spec) => {
-                let label = super::config::describe_trigger(t);
+                let label = super::super::config::describe_trigger(t);
                 match resolve_addr(spec) {
                     Ok(a) => {
                         let k = s.marks.len();
@@ -183,17 +183,17 @@ pub fn init(
         s.request = Some(path);
     }
     if hardware {
-        super::snapreq::trace_new_threads_from_start();
+        super::request::trace_new_threads_from_start();
     }
-    if !super::snapreq::fire_at(&s.syscalls) {
+    if !super::request::fire_at(&s.syscalls) {
         return Err(format!(
             "at most {} syscall: snapshot triggers",
-            super::snapreq::MAX_SYSCALL_TRIGGERS
+            super::request::MAX_SYSCALL_TRIGGERS
         ));
     }
     let exit = s.exit;
     let _ = SETTINGS.set(s);
-    super::snapreq::turn_on(exit);
+    super::request::turn_on(exit);
     Ok(notes)
 }
 
@@ -251,7 +251,7 @@ struct ThreadRing {
     slot: *const Slot,
     tid: i32,
     ring: Ring<Meta>,
-    /// The ring's copy in a file ([`super::snapfile`]), when it could be made.
+    /// The ring's copy in a file ([`super::file`]), when it could be made.
     file: Option<RingFile>,
     next_index: u64,
     /// Window frames written to the file.
@@ -261,7 +261,7 @@ struct ThreadRing {
     /// The process-end `exit` snapshot is written.
     exit_done: bool,
     /// Hardware backend: the thread's event (`None` when it could not be opened: noted).
-    hw: Option<super::snaphw::ThreadPt>,
+    hw: Option<super::hw::ThreadPt>,
 }
 
 struct State {
@@ -360,13 +360,8 @@ impl State {
 
 /// Thread `tid`'s hardware snapshot event (`slot`'s), or `None` noted with the kernel's
 /// reason (a new thread waiting for it then goes on untraced).
-fn open_hardware(
-    slot: &Slot,
-    tid: i32,
-    size: u64,
-    sb_shift: u32,
-) -> Option<super::snaphw::ThreadPt> {
-    match super::snaphw::ThreadPt::open(slot, size, sb_shift) {
+fn open_hardware(slot: &Slot, tid: i32, size: u64, sb_shift: u32) -> Option<super::hw::ThreadPt> {
+    match super::hw::ThreadPt::open(slot, size, sb_shift) {
         Ok(t) => Some(t),
         Err(why) => {
             note(&format!(
@@ -423,7 +418,7 @@ fn write_ring(
     let rec = taken.record(number, kind as u32, tid, tsc, text.to_string());
     write_frame_parts(fd, RecordType::Snapshot, &[&rec.payload()]);
     for (meta, pt) in &taken.windows {
-        if super::userpt::write_window(fd, &meta.w, pt, &meta.sideband) {
+        if super::super::userpt::write_window(fd, &meta.w, pt, &meta.sideband) {
             t.written += 1;
         }
     }
@@ -475,7 +470,7 @@ fn first_pending(st: &mut State, slot: &Slot) -> Option<(usize, u64, std::time::
 /// Writes firing `i` (this thread's first pending one) from the ring as it is; a thread
 /// inside a syscall whose window opened before the firing first ends with that window,
 /// cut (no return value yet; its return ends nothing, see
-/// [`super::userpt::cut_in_flight`]).
+/// [`super::super::userpt::cut_in_flight`]).
 fn write_firing(st: &mut State, slot: &Slot, fd: i32, i: usize) {
     if let Some(t) = st.ring_of(slot) {
         t.pending.retain(|&k| k != i);
@@ -483,7 +478,7 @@ fn write_firing(st: &mut State, slot: &Slot, fd: i32, i: usize) {
     let Some(f) = st.firings.get(i) else { return };
     let (number, kind, tid, text, tsc, gen) =
         (f.number, f.kind, f.tid, f.text.clone(), f.tsc, f.gen);
-    if let Some(c) = cut().and_then(|n| super::userpt::cut_in_flight(slot, n, gen)) {
+    if let Some(c) = cut().and_then(|n| super::super::userpt::cut_in_flight(slot, n, gen)) {
         push_pieces(
             st,
             slot,
@@ -538,7 +533,7 @@ fn done(st: &mut State, i: usize) {
 /// open at the cut request `gen` (0: requested here): its part ends where it was when the
 /// trigger fired, at most one instruction later.
 fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: String, gen: u64) {
-    let stepping = settings().is_some_and(|set| !set.hardware) && super::userpt::enabled();
+    let stepping = settings().is_some_and(|set| !set.hardware) && super::super::userpt::enabled();
     let gen = match gen {
         0 if stepping => crate::emu::trap::request_cut(),
         g => g,
@@ -600,7 +595,7 @@ fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: Str
 /// Start-up, before the writer thread exists (so the writer's state is touched by one
 /// thread): on the hardware backend the main thread's event opens here, so that it is
 /// traced from its first instruction after start-up (later threads: at the writer's
-/// first pass over their slot, see [`super::snaphw`]).
+/// first pass over their slot, see [`super::hw`]).
 pub fn start_main_thread(slot: &Slot) {
     if settings().is_some_and(|set| set.hardware) {
         let _ = state().ring_of(slot);
@@ -617,7 +612,8 @@ pub fn end_drain(slot: &Slot, fd: i32) {
         // Its queued windows first (at the next pass), then its window open at the
         // request.
         let incomplete = slot.queued() != 0
-            || super::userpt::at_firing(slot, gen) == super::userpt::AtFiring::Running;
+            || super::super::userpt::at_firing(slot, gen)
+                == super::super::userpt::AtFiring::Running;
         if incomplete {
             if at.elapsed() < CUT_WAIT {
                 return;
@@ -706,7 +702,7 @@ fn push_pieces(
     let mut last_tsc = w.tsc_start;
     // A buffer handed over mid-window (at an `addr:` mark or full) ends without a
     // syscall: when its last piece ends at the mark, that piece is the window's end.
-    let handed = w.nr == super::userpt::HANDOVER_NR && w.flags & WF_NO_SYSCALL != 0;
+    let handed = w.nr == super::super::userpt::HANDOVER_NR && w.flags & WF_NO_SYSCALL != 0;
     let mut ended_at_mark = false;
     for (k, p) in pieces.into_iter().enumerate() {
         ended_at_mark = p.mark.is_some();
@@ -879,7 +875,7 @@ pub fn process_end(reason: EndReason, tid: i32) {
 /// ends its buffer at its next step (a cut request), so that the `exit` snapshot holds
 /// its code up to there; waits for them (taking their queues), at most [`CUT_WAIT`].
 fn await_running_threads() {
-    if settings().is_some_and(|set| set.hardware) || !super::userpt::enabled() {
+    if settings().is_some_and(|set| set.hardware) || !super::super::userpt::enabled() {
         return;
     }
     let g = crate::emu::trap::request_cut();
@@ -887,9 +883,9 @@ fn await_running_threads() {
     let start = std::time::Instant::now();
     loop {
         let live = drain_live();
-        let running = live
-            .iter()
-            .any(|s| super::userpt::at_firing(s, g) == super::userpt::AtFiring::Running);
+        let running = live.iter().any(|s| {
+            super::super::userpt::at_firing(s, g) == super::super::userpt::AtFiring::Running
+        });
         if !running || start.elapsed() >= CUT_WAIT {
             return;
         }
@@ -918,9 +914,9 @@ fn drain_live() -> Vec<&'static Slot> {
 /// request.
 pub fn poll() {
     let Some(set) = settings() else { return };
-    if let Some((gen, reason, tid)) = super::snapreq::exit_requested() {
+    if let Some((gen, reason, tid)) = super::request::exit_requested() {
         process_end(reason, tid);
-        super::snapreq::exit_done(gen);
+        super::request::exit_done(gen);
     }
     let Some(path) = set.request.as_ref() else {
         return;

@@ -1,15 +1,15 @@
 //! The file copy of a thread's snapshot ring, so that a SIGKILL of the process does not
 //! lose it (layout and recovery: [`crate::format::ringfile`]).
 //!
-//! **Normal context only: the writer thread** ([`super::snapring`] owns each thread's
+//! **Normal context only: the writer thread** ([`super::ring`] owns each thread's
 //! [`RingFile`] beside its ring in memory). A forked child starts with fresh rings and
 //! files of its own; the parent's mappings it inherited are never written by it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use super::paths;
-use super::raw;
+use super::super::paths;
+use super::super::raw;
 use crate::format::ptt::{window_frame_parts, Window, WINDOW_HEAD_SIZE};
 use crate::format::ringfile::{
     capacity_for, file_len, CARRY_OFFSET, CARRY_SIZE, DATA_OFFSET, MAGIC, OFF_CAP, OFF_CARRY,
