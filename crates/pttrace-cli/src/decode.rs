@@ -301,8 +301,10 @@ struct Printer<W: Write> {
     /// Per window: its id, instructions, gaps, overflows (trace lost where the backend or
     /// the hardware wrote OVF).
     counts: Vec<(Option<u64>, u64, Vec<String>, u64)>,
-    /// Source lines of the current process image (`--srcline`).
+    /// Names and source lines of the current process image (trace directories).
     lines: Option<crate::names::ImageNames>,
+    /// Print each instruction's source line (`--srcline`).
+    srcline: bool,
 }
 
 impl<W: Write> Printer<W> {
@@ -365,11 +367,22 @@ impl<W: Write> Printer<W> {
             Syntax::Att => self.gas.format(&insn, &mut self.text),
         }
         let bytes: String = i.encoding().iter().map(|b| format!("{b:02x} ")).collect();
-        if let Some(src) = self.lines.as_ref().and_then(|l| l.srcline(i.pc)) {
-            self.text.push_str("    ; ");
-            self.text.push_str(&crate::text::printable(&src));
+        if self.srcline {
+            if let Some(src) = self.lines.as_ref().and_then(|l| l.srcline(i.pc)) {
+                self.text.push_str("    ; ");
+                self.text.push_str(&crate::text::printable(&src));
+            }
         }
-        match self.syms.lookup(i.pc) {
+        // The image's names where there is one (debug files, demangled), else the symbols
+        // of the files given.
+        let named = self.lines.as_ref().map(|l| l.named(i.pc));
+        let sym: Option<(&str, u64)> = match &named {
+            // No start: a PLT stub or JIT code is named as a whole; a bare address is not.
+            Some(n) if n.name.starts_with("0x") => None,
+            Some(n) => Some((&n.name, n.start.map_or(0, |s| i.pc.wrapping_sub(s)))),
+            None => self.syms.lookup(i.pc),
+        };
+        match sym {
             Some((name, 0)) => writeln!(
                 self.out,
                 "{:016x} <{name}>  {bytes:<31} {}",
@@ -464,6 +477,7 @@ pub fn run(args: Args) -> CmdResult {
         window: None,
         counts: Vec::new(),
         lines: None,
+        srcline: false,
     };
     let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
     let bar = crate::progress::pt_bytes(total);

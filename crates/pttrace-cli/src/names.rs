@@ -18,7 +18,9 @@ use std::sync::Arc;
 use drpttracer::decode::callstack::{Functions, INLINE_KEY};
 use drpttracer::decode::ptt_dir::PttProcess;
 use drpttracer::decode::Symbols;
-use pttrace_symbols::{DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer};
+use pttrace_symbols::{
+    AddrHasher, DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer,
+};
 
 /// Debug-file search and opened modules, shared by every image of one command.
 pub type SharedSymbolizer = Rc<RefCell<Symbolizer>>;
@@ -56,24 +58,6 @@ pub struct Named {
 struct Entry {
     named: Named,
     inline_key: u64,
-}
-
-/// A fast hasher for code addresses (the keys are ours: no flooding concern).
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl std::hash::Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
 }
 
 /// Interned chains of inlined functions (outermost first): by id, and ids by chain.

@@ -53,7 +53,7 @@ pub use jit::{
     JitUnwindingInfo, PerfMap, Truncation, JITDUMP_MAGIC, JIT_CODE_CLOSE, JIT_CODE_DEBUG_INFO,
     JIT_CODE_LOAD, JIT_CODE_MOVE, JIT_CODE_UNWINDING_INFO,
 };
-pub use module::{Frame, Module, NameOrigin, SourceLoc, Symbolized};
+pub use module::{AddrHasher, Frame, Module, NameOrigin, SourceLoc, Symbolized};
 pub use search::{build_id_path, debian_debug_package, DebugLookup, DebugSearch, DebugSource};
 
 /// Errors: files that cannot be read, are not ELF, or do not parse.

@@ -544,9 +544,10 @@ fn best_symbols(mut raw: Vec<RawSym>) -> (Vec<Sym>, HashMap<u64, Vec<Box<str>>>)
     (syms, aliases)
 }
 
-/// A fast hasher for address keys (the cache is hit once per address looked up).
+/// A fast hasher for address keys (the cache is hit once per address looked up; the keys
+/// are code addresses, no flooding concern). Also for callers' own address caches.
 #[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
+pub struct AddrHasher(u64);
 
 impl std::hash::Hasher for AddrHasher {
     fn finish(&self) -> u64 {

@@ -31,6 +31,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         window: None,
         counts: Vec::new(),
         lines: None,
+        srcline: args.srcline,
     };
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let trace_dir = if path.is_dir() {
@@ -55,7 +56,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     printer.syms = p.symbols(trace.sysroot.as_deref());
                 }
             }
-            if args.srcline {
+            if args.srcline || args.format == OutFormat::Disasm {
                 printer.lines = Some(crate::names::ImageNames::new(
                     trace.process_of(th),
                     trace.sysroot.as_deref(),
@@ -143,7 +144,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                             let mut v = r.to_json();
                             if let Some(o) = v.as_object_mut() {
                                 o.insert("tid".into(), h.tid.into());
-                                if let (Some(l), Record::Instruction(i)) = (&printer.lines, &r) {
+                                if let (true, Some(l), Record::Instruction(i)) =
+                                    (args.srcline, &printer.lines, &r)
+                                {
                                     if let Some(src) = l.srcline(i.pc) {
                                         o.insert("src".into(), src.into());
                                     }
