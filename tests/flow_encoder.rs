@@ -261,3 +261,59 @@ fn a_return_into_a_signal_handler_is_an_asynchronous_entry() {
     enc.block(&call, &mut tsc).unwrap();
     assert_eq!(enc.block(&p.h, &mut tsc).unwrap(), Transition::Flow);
 }
+
+#[test]
+fn a_signal_whose_handler_returns_elsewhere_is_filled_in_at_the_return_to_the_interrupted_flow() {
+    // Go's asynchronous preemption: the handler H rewrites the saved context, so after its
+    // rt_sigreturn the flow resumes at J (asyncPreempt), whose return lands where A was
+    // interrupted: F, the jz's fall-through.
+    let p = prog();
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    let mut tsc = no_tsc();
+    enc.block(&p.a, &mut tsc).unwrap();
+    assert_eq!(enc.block(&p.h, &mut tsc).unwrap(), Transition::Async);
+    enc.far_transfer().unwrap();
+    enc.end_window(1);
+    enc.sigreturned();
+    assert_eq!(enc.block(&p.j, &mut tsc).unwrap(), Transition::WindowStart);
+    assert!(
+        enc.ready().is_none(),
+        "still held: J is not a successor of A"
+    );
+    assert_eq!(enc.block(&p.f, &mut tsc).unwrap(), Transition::Flow);
+    enc.block(&p.j, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(2);
+    let w1 = enc.ready_window().unwrap();
+    let w2 = enc.ready_window().unwrap();
+    assert_eq!((w1.meta, w2.meta), (1, 2));
+    assert_eq!((w1.overflows, w2.overflows), (0, 0));
+    let r1 = decode(&w1.pt, &p);
+    let mut want = ins(&p, &p.a);
+    want.extend(ins(&p, &p.h));
+    assert_eq!(pcs(&r1), want);
+    let events = on_off(&r1);
+    assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.f.start));
+    assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
+    let mut want2 = ins(&p, &p.j);
+    want2.extend(ins(&p, &p.f));
+    want2.extend(ins(&p, &p.j));
+    assert_eq!(pcs(&decode(&w2.pt, &p)), want2);
+    assert_eq!(enc.stats().unresolved, 0);
+
+    // Without rt_sigreturn (a longjmp out of the handler) a return to F proves nothing: the
+    // entry stays unresolved and becomes an explicit overflow.
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.block(&p.a, &mut tsc).unwrap();
+    enc.block(&p.h, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(1);
+    enc.block(&p.j, &mut tsc).unwrap();
+    enc.block(&p.f, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(2);
+    enc.finish();
+    let w1 = enc.ready_window().unwrap();
+    assert_eq!(w1.overflows, 1);
+    assert_eq!(enc.stats().unresolved, 1);
+}

@@ -647,3 +647,64 @@ fn a_full_disk_keeps_every_window_written_before_it() {
         assert!(s.windows > 0);
     }
 }
+
+/// Go's asynchronous preemption under QEMU: the SIGURG handler returns (rt_sigreturn) into
+/// `asyncPreempt`, not to the interrupted instruction, and `asyncPreempt` returns there
+/// later; the interrupted block's branch is resolved at that return. Every thread without
+/// an overflow decodes to exactly what QEMU executed, entries into `runtime.sigtramp` are
+/// many, and overflows (a second signal before `asyncPreempt` returned) are rare.
+#[test]
+fn go_preemption_signals_resume_where_they_interrupted() {
+    if !qemu_available() {
+        return;
+    }
+    if Command::new("go").arg("version").output().is_err() {
+        println!("SKIP: go is not installed (apt-get install golang-go)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/go/preempt.go");
+    let exe = dir.path().join("preempt");
+    let o = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .env("GO111MODULE", "off")
+        .env("GOCACHE", dir.path().join("gocache"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "go build: {}", text(&o));
+    let out = dir.path().join("out");
+    let cmd = [
+        OsStr::new("env"),
+        OsStr::new("GOMAXPROCS=2"),
+        exe.as_os_str(),
+    ];
+    let o = run_under_qemu(&out, &["--qemu-oracle"], &cmd);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_, threads) = decode(&out);
+    let sigtramp = symbol(&exe, "runtime.sigtramp.abi0");
+    let mut entries = 0;
+    let mut overflows = 0;
+    let mut exact = Vec::new();
+    for d in threads {
+        entries += d.count(sigtramp);
+        let ovf = d
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Overflow { .. }))
+            .count();
+        overflows += ovf;
+        if ovf == 0 {
+            exact.push(d);
+        }
+    }
+    println!("{entries} entries into runtime.sigtramp, {overflows} overflows");
+    assert!(entries >= 10, "{entries} signal deliveries");
+    assert!(
+        overflows * 10 <= entries,
+        "{overflows} overflows for {entries} deliveries"
+    );
+    assert!(!exact.is_empty());
+    assert_equals_oracle(&exact);
+}

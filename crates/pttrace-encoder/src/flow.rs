@@ -171,6 +171,8 @@ pub struct FlowEncoder<M> {
     held_bytes: usize,
     /// OVF packets written into the window being written.
     overflows: u32,
+    /// The pending entry's handler returned with `rt_sigreturn` elsewhere.
+    pending_returned: bool,
     pending: Option<Pending>,
     stats: FlowStats,
     /// Emptied window buffers for reuse ([`Self::recycle`]).
@@ -190,6 +192,7 @@ impl<M> FlowEncoder<M> {
             held: VecDeque::new(),
             held_bytes: 0,
             overflows: 0,
+            pending_returned: false,
             pending: None,
             stats: FlowStats::default(),
             spare: Vec::new(),
@@ -241,6 +244,9 @@ impl<M> FlowEncoder<M> {
                     Transition::Flow
                 }
                 BlockEnd::Indirect if self.handlers.is_empty() || !self.handlers.contains(&s) => {
+                    if self.pending_returned {
+                        self.resume_by_return(s)?;
+                    }
                     self.w.tip(s)?;
                     Transition::Flow
                 }
@@ -353,8 +359,25 @@ impl<M> FlowEncoder<M> {
         Ok(Transition::Async)
     }
 
+    /// A return or indirect jump to `s` while a handler that returned with
+    /// `rt_sigreturn` to somewhere else is pending (it rewrote the saved context: Go's
+    /// asynchronous preemption resumes in `asyncPreempt`, which returns to the interrupted
+    /// instruction): `s` being one of the interrupted block's two successors resolves it.
+    #[cold]
+    #[inline(never)]
+    fn resume_by_return(&mut self, s: u64) -> Result<(), EncodeError> {
+        let Some(p) = self.pending else {
+            return Ok(());
+        };
+        if s == p.from.end || Some(s) == successor(&p.from) {
+            self.resolve(Some(s))?;
+        }
+        Ok(())
+    }
+
     /// Fills in the splice point: `Some(x)` = the flow resumed at `x`, `None` = unknown.
     fn resolve(&mut self, resumed: Option<u64>) -> Result<(), EncodeError> {
+        self.pending_returned = false;
         let Some(p) = self.pending.take() else {
             return Ok(());
         };
@@ -502,6 +525,11 @@ impl<M> FlowEncoder<M> {
     /// The window just ended with `rt_sigreturn`: the next window resumes interrupted code.
     pub fn sigreturned(&mut self) {
         self.after_sigreturn = true;
+        // A pending entry whose interrupted flow is known by its two successors may still
+        // be resumed by a return (see `resume_by_return`).
+        self.pending_returned = self
+            .pending
+            .is_some_and(|p| matches!(p.from.kind, BlockEnd::Cond { .. } | BlockEnd::Rep { .. }));
     }
 
     /// Gives a window's buffer back once its PT is written (its capacity is reused, so a
