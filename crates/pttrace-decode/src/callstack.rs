@@ -220,6 +220,11 @@ struct Node {
 
 const ROOT: u32 = u32::MAX;
 const CACHE_SLOTS: usize = 4096;
+/// Deepest call stack kept: past it the stacks start over (see [`CallStacks::restart`]).
+pub const MAX_DEPTH: usize = 10_000;
+/// Implied callers inserted below a segment's frames (returns to frames never seen) before
+/// its stacks start over.
+pub const MAX_BOTTOMS: usize = 256;
 /// Instruction addresses remembered with their inline key (an interpreter's loop alone
 /// spans thousands).
 const INLINE_CACHE_SLOTS: usize = 1 << 16;
@@ -573,6 +578,14 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         start_kind: SpanStart,
         is_async: bool,
     ) {
+        if self.stack.len() >= MAX_DEPTH {
+            // Calls whose returns never show (code that leaves frames by jumps, as JIT
+            // runtimes do) would grow the stack, and the trie with it, for ever.
+            self.restart(Some(format!(
+                "call stack deeper than {MAX_DEPTH} frames (calls whose returns were not \
+                 seen): the stacks start over"
+            )));
+        }
         let parent = self.stack.last().map_or(self.seg_root, |f| f.node);
         let node = self.node_for(parent, addr);
         self.stack.push(Frame {
@@ -590,6 +603,12 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
     /// The caller of everything seen so far in this segment, returned to with an empty
     /// stack: a frame below all the segment's spans, from the segment's start.
     fn push_bottom(&mut self, target: u64) {
+        if self.seg_bottoms as usize >= MAX_BOTTOMS {
+            // Code that keeps returning to callers it was never called from (a JVM's
+            // interpreter and compiled code): every stack would grow a frame deeper at its
+            // bottom each time. The stacks start over instead (no trace is lost: no marker).
+            self.restart(None);
+        }
         // Nodes move under the new bottom frame: forget the last inline child.
         self.last_inline = (u32::MAX, 0, 0);
         let func = self.function_start(target);
@@ -836,6 +855,57 @@ mod tests {
 
     use SpanEnd as E;
     use SpanStart as S;
+
+    /// Code that keeps returning to callers it was never called from (what a JVM's
+    /// interpreter and compiled code do): each such return inserts an implied caller below
+    /// the stack, and without a bound every stack grew one frame deeper each time (a java
+    /// thread of 0.6 G instructions: 175,000 frames, paths of the folded stacks past 10 GB).
+    /// The stacks start over after MAX_BOTTOMS such callers; every instruction is counted.
+    #[test]
+    fn returns_to_callers_never_seen_keep_the_stacks_bounded() {
+        let mut recs = Vec::new();
+        let n = 3 * MAX_BOTTOMS as u64 + 7;
+        for i in 0..n {
+            // A return from the current function to a new function's code each time.
+            let f = 0x10_0000 + i * 0x100;
+            recs.push(other(f));
+            recs.push(ret(f + 1));
+        }
+        recs.push(other(0x10_0000 + n * 0x100));
+        let t = run(&recs);
+        let deepest = t.stacks.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
+        assert!(deepest <= MAX_BOTTOMS + 1, "{deepest} frames deep");
+        assert!(
+            deepest >= MAX_BOTTOMS / 2,
+            "{deepest}: the callers are kept up to the bound"
+        );
+        let counted: u64 = t.stacks.iter().map(|(_, n)| n).sum();
+        assert_eq!(counted, 2 * n + 1);
+        assert_eq!(t.instructions, 2 * n + 1);
+        assert!(t.markers.is_empty(), "no trace was lost: {:?}", t.markers);
+    }
+
+    /// A call chain deeper than MAX_DEPTH (calls whose returns never show) starts over with
+    /// a marker instead of growing for ever.
+    #[test]
+    fn calls_without_returns_keep_the_stack_bounded() {
+        let mut recs = Vec::new();
+        let n = MAX_DEPTH as u64 + 10;
+        for i in 0..n {
+            let f = 0x100_0000 + i * 0x100;
+            recs.push(call(f));
+        }
+        recs.push(other(0x100_0000 + n * 0x100));
+        let t = run(&recs);
+        let deepest = t.stacks.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
+        assert!(deepest <= MAX_DEPTH + 1, "{deepest}");
+        assert_eq!(t.markers.len(), 1, "{:?}", t.markers.len());
+        assert!(t.markers[0]
+            .what
+            .starts_with("call stack deeper than 10000 frames"));
+        let counted: u64 = t.stacks.iter().map(|(_, n)| n).sum();
+        assert_eq!(counted, n + 1);
+    }
 
     /// main (entered mid-function) calls a, which calls b, twice; then main calls c.
     #[test]
