@@ -436,9 +436,18 @@ pub fn run(args: Args) -> CmdResult {
         Axis::Instructions { why } => format!("instructions ({why})"),
         Axis::Nanoseconds { .. } => "nanoseconds (TSC)".to_string(),
     };
+    // Threads as the kernel counts them (as `report` does): a thread that execs goes on,
+    // in a new image, with the same id.
+    let threads: std::collections::BTreeSet<(i32, i32)> =
+        views.iter().map(|v| (v.pid, v.tid)).collect();
+    let images = if views.len() > threads.len() {
+        format!(" ({} thread images: execve)", views.len())
+    } else {
+        String::new()
+    };
     println!(
-        "{} threads, {insns} instructions, {spans} function spans, {gaps} gaps; time axis: {axis_text}",
-        views.len()
+        "{} threads{images}, {insns} instructions, {spans} function spans, {gaps} gaps; time axis: {axis_text}",
+        threads.len()
     );
     println!(
         "timeline:    {} ({events} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",

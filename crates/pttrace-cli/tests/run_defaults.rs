@@ -260,4 +260,15 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
         report.contains("total: 1 processes (2 images: execve), 1 threads, "),
         "{report}"
     );
+    // view counts the same way.
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.starts_with("1 threads (2 thread images: execve), "),
+        "{said}"
+    );
 }
