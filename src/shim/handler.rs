@@ -176,7 +176,7 @@ unsafe fn sigsys_body(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         regs.set(libc::REG_RSP, sp.wrapping_add(8 + 128));
         regs.set(libc::REG_RAX, 0);
         // Hardware snapshot mode: traced from here once the writer opened its event.
-        super::snapshot::request::await_thread_event();
+        super::snapshot::handler_side::await_thread_event();
         return;
     }
     if regs.get(libc::REG_RIP) == super::rewrite::fallback_resume() {
@@ -356,7 +356,7 @@ fn lifecycle_syscall(
                     vfork_child::end(s, EndReason::ExitGroup, args[0] as i32);
                 } else {
                     super::userpt::wait_for_writer();
-                    super::snapshot::request::flush_for_exit(EndReason::ExitGroup);
+                    super::snapshot::handler_side::flush_for_exit(EndReason::ExitGroup);
                     block_all_signals();
                     output::drain_all(Some((EndReason::ExitGroup, args[0] as i32)));
                 }
@@ -533,7 +533,7 @@ unsafe extern "C" fn on_fatal(sig: c_int, _info: *mut siginfo_t, _uctx: *mut c_v
         if let Some(s) = slots::current() {
             s.end_reason.store(EndReason::Signal as u32, Release);
         }
-        super::snapshot::request::flush_for_exit(EndReason::Signal);
+        super::snapshot::handler_side::flush_for_exit(EndReason::Signal);
         output::drain_all(Some((EndReason::Signal, sig)));
     }
     let dfl = KSigaction::default();
@@ -851,11 +851,11 @@ fn do_exec(
         return r;
     }
     // (In snapshot mode the exec's window belongs to no snapshot: not written.)
-    let record =
-        STATIC.get().is_some_and(|st| st.filter.records(nr)) && !super::snapshot::request::on();
+    let record = STATIC.get().is_some_and(|st| st.filter.records(nr))
+        && !super::snapshot::handler_side::on();
     // Flush everything this image recorded so far.
     super::userpt::wait_for_writer();
-    super::snapshot::request::flush_for_exit(EndReason::Exec);
+    super::snapshot::handler_side::flush_for_exit(EndReason::Exec);
     output::drain_all(None);
     s.lock_drain();
     let fd = s.fd.load(Relaxed);

@@ -168,7 +168,7 @@ fn probe_tracer(cfg: &ShimConfig) -> (u8, bool, String, crate::metadata::ExtMeta
                 t.ext_metadata(),
             )
         }
-        Ok(t) if snapshot::hw::wanted(cfg, t.backend_kind()) => {
+        Ok(t) if snapshot::writer_side::hardware_wanted(cfg, t.backend_kind()) => {
             // Snapshot mode on Intel PT hardware: each thread's event is `snapshot::hw`'s.
             (
                 t.backend_kind() as u32 as u8,
@@ -356,7 +356,7 @@ fn init() -> Result<(), String> {
     let (backend, mut pt_present, mut reason, meta) = probe_tracer(&cfg);
     let hw_snapshot = pt_present
         && backend == crate::metadata::BackendKind::Hardware as u32 as u8
-        && snapshot::hw::wanted(&cfg, crate::metadata::BackendKind::Hardware);
+        && snapshot::writer_side::hardware_wanted(&cfg, crate::metadata::BackendKind::Hardware);
     let stepping = pt_present && !kernelpt::enabled() && !hw_snapshot;
     if stepping {
         if let Err(e) = userpt::init(&cfg) {
@@ -367,15 +367,14 @@ fn init() -> Result<(), String> {
     // Snapshot mode: a ring per thread on the writer (the single-step backend's steps, or
     // each thread's overwrite-mode event on Intel PT hardware).
     let snapshot_notes =
-        snapshot::ring::init(&cfg, stepping && pt_present, hw_snapshot, &cfg.out_dir).map_err(
-            |e| {
+        snapshot::writer_side::init(&cfg, stepping && pt_present, hw_snapshot, &cfg.out_dir)
+            .map_err(|e| {
                 if pt_present {
                     e
                 } else {
                     format!("{e}; here: {reason}")
                 }
-            },
-        )?;
+            })?;
     // Patched syscall sites run shim code in normal context, which stepping would trace,
     // and the decoder reads the original images: no patching while user code is stepped
     // or traced by the hardware.
@@ -434,7 +433,7 @@ fn init() -> Result<(), String> {
             &[n.as_bytes()],
         );
     }
-    snapshot::ring::start_main_thread(main);
+    snapshot::writer_side::start_main_thread(main);
     writer::spawn();
     install_sigsys()?;
     handler::install_fatal_handlers();

@@ -363,7 +363,7 @@ pub fn drain_locked(slot: &Slot) {
     // Snapshot mode (see `super::snapshot::ring`): on the writer thread windows go into the
     // thread's ring; drained anywhere else (a handler at an exit, after the writer wrote
     // the rings) they belong to no snapshot and are not written.
-    let snap = super::snapshot::request::on();
+    let snap = super::snapshot::writer_side::on();
     let snap_writer = snap && slots::untraced();
     // Windows leave the queue (and the spool) only once they are in the file: a kill in
     // between leaves them in the spool for the reader (see `super::spool`).
@@ -372,13 +372,15 @@ pub fn drain_locked(slot: &Slot) {
         count += 1;
         if snap {
             if snap_writer {
-                match super::userpt::window_pt(slot, &w, super::snapshot::ring::cut()) {
+                match super::userpt::window_pt(slot, &w, super::snapshot::writer_side::cut()) {
                     super::userpt::WindowPt::Pieces {
                         pieces,
                         sideband,
                         flags,
                         cuts,
-                    } => super::snapshot::ring::push(slot, fd, &w, pieces, sideband, flags, cuts),
+                    } => super::snapshot::writer_side::push(
+                        slot, fd, &w, pieces, sideband, flags, cuts,
+                    ),
                     super::userpt::WindowPt::Some {
                         pt,
                         sideband,
@@ -391,17 +393,25 @@ pub fn drain_locked(slot: &Slot) {
                             mark: None,
                         };
                         let cuts = super::userpt::Cuts::default();
-                        super::snapshot::ring::push(slot, fd, &w, vec![p], sideband, flags, cuts);
+                        super::snapshot::writer_side::push(
+                            slot,
+                            fd,
+                            &w,
+                            vec![p],
+                            sideband,
+                            flags,
+                            cuts,
+                        );
                     }
                     super::userpt::WindowPt::Dropped => {
                         w.flags |= ptt::WF_PT_DROPPED;
-                        super::snapshot::ring::push_plain(slot, fd, &w);
+                        super::snapshot::writer_side::push_plain(slot, fd, &w);
                     }
                     super::userpt::WindowPt::None => {
-                        super::snapshot::ring::push_plain(slot, fd, &w)
+                        super::snapshot::writer_side::push_plain(slot, fd, &w)
                     }
                     super::userpt::WindowPt::Cut { fired } => {
-                        super::snapshot::ring::cut_returned(slot, fd, &w, fired)
+                        super::snapshot::writer_side::cut_returned(slot, fd, &w, fired)
                     }
                 }
             } else {
@@ -498,7 +508,7 @@ pub fn drain_locked(slot: &Slot) {
     flush(kbuf, &mut kn, kfd);
     slot.release(count);
     if snap_writer {
-        super::snapshot::ring::end_drain(slot, fd);
+        super::snapshot::writer_side::end_drain(slot, fd);
     }
     if !snap {
         slot.written.fetch_add(count, Relaxed);
@@ -507,7 +517,7 @@ pub fn drain_locked(slot: &Slot) {
     if reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
         if snap_writer {
             if let Some(r) = EndReason::from_raw(reason) {
-                super::snapshot::ring::thread_end(slot, fd, r);
+                super::snapshot::writer_side::thread_end(slot, fd, r);
             }
         }
         let mut tmp = [0u8; 48];
@@ -527,7 +537,7 @@ pub fn drain_locked(slot: &Slot) {
             slot.nonce.load(Relaxed),
             slot.tid.load(Relaxed),
         );
-        super::snapshot::file::remove(
+        super::snapshot::writer_side::remove(
             slot.pid.load(Relaxed),
             slot.nonce.load(Relaxed),
             slot.tid.load(Relaxed),

@@ -551,7 +551,7 @@ pub unsafe fn enter(uctx: *mut c_void) -> Token {
 
 /// Tags the buffer closed at this syscall with the window's index (the window is about to
 /// be queued) and fixes the window's PT flags; `fired` is the cut request of a `syscall:`
-/// trigger the syscall fired (0: none, see [`super::snapshot::request::fire_if_trigger`]).
+/// trigger the syscall fired (0: none, see [`super::snapshot::handler_side::fire_if_trigger`]).
 /// Async-signal-safe.
 pub fn attach(slot: &Slot, w: &mut Window, fired: u64) {
     if !ENABLED.load(Relaxed) || w.depth != 0 {

@@ -142,7 +142,7 @@ pub(super) fn push_window(slot: &Slot, w: &mut Window) {
         return;
     }
     w.index = slots::next_index(slot);
-    let fired = super::snapshot::request::fire_if_trigger(slot, w.nr, w.depth);
+    let fired = super::snapshot::handler_side::fire_if_trigger(slot, w.nr, w.depth);
     super::userpt::attach(slot, w, fired);
     super::kernelpt::publish(slot, w.index);
     if !slots::push(slot, w) {

@@ -65,7 +65,7 @@ fn run() {
     loop {
         let seen = slots::WAKE.load(Acquire);
         // Snapshot mode: requests from `pttrace run` and the handler's exit request.
-        super::snapshot::ring::poll();
+        super::snapshot::writer_side::poll();
         for i in 0..slots::slot_count() {
             let Some(s) = slots::slot_at(i) else { continue };
             if s.state.load(Acquire) == FREE {

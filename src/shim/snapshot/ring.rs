@@ -780,11 +780,6 @@ fn push_pieces(
     }
 }
 
-/// Window frames written for `slot` in snapshot mode (its `End` record counts them).
-pub fn written(slot: &Slot) -> u64 {
-    state().ring_of(slot).map_or(0, |t| t.written)
-}
-
 /// `slot`'s thread ended (`exit`): its ring is written as its own `exit` snapshot when
 /// that trigger is on, then dropped. Called before its `End` record.
 pub fn thread_end(slot: &Slot, fd: i32, reason: EndReason) {
