@@ -328,9 +328,16 @@ fn remove_spools_set_aside(dir: &Path, pid: i32) {
 }
 
 fn init() -> Result<(), String> {
-    if std::env::var_os(config::ENV_OUT).is_none_or(|v| v.is_empty()) || !loaded_as_shared_object()
-    {
-        return Ok(());
+    match std::env::var_os(config::ENV_OUT) {
+        None => return Ok(()),
+        Some(v) if v.is_empty() && loaded_as_shared_object() => {
+            return Err(format!(
+                "{}= is set but empty: it names no output directory",
+                config::ENV_OUT
+            ));
+        }
+        Some(_) if !loaded_as_shared_object() => return Ok(()),
+        Some(_) => {}
     }
     if crate::probe::inside_dynamorio() {
         // Its signal handlers, patched sites and writer thread would fight DynamoRIO's

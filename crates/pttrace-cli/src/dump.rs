@@ -71,6 +71,9 @@ pub fn run(args: Args) -> CmdResult {
     } else {
         std::fs::read(&args.file).map_err(|e| format!("{name}: cannot read: {e}"))?
     };
+    if data.is_empty() {
+        return Err(format!("{name}: empty: there is nothing to dump").into());
+    }
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     // Undecodable packets, by the file offset of the PT they are in.

@@ -89,6 +89,16 @@ pub fn print_summary(
 ) -> Result<DirSummary, String> {
     let mut symbolizer = pttrace_symbols::Symbolizer::new(pttrace_symbols::DebugSearch::new());
     let s = summarize_dir(dir)?;
+    if s.processes.is_empty()
+        && s.threads.is_empty()
+        && s.unreadable.is_empty()
+        && s.kernel_raw_files == 0
+    {
+        return Err(format!(
+            "{}: no info or per-thread .ptt files (is this a `pttrace run --out` directory?)",
+            printable(&dir.display().to_string())
+        ));
+    }
     say!(
         w,
         "trace directory: {}",

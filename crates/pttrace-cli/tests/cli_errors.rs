@@ -320,3 +320,52 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_where_the_shim_keeps_no_r
         );
     }
 }
+
+/// Inputs with nothing in them are refused, not passed over (exit 1, the input named), and
+/// an empty PTTRACER_OUT says that tracing is off instead of running untraced silently.
+#[test]
+fn empty_inputs_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pt");
+    std::fs::write(&empty, b"").unwrap();
+    let o = Command::new(pttrace())
+        .arg("dump")
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!(
+            "{}: empty: there is nothing to dump",
+            empty.display()
+        )),
+        "{}",
+        text(&o)
+    );
+    let d = dir.path().join("nothing");
+    std::fs::create_dir(&d).unwrap();
+    for args in [vec!["report"], vec!["decode", "--format", "summary"]] {
+        let o = Command::new(pttrace())
+            .args(&args)
+            .arg(&d)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("is this a `pttrace run --out` directory?"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let o = Command::new("/bin/true")
+        .env("LD_PRELOAD", lib_path())
+        .env("PTTRACER_OUT", "")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "drpttracer shim: PTTRACER_OUT= is set but empty: it names no output directory; \
+         tracing disabled, the program runs untraced\n"
+    );
+}
