@@ -19,7 +19,7 @@ use drpttracer::decode::callstack::{Functions, INLINE_KEY};
 use drpttracer::decode::ptt_dir::PttProcess;
 use drpttracer::decode::Symbols;
 use pttrace_symbols::{
-    AddrHasher, DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer,
+    AddrHasher, DebugLookup, DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer,
 };
 
 /// Debug-file search and opened modules, shared by every image of one command.
@@ -52,6 +52,20 @@ pub struct Named {
     pub name: Arc<str>,
     pub start: Option<u64>,
     pub resolved: Option<Arc<Symbolized>>,
+}
+
+/// What a module whose code stays (partly) unnamed lacks and what would fix it, e.g.
+/// `python3.11: stripped, no debug file for build-id 1234…; install python3.11-dbgsym`.
+pub fn unnamed_line(debug: &DebugLookup, name: &str, file: &Path) -> String {
+    let mut line = debug.describe(name);
+    if debug.source == DebugSource::None {
+        if let Some(pkg) = pttrace_symbols::debian_debug_package(file) {
+            line.push_str(&format!("; install {pkg}"));
+        }
+    } else {
+        line.push_str("; some of its code has no symbol there either");
+    }
+    line
 }
 
 /// A resolved address and the key of the functions inlined there (0: none).
@@ -261,16 +275,7 @@ impl ImageNames {
             let Ok(module) = sym.module(file) else {
                 continue;
             };
-            let debug = module.debug();
-            let mut line = debug.describe(module.name());
-            if debug.source == DebugSource::None {
-                if let Some(pkg) = pttrace_symbols::debian_debug_package(file) {
-                    line.push_str(&format!("; install {pkg}"));
-                }
-            } else {
-                line.push_str("; some of its code has no symbol there either");
-            }
-            out.push(line);
+            out.push(unnamed_line(module.debug(), module.name(), file));
         }
         out
     }

@@ -61,23 +61,18 @@ fn config_value<'a>(config: &'a str, name: &str) -> Option<&'a str> {
 
 /// Prints the summary; returns it for callers that add to it.
 /// The mapped ELF files whose code would stay unnamed (stripped, no debug file found), each
-/// with where the search looked and what would fix it.
-fn unnamed_files(files: &[String], symbolizer: &mut pttrace_symbols::Symbolizer) -> Vec<String> {
+/// with where the search looked and what would fix it (the debug-file search only).
+fn unnamed_files(files: &[String], search: &pttrace_symbols::DebugSearch) -> Vec<String> {
     let mut out = Vec::new();
     for f in files {
         let path = Path::new(f);
-        let Ok(m) = symbolizer.module(path) else {
+        let Ok(debug) = search.find_file(path) else {
             continue; // not an ELF file (data mappings), or gone
         };
-        let debug = m.debug();
-        if debug.source != pttrace_symbols::DebugSource::None || debug.has_symtab {
-            continue;
+        if debug.source == pttrace_symbols::DebugSource::None && !debug.has_symtab {
+            let name = f.rsplit('/').next().unwrap_or(f);
+            out.push(crate::names::unnamed_line(&debug, name, path));
         }
-        let mut line = debug.describe(m.name());
-        if let Some(pkg) = pttrace_symbols::debian_debug_package(path) {
-            line.push_str(&format!("; install {pkg}"));
-        }
-        out.push(line);
     }
     out
 }
@@ -87,7 +82,7 @@ pub fn print_summary(
     per_syscall: bool,
     w: &mut dyn std::io::Write,
 ) -> Result<DirSummary, String> {
-    let mut symbolizer = pttrace_symbols::Symbolizer::new(pttrace_symbols::DebugSearch::new());
+    let search = pttrace_symbols::DebugSearch::new();
     let s = summarize_dir(dir)?;
     if s.processes.is_empty()
         && s.threads.is_empty()
@@ -142,7 +137,7 @@ pub fn print_summary(
                     if !r.pt_present {
                         say!(w, "  PT absent: {}", printable(&r.pt_absent_reason));
                     }
-                    for line in unnamed_files(&p.mapped_files, &mut symbolizer) {
+                    for line in unnamed_files(&p.mapped_files, &search) {
                         say!(w, "  no symbols: {}", printable(&line));
                     }
                 }

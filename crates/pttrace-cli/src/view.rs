@@ -409,6 +409,8 @@ pub fn run(args: Args) -> CmdResult {
     let stacks_path = out_dir.join("stacks.folded");
     write_lines(&stacks_path, &folded_lines)
         .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
+    // Gaps and losses: where the stacks start over (instant events on the timeline).
+    let gaps: usize = views.iter().map(|v| v.stacks.markers.len()).sum();
     let svg = out_dir.join("flamegraph.svg");
     let svg_written = if folded_lines.is_empty() {
         false
@@ -417,10 +419,9 @@ pub fn run(args: Args) -> CmdResult {
             Some(p) if !p.cmdline.is_empty() => format!("pttrace view: {}", p.cmdline),
             _ => "pttrace view".to_string(),
         };
-        let losses: usize = views.iter().map(|v| v.stacks.markers.len()).sum();
-        if losses > 0 {
+        if gaps > 0 {
             title.push_str(&format!(
-                " ({losses} gaps or losses in the trace: the stacks start over at each; they \
+                " ({gaps} gaps or losses in the trace: the stacks start over at each; they \
                  are instant events on the timeline)"
             ));
         }
@@ -431,7 +432,6 @@ pub fn run(args: Args) -> CmdResult {
 
     let insns: u64 = views.iter().map(|v| v.stacks.instructions).sum();
     let spans: usize = views.iter().map(|v| v.stacks.spans.len()).sum();
-    let gaps: usize = views.iter().map(|v| v.stacks.markers.len()).sum();
     let axis_text = match &axis {
         Axis::Instructions { why } => format!("instructions ({why})"),
         Axis::Nanoseconds { .. } => "nanoseconds (TSC)".to_string(),

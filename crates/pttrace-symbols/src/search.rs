@@ -126,6 +126,15 @@ impl DebugSearch {
         self.find_with(path, &facts).0
     }
 
+    /// [`DebugSearch::find`] for the ELF file at `path` (mapped, not read); an error for a
+    /// file that cannot be mapped or is not ELF. Only the search: no symbols or DWARF are
+    /// loaded (what [`crate::Module::open`] adds).
+    pub fn find_file(&self, path: &Path) -> Result<DebugLookup, crate::SymbolError> {
+        let buf = elf::map_file(path)?;
+        let file = elf::parse(path, buf.as_slice())?;
+        Ok(self.find_with(path, &elf::facts(&file)).0)
+    }
+
     pub(crate) fn find_with(
         &self,
         path: &Path,
