@@ -7,10 +7,11 @@
 # pictures in headless Chromium (with a font so text renders in its screenshots), driven by
 # the npm packages of crates/pttrace-cli/tests/browser (playwright-core, speedscope),
 # installed below with `npm ci`. libc6-dbg, dwz: the symbolizer's tests and named libc/ld.so
-# frames; golang-go: Go's asynchronous preemption under the QEMU backend.
+# frames; golang-go: Go's asynchronous preemption under the QEMU backend; default-jdk-headless:
+# the JVM's faults and safepoints under the QEMU backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz golang-go)
+pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz golang-go default-jdk-headless)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,7 +8,9 @@ use drpttracer::decode::{
 };
 use iced_x86::code_asm::*;
 use iced_x86::BlockEncoderOptions;
-use pttrace_encoder::{classify_bytes, Block, BlockEnd, FlowEncoder, Transition};
+use pttrace_encoder::{
+    can_fault, classify_bytes, Block, BlockEnd, FlowEncoder, InstructionInfoFactory, Transition,
+};
 
 const BASE: u64 = 0x40_1000;
 
@@ -18,6 +20,8 @@ const BASE: u64 = 0x40_1000;
 ///   T: nop ; nop               (plain end: falls into J)
 ///   J: ret                     (indirect)
 ///   H: inc rbx ; syscall       (a signal handler calling rt_sigreturn)
+///   M: mov eax,[rdi] ; mov [rsi],eax ; nop ; jmp J   (two instructions that can fault)
+///   S: nop ; mov eax,[rdi] ; nop ; jmp J             (one)
 struct Prog {
     code: Vec<u8>,
     ips: Vec<u64>,
@@ -26,6 +30,8 @@ struct Prog {
     t: Block,
     j: Block,
     h: Block,
+    m: Block,
+    s: Block,
 }
 
 fn prog() -> Prog {
@@ -45,6 +51,14 @@ fn prog() -> Prog {
     c.set_label(&mut h).unwrap();
     c.inc(rbx).unwrap();
     c.syscall().unwrap();
+    c.mov(eax, dword_ptr(rdi)).unwrap();
+    c.mov(dword_ptr(rsi), eax).unwrap();
+    c.nop().unwrap();
+    c.jmp(j).unwrap();
+    c.nop().unwrap();
+    c.mov(eax, dword_ptr(rdi)).unwrap();
+    c.nop().unwrap();
+    c.jmp(j).unwrap();
     let r = c
         .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .unwrap();
@@ -55,16 +69,22 @@ fn prog() -> Prog {
         .iter()
         .map(|&o| BASE + u64::from(o))
         .collect();
-    // Blocks from instruction index ranges [first, last].
+    // Blocks from instruction index ranges [first, last], with their fault sites (as the
+    // QEMU plugin finds them).
     let block = |first: usize, last: usize| {
         let ip = ips[last];
         let off = (ip - BASE) as usize;
         let class = classify_bytes(ip, &code[off..]).unwrap();
-        Block::new(
-            ips[first],
-            ip + u64::from(class.len),
-            BlockEnd::from_flow(class.flow, ip),
-        )
+        let kind = BlockEnd::from_flow(class.flow, ip);
+        let mut info = InstructionInfoFactory::new();
+        let sites: Vec<u64> = ips[first..=last]
+            .iter()
+            .copied()
+            .filter(|&i| i != ip || kind != BlockEnd::Far)
+            .filter(|&i| can_fault(i, &code[(i - BASE) as usize..], &mut info))
+            .collect();
+        Block::new(ips[first], ip + u64::from(class.len), kind)
+            .with_fault_sites(sites.len() as u32, sites.first().copied().unwrap_or(0))
     };
     Prog {
         a: block(0, 1),
@@ -72,6 +92,8 @@ fn prog() -> Prog {
         t: block(4, 5),
         j: block(6, 6),
         h: block(7, 8),
+        m: block(9, 12),
+        s: block(13, 16),
         code,
         ips,
     }
@@ -316,4 +338,166 @@ fn a_signal_whose_handler_returns_elsewhere_is_filled_in_at_the_return_to_the_in
     let w1 = enc.ready_window().unwrap();
     assert_eq!(w1.overflows, 1);
     assert_eq!(enc.stats().unresolved, 1);
+}
+
+/// The instruction addresses of `b` before `x`.
+fn ins_before(p: &Prog, b: &Block, x: u64) -> Vec<u64> {
+    ins(p, b).into_iter().filter(|&i| i < x).collect()
+}
+
+/// Runs `seq` (J first: its `ret` goes to the next block by TIP), then the handler H,
+/// whose rt_sigreturn ends the window.
+fn into_handler(
+    enc: &mut FlowEncoder<u32>,
+    seq: &[&Block],
+    h: &Block,
+    tsc: &mut dyn FnMut() -> u64,
+) {
+    for b in seq {
+        enc.block(b, tsc).unwrap();
+    }
+    assert_eq!(enc.block(h, tsc).unwrap(), Transition::Async);
+    enc.far_transfer().unwrap();
+    enc.sigreturned();
+    enc.end_window(1);
+}
+
+/// The asynchronous-event pair of a decoded window: (disabled at, enabled at).
+fn async_event(recs: &[Record]) -> Option<(u64, u64)> {
+    let ev = on_off(recs);
+    ev.windows(2).find_map(|w| match (w[0], w[1]) {
+        (Record::TraceDisabled { ip: Some(a) }, Record::TraceEnabled { ip: b }) => Some((*a, *b)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_fault_inside_a_block_is_traced_at_the_faulting_instruction() {
+    let p = prog();
+    let store = p.ips[10]; // M's `mov [rsi],eax`
+    assert_eq!((p.m.fault_sites, p.s.fault_sites), (2, 1));
+    assert_eq!(
+        (p.a.fault_sites, p.j.fault_sites),
+        (0, 1),
+        "ret reads the stack"
+    );
+    assert_eq!(p.s.fault_at, p.ips[14]);
+
+    // 1. H serves SIGSEGV and SIGALRM alike. M's store faults; H fixes the cause and its
+    // rt_sigreturn restarts the store: the flow resumes inside M, which tells the fault.
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    enc.set_fault_handlers(&[(p.h.start, false)]);
+    let mut tsc = no_tsc();
+    into_handler(&mut enc, &[&p.j, &p.m], &p.h, &mut tsc);
+    assert!(enc.ready().is_none(), "held until the flow resumes");
+    let rest = Block::new(store, p.m.end, p.m.kind);
+    assert_eq!(enc.block(&rest, &mut tsc).unwrap(), Transition::WindowStart);
+    enc.block(&p.j, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(2);
+    let w1 = enc.ready_window().unwrap();
+    let w2 = enc.ready_window().unwrap();
+    assert_eq!((w1.overflows, w2.overflows), (0, 0));
+    let r1 = decode(&w1.pt, &p);
+    let want = [ins(&p, &p.j), ins_before(&p, &p.m, store), ins(&p, &p.h)].concat();
+    assert_eq!(pcs(&r1), want, "M up to the store, then the handler");
+    assert_eq!(async_event(&r1), Some((store, p.h.start)));
+    let r2 = decode(&w2.pt, &p);
+    assert_eq!(pcs(&r2), [ins(&p, &rest), ins(&p, &p.j)].concat());
+    assert_eq!((enc.stats().faults, enc.stats().unresolved), (1, 0));
+
+    // 2. A handler of SIGSEGV only that leaves by siglongjmp (the flow never comes back):
+    // after S, with one instruction that can fault, the fault was there.
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    enc.set_fault_handlers(&[(p.h.start, true)]);
+    into_handler(&mut enc, &[&p.j, &p.s], &p.h, &mut tsc);
+    enc.block(&p.a, &mut tsc).unwrap(); // elsewhere
+    enc.finish();
+    let w = enc.ready_window().unwrap();
+    assert_eq!(w.overflows, 0);
+    let r = decode(&w.pt, &p);
+    let load = p.ips[14];
+    assert_eq!(
+        pcs(&r),
+        [ins(&p, &p.j), ins_before(&p, &p.s, load), ins(&p, &p.h)].concat()
+    );
+    assert_eq!(async_event(&r), Some((load, p.h.start)));
+
+    // 3. The same after M (two instructions that can fault): which one faulted is unknown,
+    // so M's instructions are an explicit loss, counted as an unresolved fault.
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    enc.set_fault_handlers(&[(p.h.start, true)]);
+    into_handler(&mut enc, &[&p.j, &p.m], &p.h, &mut tsc);
+    enc.finish();
+    let w = enc.ready_window().unwrap();
+    assert_eq!(w.overflows, 1);
+    let r = decode(&w.pt, &p);
+    assert_eq!(pcs(&r), [ins(&p, &p.j), ins(&p, &p.h)].concat());
+    assert!(r
+        .iter()
+        .any(|x| matches!(x, Record::Overflow { ip: Some(ip) } if *ip == p.h.start)));
+    assert_eq!(
+        (enc.stats().unresolved, enc.stats().unresolved_faults),
+        (1, 1)
+    );
+
+    // 4. A handler of asynchronous signals only after M: a signal between blocks, at M's
+    // successor J, written at once (nothing held).
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    into_handler(&mut enc, &[&p.j, &p.m], &p.h, &mut tsc);
+    let w = enc.ready_window().unwrap();
+    let r = decode(&w.pt, &p);
+    assert_eq!(
+        pcs(&r),
+        [ins(&p, &p.j), ins(&p, &p.m), ins(&p, &p.h)].concat()
+    );
+    assert_eq!(async_event(&r), Some((p.j.start, p.h.start)));
+}
+
+#[test]
+fn a_signal_in_the_code_a_handler_resumed_in_is_resolved_on_its_own() {
+    // Go: H's rt_sigreturn resumes in J (asyncPreempt) instead of A's successor; a second
+    // signal interrupts M there before J returns to A's successor F. Both entries resolve,
+    // the inner first, each at its own splice point.
+    let p = prog();
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    enc.set_signal_handlers(&[p.h.start]);
+    enc.set_fault_handlers(&[(p.h.start, false)]);
+    let mut tsc = no_tsc();
+    enc.block(&p.a, &mut tsc).unwrap();
+    enc.block(&p.h, &mut tsc).unwrap(); // signal 1 after A's jz
+    enc.far_transfer().unwrap();
+    enc.sigreturned();
+    enc.end_window(1);
+    enc.block(&p.j, &mut tsc).unwrap(); // resumed in J, which returns to M
+    enc.block(&p.m, &mut tsc).unwrap();
+    enc.block(&p.h, &mut tsc).unwrap(); // signal 2 after M
+    enc.far_transfer().unwrap();
+    enc.sigreturned();
+    enc.end_window(2);
+    assert!(enc.ready().is_none());
+    // Back at M's successor J (signal 2 between blocks), whose return goes to F (A's
+    // fall-through: signal 1 resolved, the jz not taken).
+    assert_eq!(enc.block(&p.j, &mut tsc).unwrap(), Transition::WindowStart);
+    enc.block(&p.f, &mut tsc).unwrap();
+    enc.far_transfer().unwrap();
+    enc.end_window(3);
+    let ws: Vec<_> = std::iter::from_fn(|| enc.ready_window()).collect();
+    assert_eq!(ws.len(), 3);
+    assert!(ws.iter().all(|w| w.overflows == 0));
+    let r1 = decode(&ws[0].pt, &p);
+    assert_eq!(pcs(&r1), [ins(&p, &p.a), ins(&p, &p.h)].concat());
+    assert_eq!(async_event(&r1), Some((p.f.start, p.h.start)));
+    let r2 = decode(&ws[1].pt, &p);
+    assert_eq!(
+        pcs(&r2),
+        [ins(&p, &p.j), ins(&p, &p.m), ins(&p, &p.h)].concat()
+    );
+    assert_eq!(async_event(&r2), Some((p.j.start, p.h.start)));
+    assert!(pcs(&decode(&ws[2].pt, &p)).starts_with(&[ins(&p, &p.j), ins(&p, &p.f)].concat()));
+    assert_eq!(enc.stats().unresolved, 0);
 }

@@ -1,6 +1,6 @@
 //! How an instruction transfers control, from its bytes (iced-x86).
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpAccess};
 
 /// How an instruction transfers control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +71,47 @@ pub fn classify_bytes(ip: u64, bytes: &[u8]) -> Option<Class> {
     })
 }
 
+/// Whether the instruction whose bytes start `bytes` can fault synchronously in user mode
+/// (a signal delivered at it: SIGSEGV or SIGBUS from a memory access, implicit ones such as
+/// `push` or `ret` included; SIGFPE from a division; SIGILL from an undefined or a
+/// privileged instruction). Invalid bytes can fault (SIGILL). `lea`, hinting `nop`s and
+/// prefetches access no memory.
+pub fn can_fault(ip: u64, bytes: &[u8], info: &mut InstructionInfoFactory) -> bool {
+    let mut dec = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
+    let insn = dec.decode();
+    if insn.is_invalid() {
+        return true;
+    }
+    match insn.mnemonic() {
+        Mnemonic::Div
+        | Mnemonic::Idiv
+        | Mnemonic::Ud0
+        | Mnemonic::Ud1
+        | Mnemonic::Ud2
+        | Mnemonic::Hlt
+        | Mnemonic::In
+        | Mnemonic::Out
+        | Mnemonic::Insb
+        | Mnemonic::Insw
+        | Mnemonic::Insd
+        | Mnemonic::Outsb
+        | Mnemonic::Outsw
+        | Mnemonic::Outsd
+        | Mnemonic::Cli
+        | Mnemonic::Sti => return true,
+        Mnemonic::Prefetchnta
+        | Mnemonic::Prefetcht0
+        | Mnemonic::Prefetcht1
+        | Mnemonic::Prefetcht2
+        | Mnemonic::Prefetchw => return false,
+        _ => {}
+    }
+    info.info(&insn)
+        .used_memory()
+        .iter()
+        .any(|m| m.access() != OpAccess::NoMemAccess)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +140,27 @@ mod tests {
         assert_eq!(call(&[0xe8, 0, 0, 0, 0]), Some(true));
         assert_eq!(call(&[0xc3]), Some(false));
         assert_eq!(call(&[0xff, 0xe0]), Some(false));
+    }
+
+    #[test]
+    fn instructions_that_can_fault() {
+        let mut info = InstructionInfoFactory::new();
+        let mut f = |b: &[u8]| can_fault(0x1000, b, &mut info);
+        assert!(!f(&[0x90])); // nop
+        assert!(!f(&[0x48, 0x01, 0xd8])); // add rax,rbx
+        assert!(!f(&[0x48, 0x8d, 0x44, 0x24, 0x08])); // lea rax,[rsp+8]
+        assert!(!f(&[0x0f, 0x1f, 0x44, 0x00, 0x00])); // nop dword [rax+rax]
+        assert!(!f(&[0x0f, 0x18, 0x08])); // prefetcht0 [rax]
+        assert!(!f(&[0x74, 0x05])); // jz
+        assert!(f(&[0x8b, 0x07])); // mov eax,[rdi]
+        assert!(f(&[0x89, 0x07])); // mov [rdi],eax
+        assert!(f(&[0x55])); // push rbp
+        assert!(f(&[0xc3])); // ret
+        assert!(f(&[0xe8, 0, 0, 0, 0])); // call
+        assert!(f(&[0xa4])); // movsb
+        assert!(f(&[0x48, 0xf7, 0xf1])); // div rcx
+        assert!(f(&[0x0f, 0x0b])); // ud2
+        assert!(f(&[0xf4])); // hlt
+        assert!(f(&[0x0f])); // invalid
     }
 }

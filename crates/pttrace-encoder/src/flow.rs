@@ -16,11 +16,16 @@
 //! - an exception-class far transfer (int3, int n) not followed by a syscall: TIP.PGD
 //!   (suppressed), then TIP.PGE(`B`), as hardware shows a trip through the kernel;
 //! - anything else is an asynchronous transfer (a signal handler entered between blocks):
-//!   FUP(interrupted IP) + TIP.PGD, TIP.PGE(`B`). When `P` ended in a conditional branch or
+//!   FUP(interrupted IP) + TIP.PGD, TIP.PGE(`B`); or, when `B` is the entry of a handler of
+//!   synchronous signals and `P` holds instructions that can fault
+//!   ([`Block::with_fault_sites`]), perhaps a fault inside `P`: then FUP(faulting
+//!   instruction) + TIP.PGD, TIP.PGE(`B`), the faulting instruction known when the handler's
+//!   `rt_sigreturn` resumes inside `P` (the instruction restarted), or when the handler
+//!   serves faults only and `P` has one instruction that can fault. When `P` ended in a conditional branch or
 //!   a REP instruction the interrupted IP is not known yet (either successor is possible):
 //!   the encoder leaves a splice point, encodes on, and fills in the branch bit and the FUP
 //!   when a later window starts at one of the two successors (the return from the handler,
-//!   `rt_sigreturn`). Windows from the splice point on are held until then
+//!   `rt_sigreturn`) -- likewise for a possible fault. Windows from the splice point on are held until then
 //!   ([`FlowEncoder::ready`]); if the flow never comes back (longjmp out of the handler,
 //!   exit), or too much is held, the gap is written as OVF + FUP(`B`): an explicit loss,
 //!   never a guessed branch.
@@ -90,6 +95,11 @@ pub struct Block {
     /// The one successor of a block without a choice (plain end or direct branch), else
     /// `u64::MAX` (never a block start): one compare on the hot path.
     fixed: u64,
+    /// Instructions of the block that can fault synchronously (memory accesses, division,
+    /// undefined opcodes...): where a SIGSEGV, SIGBUS, SIGFPE or SIGILL can come from.
+    pub fault_sites: u32,
+    /// The address of the one such instruction when `fault_sites` is 1.
+    pub fault_at: u64,
 }
 
 impl Block {
@@ -104,8 +114,40 @@ impl Block {
             end,
             kind,
             fixed,
+            fault_sites: 0,
+            fault_at: 0,
         }
     }
+
+    /// The block with `sites` instructions that can fault synchronously, the first (or only)
+    /// one at `first`.
+    pub fn with_fault_sites(mut self, sites: u32, first: u64) -> Block {
+        self.fault_sites = sites;
+        self.fault_at = first;
+        self
+    }
+}
+
+/// Whether an entry into a signal handler may be a synchronous fault of the block before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultKind {
+    /// No: the block cannot fault, or the handler serves asynchronous signals only.
+    No,
+    /// Perhaps: the handler serves both kinds (Go's `runtime.sigtramp`, the JVM's).
+    Maybe,
+    /// Yes: the handler serves SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGTRAP only.
+    Sure,
+}
+
+/// How a pending entry was resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resumed {
+    /// Asynchronous: the interrupted flow went on at this address (a successor).
+    At(u64),
+    /// A synchronous fault of the instruction at this address (inside the block).
+    FaultAt(u64),
+    /// Unknown: written as OVF.
+    Lost,
 }
 
 /// What a transition was.
@@ -132,6 +174,8 @@ struct Pending {
     from: Block,
     /// First block of the handler.
     handler: u64,
+    /// Whether the entry may be a fault inside `from`.
+    fault: FaultKind,
 }
 
 /// Counters of what was encoded.
@@ -142,6 +186,11 @@ pub struct FlowStats {
     pub async_events: u64,
     /// Asynchronous transfers whose interrupted IP never became known (written as OVF).
     pub unresolved: u64,
+    /// Of those, entries that may have been a synchronous fault inside a block with
+    /// several instructions that can fault, whose handler did not resume there.
+    pub unresolved_faults: u64,
+    /// Synchronous faults traced at their faulting instruction.
+    pub faults: u64,
     pub far_transfers: u64,
 }
 
@@ -158,6 +207,9 @@ pub struct ReadyWindow<M> {
 pub const MAX_HELD_BYTES: usize = 64 << 20;
 /// Most windows held back likewise.
 pub const MAX_HELD_WINDOWS: usize = 4096;
+/// Most entries pending at once (signals nested in handlers, or in the code a handler
+/// resumed in, before the first is resolved).
+const MAX_PENDING: usize = 32;
 
 /// Encodes one thread's block sequence into windows of PT; `M` is the caller's window
 /// metadata (syscall number, arguments...), carried with the PT until the window is ready.
@@ -171,16 +223,25 @@ pub struct FlowEncoder<M> {
     held_bytes: usize,
     /// OVF packets written into the window being written.
     overflows: u32,
-    /// The pending entry's handler returned with `rt_sigreturn` elsewhere.
+    /// A pending entry's handler returned with `rt_sigreturn` elsewhere.
     pending_returned: bool,
-    pending: Option<Pending>,
+    /// Entries whose interrupted IP is not known yet, oldest first (a signal can interrupt
+    /// the handler of another, or the code a handler resumed in before the first is
+    /// resolved: Go's `asyncPreempt`).
+    pending: Vec<Pending>,
     stats: FlowStats,
     /// Emptied window buffers for reuse ([`Self::recycle`]).
     spare: Vec<Vec<u8>>,
     /// Entry points of the program's signal handlers.
     handlers: Vec<u64>,
+    /// Handlers of synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP), sorted:
+    /// (entry, serves no other signal).
+    fault_handlers: Vec<(u64, bool)>,
     /// The last window ended with rt_sigreturn.
     after_sigreturn: bool,
+    /// The next block enters a signal handler that interrupted the thread here (from the
+    /// signal frame: [`Self::signal_entry`]), and whether by a synchronous fault, if known.
+    entry: Option<(u64, Option<bool>)>,
 }
 
 impl<M> FlowEncoder<M> {
@@ -193,11 +254,13 @@ impl<M> FlowEncoder<M> {
             held_bytes: 0,
             overflows: 0,
             pending_returned: false,
-            pending: None,
+            pending: Vec::new(),
             stats: FlowStats::default(),
             spare: Vec::new(),
             handlers: Vec::new(),
+            fault_handlers: Vec::new(),
             after_sigreturn: false,
+            entry: None,
         }
     }
 
@@ -224,10 +287,13 @@ impl<M> FlowEncoder<M> {
     ) -> Result<Transition, EncodeError> {
         self.stats.blocks += 1;
         let Some(p) = self.prev else {
+            self.entry = None;
             return self.window_start(b, tsc);
         };
         let s = b.start;
-        let t = if s == p.fixed {
+        let t = if self.entry.is_some() {
+            self.known_entry(p, b, tsc)?
+        } else if s == p.fixed {
             Transition::Flow
         } else {
             match p.kind {
@@ -245,7 +311,7 @@ impl<M> FlowEncoder<M> {
                 }
                 BlockEnd::Indirect if self.handlers.is_empty() || !self.handlers.contains(&s) => {
                     if self.pending_returned {
-                        self.resume_by_return(s)?;
+                        self.resume_at(s, true, false)?;
                     }
                     self.w.tip(s)?;
                     Transition::Flow
@@ -279,16 +345,8 @@ impl<M> FlowEncoder<M> {
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
         let after_sigreturn = std::mem::take(&mut self.after_sigreturn);
-        if let Some(p) = self.pending {
-            let resumes = match p.from.kind {
-                // Any target: the first window after the handler's rt_sigreturn that does
-                // not enter a handler again.
-                BlockEnd::Indirect => after_sigreturn && !self.handlers.contains(&b.start),
-                _ => b.start == p.from.end || Some(b.start) == successor(&p.from),
-            };
-            if resumes {
-                self.resolve(Some(b.start))?;
-            }
+        if !self.pending.is_empty() {
+            self.resume_at(b.start, after_sigreturn, true)?;
         }
         if !self.w.is_empty() {
             // Tracing was disabled inside this window without ending it: enable again
@@ -313,8 +371,10 @@ impl<M> FlowEncoder<M> {
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
         match p.kind {
-            BlockEnd::Fall => self.expect(p.end, b),
-            BlockEnd::Direct { target } => self.expect(target, b),
+            BlockEnd::Fall | BlockEnd::Direct { .. } => match self.fault_kind(&p, b.start) {
+                FaultKind::No => self.expect(p.fixed, b),
+                _ => self.defer(p, b),
+            },
             // A jump or return into a signal handler's first block: the handler was
             // entered between the blocks; where the jump went shows after rt_sigreturn.
             BlockEnd::Cond { .. } | BlockEnd::Rep { .. } | BlockEnd::Indirect => self.defer(p, b),
@@ -342,48 +402,153 @@ impl<M> FlowEncoder<M> {
         Ok(Transition::Async)
     }
 
-    /// An asynchronous transfer whose interrupted IP is one of `p`'s two successors.
+    /// `b` enters a signal handler; the signal frame said where it interrupted the thread:
+    /// a fault of an instruction inside `p`, or (asynchronous) one of `p`'s successors.
+    /// Anything else is left to the inference ([`Self::unusual`]).
+    #[cold]
+    #[inline(never)]
+    fn known_entry(
+        &mut self,
+        p: Block,
+        b: &Block,
+        tsc: &mut dyn FnMut() -> u64,
+    ) -> Result<Transition, EncodeError> {
+        let Some((x, fault)) = self.entry.take() else {
+            return Ok(Transition::Flow);
+        };
+        let successor = match p.kind {
+            BlockEnd::Fall => x == p.end,
+            BlockEnd::Direct { target } => x == target,
+            BlockEnd::Cond { target } => x == p.end || x == target,
+            BlockEnd::Rep { ip } => x == ip || x == p.end,
+            BlockEnd::Indirect | BlockEnd::IndirectCall => true,
+            BlockEnd::Far => false,
+        };
+        let inside = (p.start..p.end).contains(&x);
+        // Without the siginfo, `x` both inside the block and a successor (a loop's head)
+        // is a fault for a handler of faults only, else a signal between blocks.
+        let fault = fault.unwrap_or(!successor || self.fault_kind(&p, b.start) == FaultKind::Sure);
+        if fault && inside {
+            self.stats.faults += 1;
+        } else if !fault && successor {
+            match p.kind {
+                BlockEnd::Cond { target } => self.w.branch(x == target)?,
+                BlockEnd::Indirect | BlockEnd::IndirectCall => self.w.tip(x)?,
+                _ => {}
+            }
+        } else {
+            // Not what the frame should say: infer as without it.
+            return self.unusual(p, b, tsc);
+        }
+        self.stats.async_events += 1;
+        self.w.async_disable(x)?;
+        self.w.enable(b.start, None)?;
+        Ok(Transition::Async)
+    }
+
+    /// The next block is the entry of a signal handler that interrupted the thread at `rip`
+    /// (`fault`: a synchronous fault of the instruction there, or an asynchronous signal;
+    /// `None` when the frame does not say), as its signal frame says.
+    pub fn signal_entry(&mut self, rip: u64, fault: Option<bool>) {
+        self.entry = Some((rip, fault));
+    }
+
+    /// Whether the entry into the handler at `h` right after `p` may be a synchronous fault
+    /// inside `p`.
+    fn fault_kind(&self, p: &Block, h: u64) -> FaultKind {
+        if p.fault_sites == 0 {
+            return FaultKind::No;
+        }
+        match self.fault_handlers.binary_search_by_key(&h, |&(a, _)| a) {
+            Ok(i) if self.fault_handlers[i].1 => FaultKind::Sure,
+            Ok(_) => FaultKind::Maybe,
+            Err(_) => FaultKind::No,
+        }
+    }
+
+    /// An entry into a signal handler whose interrupted IP is not known yet: one of `p`'s
+    /// successors (a signal between blocks) or, for a handler of faults, an instruction
+    /// inside `p` (a synchronous fault). A splice point is left where the entry goes.
     fn defer(&mut self, p: Block, b: &Block) -> Result<Transition, EncodeError> {
         self.stats.async_events += 1;
-        if self.pending.is_some() {
-            self.resolve(None)?;
+        if self.pending.len() >= MAX_PENDING {
+            self.resolve(0, Resumed::Lost)?;
         }
         self.w.flush_tnt()?;
         self.w.forget_last_ip();
-        self.pending = Some(Pending {
+        let fault = self.fault_kind(&p, b.start);
+        self.pending.push(Pending {
             seq: self.seq,
             offset: self.w.len(),
             from: p,
             handler: b.start,
+            fault,
         });
         Ok(Transition::Async)
     }
 
-    /// A return or indirect jump to `s` while a handler that returned with
-    /// `rt_sigreturn` to somewhere else is pending (it rewrote the saved context: Go's
-    /// asynchronous preemption resumes in `asyncPreempt`, which returns to the interrupted
-    /// instruction): `s` being one of the interrupted block's two successors resolves it.
+    /// The flow goes on at `x` (a window's first block: `window`; else a return or jump
+    /// after a handler's `rt_sigreturn`, see `pending_returned`): the newest pending entry
+    /// that `x` resumes is resolved, and those after it never came back.
+    ///
+    /// `x` resumes an entry when it is inside the interrupted block after `rt_sigreturn`
+    /// (the faulting instruction, restarted) and its handler serves faults, or when it is
+    /// one of the block's successors (for an indirect branch at a window start: any
+    /// target after `rt_sigreturn` that is not a handler; Go's `asyncPreempt` returns to
+    /// the interrupted instruction by `ret`, so there a successor counts too).
     #[cold]
     #[inline(never)]
-    fn resume_by_return(&mut self, s: u64) -> Result<(), EncodeError> {
-        let Some(p) = self.pending else {
+    fn resume_at(
+        &mut self,
+        x: u64,
+        after_sigreturn: bool,
+        window: bool,
+    ) -> Result<(), EncodeError> {
+        let found = self.pending.iter().enumerate().rev().find_map(|(k, p)| {
+            let from = &p.from;
+            if after_sigreturn && p.fault != FaultKind::No && (from.start..from.end).contains(&x) {
+                return Some((k, Resumed::FaultAt(x)));
+            }
+            let successor = match from.kind {
+                BlockEnd::Fall => x == from.end,
+                BlockEnd::Direct { target } => x == target,
+                BlockEnd::Cond { target } => x == from.end || x == target,
+                BlockEnd::Rep { ip } => x == ip || x == from.end,
+                BlockEnd::Indirect => window && after_sigreturn && !self.handlers.contains(&x),
+                BlockEnd::IndirectCall | BlockEnd::Far => false,
+            };
+            successor.then_some((k, Resumed::At(x)))
+        });
+        let Some((k, r)) = found else {
             return Ok(());
         };
-        if s == p.from.end || Some(s) == successor(&p.from) {
-            self.resolve(Some(s))?;
+        while self.pending.len() > k + 1 {
+            self.resolve(self.pending.len() - 1, Resumed::Lost)?;
+        }
+        self.resolve(k, r)?;
+        if self.pending.is_empty() {
+            self.pending_returned = false;
         }
         Ok(())
     }
 
-    /// Fills in the splice point: `Some(x)` = the flow resumed at `x`, `None` = unknown.
-    fn resolve(&mut self, resumed: Option<u64>) -> Result<(), EncodeError> {
-        self.pending_returned = false;
-        let Some(p) = self.pending.take() else {
+    /// Fills in pending entry `k`'s splice point.
+    fn resolve(&mut self, k: usize, resumed: Resumed) -> Result<(), EncodeError> {
+        if k >= self.pending.len() {
             return Ok(());
+        }
+        let p = self.pending.remove(k);
+        // A handler of faults only, after a block with one instruction that can fault: the
+        // fault was there, even if the handler never went back (siglongjmp).
+        let resumed = match resumed {
+            Resumed::Lost if p.fault == FaultKind::Sure && p.from.fault_sites == 1 => {
+                Resumed::FaultAt(p.from.fault_at)
+            }
+            r => r,
         };
         let mut patch = PacketWriter::new(Vec::with_capacity(32), usize::MAX);
         match resumed {
-            Some(x) => {
+            Resumed::At(x) => {
                 match p.from.kind {
                     BlockEnd::Cond { target } => patch.branch(x == target)?,
                     BlockEnd::Indirect => patch.tip(x)?,
@@ -392,22 +557,31 @@ impl<M> FlowEncoder<M> {
                 patch.async_disable(x)?;
                 patch.enable(p.handler, None)?;
             }
-            None => {
+            Resumed::FaultAt(x) => {
+                self.stats.faults += 1;
+                patch.async_disable(x)?;
+                patch.enable(p.handler, None)?;
+            }
+            Resumed::Lost => {
                 self.stats.unresolved += 1;
+                if p.fault != FaultKind::No {
+                    self.stats.unresolved_faults += 1;
+                }
                 patch.ovf()?;
                 patch.fup(p.handler)?;
             }
         }
         patch.flush_tnt()?;
         let bytes = patch.into_sink();
-        let lost = u32::from(resumed.is_none());
+        let lost = u32::from(resumed == Resumed::Lost);
+        let len = bytes.len();
         let buf = if p.seq == self.seq {
             self.overflows += lost;
             self.w.sink_mut()
         } else {
             match self.held.iter_mut().find(|(s, _, _, _)| *s == p.seq) {
                 Some((_, _, pt, ovf)) => {
-                    self.held_bytes += bytes.len();
+                    self.held_bytes += len;
                     *ovf += lost;
                     pt
                 }
@@ -416,7 +590,21 @@ impl<M> FlowEncoder<M> {
         };
         let at = p.offset.min(buf.len());
         buf.splice(at..at, bytes);
+        // Later splice points of the same window moved with the bytes inserted before them.
+        for q in self.pending.iter_mut() {
+            if q.seq == p.seq && q.offset >= at {
+                q.offset += len;
+            }
+        }
         Ok(())
+    }
+
+    /// Every pending entry becomes an explicit loss.
+    fn resolve_all_lost(&mut self) {
+        while !self.pending.is_empty() {
+            let _ = self.resolve(self.pending.len() - 1, Resumed::Lost);
+        }
+        self.pending_returned = false;
     }
 
     /// The block in flight ended with a syscall (or another far transfer the caller handles
@@ -487,10 +675,10 @@ impl<M> FlowEncoder<M> {
             .push_back((self.seq, meta, pt, std::mem::take(&mut self.overflows)));
         self.seq += 1;
         self.stats.windows += 1;
-        if self.pending.is_some()
+        if !self.pending.is_empty()
             && (self.held.len() > MAX_HELD_WINDOWS || self.held_bytes > MAX_HELD_BYTES)
         {
-            let _ = self.resolve(None);
+            self.resolve_all_lost();
         }
     }
 
@@ -503,7 +691,7 @@ impl<M> FlowEncoder<M> {
     /// (asynchronous transfers whose interrupted IP never became known: trace lost there).
     pub fn ready_window(&mut self) -> Option<ReadyWindow<M>> {
         let seq = self.held.front()?.0;
-        if self.pending.is_some_and(|p| p.seq <= seq) {
+        if self.pending.first().is_some_and(|p| p.seq <= seq) {
             return None;
         }
         let (_, meta, pt, overflows) = self.held.pop_front()?;
@@ -522,14 +710,21 @@ impl<M> FlowEncoder<M> {
         self.handlers.extend_from_slice(handlers);
     }
 
+    /// The handlers of synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP), each
+    /// with whether it serves no other signal: an entry into one after a block with
+    /// instructions that can fault may be a fault inside that block.
+    pub fn set_fault_handlers(&mut self, handlers: &[(u64, bool)]) {
+        self.fault_handlers.clear();
+        self.fault_handlers.extend_from_slice(handlers);
+        self.fault_handlers.sort_unstable();
+        self.fault_handlers.dedup_by_key(|h| h.0);
+    }
+
     /// The window just ended with `rt_sigreturn`: the next window resumes interrupted code.
     pub fn sigreturned(&mut self) {
         self.after_sigreturn = true;
-        // A pending entry whose interrupted flow is known by its two successors may still
-        // be resumed by a return (see `resume_by_return`).
-        self.pending_returned = self
-            .pending
-            .is_some_and(|p| matches!(p.from.kind, BlockEnd::Cond { .. } | BlockEnd::Rep { .. }));
+        // A pending entry may still be resumed by a return (see `resume_at`).
+        self.pending_returned = !self.pending.is_empty();
     }
 
     /// Gives a window's buffer back once its PT is written (its capacity is reused, so a
@@ -544,15 +739,6 @@ impl<M> FlowEncoder<M> {
     /// The thread ends: an unresolved asynchronous transfer becomes an explicit loss, and
     /// every window is ready.
     pub fn finish(&mut self) {
-        let _ = self.resolve(None);
-    }
-}
-
-/// The taken successor of a block ending in a branch with a known target.
-fn successor(b: &Block) -> Option<u64> {
-    match b.kind {
-        BlockEnd::Cond { target } | BlockEnd::Direct { target } => Some(target),
-        BlockEnd::Rep { ip } => Some(ip),
-        _ => None,
+        self.resolve_all_lost();
     }
 }

@@ -11,8 +11,9 @@ pub mod classify;
 pub mod flow;
 pub mod packet;
 
-pub use classify::{classify_bytes, Class, Flow};
+pub use classify::{can_fault, classify_bytes, Class, Flow};
 pub use flow::{Block, BlockEnd, FlowEncoder, FlowStats, ReadyWindow, Transition};
+pub use iced_x86::InstructionInfoFactory;
 pub use packet::{IpPacket, PacketWriter, Sink, SliceSink};
 
 /// Bytes of trace between two PSB+ (hardware's psb_period is 2^11..2^16 bytes).

@@ -3,7 +3,7 @@
 //! emulates. The execution callback only stores the block descriptor's address.
 //!
 //! Log entries (u64 words): a block descriptor's address (8-byte aligned, low 3 bits 0);
-//! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_TSC, tsc` (at the start of each
+//! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_SIGNAL, rip, fault`; `TAG_TSC, tsc` (at the start of each
 //! chunk: the time for packets written from it). A chunk holds [`CHUNK`] words; at most
 //! [`CHUNKS`] are in flight per thread (the vCPU waits for the worker beyond that: memory
 //! stays bounded). At every syscall return the vCPU waits until the worker has written the
@@ -28,7 +28,7 @@ use pttrace_format::ptt::EndReason;
 
 use crate::log::{
     block_all_signals, lock, restore_signals, Firing, Msg, Share, ShareState, CHUNK, CHUNKS,
-    TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
+    TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
 };
 use crate::thread::Thread;
 use crate::{rdtsc, say, Global};
@@ -125,6 +125,19 @@ impl Feeder {
             self.flush();
         }
         self.buf.push(addr);
+    }
+
+    /// The next block enters a signal handler, interrupting the thread at `rip` (`fault`:
+    /// by a synchronous fault there, if known).
+    pub fn interrupted(&mut self, rip: u64, fault: Option<bool>) {
+        self.room();
+        self.buf.push(TAG_SIGNAL);
+        self.buf.push(rip);
+        self.buf.push(match fault {
+            Some(false) => 0,
+            Some(true) => 1,
+            None => 2,
+        });
     }
 
     fn room(&mut self) {

@@ -37,6 +37,7 @@ mod exec;
 mod feeder;
 mod files;
 mod log;
+mod sigframe;
 mod snapshot;
 mod thread;
 
@@ -48,7 +49,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, 
 use std::sync::mpsc::Sender;
 use std::sync::{Mutex, OnceLock};
 
-use pttrace_encoder::{classify_bytes, Block, BlockEnd};
+use pttrace_encoder::{can_fault, classify_bytes, Block, BlockEnd, InstructionInfoFactory};
 use pttrace_format::maps::MapsEntry;
 use pttrace_format::metadata::{BackendKind, ExtMetadata, PtMetadata, METADATA_RECORD_SIZE};
 use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
@@ -77,6 +78,9 @@ const NO_EXIT_GROUP: i32 = i32::MIN;
 struct Config {
     out: PathBuf,
     oracle: bool,
+    /// Read where signals interrupted from their frames ([`sigframe`]); off
+    /// (`PTTRACE_QEMU_SIGFRAMES=off`, for tests) leaves it to the flow encoder's inference.
+    sigframes: bool,
     cut: usize,
     qemu: Option<String>,
     this: Option<String>,
@@ -190,6 +194,11 @@ struct Global {
     handlers: [AtomicU64; 65],
     /// Bumped at every change of `handlers`.
     handlers_gen: AtomicU64,
+    /// `sa_restorer` per signal number (0: none), from the guest's rt_sigaction: the return
+    /// address a signal frame holds at its start (checks that a frame was found).
+    restorers: [AtomicU64; 65],
+    /// `sa_flags` per signal number.
+    sa_flags: [AtomicU64; 65],
     /// Guest addresses are host addresses (checked on the first translated block).
     identity_mapped: AtomicBool,
     checked_mapping: AtomicBool,
@@ -386,22 +395,61 @@ impl Global {
     }
 
     /// Records the handler a guest `rt_sigaction(sig, act, ..)` installs (the first field of
-    /// the guest's `struct sigaction`; 0 and 1 are SIG_DFL and SIG_IGN).
+    /// the kernel's `struct sigaction`; 0 and 1 are SIG_DFL and SIG_IGN) and its restorer
+    /// (the third).
     fn note_sigaction(&self, sig: u64, act: u64) {
         if !self.identity_mapped.load(Ordering::Relaxed) {
             return;
         }
-        let mut h = [0u8; 8];
-        if exec::read_memory(act, &mut h) != 8 {
+        let mut raw = [0u8; 24];
+        if exec::read_memory(act, &mut raw) != raw.len() {
             return;
         }
-        let h = u64::from_le_bytes(h);
+        let word =
+            |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let (h, flags, restorer) = (word(0), word(1), word(2));
+        if let Some(slot) = self.restorers.get(sig as usize) {
+            slot.store(restorer, Ordering::Relaxed);
+        }
+        if let Some(slot) = self.sa_flags.get(sig as usize) {
+            slot.store(flags, Ordering::Relaxed);
+        }
         if let Some(slot) = self.handlers.get(sig as usize) {
             let h = if h > 1 { h } else { 0 };
             if slot.swap(h, Ordering::Relaxed) != h {
                 self.handlers_gen.fetch_add(1, Ordering::Release);
             }
         }
+    }
+
+    /// Whether `addr` is an installed handler's entry point.
+    fn is_handler(&self, addr: u64) -> bool {
+        self.handlers
+            .iter()
+            .any(|h| h.load(Ordering::Relaxed) == addr)
+    }
+
+    /// The handler installed for `sig` (0: none), and whether with SA_SIGINFO.
+    fn handler_of(&self, sig: usize) -> (u64, bool) {
+        let h = self
+            .handlers
+            .get(sig)
+            .map_or(0, |h| h.load(Ordering::Relaxed));
+        let flags = self
+            .sa_flags
+            .get(sig)
+            .map_or(0, |f| f.load(Ordering::Relaxed));
+        (h, flags & libc::SA_SIGINFO as u64 != 0)
+    }
+
+    /// Whether `addr` is a restorer some installed handler returns to.
+    fn is_restorer(&self, addr: u64) -> bool {
+        addr > 1
+            && self
+                .restorers
+                .iter()
+                .zip(&self.handlers)
+                .any(|(r, h)| h.load(Ordering::Relaxed) != 0 && r.load(Ordering::Relaxed) == addr)
     }
 
     /// The installed handlers' entry points.
@@ -411,6 +459,37 @@ impl Global {
             .iter()
             .map(|h| h.load(Ordering::Relaxed))
             .filter(|&h| h != 0)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The handlers of synchronous signals, each with whether it serves no other signal.
+    fn fault_handlers(&self) -> Vec<(u64, bool)> {
+        const FAULTS: [usize; 5] = [
+            libc::SIGILL as usize,
+            libc::SIGTRAP as usize,
+            libc::SIGBUS as usize,
+            libc::SIGFPE as usize,
+            libc::SIGSEGV as usize,
+        ];
+        let all: Vec<u64> = self
+            .handlers
+            .iter()
+            .map(|h| h.load(Ordering::Relaxed))
+            .collect();
+        let mut v: Vec<(u64, bool)> = FAULTS
+            .iter()
+            .map(|&sig| all[sig])
+            .filter(|&h| h != 0)
+            .map(|h| {
+                let only = all
+                    .iter()
+                    .enumerate()
+                    .all(|(sig, &other)| other != h || FAULTS.contains(&sig));
+                (h, only)
+            })
             .collect();
         v.sort_unstable();
         v.dedup();
@@ -537,9 +616,19 @@ fn translate(tb: *mut api::Tb) {
     }
     let mut code = Vec::with_capacity(n * 4);
     let mut lens = Vec::with_capacity(insns.len());
-    for (_, bytes) in &insns {
+    let mut info = InstructionInfoFactory::new();
+    let (mut fault_sites, mut fault_at) = (0u32, 0u64);
+    for (i, &(ip, bytes)) in insns.iter().enumerate() {
         code.extend_from_slice(bytes);
         lens.push(bytes.len() as u8);
+        // A far transfer ending a block is handled as one (a syscall ends the window).
+        let far = kind == BlockEnd::Far && i + 1 == insns.len();
+        if !far && can_fault(ip, bytes, &mut info) {
+            if fault_sites == 0 {
+                fault_at = ip;
+            }
+            fault_sites += 1;
+        }
     }
     let end = start + code.len() as u64;
     let trigger = g
@@ -571,7 +660,7 @@ fn translate(tb: *mut api::Tb) {
         }
         let info: &'static BlockInfo = Box::leak(Box::new(BlockInfo {
             id,
-            block: Block::new(start, end, kind),
+            block: Block::new(start, end, kind).with_fault_sites(fault_sites, fault_at),
             code: code.into_boxed_slice(),
             lens: lens.into_boxed_slice(),
             replaces,
@@ -581,6 +670,17 @@ fn translate(tb: *mut api::Tb) {
         map.insert(start, info);
         info
     };
+    if g.cfg.sigframes && g.is_handler(start) {
+        // SAFETY: as below; the trampoline takes the same two arguments.
+        unsafe {
+            api::qemu_plugin_register_vcpu_tb_exec_cb(
+                tb,
+                sigframe::pttrace_qemu_handler_entry,
+                api::CB_NO_REGS,
+                info as *const BlockInfo as *mut c_void,
+            )
+        };
+    }
     // SAFETY: `tb` is valid during translation; the callback and its user data (a leaked,
     // never freed descriptor) outlive every execution of the block.
     unsafe {
@@ -738,6 +838,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
     let mut cfg = Config {
         out: PathBuf::new(),
         oracle: false,
+        sigframes: std::env::var_os("PTTRACE_QEMU_SIGFRAMES").is_none_or(|v| v != "off"),
         cut: DEFAULT_CUT,
         qemu: None,
         this: None,
@@ -850,6 +951,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             handlers: [const { AtomicU64::new(0) }; 65],
+            restorers: [const { AtomicU64::new(0) }; 65],
+            sa_flags: [const { AtomicU64::new(0) }; 65],
             handlers_gen: AtomicU64::new(0),
             identity_mapped: AtomicBool::new(false),
             checked_mapping: AtomicBool::new(false),

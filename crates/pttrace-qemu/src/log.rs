@@ -16,6 +16,10 @@ pub const TAG_RET: u64 = 2;
 pub const TAG_TSC: u64 = 3;
 /// `TAG_SNAP, Arc<Firing> (raw), tsc`: take the firing here.
 pub const TAG_SNAP: u64 = 4;
+/// `TAG_SIGNAL, rip, fault`: the next block is a signal handler's entry, interrupting
+/// the thread at `rip` (`fault`: 1 a synchronous fault of the instruction there, 0 an
+/// asynchronous signal, 2 not known).
+pub const TAG_SIGNAL: u64 = 5;
 /// Words per chunk (512 KiB).
 pub const CHUNK: usize = 1 << 16;
 /// Chunks per thread.

@@ -14,7 +14,7 @@ use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
 use pttrace_format::snapshot::{Trigger, TriggerKind};
 
 use crate::files::TraceFile;
-use crate::log::{Firing, Msg, TAG_RET, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
+use crate::log::{Firing, Msg, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
@@ -413,6 +413,20 @@ impl Thread {
         self.enc.finish();
         self.drain();
         self.fire_syscall_trigger();
+        let st = self.enc.stats();
+        if st.unresolved > 0 {
+            if let Some(g) = crate::global() {
+                // Why this thread's OVF packets were written (the info file's notes).
+                g.note(&format!(
+                    "thread {}: {} signal deliveries written as overflows (OVF): the \
+                     interrupted instruction stayed unknown, as neither the signal frame nor \
+                     the flow after the handler told it; {} of them may have been faults \
+                     inside a block with several instructions that can fault, the others came \
+                     after a branch whose way the handler never returned to",
+                    self.tid, st.unresolved, st.unresolved_faults
+                ));
+            }
+        }
         if let Some(g) = crate::global() {
             if g.cfg.has_trigger(|t| *t == Trigger::Exit) {
                 let (number, text) = if reason == EndReason::ThreadExit {
@@ -450,6 +464,7 @@ impl Thread {
             if gen != self.handlers_gen {
                 self.handlers_gen = gen;
                 self.enc.set_signal_handlers(&g.signal_handlers());
+                self.enc.set_fault_handlers(&g.fault_handlers());
             }
         }
         let mut i = 0;
@@ -485,6 +500,18 @@ impl Thread {
                     let f = unsafe { Arc::from_raw(e[0] as *const Firing) };
                     self.last_tsc = e[1];
                     self.take_request(&f);
+                    i += 3;
+                }
+                TAG_SIGNAL => {
+                    let Some(e) = words.get(i + 1..i + 3) else {
+                        return;
+                    };
+                    let fault = match e[1] {
+                        0 => Some(false),
+                        1 => Some(true),
+                        _ => None,
+                    };
+                    self.enc.signal_entry(e[0], fault);
                     i += 3;
                 }
                 TAG_TSC => {

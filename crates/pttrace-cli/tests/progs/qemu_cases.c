@@ -3,7 +3,11 @@
  *   loop N    pt_loop(N) between getppid and gettid
  *   mix       data-dependent branches, indirect calls through a table, recursion, libc
  *             (qsort with a callback, strlen), syscalls; prints what it computed
- *   alarm     SIGALRM every millisecond while pt_loop runs, until 20 were handled
+ *   alarm N   SIGALRM every 200 us while pt_loop runs, until N were handled (default 20)
+ *   pkill     another thread sends SIGUSR1 to the main thread 200 times (pthread_kill)
+ *             while it runs pt_loop
+ *   jitfault  code written at run time faults: once restarted by a SIGSEGV handler that
+ *             makes the page readable, once left by siglongjmp
  *   threads   8 threads, thread i runs pt_loop(100 * (i + 1)) between getppid and gettid
  *   jit       RWX page: code written, called, rewritten at the same address, called again
  *   rep       10 rounds of rep movsb (100), rep stosq (50), cpuid and a getppid syscall
@@ -13,6 +17,7 @@
  *             to P, 5 getppid */
 #include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,22 +80,99 @@ __attribute__((noinline)) void on_alarm(int sig) {
     alarms++;
 }
 
-static void alarm_case(void) {
+static void alarm_case(long want) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_alarm;
     sa.sa_flags = SA_RESTART;
     sigaction(SIGALRM, &sa, 0);
-    struct itimerval it = {{0, 1000}, {0, 1000}};
+    struct itimerval it = {{0, 200}, {0, 200}};
     setitimer(ITIMER_REAL, &it, 0);
     long rounds = 0;
-    while (alarms < 20) {
-        pt_loop(100000);
+    while (alarms < want) {
+        pt_loop(10000);
         rounds++;
     }
     struct itimerval off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_REAL, &off, 0);
     printf("alarms=%ld rounds=%ld\n", alarms, rounds);
+}
+
+static volatile long usr1s;
+__attribute__((noinline)) void on_usr1(int sig) {
+    (void)sig;
+    usr1s++;
+}
+static pthread_t main_thread;
+static volatile int sending = 1;
+
+static void *killer(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 200; i++) {
+        pthread_kill(main_thread, SIGUSR1);
+        usleep(100);
+    }
+    sending = 0;
+    return 0;
+}
+
+static void pkill_case(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, 0);
+    main_thread = pthread_self();
+    pthread_t t;
+    pthread_create(&t, 0, killer, 0);
+    while (sending)
+        pt_loop(1000);
+    pthread_join(t, 0);
+    printf("usr1=%ld\n", usr1s);
+}
+
+static unsigned char *guard;
+static sigjmp_buf jit_jump;
+static volatile int segvs;
+__attribute__((noinline)) void on_segv_fix(int sig, siginfo_t *si, void *uc) {
+    (void)sig, (void)si, (void)uc;
+    segvs++;
+    mprotect(guard, 4096, PROT_READ);
+}
+__attribute__((noinline)) void on_segv_jump(int sig) {
+    (void)sig;
+    segvs++;
+    siglongjmp(jit_jump, 1);
+}
+
+static void jitfault_case(void) {
+    unsigned char *p = mmap(0, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    guard = mmap(0, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || guard == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    /* nop; mov eax,[rdi]; add eax,1; mov [rsi],eax; ret */
+    static const unsigned char v1[] = {0x90, 0x8b, 0x07, 0x83, 0xc0, 0x01, 0x89, 0x06, 0xc3};
+    /* mov eax,[rdi]; test eax,eax; jz +0; ret */
+    static const unsigned char v2[] = {0x8b, 0x07, 0x85, 0xc0, 0x74, 0x00, 0xc3};
+    memcpy(p, v1, sizeof v1);
+    memcpy(p + 64, v2, sizeof v2);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv_fix;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, 0);
+    int out = 0;
+    ((void (*)(void *, int *))p)(guard, &out);
+    mprotect(guard, 4096, PROT_NONE);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_segv_jump;
+    sigaction(SIGSEGV, &sa, 0);
+    if (!sigsetjmp(jit_jump, 1))
+        ((void (*)(void *))(p + 64))(guard);
+    printf("jit=%p out=%d segvs=%d\n", (void *)p, out, segvs);
 }
 
 static void *worker(void *arg) {
@@ -171,7 +253,11 @@ int main(int argc, char **argv) {
     } else if (!strcmp(m, "mix")) {
         mix();
     } else if (!strcmp(m, "alarm")) {
-        alarm_case();
+        alarm_case(argc > 2 ? atol(argv[2]) : 20);
+    } else if (!strcmp(m, "pkill")) {
+        pkill_case();
+    } else if (!strcmp(m, "jitfault")) {
+        jitfault_case();
     } else if (!strcmp(m, "threads")) {
         threads_case();
     } else if (!strcmp(m, "jit")) {
