@@ -718,8 +718,7 @@ fn load_images(
         space.add_bytes(name, bytes.clone(), *addr);
     }
     if let Some(k) = &kallsyms {
-        let text =
-            std::fs::read_to_string(k).map_err(|e| format!("{}: cannot read: {e}", k.display()))?;
+        let text = crate::text::read_text(k)?;
         syms.add_kallsyms(k, &text)?;
     }
     Ok((spec, space, syms))

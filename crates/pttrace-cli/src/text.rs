@@ -59,9 +59,20 @@ pub fn recovered_text(r: &drpttracer::format::spool::Recovered) -> String {
     s
 }
 
+/// Reads a text file, naming the byte and line of the first byte that is not UTF-8.
+pub fn read_text(path: &std::path::Path) -> Result<String, String> {
+    let name = printable(&path.display().to_string()).into_owned();
+    let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        format!("{name}: byte {at} (line {line}): not UTF-8 text")
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{printable, read_text};
 
     #[test]
     fn control_characters_are_escaped() {
@@ -70,5 +81,25 @@ mod tests {
         assert_eq!(printable("tab\there\n"), "tab\\x09here\\x0a");
         assert_eq!(printable("c1\u{9b}"), "c1\\x9b");
         assert_eq!(printable("ünïcode"), "ünïcode");
+    }
+
+    #[test]
+    fn text_files_name_the_first_byte_that_is_not_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("kallsyms");
+        std::fs::write(
+            &f,
+            b"ffffffff81000000 T _text\nffffffff81000010 T \xffbad\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_text(&f).unwrap_err(),
+            format!("{}: byte 44 (line 2): not UTF-8 text", f.display())
+        );
+        std::fs::write(&f, b"ok\n").unwrap();
+        assert_eq!(read_text(&f).unwrap(), "ok\n");
+        assert!(read_text(&dir.path().join("none"))
+            .unwrap_err()
+            .contains("none: cannot read: "));
     }
 }
