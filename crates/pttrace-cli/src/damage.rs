@@ -7,6 +7,9 @@ use crate::CmdResult;
 use drpttracer::decode::input::{tail_damage, InputDamage};
 use drpttracer::format::ptt::Tail;
 
+/// The position of a damage that concerns a whole file (no byte applies).
+pub const WHOLE_FILE: u64 = drpttracer::decode::WHOLE_INPUT;
+
 /// The damage met by one command.
 #[derive(Debug, Default)]
 pub struct Damages(pub Vec<InputDamage>);
@@ -14,6 +17,11 @@ pub struct Damages(pub Vec<InputDamage>);
 impl Damages {
     pub fn add(&mut self, file: impl std::fmt::Display, offset: u64, what: impl Into<String>) {
         self.0.push(InputDamage::at(file.to_string(), offset, what));
+    }
+
+    /// Adds damage of a whole file (no byte applies: missing, unreadable).
+    pub fn add_whole(&mut self, file: impl std::fmt::Display, what: impl Into<String>) {
+        self.add(file, WHOLE_FILE, what);
     }
 
     /// Adds the files the decoder left out of a directory that the damage check did not
@@ -44,10 +52,13 @@ impl Damages {
             );
         }
         for d in self.0.iter().take(SHOWN) {
+            let at = match d.offset {
+                WHOLE_FILE => String::new(),
+                b => format!("byte {b}: "),
+            };
             eprintln!(
-                "pttrace {cmd}: damaged: {}: byte {}: {}",
+                "pttrace {cmd}: damaged: {}: {at}{}",
                 printable(&d.file),
-                d.offset,
                 printable(&d.what)
             );
         }

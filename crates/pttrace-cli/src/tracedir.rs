@@ -18,6 +18,9 @@ pub struct DirSummary {
     pub threads: BTreeMap<(i32, String), Vec<ThreadSummary>>,
     /// Files that could not be read at all (name, error).
     pub unreadable: Vec<(String, String)>,
+    /// Trace files whose names do not follow `<pid>-<nonce>[-<tid>]` (stray files: `decode`
+    /// reads a thread file whatever its name), with their damage: (name, byte, what).
+    pub stray_damage: Vec<(String, u64, String)>,
     pub kernel_raw_files: usize,
     pub kernel_raw_bytes: u64,
     /// `kernel.raw/<tid>.raw.pt` paths, sorted.
@@ -59,6 +62,24 @@ impl DirSummary {
                 );
             }
         }
+        for t in self.threads.values().flatten() {
+            if let Some((spool, at, want, got)) = &t.spool_gap {
+                let what = match want {
+                    0 => format!(
+                        "window {got} is the thread's first: windows 0 to {} missing",
+                        got.wrapping_sub(1)
+                    ),
+                    w => format!("window {got} follows window {}: windows missing", w - 1),
+                };
+                d.add(
+                    spool,
+                    *at,
+                    format!(
+                        "{what} (the spool's entries carry no checksum: an entry lost or damaged)"
+                    ),
+                );
+            }
+        }
         for (key, ts) in &self.threads {
             let Some((reason, _)) = self.processes.get(key).and_then(|p| p.end) else {
                 continue;
@@ -78,8 +99,43 @@ impl DirSummary {
                 }
             }
         }
+        for (name, offset, what) in &self.stray_damage {
+            d.add(name, *offset, what.clone());
+        }
         for (name, e) in &self.unreadable {
-            d.add(name, 0, format!("unreadable: {e}"));
+            d.add_whole(name, format!("unreadable: {e}"));
+        }
+        for ((pid, nonce), p) in &self.processes {
+            // Every image has its main thread's file (the thread that execs takes the
+            // process id), created when the image starts: one missing was deleted.
+            let own = format!("-{pid}.ptt");
+            let has_main = self
+                .threads
+                .get(&(*pid, nonce.clone()))
+                .is_some_and(|ts| ts.iter().any(|t| t.file.ends_with(&own)));
+            if !has_main {
+                let file = std::path::Path::new(&p.file)
+                    .with_file_name(format!("{pid}-{nonce}-{pid}.ptt"));
+                d.add_whole(
+                    file.display(),
+                    "missing: the main thread's file of the image that the info file beside \
+                     it describes (deleted?): its windows are lost",
+                );
+            }
+        }
+        for ((pid, nonce), ts) in &self.threads {
+            if self.processes.contains_key(&(*pid, nonce.clone())) {
+                continue;
+            }
+            for t in ts {
+                d.add_whole(
+                    &t.file,
+                    format!(
+                        "its process's info file {pid}-{nonce}.info is missing: the \
+                         process's maps, vDSO and end are unknown"
+                    ),
+                );
+            }
         }
         d
     }
@@ -141,6 +197,7 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         processes: BTreeMap::new(),
         threads: BTreeMap::new(),
         unreadable: Vec::new(),
+        stray_damage: Vec::new(),
         kernel_raw_files: 0,
         kernel_raw_bytes: 0,
         kernel_raw_paths: Vec::new(),
@@ -161,7 +218,24 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let Some(key) = key_of(&name) else { continue };
+        let Some(key) = key_of(&name) else {
+            // Read like the others, so every command reports its damage alike.
+            let shown = path.display().to_string();
+            let tail = if name.ends_with(".info") {
+                summary::summarize_process(&path).map(|p| p.tail)
+            } else {
+                summary::summarize_thread(&path).map(|t| t.tail)
+            };
+            match tail {
+                Ok(t) => {
+                    if let Some((offset, what)) = drpttracer::decode::input::tail_damage(&t) {
+                        s.stray_damage.push((shown, offset, what));
+                    }
+                }
+                Err(e) => s.unreadable.push((shown, e.to_string())),
+            }
+            continue;
+        };
         if name.ends_with(".info") {
             match summary::summarize_process(&path) {
                 Ok(p) => {

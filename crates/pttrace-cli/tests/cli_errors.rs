@@ -18,7 +18,7 @@ fn fails_with(args: &[&str], want: &str) {
 fn decode_of_a_missing_file_says_so() {
     fails_with(
         &["decode", "/nonexistent/trace.ptt"],
-        "/nonexistent/trace.ptt: offset 0x0: cannot open: No such file or directory",
+        "/nonexistent/trace.ptt: cannot open: No such file or directory",
     );
 }
 

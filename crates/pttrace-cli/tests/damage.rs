@@ -29,14 +29,17 @@ fn damaged(args: &[&str], file: &Path, byte: u64, what: &str) -> Output {
 
 /// [`damaged`] for an input (a directory) whose damaged file is `named`.
 fn damaged_in(args: &[&str], file: &Path, named: &Path, byte: u64, what: &str) -> Output {
+    damaged_at(args, file, named, Some(byte), what)
+}
+
+/// [`damaged_in`] where `byte` is `None` for damage of a whole file (no byte printed).
+fn damaged_at(args: &[&str], file: &Path, named: &Path, byte: Option<u64>, what: &str) -> Output {
     let o = pt_cmd(args, file);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
     let cmd = args[0];
-    let want = format!(
-        "pttrace {cmd}: damaged: {}: byte {byte}: {what}",
-        named.display()
-    );
+    let at = byte.map_or(String::new(), |b| format!("byte {b}: "));
+    let want = format!("pttrace {cmd}: damaged: {}: {at}{what}", named.display());
     assert!(err.contains(&want), "{args:?}: want {want:?} in\n{err}");
     assert!(err.contains("pass --keep-going"), "{err}");
     let mut k = vec![args[0], "--keep-going"];
@@ -50,6 +53,16 @@ fn damaged_in(args: &[&str], file: &Path, named: &Path, byte: u64, what: &str) -
         "{err2}"
     );
     o2
+}
+
+/// Copies the info files beside `ptt` into `dir`.
+fn copy_info(ptt: &Path, dir: &Path) {
+    for e in std::fs::read_dir(ptt.parent().unwrap()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "info") {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
 }
 
 /// A real trace directory of `ls /` and its one thread file.
@@ -77,6 +90,7 @@ fn a_damaged_thread_file_fails_decode_dump_and_report_alike() {
     // A flipped byte in the first frame (the ThreadHeader at byte 16).
     let flip_dir = tmp.path().join("flip");
     std::fs::create_dir(&flip_dir).unwrap();
+    copy_info(&good, &flip_dir);
     let flipped = flip_dir.join(good.file_name().unwrap());
     let mut d = data.clone();
     d[30] ^= 0x20;
@@ -97,6 +111,7 @@ fn a_damaged_thread_file_fails_decode_dump_and_report_alike() {
     // A record torn 30 bytes in (as a writer killed mid-write leaves it, without a spool).
     let torn_dir = tmp.path().join("torn");
     std::fs::create_dir(&torn_dir).unwrap();
+    copy_info(&good, &torn_dir);
     let torn = torn_dir.join(good.file_name().unwrap());
     std::fs::write(&torn, &data[..last as usize + 30]).unwrap();
     let what = "incomplete record: the file ends 30 bytes into it (writer killed?); the \
@@ -199,7 +214,7 @@ fn an_info_file_of_another_process_is_refused() {
     let (b_pid, b_nonce) = b_name.trim_end_matches(".info").split_once('-').unwrap();
     assert!(
         err.contains(&format!(
-            "{}: offset 0x0: the info file of process {b_pid} image {b_nonce}, but {} was written by \
+            "{}: the info file of process {b_pid} image {b_nonce}, but {} was written by \
              process",
             b_info.display(),
             a_ptt.display()
@@ -220,9 +235,13 @@ fn an_info_file_of_another_process_is_refused() {
 /// Every reader of a directory reports its damage from the same check (the one reader of
 /// trace directories): the same line from `report`, `decode DIR` and `view DIR`.
 fn all_readers_say(dir: &Path, named: &Path, byte: u64, what: &str) {
-    damaged_in(&["report"], dir, named, byte, what);
-    damaged_in(&["decode", "--format", "summary"], dir, named, byte, what);
-    damaged_in(&["view", "--format", "folded"], dir, named, byte, what);
+    all_readers_say_at(dir, named, Some(byte), what);
+}
+
+fn all_readers_say_at(dir: &Path, named: &Path, byte: Option<u64>, what: &str) {
+    damaged_at(&["report"], dir, named, byte, what);
+    damaged_at(&["decode", "--format", "summary"], dir, named, byte, what);
+    damaged_at(&["view", "--format", "folded"], dir, named, byte, what);
 }
 
 #[test]
@@ -295,5 +314,162 @@ fn damage_every_directory_reader_reports_alike() {
         a as u64,
         "window 2 follows window 0: windows missing (the first of 3 places where the \
          indices jump)",
+    );
+}
+
+/// A spool as the shim leaves it when its process is killed: `windows` queued, published
+/// in entries 0, 1, ... (each entry: u64 seq = slot + 1, then the 96-byte window).
+fn spool_of(h: &ptt::ThreadHeader, windows: &[ptt::Window]) -> Vec<u8> {
+    use drpttracer::format::spool;
+    let cap = 8usize;
+    let mut b = vec![0u8; spool::file_len(cap)];
+    b[..8].copy_from_slice(&spool::MAGIC);
+    b[spool::OFF_VERSION..][..4].copy_from_slice(&spool::VERSION.to_le_bytes());
+    b[spool::OFF_ENTRY_SIZE..][..4].copy_from_slice(&(spool::ENTRY_SIZE as u32).to_le_bytes());
+    b[spool::OFF_CAP..][..8].copy_from_slice(&(cap as u64).to_le_bytes());
+    b[spool::OFF_PID..][..4].copy_from_slice(&h.pid.to_le_bytes());
+    b[spool::OFF_TID..][..4].copy_from_slice(&h.tid.to_le_bytes());
+    b[spool::OFF_NONCE..][..8].copy_from_slice(&h.nonce.to_le_bytes());
+    b[spool::OFF_START_TSC..][..8].copy_from_slice(&h.start_tsc.to_le_bytes());
+    b[spool::OFF_MODE..][..4].copy_from_slice(&[h.mode, h.window, h.backend, h.pt_present as u8]);
+    for (i, w) in windows.iter().enumerate() {
+        let at = spool::ENTRIES_OFFSET + i * spool::ENTRY_SIZE;
+        b[at..at + 8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+        let mut f = Vec::new();
+        for v in
+            [w.index, w.nr]
+                .into_iter()
+                .chain(w.args)
+                .chain([w.ret as u64, w.tsc_start, w.tsc_end])
+        {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&w.flags.to_le_bytes());
+        f.extend_from_slice(&w.depth.to_le_bytes());
+        b[at + 8..at + 8 + f.len()].copy_from_slice(&f);
+    }
+    b
+}
+
+#[test]
+fn a_damaged_spool_is_reported_by_every_directory_reader() {
+    // A killed process's thread file ends 4 windows early; its spool holds them. One
+    // entry lost (its sequence number damaged) leaves a gap every reader names, in the
+    // spool, at that entry's successor.
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, ptt_file) = traced_ls(tmp.path(), "t");
+    let data = std::fs::read(&ptt_file).unwrap();
+    let parsed = ptt::parse("x", &data).unwrap();
+    let header = parsed
+        .frames
+        .iter()
+        .find(|f| f.ty == ptt::RecordType::ThreadHeader as u16)
+        .and_then(|f| ptt::decode_thread_header(f.payload))
+        .unwrap();
+    let windows: Vec<_> = parsed
+        .frames
+        .iter()
+        .filter(|f| f.ty == ptt::RecordType::Window as u16)
+        .collect();
+    assert!(windows.len() > 6);
+    let cut = windows[windows.len() - 4].offset;
+    let queued: Vec<ptt::Window> = windows[windows.len() - 4..]
+        .iter()
+        .map(|f| ptt::decode_window(f.payload).unwrap().window)
+        .collect();
+    std::fs::write(&ptt_file, &data[..cut]).unwrap();
+    let spool_file = drpttracer::format::spool::path_for(&ptt_file);
+    let mut sp = spool_of(&header, &queued);
+    std::fs::write(&spool_file, &sp).unwrap();
+    // Undamaged: the spool completes the file, nothing to say.
+    for args in [
+        &["report"][..],
+        &["decode", "--format", "summary"],
+        &["view", "--format", "folded"],
+    ] {
+        let o = pt_cmd(args, &dir);
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("damaged"),
+            "{o:?}"
+        );
+    }
+    // Entry 1 (the second queued window) no longer published.
+    let e1 = drpttracer::format::spool::ENTRIES_OFFSET + drpttracer::format::spool::ENTRY_SIZE;
+    sp[e1] ^= 0x01;
+    std::fs::write(&spool_file, &sp).unwrap();
+    let e2 = (e1 + drpttracer::format::spool::ENTRY_SIZE) as u64;
+    let what = format!(
+        "window {} follows window {}: windows missing (the spool's entries carry no \
+         checksum: an entry lost or damaged)",
+        queued[2].index, queued[0].index
+    );
+    all_readers_say(&dir, &spool_file, e2, &what);
+}
+
+#[test]
+fn stray_and_orphan_files_are_reported_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, ptt_file) = traced_ls(tmp.path(), "t");
+    // 6. A truncated thread file and a truncated info file under names that do not follow
+    // `<pid>-<nonce>[-<tid>]` (stray files): every reader reads and reports them alike.
+    let d6 = tmp.path().join("stray");
+    std::fs::create_dir(&d6).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, d6.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let data = std::fs::read(&ptt_file).unwrap();
+    let junk = d6.join("junk.ptt");
+    std::fs::write(&junk, &data[..40]).unwrap();
+    let what = "incomplete record: the file ends 24 bytes into it (writer killed?); the \
+                records before it were read";
+    all_readers_say(&d6, &junk, 16, what);
+
+    // 5. A thread file deleted: the info file says the image existed. (`sh` runs `ls` in
+    // a child: two images; the child's file goes.)
+    let d5 = tmp.path().join("deleted");
+    let o = run_traced(
+        &d5,
+        Path::new("/bin/sh"),
+        &["-c", "/bin/ls / >/dev/null"],
+        &[],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&d5)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ptt"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    let gone = files.pop().unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    all_readers_say_at(
+        &d5,
+        &gone,
+        None,
+        "missing: the main thread's file of the image that the info file beside it \
+         describes (deleted?): its windows are lost",
+    );
+
+    // 8. A thread file whose process's info file is missing (no byte applies).
+    let d8 = tmp.path().join("orphan");
+    std::fs::create_dir(&d8).unwrap();
+    let t8 = d8.join(ptt_file.file_name().unwrap());
+    std::fs::copy(&ptt_file, &t8).unwrap();
+    let name = ptt_file.file_name().unwrap().to_string_lossy().into_owned();
+    let mut parts = name.split('-');
+    let (pid, nonce) = (parts.next().unwrap(), parts.next().unwrap());
+    all_readers_say_at(
+        &d8,
+        &t8,
+        None,
+        &format!(
+            "its process's info file {pid}-{nonce}.info is missing: the process's maps, \
+             vDSO and end are unknown"
+        ),
     );
 }

@@ -286,7 +286,7 @@ fn missing_input_is_named() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("pttrace view: /nonexistent/trace-dir: offset 0x0: cannot open"),
+        err.contains("pttrace view: /nonexistent/trace-dir: cannot open"),
         "{err}"
     );
 }

@@ -52,7 +52,7 @@ impl Backing {
     /// Maps a whole file read-only.
     pub fn map_file(path: &Path) -> Result<Arc<Backing>, DecodeError> {
         let f = std::fs::File::open(path)
-            .map_err(|e| DecodeError::new(path.display(), 0, format!("cannot open image: {e}")))?;
+            .map_err(|e| DecodeError::whole(path.display(), format!("cannot open image: {e}")))?;
         // SAFETY: the mapping is read-only and private; we only read it. A concurrent
         // truncation of the file by another process could fault, which is the documented
         // caveat of decoding from files that are being modified.

@@ -70,8 +70,7 @@ pub struct Input {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, DecodeError> {
-    std::fs::read(path)
-        .map_err(|e| DecodeError::new(path.display(), 0, format!("cannot read: {e}")))
+    std::fs::read(path).map_err(|e| DecodeError::whole(path.display(), format!("cannot read: {e}")))
 }
 
 /// Raw PT packets: one window, the whole file.
@@ -245,9 +244,8 @@ fn check_identity(
     if (pid, nonce) == (h.pid, h.nonce) {
         return Ok(());
     }
-    Err(DecodeError::new(
+    Err(DecodeError::whole(
         info.display(),
-        0,
         format!(
             "the info file of process {pid} image {nonce:08x}, but {} was written by process \
              {} image {:08x}: give that image's info file (<pid>-<nonce>.info) with --info, \

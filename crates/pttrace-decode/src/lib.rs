@@ -73,16 +73,32 @@ pub use pipeline::{CompactRecords, DecoderCaches, DecoderKind, PtDecoder, Window
 pub use records::{ExecMode, Gap, GapKind, InsnClass, Instruction, Record};
 pub use sideband::{ImageChange, ImageEvent, ImageResolver};
 
-/// A decoder setup failure. Names the input and the byte offset in it.
+/// A decoder setup failure. Names the input and the byte offset in it ([`WHOLE_INPUT`]:
+/// the failure concerns the whole input, no offset is printed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{source_name}: offset {offset:#x}: {message}")]
+#[error("{source_name}: {}{message}", offset_text(*offset))]
 pub struct DecodeError {
     pub source_name: String,
     pub offset: u64,
     pub message: String,
 }
 
+/// [`DecodeError::offset`] of a failure that concerns a whole input (cannot open, empty).
+pub const WHOLE_INPUT: u64 = u64::MAX;
+
+fn offset_text(offset: u64) -> String {
+    match offset {
+        WHOLE_INPUT => String::new(),
+        o => format!("offset {o:#x}: "),
+    }
+}
+
 impl DecodeError {
+    /// A failure of the whole input `source` (no offset applies).
+    pub fn whole(source: impl std::fmt::Display, message: impl Into<String>) -> Self {
+        Self::new(source, WHOLE_INPUT, message)
+    }
+
     pub fn new(source: impl std::fmt::Display, offset: u64, message: impl Into<String>) -> Self {
         DecodeError {
             source_name: source.to_string(),
@@ -159,6 +175,5 @@ pub fn decode_window(
 
 /// Reads a whole input file, naming it in the error.
 pub fn read_input(path: &Path) -> Result<Vec<u8>, DecodeError> {
-    std::fs::read(path)
-        .map_err(|e| DecodeError::new(path.display(), 0, format!("cannot read: {e}")))
+    std::fs::read(path).map_err(|e| DecodeError::whole(path.display(), format!("cannot read: {e}")))
 }

@@ -140,7 +140,7 @@ fn err(path: &Path, offset: u64, msg: impl Into<String>) -> DecodeError {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, DecodeError> {
-    std::fs::read(path).map_err(|e| err(path, 0, format!("cannot read: {e}")))
+    std::fs::read(path).map_err(|e| err(path, crate::WHOLE_INPUT, format!("cannot read: {e}")))
 }
 
 fn parse_process(path: &Path) -> Result<PttProcess, DecodeError> {
@@ -217,7 +217,7 @@ pub fn is_ptt_input(path: &Path) -> bool {
 /// beside it).
 pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
     if let Err(e) = std::fs::metadata(path) {
-        return Err(err(path, 0, format!("cannot open: {e}")));
+        return Err(err(path, crate::WHOLE_INPUT, format!("cannot open: {e}")));
     }
     let (dir, only) = if path.is_dir() {
         (path.to_path_buf(), None)
@@ -257,7 +257,7 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
     if t.threads.is_empty() && t.skipped.is_empty() {
         return Err(err(
             path,
-            0,
+            crate::WHOLE_INPUT,
             "no per-thread .ptt files (is this a `pttrace run --out` directory?)",
         ));
     }

@@ -111,6 +111,8 @@ pub struct Spool {
     pub pt_present: bool,
     /// Published (unreleased) windows, by index.
     pub pending: Vec<Window>,
+    /// The byte offset of each of `pending`'s entries in the spool file.
+    pub pending_at: Vec<u64>,
     /// Entered syscalls, outermost first.
     pub in_flight: Vec<InFlight>,
 }
@@ -192,16 +194,17 @@ pub fn parse(name: &str, data: &[u8]) -> Result<Option<Spool>, FormatError> {
             ),
         ));
     }
-    let mut pending = Vec::new();
+    let mut entries = Vec::new();
     for i in 0..cap as usize {
         let at = ENTRIES_OFFSET + i * ENTRY_SIZE;
         let seq = le_u64(data, at);
         if seq % cap == (i as u64 + 1) % cap {
-            pending.push(read_window(data, at + 8));
+            entries.push((read_window(data, at + 8), at as u64));
         }
     }
-    pending.sort_by_key(|w| w.index);
-    pending.dedup_by_key(|w| w.index);
+    entries.sort_by_key(|(w, _)| w.index);
+    entries.dedup_by_key(|(w, _)| w.index);
+    let (pending, pending_at) = entries.into_iter().unzip();
     let mut in_flight = Vec::new();
     for d in 0..IN_FLIGHT_SLOTS {
         let at = OFF_IN_FLIGHT + d * IN_FLIGHT_SIZE;
@@ -233,8 +236,27 @@ pub fn parse(name: &str, data: &[u8]) -> Result<Option<Spool>, FormatError> {
         backend: data[OFF_MODE + 2],
         pt_present: data[OFF_MODE + 3] != 0,
         pending,
+        pending_at,
         in_flight,
     }))
+}
+
+/// The first place where the windows a spool adds to a thread file do not follow each
+/// other (and the file's last window, `from` being the index after it): (byte offset of
+/// the entry in the spool, the index expected, the index found). Entries carry no
+/// checksum, so this is what shows a lost or damaged entry.
+pub fn first_gap(spool: &Spool, from: u64) -> Option<(u64, u64, u64)> {
+    let mut want = from;
+    for (w, at) in spool.pending.iter().zip(&spool.pending_at) {
+        if w.index < from {
+            continue;
+        }
+        if w.index != want {
+            return Some((*at, want, w.index));
+        }
+        want = w.index + 1;
+    }
+    None
 }
 
 /// What a spool added to a thread file (also the `Recovered` record's content).

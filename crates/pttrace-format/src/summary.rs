@@ -49,6 +49,10 @@ pub struct ThreadSummary {
     pub next_index: u64,
     /// `Snapshot` records (snapshot mode), in order.
     pub snapshots: Vec<SnapshotRecord>,
+    /// The spool merged in memory adds windows that do not follow each other or the
+    /// file's last one: (the spool's path, byte offset of the entry, index expected, index
+    /// found) -- a lost or damaged entry ([`spool::first_gap`]).
+    pub spool_gap: Option<(String, u64, u64, u64)>,
 }
 
 /// Reads and summarizes a thread file, frame by frame (memory bounded by the largest
@@ -77,13 +81,37 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         first_index_gap: None,
         next_index: 0,
         snapshots: Vec::new(),
+        spool_gap: None,
     };
     if spool::path_for(path).exists() {
         let (data, rec) = spool::read_thread_file(path)?;
         if let Some(r) = rec {
             let parsed = parse(&name, &data)?;
+            let keep = r.keep;
+            let mut from = None;
             for f in &parsed.frames {
+                // The recovered windows (after `keep`): their order is the spool's to check.
+                let recovered = f.offset >= keep;
+                if recovered && from.is_none() {
+                    from = Some(s.next_index);
+                }
+                let gaps = (s.index_gaps, s.first_index_gap);
                 summarize_thread_frame(&name, &mut s, f)?;
+                if recovered {
+                    (s.index_gaps, s.first_index_gap) = gaps;
+                }
+            }
+            if r.snapshot.is_none() {
+                let sp = spool::path_for(path);
+                let bytes = std::fs::read(&sp).unwrap_or_default();
+                let sp_name = sp.display().to_string();
+                if let Ok(Some(spool)) = spool::parse(&sp_name, &bytes) {
+                    let from = from.unwrap_or(s.next_index);
+                    if from != u64::MAX {
+                        s.spool_gap = spool::first_gap(&spool, from)
+                            .map(|(at, want, got)| (sp_name, at, want, got));
+                    }
+                }
             }
             s.tail = r.file_tail;
             s.spool_pending = true;
