@@ -13,7 +13,7 @@ use std::process::Command;
 pub struct Args {
     /// Output directory (created if missing). A directory that already holds a trace is
     /// moved aside to DIR.old first (replacing an older one), as perf does with perf.data.
-    #[arg(long, default_value = "pttrace.out")]
+    #[arg(short, long, default_value = "pttrace.out")]
     pub out: PathBuf,
     /// What to trace: user (default), kernel or user_kernel (`--window syscall` alone:
     /// kernel, DynamoRIO's syscall_pt_trace).

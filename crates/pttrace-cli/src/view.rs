@@ -45,7 +45,7 @@ pub struct Args {
     trace: PathBuf,
     /// Where to write timeline.json, flamegraph.svg and stacks.folded (default:
     /// <trace dir>/view).
-    #[arg(long, value_name = "DIR")]
+    #[arg(short, long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// What to produce.
     #[arg(long, value_enum, default_value = "files")]

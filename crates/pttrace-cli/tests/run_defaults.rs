@@ -57,7 +57,7 @@ fn no_flags_trace_the_programs_user_code_exactly_with_the_best_backend() {
     let prog = shim_util::compile_with("qemu_cases", dir.path(), "qc", &["-no-pie"]);
     let out = dir.path().join("out");
     let o = run(
-        &["--out", out.to_str().unwrap()],
+        &["-o", out.to_str().unwrap()], // perf's short form
         &[prog.to_str().unwrap(), "loop", "1000"],
     );
     assert!(o.status.success(), "{}", text(&o));
