@@ -105,6 +105,23 @@ impl DirSummary {
         for (name, e) in &self.unreadable {
             d.add_whole(name, format!("unreadable: {e}"));
         }
+        for (key, p) in &self.processes {
+            // A thread ended by exit_group: the info file's ProcessEnd record (written at
+            // that exit_group) must be there; without it, its end was cut off.
+            let exit_group = drpttracer::format::ptt::EndReason::ExitGroup as u32;
+            let ended = self
+                .threads
+                .get(key)
+                .is_some_and(|ts| ts.iter().any(|t| t.end.is_some_and(|e| e.0 == exit_group)));
+            if ended && p.end.is_none() && p.tail == Tail::Clean {
+                d.add(
+                    &p.file,
+                    p.file_len,
+                    "the file ends without its ProcessEnd record although a thread of the \
+                     process ended by exit_group: its last records are missing",
+                );
+            }
+        }
         for ((pid, nonce), p) in &self.processes {
             // Every image has its main thread's file (the thread that execs takes the
             // process id), created when the image starts: one missing was deleted.

@@ -30,6 +30,8 @@ use serde::Serialize;
 use crate::names::ImageNames;
 use crate::CmdResult;
 
+mod pftrace;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ViewFormat {
     /// timeline.json, flamegraph.svg and stacks.folded in the output directory.
@@ -406,6 +408,9 @@ pub fn run(args: Args) -> CmdResult {
     let timeline = out_dir.join("timeline.json");
     let events = write_timeline(&timeline, &views, &names, &axis, &args.trace)
         .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
+    let pf = out_dir.join("timeline.pftrace");
+    let pf_bytes = write_pftrace(&pf, &views, &names, &axis)
+        .map_err(|e| format!("{}: cannot write: {e}", pf.display()))?;
     let stacks_path = out_dir.join("stacks.folded");
     write_lines(&stacks_path, &folded_lines)
         .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
@@ -452,6 +457,10 @@ pub fn run(args: Args) -> CmdResult {
     println!(
         "timeline:    {} ({events} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",
         timeline.display()
+    );
+    println!(
+        "             {} ({pf_bytes} bytes; Perfetto's own format: open in ui.perfetto.dev)",
+        pf.display()
     );
     if svg_written {
         println!("flame graph: {}", svg.display());
@@ -524,20 +533,8 @@ fn write_timeline(
     };
     // Process names: the command lines of the images a pid ran, in order (views are
     // sorted by pid, tid, start); thread names: the commands a thread ran.
-    let mut pids: Vec<i32> = views.iter().map(|v| v.pid).collect();
-    pids.dedup();
-    for pid in pids {
-        let mut cmds: Vec<&str> = Vec::new();
-        for v in views.iter().filter(|v| v.pid == pid) {
-            if !v.cmdline.is_empty() && !cmds.contains(&v.cmdline.as_str()) {
-                cmds.push(&v.cmdline);
-            }
-        }
-        let name = if cmds.is_empty() {
-            format!("pid {pid}")
-        } else {
-            cmds.join(" → ")
-        };
+    for pid in pids(views) {
+        let name = process_name(views, pid);
         let mut e = Event::new("process_name", "M", pid, None);
         e.args = Some(serde_json::json!({ "name": name }));
         emit(&mut w, &e)?;
@@ -548,24 +545,8 @@ fn write_timeline(
         let tid = i64::from(v.tid);
         if !named.contains(&(v.pid, v.tid)) {
             named.push((v.pid, v.tid));
-            let mut comms: Vec<&str> = Vec::new();
-            for o in views.iter().filter(|o| (o.pid, o.tid) == (v.pid, v.tid)) {
-                if !comms.contains(&o.comm.as_str()) {
-                    comms.push(&o.comm);
-                }
-            }
-            let comm = comms.join("→");
-            let tracks = [
-                (tid, format!("{comm} {}", v.tid)),
-                (
-                    WINDOW_TRACK + tid,
-                    if v.syscall_windows {
-                        format!("{comm} {} syscalls", v.tid)
-                    } else {
-                        format!("{comm} {} windows (user code up to each syscall)", v.tid)
-                    },
-                ),
-            ];
+            let (thread, windows) = thread_track_names(views, v);
+            let tracks = [(tid, thread), (WINDOW_TRACK + tid, windows)];
             for (t, name) in tracks {
                 let mut e = Event::new("thread_name", "M", v.pid, Some(t));
                 e.args = Some(serde_json::json!({ "name": name }));
@@ -660,6 +641,203 @@ fn write_timeline(
     w.write_all(b"}\n")?;
     w.flush()?;
     Ok(n)
+}
+
+/// The pids of `views`, in order.
+fn pids(views: &[ThreadView]) -> Vec<i32> {
+    let mut pids: Vec<i32> = views.iter().map(|v| v.pid).collect();
+    pids.dedup();
+    pids
+}
+
+/// A process's name: the command lines of the images it ran, in order.
+fn process_name(views: &[ThreadView], pid: i32) -> String {
+    let mut cmds: Vec<&str> = Vec::new();
+    for v in views.iter().filter(|v| v.pid == pid) {
+        if !v.cmdline.is_empty() && !cmds.contains(&v.cmdline.as_str()) {
+            cmds.push(&v.cmdline);
+        }
+    }
+    if cmds.is_empty() {
+        format!("pid {pid}")
+    } else {
+        cmds.join(" → ")
+    }
+}
+
+/// The names of a thread's track and of its windows' track (the commands it ran).
+fn thread_track_names(views: &[ThreadView], v: &ThreadView) -> (String, String) {
+    let mut comms: Vec<&str> = Vec::new();
+    for o in views.iter().filter(|o| (o.pid, o.tid) == (v.pid, v.tid)) {
+        if !comms.contains(&o.comm.as_str()) {
+            comms.push(&o.comm);
+        }
+    }
+    let comm = comms.join("→");
+    let windows = if v.syscall_windows {
+        format!("{comm} {} syscalls", v.tid)
+    } else {
+        format!("{comm} {} windows (user code up to each syscall)", v.tid)
+    };
+    (format!("{comm} {}", v.tid), windows)
+}
+
+/// Nanoseconds of a timeline position (instructions count as 1 ns each).
+fn ns(t: Ts) -> u64 {
+    match t {
+        Ts::I(v) => v,
+        Ts::F(us) => (us * 1000.0).round().max(0.0) as u64,
+    }
+}
+
+/// Writes `timeline.pftrace` (see [`pftrace`]): the same calls, windows and gaps as the
+/// JSON timeline. Returns the bytes written.
+fn write_pftrace(
+    path: &Path,
+    views: &[ThreadView],
+    names: &Names,
+    axis: &Axis,
+) -> std::io::Result<u64> {
+    use pftrace::{Event as E, Track};
+    let file = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut w = pftrace::Writer::new(file);
+    let unit = match axis {
+        Axis::Instructions { .. } => " [time axis: instructions, 1 ns = 1 instruction]",
+        Axis::Nanoseconds { .. } => "",
+    };
+    let mut uuids: HashMap<(i32, i32), (u64, u64)> = HashMap::new();
+    let mut next = 1u64;
+    for pid in pids(views) {
+        let process = next;
+        next += 1;
+        let name = format!("{}{unit}", process_name(views, pid));
+        w.track(process, Track::Process { pid, name: &name })?;
+        for v in views.iter().filter(|v| v.pid == pid) {
+            if uuids.contains_key(&(v.pid, v.tid)) {
+                continue;
+            }
+            let (thread, windows) = thread_track_names(views, v);
+            let (t, wt) = (next, next + 1);
+            next += 2;
+            w.track(
+                t,
+                Track::Thread {
+                    pid,
+                    tid: v.tid,
+                    name: &thread,
+                },
+            )?;
+            w.track(
+                wt,
+                Track::Named {
+                    parent: process,
+                    name: &windows,
+                },
+            )?;
+            uuids.insert((v.pid, v.tid), (t, wt));
+        }
+    }
+    for v in views {
+        let (track, window_track) = uuids[&(v.pid, v.tid)];
+        let t0 = ns(axis.place(v, 0, 0).0);
+        // Calls (begin/end, properly nested) merged with the gaps, in time order.
+        let mut seq = w.sequence(track, t0)?;
+        let mut open: Vec<u64> = Vec::new();
+        let mut markers = v.stacks.markers.iter().peekable();
+        let mut cats: HashMap<(SpanStart, SpanEnd), String> = HashMap::new();
+        for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
+            let (ts, dur) = axis.place(v, s.start, s.end);
+            let (begin, end) = (ns(ts), ns(ts) + ns(dur));
+            while let Some(&top) = open.last() {
+                if top > begin {
+                    break;
+                }
+                while let Some(m) = markers.next_if(|m| ns(axis.place(v, m.at, m.at).0) <= top) {
+                    gap(&mut w, &mut seq, v, axis, m)?;
+                }
+                w.event(&mut seq, E::End { ts: top })?;
+                open.pop();
+            }
+            while let Some(m) = markers.next_if(|m| ns(axis.place(v, m.at, m.at).0) <= begin) {
+                gap(&mut w, &mut seq, v, axis, m)?;
+            }
+            let category = cats
+                .entry((s.start_kind, s.end_kind))
+                .or_insert_with(|| span_category(s.start_kind, s.end_kind).into_owned());
+            w.event(
+                &mut seq,
+                E::Begin {
+                    ts: begin,
+                    name: names.get(name),
+                    category,
+                },
+            )?;
+            // Inside its caller (clamped, should rounding of times disagree).
+            open.push(open.last().map_or(end, |&outer| end.min(outer)));
+        }
+        while let Some(top) = open.pop() {
+            while let Some(m) = markers.next_if(|m| ns(axis.place(v, m.at, m.at).0) <= top) {
+                gap(&mut w, &mut seq, v, axis, m)?;
+            }
+            w.event(&mut seq, E::End { ts: top })?;
+        }
+        for m in markers {
+            gap(&mut w, &mut seq, v, axis, m)?;
+        }
+        // Windows, one after the other on their own track and sequence.
+        let mut wseq = w.sequence(window_track, t0)?;
+        for (win, start, end) in &v.windows {
+            let name = if win.flags & ptt::WF_NO_SYSCALL != 0 {
+                "(cut, no syscall)".to_string()
+            } else {
+                win.syscall_name()
+            };
+            let (ts, dur) = axis.place(v, *start, *end);
+            let track = window_track;
+            let at = ns(ts);
+            let name = Some(name.as_str());
+            w.event(
+                &mut wseq,
+                E::SliceOn {
+                    track,
+                    ts: at,
+                    name,
+                    begin: true,
+                },
+            )?;
+            let ts = at + ns(dur);
+            w.event(
+                &mut wseq,
+                E::SliceOn {
+                    track,
+                    ts,
+                    name: None,
+                    begin: false,
+                },
+            )?;
+        }
+    }
+    w.finish()
+}
+
+/// A gap or loss as an instant event on the thread's track.
+fn gap<W: Write>(
+    w: &mut pftrace::Writer<W>,
+    seq: &mut pftrace::Sequence,
+    v: &ThreadView,
+    axis: &Axis,
+    m: &drpttracer::decode::callstack::Marker,
+) -> std::io::Result<()> {
+    let ts = ns(axis.place(v, m.at, m.at).0);
+    let name = format!("gap: {}", m.what);
+    w.event(
+        seq,
+        pftrace::Event::Instant {
+            ts,
+            name: &name,
+            category: "gap",
+        },
+    )
 }
 
 /// The categories of a call span: `call`, then `start=KIND` when it did not begin with a

@@ -276,6 +276,23 @@ fn damage_every_directory_reader_reports_alike() {
     );
     all_readers_say(&d1, &info1, second as u64, &what);
 
+    // 1b. The info file cut at its last record boundary (its ProcessEnd gone) while its
+    // thread ended by exit_group.
+    let d1b = copy("info-cut");
+    let info1b = d1b.join(info.file_name().unwrap());
+    let data = std::fs::read(&info1b).unwrap();
+    let frames = ptt::parse("x", &data).unwrap().frames;
+    let last = frames.last().unwrap();
+    assert_eq!(last.ty, ptt::RecordType::ProcessEnd as u16);
+    std::fs::write(&info1b, &data[..last.offset]).unwrap();
+    all_readers_say(
+        &d1b,
+        &info1b,
+        last.offset as u64,
+        "the file ends without its ProcessEnd record although a thread of the process ended \
+         by exit_group: its last records are missing",
+    );
+
     // 2. The thread file cut exactly at a record boundary: its last window and End record
     // are gone, while the info file says the process ended.
     let d2 = copy("cut");

@@ -3,9 +3,11 @@
 //! whole by the QEMU backend: the timeline JSON holds exactly those spans with the right
 //! nesting, names, start points and lengths; the collapsed stacks hold exactly those
 //! stacks with the instruction counts of `pttrace decode --format jsonl` for the same
-//! trace; the flame graph names them. Needs `qemu-x86_64` (Debian's qemu-user); prints
-//! `SKIP: <reason>` without it.
+//! trace; the flame graph names them; the Perfetto protobuf timeline, read back by a reader
+//! that follows Perfetto's schema, holds exactly the JSON's slices, windows and names.
+//! Needs `qemu-x86_64` (Debian's qemu-user); prints `SKIP: <reason>` without it.
 
+mod pftrace_reader;
 mod shim_util;
 
 use std::collections::BTreeMap;
@@ -93,7 +95,12 @@ fn calls_program_spans_stacks_and_flamegraph() {
         .unwrap();
     let stdout = ok(&o, "pttrace view");
     let view = trace.join("view");
-    for f in ["timeline.json", "flamegraph.svg", "stacks.folded"] {
+    for f in [
+        "timeline.json",
+        "timeline.pftrace",
+        "flamegraph.svg",
+        "stacks.folded",
+    ] {
         let p = view.join(f);
         assert!(
             stdout.contains(&p.display().to_string()),
@@ -192,6 +199,66 @@ fn calls_program_spans_stacks_and_flamegraph() {
     let covered: u64 = windows.iter().map(|e| e["dur"].as_u64().unwrap()).sum();
     assert_eq!(covered, pcs.len() as u64);
     assert_eq!(windows.last().unwrap()["name"], "exit_group");
+
+    // The protobuf timeline: the same slices as the JSON, on the same named tracks.
+    let pf = pftrace_reader::read(&std::fs::read(view.join("timeline.pftrace")).unwrap()).unwrap();
+    let track_of = |tid_wanted: i64, windows: bool| -> u64 {
+        let thread = pf
+            .tracks
+            .iter()
+            .find(|(_, t)| {
+                matches!(t.kind, pftrace_reader::TrackKind::Thread { tid, .. }
+                    if i64::from(tid) == tid_wanted)
+            })
+            .map(|(u, _)| *u)
+            .unwrap();
+        if !windows {
+            return thread;
+        }
+        let pid_track = pf
+            .tracks
+            .iter()
+            .find(|(_, t)| matches!(t.kind, pftrace_reader::TrackKind::Process { .. }))
+            .map(|(u, _)| *u)
+            .unwrap();
+        pf.tracks
+            .iter()
+            .find(|(_, t)| t.kind == pftrace_reader::TrackKind::Other { parent: pid_track })
+            .map(|(u, _)| *u)
+            .unwrap()
+    };
+    let (thread_track, window_track) = (track_of(tid, false), track_of(tid, true));
+    assert_eq!(pf.tracks[&thread_track].name, names[0]);
+    assert_eq!(pf.tracks[&window_track].name, names[1]);
+    let mut from_json: Vec<pftrace_reader::Slice> = events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| pftrace_reader::Slice {
+            track: if e["cat"] == "syscall" {
+                window_track
+            } else {
+                thread_track
+            },
+            ts: e["ts"].as_u64().unwrap(),
+            dur: e["dur"].as_u64().unwrap(),
+            name: e["name"].as_str().unwrap().to_string(),
+            categories: vec![e["cat"].as_str().unwrap().to_string()],
+        })
+        .collect();
+    let mut from_pf = pf.slices.clone();
+    from_json.sort();
+    from_pf.sort();
+    assert_eq!(from_pf.len(), from_json.len());
+    assert_eq!(from_pf, from_json);
+    assert!(pf.instants.is_empty(), "no gap: {:?}", pf.instants);
+    let calls = from_json.len() - windows.len();
+    let bytes = std::fs::metadata(view.join("timeline.pftrace"))
+        .unwrap()
+        .len();
+    println!(
+        "timeline.pftrace: {bytes} bytes for {calls} calls and {} windows",
+        windows.len()
+    );
 
     // Collapsed stacks: the program's functions under one common prefix (the loader and
     // libc frames that called main), with the decoder's exact counts.

@@ -239,11 +239,15 @@ pub struct ProcessSummary {
     /// `Note` records, in order.
     pub notes: Vec<String>,
     pub tail: Tail,
+    /// The file's length in bytes.
+    pub file_len: u64,
 }
 
 /// Reads and summarizes a process info file.
 pub fn summarize_process(path: &Path) -> Result<ProcessSummary, FormatError> {
-    with_file_of_kind(path, FileKind::ProcessInfo, summarize_process_frames)
+    let mut p = with_file_of_kind(path, FileKind::ProcessInfo, summarize_process_frames)?;
+    p.file_len = std::fs::metadata(path).map_or(0, |m| m.len());
+    Ok(p)
 }
 
 fn summarize_process_frames(
@@ -265,6 +269,7 @@ fn summarize_process_frames(
         clocks: Vec::new(),
         notes: Vec::new(),
         tail: parsed.tail.clone(),
+        file_len: 0,
     };
     for f in &parsed.frames {
         match RecordType::from_raw(f.ty) {
