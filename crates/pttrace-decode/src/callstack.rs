@@ -30,8 +30,10 @@
 //!   to code without symbols change nothing. (A PLT stub jumping to its function is a tail
 //!   call under this rule.)
 //! - **non-local jump** (longjmp, exception landing pads): a jump to the middle of a
-//!   function other than the jump's own, when a frame below the top one is in that
-//!   function: the frames above the nearest such frame end `Unwound`.
+//!   function other than the jump's own and the top frame's, when a frame below the top
+//!   one is in that function: the frames above the nearest such frame end `Unwound`. (A
+//!   jump into the top frame's function from outside it is its split-off `.cold` part
+//!   going back: nothing.)
 //! - **signals, asynchronous entries**: tracing disabled at an interrupted address
 //!   (`TraceDisabled { ip: Some(a) }`, FUP + TIP.PGD) and enabled again elsewhere; enabled
 //!   after a non-branch instruction (a syscall) at another address than the next one; or a
@@ -498,6 +500,13 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         };
         let ff = self.function_start(from);
         if ff == Some(tf) {
+            return;
+        }
+        // A jump into the top frame's own function from code outside it: the function's
+        // split-off part (gcc's `.cold` code, which a stripped binary gives no symbol)
+        // going back, or looping to its start. The frame goes on; the same function deeper
+        // in the stack (recursion: an interpreter) is no target.
+        if self.stack.last().is_some_and(|f| f.func == Some(tf)) {
             return;
         }
         if tf == target {
@@ -1015,6 +1024,37 @@ mod tests {
                 (vec![MAIN, A], 2),
                 (vec![MAIN, A, B], 3),
                 (vec![MAIN, A, B, LIB], 1),
+            ]
+        );
+    }
+
+    /// A function's split-off cold part (code outside every symbol, as gcc's `.cold` code in
+    /// a stripped binary) jumps back into the middle of its function and to its start,
+    /// while the same function is deeper in the stack (recursion): the frames stay.
+    #[test]
+    fn cold_parts_jumping_back_keep_the_frames() {
+        const COLD: u64 = 0x9000; // no symbol covers it
+        let recs = vec![
+            other(MAIN),     // 0
+            call(MAIN + 1),  // 1 -> A
+            other(A),        // 2
+            call(A + 1),     // 3 -> A again (recursion)
+            jmp(A),          // 4 -> COLD (no symbol: nothing)
+            jmp(COLD),       // 5 -> A+0x20: back into the middle of A
+            jmp(A + 0x20),   // 6 -> A: back to A's start (a loop, not a tail call)
+            other(A),        // 7
+            ret(A + 1),      // 8 -> A+6
+            other(A + 6),    // 9
+            ret(A + 7),      // 10 -> MAIN+6
+            other(MAIN + 6), // 11
+        ];
+        let t = run(&recs);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 12, S::Implied, E::TraceEnd),
+                span(A, 1, 2, 11, S::Call, E::Return),
+                span(A, 2, 4, 9, S::Call, E::Return),
             ]
         );
     }
