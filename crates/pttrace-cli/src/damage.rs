@@ -12,7 +12,7 @@ pub const WHOLE_FILE: u64 = drpttracer::decode::WHOLE_INPUT;
 
 /// The damage met by one command.
 #[derive(Debug, Default)]
-pub struct Damages(pub Vec<InputDamage>);
+pub struct Damages(pub Vec<InputDamage>, pub Option<String>);
 
 impl Damages {
     pub fn add(&mut self, file: impl std::fmt::Display, offset: u64, what: impl Into<String>) {
@@ -41,9 +41,18 @@ impl Damages {
         }
     }
 
-    /// Prints every damaged place on stderr and decides the exit: an error unless
-    /// `keep_going`.
+    /// Notes what the trace lost while it was recorded (printed by [`Self::finish`], not
+    /// damage: the exit status stays).
+    pub fn set_losses(&mut self, losses: Option<String>) {
+        self.1 = losses;
+    }
+
+    /// Prints what was lost and every damaged place on stderr and decides the exit: an
+    /// error for damage unless `keep_going`.
     pub fn finish(&self, cmd: &str, keep_going: bool) -> CmdResult {
+        if let Some(l) = &self.1 {
+            eprintln!("pttrace {cmd}: lost: {l}");
+        }
         const SHOWN: usize = 50;
         if self.0.len() > SHOWN {
             eprintln!(

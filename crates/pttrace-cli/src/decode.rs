@@ -454,7 +454,7 @@ pub fn run(args: Args) -> CmdResult {
         damage,
         ..
     } = open_input(&args)?;
-    let damages = Damages(damage);
+    let damages = Damages(damage, None);
     apply_trace_options(&args, &mut params)?;
     let (spec, mut space, syms) = load_images(&args, process.as_ref())?;
     let events = sideband_events(&args)?;

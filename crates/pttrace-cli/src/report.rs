@@ -270,5 +270,7 @@ pub fn print_summary(
 
 pub fn run(args: Args) -> CmdResult {
     let s = print_summary(&args.dir, args.per_syscall, &mut std::io::stdout().lock())?;
-    s.damages().finish("report", args.keep_going)
+    let mut d = s.damages();
+    d.set_losses(s.losses());
+    d.finish("report", args.keep_going)
 }

@@ -2,7 +2,8 @@
 //! file (and the spool standing for a thread file a killed process never made) read and
 //! validated once, frame by frame, into a [`DirSummary`]; [`DirSummary::damages`] is the
 //! list of damage that `report`, `decode DIR` and `view DIR` all print, with the same
-//! cause, file and position.
+//! cause, file and position, and [`DirSummary::losses`] the one line about losses they
+//! all print.
 
 use crate::damage::Damages;
 use drpttracer::format::ptt::Tail;
@@ -157,6 +158,25 @@ impl DirSummary {
         d
     }
 
+    /// What the trace lost while it was recorded, in one line (`None`: nothing): windows
+    /// whose PT or sideband is incomplete (OVF packets among them) and windows dropped.
+    pub fn losses(&self) -> Option<String> {
+        let ts = self.threads.values().flatten();
+        let (mut lossy, mut ovf, mut dropped) = (0u64, 0u64, 0u64);
+        for t in ts {
+            lossy += t.lossy_windows;
+            ovf += t.overflow_windows;
+            dropped += t.dropped;
+        }
+        if lossy == 0 && dropped == 0 {
+            return None;
+        }
+        Some(format!(
+            "{lossy} lossy windows ({ovf} with PT overflows), {dropped} dropped windows: \
+             what they lack is missing from the output (`pttrace report` says which threads)"
+        ))
+    }
+
     pub fn windows(&self) -> u64 {
         self.threads.values().flatten().map(|t| t.windows).sum()
     }
@@ -301,7 +321,11 @@ pub fn of_trace(path: &std::path::Path) -> (Damages, bool) {
         return (Damages::default(), false);
     }
     match summarize_dir(path) {
-        Ok(s) => (s.damages(), true),
+        Ok(s) => {
+            let mut d = s.damages();
+            d.set_losses(s.losses());
+            (d, true)
+        }
         Err(_) => (Damages::default(), false),
     }
 }

@@ -132,4 +132,25 @@ fn overflows_written_by_the_qemu_backend_are_counted_by_every_command() {
         packets,
         "one instant event per overflow"
     );
+    // The same line about the losses on stderr from every reader of the directory (not
+    // damage: the exit status stays 0).
+    let line = format!(
+        "lost: {flagged} lossy windows ({flagged} with PT overflows), 0 dropped windows: what \
+         they lack is missing from the output"
+    );
+    for args in [
+        &["report"][..],
+        &["decode", "--format", "summary"],
+        &["view", "--format", "folded"],
+    ] {
+        let o = Command::new(pttrace())
+            .args(args)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let want = format!("pttrace {}: {line}", args[0]);
+        assert!(err.contains(&want), "{args:?}: want {want:?} in\n{err}");
+    }
 }
