@@ -62,6 +62,65 @@ pub struct Args {
     /// Damaged input: draw what could be read and exit 0 (the damage is still listed).
     #[arg(long)]
     keep_going: bool,
+    /// Largest timeline.json (e.g. 256M, 1G): beyond it the shortest calls are merged into
+    /// their callers, and the file says how many and below which length (speedscope and
+    /// chrome://tracing fail on larger JSON; timeline.pftrace always has every call).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = pttrace_format::snapshot::parse_size)]
+    timeline_limit: u64,
+    /// Write every call into timeline.json, whatever its size.
+    #[arg(long)]
+    full: bool,
+}
+
+/// Bytes a call takes in timeline.json besides its name (at most, with the longest
+/// category and 10-digit times; ~60 for most).
+const JSON_BYTES_PER_CALL: u64 = 110;
+/// Bytes of a window's event, of a gap's, and of the names and the file's end (at most).
+const JSON_BYTES_PER_WINDOW: u64 = 300;
+const JSON_BYTES_PER_GAP: u64 = 400;
+const JSON_BYTES_FIXED: u64 = 64 << 10;
+
+/// Calls shorter than this (instructions) are merged into their callers to keep the
+/// timeline within `limit` bytes; 0 when everything fits.
+fn merge_threshold(views: &[ThreadView], names: &Names, limit: u64) -> u64 {
+    let cost =
+        |v: &ThreadView, k: usize| JSON_BYTES_PER_CALL + names.get(v.span_names[k]).len() as u64;
+    let total: u64 = views
+        .iter()
+        .map(|v| (0..v.stacks.spans.len()).map(|k| cost(v, k)).sum::<u64>())
+        .sum();
+    let fixed: u64 = views
+        .iter()
+        .map(|v| {
+            v.windows.len() as u64 * JSON_BYTES_PER_WINDOW
+                + v.stacks.markers.len() as u64 * JSON_BYTES_PER_GAP
+        })
+        .sum::<u64>()
+        + JSON_BYTES_FIXED;
+    let limit = limit.saturating_sub(fixed);
+    if total <= limit {
+        return 0;
+    }
+    // Longest calls first, until the limit: the threshold is the first length left out.
+    let mut lens: Vec<(u64, u64)> = views
+        .iter()
+        .flat_map(|v| {
+            v.stacks
+                .spans
+                .iter()
+                .enumerate()
+                .map(move |(k, s)| (s.end - s.start, cost(v, k)))
+        })
+        .collect();
+    lens.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
+    let mut used = 0u64;
+    for (len, c) in lens {
+        used += c;
+        if used > limit {
+            return len + 1;
+        }
+    }
+    0
 }
 
 /// Window flags that mean the trace of a window is not continuous with the one before.
@@ -406,8 +465,14 @@ pub fn run(args: Args) -> CmdResult {
 
     let axis = choose_axis(&views);
     let timeline = out_dir.join("timeline.json");
-    let events = write_timeline(&timeline, &views, &names, &axis, &args.trace)
-        .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
+    let merge_below = if args.full {
+        0
+    } else {
+        merge_threshold(&views, &names, args.timeline_limit)
+    };
+    let (events, merged) =
+        write_timeline(&timeline, &views, &names, &axis, &args.trace, merge_below)
+            .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
     let pf = out_dir.join("timeline.pftrace");
     let pf_bytes = write_pftrace(&pf, &views, &names, &axis)
         .map_err(|e| format!("{}: cannot write: {e}", pf.display()))?;
@@ -458,8 +523,15 @@ pub fn run(args: Args) -> CmdResult {
         "timeline:    {} ({events} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",
         timeline.display()
     );
+    if merged > 0 {
+        println!(
+            "             ({merged} calls shorter than {merge_below} instructions merged into \
+             their callers to stay within --timeline-limit; --full writes them all)"
+        );
+    }
     println!(
-        "             {} ({pf_bytes} bytes; Perfetto's own format: open in ui.perfetto.dev)",
+        "             {} ({pf_bytes} bytes, every call; Perfetto's own format: open in \
+         ui.perfetto.dev)",
         pf.display()
     );
     if svg_written {
@@ -520,7 +592,9 @@ fn write_timeline(
     names: &Names,
     axis: &Axis,
     trace: &Path,
-) -> std::io::Result<u64> {
+    merge_below: u64,
+) -> std::io::Result<(u64, u64)> {
+    let mut merged = 0u64;
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
     let mut n = 0u64;
     w.write_all(b"{\"traceEvents\":[\n")?;
@@ -558,6 +632,10 @@ fn write_timeline(
             }
         }
         for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
+            if s.end - s.start < merge_below {
+                merged += 1;
+                continue;
+            }
             let (ts, dur) = axis.place(v, s.start, s.end);
             let mut e = Event::new(names.get(name), "X", v.pid, Some(tid));
             // How an unusual span began or ended goes into its categories, not its args:
@@ -624,6 +702,18 @@ fn write_timeline(
             "trace": trace.display().to_string(),
             "instructions": insns,
             "tool": "pttrace view",
+            "merged_calls": merged,
+            "merged_below_instructions": merge_below,
+            "merged_note": if merged == 0 {
+                "every call is in this file".to_string()
+            } else {
+                format!(
+                    "{merged} calls shorter than {merge_below} instructions are merged into \
+                     their callers (their time counts in the caller's span) to keep this file \
+                     within --timeline-limit; timeline.pftrace and `pttrace view --full` have \
+                     every call"
+                )
+            },
         }
     });
     if let (Some(u), Some(o)) = (unit, tail.as_object_mut()) {
@@ -640,7 +730,7 @@ fn write_timeline(
     }
     w.write_all(b"}\n")?;
     w.flush()?;
-    Ok(n)
+    Ok((n, merged))
 }
 
 /// The pids of `views`, in order.

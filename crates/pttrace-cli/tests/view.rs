@@ -251,6 +251,56 @@ fn calls_program_spans_stacks_and_flamegraph() {
     assert_eq!(from_pf.len(), from_json.len());
     assert_eq!(from_pf, from_json);
     assert!(pf.instants.is_empty(), "no gap: {:?}", pf.instants);
+    assert_eq!(
+        json["otherData"]["merged_calls"], 0,
+        "the default limit holds all"
+    );
+
+    // A timeline bounded to 120 KiB: the shortest calls merged into their callers, every
+    // call at least as long as the stated threshold kept, exactly.
+    let small = dir.path().join("small");
+    let o = Command::new(pttrace())
+        .args(["view", "--timeline-limit", "120K", "-o"])
+        .arg(&small)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let said = ok(&o, "pttrace view --timeline-limit");
+    let bounded: Value =
+        serde_json::from_str(&std::fs::read_to_string(small.join("timeline.json")).unwrap())
+            .unwrap();
+    let size = std::fs::metadata(small.join("timeline.json"))
+        .unwrap()
+        .len();
+    assert!(size <= 120 << 10, "{size} bytes");
+    let below = bounded["otherData"]["merged_below_instructions"]
+        .as_u64()
+        .unwrap();
+    let merged = bounded["otherData"]["merged_calls"].as_u64().unwrap();
+    assert!(below > 0 && merged > 0, "{}", bounded["otherData"]);
+    assert!(said.contains(&format!(
+        "{merged} calls shorter than {below} instructions merged"
+    )));
+    let calls_of = |v: &Value| -> Vec<(String, u64, u64)> {
+        let mut c: Vec<_> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] != "syscall")
+            .map(|e| {
+                let (ts, dur) = (e["ts"].as_u64().unwrap(), e["dur"].as_u64().unwrap());
+                (e["name"].as_str().unwrap().to_string(), ts, dur)
+            })
+            .collect();
+        c.sort();
+        c
+    };
+    let all = calls_of(&json);
+    let kept = calls_of(&bounded);
+    let want: Vec<_> = all.iter().filter(|c| c.2 >= below).cloned().collect();
+    assert_eq!(kept, want);
+    assert_eq!(kept.len() as u64 + merged, all.len() as u64);
+    assert!(kept.iter().any(|c| c.0 == "main"));
     let calls = from_json.len() - windows.len();
     let bytes = std::fs::metadata(view.join("timeline.pftrace"))
         .unwrap()
