@@ -473,6 +473,9 @@ pub fn run(args: Args) -> CmdResult {
     let (events, merged) =
         write_timeline(&timeline, &views, &names, &axis, &args.trace, merge_below)
             .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
+    let speedscope = out_dir.join("profile.speedscope.json");
+    write_speedscope(&speedscope, &views, &names, &axis, merge_below)
+        .map_err(|e| format!("{}: cannot write: {e}", speedscope.display()))?;
     let pf = out_dir.join("timeline.pftrace");
     let pf_bytes = write_pftrace(&pf, &views, &names, &axis)
         .map_err(|e| format!("{}: cannot write: {e}", pf.display()))?;
@@ -533,6 +536,14 @@ pub fn run(args: Args) -> CmdResult {
         "             {} ({pf_bytes} bytes, every call; Perfetto's own format: open in \
          ui.perfetto.dev)",
         pf.display()
+    );
+    println!(
+        "             {} (speedscope's own format, the axis in {})",
+        speedscope.display(),
+        match &axis {
+            Axis::Instructions { .. } => "instructions",
+            Axis::Nanoseconds { .. } => "nanoseconds",
+        }
     );
     if svg_written {
         println!("flame graph: {}", svg.display());
@@ -908,6 +919,94 @@ fn write_pftrace(
         }
     }
     w.finish()
+}
+
+/// Writes `profile.speedscope.json`: speedscope's own format (a shared frame table, one
+/// evented profile per thread image: open/close events), with the axis unit speedscope
+/// shows ("none" for instructions, where the Chrome JSON gets "ms"), the calls of the
+/// JSON timeline (those at least `merge_below` long). Returns the calls written.
+fn write_speedscope(
+    path: &Path,
+    views: &[ThreadView],
+    names: &Names,
+    axis: &Axis,
+    merge_below: u64,
+) -> std::io::Result<u64> {
+    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let unit = match axis {
+        Axis::Instructions { .. } => "none",
+        Axis::Nanoseconds { .. } => "nanoseconds",
+    };
+    let mut frames: HashMap<u32, usize> = HashMap::new();
+    let mut order: Vec<u32> = Vec::new();
+    let mut calls = 0u64;
+    w.write_all(b"{\"$schema\":\"https://www.speedscope.app/file-format-schema.json\",")?;
+    w.write_all(b"\"exporter\":\"pttrace view\",\"profiles\":[")?;
+    for (k, v) in views.iter().enumerate() {
+        if k > 0 {
+            w.write_all(b",")?;
+        }
+        let (name, _) = thread_track_names(views, v);
+        let t0 = ns(axis.place(v, 0, 0).0);
+        let end = ns(axis
+            .place(v, v.stacks.instructions, v.stacks.instructions)
+            .0);
+        write!(w, "{{\"type\":\"evented\",\"name\":")?;
+        serde_json::to_writer(&mut w, &name).map_err(std::io::Error::other)?;
+        write!(
+            w,
+            ",\"unit\":\"{unit}\",\"startValue\":{t0},\"endValue\":{},\"events\":[",
+            end.max(t0)
+        )?;
+        let mut first = true;
+        let mut event = |w: &mut BufWriter<std::fs::File>, ty: &str, frame: usize, at: u64| {
+            let sep = if first { "" } else { "," };
+            first = false;
+            write!(
+                w,
+                "{sep}{{\"type\":\"{ty}\",\"frame\":{frame},\"at\":{at}}}"
+            )
+        };
+        let mut open: Vec<(u64, usize)> = Vec::new();
+        for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
+            if s.end - s.start < merge_below {
+                continue;
+            }
+            let (ts, dur) = axis.place(v, s.start, s.end);
+            let (b, e) = (ns(ts), ns(ts) + ns(dur));
+            while let Some(&(top, f)) = open.last() {
+                if top > b {
+                    break;
+                }
+                event(&mut w, "C", f, top)?;
+                open.pop();
+            }
+            let next = order.len();
+            let f = *frames.entry(name).or_insert_with(|| {
+                order.push(name);
+                next
+            });
+            event(&mut w, "O", f, b)?;
+            open.push((open.last().map_or(e, |&(outer, _)| e.min(outer)), f));
+            calls += 1;
+        }
+        while let Some((top, f)) = open.pop() {
+            event(&mut w, "C", f, top)?;
+        }
+        w.write_all(b"]}")?;
+    }
+    w.write_all(b"],\"shared\":{\"frames\":[")?;
+    for (k, &name) in order.iter().enumerate() {
+        if k > 0 {
+            w.write_all(b",")?;
+        }
+        w.write_all(b"{\"name\":")?;
+        serde_json::to_writer(&mut w, names.get(name)).map_err(std::io::Error::other)?;
+        w.write_all(b"}")?;
+    }
+    w.write_all(b"]}}\n")?;
+    w.flush()?;
+    Ok(calls)
 }
 
 /// A gap or loss as an instant event on the thread's track.

@@ -256,6 +256,52 @@ fn calls_program_spans_stacks_and_flamegraph() {
         "the default limit holds all"
     );
 
+    // speedscope's own format: one evented profile, the axis unit "none" (instructions),
+    // open/close events properly nested, the same calls as the JSON timeline.
+    let ss: Value = serde_json::from_str(
+        &std::fs::read_to_string(view.join("profile.speedscope.json")).unwrap(),
+    )
+    .unwrap();
+    let frames = ss["shared"]["frames"].as_array().unwrap();
+    let profiles = ss["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 1);
+    let p = &profiles[0];
+    assert_eq!(
+        (p["type"].as_str(), p["unit"].as_str()),
+        (Some("evented"), Some("none"))
+    );
+    assert_eq!(p["name"], names[0]);
+    let mut open: Vec<(u64, u64)> = Vec::new();
+    let mut from_ss: Vec<(String, u64, u64)> = Vec::new();
+    let mut last = 0;
+    for e in p["events"].as_array().unwrap() {
+        let (frame, at) = (e["frame"].as_u64().unwrap(), e["at"].as_u64().unwrap());
+        assert!(at >= last, "events in time order");
+        last = at;
+        match e["type"].as_str().unwrap() {
+            "O" => open.push((frame, at)),
+            "C" => {
+                let (f, b) = open.pop().expect("a close without an open");
+                assert_eq!(f, frame, "closes the innermost open frame");
+                let name = frames[f as usize]["name"].as_str().unwrap().to_string();
+                from_ss.push((name, b, at - b));
+            }
+            t => panic!("event type {t}"),
+        }
+    }
+    assert!(open.is_empty());
+    from_ss.sort();
+    let mut json_calls: Vec<(String, u64, u64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] != "syscall")
+        .map(|e| {
+            let name = e["name"].as_str().unwrap().to_string();
+            (name, e["ts"].as_u64().unwrap(), e["dur"].as_u64().unwrap())
+        })
+        .collect();
+    json_calls.sort();
+    assert_eq!(from_ss, json_calls);
+
     // A timeline bounded to 120 KiB: the shortest calls merged into their callers, every
     // call at least as long as the stated threshold kept, exactly.
     let small = dir.path().join("small");
