@@ -375,13 +375,13 @@ fn async_event(recs: &[Record]) -> Option<(u64, u64)> {
 fn a_fault_inside_a_block_is_traced_at_the_faulting_instruction() {
     let p = prog();
     let store = p.ips[10]; // M's `mov [rsi],eax`
-    assert_eq!((p.m.fault_sites, p.s.fault_sites), (2, 1));
+    assert_eq!((p.m.fault_sites(), p.s.fault_sites()), (2, 1));
     assert_eq!(
-        (p.a.fault_sites, p.j.fault_sites),
+        (p.a.fault_sites(), p.j.fault_sites()),
         (0, 1),
         "ret reads the stack"
     );
-    assert_eq!(p.s.fault_at, p.ips[14]);
+    assert_eq!(p.s.fault_at(), p.ips[14]);
 
     // 1. H serves SIGSEGV and SIGALRM alike. M's store faults; H fixes the cause and its
     // rt_sigreturn restarts the store: the flow resumes inside M, which tells the fault.

@@ -97,9 +97,10 @@ pub struct Block {
     fixed: u64,
     /// Instructions of the block that can fault synchronously (memory accesses, division,
     /// undefined opcodes...): where a SIGSEGV, SIGBUS, SIGFPE or SIGILL can come from.
-    pub fault_sites: u32,
-    /// The address of the one such instruction when `fault_sites` is 1.
-    pub fault_at: u64,
+    fault_sites: u32,
+    /// The first one's offset from `start` (the block stays 48 bytes: it is copied at
+    /// every block).
+    fault_off: u32,
 }
 
 impl Block {
@@ -115,15 +116,25 @@ impl Block {
             kind,
             fixed,
             fault_sites: 0,
-            fault_at: 0,
+            fault_off: 0,
         }
+    }
+
+    /// Instructions of the block that can fault synchronously.
+    pub fn fault_sites(&self) -> u32 {
+        self.fault_sites
+    }
+
+    /// The first instruction that can fault (meaningful when there is one).
+    pub fn fault_at(&self) -> u64 {
+        self.start + u64::from(self.fault_off)
     }
 
     /// The block with `sites` instructions that can fault synchronously, the first (or only)
     /// one at `first`.
     pub fn with_fault_sites(mut self, sites: u32, first: u64) -> Block {
         self.fault_sites = sites;
-        self.fault_at = first;
+        self.fault_off = u32::try_from(first.wrapping_sub(self.start)).unwrap_or(0);
         self
     }
 }
@@ -210,6 +221,8 @@ pub const MAX_HELD_WINDOWS: usize = 4096;
 /// Most entries pending at once (signals nested in handlers, or in the code a handler
 /// resumed in, before the first is resolved).
 const MAX_PENDING: usize = 32;
+
+const _: () = assert!(std::mem::size_of::<Block>() == 48);
 
 /// Encodes one thread's block sequence into windows of PT; `M` is the caller's window
 /// metadata (syscall number, arguments...), carried with the PT until the window is ready.
@@ -542,7 +555,7 @@ impl<M> FlowEncoder<M> {
         // fault was there, even if the handler never went back (siglongjmp).
         let resumed = match resumed {
             Resumed::Lost if p.fault == FaultKind::Sure && p.from.fault_sites == 1 => {
-                Resumed::FaultAt(p.from.fault_at)
+                Resumed::FaultAt(p.from.fault_at())
             }
             r => r,
         };
