@@ -228,14 +228,7 @@ pub fn print_summary(
     }
     let pt: u64 = s.threads.values().flatten().map(|t| t.pt_bytes).sum();
     let sb: u64 = s.threads.values().flatten().map(|t| t.sideband_bytes).sum();
-    let lossy: u64 = s.threads.values().flatten().map(|t| t.lossy_windows).sum();
-    let overflowed: u64 = s
-        .threads
-        .values()
-        .flatten()
-        .map(|t| t.overflow_windows)
-        .sum();
-    let dropped: u64 = s.threads.values().flatten().map(|t| t.dropped).sum();
+    let (lossy, overflowed, dropped) = s.loss_counts();
     let backend = if backends.is_empty() {
         "none".to_string()
     } else {

@@ -20,8 +20,8 @@ pub struct DirSummary {
     /// Files that could not be read at all (name, error).
     pub unreadable: Vec<(String, String)>,
     /// Trace files whose names do not follow `<pid>-<nonce>[-<tid>]` (stray files: `decode`
-    /// reads a thread file whatever its name), with their damage: (name, byte, what).
-    pub stray_damage: Vec<(String, u64, String)>,
+    /// reads a thread file whatever its name), with how their frames end.
+    pub stray_tails: Vec<(String, Tail)>,
     pub kernel_raw_files: usize,
     pub kernel_raw_bytes: u64,
     /// `kernel.raw/<tid>.raw.pt` paths, sorted.
@@ -100,8 +100,8 @@ impl DirSummary {
                 }
             }
         }
-        for (name, offset, what) in &self.stray_damage {
-            d.add(name, *offset, what.clone());
+        for (name, tail) in &self.stray_tails {
+            d.add_tail(name, tail);
         }
         for (name, e) in &self.unreadable {
             d.add_whole(name, format!("unreadable: {e}"));
@@ -158,16 +158,21 @@ impl DirSummary {
         d
     }
 
+    /// Windows with losses, those of them with PT overflows, and windows dropped.
+    pub fn loss_counts(&self) -> (u64, u64, u64) {
+        let mut n = (0, 0, 0);
+        for t in self.threads.values().flatten() {
+            n.0 += t.lossy_windows;
+            n.1 += t.overflow_windows;
+            n.2 += t.dropped;
+        }
+        n
+    }
+
     /// What the trace lost while it was recorded, in one line (`None`: nothing): windows
     /// whose PT or sideband is incomplete (OVF packets among them) and windows dropped.
     pub fn losses(&self) -> Option<String> {
-        let ts = self.threads.values().flatten();
-        let (mut lossy, mut ovf, mut dropped) = (0u64, 0u64, 0u64);
-        for t in ts {
-            lossy += t.lossy_windows;
-            ovf += t.overflow_windows;
-            dropped += t.dropped;
-        }
+        let (lossy, ovf, dropped) = self.loss_counts();
         if lossy == 0 && dropped == 0 {
             return None;
         }
@@ -234,7 +239,7 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         processes: BTreeMap::new(),
         threads: BTreeMap::new(),
         unreadable: Vec::new(),
-        stray_damage: Vec::new(),
+        stray_tails: Vec::new(),
         kernel_raw_files: 0,
         kernel_raw_bytes: 0,
         kernel_raw_paths: Vec::new(),
@@ -264,11 +269,7 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
                 summary::summarize_thread(&path).map(|t| t.tail)
             };
             match tail {
-                Ok(t) => {
-                    if let Some((offset, what)) = drpttracer::decode::input::tail_damage(&t) {
-                        s.stray_damage.push((shown, offset, what));
-                    }
-                }
+                Ok(t) => s.stray_tails.push((shown, t)),
                 Err(e) => s.unreadable.push((shown, e.to_string())),
             }
             continue;

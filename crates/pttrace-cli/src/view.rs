@@ -659,11 +659,7 @@ fn write_timeline(
             emit(&mut w, &e)?;
         }
         for (win, start, end) in &v.windows {
-            let name = if win.flags & ptt::WF_NO_SYSCALL != 0 {
-                "(cut, no syscall)".to_string()
-            } else {
-                win.syscall_name()
-            };
+            let name = window_name(win);
             let (ts, dur) = axis.place(v, *start, *end);
             let mut e = Event::new(&name, "X", v.pid, Some(WINDOW_TRACK + tid));
             e.cat = Some("syscall");
@@ -841,84 +837,118 @@ fn write_pftrace(
     for v in views {
         let (track, window_track) = uuids[&(v.pid, v.tid)];
         let t0 = ns(axis.place(v, 0, 0).0);
-        // Calls (begin/end, properly nested) merged with the gaps, in time order.
+        // Calls merged with the gaps, in time order (a gap before a call edge at its time).
         let mut seq = w.sequence(track, t0)?;
-        let mut open: Vec<u64> = Vec::new();
         let mut markers = v.stacks.markers.iter().peekable();
         let mut cats: HashMap<(SpanStart, SpanEnd), String> = HashMap::new();
-        for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
-            let (ts, dur) = axis.place(v, s.start, s.end);
-            let (begin, end) = (ns(ts), ns(ts) + ns(dur));
-            while let Some(&top) = open.last() {
-                if top > begin {
-                    break;
-                }
-                while let Some(m) = markers.next_if(|m| ns(axis.place(v, m.at, m.at).0) <= top) {
-                    gap(&mut w, &mut seq, v, axis, m)?;
-                }
-                w.event(&mut seq, E::End { ts: top })?;
-                open.pop();
-            }
-            while let Some(m) = markers.next_if(|m| ns(axis.place(v, m.at, m.at).0) <= begin) {
+        for_each_call_edge(v, axis, 0, |edge| {
+            while let Some(m) = markers.next_if(|m| marker_ns(v, axis, m) <= edge.ts) {
                 gap(&mut w, &mut seq, v, axis, m)?;
             }
+            if !edge.begin {
+                return w.event(&mut seq, E::End { ts: edge.ts });
+            }
+            let s = &v.stacks.spans[edge.span];
             let category = cats
                 .entry((s.start_kind, s.end_kind))
                 .or_insert_with(|| span_category(s.start_kind, s.end_kind).into_owned());
+            let name = names.get(v.span_names[edge.span]);
             w.event(
                 &mut seq,
                 E::Begin {
-                    ts: begin,
-                    name: names.get(name),
+                    ts: edge.ts,
+                    name,
                     category,
                 },
-            )?;
-            // Inside its caller (clamped, should rounding of times disagree).
-            open.push(open.last().map_or(end, |&outer| end.min(outer)));
-        }
-        while let Some(top) = open.pop() {
-            while let Some(m) = markers.next_if(|m| ns(axis.place(v, m.at, m.at).0) <= top) {
-                gap(&mut w, &mut seq, v, axis, m)?;
-            }
-            w.event(&mut seq, E::End { ts: top })?;
-        }
+            )
+        })?;
         for m in markers {
             gap(&mut w, &mut seq, v, axis, m)?;
         }
         // Windows, one after the other on their own track and sequence.
         let mut wseq = w.sequence(window_track, t0)?;
         for (win, start, end) in &v.windows {
-            let name = if win.flags & ptt::WF_NO_SYSCALL != 0 {
-                "(cut, no syscall)".to_string()
-            } else {
-                win.syscall_name()
-            };
+            let name = window_name(win);
             let (ts, dur) = axis.place(v, *start, *end);
-            let track = window_track;
-            let at = ns(ts);
-            let name = Some(name.as_str());
+            let (ts, category) = (ns(ts), "syscall");
             w.event(
                 &mut wseq,
-                E::SliceOn {
-                    track,
-                    ts: at,
-                    name,
-                    begin: true,
-                },
-            )?;
-            let ts = at + ns(dur);
-            w.event(
-                &mut wseq,
-                E::SliceOn {
-                    track,
+                E::Begin {
                     ts,
-                    name: None,
-                    begin: false,
+                    name: &name,
+                    category,
                 },
             )?;
+            w.event(&mut wseq, E::End { ts: ts + ns(dur) })?;
         }
     }
     w.finish()
+}
+
+/// A call's begin or end (`span`: its index in the thread's spans) at `ts` (ns).
+struct CallEdge {
+    ts: u64,
+    span: usize,
+    begin: bool,
+}
+
+/// The begins and ends of `v`'s calls at least `merge_below` instructions long, in time
+/// order and properly nested (a call's end clamped to its caller's, should rounding of
+/// times disagree): what the begin/end formats (Perfetto's slices, speedscope's events)
+/// write.
+fn for_each_call_edge(
+    v: &ThreadView,
+    axis: &Axis,
+    merge_below: u64,
+    mut f: impl FnMut(CallEdge) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut open: Vec<(u64, usize)> = Vec::new();
+    for (k, s) in v.stacks.spans.iter().enumerate() {
+        if s.end - s.start < merge_below {
+            continue;
+        }
+        let (ts, dur) = axis.place(v, s.start, s.end);
+        let (begin, end) = (ns(ts), ns(ts) + ns(dur));
+        while let Some(&(top, j)) = open.last() {
+            if top > begin {
+                break;
+            }
+            f(CallEdge {
+                ts: top,
+                span: j,
+                begin: false,
+            })?;
+            open.pop();
+        }
+        f(CallEdge {
+            ts: begin,
+            span: k,
+            begin: true,
+        })?;
+        open.push((open.last().map_or(end, |&(outer, _)| end.min(outer)), k));
+    }
+    while let Some((top, j)) = open.pop() {
+        f(CallEdge {
+            ts: top,
+            span: j,
+            begin: false,
+        })?;
+    }
+    Ok(())
+}
+
+/// Where a gap lies on the timeline (ns).
+fn marker_ns(v: &ThreadView, axis: &Axis, m: &drpttracer::decode::callstack::Marker) -> u64 {
+    ns(axis.place(v, m.at, m.at).0)
+}
+
+/// A window's name on the timeline: its syscall, or that it was cut without one.
+fn window_name(win: &PttWindowInfo) -> String {
+    if win.flags & ptt::WF_NO_SYSCALL != 0 {
+        "(cut, no syscall)".to_string()
+    } else {
+        win.syscall_name()
+    }
 }
 
 /// Writes `profile.speedscope.json`: speedscope's own format (a shared frame table, one
@@ -958,41 +988,24 @@ fn write_speedscope(
             ",\"unit\":\"{unit}\",\"startValue\":{t0},\"endValue\":{},\"events\":[",
             end.max(t0)
         )?;
-        let mut first = true;
-        let mut event = |w: &mut BufWriter<std::fs::File>, ty: &str, frame: usize, at: u64| {
-            let sep = if first { "" } else { "," };
-            first = false;
-            write!(
-                w,
-                "{sep}{{\"type\":\"{ty}\",\"frame\":{frame},\"at\":{at}}}"
-            )
-        };
-        let mut open: Vec<(u64, usize)> = Vec::new();
-        for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
-            if s.end - s.start < merge_below {
-                continue;
-            }
-            let (ts, dur) = axis.place(v, s.start, s.end);
-            let (b, e) = (ns(ts), ns(ts) + ns(dur));
-            while let Some(&(top, f)) = open.last() {
-                if top > b {
-                    break;
-                }
-                event(&mut w, "C", f, top)?;
-                open.pop();
-            }
+        let mut sep = "";
+        for_each_call_edge(v, axis, merge_below, |edge| {
+            let name = v.span_names[edge.span];
             let next = order.len();
-            let f = *frames.entry(name).or_insert_with(|| {
+            let frame = *frames.entry(name).or_insert_with(|| {
                 order.push(name);
                 next
             });
-            event(&mut w, "O", f, b)?;
-            open.push((open.last().map_or(e, |&(outer, _)| e.min(outer)), f));
-            calls += 1;
-        }
-        while let Some((top, f)) = open.pop() {
-            event(&mut w, "C", f, top)?;
-        }
+            let ty = if edge.begin { "O" } else { "C" };
+            calls += u64::from(edge.begin);
+            let at = edge.ts;
+            write!(
+                w,
+                "{sep}{{\"type\":\"{ty}\",\"frame\":{frame},\"at\":{at}}}"
+            )?;
+            sep = ",";
+            Ok(())
+        })?;
         w.write_all(b"]}")?;
     }
     w.write_all(b"],\"shared\":{\"frames\":[")?;
@@ -1017,7 +1030,7 @@ fn gap<W: Write>(
     axis: &Axis,
     m: &drpttracer::decode::callstack::Marker,
 ) -> std::io::Result<()> {
-    let ts = ns(axis.place(v, m.at, m.at).0);
+    let ts = marker_ns(v, axis, m);
     let name = format!("gap: {}", m.what);
     w.event(
         seq,

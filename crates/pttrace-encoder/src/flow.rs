@@ -430,12 +430,8 @@ impl<M> FlowEncoder<M> {
             return Ok(Transition::Flow);
         };
         let successor = match p.kind {
-            BlockEnd::Fall => x == p.end,
-            BlockEnd::Direct { target } => x == target,
-            BlockEnd::Cond { target } => x == p.end || x == target,
-            BlockEnd::Rep { ip } => x == ip || x == p.end,
             BlockEnd::Indirect | BlockEnd::IndirectCall => true,
-            BlockEnd::Far => false,
+            _ => next_of(&p, x),
         };
         let inside = (p.start..p.end).contains(&x);
         // Without the siginfo, `x` both inside the block and a successor (a loop's head)
@@ -523,12 +519,8 @@ impl<M> FlowEncoder<M> {
                 return Some((k, Resumed::FaultAt(x)));
             }
             let successor = match from.kind {
-                BlockEnd::Fall => x == from.end,
-                BlockEnd::Direct { target } => x == target,
-                BlockEnd::Cond { target } => x == from.end || x == target,
-                BlockEnd::Rep { ip } => x == ip || x == from.end,
                 BlockEnd::Indirect => window && after_sigreturn && !self.handlers.contains(&x),
-                BlockEnd::IndirectCall | BlockEnd::Far => false,
+                _ => next_of(from, x),
             };
             successor.then_some((k, Resumed::At(x)))
         });
@@ -753,5 +745,18 @@ impl<M> FlowEncoder<M> {
     /// every window is ready.
     pub fn finish(&mut self) {
         self.resolve_all_lost();
+    }
+}
+
+/// Whether `x` is where `b` goes next by its own last instruction: the fall-through, a
+/// direct branch's target, either way of a conditional branch, the REP instruction again
+/// or after it (an indirect branch's target is not known here; a far transfer's never).
+fn next_of(b: &Block, x: u64) -> bool {
+    match b.kind {
+        BlockEnd::Fall => x == b.end,
+        BlockEnd::Direct { target } => x == target,
+        BlockEnd::Cond { target } => x == b.end || x == target,
+        BlockEnd::Rep { ip } => x == ip || x == b.end,
+        BlockEnd::Indirect | BlockEnd::IndirectCall | BlockEnd::Far => false,
     }
 }

@@ -80,7 +80,6 @@ const SEQ_NEEDS_INCREMENTAL_STATE: u64 = 2;
 const TE_CATEGORY_IIDS: u32 = 3;
 const TE_TYPE: u32 = 9;
 const TE_NAME_IID: u32 = 10;
-const TE_TRACK_UUID: u32 = 11;
 const TYPE_SLICE_BEGIN: u64 = 1;
 const TYPE_SLICE_END: u64 = 2;
 const TYPE_INSTANT: u64 = 3;
@@ -202,62 +201,28 @@ impl<W: Write> Writer<W> {
         self.packet(&p)?;
         Ok(Sequence {
             id,
-            track,
             last_ts: t0,
             names: HashMap::new(),
             categories: HashMap::new(),
         })
     }
 
-    /// One event of `seq` at `ts` (ns, not before the sequence's previous event).
+    /// One event of `seq` at `ts` (ns, not before the sequence's previous event), on the
+    /// sequence's track.
     pub fn event(&mut self, seq: &mut Sequence, e: Event<'_>) -> io::Result<()> {
         let mut interned = Msg::default();
         let mut te = Msg::default();
-        let (ty, name, category, track, ts) = match e {
-            Event::Begin { ts, name, category } => {
-                (TYPE_SLICE_BEGIN, Some(name), Some(category), None, ts)
-            }
-            Event::End { ts } => (TYPE_SLICE_END, None, None, None, ts),
-            Event::SliceOn {
-                track,
-                ts,
-                name,
-                begin,
-            } => {
-                let ty = if begin {
-                    TYPE_SLICE_BEGIN
-                } else {
-                    TYPE_SLICE_END
-                };
-                (ty, name, Some("syscall"), Some(track), ts)
-            }
-            Event::Instant { ts, name, category } => {
-                (TYPE_INSTANT, Some(name), Some(category), None, ts)
-            }
+        let (ty, named, ts) = match e {
+            Event::Begin { ts, name, category } => (TYPE_SLICE_BEGIN, Some((name, category)), ts),
+            Event::End { ts } => (TYPE_SLICE_END, None, ts),
+            Event::Instant { ts, name, category } => (TYPE_INSTANT, Some((name, category)), ts),
         };
-        if let Some(c) = category.filter(|_| name.is_some()) {
-            let next = seq.categories.len() as u64 + 1;
-            let iid = *seq.categories.entry(c.to_string()).or_insert_with(|| {
-                let mut m = Msg::default();
-                m.uint(1, next).string(2, c);
-                interned.msg(1, &m); // InternedData.event_categories
-                next
-            });
-            te.uint(TE_CATEGORY_IIDS, iid);
-        }
         te.uint(TE_TYPE, ty);
-        if let Some(n) = name {
-            let next = seq.names.len() as u64 + 1;
-            let iid = *seq.names.entry(n.to_string()).or_insert_with(|| {
-                let mut m = Msg::default();
-                m.uint(1, next).string(2, n);
-                interned.msg(2, &m); // InternedData.event_names
-                next
-            });
-            te.uint(TE_NAME_IID, iid);
-        }
-        if let Some(t) = track.filter(|&t| t != seq.track) {
-            te.uint(TE_TRACK_UUID, t);
+        if let Some((name, category)) = named {
+            // InternedData.event_categories, InternedData.event_names.
+            let cat = intern(&mut seq.categories, category, 1, &mut interned);
+            let name = intern(&mut seq.names, name, 2, &mut interned);
+            te.uint(TE_CATEGORY_IIDS, cat).uint(TE_NAME_IID, name);
         }
         let delta = ts.saturating_sub(seq.last_ts);
         seq.last_ts = seq.last_ts.max(ts);
@@ -279,10 +244,23 @@ impl<W: Write> Writer<W> {
     }
 }
 
+/// The iid of `s` in `table`; a new one is added to `interned` (as field `field` of
+/// `InternedData`: an `{iid, name}` entry).
+fn intern(table: &mut HashMap<String, u64>, s: &str, field: u32, interned: &mut Msg) -> u64 {
+    if let Some(&iid) = table.get(s) {
+        return iid;
+    }
+    let iid = table.len() as u64 + 1;
+    table.insert(s.to_string(), iid);
+    let mut m = Msg::default();
+    m.uint(1, iid).string(2, s);
+    interned.msg(field, &m);
+    iid
+}
+
 /// The state of one packet sequence.
 pub struct Sequence {
     id: u64,
-    track: u64,
     last_ts: u64,
     names: HashMap<String, u64>,
     categories: HashMap<String, u64>,
@@ -290,21 +268,14 @@ pub struct Sequence {
 
 /// What [`Writer::event`] writes.
 pub enum Event<'a> {
-    /// A call begins on the sequence's track.
+    /// A slice (a call, a window) begins.
     Begin {
         ts: u64,
         name: &'a str,
         category: &'a str,
     },
-    /// The innermost open call ends.
+    /// The innermost open slice ends.
     End { ts: u64 },
-    /// A slice on another track (a window): its begin (with a name) or end.
-    SliceOn {
-        track: u64,
-        ts: u64,
-        name: Option<&'a str>,
-        begin: bool,
-    },
     /// Something that happened at one instant (a gap).
     Instant {
         ts: u64,
