@@ -343,6 +343,9 @@ pub struct Recovery {
     /// ([`crate::ringfile`]) that `frames` starts with, and how many of its windows came
     /// from the ring (the others: the spool's, without PT).
     pub snapshot: Option<(crate::snapshot::SnapshotRecord, u64)>,
+    /// Where the spool's windows do not follow each other or the file's last one
+    /// ([`first_gap`]; outside snapshot mode, where the ring drops windows on purpose).
+    pub gap: Option<(u64, u64, u64)>,
 }
 
 /// What the thread file's frames say (the parts recovery needs).
@@ -450,6 +453,7 @@ pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<
         pid: spool.pid,
         tid: spool.tid,
         snapshot: None,
+        gap: first_gap(spool, from),
     })
 }
 
@@ -539,6 +543,7 @@ pub fn recover_with_ring(
         pid: ring.pid,
         tid: ring.tid,
         snapshot,
+        gap: None,
     })
 }
 

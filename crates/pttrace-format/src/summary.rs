@@ -87,32 +87,16 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         let (data, rec) = spool::read_thread_file(path)?;
         if let Some(r) = rec {
             let parsed = parse(&name, &data)?;
-            let keep = r.keep;
-            let mut from = None;
             for f in &parsed.frames {
                 // The recovered windows (after `keep`): their order is the spool's to check.
-                let recovered = f.offset >= keep;
-                if recovered && from.is_none() {
-                    from = Some(s.next_index);
-                }
                 let gaps = (s.index_gaps, s.first_index_gap);
                 summarize_thread_frame(&name, &mut s, f)?;
-                if recovered {
+                if f.offset >= r.keep {
                     (s.index_gaps, s.first_index_gap) = gaps;
                 }
             }
-            if r.snapshot.is_none() {
-                let sp = spool::path_for(path);
-                let bytes = std::fs::read(&sp).unwrap_or_default();
-                let sp_name = sp.display().to_string();
-                if let Ok(Some(spool)) = spool::parse(&sp_name, &bytes) {
-                    let from = from.unwrap_or(s.next_index);
-                    if from != u64::MAX {
-                        s.spool_gap = spool::first_gap(&spool, from)
-                            .map(|(at, want, got)| (sp_name, at, want, got));
-                    }
-                }
-            }
+            let spool_name = spool::path_for(path).display().to_string();
+            s.spool_gap = r.gap.map(|(at, want, got)| (spool_name, at, want, got));
             s.tail = r.file_tail;
             s.spool_pending = true;
             return Ok(s);
