@@ -1,6 +1,8 @@
-//! One way for every reader command (`decode`, `dump`, `report`) to tell about damaged
-//! input: each damaged place as `damaged: FILE: byte OFFSET: WHAT` on stderr, then a
-//! non-zero exit unless the user passed `--keep-going` (the summary is printed either way).
+//! One way for every reader command (`decode`, `dump`, `report`, `view`) to tell about
+//! damaged or lossy input: what the recording lost as one `lost: …` line and each damaged
+//! place as `damaged: FILE: byte OFFSET: WHAT` on stderr, after the full output; then exit
+//! status 1 ([`Partial`]) unless the user passed `--keep-going`. Any other error of a reader
+//! command (an unusable input) is status 2 (`main`).
 
 use super::text::printable;
 use crate::CmdResult;
@@ -9,6 +11,30 @@ use drpttracer::format::ptt::Tail;
 
 /// The position of a damage that concerns a whole file (no byte applies).
 pub const WHOLE_FILE: u64 = drpttracer::decode::WHOLE_INPUT;
+
+/// The exit policy every reader command shares (one option, one help text).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Policy {
+    /// Damaged or lossy input (a torn or corrupt record, a file or window missing; windows
+    /// the recording lost, PT overflows): use what could be read and exit 0. Without it such
+    /// input makes the exit status 1, after the full output; an unusable input is status 2.
+    /// Either way each damage and loss is listed on stderr.
+    #[arg(long)]
+    pub keep_going: bool,
+}
+
+/// The error of a command whose output is complete for what could be read, but whose input
+/// was damaged or lossy: exit status 1 (other errors of reader commands are 2).
+#[derive(Debug)]
+pub struct Partial(String);
+
+impl std::fmt::Display for Partial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Partial {}
 
 /// The damage met by one command.
 #[derive(Debug, Default)]
@@ -47,11 +73,22 @@ impl Damages {
         self.1 = losses;
     }
 
-    /// Prints what was lost and every damaged place on stderr and decides the exit: an
-    /// error for damage unless `keep_going`.
-    pub fn finish(&self, cmd: &str, keep_going: bool) -> CmdResult {
+    /// Notes the OVF packets met while decoding, unless the recording's own loss counts
+    /// (the directory's window flags) already told.
+    pub fn note_overflows(&mut self, n: u64) {
+        if n > 0 && self.1.is_none() {
+            self.1 = Some(format!(
+                "{n} PT overflows (OVF packets): the instructions around each are missing \
+                 from the output"
+            ));
+        }
+    }
+
+    /// Prints what was lost and every damaged place on stderr and decides the exit:
+    /// [`Partial`] for damage or loss unless `policy.keep_going`.
+    pub fn finish(&self, cmd: &str, policy: Policy) -> CmdResult {
         if let Some(l) = &self.1 {
-            eprintln!("pttrace {cmd}: lost: {l}");
+            eprintln!("pttrace {cmd}: lost: {}", printable(l));
         }
         const SHOWN: usize = 50;
         if self.0.len() > SHOWN {
@@ -72,18 +109,30 @@ impl Damages {
             );
         }
         let n = self.0.len();
-        if n == 0 {
-            return Ok(());
-        }
         let places = if n == 1 { "place" } else { "places" };
-        if keep_going {
-            eprintln!("pttrace {cmd}: continued past {n} damaged {places} (--keep-going)");
+        let (short, what) = match (n, self.1.is_some()) {
+            (0, false) => return Ok(()),
+            (0, true) => (
+                "a lossy trace".to_string(),
+                "the trace is lossy (`lost:` above)".to_string(),
+            ),
+            (_, false) => (
+                format!("{n} damaged {places}"),
+                format!("the input is damaged in {n} {places} (listed above)"),
+            ),
+            (_, true) => (
+                format!("{n} damaged {places} and a lossy trace"),
+                format!("the input is damaged in {n} {places} and lossy (listed above)"),
+            ),
+        };
+        if policy.keep_going {
+            eprintln!("pttrace {cmd}: continued past {short} (--keep-going)");
             return Ok(());
         }
-        Err(format!(
-            "the input is damaged in {n} {places} (listed above); what could be read was \
-             used; pass --keep-going to accept that with exit status 0"
-        )
+        Err(Partial(format!(
+            "{what}; what could be read was used; pass --keep-going to accept that with \
+             exit status 0"
+        ))
         .into())
     }
 }

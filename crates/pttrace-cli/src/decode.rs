@@ -229,8 +229,8 @@ pub struct DecodeArgs {
     resync_on_error: bool,
     /// Damaged input (a torn or corrupt record, a container record that does not fit):
     /// decode what could be read and exit 0 (the damage is still listed on stderr).
-    #[arg(long)]
-    keep_going: bool,
+    #[command(flatten)]
+    policy: crate::damage::Policy,
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {
@@ -305,10 +305,15 @@ struct Printer<W: Write> {
     lines: Option<crate::names::ImageNames>,
     /// Print each instruction's source line (`--srcline`).
     srcline: bool,
+    /// OVF records met, in every format (a loss `finish` reports).
+    overflows: u64,
 }
 
 impl<W: Write> Printer<W> {
     fn record(&mut self, r: &Record) -> std::io::Result<()> {
+        if let Record::Overflow { .. } = r {
+            self.overflows += 1;
+        }
         match self.format {
             OutFormat::Jsonl => writeln!(self.out, "{}", r.to_json()),
             OutFormat::Summary => {
@@ -454,7 +459,7 @@ pub fn run(args: Args) -> CmdResult {
         damage,
         ..
     } = open_input(&args)?;
-    let damages = Damages(damage, None);
+    let mut damages = Damages(damage, None);
     apply_trace_options(&args, &mut params)?;
     let (spec, mut space, syms) = load_images(&args, process.as_ref())?;
     let events = sideband_events(&args)?;
@@ -478,6 +483,7 @@ pub fn run(args: Args) -> CmdResult {
         counts: Vec::new(),
         lines: None,
         srcline: false,
+        overflows: 0,
     };
     let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
     let bar = crate::progress::pt_bytes(total);
@@ -579,7 +585,8 @@ pub fn run(args: Args) -> CmdResult {
         }
         r => {
             r?;
-            damages.finish("decode", args.keep_going)
+            damages.note_overflows(printer.overflows);
+            damages.finish("decode", args.policy)
         }
     }
 }

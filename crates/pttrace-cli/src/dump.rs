@@ -27,8 +27,8 @@ pub struct Args {
     /// Damaged input (undecodable packets, a torn or corrupt record, a container record
     /// that does not fit): list what could be read and exit 0 (the damage is still listed
     /// on stderr).
-    #[arg(long)]
-    keep_going: bool,
+    #[command(flatten)]
+    policy: crate::damage::Policy,
     /// CPU that recorded the trace, FAMILY/MODEL[/STEPPING] (its errata change how some
     /// packets are read), as ptdump's --cpu.
     #[arg(long, value_name = "F/M[/S]")]
@@ -78,10 +78,16 @@ pub fn run(args: Args) -> CmdResult {
     let mut out = BufWriter::new(stdout.lock());
     // Undecodable packets, by the file offset of the PT they are in.
     let mut bad_packets: Vec<(u64, String)> = Vec::new();
+    // OVF packets: what the hardware or the backend lost, reported as decode reports it.
+    let mut overflows = 0u64;
     let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
         for l in list_packets_with(pt, opts) {
-            if let PacketLine::Error { offset, error } = &l {
-                bad_packets.push((base + offset, format!("undecodable PT: {error}")));
+            match &l {
+                PacketLine::Error { offset, error } => {
+                    bad_packets.push((base + offset, format!("undecodable PT: {error}")));
+                }
+                PacketLine::Packet { name: "ovf", .. } => overflows += 1,
+                PacketLine::Packet { .. } => {}
             }
             writeln!(out, "{l}")?;
         }
@@ -140,7 +146,8 @@ pub fn run(args: Args) -> CmdResult {
             for (offset, what) in bad_packets {
                 damages.add(&name, offset, what);
             }
-            damages.finish("dump", args.keep_going)
+            damages.note_overflows(overflows);
+            damages.finish("dump", args.policy)
         }
     }
 }

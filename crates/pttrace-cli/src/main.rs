@@ -70,7 +70,11 @@ fn main() -> std::process::ExitCode {
             let text = e.to_string();
             let lines: Vec<_> = text.lines().map(text::printable).collect();
             eprintln!("pttrace {name}: {}", lines.join("\n"));
-            std::process::ExitCode::FAILURE
+            // Reader commands: 1 where the output is complete for what could be read
+            // (damaged or lossy input), 2 where there is none (an unusable input).
+            let partial = e.is::<damage::Partial>();
+            let reader = matches!(name, "decode" | "dump" | "report" | "view");
+            std::process::ExitCode::from(if reader && !partial { 2 } else { 1 })
         }
     }
 }

@@ -28,8 +28,8 @@ pub struct Args {
     pub per_syscall: bool,
     /// Damaged files (torn or corrupt records, unreadable files, windows missing): print
     /// the summary and exit 0 (the damage is still listed on stderr).
-    #[arg(long)]
-    pub keep_going: bool,
+    #[command(flatten)]
+    pub policy: crate::damage::Policy,
 }
 
 fn tail_text(t: &Tail) -> Option<String> {
@@ -265,5 +265,5 @@ pub fn run(args: Args) -> CmdResult {
     let s = print_summary(&args.dir, args.per_syscall, &mut std::io::stdout().lock())?;
     let mut d = s.damages();
     d.set_losses(s.losses());
-    d.finish("report", args.keep_going)
+    d.finish("report", args.policy)
 }

@@ -60,8 +60,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     debug_dir: Vec<PathBuf>,
     /// Damaged input: draw what could be read and exit 0 (the damage is still listed).
-    #[arg(long)]
-    keep_going: bool,
+    #[command(flatten)]
+    policy: crate::damage::Policy,
     /// Largest timeline.json (e.g. 256M, 1G): beyond it the shortest calls are merged into
     /// their callers, and the file says how many and below which length (speedscope and
     /// chrome://tracing fail on larger JSON; timeline.pftrace always has every call).
@@ -442,7 +442,7 @@ pub fn run(args: Args) -> CmdResult {
             writeln!(out, "{l}")?;
         }
         out.flush()?;
-        return damages.finish("view", args.keep_going);
+        return damages.finish("view", args.policy);
     }
 
     let out_dir = match &args.out {
@@ -551,7 +551,7 @@ pub fn run(args: Args) -> CmdResult {
         println!("flame graph: none (no instructions were decoded)");
     }
     println!("stacks:      {}", stacks_path.display());
-    damages.finish("view", args.keep_going)
+    damages.finish("view", args.policy)
 }
 
 /// The thread's timestamps as nanoseconds, when the trace has usable time: hardware PT,

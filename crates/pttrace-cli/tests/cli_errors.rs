@@ -321,7 +321,7 @@ fn run_names_bad_snapshot_options_and_refuses_snapshot_where_the_shim_keeps_no_r
     }
 }
 
-/// Inputs with nothing in them are refused, not passed over (exit 1, the input named), and
+/// Inputs with nothing in them are refused, not passed over (exit 2, the input named), and
 /// an empty PTTRACER_OUT says that tracing is off instead of running untraced silently.
 #[test]
 fn empty_inputs_are_refused_by_name() {
@@ -333,7 +333,7 @@ fn empty_inputs_are_refused_by_name() {
         .arg(&empty)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains(&format!(
             "{}: empty: there is nothing to dump",
@@ -350,7 +350,7 @@ fn empty_inputs_are_refused_by_name() {
             .arg(&d)
             .output()
             .unwrap();
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
         assert!(
             String::from_utf8_lossy(&o.stderr).contains("is this a `pttrace run --out` directory?"),
             "{args:?}: {}",

@@ -132,25 +132,73 @@ fn overflows_written_by_the_qemu_backend_are_counted_by_every_command() {
         packets,
         "one instant event per overflow"
     );
-    // The same line about the losses on stderr from every reader of the directory (not
-    // damage: the exit status stays 0).
+    // The same line about the losses on stderr from every reader of the directory, and
+    // exit status 1 (the output is written, but the trace is lossy) unless --keep-going.
     let line = format!(
         "lost: {flagged} lossy windows ({flagged} with PT overflows), 0 dropped windows: what \
          they lack is missing from the output"
     );
-    for args in [
-        &["report"][..],
-        &["decode", "--format", "summary"],
-        &["view", "--format", "folded"],
+    let single = format!(
+        "lost: {packets} PT overflows (OVF packets): the instructions around each are \
+         missing from the output"
+    );
+    for (args, input, line) in [
+        (&["report"][..], &out, &line),
+        (&["decode", "--format", "summary"], &out, &line),
+        (&["view", "--format", "folded"], &out, &line),
+        (
+            &["decode", "--format", "summary", "--ptt"],
+            &ptt[0],
+            &single,
+        ),
+        (&["dump", "--ptt"], &ptt[0], &single),
     ] {
         let o = Command::new(pttrace())
             .args(args)
-            .arg(&out)
+            .arg(input)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{args:?}: {o:?}");
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         let want = format!("pttrace {}: {line}", args[0]);
         assert!(err.contains(&want), "{args:?}: want {want:?} in\n{err}");
+        assert!(
+            err.contains(&format!(
+                "pttrace {}: the trace is lossy (`lost:` above); what could be read was \
+                 used; pass --keep-going to accept that with exit status 0",
+                args[0]
+            )),
+            "{err}"
+        );
+        let mut k = vec![args[0], "--keep-going"];
+        k.extend_from_slice(&args[1..]);
+        let o = Command::new(pttrace())
+            .args(&k)
+            .arg(input)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{k:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&want), "{k:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "pttrace {}: continued past a lossy trace (--keep-going)",
+                args[0]
+            )),
+            "{err}"
+        );
+    }
+    // The exact trace: nothing lost, status 0 and no `lost:` line.
+    for args in [&["report"][..], &["decode", "--format", "summary"]] {
+        let o = Command::new(pttrace())
+            .args(args)
+            .arg(&exact)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("lost:"),
+            "{o:?}"
+        );
     }
 }

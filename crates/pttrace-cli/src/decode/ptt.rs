@@ -17,7 +17,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     trace.decoder = args.decoder.kind();
     trace.resync_on_error = args.resync_on_error;
     if args.decoder == super::DecoderArg::Check {
-        return check(&trace, path);
+        return check(&trace, path, args.policy);
     }
     let stdout = std::io::stdout();
     let mut printer = Printer {
@@ -32,6 +32,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         counts: Vec::new(),
         lines: None,
         srcline: args.srcline,
+        overflows: 0,
     };
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let trace_dir = if path.is_dir() {
@@ -238,13 +239,14 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         }
         r => {
             r?;
-            damages.finish("decode", args.keep_going)
+            damages.note_overflows(total_ovf);
+            damages.finish("decode", args.policy)
         }
     }
 }
 
 /// `--decoder check` on a directory: every thread's windows by both decoders, compared.
-fn check(trace: &ptt_input::PttTrace, path: &Path) -> CmdResult {
+fn check(trace: &ptt_input::PttTrace, path: &Path, policy: crate::damage::Policy) -> CmdResult {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut tally = super::CheckTally::default();
@@ -272,5 +274,5 @@ fn check(trace: &ptt_input::PttTrace, path: &Path) -> CmdResult {
     }
     tally.finish(&mut out)?;
     out.flush()?;
-    damages.finish("decode", false)
+    damages.finish("decode", policy)
 }
