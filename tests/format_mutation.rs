@@ -930,7 +930,7 @@ fn info_frames() -> Vec<(u16, Vec<u8>)> {
         clock(2_000_000, 3000),
         (
             RecordType::ProcessEnd as u16,
-            ptt::process_end_payload(ptt::EndReason::ExitGroup, 0, 7).to_vec(),
+            ptt::process_end_payload(ptt::EndReason::ExitGroup, 0, 7, 1).to_vec(),
         ),
         (
             RecordType::Note as u16,
@@ -2436,6 +2436,7 @@ fn spool_input() -> (Vec<u8>, Vec<ptt::Window>) {
         }
         f.extend_from_slice(&w.flags.to_le_bytes());
         f.extend_from_slice(&w.depth.to_le_bytes());
+        f.extend_from_slice(&window_check(w).to_le_bytes());
         put(&mut b, at + 8, &f);
     }
     for pos in ws.len()..cap {

@@ -110,6 +110,7 @@ pub fn write_info_file() -> bool {
     let old = slots::INFO_FD.swap(fd, AcqRel);
     raw::close(old);
     slots::PROCESS_ENDED.store(false, Relaxed);
+    super::process::THREAD_FILES.store(0, Relaxed);
     true
 }
 
@@ -180,11 +181,13 @@ pub fn write_process_end(reason: EndReason, code: i32) {
     if slots::PROCESS_ENDED.swap(true, AcqRel) {
         return;
     }
-    write_process_end_to(slots::INFO_FD.load(Acquire), reason, code);
+    let files = super::process::THREAD_FILES.load(Acquire);
+    write_process_end_to(slots::INFO_FD.load(Acquire), reason, code, files);
 }
 
-/// Appends a `Clock` and `ProcessEnd` to the info file `fd`.
-pub fn write_process_end_to(fd: i32, reason: EndReason, code: i32) {
+/// Appends a `Clock` and `ProcessEnd` to the info file `fd` of an image for which
+/// `thread_files` thread files were created.
+pub fn write_process_end_to(fd: i32, reason: EndReason, code: i32, thread_files: u64) {
     if fd < 0 {
         return;
     }
@@ -192,10 +195,8 @@ pub fn write_process_end_to(fd: i32, reason: EndReason, code: i32) {
     clock[0..8].copy_from_slice(&raw::monotonic_ns().to_le_bytes());
     clock[8..16].copy_from_slice(&raw::rdtsc().to_le_bytes());
     write_frame_parts(fd, RecordType::Clock, &[&clock]);
-    let mut end = [0u8; 16];
-    end[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
-    end[4..8].copy_from_slice(&code.to_le_bytes());
-    end[8..16].copy_from_slice(&super::process::PATCHED.load(Relaxed).to_le_bytes());
+    let patched = super::process::PATCHED.load(Relaxed);
+    let end = ptt::process_end_payload(reason, code, patched, thread_files);
     write_frame_parts(fd, RecordType::ProcessEnd, &[&end]);
 }
 
@@ -205,7 +206,11 @@ fn open_thread_file(slot: &Slot, st: &slots::Static) -> i32 {
         nonce: slot.nonce.load(Acquire),
         start_tsc: slots::START_TSC.load(Relaxed),
     };
-    create_thread_file(&img, slot.tid.load(Relaxed), st)
+    let fd = create_thread_file(&img, slot.tid.load(Relaxed), st);
+    if fd >= 0 {
+        super::process::THREAD_FILES.fetch_add(1, Release);
+    }
+    fd
 }
 
 /// Creates the file of thread `tid` of image `img` with its header; returns the fd or -1.

@@ -62,6 +62,9 @@ pub static PROCESS_ENDED: AtomicBool = AtomicBool::new(false);
 
 /// Syscall sites patched into direct calls so far (written into the `ProcessEnd` record).
 pub static PATCHED: AtomicU64 = AtomicU64::new(0);
+/// Thread files created for the current image (in its `ProcessEnd`: a reader then tells
+/// when some are missing); zeroed with each new info file.
+pub static THREAD_FILES: AtomicU64 = AtomicU64::new(0);
 /// Snapshot mode is on (set at start-up).
 pub static SNAPSHOT_ON: AtomicBool = AtomicBool::new(false);
 /// The single-step backend records user PT in thread windows (set at start-up).

@@ -70,6 +70,8 @@ pub fn untraced() -> bool {
 pub struct Entry {
     pub seq: AtomicU64,
     pub w: UnsafeCell<Window>,
+    /// `spool::window_check(w)`: a reader of a spool tells a damaged entry.
+    pub check: UnsafeCell<u64>,
 }
 
 /// A window begun by a reissued clone, finished when the parent's notify trap arrives.
@@ -246,7 +248,10 @@ impl Slot {
                     Ok(_) => {
                         // SAFETY: the CAS gave this producer exclusive use of the entry until
                         // it publishes it with the seq store below.
-                        unsafe { *e.w.get() = *w };
+                        unsafe {
+                            *e.w.get() = *w;
+                            *e.check.get() = crate::format::spool::window_check(w);
+                        }
                         e.seq.store(pos.wrapping_add(1), Release);
                         return true;
                     }

@@ -139,7 +139,7 @@ fn end_files(c: &mut ChildFiles, b: &ChildBuf, reason: EndReason, code: i32) {
     }) {
         raw::write_all(c.fd, buf.get(..n).unwrap_or(&[]));
     }
-    output::write_process_end_to(c.info, reason, code);
+    output::write_process_end_to(c.info, reason, code, u64::from(c.fd >= 0));
 }
 
 /// Where the child's files stand before an exec's records.

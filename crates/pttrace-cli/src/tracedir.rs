@@ -72,11 +72,19 @@ impl DirSummary {
                     ),
                     w => format!("window {got} follows window {}: windows missing", w - 1),
                 };
+                d.add(spool, *at, format!("{what} (a spool entry lost)"));
+            }
+            if let Some((spool, at, n)) = &t.spool_corrupt {
+                let more = match n {
+                    1 => String::new(),
+                    n => format!(" (the first of {n} such entries)"),
+                };
                 d.add(
                     spool,
                     *at,
                     format!(
-                        "{what} (the spool's entries carry no checksum: an entry lost or damaged)"
+                        "a queued window's entry fails its checksum (damaged after it was \
+                         written): that window is left out{more}"
                     ),
                 );
             }
@@ -123,6 +131,7 @@ impl DirSummary {
                 );
             }
         }
+        let mut main_missing = std::collections::BTreeSet::new();
         for ((pid, nonce), p) in &self.processes {
             // Every image has its main thread's file (the thread that execs takes the
             // process id), created when the image starts: one missing was deleted.
@@ -132,12 +141,39 @@ impl DirSummary {
                 .get(&(*pid, nonce.clone()))
                 .is_some_and(|ts| ts.iter().any(|t| t.file.ends_with(&own)));
             if !has_main {
+                main_missing.insert((*pid, nonce.clone()));
                 let file = std::path::Path::new(&p.file)
                     .with_file_name(format!("{pid}-{nonce}-{pid}.ptt"));
                 d.add_whole(
                     file.display(),
                     "missing: the main thread's file of the image that the info file beside \
                      it describes (deleted?): its windows are lost",
+                );
+            }
+        }
+        for (key, p) in &self.processes {
+            // The writer counted the image's thread files in its ProcessEnd: fewer here
+            // were deleted or lost (the main thread's is checked by name above).
+            let Some((at, want)) = p.thread_files else {
+                continue;
+            };
+            // A missing main thread's file is reported above, by name.
+            let named = u64::from(main_missing.contains(key));
+            let got = self.threads.get(key).map_or(0, Vec::len) as u64;
+            if got + named < want {
+                d.add(
+                    &p.file,
+                    at,
+                    format!(
+                        "the ProcessEnd record counts {want} thread files for this image, \
+                         {got} are here: {} missing{} (deleted?), their windows are lost",
+                        want - got - named,
+                        if named == 1 {
+                            " besides the main thread's"
+                        } else {
+                            ""
+                        }
+                    ),
                 );
             }
         }

@@ -335,7 +335,7 @@ fn damage_every_directory_reader_reports_alike() {
 }
 
 /// A spool as the shim leaves it when its process is killed: `windows` queued, published
-/// in entries 0, 1, ... (each entry: u64 seq = slot + 1, then the 96-byte window).
+/// in entries 0, 1, ... (each entry: u64 seq = slot + 1, the 96-byte window, its check).
 fn spool_of(h: &ptt::ThreadHeader, windows: &[ptt::Window]) -> Vec<u8> {
     use drpttracer::format::spool;
     let cap = 8usize;
@@ -349,6 +349,11 @@ fn spool_of(h: &ptt::ThreadHeader, windows: &[ptt::Window]) -> Vec<u8> {
     b[spool::OFF_NONCE..][..8].copy_from_slice(&h.nonce.to_le_bytes());
     b[spool::OFF_START_TSC..][..8].copy_from_slice(&h.start_tsc.to_le_bytes());
     b[spool::OFF_MODE..][..4].copy_from_slice(&[h.mode, h.window, h.backend, h.pt_present as u8]);
+    // Free entries hold seq = their slot, as the shim sets them up.
+    for i in windows.len()..cap {
+        let at = spool::ENTRIES_OFFSET + i * spool::ENTRY_SIZE;
+        b[at..at + 8].copy_from_slice(&(i as u64).to_le_bytes());
+    }
     for (i, w) in windows.iter().enumerate() {
         let at = spool::ENTRIES_OFFSET + i * spool::ENTRY_SIZE;
         b[at..at + 8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
@@ -363,6 +368,7 @@ fn spool_of(h: &ptt::ThreadHeader, windows: &[ptt::Window]) -> Vec<u8> {
         }
         f.extend_from_slice(&w.flags.to_le_bytes());
         f.extend_from_slice(&w.depth.to_le_bytes());
+        f.extend_from_slice(&spool::window_check(w).to_le_bytes());
         b[at + 8..at + 8 + f.len()].copy_from_slice(&f);
     }
     b
@@ -417,11 +423,22 @@ fn a_damaged_spool_is_reported_by_every_directory_reader() {
     std::fs::write(&spool_file, &sp).unwrap();
     let e2 = (e1 + drpttracer::format::spool::ENTRY_SIZE) as u64;
     let what = format!(
-        "window {} follows window {}: windows missing (the spool's entries carry no \
-         checksum: an entry lost or damaged)",
+        "window {} follows window {}: windows missing (a spool entry lost)",
         queued[2].index, queued[0].index
     );
     all_readers_say(&dir, &spool_file, e2, &what);
+    // Entry 1 published again, with one bit of its window's return value flipped: its
+    // checksum tells, and the window is left out.
+    sp[e1] ^= 0x01;
+    sp[e1 + 8 + 8 * 8] ^= 0x10;
+    std::fs::write(&spool_file, &sp).unwrap();
+    all_readers_say(
+        &dir,
+        &spool_file,
+        e1 as u64,
+        "a queued window's entry fails its checksum (damaged after it was written): that \
+         window is left out",
+    );
 }
 
 #[test]
@@ -471,6 +488,48 @@ fn stray_and_orphan_files_are_reported_alike() {
         "missing: the main thread's file of the image that the info file beside it \
          describes (deleted?): its windows are lost",
     );
+
+    // 9. Two of 17 thread files deleted, none the main thread's: the info file's
+    // ProcessEnd record counts the image's thread files (at its byte).
+    let d9 = tmp.path().join("thread-files");
+    let prog = compile("threads", tmp.path());
+    let o = run_traced(&d9, &prog, &[], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let info = std::fs::read_dir(&d9)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "info"))
+        .unwrap();
+    let pid = info.file_stem().unwrap().to_string_lossy();
+    let pid = pid.split('-').next().unwrap().to_string();
+    let mut workers: Vec<PathBuf> = std::fs::read_dir(&d9)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ptt"))
+        .filter(|p| !p.to_string_lossy().ends_with(&format!("-{pid}.ptt")))
+        .collect();
+    assert_eq!(workers.len(), 16, "{workers:?}");
+    workers.sort();
+    for gone in &workers[..2] {
+        std::fs::remove_file(gone).unwrap();
+    }
+    let data = std::fs::read(&info).unwrap();
+    let frames = ptt::parse(&info.display().to_string(), &data).unwrap();
+    let end = frames
+        .frames
+        .iter()
+        .find(|f| f.ty == ptt::RecordType::ProcessEnd as u16)
+        .unwrap();
+    all_readers_say(
+        &d9,
+        &info,
+        end.offset as u64,
+        "the ProcessEnd record counts 17 thread files for this image, 15 are here: 2 \
+         missing (deleted?), their windows are lost",
+    );
+    // Undamaged, the same directory before: nothing said.
+    let o = pt_cmd(&["report"], &dir);
+    assert!(o.status.success(), "{o:?}");
 
     // 8. A thread file whose process's info file is missing (no byte applies).
     let d8 = tmp.path().join("orphan");

@@ -78,7 +78,9 @@ pub enum FileKind {
 ///   the TSC rate for converting window timestamps).
 /// - `Config` (23): UTF-8 text, the `PTTRACER_*` settings, one `NAME=value` per line.
 /// - `ProcessEnd` (24): u32 reason ([`EndReason`]), i32 exit code, u64 syscall sites
-///   patched by the fast path (`PTTRACER_REWRITE`, 0 otherwise).
+///   patched by the fast path (`PTTRACER_REWRITE`, 0 otherwise), u64 thread files the
+///   writer created for this image (0: not counted; absent in files of older writers), so
+///   a reader can tell when some are missing.
 /// - `Note` (25): UTF-8 text, something a reader must tell the user (e.g. an `execve`
 ///   whose new image was not traced, and why).
 ///
@@ -521,13 +523,22 @@ pub fn end_payload(reason: EndReason, written: u64, dropped: u64) -> [u8; 24] {
 }
 
 /// Payload of a `ProcessEnd` record.
-pub fn process_end_payload(reason: EndReason, code: i32, patched: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
+pub fn process_end_payload(
+    reason: EndReason,
+    code: i32,
+    patched: u64,
+    thread_files: u64,
+) -> [u8; PROCESS_END_SIZE] {
+    let mut v = [0u8; PROCESS_END_SIZE];
     v[0..4].copy_from_slice(&(reason as u32).to_le_bytes());
     v[4..8].copy_from_slice(&code.to_le_bytes());
     v[8..16].copy_from_slice(&patched.to_le_bytes());
+    v[16..24].copy_from_slice(&thread_files.to_le_bytes());
     v
 }
+
+/// Size of a `ProcessEnd` payload as written now.
+pub const PROCESS_END_SIZE: usize = 24;
 
 // ---------------------------------------------------------------------------------------
 // Reader
@@ -801,6 +812,11 @@ pub fn decode_process_end(p: &[u8]) -> Option<(u32, i32)> {
 /// Syscall sites patched by the fast path, from a `ProcessEnd` payload.
 pub fn decode_patched_sites(p: &[u8]) -> u64 {
     le_u64(p, 8).unwrap_or(0)
+}
+
+/// Thread files created for the image, from a `ProcessEnd` payload (`None`: not counted).
+pub fn decode_thread_files(p: &[u8]) -> Option<u64> {
+    le_u64(p, 16).filter(|&n| n > 0)
 }
 
 /// Decoded `Vdso` record: (address, bytes).

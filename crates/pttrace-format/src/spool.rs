@@ -14,12 +14,13 @@
 //! memory; [`salvage`] (used by `pttrace run` once the process is gone) appends the
 //! recovered frames to the `.ptt` for good and deletes the spool.
 //!
-//! # Layout (little-endian; written by the shim with plain stores, no CRC: a process
-//! death cannot tear a store, and every entry is published by its sequence number)
+//! # Layout (little-endian; written by the shim with plain stores: a process death cannot
+//! tear a store, and every entry is published by its sequence number; each entry's window
+//! carries a CRC-32 so that damage after the fact is seen)
 //!
 //! ```text
 //! 0     "PTTSPOOL"            written last when the spool is set up (zero: not ready)
-//! 8     u32 version (=1)      12  u32 entry size (=104)
+//! 8     u32 version (=2)      12  u32 entry size (=112)
 //! 16    u64 capacity          (a power of two >= 2)
 //! 24    i32 pid               28  i32 tid
 //! 32    u64 nonce             40  u64 start_tsc       (as in the ThreadHeader)
@@ -30,7 +31,8 @@
 //!                             entered; 0 = none), u64 nr, u64 args[6]  (64 bytes each)
 //! 4096  entry[capacity]       u64 seq, then the 96-byte Window (crate::ptt::Window's
 //!                             fields in order: index, nr, args[6], ret, tsc_start,
-//!                             tsc_end, u32 flags, u32 depth)
+//!                             tsc_end, u32 flags, u32 depth), u32 CRC-32 of those 96
+//!                             bytes ([`window_check`]), u32 reserved
 //! ```
 //! The queue is Vyukov's bounded ring: entry `i` is published (holds a window not yet
 //! released by the writer) when `seq ≡ i + 1 (mod capacity)`, free when `seq ≡ i`.
@@ -49,10 +51,21 @@ use crate::ptt::{
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: [u8; 8] = *b"PTTSPOOL";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes of a `Window` as stored (the `repr(C)` struct).
 pub const WINDOW_BYTES: usize = 96;
-pub const ENTRY_SIZE: usize = 8 + WINDOW_BYTES;
+pub const ENTRY_SIZE: usize = 8 + WINDOW_BYTES + 8;
+
+/// The check stored after an entry's window: the CRC-32 of its 96 bytes (in the low half;
+/// the high half is reserved, zero).
+pub fn window_check(w: &Window) -> u64 {
+    // SAFETY: Window is repr(C) plain data of WINDOW_BYTES bytes without padding (asserted
+    // below), so its bytes are initialized.
+    let raw = unsafe { std::slice::from_raw_parts(w as *const Window as *const u8, WINDOW_BYTES) };
+    let mut c = crate::ptt::Crc32::new();
+    c.update(raw);
+    u64::from(c.finish())
+}
 pub const OFF_VERSION: usize = 8;
 pub const OFF_ENTRY_SIZE: usize = 12;
 pub const OFF_CAP: usize = 16;
@@ -113,6 +126,9 @@ pub struct Spool {
     pub pending: Vec<Window>,
     /// The byte offset of each of `pending`'s entries in the spool file.
     pub pending_at: Vec<u64>,
+    /// The byte offsets of published entries whose window fails its check (damaged after
+    /// it was written): left out of `pending`.
+    pub corrupt: Vec<u64>,
     /// Entered syscalls, outermost first.
     pub in_flight: Vec<InFlight>,
 }
@@ -195,11 +211,17 @@ pub fn parse(name: &str, data: &[u8]) -> Result<Option<Spool>, FormatError> {
         ));
     }
     let mut entries = Vec::new();
+    let mut corrupt = Vec::new();
     for i in 0..cap as usize {
         let at = ENTRIES_OFFSET + i * ENTRY_SIZE;
         let seq = le_u64(data, at);
         if seq % cap == (i as u64 + 1) % cap {
-            entries.push((read_window(data, at + 8), at as u64));
+            let w = read_window(data, at + 8);
+            if le_u64(data, at + 8 + WINDOW_BYTES) != window_check(&w) {
+                corrupt.push(at as u64);
+                continue;
+            }
+            entries.push((w, at as u64));
         }
     }
     entries.sort_by_key(|(w, _)| w.index);
@@ -237,6 +259,7 @@ pub fn parse(name: &str, data: &[u8]) -> Result<Option<Spool>, FormatError> {
         pt_present: data[OFF_MODE + 3] != 0,
         pending,
         pending_at,
+        corrupt,
         in_flight,
     }))
 }
@@ -346,6 +369,8 @@ pub struct Recovery {
     /// Where the spool's windows do not follow each other or the file's last one
     /// ([`first_gap`]; outside snapshot mode, where the ring drops windows on purpose).
     pub gap: Option<(u64, u64, u64)>,
+    /// The spool's entries whose window fails its check ([`Spool::corrupt`]).
+    pub corrupt: Vec<u64>,
 }
 
 /// What the thread file's frames say (the parts recovery needs).
@@ -454,6 +479,7 @@ pub fn recover(spool: &Spool, file: &ParsedFile<'_>, file_len: usize) -> Option<
         tid: spool.tid,
         snapshot: None,
         gap: first_gap(spool, from),
+        corrupt: spool.corrupt.clone(),
     })
 }
 
@@ -544,6 +570,7 @@ pub fn recover_with_ring(
         tid: ring.tid,
         snapshot,
         gap: None,
+        corrupt: spool.map_or_else(Vec::new, |s| s.corrupt.clone()),
     })
 }
 
@@ -937,6 +964,8 @@ mod tests {
                 std::slice::from_raw_parts(w as *const Window as *const u8, WINDOW_BYTES)
             };
             b[at + 8..at + 8 + WINDOW_BYTES].copy_from_slice(raw);
+            b[at + 8 + WINDOW_BYTES..at + ENTRY_SIZE]
+                .copy_from_slice(&window_check(w).to_le_bytes());
         };
         let mut pos = 0u64;
         for w in released {

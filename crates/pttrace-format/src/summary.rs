@@ -3,10 +3,10 @@
 
 use crate::ptt::{
     decode_clock, decode_dropped, decode_end, decode_patched_sites, decode_process,
-    decode_process_end, decode_thread_header, decode_vdso, decode_window, parse, stream_frames,
-    FileKind, FormatError, Frame, ParsedFile, ProcessRecord, RecordType, Tail, ThreadHeader,
-    WF_CAPTURE_ERROR, WF_FORK_CHILD, WF_NO_SYSCALL, WF_PT_DROPPED, WF_PT_LOST, WF_PT_OVERFLOW,
-    WF_SIDEBAND_LOST, WF_VFORK_CHILD,
+    decode_process_end, decode_thread_files, decode_thread_header, decode_vdso, decode_window,
+    parse, stream_frames, FileKind, FormatError, Frame, ParsedFile, ProcessRecord, RecordType,
+    Tail, ThreadHeader, WF_CAPTURE_ERROR, WF_FORK_CHILD, WF_NO_SYSCALL, WF_PT_DROPPED, WF_PT_LOST,
+    WF_PT_OVERFLOW, WF_SIDEBAND_LOST, WF_VFORK_CHILD,
 };
 use crate::snapshot::SnapshotRecord;
 use crate::spool::{self, Recovered};
@@ -53,6 +53,9 @@ pub struct ThreadSummary {
     /// file's last one: (the spool's path, byte offset of the entry, index expected, index
     /// found) -- a lost or damaged entry ([`spool::first_gap`]).
     pub spool_gap: Option<(String, u64, u64, u64)>,
+    /// The spool's entries whose window fails its check: (spool, first entry's byte,
+    /// count); their windows are left out.
+    pub spool_corrupt: Option<(String, u64, usize)>,
 }
 
 /// Reads and summarizes a thread file, frame by frame (memory bounded by the largest
@@ -82,6 +85,7 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
         next_index: 0,
         snapshots: Vec::new(),
         spool_gap: None,
+        spool_corrupt: None,
     };
     if spool::path_for(path).exists() {
         let (data, rec) = spool::read_thread_file(path)?;
@@ -96,7 +100,12 @@ pub fn summarize_thread(path: &Path) -> Result<ThreadSummary, FormatError> {
                 }
             }
             let spool_name = spool::path_for(path).display().to_string();
-            s.spool_gap = r.gap.map(|(at, want, got)| (spool_name, at, want, got));
+            if let Some(&first) = r.corrupt.first() {
+                // A damaged entry's window is left out: the gap after it is its doing.
+                s.spool_corrupt = Some((spool_name, first, r.corrupt.len()));
+            } else {
+                s.spool_gap = r.gap.map(|(at, want, got)| (spool_name, at, want, got));
+            }
             s.tail = r.file_tail;
             s.spool_pending = true;
             return Ok(s);
@@ -219,6 +228,9 @@ pub struct ProcessSummary {
     pub config: String,
     pub end: Option<(u32, i32)>,
     pub patched_sites: u64,
+    /// The `ProcessEnd` record's offset and its count of thread files created for the
+    /// image (`None`: not counted).
+    pub thread_files: Option<(u64, u64)>,
     pub clocks: Vec<(u64, u64)>,
     /// `Note` records, in order.
     pub notes: Vec<String>,
@@ -250,6 +262,7 @@ fn summarize_process_frames(
         config: String::new(),
         end: None,
         patched_sites: 0,
+        thread_files: None,
         clocks: Vec::new(),
         notes: Vec::new(),
         tail: parsed.tail.clone(),
@@ -287,6 +300,7 @@ fn summarize_process_frames(
             Some(RecordType::ProcessEnd) => {
                 s.end = decode_process_end(f.payload);
                 s.patched_sites = decode_patched_sites(f.payload);
+                s.thread_files = decode_thread_files(f.payload).map(|n| (f.offset as u64, n));
             }
             Some(RecordType::Clock) => {
                 if let Some(c) = decode_clock(f.payload) {

@@ -207,6 +207,9 @@ struct Global {
     /// triggers' run-time addresses, and how much of the request file was taken.
     snapshot_no: AtomicU64,
     exit_no: AtomicU64,
+    /// Thread files created for this image (in its `ProcessEnd`: a reader then tells
+    /// when some are missing).
+    thread_files: AtomicU64,
     workers: Mutex<Vec<Worker>>,
     /// Firings published for every thread ([`Global::publish`]) and the last one's number.
     firings: Mutex<Vec<std::sync::Arc<log::Firing>>>,
@@ -515,7 +518,12 @@ impl Global {
                 let _ = f.frame(RecordType::Clock, &clock_record());
                 let _ = f.frame(
                     RecordType::ProcessEnd,
-                    &ptt::process_end_payload(reason, code, 0),
+                    &ptt::process_end_payload(
+                        reason,
+                        code,
+                        0,
+                        self.thread_files.load(Ordering::Acquire),
+                    ),
                 );
             }
         }
@@ -775,6 +783,7 @@ fn become_fork_child(g: &'static Global, vcpu: c_uint) {
     g.published.store(0, Ordering::SeqCst);
     g.snapshot_no.store(0, Ordering::Relaxed);
     g.exit_no.store(0, Ordering::Relaxed);
+    g.thread_files.store(0, Ordering::Relaxed);
     let mut fork_syscall = None;
     for (i, slot) in g.threads.iter().enumerate() {
         let p = slot.swap(std::ptr::null_mut(), Ordering::Relaxed);
@@ -958,6 +967,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             checked_mapping: AtomicBool::new(false),
             snapshot_no: AtomicU64::new(0),
             exit_no: AtomicU64::new(0),
+            thread_files: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
             firings: Mutex::new(Vec::new()),
             published: AtomicU64::new(0),

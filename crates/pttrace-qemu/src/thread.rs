@@ -90,7 +90,10 @@ impl Thread {
             Ok(f)
         });
         let (file, failed) = match file {
-            Ok(f) => (Some(f), false),
+            Ok(f) => {
+                g.thread_files.fetch_add(1, Ordering::Release);
+                (Some(f), false)
+            }
             Err(e) => {
                 say(&format!("cannot create {}: {e}", path.display()));
                 (None, true)
