@@ -19,7 +19,8 @@ use drpttracer::decode::callstack::{Functions, INLINE_KEY};
 use drpttracer::decode::ptt_dir::PttProcess;
 use drpttracer::decode::Symbols;
 use pttrace_symbols::{
-    AddrHasher, DebugLookup, DebugSearch, DebugSource, NameOrigin, PerfMap, Symbolized, Symbolizer,
+    AddrHasher, DebugLookup, DebugSearch, DebugSource, JitDump, NameOrigin, PerfMap, Symbolized,
+    Symbolizer,
 };
 
 /// Debug-file search and opened modules, shared by every image of one command.
@@ -83,6 +84,7 @@ pub struct ImageNames {
     elf: Symbols,
     plts: Vec<Plt>,
     jit: Option<PerfMap>,
+    jitdump: Option<JitDump>,
     symbolizer: SharedSymbolizer,
     cache: RefCell<HashMap<u64, Entry, BuildHasherDefault<AddrHasher>>>,
     /// Mapped files some of whose code got no name from symbols.
@@ -100,6 +102,22 @@ fn perf_map(dir: Option<&Path>, pid: i32) -> Option<PerfMap> {
         .filter(|p| p.is_file())
         .unwrap_or_else(|| Path::new("/tmp").join(&name));
     PerfMap::open(&path).ok()
+}
+
+/// The jitdump of process `pid`: the copy `pttrace run` keeps in the trace directory, else
+/// `jit-PID.dump` in /tmp or the working directory (where JITs write it: node --perf-prof
+/// in its working directory, perf's JVMTI agent in /tmp).
+fn jitdump(dir: Option<&Path>, pid: i32) -> Option<JitDump> {
+    let name = format!("jit-{pid}.dump");
+    [
+        dir.map(|d| d.join(&name)),
+        Some(Path::new("/tmp").join(&name)),
+        Some(PathBuf::from(&name)),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file())
+    .and_then(|p| JitDump::open(&p).ok())
 }
 
 fn module_of(path: &str) -> String {
@@ -149,6 +167,7 @@ impl ImageNames {
             elf,
             plts,
             jit: p.and_then(|p| perf_map(trace_dir, p.pid)),
+            jitdump: p.and_then(|p| jitdump(trace_dir, p.pid)),
             symbolizer,
             cache: RefCell::new(HashMap::default()),
             unnamed: RefCell::new(Default::default()),
@@ -238,6 +257,9 @@ impl ImageNames {
         if let Some(j) = self.jit.as_ref().and_then(|j| j.lookup(addr)) {
             return plain(j.name.clone(), Some(j.start));
         }
+        if let Some(j) = self.jitdump.as_ref().and_then(|j| j.lookup(addr, None)) {
+            return plain(j.name().to_string(), Some(j.start));
+        }
         if let Some(n) = self.in_mapped_file(addr) {
             return n;
         }
@@ -261,8 +283,15 @@ impl ImageNames {
     /// `file:line` of the instruction at `addr`, where DWARF gives it.
     pub fn srcline(&self, addr: u64) -> Option<String> {
         let n = self.named(addr);
-        let loc = n.resolved.as_ref()?.location()?;
-        Some(loc.to_string())
+        match n.resolved.as_ref() {
+            Some(r) => Some(r.location()?.to_string()),
+            // JIT code: the jitdump's debug entries.
+            None => {
+                let hit = self.jitdump.as_ref()?.lookup(addr, None)?;
+                let e = hit.line(addr)?;
+                Some(format!("{}:{}", e.file, e.line))
+            }
+        }
     }
 
     /// The mapped files some of whose code named so far got no name from symbols, each

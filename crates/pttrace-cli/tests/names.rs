@@ -255,3 +255,59 @@ fn jit_code_is_named_from_the_perf_map_kept_with_the_trace() {
         jit[0]
     );
 }
+
+/// JIT code named from the program's jitdump (`jit-PID.dump` in its working directory, as
+/// node --perf-prof writes it), which `pttrace run` keeps with the trace.
+#[test]
+fn jit_code_is_named_from_the_jitdump_kept_with_the_trace() {
+    if shim_util::qemu_available() {
+        shim_util::plugin();
+    } else {
+        println!("SKIP: qemu-x86_64 is not installed (JIT code is traced under QEMU)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = shim_util::compile("minijit", tmp.path());
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .current_dir(&cwd)
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg("jitdump")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1000000\n");
+    let written: Vec<PathBuf> = std::fs::read_dir(&cwd)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let name = written[0].file_name().unwrap().to_owned();
+    assert!(name.to_string_lossy().starts_with("jit-"), "{name:?}");
+    let kept = out.join(&name);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("kept: {}", kept.display())),
+        "{}",
+        text(&o)
+    );
+    // Only the kept copy names the code now.
+    std::fs::remove_file(&written[0]).unwrap();
+    let folded = ok(Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&out));
+    let jit: Vec<&str> = folded
+        .lines()
+        .filter(|l| l.contains("via jitdump"))
+        .collect();
+    assert_eq!(jit.len(), 1, "{folded}");
+    assert!(
+        jit[0].ends_with(";main;jitted double (2x+1) via jitdump 2000"),
+        "{}",
+        jit[0]
+    );
+}

@@ -1,11 +1,44 @@
 /* A tiny JIT: writes `lea eax,[rdi+rdi+1]; ret` into an executable page, names it in
- * /tmp/perf-PID.map as perf's JIT interface asks, and calls it 1000 times. */
+ * /tmp/perf-PID.map as perf's JIT interface asks, and calls it 1000 times.
+ * `minijit jitdump`: names it in ./jit-PID.dump (perf's jitdump format: file header and
+ * one JIT_CODE_LOAD record) instead. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
-int main(void)
+static int write_jitdump(const unsigned char *code, size_t size, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof path, "jit-%d.dump", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return -1;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    struct {
+        uint32_t magic, version, total_size, elf_mach, pad1, pid;
+        uint64_t timestamp, flags;
+    } __attribute__((packed)) head = {0x4A695444, 1, 40, 62, 0, (uint32_t)getpid(), now, 0};
+    size_t name_len = strlen(name) + 1;
+    struct {
+        uint32_t id, total_size;
+        uint64_t timestamp;
+        uint32_t pid, tid;
+        uint64_t vma, code_addr, code_size, code_index;
+    } __attribute__((packed)) load = {0, (uint32_t)(56 + name_len + size), now,
+                                      (uint32_t)getpid(), (uint32_t)getpid(),
+                                      (uint64_t)(uintptr_t)code, (uint64_t)(uintptr_t)code,
+                                      size, 0};
+    int ok = fwrite(&head, sizeof head, 1, f) == 1 && fwrite(&load, sizeof load, 1, f) == 1 &&
+             fwrite(name, name_len, 1, f) == 1 && fwrite(code, size, 1, f) == 1;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+int main(int argc, char **argv)
 {
     static const unsigned char code[] = {0x8d, 0x44, 0x3f, 0x01, 0xc3};
     unsigned char *page =
@@ -13,6 +46,16 @@ int main(void)
     if (page == MAP_FAILED)
         return 1;
     memcpy(page + 64, code, sizeof code);
+    if (argc > 1 && strcmp(argv[1], "jitdump") == 0) {
+        if (write_jitdump(page + 64, sizeof code, "jitted double (2x+1) via jitdump") != 0)
+            return 3;
+        int (*f)(int) = (int (*)(int))(void *)(page + 64);
+        long sum = 0;
+        for (int i = 0; i < 1000; i++)
+            sum += f(i);
+        printf("%ld\n", sum);
+        return 0;
+    }
     char path[64];
     snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
     FILE *map = fopen(path, "w");
