@@ -3,8 +3,9 @@
 //! - `timeline.json`: Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing,
 //!   speedscope): per thread, the function calls as nested complete (`X`) events (category
 //!   `call`, with `,start=KIND` / `,end=KIND` added for a span that did not begin with a
-//!   call or end with a return), its windows (syscalls) on a track beside it, gaps as
-//!   instant events;
+//!   call or end with a return; `inlined` for the code of inlined functions, one span per
+//!   function of the chain, inside the frame they were inlined into), its windows
+//!   (syscalls) on a track beside it, gaps as instant events;
 //! - `flamegraph.svg`: a flame graph (inferno) weighted by instructions;
 //! - `stacks.folded`: the collapsed stacks it is drawn from (`a;b;c N`, N instructions).
 //!
@@ -19,7 +20,7 @@ use std::io::{BufWriter, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use drpttracer::decode::callstack::{CallStacks, SpanEnd, SpanStart, ThreadStacks, TimeMap};
+use drpttracer::decode::callstack::{CallStacks, Span, SpanEnd, SpanStart, ThreadStacks, TimeMap};
 use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
 use drpttracer::decode::DecodeError;
 use drpttracer::decode::TraceDecoder;
@@ -159,7 +160,72 @@ struct Namer {
     ids: HashMap<u64, u32>,
 }
 
+/// A frame name as folded stacks can hold it (their separators replaced).
+fn folded_safe(n: &str) -> String {
+    n.chars()
+        .map(|c| if c == ';' || c.is_control() { ':' } else { c })
+        .collect()
+}
+
 impl Namer {
+    /// The name ids of a thread's spans, where each span of inlined code (its address an
+    /// inline key) becomes one span per function of its chain, outermost first, nested
+    /// over the same instructions (the spans are rebuilt only where a chain is longer
+    /// than one).
+    fn span_names(&mut self, spans: &mut Vec<Span>, names: &mut Names) -> Vec<u32> {
+        let mut chains: HashMap<u64, Vec<u32>> = HashMap::new();
+        for s in spans.iter().filter(|s| s.start_kind == SpanStart::Inlined) {
+            if let (std::collections::hash_map::Entry::Vacant(e), Some(chain)) =
+                (chains.entry(s.addr), self.image.inline_chain(s.addr))
+            {
+                e.insert(
+                    chain
+                        .iter()
+                        .map(|n| names.intern(format!("{} (inlined)", folded_safe(n))))
+                        .collect(),
+                );
+            }
+        }
+        let chain_of = |s: &Span| {
+            (s.start_kind == SpanStart::Inlined)
+                .then(|| chains.get(&s.addr))
+                .flatten()
+        };
+        if !spans
+            .iter()
+            .any(|s| chain_of(s).is_some_and(|c| c.len() > 1))
+        {
+            return spans
+                .iter()
+                .map(|s| match chain_of(s).and_then(|c| c.first()) {
+                    Some(&id) => id,
+                    None => self.id(s.addr, names),
+                })
+                .collect();
+        }
+        let mut ids = Vec::with_capacity(spans.len());
+        let mut out = Vec::with_capacity(spans.len());
+        for s in spans.iter() {
+            match chain_of(s) {
+                Some(chain) => {
+                    for (i, &id) in chain.iter().enumerate() {
+                        out.push(Span {
+                            depth: s.depth + i as u32,
+                            ..*s
+                        });
+                        ids.push(id);
+                    }
+                }
+                None => {
+                    out.push(*s);
+                    ids.push(self.id(s.addr, names));
+                }
+            }
+        }
+        *spans = out;
+        ids
+    }
+
     fn new(image: ImageNames) -> Self {
         Namer {
             image,
@@ -173,18 +239,13 @@ impl Namer {
         }
         // Folded stacks separate frames with ';' and end with the count: an inlined chain
         // is one key but as many frames.
-        let clean = |n: &str| -> String {
-            n.chars()
-                .map(|c| if c == ';' || c.is_control() { ':' } else { c })
-                .collect()
-        };
         let name = match self.image.inline_chain(addr) {
             Some(chain) => chain
                 .iter()
-                .map(|n| format!("{} (inlined)", clean(n)))
+                .map(|n| format!("{} (inlined)", folded_safe(n)))
                 .collect::<Vec<_>>()
                 .join(";"),
-            None => clean(&self.image.name(addr)),
+            None => folded_safe(&self.image.name(addr)),
         };
         let i = names.intern(name);
         self.ids.insert(addr, i);
@@ -369,12 +430,8 @@ pub fn run(args: Args) -> CmdResult {
                 crate::text::printable(&w.to_string())
             );
         }
-        let stacks = cs.finish();
-        let span_names = stacks
-            .spans
-            .iter()
-            .map(|s| namer.id(s.addr, &mut names))
-            .collect();
+        let mut stacks = cs.finish();
+        let span_names = namer.span_names(&mut stacks.spans, &mut names);
         let end = axis_end.entry((h.pid, h.tid)).or_insert(0);
         let base = *end;
         *end += stacks.instructions;
@@ -1043,8 +1100,12 @@ fn gap<W: Write>(
 }
 
 /// The categories of a call span: `call`, then `start=KIND` when it did not begin with a
-/// call and `end=KIND` when it did not end with a return (e.g. `call,start=implied`).
+/// call and `end=KIND` when it did not end with a return (e.g. `call,start=implied`);
+/// `inlined` for inlined code.
 fn span_category(start: SpanStart, end: SpanEnd) -> std::borrow::Cow<'static, str> {
+    if start == SpanStart::Inlined {
+        return std::borrow::Cow::Borrowed("inlined");
+    }
     let mut cat = std::borrow::Cow::Borrowed("call");
     if start != SpanStart::Call {
         cat = format!("{cat},start={}", start.name()).into();

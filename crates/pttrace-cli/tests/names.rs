@@ -146,6 +146,53 @@ fn a_split_stripped_program_is_named_from_its_debug_file_with_inlined_frames_and
         );
     }
 
+    // The timeline: mix's inlined code as spans of their own (category `inlined`), each
+    // inside the helper or outer call it was inlined into, one per loop iteration.
+    let view_dir = tmp.path().join("view");
+    ok(Command::new(pttrace())
+        .args(["view", "--debug-dir"])
+        .arg(&by_link)
+        .arg("--out")
+        .arg(&view_dir)
+        .arg(&out));
+    let timeline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(view_dir.join("timeline.json")).unwrap()).unwrap();
+    let spans: Vec<(String, String, u64, u64)> = timeline["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] != "window")
+        .map(|e| {
+            let ts = e["ts"].as_u64().unwrap();
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["cat"].as_str().unwrap().to_string(),
+                ts,
+                ts + e["dur"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // The innermost span holding each inlined span (one thread: every span is nested).
+    let parent_of = |i: usize| -> &str {
+        let (_, _, s, e) = &spans[i];
+        spans
+            .iter()
+            .enumerate()
+            .filter(|&(j, (_, _, ps, pe))| j != i && ps <= s && e <= pe && (ps, pe) != (s, e))
+            .min_by_key(|(_, (_, _, ps, pe))| pe - ps)
+            .map_or("", |(_, (n, ..))| n.as_str())
+    };
+    let mut under: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, (name, cat, ..)) in spans.iter().enumerate() {
+        if name == "mix (inlined)" {
+            assert_eq!(cat, "inlined");
+            *under.entry(parent_of(i)).or_default() += 1;
+        }
+    }
+    assert!(under.get("helper").is_some_and(|&n| n >= 1001), "{under:?}");
+    assert!(under.get("outer").is_some_and(|&n| n >= 1), "{under:?}");
+    assert_eq!(under.len(), 2, "{under:?}");
+
     // decode --srcline: each instruction of the program's own code gets the line addr2line
     // gives (the innermost, inlined frame's).
     let jsonl = ok(Command::new(pttrace())

@@ -94,6 +94,10 @@ pub enum SpanStart {
     Async,
     /// The signal trampoline a handler returned to.
     Trampoline,
+    /// Code of inlined functions ([`CallStacks::with_inline_frames`]; the span's address
+    /// is their inline key): from the first instruction of a run of the frame's own
+    /// instructions with that key.
+    Inlined,
     /// Its call was not seen (the thread's or segment's start, an unmatched return): the
     /// span starts at the segment's start or where its first instruction was met.
     Implied,
@@ -114,6 +118,9 @@ pub enum SpanEnd {
     Gap,
     /// The thread's trace ended with it open.
     TraceEnd,
+    /// Inlined code: after the last instruction of its run (the frame's next own
+    /// instruction is elsewhere, or the frame ended).
+    Inlined,
 }
 
 impl SpanStart {
@@ -123,6 +130,7 @@ impl SpanStart {
             SpanStart::TailCall => "tail_call",
             SpanStart::Async => "async",
             SpanStart::Trampoline => "trampoline",
+            SpanStart::Inlined => "inlined",
             SpanStart::Implied => "implied",
         }
     }
@@ -137,6 +145,7 @@ impl SpanEnd {
             SpanEnd::Resumed => "resumed",
             SpanEnd::Gap => "gap",
             SpanEnd::TraceEnd => "trace_end",
+            SpanEnd::Inlined => "inlined",
         }
     }
 }
@@ -193,6 +202,9 @@ struct Frame {
     node: u32,
     /// A signal handler's frame (or what replaced it by tail calls / the trampoline).
     is_async: bool,
+    /// The run of its own instructions in inlined code being counted: (inline key, first
+    /// instruction, end of its last instruction); key 0: none.
+    inline: (u64, u64, u64),
 }
 
 /// The last instruction, while its successor is not known.
@@ -447,6 +459,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
                     }
                 };
             }
+            self.inline_run(key);
         }
         if let Some(n) = self.nodes.get_mut(node as usize) {
             n.count += 1;
@@ -605,6 +618,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             start_kind,
             node,
             is_async,
+            inline: (0, 0, 0),
         });
         self.cur = node;
     }
@@ -656,6 +670,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             start_kind: SpanStart::Implied,
             node: id,
             is_async: false,
+            inline: (0, 0, 0),
         });
         self.cur = id;
     }
@@ -668,11 +683,45 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         self.saved.retain(|s| s.depth < depth);
     }
 
+    /// Counts the top frame's instruction at `insns` (inline key `key`, 0: none) into its
+    /// run of inlined code; a run that ends becomes a span one deeper than the frame.
+    /// Calls made from a run's code are inside it, as are the callees' spans when the
+    /// frame goes on with the same inlined code after them.
+    fn inline_run(&mut self, key: u64) {
+        let depth = self.stack.len() as u32;
+        let at = self.insns;
+        let Some(f) = self.stack.last_mut() else {
+            return;
+        };
+        if f.inline.0 == key {
+            f.inline.2 = at + 1;
+            return;
+        }
+        let done = std::mem::replace(&mut f.inline, (key, at, at + 1));
+        self.inline_span(done, depth);
+    }
+
+    fn inline_span(&mut self, (key, start, end): (u64, u64, u64), depth: u32) {
+        if key == 0 {
+            return;
+        }
+        self.spans.push(Span {
+            addr: key,
+            depth,
+            start,
+            end,
+            start_kind: SpanStart::Inlined,
+            end_kind: SpanEnd::Inlined,
+        });
+        self.span_bottoms.push(self.seg_bottoms);
+    }
+
     /// Closes the top frame to replace it (the interrupted contexts stay).
     fn pop_keep(&mut self, end_kind: SpanEnd) {
         let Some(f) = self.stack.pop() else {
             return;
         };
+        self.inline_span(f.inline, self.stack.len() as u32 + 1);
         self.spans.push(Span {
             addr: f.addr,
             depth: self.stack.len() as u32,
