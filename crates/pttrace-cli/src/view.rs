@@ -71,6 +71,64 @@ pub struct Args {
     /// Write every call into timeline.json, whatever its size.
     #[arg(long)]
     full: bool,
+    /// A part of the trace, in full detail (like `perf script --time`): `insn:A..B`,
+    /// positions A (included) to B (excluded) on the instruction axis as the timeline
+    /// shows them (`ts`), or `window:N..M`, windows N to M included. Calls are cut to it
+    /// (a cut call starts `implied` or ends `trace_end`), the stacks count only its
+    /// instructions, and the timeline is not bounded.
+    #[arg(long, value_name = "insn:A..B|window:N..M", value_parser = parse_range)]
+    range: Option<ViewRange>,
+    /// Only the thread with this id (every image of it).
+    #[arg(long, value_name = "TID")]
+    tid: Option<i32>,
+}
+
+/// A part of the trace (`--range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewRange {
+    /// Positions `[A, B)` on a thread's instruction axis.
+    Insns(u64, u64),
+    /// Windows `N..=M`.
+    Windows(u64, u64),
+}
+
+fn parse_range(s: &str) -> Result<ViewRange, String> {
+    let bad = || format!("--range {s:?}: expected insn:A..B or window:N..M (decimal numbers)");
+    let (kind, span) = s.split_once(':').ok_or_else(bad)?;
+    let (a, b) = span.split_once("..").ok_or_else(bad)?;
+    let num = |x: &str| x.trim().replace('_', "").parse::<u64>().map_err(|_| bad());
+    let (a, b) = (num(a)?, num(b)?);
+    match kind {
+        "insn" if a < b => Ok(ViewRange::Insns(a, b)),
+        "window" if a <= b => Ok(ViewRange::Windows(a, b)),
+        "insn" | "window" => Err(format!(
+            "--range {s:?}: the range is empty (A must be below B)"
+        )),
+        _ => Err(bad()),
+    }
+}
+
+/// Keeps the part of a thread's spans, markers and windows in its instructions `[a, b)`,
+/// the spans cut to it.
+fn cut_to(stacks: &mut ThreadStacks, windows: &mut Vec<(PttWindowInfo, u64, u64)>, a: u64, b: u64) {
+    stacks.spans.retain(|s| s.end > a && s.start < b);
+    for s in &mut stacks.spans {
+        let call = s.start_kind != SpanStart::Inlined;
+        if s.start < a {
+            s.start = a;
+            if call {
+                s.start_kind = SpanStart::Implied;
+            }
+        }
+        if s.end > b {
+            s.end = b;
+            if call {
+                s.end_kind = SpanEnd::TraceEnd;
+            }
+        }
+    }
+    stacks.markers.retain(|m| (a..=b).contains(&m.at));
+    windows.retain(|(_, s, e)| (*e > a && *s < b) || (s == e && (a..b).contains(s)));
 }
 
 /// Bytes a call takes in timeline.json besides its name (at most, with the longest
@@ -379,10 +437,18 @@ pub fn run(args: Args) -> CmdResult {
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let mut views: Vec<ThreadView> = Vec::new();
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
+    if let Some(t) = args.tid {
+        order.retain(|&i| trace.threads[i].header.tid == t);
+        if order.is_empty() {
+            return Err(format!("--tid {t}: no thread of the trace has that id").into());
+        }
+    }
     for &i in &order {
         let th = &trace.threads[i];
         let h = &th.header;
         let proc_ = trace.process_of(th);
+        // Where this image's instruction 0 lies on the thread's axis.
+        let base = axis_end.get(&(h.pid, h.tid)).copied().unwrap_or(0);
         let namer = namers.entry((h.pid, h.nonce)).or_insert_with(|| {
             Namer::new(ImageNames::new(
                 proc_,
@@ -393,10 +459,26 @@ pub fn run(args: Args) -> CmdResult {
         });
         let syscall_windows = ptt::window_name(h.window) == "syscall";
         let mut cs = CallStacks::new(&namer.image).with_inline_frames();
+        match args.range {
+            Some(ViewRange::Insns(a, b)) => {
+                cs.count_only(a.saturating_sub(base)..b.saturating_sub(base));
+            }
+            Some(ViewRange::Windows(..)) => cs.count_only(u64::MAX..u64::MAX),
+            None => {}
+        }
         let mut windows = Vec::new();
         let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
             if let Some(b) = &bar {
                 b.inc((w.pt_len + w.sideband_len + 124) as u64);
+            }
+            if let Some(ViewRange::Windows(n, m)) = args.range {
+                // Counted from the first window at or after N to the first after M.
+                let (from, to) = (cs.counted().start, cs.counted().end);
+                if w.index >= n && w.index <= m && from == u64::MAX {
+                    cs.count_only(cs.instructions()..u64::MAX);
+                } else if w.index > m && from != u64::MAX && to == u64::MAX {
+                    cs.count_only(from..cs.instructions());
+                }
             }
             if w.flags & LOSS_FLAGS != 0 {
                 cs.restart(Some(format!(
@@ -430,11 +512,15 @@ pub fn run(args: Args) -> CmdResult {
                 crate::text::printable(&w.to_string())
             );
         }
+        let counted = cs.counted();
         let mut stacks = cs.finish();
+        if args.range.is_some() {
+            let b = counted.end.min(stacks.instructions);
+            let a = counted.start.min(b);
+            cut_to(&mut stacks, &mut windows, a, b);
+        }
         let span_names = namer.span_names(&mut stacks.spans, &mut names);
-        let end = axis_end.entry((h.pid, h.tid)).or_insert(0);
-        let base = *end;
-        *end += stacks.instructions;
+        *axis_end.entry((h.pid, h.tid)).or_insert(0) = base + stacks.instructions;
         let time = hardware_time(h.backend, proc_, &stacks);
         views.push(ThreadView {
             pid: h.pid,
@@ -522,14 +608,32 @@ pub fn run(args: Args) -> CmdResult {
 
     let axis = choose_axis(&views);
     let timeline = out_dir.join("timeline.json");
-    let merge_below = if args.full {
+    let merge_below = if args.full || args.range.is_some() {
         0
     } else {
         merge_threshold(&views, &names, args.timeline_limit)
     };
-    let (events, merged) =
-        write_timeline(&timeline, &views, &names, &axis, &args.trace, merge_below)
-            .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
+    let part = match (args.range, args.tid) {
+        (None, None) => "the whole trace".to_string(),
+        (r, t) => {
+            let r = match r {
+                Some(ViewRange::Insns(a, b)) => format!("instructions {a}..{b} of each thread"),
+                Some(ViewRange::Windows(n, m)) => format!("windows {n} to {m}"),
+                None => "the whole trace".to_string(),
+            };
+            let t = t.map_or(String::new(), |t| format!(", thread {t} only"));
+            format!("{r}{t} (calls cut to it)")
+        }
+    };
+    let (events, merged) = write_timeline(
+        &timeline,
+        &views,
+        &names,
+        &axis,
+        (&args.trace, &part),
+        merge_below,
+    )
+    .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
     let speedscope = out_dir.join("profile.speedscope.json");
     write_speedscope(&speedscope, &views, &names, &axis, merge_below)
         .map_err(|e| format!("{}: cannot write: {e}", speedscope.display()))?;
@@ -659,7 +763,7 @@ fn write_timeline(
     views: &[ThreadView],
     names: &Names,
     axis: &Axis,
-    trace: &Path,
+    (trace, part): (&Path, &str),
     merge_below: u64,
 ) -> std::io::Result<(u64, u64)> {
     let mut merged = 0u64;
@@ -764,6 +868,7 @@ fn write_timeline(
             "time_axis": axis_name,
             "time_axis_note": note,
             "trace": trace.display().to_string(),
+            "part": part,
             "instructions": insns,
             "tool": "pttrace view",
             "merged_calls": merged,

@@ -11,7 +11,7 @@ mod pftrace_reader;
 mod shim_util;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -437,6 +437,156 @@ fn calls_program_spans_stacks_and_flamegraph() {
     assert_eq!(
         std::fs::read_to_string(single.join("stacks.folded")).unwrap(),
         folded
+    );
+}
+
+/// The call spans (`X` events of calls and inlined code; windows and gaps left out) of a
+/// timeline.json.
+fn call_spans(path: &Path) -> Vec<(String, u64, u64)> {
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out: Vec<(String, u64, u64)> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            let cat = e["cat"].as_str().unwrap_or("");
+            e["ph"] == "X" && (cat.starts_with("call") || cat == "inlined")
+        })
+        .map(|e| {
+            let ts = e["ts"].as_u64().unwrap();
+            (
+                e["name"].as_str().unwrap().to_string(),
+                ts,
+                ts + e["dur"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `--range insn:A..B` gives exactly the calls of the whole timeline cut to [A, B), and
+/// stacks counting exactly the instructions A..B; `--range window:N..M` those of the
+/// windows; `--tid` of a thread the trace lacks is refused by name.
+#[test]
+fn range_cuts_a_part_in_full_detail() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with(
+        "calls",
+        dir.path(),
+        "calls",
+        &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
+    );
+    let trace = dir.path().join("out");
+    ok(
+        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
+        "pttrace run",
+    );
+    let pcs = decoded_pcs(&trace);
+    let (&tid, pcs) = pcs.iter().next().unwrap();
+    let view = |extra: &[&str], out: &str| -> PathBuf {
+        let o = dir.path().join(out);
+        let r = Command::new(pttrace())
+            .arg("view")
+            .arg(&trace)
+            .arg("--out")
+            .arg(&o)
+            .args(extra)
+            .output()
+            .unwrap();
+        ok(&r, "pttrace view");
+        o
+    };
+    let whole = call_spans(&view(&[], "whole").join("timeline.json"));
+    let funcs = functions(&prog, &["main", "a", "b", "c"]);
+    let leaf_of = |pc: u64| {
+        funcs
+            .iter()
+            .find(|(_, &(s, n))| (s..s + n).contains(&pc))
+            .map(|(f, _)| f.clone())
+    };
+    let (a, b) = (pcs.len() as u64 / 3, 2 * pcs.len() as u64 / 3);
+    let range = format!("insn:{a}..{b}");
+    let part = view(&["--range", &range, "--tid", &tid.to_string()], "part");
+    let mut want: Vec<(String, u64, u64)> = whole
+        .iter()
+        .filter(|(_, s, e)| *e > a && *s < b)
+        .map(|(n, s, e)| (n.clone(), *s.max(&a), *e.min(&b)))
+        .collect();
+    want.sort();
+    assert_eq!(call_spans(&part.join("timeline.json")), want);
+    // The stacks: each of the program's functions as a leaf exactly as often as the
+    // decoder shows its instructions in [a, b).
+    let folded = std::fs::read_to_string(part.join("stacks.folded")).unwrap();
+    let mut leaf: BTreeMap<String, u64> = BTreeMap::new();
+    let mut total = 0;
+    for l in folded.lines() {
+        let (stack, n) = l.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        total += n;
+        let f = stack.rsplit(';').next().unwrap();
+        if funcs.contains_key(f) {
+            *leaf.entry(f.to_string()).or_default() += n;
+        }
+    }
+    assert_eq!(total, b - a);
+    let mut want_leaf: BTreeMap<String, u64> = BTreeMap::new();
+    for &pc in &pcs[a as usize..b as usize] {
+        if let Some(f) = leaf_of(pc) {
+            *want_leaf.entry(f).or_default() += 1;
+        }
+    }
+    assert_eq!(leaf, want_leaf);
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(part.join("timeline.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        json["otherData"]["part"],
+        format!("instructions {a}..{b} of each thread, thread {tid} only (calls cut to it)")
+    );
+
+    // Windows 1 to 2: their instructions, as the decoder counts them per window.
+    let summary = ok(
+        &Command::new(pttrace())
+            .args(["decode", "--format", "summary"])
+            .arg(&trace)
+            .output()
+            .unwrap(),
+        "pttrace decode",
+    );
+    let per_window: u64 = summary
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = ["window 1 ", "window 2 "]
+                .iter()
+                .find_map(|p| l.strip_prefix(p))?;
+            let (_, n) = rest.split_once("): ")?;
+            n.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    assert!(per_window > 0, "{summary}");
+    let part = view(&["--range", "window:1..2"], "windows");
+    let folded = std::fs::read_to_string(part.join("stacks.folded")).unwrap();
+    let total: u64 = folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, per_window, "{summary}");
+
+    let o = Command::new(pttrace())
+        .args(["view", "--tid", "1"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--tid 1: no thread of the trace has that id"),
+        "{o:?}"
     );
 }
 

@@ -272,6 +272,8 @@ pub struct CallStacks<'f, F: Functions + ?Sized> {
     spans: Vec<Span>,
     markers: Vec<Marker>,
     anchors: Vec<TimeAnchor>,
+    /// The instructions counted into the stacks (all by default; [`CallStacks::count_only`]).
+    counted: std::ops::Range<u64>,
 }
 
 fn is_branch(class: InsnClass) -> bool {
@@ -304,6 +306,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             spans: Vec::new(),
             markers: Vec::new(),
             anchors: Vec::new(),
+            counted: 0..u64::MAX,
         };
         s.new_segment_root();
         s
@@ -395,6 +398,18 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         }
     }
 
+    /// Counts only the instructions numbered in `range` (from 0, as [`Self::instructions`])
+    /// into the stacks (a part of the trace in detail: the spans are all still made; cut
+    /// them to the same range). May be moved while the trace goes on.
+    pub fn count_only(&mut self, range: std::ops::Range<u64>) {
+        self.counted = range;
+    }
+
+    /// The instructions counted into the stacks ([`Self::count_only`]).
+    pub fn counted(&self) -> std::ops::Range<u64> {
+        self.counted.clone()
+    }
+
     /// Counts the instructions of inlined functions under frames of their own
     /// ([`Functions::inline_context`]).
     pub fn with_inline_frames(mut self) -> Self {
@@ -461,8 +476,10 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             }
             self.inline_run(key);
         }
-        if let Some(n) = self.nodes.get_mut(node as usize) {
-            n.count += 1;
+        if self.counted.contains(&self.insns) {
+            if let Some(n) = self.nodes.get_mut(node as usize) {
+                n.count += 1;
+            }
         }
         self.insns += 1;
         self.last = Some(Last {
