@@ -11,7 +11,7 @@
 # the JVM's faults and safepoints under the QEMU backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz golang-go default-jdk-headless)
+pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz golang-go default-jdk-headless gdb)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
