@@ -6,8 +6,9 @@ or a `damaged:` line with --keep-going) out of those any command reported.
   scripts/damage_campaign.py PTTRACE DIR... [--runs N] [--seed S]
 
 DIR: trace directories to mutate (copied; never changed). A mutant no command reports
-may be harmless (a byte of padding, a spool entry no reader uses) or undetectable (spool
-entries carry no checksum). Mutations: one byte set to 0xff,
+may be harmless (a byte of padding, a free spool entry, two info records in another
+order) or undetectable (the spool's in-flight syscalls, which carry no checksum; a flipped
+bit inside PT bytes that still decode). Mutations: one byte set to 0xff,
 one bit flipped, 256 bytes inserted, the end cut at a random byte, the file cut at a
 record boundary, two windows swapped, the file deleted. A crash (signal), a panic or a
 timeout is counted on its own line and is always a failure.

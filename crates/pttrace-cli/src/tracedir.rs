@@ -26,6 +26,8 @@ pub struct DirSummary {
     pub kernel_raw_bytes: u64,
     /// `kernel.raw/<tid>.raw.pt` paths, sorted.
     pub kernel_raw_paths: Vec<PathBuf>,
+    /// Damage met in those files' PDB framing: (file, byte, what).
+    pub kernel_raw_damage: Vec<(String, u64, String)>,
     pub has_kallsyms: bool,
     pub has_kcore: bool,
 }
@@ -111,23 +113,32 @@ impl DirSummary {
         for (name, tail) in &self.stray_tails {
             d.add_tail(name, tail);
         }
+        for (name, at, what) in &self.kernel_raw_damage {
+            d.add(name, *at, what.clone());
+        }
         for (name, e) in &self.unreadable {
             d.add_whole(name, format!("unreadable: {e}"));
         }
         for (key, p) in &self.processes {
-            // A thread ended by exit_group: the info file's ProcessEnd record (written at
-            // that exit_group) must be there; without it, its end was cut off.
-            let exit_group = drpttracer::format::ptt::EndReason::ExitGroup as u32;
-            let ended = self
-                .threads
-                .get(key)
-                .is_some_and(|ts| ts.iter().any(|t| t.end.is_some_and(|e| e.0 == exit_group)));
-            if ended && p.end.is_none() && p.tail == Tail::Clean {
+            // A thread whose end ended its process (exit_group, the last thread's exit, a
+            // fatal signal, exec): the info file's ProcessEnd record, written then, must be
+            // there; without it, the info file's end was cut off.
+            use drpttracer::format::ptt::EndReason;
+            let ended = self.threads.get(key).and_then(|ts| {
+                ts.iter().find_map(|t| {
+                    let r = EndReason::from_raw(t.end?.0)?;
+                    (r != EndReason::ThreadExit).then_some(r)
+                })
+            });
+            if let (Some(r), None, Tail::Clean) = (ended, p.end, &p.tail) {
                 d.add(
                     &p.file,
                     p.file_len,
-                    "the file ends without its ProcessEnd record although a thread of the \
-                     process ended by exit_group: its last records are missing",
+                    format!(
+                        "the file ends without its ProcessEnd record although a thread of the \
+                         process ended by {}: its last records are missing",
+                        r.name()
+                    ),
                 );
             }
         }
@@ -149,6 +160,42 @@ impl DirSummary {
                     "missing: the main thread's file of the image that the info file beside \
                      it describes (deleted?): its windows are lost",
                 );
+            }
+        }
+        for (key, ts) in &self.threads {
+            // The shim keeps a thread's queue in a spool until the thread's End record is
+            // written; a file without its End record, never completed from a spool, whose
+            // spool is gone: the windows the spool held are lost.
+            let Some(p) = self.processes.get(key) else {
+                continue;
+            };
+            // (Where the process ended, a file without its End record is reported above.)
+            let spooled = p.end.is_none()
+                && p.config.lines().any(|l| l == "PTTRACER_SPOOL=on")
+                && !p
+                    .config
+                    .lines()
+                    .any(|l| l.starts_with("PTTRACER_SNAPSHOT="));
+            for t in ts {
+                let shim = t
+                    .header
+                    .as_ref()
+                    .is_some_and(|h| h.backend != drpttracer::format::ptt::BACKEND_QEMU);
+                if spooled
+                    && shim
+                    && t.end.is_none()
+                    && t.recovered.is_none()
+                    && !t.spool_pending
+                    && t.snapshots.is_empty()
+                {
+                    let spool = drpttracer::format::spool::path_for(Path::new(&t.file));
+                    d.add_whole(
+                        spool.display(),
+                        "missing: the spool of a thread file that ends without its End record \
+                         (its process died) and was never completed from it (deleted?): the \
+                         windows it held are lost",
+                    );
+                }
             }
         }
         for (key, p) in &self.processes {
@@ -279,6 +326,7 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         kernel_raw_files: 0,
         kernel_raw_bytes: 0,
         kernel_raw_paths: Vec::new(),
+        kernel_raw_damage: Vec::new(),
         has_kallsyms: false,
         has_kcore: false,
     };
@@ -328,12 +376,27 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             match name.as_str() {
-                "kallsyms" => s.has_kallsyms = true,
+                "kallsyms" => {
+                    s.has_kallsyms = true;
+                    if let Some(d) = kallsyms_damage(&e.path()) {
+                        s.kernel_raw_damage.push(d);
+                    }
+                }
                 "kcore" => s.has_kcore = true,
                 n if n.ends_with(".raw.pt") => {
                     s.kernel_raw_files += 1;
                     s.kernel_raw_bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
                     s.kernel_raw_paths.push(e.path());
+                    let shown = e.path().display().to_string();
+                    match std::fs::read(e.path()) {
+                        Ok(data) => match drpttracer::format::pdb::parse_prefix(&data) {
+                            Ok((_, None)) => {}
+                            Ok((_, Some(d))) | Err(d) => {
+                                s.kernel_raw_damage.push((shown, d.offset, d.message));
+                            }
+                        },
+                        Err(err) => s.unreadable.push((shown, err.to_string())),
+                    }
                 }
                 _ => {}
             }
@@ -341,6 +404,29 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         s.kernel_raw_paths.sort();
     }
     Ok(s)
+}
+
+/// What is wrong with a kept `kallsyms` (the kernel's symbols for decoding kernel windows):
+/// not UTF-8 text, or a line that does not parse; `None` when it reads well.
+fn kallsyms_damage(path: &Path) -> Option<(String, u64, String)> {
+    let shown = path.display().to_string();
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => return Some((shown, crate::damage::WHOLE_FILE, format!("unreadable: {e}"))),
+    };
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+            return Some((shown, at as u64, format!("not UTF-8 text (line {line})")));
+        }
+    };
+    let mut syms = drpttracer::decode::Symbols::new();
+    match syms.add_kallsyms(path, &text) {
+        Ok(_) => None,
+        Err(e) => Some((shown, e.offset, e.message)),
+    }
 }
 
 /// A thread file whose last record was torn by the death of its process, completed from

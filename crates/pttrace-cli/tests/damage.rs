@@ -309,6 +309,50 @@ fn damage_every_directory_reader_reports_alike() {
          its last windows are missing",
     );
 
+    // The kernel side's files: a `.raw.pt` cut inside a syscall PDB, a `kallsyms` byte
+    // that is not UTF-8.
+    let dk = tmp.path().join("kernel");
+    std::fs::create_dir(&dk).unwrap();
+    for e in std::fs::read_dir(&good_dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, dk.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let kdir = dk.join("kernel.raw");
+    std::fs::create_dir(&kdir).unwrap();
+    let src = good_dir.join("kernel.raw");
+    let raw: PathBuf = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".raw.pt"))
+        .expect("a kernel.raw/<tid>.raw.pt");
+    let data = std::fs::read(&raw).unwrap();
+    let f = pdb::parse(&data).unwrap();
+    assert!(f.windows.len() > 2, "{} windows", f.windows.len());
+    // The second window's PDB starts where the first one's PT ends.
+    let second = f.windows[1].pt.start - 48 - 8 * f.windows[1].args.len();
+    let cut_raw = kdir.join(raw.file_name().unwrap());
+    std::fs::write(&cut_raw, &data[..second + 20]).unwrap();
+    all_readers_say(
+        &dk,
+        &cut_raw,
+        // Its third entry (the PT data boundary) is cut.
+        second as u64 + 16,
+        "file ends inside a PDB header (truncated file?)",
+    );
+    std::fs::copy(&raw, &cut_raw).unwrap();
+    let mut ks = std::fs::read(src.join("kallsyms")).unwrap();
+    ks[100] = 0xff;
+    std::fs::write(kdir.join("kallsyms"), &ks).unwrap();
+    let line = ks[..100].iter().filter(|&&b| b == b'\n').count() + 1;
+    all_readers_say(
+        &dk,
+        &kdir.join("kallsyms"),
+        100,
+        &format!("not UTF-8 text (line {line})"),
+    );
+
     // 3. Two windows swapped (each record's checksum still valid).
     let d3 = copy("swap");
     let t3 = d3.join(good.file_name().unwrap());
