@@ -198,6 +198,28 @@ impl DirSummary {
                 }
             }
         }
+        for t in self.threads.values().flatten() {
+            // The shim opens a thread's `kernel.raw/<tid>.raw.pt` with its thread file when
+            // it traces the kernel (modes kernel and user_kernel).
+            let Some(h) = &t.header else { continue };
+            let kernel = matches!(
+                drpttracer::format::ptt::mode_name(h.mode),
+                "kernel" | "user_kernel"
+            );
+            if !kernel || h.backend == drpttracer::format::ptt::BACKEND_QEMU || t.windows == 0 {
+                continue;
+            }
+            let raw = Path::new(&t.file)
+                .with_file_name("kernel.raw")
+                .join(format!("{}.raw.pt", h.tid));
+            if !self.kernel_raw_paths.contains(&raw) {
+                d.add_whole(
+                    raw.display(),
+                    "missing: the kernel side of a thread traced in kernel mode (deleted?): \
+                     its kernel windows are lost",
+                );
+            }
+        }
         for (key, p) in &self.processes {
             // The writer counted the image's thread files in its ProcessEnd: fewer here
             // were deleted or lost (the main thread's is checked by name above).

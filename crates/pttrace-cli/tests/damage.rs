@@ -55,13 +55,26 @@ fn damaged_at(args: &[&str], file: &Path, named: &Path, byte: Option<u64>, what:
     o2
 }
 
-/// Copies the info files beside `ptt` into `dir`.
+/// Copies the info files beside `ptt` into `dir`, with the kernel side (`kernel.raw/`).
 fn copy_info(ptt: &Path, dir: &Path) {
     for e in std::fs::read_dir(ptt.parent().unwrap()).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "info") {
             std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
         }
+    }
+    copy_kernel_raw(ptt.parent().unwrap(), dir);
+}
+
+/// Copies `from/kernel.raw/` (the kernel side of threads traced in kernel mode) into `to`.
+fn copy_kernel_raw(from: &Path, to: &Path) {
+    let Ok(rd) = std::fs::read_dir(from.join("kernel.raw")) else {
+        return;
+    };
+    std::fs::create_dir_all(to.join("kernel.raw")).unwrap();
+    for e in rd {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, to.join("kernel.raw").join(p.file_name().unwrap())).unwrap();
     }
 }
 
@@ -259,6 +272,7 @@ fn damage_every_directory_reader_reports_alike() {
         for f in [&good, &info] {
             std::fs::copy(f, d.join(f.file_name().unwrap())).unwrap();
         }
+        copy_kernel_raw(&good_dir, &d);
         d
     };
 
@@ -351,6 +365,16 @@ fn damage_every_directory_reader_reports_alike() {
         &kdir.join("kallsyms"),
         100,
         &format!("not UTF-8 text (line {line})"),
+    );
+    // The thread's kernel side deleted (kallsyms whole again).
+    std::fs::copy(src.join("kallsyms"), kdir.join("kallsyms")).unwrap();
+    std::fs::remove_file(&cut_raw).unwrap();
+    all_readers_say_at(
+        &dk,
+        &cut_raw,
+        None,
+        "missing: the kernel side of a thread traced in kernel mode (deleted?): its kernel \
+         windows are lost",
     );
 
     // 3. Two windows swapped (each record's checksum still valid).
@@ -493,6 +517,7 @@ fn stray_and_orphan_files_are_reported_alike() {
     // `<pid>-<nonce>[-<tid>]` (stray files): every reader reads and reports them alike.
     let d6 = tmp.path().join("stray");
     std::fs::create_dir(&d6).unwrap();
+    copy_kernel_raw(&dir, &d6);
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
         if p.is_file() {
@@ -578,6 +603,7 @@ fn stray_and_orphan_files_are_reported_alike() {
     // 8. A thread file whose process's info file is missing (no byte applies).
     let d8 = tmp.path().join("orphan");
     std::fs::create_dir(&d8).unwrap();
+    copy_kernel_raw(&dir, &d8);
     let t8 = d8.join(ptt_file.file_name().unwrap());
     std::fs::copy(&ptt_file, &t8).unwrap();
     let name = ptt_file.file_name().unwrap().to_string_lossy().into_owned();
