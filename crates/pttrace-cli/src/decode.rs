@@ -19,6 +19,7 @@ use crate::damage::Damages;
 use crate::CmdResult;
 
 /// Decoding a `pttrace run` output directory (or one of its `.ptt` files).
+mod drmemtrace;
 mod ptt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -29,6 +30,9 @@ pub enum OutFormat {
     Jsonl,
     /// Instruction counts per window and the errors met.
     Summary,
+    /// DynamoRIO's drmemtrace offline trace (one `.zip` per thread in `--out DIR`), for
+    /// drcachesim and DynamoRIO's analyzers; a trace directory or `.ptt` file as input.
+    Drmemtrace,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -207,6 +211,9 @@ pub struct DecodeArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "disasm")]
     format: OutFormat,
+    /// Where `--format drmemtrace` writes its files (a new or empty directory).
+    #[arg(short, long, value_name = "DIR")]
+    out: Option<PathBuf>,
     /// Disassembly syntax.
     #[arg(long, value_enum, default_value = "intel")]
     syntax: Syntax,
@@ -334,6 +341,8 @@ impl<W: Write> Printer<W> {
                 Ok(())
             }
             OutFormat::Disasm => self.disasm(r),
+            // Refused before decoding (`run`): only trace directories are written so.
+            OutFormat::Drmemtrace => Ok(()),
         }
     }
 
@@ -450,6 +459,13 @@ pub fn run(args: Args) -> CmdResult {
     }
     if let Some(p) = &args.trace_dir {
         return ptt::run(p, &args);
+    }
+    if args.format == OutFormat::Drmemtrace {
+        return Err(
+            "--format drmemtrace reads a `pttrace run` directory or one of its .ptt \
+                    files (where syscall numbers and processes are known)"
+                .into(),
+        );
     }
     let input::Input {
         data,

@@ -408,7 +408,7 @@ impl Axis {
     }
 }
 
-fn basename(cmdline: &str) -> String {
+pub(crate) fn basename(cmdline: &str) -> String {
     let first = cmdline.split(' ').next().unwrap_or("");
     first.rsplit('/').next().unwrap_or(first).to_string()
 }

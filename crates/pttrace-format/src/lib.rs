@@ -7,6 +7,8 @@
 //! - [`perf_record`]: perf sideband records (parse/encode), [`maps`]: `/proc/<pid>/maps`;
 //! - [`metadata`]: `pt_metadata_t` and the extended metadata, CPU identity, time conversion;
 //! - [`pdb`]: DynamoRIO's `kernel.raw` PT Data Buffers; [`auxtrace`]: perf's AUXTRACE;
+//! - [`drmemtrace`]: DynamoRIO's drmemtrace offline trace records (what `decode --format
+//!   drmemtrace` writes);
 //! - [`snapshot`]: snapshot (flight-recorder) mode: sizes, triggers, the `Snapshot` record;
 //! - [`summary`]: whole-file summaries for `pttrace report`;
 //! - [`sysnames`]: x86-64 syscall names;
@@ -14,6 +16,7 @@
 
 pub mod auxtrace;
 pub mod code;
+pub mod drmemtrace;
 pub mod launch;
 pub mod maps;
 pub mod metadata;

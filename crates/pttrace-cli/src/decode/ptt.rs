@@ -19,6 +19,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     if args.decoder == super::DecoderArg::Check {
         return check(&trace, path, args.policy);
     }
+    if args.format == OutFormat::Drmemtrace {
+        return super::drmemtrace::write_dir(&trace, path, args);
+    }
     let stdout = std::io::stdout();
     let mut printer = Printer {
         out: BufWriter::with_capacity(1 << 16, stdout.lock()),
@@ -140,7 +143,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                         _ => {}
                     }
                     match args.format {
-                        OutFormat::Summary => {}
+                        // (drmemtrace is written by its own module, before this loop.)
+                        OutFormat::Summary | OutFormat::Drmemtrace => {}
                         OutFormat::Jsonl => {
                             let mut v = r.to_json();
                             if let Some(o) = v.as_object_mut() {

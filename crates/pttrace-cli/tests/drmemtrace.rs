@@ -1,0 +1,185 @@
+//! `decode --format drmemtrace`, read by DynamoRIO's own analyzers (`drmemtrace_launcher`
+//! from the build `scripts/dynamorio.sh` makes; without it each test prints `SKIP`): real
+//! programs traced under QEMU pass the invariant checker, `basic_counts` counts exactly
+//! the instructions pttrace decodes, the syscalls, one kernel event and transfer per
+//! signal handled, one window per loss, and `view` shows the decoder's instructions.
+
+mod shim_util;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use shim_util::{pttrace, qemu_available, text};
+
+/// DynamoRIO's analyzer launcher, or None after printing why not.
+fn launcher() -> Option<PathBuf> {
+    let dir = match std::env::var_os("PTTRACE_DYNAMORIO_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/pttrace/dynamorio"),
+    };
+    let l = dir.join("build/clients/bin64/drmemtrace_launcher");
+    if l.is_file() {
+        Some(l)
+    } else {
+        println!(
+            "SKIP: DynamoRIO's drmemtrace_launcher is not built in {} (run scripts/dynamorio.sh)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn analyze(l: &Path, dir: &Path, tool: &str) -> String {
+    let o = Command::new(l)
+        .args(["-indir"])
+        .arg(dir)
+        .args(["-tool", tool])
+        .output()
+        .unwrap();
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{tool}: {t}");
+    t
+}
+
+/// The number before `label` on a line of basic_counts' totals.
+fn count(out: &str, label: &str) -> u64 {
+    out.lines()
+        .find(|l| {
+            l.trim_start()
+                .split_once(' ')
+                .is_some_and(|(_, r)| r == label)
+        })
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{label:?} not in:\n{out}"))
+}
+
+/// Traces `prog args` under QEMU, writes its drmemtrace, and checks it with DynamoRIO:
+/// returns (basic_counts' output, pttrace's instruction total, view's output).
+fn check(l: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> (String, u64, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile(name, dir.path());
+    let out = dir.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--quiet", "--backend", "qemu", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let dm = dir.path().join("dm");
+    let o = Command::new(pttrace())
+        .args(["decode", "--keep-going", "--format", "drmemtrace", "--out"])
+        .arg(&dm)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let checked = analyze(l, &dm, "invariant_checker");
+    assert!(
+        checked.contains("Trace invariant checks passed"),
+        "{checked}"
+    );
+    let summary = Command::new(pttrace())
+        .args(["decode", "--keep-going", "--format", "summary"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&summary.stdout).into_owned();
+    let total = summary
+        .lines()
+        .find_map(|l| l.strip_prefix("total: "))
+        .and_then(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let k = w.iter().position(|x| x.starts_with("instructions"))?;
+            w.get(k - 1)?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("{summary}"));
+    // The first instructions DynamoRIO shows are the decoder's first.
+    let view = analyze(l, &dm, "view");
+    let jsonl = Command::new(pttrace())
+        .args(["decode", "--format", "jsonl"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let ours: Vec<u64> = String::from_utf8_lossy(&jsonl.stdout)
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["type"] == "insn").then(|| {
+                u64::from_str_radix(v["pc"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+            })
+        })
+        .take(20)
+        .collect();
+    let theirs: Vec<u64> = view
+        .lines()
+        .filter_map(|l| {
+            let at = l.split(" @ ").nth(1)?;
+            u64::from_str_radix(at.split_whitespace().next()?.trim_start_matches("0x"), 16).ok()
+        })
+        .take(20)
+        .collect();
+    if name != "threads" {
+        // (One thread: the first instructions in the file are the first decoded.)
+        assert_eq!(theirs, ours);
+    }
+    (analyze(l, &dm, "basic_counts"), total, view)
+}
+
+/// One test, the programs one after another (under QEMU each takes two cores' worth).
+#[test]
+fn dynamorio_reads_pttrace_traces() {
+    let Some(l) = launcher() else { return };
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    shim_util::plugin();
+
+    // Syscalls: each followed by its number.
+    let (counts, total, _) = check(&l, "names", &[], &[]);
+    assert_eq!(count(&counts, "total (fetched) instructions"), total);
+    assert!(
+        count(&counts, "total system call number markers") > 20,
+        "{counts}"
+    );
+    assert_eq!(
+        count(&counts, "total kernel transfer markers"),
+        0,
+        "{counts}"
+    );
+
+    // SIGALRM every 200 µs into a loop: each handled signal an event and its sigreturn a
+    // transfer back.
+    let (counts, total, _) = check(&l, "qemu_cases", &["alarm", "30"], &[]);
+    assert_eq!(count(&counts, "total (fetched) instructions"), total);
+    let xfers = count(&counts, "total kernel transfer markers");
+    assert!(xfers >= 60 && xfers % 2 == 0, "{counts}");
+    assert!(
+        !counts.contains("Total windows"),
+        "no loss, no window: {counts}"
+    );
+
+    // A handler leaving by siglongjmp, traced without signal frames: the QEMU backend
+    // writes OVF there, each a new window for DynamoRIO.
+    let (counts, total, _) = check(&l, "sigjmp_loop", &[], &[("PTTRACE_QEMU_SIGFRAMES", "off")]);
+    assert_eq!(count(&counts, "total (fetched) instructions"), total);
+    let windows: u64 = counts
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Total windows: "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{counts}"));
+    assert!(windows > 1, "{counts}");
+
+    // 17 threads.
+    let (counts, total, _) = check(&l, "threads", &[], &[]);
+    assert_eq!(count(&counts, "total (fetched) instructions"), total);
+    assert_eq!(count(&counts, "total threads"), 17, "{counts}");
+}
