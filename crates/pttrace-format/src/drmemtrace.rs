@@ -125,6 +125,36 @@ impl Kind {
     }
 }
 
+/// Hashes instruction addresses with one multiplication (the standard hasher costs more
+/// than the rest of writing an instruction).
+#[derive(Default, Clone, Copy)]
+pub struct BuildPcHasher;
+
+/// See [`BuildPcHasher`].
+#[derive(Default)]
+pub struct PcHasher(u64);
+
+impl std::hash::Hasher for PcHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+impl std::hash::BuildHasher for BuildPcHasher {
+    type Hasher = PcHasher;
+    fn build_hasher(&self) -> PcHasher {
+        PcHasher(0)
+    }
+}
+
 /// One record's bytes.
 pub fn entry(ty: u16, size: u16, addr: u64) -> [u8; ENTRY_SIZE] {
     let mut e = [0u8; ENTRY_SIZE];
@@ -146,8 +176,8 @@ pub struct ThreadWriter {
     /// Records tools see (every instruction and marker but the hidden ones), for the
     /// `RECORD_ORDINAL` of each chunk after the first.
     visible: u64,
-    /// Encodings written in this chunk, by pc.
-    encodings: std::collections::HashMap<u64, Vec<u8>>,
+    /// Encodings written in this chunk, by pc (bytes, zero padded, and length).
+    encodings: std::collections::HashMap<u64, ([u8; 16], u8), BuildPcHasher>,
     last_ts: u64,
     cpu: u64,
     window: u64,
@@ -219,13 +249,16 @@ impl ThreadWriter {
         if self.in_chunk == self.chunk_instructions {
             self.next_chunk();
         }
-        if self.encodings.get(&pc).map(Vec::as_slice) != Some(bytes) {
+        let len = bytes.len().min(16);
+        let mut key = [0u8; 16];
+        key[..len].copy_from_slice(&bytes[..len]);
+        if self.encodings.get(&pc) != Some(&(key, len as u8)) {
             for piece in bytes.chunks(8) {
                 let mut v = [0u8; 8];
                 v[..piece.len()].copy_from_slice(piece);
                 self.hidden(ty::ENCODING, piece.len() as u16, u64::from_le_bytes(v));
             }
-            self.encodings.insert(pc, bytes.to_vec());
+            self.encodings.insert(pc, (key, len as u8));
         }
         if let Some(t) = kind.indirect_target() {
             self.hidden(ty::MARKER, marker::BRANCH_TARGET, t);

@@ -292,12 +292,19 @@ impl Converter {
     fn write(&mut self, p: Pending, next: Option<u64>) -> (u64, bool) {
         let bytes = &p.bytes[..p.len];
         let fall = p.pc.wrapping_add(p.len as u64);
-        let decoded = Decoder::with_ip(64, bytes, p.pc, DecoderOptions::NONE).decode();
-        let direct = matches!(
-            decoded.op0_kind(),
-            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-        );
-        let target = decoded.near_branch_target();
+        // Direct or not, and the target: decoded for jumps and calls only (the rest need
+        // neither, and decoding every instruction would cost more than the rest together).
+        let (direct, target) = match p.class {
+            InsnClass::CondJump | InsnClass::Jump | InsnClass::Call => {
+                let d = Decoder::with_ip(64, bytes, p.pc, DecoderOptions::NONE).decode();
+                let direct = matches!(
+                    d.op0_kind(),
+                    OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+                );
+                (direct, d.near_branch_target())
+            }
+            _ => (false, 0),
+        };
         // Where an indirect branch went (non-zero; at the thread's end, unknown).
         let went = next.unwrap_or(p.pc).max(1);
         let (kind, expected) = match p.class {
@@ -414,8 +421,11 @@ impl ZipOut {
     }
 
     fn start(&mut self) -> std::io::Result<()> {
+        // Deflate at its fastest level: records compress well anyway (0.6 bytes per
+        // instruction on python), and the default level made writing 15x decoding.
         let opts = zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Deflated)
+            .compression_level(Some(1))
             .large_file(true);
         self.zip
             .start_file(format!("chunk.{:08}", self.member), opts)
