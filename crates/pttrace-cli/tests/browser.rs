@@ -6,7 +6,8 @@
 //!   names are drawn as frame labels; no console or page errors;
 //! - timeline.json in speedscope (the npm package, offline): it loads without an error, the
 //!   thread's profile is shown by name, the time-order flame chart is not blank, and its
-//!   Sandwich table lists exactly the functions of the thread's call spans, with main, a, b
+//!   Sandwich table lists exactly the functions of the thread's call spans (and of its
+//!   inlined code's spans), with main, a, b
 //!   and c's self and total weights equal to the collapsed stacks' instruction counts.
 //!
 //! The screenshots are left in target/browser/*.png (with result.json, what the script
@@ -149,7 +150,11 @@ fn flamegraph_and_speedscope_render_in_chromium() {
     let functions: BTreeSet<&str> = events
         .iter()
         .filter(|e| e["ph"] == "X" && e["tid"] == tid)
-        .filter(|e| e["cat"].as_str().is_some_and(|c| c.starts_with("call")))
+        .filter(|e| {
+            e["cat"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("call") || c == "inlined")
+        })
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     let folded = std::fs::read_to_string(view.join("stacks.folded")).unwrap();
