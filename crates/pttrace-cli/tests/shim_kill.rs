@@ -87,11 +87,18 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
     let torn_dir = tmp.path().join("torn");
     std::fs::create_dir(&torn_dir).unwrap();
     std::fs::write(torn_dir.join(file.file_name().unwrap()), torn).unwrap();
-    // With its process's info file, as the run left it.
+    // With its process's info file and kernel side, as the run left them.
     for e in std::fs::read_dir(file.parent().unwrap()).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "info") {
             std::fs::copy(&p, torn_dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(file.parent().unwrap().join("kernel.raw")) {
+        std::fs::create_dir(torn_dir.join("kernel.raw")).unwrap();
+        for e in rd {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, torn_dir.join("kernel.raw").join(p.file_name().unwrap())).unwrap();
         }
     }
     // Without its spool the torn record is damage: listed, and the exit status says so
