@@ -55,6 +55,7 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
     damages.add_skipped(&trace.skipped);
     let mut overflows = 0u64;
     let mut written = Vec::new();
+    let mut clocks: std::collections::HashMap<PathBuf, Option<Clock>> = Default::default();
     for th in &trace.threads {
         let h = &th.header;
         let proc_ = trace.process_of(th);
@@ -62,7 +63,12 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
             .map(|p| crate::view::basename(&p.cmdline))
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| "thread".to_string());
-        let clock = proc_.and_then(|p| Clock::of(&p.path));
+        // An image's info file is read once for all its threads.
+        let clock = proc_.and_then(|p| {
+            *clocks
+                .entry(p.path.clone())
+                .or_insert_with(|| Clock::of(&p.path))
+        });
         let file = out.join(format!(
             "drmemtrace.{}.{}.{:08x}.trace.zip",
             comm.replace(
