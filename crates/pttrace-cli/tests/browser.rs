@@ -110,12 +110,7 @@ fn flamegraph_and_speedscope_render_in_chromium() {
 
     // The program, traced and viewed.
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with(
-        "calls",
-        dir.path(),
-        "calls",
-        &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
-    );
+    let prog = shim_util::compile_calls(dir.path());
     let trace = dir.path().join("out");
     let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
     assert!(o.status.success(), "pttrace run: {o:?}");

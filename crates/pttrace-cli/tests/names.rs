@@ -287,17 +287,22 @@ fn jit_code_is_named_from_the_perf_map_kept_with_the_trace() {
         text(&o)
     );
     let _ = std::fs::remove_file(Path::new("/tmp").join(&name));
+    jit_stack_is(&out, "jitted double (2x+1)");
+}
+
+/// The mini JIT's code is one stack in `view`'s folded stacks, named `name` under main:
+/// 1000 calls of 2 instructions each.
+fn jit_stack_is(trace: &Path, name: &str) {
     let folded = ok(Command::new(pttrace())
         .args(["view", "--format", "folded"])
-        .arg(&out));
-    // 1000 calls of 2 instructions each, under main.
+        .arg(trace));
     let jit: Vec<&str> = folded
         .lines()
         .filter(|l| l.contains("jitted double"))
         .collect();
     assert_eq!(jit.len(), 1, "{folded}");
     assert!(
-        jit[0].ends_with(";main;jitted double (2x+1) 2000"),
+        jit[0].ends_with(&format!(";main;{name} 2000")),
         "{}",
         jit[0]
     );
@@ -344,17 +349,5 @@ fn jit_code_is_named_from_the_jitdump_kept_with_the_trace() {
     );
     // Only the kept copy names the code now.
     std::fs::remove_file(&written[0]).unwrap();
-    let folded = ok(Command::new(pttrace())
-        .args(["view", "--format", "folded"])
-        .arg(&out));
-    let jit: Vec<&str> = folded
-        .lines()
-        .filter(|l| l.contains("via jitdump"))
-        .collect();
-    assert_eq!(jit.len(), 1, "{folded}");
-    assert!(
-        jit[0].ends_with(";main;jitted double (2x+1) via jitdump 2000"),
-        "{}",
-        jit[0]
-    );
+    jit_stack_is(&out, "jitted double (2x+1) via jitdump");
 }

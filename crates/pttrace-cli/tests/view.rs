@@ -78,12 +78,7 @@ fn calls_program_spans_stacks_and_flamegraph() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with(
-        "calls",
-        dir.path(),
-        "calls",
-        &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
-    );
+    let prog = shim_util::compile_calls(dir.path());
     let trace = dir.path().join("out");
     let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
     ok(&o, "pttrace run");
@@ -475,12 +470,7 @@ fn range_cuts_a_part_in_full_detail() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with(
-        "calls",
-        dir.path(),
-        "calls",
-        &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
-    );
+    let prog = shim_util::compile_calls(dir.path());
     let trace = dir.path().join("out");
     ok(
         &run_under_qemu(&trace, &[], &[prog.as_os_str()]),

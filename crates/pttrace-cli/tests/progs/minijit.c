@@ -49,20 +49,15 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "jitdump") == 0) {
         if (write_jitdump(page + 64, sizeof code, "jitted double (2x+1) via jitdump") != 0)
             return 3;
-        int (*f)(int) = (int (*)(int))(void *)(page + 64);
-        long sum = 0;
-        for (int i = 0; i < 1000; i++)
-            sum += f(i);
-        printf("%ld\n", sum);
-        return 0;
+    } else {
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+        FILE *map = fopen(path, "w");
+        if (map == NULL)
+            return 2;
+        fprintf(map, "%lx %zx jitted double (2x+1)\n", (unsigned long)(page + 64), sizeof code);
+        fclose(map);
     }
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
-    FILE *map = fopen(path, "w");
-    if (map == NULL)
-        return 2;
-    fprintf(map, "%lx %zx jitted double (2x+1)\n", (unsigned long)(page + 64), sizeof code);
-    fclose(map);
     int (*f)(int) = (int (*)(int))(void *)(page + 64);
     long sum = 0;
     for (int i = 0; i < 1000; i++)

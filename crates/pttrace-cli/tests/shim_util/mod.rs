@@ -115,6 +115,17 @@ pub fn compile_with(name: &str, dir: &Path, out_name: &str, flags: &[&str]) -> P
     out
 }
 
+/// `tests/progs/calls.c` built as the call-structure tests read it (no inlining, frame
+/// pointers, fixed addresses) into `dir/calls`.
+pub fn compile_calls(dir: &Path) -> PathBuf {
+    compile_with(
+        "calls",
+        dir,
+        "calls",
+        &["-O0", "-fno-inline", "-fno-omit-frame-pointer", "-no-pie"],
+    )
+}
+
 /// The address of symbol `name` in the ELF file `exe`.
 pub fn symbol(exe: &Path, name: &str) -> u64 {
     use object::{Object, ObjectSymbol};
