@@ -15,16 +15,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-use shim_util::{pttrace, qemu_available, text};
-
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
+use shim_util::{have, pttrace, qemu_available, text};
 
 /// gdb's stops: (gdb thread number, frame names innermost first, `<signal handler
 /// called>` left out).
@@ -120,7 +111,7 @@ fn stacks_equal_gdbs_backtraces() {
         .local_addr()
         .unwrap()
         .port();
-    let qemu = which("qemu-x86_64");
+    let qemu = shim_util::in_path("qemu-x86_64").expect("qemu-x86_64 in PATH");
     let wrapper = dir.path().join("qemu-gdb.sh");
     std::fs::write(
         &wrapper,
@@ -269,14 +260,4 @@ fn stacks_equal_gdbs_backtraces() {
             "stop {n}: {line} not folded"
         );
     }
-}
-
-fn which(name: &str) -> std::path::PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join(name))
-                .find(|f| f.is_file())
-        })
-        .unwrap_or_else(|| panic!("{name} not in PATH"))
 }

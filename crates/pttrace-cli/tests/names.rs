@@ -9,16 +9,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use shim_util::{pttrace, text};
+use shim_util::{have, pttrace, text};
 
 fn ok(c: &mut Command) -> String {
     let o = c.output().unwrap();
     assert!(o.status.success(), "{c:?}: {}", text(&o));
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok()
 }
 
 /// The test program built `-O2 -g -no-pie`, then split: (stripped binary with a

@@ -19,12 +19,26 @@ pub fn text(o: &Output) -> String {
 
 /// Whether `qemu-x86_64` is on the PATH; prints the SKIP line when it is not.
 pub fn qemu_available() -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-x86_64").is_file()));
+    let found = in_path("qemu-x86_64").is_some();
     if !found {
         println!("SKIP: qemu-x86_64 is not installed (apt-get install qemu-user)");
     }
     found
+}
+
+/// Where `name` is in PATH.
+pub fn in_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|f| f.is_file())
+}
+
+/// Whether `tool --version` runs and succeeds.
+pub fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// The QEMU plugin of this build (target/<profile>/libpttrace_qemu.so, beside pttrace).
