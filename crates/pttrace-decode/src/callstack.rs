@@ -54,7 +54,7 @@
 //! or for implied frames the start of the function containing the first instruction seen
 //! (that instruction where no symbol covers it). Callers name them from their symbols.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::image::Symbols;
 use crate::records::{InsnClass, Record};
@@ -192,19 +192,211 @@ pub struct ThreadStacks {
     pub instructions: u64,
 }
 
+/// Where the spans go as the reconstruction makes them: in the order of their begins and
+/// ends, properly nested, so that a timeline can be written while the trace is decoded
+/// (memory bounded by the stack depth).
+///
+/// One kind of span is known late: the implied caller of an unmatched return
+/// ([`SpanSink::implied_caller`]) starts at its segment's start, below everything the
+/// segment has shown so far; its begin belongs before the segment's first event. Its end
+/// comes through [`SpanSink::end`] like any other, at a moment when no other span is open.
+pub trait SpanSink {
+    /// A span opens at instruction `at` (`addr`: its frame's address, or for `Inlined` its
+    /// inline key).
+    fn begin(&mut self, at: u64, addr: u64, kind: SpanStart);
+    /// The innermost open span ends at `at`, or, when none is open, the innermost implied
+    /// caller.
+    fn end(&mut self, at: u64, kind: SpanEnd);
+    /// A caller never seen was returned to: a span from `from` (the segment's start) that
+    /// encloses every span of the segment so far, the implied callers before it included.
+    fn implied_caller(&mut self, from: u64, addr: u64);
+    /// The segment ends at `at` (a gap, or the thread's end): every span is closed; the
+    /// next one starts over.
+    fn segment_end(&mut self, at: u64);
+}
+
+/// Drops the spans (only the stacks are wanted).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSpans;
+
+impl SpanSink for NoSpans {
+    fn begin(&mut self, _: u64, _: u64, _: SpanStart) {}
+    fn end(&mut self, _: u64, _: SpanEnd) {}
+    fn implied_caller(&mut self, _: u64, _: u64) {}
+    fn segment_end(&mut self, _: u64) {}
+}
+
+/// Collects the spans ([`CallStacks::finish`]): their depths counted with the implied
+/// callers below them.
+#[derive(Debug, Default)]
+pub struct SpanList {
+    spans: Vec<Span>,
+    /// Open spans: index in `spans` of their placeholder.
+    open: Vec<usize>,
+    /// This segment's implied callers (index in `spans`), in the order they were found
+    /// (the last is the outermost), and whether each has ended.
+    bottoms: Vec<(usize, bool)>,
+    /// The first span of the segment.
+    seg_first: usize,
+    /// For each span of the segment: the implied callers that had ended when it began
+    /// (the ones found later, and the one open, enclose it).
+    ended_before: Vec<u32>,
+}
+
+impl SpanList {
+    /// Every span, ordered by start, then depth (enclosing spans first).
+    pub fn into_spans(mut self) -> Vec<Span> {
+        self.spans
+            .sort_by_key(|s| (s.start, s.depth, std::cmp::Reverse(s.end)));
+        self.spans
+    }
+}
+
+impl SpanSink for SpanList {
+    fn begin(&mut self, at: u64, addr: u64, kind: SpanStart) {
+        self.ended_before
+            .push(self.bottoms.iter().filter(|b| b.1).count() as u32);
+        self.open.push(self.spans.len());
+        self.spans.push(Span {
+            addr,
+            depth: (self.open.len() - 1) as u32,
+            start: at,
+            end: at,
+            start_kind: kind,
+            end_kind: SpanEnd::TraceEnd,
+        });
+    }
+    fn end(&mut self, at: u64, kind: SpanEnd) {
+        let k = match self.open.pop() {
+            Some(k) => k,
+            None => match self.bottoms.iter_mut().rev().find(|b| !b.1) {
+                Some(b) => {
+                    b.1 = true;
+                    b.0
+                }
+                None => return,
+            },
+        };
+        if let Some(s) = self.spans.get_mut(k) {
+            s.end = at;
+            s.end_kind = kind;
+        }
+    }
+    fn implied_caller(&mut self, from: u64, addr: u64) {
+        self.ended_before.push(0);
+        self.bottoms.push((self.spans.len(), false));
+        self.spans.push(Span {
+            addr,
+            depth: 0,
+            start: from,
+            end: from,
+            start_kind: SpanStart::Implied,
+            end_kind: SpanEnd::TraceEnd,
+        });
+    }
+    fn segment_end(&mut self, _at: u64) {
+        // Depths: a span lies above the segment's implied callers that had not ended
+        // when it began; the k-th of those (from 1) lies above the ones found after it.
+        let total = self.bottoms.len() as u32;
+        for (s, ended) in self.spans[self.seg_first..]
+            .iter_mut()
+            .zip(&self.ended_before)
+        {
+            s.depth += total - ended;
+        }
+        for (i, &(k, _)) in self.bottoms.iter().enumerate() {
+            if let Some(s) = self.spans.get_mut(k) {
+                s.depth = total - 1 - i as u32;
+            }
+        }
+        self.bottoms.clear();
+        self.open.clear();
+        self.ended_before.clear();
+        self.seg_first = self.spans.len();
+    }
+}
+
+/// The call stacks of a thread as a trie: each node a frame (its address, or an inline
+/// key) under its caller, with the instructions executed with exactly that stack.
+#[derive(Debug, Clone, Default)]
+pub struct StackTrie {
+    /// Nodes whose parent is [`StackTrie::ROOT`] are segment roots (no frame).
+    pub nodes: Vec<StackNode>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StackNode {
+    pub key: u64,
+    pub parent: u32,
+    pub count: u64,
+    pub children: Vec<u32>,
+}
+
+impl StackTrie {
+    /// The parent of segment roots.
+    pub const ROOT: u32 = u32::MAX;
+
+    /// Visits every frame node, each after its parent: `f(node, parent)` (`parent`: `None`
+    /// under a segment root).
+    pub fn walk(&self, mut f: impl FnMut(u32, Option<u32>, &StackNode)) {
+        let mut todo: Vec<(u32, Option<u32>)> = Vec::new();
+        for n in self.nodes.iter().rev().filter(|n| n.parent == Self::ROOT) {
+            todo.extend(n.children.iter().rev().map(|&c| (c, None)));
+        }
+        while let Some((k, parent)) = todo.pop() {
+            let Some(n) = self.nodes.get(k as usize) else {
+                continue;
+            };
+            f(k, parent, n);
+            todo.extend(n.children.iter().rev().map(|&c| (c, Some(k))));
+        }
+    }
+
+    /// Call stacks (outermost frame first) and the instructions executed with exactly
+    /// that stack.
+    pub fn paths(&self) -> Vec<(Vec<u64>, u64)> {
+        let mut stacks = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.count == 0 || n.parent == Self::ROOT {
+                continue;
+            }
+            let mut path = Vec::new();
+            let mut k = i as u32;
+            while let Some(node) = self.nodes.get(k as usize) {
+                if node.parent == Self::ROOT {
+                    break;
+                }
+                path.push(node.key);
+                k = node.parent;
+            }
+            path.reverse();
+            stacks.push((path, n.count));
+        }
+        stacks
+    }
+}
+
+/// What [`CallStacks::finish_with`] returns.
+#[derive(Debug)]
+pub struct Finished<S> {
+    pub sink: S,
+    pub trie: StackTrie,
+    pub markers: Vec<Marker>,
+    pub anchors: Vec<TimeAnchor>,
+    pub instructions: u64,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Frame {
-    addr: u64,
     func: Option<u64>,
     ret: Option<u64>,
-    start: u64,
     start_kind: SpanStart,
     node: u32,
     /// A signal handler's frame (or what replaced it by tail calls / the trampoline).
     is_async: bool,
-    /// The run of its own instructions in inlined code being counted: (inline key, first
-    /// instruction, end of its last instruction); key 0: none.
-    inline: (u64, u64, u64),
+    /// The inline key of the run of its own instructions in inlined code now open (a
+    /// span one deeper than the frame); 0: none.
+    inline: u64,
 }
 
 /// The last instruction, while its successor is not known.
@@ -244,7 +436,7 @@ pub const MAX_BOTTOMS: usize = 256;
 const INLINE_CACHE_SLOTS: usize = 1 << 16;
 
 /// Reconstructs one thread's call stacks; see the module documentation.
-pub struct CallStacks<'f, F: Functions + ?Sized> {
+pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     funcs: &'f F,
     cache: Vec<(u64, Option<u64>, bool)>,
     /// (pc, inline key + 1) of the last lookups (0: empty slot), when inlined frames are
@@ -260,16 +452,13 @@ pub struct CallStacks<'f, F: Functions + ?Sized> {
     saved: Vec<Saved>,
     seg_start: u64,
     seg_root: u32,
-    seg_first_span: usize,
     /// Implied callers inserted below everything in this segment.
     seg_bottoms: u32,
-    /// For each span of this segment: `seg_bottoms` when it closed.
-    span_bottoms: Vec<u32>,
     /// The trie node instructions are counted to (the top frame's, or the segment root's).
     cur: u32,
     nodes: Vec<Node>,
-    child: HashMap<(u32, u64), u32>,
-    spans: Vec<Span>,
+    child: FxHashMap<(u32, u64), u32>,
+    sink: S,
     markers: Vec<Marker>,
     anchors: Vec<TimeAnchor>,
     /// The instructions counted into the stacks (all by default; [`CallStacks::count_only`]).
@@ -283,8 +472,27 @@ fn is_branch(class: InsnClass) -> bool {
     )
 }
 
-impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
+impl<'f, F: Functions + ?Sized> CallStacks<'f, F, SpanList> {
     pub fn new(funcs: &'f F) -> Self {
+        Self::with_sink(funcs, SpanList::default())
+    }
+
+    /// Closes the frames still open and returns the thread's spans and stacks.
+    pub fn finish(self) -> ThreadStacks {
+        let done = self.finish_with();
+        ThreadStacks {
+            spans: done.sink.into_spans(),
+            stacks: done.trie.paths(),
+            markers: done.markers,
+            anchors: done.anchors,
+            instructions: done.instructions,
+        }
+    }
+}
+
+impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
+    /// Reconstructs the stacks, giving the spans to `sink` as they open and close.
+    pub fn with_sink(funcs: &'f F, sink: S) -> Self {
         let mut s = CallStacks {
             funcs,
             cache: vec![(0, None, false); CACHE_SLOTS],
@@ -297,13 +505,11 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
             saved: Vec::new(),
             seg_start: 0,
             seg_root: 0,
-            seg_first_span: 0,
             seg_bottoms: 0,
-            span_bottoms: Vec::new(),
             cur: 0,
             nodes: Vec::new(),
-            child: HashMap::new(),
-            spans: Vec::new(),
+            child: FxHashMap::default(),
+            sink,
             markers: Vec::new(),
             anchors: Vec::new(),
             counted: 0..u64::MAX,
@@ -366,36 +572,32 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         }
     }
 
-    /// Closes the frames still open and returns the thread's spans and stacks.
-    pub fn finish(mut self) -> ThreadStacks {
+    /// Closes the frames still open; returns the sink and the rest of the reconstruction.
+    pub fn finish_with(mut self) -> Finished<S> {
         self.end_segment(SpanEnd::TraceEnd);
-        let mut spans = std::mem::take(&mut self.spans);
-        spans.sort_by_key(|s| (s.start, s.depth, std::cmp::Reverse(s.end)));
-        spans.shrink_to_fit();
-        let mut stacks = Vec::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if n.count == 0 || n.parent == ROOT {
-                continue;
-            }
-            let mut path = Vec::new();
-            let mut k = i as u32;
-            while let Some(node) = self.nodes.get(k as usize) {
-                if node.parent == ROOT {
-                    break;
-                }
-                path.push(node.key);
-                k = node.parent;
-            }
-            path.reverse();
-            stacks.push((path, n.count));
-        }
-        ThreadStacks {
-            spans,
-            stacks,
+        Finished {
+            sink: self.sink,
+            trie: StackTrie {
+                nodes: self
+                    .nodes
+                    .into_iter()
+                    .map(|n| StackNode {
+                        key: n.key,
+                        parent: n.parent,
+                        count: n.count,
+                        children: n.children,
+                    })
+                    .collect(),
+            },
             markers: self.markers,
             anchors: self.anchors,
             instructions: self.insns,
         }
+    }
+
+    /// The sink, while the reconstruction goes on.
+    pub fn sink(&self) -> &S {
+        &self.sink
     }
 
     /// Counts only the instructions numbered in `range` (from 0, as [`Self::instructions`])
@@ -447,8 +649,10 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         r
     }
 
+    /// Feeds the thread's next instruction (what [`Self::record`] does with an
+    /// `Instruction` record).
     #[inline]
-    fn instruction(&mut self, pc: u64, size: u8, class: InsnClass) {
+    pub fn instruction(&mut self, pc: u64, size: u8, class: InsnClass) {
         if let Some(last) = self.last.take() {
             match last.class {
                 InsnClass::Call => self.call(last, pc),
@@ -625,17 +829,24 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
                  seen): the stacks start over"
             )));
         }
-        let parent = self.stack.last().map_or(self.seg_root, |f| f.node);
+        // A call made from inlined code is under the inlined function's frame.
+        let parent = match self.stack.last() {
+            None => self.seg_root,
+            Some(f) if f.inline != 0 => {
+                let (node, key) = (f.node, f.inline);
+                self.node_for(node, key)
+            }
+            Some(f) => f.node,
+        };
         let node = self.node_for(parent, addr);
+        self.sink.begin(self.insns, addr, start_kind);
         self.stack.push(Frame {
-            addr,
             func,
             ret,
-            start: self.insns,
             start_kind,
             node,
             is_async,
-            inline: (0, 0, 0),
+            inline: 0,
         });
         self.cur = node;
     }
@@ -679,15 +890,14 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         }
         self.child.insert((root, addr), id);
         self.seg_bottoms += 1;
+        self.sink.implied_caller(self.seg_start, addr);
         self.stack.push(Frame {
-            addr,
             func,
             ret: None,
-            start: self.seg_start,
             start_kind: SpanStart::Implied,
             node: id,
             is_async: false,
-            inline: (0, 0, 0),
+            inline: 0,
         });
         self.cur = id;
     }
@@ -701,36 +911,23 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
     }
 
     /// Counts the top frame's instruction at `insns` (inline key `key`, 0: none) into its
-    /// run of inlined code; a run that ends becomes a span one deeper than the frame.
-    /// Calls made from a run's code are inside it, as are the callees' spans when the
-    /// frame goes on with the same inlined code after them.
+    /// run of inlined code: a run of another key ends there (with the calls made from it,
+    /// which are inside it) and one of a nonzero key begins, one deeper than the frame.
     fn inline_run(&mut self, key: u64) {
-        let depth = self.stack.len() as u32;
         let at = self.insns;
         let Some(f) = self.stack.last_mut() else {
             return;
         };
-        if f.inline.0 == key {
-            f.inline.2 = at + 1;
+        if f.inline == key {
             return;
         }
-        let done = std::mem::replace(&mut f.inline, (key, at, at + 1));
-        self.inline_span(done, depth);
-    }
-
-    fn inline_span(&mut self, (key, start, end): (u64, u64, u64), depth: u32) {
-        if key == 0 {
-            return;
+        let open = std::mem::replace(&mut f.inline, key);
+        if open != 0 {
+            self.sink.end(at, SpanEnd::Inlined);
         }
-        self.spans.push(Span {
-            addr: key,
-            depth,
-            start,
-            end,
-            start_kind: SpanStart::Inlined,
-            end_kind: SpanEnd::Inlined,
-        });
-        self.span_bottoms.push(self.seg_bottoms);
+        if key != 0 {
+            self.sink.begin(at, key, SpanStart::Inlined);
+        }
     }
 
     /// Closes the top frame to replace it (the interrupted contexts stay).
@@ -738,16 +935,10 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
         let Some(f) = self.stack.pop() else {
             return;
         };
-        self.inline_span(f.inline, self.stack.len() as u32 + 1);
-        self.spans.push(Span {
-            addr: f.addr,
-            depth: self.stack.len() as u32,
-            start: f.start,
-            end: self.insns,
-            start_kind: f.start_kind,
-            end_kind,
-        });
-        self.span_bottoms.push(self.seg_bottoms);
+        if f.inline != 0 {
+            self.sink.end(self.insns, SpanEnd::Inlined);
+        }
+        self.sink.end(self.insns, end_kind);
         self.cur = self.stack.last().map_or(self.seg_root, |f| f.node);
     }
 
@@ -771,15 +962,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F> {
 
     fn end_segment(&mut self, end_kind: SpanEnd) {
         self.close_above(0, end_kind);
-        let total = self.seg_bottoms;
-        if total > 0 {
-            let first = self.seg_first_span;
-            for (s, b) in self.spans[first..].iter_mut().zip(&self.span_bottoms) {
-                s.depth += total - b;
-            }
-        }
-        self.span_bottoms.clear();
-        self.seg_first_span = self.spans.len();
+        self.sink.segment_end(self.insns);
         self.seg_bottoms = 0;
         self.seg_start = self.insns;
         self.saved.clear();
