@@ -16,12 +16,19 @@
 //! `otherData.time_axis`.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::io::{BufWriter, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use drpttracer::decode::callstack::{CallStacks, Span, SpanEnd, SpanStart, ThreadStacks, TimeMap};
-use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
+use drpttracer::decode::callstack::{
+    CallStacks, Finished, Marker, NoSpans, SpanEnd, SpanSink, SpanStart, TimeAnchor, TimeMap,
+};
+use drpttracer::decode::ptt_dir::{
+    self, PttProcess, PttThread, PttTrace, PttWindowInfo, ThreadStats,
+};
+use drpttracer::decode::records::{InsnClass, Record};
 use drpttracer::decode::DecodeError;
 use drpttracer::decode::TraceDecoder;
 use drpttracer::format::ptt;
@@ -31,7 +38,9 @@ use serde::Serialize;
 use crate::names::ImageNames;
 use crate::CmdResult;
 
+mod folded;
 mod pftrace;
+mod spill;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ViewFormat {
@@ -63,12 +72,14 @@ pub struct Args {
     /// Damaged input: draw what could be read and exit 0 (the damage is still listed).
     #[command(flatten)]
     policy: crate::damage::Policy,
-    /// Largest timeline.json (e.g. 256M, 1G): beyond it the shortest calls are merged into
-    /// their callers, and the file says how many and below which length (speedscope and
-    /// chrome://tracing fail on larger JSON; timeline.pftrace always has every call).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = pttrace_format::snapshot::parse_size)]
-    timeline_limit: u64,
-    /// Write every call into timeline.json, whatever its size.
+    /// Largest timeline.json and stacks.folded (e.g. 256M, 1G; the speedscope profile
+    /// stays below the JSON): beyond it the shortest calls are merged into their callers,
+    /// and the least executed stacks into a `[merged: smaller stacks]` frame under their
+    /// caller; each file says how much (speedscope, chrome://tracing and flame graph tools
+    /// fail on larger files; timeline.pftrace always has every call).
+    #[arg(long, alias = "timeline-limit", value_name = "SIZE", default_value = "256M", value_parser = pttrace_format::snapshot::parse_size)]
+    limit: u64,
+    /// Write every call and every stack, whatever the size of the files.
     #[arg(long)]
     full: bool,
     /// A part of the trace, in full detail (like `perf script --time`): `insn:A..B`,
@@ -108,29 +119,6 @@ fn parse_range(s: &str) -> Result<ViewRange, String> {
     }
 }
 
-/// Keeps the part of a thread's spans, markers and windows in its instructions `[a, b)`,
-/// the spans cut to it.
-fn cut_to(stacks: &mut ThreadStacks, windows: &mut Vec<(PttWindowInfo, u64, u64)>, a: u64, b: u64) {
-    stacks.spans.retain(|s| s.end > a && s.start < b);
-    for s in &mut stacks.spans {
-        let call = s.start_kind != SpanStart::Inlined;
-        if s.start < a {
-            s.start = a;
-            if call {
-                s.start_kind = SpanStart::Implied;
-            }
-        }
-        if s.end > b {
-            s.end = b;
-            if call {
-                s.end_kind = SpanEnd::TraceEnd;
-            }
-        }
-    }
-    stacks.markers.retain(|m| (a..=b).contains(&m.at));
-    windows.retain(|(_, s, e)| (*e > a && *s < b) || (s == e && (a..b).contains(s)));
-}
-
 /// Bytes a call takes in timeline.json besides its name (at most, with the longest
 /// category and 10-digit times; ~60 for most).
 const JSON_BYTES_PER_CALL: u64 = 110;
@@ -138,49 +126,6 @@ const JSON_BYTES_PER_CALL: u64 = 110;
 const JSON_BYTES_PER_WINDOW: u64 = 300;
 const JSON_BYTES_PER_GAP: u64 = 400;
 const JSON_BYTES_FIXED: u64 = 64 << 10;
-
-/// Calls shorter than this (instructions) are merged into their callers to keep the
-/// timeline within `limit` bytes; 0 when everything fits.
-fn merge_threshold(views: &[ThreadView], names: &Names, limit: u64) -> u64 {
-    let cost =
-        |v: &ThreadView, k: usize| JSON_BYTES_PER_CALL + names.get(v.span_names[k]).len() as u64;
-    let total: u64 = views
-        .iter()
-        .map(|v| (0..v.stacks.spans.len()).map(|k| cost(v, k)).sum::<u64>())
-        .sum();
-    let fixed: u64 = views
-        .iter()
-        .map(|v| {
-            v.windows.len() as u64 * JSON_BYTES_PER_WINDOW
-                + v.stacks.markers.len() as u64 * JSON_BYTES_PER_GAP
-        })
-        .sum::<u64>()
-        + JSON_BYTES_FIXED;
-    let limit = limit.saturating_sub(fixed);
-    if total <= limit {
-        return 0;
-    }
-    // Longest calls first, until the limit: the threshold is the first length left out.
-    let mut lens: Vec<(u64, u64)> = views
-        .iter()
-        .flat_map(|v| {
-            v.stacks
-                .spans
-                .iter()
-                .enumerate()
-                .map(move |(k, s)| (s.end - s.start, cost(v, k)))
-        })
-        .collect();
-    lens.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
-    let mut used = 0u64;
-    for (len, c) in lens {
-        used += c;
-        if used > limit {
-            return len + 1;
-        }
-    }
-    0
-}
 
 /// Window flags that mean the trace of a window is not continuous with the one before.
 const LOSS_FLAGS: u32 =
@@ -194,7 +139,7 @@ const WINDOW_TRACK: i64 = 1_000_000_000;
 #[derive(Default)]
 struct Names {
     strings: Vec<String>,
-    index: HashMap<String, u32>,
+    index: FxHashMap<String, u32>,
 }
 
 impl Names {
@@ -215,7 +160,25 @@ impl Names {
 /// Names frames of one process image ([`ImageNames`]) as ids of the view's string table.
 struct Namer {
     image: ImageNames,
-    ids: HashMap<u64, u32>,
+    /// Name id of each frame address (trie node key) met.
+    ids: FxHashMap<u64, u32>,
+    frames: FrameTable,
+}
+
+/// The frames of one image's spans: the names each stands for (one, or for inlined code
+/// one per function of its chain, outermost first) and what one of its spans costs in the
+/// JSON timeline.
+#[derive(Default)]
+struct FrameTable {
+    chains: Vec<Vec<u32>>,
+    costs: Vec<u64>,
+    index: FxHashMap<(u64, bool), u32>,
+}
+
+impl FrameTable {
+    fn chain(&self, frame: u32) -> &[u32] {
+        self.chains.get(frame as usize).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A frame name as folded stacks can hold it (their separators replaced).
@@ -225,89 +188,70 @@ fn folded_safe(n: &str) -> String {
         .collect()
 }
 
-impl Namer {
-    /// The name ids of a thread's spans, where each span of inlined code (its address an
-    /// inline key) becomes one span per function of its chain, outermost first, nested
-    /// over the same instructions (the spans are rebuilt only where a chain is longer
-    /// than one).
-    fn span_names(&mut self, spans: &mut Vec<Span>, names: &mut Names) -> Vec<u32> {
-        let mut chains: HashMap<u64, Vec<u32>> = HashMap::new();
-        for s in spans.iter().filter(|s| s.start_kind == SpanStart::Inlined) {
-            if let (std::collections::hash_map::Entry::Vacant(e), Some(chain)) =
-                (chains.entry(s.addr), self.image.inline_chain(s.addr))
-            {
-                e.insert(
-                    chain
-                        .iter()
-                        .map(|n| names.intern(format!("{} (inlined)", folded_safe(n))))
-                        .collect(),
-                );
-            }
-        }
-        let chain_of = |s: &Span| {
-            (s.start_kind == SpanStart::Inlined)
-                .then(|| chains.get(&s.addr))
-                .flatten()
-        };
-        if !spans
-            .iter()
-            .any(|s| chain_of(s).is_some_and(|c| c.len() > 1))
-        {
-            return spans
-                .iter()
-                .map(|s| match chain_of(s).and_then(|c| c.first()) {
-                    Some(&id) => id,
-                    None => self.id(s.addr, names),
-                })
-                .collect();
-        }
-        let mut ids = Vec::with_capacity(spans.len());
-        let mut out = Vec::with_capacity(spans.len());
-        for s in spans.iter() {
-            match chain_of(s) {
-                Some(chain) => {
-                    for (i, &id) in chain.iter().enumerate() {
-                        out.push(Span {
-                            depth: s.depth + i as u32,
-                            ..*s
-                        });
-                        ids.push(id);
-                    }
-                }
-                None => {
-                    out.push(*s);
-                    ids.push(self.id(s.addr, names));
-                }
-            }
-        }
-        *spans = out;
-        ids
+/// The name id of a frame address (a trie node's key): an inline key's chain of functions
+/// is one name of as many frames (folded stacks separate frames with ';').
+fn name_id(image: &ImageNames, ids: &mut FxHashMap<u64, u32>, names: &mut Names, addr: u64) -> u32 {
+    if let Some(&i) = ids.get(&addr) {
+        return i;
     }
+    let name = match image.inline_chain(addr) {
+        Some(chain) => chain
+            .iter()
+            .map(|n| format!("{} (inlined)", folded_safe(n)))
+            .collect::<Vec<_>>()
+            .join(";"),
+        None => folded_safe(&image.name(addr)),
+    };
+    let i = names.intern(name);
+    ids.insert(addr, i);
+    i
+}
 
+impl Namer {
     fn new(image: ImageNames) -> Self {
         Namer {
             image,
-            ids: HashMap::new(),
+            ids: FxHashMap::default(),
+            frames: FrameTable::default(),
         }
     }
+}
 
-    fn id(&mut self, addr: u64, names: &mut Names) -> u32 {
-        if let Some(&i) = self.ids.get(&addr) {
-            return i;
+/// [`spill::FrameIds`] of one image: a span's address -> its frame in the image's table.
+struct FrameNamer<'a> {
+    image: &'a ImageNames,
+    ids: &'a mut FxHashMap<u64, u32>,
+    frames: &'a mut FrameTable,
+    names: &'a mut Names,
+}
+
+impl spill::FrameIds for FrameNamer<'_> {
+    fn frame(&mut self, addr: u64, inlined: bool) -> (u32, u64, u32) {
+        if let Some(&f) = self.frames.index.get(&(addr, inlined)) {
+            let width = self.frames.chain(f).len() as u32;
+            return (
+                f,
+                self.frames.costs.get(f as usize).copied().unwrap_or(0),
+                width,
+            );
         }
-        // Folded stacks separate frames with ';' and end with the count: an inlined chain
-        // is one key but as many frames.
-        let name = match self.image.inline_chain(addr) {
+        let chain = match self.image.inline_chain(addr).filter(|_| inlined) {
             Some(chain) => chain
                 .iter()
-                .map(|n| format!("{} (inlined)", folded_safe(n)))
-                .collect::<Vec<_>>()
-                .join(";"),
-            None => folded_safe(&self.image.name(addr)),
+                .map(|n| self.names.intern(format!("{} (inlined)", folded_safe(n))))
+                .collect(),
+            None => vec![name_id(self.image, self.ids, self.names, addr)],
         };
-        let i = names.intern(name);
-        self.ids.insert(addr, i);
-        i
+        let f = self.frames.chains.len() as u32;
+        let c = chain
+            .iter()
+            .map(|&n| JSON_BYTES_PER_CALL + self.names.get(n).len() as u64)
+            .sum();
+        let width = chain.len() as u32;
+        self.frames.chains.push(chain);
+        self.frames.costs.push(c);
+        self.frames.index.insert((addr, inlined), f);
+        (f, c, width)
     }
 }
 
@@ -324,25 +268,6 @@ pub fn note_unnamed_modules<'a>(cmd: &str, images: impl Iterator<Item = &'a Imag
             crate::text::printable(&l)
         );
     }
-}
-
-/// One thread's reconstruction, ready to draw.
-struct ThreadView {
-    pid: i32,
-    tid: i32,
-    comm: String,
-    /// Its image's command line.
-    cmdline: String,
-    /// Where its instruction 0 lies on an instruction axis (a thread continuing in a new
-    /// image after execve continues the axis of the old one).
-    base: u64,
-    stacks: ThreadStacks,
-    /// Name of each span's frame (same order as `stacks.spans`).
-    span_names: Vec<u32>,
-    /// Each window and its instruction range.
-    windows: Vec<(PttWindowInfo, u64, u64)>,
-    syscall_windows: bool,
-    time: Option<TimeMap>,
 }
 
 /// A `ts`/`dur` value: integers on the instruction axis, microseconds with a fraction on
@@ -413,6 +338,202 @@ pub(crate) fn basename(cmdline: &str) -> String {
     first.rsplit('/').next().unwrap_or(first).to_string()
 }
 
+/// One thread image's reconstruction, ready to draw.
+struct ThreadView {
+    pid: i32,
+    tid: i32,
+    comm: String,
+    /// Its image's command line.
+    cmdline: String,
+    /// Where its instruction 0 lies on an instruction axis (a thread continuing in a new
+    /// image after execve continues the axis of the old one).
+    base: u64,
+    /// Its image's namer: (pid, nonce).
+    image: (i32, u64),
+    /// Its spans, on disk while the view is made (none for `--format folded`).
+    spill: Option<spill::Spill>,
+    /// Its spans (each function of an inlined chain counted once).
+    spans: u64,
+    markers: Vec<Marker>,
+    instructions: u64,
+    /// Each window and its instruction range.
+    windows: Vec<(PttWindowInfo, u64, u64)>,
+    syscall_windows: bool,
+    time: Option<TimeMap>,
+    /// `--range`: the instructions `[a, b)` shown.
+    cut: Option<(u64, u64)>,
+}
+
+/// A thread image decoded through the call-stack reconstruction `cs`: what it made, each
+/// window with its instruction range, the instructions counted (`--range`), the decoder's
+/// statistics.
+type Decoded<S> = (
+    Finished<S>,
+    Vec<(PttWindowInfo, u64, u64)>,
+    std::ops::Range<u64>,
+    ThreadStats,
+);
+
+/// Instructions per batch handed from the decoding thread to the reconstruction.
+const BATCH_INSTRUCTIONS: usize = 1 << 16;
+
+/// What the decoding thread hands over: instructions packed one per word
+/// ([`pack_instruction`]), and between them the other records and the windows' bounds.
+#[derive(Default)]
+struct Batch {
+    instructions: Vec<u64>,
+    /// (instructions of the batch before it, what)
+    events: Vec<(usize, BatchEvent)>,
+}
+
+enum BatchEvent {
+    Record(Record),
+    WindowStart(PttWindowInfo),
+    WindowEnd,
+}
+
+const CLASSES: [InsnClass; 11] = [
+    InsnClass::Other,
+    InsnClass::Call,
+    InsnClass::Return,
+    InsnClass::Jump,
+    InsnClass::CondJump,
+    InsnClass::FarCall,
+    InsnClass::FarReturn,
+    InsnClass::FarJump,
+    InsnClass::Ptwrite,
+    InsnClass::Unknown,
+    InsnClass::Unknown,
+];
+
+/// An instruction in one word: its address's low 48 bits (addresses are canonical: bit 47
+/// extends), its size (bits 48-51) and class (52-55).
+fn pack_instruction(pc: u64, size: u8, class: InsnClass) -> u64 {
+    let code = CLASSES.iter().position(|&c| c == class).unwrap_or(9) as u64;
+    (pc & 0xFFFF_FFFF_FFFF) | (u64::from(size) & 0xF) << 48 | code << 52
+}
+
+fn unpack_instruction(w: u64) -> (u64, u8, InsnClass) {
+    let pc = (((w << 16) as i64) >> 16) as u64;
+    let class = CLASSES
+        .get((w >> 52 & 0xF) as usize)
+        .copied()
+        .unwrap_or(InsnClass::Unknown);
+    (pc, (w >> 48 & 0xF) as u8, class)
+}
+
+/// Decodes `th` on a thread of its own, handing the records over in batches, while this
+/// thread feeds them to the call-stack reconstruction `cs`.
+fn decode_one<S: SpanSink>(
+    trace: &PttTrace,
+    th: &PttThread,
+    mut cs: CallStacks<'_, ImageNames, S>,
+    range: Option<ViewRange>,
+    bar: Option<&indicatif::ProgressBar>,
+) -> Result<Decoded<S>, DecodeError> {
+    let syscall_windows = ptt::window_name(th.header.window) == "syscall";
+    match range {
+        Some(ViewRange::Insns(a, b)) => cs.count_only(a..b),
+        Some(ViewRange::Windows(..)) => cs.count_only(u64::MAX..u64::MAX),
+        None => {}
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+    let stopped = || DecodeError::whole(th.path.display(), "decoding stopped: the view failed");
+    std::thread::scope(|scope| {
+        let decoder = scope.spawn(move || {
+            let mut batch = Batch::default();
+            let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+                if let Some(b) = bar {
+                    b.inc((w.pt_len + w.sideband_len + 124) as u64);
+                }
+                let at = batch.instructions.len();
+                batch.events.push((at, BatchEvent::WindowStart(w.clone())));
+                if let Some(dec) = dec {
+                    let cut = dec.for_each_slice(|recs| {
+                        for r in recs {
+                            match r {
+                                Record::Instruction(i) => batch
+                                    .instructions
+                                    .push(pack_instruction(i.pc, i.size, i.class)),
+                                r => {
+                                    let at = batch.instructions.len();
+                                    batch.events.push((at, BatchEvent::Record(r.clone())));
+                                }
+                            }
+                        }
+                        if batch.instructions.len() >= BATCH_INSTRUCTIONS
+                            && tx.send(std::mem::take(&mut batch)).is_err()
+                        {
+                            return ControlFlow::Break(());
+                        }
+                        ControlFlow::Continue(())
+                    });
+                    if cut.is_some() {
+                        return Err(stopped());
+                    }
+                }
+                let at = batch.instructions.len();
+                batch.events.push((at, BatchEvent::WindowEnd));
+                Ok::<(), DecodeError>(())
+            })?;
+            tx.send(batch).map_err(|_| stopped())?;
+            Ok::<ThreadStats, DecodeError>(stats)
+        });
+        let mut windows = Vec::new();
+        let mut window: Option<(PttWindowInfo, u64)> = None;
+        let run = |cs: &mut CallStacks<'_, ImageNames, S>, words: &[u64]| {
+            for &w in words {
+                let (pc, size, class) = unpack_instruction(w);
+                cs.instruction(pc, size, class);
+            }
+        };
+        for batch in rx {
+            let mut done = 0usize;
+            for (at, ev) in batch.events {
+                run(&mut cs, batch.instructions.get(done..at).unwrap_or(&[]));
+                done = at;
+                match ev {
+                    BatchEvent::Record(r) => cs.record(&r),
+                    BatchEvent::WindowStart(w) => {
+                        if let Some(ViewRange::Windows(n, m)) = range {
+                            // Counted from the first window at or after N to the first
+                            // after M.
+                            let (from, to) = (cs.counted().start, cs.counted().end);
+                            if w.index >= n && w.index <= m && from == u64::MAX {
+                                cs.count_only(cs.instructions()..u64::MAX);
+                            } else if w.index > m && from != u64::MAX && to == u64::MAX {
+                                cs.count_only(from..cs.instructions());
+                            }
+                        }
+                        if w.flags & LOSS_FLAGS != 0 {
+                            cs.restart(Some(format!(
+                                "window {}: {}",
+                                w.index,
+                                w.flag_names().join(", ")
+                            )));
+                        } else if syscall_windows {
+                            // Each window is one syscall's own execution.
+                            cs.restart(None);
+                        }
+                        window = Some((w, cs.instructions()));
+                    }
+                    BatchEvent::WindowEnd => {
+                        if let Some((w, start)) = window.take() {
+                            windows.push((w, start, cs.instructions()));
+                        }
+                    }
+                }
+            }
+            run(&mut cs, batch.instructions.get(done..).unwrap_or(&[]));
+        }
+        let stats = decoder
+            .join()
+            .map_err(|_| DecodeError::whole(th.path.display(), "the decoding thread panicked"))??;
+        let counted = cs.counted();
+        Ok((cs.finish_with(), windows, counted, stats))
+    })
+}
+
 pub fn run(args: Args) -> CmdResult {
     let mut trace = ptt_dir::open(&args.trace)?;
     trace.sysroot = args.sysroot.clone();
@@ -434,16 +555,40 @@ pub fn run(args: Args) -> CmdResult {
         let h = &trace.threads[i].header;
         (h.pid, h.tid, h.start_tsc, h.nonce)
     });
-    let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
-    let mut views: Vec<ThreadView> = Vec::new();
-    let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
     if let Some(t) = args.tid {
         order.retain(|&i| trace.threads[i].header.tid == t);
         if order.is_empty() {
             return Err(format!("--tid {t}: no thread of the trace has that id").into());
         }
     }
-    for &i in &order {
+    // The output directory holds the spans while the trace is decoded.
+    let out_dir = match (&args.out, args.format) {
+        (_, ViewFormat::Folded) => None,
+        (Some(d), _) => Some(d.clone()),
+        (None, _) => {
+            let dir = if args.trace.is_dir() {
+                args.trace.clone()
+            } else {
+                args.trace
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf()
+            };
+            Some(dir.join("view"))
+        }
+    };
+    if let Some(d) = &out_dir {
+        std::fs::create_dir_all(d)
+            .map_err(|e| format!("{}: cannot create the directory: {e}", d.display()))?;
+    }
+    let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
+    let t_start = std::time::Instant::now();
+    let mut views: Vec<ThreadView> = Vec::new();
+    let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
+    let mut costs = spill::Costs::default();
+    let mut folded = folded::Folded::default();
+    for (k, &i) in order.iter().enumerate() {
         let th = &trace.threads[i];
         let h = &th.header;
         let proc_ = trace.process_of(th);
@@ -457,51 +602,46 @@ pub fn run(args: Args) -> CmdResult {
                 symbolizer.clone(),
             ))
         });
-        let syscall_windows = ptt::window_name(h.window) == "syscall";
-        let mut cs = CallStacks::new(&namer.image).with_inline_frames();
-        match args.range {
-            Some(ViewRange::Insns(a, b)) => {
-                cs.count_only(a.saturating_sub(base)..b.saturating_sub(base));
+        let Namer { image, ids, frames } = namer;
+        let range = args.range.map(|r| match r {
+            ViewRange::Insns(a, b) => {
+                ViewRange::Insns(a.saturating_sub(base), b.saturating_sub(base))
             }
-            Some(ViewRange::Windows(..)) => cs.count_only(u64::MAX..u64::MAX),
-            None => {}
+            w => w,
+        });
+        let (trie, markers, anchors, instructions, spill, spans, windows, counted, stats);
+        match &out_dir {
+            Some(dir) => {
+                let path = dir.join(format!(".view-spans-{k}.tmp"));
+                let mut fnamer = FrameNamer {
+                    image: &*image,
+                    ids: &mut *ids,
+                    frames,
+                    names: &mut names,
+                };
+                let sink = spill::SpillSink::create(&path, &mut fnamer, &mut costs)
+                    .map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
+                let cs = CallStacks::with_sink(&*image, sink).with_inline_frames();
+                let (done, w, c, s) = decode_one(&trace, th, cs, range, bar.as_ref())?;
+                let sp = done
+                    .sink
+                    .finish()
+                    .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+                spans = sp.spans();
+                spill = Some(sp);
+                (trie, markers, anchors, instructions) =
+                    (done.trie, done.markers, done.anchors, done.instructions);
+                (windows, counted, stats) = (w, c, s);
+            }
+            None => {
+                let cs = CallStacks::with_sink(&*image, NoSpans).with_inline_frames();
+                let (done, w, c, s) = decode_one(&trace, th, cs, range, bar.as_ref())?;
+                (spill, spans) = (None, 0);
+                (trie, markers, anchors, instructions) =
+                    (done.trie, done.markers, done.anchors, done.instructions);
+                (windows, counted, stats) = (w, c, s);
+            }
         }
-        let mut windows = Vec::new();
-        let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
-            if let Some(b) = &bar {
-                b.inc((w.pt_len + w.sideband_len + 124) as u64);
-            }
-            if let Some(ViewRange::Windows(n, m)) = args.range {
-                // Counted from the first window at or after N to the first after M.
-                let (from, to) = (cs.counted().start, cs.counted().end);
-                if w.index >= n && w.index <= m && from == u64::MAX {
-                    cs.count_only(cs.instructions()..u64::MAX);
-                } else if w.index > m && from != u64::MAX && to == u64::MAX {
-                    cs.count_only(from..cs.instructions());
-                }
-            }
-            if w.flags & LOSS_FLAGS != 0 {
-                cs.restart(Some(format!(
-                    "window {}: {}",
-                    w.index,
-                    w.flag_names().join(", ")
-                )));
-            } else if syscall_windows {
-                // Each window is one syscall's own execution.
-                cs.restart(None);
-            }
-            let start = cs.instructions();
-            if let Some(dec) = dec {
-                dec.for_each_slice(|recs| {
-                    for r in recs {
-                        cs.record(r);
-                    }
-                    ControlFlow::<()>::Continue(())
-                });
-            }
-            windows.push((w.clone(), start, cs.instructions()));
-            Ok::<(), DecodeError>(())
-        })?;
         if !files_checked {
             damages.add_tail(th.path.display(), &stats.tail);
         }
@@ -512,107 +652,76 @@ pub fn run(args: Args) -> CmdResult {
                 crate::text::printable(&w.to_string())
             );
         }
-        let counted = cs.counted();
-        let mut stacks = cs.finish();
-        if args.range.is_some() {
-            let b = counted.end.min(stacks.instructions);
-            let a = counted.start.min(b);
-            cut_to(&mut stacks, &mut windows, a, b);
+        let comm = proc_
+            .map(|p| basename(&p.cmdline))
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| format!("pid {}", h.pid));
+        // Collapsed stacks, under the image's command name.
+        let root = names.intern(comm.replace([';', ' '], "_"));
+        folded.add_thread(root, &trie, |key| name_id(image, ids, &mut names, key));
+        drop(trie);
+        let (mut markers, mut windows) = (markers, windows);
+        let cut = args.range.map(|_| {
+            let b = counted.end.min(instructions);
+            (counted.start.min(b), b)
+        });
+        if let Some((a, b)) = cut {
+            markers.retain(|m| (a..=b).contains(&m.at));
+            windows.retain(|(_, s, e)| (*e > a && *s < b) || (s == e && (a..b).contains(s)));
         }
-        let span_names = namer.span_names(&mut stacks.spans, &mut names);
-        *axis_end.entry((h.pid, h.tid)).or_insert(0) = base + stacks.instructions;
-        let time = hardware_time(h.backend, proc_, &stacks);
+        *axis_end.entry((h.pid, h.tid)).or_insert(0) = base + instructions;
         views.push(ThreadView {
             pid: h.pid,
             tid: h.tid,
-            comm: proc_
-                .map(|p| basename(&p.cmdline))
-                .filter(|c| !c.is_empty())
-                .unwrap_or_else(|| format!("pid {}", h.pid)),
+            comm,
             cmdline: proc_.map(|p| p.cmdline.clone()).unwrap_or_default(),
             base,
-            stacks,
-            span_names,
+            image: (h.pid, h.nonce),
+            spill,
+            spans,
+            markers,
+            instructions,
             windows,
-            syscall_windows,
-            time,
+            syscall_windows: ptt::window_name(h.window) == "syscall",
+            time: hardware_time(h.backend, proc_, &anchors),
+            cut,
         });
     }
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-
-    // Collapsed stacks of every thread, under the image's command name (as name ids
-    // first: the lines of a long trace are large).
-    let mut folded: HashMap<Vec<u32>, u64> = HashMap::new();
-    for (v, &i) in views.iter().zip(&order) {
-        let th = &trace.threads[i];
-        let Some(namer) = namers.get_mut(&(th.header.pid, th.header.nonce)) else {
-            continue;
-        };
-        let comm = names.intern(v.comm.replace([';', ' '], "_"));
-        for (path, n) in &v.stacks.stacks {
-            let mut key = Vec::with_capacity(path.len() + 1);
-            key.push(comm);
-            key.extend(path.iter().map(|&a| namer.id(a, &mut names)));
-            *folded.entry(key).or_default() += n;
-        }
-    }
-    let mut folded_lines: Vec<String> = folded
-        .iter()
-        .map(|(key, n)| {
-            let len: usize = key.iter().map(|&id| names.get(id).len() + 1).sum();
-            let mut line = String::with_capacity(len + 20);
-            for (k, &id) in key.iter().enumerate() {
-                if k > 0 {
-                    line.push(';');
-                }
-                line.push_str(names.get(id));
-            }
-            line.push(' ');
-            line.push_str(&n.to_string());
-            line
-        })
-        .collect();
-    drop(folded);
-    folded_lines.sort_unstable();
-
     note_unnamed_modules("view", namers.values().map(|n| &n.image));
-    if args.format == ViewFormat::Folded {
+    let limit = (!args.full && args.range.is_none()).then_some(args.limit);
+    let name_of = |n: u32| names.get(n);
+
+    let Some(out_dir) = out_dir else {
         let stdout = std::io::stdout();
         let mut out = BufWriter::new(stdout.lock());
-        for l in &folded_lines {
-            writeln!(out, "{l}")?;
-        }
+        let written = folded.write(&name_of, limit, &mut out)?;
         out.flush()?;
-        return damages.finish("view", args.policy);
-    }
-
-    let out_dir = match &args.out {
-        Some(d) => d.clone(),
-        None => {
-            let dir = if args.trace.is_dir() {
-                args.trace.clone()
-            } else {
-                args.trace
-                    .parent()
-                    .filter(|p| !p.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."))
-                    .to_path_buf()
-            };
-            dir.join("view")
+        if written.merged_frames > 0 {
+            eprintln!(
+                "pttrace view: {} frames of stacks under {} instructions merged into `{}` \
+                 frames to stay within --limit; --full writes them all",
+                written.merged_frames,
+                written.merged_below,
+                folded::MERGED
+            );
         }
+        return damages.finish("view", args.policy);
     };
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|e| format!("{}: cannot create the directory: {e}", out_dir.display()))?;
 
     let axis = choose_axis(&views);
-    let timeline = out_dir.join("timeline.json");
-    let merge_below = if args.full || args.range.is_some() {
-        0
-    } else {
-        merge_threshold(&views, &names, args.timeline_limit)
-    };
+    // Calls shorter than this are merged into their callers in the bounded formats.
+    let fixed: u64 = views
+        .iter()
+        .map(|v| {
+            v.windows.len() as u64 * JSON_BYTES_PER_WINDOW
+                + v.markers.len() as u64 * JSON_BYTES_PER_GAP
+        })
+        .sum::<u64>()
+        + JSON_BYTES_FIXED;
+    let merge_below = limit.map_or(0, |l| costs.threshold(l.saturating_sub(fixed)));
     let part = match (args.range, args.tid) {
         (None, None) => "the whole trace".to_string(),
         (r, t) => {
@@ -625,28 +734,46 @@ pub fn run(args: Args) -> CmdResult {
             format!("{r}{t} (calls cut to it)")
         }
     };
-    let (events, merged) = write_timeline(
-        &timeline,
+    let paths = OutPaths {
+        timeline: out_dir.join("timeline.json"),
+        pftrace: out_dir.join("timeline.pftrace"),
+        speedscope: out_dir.join("profile.speedscope.json"),
+    };
+    let t_decoded = t_start.elapsed();
+    let wrote = write_views(
+        &paths,
         &views,
+        &namers,
         &names,
         &axis,
         (&args.trace, &part),
         merge_below,
-    )
-    .map_err(|e| format!("{}: cannot write: {e}", timeline.display()))?;
-    let speedscope = out_dir.join("profile.speedscope.json");
-    write_speedscope(&speedscope, &views, &names, &axis, merge_below)
-        .map_err(|e| format!("{}: cannot write: {e}", speedscope.display()))?;
-    let pf = out_dir.join("timeline.pftrace");
-    let pf_bytes = write_pftrace(&pf, &views, &names, &axis)
-        .map_err(|e| format!("{}: cannot write: {e}", pf.display()))?;
+    )?;
+    let spill_bytes: u64 = views
+        .iter()
+        .filter_map(|v| v.spill.as_ref().map(spill::Spill::bytes))
+        .sum();
+    for v in &mut views {
+        v.spill = None;
+    }
+    let t_timelines = t_start.elapsed();
     let stacks_path = out_dir.join("stacks.folded");
-    write_lines(&stacks_path, &folded_lines)
-        .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
+    let folded_written = {
+        let mut w = BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&stacks_path)
+                .map_err(|e| format!("{}: cannot create: {e}", stacks_path.display()))?,
+        );
+        let r = folded
+            .write(&name_of, limit, &mut w)
+            .and_then(|r| w.flush().map(|()| r));
+        r.map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?
+    };
+    let t_folded = t_start.elapsed();
     // Gaps and losses: where the stacks start over (instant events on the timeline).
-    let gaps: usize = views.iter().map(|v| v.stacks.markers.len()).sum();
+    let gaps: usize = views.iter().map(|v| v.markers.len()).sum();
     let svg = out_dir.join("flamegraph.svg");
-    let svg_written = if folded_lines.is_empty() {
+    let svg_written = if folded.is_empty() {
         false
     } else {
         let mut title = match trace.processes.first() {
@@ -659,13 +786,14 @@ pub fn run(args: Args) -> CmdResult {
                  are instant events on the timeline)"
             ));
         }
-        write_flamegraph(&svg, &folded_lines, title)
+        let lines = folded.lines_for_width(&name_of, FLAMEGRAPH_WIDTH);
+        write_flamegraph(&svg, &lines, title)
             .map_err(|e| format!("{}: cannot write: {e}", svg.display()))?;
         true
     };
 
-    let insns: u64 = views.iter().map(|v| v.stacks.instructions).sum();
-    let spans: usize = views.iter().map(|v| v.stacks.spans.len()).sum();
+    let insns: u64 = views.iter().map(|v| v.instructions).sum();
+    let spans: u64 = views.iter().map(|v| v.spans).sum();
     let axis_text = match &axis {
         Axis::Instructions { why } => format!("instructions ({why})"),
         Axis::Nanoseconds { .. } => "nanoseconds (TSC)".to_string(),
@@ -684,23 +812,26 @@ pub fn run(args: Args) -> CmdResult {
         threads.len()
     );
     println!(
-        "timeline:    {} ({events} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",
-        timeline.display()
+        "timeline:    {} ({} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",
+        paths.timeline.display(),
+        wrote.events
     );
+    let merged = wrote.merged;
     if merged > 0 {
         println!(
             "             ({merged} calls shorter than {merge_below} instructions merged into \
-             their callers to stay within --timeline-limit; --full writes them all)"
+             their callers to stay within --limit; --full writes them all)"
         );
     }
     println!(
-        "             {} ({pf_bytes} bytes, every call; Perfetto's own format: open in \
+        "             {} ({} bytes, every call; Perfetto's own format: open in \
          ui.perfetto.dev)",
-        pf.display()
+        paths.pftrace.display(),
+        wrote.pftrace_bytes
     );
     println!(
         "             {} (speedscope's own format, the axis in {})",
-        speedscope.display(),
+        paths.speedscope.display(),
         match &axis {
             Axis::Instructions { .. } => "instructions",
             Axis::Nanoseconds { .. } => "nanoseconds",
@@ -712,18 +843,34 @@ pub fn run(args: Args) -> CmdResult {
         println!("flame graph: none (no instructions were decoded)");
     }
     println!("stacks:      {}", stacks_path.display());
+    if folded_written.merged_frames > 0 {
+        println!(
+            "             ({} frames of stacks under {} instructions merged into `{}` frames \
+             to stay within --limit; --full writes them all)",
+            folded_written.merged_frames,
+            folded_written.merged_below,
+            folded::MERGED
+        );
+    }
+    if std::env::var_os("PTTRACE_VIEW_STATS").is_some() {
+        eprintln!(
+            "pttrace view: spans spilled: {spill_bytes} bytes; decoded at {t_decoded:?}, \
+             timelines at {t_timelines:?}, stacks at {t_folded:?}, all {:?}",
+            t_start.elapsed()
+        );
+    }
     damages.finish("view", args.policy)
 }
 
 /// The thread's timestamps as nanoseconds, when the trace has usable time: hardware PT,
 /// a known TSC conversion, and at least two timestamps.
-fn hardware_time(backend: u8, p: Option<&PttProcess>, s: &ThreadStacks) -> Option<TimeMap> {
+fn hardware_time(backend: u8, p: Option<&PttProcess>, anchors: &[TimeAnchor]) -> Option<TimeMap> {
     if ptt::backend_name(backend) != "hardware" {
         return None;
     }
     let md = p?.metadata?;
     let (time_shift, time_mult, time_zero) = (md.time_shift, md.time_mult, md.time_zero);
-    if time_mult == 0 || s.anchors.len() < 2 {
+    if time_mult == 0 || anchors.len() < 2 {
         return None;
     }
     let conv = TimeConv {
@@ -732,7 +879,7 @@ fn hardware_time(backend: u8, p: Option<&PttProcess>, s: &ThreadStacks) -> Optio
         time_zero,
     };
     Some(TimeMap::new(
-        s.anchors
+        anchors
             .iter()
             .map(|a| (a.insn, conv.tsc_to_perf_time(a.tsc) as f64)),
     ))
@@ -757,71 +904,280 @@ fn choose_axis(views: &[ThreadView]) -> Axis {
     }
 }
 
-/// Writes the Chrome Trace Event JSON file; returns the number of events.
-fn write_timeline(
-    path: &Path,
+/// Width of the flame graph (inferno's default), for the stacks it can show.
+const FLAMEGRAPH_WIDTH: u64 = 1200;
+
+struct OutPaths {
+    timeline: PathBuf,
+    pftrace: PathBuf,
+    speedscope: PathBuf,
+}
+
+/// What [`write_views`] wrote.
+struct Wrote {
+    /// Events in timeline.json.
+    events: u64,
+    /// Calls left out of timeline.json and the speedscope profile (merged into callers).
+    merged: u64,
+    pftrace_bytes: u64,
+}
+
+/// An error writing `p`, as the command reports it.
+fn write_err(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+    move |e| format!("{}: cannot write: {e}", p.display())
+}
+
+/// Writes the three timelines (see [`write_json_view`], [`pftrace`] and
+/// [`write_speedscope_view`]) from one read of each thread's spans: calls, windows, gaps.
+fn write_views(
+    paths: &OutPaths,
     views: &[ThreadView],
+    namers: &HashMap<(i32, u64), Namer>,
     names: &Names,
     axis: &Axis,
     (trace, part): (&Path, &str),
     merge_below: u64,
-) -> std::io::Result<(u64, u64)> {
-    let mut merged = 0u64;
-    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let mut n = 0u64;
-    w.write_all(b"{\"traceEvents\":[\n")?;
-    let mut emit = |w: &mut BufWriter<std::fs::File>, e: &Event<'_>| -> std::io::Result<()> {
-        if n > 0 {
-            w.write_all(b",\n")?;
-        }
-        n += 1;
-        serde_json::to_writer(&mut *w, e).map_err(std::io::Error::other)
+) -> Result<Wrote, String> {
+    let create = |p: &Path| {
+        std::fs::File::create(p)
+            .map(|f| BufWriter::with_capacity(1 << 20, f))
+            .map_err(|e| format!("{}: cannot create: {e}", p.display()))
     };
-    // Process names: the command lines of the images a pid ran, in order (views are
-    // sorted by pid, tid, start); thread names: the commands a thread ran.
-    for pid in pids(views) {
-        let name = process_name(views, pid);
-        let mut e = Event::new("process_name", "M", pid, None);
-        e.args = Some(serde_json::json!({ "name": name }));
-        emit(&mut w, &e)?;
-    }
-    let mut sort_index = 0u64;
-    let mut named: Vec<(i32, i32)> = Vec::new();
-    for v in views {
+    let mut json = Json {
+        w: create(&paths.timeline)?,
+        n: 0,
+    };
+    let mut pf = pftrace::Writer::new(create(&paths.pftrace)?);
+    let mut ss = Speedscope {
+        w: create(&paths.speedscope)?,
+        unit: match axis {
+            Axis::Instructions { .. } => "none",
+            Axis::Nanoseconds { .. } => "nanoseconds",
+        },
+        frames: Vec::new(),
+        order: Vec::new(),
+        first: true,
+    };
+    json.start(views).map_err(write_err(&paths.timeline))?;
+    let tracks = pf_tracks(&mut pf, views, axis).map_err(write_err(&paths.pftrace))?;
+    ss.start().map_err(write_err(&paths.speedscope))?;
+    let (mut shown, mut total) = (0u64, 0u64);
+    let empty = FrameTable::default();
+    for (k, v) in views.iter().enumerate() {
+        total += v.spans;
+        let frames = namers.get(&v.image).map_or(&empty, |n| &n.frames);
         let tid = i64::from(v.tid);
-        if !named.contains(&(v.pid, v.tid)) {
+        let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
+        let t0 = ns(axis.place(v, 0, 0).0);
+        let mut seq = pf.sequence(track, t0).map_err(write_err(&paths.pftrace))?;
+        let (_, end) = axis.place(v, 0, v.instructions);
+        ss.profile_start(k, views, v, t0, t0 + ns(end))
+            .map_err(write_err(&paths.speedscope))?;
+        let mut markers = v.markers.iter().peekable();
+        // Categories, each with its key in the sequence.
+        let mut cats: FxHashMap<(SpanStart, SpanEnd), (u32, String)> = FxHashMap::default();
+        // The ends (ns) of the open calls, to keep the nesting should rounding of times
+        // disagree, and whether the bounded formats have them.
+        let mut ends: Vec<(u64, bool)> = Vec::new();
+        // Which file failed: 0 JSON, 1 pftrace, 2 speedscope.
+        let mut failed = 0usize;
+        let mut edge = |e: spill::Edge| -> std::io::Result<()> {
+            // (time, frame, the begin's JSON time and length and kinds, in the bounded
+            // formats)
+            let (ts, frame, begin, bounded) = match e {
+                spill::Edge::Begin {
+                    at,
+                    len,
+                    frame,
+                    start,
+                    end,
+                } => {
+                    let (ts, dur) = axis.place(v, at, at + len);
+                    let b = ns(ts);
+                    let outer = ends.last().map_or(u64::MAX, |e| e.0);
+                    let bounded = len >= merge_below;
+                    ends.push(((b + ns(dur)).min(outer).max(b), bounded));
+                    (b, frame, Some((ts, dur, start, end)), bounded)
+                }
+                spill::Edge::End { frame, .. } => {
+                    let (e, bounded) = ends.pop().unwrap_or((0, false));
+                    (e, frame, None, bounded)
+                }
+            };
+            failed = 1;
+            while let Some(m) = markers.next_if(|m| marker_ns(v, axis, m) <= ts) {
+                gap(&mut pf, &mut seq, v, axis, m)?;
+            }
+            let chain = frames.chain(frame);
+            match begin {
+                Some((jts, dur, start, end)) => {
+                    let next = cats.len() as u32;
+                    let (cat_key, category) = cats
+                        .entry((start, end))
+                        .or_insert_with(|| (next, span_category(start, end).into_owned()));
+                    for &id in chain {
+                        let name = names.get(id);
+                        failed = 1;
+                        pf.event(
+                            &mut seq,
+                            pftrace::Event::Begin {
+                                ts,
+                                name: pftrace::Named {
+                                    key: Some(id),
+                                    text: name,
+                                },
+                                category: pftrace::Named {
+                                    key: Some(*cat_key),
+                                    text: category,
+                                },
+                            },
+                        )?;
+                        if bounded {
+                            shown += 1;
+                            failed = 0;
+                            json.call(v, tid, name, category, jts, dur)?;
+                            failed = 2;
+                            ss.edge(id, true, ts)?;
+                        }
+                    }
+                }
+                None => {
+                    for &id in chain.iter().rev() {
+                        failed = 1;
+                        pf.event(&mut seq, pftrace::Event::End { ts })?;
+                        if bounded {
+                            failed = 2;
+                            ss.edge(id, false, ts)?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        if let Some(s) = &v.spill {
+            spill::replay(s, v.cut, &mut edge).map_err(|e| {
+                let p = [&paths.timeline, &paths.pftrace, &paths.speedscope];
+                write_err(p[failed.min(2)])(e)
+            })?;
+        }
+        for m in markers {
+            gap(&mut pf, &mut seq, v, axis, m).map_err(write_err(&paths.pftrace))?;
+        }
+        ss.profile_end().map_err(write_err(&paths.speedscope))?;
+        json.windows_and_gaps(v, tid, axis)
+            .map_err(write_err(&paths.timeline))?;
+        // Windows, one after the other on their own track and sequence.
+        let mut wseq = pf
+            .sequence(window_track, t0)
+            .map_err(write_err(&paths.pftrace))?;
+        for (win, start, end) in &v.windows {
+            let name = window_name(win);
+            let (ts, dur) = axis.place(v, *start, *end);
+            let ts = ns(ts);
+            let r = pf
+                .event(
+                    &mut wseq,
+                    pftrace::Event::Begin {
+                        ts,
+                        name: pftrace::Named {
+                            key: None,
+                            text: &name,
+                        },
+                        category: pftrace::Named {
+                            key: None,
+                            text: "syscall",
+                        },
+                    },
+                )
+                .and_then(|()| pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) }));
+            r.map_err(write_err(&paths.pftrace))?;
+        }
+    }
+    let merged = total.saturating_sub(shown);
+    let events = json.n;
+    json.finish(views, axis, (trace, part), merged, merge_below)
+        .map_err(write_err(&paths.timeline))?;
+    let pftrace_bytes = pf.finish().map_err(write_err(&paths.pftrace))?;
+    ss.finish(names).map_err(write_err(&paths.speedscope))?;
+    Ok(Wrote {
+        events,
+        merged,
+        pftrace_bytes,
+    })
+}
+
+/// `timeline.json`: Chrome Trace Event JSON.
+struct Json {
+    w: BufWriter<std::fs::File>,
+    n: u64,
+}
+
+impl Json {
+    fn emit(&mut self, e: &Event<'_>) -> std::io::Result<()> {
+        if self.n > 0 {
+            self.w.write_all(b",\n")?;
+        }
+        self.n += 1;
+        serde_json::to_writer(&mut self.w, e).map_err(std::io::Error::other)
+    }
+
+    /// The file's start; process names (the command lines of the images a pid ran, in
+    /// order) and thread names (the commands a thread ran), with its windows' track.
+    fn start(&mut self, views: &[ThreadView]) -> std::io::Result<()> {
+        self.w.write_all(b"{\"traceEvents\":[\n")?;
+        for pid in pids(views) {
+            let name = process_name(views, pid);
+            let mut e = Event::new("process_name", "M", pid, None);
+            e.args = Some(serde_json::json!({ "name": name }));
+            self.emit(&e)?;
+        }
+        let mut sort_index = 0u64;
+        let mut named: Vec<(i32, i32)> = Vec::new();
+        for v in views {
+            let tid = i64::from(v.tid);
+            if named.contains(&(v.pid, v.tid)) {
+                continue;
+            }
             named.push((v.pid, v.tid));
             let (thread, windows) = thread_track_names(views, v);
             let tracks = [(tid, thread), (WINDOW_TRACK + tid, windows)];
             for (t, name) in tracks {
                 let mut e = Event::new("thread_name", "M", v.pid, Some(t));
                 e.args = Some(serde_json::json!({ "name": name }));
-                emit(&mut w, &e)?;
+                self.emit(&e)?;
                 let mut e = Event::new("thread_sort_index", "M", v.pid, Some(t));
                 e.args = Some(serde_json::json!({ "sort_index": sort_index }));
                 sort_index += 1;
-                emit(&mut w, &e)?;
+                self.emit(&e)?;
             }
         }
-        for (s, &name) in v.stacks.spans.iter().zip(&v.span_names) {
-            if s.end - s.start < merge_below {
-                merged += 1;
-                continue;
-            }
-            let (ts, dur) = axis.place(v, s.start, s.end);
-            let mut e = Event::new(names.get(name), "X", v.pid, Some(tid));
-            // How an unusual span began or ended goes into its categories, not its args:
-            // speedscope names a frame by its name and args together, so args would split
-            // one function into several in its Left Heavy and Sandwich views.
-            let cat = span_category(s.start_kind, s.end_kind);
-            e.cat = Some(&cat);
-            e.ts = Some(ts);
-            e.dur = Some(dur);
-            emit(&mut w, &e)?;
-        }
+        Ok(())
+    }
+
+    /// A call: a complete (`X`) event. How an unusual span began or ended goes into its
+    /// categories, not its args: speedscope names a frame by its name and args together,
+    /// so args would split one function into several in its Left Heavy and Sandwich views.
+    fn call(
+        &mut self,
+        v: &ThreadView,
+        tid: i64,
+        name: &str,
+        category: &str,
+        ts: Ts,
+        dur: Ts,
+    ) -> std::io::Result<()> {
+        let mut e = Event::new(name, "X", v.pid, Some(tid));
+        e.cat = Some(category);
+        e.ts = Some(ts);
+        e.dur = Some(dur);
+        self.emit(&e)
+    }
+
+    fn windows_and_gaps(&mut self, v: &ThreadView, tid: i64, axis: &Axis) -> std::io::Result<()> {
+        let axis_of = |v: &ThreadView, s: u64, e: u64| axis.place(v, s, e);
         for (win, start, end) in &v.windows {
             let name = window_name(win);
-            let (ts, dur) = axis.place(v, *start, *end);
+            let (ts, dur) = axis_of(v, *start, *end);
             let mut e = Event::new(&name, "X", v.pid, Some(WINDOW_TRACK + tid));
             e.cat = Some("syscall");
             e.ts = Some(ts);
@@ -833,73 +1189,221 @@ fn write_timeline(
                 "flags": win.flag_names().join(","),
                 "instructions": end - start,
             }));
-            emit(&mut w, &e)?;
+            self.emit(&e)?;
         }
-        for m in &v.stacks.markers {
-            let (ts, _) = axis.place(v, m.at, m.at);
+        for m in &v.markers {
+            let (ts, _) = axis_of(v, m.at, m.at);
             let mut e = Event::new("gap", "i", v.pid, Some(tid));
             e.cat = Some("gap");
             e.ts = Some(ts);
             e.s = Some("t");
             e.args = Some(serde_json::json!({ "what": m.what }));
-            emit(&mut w, &e)?;
+            self.emit(&e)?;
         }
+        Ok(())
     }
-    let insns: u64 = views.iter().map(|v| v.stacks.instructions).sum();
-    let (unit, axis_name, note) = match axis {
-        Axis::Instructions { why } => (
-            None,
-            "instructions",
-            format!(
-                "{why}: ts and dur count instructions (1 unit = 1 instruction), each thread \
-                 from 0 (a thread continues its count across execve)"
-            ),
-        ),
-        Axis::Nanoseconds { .. } => (
-            Some("ns"),
-            "ns",
-            "TSC converted to nanoseconds with the trace's time conversion, from the first \
-             timestamp, interpolated by instruction between timestamps"
-                .to_string(),
-        ),
-    };
-    let mut tail = serde_json::json!({
-        "otherData": {
-            "time_axis": axis_name,
-            "time_axis_note": note,
-            "trace": trace.display().to_string(),
-            "part": part,
-            "instructions": insns,
-            "tool": "pttrace view",
-            "merged_calls": merged,
-            "merged_below_instructions": merge_below,
-            "merged_note": if merged == 0 {
-                "every call is in this file".to_string()
-            } else {
+
+    fn finish(
+        mut self,
+        views: &[ThreadView],
+        axis: &Axis,
+        (trace, part): (&Path, &str),
+        merged: u64,
+        merge_below: u64,
+    ) -> std::io::Result<()> {
+        let insns: u64 = views.iter().map(|v| v.instructions).sum();
+        let (unit, axis_name, note) = match axis {
+            Axis::Instructions { why } => (
+                None,
+                "instructions",
                 format!(
-                    "{merged} calls shorter than {merge_below} instructions are merged into \
-                     their callers (their time counts in the caller's span) to keep this file \
-                     within --timeline-limit; timeline.pftrace and `pttrace view --full` have \
-                     every call"
-                )
-            },
+                    "{why}: ts and dur count instructions (1 unit = 1 instruction), each \
+                     thread from 0 (a thread continues its count across execve)"
+                ),
+            ),
+            Axis::Nanoseconds { .. } => (
+                Some("ns"),
+                "ns",
+                "TSC converted to nanoseconds with the trace's time conversion, from the \
+                 first timestamp, interpolated by instruction between timestamps"
+                    .to_string(),
+            ),
+        };
+        let mut tail = serde_json::json!({
+            "otherData": {
+                "time_axis": axis_name,
+                "time_axis_note": note,
+                "trace": trace.display().to_string(),
+                "part": part,
+                "instructions": insns,
+                "tool": "pttrace view",
+                "merged_calls": merged,
+                "merged_below_instructions": merge_below,
+                "merged_note": if merged == 0 {
+                    "every call is in this file".to_string()
+                } else {
+                    format!(
+                        "{merged} calls shorter than {merge_below} instructions are merged \
+                         into their callers (their time counts in the caller's span) to keep \
+                         this file within --limit; timeline.pftrace and `pttrace view --full` \
+                         have every call"
+                    )
+                },
+            }
+        });
+        if let (Some(u), Some(o)) = (unit, tail.as_object_mut()) {
+            o.insert("displayTimeUnit".into(), u.into());
         }
-    });
-    if let (Some(u), Some(o)) = (unit, tail.as_object_mut()) {
-        o.insert("displayTimeUnit".into(), u.into());
+        self.w.write_all(b"\n]")?;
+        if let Some(o) = tail.as_object() {
+            for (k, v) in o {
+                self.w.write_all(b",")?;
+                serde_json::to_writer(&mut self.w, k).map_err(std::io::Error::other)?;
+                self.w.write_all(b":")?;
+                serde_json::to_writer(&mut self.w, v).map_err(std::io::Error::other)?;
+            }
+        }
+        self.w.write_all(b"}\n")?;
+        self.w.flush()
     }
-    w.write_all(b"\n]")?;
-    if let Some(o) = tail.as_object() {
-        for (k, v) in o {
-            w.write_all(b",")?;
-            serde_json::to_writer(&mut w, k).map_err(std::io::Error::other)?;
-            w.write_all(b":")?;
-            serde_json::to_writer(&mut w, v).map_err(std::io::Error::other)?;
+}
+
+/// The track descriptors of `timeline.pftrace`: a process track per pid, a thread track
+/// and a windows track per thread; returns the (thread, windows) track uuids by thread.
+fn pf_tracks<W: Write + Send + 'static>(
+    w: &mut pftrace::Writer<W>,
+    views: &[ThreadView],
+    axis: &Axis,
+) -> std::io::Result<HashMap<(i32, i32), (u64, u64)>> {
+    use pftrace::Track;
+    let unit = match axis {
+        Axis::Instructions { .. } => " [time axis: instructions, 1 ns = 1 instruction]",
+        Axis::Nanoseconds { .. } => "",
+    };
+    let mut uuids: HashMap<(i32, i32), (u64, u64)> = HashMap::new();
+    let mut next = 1u64;
+    for pid in pids(views) {
+        let process = next;
+        next += 1;
+        let name = format!("{}{unit}", process_name(views, pid));
+        w.track(process, Track::Process { pid, name: &name })?;
+        for v in views.iter().filter(|v| v.pid == pid) {
+            if uuids.contains_key(&(v.pid, v.tid)) {
+                continue;
+            }
+            let (thread, windows) = thread_track_names(views, v);
+            let (t, wt) = (next, next + 1);
+            next += 2;
+            w.track(
+                t,
+                Track::Thread {
+                    pid,
+                    tid: v.tid,
+                    name: &thread,
+                },
+            )?;
+            w.track(
+                wt,
+                Track::Named {
+                    parent: process,
+                    name: &windows,
+                },
+            )?;
+            uuids.insert((v.pid, v.tid), (t, wt));
         }
     }
-    w.write_all(b"}\n")?;
-    w.flush()?;
-    Ok((n, merged))
+    Ok(uuids)
+}
+
+/// `profile.speedscope.json`: speedscope's own format (a shared frame table, one evented
+/// profile per thread image: open/close events), with the axis unit speedscope shows
+/// ("none" for instructions, where the Chrome JSON gets "ms"), the calls of the JSON
+/// timeline.
+struct Speedscope {
+    w: BufWriter<std::fs::File>,
+    unit: &'static str,
+    /// Frame index + 1 of each name id (0: none yet).
+    frames: Vec<usize>,
+    order: Vec<u32>,
+    /// No event written yet in the profile being written.
+    first: bool,
+}
+
+impl Speedscope {
+    fn start(&mut self) -> std::io::Result<()> {
+        write!(
+            self.w,
+            "{{\"$schema\":\"https://www.speedscope.app/file-format-schema.json\",\
+             \"exporter\":\"pttrace view\",\"profiles\":["
+        )
+    }
+
+    fn profile_start(
+        &mut self,
+        k: usize,
+        views: &[ThreadView],
+        v: &ThreadView,
+        t0: u64,
+        end: u64,
+    ) -> std::io::Result<()> {
+        if k > 0 {
+            self.w.write_all(b",")?;
+        }
+        let (name, _) = thread_track_names(views, v);
+        write!(self.w, "{{\"type\":\"evented\",\"name\":")?;
+        serde_json::to_writer(&mut self.w, &name).map_err(std::io::Error::other)?;
+        write!(
+            self.w,
+            ",\"unit\":\"{}\",\"startValue\":{t0},\"endValue\":{},\"events\":[",
+            self.unit,
+            end.max(t0)
+        )?;
+        self.first = true;
+        Ok(())
+    }
+
+    fn edge(&mut self, name: u32, open: bool, at: u64) -> std::io::Result<()> {
+        let k = name as usize;
+        if self.frames.len() <= k {
+            self.frames.resize(k + 1, 0);
+        }
+        let frame = match self.frames.get(k).copied().unwrap_or(0) {
+            0 => {
+                self.order.push(name);
+                if let Some(f) = self.frames.get_mut(k) {
+                    *f = self.order.len();
+                }
+                self.order.len() - 1
+            }
+            f => f - 1,
+        };
+        if !std::mem::take(&mut self.first) {
+            self.w.write_all(b",")?;
+        }
+        let ty = if open { "O" } else { "C" };
+        write!(
+            self.w,
+            "{{\"type\":\"{ty}\",\"frame\":{frame},\"at\":{at}}}"
+        )
+    }
+
+    fn profile_end(&mut self) -> std::io::Result<()> {
+        self.w.write_all(b"]}")
+    }
+
+    fn finish(mut self, names: &Names) -> std::io::Result<()> {
+        self.w.write_all(b"],\"shared\":{\"frames\":[")?;
+        for (k, &name) in self.order.iter().enumerate() {
+            if k > 0 {
+                self.w.write_all(b",")?;
+            }
+            self.w.write_all(b"{\"name\":")?;
+            serde_json::to_writer(&mut self.w, names.get(name)).map_err(std::io::Error::other)?;
+            self.w.write_all(b"}")?;
+        }
+        self.w.write_all(b"]}}\n")?;
+        self.w.flush()
+    }
 }
 
 /// The pids of `views`, in order.
@@ -949,158 +1453,8 @@ fn ns(t: Ts) -> u64 {
     }
 }
 
-/// Writes `timeline.pftrace` (see [`pftrace`]): the same calls, windows and gaps as the
-/// JSON timeline. Returns the bytes written.
-fn write_pftrace(
-    path: &Path,
-    views: &[ThreadView],
-    names: &Names,
-    axis: &Axis,
-) -> std::io::Result<u64> {
-    use pftrace::{Event as E, Track};
-    let file = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let mut w = pftrace::Writer::new(file);
-    let unit = match axis {
-        Axis::Instructions { .. } => " [time axis: instructions, 1 ns = 1 instruction]",
-        Axis::Nanoseconds { .. } => "",
-    };
-    let mut uuids: HashMap<(i32, i32), (u64, u64)> = HashMap::new();
-    let mut next = 1u64;
-    for pid in pids(views) {
-        let process = next;
-        next += 1;
-        let name = format!("{}{unit}", process_name(views, pid));
-        w.track(process, Track::Process { pid, name: &name })?;
-        for v in views.iter().filter(|v| v.pid == pid) {
-            if uuids.contains_key(&(v.pid, v.tid)) {
-                continue;
-            }
-            let (thread, windows) = thread_track_names(views, v);
-            let (t, wt) = (next, next + 1);
-            next += 2;
-            w.track(
-                t,
-                Track::Thread {
-                    pid,
-                    tid: v.tid,
-                    name: &thread,
-                },
-            )?;
-            w.track(
-                wt,
-                Track::Named {
-                    parent: process,
-                    name: &windows,
-                },
-            )?;
-            uuids.insert((v.pid, v.tid), (t, wt));
-        }
-    }
-    for v in views {
-        let (track, window_track) = uuids[&(v.pid, v.tid)];
-        let t0 = ns(axis.place(v, 0, 0).0);
-        // Calls merged with the gaps, in time order (a gap before a call edge at its time).
-        let mut seq = w.sequence(track, t0)?;
-        let mut markers = v.stacks.markers.iter().peekable();
-        let mut cats: HashMap<(SpanStart, SpanEnd), String> = HashMap::new();
-        for_each_call_edge(v, axis, 0, |edge| {
-            while let Some(m) = markers.next_if(|m| marker_ns(v, axis, m) <= edge.ts) {
-                gap(&mut w, &mut seq, v, axis, m)?;
-            }
-            if !edge.begin {
-                return w.event(&mut seq, E::End { ts: edge.ts });
-            }
-            let s = &v.stacks.spans[edge.span];
-            let category = cats
-                .entry((s.start_kind, s.end_kind))
-                .or_insert_with(|| span_category(s.start_kind, s.end_kind).into_owned());
-            let name = names.get(v.span_names[edge.span]);
-            w.event(
-                &mut seq,
-                E::Begin {
-                    ts: edge.ts,
-                    name,
-                    category,
-                },
-            )
-        })?;
-        for m in markers {
-            gap(&mut w, &mut seq, v, axis, m)?;
-        }
-        // Windows, one after the other on their own track and sequence.
-        let mut wseq = w.sequence(window_track, t0)?;
-        for (win, start, end) in &v.windows {
-            let name = window_name(win);
-            let (ts, dur) = axis.place(v, *start, *end);
-            let (ts, category) = (ns(ts), "syscall");
-            w.event(
-                &mut wseq,
-                E::Begin {
-                    ts,
-                    name: &name,
-                    category,
-                },
-            )?;
-            w.event(&mut wseq, E::End { ts: ts + ns(dur) })?;
-        }
-    }
-    w.finish()
-}
-
-/// A call's begin or end (`span`: its index in the thread's spans) at `ts` (ns).
-struct CallEdge {
-    ts: u64,
-    span: usize,
-    begin: bool,
-}
-
-/// The begins and ends of `v`'s calls at least `merge_below` instructions long, in time
-/// order and properly nested (a call's end clamped to its caller's, should rounding of
-/// times disagree): what the begin/end formats (Perfetto's slices, speedscope's events)
-/// write.
-fn for_each_call_edge(
-    v: &ThreadView,
-    axis: &Axis,
-    merge_below: u64,
-    mut f: impl FnMut(CallEdge) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    let mut open: Vec<(u64, usize)> = Vec::new();
-    for (k, s) in v.stacks.spans.iter().enumerate() {
-        if s.end - s.start < merge_below {
-            continue;
-        }
-        let (ts, dur) = axis.place(v, s.start, s.end);
-        let (begin, end) = (ns(ts), ns(ts) + ns(dur));
-        while let Some(&(top, j)) = open.last() {
-            if top > begin {
-                break;
-            }
-            f(CallEdge {
-                ts: top,
-                span: j,
-                begin: false,
-            })?;
-            open.pop();
-        }
-        f(CallEdge {
-            ts: begin,
-            span: k,
-            begin: true,
-        })?;
-        open.push((open.last().map_or(end, |&(outer, _)| end.min(outer)), k));
-    }
-    while let Some((top, j)) = open.pop() {
-        f(CallEdge {
-            ts: top,
-            span: j,
-            begin: false,
-        })?;
-    }
-    Ok(())
-}
-
 /// Where a gap lies on the timeline (ns).
-fn marker_ns(v: &ThreadView, axis: &Axis, m: &drpttracer::decode::callstack::Marker) -> u64 {
+fn marker_ns(v: &ThreadView, axis: &Axis, m: &Marker) -> u64 {
     ns(axis.place(v, m.at, m.at).0)
 }
 
@@ -1113,79 +1467,8 @@ fn window_name(win: &PttWindowInfo) -> String {
     }
 }
 
-/// Writes `profile.speedscope.json`: speedscope's own format (a shared frame table, one
-/// evented profile per thread image: open/close events), with the axis unit speedscope
-/// shows ("none" for instructions, where the Chrome JSON gets "ms"), the calls of the
-/// JSON timeline (those at least `merge_below` long). Returns the calls written.
-fn write_speedscope(
-    path: &Path,
-    views: &[ThreadView],
-    names: &Names,
-    axis: &Axis,
-    merge_below: u64,
-) -> std::io::Result<u64> {
-    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let unit = match axis {
-        Axis::Instructions { .. } => "none",
-        Axis::Nanoseconds { .. } => "nanoseconds",
-    };
-    let mut frames: HashMap<u32, usize> = HashMap::new();
-    let mut order: Vec<u32> = Vec::new();
-    let mut calls = 0u64;
-    w.write_all(b"{\"$schema\":\"https://www.speedscope.app/file-format-schema.json\",")?;
-    w.write_all(b"\"exporter\":\"pttrace view\",\"profiles\":[")?;
-    for (k, v) in views.iter().enumerate() {
-        if k > 0 {
-            w.write_all(b",")?;
-        }
-        let (name, _) = thread_track_names(views, v);
-        let t0 = ns(axis.place(v, 0, 0).0);
-        let end = ns(axis
-            .place(v, v.stacks.instructions, v.stacks.instructions)
-            .0);
-        write!(w, "{{\"type\":\"evented\",\"name\":")?;
-        serde_json::to_writer(&mut w, &name).map_err(std::io::Error::other)?;
-        write!(
-            w,
-            ",\"unit\":\"{unit}\",\"startValue\":{t0},\"endValue\":{},\"events\":[",
-            end.max(t0)
-        )?;
-        let mut sep = "";
-        for_each_call_edge(v, axis, merge_below, |edge| {
-            let name = v.span_names[edge.span];
-            let next = order.len();
-            let frame = *frames.entry(name).or_insert_with(|| {
-                order.push(name);
-                next
-            });
-            let ty = if edge.begin { "O" } else { "C" };
-            calls += u64::from(edge.begin);
-            let at = edge.ts;
-            write!(
-                w,
-                "{sep}{{\"type\":\"{ty}\",\"frame\":{frame},\"at\":{at}}}"
-            )?;
-            sep = ",";
-            Ok(())
-        })?;
-        w.write_all(b"]}")?;
-    }
-    w.write_all(b"],\"shared\":{\"frames\":[")?;
-    for (k, &name) in order.iter().enumerate() {
-        if k > 0 {
-            w.write_all(b",")?;
-        }
-        w.write_all(b"{\"name\":")?;
-        serde_json::to_writer(&mut w, names.get(name)).map_err(std::io::Error::other)?;
-        w.write_all(b"}")?;
-    }
-    w.write_all(b"]}}\n")?;
-    w.flush()?;
-    Ok(calls)
-}
-
 /// A gap or loss as an instant event on the thread's track.
-fn gap<W: Write>(
+fn gap<W: Write + Send + 'static>(
     w: &mut pftrace::Writer<W>,
     seq: &mut pftrace::Sequence,
     v: &ThreadView,
@@ -1198,8 +1481,14 @@ fn gap<W: Write>(
         seq,
         pftrace::Event::Instant {
             ts,
-            name: &name,
-            category: "gap",
+            name: pftrace::Named {
+                key: None,
+                text: &name,
+            },
+            category: pftrace::Named {
+                key: None,
+                text: "gap",
+            },
         },
     )
 }
@@ -1219,15 +1508,6 @@ fn span_category(start: SpanStart, end: SpanEnd) -> std::borrow::Cow<'static, st
         cat = format!("{cat},end={}", end.name()).into();
     }
     cat
-}
-
-fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    for l in lines {
-        w.write_all(l.as_bytes())?;
-        w.write_all(b"\n")?;
-    }
-    w.flush()
 }
 
 fn write_flamegraph(path: &Path, lines: &[String], title: String) -> std::io::Result<()> {

@@ -643,3 +643,172 @@ fn progress_bar_only_on_a_terminal() {
         assert!(tty.contains("ETA") && tty.contains("MiB"), "{args}: {tty}");
     }
 }
+
+/// Runs `cmd` and waits for it with `wait4`: its output and its peak resident memory in
+/// bytes.
+// The child is reaped by wait4, which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+fn run_measured(cmd: &mut Command) -> (Output, u64) {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        err.read_to_end(&mut v).unwrap();
+        v
+    });
+    let mut stdout = Vec::new();
+    out.read_to_end(&mut stdout).unwrap();
+    let stderr = err_reader.join().unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child (not waited for by anyone else), with valid pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let o = Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout,
+        stderr,
+    };
+    (o, usage.ru_maxrss as u64 * 1024)
+}
+
+/// A trace of over 100 M instructions and 2.8 M calls (tests/progs/many_calls.c: 70,000
+/// calls of `top`, each calling `mid` 8 times, each calling `leaf` 4 times): `view` stays
+/// within 1 GiB; `timeline.pftrace` has every call (and libc's inlined code); the bounded `timeline.json` stays within
+/// `--limit` and holds exactly the calls at least as long as the length it says it merged
+/// below (the others merged into their callers); `stacks.folded` counts every instruction;
+/// `--range` gives exactly the calls of that part, cut to it.
+#[test]
+fn a_large_trace_is_viewed_in_bounded_memory_and_bounded_files() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with(
+        "many_calls",
+        dir.path(),
+        "many_calls",
+        &["-fno-inline", "-fno-omit-frame-pointer"],
+    );
+    let trace = dir.path().join("out");
+    ok(
+        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
+        "pttrace run",
+    );
+    let summary = ok(
+        &Command::new(pttrace())
+            .args(["decode", "--format", "summary"])
+            .arg(&trace)
+            .output()
+            .unwrap(),
+        "pttrace decode",
+    );
+    let total: u64 = summary
+        .lines()
+        .find_map(|l| l.strip_prefix("total: "))
+        .and_then(|l| l.split(", ").find_map(|f| f.strip_suffix(" instructions")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(total >= 100_000_000, "{total} instructions");
+
+    let limit: u64 = 16 << 20;
+    let view = dir.path().join("view");
+    let (o, rss) = run_measured(
+        Command::new(pttrace())
+            .arg("view")
+            .arg(&trace)
+            .arg("--out")
+            .arg(&view)
+            .args(["--limit", "16M"]),
+    );
+    let said = ok(&o, "pttrace view");
+    assert!(rss <= 1 << 30, "view peak RSS {rss} bytes");
+    println!("view: peak RSS {} MiB\n{said}", rss >> 20);
+
+    // Every call in the protobuf timeline.
+    let pf = pftrace_reader::read(&std::fs::read(view.join("timeline.pftrace")).unwrap()).unwrap();
+    let calls: Vec<(String, u64, u64)> = pf
+        .slices
+        .iter()
+        .filter(|s| {
+            s.categories
+                .iter()
+                .any(|c| c.starts_with("call") || c == "inlined")
+        })
+        .map(|s| (s.name.clone(), s.ts, s.ts + s.dur))
+        .collect();
+    let count = |f: &str| calls.iter().filter(|c| c.0 == f).count();
+    assert_eq!(
+        (count("top"), count("mid"), count("leaf")),
+        (70_000, 560_000, 2_240_000)
+    );
+    assert!(
+        said.contains(&format!("{} function spans", calls.len())),
+        "{said}"
+    );
+
+    // The bounded JSON: within the limit, saying what it merged, holding exactly the calls
+    // at least that long.
+    let json_path = view.join("timeline.json");
+    let size = std::fs::metadata(&json_path).unwrap().len();
+    assert!(size <= limit, "timeline.json: {size} bytes");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let other = &json["otherData"];
+    let below = other["merged_below_instructions"].as_u64().unwrap();
+    let merged = other["merged_calls"].as_u64().unwrap();
+    assert!(below > 0 && merged > 0, "{other}");
+    let mut kept: Vec<(String, u64, u64)> = calls
+        .iter()
+        .filter(|c| c.2 - c.1 >= below)
+        .cloned()
+        .collect();
+    kept.sort();
+    assert_eq!(call_spans(&json_path), kept);
+    assert_eq!(merged, (calls.len() - kept.len()) as u64);
+    assert!(
+        other["merged_note"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{merged} calls shorter than {below} instructions")),
+        "{other}"
+    );
+    // The stacks: every instruction, within the limit.
+    let folded = std::fs::read_to_string(view.join("stacks.folded")).unwrap();
+    assert!(folded.len() as u64 <= limit);
+    let counted: u64 = folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, total);
+
+    // A part in full detail: the calls of the whole cut to it.
+    let (a, b) = (total / 2, total / 2 + 200_000);
+    let part = dir.path().join("part");
+    ok(
+        &Command::new(pttrace())
+            .arg("view")
+            .arg(&trace)
+            .arg("--out")
+            .arg(&part)
+            .args(["--range", &format!("insn:{a}..{b}")])
+            .output()
+            .unwrap(),
+        "pttrace view --range",
+    );
+    let mut want: Vec<(String, u64, u64)> = calls
+        .iter()
+        .filter(|(_, s, e)| *e > a && *s < b)
+        .map(|(n, s, e)| (n.clone(), *s.max(&a), *e.min(&b)))
+        .collect();
+    want.sort();
+    assert!(want.len() > 1000, "{} calls in the part", want.len());
+    assert_eq!(call_spans(&part.join("timeline.json")), want);
+}

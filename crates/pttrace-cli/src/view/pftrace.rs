@@ -99,26 +99,71 @@ pub enum Track<'a> {
 pub const BATCH: usize = 256 << 10;
 const TP_COMPRESSED_PACKETS: u32 = 50;
 
+/// Compresses batches and writes them to the output, on a thread of its own.
+type Compressor<W> = std::thread::JoinHandle<io::Result<(W, u64)>>;
+
 /// Writes packets into a `Trace` stream.
-pub struct Writer<W: Write> {
-    out: W,
+pub struct Writer<W: Write + Send + 'static> {
     next_sequence: u64,
     /// Framed packets not compressed yet.
     batch: Vec<u8>,
-    /// Bytes written to `out`.
-    pub bytes: u64,
+    /// Full batches go to the compressor through this.
+    to_compressor: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+    compressor: Option<Compressor<W>>,
     /// Packets written.
     pub packets: u64,
+    /// Buffers of `event`, kept between calls.
+    scratch: [Msg; 2],
 }
 
-impl<W: Write> Writer<W> {
+/// The compressor's loop: each batch becomes one `compressed_packets` packet.
+fn compress_batches(
+    mut out: impl Write,
+    batches: std::sync::mpsc::Receiver<Vec<u8>>,
+) -> io::Result<u64> {
+    let mut bytes = 0u64;
+    for batch in batches {
+        let mut z = flate2::write::ZlibEncoder::new(
+            Vec::with_capacity(batch.len() / 4),
+            flate2::Compression::default(),
+        );
+        z.write_all(&batch)?;
+        let mut p = Msg::default();
+        p.bytes(TP_COMPRESSED_PACKETS, &z.finish()?);
+        let mut framed = Msg::default();
+        framed.msg(1, &p);
+        bytes += framed.0.len() as u64;
+        out.write_all(&framed.0)?;
+    }
+    out.flush()?;
+    Ok(bytes)
+}
+
+impl<W: Write + Send + 'static> Writer<W> {
     pub fn new(out: W) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+        let compressor = std::thread::spawn(move || {
+            let mut out = out;
+            let bytes = compress_batches(&mut out, rx)?;
+            Ok((out, bytes))
+        });
         Writer {
-            out,
             next_sequence: 2,
             batch: Vec::with_capacity(BATCH + 4096),
-            bytes: 0,
+            to_compressor: Some(tx),
+            compressor: Some(compressor),
             packets: 0,
+            scratch: Default::default(),
+        }
+    }
+
+    /// The compressor's error, once it has stopped.
+    fn compressor_error(&mut self) -> io::Error {
+        self.to_compressor = None;
+        match self.compressor.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => io::Error::other("the compressing thread panicked"),
+            _ => io::Error::other("the compressing thread stopped"),
         }
     }
 
@@ -133,23 +178,17 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// Writes the batch as one `compressed_packets` packet.
+    /// Hands the batch to the compressor (one `compressed_packets` packet).
     fn flush_batch(&mut self) -> io::Result<()> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let mut z = flate2::write::ZlibEncoder::new(
-            Vec::with_capacity(self.batch.len() / 4),
-            flate2::Compression::default(),
-        );
-        z.write_all(&self.batch)?;
-        self.batch.clear();
-        let mut p = Msg::default();
-        p.bytes(TP_COMPRESSED_PACKETS, &z.finish()?);
-        let mut framed = Msg::default();
-        framed.msg(1, &p);
-        self.bytes += framed.0.len() as u64;
-        self.out.write_all(&framed.0)
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH + 4096));
+        let sent = self.to_compressor.as_ref().map(|tx| tx.send(batch));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => Err(self.compressor_error()),
+        }
     }
 
     /// Describes a track (uuid `uuid`).
@@ -202,16 +241,15 @@ impl<W: Write> Writer<W> {
         Ok(Sequence {
             id,
             last_ts: t0,
-            names: HashMap::new(),
-            categories: HashMap::new(),
+            names: Interned::default(),
+            categories: Interned::default(),
         })
     }
 
     /// One event of `seq` at `ts` (ns, not before the sequence's previous event), on the
     /// sequence's track.
     pub fn event(&mut self, seq: &mut Sequence, e: Event<'_>) -> io::Result<()> {
-        let mut interned = Msg::default();
-        let mut te = Msg::default();
+        let [mut interned, mut te] = std::mem::take(&mut self.scratch);
         let (ty, named, ts) = match e {
             Event::Begin { ts, name, category } => (TYPE_SLICE_BEGIN, Some((name, category)), ts),
             Event::End { ts } => (TYPE_SLICE_END, None, ts),
@@ -220,50 +258,119 @@ impl<W: Write> Writer<W> {
         te.uint(TE_TYPE, ty);
         if let Some((name, category)) = named {
             // InternedData.event_categories, InternedData.event_names.
-            let cat = intern(&mut seq.categories, category, 1, &mut interned);
-            let name = intern(&mut seq.names, name, 2, &mut interned);
+            let cat = seq.categories.iid(category, 1, &mut interned);
+            let name = seq.names.iid(name, 2, &mut interned);
             te.uint(TE_CATEGORY_IIDS, cat).uint(TE_NAME_IID, name);
         }
         let delta = ts.saturating_sub(seq.last_ts);
         seq.last_ts = seq.last_ts.max(ts);
-        let mut p = Msg::default();
-        p.uint(TP_TIMESTAMP, delta)
+        // The packet, framed as Trace.packet, straight into the batch.
+        let field = |n: u32, v: u64| varint_len(u64::from(n) << 3) + varint_len(v);
+        let nested = |n: u32, len: usize| field(n, len as u64) + len;
+        let mut len = field(TP_TIMESTAMP, delta)
+            + field(TP_SEQUENCE_ID, seq.id)
+            + field(TP_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
+            + nested(TP_TRACK_EVENT, te.0.len());
+        if !interned.0.is_empty() {
+            len += nested(TP_INTERNED_DATA, interned.0.len());
+        }
+        let mut b = Msg(std::mem::take(&mut self.batch));
+        b.key(1, 2);
+        b.varint(len as u64);
+        b.uint(TP_TIMESTAMP, delta)
             .uint(TP_SEQUENCE_ID, seq.id)
             .uint(TP_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
             .msg(TP_TRACK_EVENT, &te);
         if !interned.0.is_empty() {
-            p.msg(TP_INTERNED_DATA, &interned);
+            b.msg(TP_INTERNED_DATA, &interned);
         }
-        self.packet(&p)
+        self.batch = b.0;
+        interned.0.clear();
+        te.0.clear();
+        self.scratch = [interned, te];
+        self.packets += 1;
+        if self.batch.len() >= BATCH {
+            self.flush_batch()?;
+        }
+        Ok(())
     }
 
+    /// Writes what is left; the bytes of the file.
     pub fn finish(mut self) -> io::Result<u64> {
         self.flush_batch()?;
-        self.out.flush()?;
-        Ok(self.bytes)
+        self.to_compressor = None;
+        match self.compressor.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(Ok((_, bytes)))) => Ok(bytes),
+            Some(Ok(Err(e))) => Err(e),
+            _ => Err(io::Error::other("the compressing thread panicked")),
+        }
     }
 }
 
-/// The iid of `s` in `table`; a new one is added to `interned` (as field `field` of
-/// `InternedData`: an `{iid, name}` entry).
-fn intern(table: &mut HashMap<String, u64>, s: &str, field: u32, interned: &mut Msg) -> u64 {
-    if let Some(&iid) = table.get(s) {
-        return iid;
+/// Bytes of `v` as a varint.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// A name or category, with a key that stands for its text in its sequence (so that
+/// interning it costs no hashing of the text), or none.
+#[derive(Clone, Copy)]
+pub struct Named<'a> {
+    pub key: Option<u32>,
+    pub text: &'a str,
+}
+
+/// The interned strings of one kind in a sequence.
+#[derive(Default)]
+pub struct Interned {
+    by_key: Vec<u64>,
+    by_text: HashMap<String, u64>,
+    next: u64,
+}
+
+impl Interned {
+    /// The iid of `n`; a new one is added to `interned` (as field `field` of
+    /// `InternedData`: an `{iid, name}` entry).
+    fn iid(&mut self, n: Named<'_>, field: u32, interned: &mut Msg) -> u64 {
+        let slot = match n.key {
+            Some(k) => {
+                let k = k as usize;
+                if self.by_key.len() <= k {
+                    self.by_key.resize(k + 1, 0);
+                }
+                match self.by_key.get(k) {
+                    Some(&iid) if iid != 0 => return iid,
+                    _ => Some(k),
+                }
+            }
+            None => {
+                if let Some(&iid) = self.by_text.get(n.text) {
+                    return iid;
+                }
+                None
+            }
+        };
+        self.next += 1;
+        let iid = self.next;
+        match slot.and_then(|k| self.by_key.get_mut(k)) {
+            Some(e) => *e = iid,
+            None => {
+                self.by_text.insert(n.text.to_string(), iid);
+            }
+        }
+        let mut m = Msg::default();
+        m.uint(1, iid).string(2, n.text);
+        interned.msg(field, &m);
+        iid
     }
-    let iid = table.len() as u64 + 1;
-    table.insert(s.to_string(), iid);
-    let mut m = Msg::default();
-    m.uint(1, iid).string(2, s);
-    interned.msg(field, &m);
-    iid
 }
 
 /// The state of one packet sequence.
 pub struct Sequence {
     id: u64,
     last_ts: u64,
-    names: HashMap<String, u64>,
-    categories: HashMap<String, u64>,
+    names: Interned,
+    categories: Interned,
 }
 
 /// What [`Writer::event`] writes.
@@ -271,16 +378,16 @@ pub enum Event<'a> {
     /// A slice (a call, a window) begins.
     Begin {
         ts: u64,
-        name: &'a str,
-        category: &'a str,
+        name: Named<'a>,
+        category: Named<'a>,
     },
     /// The innermost open slice ends.
     End { ts: u64 },
     /// Something that happened at one instant (a gap).
     Instant {
         ts: u64,
-        name: &'a str,
-        category: &'a str,
+        name: Named<'a>,
+        category: Named<'a>,
     },
 }
 

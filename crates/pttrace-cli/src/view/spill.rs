@@ -1,0 +1,531 @@
+//! A thread image's calls on disk while its trace is decoded, so that `view` needs memory
+//! for the call depth and not for the trace's length.
+//!
+//! While decoding, [`SpillSink`] takes the spans of the call-stack reconstruction as they
+//! open and close ([`SpanSink`]) and appends them to a temporary file: a begin record per
+//! span (its time, frame and start kind, and a fixed-size field that is filled in with
+//! its length and end kind when it ends: in the buffer, or in the file for the few that
+//! stay open longer than a buffer), an end record, and a record at each segment's end.
+//! The implied callers of a segment (begun at its start, known only later) stay in
+//! memory, a few per segment, with the segments they belong to. It also adds each call's
+//! cost in JSON to a histogram ([`Costs`]), from which the bounded formats choose which
+//! calls to merge.
+//!
+//! After decoding, [`replay`] reads the file back as begins and ends in time order,
+//! properly nested, each begin knowing its length: what the timeline formats write.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use drpttracer::decode::callstack::{SpanEnd, SpanSink, SpanStart};
+
+const BEGIN: u8 = 1;
+const END: u8 = 2;
+const SEGMENT_END: u8 = 3;
+const IMPLIED_END: u8 = 4;
+/// The begin record's field filled in at the span's end: end kind (1 byte), length (8).
+const PATCH: usize = 9;
+/// Bytes buffered before they go to the file.
+const BUFFER: usize = 1 << 20;
+
+fn start_code(k: SpanStart) -> u8 {
+    match k {
+        SpanStart::Call => 0,
+        SpanStart::TailCall => 1,
+        SpanStart::Async => 2,
+        SpanStart::Trampoline => 3,
+        SpanStart::Inlined => 4,
+        SpanStart::Implied => 5,
+    }
+}
+
+fn start_kind(c: u8) -> SpanStart {
+    match c {
+        0 => SpanStart::Call,
+        1 => SpanStart::TailCall,
+        2 => SpanStart::Async,
+        3 => SpanStart::Trampoline,
+        4 => SpanStart::Inlined,
+        _ => SpanStart::Implied,
+    }
+}
+
+fn end_code(k: SpanEnd) -> u8 {
+    match k {
+        SpanEnd::Return => 0,
+        SpanEnd::TailCall => 1,
+        SpanEnd::Unwound => 2,
+        SpanEnd::Resumed => 3,
+        SpanEnd::Gap => 4,
+        SpanEnd::TraceEnd => 5,
+        SpanEnd::Inlined => 6,
+    }
+}
+
+fn end_kind(c: u8) -> SpanEnd {
+    match c {
+        0 => SpanEnd::Return,
+        1 => SpanEnd::TailCall,
+        2 => SpanEnd::Unwound,
+        3 => SpanEnd::Resumed,
+        4 => SpanEnd::Gap,
+        6 => SpanEnd::Inlined,
+        _ => SpanEnd::TraceEnd,
+    }
+}
+
+fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+/// What a frame's spans are named by: `(address, inlined)` to a frame id of the view,
+/// given by the caller (which names it and says what it costs).
+pub trait FrameIds {
+    /// The frame id of a span's address (`inlined`: an inline key), the bytes one of its
+    /// spans takes in the JSON timeline, and the spans it stands for (the functions of an
+    /// inlined chain).
+    fn frame(&mut self, addr: u64, inlined: bool) -> (u32, u64, u32);
+}
+
+/// Call lengths and what their calls cost in JSON: exact below [`Costs::EXACT`]
+/// instructions, by powers of two above.
+pub struct Costs {
+    exact: Vec<u64>,
+    log: [u64; 64],
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs {
+            exact: vec![0; Self::EXACT as usize],
+            log: [0; 64],
+        }
+    }
+}
+
+impl Costs {
+    const EXACT: u64 = 1 << 16;
+
+    pub fn add(&mut self, len: u64, cost: u64) {
+        match self.exact.get_mut(len as usize) {
+            Some(c) => *c += cost,
+            None => {
+                if let Some(c) = self.log.get_mut(63 - len.leading_zeros() as usize) {
+                    *c += cost;
+                }
+            }
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.exact.iter().sum::<u64>() + self.log.iter().sum::<u64>()
+    }
+
+    /// The shortest length kept so that the calls at least that long cost at most
+    /// `limit` (longest first); 0 when all fit.
+    pub fn threshold(&self, limit: u64) -> u64 {
+        if self.total() <= limit {
+            return 0;
+        }
+        let mut used = 0u64;
+        for k in (16..64).rev() {
+            used += self.log[k];
+            if used > limit {
+                return 1u64 << (k + 1).min(63);
+            }
+        }
+        for len in (0..self.exact.len()).rev() {
+            used += self.exact[len];
+            if used > limit {
+                return len as u64 + 1;
+            }
+        }
+        0
+    }
+}
+
+/// An implied caller of a segment: its frame, start and, once ended, end and end kind.
+#[derive(Clone, Copy, Debug)]
+struct Implied {
+    frame: u32,
+    cost: u64,
+    start: u64,
+    end: Option<(u64, SpanEnd)>,
+}
+
+/// The file of one thread image's spans, and what stays in memory to read it back.
+pub struct Spill {
+    path: PathBuf,
+    /// Implied callers by segment (in the order they were found), for the segments that
+    /// have some.
+    implied: HashMap<u32, Vec<Implied>>,
+    bytes: u64,
+    spans: u64,
+}
+
+impl Spill {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The spans written.
+    pub fn spans(&self) -> u64 {
+        self.spans
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Writes a thread image's spans to its spill file (see the module documentation).
+pub struct SpillSink<'a, N: FrameIds> {
+    file: Option<File>,
+    path: PathBuf,
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    base: u64,
+    /// Open spans: (file offset of their begin's patch field, start, cost, spans).
+    open: Vec<(u64, u64, u64, u32)>,
+    last_at: u64,
+    segment: u32,
+    implied: HashMap<u32, Vec<Implied>>,
+    cur_implied: Vec<Implied>,
+    frames: &'a mut N,
+    costs: &'a mut Costs,
+    spans: u64,
+    error: Option<io::Error>,
+}
+
+impl<'a, N: FrameIds> SpillSink<'a, N> {
+    /// A sink writing to a new file `path` (removed when the [`Spill`] is dropped).
+    pub fn create(path: &Path, frames: &'a mut N, costs: &'a mut Costs) -> io::Result<Self> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        Ok(SpillSink {
+            file: Some(file),
+            path: path.to_path_buf(),
+            buf: Vec::with_capacity(BUFFER + 64),
+            base: 0,
+            open: Vec::new(),
+            last_at: 0,
+            segment: 0,
+            implied: HashMap::new(),
+            cur_implied: Vec::new(),
+            frames,
+            costs,
+            spans: 0,
+            error: None,
+        })
+    }
+
+    fn delta(&mut self, at: u64) {
+        let d = at.saturating_sub(self.last_at);
+        self.last_at = self.last_at.max(at);
+        put_varint(&mut self.buf, d);
+    }
+
+    fn flush_buf(&mut self) {
+        if let (Some(f), None) = (&mut self.file, &self.error) {
+            if let Err(e) = f.write_all(&self.buf) {
+                self.error = Some(e);
+            }
+        }
+        self.base += self.buf.len() as u64;
+        self.buf.clear();
+    }
+
+    fn maybe_flush(&mut self) {
+        if self.buf.len() >= BUFFER {
+            self.flush_buf();
+        }
+    }
+
+    /// Fills in a begin record's length and end kind.
+    fn patch(&mut self, pos: u64, end: SpanEnd, len: u64) {
+        let mut field = [0u8; PATCH];
+        field[0] = end_code(end);
+        field[1..].copy_from_slice(&len.to_le_bytes());
+        if pos >= self.base {
+            let k = (pos - self.base) as usize;
+            if let Some(dst) = self.buf.get_mut(k..k + PATCH) {
+                dst.copy_from_slice(&field);
+            }
+        } else if let (Some(f), None) = (&self.file, &self.error) {
+            if let Err(e) = f.write_all_at(&field, pos) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// Writes what is buffered; the spill, or the first error met writing it.
+    pub fn finish(mut self) -> io::Result<Spill> {
+        self.flush_buf();
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        Ok(Spill {
+            path: std::mem::take(&mut self.path),
+            implied: std::mem::take(&mut self.implied),
+            bytes: self.base,
+            spans: self.spans,
+        })
+    }
+}
+
+impl<N: FrameIds> Drop for SpillSink<'_, N> {
+    fn drop(&mut self) {
+        // A sink dropped without `finish` (an error): its file goes.
+        if !self.path.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
+    fn begin(&mut self, at: u64, addr: u64, kind: SpanStart) {
+        let (frame, cost, width) = self.frames.frame(addr, kind == SpanStart::Inlined);
+        self.buf.push(BEGIN);
+        self.delta(at);
+        put_varint(&mut self.buf, u64::from(frame));
+        self.buf.push(start_code(kind));
+        let pos = self.base + self.buf.len() as u64;
+        self.buf.extend_from_slice(&[0; PATCH]);
+        self.open.push((pos, at, cost, width));
+        self.maybe_flush();
+    }
+
+    fn end(&mut self, at: u64, kind: SpanEnd) {
+        match self.open.pop() {
+            Some((pos, start, cost, width)) => {
+                self.spans += u64::from(width);
+                let len = at.saturating_sub(start);
+                self.patch(pos, kind, len);
+                self.costs.add(len, cost);
+                self.buf.push(END);
+            }
+            None => {
+                let Some(i) = self.cur_implied.iter_mut().rev().find(|i| i.end.is_none()) else {
+                    return;
+                };
+                i.end = Some((at, kind));
+                self.spans += 1;
+                let len = at.saturating_sub(i.start);
+                self.costs.add(len, i.cost);
+                self.buf.push(IMPLIED_END);
+            }
+        }
+        self.delta(at);
+        self.maybe_flush();
+    }
+
+    fn implied_caller(&mut self, from: u64, addr: u64) {
+        let (frame, cost, _) = self.frames.frame(addr, false);
+        self.cur_implied.push(Implied {
+            frame,
+            cost,
+            start: from,
+            end: None,
+        });
+    }
+
+    fn segment_end(&mut self, at: u64) {
+        self.open.clear();
+        self.buf.push(SEGMENT_END);
+        self.delta(at);
+        if !self.cur_implied.is_empty() {
+            self.implied
+                .insert(self.segment, std::mem::take(&mut self.cur_implied));
+        }
+        self.segment += 1;
+        self.maybe_flush();
+    }
+}
+
+/// A span's begin or end, as [`replay`] gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Edge {
+    Begin {
+        at: u64,
+        len: u64,
+        frame: u32,
+        start: SpanStart,
+        end: SpanEnd,
+    },
+    End {
+        at: u64,
+        frame: u32,
+    },
+}
+
+/// A damaged spill file (it is this process's own: an I/O fault or a bug).
+fn damaged(path: &Path, what: &str) -> io::Error {
+    io::Error::other(format!("{}: {what}", path.display()))
+}
+
+struct Reader<R: Read> {
+    r: R,
+    path: PathBuf,
+}
+
+impl<R: Read> Reader<R> {
+    fn byte(&mut self) -> io::Result<Option<u8>> {
+        let mut b = [0u8; 1];
+        match self.r.read(&mut b)? {
+            0 => Ok(None),
+            _ => Ok(Some(b[0])),
+        }
+    }
+    fn need(&mut self) -> io::Result<u8> {
+        self.byte()?
+            .ok_or_else(|| damaged(&self.path, "spill file cut short"))
+    }
+    fn varint(&mut self) -> io::Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.need()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(damaged(&self.path, "bad varint in spill file"))
+    }
+}
+
+/// Reads a spill back: every span, as begins and ends in time order and properly nested;
+/// with `cut`, only the spans' parts within
+/// instructions `[a, b)` (a span cut at its start starts `Implied`, one cut at its end
+/// ends `TraceEnd`; inlined code keeps its kinds).
+pub fn replay(
+    spill: &Spill,
+    cut: Option<(u64, u64)>,
+    mut f: impl FnMut(Edge) -> io::Result<()>,
+) -> io::Result<()> {
+    let file = File::open(&spill.path)?;
+    let mut r = Reader {
+        r: BufReader::with_capacity(1 << 20, file),
+        path: spill.path.clone(),
+    };
+    let (lo, hi) = cut.unwrap_or((0, u64::MAX));
+    // Open spans: frame, and whether their begin was given.
+    let mut open: Vec<(u32, bool)> = Vec::new();
+    let begin = |at: u64, len: u64, start: SpanStart, end: SpanEnd| {
+        let (mut b, mut e) = (at, at.saturating_add(len));
+        let (mut sk, mut ek) = (start, end);
+        let shown = e > lo && b < hi || e == b && (lo..hi).contains(&b);
+        if b < lo {
+            b = lo;
+            if sk != SpanStart::Inlined {
+                sk = SpanStart::Implied;
+            }
+        }
+        if e > hi {
+            e = hi;
+            if ek != SpanEnd::Inlined {
+                ek = SpanEnd::TraceEnd;
+            }
+        }
+        (shown, b, e, sk, ek)
+    };
+    let mut segment = 0u32;
+    let mut at = 0u64;
+    let mut implied_open: Vec<(u32, bool, u64)> = Vec::new();
+    let start_segment = |segment: u32,
+                         implied_open: &mut Vec<(u32, bool, u64)>,
+                         f: &mut dyn FnMut(Edge) -> io::Result<()>|
+     -> io::Result<()> {
+        implied_open.clear();
+        let Some(list) = spill.implied.get(&segment) else {
+            return Ok(());
+        };
+        // The last found is the outermost.
+        for i in list.iter().rev() {
+            let (end_at, end) = i.end.unwrap_or((i.start, SpanEnd::TraceEnd));
+            let (shown, b, e, sk, ek) = begin(i.start, end_at - i.start, SpanStart::Implied, end);
+            if shown {
+                f(Edge::Begin {
+                    at: b,
+                    len: e - b,
+                    frame: i.frame,
+                    start: sk,
+                    end: ek,
+                })?;
+            }
+            implied_open.push((i.frame, shown, e));
+        }
+        Ok(())
+    };
+    start_segment(segment, &mut implied_open, &mut f)?;
+    while let Some(tag) = r.byte()? {
+        match tag {
+            BEGIN => {
+                at += r.varint()?;
+                let frame = u32::try_from(r.varint()?)
+                    .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
+                let sk = start_kind(r.need()?);
+                let mut field = [0u8; PATCH];
+                r.r.read_exact(&mut field)?;
+                let ek = end_kind(field[0]);
+                let mut len = [0u8; 8];
+                len.copy_from_slice(&field[1..]);
+                let len = u64::from_le_bytes(len);
+                let (shown, b, e, sk, ek) = begin(at, len, sk, ek);
+                if shown {
+                    f(Edge::Begin {
+                        at: b,
+                        len: e - b,
+                        frame,
+                        start: sk,
+                        end: ek,
+                    })?;
+                }
+                open.push((frame, shown));
+            }
+            END => {
+                at += r.varint()?;
+                if let Some((frame, true)) = open.pop() {
+                    f(Edge::End {
+                        at: at.clamp(lo, hi),
+                        frame,
+                    })?;
+                }
+            }
+            IMPLIED_END => {
+                at += r.varint()?;
+                // The innermost implied caller still open.
+                if let Some(k) = implied_open.iter().rposition(|i| i.2 != u64::MAX) {
+                    let (frame, shown, _) = implied_open[k];
+                    implied_open[k].2 = u64::MAX;
+                    if shown {
+                        f(Edge::End {
+                            at: at.clamp(lo, hi),
+                            frame,
+                        })?;
+                    }
+                }
+            }
+            SEGMENT_END => {
+                at += r.varint()?;
+                open.clear();
+                segment += 1;
+                start_segment(segment, &mut implied_open, &mut f)?;
+            }
+            _ => return Err(damaged(&spill.path, "bad record in spill file")),
+        }
+    }
+    Ok(())
+}
