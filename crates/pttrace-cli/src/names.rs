@@ -91,6 +91,8 @@ pub struct ImageNames {
     unnamed: RefCell<std::collections::BTreeSet<PathBuf>>,
     /// Chains of inlined functions (outermost first), by their id in an inline key.
     chains: RefCell<Chains>,
+    /// Whether each mapping's file has DWARF (where inlined code can be), once asked.
+    dwarf: RefCell<Vec<Option<bool>>>,
 }
 
 /// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
@@ -163,6 +165,7 @@ impl ImageNames {
             plts.extend(plts_of(&file, start, &module_of(path)));
         }
         ImageNames {
+            dwarf: RefCell::new(vec![None; maps.len()]),
             maps,
             elf,
             plts,
@@ -176,9 +179,38 @@ impl ImageNames {
     }
 
     fn mapping(&self, addr: u64) -> Option<&Mapping> {
-        let i = self.maps.partition_point(|m| m.start <= addr);
-        let m = self.maps.get(i.checked_sub(1)?)?;
-        (addr < m.end).then_some(m)
+        self.mapping_index(addr).and_then(|i| self.maps.get(i))
+    }
+
+    fn mapping_index(&self, addr: u64) -> Option<usize> {
+        let i = self
+            .maps
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
+        (addr < self.maps.get(i)?.end).then_some(i)
+    }
+
+    /// Whether the code at `addr` lies in a mapped file with DWARF: only there can it be
+    /// inlined code (JIT code, files without debug info: no need to resolve it).
+    fn in_dwarf(&self, addr: u64) -> bool {
+        let Some(i) = self.mapping_index(addr) else {
+            return false;
+        };
+        if let Some(Some(known)) = self.dwarf.borrow().get(i) {
+            return *known;
+        }
+        let has = self.maps.get(i).is_some_and(|m| {
+            !m.file.as_os_str().is_empty()
+                && self
+                    .symbolizer
+                    .borrow_mut()
+                    .module(&m.file)
+                    .is_ok_and(|module| module.has_dwarf())
+        });
+        if let Some(e) = self.dwarf.borrow_mut().get_mut(i) {
+            *e = Some(has);
+        }
+        has
     }
 
     /// The address through the mapped file's debug info and symbols.
@@ -401,6 +433,9 @@ impl Functions for ImageNames {
     }
 
     fn inline_context(&self, pc: u64) -> u64 {
+        if !self.in_dwarf(pc) {
+            return 0;
+        }
         self.with_entry(pc, |e| e.inline_key)
     }
 }

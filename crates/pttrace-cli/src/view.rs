@@ -408,11 +408,24 @@ const CLASSES: [InsnClass; 11] = [
 
 /// An instruction in one word: its address's low 48 bits (addresses are canonical: bit 47
 /// extends), its size (bits 48-51) and class (52-55).
+#[inline]
 fn pack_instruction(pc: u64, size: u8, class: InsnClass) -> u64 {
-    let code = CLASSES.iter().position(|&c| c == class).unwrap_or(9) as u64;
+    let code: u64 = match class {
+        InsnClass::Other => 0,
+        InsnClass::Call => 1,
+        InsnClass::Return => 2,
+        InsnClass::Jump => 3,
+        InsnClass::CondJump => 4,
+        InsnClass::FarCall => 5,
+        InsnClass::FarReturn => 6,
+        InsnClass::FarJump => 7,
+        InsnClass::Ptwrite => 8,
+        InsnClass::Unknown => 9,
+    };
     (pc & 0xFFFF_FFFF_FFFF) | (u64::from(size) & 0xF) << 48 | code << 52
 }
 
+#[inline]
 fn unpack_instruction(w: u64) -> (u64, u8, InsnClass) {
     let pc = (((w << 16) as i64) >> 16) as u64;
     let class = CLASSES
@@ -946,6 +959,7 @@ fn write_views(
     let mut json = Json {
         w: create(&paths.timeline)?,
         n: 0,
+        escaped: Vec::new(),
     };
     let mut pf = pftrace::Writer::new(create(&paths.pftrace)?);
     let mut ss = Speedscope {
@@ -1035,7 +1049,7 @@ fn write_views(
                         if bounded {
                             shown += 1;
                             failed = 0;
-                            json.call(v, tid, name, category, jts, dur)?;
+                            json.call(v, tid, (id, name), category, jts, dur)?;
                             failed = 2;
                             ss.edge(id, true, ts)?;
                         }
@@ -1110,6 +1124,8 @@ fn write_views(
 struct Json {
     w: BufWriter<std::fs::File>,
     n: u64,
+    /// Each name id's JSON string, once written.
+    escaped: Vec<Option<Box<[u8]>>>,
 }
 
 impl Json {
@@ -1157,20 +1173,54 @@ impl Json {
     /// A call: a complete (`X`) event. How an unusual span began or ended goes into its
     /// categories, not its args: speedscope names a frame by its name and args together,
     /// so args would split one function into several in its Left Heavy and Sandwich views.
+    /// (Written by hand, as serde would write an [`Event`]: a call costs a fraction of the
+    /// time; names are escaped once.)
     fn call(
         &mut self,
         v: &ThreadView,
         tid: i64,
-        name: &str,
+        (id, name): (u32, &str),
         category: &str,
         ts: Ts,
         dur: Ts,
     ) -> std::io::Result<()> {
-        let mut e = Event::new(name, "X", v.pid, Some(tid));
-        e.cat = Some(category);
-        e.ts = Some(ts);
-        e.dur = Some(dur);
-        self.emit(&e)
+        if self.n > 0 {
+            self.w.write_all(b",\n")?;
+        }
+        self.n += 1;
+        let k = id as usize;
+        if self.escaped.len() <= k {
+            self.escaped.resize(k + 1, None);
+        }
+        if self.escaped.get(k).is_some_and(Option::is_none) {
+            let e = serde_json::to_vec(name).map_err(std::io::Error::other)?;
+            if let Some(slot) = self.escaped.get_mut(k) {
+                *slot = Some(e.into_boxed_slice());
+            }
+        }
+        let w = &mut self.w;
+        w.write_all(b"{\"name\":")?;
+        if let Some(Some(e)) = self.escaped.get(k) {
+            w.write_all(e)?;
+        }
+        w.write_all(b",\"cat\":")?;
+        serde_json::to_writer(&mut *w, category).map_err(std::io::Error::other)?;
+        w.write_all(b",\"ph\":\"X\",\"ts\":")?;
+        let mut num = itoa::Buffer::new();
+        for (k, t) in [ts, dur].into_iter().enumerate() {
+            if k == 1 {
+                w.write_all(b",\"dur\":")?;
+            }
+            match t {
+                Ts::I(i) => w.write_all(num.format(i).as_bytes())?,
+                Ts::F(f) => serde_json::to_writer(&mut *w, &f).map_err(std::io::Error::other)?,
+            }
+        }
+        w.write_all(b",\"pid\":")?;
+        w.write_all(num.format(v.pid).as_bytes())?;
+        w.write_all(b",\"tid\":")?;
+        w.write_all(num.format(tid).as_bytes())?;
+        w.write_all(b"}")
     }
 
     fn windows_and_gaps(&mut self, v: &ThreadView, tid: i64, axis: &Axis) -> std::io::Result<()> {
@@ -1380,11 +1430,17 @@ impl Speedscope {
         if !std::mem::take(&mut self.first) {
             self.w.write_all(b",")?;
         }
-        let ty = if open { "O" } else { "C" };
-        write!(
-            self.w,
-            "{{\"type\":\"{ty}\",\"frame\":{frame},\"at\":{at}}}"
-        )
+        let ty: &[u8] = if open {
+            b"{\"type\":\"O\",\"frame\":"
+        } else {
+            b"{\"type\":\"C\",\"frame\":"
+        };
+        let mut num = itoa::Buffer::new();
+        self.w.write_all(ty)?;
+        self.w.write_all(num.format(frame).as_bytes())?;
+        self.w.write_all(b",\"at\":")?;
+        self.w.write_all(num.format(at).as_bytes())?;
+        self.w.write_all(b"}")
     }
 
     fn profile_end(&mut self) -> std::io::Result<()> {

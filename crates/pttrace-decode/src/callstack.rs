@@ -619,6 +619,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         self
     }
 
+    #[inline]
     fn inline_context(&mut self, pc: u64) -> u64 {
         let slot = ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 44) as usize
             % INLINE_CACHE_SLOTS;
@@ -627,6 +628,12 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
                 return k - 1;
             }
         }
+        self.inline_context_miss(pc, slot)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn inline_context_miss(&mut self, pc: u64, slot: usize) -> u64 {
         let k = self.funcs.inline_context(pc);
         if let Some(e) = self.inline_cache.get_mut(slot) {
             *e = (pc, k + 1);
@@ -653,33 +660,20 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// `Instruction` record).
     #[inline]
     pub fn instruction(&mut self, pc: u64, size: u8, class: InsnClass) {
-        if let Some(last) = self.last.take() {
-            match last.class {
-                InsnClass::Call => self.call(last, pc),
-                InsnClass::Return => self.ret(pc),
-                InsnClass::Jump | InsnClass::CondJump => self.jump(last.pc, pc),
-                _ => {}
-            }
+        let transfer = self.last.is_some_and(|l| {
+            matches!(
+                l.class,
+                InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
+            )
+        });
+        if transfer || self.stack.is_empty() {
+            self.control_flow(pc);
         }
-        if self.stack.is_empty() {
-            let func = self.function_start(pc);
-            self.push(func.unwrap_or(pc), func, None, SpanStart::Implied, false);
-        }
-        let mut node = self.cur;
-        if !self.inline_cache.is_empty() {
-            let key = self.inline_context(pc);
-            if key != 0 {
-                node = match self.last_inline {
-                    (c, k, n) if c == self.cur && k == key => n,
-                    _ => {
-                        let n = self.node_for(self.cur, key);
-                        self.last_inline = (self.cur, key, n);
-                        n
-                    }
-                };
-            }
-            self.inline_run(key);
-        }
+        let node = if self.inline_cache.is_empty() {
+            self.cur
+        } else {
+            self.inline_node(pc)
+        };
         if self.counted.contains(&self.insns) {
             if let Some(n) = self.nodes.get_mut(node as usize) {
                 n.count += 1;
@@ -691,6 +685,55 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             next: pc.wrapping_add(u64::from(size)),
             class,
         });
+    }
+
+    /// What the last instruction's branch to `pc` did to the stack; an empty stack gets
+    /// an implied frame.
+    #[inline(never)]
+    fn control_flow(&mut self, pc: u64) {
+        if let Some(last) = self.last.take() {
+            match last.class {
+                InsnClass::Call => self.call(last, pc),
+                InsnClass::Return => self.ret(pc),
+                // A conditional branch not taken goes on in its own function, unless it
+                // falls through into the next one.
+                InsnClass::CondJump if pc == last.next && self.function_start(pc) != Some(pc) => {}
+                InsnClass::Jump | InsnClass::CondJump => self.jump(last.pc, pc),
+                _ => {}
+            }
+        }
+        if self.stack.is_empty() {
+            let func = self.function_start(pc);
+            self.push(func.unwrap_or(pc), func, None, SpanStart::Implied, false);
+        }
+    }
+
+    /// The node the instruction at `pc` counts to, its frame's run of inlined code
+    /// followed.
+    #[inline]
+    fn inline_node(&mut self, pc: u64) -> u32 {
+        let key = self.inline_context(pc);
+        if key == 0 && self.stack.last().is_none_or(|f| f.inline == 0) {
+            return self.cur;
+        }
+        self.inline_node_of(key)
+    }
+
+    #[inline(never)]
+    fn inline_node_of(&mut self, key: u64) -> u32 {
+        let mut node = self.cur;
+        if key != 0 {
+            node = match self.last_inline {
+                (c, k, n) if c == self.cur && k == key => n,
+                _ => {
+                    let n = self.node_for(self.cur, key);
+                    self.last_inline = (self.cur, key, n);
+                    n
+                }
+            };
+        }
+        self.inline_run(key);
+        node
     }
 
     fn call(&mut self, last: Last, target: u64) {

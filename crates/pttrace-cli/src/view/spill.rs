@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -376,23 +376,66 @@ fn damaged(path: &Path, what: &str) -> io::Error {
     io::Error::other(format!("{}: {what}", path.display()))
 }
 
+/// Reads a spill file in blocks, a record never split (records are at most
+/// [`MAX_RECORD`] bytes).
 struct Reader<R: Read> {
     r: R,
     path: PathBuf,
+    buf: Vec<u8>,
+    pos: usize,
+    eof: bool,
 }
 
+/// The longest record: a begin (tag, two varints, kind, patch field).
+const MAX_RECORD: usize = 1 + 10 + 10 + 1 + PATCH;
+
 impl<R: Read> Reader<R> {
-    fn byte(&mut self) -> io::Result<Option<u8>> {
-        let mut b = [0u8; 1];
-        match self.r.read(&mut b)? {
-            0 => Ok(None),
-            _ => Ok(Some(b[0])),
+    fn new(r: R, path: PathBuf) -> Self {
+        Reader {
+            r,
+            path,
+            buf: Vec::with_capacity(BUFFER),
+            pos: 0,
+            eof: false,
         }
     }
-    fn need(&mut self) -> io::Result<u8> {
-        self.byte()?
-            .ok_or_else(|| damaged(&self.path, "spill file cut short"))
+
+    /// Makes a whole record available (unless the file ends first); false at the end.
+    fn fill(&mut self) -> io::Result<bool> {
+        if self.buf.len() - self.pos >= MAX_RECORD || self.eof {
+            return Ok(self.pos < self.buf.len());
+        }
+        self.buf.drain(..self.pos);
+        self.pos = 0;
+        let have = self.buf.len();
+        self.buf.resize(BUFFER, 0);
+        let mut n = have;
+        while n < BUFFER {
+            match self.r.read(&mut self.buf[n..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    break;
+                }
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.buf.truncate(n);
+        Ok(self.pos < self.buf.len())
     }
+
+    fn need(&mut self) -> io::Result<u8> {
+        let b = self
+            .buf
+            .get(self.pos)
+            .copied()
+            .ok_or_else(|| damaged(&self.path, "spill file cut short"))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    #[inline]
     fn varint(&mut self) -> io::Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
@@ -403,6 +446,17 @@ impl<R: Read> Reader<R> {
             }
         }
         Err(damaged(&self.path, "bad varint in spill file"))
+    }
+
+    fn patch(&mut self) -> io::Result<[u8; PATCH]> {
+        let field = self
+            .buf
+            .get(self.pos..self.pos + PATCH)
+            .ok_or_else(|| damaged(&self.path, "spill file cut short"))?;
+        let mut out = [0u8; PATCH];
+        out.copy_from_slice(field);
+        self.pos += PATCH;
+        Ok(out)
     }
 }
 
@@ -416,10 +470,7 @@ pub fn replay(
     mut f: impl FnMut(Edge) -> io::Result<()>,
 ) -> io::Result<()> {
     let file = File::open(&spill.path)?;
-    let mut r = Reader {
-        r: BufReader::with_capacity(1 << 20, file),
-        path: spill.path.clone(),
-    };
+    let mut r = Reader::new(file, spill.path.clone());
     let (lo, hi) = cut.unwrap_or((0, u64::MAX));
     // Open spans: frame, and whether their begin was given.
     let mut open: Vec<(u32, bool)> = Vec::new();
@@ -470,15 +521,15 @@ pub fn replay(
         Ok(())
     };
     start_segment(segment, &mut implied_open, &mut f)?;
-    while let Some(tag) = r.byte()? {
+    while r.fill()? {
+        let tag = r.need()?;
         match tag {
             BEGIN => {
                 at += r.varint()?;
                 let frame = u32::try_from(r.varint()?)
                     .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
                 let sk = start_kind(r.need()?);
-                let mut field = [0u8; PATCH];
-                r.r.read_exact(&mut field)?;
+                let field = r.patch()?;
                 let ek = end_kind(field[0]);
                 let mut len = [0u8; 8];
                 len.copy_from_slice(&field[1..]);
