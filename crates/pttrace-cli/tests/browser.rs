@@ -10,6 +10,9 @@
 //!   inlined code's spans), with main, a, b
 //!   and c's self and total weights equal to the collapsed stacks' instruction counts.
 //!
+//! Also the bounded timeline of a large trace (tests/progs/many_calls.c, 2.87 M calls):
+//! speedscope loads and draws it, the flame graph too.
+//!
 //! The screenshots are left in target/browser/*.png (with result.json, what the script
 //! found) for a person to look at.
 //!
@@ -95,17 +98,8 @@ fn micros_reads_speedscope_weights() {
 
 #[test]
 fn flamegraph_and_speedscope_render_in_chromium() {
-    let missing = missing();
-    if !missing.is_empty() {
-        let reason = format!(
-            "not installed: {}: run scripts/setup.sh",
-            missing.join(", ")
-        );
-        if std::env::var_os("PTTRACE_SKIP_BROWSER").is_some_and(|v| v == "1") {
-            println!("SKIP: {reason}");
-            return;
-        }
-        panic!("{reason} (or set PTTRACE_SKIP_BROWSER=1 to skip this test)");
+    if !browser_available() {
+        return;
     }
 
     // The program, traced and viewed.
@@ -166,35 +160,7 @@ fn flamegraph_and_speedscope_render_in_chromium() {
     }
 
     // The browser.
-    let target = pttrace()
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .to_path_buf();
-    let shots = target.join("browser");
-    let _ = std::fs::remove_dir_all(&shots);
-    let o = Command::new("node")
-        .arg(browser_dir().join("render.mjs"))
-        .arg("--view")
-        .arg(&view)
-        .arg("--out")
-        .arg(&shots)
-        .args(["--names", &NAMES.join(","), "--select", "b"])
-        .args(["--profile", &thread_name])
-        .arg("--chromium")
-        .arg(chromium())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    println!("{text}");
-    assert!(o.status.success(), "render.mjs failed:\n{text}");
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(shots.join("result.json")).unwrap()).unwrap();
-    assert_eq!(r["failures"], serde_json::json!([]));
+    let (shots, r) = render(&view, "browser", &NAMES, "b", &thread_name);
 
     // The flame graph: every name titled, and drawn once zoomed into main.
     assert_eq!(r["flamegraph"]["root"], "svg");
@@ -245,6 +211,138 @@ fn flamegraph_and_speedscope_render_in_chromium() {
         let file = shots.join(format!("{name}.png"));
         let data = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         assert!(data.starts_with(b"\x89PNG\r\n\x1a\n"), "{}", file.display());
+        let info = &r["screenshots"][name];
+        assert!(
+            info["colours"].as_u64().unwrap() >= 8 && info["ink"].as_f64().unwrap() > 0.05,
+            "{name} looks blank: {info}"
+        );
+    }
+    println!("screenshots: {}", shots.display());
+}
+
+/// Whether chromium, node and the npm packages are there; without them the test fails
+/// naming what is missing, or with PTTRACE_SKIP_BROWSER=1 prints SKIP and passes.
+fn browser_available() -> bool {
+    let missing = missing();
+    if missing.is_empty() {
+        return true;
+    }
+    let reason = format!(
+        "not installed: {}: run scripts/setup.sh",
+        missing.join(", ")
+    );
+    if std::env::var_os("PTTRACE_SKIP_BROWSER").is_some_and(|v| v == "1") {
+        println!("SKIP: {reason}");
+        return false;
+    }
+    panic!("{reason} (or set PTTRACE_SKIP_BROWSER=1 to skip this test)");
+}
+
+/// Opens `view`'s flame graph and timeline.json (in speedscope) in Chromium through
+/// render.mjs, screenshots into target/`shots`; what it found (no failures asserted).
+fn render(
+    view: &Path,
+    shots: &str,
+    names: &[&str],
+    select: &str,
+    profile: &str,
+) -> (PathBuf, Value) {
+    let target = pttrace()
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_path_buf();
+    let shots = target.join(shots);
+    let _ = std::fs::remove_dir_all(&shots);
+    let o = Command::new("node")
+        .arg(browser_dir().join("render.mjs"))
+        .arg("--view")
+        .arg(view)
+        .arg("--out")
+        .arg(&shots)
+        .args(["--names", &names.join(","), "--select", select])
+        .args(["--profile", profile])
+        .arg("--chromium")
+        .arg(chromium())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{text}");
+    assert!(o.status.success(), "render.mjs failed:\n{text}");
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(shots.join("result.json")).unwrap()).unwrap();
+    assert_eq!(r["failures"], serde_json::json!([]));
+    (shots, r)
+}
+
+/// The bounded timeline of a large trace renders: tests/progs/many_calls.c (101 M
+/// instructions, 2.87 M calls) viewed with `--limit 24M`, whose timeline.json keeps the
+/// longest calls (every `top`, within the limit) and says what it merged: Chromium draws
+/// its flame graph and speedscope loads the JSON, draws it, and lists main and top.
+#[test]
+fn a_large_bounded_timeline_renders_in_chromium() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with(
+        "many_calls",
+        dir.path(),
+        "many_calls",
+        &["-fno-inline", "-fno-omit-frame-pointer"],
+    );
+    let trace = dir.path().join("out");
+    let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
+    assert!(o.status.success(), "pttrace run: {o:?}");
+    let view = dir.path().join("view");
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(&trace)
+        .arg("--out")
+        .arg(&view)
+        .args(["--limit", "24M"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pttrace view: {o:?}");
+    let path = view.join("timeline.json");
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        size > 4 << 20 && size <= 24 << 20,
+        "timeline.json: {size} bytes"
+    );
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(json["otherData"]["merged_calls"].as_u64().unwrap() > 0);
+    let events = json["traceEvents"].as_array().unwrap();
+    let tops = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "top")
+        .count();
+    assert_eq!(tops, 70_000);
+    let tid = events
+        .iter()
+        .find(|e| e["ph"] == "X" && e["name"] == "main")
+        .and_then(|e| e["tid"].as_i64())
+        .expect("a main span");
+    let (shots, r) = render(
+        &view,
+        "browser-large",
+        &["main", "top"],
+        "top",
+        &format!("many_calls {tid}"),
+    );
+    let s = &r["speedscope"];
+    assert_eq!(s["error"], false);
+    assert_eq!(s["problems"], serde_json::json!([]));
+    let rows = s["sandwich"].as_object().unwrap();
+    assert!(
+        rows.contains_key("main") && rows.contains_key("top"),
+        "{rows:?}"
+    );
+    for name in ["flamegraph", "speedscope-time-order-chart"] {
         let info = &r["screenshots"][name];
         assert!(
             info["colours"].as_u64().unwrap() >= 8 && info["ink"].as_f64().unwrap() > 0.05,
