@@ -935,6 +935,105 @@ struct Wrote {
     pftrace_bytes: u64,
 }
 
+/// Edges handed to the Perfetto writer at a time.
+const PF_BATCH: usize = 1 << 14;
+
+/// A call's begin (with how it began and ended) or end, at `ts` (ns), for the Perfetto
+/// writer.
+#[derive(Clone, Copy)]
+struct PfEdge {
+    ts: u64,
+    frame: u32,
+    kinds: Option<(SpanStart, SpanEnd)>,
+}
+
+/// Writes `timeline.pftrace` (see [`pftrace`]) from the edges of each view in turn, as
+/// [`write_views`] reads them (an empty batch ends a view): its calls (each function of
+/// an inlined chain a slice), gaps as instant events, its windows on their own track.
+fn write_pftrace_views<W: Write + Send + 'static>(
+    mut pf: pftrace::Writer<W>,
+    tracks: &HashMap<(i32, i32), (u64, u64)>,
+    views: &[ThreadView],
+    view_frames: &[&FrameTable],
+    names: &Names,
+    axis: &Axis,
+    edges: &std::sync::mpsc::Receiver<Vec<PfEdge>>,
+) -> std::io::Result<u64> {
+    let empty = FrameTable::default();
+    for (k, v) in views.iter().enumerate() {
+        let frames = view_frames.get(k).copied().unwrap_or(&empty);
+        let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
+        let t0 = ns(axis.place(v, 0, 0).0);
+        let mut seq = pf.sequence(track, t0)?;
+        let mut markers = v.markers.iter().peekable();
+        // Categories, each with its key in the sequence.
+        let mut cats: FxHashMap<(SpanStart, SpanEnd), (u32, String)> = FxHashMap::default();
+        while let Ok(batch) = edges.recv() {
+            if batch.is_empty() {
+                break;
+            }
+            for e in batch {
+                while let Some(m) = markers.next_if(|m| marker_ns(v, axis, m) <= e.ts) {
+                    gap(&mut pf, &mut seq, v, axis, m)?;
+                }
+                let chain = frames.chain(e.frame);
+                let Some((start, end)) = e.kinds else {
+                    for _ in chain {
+                        pf.event(&mut seq, pftrace::Event::End { ts: e.ts })?;
+                    }
+                    continue;
+                };
+                let next = cats.len() as u32;
+                let (cat_key, category) = cats
+                    .entry((start, end))
+                    .or_insert_with(|| (next, span_category(start, end).into_owned()));
+                for &id in chain {
+                    pf.event(
+                        &mut seq,
+                        pftrace::Event::Begin {
+                            ts: e.ts,
+                            name: pftrace::Named {
+                                key: Some(id),
+                                text: names.get(id),
+                            },
+                            category: pftrace::Named {
+                                key: Some(*cat_key),
+                                text: category,
+                            },
+                        },
+                    )?;
+                }
+            }
+        }
+        for m in markers {
+            gap(&mut pf, &mut seq, v, axis, m)?;
+        }
+        // Windows, one after the other on their own track and sequence.
+        let mut wseq = pf.sequence(window_track, t0)?;
+        for (win, start, end) in &v.windows {
+            let name = window_name(win);
+            let (ts, dur) = axis.place(v, *start, *end);
+            let ts = ns(ts);
+            pf.event(
+                &mut wseq,
+                pftrace::Event::Begin {
+                    ts,
+                    name: pftrace::Named {
+                        key: None,
+                        text: &name,
+                    },
+                    category: pftrace::Named {
+                        key: None,
+                        text: "syscall",
+                    },
+                },
+            )?;
+            pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) })?;
+        }
+    }
+    pf.finish()
+}
+
 /// An error writing `p`, as the command reports it.
 fn write_err(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("{}: cannot write: {e}", p.display())
@@ -977,141 +1076,124 @@ fn write_views(
     ss.start().map_err(write_err(&paths.speedscope))?;
     let (mut shown, mut total) = (0u64, 0u64);
     let empty = FrameTable::default();
-    for (k, v) in views.iter().enumerate() {
-        total += v.spans;
-        let frames = namers.get(&v.image).map_or(&empty, |n| &n.frames);
-        let tid = i64::from(v.tid);
-        let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
-        let t0 = ns(axis.place(v, 0, 0).0);
-        let mut seq = pf.sequence(track, t0).map_err(write_err(&paths.pftrace))?;
-        let (_, end) = axis.place(v, 0, v.instructions);
-        ss.profile_start(k, views, v, t0, t0 + ns(end))
-            .map_err(write_err(&paths.speedscope))?;
-        let mut markers = v.markers.iter().peekable();
-        // Categories, each with its key in the sequence.
-        let mut cats: FxHashMap<(SpanStart, SpanEnd), (u32, String)> = FxHashMap::default();
-        // The ends (ns) of the open calls, to keep the nesting should rounding of times
-        // disagree, and whether the bounded formats have them.
-        let mut ends: Vec<(u64, bool)> = Vec::new();
-        // Which file failed: 0 JSON, 1 pftrace, 2 speedscope.
-        let mut failed = 0usize;
-        let mut edge = |e: spill::Edge| -> std::io::Result<()> {
-            // (time, frame, the begin's JSON time and length and kinds, in the bounded
-            // formats)
-            let (ts, frame, begin, bounded) = match e {
-                spill::Edge::Begin {
-                    at,
-                    len,
-                    frame,
-                    start,
-                    end,
-                } => {
-                    let (ts, dur) = axis.place(v, at, at + len);
-                    let b = ns(ts);
-                    let outer = ends.last().map_or(u64::MAX, |e| e.0);
-                    let bounded = len >= merge_below;
-                    ends.push(((b + ns(dur)).min(outer).max(b), bounded));
-                    (b, frame, Some((ts, dur, start, end)), bounded)
-                }
-                spill::Edge::End { frame, .. } => {
-                    let (e, bounded) = ends.pop().unwrap_or((0, false));
-                    (e, frame, None, bounded)
-                }
-            };
-            failed = 1;
-            while let Some(m) = markers.next_if(|m| marker_ns(v, axis, m) <= ts) {
-                gap(&mut pf, &mut seq, v, axis, m)?;
-            }
-            let chain = frames.chain(frame);
-            match begin {
-                Some((jts, dur, start, end)) => {
-                    let next = cats.len() as u32;
-                    let (cat_key, category) = cats
-                        .entry((start, end))
-                        .or_insert_with(|| (next, span_category(start, end).into_owned()));
-                    for &id in chain {
-                        let name = names.get(id);
+    // Each view's frames (the names of its spans).
+    let view_frames: Vec<&FrameTable> = views
+        .iter()
+        .map(|v| namers.get(&v.image).map_or(&empty, |n| &n.frames))
+        .collect();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<PfEdge>>(8);
+    let pftrace_bytes = std::thread::scope(|scope| -> Result<u64, String> {
+        // The Perfetto timeline on a thread of its own, from the edges this thread reads.
+        let (tracks, frames) = (&tracks, &view_frames);
+        let pf_thread =
+            scope.spawn(move || write_pftrace_views(pf, tracks, views, frames, names, axis, &rx));
+        let r = (|| -> Result<(), String> {
+            for (k, v) in views.iter().enumerate() {
+                total += v.spans;
+                let frames = view_frames.get(k).copied().unwrap_or(&empty);
+                let tid = i64::from(v.tid);
+                let t0 = ns(axis.place(v, 0, 0).0);
+                let (_, end) = axis.place(v, 0, v.instructions);
+                ss.profile_start(k, views, v, t0, t0 + ns(end))
+                    .map_err(write_err(&paths.speedscope))?;
+                let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
+                // The ends (ns) of the open calls, to keep the nesting should rounding of
+                // times disagree, and whether the bounded formats have them.
+                let mut ends: Vec<(u64, bool)> = Vec::new();
+                let mut batch: Vec<PfEdge> = Vec::with_capacity(PF_BATCH);
+                // Which file failed: 0 JSON, 1 pftrace, 2 speedscope.
+                let mut failed = 0usize;
+                let mut edge = |e: spill::Edge| -> std::io::Result<()> {
+                    let (ts, frame, begin, bounded) = match e {
+                        spill::Edge::Begin {
+                            at,
+                            len,
+                            frame,
+                            start,
+                            end,
+                        } => {
+                            let (ts, dur) = axis.place(v, at, at + len);
+                            let b = ns(ts);
+                            let outer = ends.last().map_or(u64::MAX, |e| e.0);
+                            let bounded = len >= merge_below;
+                            ends.push(((b + ns(dur)).min(outer).max(b), bounded));
+                            (b, frame, Some((ts, dur, start, end)), bounded)
+                        }
+                        spill::Edge::End { frame, .. } => {
+                            let (e, bounded) = ends.pop().unwrap_or((0, false));
+                            (e, frame, None, bounded)
+                        }
+                    };
+                    batch.push(PfEdge {
+                        ts,
+                        frame,
+                        kinds: begin.map(|b| (b.2, b.3)),
+                    });
+                    if batch.len() >= PF_BATCH {
                         failed = 1;
-                        pf.event(
-                            &mut seq,
-                            pftrace::Event::Begin {
-                                ts,
-                                name: pftrace::Named {
-                                    key: Some(id),
-                                    text: name,
-                                },
-                                category: pftrace::Named {
-                                    key: Some(*cat_key),
-                                    text: category,
-                                },
-                            },
-                        )?;
-                        if bounded {
-                            shown += 1;
-                            failed = 0;
-                            json.call(v, tid, (id, name), category, jts, dur)?;
-                            failed = 2;
-                            ss.edge(id, true, ts)?;
+                        tx.send(std::mem::replace(&mut batch, Vec::with_capacity(PF_BATCH)))
+                            .map_err(|_| std::io::Error::other("the Perfetto writer stopped"))?;
+                    }
+                    if !bounded {
+                        return Ok(());
+                    }
+                    let chain = frames.chain(frame);
+                    match begin {
+                        Some((jts, dur, start, end)) => {
+                            let category = cats
+                                .entry((start, end))
+                                .or_insert_with(|| span_category(start, end).into_owned());
+                            for &id in chain {
+                                shown += 1;
+                                failed = 0;
+                                json.call(v, tid, (id, names.get(id)), category, jts, dur)?;
+                                failed = 2;
+                                ss.edge(id, true, ts)?;
+                            }
+                        }
+                        None => {
+                            for &id in chain.iter().rev() {
+                                failed = 2;
+                                ss.edge(id, false, ts)?;
+                            }
                         }
                     }
+                    Ok(())
+                };
+                if let Some(s) = &v.spill {
+                    spill::replay(s, v.cut, &mut edge).map_err(|e| {
+                        let p = [&paths.timeline, &paths.pftrace, &paths.speedscope];
+                        write_err(p[failed.min(2)])(e)
+                    })?;
                 }
-                None => {
-                    for &id in chain.iter().rev() {
-                        failed = 1;
-                        pf.event(&mut seq, pftrace::Event::End { ts })?;
-                        if bounded {
-                            failed = 2;
-                            ss.edge(id, false, ts)?;
-                        }
-                    }
+                // The view's last edges, then an empty batch: the view ends.
+                for b in [batch, Vec::new()] {
+                    tx.send(b).map_err(|_| {
+                        write_err(&paths.pftrace)(std::io::Error::other(
+                            "the Perfetto writer stopped",
+                        ))
+                    })?;
                 }
+                ss.profile_end().map_err(write_err(&paths.speedscope))?;
+                json.windows_and_gaps(v, tid, axis)
+                    .map_err(write_err(&paths.timeline))?;
             }
             Ok(())
-        };
-        if let Some(s) = &v.spill {
-            spill::replay(s, v.cut, &mut edge).map_err(|e| {
-                let p = [&paths.timeline, &paths.pftrace, &paths.speedscope];
-                write_err(p[failed.min(2)])(e)
-            })?;
-        }
-        for m in markers {
-            gap(&mut pf, &mut seq, v, axis, m).map_err(write_err(&paths.pftrace))?;
-        }
-        ss.profile_end().map_err(write_err(&paths.speedscope))?;
-        json.windows_and_gaps(v, tid, axis)
-            .map_err(write_err(&paths.timeline))?;
-        // Windows, one after the other on their own track and sequence.
-        let mut wseq = pf
-            .sequence(window_track, t0)
-            .map_err(write_err(&paths.pftrace))?;
-        for (win, start, end) in &v.windows {
-            let name = window_name(win);
-            let (ts, dur) = axis.place(v, *start, *end);
-            let ts = ns(ts);
-            let r = pf
-                .event(
-                    &mut wseq,
-                    pftrace::Event::Begin {
-                        ts,
-                        name: pftrace::Named {
-                            key: None,
-                            text: &name,
-                        },
-                        category: pftrace::Named {
-                            key: None,
-                            text: "syscall",
-                        },
-                    },
-                )
-                .and_then(|()| pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) }));
-            r.map_err(write_err(&paths.pftrace))?;
-        }
-    }
+        })();
+        drop(tx);
+        let written = pf_thread
+            .join()
+            .map_err(|_| format!("{}: the writing thread panicked", paths.pftrace.display()))?
+            .map_err(write_err(&paths.pftrace));
+        // The writer's own error first: a send fails only when it stopped.
+        let bytes = written?;
+        r?;
+        Ok(bytes)
+    })?;
     let merged = total.saturating_sub(shown);
     let events = json.n;
     json.finish(views, axis, (trace, part), merged, merge_below)
         .map_err(write_err(&paths.timeline))?;
-    let pftrace_bytes = pf.finish().map_err(write_err(&paths.pftrace))?;
     ss.finish(names).map_err(write_err(&paths.speedscope))?;
     Ok(Wrote {
         events,
