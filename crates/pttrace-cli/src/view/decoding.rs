@@ -1,0 +1,197 @@
+//! Decoding a thread image for the view: the decoder on a thread of its own, handing
+//! batches of packed instructions to the call-stack reconstruction on this one.
+
+use std::ops::ControlFlow;
+
+use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink};
+use drpttracer::decode::ptt_dir::{PttThread, PttTrace, PttWindowInfo, ThreadStats};
+use drpttracer::decode::records::{InsnClass, Record};
+use drpttracer::decode::DecodeError;
+use drpttracer::decode::TraceDecoder;
+use drpttracer::format::ptt;
+
+use super::{ViewRange, LOSS_FLAGS};
+use crate::names::ImageNames;
+
+/// A thread image decoded through the call-stack reconstruction `cs`: what it made, each
+/// window with its instruction range, the instructions counted (`--range`), the decoder's
+/// statistics.
+pub(super) type Decoded<S> = (
+    Finished<S>,
+    Vec<(PttWindowInfo, u64, u64)>,
+    std::ops::Range<u64>,
+    ThreadStats,
+);
+
+/// Instructions per batch handed from the decoding thread to the reconstruction.
+pub(super) const BATCH_INSTRUCTIONS: usize = 1 << 16;
+
+/// What the decoding thread hands over: instructions packed one per word
+/// ([`pack_instruction`]), and between them the other records and the windows' bounds.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) instructions: Vec<u64>,
+    /// (instructions of the batch before it, what)
+    pub(super) events: Vec<(usize, BatchEvent)>,
+}
+
+pub(super) enum BatchEvent {
+    Record(Record),
+    WindowStart(PttWindowInfo),
+    WindowEnd,
+}
+
+pub(super) const CLASSES: [InsnClass; 11] = [
+    InsnClass::Other,
+    InsnClass::Call,
+    InsnClass::Return,
+    InsnClass::Jump,
+    InsnClass::CondJump,
+    InsnClass::FarCall,
+    InsnClass::FarReturn,
+    InsnClass::FarJump,
+    InsnClass::Ptwrite,
+    InsnClass::Unknown,
+    InsnClass::Unknown,
+];
+
+/// An instruction in one word: its address's low 48 bits (addresses are canonical: bit 47
+/// extends), its size (bits 48-51) and class (52-55).
+#[inline]
+pub(super) fn pack_instruction(pc: u64, size: u8, class: InsnClass) -> u64 {
+    let code: u64 = match class {
+        InsnClass::Other => 0,
+        InsnClass::Call => 1,
+        InsnClass::Return => 2,
+        InsnClass::Jump => 3,
+        InsnClass::CondJump => 4,
+        InsnClass::FarCall => 5,
+        InsnClass::FarReturn => 6,
+        InsnClass::FarJump => 7,
+        InsnClass::Ptwrite => 8,
+        InsnClass::Unknown => 9,
+    };
+    (pc & 0xFFFF_FFFF_FFFF) | (u64::from(size) & 0xF) << 48 | code << 52
+}
+
+#[inline]
+pub(super) fn unpack_instruction(w: u64) -> (u64, u8, InsnClass) {
+    let pc = (((w << 16) as i64) >> 16) as u64;
+    let class = CLASSES
+        .get((w >> 52 & 0xF) as usize)
+        .copied()
+        .unwrap_or(InsnClass::Unknown);
+    (pc, (w >> 48 & 0xF) as u8, class)
+}
+
+/// Decodes `th` on a thread of its own, handing the records over in batches, while this
+/// thread feeds them to the call-stack reconstruction `cs`.
+pub(super) fn decode_one<S: SpanSink>(
+    trace: &PttTrace,
+    th: &PttThread,
+    mut cs: CallStacks<'_, ImageNames, S>,
+    range: Option<ViewRange>,
+    bar: Option<&indicatif::ProgressBar>,
+) -> Result<Decoded<S>, DecodeError> {
+    let syscall_windows = ptt::window_name(th.header.window) == "syscall";
+    match range {
+        Some(ViewRange::Insns(a, b)) => cs.count_only(a..b),
+        Some(ViewRange::Windows(..)) => cs.count_only(u64::MAX..u64::MAX),
+        None => {}
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+    let stopped = || DecodeError::whole(th.path.display(), "decoding stopped: the view failed");
+    std::thread::scope(|scope| {
+        let decoder = scope.spawn(move || {
+            let mut batch = Batch::default();
+            let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+                if let Some(b) = bar {
+                    b.inc((w.pt_len + w.sideband_len + 124) as u64);
+                }
+                let at = batch.instructions.len();
+                batch.events.push((at, BatchEvent::WindowStart(w.clone())));
+                if let Some(dec) = dec {
+                    let cut = dec.for_each_slice(|recs| {
+                        for r in recs {
+                            match r {
+                                Record::Instruction(i) => batch
+                                    .instructions
+                                    .push(pack_instruction(i.pc, i.size, i.class)),
+                                r => {
+                                    let at = batch.instructions.len();
+                                    batch.events.push((at, BatchEvent::Record(r.clone())));
+                                }
+                            }
+                        }
+                        if batch.instructions.len() >= BATCH_INSTRUCTIONS
+                            && tx.send(std::mem::take(&mut batch)).is_err()
+                        {
+                            return ControlFlow::Break(());
+                        }
+                        ControlFlow::Continue(())
+                    });
+                    if cut.is_some() {
+                        return Err(stopped());
+                    }
+                }
+                let at = batch.instructions.len();
+                batch.events.push((at, BatchEvent::WindowEnd));
+                Ok::<(), DecodeError>(())
+            })?;
+            tx.send(batch).map_err(|_| stopped())?;
+            Ok::<ThreadStats, DecodeError>(stats)
+        });
+        let mut windows = Vec::new();
+        let mut window: Option<(PttWindowInfo, u64)> = None;
+        let run = |cs: &mut CallStacks<'_, ImageNames, S>, words: &[u64]| {
+            for &w in words {
+                let (pc, size, class) = unpack_instruction(w);
+                cs.instruction(pc, size, class);
+            }
+        };
+        for batch in rx {
+            let mut done = 0usize;
+            for (at, ev) in batch.events {
+                run(&mut cs, batch.instructions.get(done..at).unwrap_or(&[]));
+                done = at;
+                match ev {
+                    BatchEvent::Record(r) => cs.record(&r),
+                    BatchEvent::WindowStart(w) => {
+                        if let Some(ViewRange::Windows(n, m)) = range {
+                            // Counted from the first window at or after N to the first
+                            // after M.
+                            let (from, to) = (cs.counted().start, cs.counted().end);
+                            if w.index >= n && w.index <= m && from == u64::MAX {
+                                cs.count_only(cs.instructions()..u64::MAX);
+                            } else if w.index > m && from != u64::MAX && to == u64::MAX {
+                                cs.count_only(from..cs.instructions());
+                            }
+                        }
+                        if w.flags & LOSS_FLAGS != 0 {
+                            cs.restart(Some(format!(
+                                "window {}: {}",
+                                w.index,
+                                w.flag_names().join(", ")
+                            )));
+                        } else if syscall_windows {
+                            // Each window is one syscall's own execution.
+                            cs.restart(None);
+                        }
+                        window = Some((w, cs.instructions()));
+                    }
+                    BatchEvent::WindowEnd => {
+                        if let Some((w, start)) = window.take() {
+                            windows.push((w, start, cs.instructions()));
+                        }
+                    }
+                }
+            }
+            run(&mut cs, batch.instructions.get(done..).unwrap_or(&[]));
+        }
+        let stats = decoder
+            .join()
+            .map_err(|_| DecodeError::whole(th.path.display(), "the decoding thread panicked"))??;
+        let counted = cs.counted();
+        Ok((cs.finish_with(), windows, counted, stats))
+    })
+}
