@@ -6,8 +6,15 @@
 //!   call or end with a return; `inlined` for the code of inlined functions, one span per
 //!   function of the chain, inside the frame they were inlined into), its windows
 //!   (syscalls) on a track beside it, gaps as instant events;
+//! - `timeline.pftrace` (every call) and `profile.speedscope.json`;
 //! - `flamegraph.svg`: a flame graph (inferno) weighted by instructions;
 //! - `stacks.folded`: the collapsed stacks it is drawn from (`a;b;c N`, N instructions).
+//!
+//! Memory is bounded by the call depth and the distinct stacks, not the trace's length:
+//! each thread is decoded ([`decoding`]) while its calls go to a temporary file
+//! ([`spill`]) and its instructions into a trie of stacks ([`folded`]); then each file is
+//! read back once to write the timelines ([`json`], [`perfetto`], [`speedscope`]), the
+//! bounded ones without the calls shorter than a length chosen to fit `--limit`.
 //!
 //! Time axis: the trace's timestamps converted to nanoseconds where the trace has usable
 //! time (hardware PT with a TSC conversion, timestamps in every thread); otherwise (the
