@@ -43,8 +43,9 @@ enum Command {
     Dump(dump::Args),
     /// Summarize a trace directory written by `pttrace run`.
     Report(report::Args),
-    /// Pictures of a `pttrace run` trace: a timeline of the function calls (Chrome trace
-    /// JSON), a flame graph (SVG) and collapsed stacks.
+    /// Pictures of a `pttrace run` trace: timelines of the function calls (Perfetto
+    /// protobuf with every call; Chrome trace JSON and speedscope, bounded), a flame graph
+    /// (SVG) and collapsed stacks, in memory bounded by the call depth.
     View(view::Args),
 }
 

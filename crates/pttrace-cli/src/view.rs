@@ -56,7 +56,8 @@ use speedscope::Speedscope;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ViewFormat {
-    /// timeline.json, flamegraph.svg and stacks.folded in the output directory.
+    /// timeline.pftrace, timeline.json, profile.speedscope.json, flamegraph.svg and
+    /// stacks.folded in the output directory.
     Files,
     /// Only the collapsed stacks (`a;b;c N`, N instructions), on stdout.
     Folded,
@@ -67,8 +68,7 @@ pub struct Args {
     /// A `pttrace run --out` directory, or one of its per-thread `.ptt` files.
     #[arg(value_name = "DIR|FILE.ptt")]
     trace: PathBuf,
-    /// Where to write timeline.json, flamegraph.svg and stacks.folded (default:
-    /// <trace dir>/view).
+    /// Where to write the files (default: <trace dir>/view).
     #[arg(short, long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// What to produce.
