@@ -305,7 +305,6 @@ pub fn run(args: Args) -> CmdResult {
             .map_err(|e| format!("{}: cannot create the directory: {e}", d.display()))?;
     }
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
-    let t_start = std::time::Instant::now();
     let mut views: Vec<ThreadView> = Vec::new();
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
     let mut costs = spill::Costs::default();
@@ -461,7 +460,6 @@ pub fn run(args: Args) -> CmdResult {
         pftrace: out_dir.join("timeline.pftrace"),
         speedscope: out_dir.join("profile.speedscope.json"),
     };
-    let t_decoded = t_start.elapsed();
     let wrote = write_views(
         &paths,
         &views,
@@ -471,14 +469,9 @@ pub fn run(args: Args) -> CmdResult {
         (&args.trace, &part),
         merge_below,
     )?;
-    let spill_bytes: u64 = views
-        .iter()
-        .filter_map(|v| v.spill.as_ref().map(spill::Spill::bytes))
-        .sum();
     for v in &mut views {
         v.spill = None;
     }
-    let t_timelines = t_start.elapsed();
     let stacks_path = out_dir.join("stacks.folded");
     let folded_written = {
         let mut w = BufWriter::with_capacity(
@@ -491,7 +484,6 @@ pub fn run(args: Args) -> CmdResult {
             .and_then(|r| w.flush().map(|()| r));
         r.map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?
     };
-    let t_folded = t_start.elapsed();
     // Gaps and losses: where the stacks start over (instant events on the timeline).
     let gaps: usize = views.iter().map(|v| v.markers.len()).sum();
     let svg = out_dir.join("flamegraph.svg");
@@ -572,13 +564,6 @@ pub fn run(args: Args) -> CmdResult {
             folded_written.merged_frames,
             folded_written.merged_below,
             folded::MERGED
-        );
-    }
-    if std::env::var_os("PTTRACE_VIEW_STATS").is_some() {
-        eprintln!(
-            "pttrace view: spans spilled: {spill_bytes} bytes; decoded at {t_decoded:?}, \
-             timelines at {t_timelines:?}, stacks at {t_folded:?}, all {:?}",
-            t_start.elapsed()
         );
     }
     damages.finish("view", args.policy)

@@ -595,11 +595,6 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         }
     }
 
-    /// The sink, while the reconstruction goes on.
-    pub fn sink(&self) -> &S {
-        &self.sink
-    }
-
     /// Counts only the instructions numbered in `range` (from 0, as [`Self::instructions`])
     /// into the stacks (a part of the trace in detail: the spans are all still made; cut
     /// them to the same range). May be moved while the trace goes on.

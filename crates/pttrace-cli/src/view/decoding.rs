@@ -41,7 +41,9 @@ pub(super) enum BatchEvent {
     WindowEnd,
 }
 
-pub(super) const CLASSES: [InsnClass; 11] = [
+/// The instruction classes by their code in a packed instruction (as `pack_instruction`
+/// gives them).
+pub(super) const CLASSES: [InsnClass; 10] = [
     InsnClass::Other,
     InsnClass::Call,
     InsnClass::Return,
@@ -51,7 +53,6 @@ pub(super) const CLASSES: [InsnClass; 11] = [
     InsnClass::FarReturn,
     InsnClass::FarJump,
     InsnClass::Ptwrite,
-    InsnClass::Unknown,
     InsnClass::Unknown,
 ];
 

@@ -166,15 +166,10 @@ pub struct Spill {
     /// Implied callers by segment (in the order they were found), for the segments that
     /// have some.
     implied: HashMap<u32, Vec<Implied>>,
-    bytes: u64,
     spans: u64,
 }
 
 impl Spill {
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
     /// The spans written.
     pub fn spans(&self) -> u64 {
         self.spans
@@ -280,7 +275,6 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
         Ok(Spill {
             path: std::mem::take(&mut self.path),
             implied: std::mem::take(&mut self.implied),
-            bytes: self.base,
             spans: self.spans,
         })
     }
