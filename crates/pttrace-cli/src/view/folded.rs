@@ -101,11 +101,10 @@ impl Folded {
     }
 
     /// The smallest subtree size kept so that the file stays within `limit` bytes (1: all).
-    fn threshold(&self, names: &dyn Fn(u32) -> usize, limit: Option<u64>) -> u64 {
+    fn threshold(&self, inc: &[u64], names: &dyn Fn(u32) -> usize, limit: Option<u64>) -> u64 {
         let Some(limit) = limit else {
             return 1;
         };
-        let inc = self.inclusive();
         let mut pathlen = vec![0u64; self.nodes.len()];
         for (i, &(p, name, _)) in self.nodes.iter().enumerate() {
             let above = if p == NONE {
@@ -115,14 +114,14 @@ impl Folded {
             };
             pathlen[i] = above + names(name) as u64;
         }
-        if self.size(&inc, &pathlen, 1) <= limit {
+        if self.size(inc, &pathlen, 1) <= limit {
             return 1;
         }
         let (mut lo, mut hi) = (1u64, inc.iter().copied().max().unwrap_or(1) + 1);
         // size(lo) > limit >= size(hi)
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if self.size(&inc, &pathlen, mid) <= limit {
+            if self.size(inc, &pathlen, mid) <= limit {
                 hi = mid;
             } else {
                 lo = mid;
@@ -135,11 +134,11 @@ impl Folded {
     /// instructions merged; in depth-first order, siblings by name.
     fn lines<'n>(
         &self,
+        inc: &[u64],
         names: &dyn Fn(u32) -> &'n str,
         t: u64,
         mut line: impl FnMut(&str) -> io::Result<()>,
     ) -> io::Result<(u64, u64)> {
-        let inc = self.inclusive();
         let mut children: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
         let mut roots = Vec::new();
         for (i, &(p, _, _)) in self.nodes.iter().enumerate() {
@@ -203,8 +202,9 @@ impl Folded {
         limit: Option<u64>,
         out: &mut dyn Write,
     ) -> io::Result<Written> {
-        let t = self.threshold(&|n| names(n).len(), limit);
-        let (_, merged_frames) = self.lines(names, t, |l| {
+        let inc = self.inclusive();
+        let t = self.threshold(&inc, &|n| names(n).len(), limit);
+        let (_, merged_frames) = self.lines(&inc, names, t, |l| {
             out.write_all(l.as_bytes())?;
             out.write_all(b"\n")
         })?;
@@ -220,7 +220,7 @@ impl Folded {
         let total: u64 = self.nodes.iter().map(|n| n.2).sum();
         let t = (total / (width.max(1) * 10)).max(1);
         let mut v = Vec::new();
-        let _ = self.lines(names, t, |l| {
+        let _ = self.lines(&self.inclusive(), names, t, |l| {
             v.push(l.to_string());
             Ok(())
         });
