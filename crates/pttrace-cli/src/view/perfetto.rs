@@ -70,14 +70,8 @@ pub(super) fn write_pftrace_views<W: Write + Send + 'static>(
                         &mut seq,
                         pftrace::Event::Begin {
                             ts: e.ts,
-                            name: pftrace::Named {
-                                key: Some(id),
-                                text: names.get(id),
-                            },
-                            category: pftrace::Named {
-                                key: Some(*cat_key),
-                                text: category,
-                            },
+                            name: pftrace::Named::keyed(id, names.get(id)),
+                            category: pftrace::Named::keyed(*cat_key, category),
                         },
                     )?;
                 }
@@ -96,14 +90,8 @@ pub(super) fn write_pftrace_views<W: Write + Send + 'static>(
                 &mut wseq,
                 pftrace::Event::Begin {
                     ts,
-                    name: pftrace::Named {
-                        key: None,
-                        text: &name,
-                    },
-                    category: pftrace::Named {
-                        key: None,
-                        text: "syscall",
-                    },
+                    name: pftrace::Named::text(&name),
+                    category: pftrace::Named::text("syscall"),
                 },
             )?;
             pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) })?;
@@ -173,14 +161,8 @@ pub(super) fn gap<W: Write + Send + 'static>(
         seq,
         pftrace::Event::Instant {
             ts,
-            name: pftrace::Named {
-                key: None,
-                text: &name,
-            },
-            category: pftrace::Named {
-                key: None,
-                text: "gap",
-            },
+            name: pftrace::Named::text(&name),
+            category: pftrace::Named::text("gap"),
         },
     )
 }

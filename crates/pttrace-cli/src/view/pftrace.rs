@@ -320,6 +320,21 @@ pub struct Named<'a> {
     pub text: &'a str,
 }
 
+impl<'a> Named<'a> {
+    /// A text that stands for itself (interned by hashing it).
+    pub fn text(text: &'a str) -> Self {
+        Named { key: None, text }
+    }
+
+    /// A text with its key in the sequence.
+    pub fn keyed(key: u32, text: &'a str) -> Self {
+        Named {
+            key: Some(key),
+            text,
+        }
+    }
+}
+
 /// The interned strings of one kind in a sequence.
 #[derive(Default)]
 pub struct Interned {
