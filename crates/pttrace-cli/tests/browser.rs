@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use shim_util::{pttrace, run_under_qemu};
+use shim_util::{pttrace, run_under_qemu, text};
 
 const NAMES: [&str; 4] = ["main", "a", "b", "c"];
 
@@ -108,15 +108,7 @@ fn flamegraph_and_speedscope_render_in_chromium() {
     let trace = dir.path().join("out");
     let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
     assert!(o.status.success(), "pttrace run: {o:?}");
-    let view = dir.path().join("view");
-    let o = Command::new(pttrace())
-        .arg("view")
-        .arg(&trace)
-        .arg("--out")
-        .arg(&view)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "pttrace view: {o:?}");
+    let view = view_of(&trace, &dir.path().join("view"), &[]);
 
     // What the browser must show, from the files themselves: the thread's name and the
     // functions of its call spans; the instructions of main, a, b, c (self and total).
@@ -238,6 +230,20 @@ fn browser_available() -> bool {
     panic!("{reason} (or set PTTRACE_SKIP_BROWSER=1 to skip this test)");
 }
 
+/// `pttrace view` of `trace` into `out` with the options `extra`; `out`.
+fn view_of(trace: &Path, out: &Path, extra: &[&str]) -> PathBuf {
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(trace)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pttrace view: {}", text(&o));
+    out.to_path_buf()
+}
+
 /// Opens `view`'s flame graph and timeline.json (in speedscope) in Chromium through
 /// render.mjs, screenshots into target/`shots`; what it found (no failures asserted).
 fn render(
@@ -266,11 +272,7 @@ fn render(
         .arg(chromium())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let text = text(&o);
     println!("{text}");
     assert!(o.status.success(), "render.mjs failed:\n{text}");
     let r: Value =
@@ -289,25 +291,8 @@ fn a_large_bounded_timeline_renders_in_chromium() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with(
-        "many_calls",
-        dir.path(),
-        "many_calls",
-        &["-fno-inline", "-fno-omit-frame-pointer"],
-    );
-    let trace = dir.path().join("out");
-    let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
-    assert!(o.status.success(), "pttrace run: {o:?}");
-    let view = dir.path().join("view");
-    let o = Command::new(pttrace())
-        .arg("view")
-        .arg(&trace)
-        .arg("--out")
-        .arg(&view)
-        .args(["--limit", "24M"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "pttrace view: {o:?}");
+    let trace = shim_util::trace_many_calls(dir.path());
+    let view = view_of(&trace, &dir.path().join("view"), &["--limit", "24M"]);
     let path = view.join("timeline.json");
     let size = std::fs::metadata(&path).unwrap().len();
     assert!(

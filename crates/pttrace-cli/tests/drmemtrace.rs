@@ -36,11 +36,7 @@ fn analyze(l: &Path, dir: &Path, tool: &str) -> String {
         .args(["-tool", tool])
         .output()
         .unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let t = text(&o);
     assert!(o.status.success(), "{tool}: {t}");
     t
 }

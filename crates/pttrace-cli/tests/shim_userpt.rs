@@ -56,11 +56,7 @@ fn run_user_thread_with(out: &Path, opts: &[&str], prog: &Path, args: &[&str]) -
         .args(args)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let text = text(&o);
     assert!(o.status.success(), "pttrace run failed: {text}");
     text
 }

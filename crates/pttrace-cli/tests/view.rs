@@ -460,6 +460,26 @@ fn call_spans(path: &Path) -> Vec<(String, u64, u64)> {
     out
 }
 
+/// `pttrace decode --format summary` of `trace`.
+fn decode_summary(trace: &Path) -> String {
+    ok(
+        &Command::new(pttrace())
+            .args(["decode", "--format", "summary"])
+            .arg(trace)
+            .output()
+            .unwrap(),
+        "pttrace decode",
+    )
+}
+
+/// The instructions of collapsed stacks (`a;b;c N` lines).
+fn folded_total(folded: &str) -> u64 {
+    folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum()
+}
+
 /// `--range insn:A..B` gives exactly the calls of the whole timeline cut to [A, B), and
 /// stacks counting exactly the instructions A..B; `--range window:N..M` those of the
 /// windows; `--tid` of a thread the trace lacks is refused by name.
@@ -540,14 +560,7 @@ fn range_cuts_a_part_in_full_detail() {
     );
 
     // Windows 1 to 2: their instructions, as the decoder counts them per window.
-    let summary = ok(
-        &Command::new(pttrace())
-            .args(["decode", "--format", "summary"])
-            .arg(&trace)
-            .output()
-            .unwrap(),
-        "pttrace decode",
-    );
+    let summary = decode_summary(&trace);
     let per_window: u64 = summary
         .lines()
         .filter_map(|l| {
@@ -562,11 +575,7 @@ fn range_cuts_a_part_in_full_detail() {
     assert!(per_window > 0, "{summary}");
     let part = view(&["--range", "window:1..2"], "windows");
     let folded = std::fs::read_to_string(part.join("stacks.folded")).unwrap();
-    let total: u64 = folded
-        .lines()
-        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(total, per_window, "{summary}");
+    assert_eq!(folded_total(&folded), per_window, "{summary}");
 
     let o = Command::new(pttrace())
         .args(["view", "--tid", "1"])
@@ -692,25 +701,8 @@ fn a_large_trace_is_viewed_in_bounded_memory_and_bounded_files() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with(
-        "many_calls",
-        dir.path(),
-        "many_calls",
-        &["-fno-inline", "-fno-omit-frame-pointer"],
-    );
-    let trace = dir.path().join("out");
-    ok(
-        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
-        "pttrace run",
-    );
-    let summary = ok(
-        &Command::new(pttrace())
-            .args(["decode", "--format", "summary"])
-            .arg(&trace)
-            .output()
-            .unwrap(),
-        "pttrace decode",
-    );
+    let trace = shim_util::trace_many_calls(dir.path());
+    let summary = decode_summary(&trace);
     let total: u64 = summary
         .lines()
         .find_map(|l| l.strip_prefix("total: "))
@@ -783,11 +775,7 @@ fn a_large_trace_is_viewed_in_bounded_memory_and_bounded_files() {
     // The stacks: every instruction, within the limit.
     let folded = std::fs::read_to_string(view.join("stacks.folded")).unwrap();
     assert!(folded.len() as u64 <= limit);
-    let counted: u64 = folded
-        .lines()
-        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(counted, total);
+    assert_eq!(folded_total(&folded), total);
 
     // A part in full detail: the calls of the whole cut to it.
     let (a, b) = (total / 2, total / 2 + 200_000);

@@ -140,6 +140,23 @@ pub fn compile_calls(dir: &Path) -> PathBuf {
     )
 }
 
+/// tests/progs/many_calls.c (over 100 M instructions, 2.87 M calls, nothing inlined)
+/// built into `dir` and traced whole by the QEMU backend into `dir/out`; the trace
+/// directory.
+#[allow(dead_code)]
+pub fn trace_many_calls(dir: &Path) -> PathBuf {
+    let prog = compile_with(
+        "many_calls",
+        dir,
+        "many_calls",
+        &["-fno-inline", "-fno-omit-frame-pointer"],
+    );
+    let trace = dir.join("out");
+    let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
+    assert!(o.status.success(), "pttrace run: {}", text(&o));
+    trace
+}
+
 /// The address of symbol `name` in the ELF file `exe`.
 pub fn symbol(exe: &Path, name: &str) -> u64 {
     use object::{Object, ObjectSymbol};
