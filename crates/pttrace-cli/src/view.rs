@@ -29,7 +29,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use drpttracer::decode::callstack::{
-    CallStacks, Marker, NoSpans, SpanEnd, SpanStart, TimeAnchor, TimeMap,
+    CallStacks, Finished, Marker, SpanEnd, SpanStart, TimeAnchor, TimeMap,
 };
 use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
 use drpttracer::format::ptt;
@@ -330,39 +330,52 @@ pub fn run(args: Args) -> CmdResult {
             }
             w => w,
         });
-        let (trie, markers, anchors, instructions, spill, spans, windows, counted, stats);
-        match &out_dir {
-            Some(dir) => {
-                let path = dir.join(format!(".view-spans-{k}.tmp"));
-                let mut fnamer = FrameNamer {
-                    image: &*image,
-                    ids: &mut *ids,
-                    frames,
-                    names: &mut names,
-                };
-                let sink = spill::SpillSink::create(&path, &mut fnamer, &mut costs)
-                    .map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
-                let cs = CallStacks::with_sink(&*image, sink).with_inline_frames();
-                let (done, w, c, s) = decode_one(&trace, th, cs, range, bar.as_ref())?;
-                let sp = done
-                    .sink
-                    .finish()
-                    .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
-                spans = sp.spans();
-                spill = Some(sp);
-                (trie, markers, anchors, instructions) =
-                    (done.trie, done.markers, done.anchors, done.instructions);
-                (windows, counted, stats) = (w, c, s);
-            }
-            None => {
-                let cs = CallStacks::with_sink(&*image, NoSpans).with_inline_frames();
-                let (done, w, c, s) = decode_one(&trace, th, cs, range, bar.as_ref())?;
-                (spill, spans) = (None, 0);
-                (trie, markers, anchors, instructions) =
-                    (done.trie, done.markers, done.anchors, done.instructions);
-                (windows, counted, stats) = (w, c, s);
-            }
-        }
+        // The spans go to a spill file, or nowhere for `--format folded`.
+        let path = out_dir
+            .as_ref()
+            .map(|d| d.join(format!(".view-spans-{k}.tmp")));
+        let (spill, trie, markers, anchors, instructions, windows, counted, stats) = {
+            let mut fnamer = FrameNamer {
+                image: &*image,
+                ids: &mut *ids,
+                frames,
+                names: &mut names,
+            };
+            let sink = match &path {
+                Some(p) => Some(
+                    spill::SpillSink::create(p, &mut fnamer, &mut costs)
+                        .map_err(|e| format!("{}: cannot create: {e}", p.display()))?,
+                ),
+                None => None,
+            };
+            let cs = CallStacks::with_sink(&*image, sink).with_inline_frames();
+            let (done, windows, counted, stats) = decode_one(&trace, th, cs, range, bar.as_ref())?;
+            let Finished {
+                sink,
+                trie,
+                markers,
+                anchors,
+                instructions,
+            } = done;
+            let spill = match (sink, &path) {
+                (Some(s), Some(p)) => Some(
+                    s.finish()
+                        .map_err(|e| format!("{}: cannot write: {e}", p.display()))?,
+                ),
+                _ => None,
+            };
+            (
+                spill,
+                trie,
+                markers,
+                anchors,
+                instructions,
+                windows,
+                counted,
+                stats,
+            )
+        };
+        let spans = spill.as_ref().map_or(0, spill::Spill::spans);
         if !files_checked {
             damages.add_tail(th.path.display(), &stats.tail);
         }

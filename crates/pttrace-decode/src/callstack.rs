@@ -215,15 +215,28 @@ pub trait SpanSink {
     fn segment_end(&mut self, at: u64);
 }
 
-/// Drops the spans (only the stacks are wanted).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoSpans;
-
-impl SpanSink for NoSpans {
-    fn begin(&mut self, _: u64, _: u64, _: SpanStart) {}
-    fn end(&mut self, _: u64, _: SpanEnd) {}
-    fn implied_caller(&mut self, _: u64, _: u64) {}
-    fn segment_end(&mut self, _: u64) {}
+/// A sink that may be absent: `None` drops the spans (only the stacks are wanted).
+impl<T: SpanSink> SpanSink for Option<T> {
+    fn begin(&mut self, at: u64, addr: u64, kind: SpanStart) {
+        if let Some(s) = self {
+            s.begin(at, addr, kind);
+        }
+    }
+    fn end(&mut self, at: u64, kind: SpanEnd) {
+        if let Some(s) = self {
+            s.end(at, kind);
+        }
+    }
+    fn implied_caller(&mut self, from: u64, addr: u64) {
+        if let Some(s) = self {
+            s.implied_caller(from, addr);
+        }
+    }
+    fn segment_end(&mut self, at: u64) {
+        if let Some(s) = self {
+            s.segment_end(at);
+        }
+    }
 }
 
 /// Collects the spans ([`CallStacks::finish`]): their depths counted with the implied
