@@ -1,6 +1,7 @@
 //! Stacks that are right, with a debugger as the reference: a C++ program (recursion,
-//! longjmp, an exception crossing frames, a signal handler, a second thread) runs traced
-//! under QEMU with QEMU's gdb stub on, and gdb stops at each of its 22 calls of `probe`.
+//! longjmp, an exception crossing frames, a signal handler, a second thread, then an exec
+//! into a second image) runs traced under QEMU with QEMU's gdb stub on, and gdb stops at
+//! each of its 26 calls of `probe` (22 before the exec, 4 after it, in a second session).
 //! At each stop, the function names of gdb's `bt` (past main) equal the stack that
 //! `pttrace view` shows at the same execution of `probe` (the same thread's k-th) in
 //! the JSON timeline, the protobuf timeline and the folded stacks.
@@ -57,10 +58,12 @@ fn stack_at(spans: &[(u64, u64, String)], i: u64) -> Vec<String> {
     open.iter().map(|(_, _, n)| n.clone()).collect()
 }
 
-/// gdb names a C++ function without its parameters and picks one of several names of an
-/// address (`clone` for `__clone`): equal when the names match without parameters, or
-/// when both are symbols of the same address.
+/// gdb names a C++ function without its parameters, an inlined one without our
+/// ` (inlined)`, and picks one of several names of an address (`clone` for `__clone`):
+/// equal when the names match without parameters, or when both are symbols of the same
+/// address.
 fn same_function(gdb: &str, ours: &str, addr_of: &HashMap<String, u64>) -> bool {
+    let ours = ours.strip_suffix(" (inlined)").unwrap_or(ours);
     let plain = ours.split('(').next().unwrap_or(ours);
     plain == gdb || (addr_of.get(gdb).is_some() && addr_of.get(gdb) == addr_of.get(plain))
 }
@@ -146,30 +149,40 @@ fn stacks_equal_gdbs_backtraces() {
         ),
     )
     .unwrap();
-    // The stub listens once QEMU has started: retry the connection for a while.
-    let mut gdb_out = String::new();
-    for _ in 0..50 {
-        let o = Command::new("gdb")
-            .args(["-batch", "-nx", "-x"])
-            .arg(&script)
-            .arg(&exe)
-            .output()
-            .unwrap();
-        gdb_out = String::from_utf8_lossy(&o.stdout).into_owned();
-        if gdb_out.contains("HIT ") {
-            break;
+    // The stub listens once QEMU has started: retry the connection for a while. The
+    // program's exec starts a new QEMU (the plugin's), whose stub listens on the same
+    // port: a second gdb session follows the second image (gdb's first one ends with the
+    // connection).
+    let session = || {
+        for _ in 0..50 {
+            let o = Command::new("gdb")
+                .args(["-batch", "-nx", "-x"])
+                .arg(&script)
+                .arg(&exe)
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            if out.contains("HIT ") {
+                return out;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+        String::new()
+    };
+    let first = session();
+    let second = session();
+    let gdb_out = format!("{first}{second}");
     let mut stdout = String::new();
     for l in std::io::BufReader::new(run.stdout.take().unwrap()).lines() {
         stdout.push_str(&l.unwrap());
     }
     let status = run.wait().unwrap();
     assert!(status.success(), "pttrace run: {status:?}\n{gdb_out}");
-    assert_eq!(stdout, "946");
+    assert_eq!(stdout, "946120");
+    // 22 stops in the first image, 4 in the exec'd one (all in thread 1).
     let stops = gdb_stops(&gdb_out);
-    assert_eq!(stops.len(), 22, "{gdb_out}");
+    assert_eq!(stops.len(), 26, "{gdb_out}");
+    assert_eq!(gdb_stops(&second).len(), 4, "{second}");
 
     // Our side: the three stack views, and where each thread entered probe (the start of
     // each of its `probe` spans; gdb's breakpoint after probe's prologue has the same

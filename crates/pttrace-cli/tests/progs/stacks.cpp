@@ -1,10 +1,12 @@
 // Stacks against gdb: recursion, longjmp, a C++ exception crossing frames, a signal
-// handler and a second thread; every interesting point calls probe(), where gdb breaks.
+// handler, a second thread and an exec into a second image (this program again, with
+// the argument `child`); every interesting point calls probe(), where gdb breaks.
 #include <csetjmp>
 #include <csignal>
 #include <cstdio>
 #include <pthread.h>
 #include <stdexcept>
+#include <unistd.h>
 
 extern "C" __attribute__((noinline)) void probe(int tag)
 {
@@ -78,8 +80,20 @@ static void *worker(void *)
     return nullptr;
 }
 
-int main()
+// The exec'd image: a stack that starts over at its own entry point.
+static int child()
 {
+    sink += fact(5);
+    catcher();
+    signaller();
+    printf("%d\n", sink);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        return child();
     for (int i = 0; i < 4; i++)
         sink += fact(3 + i);
     for (int i = 0; i < 3; i++)
@@ -94,5 +108,7 @@ int main()
     for (int i = 0; i < 2; i++)
         sink += fact(2);
     printf("%d\n", sink);
-    return 0;
+    fflush(stdout);
+    execl(argv[0], argv[0], "child", (char *)nullptr);
+    return 1;
 }
