@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use drpttracer::decode::callstack::{Marker, SpanEnd, SpanStart};
-use rustc_hash::FxHashMap;
 
 use super::frames::{FrameTable, Names};
 use super::{
@@ -44,8 +43,9 @@ pub(super) fn write_pftrace_views<W: Write + Send + 'static>(
         let t0 = ns(axis.place(v, 0, 0).0);
         let mut seq = pf.sequence(track, t0)?;
         let mut markers = v.markers.iter().peekable();
-        // Categories, each with its key in the sequence.
-        let mut cats: FxHashMap<(SpanStart, SpanEnd), (u32, String)> = FxHashMap::default();
+        // Categories by start and end kind, each with its key in the sequence.
+        let mut cats: Vec<Option<(u32, String)>> = vec![None; 64];
+        let mut keys = 0u32;
         while let Ok(batch) = edges.recv() {
             if batch.is_empty() {
                 break;
@@ -61,10 +61,11 @@ pub(super) fn write_pftrace_views<W: Write + Send + 'static>(
                     }
                     continue;
                 };
-                let next = cats.len() as u32;
-                let (cat_key, category) = cats
-                    .entry((start, end))
-                    .or_insert_with(|| (next, span_category(start, end).into_owned()));
+                let slot = (start as usize * 8 + end as usize) % 64;
+                let (cat_key, category) = cats[slot].get_or_insert_with(|| {
+                    keys += 1;
+                    (keys - 1, span_category(start, end).into_owned())
+                });
                 for &id in chain {
                     pf.event(
                         &mut seq,
