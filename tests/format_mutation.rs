@@ -609,6 +609,19 @@ struct ThreadInput {
     bits: Vec<Vec<bool>>,
 }
 
+/// The loads and stores window 0 of [`thread_input`] carries.
+fn window_accesses(prog: &LoopProgram) -> Vec<drpttracer::format::memory::Access> {
+    (0..5u64)
+        .map(|i| drpttracer::format::memory::Access {
+            pc: prog.base + i,
+            addr: 0x7ffd_0000_1000 - 8 * i,
+            size_shift: 3,
+            store: i % 2 == 0,
+            again: i == 4,
+        })
+        .collect()
+}
+
 fn thread_input(prog: &LoopProgram) -> ThreadInput {
     let header = ptt::ThreadHeader {
         pid: PID as i32,
@@ -623,8 +636,8 @@ fn thread_input(prog: &LoopProgram) -> ThreadInput {
     };
     let (pt0, bits0) = prog.trace(400, 200, 1);
     let (pt1, bits1) = prog.trace(300, 150, 2);
-    // Window 0's sideband: the executed code (QEMU's code record) and a mapping of a file
-    // that is not there.
+    // Window 0's sideband: the executed code (QEMU's code record), a mapping of a file
+    // that is not there, and loads and stores (`run --memory`).
     let mut sb0 = Vec::new();
     code::push_code_record(&mut sb0, prog.base, &prog.code, &code_sample(1100)).unwrap();
     sb0.extend(perf::encode_mmap2(
@@ -632,6 +645,11 @@ fn thread_input(prog: &LoopProgram) -> ThreadInput {
         &sample(1100),
         ST,
     ));
+    let mut enc = drpttracer::format::memory::Encoder::default();
+    for a in window_accesses(prog) {
+        enc.push(a, &mut sb0);
+    }
+    enc.finish(&mut sb0);
     let win = |index: u64, nr: u64, ret: i64, flags: u32| ptt::Window {
         index,
         nr,
@@ -1168,6 +1186,11 @@ fn ptt_directory_mutants() {
                 flags: w.flags,
                 pt_len: pt.len(),
                 sideband_len: sb.len(),
+                memory: if k == 0 {
+                    window_accesses(&prog)
+                } else {
+                    Vec::new()
+                },
             }
         );
         match input.bits.get(k) {

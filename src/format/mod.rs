@@ -4,6 +4,7 @@
 pub use pttrace_format::auxtrace;
 pub use pttrace_format::code;
 pub use pttrace_format::launch;
+pub use pttrace_format::memory;
 pub use pttrace_format::pdb;
 pub use pttrace_format::ptt;
 pub use pttrace_format::ringfile;

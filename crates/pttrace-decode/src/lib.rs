@@ -42,6 +42,7 @@
 //! sequential result. Input containers: [`input`] (raw PT, perf AUXTRACE, DynamoRIO
 //! `.raw.pt`, `pttrace run` thread files).
 
+pub mod accesses;
 pub mod callstack;
 pub mod check;
 pub mod compact;

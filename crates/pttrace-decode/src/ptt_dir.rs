@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::sideband::{parse_records, ImageChange, ImageResolver};
+use super::sideband::{parse_window_sideband, ImageChange, ImageResolver};
 use super::{AddressSpace, DecodeError, PtDecoder, TraceParams, WindowOptions};
 use pttrace_format::maps::MapsEntry;
 use pttrace_format::metadata::PtMetadata;
@@ -74,6 +74,9 @@ pub struct PttWindowInfo {
     pub flags: u32,
     pub pt_len: usize,
     pub sideband_len: usize,
+    /// The window's loads and stores in execution order (QEMU backend with `--memory`;
+    /// empty otherwise).
+    pub memory: Vec<pttrace_format::memory::Access>,
 }
 
 impl PttWindowInfo {
@@ -493,7 +496,7 @@ impl PttTrace {
             let wr = ptt::decode_window(fr.payload)
                 .ok_or_else(|| err(path, fr.offset as u64, "malformed Window record"))?;
             stats.windows += 1;
-            let info = PttWindowInfo {
+            let mut info = PttWindowInfo {
                 pid: th.header.pid,
                 tid: th.header.tid,
                 index: wr.window.index,
@@ -502,10 +505,13 @@ impl PttTrace {
                 flags: wr.window.flags,
                 pt_len: wr.pt.len(),
                 sideband_len: wr.sideband.len(),
+                memory: Vec::new(),
             };
             if !wr.sideband.is_empty() {
                 let src = format!("{} window {} (sideband)", path.display(), info.index);
-                let events = parse_records(&src, wr.sideband, SIDEBAND_SAMPLE_TYPE)?;
+                let (events, memory) =
+                    parse_window_sideband(&src, wr.sideband, SIDEBAND_SAMPLE_TYPE)?;
+                info.memory = memory;
                 resolver.apply_window(&mut space, &events, &mut warnings);
             }
             if wr.pt.is_empty() {

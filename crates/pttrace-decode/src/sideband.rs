@@ -54,8 +54,19 @@ pub fn parse_records(
     data: &[u8],
     sample_type: u64,
 ) -> Result<Vec<ImageEvent>, DecodeError> {
+    parse_window_sideband(source, data, sample_type).map(|(events, _)| events)
+}
+
+/// [`parse_records`], and the loads and stores its memory records hold
+/// ([`pttrace_format::memory`], the QEMU backend's `--memory`), in execution order.
+pub fn parse_window_sideband(
+    source: &str,
+    data: &[u8],
+    sample_type: u64,
+) -> Result<(Vec<ImageEvent>, Vec<pttrace_format::memory::Access>), DecodeError> {
     const PROT_EXEC: u32 = 4;
     let mut out = Vec::new();
+    let mut memory = Vec::new();
     for item in RecordIter::new(data, sample_type) {
         let (_, rec) = item.map_err(|e| {
             DecodeError::new(
@@ -78,6 +89,10 @@ pub fn parse_records(
                 comm, exec: true, ..
             } => Some(ImageChange::Exec { comm }),
             PerfRecord::TextPoke { addr, bytes } => Some(ImageChange::Code { addr, bytes }),
+            PerfRecord::Memory(list) => {
+                memory.extend(list);
+                None
+            }
             PerfRecord::Lost { lost, .. } => Some(ImageChange::Lost {
                 what: format!("{lost} sideband records lost"),
             }),
@@ -100,7 +115,7 @@ pub fn parse_records(
     }
     // Stable sort keeps same-time records in stream order.
     out.sort_by_key(|e| e.time.unwrap_or(0));
-    Ok(out)
+    Ok((out, memory))
 }
 
 /// Resolves sideband file names to image bytes.

@@ -11,6 +11,7 @@
 //! PAGE_SIZE TIMESTAMP WINDOW_ID(0) CPU_ID
 //!   per instruction: ENCODING… (the first time its pc is met in the chunk)
 //!                    [BRANCH_TARGET (indirect branches: where it went)] INSTR-kind
+//!                    [READ/WRITE… (its loads and stores, when the trace has them)]
 //!   after a syscall: TIMESTAMP CPU_ID SYSCALL(number) TIMESTAMP CPU_ID (numbers known)
 //!   a discontinuity: [TIMESTAMP] WINDOW_ID(+1) [CPU_ID] (no timestamp right after a branch)
 //!   a signal:        KERNEL_EVENT(interrupted pc) … handler … KERNEL_XFER(after sigreturn)
@@ -20,6 +21,8 @@
 
 /// `trace_type_t` values.
 pub mod ty {
+    pub const READ: u16 = 0;
+    pub const WRITE: u16 = 1;
     pub const INSTR: u16 = 10;
     pub const DIRECT_JUMP: u16 = 11;
     pub const INDIRECT_JUMP: u16 = 12;
@@ -268,6 +271,13 @@ impl ThreadWriter {
         self.in_chunk += 1;
         self.instructions += 1;
         self.after_branch = kind != Kind::Other;
+    }
+
+    /// A load (`store` false) or store of `size` bytes at `addr` by the instruction just
+    /// written.
+    pub fn data(&mut self, addr: u64, size: u16, store: bool) {
+        self.hidden(if store { ty::WRITE } else { ty::READ }, size, addr);
+        self.visible += 1;
     }
 
     fn next_chunk(&mut self) {

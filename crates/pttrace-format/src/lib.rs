@@ -19,6 +19,7 @@ pub mod code;
 pub mod drmemtrace;
 pub mod launch;
 pub mod maps;
+pub mod memory;
 pub mod metadata;
 pub mod pdb;
 pub mod perf_record;

@@ -217,6 +217,8 @@ pub enum Record {
         addr: u64,
         bytes: Vec<u8>,
     },
+    /// Loads and stores (pttrace's own record, [`crate::memory`]).
+    Memory(Vec<crate::memory::Access>),
     /// A record type this library does not interpret.
     Other {
         kind: u32,
@@ -452,6 +454,11 @@ pub fn parse_record(
                 addr,
                 bytes: bytes.to_vec(),
             }
+        }
+        crate::memory::PERF_RECORD_PTTRACE_MEMORY => {
+            let mut list = Vec::new();
+            crate::memory::parse_body(body, &mut list).map_err(err)?;
+            Record::Memory(list)
         }
         kind => Record::Other { kind },
     };

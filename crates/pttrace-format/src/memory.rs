@@ -1,0 +1,326 @@
+//! Memory access records: the loads and stores the QEMU backend saw (`pttrace run --memory`),
+//! carried in a window's sideband beside its code records.
+//!
+//! PT has no data addresses; QEMU reports every access an executed instruction makes
+//! (address, size, load or store, in execution order, after the access: an access that
+//! faults is not reported). A window's accesses are records of a private perf record type
+//! (user types, ≥ 64, have no sample_id trailer):
+//!
+//! ```text
+//! u32 type (= PERF_RECORD_PTTRACE_MEMORY) | u16 misc (= 0) | u16 size
+//! u32 accesses | u32 raw length | raw deflate of the raw bytes | zero padding to 8 bytes
+//! raw := access*    access := varint(zigzag(pc - previous pc) << 5 | again << 4 | store << 3 | log2 size)
+//!                              varint(zigzag(address - previous address))
+//! ```
+//! `again`: the access is of a new execution of the previous access's instruction (a loop
+//! whose only access is that instruction's), not one more access of the same execution
+//! (several operands, a wide access QEMU splits, the iterations of one `rep` instruction).
+//! Each record starts from pc and address 0 and holds at most [`RAW_CHUNK`] raw bytes, so
+//! it fits a record's u16 size and a damaged one loses only its own accesses.
+
+use std::io::{Read, Write};
+
+/// The record type of memory access records (a perf user type, no sample_id trailer).
+pub const PERF_RECORD_PTTRACE_MEMORY: u32 = 0x7000;
+/// Raw bytes per record at most (deflate never grows them past the u16 record size).
+pub const RAW_CHUNK: usize = 60_000;
+/// The longest raw access: two 10-byte varints.
+const MAX_ACCESS: usize = 20;
+
+/// One load or store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// The instruction that made it.
+    pub pc: u64,
+    pub addr: u64,
+    /// log2 of its size in bytes (QEMU's `qemu_plugin_mem_size_shift`).
+    pub size_shift: u8,
+    pub store: bool,
+    /// The first access of another execution of the same instruction as the access
+    /// before it.
+    pub again: bool,
+}
+
+impl Access {
+    pub fn size(&self) -> u64 {
+        1 << self.size_shift.min(15)
+    }
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let c = *b.get(*pos)?;
+        *pos += 1;
+        v |= u64::from(c & 0x7f) << shift;
+        if c & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Collects a window's accesses and writes them as records.
+#[derive(Default)]
+pub struct Encoder {
+    raw: Vec<u8>,
+    count: u32,
+    pc: u64,
+    addr: u64,
+    deflated: Vec<u8>,
+}
+
+impl Encoder {
+    /// Accesses collected and not yet written.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0 && self.deflated.is_empty()
+    }
+
+    /// Adds one access; a full record goes to `out`.
+    pub fn push(&mut self, a: Access, out: &mut Vec<u8>) {
+        if self.raw.len() + MAX_ACCESS > RAW_CHUNK {
+            self.record(out);
+        }
+        let dpc = zigzag(a.pc.wrapping_sub(self.pc) as i64);
+        put_varint(
+            &mut self.raw,
+            dpc << 5
+                | u64::from(a.again) << 4
+                | u64::from(a.store) << 3
+                | u64::from(a.size_shift & 7),
+        );
+        put_varint(&mut self.raw, zigzag(a.addr.wrapping_sub(self.addr) as i64));
+        self.pc = a.pc;
+        self.addr = a.addr;
+        self.count += 1;
+    }
+
+    /// Writes what is collected as a record to `out` (the window ends).
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        if self.count > 0 {
+            self.record(out);
+        }
+    }
+
+    fn record(&mut self, out: &mut Vec<u8>) {
+        self.deflated.clear();
+        let mut z =
+            flate2::write::DeflateEncoder::new(&mut self.deflated, flate2::Compression::fast());
+        // Writing into a vector cannot fail.
+        let _ = z.write_all(&self.raw);
+        let _ = z.finish();
+        let body = 8 + self.deflated.len();
+        let pad = (8 - body % 8) % 8;
+        let size = 8 + body + pad;
+        out.extend_from_slice(&PERF_RECORD_PTTRACE_MEMORY.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&(size as u16).to_le_bytes());
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&(self.raw.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.deflated);
+        out.extend(std::iter::repeat_n(0u8, pad));
+        self.deflated.clear();
+        self.raw.clear();
+        self.count = 0;
+        self.pc = 0;
+        self.addr = 0;
+    }
+}
+
+/// The accesses of one record's body (after the 8-byte header), appended to `out`; why
+/// not when the body is malformed.
+pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(body.get(at..at + 4)?.try_into().ok()?))
+    };
+    let (Some(count), Some(raw_len)) = (word(0), word(4)) else {
+        return Err(format!(
+            "memory record body of {} bytes, shorter than its 8-byte head",
+            body.len()
+        ));
+    };
+    let raw_len = raw_len as usize;
+    if raw_len > RAW_CHUNK || count as usize > raw_len / 2 {
+        return Err(format!(
+            "memory record claims {count} accesses in {raw_len} raw bytes"
+        ));
+    }
+    let mut raw = Vec::with_capacity(raw_len);
+    let mut z = flate2::read::DeflateDecoder::new(&body[8..]);
+    z.by_ref()
+        .take(raw_len as u64 + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("memory record does not inflate: {e}"))?;
+    if raw.len() != raw_len {
+        return Err(format!(
+            "memory record inflates to {} bytes, not the {raw_len} it claims",
+            raw.len()
+        ));
+    }
+    let (mut pos, mut pc, mut addr) = (0usize, 0u64, 0u64);
+    out.reserve(count as usize);
+    for k in 0..count {
+        let bad = || format!("memory record cut inside access {k} of {count}");
+        let head = varint(&raw, &mut pos).ok_or_else(bad)?;
+        let da = varint(&raw, &mut pos).ok_or_else(bad)?;
+        pc = pc.wrapping_add(unzigzag(head >> 5) as u64);
+        addr = addr.wrapping_add(unzigzag(da) as u64);
+        out.push(Access {
+            pc,
+            addr,
+            size_shift: (head & 7) as u8,
+            store: head & 8 != 0,
+            again: head & 16 != 0,
+        });
+    }
+    if pos != raw.len() {
+        return Err(format!(
+            "memory record has {} bytes after its {count} accesses",
+            raw.len() - pos
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf_record::{Record, RecordIter, SIDEBAND_SAMPLE_TYPE};
+
+    fn accesses(n: u64) -> Vec<Access> {
+        (0..n)
+            .map(|i| Access {
+                pc: 0x40_1000 + (i % 7) * 5,
+                addr: if i % 3 == 0 {
+                    0x7fff_f000_0000 - i * 8
+                } else {
+                    0x4000_0000 + i * 4
+                },
+                size_shift: (i % 5) as u8,
+                store: i % 2 == 1,
+                again: i % 11 == 0,
+            })
+            .collect()
+    }
+
+    fn encode(list: &[Access]) -> Vec<u8> {
+        let mut enc = Encoder::default();
+        let mut out = Vec::new();
+        for &a in list {
+            enc.push(a, &mut out);
+        }
+        enc.finish(&mut out);
+        out
+    }
+
+    /// The accesses of a sideband buffer, or the first error.
+    fn decode(data: &[u8]) -> Result<Vec<Access>, String> {
+        let mut out = Vec::new();
+        for r in RecordIter::new(data, SIDEBAND_SAMPLE_TYPE) {
+            let (_, rec) = r.map_err(|e| e.to_string())?;
+            match rec.record {
+                Record::Memory(list) => out.extend(list),
+                other => return Err(format!("unexpected {other:?}")),
+            }
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn record_layout() {
+        let a = Access {
+            pc: 0x1000,
+            addr: 0x2000,
+            size_shift: 3,
+            store: true,
+            again: false,
+        };
+        let out = encode(&[a]);
+        assert_eq!(&out[..4], &PERF_RECORD_PTTRACE_MEMORY.to_le_bytes());
+        assert_eq!(&out[4..6], &[0, 0]);
+        assert_eq!(usize::from(u16::from_le_bytes([out[6], out[7]])), out.len());
+        assert_eq!(out.len() % 8, 0);
+        assert_eq!(&out[8..12], &1u32.to_le_bytes());
+        // zigzag(0x1000) << 5 | store << 3 | 3; zigzag(0x2000) = 0x4000.
+        let mut raw = Vec::new();
+        put_varint(&mut raw, 0x2000 << 5 | 8 | 3);
+        put_varint(&mut raw, 0x4000);
+        assert_eq!(&out[12..16], &(raw.len() as u32).to_le_bytes());
+        let mut inflated = Vec::new();
+        flate2::read::DeflateDecoder::new(&out[16..])
+            .read_to_end(&mut inflated)
+            .unwrap();
+        assert_eq!(inflated, raw);
+        assert_eq!(decode(&out).unwrap(), vec![a]);
+    }
+
+    #[test]
+    fn many_accesses_round_trip_over_several_records() {
+        let list = accesses(40_000);
+        let out = encode(&list);
+        let records = RecordIter::new(&out, SIDEBAND_SAMPLE_TYPE).count();
+        assert!(records > 1, "{records} records");
+        assert_eq!(decode(&out).unwrap(), list);
+        // Against 17 bytes an access unpacked (two addresses and the size and kind).
+        assert!(out.len() < list.len() * 3, "{} bytes", out.len());
+    }
+
+    #[test]
+    fn every_truncation_point_is_an_error_or_whole_records() {
+        let list = accesses(9_000);
+        let out = encode(&list);
+        // Record boundaries and the accesses before each.
+        let mut ends = vec![(0usize, 0usize)];
+        let mut total = 0usize;
+        for r in RecordIter::new(&out, SIDEBAND_SAMPLE_TYPE) {
+            let (off, rec) = r.unwrap();
+            if let Record::Memory(l) = rec.record {
+                total += l.len();
+            }
+            ends.push((off + usize::from(rec.header.size), total));
+        }
+        assert!(ends.len() > 2);
+        for k in 0..=out.len() {
+            match ends.iter().find(|e| e.0 == k) {
+                Some(&(_, n)) => assert_eq!(decode(&out[..k]).unwrap(), list[..n], "cut at {k}"),
+                None => assert!(decode(&out[..k]).is_err(), "cut at {k} accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_bodies_are_errors() {
+        let out = encode(&accesses(100));
+        let body = &out[8..];
+        let mut sink = Vec::new();
+        // More accesses than the raw bytes hold.
+        let mut b = body.to_vec();
+        b[0..4].copy_from_slice(&200u32.to_le_bytes());
+        assert!(parse_body(&b, &mut sink).is_err());
+        // Fewer: bytes left over.
+        b[0..4].copy_from_slice(&99u32.to_le_bytes());
+        assert!(parse_body(&b, &mut sink).is_err());
+        // A raw length that does not match.
+        let mut b = body.to_vec();
+        b[4] ^= 1;
+        assert!(parse_body(&b, &mut sink).is_err());
+        // Cut inside its head.
+        assert!(parse_body(&body[..5], &mut sink).is_err());
+    }
+}
