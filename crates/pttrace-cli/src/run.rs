@@ -48,6 +48,11 @@ pub struct Args {
     /// for tests).
     #[arg(long, hide = true)]
     pub qemu_oracle: bool,
+    /// QEMU backend: also record every load and store (address, size, read or write) of
+    /// the traced instructions; `decode --format jsonl|drmemtrace` puts them after their
+    /// instructions.
+    #[arg(long)]
+    pub memory: bool,
     /// Windows buffered per thread (power of two).
     #[arg(long)]
     pub queue: Option<usize>,
@@ -290,13 +295,16 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
     let out = fresh_out_dir(&args.out, &mut msg)?;
     let prog = args.cmd.first().cloned().unwrap_or_default();
     let snap = super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;
-    let extra = match &snap {
+    let mut extra = match &snap {
         Some(s) => {
             let path = qemu::which(&prog).ok_or_else(|| format!("{prog}: command not found"))?;
             super::snapshot::plugin_args(s, &path, &out)?
         }
         None => Vec::new(),
     };
+    if args.memory {
+        extra.push(("memory".to_string(), b"on".to_vec()));
+    }
     let mut cmd = qemu::command(&qemu, &plugin, &out, &args.cmd, args.qemu_oracle, extra)?;
     if let Some(s) = &snap {
         super::snapshot::forward_signals(s, &out)?;
@@ -324,6 +332,17 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
 pub fn run(args: Args) -> CmdResult {
     if let Some((qemu, plugin)) = qemu_backend(&args)? {
         return run_qemu(&args, qemu, plugin);
+    }
+    if args.memory {
+        return Err(format!(
+            "--memory needs the QEMU backend (--backend qemu), which sees every load and \
+             store; the {} backend records control flow only (PT has no data addresses)",
+            match asked_backend(&args).as_str() {
+                "auto" => "chosen",
+                b => b,
+            }
+        )
+        .into());
     }
     let mut msg = args.messages();
     let snap = super::snapshot::parse(args.snapshot.as_deref(), &args.trigger)?;

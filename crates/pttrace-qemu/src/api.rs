@@ -49,6 +49,11 @@ pub type SyscallCb = extern "C" fn(
     a8: u64,
 );
 pub type SyscallRetCb = extern "C" fn(id: PluginId, vcpu: c_uint, num: i64, ret: i64);
+/// `qemu_plugin_meminfo_t`: what an access was (read with the accessors below).
+pub type MemInfo = u32;
+pub type VcpuMemCb = extern "C" fn(vcpu: c_uint, info: MemInfo, vaddr: u64, udata: *mut c_void);
+/// `QEMU_PLUGIN_MEM_RW`: loads and stores.
+pub const MEM_RW: c_int = 3;
 
 extern "C" {
     pub fn qemu_plugin_register_vcpu_exit_cb(id: PluginId, cb: VcpuSimpleCb);
@@ -67,4 +72,13 @@ extern "C" {
     pub fn qemu_plugin_insn_data(insn: *const Insn) -> *const c_void;
     pub fn qemu_plugin_insn_size(insn: *const Insn) -> usize;
     pub fn qemu_plugin_insn_vaddr(insn: *const Insn) -> u64;
+    pub fn qemu_plugin_register_vcpu_mem_cb(
+        insn: *mut Insn,
+        cb: VcpuMemCb,
+        flags: c_int,
+        rw: c_int,
+        udata: *mut c_void,
+    );
+    pub fn qemu_plugin_mem_size_shift(info: MemInfo) -> c_uint;
+    pub fn qemu_plugin_mem_is_store(info: MemInfo) -> bool;
 }

@@ -144,7 +144,7 @@ pub fn follow(g: &Global, t: &mut Feeder, num: i64, a: [u64; 5]) {
         qemu: qemu.as_bytes(),
         oracle: g.cfg.oracle,
         cut: Some(g.cfg.cut),
-        extra: g.cfg.snapshot_args(),
+        extra: g.cfg.carried_args(),
     }
     .command(env, run);
     let to_c = |v: Vec<Vec<u8>>| -> Option<Vec<CString>> {

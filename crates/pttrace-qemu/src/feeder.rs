@@ -4,7 +4,8 @@
 //!
 //! Log entries (u64 words): a block descriptor's address (8-byte aligned, low 3 bits 0);
 //! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_SIGNAL, rip, fault`; `TAG_TSC, tsc` (at the start of each
-//! chunk: the time for packets written from it). A chunk holds [`CHUNK`] words; at most
+//! chunk: the time for packets written from it); with `memory=on`, a load or store after
+//! its block (`TAG_MEMORY` with its pc, size and kind, then its address). A chunk holds [`CHUNK`] words; at most
 //! [`CHUNKS`] are in flight per thread (the vCPU waits for the worker beyond that: memory
 //! stays bounded). At every syscall return the vCPU waits until the worker has written the
 //! window, so a program killed later keeps every window up to its last syscall, as
@@ -28,7 +29,7 @@ use pttrace_format::ptt::EndReason;
 
 use crate::log::{
     block_all_signals, lock, restore_signals, Firing, Msg, Share, ShareState, CHUNK, CHUNKS,
-    TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
+    TAG_MEMORY, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
 };
 use crate::thread::Thread;
 use crate::{rdtsc, say, Global};
@@ -124,6 +125,17 @@ impl Feeder {
         if self.buf.len() >= CHUNK {
             self.flush();
         }
+        self.buf.push(addr);
+    }
+
+    /// A load or store of the instruction at `pc` (`memory=on`).
+    #[inline(always)]
+    pub fn memory(&mut self, pc: u64, addr: u64, size_shift: u8, store: bool) {
+        if self.buf.len() + 2 > CHUNK {
+            self.flush();
+        }
+        self.buf
+            .push(TAG_MEMORY | u64::from(size_shift & 15) << 8 | u64::from(store) << 12 | pc << 16);
         self.buf.push(addr);
     }
 

@@ -92,6 +92,8 @@ struct Config {
     /// `addr:SYMBOL` triggers carried from the image before an exec (`trigger=addrsym:`),
     /// resolved in this image's executable at start ([`snapshot::resolve_carried`]).
     addr_symbols: Vec<String>,
+    /// Record every load and store (`memory=on`, `pttrace run --memory`).
+    memory: bool,
 }
 
 /// `trigger=` prefix of an `addr:SYMBOL` trigger carried into an exec'd image.
@@ -133,11 +135,15 @@ impl Config {
         self.snapshot.is_some() && self.triggers.iter().any(f)
     }
 
-    /// The snapshot arguments an exec'd image gets: the triggers, `addr:SYMBOL` ones as
-    /// the symbol's name (the new image resolves it in its own executable); `addr:0xADDR`
-    /// ones are not carried (they name an address of this image's executable).
-    fn snapshot_args(&self) -> Vec<(String, Vec<u8>)> {
+    /// The arguments an exec'd image gets: `memory=on`, and in snapshot mode the
+    /// triggers, `addr:SYMBOL` ones as the symbol's name (the new image resolves it in its
+    /// own executable); `addr:0xADDR` ones are not carried (they name an address of this
+    /// image's executable).
+    fn carried_args(&self) -> Vec<(String, Vec<u8>)> {
         let mut v = Vec::new();
+        if self.memory {
+            v.push(("memory".to_string(), b"on".to_vec()));
+        }
         if let Some(s) = self.snapshot {
             v.push(("snapshot".to_string(), s.to_string().into_bytes()));
             for t in &self.triggers {
@@ -371,6 +377,9 @@ impl Global {
                 "PTTRACER_BACKEND=qemu\nPTTRACER_MODE=user\nPTTRACER_WINDOW=thread\nPTTRACER_OUT={}\n",
                 self.cfg.out.display()
             );
+            if self.cfg.memory {
+                cfg.push_str("PTTRACER_MEMORY=on\n");
+            }
             if let Some(size) = self.cfg.snapshot {
                 let t: Vec<String> = self.cfg.triggers.iter().map(Trigger::describe).collect();
                 cfg.push_str(&format!(
@@ -689,6 +698,21 @@ fn translate(tb: *mut api::Tb) {
             )
         };
     }
+    if g.cfg.memory {
+        for (i, &(ip, _)) in insns.iter().enumerate() {
+            // SAFETY: i < n_insns and `tb` is valid during translation; the user data is
+            // the instruction's address, a plain value.
+            unsafe {
+                api::qemu_plugin_register_vcpu_mem_cb(
+                    api::qemu_plugin_tb_get_insn(tb, i),
+                    on_memory,
+                    api::CB_NO_REGS,
+                    api::MEM_RW,
+                    ip as *mut c_void,
+                )
+            };
+        }
+    }
     // SAFETY: `tb` is valid during translation; the callback and its user data (a leaked,
     // never freed descriptor) outlive every execution of the block.
     unsafe {
@@ -706,6 +730,23 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
         // SAFETY: udata is the leaked `BlockInfo` registered with this callback.
         let b = unsafe { &*(udata as *const BlockInfo) };
         exec_block(vcpu, b);
+    });
+}
+
+/// A load or store of the instruction at `udata` (`memory=on`).
+extern "C" fn on_memory(vcpu: c_uint, info: api::MemInfo, vaddr: u64, udata: *mut c_void) {
+    guarded(|| {
+        let Some(f) = global().and_then(|g| g.feeder(vcpu)) else {
+            return;
+        };
+        // SAFETY: the accessors only read the bits of `info`, the value QEMU passed.
+        let (shift, store) = unsafe {
+            (
+                api::qemu_plugin_mem_size_shift(info),
+                api::qemu_plugin_mem_is_store(info),
+            )
+        };
+        f.memory(udata as u64, vaddr, shift as u8, store);
     });
 }
 
@@ -855,6 +896,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
         triggers: Vec::new(),
         request: None,
         addr_symbols: Vec::new(),
+        memory: false,
     };
     let mut cut_given = false;
     for i in 0..argc.max(0) as usize {
@@ -864,6 +906,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
         match k {
             "out" => cfg.out = PathBuf::from(v),
             "oracle" => cfg.oracle = matches!(v, "on" | "true" | "1" | "yes"),
+            "memory" => cfg.memory = matches!(v, "on" | "true" | "1" | "yes"),
             "cut" => {
                 cfg.cut = v
                     .parse()
@@ -891,7 +934,7 @@ fn parse_args(argc: c_int, argv: *const *const c_char) -> Result<Config, String>
             _ => {
                 return Err(format!(
                     "unknown argument {arg:?} (out=, oracle=, cut=, qemu=, self=, \
-                     snapshot=, trigger=, request=)"
+                     snapshot=, trigger=, request=, memory=)"
                 ))
             }
         }

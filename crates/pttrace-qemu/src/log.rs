@@ -20,6 +20,9 @@ pub const TAG_SNAP: u64 = 4;
 /// the thread at `rip` (`fault`: 1 a synchronous fault of the instruction there, 0 an
 /// asynchronous signal, 2 not known).
 pub const TAG_SIGNAL: u64 = 5;
+/// `TAG_MEMORY | log2 size << 8 | store << 12 | pc << 16, address`: a load or store of
+/// the instruction at pc (`memory=on`; tells itself from the exact tags by its low byte).
+pub const TAG_MEMORY: u64 = 6;
 /// Words per chunk (512 KiB).
 pub const CHUNK: usize = 1 << 16;
 /// Chunks per thread.

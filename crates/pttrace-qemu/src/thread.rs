@@ -14,7 +14,7 @@ use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
 use pttrace_format::snapshot::{Trigger, TriggerKind};
 
 use crate::files::TraceFile;
-use crate::log::{Firing, Msg, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
+use crate::log::{Firing, Msg, TAG_MEMORY, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
@@ -63,6 +63,18 @@ pub struct Thread {
     syscall_trigger: Option<u32>,
     /// A snapshot ended the window of the syscall in flight (its return ends nothing).
     cut_syscall: bool,
+    /// The window's loads and stores (`memory=on`), written into its sideband.
+    memory: pttrace_format::memory::Encoder,
+    /// The loads and stores of the last block, until the log goes on past it: a fault
+    /// leaves out the faulting instruction's own (it did not retire).
+    block_memory: Vec<pttrace_format::memory::Access>,
+    /// The pc of the last access, and whether a block began since (not the same `rep`
+    /// instruction going on: that is one instruction).
+    last_access: (u64, bool),
+    /// The `rep` instruction the last block ended with.
+    last_rep: Option<u64>,
+    /// `memory=on`.
+    memory_on: bool,
 }
 
 impl Thread {
@@ -127,7 +139,40 @@ impl Thread {
             ring: g.cfg.snapshot.map(Ring::new),
             syscall_trigger: None,
             cut_syscall: false,
+            memory: Default::default(),
+            block_memory: Vec::new(),
+            last_access: (0, false),
+            last_rep: None,
+            memory_on: g.cfg.memory,
         }
+    }
+
+    /// `memory=on`: block `b` begins; the last one's loads and stores are final.
+    fn memory_block(&mut self, b: &BlockInfo) {
+        if !self.block_memory.is_empty() {
+            self.take_block_memory();
+        }
+        if self.last_rep != Some(b.block.start) {
+            self.last_access.1 = true;
+        }
+        self.last_rep = match b.block.kind {
+            pttrace_encoder::flow::BlockEnd::Rep { ip } => Some(ip),
+            _ => None,
+        };
+    }
+
+    /// The last block's loads and stores go to the window's.
+    #[inline]
+    fn take_block_memory(&mut self) {
+        for a in self.block_memory.drain(..) {
+            self.memory.push(a, &mut self.sideband);
+        }
+    }
+
+    /// The window's loads and stores go into its sideband (the window ends).
+    fn end_memory(&mut self) {
+        self.take_block_memory();
+        self.memory.finish(&mut self.sideband);
     }
 
     fn sample(&self) -> SampleId {
@@ -247,6 +292,7 @@ impl Thread {
         };
         self.index += 1;
         self.win_tsc = w.tsc_end;
+        self.end_memory();
         WinMeta {
             w,
             sideband: std::mem::take(&mut self.sideband),
@@ -475,8 +521,28 @@ impl Thread {
             if w & 7 == 0 {
                 // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
                 let b = unsafe { &*(w as *const BlockInfo) };
+                if self.memory_on {
+                    self.memory_block(b);
+                }
                 self.on_block(b);
                 i += 1;
+                continue;
+            }
+            if w & 0xff == TAG_MEMORY {
+                let Some(&addr) = words.get(i + 1) else {
+                    return;
+                };
+                let pc = w >> 16;
+                let access = pttrace_format::memory::Access {
+                    pc,
+                    addr,
+                    size_shift: ((w >> 8) & 15) as u8,
+                    store: (w >> 12) & 1 != 0,
+                    again: self.last_access == (pc, true),
+                };
+                self.last_access = (pc, false);
+                self.block_memory.push(access);
+                i += 2;
                 continue;
             }
             match w {
@@ -514,6 +580,15 @@ impl Thread {
                         1 => Some(true),
                         _ => None,
                     };
+                    if fault == Some(true) {
+                        // The faulting instruction's accesses before the fault: it did
+                        // not retire (it runs again after the handler, if ever).
+                        let rip = e[0];
+                        while self.block_memory.last().is_some_and(|a| a.pc == rip) {
+                            self.block_memory.pop();
+                        }
+                    }
+                    self.take_block_memory();
                     self.enc.signal_entry(e[0], fault);
                     i += 3;
                 }
@@ -550,6 +625,8 @@ impl Thread {
             self.fire_addr(addr, idx, &mut tsc);
         }
         if self.enc.window_len() > self.cut {
+            // (This block goes into the next window, and so do its loads and stores,
+            // which come after it in the log.)
             self.cut(&mut tsc);
         }
     }
@@ -563,6 +640,7 @@ impl Thread {
         }
         let _ = self.enc.far_transfer();
         self.last_tsc = tsc;
+        self.end_memory();
         let meta = WinMeta {
             w: Window {
                 index: self.index,
