@@ -79,7 +79,7 @@ fn check_program(
         .args(["run", "--quiet", "--backend", "qemu", "--out"])
         .arg(&out)
         .arg("--")
-        .arg(&prog)
+        .arg(prog)
         .args(args)
         .envs(env.iter().copied())
         .output()

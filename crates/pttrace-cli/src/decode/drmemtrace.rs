@@ -10,7 +10,9 @@
 //! delivered between instructions (the QEMU backend's asynchronous transfer) is a kernel
 //! event, its sigreturn a kernel transfer back; anything else discontinuous (a gap, an
 //! overflow, a jump no instruction explains) starts a new window, which the analyzers take
-//! as a discontinuity. Instruction-only (no data addresses: PT has none).
+//! as a discontinuity. Instruction-only (no data addresses: PT has none), unless the QEMU
+//! backend recorded loads and stores (`run --memory`): then each instruction is followed
+//! by its reads and writes, as QEMU reported them.
 //!
 //! Timestamps are microseconds since 1601: the trace's TSC converted with the process's
 //! clock records, placed so that its last clock record falls at the info file's
@@ -54,8 +56,9 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
     let (mut damages, _) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
     let mut overflows = 0u64;
+    let mut unjoined: Vec<String> = Vec::new();
     let mut written = Vec::new();
-    let mut clocks: std::collections::HashMap<PathBuf, Option<Clock>> = Default::default();
+    let mut clocks: std::collections::HashMap<PathBuf, (Option<Clock>, bool)> = Default::default();
     for th in &trace.threads {
         let h = &th.header;
         let proc_ = trace.process_of(th);
@@ -63,8 +66,9 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
             .map(|p| crate::view::basename(&p.cmdline))
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| "thread".to_string());
-        // An image's info file is read once for all its threads.
-        let clock = proc_.and_then(|p| {
+        // An image's info file is read once for all its threads: its clock, and whether
+        // loads and stores were recorded.
+        let (clock, memory) = proc_.map_or((None, false), |p| {
             *clocks
                 .entry(p.path.clone())
                 .or_insert_with(|| Clock::of(&p.path))
@@ -79,17 +83,35 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
             h.nonce
         ));
         let mut conv = Converter::new(h.tid as u64, h.pid as u64, clock, file.clone());
+        conv.memory = memory;
         trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
             conv.window_nr = Some(w.nr);
             let Some(dec) = dec else { return Ok(()) };
+            let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
             for r in dec {
                 if let Record::Overflow { .. } = r {
                     overflows += 1;
                 }
+                if let Record::Instruction(i) = &r {
+                    conv.accesses.clear();
+                    conv.accesses.extend_from_slice(join.of(i.pc));
+                }
                 conv.record(&r);
+            }
+            if join.left() > 0 {
+                unjoined.push(format!(
+                    "window {}: {} of its {} loads and stores match no decoded instruction \
+                     (left out)",
+                    w.index,
+                    join.left(),
+                    w.memory.len()
+                ));
             }
             Ok::<(), DecodeError>(())
         })?;
+        for what in unjoined.drain(..) {
+            damages.add_whole(crate::text::printable(&th.path.display().to_string()), what);
+        }
         let n = conv
             .finish()
             .map_err(|e| format!("{}: cannot write: {e}", file.display()))?;
@@ -119,14 +141,25 @@ struct Clock {
 }
 
 impl Clock {
-    fn of(info: &Path) -> Option<Clock> {
+    /// The clock of the image whose info file is `info`, and whether its loads and stores
+    /// were recorded.
+    fn of(info: &Path) -> (Option<Clock>, bool) {
+        match drpttracer::format::summary::summarize_process(info) {
+            Ok(p) => (
+                Self::of_summary(info, &p),
+                p.config.lines().any(|l| l == "PTTRACER_MEMORY=on"),
+            ),
+            Err(_) => (None, false),
+        }
+    }
+
+    fn of_summary(info: &Path, p: &drpttracer::format::summary::ProcessSummary) -> Option<Clock> {
         let mtime = std::fs::metadata(info).ok()?.modified().ok()?;
         let unix_us = mtime
             .duration_since(std::time::UNIX_EPOCH)
             .ok()?
             .as_micros() as u64;
         let us_end = unix_us + dm::UNIX_EPOCH_US;
-        let p = drpttracer::format::summary::summarize_process(info).ok()?;
         let (first, last) = (p.clocks.first()?, p.clocks.last()?);
         let per_us = (last.0 > first.0 && last.1 > first.1)
             .then(|| (last.1 - first.1) as f64 * 1000.0 / (last.0 - first.0) as f64);
@@ -152,6 +185,8 @@ struct Pending {
     class: InsnClass,
     /// Its syscall number, when it is the syscall that ended a window.
     syscall: Option<u64>,
+    /// Its loads and stores.
+    accesses: Vec<pttrace_format::memory::Access>,
 }
 
 /// One thread's records into a [`ThreadWriter`].
@@ -181,6 +216,12 @@ struct Converter {
     cpu: u64,
     time_moved: bool,
     instructions: u64,
+    /// The trace has loads and stores (not instruction-only).
+    memory: bool,
+    /// The loads and stores of the instruction read next, and a buffer for the one after.
+    accesses: Vec<pttrace_format::memory::Access>,
+    spare: Vec<pttrace_format::memory::Access>,
+    operands: Operands,
 }
 
 impl Converter {
@@ -204,6 +245,10 @@ impl Converter {
             cpu: u64::MAX,
             time_moved: false,
             instructions: 0,
+            memory: false,
+            accesses: Vec::new(),
+            spare: Vec::new(),
+            operands: Operands::default(),
         }
     }
 
@@ -247,12 +292,12 @@ impl Converter {
                 .ts
                 .max(self.clock.map_or(dm::UNIX_EPOCH_US, |c| c.us_end) + self.instructions / 1000);
         }
+        let memory = self.memory;
         let w = self.writer.get_or_insert_with(|| {
-            let ft = filetype::ARCH_X86_64
-                | filetype::ENCODINGS
-                | filetype::DFILTERED
-                | filetype::INSTRUCTION_ONLY
-                | filetype::SYSCALL_NUMBERS;
+            let mut ft = filetype::ARCH_X86_64 | filetype::ENCODINGS | filetype::SYSCALL_NUMBERS;
+            if !memory {
+                ft |= filetype::DFILTERED | filetype::INSTRUCTION_ONLY;
+            }
             ThreadWriter::new(
                 self.tid,
                 self.pid,
@@ -284,18 +329,20 @@ impl Converter {
         let mut b = [0u8; 16];
         let len = bytes.len().min(15);
         b[..len].copy_from_slice(&bytes[..len]);
+        let accesses = std::mem::replace(&mut self.accesses, std::mem::take(&mut self.spare));
         self.pending = Some(Pending {
             pc,
             bytes: b,
             len,
             class,
             syscall: None,
+            accesses,
         });
     }
 
     /// Writes `p` now that the flow after it is known (`None`: the thread ended); returns
     /// the pc it should be followed by, and whether it is a syscall other than a sigreturn.
-    fn write(&mut self, p: Pending, next: Option<u64>) -> (u64, bool) {
+    fn write(&mut self, mut p: Pending, next: Option<u64>) -> (u64, bool) {
         let bytes = &p.bytes[..p.len];
         let fall = p.pc.wrapping_add(p.len as u64);
         // Direct or not, and the target: decoded for jumps and calls only (the rest need
@@ -333,6 +380,16 @@ impl Converter {
             return (expected, syscall);
         };
         w.instruction(p.pc, bytes, kind);
+        if !p.accesses.is_empty() {
+            let operands = self.operands.of(p.pc, bytes);
+            for (store, ranges) in operand_ranges(&p.accesses, operands) {
+                for (at, size) in ranges {
+                    w.data(at, size.min(u64::from(u16::MAX)) as u16, store);
+                }
+            }
+        }
+        p.accesses.clear();
+        self.spare = std::mem::take(&mut p.accesses);
         self.instructions += 1;
         if let Some(nr) = p.syscall {
             w.syscall(nr, self.ts);
@@ -407,6 +464,145 @@ impl Converter {
         z.finish()?;
         Ok(self.instructions)
     }
+}
+
+/// How many memory operands an instruction reads, writes, and reads and writes (DynamoRIO's
+/// `instr_num_memory_read_access`/`_write_access`), decoded once per pc and encoding.
+#[derive(Default)]
+struct Operands(std::collections::HashMap<u64, ([u8; 16], u8, u8, u8)>);
+
+/// Memory operands read, written, and both (the read-modify-write ones).
+#[derive(Clone, Copy)]
+struct OperandCounts {
+    reads: usize,
+    writes: usize,
+    both: usize,
+}
+
+impl Operands {
+    /// The operands of the instruction `bytes` at `pc`; `None` where it does not decode.
+    fn of(&mut self, pc: u64, bytes: &[u8]) -> Option<OperandCounts> {
+        use iced_x86::{Decoder, DecoderOptions, InstructionInfoFactory, Mnemonic, OpAccess};
+        let mut key = [0u8; 16];
+        let len = bytes.len().min(16);
+        key[..len].copy_from_slice(&bytes[..len]);
+        let counts = |r: u8, w: u8, b: u8| {
+            (r != u8::MAX).then_some(OperandCounts {
+                reads: usize::from(r),
+                writes: usize::from(w),
+                both: usize::from(b),
+            })
+        };
+        if let Some(&(k, r, w, b)) = self.0.get(&pc) {
+            if k == key {
+                return counts(r, w, b);
+            }
+        }
+        let insn = Decoder::with_ip(64, bytes, pc, DecoderOptions::NONE).decode();
+        let (mut r, mut w, mut b) = (0u8, 0u8, 0u8);
+        if insn.is_invalid() {
+            r = u8::MAX;
+        } else {
+            for m in InstructionInfoFactory::new().info(&insn).used_memory() {
+                let a = m.access();
+                if matches!(
+                    a,
+                    OpAccess::Read
+                        | OpAccess::CondRead
+                        | OpAccess::ReadWrite
+                        | OpAccess::ReadCondWrite
+                ) {
+                    r = r.saturating_add(1);
+                }
+                if matches!(
+                    a,
+                    OpAccess::Write
+                        | OpAccess::CondWrite
+                        | OpAccess::ReadWrite
+                        | OpAccess::ReadCondWrite
+                ) {
+                    w = w.saturating_add(1);
+                }
+                if matches!(a, OpAccess::ReadWrite | OpAccess::ReadCondWrite) {
+                    b = b.saturating_add(1);
+                }
+            }
+            // The xsave family only writes its area for DynamoRIO (the header it reads
+            // is no operand of its own).
+            if matches!(
+                insn.mnemonic(),
+                Mnemonic::Xsave
+                    | Mnemonic::Xsave64
+                    | Mnemonic::Xsaveopt
+                    | Mnemonic::Xsaveopt64
+                    | Mnemonic::Xsavec
+                    | Mnemonic::Xsavec64
+                    | Mnemonic::Xsaves
+                    | Mnemonic::Xsaves64
+            ) {
+                r = 0;
+            }
+        }
+        self.0.insert(pc, (key, r, w, b));
+        counts(r, w, b)
+    }
+}
+
+/// An instruction's loads and stores as DynamoRIO records them: one record per memory
+/// operand (its reads, then its writes). QEMU reports a wide access (16-byte SSE) as
+/// 8-byte ones and a `rep` string instruction's accesses iteration by iteration: the
+/// accesses of one kind that continue each other (up or down) are one range. Where more
+/// ranges are left than the instruction has operands of that kind (`operands`: reads,
+/// writes), the last operand gets the bounding range of the rest (xsave's area, written
+/// in pieces); accesses of a kind it has no operand for are left out, as DynamoRIO's own
+/// tracer has none (the header xsave reads). An atomic read-modify-write QEMU reports
+/// once (as a store) is also the read of its operand.
+fn operand_ranges(
+    accesses: &[pttrace_format::memory::Access],
+    operands: Option<OperandCounts>,
+) -> [(bool, Vec<(u64, u64)>); 2] {
+    let ranges = |store: bool| {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for a in accesses.iter().filter(|a| a.store == store) {
+            let (lo, hi) = (a.addr, a.addr.wrapping_add(a.size()));
+            match out
+                .iter_mut()
+                .find(|(at, size)| at.wrapping_add(*size) == lo || hi == *at)
+            {
+                Some((at, size)) => {
+                    *at = (*at).min(lo);
+                    *size += a.size();
+                }
+                None => out.push((lo, a.size())),
+            }
+        }
+        out
+    };
+    let mut both = [(false, ranges(false)), (true, ranges(true))];
+    if let Some(ops) = operands {
+        // The read-modify-write operands one kind is missing: the other kind's ranges.
+        for (to, from) in [(0, 1), (1, 0)] {
+            let want = if to == 0 { ops.reads } else { ops.writes };
+            let missing = want.saturating_sub(both[to].1.len()).min(ops.both);
+            let extra: Vec<(u64, u64)> = both[from].1.iter().take(missing).copied().collect();
+            both[to].1.extend(extra);
+        }
+        for ((_, r), n) in both.iter_mut().zip([ops.reads, ops.writes]) {
+            if r.len() > n {
+                let rest = r.split_off(n.saturating_sub(1));
+                if n > 0 {
+                    let lo = rest.iter().map(|x| x.0).min().unwrap_or(0);
+                    let hi = rest
+                        .iter()
+                        .map(|x| x.0.wrapping_add(x.1))
+                        .max()
+                        .unwrap_or(lo);
+                    r.push((lo, hi.wrapping_sub(lo)));
+                }
+            }
+        }
+    }
+    both
 }
 
 /// A thread's `.zip`: members `chunk.00000000`, `chunk.00000001`, … (deflated).

@@ -46,6 +46,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
         (0u64, 0u64, 0u64, 0u64);
     let mut total_ovf = 0u64;
+    // Loads and stores (`run --memory`) joined to no decoded instruction.
+    let mut unjoined: Vec<(String, String)> = Vec::new();
     let mut problems = 0u64;
     // Windows per decoder that gave their records (and why libipt took over).
     let mut decoders: std::collections::BTreeMap<String, u64> = Default::default();
@@ -123,6 +125,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     return Ok(());
                 };
                 let (mut n, mut gaps, mut ovf) = (0u64, Vec::new(), 0u64);
+                let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
                 if args.format == OutFormat::Disasm {
                     writeln!(printer.out, "  {head}:").map_err(&mut io)?;
                 }
@@ -158,9 +161,35 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                                 }
                             }
                             writeln!(printer.out, "{v}").map_err(&mut io)?;
+                            if let Record::Instruction(i) = &r {
+                                for a in join.of(i.pc) {
+                                    writeln!(
+                                        printer.out,
+                                        "{{\"type\":\"{}\",\"addr\":\"{:#x}\",\"size\":{},\"pc\":\"{:#x}\",\"tid\":{}}}",
+                                        if a.store { "write" } else { "read" },
+                                        a.addr,
+                                        a.size(),
+                                        a.pc,
+                                        h.tid
+                                    )
+                                    .map_err(&mut io)?;
+                                }
+                            }
                         }
                         OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
                     }
+                }
+                if args.format == OutFormat::Jsonl && join.left() > 0 {
+                    unjoined.push((
+                        th.path.display().to_string(),
+                        format!(
+                            "window {}: {} of its {} loads and stores match no decoded \
+                             instruction (left out)",
+                            w.index,
+                            join.left(),
+                            w.memory.len()
+                        ),
+                    ));
                 }
                 *decoders
                     .entry(super::decoded_by_text(dec.decoded_by()))
@@ -243,6 +272,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         }
         r => {
             r?;
+            for (file, what) in &unjoined {
+                damages.add_whole(crate::text::printable(file), what.clone());
+            }
             damages.note_overflows(total_ovf);
             damages.finish("decode", args.policy)
         }

@@ -1,0 +1,213 @@
+//! `pttrace run --memory` (QEMU backend): every load and store, joined to its instruction
+//! by `decode --format jsonl` and `--format drmemtrace` (DynamoRIO's own analyzers, which
+//! print `SKIP` where `scripts/dynamorio.sh` has not built them).
+
+mod shim_util;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use shim_util::{pttrace, qemu_available, run_under_qemu, symbol, text};
+
+/// `tests/progs/mem_array.c` built and traced with `--memory` into `dir/trace`: the
+/// program, the trace and where its array is.
+fn trace_array(dir: &Path) -> (PathBuf, PathBuf, u64) {
+    let prog = shim_util::compile_with("mem_array", dir, "mem_array", &["-no-pie"]);
+    let trace = dir.join("trace");
+    let o = run_under_qemu(&trace, &["--memory"], &[prog.as_os_str()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let arr = symbol(&prog, "arr");
+    (prog, trace, arr)
+}
+
+#[test]
+fn loads_and_stores_of_a_known_array_follow_their_instructions() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, trace, arr) = trace_array(dir.path());
+    let o = Command::new(pttrace())
+        .args(["decode", "--format", "jsonl"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let hex =
+        |v: &Value| u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    // Every access comes after its instruction (or after another access of it).
+    let (mut last_pc, mut accesses, mut insns) = (None, 0u64, 0u64);
+    // The array's accesses: (read or write, address, pc), in order.
+    let mut seen: Vec<(bool, u64, u64)> = Vec::new();
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        match v["type"].as_str().unwrap() {
+            "insn" => {
+                last_pc = Some(hex(&v["pc"]));
+                insns += 1;
+            }
+            t @ ("read" | "write") => {
+                accesses += 1;
+                let pc = hex(&v["pc"]);
+                assert_eq!(Some(pc), last_pc, "{l}");
+                let addr = hex(&v["addr"]);
+                if (arr..arr + 8000).contains(&addr) {
+                    assert_eq!(v["size"], 8, "{l}");
+                    seen.push((t == "write", addr, pc));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(insns > 50_000 && accesses > 10_000, "{insns} {accesses}");
+    // Three passes; in each, element i read then written, i in order; then the last
+    // element read for the exit status.
+    let mut expected: Vec<(bool, u64)> = (0..3)
+        .flat_map(|_| (0..1000u64).flat_map(|i| [(false, arr + 8 * i), (true, arr + 8 * i)]))
+        .collect();
+    expected.push((false, arr + 8 * 999));
+    let got: Vec<(bool, u64)> = seen.iter().map(|&(w, a, _)| (w, a)).collect();
+    assert_eq!(got.len(), expected.len());
+    assert!(
+        got == expected,
+        "the array's accesses are not the program's"
+    );
+    // One load instruction and one store instruction made the loop's.
+    let pcs = |write: bool| {
+        let mut p: Vec<u64> = seen[..6000]
+            .iter()
+            .filter(|s| s.0 == write)
+            .map(|s| s.2)
+            .collect();
+        p.dedup();
+        p
+    };
+    assert_eq!(pcs(false).len(), 1);
+    assert_eq!(pcs(true).len(), 1);
+    assert!(pcs(false)[0] < pcs(true)[0]);
+}
+
+#[test]
+fn memory_needs_the_qemu_backend() {
+    let o = Command::new(pttrace())
+        .args([
+            "run",
+            "--backend",
+            "emulated",
+            "--memory",
+            "--",
+            "/bin/true",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("--memory needs the QEMU backend"), "{t}");
+}
+
+/// DynamoRIO's launcher, or None after printing why not.
+fn launcher() -> Option<PathBuf> {
+    let dir = match std::env::var_os("PTTRACE_DYNAMORIO_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/pttrace/dynamorio"),
+    };
+    let l = dir.join("build/clients/bin64/drmemtrace_launcher");
+    if l.is_file() {
+        Some(l)
+    } else {
+        println!(
+            "SKIP: DynamoRIO's drmemtrace_launcher is not built in {} (run scripts/dynamorio.sh)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn analyze(l: &Path, dir: &Path, tool: &str) -> String {
+    let o = Command::new(l)
+        .arg("-indir")
+        .arg(dir)
+        .args(["-tool", tool])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{tool}: {t}");
+    t
+}
+
+fn drmemtrace(trace: &Path, out: &Path) {
+    let o = Command::new(pttrace())
+        .args(["decode", "--format", "drmemtrace", "--out"])
+        .arg(out)
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn dynamorio_reads_the_loads_and_stores() {
+    let Some(l) = launcher() else { return };
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, trace, arr) = trace_array(dir.path());
+    let dm = dir.path().join("dm");
+    drmemtrace(&trace, &dm);
+    let checked = analyze(&l, &dm, "invariant_checker");
+    assert!(
+        checked.contains("Trace invariant checks passed"),
+        "{checked}"
+    );
+    // DynamoRIO's view lists the array's 6,001 accesses, 8 bytes each.
+    let view = analyze(&l, &dm, "view");
+    let (mut reads, mut writes) = (0, 0);
+    for line in view.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let Some(k) = w.iter().position(|x| *x == "read" || *x == "write") else {
+            continue;
+        };
+        let (Some(size), Some(at)) = (w.get(k + 1), w.get(k + 4)) else {
+            continue;
+        };
+        let Ok(addr) = u64::from_str_radix(at.trim_start_matches("0x"), 16) else {
+            continue;
+        };
+        if (arr..arr + 8000).contains(&addr) {
+            assert_eq!(*size, "8", "{line}");
+            if w[k] == "read" {
+                reads += 1;
+            } else {
+                writes += 1;
+            }
+        }
+    }
+    assert_eq!((reads, writes), (3001, 3000));
+    let counts = analyze(&l, &dm, "basic_counts");
+    assert!(counts.contains("total data loads"), "{counts}");
+    // The cache simulator runs on them.
+    let cache = analyze(&l, &dm, "cache");
+    assert!(cache.contains("L1D0"), "{cache}");
+
+    // Wide accesses QEMU splits, rep strings, atomics and xsave in real code: the
+    // checker passes on programs with every kind (their records one per operand).
+    let prog = shim_util::compile_with("qemu_cases", dir.path(), "qemu_cases", &["-no-pie"]);
+    for case in ["rep", "mix", "threads"] {
+        let t = dir.path().join(format!("t-{case}"));
+        let o = run_under_qemu(&t, &["--memory"], &[prog.as_os_str(), case.as_ref()]);
+        assert!(o.status.success(), "{}", text(&o));
+        let d = dir.path().join(format!("d-{case}"));
+        drmemtrace(&t, &d);
+        let checked = analyze(&l, &d, "invariant_checker");
+        assert!(
+            checked.contains("Trace invariant checks passed"),
+            "{case}: {checked}"
+        );
+    }
+}
