@@ -1187,9 +1187,9 @@ fn ptt_directory_mutants() {
                 pt_len: pt.len(),
                 sideband_len: sb.len(),
                 memory: if k == 0 {
-                    window_accesses(&prog)
+                    drpttracer::format::memory::Packed::of(&window_accesses(&prog))
                 } else {
-                    Vec::new()
+                    Default::default()
                 },
             }
         );

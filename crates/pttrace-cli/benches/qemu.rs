@@ -6,7 +6,9 @@
 //! - `/usr/bin/python3 -c pass` (start-up, translation-bound): bare QEMU vs traced;
 //! - instructions traced per second (instructions from decoding the trace once), PT bytes
 //!   per instruction, peak memory of the traced run;
-//! - the single-step backend's rate on `qemu_cases loop` in the same run.
+//! - the single-step backend's rate on `qemu_cases loop` in the same run;
+//! - `--memory` (every load and store recorded) against the instruction-only capture of the
+//!   python loop, and the bytes it adds per access.
 //!
 //! Run: `cargo bench --bench qemu` (optional argument: rounds, default 5).
 
@@ -49,6 +51,10 @@ fn timed(c: &mut Command) -> f64 {
 }
 
 fn traced(out: &Path, backend: &str, cmd: &[&str]) -> Command {
+    traced_with(out, backend, &[], cmd)
+}
+
+fn traced_with(out: &Path, backend: &str, extra: &[&str], cmd: &[&str]) -> Command {
     let _ = std::fs::remove_dir_all(out);
     let mut c = Command::new(pttrace());
     c.args([
@@ -62,6 +68,7 @@ fn traced(out: &Path, backend: &str, cmd: &[&str]) -> Command {
     ])
     .arg("--qemu-plugin")
     .arg(plugin())
+    .args(extra)
     .arg("--out")
     .arg(out)
     .arg("--")
@@ -85,8 +92,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Bytes of the files of a trace directory.
+fn dir_bytes(out: &Path) -> u64 {
+    std::fs::read_dir(out)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// (instructions, PT bytes) of a trace directory, by decoding it.
 fn decoded(out: &Path) -> (u64, u64) {
+    let (i, p, _) = decoded_all(out);
+    (i, p)
+}
+
+/// (instructions, PT bytes, loads and stores) of a trace directory, by decoding it.
+fn decoded_all(out: &Path) -> (u64, u64, u64) {
     let o = Command::new(pttrace())
         .arg("decode")
         .arg(out)
@@ -107,7 +132,11 @@ fn decoded(out: &Path) -> (u64, u64) {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)
     };
-    (field("instructions"), field("PT bytes"))
+    (
+        field("instructions"),
+        field("PT bytes"),
+        field("loads and stores"),
+    )
 }
 
 /// Peak RSS (KiB) of the children waited for so far.
@@ -140,7 +169,22 @@ fn main() {
 
     let (mut native, mut bare, mut ours, mut ratio) = (vec![], vec![], vec![], vec![]);
     let (mut s_bare, mut s_ours, mut s_ratio) = (vec![], vec![], vec![]);
+    let (mut m_plain, mut m_mem, mut m_ratio) = (vec![], vec![], vec![]);
+    let loop_cmd = [PY, "-c", LOOP];
     for r in 0..rounds {
+        // --memory against the instruction-only capture, in alternating order.
+        let plain = || timed(&mut traced(&out, "qemu", &loop_cmd));
+        let memory = || timed(&mut traced_with(&out, "qemu", &["--memory"], &loop_cmd));
+        let (p, m) = if r % 2 == 0 {
+            let p = plain();
+            (p, memory())
+        } else {
+            let m = memory();
+            (plain(), m)
+        };
+        m_plain.push(p);
+        m_mem.push(m);
+        m_ratio.push(m / p);
         let (x, y) = paired(
             r,
             Command::new("qemu-x86_64").args([PY, "-c", LOOP]),
@@ -166,6 +210,10 @@ fn main() {
     let t_loop = timed(&mut traced(&out, "qemu", &[PY, "-c", LOOP]));
     let rss = children_max_rss_kib().max(before);
     let (insns, pt) = decoded(&out);
+    let plain_bytes = dir_bytes(&out);
+    let t_mem = timed(&mut traced_with(&out, "qemu", &["--memory"], &loop_cmd));
+    let mem_bytes = dir_bytes(&out);
+    let (_, _, accesses) = decoded_all(&out);
 
     // The single-step backend in the same run, on a loop it can finish.
     let prog = dir.path().join("qc");
@@ -215,5 +263,17 @@ fn main() {
         "  single-step backend (same run): {step_insns} instructions in {t_step:.2} s = {:.3} M instructions/s -> QEMU backend {:.0}x faster",
         step_rate / 1e6,
         qemu_rate / step_rate
+    );
+    println!(
+        "  --memory on the python loop: instruction-only {:.2} s, with loads and stores {:.2} s -> {:.2}x ({:.2}..{:.2}); {accesses} loads and stores ({:.2} per instruction) in {t_mem:.2} s, {} MB of files against {} MB = {:.2} bytes per access",
+        median(m_plain),
+        median(m_mem),
+        median(m_ratio.clone()),
+        m_ratio.iter().cloned().fold(f64::MAX, f64::min),
+        m_ratio.iter().cloned().fold(0.0, f64::max),
+        accesses as f64 / insns.max(1) as f64,
+        mem_bytes / 1_000_000,
+        plain_bytes / 1_000_000,
+        mem_bytes.saturating_sub(plain_bytes) as f64 / accesses.max(1) as f64
     );
 }

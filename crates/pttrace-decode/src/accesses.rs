@@ -10,42 +10,88 @@
 //! that pc is executed again; what is left at the window's end is counted
 //! ([`AccessJoin::left`]) for the reader to report.
 
-use pttrace_format::memory::Access;
+use pttrace_format::memory::{parse_body, Access, Packed};
 
-/// A window's accesses, handed out instruction by instruction.
+/// A window's accesses, handed out instruction by instruction (inflated a record at a
+/// time: memory stays one record's worth, not the window's millions).
 pub struct AccessJoin<'a> {
-    list: &'a [Access],
+    records: Box<dyn Iterator<Item = &'a [u8]> + 'a>,
+    /// The current record's accesses, and the next one not handed out.
+    buf: Vec<Access>,
     next: usize,
+    /// Accesses handed out, of all the window's (those of a record that does not inflate
+    /// stay out: counted by [`Self::left`]).
+    joined: u64,
+    total: u64,
 }
 
 impl<'a> AccessJoin<'a> {
-    pub fn new(list: &'a [Access]) -> Self {
-        AccessJoin { list, next: 0 }
+    pub fn new(packed: &'a Packed) -> Self {
+        AccessJoin {
+            records: Box::new(packed.records()),
+            buf: Vec::new(),
+            next: 0,
+            joined: 0,
+            total: packed.len(),
+        }
+    }
+
+    /// The next access not handed out (inflating the next record when needed).
+    #[inline]
+    fn peek(&mut self) -> Option<Access> {
+        if self.next == self.buf.len() {
+            self.refill();
+        }
+        self.buf.get(self.next).copied()
+    }
+
+    #[cold]
+    fn refill(&mut self) {
+        self.buf.clear();
+        self.next = 0;
+        for body in self.records.by_ref() {
+            let before = self.buf.len();
+            if parse_body(body, &mut self.buf).is_err() {
+                // A damaged record (inside a frame whose CRC held: a writer's bug): its
+                // accesses are left out.
+                self.buf.truncate(before);
+                continue;
+            }
+            if !self.buf.is_empty() {
+                return;
+            }
+        }
     }
 
     /// The accesses of the instruction at `pc`, executed next.
     #[inline]
-    pub fn of(&mut self, pc: u64) -> &'a [Access] {
-        let start = self.next;
-        while self
-            .list
-            .get(self.next)
-            .is_some_and(|a| a.pc == pc && (self.next == start || !a.again))
-        {
+    pub fn of(&mut self, pc: u64, out: &mut Vec<Access>) {
+        out.clear();
+        while let Some(a) = self.peek() {
+            if a.pc != pc || (!out.is_empty() && a.again) {
+                break;
+            }
+            out.push(a);
             self.next += 1;
         }
-        self.list.get(start..self.next).unwrap_or(&[])
+        self.joined += out.len() as u64;
     }
 
-    /// Accesses not joined to any instruction (so far).
-    pub fn left(&self) -> usize {
-        self.list.len() - self.next
+    /// Accesses not joined to any instruction (so far, or at the window's end).
+    pub fn left(&self) -> u64 {
+        self.total - self.joined
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn of(j: &mut AccessJoin<'_>, pc: u64) -> Vec<Access> {
+        let mut out = Vec::new();
+        j.of(pc, &mut out);
+        out
+    }
 
     fn a(pc: u64, addr: u64, store: bool) -> Access {
         Access {
@@ -71,14 +117,15 @@ mod tests {
             a(0x20, 0x401, true),
             a(0x10, 0x108, false),
         ];
-        let mut j = AccessJoin::new(&list);
-        assert_eq!(j.of(0x10), &list[0..1]);
-        assert_eq!(j.of(0x14), &[]);
-        assert_eq!(j.of(0x18), &list[1..3]);
-        assert_eq!(j.of(0x20), &list[3..7]);
+        let packed = Packed::of(&list);
+        let mut j = AccessJoin::new(&packed);
+        assert_eq!(of(&mut j, 0x10), &list[0..1]);
+        assert_eq!(of(&mut j, 0x14), &[]);
+        assert_eq!(of(&mut j, 0x18), &list[1..3]);
+        assert_eq!(of(&mut j, 0x20), &list[3..7]);
         assert_eq!(j.left(), 1);
-        assert_eq!(j.of(0x14), &[]);
-        assert_eq!(j.of(0x10), &list[7..8]);
+        assert_eq!(of(&mut j, 0x14), &[]);
+        assert_eq!(of(&mut j, 0x10), &list[7..8]);
         assert_eq!(j.left(), 0);
     }
 
@@ -89,10 +136,11 @@ mod tests {
             ..a(0x10, addr, true)
         };
         let list = [a(0x10, 0x100, true), again(0x108), again(0x110)];
-        let mut j = AccessJoin::new(&list);
+        let packed = Packed::of(&list);
+        let mut j = AccessJoin::new(&packed);
         for k in 0..3 {
-            assert_eq!(j.of(0x10), &list[k..k + 1]);
-            assert_eq!(j.of(0x14), &[]);
+            assert_eq!(of(&mut j, 0x10), &list[k..k + 1]);
+            assert_eq!(of(&mut j, 0x14), &[]);
         }
         assert_eq!(j.left(), 0);
     }
@@ -100,8 +148,24 @@ mod tests {
     #[test]
     fn an_access_of_an_instruction_never_decoded_is_left() {
         let list = [a(0x99, 0x1, false), a(0x10, 0x100, false)];
-        let mut j = AccessJoin::new(&list);
-        assert_eq!(j.of(0x10), &[]);
+        let packed = Packed::of(&list);
+        let mut j = AccessJoin::new(&packed);
+        assert_eq!(of(&mut j, 0x10), &[]);
         assert_eq!(j.left(), 2);
+    }
+
+    #[test]
+    fn accesses_across_records_join_as_one_stream() {
+        // Enough accesses for several records; each instruction executes once.
+        let list: Vec<Access> = (0..40_000u64)
+            .map(|i| a(0x1000 + 4 * i, i * 8, i % 3 == 0))
+            .collect();
+        let packed = Packed::of(&list);
+        assert!(packed.records().count() > 1);
+        let mut j = AccessJoin::new(&packed);
+        for x in &list {
+            assert_eq!(of(&mut j, x.pc), &[*x]);
+        }
+        assert_eq!(j.left(), 0);
     }
 }

@@ -75,8 +75,8 @@ pub struct PttWindowInfo {
     pub pt_len: usize,
     pub sideband_len: usize,
     /// The window's loads and stores in execution order (QEMU backend with `--memory`;
-    /// empty otherwise).
-    pub memory: Vec<pttrace_format::memory::Access>,
+    /// empty otherwise), still packed.
+    pub memory: pttrace_format::memory::Packed,
 }
 
 impl PttWindowInfo {
@@ -505,7 +505,7 @@ impl PttTrace {
                 flags: wr.window.flags,
                 pt_len: wr.pt.len(),
                 sideband_len: wr.sideband.len(),
-                memory: Vec::new(),
+                memory: Default::default(),
             };
             if !wr.sideband.is_empty() {
                 let src = format!("{} window {} (sideband)", path.display(), info.index);

@@ -63,10 +63,10 @@ pub fn parse_window_sideband(
     source: &str,
     data: &[u8],
     sample_type: u64,
-) -> Result<(Vec<ImageEvent>, Vec<pttrace_format::memory::Access>), DecodeError> {
+) -> Result<(Vec<ImageEvent>, pttrace_format::memory::Packed), DecodeError> {
     const PROT_EXEC: u32 = 4;
     let mut out = Vec::new();
-    let mut memory = Vec::new();
+    let mut memory = pttrace_format::memory::Packed::default();
     for item in RecordIter::new(data, sample_type) {
         let (_, rec) = item.map_err(|e| {
             DecodeError::new(
@@ -89,8 +89,9 @@ pub fn parse_window_sideband(
                 comm, exec: true, ..
             } => Some(ImageChange::Exec { comm }),
             PerfRecord::TextPoke { addr, bytes } => Some(ImageChange::Code { addr, bytes }),
-            PerfRecord::Memory(list) => {
-                memory.extend(list);
+            PerfRecord::Memory(body) => {
+                // (The head was checked by the record's parser.)
+                let _ = memory.push_body(&body);
                 None
             }
             PerfRecord::Lost { lost, .. } => Some(ImageChange::Lost {

@@ -143,9 +143,9 @@ impl Encoder {
     }
 }
 
-/// The accesses of one record's body (after the 8-byte header), appended to `out`; why
-/// not when the body is malformed.
-pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
+/// The number of accesses a record's body (after the 8-byte header) claims, its head
+/// checked (the rest is checked when [`parse_body`] inflates it).
+pub fn body_count(body: &[u8]) -> Result<u32, String> {
     let word = |at: usize| -> Option<u32> {
         Some(u32::from_le_bytes(body.get(at..at + 4)?.try_into().ok()?))
     };
@@ -155,12 +155,85 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
             body.len()
         ));
     };
-    let raw_len = raw_len as usize;
-    if raw_len > RAW_CHUNK || count as usize > raw_len / 2 {
+    if raw_len as usize > RAW_CHUNK || count > raw_len / 2 {
         return Err(format!(
             "memory record claims {count} accesses in {raw_len} raw bytes"
         ));
     }
+    Ok(count)
+}
+
+/// A window's memory records as read, still deflated (a few bytes per access), inflated
+/// record by record as they are used ([`Packed::records`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Packed {
+    bodies: Vec<u8>,
+    ends: Vec<usize>,
+    count: u64,
+}
+
+impl Packed {
+    /// Adds a record's body (its head checked).
+    pub fn push_body(&mut self, body: &[u8]) -> Result<(), String> {
+        self.count += u64::from(body_count(body)?);
+        self.bodies.extend_from_slice(body);
+        self.ends.push(self.bodies.len());
+        Ok(())
+    }
+
+    /// Accesses in all.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The records' bodies, in order.
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(a, b)| self.bodies.get(a..b).unwrap_or(&[]))
+    }
+
+    /// Every access (tests and small windows: a window can hold millions).
+    pub fn to_vec(&self) -> Result<Vec<Access>, String> {
+        let mut out = Vec::new();
+        for body in self.records() {
+            parse_body(body, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The packed form of `list` (tests).
+    pub fn of(list: &[Access]) -> Packed {
+        let mut enc = Encoder::default();
+        let mut sideband = Vec::new();
+        for &a in list {
+            enc.push(a, &mut sideband);
+        }
+        enc.finish(&mut sideband);
+        let mut p = Packed::default();
+        let mut at = 0;
+        while let Some(h) = sideband.get(at..at + 8) {
+            let size = usize::from(u16::from_le_bytes([h[6], h[7]]));
+            if let Some(body) = sideband.get(at + 8..at + size) {
+                // A record just encoded has a sound head.
+                let _ = p.push_body(body);
+            }
+            at += size.max(8);
+        }
+        p
+    }
+}
+
+/// The accesses of one record's body (after the 8-byte header), appended to `out`; why
+/// not when the body is malformed.
+pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
+    let count = body_count(body)?;
+    let raw_len = u32::from_le_bytes([body[4], body[5], body[6], body[7]]) as usize;
     let mut raw = Vec::with_capacity(raw_len);
     let mut z = flate2::read::DeflateDecoder::new(&body[8..]);
     z.by_ref()
@@ -235,7 +308,7 @@ mod tests {
         for r in RecordIter::new(data, SIDEBAND_SAMPLE_TYPE) {
             let (_, rec) = r.map_err(|e| e.to_string())?;
             match rec.record {
-                Record::Memory(list) => out.extend(list),
+                Record::Memory(body) => parse_body(&body, &mut out)?,
                 other => return Err(format!("unexpected {other:?}")),
             }
         }
@@ -290,8 +363,8 @@ mod tests {
         let mut total = 0usize;
         for r in RecordIter::new(&out, SIDEBAND_SAMPLE_TYPE) {
             let (off, rec) = r.unwrap();
-            if let Record::Memory(l) = rec.record {
-                total += l.len();
+            if let Record::Memory(body) = rec.record {
+                total += body_count(&body).unwrap() as usize;
             }
             ends.push((off + usize::from(rec.header.size), total));
         }
@@ -302,6 +375,16 @@ mod tests {
                 None => assert!(decode(&out[..k]).is_err(), "cut at {k} accepted"),
             }
         }
+    }
+
+    #[test]
+    fn packed_records_give_the_accesses_back() {
+        let list = accesses(30_000);
+        let p = Packed::of(&list);
+        assert_eq!(p.len(), 30_000);
+        assert!(p.records().count() > 1);
+        assert_eq!(p.to_vec().unwrap(), list);
+        assert!(Packed::default().is_empty());
     }
 
     #[test]

@@ -217,8 +217,9 @@ pub enum Record {
         addr: u64,
         bytes: Vec<u8>,
     },
-    /// Loads and stores (pttrace's own record, [`crate::memory`]).
-    Memory(Vec<crate::memory::Access>),
+    /// Loads and stores (pttrace's own record, [`crate::memory`]): its body, still
+    /// deflated (its head checked).
+    Memory(Vec<u8>),
     /// A record type this library does not interpret.
     Other {
         kind: u32,
@@ -456,9 +457,8 @@ pub fn parse_record(
             }
         }
         crate::memory::PERF_RECORD_PTTRACE_MEMORY => {
-            let mut list = Vec::new();
-            crate::memory::parse_body(body, &mut list).map_err(err)?;
-            Record::Memory(list)
+            crate::memory::body_count(body).map_err(err)?;
+            Record::Memory(body.to_vec())
         }
         kind => Record::Other { kind },
     };

@@ -93,8 +93,7 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
                     overflows += 1;
                 }
                 if let Record::Instruction(i) = &r {
-                    conv.accesses.clear();
-                    conv.accesses.extend_from_slice(join.of(i.pc));
+                    join.of(i.pc, &mut conv.accesses);
                 }
                 conv.record(&r);
             }

@@ -46,6 +46,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let (mut total_insns, mut total_gaps, mut total_windows, mut total_pt) =
         (0u64, 0u64, 0u64, 0u64);
     let mut total_ovf = 0u64;
+    let mut total_mem = 0u64;
     // Loads and stores (`run --memory`) joined to no decoded instruction.
     let mut unjoined: Vec<(String, String)> = Vec::new();
     let mut problems = 0u64;
@@ -95,6 +96,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
                 total_windows += 1;
                 total_pt += w.pt_len as u64;
+                total_mem += w.memory.len();
                 if let Some(b) = &bar {
                     // The window's frame in the file: PT, sideband, fixed fields.
                     b.inc((w.pt_len + w.sideband_len + 124) as u64);
@@ -126,6 +128,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 };
                 let (mut n, mut gaps, mut ovf) = (0u64, Vec::new(), 0u64);
                 let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
+                let mut accesses = Vec::new();
                 if args.format == OutFormat::Disasm {
                     writeln!(printer.out, "  {head}:").map_err(&mut io)?;
                 }
@@ -162,7 +165,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                             }
                             writeln!(printer.out, "{v}").map_err(&mut io)?;
                             if let Record::Instruction(i) = &r {
-                                for a in join.of(i.pc) {
+                                join.of(i.pc, &mut accesses);
+                                for a in &accesses {
                                     writeln!(
                                         printer.out,
                                         "{{\"type\":\"{}\",\"addr\":\"{:#x}\",\"size\":{},\"pc\":\"{:#x}\",\"tid\":{}}}",
@@ -247,9 +251,14 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             }
         }
         if args.format != OutFormat::Jsonl {
+            let mem = if total_mem > 0 {
+                format!(", {total_mem} loads and stores")
+            } else {
+                String::new()
+            };
             writeln!(
                 printer.out,
-                "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
+                "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions{mem}, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
                 trace.threads.len()
             )?;
             let by: Vec<String> = decoders.iter().map(|(k, n)| format!("{k}: {n}")).collect();
