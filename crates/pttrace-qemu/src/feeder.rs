@@ -5,7 +5,8 @@
 //! Log entries (u64 words): a block descriptor's address (8-byte aligned, low 3 bits 0);
 //! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_SIGNAL, rip, fault`; `TAG_TSC, tsc` (at the start of each
 //! chunk: the time for packets written from it); with `memory=on`, a load or store after
-//! its block (`TAG_MEMORY` with its pc, size and kind, then its address). A chunk holds [`CHUNK`] words; at most
+//! its block (`TAG_MEMORY`: its instruction's index in the block, size, kind and address
+//! in one word). A chunk holds [`CHUNK`] words; at most
 //! [`CHUNKS`] are in flight per thread (the vCPU waits for the worker beyond that: memory
 //! stays bounded). At every syscall return the vCPU waits until the worker has written the
 //! window, so a program killed later keeps every window up to its last syscall, as
@@ -29,7 +30,7 @@ use pttrace_format::ptt::EndReason;
 
 use crate::log::{
     block_all_signals, lock, restore_signals, Firing, Msg, Share, ShareState, CHUNK, CHUNKS,
-    TAG_MEMORY, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
+    TAG_MEMORY, TAG_MEMORY_WIDE, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
 };
 use crate::thread::Thread;
 use crate::{rdtsc, say, Global};
@@ -128,15 +129,20 @@ impl Feeder {
         self.buf.push(addr);
     }
 
-    /// A load or store of the instruction at `pc` (`memory=on`).
+    /// A load or store of the last block's instruction `index` (`memory=on`): one word
+    /// (two for an address of 48 bits or more).
     #[inline(always)]
-    pub fn memory(&mut self, pc: u64, addr: u64, size_shift: u8, store: bool) {
+    pub fn memory(&mut self, index: u64, addr: u64, size_shift: u8, store: bool) {
         if self.buf.len() + 2 > CHUNK {
             self.flush();
         }
-        self.buf
-            .push(TAG_MEMORY | u64::from(size_shift & 15) << 8 | u64::from(store) << 12 | pc << 16);
-        self.buf.push(addr);
+        let head = (index & 0x1ff) << 3 | u64::from(size_shift & 7) << 12 | u64::from(store) << 15;
+        if addr >> 48 == 0 {
+            self.buf.push(TAG_MEMORY | head | addr << 16);
+        } else {
+            self.buf.push(TAG_MEMORY_WIDE | head);
+            self.buf.push(addr);
+        }
     }
 
     /// The next block enters a signal handler, interrupting the thread at `rip` (`fault`:

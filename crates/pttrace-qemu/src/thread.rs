@@ -14,7 +14,9 @@ use pttrace_format::ptt::{self, EndReason, FileKind, RecordType, Window};
 use pttrace_format::snapshot::{Trigger, TriggerKind};
 
 use crate::files::TraceFile;
-use crate::log::{Firing, Msg, TAG_MEMORY, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC};
+use crate::log::{
+    Firing, Msg, TAG_MEMORY, TAG_MEMORY_WIDE, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
+};
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
@@ -75,6 +77,8 @@ pub struct Thread {
     last_rep: Option<u64>,
     /// `memory=on`.
     memory_on: bool,
+    /// `memory=on`: the block logged last (whose instructions the next accesses are of).
+    memory_block_info: Option<&'static BlockInfo>,
 }
 
 impl Thread {
@@ -144,11 +148,13 @@ impl Thread {
             last_access: (0, false),
             last_rep: None,
             memory_on: g.cfg.memory,
+            memory_block_info: None,
         }
     }
 
     /// `memory=on`: block `b` begins; the last one's loads and stores are final.
-    fn memory_block(&mut self, b: &BlockInfo) {
+    fn memory_block(&mut self, b: &'static BlockInfo) {
+        self.memory_block_info = Some(b);
         if !self.block_memory.is_empty() {
             self.take_block_memory();
         }
@@ -159,6 +165,24 @@ impl Thread {
             pttrace_encoder::flow::BlockEnd::Rep { ip } => Some(ip),
             _ => None,
         };
+    }
+
+    /// A load or store (`w`: its log word) at `addr` by an instruction of the last block.
+    #[inline]
+    fn on_memory(&mut self, w: u64, addr: u64) {
+        let Some(b) = self.memory_block_info else {
+            return;
+        };
+        let index = ((w >> 3) & 0x1ff) as usize;
+        let pc = b.block.start + u64::from(b.offsets.get(index).copied().unwrap_or(0));
+        self.block_memory.push(pttrace_format::memory::Access {
+            pc,
+            addr,
+            size_shift: ((w >> 12) & 7) as u8,
+            store: (w >> 15) & 1 != 0,
+            again: self.last_access == (pc, true),
+        });
+        self.last_access = (pc, false);
     }
 
     /// The last block's loads and stores go to the window's.
@@ -520,7 +544,7 @@ impl Thread {
         while let Some(&w) = words.get(i) {
             if w & 7 == 0 {
                 // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
-                let b = unsafe { &*(w as *const BlockInfo) };
+                let b: &'static BlockInfo = unsafe { &*(w as *const BlockInfo) };
                 if self.memory_on {
                     self.memory_block(b);
                 }
@@ -528,21 +552,18 @@ impl Thread {
                 i += 1;
                 continue;
             }
-            if w & 0xff == TAG_MEMORY {
-                let Some(&addr) = words.get(i + 1) else {
-                    return;
+            if w & 7 >= TAG_MEMORY {
+                let addr = if w & 7 == TAG_MEMORY_WIDE {
+                    let Some(&a) = words.get(i + 1) else {
+                        return;
+                    };
+                    i += 1;
+                    a
+                } else {
+                    w >> 16
                 };
-                let pc = w >> 16;
-                let access = pttrace_format::memory::Access {
-                    pc,
-                    addr,
-                    size_shift: ((w >> 8) & 15) as u8,
-                    store: (w >> 12) & 1 != 0,
-                    again: self.last_access == (pc, true),
-                };
-                self.last_access = (pc, false);
-                self.block_memory.push(access);
-                i += 2;
+                i += 1;
+                self.on_memory(w, addr);
                 continue;
             }
             match w {
