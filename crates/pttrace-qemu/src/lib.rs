@@ -37,6 +37,7 @@ mod exec;
 mod feeder;
 mod files;
 mod log;
+mod memory;
 mod sigframe;
 mod snapshot;
 mod thread;

@@ -17,6 +17,7 @@ use crate::files::TraceFile;
 use crate::log::{
     Firing, Msg, TAG_MEMORY, TAG_MEMORY_WIDE, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
 };
+use crate::memory::ThreadMemory;
 use crate::{gettid, rdtsc, say, BlockInfo, Global, QEMU_ESIGRETURN};
 
 /// Window metadata carried with the PT until the window is final.
@@ -65,20 +66,8 @@ pub struct Thread {
     syscall_trigger: Option<u32>,
     /// A snapshot ended the window of the syscall in flight (its return ends nothing).
     cut_syscall: bool,
-    /// The window's loads and stores (`memory=on`), written into its sideband.
-    memory: pttrace_format::memory::Encoder,
-    /// The loads and stores of the last block, until the log goes on past it: a fault
-    /// leaves out the faulting instruction's own (it did not retire).
-    block_memory: Vec<pttrace_format::memory::Access>,
-    /// The pc of the last access, and whether a block began since (not the same `rep`
-    /// instruction going on: that is one instruction).
-    last_access: (u64, bool),
-    /// The `rep` instruction the last block ended with.
-    last_rep: Option<u64>,
-    /// `memory=on`.
-    memory_on: bool,
-    /// `memory=on`: the block logged last (whose instructions the next accesses are of).
-    memory_block_info: Option<&'static BlockInfo>,
+    /// `memory=on`: the thread's loads and stores.
+    memory: Option<ThreadMemory>,
 }
 
 impl Thread {
@@ -143,60 +132,15 @@ impl Thread {
             ring: g.cfg.snapshot.map(Ring::new),
             syscall_trigger: None,
             cut_syscall: false,
-            memory: Default::default(),
-            block_memory: Vec::new(),
-            last_access: (0, false),
-            last_rep: None,
-            memory_on: g.cfg.memory,
-            memory_block_info: None,
+            memory: g.cfg.memory.then(ThreadMemory::default),
         }
     }
 
-    /// `memory=on`: block `b` begins; the last one's loads and stores are final.
-    fn memory_block(&mut self, b: &'static BlockInfo) {
-        self.memory_block_info = Some(b);
-        if !self.block_memory.is_empty() {
-            self.take_block_memory();
-        }
-        if self.last_rep != Some(b.block.start) {
-            self.last_access.1 = true;
-        }
-        self.last_rep = match b.block.kind {
-            pttrace_encoder::flow::BlockEnd::Rep { ip } => Some(ip),
-            _ => None,
-        };
-    }
-
-    /// A load or store (`w`: its log word) at `addr` by an instruction of the last block.
-    #[inline]
-    fn on_memory(&mut self, w: u64, addr: u64) {
-        let Some(b) = self.memory_block_info else {
-            return;
-        };
-        let index = ((w >> 3) & 0x1ff) as usize;
-        let pc = b.block.start + u64::from(b.offsets.get(index).copied().unwrap_or(0));
-        self.block_memory.push(pttrace_format::memory::Access {
-            pc,
-            addr,
-            size_shift: ((w >> 12) & 7) as u8,
-            store: (w >> 15) & 1 != 0,
-            again: self.last_access == (pc, true),
-        });
-        self.last_access = (pc, false);
-    }
-
-    /// The last block's loads and stores go to the window's.
-    #[inline]
-    fn take_block_memory(&mut self) {
-        for a in self.block_memory.drain(..) {
-            self.memory.push(a, &mut self.sideband);
-        }
-    }
-
-    /// The window's loads and stores go into its sideband (the window ends).
+    /// `memory=on`: the window's loads and stores go into its sideband (it ends).
     fn end_memory(&mut self) {
-        self.take_block_memory();
-        self.memory.finish(&mut self.sideband);
+        if let Some(m) = self.memory.as_mut() {
+            m.end_window(&mut self.sideband);
+        }
     }
 
     fn sample(&self) -> SampleId {
@@ -545,8 +489,8 @@ impl Thread {
             if w & 7 == 0 {
                 // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
                 let b: &'static BlockInfo = unsafe { &*(w as *const BlockInfo) };
-                if self.memory_on {
-                    self.memory_block(b);
+                if let Some(m) = self.memory.as_mut() {
+                    m.block(b, &mut self.sideband);
                 }
                 self.on_block(b);
                 i += 1;
@@ -563,7 +507,9 @@ impl Thread {
                     w >> 16
                 };
                 i += 1;
-                self.on_memory(w, addr);
+                if let Some(m) = self.memory.as_mut() {
+                    m.access(w, addr);
+                }
                 continue;
             }
             match w {
@@ -601,15 +547,9 @@ impl Thread {
                         1 => Some(true),
                         _ => None,
                     };
-                    if fault == Some(true) {
-                        // The faulting instruction's accesses before the fault: it did
-                        // not retire (it runs again after the handler, if ever).
-                        let rip = e[0];
-                        while self.block_memory.last().is_some_and(|a| a.pc == rip) {
-                            self.block_memory.pop();
-                        }
+                    if let Some(m) = self.memory.as_mut() {
+                        m.signal(e[0], fault, &mut self.sideband);
                     }
-                    self.take_block_memory();
                     self.enc.signal_entry(e[0], fault);
                     i += 3;
                 }
