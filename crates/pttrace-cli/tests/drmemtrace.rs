@@ -8,40 +8,10 @@
 
 mod shim_util;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use shim_util::{pttrace, qemu_available, text};
-
-/// DynamoRIO's analyzer launcher, or None after printing why not.
-fn launcher() -> Option<PathBuf> {
-    let dir = match std::env::var_os("PTTRACE_DYNAMORIO_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/pttrace/dynamorio"),
-    };
-    let l = dir.join("build/clients/bin64/drmemtrace_launcher");
-    if l.is_file() {
-        Some(l)
-    } else {
-        println!(
-            "SKIP: DynamoRIO's drmemtrace_launcher is not built in {} (run scripts/dynamorio.sh)",
-            dir.display()
-        );
-        None
-    }
-}
-
-fn analyze(l: &Path, dir: &Path, tool: &str) -> String {
-    let o = Command::new(l)
-        .args(["-indir"])
-        .arg(dir)
-        .args(["-tool", tool])
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{tool}: {t}");
-    t
-}
+use shim_util::{analyze, dynamorio_launcher as launcher, pttrace, qemu_available, text};
 
 /// The number before `label` on a line of basic_counts' totals.
 fn count(out: &str, label: &str) -> u64 {

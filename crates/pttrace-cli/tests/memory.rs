@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use shim_util::{pttrace, qemu_available, run_under_qemu, symbol, text};
+use shim_util::{
+    analyze, dynamorio_launcher as launcher, pttrace, qemu_available, run_under_qemu, symbol, text,
+};
 
 /// `tests/progs/mem_array.c` built and traced with `--memory` into `dir/trace`: the
 /// program, the trace and where its array is.
@@ -106,36 +108,6 @@ fn memory_needs_the_qemu_backend() {
     assert!(!o.status.success(), "{}", text(&o));
     let t = text(&o);
     assert!(t.contains("--memory needs the QEMU backend"), "{t}");
-}
-
-/// DynamoRIO's launcher, or None after printing why not.
-fn launcher() -> Option<PathBuf> {
-    let dir = match std::env::var_os("PTTRACE_DYNAMORIO_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/pttrace/dynamorio"),
-    };
-    let l = dir.join("build/clients/bin64/drmemtrace_launcher");
-    if l.is_file() {
-        Some(l)
-    } else {
-        println!(
-            "SKIP: DynamoRIO's drmemtrace_launcher is not built in {} (run scripts/dynamorio.sh)",
-            dir.display()
-        );
-        None
-    }
-}
-
-fn analyze(l: &Path, dir: &Path, tool: &str) -> String {
-    let o = Command::new(l)
-        .arg("-indir")
-        .arg(dir)
-        .args(["-tool", tool])
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{tool}: {t}");
-    t
 }
 
 fn drmemtrace(trace: &Path, out: &Path) {

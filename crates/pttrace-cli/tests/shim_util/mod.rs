@@ -333,3 +333,36 @@ pub fn read_dir(dir: &Path) -> TraceDir {
     }
     td
 }
+
+/// DynamoRIO's analyzer launcher (`scripts/dynamorio.sh`'s build, or
+/// `$PTTRACE_DYNAMORIO_DIR`), or None after printing why not.
+pub fn dynamorio_launcher() -> Option<PathBuf> {
+    let dir = match std::env::var_os("PTTRACE_DYNAMORIO_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/pttrace/dynamorio"),
+    };
+    let l = dir.join("build/clients/bin64/drmemtrace_launcher");
+    if l.is_file() {
+        Some(l)
+    } else {
+        println!(
+            "SKIP: DynamoRIO's drmemtrace_launcher is not built in {} (run scripts/dynamorio.sh)",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// The output of DynamoRIO's analyzer `tool` on the drmemtrace directory `dir` (it must
+/// succeed).
+pub fn analyze(launcher: &Path, dir: &Path, tool: &str) -> String {
+    let o = Command::new(launcher)
+        .arg("-indir")
+        .arg(dir)
+        .args(["-tool", tool])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{tool}: {t}");
+    t
+}
