@@ -48,9 +48,9 @@ pub struct Args {
     /// for tests).
     #[arg(long, hide = true)]
     pub qemu_oracle: bool,
-    /// QEMU backend: also record every load and store (address, size, read or write) of
-    /// the traced instructions; `decode --format jsonl|drmemtrace` puts them after their
-    /// instructions.
+    /// Also record every load and store (address, size, read or write) of the traced
+    /// instructions (the QEMU backend, chosen by it where the backend is auto); `decode
+    /// --format jsonl|drmemtrace` puts them after their instructions.
     #[arg(long)]
     pub memory: bool,
     /// Windows buffered per thread (power of two).
@@ -251,6 +251,8 @@ fn qemu_backend(args: &Args) -> Result<Option<(PathBuf, PathBuf)>, String> {
             }
             found().map(Some)
         }
+        // `--memory`: QEMU is the one backend that sees loads and stores.
+        "auto" if thread_user && args.memory => found().map(Some),
         "auto" if thread_user && drpttracer::perf::pmu::IntelPtPmu::probe().is_err() => {
             Ok(found().ok())
         }
@@ -283,6 +285,8 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         .map_err(|e| format!("{}: {e}", plugin.display()))?;
     let why = if asked_backend(args) == "qemu" {
         "as asked".to_string()
+    } else if args.memory {
+        "--memory: QEMU is the backend that sees loads and stores".to_string()
     } else {
         "no intel_pt PMU on this machine; --backend emulated single-steps instead".to_string()
     };

@@ -93,6 +93,38 @@ fn loads_and_stores_of_a_known_array_follow_their_instructions() {
 }
 
 #[test]
+fn memory_alone_picks_the_qemu_backend() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let plugin = shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--memory", "--qemu-plugin"])
+        .arg(&plugin)
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("under QEMU")
+            && t.contains("--memory: QEMU is the backend that sees loads and stores"),
+        "{t}"
+    );
+    let s = Command::new(pttrace())
+        .args(["decode", "--format", "summary"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(text(&s).contains("loads and stores"), "{}", text(&s));
+}
+
+#[test]
 fn memory_needs_the_qemu_backend() {
     let o = Command::new(pttrace())
         .args([
