@@ -107,6 +107,7 @@ impl Encoder {
     }
 
     /// Adds one access; a full record goes to `out`.
+    #[inline]
     pub fn push(&mut self, a: Access, out: &mut Vec<u8>) {
         if self.raw.len() + MAX_ACCESS > RAW_CHUNK {
             self.record(out);
@@ -120,8 +121,15 @@ impl Encoder {
         let mut b = [0u8; 32];
         let n = put_varint_at(&mut b, 0, head);
         let n = put_varint_at(&mut b, n, zigzag(a.addr.wrapping_sub(self.addr) as i64));
-        self.raw
-            .extend_from_slice(b.get(..n.min(32)).unwrap_or(&[]));
+        if n <= 16 {
+            // A copy of constant size (no call), cut back to the access's bytes.
+            let at = self.raw.len();
+            self.raw.extend_from_slice(&b[..16]);
+            self.raw.truncate(at + n);
+        } else {
+            self.raw
+                .extend_from_slice(b.get(..n.min(32)).unwrap_or(&[]));
+        }
         self.pc = a.pc;
         self.addr = a.addr;
         self.count += 1;
