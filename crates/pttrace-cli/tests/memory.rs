@@ -12,26 +12,29 @@ use shim_util::{
     analyze, dynamorio_launcher as launcher, pttrace, qemu_available, run_under_qemu, symbol, text,
 };
 
-/// `tests/progs/mem_array.c` built and traced with `--memory` into `dir/trace`: the
-/// program, the trace and where its array is.
-fn trace_array(dir: &Path) -> (PathBuf, PathBuf, u64) {
-    let prog = shim_util::compile_with("mem_array", dir, "mem_array", &["-no-pie"]);
-    let trace = dir.join("trace");
+/// `tests/progs/mem_array.c` built and traced with `--memory` into a new directory: the
+/// directory, the trace and where the program's array is; `None` (after printing SKIP)
+/// without QEMU.
+fn trace_array() -> Option<(tempfile::TempDir, PathBuf, u64)> {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return None;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with("mem_array", dir.path(), "mem_array", &["-no-pie"]);
+    let trace = dir.path().join("trace");
     let o = run_under_qemu(&trace, &["--memory"], &[prog.as_os_str()]);
     assert!(o.status.success(), "{}", text(&o));
     let arr = symbol(&prog, "arr");
-    (prog, trace, arr)
+    Some((dir, trace, arr))
 }
 
 #[test]
 fn loads_and_stores_of_a_known_array_follow_their_instructions() {
-    if !qemu_available() {
-        println!("SKIP: qemu-x86_64 is not installed");
+    let Some((_dir, trace, arr)) = trace_array() else {
         return;
-    }
-    shim_util::plugin();
-    let dir = tempfile::tempdir().unwrap();
-    let (_, trace, arr) = trace_array(dir.path());
+    };
     let o = Command::new(pttrace())
         .args(["decode", "--format", "jsonl"])
         .arg(&trace)
@@ -155,13 +158,9 @@ fn drmemtrace(trace: &Path, out: &Path) {
 #[test]
 fn dynamorio_reads_the_loads_and_stores() {
     let Some(l) = launcher() else { return };
-    if !qemu_available() {
-        println!("SKIP: qemu-x86_64 is not installed");
+    let Some((dir, trace, arr)) = trace_array() else {
         return;
-    }
-    shim_util::plugin();
-    let dir = tempfile::tempdir().unwrap();
-    let (_, trace, arr) = trace_array(dir.path());
+    };
     let dm = dir.path().join("dm");
     drmemtrace(&trace, &dm);
     let checked = analyze(&l, &dm, "invariant_checker");

@@ -503,28 +503,16 @@ impl Operands {
             r = u8::MAX;
         } else {
             for m in InstructionInfoFactory::new().info(&insn).used_memory() {
-                let a = m.access();
-                if matches!(
-                    a,
-                    OpAccess::Read
-                        | OpAccess::CondRead
-                        | OpAccess::ReadWrite
-                        | OpAccess::ReadCondWrite
-                ) {
-                    r = r.saturating_add(1);
-                }
-                if matches!(
-                    a,
-                    OpAccess::Write
-                        | OpAccess::CondWrite
-                        | OpAccess::ReadWrite
-                        | OpAccess::ReadCondWrite
-                ) {
-                    w = w.saturating_add(1);
-                }
-                if matches!(a, OpAccess::ReadWrite | OpAccess::ReadCondWrite) {
-                    b = b.saturating_add(1);
-                }
+                // (reads, writes) of the operand.
+                let (rd, wr) = match m.access() {
+                    OpAccess::Read | OpAccess::CondRead => (1, 0),
+                    OpAccess::Write | OpAccess::CondWrite => (0, 1),
+                    OpAccess::ReadWrite | OpAccess::ReadCondWrite => (1, 1),
+                    _ => (0, 0),
+                };
+                r = r.saturating_add(rd);
+                w = w.saturating_add(wr);
+                b = b.saturating_add(rd & wr);
             }
             // The xsave family only writes its area for DynamoRIO (the header it reads
             // is no operand of its own).
