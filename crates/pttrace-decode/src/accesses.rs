@@ -81,6 +81,19 @@ impl<'a> AccessJoin<'a> {
     pub fn left(&self) -> u64 {
         self.total - self.joined
     }
+
+    /// At the end of window `window`: what was left out, if anything (for the reader's
+    /// damage report).
+    pub fn left_out(&self, window: u64) -> Option<String> {
+        (self.left() > 0).then(|| {
+            format!(
+                "window {window}: {} of its {} loads and stores match no decoded instruction \
+                 (left out)",
+                self.left(),
+                self.total
+            )
+        })
+    }
 }
 
 #[cfg(test)]
@@ -152,6 +165,10 @@ mod tests {
         let mut j = AccessJoin::new(&packed);
         assert_eq!(of(&mut j, 0x10), &[]);
         assert_eq!(j.left(), 2);
+        assert_eq!(
+            j.left_out(7).as_deref(),
+            Some("window 7: 2 of its 2 loads and stores match no decoded instruction (left out)")
+        );
     }
 
     #[test]

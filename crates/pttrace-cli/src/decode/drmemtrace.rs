@@ -97,15 +97,7 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
                 }
                 conv.record(&r);
             }
-            if join.left() > 0 {
-                unjoined.push(format!(
-                    "window {}: {} of its {} loads and stores match no decoded instruction \
-                     (left out)",
-                    w.index,
-                    join.left(),
-                    w.memory.len()
-                ));
-            }
+            unjoined.extend(join.left_out(w.index));
             Ok::<(), DecodeError>(())
         })?;
         for what in unjoined.drain(..) {

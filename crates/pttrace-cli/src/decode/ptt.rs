@@ -183,17 +183,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                         OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
                     }
                 }
-                if args.format == OutFormat::Jsonl && join.left() > 0 {
-                    unjoined.push((
-                        th.path.display().to_string(),
-                        format!(
-                            "window {}: {} of its {} loads and stores match no decoded \
-                             instruction (left out)",
-                            w.index,
-                            join.left(),
-                            w.memory.len()
-                        ),
-                    ));
+                if let (OutFormat::Jsonl, Some(what)) = (args.format, join.left_out(w.index)) {
+                    unjoined.push((th.path.display().to_string(), what));
                 }
                 *decoders
                     .entry(super::decoded_by_text(dec.decoded_by()))
