@@ -19,8 +19,8 @@ use drpttracer::decode::callstack::{Functions, INLINE_KEY};
 use drpttracer::decode::ptt_dir::PttProcess;
 use drpttracer::decode::Symbols;
 use pttrace_symbols::{
-    AddrHasher, DebugLookup, DebugSearch, DebugSource, JitDump, NameOrigin, PerfMap, Symbolized,
-    Symbolizer,
+    AddrHasher, DebugLookup, DebugSearch, DebugSource, EmbeddedBlob, JitDump, NameOrigin, PerfMap,
+    Symbolized, Symbolizer,
 };
 
 /// Debug-file search and opened modules, shared by every image of one command.
@@ -93,7 +93,25 @@ pub struct ImageNames {
     chains: RefCell<Chains>,
     /// Whether each mapping's file has DWARF (where inlined code can be), once asked.
     dwarf: RefCell<Vec<Option<bool>>>,
+    /// The image's thread files: their code records tell where copies of mapped code run.
+    code_files: Vec<PathBuf>,
+    /// Copies of V8's embedded builtins, placed once asked.
+    v8_copies: RefCell<Option<Vec<CodeCopy>>>,
 }
+
+/// Code copied from a mapped file into anonymous memory (V8's builtins): `len` bytes at
+/// `copy` are the bytes at run-time address `original`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CodeCopy {
+    copy: u64,
+    original: u64,
+    len: u64,
+}
+
+/// Code records that must agree on a copy's start before it is taken (one run of common
+/// instructions can match the blob by chance; the first must be long enough to place the
+/// copy alone, the others confirm it).
+const COPY_VOTES: u32 = 3;
 
 /// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
 /// else `/tmp/perf-PID.map`.
@@ -175,7 +193,92 @@ impl ImageNames {
             cache: RefCell::new(HashMap::default()),
             unnamed: RefCell::new(Default::default()),
             chains: RefCell::new(Default::default()),
+            code_files: Vec::new(),
+            v8_copies: RefCell::new(None),
         }
+    }
+
+    /// Also names code run from copies of mapped code (V8's builtins) by the bytes the
+    /// code records of the image's thread files `files` hold.
+    pub fn with_code_files(mut self, files: Vec<PathBuf>) -> Self {
+        self.code_files = files;
+        self
+    }
+
+    /// The address in the mapped file whose copy runs at `addr` (see [`EmbeddedBlob`]).
+    fn copied_from(&self, addr: u64) -> Option<u64> {
+        if self.v8_copies.borrow().is_none() {
+            let found = self.place_v8_copies();
+            *self.v8_copies.borrow_mut() = Some(found);
+        }
+        let copies = self.v8_copies.borrow();
+        copies
+            .as_ref()?
+            .iter()
+            .find(|c| addr >= c.copy && addr - c.copy < c.len)
+            .map(|c| c.original + (addr - c.copy))
+    }
+
+    /// Every copy of V8's embedded builtins that code ran from: the blob of a mapped file
+    /// placed where the code records' bytes (outside mapped files) equal its own.
+    fn place_v8_copies(&self) -> Vec<CodeCopy> {
+        if self.code_files.is_empty() {
+            return Vec::new();
+        }
+        // The blob and its run-time address, in the first mapped file that has one.
+        let mut files = std::collections::BTreeSet::new();
+        let blob = self.maps.iter().find_map(|m| {
+            if m.file.as_os_str().is_empty() || !files.insert(&m.file) {
+                return None;
+            }
+            let blob = EmbeddedBlob::of_file(&m.file)?;
+            let mut sym = self.symbolizer.borrow_mut();
+            let module = sym.module(&m.file).ok()?;
+            let at = self
+                .maps
+                .iter()
+                .filter(|n| n.file == m.file)
+                .find_map(|n| {
+                    let rt = module.addr_to_runtime(blob.vaddr, n.start, n.offset)?;
+                    (rt >= n.start && rt < n.end).then_some(rt)
+                })?;
+            Some((blob, at))
+        });
+        let Some((blob, original)) = blob else {
+            return Vec::new();
+        };
+        let len = blob.len() as u64;
+        let mut votes: HashMap<u64, u32> = HashMap::new();
+        let mut placed: Vec<CodeCopy> = Vec::new();
+        for f in &self.code_files {
+            let _ = drpttracer::decode::ptt_dir::for_each_code_record(f, &mut |addr, bytes| {
+                if self.mapping(addr).is_some()
+                    || placed.iter().any(|c| addr >= c.copy && addr - c.copy < len)
+                {
+                    return std::ops::ControlFlow::Continue(());
+                }
+                // A run of the blob at a placement already found confirms it; else a
+                // long enough run may place a new copy.
+                let copy = votes
+                    .keys()
+                    .copied()
+                    .find(|&c| blob.holds(c, addr, bytes))
+                    .or_else(|| blob.copy_start(addr, bytes));
+                if let Some(copy) = copy {
+                    let v = votes.entry(copy).or_insert(0);
+                    *v += 1;
+                    if *v == COPY_VOTES {
+                        placed.push(CodeCopy {
+                            copy,
+                            original,
+                            len,
+                        });
+                    }
+                }
+                std::ops::ControlFlow::Continue(())
+            });
+        }
+        placed
     }
 
     fn mapping(&self, addr: u64) -> Option<&Mapping> {
@@ -297,6 +400,19 @@ impl ImageNames {
         }
         if let Some((name, off)) = self.elf.lookup(addr) {
             return plain(name.to_string(), Some(addr.wrapping_sub(off)));
+        }
+        let copied = match self.mapping(addr) {
+            None => self
+                .copied_from(addr)
+                .filter(|&o| self.mapping(o).is_some()),
+            Some(_) => None,
+        };
+        if let Some(original) = copied {
+            let n = self.resolve(original);
+            return Named {
+                start: n.start.map(|s| s.wrapping_add(addr.wrapping_sub(original))),
+                ..n
+            };
         }
         match self.mapping(addr) {
             Some(m) => plain(

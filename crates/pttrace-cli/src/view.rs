@@ -316,12 +316,15 @@ pub fn run(args: Args) -> CmdResult {
         // Where this image's instruction 0 lies on the thread's axis.
         let base = axis_end.get(&(h.pid, h.tid)).copied().unwrap_or(0);
         let namer = namers.entry((h.pid, h.nonce)).or_insert_with(|| {
-            Namer::new(ImageNames::new(
-                proc_,
-                trace.sysroot.as_deref(),
-                Some(&trace_dir),
-                symbolizer.clone(),
-            ))
+            Namer::new(
+                ImageNames::new(
+                    proc_,
+                    trace.sysroot.as_deref(),
+                    Some(&trace_dir),
+                    symbolizer.clone(),
+                )
+                .with_code_files(trace.image_files(th)),
+            )
         });
         let Namer { image, ids, frames } = namer;
         let range = args.range.map(|r| match r {

@@ -304,6 +304,56 @@ fn jit_stack_is(trace: &Path, name: &str) {
     );
 }
 
+/// Code run from an anonymous copy of a file's code, as V8 runs its embedded builtins
+/// (node's "short builtin calls"): named by the file's symbols where the copy's bytes
+/// place it, with exact counts (1000 calls of a 29-instruction function, each calling a
+/// 5-instruction one 3 times), where it was a bare address before.
+#[test]
+fn code_run_from_a_copy_of_v8_builtins_is_named() {
+    if shim_util::qemu_available() {
+        shim_util::plugin();
+    } else {
+        println!(
+            "SKIP: qemu-x86_64 is not installed (code written at run time is traced under QEMU)"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = shim_util::compile("builtins_copy", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1001502500\n");
+    let folded = ok(Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&out));
+    let copied: Vec<&str> = folded
+        .lines()
+        .filter(|l| {
+            // What main calls that is not libc's: the copy's frames, named or not.
+            l.split_once(";main;").is_some_and(|(_, callee)| {
+                callee.starts_with("Builtins_")
+                    || callee.starts_with("0x")
+                    || callee.contains("+0x")
+            })
+        })
+        .collect();
+    assert_eq!(
+        copied,
+        [
+            "builtins_copy;_start;__libc_start_main;__libc_start_call_main;main;Builtins_SumSquares 29000",
+            "builtins_copy;_start;__libc_start_main;__libc_start_call_main;main;Builtins_SumSquares;Builtins_Square 15000",
+        ],
+        "{folded}"
+    );
+}
+
 /// JIT code named from the program's jitdump (`jit-PID.dump` in its working directory, as
 /// node --perf-prof writes it), which `pttrace run` keeps with the trace.
 #[test]

@@ -205,6 +205,38 @@ fn thread_header(path: &Path) -> Result<ThreadHeader, DecodeError> {
         .ok_or_else(|| err(path, 16, "no ThreadHeader record at the start"))
 }
 
+/// Calls `f` with each code record (the bytes of code a software backend executed, see
+/// [`pttrace_format::code`]) of the thread file at `path`, in file order, until `f` breaks.
+/// For names of code whose bytes tell what it is (a copy of a mapped file's code).
+pub fn for_each_code_record(
+    path: &Path,
+    f: &mut dyn FnMut(u64, &[u8]) -> std::ops::ControlFlow<()>,
+) -> Result<(), DecodeError> {
+    use pttrace_format::perf_record::{Record as PerfRecord, RecordIter};
+    let input = crate::ptt_input::read_thread(path)?;
+    let data = input.data;
+    let pf =
+        ptt::parse(&path.display().to_string(), &data).map_err(|e| err(path, 0, e.to_string()))?;
+    for fr in &pf.frames {
+        if RecordType::from_raw(fr.ty) != Some(RecordType::Window) {
+            continue;
+        }
+        let wr = ptt::decode_window(fr.payload)
+            .ok_or_else(|| err(path, fr.offset as u64, "malformed Window record"))?;
+        for item in RecordIter::new(wr.sideband, SIDEBAND_SAMPLE_TYPE) {
+            let Ok((_, rec)) = item else {
+                break;
+            };
+            if let PerfRecord::TextPoke { addr, bytes } = rec.record {
+                if f(addr, &bytes).is_break() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether `path` looks like a shim output (a directory with `.info` files or a `.ptt`).
 pub fn is_ptt_input(path: &Path) -> bool {
     if path.is_dir() {
@@ -356,6 +388,16 @@ impl PttTrace {
         self.processes
             .iter()
             .find(|p| p.pid == th.header.pid && p.nonce == th.header.nonce)
+    }
+
+    /// The thread files of `th`'s process image (its own included), in the trace's order.
+    pub fn image_files(&self, th: &PttThread) -> Vec<PathBuf> {
+        let (pid, nonce) = (th.header.pid, th.header.nonce);
+        self.threads
+            .iter()
+            .filter(|t| t.header.pid == pid && t.header.nonce == nonce)
+            .map(|t| t.path.clone())
+            .collect()
     }
 
     /// What decoding `th` starts from: the parameters of its process image, and its image

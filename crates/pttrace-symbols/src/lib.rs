@@ -42,6 +42,7 @@ mod elf;
 mod jit;
 mod module;
 mod search;
+mod v8;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ pub use jit::{
 };
 pub use module::{AddrHasher, Frame, Module, NameOrigin, SourceLoc, Symbolized};
 pub use search::{build_id_path, debian_debug_package, DebugLookup, DebugSearch, DebugSource};
+pub use v8::EmbeddedBlob;
 
 /// Errors: files that cannot be read, are not ELF, or do not parse.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -64,12 +64,15 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 }
             }
             if args.srcline || args.format == OutFormat::Disasm {
-                printer.lines = Some(crate::names::ImageNames::new(
-                    trace.process_of(th),
-                    trace.sysroot.as_deref(),
-                    Some(&trace_dir),
-                    symbolizer.clone(),
-                ));
+                printer.lines = Some(
+                    crate::names::ImageNames::new(
+                        trace.process_of(th),
+                        trace.sysroot.as_deref(),
+                        Some(&trace_dir),
+                        symbolizer.clone(),
+                    )
+                    .with_code_files(trace.image_files(th)),
+                );
             }
             let cmd = trace
                 .process_of(th)
