@@ -97,6 +97,9 @@ pub struct ImageNames {
     code_files: Vec<PathBuf>,
     /// Copies of V8's embedded builtins, placed once asked.
     v8_copies: RefCell<Option<Vec<CodeCopy>>>,
+    /// What naming cost so far: distinct addresses resolved, and the time spent setting up
+    /// and resolving them (not counting lookups of addresses already resolved).
+    cost: std::cell::Cell<(u64, std::time::Duration)>,
 }
 
 /// Code copied from a mapped file into anonymous memory (V8's builtins): `len` bytes at
@@ -155,6 +158,7 @@ impl ImageNames {
         trace_dir: Option<&Path>,
         symbolizer: SharedSymbolizer,
     ) -> Self {
+        let began = std::time::Instant::now();
         let elf = p.map(|p| p.symbols(sysroot)).unwrap_or_default();
         let mut maps: Vec<Mapping> = p
             .map(|p| {
@@ -195,7 +199,13 @@ impl ImageNames {
             chains: RefCell::new(Default::default()),
             code_files: Vec::new(),
             v8_copies: RefCell::new(None),
+            cost: std::cell::Cell::new((0, began.elapsed())),
         }
+    }
+
+    /// Distinct addresses resolved so far, and the time naming took (set-up included).
+    pub fn cost(&self) -> (u64, std::time::Duration) {
+        self.cost.get()
     }
 
     /// Also names code run from copies of mapped code (V8's builtins) by the bytes the
@@ -353,8 +363,11 @@ impl ImageNames {
         if let Some(e) = self.cache.borrow().get(&addr) {
             return f(e);
         }
+        let began = std::time::Instant::now();
         let named = self.resolve(addr);
         let inline_key = self.chain_key(&named);
+        let (n, t) = self.cost.get();
+        self.cost.set((n + 1, t + began.elapsed()));
         let e = Entry { named, inline_key };
         let r = f(&e);
         self.cache.borrow_mut().insert(addr, e);
@@ -494,10 +507,10 @@ impl Plt {
 /// offset 0 at `start`, moved like `PttProcess::symbols` moves its symbols.
 pub fn plts_of(path: &Path, start: u64, module: &str) -> Vec<Plt> {
     use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable};
-    let Ok(data) = std::fs::read(path) else {
+    let Ok(map) = drpttracer::decode::image::Backing::map_file(path) else {
         return Vec::new();
     };
-    let Ok(obj) = object::File::parse(&*data) else {
+    let Ok(obj) = object::File::parse(map.bytes()) else {
         return Vec::new();
     };
     let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;

@@ -582,6 +582,17 @@ pub fn run(args: Args) -> CmdResult {
             folded::MERGED
         );
     }
+    let (addrs, spent) = namers
+        .values()
+        .map(|n| n.image.cost())
+        .fold((0, std::time::Duration::ZERO), |(a, t), (n, d)| {
+            (a + n, t + d)
+        });
+    println!(
+        "names:       {addrs} distinct addresses named in {:.2} s ({} process images)",
+        spent.as_secs_f64(),
+        namers.len()
+    );
     damages.finish("view", args.policy)
 }
 

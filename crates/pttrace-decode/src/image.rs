@@ -27,6 +27,11 @@ pub enum Backing {
 }
 
 impl Backing {
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.data()
+    }
+
     fn data(&self) -> &[u8] {
         match self {
             Backing::File { map, .. } => map,

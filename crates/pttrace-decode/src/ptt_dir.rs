@@ -213,10 +213,10 @@ pub fn for_each_code_record(
     f: &mut dyn FnMut(u64, &[u8]) -> std::ops::ControlFlow<()>,
 ) -> Result<(), DecodeError> {
     use pttrace_format::perf_record::{Record as PerfRecord, RecordIter};
-    let input = crate::ptt_input::read_thread(path)?;
-    let data = input.data;
-    let pf =
-        ptt::parse(&path.display().to_string(), &data).map_err(|e| err(path, 0, e.to_string()))?;
+    // Mapped, not read: a thread file can be hundreds of MB, nearly all PT.
+    let file = crate::image::Backing::map_file(path)?;
+    let pf = ptt::parse(&path.display().to_string(), file.bytes())
+        .map_err(|e| err(path, 0, e.to_string()))?;
     for fr in &pf.frames {
         if RecordType::from_raw(fr.ty) != Some(RecordType::Window) {
             continue;
@@ -365,14 +365,15 @@ impl PttProcess {
         use object::{Object, ObjectSegment};
         let mut syms = super::Symbols::new();
         for (start, file, _) in self.mapped_files(sysroot) {
-            let Ok(data) = std::fs::read(&file) else {
+            let Ok(map) = crate::image::Backing::map_file(&file) else {
                 continue;
             };
-            let Ok(obj) = object::File::parse(&*data) else {
+            let data = map.bytes();
+            let Ok(obj) = object::File::parse(data) else {
                 continue;
             };
             let low = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-            let _ = syms.add_elf(&file, &data, start.wrapping_sub(low));
+            let _ = syms.add_elf(&file, data, start.wrapping_sub(low));
         }
         if let Some((addr, bytes)) = &self.vdso {
             let _ = syms.add_elf(Path::new("[vdso]"), bytes, *addr);
