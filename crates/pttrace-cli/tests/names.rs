@@ -354,6 +354,72 @@ fn code_run_from_a_copy_of_v8_builtins_is_named() {
     );
 }
 
+/// node with `--perf-basic-prof` under QEMU (its start-up, ~0.6 G instructions, and a hot
+/// JS loop): the JS function has its exact perf-map names (baseline `^` or optimized `*`),
+/// V8's builtins run from their copy are named, and at most 1% of the instructions are in
+/// frames without a name.
+#[test]
+fn node_jit_code_and_builtins_are_named() {
+    if !shim_util::qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed (JIT code is traced under QEMU)");
+        return;
+    }
+    if !have("node") {
+        println!("SKIP: node is not installed");
+        return;
+    }
+    shim_util::plugin();
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("hot.js");
+    std::fs::write(
+        &script,
+        "function hotLoop(n){ let s=0; for (let i=0;i<n;i++) s+=i%7; return s; }\n\
+         let t=0; for (let k=0;k<200;k++) t+=hotLoop(1000); console.log(t);\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .args(["--", "node", "--perf-basic-prof"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "599400\n");
+    let folded = ok(Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&out));
+    let (mut total, mut unnamed) = (0u64, 0u64);
+    let mut hot = std::collections::BTreeSet::new();
+    let mut builtins = 0u64;
+    for line in folded.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        let leaf = stack.rsplit(';').next().unwrap();
+        total += n;
+        if leaf.starts_with("0x") || leaf.contains("+0x") {
+            unnamed += n;
+        }
+        if leaf.starts_with("Builtin:") {
+            builtins += n;
+        }
+        for f in stack.split(';').filter(|f| f.contains("hotLoop")) {
+            hot.insert(f.to_string());
+        }
+    }
+    let at = format!("{}:1:17", script.display());
+    let names: std::collections::BTreeSet<String> =
+        [format!("JS:^hotLoop {at}"), format!("JS:*hotLoop {at}")].into();
+    assert!(!hot.is_empty() && hot.is_subset(&names), "{hot:?}");
+    assert!(total > 100_000_000, "{total}");
+    assert!(builtins > total / 100, "builtins {builtins} of {total}");
+    assert!(
+        unnamed * 100 <= total,
+        "{unnamed} of {total} instructions unnamed"
+    );
+}
+
 /// JIT code named from the program's jitdump (`jit-PID.dump` in its working directory, as
 /// node --perf-prof writes it), which `pttrace run` keeps with the trace.
 #[test]
