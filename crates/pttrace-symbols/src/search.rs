@@ -14,6 +14,7 @@
 //! A candidate whose build-id differs from the binary's, or whose CRC32 differs from the
 //! debuglink's, is rejected (and listed in [`DebugLookup::rejected`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -416,23 +417,41 @@ pub fn debian_debug_package(binary: &Path) -> Option<String> {
             names.push(format!("/usr{n}"));
         }
     }
-    let dir = std::fs::read_dir("/var/lib/dpkg/info").ok()?;
-    for e in dir.flatten() {
-        let p = e.path();
-        if p.extension().and_then(|x| x.to_str()) != Some("list") {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(&p) else {
-            continue;
+    let owners = dpkg_owners();
+    let pkg = names.iter().find_map(|n| owners.get(n.as_str()))?;
+    Some(match pkg.as_str() {
+        "libc6" => "libc6-dbg".to_string(),
+        other => format!("{other}-dbgsym"),
+    })
+}
+
+/// The package owning each file dpkg lists (`/var/lib/dpkg/info/PKG[:ARCH].list`), read
+/// once per process: a trace names the same files for every process image.
+fn dpkg_owners() -> &'static HashMap<String, String> {
+    static OWNERS: std::sync::OnceLock<HashMap<String, String>> = std::sync::OnceLock::new();
+    OWNERS.get_or_init(|| {
+        let mut owners = HashMap::new();
+        let Ok(dir) = std::fs::read_dir("/var/lib/dpkg/info") else {
+            return owners;
         };
-        if text.lines().any(|l| names.iter().any(|n| n == l)) {
-            let stem = p.file_stem()?.to_str()?;
+        for e in dir.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("list") {
+                continue;
+            }
+            let (Some(stem), Ok(text)) = (
+                p.file_stem().and_then(|s| s.to_str()),
+                std::fs::read_to_string(&p),
+            ) else {
+                continue;
+            };
             let pkg = stem.split(':').next().unwrap_or(stem);
-            return Some(match pkg {
-                "libc6" => "libc6-dbg".to_string(),
-                other => format!("{other}-dbgsym"),
-            });
+            for line in text.lines() {
+                owners
+                    .entry(line.to_string())
+                    .or_insert_with(|| pkg.to_string());
+            }
         }
-    }
-    None
+        owners
+    })
 }

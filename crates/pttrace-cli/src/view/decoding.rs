@@ -101,10 +101,14 @@ pub(super) fn decode_one<S: SpanSink>(
         None => {}
     }
     let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+    // Batches come back emptied, so their buffers are grown once (growing a fresh one to
+    // a batch's size copied it over and over).
+    let (back_tx, back_rx) = std::sync::mpsc::sync_channel::<Batch>(8);
     let stopped = || DecodeError::whole(th.path.display(), "decoding stopped: the view failed");
     std::thread::scope(|scope| {
         let decoder = scope.spawn(move || {
             let mut batch = Batch::default();
+            batch.instructions.reserve(BATCH_INSTRUCTIONS + 4096);
             let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
                 if let Some(b) = bar {
                     b.inc((w.pt_len + w.sideband_len + 124) as u64);
@@ -124,10 +128,15 @@ pub(super) fn decode_one<S: SpanSink>(
                                 }
                             }
                         }
-                        if batch.instructions.len() >= BATCH_INSTRUCTIONS
-                            && tx.send(std::mem::take(&mut batch)).is_err()
-                        {
-                            return ControlFlow::Break(());
+                        if batch.instructions.len() >= BATCH_INSTRUCTIONS {
+                            let next = back_rx.try_recv().unwrap_or_else(|_| {
+                                let mut b = Batch::default();
+                                b.instructions.reserve(BATCH_INSTRUCTIONS + 4096);
+                                b
+                            });
+                            if tx.send(std::mem::replace(&mut batch, next)).is_err() {
+                                return ControlFlow::Break(());
+                            }
                         }
                         ControlFlow::Continue(())
                     });
@@ -150,9 +159,9 @@ pub(super) fn decode_one<S: SpanSink>(
                 cs.instruction(pc, size, class);
             }
         };
-        for batch in rx {
+        for mut batch in rx {
             let mut done = 0usize;
-            for (at, ev) in batch.events {
+            for (at, ev) in batch.events.drain(..) {
                 run(&mut cs, batch.instructions.get(done..at).unwrap_or(&[]));
                 done = at;
                 match ev {
@@ -188,6 +197,8 @@ pub(super) fn decode_one<S: SpanSink>(
                 }
             }
             run(&mut cs, batch.instructions.get(done..).unwrap_or(&[]));
+            batch.instructions.clear();
+            let _ = back_tx.try_send(batch);
         }
         let stats = decoder
             .join()
