@@ -314,6 +314,8 @@ struct Printer<W: Write> {
     srcline: bool,
     /// OVF records met, in every format (a loss `finish` reports).
     overflows: u64,
+    /// `--format drmemtrace` of an input that is not a trace directory.
+    drmemtrace: Option<drmemtrace::SingleThread>,
 }
 
 impl<W: Write> Printer<W> {
@@ -341,8 +343,12 @@ impl<W: Write> Printer<W> {
                 Ok(())
             }
             OutFormat::Disasm => self.disasm(r),
-            // Refused before decoding (`run`): only trace directories are written so.
-            OutFormat::Drmemtrace => Ok(()),
+            OutFormat::Drmemtrace => {
+                if let Some(d) = self.drmemtrace.as_mut() {
+                    d.record(r);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -412,6 +418,9 @@ impl<W: Write> Printer<W> {
     }
 
     fn finish(&mut self) -> std::io::Result<()> {
+        if let Some(d) = self.drmemtrace.take() {
+            d.finish()?;
+        }
         if self.format == OutFormat::Summary {
             let mut total = 0;
             let mut errors = 0;
@@ -460,10 +469,10 @@ pub fn run(args: Args) -> CmdResult {
     if let Some(p) = &args.trace_dir {
         return ptt::run(p, &args);
     }
-    if args.format == OutFormat::Drmemtrace {
+    if args.format == OutFormat::Drmemtrace && args.decoder == DecoderArg::Check {
         return Err(
-            "--format drmemtrace reads a `pttrace run` directory or one of its .ptt \
-                    files (where syscall numbers and processes are known)"
+            "--decoder check compares the decoders and writes no records: leave out \
+                    --format drmemtrace"
                 .into(),
         );
     }
@@ -486,8 +495,16 @@ pub fn run(args: Args) -> CmdResult {
         .or(args.sample_type)
         .unwrap_or(drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE);
 
+    let drmemtrace = if args.format == OutFormat::Drmemtrace {
+        let out = drmemtrace::out_dir(&args)?;
+        let (name, pid, tid) = input_thread(&args);
+        Some(drmemtrace::SingleThread::new(out, &name, tid, pid))
+    } else {
+        None
+    };
     let stdout = std::io::stdout();
     let mut printer = Printer {
+        drmemtrace,
         out: BufWriter::with_capacity(1 << 16, stdout.lock()),
         format: args.format,
         syntax: args.syntax,
@@ -605,6 +622,65 @@ pub fn run(args: Args) -> CmdResult {
             damages.finish("decode", args.policy)
         }
     }
+}
+
+/// The thread a single input holds, for `--format drmemtrace`: (name for its file, pid,
+/// tid). A thread file says it; else the first sideband record of a process that
+/// mapped or exec'd something (perf samples carry pid and tid); else DynamoRIO's
+/// `<tid>.raw.pt` names it; else 1 (said on stderr: the analyzers need some id).
+fn input_thread(args: &DecodeArgs) -> (String, u64, u64) {
+    use pttrace_format::perf_record::{Record as PerfRecord, RecordIter};
+    let path = [&args.ptt, &args.pt, &args.auxtrace, &args.raw_pt]
+        .into_iter()
+        .flatten()
+        .next()
+        .cloned()
+        .unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "input".to_string());
+    if let Some(h) = args
+        .ptt
+        .as_ref()
+        .and_then(|t| drpttracer::decode::ptt_input::read_thread(t).ok())
+        .and_then(|t| t.header)
+    {
+        return (name, h.pid as u64, h.tid as u64);
+    }
+    let st = args.sample_type.unwrap_or(0);
+    for sb in &args.sideband {
+        let Ok(data) = std::fs::read(sb) else {
+            continue;
+        };
+        for item in RecordIter::new(&data, st).flatten() {
+            let (_, rec) = item;
+            let starts = matches!(
+                rec.record,
+                PerfRecord::Mmap2(_) | PerfRecord::Mmap(_) | PerfRecord::Comm { exec: true, .. }
+            );
+            if let (true, Some(pid), Some(tid)) = (starts, rec.sample.pid, rec.sample.tid) {
+                if pid != 0 && pid != u32::MAX {
+                    return (name, u64::from(pid), u64::from(tid));
+                }
+            }
+        }
+    }
+    if let Some(tid) = args.raw_pt.as_ref().and_then(|p| {
+        p.file_name()?
+            .to_str()?
+            .split('.')
+            .next()?
+            .parse::<u64>()
+            .ok()
+    }) {
+        return (name, tid, tid);
+    }
+    eprintln!(
+        "pttrace decode: the input names no thread: written as thread 1 of process 1 \
+         (give --sideband with the traced process's records to have its ids)"
+    );
+    (name, 1, 1)
 }
 
 /// Opens the one input the options name (its container's reader in the library), and

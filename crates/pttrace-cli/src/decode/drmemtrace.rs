@@ -35,24 +35,7 @@ const SYS_RT_SIGRETURN: u64 = 15;
 
 /// Writes every thread of `trace` into `out` (a new or empty directory).
 pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) -> CmdResult {
-    let out = args
-        .out
-        .as_ref()
-        .ok_or("--format drmemtrace writes files: give the directory with --out DIR")?;
-    if out.exists()
-        && std::fs::read_dir(out)
-            .map_err(|e| format!("{}: {e}", out.display()))?
-            .next()
-            .is_some()
-    {
-        return Err(format!(
-            "{}: not empty: DynamoRIO's analyzers read every file of the directory as a \
-             thread; give a new or empty directory",
-            out.display()
-        )
-        .into());
-    }
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let out = out_dir(args)?;
     let (mut damages, _) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
     let mut overflows = 0u64;
@@ -110,15 +93,89 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
             written.push((file, n));
         }
     }
-    for (file, n) in &written {
+    print_written(out, &written);
+    damages.note_overflows(overflows);
+    damages.finish("decode", args.policy)
+}
+
+/// `--out DIR`, created, when it is new or empty (DynamoRIO's analyzers read every file of
+/// the directory as a thread).
+pub(super) fn out_dir(args: &DecodeArgs) -> Result<&Path, Box<dyn std::error::Error>> {
+    let out = args
+        .out
+        .as_ref()
+        .ok_or("--format drmemtrace writes files: give the directory with --out DIR")?;
+    if out.exists()
+        && std::fs::read_dir(out)
+            .map_err(|e| format!("{}: {e}", out.display()))?
+            .next()
+            .is_some()
+    {
+        return Err(format!(
+            "{}: not empty: DynamoRIO's analyzers read every file of the directory as a \
+             thread; give a new or empty directory",
+            out.display()
+        )
+        .into());
+    }
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out)
+}
+
+/// The lines that end every `--format drmemtrace`: each file written, how to read them.
+fn print_written(out: &Path, written: &[(PathBuf, u64)]) {
+    for (file, n) in written {
         println!("{}: {n} instructions", file.display());
     }
     println!(
         "read with: drmemtrace_launcher -indir {} -tool basic_counts (DynamoRIO: scripts/dynamorio.sh)",
         out.display()
     );
-    damages.note_overflows(overflows);
-    damages.finish("decode", args.policy)
+}
+
+/// One thread's drmemtrace file from an input that is not a trace directory (raw PT with
+/// sideband, a perf AUXTRACE stream, DynamoRIO's `.raw.pt`, a single thread file): the
+/// records of its windows in order, syscalls without numbers (the input has none).
+pub(super) struct SingleThread {
+    conv: Converter,
+    out: PathBuf,
+}
+
+impl SingleThread {
+    /// Writes into `out` (see [`out_dir`]) a file named after the input `name`, for thread
+    /// `tid` of process `pid`.
+    pub(super) fn new(out: &Path, name: &str, tid: u64, pid: u64) -> Self {
+        let stem: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let file = out.join(format!("drmemtrace.{stem}.{tid}.trace.zip"));
+        let mut conv = Converter::new(tid, pid, None, file);
+        conv.syscall_numbers = false;
+        SingleThread {
+            conv,
+            out: out.to_path_buf(),
+        }
+    }
+
+    pub(super) fn record(&mut self, r: &Record) {
+        self.conv.record(r);
+    }
+
+    /// Ends the file and says what was written.
+    pub(super) fn finish(self) -> std::io::Result<()> {
+        let file = self.conv.file.clone();
+        let n = self.conv.finish()?;
+        let written = if n > 0 { vec![(file, n)] } else { Vec::new() };
+        print_written(&self.out, &written);
+        Ok(())
+    }
 }
 
 /// TSC to microseconds since 1601, from a process's clock records.
@@ -209,6 +266,8 @@ struct Converter {
     instructions: u64,
     /// The trace has loads and stores (not instruction-only).
     memory: bool,
+    /// Syscalls are followed by their numbers (the trace knows them).
+    syscall_numbers: bool,
     /// The loads and stores of the instruction read next, and a buffer for the one after.
     accesses: Vec<pttrace_format::memory::Access>,
     spare: Vec<pttrace_format::memory::Access>,
@@ -237,6 +296,7 @@ impl Converter {
             time_moved: false,
             instructions: 0,
             memory: false,
+            syscall_numbers: true,
             accesses: Vec::new(),
             spare: Vec::new(),
             operands: Operands::default(),
@@ -283,9 +343,12 @@ impl Converter {
                 .ts
                 .max(self.clock.map_or(dm::UNIX_EPOCH_US, |c| c.us_end) + self.instructions / 1000);
         }
-        let memory = self.memory;
+        let (memory, numbers) = (self.memory, self.syscall_numbers);
         let w = self.writer.get_or_insert_with(|| {
-            let mut ft = filetype::ARCH_X86_64 | filetype::ENCODINGS | filetype::SYSCALL_NUMBERS;
+            let mut ft = filetype::ARCH_X86_64 | filetype::ENCODINGS;
+            if numbers {
+                ft |= filetype::SYSCALL_NUMBERS;
+            }
             if !memory {
                 ft |= filetype::DFILTERED | filetype::INSTRUCTION_ONLY;
             }

@@ -24,6 +24,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     }
     let stdout = std::io::stdout();
     let mut printer = Printer {
+        drmemtrace: None,
         out: BufWriter::with_capacity(1 << 16, stdout.lock()),
         format: args.format,
         syntax: args.syntax,
