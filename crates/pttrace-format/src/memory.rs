@@ -12,6 +12,12 @@
 //! raw := access*    access := varint(zigzag(pc - previous pc) << 5 | again << 4 | store << 3 | log2 size)
 //!                              varint(zigzag(address - previous address))
 //! ```
+//! The varints are prefix varints when bit 31 of the raw length word is set (what this
+//! encoder writes): the first byte's trailing one bits say how many bytes follow (`n - 1`
+//! ones then a zero, the value in the bits above, little-endian, `n` ≤ 8 bytes for values
+//! below 2^56; `0xff` then 8 bytes for the others), so that a value is put with one
+//! unaligned store and read with one load. Without the bit they are LEB128 (traces of
+//! pttrace before this encoding).
 //! `again`: the access is of a new execution of the previous access's instruction (a loop
 //! whose only access is that instruction's), not one more access of the same execution
 //! (several operands, a wide access QEMU splits, the iterations of one `rep` instruction).
@@ -26,6 +32,8 @@ pub const RAW_CHUNK: usize = 60_000;
 const MAX_ACCESS: usize = 20;
 /// A record body's head: accesses, raw length, LZ4 length.
 const HEAD: usize = 12;
+/// In the raw length word: the varints are prefix varints.
+const PREFIX_VARINTS: u32 = 1 << 31;
 
 /// One load or store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,17 +72,61 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Puts varint `v` at `b[at..]` (two varints fit: at most 20 bytes; the mask only keeps
-/// the index in the buffer); the position after it.
-#[inline(always)]
-fn put_varint_at(b: &mut [u8; 32], mut at: usize, mut v: u64) -> usize {
-    while v >= 0x80 {
-        b[at & 31] = (v as u8) | 0x80;
-        at += 1;
-        v >>= 7;
+/// Bytes of a prefix varint by the bit length of its value (0-64): 7 value bits a byte up
+/// to 8 bytes, then 9.
+const PREFIX_LEN: [u8; 65] = {
+    let mut t = [0u8; 65];
+    let mut bits = 0;
+    while bits <= 64 {
+        t[bits] = if bits <= 56 {
+            if bits == 0 {
+                1
+            } else {
+                bits.div_ceil(7) as u8
+            }
+        } else {
+            9
+        };
+        bits += 1;
     }
-    b[at & 31] = v as u8;
-    at + 1
+    t
+};
+
+/// Puts prefix varint `v` at `b[at..]` (`b` has 9 bytes of room past `at`); the position
+/// after it.
+#[inline(always)]
+fn put_prefix_varint(b: &mut [u8], at: usize, v: u64) -> usize {
+    let n = PREFIX_LEN[(64 - v.leading_zeros()) as usize] as u32;
+    if n <= 8 {
+        // (n - 1) one bits, then the value above a zero bit.
+        let word = (v << n) | ((1u64 << (n - 1)) - 1);
+        if let Some(d) = b.get_mut(at..at + 8) {
+            d.copy_from_slice(&word.to_le_bytes());
+        }
+        at + n as usize
+    } else {
+        if let Some(d) = b.get_mut(at..at + 9) {
+            d[0] = 0xff;
+            d[1..].copy_from_slice(&v.to_le_bytes());
+        }
+        at + 9
+    }
+}
+
+/// The prefix varint at `b[*pos..]`, `pos` moved past it.
+fn prefix_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let first = *b.get(*pos)?;
+    let n = first.trailing_ones() as usize + 1;
+    if n == 9 {
+        let v = u64::from_le_bytes(b.get(*pos + 1..*pos + 9)?.try_into().ok()?);
+        *pos += 9;
+        return Some(v);
+    }
+    let bytes = b.get(*pos..*pos + n)?;
+    let mut word = [0u8; 8];
+    word[..n].copy_from_slice(bytes);
+    *pos += n;
+    Some(u64::from_le_bytes(word) >> n)
 }
 
 fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
@@ -91,25 +143,40 @@ fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
 }
 
 /// Collects a window's accesses and writes them as records.
-#[derive(Default)]
 pub struct Encoder {
+    /// The raw bytes (`len` of them), with room for one more access past [`RAW_CHUNK`].
     raw: Vec<u8>,
+    len: usize,
     count: u32,
     pc: u64,
     addr: u64,
+    /// Room for a record's LZ4 block (sized once).
     packed: Vec<u8>,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Encoder {
+            raw: vec![0; RAW_CHUNK + 2 * MAX_ACCESS],
+            len: 0,
+            count: 0,
+            pc: 0,
+            addr: 0,
+            packed: vec![0; lz4_flex::block::get_maximum_output_size(RAW_CHUNK)],
+        }
+    }
 }
 
 impl Encoder {
     /// Accesses collected and not yet written.
     pub fn is_empty(&self) -> bool {
-        self.count == 0 && self.packed.is_empty()
+        self.count == 0
     }
 
     /// Adds one access; a full record goes to `out`.
     #[inline]
     pub fn push(&mut self, a: Access, out: &mut Vec<u8>) {
-        if self.raw.len() + MAX_ACCESS > RAW_CHUNK {
+        if self.len + MAX_ACCESS > RAW_CHUNK {
             self.record(out);
         }
         let dpc = zigzag(a.pc.wrapping_sub(self.pc) as i64);
@@ -117,19 +184,12 @@ impl Encoder {
             | u64::from(a.again) << 4
             | u64::from(a.store) << 3
             | u64::from(a.size_shift & 7);
-        // Both varints put together on the stack, then copied once.
-        let mut b = [0u8; 32];
-        let n = put_varint_at(&mut b, 0, head);
-        let n = put_varint_at(&mut b, n, zigzag(a.addr.wrapping_sub(self.addr) as i64));
-        if n <= 16 {
-            // A copy of constant size (no call), cut back to the access's bytes.
-            let at = self.raw.len();
-            self.raw.extend_from_slice(&b[..16]);
-            self.raw.truncate(at + n);
-        } else {
-            self.raw
-                .extend_from_slice(b.get(..n.min(32)).unwrap_or(&[]));
-        }
+        let at = put_prefix_varint(&mut self.raw, self.len, head);
+        self.len = put_prefix_varint(
+            &mut self.raw,
+            at,
+            zigzag(a.addr.wrapping_sub(self.addr) as i64),
+        );
         self.pc = a.pc;
         self.addr = a.addr;
         self.count += 1;
@@ -143,24 +203,21 @@ impl Encoder {
     }
 
     fn record(&mut self, out: &mut Vec<u8>) {
-        self.packed.clear();
-        self.packed
-            .resize(lz4_flex::block::get_maximum_output_size(self.raw.len()), 0);
-        let n = lz4_flex::block::compress_into(&self.raw, &mut self.packed).unwrap_or(0);
-        self.packed.truncate(n);
-        let body = HEAD + self.packed.len();
+        let raw = self.raw.get(..self.len).unwrap_or(&[]);
+        let n = lz4_flex::block::compress_into(raw, &mut self.packed).unwrap_or(0);
+        let packed = self.packed.get(..n).unwrap_or(&[]);
+        let body = HEAD + packed.len();
         let pad = (8 - body % 8) % 8;
         let size = 8 + body + pad;
         out.extend_from_slice(&PERF_RECORD_PTTRACE_MEMORY.to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
         out.extend_from_slice(&(size as u16).to_le_bytes());
         out.extend_from_slice(&self.count.to_le_bytes());
-        out.extend_from_slice(&(self.raw.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.packed.len() as u32).to_le_bytes());
-        out.extend_from_slice(&self.packed);
+        out.extend_from_slice(&(self.len as u32 | PREFIX_VARINTS).to_le_bytes());
+        out.extend_from_slice(&(packed.len() as u32).to_le_bytes());
+        out.extend_from_slice(packed);
         out.extend(std::iter::repeat_n(0u8, pad));
-        self.packed.clear();
-        self.raw.clear();
+        self.len = 0;
         self.count = 0;
         self.pc = 0;
         self.addr = 0;
@@ -179,6 +236,7 @@ pub fn body_count(body: &[u8]) -> Result<u32, String> {
             body.len()
         ));
     };
+    let raw_len = raw_len & !PREFIX_VARINTS;
     if raw_len as usize > RAW_CHUNK || count > raw_len / 2 {
         return Err(format!(
             "memory record claims {count} accesses in {raw_len} raw bytes"
@@ -263,7 +321,13 @@ impl Packed {
 /// not when the body is malformed.
 pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
     let count = body_count(body)?;
-    let raw_len = u32::from_le_bytes([body[4], body[5], body[6], body[7]]) as usize;
+    let word = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
+    let raw_len = (word & !PREFIX_VARINTS) as usize;
+    let read: fn(&[u8], &mut usize) -> Option<u64> = if word & PREFIX_VARINTS != 0 {
+        prefix_varint
+    } else {
+        varint
+    };
     let packed_len = u32::from_le_bytes([body[8], body[9], body[10], body[11]]) as usize;
     let mut raw = vec![0u8; raw_len];
     let packed = body.get(HEAD..HEAD + packed_len).unwrap_or(&[]);
@@ -280,8 +344,8 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
     out.reserve(count as usize);
     for k in 0..count {
         let bad = || format!("memory record cut inside access {k} of {count}");
-        let head = varint(&raw, &mut pos).ok_or_else(bad)?;
-        let da = varint(&raw, &mut pos).ok_or_else(bad)?;
+        let head = read(&raw, &mut pos).ok_or_else(bad)?;
+        let da = read(&raw, &mut pos).ok_or_else(bad)?;
         pc = pc.wrapping_add(unzigzag(head >> 5) as u64);
         addr = addr.wrapping_add(unzigzag(da) as u64);
         out.push(Access {
@@ -360,17 +424,83 @@ mod tests {
         assert_eq!(usize::from(u16::from_le_bytes([out[6], out[7]])), out.len());
         assert_eq!(out.len() % 8, 0);
         assert_eq!(&out[8..12], &1u32.to_le_bytes());
-        // zigzag(0x1000) << 5 | store << 3 | 3; zigzag(0x2000) = 0x4000.
-        let mut raw = Vec::new();
-        put_varint(&mut raw, 0x2000 << 5 | 8 | 3);
-        put_varint(&mut raw, 0x4000);
-        assert_eq!(&out[12..16], &(raw.len() as u32).to_le_bytes());
+        // zigzag(0x1000) << 5 | store << 3 | 3 = 0x4000b: 19 bits, 3 bytes (`0b011` below
+        // the value); zigzag(0x2000) = 0x4000: 15 bits, 3 bytes as well.
+        let raw: Vec<u8> = [
+            ((0x2000u64 << 5 | 8 | 3) << 3 | 0b011).to_le_bytes(),
+            (0x4000u64 << 3 | 0b011).to_le_bytes(),
+        ]
+        .iter()
+        .flat_map(|w| w[..3].to_vec())
+        .collect();
+        assert_eq!(
+            &out[12..16],
+            &(raw.len() as u32 | PREFIX_VARINTS).to_le_bytes()
+        );
         let packed = u32::from_le_bytes(out[16..20].try_into().unwrap()) as usize;
         assert!(20 + packed <= out.len() && out.len() - (20 + packed) < 8);
         let mut unpacked = vec![0u8; raw.len()];
         let n = lz4_flex::block::decompress_into(&out[20..20 + packed], &mut unpacked).unwrap();
         assert_eq!(&unpacked[..n], &raw[..]);
         assert_eq!(decode(&out).unwrap(), vec![a]);
+    }
+
+    #[test]
+    fn prefix_varints_round_trip_at_every_length() {
+        let mut values = vec![0u64, 1, u64::MAX];
+        for bits in 1..64 {
+            values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) + 1]);
+        }
+        let mut buf = vec![0u8; values.len() * 9 + 16];
+        let mut at = 0;
+        let mut lens = Vec::new();
+        for &v in &values {
+            let next = put_prefix_varint(&mut buf, at, v);
+            lens.push(next - at);
+            at = next;
+        }
+        // 7 value bits a byte up to 8 bytes, then 9.
+        for (&v, &n) in values.iter().zip(&lens) {
+            let bits = 64 - (v | 1).leading_zeros() as usize;
+            assert_eq!(n, if bits <= 56 { bits.div_ceil(7) } else { 9 }, "{v:#x}");
+        }
+        let mut pos = 0;
+        for &v in &values {
+            assert_eq!(prefix_varint(&buf[..at], &mut pos), Some(v));
+        }
+        assert_eq!(pos, at);
+        // Cut inside the last value.
+        let mut pos = at - lens[lens.len() - 1];
+        assert_eq!(prefix_varint(&buf[..at - 1], &mut pos), None);
+    }
+
+    /// A record written before prefix varints (LEB128, no flag) still reads.
+    #[test]
+    fn leb128_records_still_read() {
+        let list = accesses(500);
+        let mut raw = Vec::new();
+        let (mut pc, mut addr) = (0u64, 0u64);
+        for a in &list {
+            let dpc = zigzag(a.pc.wrapping_sub(pc) as i64);
+            put_varint(
+                &mut raw,
+                dpc << 5
+                    | u64::from(a.again) << 4
+                    | u64::from(a.store) << 3
+                    | u64::from(a.size_shift),
+            );
+            put_varint(&mut raw, zigzag(a.addr.wrapping_sub(addr) as i64));
+            (pc, addr) = (a.pc, a.addr);
+        }
+        let packed = lz4_flex::block::compress(&raw);
+        let mut body = Vec::new();
+        body.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        body.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+        body.extend_from_slice(&(packed.len() as u32).to_le_bytes());
+        body.extend_from_slice(&packed);
+        let mut out = Vec::new();
+        parse_body(&body, &mut out).unwrap();
+        assert_eq!(out, list);
     }
 
     #[test]
