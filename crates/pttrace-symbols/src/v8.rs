@@ -74,7 +74,8 @@ impl EmbeddedBlob {
                 if found.is_some() {
                     return None;
                 }
-                found = Some(addr - off as u64);
+                // (A copy would start below address 0: no placement.)
+                found = Some(addr.checked_sub(off as u64)?);
             }
         }
         found
@@ -130,6 +131,8 @@ mod tests {
         assert_eq!(b.copy_start(copy + off as u64, &bytes[..8]), None);
         // Bytes that are not the blob's.
         assert_eq!(b.copy_start(copy + off as u64, &[0xcc; 24]), None);
+        // The blob's bytes at an address too low for a copy to hold them there.
+        assert_eq!(b.copy_start(0x2c0, bytes), None);
         // Once placed, a shorter run confirms it, at its own place only.
         assert!(b.holds(copy, copy + off as u64, &bytes[..8]));
         assert!(!b.holds(copy, copy + off as u64 + 8, &bytes[..8]));
