@@ -214,3 +214,56 @@ fn dynamorio_reads_the_loads_and_stores() {
         );
     }
 }
+
+/// A read-modify-write whose store faults (`tests/progs/mem_fault.c`: `addl $1, (page)`
+/// on a read-only page, a plain SIGSEGV handler that makes it writable): the first
+/// attempt's load, which QEMU reports before the store faults, is dropped since the
+/// instruction did not retire; the instruction comes once, with its load and store of the
+/// run that retired, and every access joins its instruction (no damage).
+#[test]
+fn a_faulting_instructions_accesses_are_dropped() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with("mem_fault", dir.path(), "mem_fault", &["-no-pie"]);
+    let trace = dir.path().join("trace");
+    let o = run_under_qemu(&trace, &["--memory"], &[prog.as_os_str()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "6 1\n");
+    let add = symbol(&prog, "bump_add");
+    let o = Command::new(pttrace())
+        .args(["decode", "--format", "jsonl"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let hex =
+        |v: &Value| u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let at_add: Vec<(String, u64, u64)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["pc"].is_string() && hex(&v["pc"]) == add)
+        .map(|v| {
+            let t = v["type"].as_str().unwrap().to_string();
+            let addr = if v["addr"].is_string() {
+                hex(&v["addr"])
+            } else {
+                0
+            };
+            (t, addr, v["size"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    assert_eq!(at_add.len(), 3, "{at_add:?}");
+    let page = at_add[1].1;
+    assert_eq!(
+        at_add,
+        [
+            ("insn".to_string(), 0, 3),
+            ("read".to_string(), page, 4),
+            ("write".to_string(), page, 4)
+        ],
+    );
+}

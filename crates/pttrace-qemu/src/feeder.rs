@@ -146,15 +146,17 @@ impl Feeder {
     }
 
     /// The next block enters a signal handler, interrupting the thread at `rip` (`fault`:
-    /// by a synchronous fault there, if known).
-    pub fn interrupted(&mut self, rip: u64, fault: Option<bool>) {
+    /// by a synchronous fault there, if known; `fault_signal`: the signal is one faults
+    /// raise, SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGTRAP).
+    pub fn interrupted(&mut self, rip: u64, fault: Option<bool>, fault_signal: bool) {
         self.room();
         self.buf.push(TAG_SIGNAL);
         self.buf.push(rip);
-        self.buf.push(match fault {
-            Some(false) => 0,
-            Some(true) => 1,
-            None => 2,
+        self.buf.push(match (fault, fault_signal) {
+            (Some(false), _) => 0,
+            (Some(true), _) => 1,
+            (None, false) => 2,
+            (None, true) => 3,
         });
     }
 

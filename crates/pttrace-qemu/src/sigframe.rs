@@ -43,6 +43,8 @@ const FRAME_SIGINFO: usize = 8 + 304;
 const FRAME_LEN: usize = FRAME_SIGINFO + 16;
 /// Index of rsp among the CPU state's general registers.
 const REG_RSP: u64 = 4;
+/// Index of rdi: a handler's first argument, the signal number.
+const REG_RDI: u64 = 7;
 
 /// What a signal frame says: the interrupted instruction, and whether the signal is a
 /// synchronous fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGTRAP raised by an
@@ -104,8 +106,16 @@ extern "C" fn handler_entry(vcpu: c_uint, udata: *mut c_void, env: u64) {
             |a| g.is_restorer(a),
             |sig| g.handler_of(sig),
         );
+        // Without a siginfo in the frame, the signal number (the handler's first
+        // argument) still tells the signals faults raise from the others.
+        let mut rdi = [0u8; 8];
+        let fault_signal = read_memory(env + REG_RDI * 8, &mut rdi) == 8
+            && matches!(
+                i32::try_from(u64::from_le_bytes(rdi)).unwrap_or(0),
+                libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP
+            );
         if let (Some(i), Some(f)) = (found, g.feeder(vcpu)) {
-            f.interrupted(i.rip, i.fault);
+            f.interrupted(i.rip, i.fault, fault_signal);
         }
     });
 }
