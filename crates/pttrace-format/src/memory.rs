@@ -152,18 +152,6 @@ pub struct Encoder {
     addr: u64,
     /// Room for a record's LZ4 block (sized once).
     packed: Vec<u8>,
-    /// Records written so far (a [`Mark`] from before one cannot be rolled back to).
-    records: u64,
-}
-
-/// Where an encoder was ([`Encoder::mark`]), to drop what came after ([`Encoder::rollback`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mark {
-    len: usize,
-    count: u32,
-    pc: u64,
-    addr: u64,
-    records: u64,
 }
 
 impl Default for Encoder {
@@ -175,7 +163,6 @@ impl Default for Encoder {
             pc: 0,
             addr: 0,
             packed: vec![0; lz4_flex::block::get_maximum_output_size(RAW_CHUNK)],
-            records: 0,
         }
     }
 }
@@ -184,35 +171,6 @@ impl Encoder {
     /// Accesses collected and not yet written.
     pub fn is_empty(&self) -> bool {
         self.count == 0
-    }
-
-    /// Where the encoder is now; first writes the collected accesses as a record to `out`
-    /// when fewer than `room` raw bytes are left, so that the next `room / 18` accesses
-    /// can still be rolled back.
-    pub fn mark(&mut self, room: usize, out: &mut Vec<u8>) -> Mark {
-        if self.len + room > RAW_CHUNK && self.count > 0 {
-            self.record(out);
-        }
-        Mark {
-            len: self.len,
-            count: self.count,
-            pc: self.pc,
-            addr: self.addr,
-            records: self.records,
-        }
-    }
-
-    /// Drops the accesses pushed since `m`; false (nothing dropped) when a record was
-    /// written since.
-    pub fn rollback(&mut self, m: Mark) -> bool {
-        if m.records != self.records {
-            return false;
-        }
-        self.len = m.len;
-        self.count = m.count;
-        self.pc = m.pc;
-        self.addr = m.addr;
-        true
     }
 
     /// Adds one access; a full record goes to `out`.
@@ -263,7 +221,6 @@ impl Encoder {
         self.count = 0;
         self.pc = 0;
         self.addr = 0;
-        self.records += 1;
     }
 }
 
@@ -544,41 +501,6 @@ mod tests {
         let mut out = Vec::new();
         parse_body(&body, &mut out).unwrap();
         assert_eq!(out, list);
-    }
-
-    #[test]
-    fn a_rollback_drops_what_came_after_the_mark() {
-        let list = accesses(300);
-        let mut enc = Encoder::default();
-        let mut out = Vec::new();
-        for &a in &list[..200] {
-            enc.push(a, &mut out);
-        }
-        let m = enc.mark(1024, &mut out);
-        for &a in &list[200..] {
-            enc.push(a, &mut out);
-        }
-        assert!(enc.rollback(m));
-        // Pushed again after the rollback: encoded from the marked state.
-        enc.push(list[250], &mut out);
-        enc.finish(&mut out);
-        let mut want = list[..200].to_vec();
-        want.push(list[250]);
-        assert_eq!(decode(&out).unwrap(), want);
-        // A mark near the end of a record writes the record first; one from before a
-        // record was written cannot be rolled back to.
-        let mut enc = Encoder::default();
-        let mut out = Vec::new();
-        let m = enc.mark(1024, &mut out);
-        for &a in &accesses(20_000) {
-            enc.push(a, &mut out);
-        }
-        assert!(!out.is_empty());
-        assert!(!enc.rollback(m));
-        let before = out.len();
-        let m = enc.mark(RAW_CHUNK, &mut out);
-        assert!(out.len() > before && enc.is_empty());
-        assert!(enc.rollback(m));
     }
 
     #[test]
