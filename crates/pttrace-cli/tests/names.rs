@@ -378,7 +378,9 @@ fn node_jit_code_and_builtins_are_named() {
     )
     .unwrap();
     let out = tmp.path().join("trace");
+    // (node writes its V8 log beside it: in the temporary directory.)
     let o = Command::new(pttrace())
+        .current_dir(tmp.path())
         .args(["run", "--quiet", "--out"])
         .arg(&out)
         .args(["--", "node", "--perf-basic-prof"])
