@@ -482,6 +482,7 @@ pub fn run(args: Args) -> CmdResult {
         mut params,
         process,
         damage,
+        thread,
         ..
     } = open_input(&args)?;
     let mut damages = Damages(damage, None);
@@ -497,7 +498,7 @@ pub fn run(args: Args) -> CmdResult {
 
     let drmemtrace = if args.format == OutFormat::Drmemtrace {
         let out = drmemtrace::out_dir(&args)?;
-        let (name, pid, tid) = input_thread(&args);
+        let (name, pid, tid) = input_thread(&args, thread);
         Some(drmemtrace::SingleThread::new(out, &name, tid, pid))
     } else {
         None
@@ -625,10 +626,11 @@ pub fn run(args: Args) -> CmdResult {
 }
 
 /// The thread a single input holds, for `--format drmemtrace`: (name for its file, pid,
-/// tid). A thread file says it; else the first sideband record of a process that
-/// mapped or exec'd something (perf samples carry pid and tid); else DynamoRIO's
-/// `<tid>.raw.pt` names it; else 1 (said on stderr: the analyzers need some id).
-fn input_thread(args: &DecodeArgs) -> (String, u64, u64) {
+/// tid). A thread file says it (`thread`, from its header); else the first sideband
+/// record of a process that mapped or exec'd something (perf samples carry pid and tid);
+/// else DynamoRIO's `<tid>.raw.pt` names it; else 1 (said on stderr: the analyzers need
+/// some id).
+fn input_thread(args: &DecodeArgs, thread: Option<(i32, i32)>) -> (String, u64, u64) {
     use pttrace_format::perf_record::{Record as PerfRecord, RecordIter};
     let path = [&args.ptt, &args.pt, &args.auxtrace, &args.raw_pt]
         .into_iter()
@@ -640,13 +642,8 @@ fn input_thread(args: &DecodeArgs) -> (String, u64, u64) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "input".to_string());
-    if let Some(h) = args
-        .ptt
-        .as_ref()
-        .and_then(|t| drpttracer::decode::ptt_input::read_thread(t).ok())
-        .and_then(|t| t.header)
-    {
-        return (name, h.pid as u64, h.tid as u64);
+    if let Some((pid, tid)) = thread {
+        return (name, pid as u64, tid as u64);
     }
     let st = args.sample_type.unwrap_or(0);
     for sb in &args.sideband {

@@ -414,26 +414,24 @@ impl ImageNames {
         if let Some((name, off)) = self.elf.lookup(addr) {
             return plain(name.to_string(), Some(addr.wrapping_sub(off)));
         }
-        let copied = match self.mapping(addr) {
-            None => self
-                .copied_from(addr)
-                .filter(|&o| self.mapping(o).is_some()),
-            Some(_) => None,
-        };
-        if let Some(original) = copied {
+        if let Some(m) = self.mapping(addr) {
+            return plain(
+                format!("{}+{:#x}", m.module, addr - m.start + m.offset),
+                None,
+            );
+        }
+        // Anonymous code: a copy of a mapped file's (V8's builtins) is named as its original.
+        if let Some(original) = self
+            .copied_from(addr)
+            .filter(|&o| self.mapping(o).is_some())
+        {
             let n = self.resolve(original);
             return Named {
                 start: n.start.map(|s| s.wrapping_add(addr.wrapping_sub(original))),
                 ..n
             };
         }
-        match self.mapping(addr) {
-            Some(m) => plain(
-                format!("{}+{:#x}", m.module, addr - m.start + m.offset),
-                None,
-            ),
-            None => plain(format!("{addr:#x}"), None),
-        }
+        plain(format!("{addr:#x}"), None)
     }
 
     /// The function's name at `addr`.

@@ -29,10 +29,6 @@ pub enum Backing {
 impl Backing {
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
-        self.data()
-    }
-
-    fn data(&self) -> &[u8] {
         match self {
             Backing::File { map, .. } => map,
             Backing::Bytes { bytes, .. } => bytes,
@@ -82,7 +78,7 @@ pub struct Segment {
 impl Segment {
     /// A segment clipped to the bytes `backing` really has; `None` when empty.
     pub fn new(start: u64, len: u64, backing: Arc<Backing>, offset: u64) -> Option<Segment> {
-        let avail = (backing.data().len() as u64).saturating_sub(offset);
+        let avail = (backing.bytes().len() as u64).saturating_sub(offset);
         let len = len.min(avail).min(u64::MAX - start);
         (len > 0).then_some(Segment {
             start,
@@ -98,7 +94,7 @@ impl Segment {
 
     /// The segment's bytes.
     pub fn bytes(&self) -> &[u8] {
-        let data = self.backing.data();
+        let data = self.backing.bytes();
         let (o, l) = (self.offset as usize, self.len as usize);
         data.get(o..o.saturating_add(l)).unwrap_or(&[])
     }
@@ -322,7 +318,7 @@ impl AddressSpace {
     /// load bias (`base - lowest page`).
     pub fn add_elf(&mut self, path: &Path, base: Option<u64>) -> Result<u64, DecodeError> {
         let backing = Backing::map_file(path)?;
-        let loads = elf_loads(path, backing.data())?;
+        let loads = elf_loads(path, backing.bytes())?;
         let lowest = loads
             .iter()
             .map(|l| l.vaddr & !0xfff)
@@ -343,7 +339,7 @@ impl AddressSpace {
     /// Adds every PT_LOAD segment of a kcore copy at its (kernel) virtual address.
     pub fn add_kcore(&mut self, path: &Path) -> Result<usize, DecodeError> {
         let backing = Backing::map_file(path)?;
-        let loads = elf_loads(path, backing.data())?;
+        let loads = elf_loads(path, backing.bytes())?;
         let mut n = 0;
         for l in &loads {
             if self.add_file_range(backing.clone(), l.offset, l.filesz, l.vaddr) {

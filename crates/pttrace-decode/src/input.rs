@@ -67,6 +67,8 @@ pub struct Input {
     pub damage: Vec<InputDamage>,
     /// Things the user should know that are not damage (a missing info file...).
     pub warnings: Vec<String>,
+    /// (pid, tid) of a thread file's thread, from its header.
+    pub thread: Option<(i32, i32)>,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, DecodeError> {
@@ -165,6 +167,7 @@ pub fn open_thread_file(path: &Path, info: Option<&Path>) -> Result<Input, Decod
     let name = path.display().to_string();
     let mut input = Input {
         recovered: t.recovered,
+        thread: t.header.as_ref().map(|h| (h.pid, h.tid)),
         ..Default::default()
     };
     if let Some((offset, what)) = tail_damage(&t.tail) {

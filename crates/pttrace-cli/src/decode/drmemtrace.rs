@@ -58,10 +58,7 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
         });
         let file = out.join(format!(
             "drmemtrace.{}.{}.{:08x}.trace.zip",
-            comm.replace(
-                |c: char| !c.is_ascii_alphanumeric() && c != '_' && c != '-',
-                "_"
-            ),
+            file_part(&comm),
             h.tid,
             h.nonce
         ));
@@ -122,6 +119,15 @@ pub(super) fn out_dir(args: &DecodeArgs) -> Result<&Path, Box<dyn std::error::Er
     Ok(out)
 }
 
+/// `s` as part of a file name: characters other than ASCII letters, digits, `_` and `-`
+/// become `_`.
+fn file_part(s: &str) -> String {
+    s.replace(
+        |c: char| !c.is_ascii_alphanumeric() && c != '_' && c != '-',
+        "_",
+    )
+}
+
 /// The lines that end every `--format drmemtrace`: each file written, how to read them.
 fn print_written(out: &Path, written: &[(PathBuf, u64)]) {
     for (file, n) in written {
@@ -145,17 +151,7 @@ impl SingleThread {
     /// Writes into `out` (see [`out_dir`]) a file named after the input `name`, for thread
     /// `tid` of process `pid`.
     pub(super) fn new(out: &Path, name: &str, tid: u64, pid: u64) -> Self {
-        let stem: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let file = out.join(format!("drmemtrace.{stem}.{tid}.trace.zip"));
+        let file = out.join(format!("drmemtrace.{}.{tid}.trace.zip", file_part(name)));
         let mut conv = Converter::new(tid, pid, None, file);
         conv.syscall_numbers = false;
         SingleThread {

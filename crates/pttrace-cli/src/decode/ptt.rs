@@ -56,6 +56,10 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let (mut damages, files_checked) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
+    // Names by process image, and the image of those in `printer.lines`.
+    let mut image_names: std::collections::HashMap<(i32, u64), crate::names::ImageNames> =
+        Default::default();
+    let mut names_of: Option<(i32, u64)> = None;
     let result = (|| -> CmdResult {
         for th in &trace.threads {
             let h = &th.header;
@@ -65,15 +69,22 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 }
             }
             if args.srcline || args.format == OutFormat::Disasm {
-                printer.lines = Some(
+                // One image's names serve all its threads (what they resolved stays).
+                if let (Some(n), Some(k)) = (printer.lines.take(), names_of.take()) {
+                    image_names.insert(k, n);
+                }
+                let key = (h.pid, h.nonce);
+                let n = image_names.remove(&key).unwrap_or_else(|| {
                     crate::names::ImageNames::new(
                         trace.process_of(th),
                         trace.sysroot.as_deref(),
                         Some(&trace_dir),
                         symbolizer.clone(),
                     )
-                    .with_code_files(trace.image_files(th)),
-                );
+                    .with_code_files(trace.image_files(th))
+                });
+                printer.lines = Some(n);
+                names_of = Some(key);
             }
             let cmd = trace
                 .process_of(th)
