@@ -25,6 +25,19 @@ fn count(out: &str, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("{label:?} not in:\n{out}"))
 }
 
+/// The pcs of the instruction records in `decode --format jsonl`'s output, in order.
+fn insn_pcs(jsonl: &[u8]) -> Vec<u64> {
+    String::from_utf8_lossy(jsonl)
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["type"] == "insn").then(|| {
+                u64::from_str_radix(v["pc"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+            })
+        })
+        .collect()
+}
+
 /// Traces `prog args` under QEMU, writes its drmemtrace, and checks it with DynamoRIO:
 /// returns (basic_counts' output, pttrace's instruction total, view's output).
 fn check(l: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> (String, u64, String) {
@@ -90,16 +103,7 @@ fn check_program(
         .arg(&out)
         .output()
         .unwrap();
-    let ours: Vec<u64> = String::from_utf8_lossy(&jsonl.stdout)
-        .lines()
-        .filter_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            (v["type"] == "insn").then(|| {
-                u64::from_str_radix(v["pc"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
-            })
-        })
-        .take(20)
-        .collect();
+    let ours: Vec<u64> = insn_pcs(&jsonl.stdout).into_iter().take(20).collect();
     let theirs: Vec<u64> = view
         .lines()
         .filter_map(|l| {
@@ -274,15 +278,7 @@ fn a_single_input_becomes_one_threads_drmemtrace() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let pcs: Vec<u64> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["type"] == "insn").then(|| {
-                u64::from_str_radix(v["pc"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
-            })
-        })
-        .collect();
+    let pcs = insn_pcs(&o.stdout);
     assert!(pcs.len() > 10_000, "{}", pcs.len());
     let dm = dir.path().join("dm");
     let o = Command::new(pttrace())

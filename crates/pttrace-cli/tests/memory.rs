@@ -5,29 +5,55 @@
 mod shim_util;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 use shim_util::{
     analyze, dynamorio_launcher as launcher, pttrace, qemu_available, run_under_qemu, symbol, text,
 };
 
-/// `tests/progs/mem_array.c` built and traced with `--memory` into a new directory: the
-/// directory, the trace and where the program's array is; `None` (after printing SKIP)
-/// without QEMU.
-fn trace_array() -> Option<(tempfile::TempDir, PathBuf, u64)> {
+/// `tests/progs/<name>.c` built (`-no-pie`) and traced with `--memory` into a new
+/// directory, which must succeed: the directory, the program, the trace and the run's
+/// output; `None` (after printing SKIP) without QEMU.
+fn trace_prog(name: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Output)> {
     if !qemu_available() {
         println!("SKIP: qemu-x86_64 is not installed");
         return None;
     }
     shim_util::plugin();
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with("mem_array", dir.path(), "mem_array", &["-no-pie"]);
+    let prog = shim_util::compile_with(name, dir.path(), name, &["-no-pie"]);
     let trace = dir.path().join("trace");
     let o = run_under_qemu(&trace, &["--memory"], &[prog.as_os_str()]);
     assert!(o.status.success(), "{}", text(&o));
+    Some((dir, prog, trace, o))
+}
+
+/// `tests/progs/mem_array.c` traced ([`trace_prog`]): the directory, the trace and where
+/// the program's array is.
+fn trace_array() -> Option<(tempfile::TempDir, PathBuf, u64)> {
+    let (dir, prog, trace, _) = trace_prog("mem_array")?;
     let arr = symbol(&prog, "arr");
     Some((dir, trace, arr))
+}
+
+/// The records of `decode --format jsonl` of `trace` (it must succeed).
+fn jsonl(trace: &Path) -> Vec<Value> {
+    let o = Command::new(pttrace())
+        .args(["decode", "--format", "jsonl"])
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A `0x…` address of a JSON record.
+fn hex(v: &Value) -> u64 {
+    u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
 }
 
 #[test]
@@ -35,20 +61,11 @@ fn loads_and_stores_of_a_known_array_follow_their_instructions() {
     let Some((_dir, trace, arr)) = trace_array() else {
         return;
     };
-    let o = Command::new(pttrace())
-        .args(["decode", "--format", "jsonl"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let hex =
-        |v: &Value| u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
     // Every access comes after its instruction (or after another access of it).
     let (mut last_pc, mut accesses, mut insns) = (None, 0u64, 0u64);
     // The array's accesses: (read or write, address, pc), in order.
     let mut seen: Vec<(bool, u64, u64)> = Vec::new();
-    for l in String::from_utf8_lossy(&o.stdout).lines() {
-        let v: Value = serde_json::from_str(l).unwrap();
+    for v in jsonl(&trace) {
         match v["type"].as_str().unwrap() {
             "insn" => {
                 last_pc = Some(hex(&v["pc"]));
@@ -57,10 +74,10 @@ fn loads_and_stores_of_a_known_array_follow_their_instructions() {
             t @ ("read" | "write") => {
                 accesses += 1;
                 let pc = hex(&v["pc"]);
-                assert_eq!(Some(pc), last_pc, "{l}");
+                assert_eq!(Some(pc), last_pc, "{v}");
                 let addr = hex(&v["addr"]);
                 if (arr..arr + 8000).contains(&addr) {
-                    assert_eq!(v["size"], 8, "{l}");
+                    assert_eq!(v["size"], 8, "{v}");
                     seen.push((t == "write", addr, pc));
                 }
             }
@@ -222,29 +239,13 @@ fn dynamorio_reads_the_loads_and_stores() {
 /// run that retired, and every access joins its instruction (no damage).
 #[test]
 fn a_faulting_instructions_accesses_are_dropped() {
-    if !qemu_available() {
-        println!("SKIP: qemu-x86_64 is not installed");
+    let Some((_dir, prog, trace, o)) = trace_prog("mem_fault") else {
         return;
-    }
-    shim_util::plugin();
-    let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with("mem_fault", dir.path(), "mem_fault", &["-no-pie"]);
-    let trace = dir.path().join("trace");
-    let o = run_under_qemu(&trace, &["--memory"], &[prog.as_os_str()]);
-    assert!(o.status.success(), "{}", text(&o));
+    };
     assert_eq!(String::from_utf8_lossy(&o.stdout), "6 1\n");
     let add = symbol(&prog, "bump_add");
-    let o = Command::new(pttrace())
-        .args(["decode", "--format", "jsonl"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let hex =
-        |v: &Value| u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
-    let at_add: Vec<(String, u64, u64)> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let at_add: Vec<(String, u64, u64)> = jsonl(&trace)
+        .into_iter()
         .filter(|v| v["pc"].is_string() && hex(&v["pc"]) == add)
         .map(|v| {
             let t = v["type"].as_str().unwrap().to_string();

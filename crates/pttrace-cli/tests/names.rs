@@ -17,6 +17,21 @@ fn ok(c: &mut Command) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `pttrace run --quiet --out OUT --` with no other flags (the machine's default backend),
+/// the program to be appended.
+fn run_quiet(out: &Path) -> Command {
+    let mut c = Command::new(pttrace());
+    c.args(["run", "--quiet", "--out"]).arg(out).arg("--");
+    c
+}
+
+/// `view --format folded` of `trace` (it must succeed).
+fn folded(trace: &Path) -> String {
+    ok(Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(trace))
+}
+
 /// The test program built `-O2 -g -no-pie`, then split: (stripped binary with a
 /// debuglink, its debug file).
 fn build(dir: &Path) -> (PathBuf, PathBuf) {
@@ -76,13 +91,7 @@ fn a_split_stripped_program_is_named_from_its_debug_file_with_inlined_frames_and
     .unwrap();
 
     let out = tmp.path().join("trace");
-    let o = Command::new(pttrace())
-        .args(["run", "--quiet", "--out"])
-        .arg(&out)
-        .arg("--")
-        .arg(&exe)
-        .output()
-        .unwrap();
+    let o = run_quiet(&out).arg(&exe).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
 
     // report names the stripped program and what would fix it, before any decoding.
@@ -289,9 +298,7 @@ fn jit_code_is_named_from_the_perf_map_kept_with_the_trace() {
 /// The mini JIT's code is one stack in `view`'s folded stacks, named `name` under main:
 /// 1000 calls of 2 instructions each.
 fn jit_stack_is(trace: &Path, name: &str) {
-    let folded = ok(Command::new(pttrace())
-        .args(["view", "--format", "folded"])
-        .arg(trace));
+    let folded = folded(trace);
     let jit: Vec<&str> = folded
         .lines()
         .filter(|l| l.contains("jitted double"))
@@ -321,18 +328,10 @@ fn code_run_from_a_copy_of_v8_builtins_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let exe = shim_util::compile("builtins_copy", tmp.path());
     let out = tmp.path().join("trace");
-    let o = Command::new(pttrace())
-        .args(["run", "--quiet", "--out"])
-        .arg(&out)
-        .arg("--")
-        .arg(&exe)
-        .output()
-        .unwrap();
+    let o = run_quiet(&out).arg(&exe).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "1001502500\n");
-    let folded = ok(Command::new(pttrace())
-        .args(["view", "--format", "folded"])
-        .arg(&out));
+    let folded = folded(&out);
     let copied: Vec<&str> = folded
         .lines()
         .filter(|l| {
@@ -379,19 +378,15 @@ fn node_jit_code_and_builtins_are_named() {
     .unwrap();
     let out = tmp.path().join("trace");
     // (node writes its V8 log beside it: in the temporary directory.)
-    let o = Command::new(pttrace())
+    let o = run_quiet(&out)
         .current_dir(tmp.path())
-        .args(["run", "--quiet", "--out"])
-        .arg(&out)
-        .args(["--", "node", "--perf-basic-prof"])
+        .args(["node", "--perf-basic-prof"])
         .arg(&script)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "599400\n");
-    let folded = ok(Command::new(pttrace())
-        .args(["view", "--format", "folded"])
-        .arg(&out));
+    let folded = folded(&out);
     let (mut total, mut unnamed) = (0u64, 0u64);
     let mut hot = std::collections::BTreeSet::new();
     let mut builtins = 0u64;
