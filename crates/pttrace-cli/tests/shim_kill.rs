@@ -94,11 +94,20 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
             std::fs::copy(&p, torn_dir.join(p.file_name().unwrap())).unwrap();
         }
     }
+    // The kill may also have cut the kernel side's last record: each such file is one
+    // more damaged place.
+    let mut torn_kernel = 0;
     if let Ok(rd) = std::fs::read_dir(file.parent().unwrap().join("kernel.raw")) {
         std::fs::create_dir(torn_dir.join("kernel.raw")).unwrap();
         for e in rd {
             let p = e.unwrap().path();
             std::fs::copy(&p, torn_dir.join("kernel.raw").join(p.file_name().unwrap())).unwrap();
+            let data = std::fs::read(&p).unwrap();
+            if p.to_string_lossy().ends_with(".raw.pt")
+                && !matches!(drpttracer::format::pdb::parse_prefix(&data), Ok((_, None)))
+            {
+                torn_kernel += 1;
+            }
         }
     }
     // Without its spool the torn record is damage: listed, and the exit status says so
@@ -128,7 +137,14 @@ fn sigkill_mid_run_leaves_parseable_files_and_a_detected_tail() {
     assert!(o.status.success(), "{o:?}");
     // ... as is the spool the copy lacks (the process died: its queued windows are lost).
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("continued past 2 damaged places"), "{o:?}");
+    assert!(
+        err.contains(&format!(
+            "continued past {} damaged places",
+            2 + torn_kernel
+        )),
+        "{o:?}"
+    );
+    assert_eq!(err.matches("kernel.raw/").count(), torn_kernel, "{o:?}");
     assert!(
         err.contains(&format!(
             "pttrace report: damaged: {}: missing: the spool of a thread file",
