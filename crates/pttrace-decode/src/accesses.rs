@@ -67,6 +67,10 @@ impl<'a> AccessJoin<'a> {
     #[inline]
     pub fn of(&mut self, pc: u64, out: &mut Vec<Access>) {
         out.clear();
+        if self.joined == self.total {
+            // Every access handed out (or none recorded): nothing to inflate.
+            return;
+        }
         while let Some(a) = self.peek() {
             if a.pc != pc || (!out.is_empty() && a.again) {
                 break;

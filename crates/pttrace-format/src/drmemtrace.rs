@@ -167,6 +167,19 @@ pub fn entry(ty: u16, size: u16, addr: u64) -> [u8; ENTRY_SIZE] {
     e
 }
 
+/// log2 of [`ThreadWriter`]'s memo slots.
+const SEEN_BITS: u32 = 12;
+const SEEN_SLOTS: usize = 1 << SEEN_BITS;
+
+/// A memo slot: the instruction at `pc` with `encoding` had its encoding written in
+/// chunk `chunk`.
+#[derive(Clone, Copy)]
+struct Seen {
+    pc: u64,
+    encoding: ([u8; 15], u8),
+    chunk: u64,
+}
+
 /// Writes one thread's records, cut into chunks ([`ThreadWriter::take_chunks`] hands the
 /// finished ones over as they fill, so memory stays bounded by one chunk).
 pub struct ThreadWriter {
@@ -180,7 +193,10 @@ pub struct ThreadWriter {
     /// `RECORD_ORDINAL` of each chunk after the first.
     visible: u64,
     /// Encodings written in this chunk, by pc (bytes, zero padded, and length).
-    encodings: std::collections::HashMap<u64, ([u8; 16], u8), BuildPcHasher>,
+    encodings: std::collections::HashMap<u64, ([u8; 15], u8), BuildPcHasher>,
+    /// A direct-mapped memo in front of `encodings` (most instructions repeat): the last
+    /// pc seen at each slot, its encoding and the chunk it was seen in.
+    seen: Box<[Seen]>,
     last_ts: u64,
     cpu: u64,
     window: u64,
@@ -208,6 +224,15 @@ impl ThreadWriter {
             in_chunk: 0,
             visible: 0,
             encodings: Default::default(),
+            seen: vec![
+                Seen {
+                    pc: 0,
+                    encoding: ([0; 15], 0),
+                    chunk: u64::MAX,
+                };
+                SEEN_SLOTS
+            ]
+            .into_boxed_slice(),
             last_ts: ts,
             cpu,
             window: 0,
@@ -243,30 +268,47 @@ impl ThreadWriter {
     }
 
     /// Bytes of the current chunk not yet taken by [`Self::drain`].
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.cur.len()
     }
 
     /// The next instruction (`bytes` its encoding, 1 to 15 bytes).
     pub fn instruction(&mut self, pc: u64, bytes: &[u8], kind: Kind) {
+        let len = bytes.len().min(15);
+        let mut padded = [0u8; 15];
+        padded[..len].copy_from_slice(&bytes[..len]);
+        self.instruction_padded(pc, &padded, len, kind);
+    }
+
+    /// [`Self::instruction`] of the encoding `padded[..len]`, the rest of `padded` zero.
+    pub fn instruction_padded(&mut self, pc: u64, padded: &[u8; 15], len: usize, kind: Kind) {
         if self.in_chunk == self.chunk_instructions {
             self.next_chunk();
         }
-        let len = bytes.len().min(16);
-        let mut key = [0u8; 16];
-        key[..len].copy_from_slice(&bytes[..len]);
-        if self.encodings.get(&pc) != Some(&(key, len as u8)) {
-            for piece in bytes.chunks(8) {
-                let mut v = [0u8; 8];
-                v[..piece.len()].copy_from_slice(piece);
-                self.hidden(ty::ENCODING, piece.len() as u16, u64::from_le_bytes(v));
+        let len = len.min(15);
+        let encoding = (*padded, len as u8);
+        let slot = (pc.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SEEN_BITS)) as usize;
+        let seen = &self.seen[slot % SEEN_SLOTS];
+        if !(seen.pc == pc && seen.chunk == self.chunk_no && seen.encoding == encoding) {
+            if self.encodings.get(&pc) != Some(&encoding) {
+                for piece in padded[..len].chunks(8) {
+                    let mut v = [0u8; 8];
+                    v[..piece.len()].copy_from_slice(piece);
+                    self.hidden(ty::ENCODING, piece.len() as u16, u64::from_le_bytes(v));
+                }
+                self.encodings.insert(pc, encoding);
             }
-            self.encodings.insert(pc, (key, len as u8));
+            self.seen[slot % SEEN_SLOTS] = Seen {
+                pc,
+                encoding,
+                chunk: self.chunk_no,
+            };
         }
         if let Some(t) = kind.indirect_target() {
             self.hidden(ty::MARKER, marker::BRANCH_TARGET, t);
         }
-        self.hidden(kind.record_type(), bytes.len() as u16, pc);
+        self.hidden(kind.record_type(), len as u16, pc);
         self.visible += 1;
         self.in_chunk += 1;
         self.instructions += 1;
@@ -282,7 +324,8 @@ impl ThreadWriter {
 
     fn next_chunk(&mut self) {
         self.marker(marker::CHUNK_FOOTER, self.chunk_no);
-        self.done.push(std::mem::take(&mut self.cur));
+        let next = Vec::with_capacity(self.cur.capacity());
+        self.done.push(std::mem::replace(&mut self.cur, next));
         self.chunk_no += 1;
         self.in_chunk = 0;
         self.encodings.clear();
@@ -348,6 +391,12 @@ impl ThreadWriter {
         self.after_branch = false;
     }
 
+    /// Whether a chunk ended since the last [`Self::take_chunks`].
+    #[inline]
+    pub fn chunk_ended(&self) -> bool {
+        !self.done.is_empty()
+    }
+
     /// The chunks ended since the last call, in order: each the rest of a chunk (what
     /// [`Self::drain`] has not taken), after which the next chunk begins.
     pub fn take_chunks(&mut self) -> Vec<Vec<u8>> {
@@ -355,9 +404,11 @@ impl ThreadWriter {
     }
 
     /// The current chunk's bytes written since the last call (a writer streams them out, so
-    /// that memory holds no whole chunk).
-    pub fn drain(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.cur)
+    /// that memory holds no whole chunk). `spare` (emptied) takes their place, so that a
+    /// writer handing its buffers back writes into memory already grown.
+    pub fn drain(&mut self, mut spare: Vec<u8>) -> Vec<u8> {
+        spare.clear();
+        std::mem::replace(&mut self.cur, spare)
     }
 
     /// The thread's end: its last chunk.

@@ -224,7 +224,8 @@ impl Clock {
 /// The last instruction read, written once its successor is known.
 struct Pending {
     pc: u64,
-    bytes: [u8; 16],
+    /// The encoding (`len` bytes), zero padded.
+    bytes: [u8; 15],
     len: usize,
     class: InsnClass,
     /// Its syscall number, when it is the syscall that ended a window.
@@ -245,7 +246,9 @@ struct Converter {
     file: PathBuf,
     /// The first error writing it.
     error: Option<std::io::Error>,
-    pending: Option<Pending>,
+    /// The last instruction read (when `has_pending`).
+    pending: Pending,
+    has_pending: bool,
     /// Trace lost since the pending instruction.
     lost: bool,
     /// A signal delivered after the pending instruction: the pc it interrupted.
@@ -264,10 +267,11 @@ struct Converter {
     memory: bool,
     /// Syscalls are followed by their numbers (the trace knows them).
     syscall_numbers: bool,
-    /// The loads and stores of the instruction read next, and a buffer for the one after.
+    /// The loads and stores of the instruction read next.
     accesses: Vec<pttrace_format::memory::Access>,
-    spare: Vec<pttrace_format::memory::Access>,
-    operands: Operands,
+    known: Known,
+    /// The read and the write ranges of the instruction being written.
+    ranges: [Vec<(u64, u64)>; 2],
 }
 
 impl Converter {
@@ -281,7 +285,15 @@ impl Converter {
             zip: None,
             file,
             error: None,
-            pending: None,
+            pending: Pending {
+                pc: 0,
+                bytes: [0; 15],
+                len: 0,
+                class: InsnClass::Other,
+                syscall: None,
+                accesses: Vec::new(),
+            },
+            has_pending: false,
             lost: false,
             signal: None,
             left_at: None,
@@ -294,18 +306,20 @@ impl Converter {
             memory: false,
             syscall_numbers: true,
             accesses: Vec::new(),
-            spare: Vec::new(),
-            operands: Operands::default(),
+            known: Known::default(),
+            ranges: Default::default(),
         }
     }
 
     fn record(&mut self, r: &Record) {
         match r {
-            Record::Instruction(i) => self.instruction(i.pc, i.encoding(), i.class),
+            Record::Instruction(i) => {
+                self.instruction(i.pc, &i.bytes, usize::from(i.size).min(15), i.class)
+            }
             Record::Syscall { pc } => {
                 let nr = self.window_nr;
-                if let Some(p) = self.pending.as_mut().filter(|p| p.pc == *pc) {
-                    p.syscall = nr;
+                if self.has_pending && self.pending.pc == *pc {
+                    self.pending.syscall = nr;
                 }
             }
             Record::Gap(_) | Record::Overflow { .. } => self.lost = true,
@@ -322,13 +336,14 @@ impl Converter {
         }
     }
 
-    fn instruction(&mut self, pc: u64, bytes: &[u8], class: InsnClass) {
+    /// The instruction at `pc`, its encoding `bytes[..len]` (zero padded).
+    fn instruction(&mut self, pc: u64, bytes: &[u8; 15], len: usize, class: InsnClass) {
         // Left asynchronously at one pc and back at another: a signal's handler.
         if let Some(at) = self.left_at.take().filter(|&at| at != pc) {
             self.signal.get_or_insert(at);
         }
         let flow_next = self.signal.unwrap_or(pc);
-        let written = self.pending.take().map(|p| self.write(p, Some(flow_next)));
+        let written = std::mem::take(&mut self.has_pending).then(|| self.write(Some(flow_next)));
         let expected = written.map(|(e, _)| e);
         // A signal delivered as a syscall returned (QEMU delivers them there): the flow
         // goes on in the handler instead of after the syscall.
@@ -376,35 +391,26 @@ impl Converter {
             _ => {}
         }
         self.stream();
-        let mut b = [0u8; 16];
-        let len = bytes.len().min(15);
-        b[..len].copy_from_slice(&bytes[..len]);
-        let accesses = std::mem::replace(&mut self.accesses, std::mem::take(&mut self.spare));
-        self.pending = Some(Pending {
-            pc,
-            bytes: b,
-            len,
-            class,
-            syscall: None,
-            accesses,
-        });
+        let p = &mut self.pending;
+        (p.pc, p.bytes, p.len, p.class, p.syscall) = (pc, *bytes, len, class, None);
+        // The accesses joined to it (`write` left `p.accesses` empty).
+        std::mem::swap(&mut p.accesses, &mut self.accesses);
+        self.has_pending = true;
     }
 
-    /// Writes `p` now that the flow after it is known (`None`: the thread ended); returns
-    /// the pc it should be followed by, and whether it is a syscall other than a sigreturn.
-    fn write(&mut self, mut p: Pending, next: Option<u64>) -> (u64, bool) {
+    /// Writes the pending instruction now that the flow after it is known (`None`: the
+    /// thread ended); returns the pc it should be followed by, and whether it is a syscall
+    /// other than a sigreturn.
+    fn write(&mut self, next: Option<u64>) -> (u64, bool) {
+        let p = &mut self.pending;
         let bytes = &p.bytes[..p.len];
         let fall = p.pc.wrapping_add(p.len as u64);
-        // Direct or not, and the target: decoded for jumps and calls only (the rest need
-        // neither, and decoding every instruction would cost more than the rest together).
+        // Direct or not, and the target: looked up for jumps and calls only (the rest need
+        // neither).
         let (direct, target) = match p.class {
             InsnClass::CondJump | InsnClass::Jump | InsnClass::Call => {
-                let d = Decoder::with_ip(64, bytes, p.pc, DecoderOptions::NONE).decode();
-                let direct = matches!(
-                    d.op0_kind(),
-                    OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-                );
-                (direct, d.near_branch_target())
+                let k = self.known.of(p.pc, &p.bytes, p.len);
+                (k.direct, k.target)
             }
             _ => (false, 0),
         };
@@ -427,19 +433,20 @@ impl Converter {
         };
         let syscall = bytes == [0x0f, 0x05] && p.syscall != Some(SYS_RT_SIGRETURN);
         let Some(w) = self.writer.as_mut() else {
+            p.accesses.clear();
             return (expected, syscall);
         };
-        w.instruction(p.pc, bytes, kind);
+        w.instruction_padded(p.pc, &p.bytes, p.len, kind);
         if !p.accesses.is_empty() {
-            let operands = self.operands.of(p.pc, bytes);
-            for (store, ranges) in operand_ranges(&p.accesses, operands) {
-                for (at, size) in ranges {
+            let operands = self.known.of(p.pc, &p.bytes, p.len).operands;
+            operand_ranges(&p.accesses, operands, &mut self.ranges);
+            for (store, ranges) in [(false, &self.ranges[0]), (true, &self.ranges[1])] {
+                for &(at, size) in ranges {
                     w.data(at, size.min(u64::from(u16::MAX)) as u16, store);
                 }
             }
         }
         p.accesses.clear();
-        self.spare = std::mem::take(&mut p.accesses);
         self.instructions += 1;
         if let Some(nr) = p.syscall {
             w.syscall(nr, self.ts);
@@ -460,14 +467,23 @@ impl Converter {
 
     /// Streams what the writer has into the `.zip` (every 1 MiB of records, and as chunks
     /// end).
+    #[inline]
     fn stream(&mut self) {
+        if self
+            .writer
+            .as_ref()
+            .is_some_and(|w| w.pending_bytes() >= 1 << 20 || w.chunk_ended())
+        {
+            self.flush();
+        }
+    }
+
+    #[cold]
+    fn flush(&mut self) {
         let Some(w) = self.writer.as_mut() else {
             return;
         };
         let ended = w.take_chunks();
-        if ended.is_empty() && w.pending_bytes() < 1 << 20 {
-            return;
-        }
         if self.zip.is_none() && self.error.is_none() {
             match ZipOut::create(&self.file) {
                 Ok(z) => self.zip = Some(z),
@@ -477,10 +493,10 @@ impl Converter {
         let Some(z) = self.zip.as_mut() else { return };
         let put = || -> std::io::Result<()> {
             for rest in ended {
-                z.write(&rest)?;
+                z.write(rest)?;
                 z.next_member()?;
             }
-            z.write(&w.drain())
+            z.write(w.drain(z.spare()))
         };
         if let Err(e) = put() {
             self.error.get_or_insert(e);
@@ -489,8 +505,8 @@ impl Converter {
 
     /// Ends the thread: its last instruction, the end records, the `.zip` closed.
     fn finish(mut self) -> std::io::Result<u64> {
-        if let Some(p) = self.pending.take() {
-            self.write(p, None);
+        if std::mem::take(&mut self.has_pending) {
+            self.write(None);
         }
         self.stream();
         let Some(w) = self.writer.take() else {
@@ -505,7 +521,7 @@ impl Converter {
         };
         let rest = w.finish();
         let last = rest.len().saturating_sub(1);
-        for (k, c) in rest.iter().enumerate() {
+        for (k, c) in rest.into_iter().enumerate() {
             z.write(c)?;
             if k < last {
                 z.next_member()?;
@@ -516,10 +532,23 @@ impl Converter {
     }
 }
 
-/// How many memory operands an instruction reads, writes, and reads and writes (DynamoRIO's
-/// `instr_num_memory_read_access`/`_write_access`), decoded once per pc and encoding.
+/// What writing needs of the instruction at a pc, decoded once per pc and encoding: a
+/// branch's directness and target, and how many memory operands it reads, writes, and
+/// reads and writes (DynamoRIO's `instr_num_memory_read_access`/`_write_access`).
 #[derive(Default)]
-struct Operands(std::collections::HashMap<u64, ([u8; 16], u8, u8, u8)>);
+struct Known(std::collections::HashMap<u64, Decoded, dm::BuildPcHasher>);
+
+#[derive(Clone, Copy)]
+struct Decoded {
+    /// The encoding, zero padded, and its length.
+    key: ([u8; 15], usize),
+    /// A branch to an immediate target.
+    direct: bool,
+    /// That target (0 where there is none).
+    target: u64,
+    /// `None` where it does not decode.
+    operands: Option<OperandCounts>,
+}
 
 /// Memory operands read, written, and both (the read-modify-write ones).
 #[derive(Clone, Copy)]
@@ -529,61 +558,70 @@ struct OperandCounts {
     both: usize,
 }
 
-impl Operands {
-    /// The operands of the instruction `bytes` at `pc`; `None` where it does not decode.
-    fn of(&mut self, pc: u64, bytes: &[u8]) -> Option<OperandCounts> {
-        use iced_x86::{Decoder, DecoderOptions, InstructionInfoFactory, Mnemonic, OpAccess};
-        let mut key = [0u8; 16];
-        let len = bytes.len().min(16);
-        key[..len].copy_from_slice(&bytes[..len]);
-        let counts = |r: u8, w: u8, b: u8| {
-            (r != u8::MAX).then_some(OperandCounts {
-                reads: usize::from(r),
-                writes: usize::from(w),
-                both: usize::from(b),
-            })
-        };
-        if let Some(&(k, r, w, b)) = self.0.get(&pc) {
-            if k == key {
-                return counts(r, w, b);
+impl Known {
+    /// The instruction `padded[..len]` (zero padded) at `pc`.
+    fn of(&mut self, pc: u64, padded: &[u8; 15], len: usize) -> Decoded {
+        match self.0.get(&pc) {
+            Some(d) if d.key == (*padded, len) => *d,
+            _ => {
+                let d = decode(pc, &padded[..len.min(15)], (*padded, len));
+                self.0.insert(pc, d);
+                d
             }
         }
-        let insn = Decoder::with_ip(64, bytes, pc, DecoderOptions::NONE).decode();
-        let (mut r, mut w, mut b) = (0u8, 0u8, 0u8);
-        if insn.is_invalid() {
-            r = u8::MAX;
-        } else {
-            for m in InstructionInfoFactory::new().info(&insn).used_memory() {
-                // (reads, writes) of the operand.
-                let (rd, wr) = match m.access() {
-                    OpAccess::Read | OpAccess::CondRead => (1, 0),
-                    OpAccess::Write | OpAccess::CondWrite => (0, 1),
-                    OpAccess::ReadWrite | OpAccess::ReadCondWrite => (1, 1),
-                    _ => (0, 0),
-                };
-                r = r.saturating_add(rd);
-                w = w.saturating_add(wr);
-                b = b.saturating_add(rd & wr);
-            }
-            // The xsave family only writes its area for DynamoRIO (the header it reads
-            // is no operand of its own).
-            if matches!(
-                insn.mnemonic(),
-                Mnemonic::Xsave
-                    | Mnemonic::Xsave64
-                    | Mnemonic::Xsaveopt
-                    | Mnemonic::Xsaveopt64
-                    | Mnemonic::Xsavec
-                    | Mnemonic::Xsavec64
-                    | Mnemonic::Xsaves
-                    | Mnemonic::Xsaves64
-            ) {
-                r = 0;
-            }
-        }
-        self.0.insert(pc, (key, r, w, b));
-        counts(r, w, b)
     }
+}
+
+fn decode(pc: u64, bytes: &[u8], key: ([u8; 15], usize)) -> Decoded {
+    use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess};
+    let insn = Decoder::with_ip(64, bytes, pc, DecoderOptions::NONE).decode();
+    let direct = matches!(
+        insn.op0_kind(),
+        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+    );
+    let mut d = Decoded {
+        key,
+        direct,
+        target: insn.near_branch_target(),
+        operands: None,
+    };
+    if insn.is_invalid() {
+        return d;
+    }
+    let mut n = OperandCounts {
+        reads: 0,
+        writes: 0,
+        both: 0,
+    };
+    for m in InstructionInfoFactory::new().info(&insn).used_memory() {
+        // (reads, writes) of the operand.
+        let (rd, wr) = match m.access() {
+            OpAccess::Read | OpAccess::CondRead => (1, 0),
+            OpAccess::Write | OpAccess::CondWrite => (0, 1),
+            OpAccess::ReadWrite | OpAccess::ReadCondWrite => (1, 1),
+            _ => (0, 0),
+        };
+        n.reads += rd;
+        n.writes += wr;
+        n.both += rd & wr;
+    }
+    // The xsave family only writes its area for DynamoRIO (the header it reads is no
+    // operand of its own).
+    if matches!(
+        insn.mnemonic(),
+        Mnemonic::Xsave
+            | Mnemonic::Xsave64
+            | Mnemonic::Xsaveopt
+            | Mnemonic::Xsaveopt64
+            | Mnemonic::Xsavec
+            | Mnemonic::Xsavec64
+            | Mnemonic::Xsaves
+            | Mnemonic::Xsaves64
+    ) {
+        n.reads = 0;
+    }
+    d.operands = Some(n);
+    d
 }
 
 /// An instruction's loads and stores as DynamoRIO records them: one record per memory
@@ -598,12 +636,13 @@ impl Operands {
 fn operand_ranges(
     accesses: &[pttrace_format::memory::Access],
     operands: Option<OperandCounts>,
-) -> [(bool, Vec<(u64, u64)>); 2] {
-    let ranges = |store: bool| {
-        let mut out: Vec<(u64, u64)> = Vec::new();
+    out: &mut [Vec<(u64, u64)>; 2],
+) {
+    for (ranges, store) in out.iter_mut().zip([false, true]) {
+        ranges.clear();
         for a in accesses.iter().filter(|a| a.store == store) {
             let (lo, hi) = (a.addr, a.addr.wrapping_add(a.size()));
-            match out
+            match ranges
                 .iter_mut()
                 .find(|(at, size)| at.wrapping_add(*size) == lo || hi == *at)
             {
@@ -611,77 +650,140 @@ fn operand_ranges(
                     *at = (*at).min(lo);
                     *size += a.size();
                 }
-                None => out.push((lo, a.size())),
-            }
-        }
-        out
-    };
-    let mut both = [(false, ranges(false)), (true, ranges(true))];
-    if let Some(ops) = operands {
-        // The read-modify-write operands one kind is missing: the other kind's ranges.
-        for (to, from) in [(0, 1), (1, 0)] {
-            let want = if to == 0 { ops.reads } else { ops.writes };
-            let missing = want.saturating_sub(both[to].1.len()).min(ops.both);
-            let extra: Vec<(u64, u64)> = both[from].1.iter().take(missing).copied().collect();
-            both[to].1.extend(extra);
-        }
-        for ((_, r), n) in both.iter_mut().zip([ops.reads, ops.writes]) {
-            if r.len() > n {
-                let rest = r.split_off(n.saturating_sub(1));
-                if n > 0 {
-                    let lo = rest.iter().map(|x| x.0).min().unwrap_or(0);
-                    let hi = rest
-                        .iter()
-                        .map(|x| x.0.wrapping_add(x.1))
-                        .max()
-                        .unwrap_or(lo);
-                    r.push((lo, hi.wrapping_sub(lo)));
-                }
+                None => ranges.push((lo, a.size())),
             }
         }
     }
-    both
+    let Some(ops) = operands else { return };
+    // The read-modify-write operands one kind is missing: the other kind's ranges.
+    for (to, from) in [(0, 1), (1, 0)] {
+        let want = if to == 0 { ops.reads } else { ops.writes };
+        let missing = want.saturating_sub(out[to].len()).min(ops.both);
+        for k in 0..missing.min(out[from].len()) {
+            let r = out[from][k];
+            out[to].push(r);
+        }
+    }
+    for (r, n) in out.iter_mut().zip([ops.reads, ops.writes]) {
+        if r.len() > n {
+            // The last operand: the bounding range of the rest.
+            let first = n.saturating_sub(1);
+            let lo = r[first..].iter().map(|x| x.0).min().unwrap_or(0);
+            let hi = r[first..]
+                .iter()
+                .map(|x| x.0.wrapping_add(x.1))
+                .max()
+                .unwrap_or(lo);
+            r.truncate(first);
+            if n > 0 {
+                r.push((lo, hi.wrapping_sub(lo)));
+            }
+        }
+    }
 }
 
-/// A thread's `.zip`: members `chunk.00000000`, `chunk.00000001`, … (deflated).
+/// A thread's `.zip`: members `chunk.00000000`, `chunk.00000001`, … (deflated), compressed
+/// and written on a thread of its own while the next records are decoded. At most two
+/// buffers wait for it; it hands each back emptied, for the writer to fill again.
 struct ZipOut {
-    zip: zip::ZipWriter<std::io::BufWriter<std::fs::File>>,
-    member: usize,
+    to: Option<std::sync::mpsc::SyncSender<ZipPart>>,
+    back: std::sync::mpsc::Receiver<Vec<u8>>,
+    worker: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+enum ZipPart {
+    Bytes(Vec<u8>),
+    /// The next member begins.
+    Member,
 }
 
 impl ZipOut {
     fn create(file: &Path) -> std::io::Result<ZipOut> {
         let f = std::fs::File::create(file)?;
-        let mut z = ZipOut {
-            zip: zip::ZipWriter::new(std::io::BufWriter::with_capacity(1 << 20, f)),
-            member: 0,
-        };
-        z.start()?;
-        Ok(z)
+        let (to, parts) = std::sync::mpsc::sync_channel::<ZipPart>(2);
+        let (give_back, back) = std::sync::mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("drmemtrace zip".into())
+            .spawn(move || {
+                let mut zip = zip::ZipWriter::new(std::io::BufWriter::with_capacity(1 << 20, f));
+                let mut member = 0;
+                start_member(&mut zip, member)?;
+                for part in parts {
+                    match part {
+                        ZipPart::Bytes(b) => {
+                            zip.write_all(&b)?;
+                            // The writer may be gone (it stopped at an error of its own).
+                            let _ = give_back.send(b);
+                        }
+                        ZipPart::Member => {
+                            member += 1;
+                            start_member(&mut zip, member)?;
+                        }
+                    }
+                }
+                zip.finish().map_err(std::io::Error::other)?.flush()
+            })?;
+        Ok(ZipOut {
+            to: Some(to),
+            back,
+            worker: Some(worker),
+        })
     }
 
-    fn start(&mut self) -> std::io::Result<()> {
-        // Deflate at its fastest level: records compress well anyway (0.6 bytes per
-        // instruction on python), and the default level made writing 15x decoding.
-        let opts = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Deflated)
-            .compression_level(Some(1))
-            .large_file(true);
-        self.zip
-            .start_file(format!("chunk.{:08}", self.member), opts)
-            .map_err(std::io::Error::other)
+    /// An emptied buffer to write the next records into.
+    fn spare(&self) -> Vec<u8> {
+        self.back
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(2 << 20))
     }
 
-    fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.zip.write_all(b)
+    fn send(&mut self, part: ZipPart) -> std::io::Result<()> {
+        match self.to.as_ref().map(|to| to.send(part)) {
+            Some(Ok(())) => Ok(()),
+            // The compressing thread stopped: its error.
+            _ => Err(self
+                .join()
+                .err()
+                .unwrap_or_else(|| std::io::Error::other("the compressing thread stopped early"))),
+        }
+    }
+
+    fn write(&mut self, b: Vec<u8>) -> std::io::Result<()> {
+        self.send(ZipPart::Bytes(b))
     }
 
     fn next_member(&mut self) -> std::io::Result<()> {
-        self.member += 1;
-        self.start()
+        self.send(ZipPart::Member)
     }
 
-    fn finish(self) -> std::io::Result<()> {
-        self.zip.finish().map_err(std::io::Error::other)?.flush()
+    /// Waits for the compressing thread (after its input ended): what it returned.
+    fn join(&mut self) -> std::io::Result<()> {
+        self.to = None;
+        match self.worker.take().map(|w| w.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the compressing thread panicked")),
+            None => Err(std::io::Error::other(
+                "the compressing thread stopped early",
+            )),
+        }
     }
+
+    fn finish(mut self) -> std::io::Result<()> {
+        self.join()
+    }
+}
+
+/// Starts member `n` (`chunk.NNNNNNNN`).
+fn start_member(
+    zip: &mut zip::ZipWriter<std::io::BufWriter<std::fs::File>>,
+    n: usize,
+) -> std::io::Result<()> {
+    // Deflate at its fastest level: records compress well anyway (0.6 bytes per
+    // instruction on python), and the default level made writing 15x decoding.
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .compression_level(Some(1))
+        .large_file(true);
+    zip.start_file(format!("chunk.{n:08}"), opts)
+        .map_err(std::io::Error::other)
 }
