@@ -8,10 +8,11 @@
 # the npm packages of crates/pttrace-cli/tests/browser (playwright-core, speedscope),
 # installed below with `npm ci`. libc6-dbg, dwz: the symbolizer's tests and named libc/ld.so
 # frames; golang-go: Go's asynchronous preemption under the QEMU backend; default-jdk-headless:
-# the JVM's faults and safepoints under the QEMU backend.
+# the JVM's faults and safepoints under the QEMU backend; lcov (gcov's counts as the oracle)
+# and bolt-16 (reads `pttrace profile --format bolt`): crates/pttrace-cli/tests/profile.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz golang-go default-jdk-headless gdb)
+pkgs=(build-essential cmake libclang-dev clang pkg-config strace qemu-user chromium fonts-dejavu-core libc6-dbg dwz golang-go default-jdk-headless gdb lcov bolt-16)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

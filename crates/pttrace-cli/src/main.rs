@@ -5,6 +5,7 @@ mod damage;
 mod decode;
 mod dump;
 mod names;
+mod profile;
 mod progress;
 mod qemu;
 mod report;
@@ -47,6 +48,9 @@ enum Command {
     /// protobuf with every call; Chrome trace JSON and speedscope, bounded), a flame graph
     /// (SVG) and collapsed stacks, in memory bounded by the call depth.
     View(view::Args),
+    /// Profiles from a trace: BOLT's branch profile of a binary (exact counts, for
+    /// `llvm-bolt -pa -p`), or its line coverage in lcov's format (for `genhtml`).
+    Profile(profile::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Dump(a) => ("dump", dump::run(a)),
         Command::Report(a) => ("report", report::run(a)),
         Command::View(a) => ("view", view::run(a)),
+        Command::Profile(a) => ("profile", profile::run(a)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -74,7 +79,7 @@ fn main() -> std::process::ExitCode {
             // Reader commands: 1 where the output is complete for what could be read
             // (damaged or lossy input), 2 where there is none (an unusable input).
             let partial = e.is::<damage::Partial>();
-            let reader = matches!(name, "decode" | "dump" | "report" | "view");
+            let reader = matches!(name, "decode" | "dump" | "report" | "view" | "profile");
             std::process::ExitCode::from(if reader && !partial { 2 } else { 1 })
         }
     }

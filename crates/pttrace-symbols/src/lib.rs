@@ -54,7 +54,7 @@ pub use jit::{
     JitUnwindingInfo, PerfMap, Truncation, JITDUMP_MAGIC, JIT_CODE_CLOSE, JIT_CODE_DEBUG_INFO,
     JIT_CODE_LOAD, JIT_CODE_MOVE, JIT_CODE_UNWINDING_INFO,
 };
-pub use module::{AddrHasher, Frame, Module, NameOrigin, SourceLoc, Symbolized};
+pub use module::{AddrHasher, Frame, LineRow, Module, NameOrigin, SourceLoc, Symbolized};
 pub use search::{build_id_path, debian_debug_package, DebugLookup, DebugSearch, DebugSource};
 pub use v8::EmbeddedBlob;
 

@@ -89,6 +89,15 @@ struct Sym {
     name: Box<str>,
 }
 
+/// One row of a line table (see [`Module::line_rows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineRow {
+    pub addr: u64,
+    pub size: u64,
+    pub file: Box<str>,
+    pub line: u32,
+}
+
 /// An ELF file opened for symbolization. Addresses are **ELF addresses**: the virtual
 /// addresses the file's own section headers, symbols and DWARF use (its link-time
 /// addresses; for a PIE or shared library the offset from its load base). Convert
@@ -235,6 +244,41 @@ impl Module {
     /// Whether DWARF is loaded (names, inlined frames and lines available).
     pub fn has_dwarf(&self) -> bool {
         self.dwarf.is_some()
+    }
+
+    /// Every row of the DWARF line tables in the file's executable ranges, in address
+    /// order: `size` bytes at `addr` are code of `line` in `file` (inlined code under the
+    /// file and line it was written at). Empty without DWARF.
+    pub fn line_rows(&self) -> Vec<LineRow> {
+        let Some(ctx) = self.dwarf.as_ref() else {
+            return Vec::new();
+        };
+        let mut rows = Vec::new();
+        for &(lo, hi) in &self.exec {
+            let Ok(iter) = ctx.find_location_range(lo, hi) else {
+                continue;
+            };
+            for (addr, size, loc) in iter {
+                if let (Some(file), Some(line)) = (loc.file, loc.line) {
+                    if line > 0 && size > 0 {
+                        rows.push(LineRow {
+                            addr,
+                            size,
+                            file: file.into(),
+                            line,
+                        });
+                    }
+                }
+            }
+        }
+        rows.sort_by_key(|r| r.addr);
+        rows
+    }
+
+    /// The function symbols (one per address): start, size (0: up to the next symbol) and
+    /// name, in address order.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, u64, &str)> {
+        self.syms.iter().map(|s| (s.start, s.size, &*s.name))
     }
 
     /// Number of function symbols (one per address).
