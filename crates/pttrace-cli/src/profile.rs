@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use drpttracer::decode::ptt_dir::{self, PttProcess, PttWindowInfo};
-use drpttracer::decode::{DecodeError, InsnClass, Record};
+use drpttracer::decode::{DecodeError, InsnClass, Record, TraceDecoder};
 
 use crate::CmdResult;
 
@@ -133,6 +133,8 @@ pub struct Counts {
 /// (run-time addresses).
 struct Walk<'a> {
     placed: &'a [Placed],
+    /// The placement of the last address looked up (most are in the same one).
+    near: Placed,
     per_instruction: bool,
     last: Option<(u64, u64, InsnClass)>,
     run_start: Option<u64>,
@@ -140,11 +142,13 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     #[inline]
-    fn link(&self, pc: u64) -> Option<u64> {
-        self.placed
-            .iter()
-            .find(|p| pc >= p.start && pc < p.end)
-            .map(|p| pc.wrapping_add(p.delta))
+    fn link(&mut self, pc: u64) -> Option<u64> {
+        if pc >= self.near.start && pc < self.near.end {
+            return Some(pc.wrapping_add(self.near.delta));
+        }
+        let p = *self.placed.iter().find(|p| pc >= p.start && pc < p.end)?;
+        self.near = p;
+        Some(pc.wrapping_add(p.delta))
     }
 
     fn record(&mut self, r: &Record, c: &mut Counts) {
@@ -235,18 +239,22 @@ pub fn run(args: Args) -> CmdResult {
         threads += 1;
         let mut walk = Walk {
             placed: &placed,
+            near: placed[0],
             per_instruction: args.format == ProfileFormat::Lcov,
             last: None,
             run_start: None,
         };
         trace.decode_thread(th, &mut |_: &PttWindowInfo, dec| {
             let Some(dec) = dec else { return Ok(()) };
-            for r in dec {
-                if let Record::Overflow { .. } = r {
-                    overflows += 1;
+            dec.for_each_slice(|records| {
+                for r in records {
+                    if let Record::Overflow { .. } = r {
+                        overflows += 1;
+                    }
+                    walk.record(r, &mut counts);
                 }
-                walk.record(&r, &mut counts);
-            }
+                std::ops::ControlFlow::<()>::Continue(())
+            });
             Ok::<(), DecodeError>(())
         })?;
     }
