@@ -267,7 +267,8 @@ pub fn run(args: Args) -> CmdResult {
     }
     let written = match args.format {
         ProfileFormat::Bolt => {
-            bolt::write(&args.out, &counts).map_err(|e| format!("{}: {e}", args.out.display()))?
+            bolt::write(&args.out, &binary, &counts)
+                .map_err(|e| format!("{}: {e}", args.out.display()))?
         }
         ProfileFormat::Lcov => lcov::write(&args.out, &binary, &args.debug_dir, &counts)?,
     };
