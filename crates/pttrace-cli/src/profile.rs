@@ -14,6 +14,10 @@
 //!
 //! A gap, an overflow or a signal's delivery ends the run in progress without counting it
 //! (what happened in between is not known); the losses are reported as for `decode`.
+//!
+//! Windows are decoded on every core ([`ptt_dir::PttTrace::decode_thread_parallel`]), each
+//! counted into a [`Piece`] on its own; the pieces are joined in order, which adds what
+//! crosses from one window to the next (the branch between them, the run open across).
 
 mod bolt;
 mod lcov;
@@ -129,18 +133,31 @@ pub struct Counts {
     pub total: u64,
 }
 
-/// One thread's walk: the last instruction and where the current straight-line run began
-/// (run-time addresses).
-struct Walk<'a> {
+impl Counts {
+    fn add(&mut self, other: Counts) {
+        for (k, n) in other.branches {
+            *self.branches.entry(k).or_insert(0) += n;
+        }
+        for (k, n) in other.runs {
+            *self.runs.entry(k).or_insert(0) += n;
+        }
+        for (k, n) in other.instructions {
+            *self.instructions.entry(k).or_insert(0) += n;
+        }
+        self.in_binary += other.in_binary;
+        self.total += other.total;
+    }
+}
+
+/// Link-time addresses of run-time ones, in one process image.
+#[derive(Clone)]
+struct Linker<'a> {
     placed: &'a [Placed],
     /// The placement of the last address looked up (most are in the same one).
     near: Placed,
-    per_instruction: bool,
-    last: Option<(u64, u64, InsnClass)>,
-    run_start: Option<u64>,
 }
 
-impl Walk<'_> {
+impl Linker<'_> {
     #[inline]
     fn link(&mut self, pc: u64) -> Option<u64> {
         if pc >= self.near.start && pc < self.near.end {
@@ -151,50 +168,158 @@ impl Walk<'_> {
         Some(pc.wrapping_add(p.delta))
     }
 
-    fn record(&mut self, r: &Record, c: &mut Counts) {
-        match r {
-            Record::Instruction(i) => {
-                c.total += 1;
-                let here = self.link(i.pc);
-                if let Some(at) = here {
-                    c.in_binary += 1;
-                    if self.per_instruction {
-                        *c.instructions.entry(at).or_insert(0) += 1;
-                    }
-                }
-                if let Some((pc, fall, class)) = self.last {
-                    let branch =
-                        matches!(class, InsnClass::Jump | InsnClass::Call | InsnClass::Return)
-                            || (class == InsnClass::CondJump && i.pc != fall);
-                    if branch || i.pc != fall {
-                        if let (Some(from), Some(to)) = (self.link(pc), here) {
-                            if branch {
-                                *c.branches.entry((from, to)).or_insert(0) += 1;
-                            }
-                        }
-                        // The run ends at a branch; anything else (a far transfer that does
-                        // not come back to the next instruction) ends it uncounted.
-                        if let (true, Some(start)) = (branch, self.run_start) {
-                            if let (Some(s), Some(e)) = (self.link(start), self.link(pc)) {
-                                *c.runs.entry((s, e)).or_insert(0) += 1;
-                            }
-                        }
-                        self.run_start = Some(i.pc);
-                    }
-                } else {
-                    self.run_start = Some(i.pc);
-                }
-                self.last = Some((i.pc, i.pc.wrapping_add(u64::from(i.size)), i.class));
-            }
-            Record::Gap(_)
-            | Record::Overflow { .. }
-            | Record::KernelXfer { .. }
-            | Record::TraceDisabled { ip: Some(_) } => {
-                self.last = None;
-                self.run_start = None;
-            }
-            _ => {}
+    /// Counts a taken branch.
+    fn branch(&mut self, c: &mut Counts, from: u64, to: u64) {
+        if let (Some(f), Some(t)) = (self.link(from), self.link(to)) {
+            *c.branches.entry((f, t)).or_insert(0) += 1;
         }
+    }
+
+    /// Counts a straight-line run.
+    fn run(&mut self, c: &mut Counts, first: u64, last: u64) {
+        if let (Some(s), Some(e)) = (self.link(first), self.link(last)) {
+            *c.runs.entry((s, e)).or_insert(0) += 1;
+        }
+    }
+}
+
+/// Where a thread's flow is: the last instruction (its pc, the pc after it, its class) and
+/// where the current straight-line run began (run-time addresses); nothing after a loss.
+#[derive(Clone, Copy, Default)]
+struct Flow {
+    last: Option<(u64, u64, InsnClass)>,
+    run_start: Option<u64>,
+}
+
+/// The flow going from `last` to the instruction at `pc`: whether that is a taken branch,
+/// and whether the run ends (at a branch; or, uncounted, at a transfer that does not come
+/// back to the next instruction, such as a signal's delivery).
+#[inline]
+fn step((_, fall, class): (u64, u64, InsnClass), pc: u64) -> (bool, bool) {
+    let branch = matches!(class, InsnClass::Jump | InsnClass::Call | InsnClass::Return)
+        || (class == InsnClass::CondJump && pc != fall);
+    (branch, branch || pc != fall)
+}
+
+/// What one window's records give, counted on a worker, for [`Joiner`] to join in order
+/// with the windows before it (the run open when the window began ends inside it, or
+/// goes on).
+#[derive(Default)]
+struct Piece {
+    counts: Counts,
+    /// The first instruction.
+    first: Option<u64>,
+    /// A loss came before the first instruction.
+    reset_before_first: bool,
+    /// How the run open at the first instruction ended: at a taken branch at this pc
+    /// (`Some(Some(pc))`), uncounted (`Some(None)`), or not in this window (`None`).
+    head: Option<Option<u64>>,
+    /// The flow at the window's end.
+    end: Flow,
+}
+
+/// Hands each record of a window to the function it is given.
+type Records<'a> = dyn FnMut(&mut dyn FnMut(&Record)) + 'a;
+
+/// Counts `records` (one window's) into a [`Piece`].
+fn count_piece(records: &mut Records<'_>, linker: &mut Linker<'_>, per_instruction: bool) -> Piece {
+    let mut p = Piece::default();
+    let mut flow = Flow::default();
+    records(&mut |r| match r {
+        Record::Instruction(i) => {
+            let c = &mut p.counts;
+            c.total += 1;
+            if let Some(at) = linker.link(i.pc) {
+                c.in_binary += 1;
+                if per_instruction {
+                    *c.instructions.entry(at).or_insert(0) += 1;
+                }
+            }
+            p.first.get_or_insert(i.pc);
+            match flow.last {
+                Some(last) => {
+                    let (branch, ends) = step(last, i.pc);
+                    if ends {
+                        if branch {
+                            linker.branch(c, last.0, i.pc);
+                        }
+                        match (branch, flow.run_start, p.head) {
+                            // The window's first run: its start is known when joined.
+                            (true, Some(_), None) => p.head = Some(Some(last.0)),
+                            (false, _, None) => p.head = Some(None),
+                            (true, Some(start), Some(_)) => linker.run(c, start, last.0),
+                            _ => {}
+                        }
+                        flow.run_start = Some(i.pc);
+                    }
+                }
+                None => flow.run_start = Some(i.pc),
+            }
+            flow.last = Some((i.pc, i.pc.wrapping_add(u64::from(i.size)), i.class));
+        }
+        Record::Gap(_)
+        | Record::Overflow { .. }
+        | Record::KernelXfer { .. }
+        | Record::TraceDisabled { ip: Some(_) } => {
+            if p.first.is_none() {
+                p.reset_before_first = true;
+            } else if p.head.is_none() {
+                p.head = Some(None);
+            }
+            flow = Flow::default();
+        }
+        _ => {}
+    });
+    p.end = flow;
+    p
+}
+
+/// Joins a thread's pieces in order: what crosses from one window to the next.
+#[derive(Default)]
+struct Joiner {
+    flow: Flow,
+    counts: Counts,
+}
+
+impl Joiner {
+    fn join(&mut self, p: Piece, linker: &mut Linker<'_>) {
+        if p.reset_before_first {
+            self.flow = Flow::default();
+        }
+        let Some(first) = p.first else {
+            self.counts.add(p.counts);
+            return;
+        };
+        // Where the run open at `first` began.
+        let start = match self.flow.last {
+            Some(last) => {
+                let (branch, ends) = step(last, first);
+                if ends {
+                    if branch {
+                        linker.branch(&mut self.counts, last.0, first);
+                        if let Some(s) = self.flow.run_start {
+                            linker.run(&mut self.counts, s, last.0);
+                        }
+                    }
+                    first
+                } else {
+                    self.flow.run_start.unwrap_or(first)
+                }
+            }
+            None => first,
+        };
+        if let Some(Some(end)) = p.head {
+            linker.run(&mut self.counts, start, end);
+        }
+        self.counts.add(p.counts);
+        self.flow = match p.head {
+            // The first run is still open at the window's end.
+            None => Flow {
+                last: p.end.last,
+                run_start: Some(start),
+            },
+            Some(_) => p.end,
+        };
     }
 }
 
@@ -222,6 +347,8 @@ pub fn run(args: Args) -> CmdResult {
     let mut counts = Counts::default();
     let mut overflows = 0u64;
     let mut threads = 0usize;
+    // Windows are decoded on this many threads (and joined in order here).
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     for th in &trace.threads {
         let key = (th.header.pid, th.header.nonce);
         let placed = by_image
@@ -237,26 +364,42 @@ pub fn run(args: Args) -> CmdResult {
             continue;
         }
         threads += 1;
-        let mut walk = Walk {
+        let per_instruction = args.format == ProfileFormat::Lcov;
+        let linker = Linker {
             placed: &placed,
             near: placed[0],
-            per_instruction: args.format == ProfileFormat::Lcov,
-            last: None,
-            run_start: None,
         };
-        trace.decode_thread(th, &mut |_: &PttWindowInfo, dec| {
-            let Some(dec) = dec else { return Ok(()) };
-            dec.for_each_slice(|records| {
-                for r in records {
-                    if let Record::Overflow { .. } = r {
-                        overflows += 1;
-                    }
-                    walk.record(r, &mut counts);
-                }
-                std::ops::ControlFlow::<()>::Continue(())
-            });
-            Ok::<(), DecodeError>(())
+        let work = |_: &PttWindowInfo, dec: Option<&mut drpttracer::decode::PtDecoder<'_>>| {
+            let mut linker = linker.clone();
+            let Some(dec) = dec else {
+                return Ok((Piece::default(), 0u64));
+            };
+            let mut overflows = 0u64;
+            let piece = count_piece(
+                &mut |f| {
+                    dec.for_each_slice(|records| {
+                        for r in records {
+                            if let Record::Overflow { .. } = r {
+                                overflows += 1;
+                            }
+                            f(r);
+                        }
+                        std::ops::ControlFlow::<()>::Continue(())
+                    });
+                },
+                &mut linker,
+                per_instruction,
+            );
+            Ok::<_, DecodeError>((piece, overflows))
+        };
+        let mut joiner = Joiner::default();
+        let mut joining = linker.clone();
+        trace.decode_thread_parallel(th, jobs, &work, &mut |_, (piece, ovf)| {
+            overflows += ovf;
+            joiner.join(piece, &mut joining);
+            Ok(())
         })?;
+        counts.add(joiner.counts);
     }
     if threads == 0 {
         return Err(format!(
@@ -266,10 +409,8 @@ pub fn run(args: Args) -> CmdResult {
         .into());
     }
     let written = match args.format {
-        ProfileFormat::Bolt => {
-            bolt::write(&args.out, &binary, &counts)
-                .map_err(|e| format!("{}: {e}", args.out.display()))?
-        }
+        ProfileFormat::Bolt => bolt::write(&args.out, &binary, &counts)
+            .map_err(|e| format!("{}: {e}", args.out.display()))?,
         ProfileFormat::Lcov => lcov::write(&args.out, &binary, &args.debug_dir, &counts)?,
     };
     println!(
@@ -289,4 +430,147 @@ pub fn run(args: Args) -> CmdResult {
     }
     damages.note_overflows(overflows);
     damages.finish("profile", args.policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drpttracer::decode::{ExecMode, Instruction};
+
+    fn insn(pc: u64, size: u8, class: InsnClass) -> Record {
+        Record::Instruction(Instruction {
+            pc,
+            size,
+            bytes: [0; 15],
+            class,
+            mode: ExecMode::Bit64,
+        })
+    }
+
+    /// A pseudo-random flow: branches of every class taken or not, calls out of the binary
+    /// (above 0x5000) and back, transfers that do not come back, and losses.
+    fn stream(seed: u64, n: usize) -> Vec<Record> {
+        let mut x = seed;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        let classes = [
+            InsnClass::Other,
+            InsnClass::Other,
+            InsnClass::CondJump,
+            InsnClass::Jump,
+            InsnClass::Call,
+            InsnClass::Return,
+            InsnClass::FarCall,
+        ];
+        let mut out = Vec::new();
+        let mut pc = 0x1000u64;
+        for _ in 0..n {
+            if next() % 23 == 0 {
+                out.push(Record::Overflow { ip: None });
+            }
+            let class = classes[(next() % classes.len() as u64) as usize];
+            let size = 1 + (next() % 5) as u8;
+            out.push(insn(pc, size, class));
+            let fall = pc + u64::from(size);
+            pc = match (class, next() % 4) {
+                (InsnClass::Other | InsnClass::FarCall, 0) if next() % 5 == 0 => {
+                    0x1000 + next() % 64
+                }
+                (InsnClass::Other | InsnClass::FarCall, _) => fall,
+                (InsnClass::CondJump, 0 | 1) => fall,
+                (_, 3) => 0x5000 + next() % 16,
+                _ => 0x1000 + next() % 64,
+            };
+        }
+        out
+    }
+
+    fn counted(pieces: &[&[Record]]) -> Counts {
+        let placed = [Placed {
+            start: 0x1000,
+            end: 0x2000,
+            delta: 0x40_0000,
+        }];
+        let mut linker = Linker {
+            placed: &placed,
+            near: placed[0],
+        };
+        let mut joiner = Joiner::default();
+        for recs in pieces {
+            let piece = count_piece(
+                &mut |f| recs.iter().for_each(&mut *f),
+                &mut linker.clone(),
+                true,
+            );
+            joiner.join(piece, &mut linker);
+        }
+        joiner.counts
+    }
+
+    fn sorted(m: &AddrMap<(u64, u64)>) -> Vec<((u64, u64), u64)> {
+        let mut v: Vec<_> = m.iter().map(|(k, n)| (*k, *n)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn windows_joined_in_order_count_as_one_stream() {
+        for seed in 0..40 {
+            let recs = stream(seed, 200);
+            let whole = counted(&[&recs]);
+            assert!(!whole.branches.is_empty() && !whole.runs.is_empty());
+            for cut in 0..=recs.len() {
+                let (a, b) = recs.split_at(cut);
+                let split = counted(&[a, b]);
+                assert_eq!(
+                    sorted(&split.branches),
+                    sorted(&whole.branches),
+                    "seed {seed} cut {cut}"
+                );
+                assert_eq!(
+                    sorted(&split.runs),
+                    sorted(&whole.runs),
+                    "seed {seed} cut {cut}"
+                );
+                assert_eq!(
+                    (split.total, split.in_binary),
+                    (whole.total, whole.in_binary)
+                );
+            }
+            // Every record a window of its own.
+            let each: Vec<&[Record]> = recs.chunks(1).collect();
+            let split = counted(&each);
+            assert_eq!(
+                sorted(&split.branches),
+                sorted(&whole.branches),
+                "seed {seed}"
+            );
+            assert_eq!(sorted(&split.runs), sorted(&whole.runs), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn a_loop_counts_its_branches_and_runs() {
+        // 0x1000: 3 x (2-byte op; jcc back to 0x1000 taken twice, then falls to a ret).
+        let mut recs = Vec::new();
+        for k in 0..3 {
+            recs.push(insn(0x1000, 2, InsnClass::Other));
+            recs.push(insn(0x1002, 2, InsnClass::CondJump));
+            if k == 2 {
+                recs.push(insn(0x1004, 1, InsnClass::Return));
+                recs.push(insn(0x5000, 1, InsnClass::Other));
+            }
+        }
+        let c = counted(&[&recs]);
+        assert_eq!(sorted(&c.branches), vec![((0x40_1002, 0x40_1000), 2)]);
+        assert_eq!(
+            sorted(&c.runs),
+            vec![((0x40_1000, 0x40_1002), 2), ((0x40_1000, 0x40_1004), 1)]
+        );
+        assert_eq!((c.total, c.in_binary), (8, 7));
+    }
 }

@@ -305,6 +305,11 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
 pub type WindowSink<'f> =
     dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError> + 'f;
 
+/// Turns a window and, when it has PT, its decoder into a value (on a worker of
+/// [`PttTrace::decode_thread_parallel`]).
+pub type WindowWork<'f, R> =
+    dyn Fn(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<R, DecodeError> + Sync + 'f;
+
 /// Receives each window of a thread and, when it has PT, how the two decoders compared.
 pub type CheckSink<'f> = dyn FnMut(
         &PttWindowInfo,
@@ -461,6 +466,124 @@ impl PttTrace {
             f(info, Some(&mut dec))?;
             caches = self.next_caches(&mut dec);
             Ok(())
+        })
+    }
+
+    /// Decodes the windows of `th` on `jobs` threads of their own while this thread reads
+    /// the file and keeps the image up to date. Each worker keeps decoder caches of its
+    /// own from window to window (the records are the same, see
+    /// [`crate::DecoderCaches`]). `work` turns a window and, when it has PT, its decoder
+    /// into a value on a worker; `merge` gets the values here, in window order, as they
+    /// come (so that only the windows decoded ahead of the next one in order wait).
+    pub fn decode_thread_parallel<R: Send>(
+        &self,
+        th: &PttThread,
+        jobs: usize,
+        work: &WindowWork<'_, R>,
+        merge: &mut dyn FnMut(PttWindowInfo, R) -> Result<(), DecodeError>,
+    ) -> Result<ThreadStats, DecodeError> {
+        use std::sync::mpsc;
+        /// A window with what decoding it takes, owned (its PT bytes copied).
+        struct Job {
+            seq: u64,
+            info: PttWindowInfo,
+            input: Option<(
+                Vec<u8>,
+                TraceParams,
+                AddressSpace,
+                ImageResolver,
+                WindowOptions,
+            )>,
+        }
+        type Done<R> = (u64, PttWindowInfo, Result<R, DecodeError>);
+        let jobs = jobs.max(1);
+        let (job_tx, job_rx) = mpsc::sync_channel::<Job>(2 * jobs);
+        let job_rx = std::sync::Mutex::new(job_rx);
+        let (done_tx, done_rx) = mpsc::channel::<Done<R>>();
+        std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                let (job_rx, done_tx) = (&job_rx, done_tx.clone());
+                scope.spawn(move || {
+                    let mut caches = self.new_caches();
+                    loop {
+                        let next = match job_rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return,
+                        };
+                        let Ok(job) = next else { return };
+                        let r = match job.input {
+                            None => work(&job.info, None),
+                            Some((pt, params, space, resolver, opts)) => {
+                                match PtDecoder::new(&pt, params, space, Vec::new(), resolver, opts)
+                                {
+                                    Ok(dec) => {
+                                        let mut dec = dec.with_caches(std::mem::take(&mut caches));
+                                        let r = work(&job.info, Some(&mut dec));
+                                        caches = self.next_caches(&mut dec);
+                                        r
+                                    }
+                                    Err(e) => Err(e),
+                                }
+                            }
+                        };
+                        if done_tx.send((job.seq, job.info, r)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(done_tx);
+            let mut waiting: std::collections::BTreeMap<
+                u64,
+                (PttWindowInfo, Result<R, DecodeError>),
+            > = Default::default();
+            let mut next_seq = 0u64;
+            let mut take = |waiting: &mut std::collections::BTreeMap<_, _>,
+                            done: Done<R>|
+             -> Result<(), DecodeError> {
+                waiting.insert(done.0, (done.1, done.2));
+                while let Some((info, r)) = waiting.remove(&next_seq) {
+                    next_seq += 1;
+                    merge(info, r?)?;
+                }
+                Ok(())
+            };
+            let mut seq = 0u64;
+            let walked = self.walk_thread(th, &mut |info, input| {
+                let job = Job {
+                    seq,
+                    info: info.clone(),
+                    input: input.map(|w| {
+                        (
+                            w.pt.to_vec(),
+                            w.params,
+                            w.space.clone(),
+                            w.resolver.clone(),
+                            WindowOptions {
+                                decoder: self.decoder,
+                                ..w.opts
+                            },
+                        )
+                    }),
+                };
+                seq += 1;
+                job_tx
+                    .send(job)
+                    .map_err(|_| err(&th.path, 0, "a decoding thread stopped"))?;
+                while let Ok(done) = done_rx.try_recv() {
+                    take(&mut waiting, done)?;
+                }
+                Ok(())
+            });
+            drop(job_tx);
+            let stats = walked?;
+            for done in done_rx.iter() {
+                take(&mut waiting, done)?;
+            }
+            if next_seq != seq {
+                return Err(err(&th.path, 0, "a decoding thread stopped"));
+            }
+            Ok(stats)
         })
     }
 
