@@ -154,6 +154,21 @@ fn lines_of(info: &str, file: &str) -> BTreeMap<u32, u64> {
     out
 }
 
+/// The `BRDA` counts of an lcov tracefile by line, sorted.
+fn branches_of(info: &str) -> BTreeMap<u32, Vec<String>> {
+    let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for da in info.lines().filter_map(|l| l.strip_prefix("BRDA:")) {
+        let f: Vec<&str> = da.split(',').collect();
+        out.entry(f[0].parse().unwrap())
+            .or_default()
+            .push(f[3].to_string());
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
 #[test]
 fn lcov_coverage_equals_gcov_line_for_line() {
     if !qemu_available() {
@@ -175,14 +190,21 @@ fn lcov_coverage_equals_gcov_line_for_line() {
     assert!(o.status.success());
     let gcov_info = gdir.join("gcov.info");
     let o = Command::new("lcov")
-        .args(["--quiet", "--capture", "--directory"])
+        .args([
+            "--quiet",
+            "--rc",
+            "lcov_branch_coverage=1",
+            "--capture",
+            "--directory",
+        ])
         .arg(&gdir)
         .arg("--output-file")
         .arg(&gcov_info)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text_of(&o));
-    let gcov = lines_of(&std::fs::read_to_string(&gcov_info).unwrap(), "coverage.c");
+    let gcov_text = std::fs::read_to_string(&gcov_info).unwrap();
+    let gcov = lines_of(&gcov_text, "coverage.c");
     // The same program built without instrumentation, traced.
     let (_, trace) = traced(dir.path(), "coverage", &["-O0", "-g", "-no-pie"]);
     let info = profile(&trace, "lcov", &dir.path().join("trace.info"));
@@ -206,6 +228,11 @@ fn lcov_coverage_equals_gcov_line_for_line() {
     )
     .unwrap();
     let source: Vec<&str> = src.lines().collect();
+    // Branch coverage: per line, the same counts (gcov numbers a line's branch edges in
+    // its own order; here each conditional branch is taken, then not taken).
+    let (gb, ob) = (branches_of(&gcov_text), branches_of(&info));
+    assert!(gb.len() >= 6, "gcov's branches: {gb:?}");
+    assert_eq!(ob, gb, "branch counts per line: pttrace, then gcov");
     let extra: Vec<u32> = ours
         .keys()
         .filter(|l| !gcov.contains_key(l))

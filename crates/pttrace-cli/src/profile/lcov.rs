@@ -1,7 +1,10 @@
 //! Line coverage in lcov's tracefile format (`genhtml FILE`): per source file, its
 //! functions (`FN`/`FNDA`: the line of each function symbol's first instruction, how often
 //! that instruction ran) and every line the binary's DWARF line tables hold (`DA`: the
-//! count of the line's most executed instruction; 0 for a line never run).
+//! count of the line's most executed instruction; 0 for a line never run), with branch
+//! coverage (`BRDA`): each conditional branch of a line (found by disassembling the line's
+//! code), in address order, as two branches: taken and not taken, with how often (`-`
+//! where its line never ran, 0 where the line ran but the branch instruction did not).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,6 +18,8 @@ struct File {
     lines: BTreeMap<u32, u64>,
     /// (line, name) -> entries.
     functions: BTreeMap<(u32, String), u64>,
+    /// Line -> its conditional branches in address order: (executions, taken).
+    branches: BTreeMap<u32, Vec<(u64, u64)>>,
 }
 
 /// Writes the coverage of `binary` from `counts` to `out`; says what was written.
@@ -59,6 +64,36 @@ pub fn write(
             .or_insert(0);
         *line = (*line).max(most);
     }
+    // Conditional branches, by disassembling each row's code.
+    let mut taken: std::collections::HashMap<u64, u64> = Default::default();
+    for (&(from, _), &n) in &counts.branches {
+        *taken.entry(from).or_insert(0) += n;
+    }
+    if let Ok(map) = drpttracer::decode::image::Backing::map_file(binary) {
+        use iced_x86::{Decoder, DecoderOptions, FlowControl};
+        let bytes = map.bytes();
+        for r in &rows {
+            let Some(off) = module.addr_to_file_offset(r.addr) else {
+                continue;
+            };
+            let Some(code) = usize::try_from(off)
+                .ok()
+                .and_then(|o| bytes.get(o..o.saturating_add(r.size as usize)))
+            else {
+                continue;
+            };
+            let mut d = Decoder::with_ip(64, code, r.addr, DecoderOptions::NONE);
+            while d.can_decode() {
+                let i = d.decode();
+                if i.flow_control() == FlowControl::ConditionalBranch {
+                    let ran = counts.instructions.get(&i.ip()).copied().unwrap_or(0);
+                    let t = taken.get(&i.ip()).copied().unwrap_or(0).min(ran);
+                    let f = files.entry(&r.file).or_default();
+                    f.branches.entry(r.line).or_default().push((ran, t));
+                }
+            }
+        }
+    }
     for (start, _, name) in module.functions() {
         // The row holding the function's first instruction.
         let at = rows.partition_point(|r| r.addr <= start);
@@ -92,6 +127,23 @@ pub fn write(
             "FNH:{}",
             f.functions.values().filter(|&&n| n > 0).count()
         )?;
+        let (mut brf, mut brh) = (0usize, 0usize);
+        for (line, bs) in &f.branches {
+            let line_ran = f.lines.get(line).is_some_and(|&n| n > 0);
+            for (block, &(ran, t)) in bs.iter().enumerate() {
+                for (k, n) in [t, ran - t].into_iter().enumerate() {
+                    brf += 1;
+                    brh += usize::from(n > 0);
+                    if line_ran {
+                        writeln!(w, "BRDA:{line},{block},{k},{n}")?;
+                    } else {
+                        writeln!(w, "BRDA:{line},{block},{k},-")?;
+                    }
+                }
+            }
+        }
+        writeln!(w, "BRF:{brf}")?;
+        writeln!(w, "BRH:{brh}")?;
         for (line, n) in &f.lines {
             writeln!(w, "DA:{line},{n}")?;
         }
