@@ -228,6 +228,14 @@ fn lcov_coverage_equals_gcov_line_for_line() {
     )
     .unwrap();
     let source: Vec<&str> = src.lines().collect();
+    // Functions: where each begins and how often it was entered.
+    let functions = |t: &str| -> BTreeSet<String> {
+        t.lines()
+            .filter(|l| l.starts_with("FN:") || l.starts_with("FNDA:"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(functions(&info), functions(&gcov_text));
     // Branch coverage: per line, the same counts (gcov numbers a line's branch edges in
     // its own order; here each conditional branch is taken, then not taken).
     let (gb, ob) = (branches_of(&gcov_text), branches_of(&info));
