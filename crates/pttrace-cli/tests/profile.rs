@@ -103,6 +103,36 @@ fn bolt_profile_counts_every_branch_and_run_of_a_loop_exactly() {
     );
     assert_eq!(rets_out, vec![(ret, "1".to_string())]);
 
+    // Two processes of the same binary (under a shell, named with --binary): twice the
+    // counts.
+    let twice = dir.path().join("twice");
+    let line = format!("{p} && {p}", p = prog.display());
+    let o = run_under_qemu(
+        &twice,
+        &[],
+        &["/bin/sh".as_ref(), "-c".as_ref(), line.as_ref()],
+    );
+    assert!(o.status.success(), "{}", shim_util::text(&o));
+    let out = dir.path().join("twice.pa");
+    let o = Command::new(pttrace())
+        .arg("profile")
+        .arg(&twice)
+        .args(["--format", "bolt", "-o"])
+        .arg(&out)
+        .arg("--binary")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", shim_util::text(&o));
+    let both = std::fs::read_to_string(&out).unwrap();
+    for l in [
+        format!("B {skip:x} {skip_to:x} 4000 0"),
+        format!("B {back:x} {head:x} 5998 0"),
+        format!("F {head:x} {skip:x} 3998"),
+    ] {
+        assert!(both.lines().any(|x| x == l), "{l} not in\n{both}");
+    }
+
     // BOLT 16 reads it, where installed.
     if have("llvm-bolt-16") {
         let o = Command::new("llvm-bolt-16")
