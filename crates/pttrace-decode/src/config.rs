@@ -45,8 +45,9 @@ impl CpuParams {
     }
 
     /// Parses `FAMILY/MODEL[/STEPPING]` (decimal or 0x-hex each; stepping 0 when left out,
-    /// as ptxed's `--cpu`), as the CLI's `--cpu`. Family 0 is no CPU: refused, so that a
-    /// mistyped `--cpu` cannot silently turn every erratum workaround off.
+    /// as ptxed's `--cpu`), as the CLI's `--cpu`. Family 0 is no CPU: taken as ptxed and
+    /// ptdump take it (no erratum workarounds), with the warning
+    /// [`crate::errata::cpu_warning`] gives, so that a mistyped `--cpu` is not silent.
     pub fn parse_cpu(s: &str) -> Result<(u16, u8, u8), String> {
         let parts: Vec<&str> = s.split('/').collect();
         if !(2..=3).contains(&parts.len()) {
@@ -70,12 +71,6 @@ impl CpuParams {
         let f = u16::try_from(f).map_err(|_| format!("--cpu '{s}': family {f} > 65535"))?;
         let m = u8::try_from(m).map_err(|_| format!("--cpu '{s}': model {m} > 255"))?;
         let st = u8::try_from(st).map_err(|_| format!("--cpu '{s}': stepping {st} > 255"))?;
-        if f == 0 {
-            return Err(format!(
-                "--cpu '{s}': family 0 is no CPU; give the family/model of the machine that \
-                 recorded the trace (/proc/cpuinfo there: 'cpu family'/'model'), e.g. 6/85"
-            ));
-        }
         Ok((f, m, st))
     }
 }
@@ -215,8 +210,8 @@ mod tests {
         assert_eq!(CpuParams::parse_cpu("6/92"), Ok((6, 92, 0)));
         assert!(CpuParams::parse_cpu("6").is_err());
         assert!(CpuParams::parse_cpu("6/1/2/3").is_err());
-        let e = CpuParams::parse_cpu("0/0/0").unwrap_err();
-        assert!(e.starts_with("--cpu '0/0/0': family 0 is no CPU"), "{e}");
+        // No CPU, as ptxed and ptdump take it (the caller warns).
+        assert_eq!(CpuParams::parse_cpu("0/0"), Ok((0, 0, 0)));
     }
 
     #[test]

@@ -33,6 +33,14 @@ fn newer(family: u16, model: u8) -> Option<Errata> {
 /// the newer models'): no erratum workaround is applied then (ptxed reports the latter as a
 /// configuration error and decodes on, too).
 pub fn cpu_warning(family: u16, model: u8) -> Option<String> {
+    if family == 0 {
+        return Some(
+            "family 0 is no CPU: decoding without erratum workarounds, as ptxed and ptdump \
+             do (give the family/model of the machine that recorded the trace, \
+             /proc/cpuinfo's 'cpu family'/'model' there, e.g. 6/85)"
+                .to_string(),
+        );
+    }
     if !matches!(family, 6 | 18 | 19) {
         return Some(format!(
             "CPU family {family} (model {model}) has no Intel PT processor known to this \
