@@ -55,6 +55,10 @@ pub struct Feeder {
     /// looked at.
     share: Option<Share>,
     pub seen: u64,
+    /// `memory=on`: QEMU's memory-access descriptions seen last, with what they say (size
+    /// shift and store bit, as [`Feeder::memory`] takes them): a program uses a handful,
+    /// and asking QEMU twice per access cost more than the rest of recording it.
+    meminfo: [Option<(u32, u8)>; 4],
 }
 
 impl Feeder {
@@ -114,6 +118,7 @@ impl Feeder {
             dead,
             share,
             seen,
+            meminfo: [None; 4],
         };
         f.buf.push(TAG_TSC);
         f.buf.push(rdtsc());
@@ -129,14 +134,29 @@ impl Feeder {
         self.buf.push(addr);
     }
 
-    /// A load or store of the last block's instruction `index` (`memory=on`): one word
-    /// (two for an address of 48 bits or more).
+    /// What QEMU's memory-access description `info` says (`ask` asks QEMU): the size
+    /// shift in bits 0-2 and the store bit in bit 3.
     #[inline(always)]
-    pub fn memory(&mut self, index: u64, addr: u64, size_shift: u8, store: bool) {
+    pub fn meminfo(&mut self, info: u32, ask: impl FnOnce(u32) -> u8) -> u8 {
+        let slot = &mut self.meminfo[((info ^ (info >> 16)) & 3) as usize];
+        match *slot {
+            Some((k, v)) if k == info => v,
+            _ => {
+                let v = ask(info);
+                *slot = Some((info, v));
+                v
+            }
+        }
+    }
+
+    /// A load or store of the last block's instruction `index` (`memory=on`): one word
+    /// (two for an address of 48 bits or more). `kind`: as [`Feeder::meminfo`] gives it.
+    #[inline(always)]
+    pub fn memory(&mut self, index: u64, addr: u64, kind: u8) {
         if self.buf.len() + 2 > CHUNK {
             self.flush();
         }
-        let head = (index & 0x1ff) << 3 | u64::from(size_shift & 7) << 12 | u64::from(store) << 15;
+        let head = (index & 0x1ff) << 3 | u64::from(kind & 0xf) << 12;
         if addr >> 48 == 0 {
             self.buf.push(TAG_MEMORY | head | addr << 16);
         } else {

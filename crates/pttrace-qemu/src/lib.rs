@@ -754,14 +754,17 @@ extern "C" fn on_memory(vcpu: c_uint, info: api::MemInfo, vaddr: u64, udata: *mu
         let Some(f) = global().and_then(|g| g.feeder(vcpu)) else {
             return;
         };
-        // SAFETY: the accessors only read the bits of `info`, the value QEMU passed.
-        let (shift, store) = unsafe {
-            (
-                api::qemu_plugin_mem_size_shift(info),
-                api::qemu_plugin_mem_is_store(info),
-            )
-        };
-        f.memory(udata as u64, vaddr, shift as u8, store);
+        let kind = f.meminfo(info, |info| {
+            // SAFETY: the accessors only read the bits of `info`, the value QEMU passed.
+            let (shift, store) = unsafe {
+                (
+                    api::qemu_plugin_mem_size_shift(info),
+                    api::qemu_plugin_mem_is_store(info),
+                )
+            };
+            (shift as u8 & 7) | u8::from(store) << 3
+        });
+        f.memory(udata as u64, vaddr, kind);
     });
 }
 
