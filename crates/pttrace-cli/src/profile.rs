@@ -69,11 +69,13 @@ struct Placed {
     delta: u64,
 }
 
-/// The binary's executable mappings in `p`.
-fn placements(p: &PttProcess, binary: &Path, sysroot: Option<&Path>) -> Vec<Placed> {
-    let Ok(module) = pttrace_symbols::Module::open(binary, &Default::default()) else {
-        return Vec::new();
-    };
+/// The executable mappings in `p` of `binary` (opened as `module`).
+fn placements(
+    p: &PttProcess,
+    binary: &Path,
+    module: &pttrace_symbols::Module,
+    sysroot: Option<&Path>,
+) -> Vec<Placed> {
     let wanted = std::fs::canonicalize(binary).unwrap_or_else(|_| binary.to_path_buf());
     p.maps
         .iter()
@@ -124,7 +126,7 @@ type AddrMap<K> = HashMap<K, u64, std::hash::BuildHasherDefault<pttrace_symbols:
 pub struct Counts {
     /// Taken branches: (source, target) at link-time addresses.
     pub branches: AddrMap<(u64, u64)>,
-    /// Straight-line runs: (first instruction, last instruction, the branch source).
+    /// Straight-line runs: (first instruction, last instruction: the next taken branch).
     pub runs: AddrMap<(u64, u64)>,
     /// Executions of each instruction (`lcov` only).
     pub instructions: AddrMap<u64>,
@@ -343,6 +345,8 @@ pub fn run(args: Args) -> CmdResult {
             .and_then(|p| main_executable(p, sysroot))
             .ok_or("cannot tell the traced program's executable: give it with --binary")?,
     };
+    let module = pttrace_symbols::Module::open(&binary, &Default::default())
+        .map_err(|e| format!("{}: {e}", binary.display()))?;
     let mut by_image: HashMap<(i32, u64), Vec<Placed>> = HashMap::new();
     let mut counts = Counts::default();
     let mut overflows = 0u64;
@@ -356,7 +360,7 @@ pub fn run(args: Args) -> CmdResult {
             .or_insert_with(|| {
                 trace
                     .process_of(th)
-                    .map(|p| placements(p, &binary, sysroot))
+                    .map(|p| placements(p, &binary, &module, sysroot))
                     .unwrap_or_default()
             })
             .clone();

@@ -109,8 +109,8 @@ pub fn write(
         let e = f.functions.entry((r.line, name)).or_insert(0);
         *e = (*e).max(entered);
     }
-    let err = |e: std::io::Error| format!("{}: {e}", out.display());
-    let mut w = std::io::BufWriter::new(std::fs::File::create(out).map_err(err)?);
+    // Written whole at the end (a tracefile is a few MB even for libc).
+    let mut w: Vec<u8> = Vec::new();
     let (mut lines, mut hit) = (0usize, 0usize);
     writeln!(w, "TN:")?;
     for (path, f) in &files {
@@ -154,7 +154,7 @@ pub fn write(
         lines += f.lines.len();
         hit += h;
     }
-    w.flush()?;
+    std::fs::write(out, &w).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(format!(
         "{} source files, {hit} of {lines} lines run",
         files.len()
