@@ -41,7 +41,8 @@ pub struct Args {
     #[arg(long, short)]
     pub out: PathBuf,
     /// The binary profiled, as the trace mapped it (an executable or a shared library);
-    /// default: the traced program's executable.
+    /// default: the traced program's executable (after the `execve`s of its first
+    /// process).
     #[arg(long)]
     pub binary: Option<PathBuf>,
     /// Root to find mapped files under (traces from another machine).
@@ -338,12 +339,27 @@ pub fn run(args: Args) -> CmdResult {
             }
             b.clone()
         }
-        None => trace
-            .threads
-            .first()
-            .and_then(|th| trace.process_of(th))
-            .and_then(|p| main_executable(p, sysroot))
-            .ok_or("cannot tell the traced program's executable: give it with --binary")?,
+        None => {
+            // The program `run` started, as its last `execve` left it (`sh -c 'exec prog'`,
+            // wrapper scripts): the latest image of the first process.
+            let first = trace.threads.iter().min_by_key(|t| t.header.start_tsc);
+            let last_image = first.and_then(|f| {
+                trace
+                    .threads
+                    .iter()
+                    .filter(|t| t.header.pid == f.header.pid)
+                    .max_by_key(|t| t.header.start_tsc)
+            });
+            let exe = last_image
+                .and_then(|th| trace.process_of(th))
+                .and_then(|p| main_executable(p, sysroot))
+                .ok_or("cannot tell the traced program's executable: give it with --binary")?;
+            eprintln!(
+                "pttrace profile: profiling {} (the traced program; another binary: --binary)",
+                exe.display()
+            );
+            exe
+        }
     };
     let module = pttrace_symbols::Module::open(&binary, &Default::default())
         .map_err(|e| format!("{}: {e}", binary.display()))?;
@@ -424,6 +440,13 @@ pub fn run(args: Args) -> CmdResult {
         counts.total,
         binary.display()
     );
+    if counts.in_binary.saturating_mul(10) < counts.total {
+        eprintln!(
+            "pttrace profile: note: most instructions ran outside {} (in a shared library, \
+             such as a libpython built --enable-shared? name it with --binary)",
+            binary.display()
+        );
+    }
     if args.format == ProfileFormat::Bolt {
         println!(
             "use: llvm-bolt-16 {bin} -o {bin}.bolt -pa -p {} -reorder-blocks=ext-tsp \
