@@ -152,6 +152,18 @@ pub struct Encoder {
     addr: u64,
     /// Room for a record's LZ4 block (sized once).
     packed: Vec<u8>,
+    /// Records written so far (a [`Mark`] from before one cannot be rolled back to).
+    records: u64,
+}
+
+/// Where an [`Encoder`] was, to roll back to ([`Encoder::rollback`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    len: usize,
+    count: u32,
+    pc: u64,
+    addr: u64,
+    records: u64,
 }
 
 impl Default for Encoder {
@@ -163,6 +175,7 @@ impl Default for Encoder {
             pc: 0,
             addr: 0,
             packed: vec![0; lz4_flex::block::get_maximum_output_size(RAW_CHUNK)],
+            records: 0,
         }
     }
 }
@@ -171,6 +184,28 @@ impl Encoder {
     /// Accesses collected and not yet written.
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Where the encoder is now.
+    #[inline]
+    pub fn mark(&self) -> Mark {
+        Mark {
+            len: self.len,
+            count: self.count,
+            pc: self.pc,
+            addr: self.addr,
+            records: self.records,
+        }
+    }
+
+    /// Forgets the accesses pushed since `m`; false (and nothing forgotten) when a record
+    /// was written since.
+    pub fn rollback(&mut self, m: Mark) -> bool {
+        if m.records != self.records {
+            return false;
+        }
+        (self.len, self.count, self.pc, self.addr) = (m.len, m.count, m.pc, m.addr);
+        true
     }
 
     /// Adds one access; a full record goes to `out`.
@@ -217,6 +252,7 @@ impl Encoder {
         out.extend_from_slice(&(packed.len() as u32).to_le_bytes());
         out.extend_from_slice(packed);
         out.extend(std::iter::repeat_n(0u8, pad));
+        self.records += 1;
         self.len = 0;
         self.count = 0;
         self.pc = 0;
@@ -407,6 +443,41 @@ mod tests {
             }
         }
         Ok(out)
+    }
+
+    #[test]
+    fn a_rollback_forgets_the_accesses_since_its_mark_unless_a_record_was_written() {
+        let list = accesses(40);
+        let mut enc = Encoder::default();
+        let mut out = Vec::new();
+        for &a in &list[..25] {
+            enc.push(a, &mut out);
+        }
+        let mark = enc.mark();
+        for &a in &list[25..] {
+            enc.push(a, &mut out);
+        }
+        assert!(enc.rollback(mark));
+        // What follows is encoded against the state at the mark.
+        enc.push(list[3], &mut out);
+        enc.finish(&mut out);
+        let mut want = list[..25].to_vec();
+        want.push(list[3]);
+        assert_eq!(decode(&out), Ok(want));
+
+        // A record written since the mark: nothing is forgotten.
+        let many = accesses(30_000);
+        let mut enc = Encoder::default();
+        let mut out = Vec::new();
+        enc.push(many[0], &mut out);
+        let mark = enc.mark();
+        for &a in &many[1..] {
+            enc.push(a, &mut out);
+        }
+        assert!(!out.is_empty(), "a record was written");
+        assert!(!enc.rollback(mark));
+        enc.finish(&mut out);
+        assert_eq!(decode(&out), Ok(many));
     }
 
     #[test]

@@ -2,23 +2,26 @@
 //! vCPU's log to memory records in its windows' sideband ([`pttrace_format::memory`]).
 //!
 //! The log holds each access after the block it belongs to, naming its instruction by
-//! index in that block. The accesses of the last block are held until the log goes past
-//! it: a synchronous fault drops the faulting instruction's own (it did not retire; it
-//! runs again after the handler, if ever). Each access says whether it starts another
+//! index in that block. Each is encoded as it comes; a synchronous fault rolls the
+//! encoder back to before the faulting instruction's own (it did not retire; it runs again
+//! after the handler, if ever). Each access says whether it starts another
 //! execution of the instruction of the access before it: a block began between them, and
 //! not the same `rep` instruction going on (QEMU runs its iterations as blocks of their
 //! own; PT counts it once).
 
-use pttrace_format::memory::{Access, Encoder};
+use pttrace_format::memory::{Access, Encoder, Mark};
 
 use crate::BlockInfo;
 
 #[derive(Default)]
 pub struct ThreadMemory {
-    /// The window's accesses, written into its sideband.
+    /// The window's accesses, written into its sideband as they come.
     encoder: Encoder,
-    /// The last block's accesses, until the log goes on past it.
-    block: Vec<Access>,
+    /// Where the encoder was before the last block's accesses of the instruction that made
+    /// the last ones (a synchronous fault there drops them).
+    mark: Option<Mark>,
+    /// The last block made accesses.
+    in_block: bool,
     /// The block logged last (whose instructions the next accesses are of).
     info: Option<&'static BlockInfo>,
     /// The pc of the last access, and whether a block began since.
@@ -28,12 +31,11 @@ pub struct ThreadMemory {
 }
 
 impl ThreadMemory {
-    /// Block `b` begins; the last one's accesses are final (into `sideband`).
-    pub fn block(&mut self, b: &'static BlockInfo, sideband: &mut Vec<u8>) {
+    /// Block `b` begins.
+    #[inline]
+    pub fn block(&mut self, b: &'static BlockInfo) {
         self.info = Some(b);
-        if !self.block.is_empty() {
-            self.take_block(sideband);
-        }
+        self.in_block = false;
         if self.last_rep != Some(b.block.start) {
             self.last_access.1 = true;
         }
@@ -44,21 +46,28 @@ impl ThreadMemory {
     }
 
     /// A load or store (`w`: its log word, [`crate::log::TAG_MEMORY`]) at `addr` by an
-    /// instruction of the last block.
+    /// instruction of the last block, into `sideband`.
     #[inline]
-    pub fn access(&mut self, w: u64, addr: u64) {
+    pub fn access(&mut self, w: u64, addr: u64, sideband: &mut Vec<u8>) {
         let Some(b) = self.info else {
             return;
         };
         let index = ((w >> 3) & 0x1ff) as usize;
         let pc = b.block.start + u64::from(b.offsets.get(index).copied().unwrap_or(0));
-        self.block.push(Access {
-            pc,
-            addr,
-            size_shift: ((w >> 12) & 7) as u8,
-            store: (w >> 15) & 1 != 0,
-            again: self.last_access == (pc, true),
-        });
+        if !self.in_block || pc != self.last_access.0 {
+            self.mark = Some(self.encoder.mark());
+            self.in_block = true;
+        }
+        self.encoder.push(
+            Access {
+                pc,
+                addr,
+                size_shift: ((w >> 12) & 7) as u8,
+                store: (w >> 15) & 1 != 0,
+                again: self.last_access == (pc, true),
+            },
+            sideband,
+        );
         self.last_access = (pc, false);
     }
 
@@ -67,31 +76,21 @@ impl ThreadMemory {
     /// when the frame has a siginfo; else `fault_signal` (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
     /// SIGTRAP) is taken to. (Only such a signal sent by another thread or process,
     /// delivered as a block that loops to itself comes back to the instruction that made
-    /// its last accesses, would lose them.)
-    pub fn signal(
-        &mut self,
-        rip: u64,
-        fault: Option<bool>,
-        fault_signal: bool,
-        sideband: &mut Vec<u8>,
-    ) {
-        if fault.unwrap_or(fault_signal) {
-            while self.block.last().is_some_and(|a| a.pc == rip) {
-                self.block.pop();
+    /// its last accesses, would lose them; and a faulting instruction whose accesses
+    /// straddle a record's end keeps those before it.)
+    pub fn signal(&mut self, rip: u64, fault: Option<bool>, fault_signal: bool) {
+        if fault.unwrap_or(fault_signal) && self.in_block && self.last_access.0 == rip {
+            if let Some(m) = self.mark.take() {
+                self.encoder.rollback(m);
             }
         }
-        self.take_block(sideband);
+        self.mark = None;
+        self.in_block = false;
     }
 
     /// The window ends: its accesses go into its sideband.
     pub fn end_window(&mut self, sideband: &mut Vec<u8>) {
-        self.take_block(sideband);
         self.encoder.finish(sideband);
-    }
-
-    fn take_block(&mut self, sideband: &mut Vec<u8>) {
-        for a in self.block.drain(..) {
-            self.encoder.push(a, sideband);
-        }
+        self.mark = None;
     }
 }

@@ -490,7 +490,7 @@ impl Thread {
                 // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
                 let b: &'static BlockInfo = unsafe { &*(w as *const BlockInfo) };
                 if let Some(m) = self.memory.as_mut() {
-                    m.block(b, &mut self.sideband);
+                    m.block(b);
                 }
                 self.on_block(b);
                 i += 1;
@@ -508,7 +508,7 @@ impl Thread {
                 };
                 i += 1;
                 if let Some(m) = self.memory.as_mut() {
-                    m.access(w, addr);
+                    m.access(w, addr, &mut self.sideband);
                 }
                 continue;
             }
@@ -550,7 +550,7 @@ impl Thread {
                     if let Some(m) = self.memory.as_mut() {
                         // A signal faults raise, the frame not saying whether it was
                         // raised so: taken as a fault (see ThreadMemory::signal).
-                        m.signal(e[0], fault, e[1] == 3, &mut self.sideband);
+                        m.signal(e[0], fault, e[1] == 3);
                     }
                     self.enc.signal_entry(e[0], fault);
                     i += 3;
