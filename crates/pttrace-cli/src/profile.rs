@@ -462,28 +462,13 @@ pub fn run(args: Args) -> CmdResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drpttracer::decode::{ExecMode, Instruction};
-
-    fn insn(pc: u64, size: u8, class: InsnClass) -> Record {
-        Record::Instruction(Instruction {
-            pc,
-            size,
-            bytes: [0; 15],
-            class,
-            mode: ExecMode::Bit64,
-        })
-    }
+    use drpttracer::decode::testgen::{instruction as insn, XorShift};
 
     /// A pseudo-random flow: branches of every class taken or not, calls out of the binary
     /// (above 0x5000) and back, transfers that do not come back, and losses.
     fn stream(seed: u64, n: usize) -> Vec<Record> {
-        let mut x = seed;
-        let mut next = || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x >> 33
-        };
+        let mut rng = XorShift::new(seed + 1);
+        let mut next = || rng.next_u64();
         let classes = [
             InsnClass::Other,
             InsnClass::Other,

@@ -1077,7 +1077,7 @@ impl TimeMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{ExecMode, Gap, GapKind, Instruction};
+    use crate::records::{Gap, GapKind};
 
     /// Functions as address ranges (start, end).
     struct Table(Vec<(u64, u64)>);
@@ -1112,13 +1112,7 @@ mod tests {
     }
 
     fn ins(pc: u64, size: u8, class: InsnClass) -> Record {
-        Record::Instruction(Instruction {
-            pc,
-            size,
-            bytes: [0; 15],
-            class,
-            mode: ExecMode::Bit64,
-        })
+        crate::testgen::instruction(pc, size, class)
     }
     fn other(pc: u64) -> Record {
         ins(pc, 1, InsnClass::Other)

@@ -14,7 +14,7 @@ use pttrace_encoder::packet::Sink;
 use pttrace_encoder::PacketWriter;
 
 use super::insn::decode_insn;
-use super::records::{ExecMode, InsnClass};
+use super::records::{ExecMode, InsnClass, Instruction, Record};
 
 /// Deterministic xorshift64* RNG (tests and benches; no external crate).
 #[derive(Debug, Clone)]
@@ -39,6 +39,18 @@ impl XorShift {
             self.next_u64() % n
         }
     }
+}
+
+/// An instruction record of 64-bit code at `pc` (encoding bytes zero: for tests of what
+/// reads records by address and class only).
+pub fn instruction(pc: u64, size: u8, class: InsnClass) -> Record {
+    Record::Instruction(Instruction {
+        pc,
+        size,
+        bytes: [0; 15],
+        class,
+        mode: ExecMode::Bit64,
+    })
 }
 
 /// A deterministic random mutant of `base` (robustness tests, fuzz seeds): 1 to 4 rounds of
