@@ -12,9 +12,12 @@
 //!
 //! Memory is bounded by the call depth and the distinct stacks, not the trace's length:
 //! each thread is decoded ([`decoding`]) while its calls go to a temporary file
-//! ([`spill`]) and its instructions into a trie of stacks ([`folded`]); then each file is
-//! read back once to write the timelines ([`json`], [`perfetto`], [`speedscope`]), the
-//! bounded ones without the calls shorter than a length chosen to fit `--limit`.
+//! ([`spill`]) and its instructions into a trie of stacks ([`folded`]). Each file is read
+//! back to write the timelines: `timeline.pftrace` on a thread of its own ([`perfetto`]),
+//! as soon as the image is decoded when the axis is sure to be instructions (while the
+//! next image is decoded), otherwise once all are; the bounded ones ([`json`],
+//! [`speedscope`]) once all are, without the calls shorter than a length chosen to fit
+//! `--limit`.
 //!
 //! Time axis: the trace's timestamps converted to nanoseconds where the trace has usable
 //! time (hardware PT with a TSC conversion, timestamps in every thread); otherwise (the
@@ -51,7 +54,7 @@ mod spill;
 use decoding::decode_one;
 use frames::{name_id, FrameNamer, FrameTable, Namer, Names};
 use json::Json;
-use perfetto::{pf_tracks, write_pftrace_views, PfEdge, PF_BATCH};
+use perfetto::PfPipe;
 use speedscope::Speedscope;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -207,22 +210,44 @@ impl<'a> Event<'a> {
 }
 
 /// The file's time axis.
+#[derive(Clone)]
 enum Axis {
     Instructions { why: String },
     Nanoseconds { t0: f64 },
 }
 
 impl Axis {
-    /// (ts, dur) of instructions `[start, end)` of `t`.
-    fn place(&self, t: &ThreadView, start: u64, end: u64) -> (Ts, Ts) {
-        match (self, &t.time) {
+    /// (ts, dur) of instructions `[start, end)` of a thread image with clock `c`.
+    fn place(&self, c: &Clock, start: u64, end: u64) -> (Ts, Ts) {
+        match (self, &c.time) {
             (Axis::Nanoseconds { t0 }, Some(m)) => {
                 let (a, b) = (m.at(start), m.at(end));
                 (Ts::F((a - t0) / 1000.0), Ts::F((b - a).max(0.0) / 1000.0))
             }
-            _ => (Ts::I(t.base + start), Ts::I(end.saturating_sub(start))),
+            _ => (Ts::I(c.base + start), Ts::I(end.saturating_sub(start))),
         }
     }
+}
+
+/// Where a thread image's instructions lie on the axis.
+#[derive(Clone)]
+struct Clock {
+    /// Where its instruction 0 lies on an instruction axis (a thread continuing in a new
+    /// image after execve continues the axis of the old one).
+    base: u64,
+    /// Its instructions' times, when the trace has usable time.
+    time: Option<TimeMap>,
+}
+
+/// Who a thread image is: what its tracks are named after.
+#[derive(Clone)]
+struct Who {
+    pid: i32,
+    tid: i32,
+    comm: String,
+    /// Its image's command line.
+    cmdline: String,
+    syscall_windows: bool,
 }
 
 pub(crate) fn basename(cmdline: &str) -> String {
@@ -232,14 +257,8 @@ pub(crate) fn basename(cmdline: &str) -> String {
 
 /// One thread image's reconstruction, ready to draw.
 struct ThreadView {
-    pid: i32,
-    tid: i32,
-    comm: String,
-    /// Its image's command line.
-    cmdline: String,
-    /// Where its instruction 0 lies on an instruction axis (a thread continuing in a new
-    /// image after execve continues the axis of the old one).
-    base: u64,
+    who: Who,
+    clock: Clock,
     /// Its image's namer: (pid, nonce).
     image: (i32, u64),
     /// Its spans, on disk while the view is made (none for `--format folded`).
@@ -250,8 +269,6 @@ struct ThreadView {
     instructions: u64,
     /// Each window and its instruction range.
     windows: Vec<(PttWindowInfo, u64, u64)>,
-    syscall_windows: bool,
-    time: Option<TimeMap>,
     /// `--range`: the instructions `[a, b)` shown.
     cut: Option<(u64, u64)>,
 }
@@ -304,6 +321,41 @@ pub fn run(args: Args) -> CmdResult {
         std::fs::create_dir_all(d)
             .map_err(|e| format!("{}: cannot create the directory: {e}", d.display()))?;
     }
+    // Who each thread image is, known before decoding: the tracks of the timelines.
+    let whos: Vec<Who> = order
+        .iter()
+        .map(|&i| {
+            let th = &trace.threads[i];
+            let h = &th.header;
+            let proc_ = trace.process_of(th);
+            Who {
+                pid: h.pid,
+                tid: h.tid,
+                comm: proc_
+                    .map(|p| basename(&p.cmdline))
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| format!("pid {}", h.pid)),
+                cmdline: proc_.map(|p| p.cmdline.clone()).unwrap_or_default(),
+                syscall_windows: ptt::window_name(h.window) == "syscall",
+            }
+        })
+        .collect();
+    // timeline.pftrace is written on a thread of its own, each thread image's part as soon
+    // as it is decoded when the axis is sure to be instructions (no hardware trace: no
+    // time), while the next one is decoded; otherwise once every image is decoded.
+    let streamed = order
+        .iter()
+        .all(|&i| ptt::backend_name(trace.threads[i].header.backend) != "hardware");
+    let mut pf = match &out_dir {
+        Some(d) => {
+            let mut p = PfPipe::start(d.join("timeline.pftrace"))?;
+            if streamed {
+                p.tracks(&whos, &Axis::Instructions { why: String::new() });
+            }
+            Some(p)
+        }
+        None => None,
+    };
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let mut views: Vec<ThreadView> = Vec::new();
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
@@ -389,12 +441,12 @@ pub fn run(args: Args) -> CmdResult {
                 crate::text::printable(&w.to_string())
             );
         }
-        let comm = proc_
-            .map(|p| basename(&p.cmdline))
-            .filter(|c| !c.is_empty())
-            .unwrap_or_else(|| format!("pid {}", h.pid));
+        let who = whos
+            .get(k)
+            .cloned()
+            .ok_or("view: thread images out of step")?;
         // Collapsed stacks, under the image's command name.
-        let root = names.intern(comm.replace([';', ' '], "_"));
+        let root = names.intern(who.comm.replace([';', ' '], "_"));
         folded.add_thread(root, &trie, |key| name_id(image, ids, &mut names, key));
         drop(trie);
         let (mut markers, mut windows) = (markers, windows);
@@ -408,21 +460,22 @@ pub fn run(args: Args) -> CmdResult {
         }
         *axis_end.entry((h.pid, h.tid)).or_insert(0) = base + instructions;
         views.push(ThreadView {
-            pid: h.pid,
-            tid: h.tid,
-            comm,
-            cmdline: proc_.map(|p| p.cmdline.clone()).unwrap_or_default(),
-            base,
+            who,
+            clock: Clock {
+                base,
+                time: hardware_time(h.backend, proc_, &anchors),
+            },
             image: (h.pid, h.nonce),
             spill,
             spans,
             markers,
             instructions,
             windows,
-            syscall_windows: ptt::window_name(h.window) == "syscall",
-            time: hardware_time(h.backend, proc_, &anchors),
             cut,
         });
+        if let (Some(pf), true, Some(v)) = (&mut pf, streamed, views.last()) {
+            pf.view(v, &namers, &names);
+        }
     }
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -476,7 +529,15 @@ pub fn run(args: Args) -> CmdResult {
         pftrace: out_dir.join("timeline.pftrace"),
         speedscope: out_dir.join("profile.speedscope.json"),
     };
-    let wrote = write_views(
+    let mut pf = pf.ok_or("view: the Perfetto writer did not start")?;
+    if !streamed {
+        pf.tracks(&whos, &axis);
+        for v in &views {
+            pf.view(v, &namers, &names);
+        }
+    }
+    // JSON and speedscope here, while the Perfetto writer finishes.
+    let written = write_views(
         &paths,
         &views,
         &namers,
@@ -484,7 +545,10 @@ pub fn run(args: Args) -> CmdResult {
         &axis,
         (&args.trace, &part),
         merge_below,
-    )?;
+    );
+    let pftrace_bytes = pf.finish();
+    let wrote = written?;
+    let pftrace_bytes = pftrace_bytes?;
     for v in &mut views {
         v.spill = None;
     }
@@ -531,7 +595,7 @@ pub fn run(args: Args) -> CmdResult {
     // Threads as the kernel counts them (as `report` does): a thread that execs goes on,
     // in a new image, with the same id.
     let threads: std::collections::BTreeSet<(i32, i32)> =
-        views.iter().map(|v| (v.pid, v.tid)).collect();
+        views.iter().map(|v| (v.who.pid, v.who.tid)).collect();
     let images = if views.len() > threads.len() {
         format!(" ({} thread images: execve)", views.len())
     } else {
@@ -557,7 +621,7 @@ pub fn run(args: Args) -> CmdResult {
         "             {} ({} bytes, every call; Perfetto's own format: open in \
          ui.perfetto.dev)",
         paths.pftrace.display(),
-        wrote.pftrace_bytes
+        pftrace_bytes
     );
     println!(
         "             {} (speedscope's own format, the axis in {})",
@@ -622,13 +686,13 @@ fn hardware_time(backend: u8, p: Option<&PttProcess>, anchors: &[TimeAnchor]) ->
 fn choose_axis(views: &[ThreadView]) -> Axis {
     let why = if views.is_empty() {
         "no threads"
-    } else if views.iter().all(|v| v.time.is_some()) {
+    } else if views.iter().all(|v| v.clock.time.is_some()) {
         let t0 = views
             .iter()
-            .filter_map(|v| v.time.as_ref().map(|m| m.at(0)))
+            .filter_map(|v| v.clock.time.as_ref().map(|m| m.at(0)))
             .fold(f64::INFINITY, f64::min);
         return Axis::Nanoseconds { t0 };
-    } else if views.iter().any(|v| v.time.is_some()) {
+    } else if views.iter().any(|v| v.clock.time.is_some()) {
         "some threads have no usable time"
     } else {
         "the trace has no usable time: software backend, or no TSC conversion"
@@ -653,7 +717,6 @@ struct Wrote {
     events: u64,
     /// Calls left out of timeline.json and the speedscope profile (merged into callers).
     merged: u64,
-    pftrace_bytes: u64,
 }
 
 /// An error writing `p`, as the command reports it.
@@ -661,8 +724,9 @@ fn write_err(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("{}: cannot write: {e}", p.display())
 }
 
-/// Writes the three timelines (see [`write_json_view`], [`pftrace`] and
-/// [`write_speedscope_view`]) from one read of each thread's spans: calls, windows, gaps.
+/// Writes the bounded timelines (see [`write_json_view`] and [`write_speedscope_view`])
+/// from one read of each thread's spans: calls, windows, gaps (timeline.pftrace is
+/// written by [`PfPipe`]).
 fn write_views(
     paths: &OutPaths,
     views: &[ThreadView],
@@ -682,7 +746,6 @@ fn write_views(
         n: 0,
         escaped: Vec::new(),
     };
-    let mut pf = pftrace::Writer::new(create(&paths.pftrace)?);
     let mut ss = Speedscope {
         w: create(&paths.speedscope)?,
         unit: match axis {
@@ -693,146 +756,96 @@ fn write_views(
         order: Vec::new(),
         first: true,
     };
-    json.start(views).map_err(write_err(&paths.timeline))?;
-    let tracks = pf_tracks(&mut pf, views, axis).map_err(write_err(&paths.pftrace))?;
+    let whos: Vec<Who> = views.iter().map(|v| v.who.clone()).collect();
+    json.start(&whos).map_err(write_err(&paths.timeline))?;
     ss.start().map_err(write_err(&paths.speedscope))?;
     let (mut shown, mut total) = (0u64, 0u64);
     let empty = FrameTable::default();
-    // Each view's frames (the names of its spans).
-    let view_frames: Vec<&FrameTable> = views
-        .iter()
-        .map(|v| namers.get(&v.image).map_or(&empty, |n| &n.frames))
-        .collect();
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<PfEdge>>(8);
-    let pftrace_bytes = std::thread::scope(|scope| -> Result<u64, String> {
-        // The Perfetto timeline on a thread of its own, from the edges this thread reads.
-        let (tracks, frames) = (&tracks, &view_frames);
-        let pf_thread =
-            scope.spawn(move || write_pftrace_views(pf, tracks, views, frames, names, axis, &rx));
-        let r = (|| -> Result<(), String> {
-            for (k, v) in views.iter().enumerate() {
-                total += v.spans;
-                let frames = view_frames.get(k).copied().unwrap_or(&empty);
-                let tid = i64::from(v.tid);
-                let t0 = ns(axis.place(v, 0, 0).0);
-                let (_, end) = axis.place(v, 0, v.instructions);
-                ss.profile_start(k, views, v, t0, t0 + ns(end))
-                    .map_err(write_err(&paths.speedscope))?;
-                let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
-                // The ends (ns) of the open calls, to keep the nesting should rounding of
-                // times disagree, and whether the bounded formats have them.
-                let mut ends: Vec<(u64, bool)> = Vec::new();
-                let mut batch: Vec<PfEdge> = Vec::with_capacity(PF_BATCH);
-                // Which file failed: 0 JSON, 1 pftrace, 2 speedscope.
-                let mut failed = 0usize;
-                let mut edge = |e: spill::Edge| -> std::io::Result<()> {
-                    let (ts, frame, begin, bounded) = match e {
-                        spill::Edge::Begin {
-                            at,
-                            len,
-                            frame,
-                            start,
-                            end,
-                        } => {
-                            let (ts, dur) = axis.place(v, at, at + len);
-                            let b = ns(ts);
-                            let outer = ends.last().map_or(u64::MAX, |e| e.0);
-                            let bounded = len >= merge_below;
-                            ends.push(((b + ns(dur)).min(outer).max(b), bounded));
-                            (b, frame, Some((ts, dur, start, end)), bounded)
-                        }
-                        spill::Edge::End { frame, .. } => {
-                            let (e, bounded) = ends.pop().unwrap_or((0, false));
-                            (e, frame, None, bounded)
-                        }
-                    };
-                    batch.push(PfEdge {
-                        ts,
-                        frame,
-                        kinds: begin.map(|b| (b.2, b.3)),
-                    });
-                    if batch.len() >= PF_BATCH {
-                        failed = 1;
-                        tx.send(std::mem::replace(&mut batch, Vec::with_capacity(PF_BATCH)))
-                            .map_err(|_| std::io::Error::other("the Perfetto writer stopped"))?;
-                    }
+    for (k, v) in views.iter().enumerate() {
+        total += v.spans;
+        let frames = namers.get(&v.image).map_or(&empty, |n| &n.frames);
+        let tid = i64::from(v.who.tid);
+        let t0 = ns(axis.place(&v.clock, 0, 0).0);
+        let (_, end) = axis.place(&v.clock, 0, v.instructions);
+        ss.profile_start(k, &whos, &v.who, t0, t0 + ns(end))
+            .map_err(write_err(&paths.speedscope))?;
+        let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
+        // The ends (ns) of the open calls, to keep the nesting should rounding of times
+        // disagree, and whether the bounded formats have them.
+        let mut ends: Vec<(u64, bool)> = Vec::new();
+        // Which file failed: false JSON, true speedscope.
+        let mut failed_ss = false;
+        let mut edge = |e: spill::Edge| -> std::io::Result<()> {
+            match e {
+                spill::Edge::Begin {
+                    at,
+                    len,
+                    frame,
+                    start,
+                    end,
+                } => {
+                    let (jts, dur) = axis.place(&v.clock, at, at + len);
+                    let b = ns(jts);
+                    let outer = ends.last().map_or(u64::MAX, |e| e.0);
+                    let bounded = len >= merge_below;
+                    ends.push(((b + ns(dur)).min(outer).max(b), bounded));
                     if !bounded {
                         return Ok(());
                     }
-                    let chain = frames.chain(frame);
-                    match begin {
-                        Some((jts, dur, start, end)) => {
-                            let category = cats
-                                .entry((start, end))
-                                .or_insert_with(|| span_category(start, end).into_owned());
-                            for &id in chain {
-                                shown += 1;
-                                failed = 0;
-                                json.call(v, tid, (id, names.get(id)), category, jts, dur)?;
-                                failed = 2;
-                                ss.edge(id, true, ts)?;
-                            }
-                        }
-                        None => {
-                            for &id in chain.iter().rev() {
-                                failed = 2;
-                                ss.edge(id, false, ts)?;
-                            }
-                        }
+                    let category = cats
+                        .entry((start, end))
+                        .or_insert_with(|| span_category(start, end).into_owned());
+                    for &id in frames.chain(frame) {
+                        shown += 1;
+                        failed_ss = false;
+                        json.call(v, tid, (id, names.get(id)), category, jts, dur)?;
+                        failed_ss = true;
+                        ss.edge(id, true, b)?;
                     }
-                    Ok(())
-                };
-                if let Some(s) = &v.spill {
-                    spill::replay(s, v.cut, &mut edge).map_err(|e| {
-                        let p = [&paths.timeline, &paths.pftrace, &paths.speedscope];
-                        write_err(p[failed.min(2)])(e)
-                    })?;
                 }
-                // The view's last edges, then an empty batch: the view ends.
-                for b in [batch, Vec::new()] {
-                    tx.send(b).map_err(|_| {
-                        write_err(&paths.pftrace)(std::io::Error::other(
-                            "the Perfetto writer stopped",
-                        ))
-                    })?;
+                spill::Edge::End { frame, .. } => {
+                    let (e, bounded) = ends.pop().unwrap_or((0, false));
+                    if !bounded {
+                        return Ok(());
+                    }
+                    failed_ss = true;
+                    for &id in frames.chain(frame).iter().rev() {
+                        ss.edge(id, false, e)?;
+                    }
                 }
-                ss.profile_end().map_err(write_err(&paths.speedscope))?;
-                json.windows_and_gaps(v, tid, axis)
-                    .map_err(write_err(&paths.timeline))?;
             }
             Ok(())
-        })();
-        drop(tx);
-        let written = pf_thread
-            .join()
-            .map_err(|_| format!("{}: the writing thread panicked", paths.pftrace.display()))?
-            .map_err(write_err(&paths.pftrace));
-        // The writer's own error first: a send fails only when it stopped.
-        let bytes = written?;
-        r?;
-        Ok(bytes)
-    })?;
+        };
+        if let Some(s) = &v.spill {
+            spill::replay(s, v.cut, &mut edge).map_err(|e| {
+                write_err(if failed_ss {
+                    &paths.speedscope
+                } else {
+                    &paths.timeline
+                })(e)
+            })?;
+        }
+        ss.profile_end().map_err(write_err(&paths.speedscope))?;
+        json.windows_and_gaps(v, tid, axis)
+            .map_err(write_err(&paths.timeline))?;
+    }
     let merged = total.saturating_sub(shown);
     let events = json.n;
     json.finish(views, axis, (trace, part), merged, merge_below)
         .map_err(write_err(&paths.timeline))?;
     ss.finish(names).map_err(write_err(&paths.speedscope))?;
-    Ok(Wrote {
-        events,
-        merged,
-        pftrace_bytes,
-    })
+    Ok(Wrote { events, merged })
 }
 
 /// The pids of `views`, in order.
-fn pids(views: &[ThreadView]) -> Vec<i32> {
+fn pids(views: &[Who]) -> Vec<i32> {
     let mut pids: Vec<i32> = views.iter().map(|v| v.pid).collect();
     pids.dedup();
     pids
 }
 
 /// A process's name: the command lines of the images it ran, in order.
-fn process_name(views: &[ThreadView], pid: i32) -> String {
+fn process_name(views: &[Who], pid: i32) -> String {
     let mut cmds: Vec<&str> = Vec::new();
     for v in views.iter().filter(|v| v.pid == pid) {
         if !v.cmdline.is_empty() && !cmds.contains(&v.cmdline.as_str()) {
@@ -847,7 +860,7 @@ fn process_name(views: &[ThreadView], pid: i32) -> String {
 }
 
 /// The names of a thread's track and of its windows' track (the commands it ran).
-fn thread_track_names(views: &[ThreadView], v: &ThreadView) -> (String, String) {
+fn thread_track_names(views: &[Who], v: &Who) -> (String, String) {
     let mut comms: Vec<&str> = Vec::new();
     for o in views.iter().filter(|o| (o.pid, o.tid) == (v.pid, v.tid)) {
         if !comms.contains(&o.comm.as_str()) {
@@ -872,8 +885,8 @@ fn ns(t: Ts) -> u64 {
 }
 
 /// Where a gap lies on the timeline (ns).
-fn marker_ns(v: &ThreadView, axis: &Axis, m: &Marker) -> u64 {
-    ns(axis.place(v, m.at, m.at).0)
+fn marker_ns(c: &Clock, axis: &Axis, m: &Marker) -> u64 {
+    ns(axis.place(c, m.at, m.at).0)
 }
 
 /// A window's name on the timeline: its syscall, or that it was cut without one.

@@ -800,3 +800,120 @@ fn a_large_trace_is_viewed_in_bounded_memory_and_bounded_files() {
     assert!(want.len() > 1000, "{} calls in the part", want.len());
     assert_eq!(call_spans(&part.join("timeline.json")), want);
 }
+
+/// `trace` copied to `to` with every thread file's header saying the hardware backend
+/// (the frame rewritten with its CRC); the rest of the files as they are.
+fn as_hardware(trace: &Path, to: &Path) {
+    use drpttracer::format::ptt;
+    std::fs::create_dir_all(to).unwrap();
+    let mut threads = 0;
+    for e in std::fs::read_dir(trace).unwrap() {
+        let p = e.unwrap().path();
+        if !p.is_file() {
+            continue;
+        }
+        let mut data = std::fs::read(&p).unwrap();
+        if p.extension().is_some_and(|x| x == "ptt") {
+            let name = p.display().to_string();
+            let parsed = ptt::parse(&name, &data).unwrap();
+            let f = parsed
+                .frames
+                .iter()
+                .find(|f| f.ty == ptt::RecordType::ThreadHeader as u16)
+                .unwrap();
+            let mut h = ptt::decode_thread_header(f.payload).unwrap();
+            assert_ne!(ptt::backend_name(h.backend), "hardware");
+            h.backend = 0;
+            assert_eq!(ptt::backend_name(h.backend), "hardware");
+            let frame = ptt::frame_vec(
+                ptt::RecordType::ThreadHeader,
+                &ptt::thread_header_payload(&h),
+            )
+            .unwrap();
+            let at = f.offset;
+            assert_eq!(frame.len(), f.payload.len() + ptt::FRAME_OVERHEAD);
+            data[at..at + frame.len()].copy_from_slice(&frame);
+            threads += 1;
+        }
+        std::fs::write(to.join(p.file_name().unwrap()), data).unwrap();
+    }
+    assert!(threads >= 3, "{threads} thread files");
+}
+
+/// timeline.pftrace is written on a thread of its own: each thread image's part while the
+/// next image is decoded when the axis is sure to be instructions (software backends),
+/// else once every image is decoded (hardware: the axis may be time). Both ways write the
+/// same files: a shell running the calls program twice (five thread images: the shell,
+/// and each child as the shell then the program, the later ones adding frames and names
+/// after the first ones were written), once as recorded and once with
+/// its thread headers saying hardware (no TSC conversion: still the instruction axis).
+#[test]
+fn pftrace_streamed_or_written_after_decoding_is_the_same() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_calls(dir.path());
+    let trace = dir.path().join("out");
+    let script = format!("{p} && {p}", p = prog.display());
+    ok(
+        &run_under_qemu(
+            &trace,
+            &[],
+            &[
+                std::ffi::OsStr::new("/bin/sh"),
+                std::ffi::OsStr::new("-c"),
+                std::ffi::OsStr::new(&script),
+            ],
+        ),
+        "pttrace run",
+    );
+    let hw = dir.path().join("hw");
+    as_hardware(&trace, &hw);
+    let view = |t: &Path, out: &str| -> PathBuf {
+        let o = dir.path().join(out);
+        let r = Command::new(pttrace())
+            .arg("view")
+            .arg(t)
+            .arg("--out")
+            .arg(&o)
+            .output()
+            .unwrap();
+        let said = ok(&r, "pttrace view");
+        assert!(said.contains("(5 thread images: execve)"), "{said}");
+        o
+    };
+    let (streamed, after) = (view(&trace, "streamed"), view(&hw, "after"));
+    for f in [
+        "timeline.pftrace",
+        "timeline.json",
+        "profile.speedscope.json",
+        "stacks.folded",
+    ] {
+        let (a, mut b) = (
+            std::fs::read(streamed.join(f)).unwrap(),
+            std::fs::read(after.join(f)).unwrap(),
+        );
+        if f == "timeline.json" {
+            // It names the trace it was made from.
+            let text = String::from_utf8(b).unwrap();
+            let (from, to) = (hw.display().to_string(), trace.display().to_string());
+            assert!(text.contains(&from));
+            b = text.replace(&from, &to).into_bytes();
+        }
+        assert!(a.len() > 100, "{f}: {} bytes", a.len());
+        assert!(a == b, "{f} differs: {} and {} bytes", a.len(), b.len());
+    }
+    // Each image's calls are in both: main, a, b and c, twice.
+    let spans = call_spans(&streamed.join("timeline.json"));
+    let mains = spans.iter().filter(|s| s.0 == "main").count();
+    assert_eq!(mains, 2, "{spans:?}");
+    // No partial file is left.
+    let left: Vec<_> = std::fs::read_dir(&streamed)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

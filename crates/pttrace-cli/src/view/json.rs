@@ -4,7 +4,8 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use super::{
-    pids, process_name, thread_track_names, window_name, Axis, Event, ThreadView, Ts, WINDOW_TRACK,
+    pids, process_name, thread_track_names, window_name, Axis, Event, ThreadView, Ts, Who,
+    WINDOW_TRACK,
 };
 
 /// `timeline.json`: Chrome Trace Event JSON.
@@ -26,7 +27,7 @@ impl Json {
 
     /// The file's start; process names (the command lines of the images a pid ran, in
     /// order) and thread names (the commands a thread ran), with its windows' track.
-    pub(super) fn start(&mut self, views: &[ThreadView]) -> std::io::Result<()> {
+    pub(super) fn start(&mut self, views: &[Who]) -> std::io::Result<()> {
         self.w.write_all(b"{\"traceEvents\":[\n")?;
         for pid in pids(views) {
             let name = process_name(views, pid);
@@ -104,7 +105,7 @@ impl Json {
             }
         }
         w.write_all(b",\"pid\":")?;
-        w.write_all(num.format(v.pid).as_bytes())?;
+        w.write_all(num.format(v.who.pid).as_bytes())?;
         w.write_all(b",\"tid\":")?;
         w.write_all(num.format(tid).as_bytes())?;
         w.write_all(b"}")
@@ -116,11 +117,11 @@ impl Json {
         tid: i64,
         axis: &Axis,
     ) -> std::io::Result<()> {
-        let axis_of = |v: &ThreadView, s: u64, e: u64| axis.place(v, s, e);
+        let axis_of = |v: &ThreadView, s: u64, e: u64| axis.place(&v.clock, s, e);
         for (win, start, end) in &v.windows {
             let name = window_name(win);
             let (ts, dur) = axis_of(v, *start, *end);
-            let mut e = Event::new(&name, "X", v.pid, Some(WINDOW_TRACK + tid));
+            let mut e = Event::new(&name, "X", v.who.pid, Some(WINDOW_TRACK + tid));
             e.cat = Some("syscall");
             e.ts = Some(ts);
             e.dur = Some(dur);
@@ -135,7 +136,7 @@ impl Json {
         }
         for m in &v.markers {
             let (ts, _) = axis_of(v, m.at, m.at);
-            let mut e = Event::new("gap", "i", v.pid, Some(tid));
+            let mut e = Event::new("gap", "i", v.who.pid, Some(tid));
             e.cat = Some("gap");
             e.ts = Some(ts);
             e.s = Some("t");

@@ -1,111 +1,288 @@
-//! `timeline.pftrace` of the views: track descriptors, then each view's calls, gaps and
-//! windows as [`pftrace`] packets, from the call edges the spill's read gives.
+//! `timeline.pftrace` of the views, on a thread of its own ([`PfPipe`]): track
+//! descriptors, then each thread image's calls, gaps and windows as [`pftrace`] packets,
+//! read from its spill file as soon as the image is handed over (while the next image is
+//! decoded).
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender};
 
-use drpttracer::decode::callstack::{Marker, SpanEnd, SpanStart};
+use drpttracer::decode::callstack::Marker;
+use drpttracer::decode::ptt_dir::PttWindowInfo;
 
-use super::frames::{FrameTable, Names};
+use super::frames::Names;
 use super::{
-    marker_ns, ns, pftrace, pids, process_name, span_category, thread_track_names, window_name,
-    Axis, ThreadView,
+    marker_ns, ns, pftrace, pids, process_name, span_category, spill, thread_track_names,
+    window_name, Axis, Clock, Namer, ThreadView, Who,
 };
 
-/// Edges handed to the Perfetto writer at a time.
-pub(super) const PF_BATCH: usize = 1 << 14;
-
-/// A call's begin (with how it began and ended) or end, at `ts` (ns), for the Perfetto
-/// writer.
-#[derive(Clone, Copy)]
-pub(super) struct PfEdge {
-    pub(super) ts: u64,
-    pub(super) frame: u32,
-    pub(super) kinds: Option<(SpanStart, SpanEnd)>,
+/// What the Perfetto writer's thread is handed: first the tracks, then the thread images
+/// in order.
+enum PfMsg {
+    Tracks { whos: Vec<Who>, axis: Axis },
+    View(Box<PfView>),
 }
 
-/// Writes `timeline.pftrace` (see [`pftrace`]) from the edges of each view in turn, as
-/// [`write_views`] reads them (an empty batch ends a view): its calls (each function of
-/// an inlined chain a slice), gaps as instant events, its windows on their own track.
-pub(super) fn write_pftrace_views<W: Write + Send + 'static>(
+/// One thread image's part of the timeline, with the frame names it added.
+struct PfView {
+    pid: i32,
+    tid: i32,
+    clock: Clock,
+    markers: Vec<Marker>,
+    windows: Vec<(PttWindowInfo, u64, u64)>,
+    spill: Option<spill::Spill>,
+    cut: Option<(u64, u64)>,
+    /// Its process image (whose frame table its spans' frames index).
+    image: (i32, u64),
+    /// The frames its process image's table got since the last image handed over.
+    new_frames: Vec<Vec<u32>>,
+    /// The names the view's string table got since then.
+    new_names: Vec<String>,
+}
+
+/// The Perfetto writer's thread and what was handed to it.
+pub(super) struct PfPipe {
+    tx: Option<Sender<PfMsg>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<u64>>>,
+    /// Where the file is written until it is complete, and its name then.
+    partial: PathBuf,
+    path: PathBuf,
+    /// Names handed over, and frames by process image.
+    sent_names: usize,
+    sent_frames: HashMap<(i32, u64), usize>,
+}
+
+impl PfPipe {
+    /// Starts the writer of `path` (written under a temporary name until it is complete).
+    pub(super) fn start(path: PathBuf) -> Result<Self, String> {
+        let name = path.file_name().map_or_else(
+            || "timeline.pftrace".into(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let partial = path.with_file_name(format!(".{name}.partial"));
+        let file = std::fs::File::create(&partial)
+            .map_err(|e| format!("{}: cannot create: {e}", partial.display()))?;
+        let pf = pftrace::Writer::new(BufWriter::with_capacity(1 << 20, file));
+        let (tx, rx) = std::sync::mpsc::channel::<PfMsg>();
+        let thread = std::thread::spawn(move || write_pftrace(pf, &rx));
+        Ok(PfPipe {
+            tx: Some(tx),
+            thread: Some(thread),
+            partial,
+            path,
+            sent_names: 0,
+            sent_frames: HashMap::new(),
+        })
+    }
+
+    fn send(&mut self, m: PfMsg) {
+        // A writer that stopped says why at `finish`.
+        if let Some(tx) = &self.tx {
+            if tx.send(m).is_err() {
+                self.tx = None;
+            }
+        }
+    }
+
+    /// The tracks: a process track per pid, a thread track and a windows track per thread.
+    pub(super) fn tracks(&mut self, whos: &[Who], axis: &Axis) {
+        self.send(PfMsg::Tracks {
+            whos: whos.to_vec(),
+            axis: axis.clone(),
+        });
+    }
+
+    /// The next thread image, decoded: its spans are read from its spill file.
+    pub(super) fn view(
+        &mut self,
+        v: &ThreadView,
+        namers: &HashMap<(i32, u64), Namer>,
+        names: &Names,
+    ) {
+        let new_names = names.strings.get(self.sent_names..).unwrap_or(&[]).to_vec();
+        self.sent_names = names.strings.len();
+        let sent = self.sent_frames.entry(v.image).or_insert(0);
+        let new_frames = namers
+            .get(&v.image)
+            .and_then(|n| n.frames.chains.get(*sent..))
+            .unwrap_or(&[])
+            .to_vec();
+        *sent += new_frames.len();
+        self.send(PfMsg::View(Box::new(PfView {
+            pid: v.who.pid,
+            tid: v.who.tid,
+            clock: v.clock.clone(),
+            markers: v.markers.clone(),
+            windows: v.windows.clone(),
+            spill: v.spill.clone(),
+            cut: v.cut,
+            image: v.image,
+            new_frames,
+            new_names,
+        })));
+    }
+
+    /// Waits for the file to be complete; its bytes.
+    pub(super) fn finish(mut self) -> Result<u64, String> {
+        self.tx = None;
+        let bytes = match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r.map_err(|e| format!("{}: cannot write: {e}", self.path.display()))?,
+            _ => {
+                return Err(format!(
+                    "{}: the writing thread panicked",
+                    self.path.display()
+                ))
+            }
+        };
+        std::fs::rename(&self.partial, &self.path).map_err(|e| {
+            format!(
+                "{}: cannot rename to {}: {e}",
+                self.partial.display(),
+                self.path.display()
+            )
+        })?;
+        Ok(bytes)
+    }
+}
+
+impl Drop for PfPipe {
+    fn drop(&mut self) {
+        // Not finished (an error): the writer stops and its partial file goes.
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+            let _ = std::fs::remove_file(&self.partial);
+        }
+    }
+}
+
+/// The writer's thread: every image's calls (each function of an inlined chain a slice),
+/// gaps as instant events, its windows on their own track.
+fn write_pftrace<W: Write + Send + 'static>(
     mut pf: pftrace::Writer<W>,
-    tracks: &HashMap<(i32, i32), (u64, u64)>,
-    views: &[ThreadView],
-    view_frames: &[&FrameTable],
-    names: &Names,
-    axis: &Axis,
-    edges: &std::sync::mpsc::Receiver<Vec<PfEdge>>,
+    rx: &Receiver<PfMsg>,
 ) -> std::io::Result<u64> {
-    let empty = FrameTable::default();
-    for (k, v) in views.iter().enumerate() {
-        let frames = view_frames.get(k).copied().unwrap_or(&empty);
-        let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
-        let t0 = ns(axis.place(v, 0, 0).0);
-        let mut seq = pf.sequence(track, t0)?;
-        let mut markers = v.markers.iter().peekable();
-        // Categories by start and end kind, each with its key in the sequence.
-        let mut cats: Vec<Option<(u32, String)>> = vec![None; 64];
-        let mut keys = 0u32;
-        while let Ok(batch) = edges.recv() {
-            if batch.is_empty() {
-                break;
+    let mut names: Vec<String> = Vec::new();
+    let mut frames: HashMap<(i32, u64), Vec<Vec<u32>>> = HashMap::new();
+    let mut tracks: HashMap<(i32, i32), (u64, u64)> = HashMap::new();
+    let mut axis = Axis::Instructions { why: String::new() };
+    for m in rx {
+        match m {
+            PfMsg::Tracks { whos, axis: a } => {
+                tracks = pf_tracks(&mut pf, &whos, &a)?;
+                axis = a;
             }
-            for e in batch {
-                while let Some(m) = markers.next_if(|m| marker_ns(v, axis, m) <= e.ts) {
-                    gap(&mut pf, &mut seq, v, axis, m)?;
-                }
-                let chain = frames.chain(e.frame);
-                let Some((start, end)) = e.kinds else {
-                    for _ in chain {
-                        pf.event(&mut seq, pftrace::Event::End { ts: e.ts })?;
-                    }
-                    continue;
-                };
-                let slot = (start as usize * 8 + end as usize) % 64;
-                let (cat_key, category) = cats[slot].get_or_insert_with(|| {
-                    keys += 1;
-                    (keys - 1, span_category(start, end).into_owned())
-                });
-                for &id in chain {
-                    pf.event(
-                        &mut seq,
-                        pftrace::Event::Begin {
-                            ts: e.ts,
-                            name: pftrace::Named::keyed(id, names.get(id)),
-                            category: pftrace::Named::keyed(*cat_key, category),
-                        },
-                    )?;
-                }
+            PfMsg::View(v) => {
+                let PfView {
+                    new_frames,
+                    new_names,
+                    ..
+                } = &*v;
+                names.extend_from_slice(new_names);
+                let table = frames.entry(v.image).or_default();
+                table.extend_from_slice(new_frames);
+                write_view(&mut pf, &tracks, &v, table, &names, &axis)?;
             }
-        }
-        for m in markers {
-            gap(&mut pf, &mut seq, v, axis, m)?;
-        }
-        // Windows, one after the other on their own track and sequence.
-        let mut wseq = pf.sequence(window_track, t0)?;
-        for (win, start, end) in &v.windows {
-            let name = window_name(win);
-            let (ts, dur) = axis.place(v, *start, *end);
-            let ts = ns(ts);
-            pf.event(
-                &mut wseq,
-                pftrace::Event::Begin {
-                    ts,
-                    name: pftrace::Named::text(&name),
-                    category: pftrace::Named::text("syscall"),
-                },
-            )?;
-            pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) })?;
         }
     }
     pf.finish()
 }
 
+/// One thread image's sequence: its calls from its spill, its gaps among them in time
+/// order; then its windows, one after the other on their own track and sequence.
+fn write_view<W: Write + Send + 'static>(
+    pf: &mut pftrace::Writer<W>,
+    tracks: &HashMap<(i32, i32), (u64, u64)>,
+    v: &PfView,
+    frames: &[Vec<u32>],
+    names: &[String],
+    axis: &Axis,
+) -> std::io::Result<()> {
+    let name_of = |id: u32| names.get(id as usize).map_or("?", String::as_str);
+    let chain = |f: u32| frames.get(f as usize).map_or(&[][..], Vec::as_slice);
+    let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
+    let t0 = ns(axis.place(&v.clock, 0, 0).0);
+    let mut seq = pf.sequence(track, t0)?;
+    let mut markers = v.markers.iter().peekable();
+    // Categories by start and end kind, each with its key in the sequence.
+    let mut cats: Vec<Option<(u32, String)>> = vec![None; 64];
+    let mut keys = 0u32;
+    // The ends (ns) of the open calls, to keep the nesting should rounding of times
+    // disagree.
+    let mut ends: Vec<u64> = Vec::new();
+    if let Some(s) = &v.spill {
+        spill::replay(s, v.cut, |e| {
+            let (ts, frame, kinds) = match e {
+                spill::Edge::Begin {
+                    at,
+                    len,
+                    frame,
+                    start,
+                    end,
+                } => {
+                    let (ts, dur) = axis.place(&v.clock, at, at + len);
+                    let b = ns(ts);
+                    let outer = ends.last().copied().unwrap_or(u64::MAX);
+                    ends.push((b + ns(dur)).min(outer).max(b));
+                    (b, frame, Some((start, end)))
+                }
+                spill::Edge::End { frame, .. } => (ends.pop().unwrap_or(0), frame, None),
+            };
+            while let Some(m) = markers.next_if(|m| marker_ns(&v.clock, axis, m) <= ts) {
+                gap(pf, &mut seq, &v.clock, axis, m)?;
+            }
+            let chain = chain(frame);
+            let Some((start, end)) = kinds else {
+                for _ in chain {
+                    pf.event(&mut seq, pftrace::Event::End { ts })?;
+                }
+                return Ok(());
+            };
+            let slot = (start as usize * 8 + end as usize) % 64;
+            let (cat_key, category) = cats[slot].get_or_insert_with(|| {
+                keys += 1;
+                (keys - 1, span_category(start, end).into_owned())
+            });
+            for &id in chain {
+                pf.event(
+                    &mut seq,
+                    pftrace::Event::Begin {
+                        ts,
+                        name: pftrace::Named::keyed(id, name_of(id)),
+                        category: pftrace::Named::keyed(*cat_key, category),
+                    },
+                )?;
+            }
+            Ok(())
+        })?;
+    }
+    for m in markers {
+        gap(pf, &mut seq, &v.clock, axis, m)?;
+    }
+    let mut wseq = pf.sequence(window_track, t0)?;
+    for (win, start, end) in &v.windows {
+        let name = window_name(win);
+        let (ts, dur) = axis.place(&v.clock, *start, *end);
+        let ts = ns(ts);
+        pf.event(
+            &mut wseq,
+            pftrace::Event::Begin {
+                ts,
+                name: pftrace::Named::text(&name),
+                category: pftrace::Named::text("syscall"),
+            },
+        )?;
+        pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) })?;
+    }
+    Ok(())
+}
+
 /// The track descriptors of `timeline.pftrace`: a process track per pid, a thread track
 /// and a windows track per thread; returns the (thread, windows) track uuids by thread.
-pub(super) fn pf_tracks<W: Write + Send + 'static>(
+fn pf_tracks<W: Write + Send + 'static>(
     w: &mut pftrace::Writer<W>,
-    views: &[ThreadView],
+    whos: &[Who],
     axis: &Axis,
 ) -> std::io::Result<HashMap<(i32, i32), (u64, u64)>> {
     use pftrace::Track;
@@ -115,16 +292,16 @@ pub(super) fn pf_tracks<W: Write + Send + 'static>(
     };
     let mut uuids: HashMap<(i32, i32), (u64, u64)> = HashMap::new();
     let mut next = 1u64;
-    for pid in pids(views) {
+    for pid in pids(whos) {
         let process = next;
         next += 1;
-        let name = format!("{}{unit}", process_name(views, pid));
+        let name = format!("{}{unit}", process_name(whos, pid));
         w.track(process, Track::Process { pid, name: &name })?;
-        for v in views.iter().filter(|v| v.pid == pid) {
+        for v in whos.iter().filter(|v| v.pid == pid) {
             if uuids.contains_key(&(v.pid, v.tid)) {
                 continue;
             }
-            let (thread, windows) = thread_track_names(views, v);
+            let (thread, windows) = thread_track_names(whos, v);
             let (t, wt) = (next, next + 1);
             next += 2;
             w.track(
@@ -149,14 +326,14 @@ pub(super) fn pf_tracks<W: Write + Send + 'static>(
 }
 
 /// A gap or loss as an instant event on the thread's track.
-pub(super) fn gap<W: Write + Send + 'static>(
+fn gap<W: Write + Send + 'static>(
     w: &mut pftrace::Writer<W>,
     seq: &mut pftrace::Sequence,
-    v: &ThreadView,
+    clock: &Clock,
     axis: &Axis,
     m: &Marker,
 ) -> std::io::Result<()> {
-    let ts = marker_ns(v, axis, m);
+    let ts = marker_ns(clock, axis, m);
     let name = format!("gap: {}", m.what);
     w.event(
         seq,

@@ -3,7 +3,7 @@
 use std::io::{BufWriter, Write};
 
 use super::frames::Names;
-use super::{thread_track_names, ThreadView};
+use super::{thread_track_names, Who};
 
 /// `profile.speedscope.json`: speedscope's own format (a shared frame table, one evented
 /// profile per thread image: open/close events), with the axis unit speedscope shows
@@ -31,8 +31,8 @@ impl Speedscope {
     pub(super) fn profile_start(
         &mut self,
         k: usize,
-        views: &[ThreadView],
-        v: &ThreadView,
+        views: &[Who],
+        v: &Who,
         t0: u64,
         end: u64,
     ) -> std::io::Result<()> {

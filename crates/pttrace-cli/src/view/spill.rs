@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use drpttracer::decode::callstack::{SpanEnd, SpanSink, SpanStart};
 
@@ -160,8 +161,13 @@ struct Implied {
     end: Option<(u64, SpanEnd)>,
 }
 
-/// The file of one thread image's spans, and what stays in memory to read it back.
-pub struct Spill {
+/// The file of one thread image's spans, and what stays in memory to read it back. Its
+/// clones read the same file (the timelines are written from it on two threads), which is
+/// removed when the last is dropped.
+#[derive(Clone)]
+pub struct Spill(Arc<SpillFile>);
+
+struct SpillFile {
     path: PathBuf,
     /// Implied callers by segment (in the order they were found), for the segments that
     /// have some.
@@ -172,11 +178,11 @@ pub struct Spill {
 impl Spill {
     /// The spans written.
     pub fn spans(&self) -> u64 {
-        self.spans
+        self.0.spans
     }
 }
 
-impl Drop for Spill {
+impl Drop for SpillFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
@@ -272,11 +278,11 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
-        Ok(Spill {
+        Ok(Spill(Arc::new(SpillFile {
             path: std::mem::take(&mut self.path),
             implied: std::mem::take(&mut self.implied),
             spans: self.spans,
-        })
+        })))
     }
 }
 
@@ -463,6 +469,7 @@ pub fn replay(
     cut: Option<(u64, u64)>,
     mut f: impl FnMut(Edge) -> io::Result<()>,
 ) -> io::Result<()> {
+    let spill = &*spill.0;
     let file = File::open(&spill.path)?;
     let mut r = Reader::new(file, spill.path.clone());
     let (lo, hi) = cut.unwrap_or((0, u64::MAX));
