@@ -239,6 +239,34 @@ struct Clock {
     time: Option<TimeMap>,
 }
 
+/// The open calls of a thread image as the timelines place them: each one's end (ns),
+/// kept inside its caller's should rounding of times disagree, with what the writer keeps
+/// of it (`T`).
+struct Nesting<T> {
+    open: Vec<(u64, T)>,
+}
+
+impl<T: Default> Nesting<T> {
+    fn new() -> Self {
+        Nesting { open: Vec::new() }
+    }
+
+    /// A call of instructions `[at, at + len)` begins: its (ts, dur) on the axis and its
+    /// begin in ns.
+    fn begin(&mut self, axis: &Axis, c: &Clock, at: u64, len: u64, kept: T) -> (Ts, Ts, u64) {
+        let (ts, dur) = axis.place(c, at, at + len);
+        let b = ns(ts);
+        let outer = self.open.last().map_or(u64::MAX, |e| e.0);
+        self.open.push(((b + ns(dur)).min(outer).max(b), kept));
+        (ts, dur, b)
+    }
+
+    /// The innermost open call ends: its end (ns) and what was kept of it.
+    fn end(&mut self) -> (u64, T) {
+        self.open.pop().unwrap_or((0, T::default()))
+    }
+}
+
 /// Who a thread image is: what its tracks are named after.
 #[derive(Clone)]
 struct Who {
@@ -770,9 +798,8 @@ fn write_views(
         ss.profile_start(k, &whos, &v.who, t0, t0 + ns(end))
             .map_err(write_err(&paths.speedscope))?;
         let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
-        // The ends (ns) of the open calls, to keep the nesting should rounding of times
-        // disagree, and whether the bounded formats have them.
-        let mut ends: Vec<(u64, bool)> = Vec::new();
+        // The open calls, and whether the bounded formats have them.
+        let mut nesting: Nesting<bool> = Nesting::new();
         // Which file failed: false JSON, true speedscope.
         let mut failed_ss = false;
         let mut edge = |e: spill::Edge| -> std::io::Result<()> {
@@ -784,11 +811,8 @@ fn write_views(
                     start,
                     end,
                 } => {
-                    let (jts, dur) = axis.place(&v.clock, at, at + len);
-                    let b = ns(jts);
-                    let outer = ends.last().map_or(u64::MAX, |e| e.0);
                     let bounded = len >= merge_below;
-                    ends.push(((b + ns(dur)).min(outer).max(b), bounded));
+                    let (jts, dur, b) = nesting.begin(axis, &v.clock, at, len, bounded);
                     if !bounded {
                         return Ok(());
                     }
@@ -804,7 +828,7 @@ fn write_views(
                     }
                 }
                 spill::Edge::End { frame, .. } => {
-                    let (e, bounded) = ends.pop().unwrap_or((0, false));
+                    let (e, bounded) = nesting.end();
                     if !bounded {
                         return Ok(());
                     }

@@ -14,7 +14,7 @@ use drpttracer::decode::ptt_dir::PttWindowInfo;
 use super::frames::Names;
 use super::{
     marker_ns, ns, pftrace, pids, process_name, span_category, spill, thread_track_names,
-    window_name, Axis, Clock, Namer, ThreadView, Who,
+    window_name, Axis, Clock, Namer, Nesting, ThreadView, Who,
 };
 
 /// What the Perfetto writer's thread is handed: first the tracks, then the thread images
@@ -208,9 +208,7 @@ fn write_view<W: Write + Send + 'static>(
     // Categories by start and end kind, each with its key in the sequence.
     let mut cats: Vec<Option<(u32, String)>> = vec![None; 64];
     let mut keys = 0u32;
-    // The ends (ns) of the open calls, to keep the nesting should rounding of times
-    // disagree.
-    let mut ends: Vec<u64> = Vec::new();
+    let mut nesting: Nesting<()> = Nesting::new();
     if let Some(s) = &v.spill {
         spill::replay(s, v.cut, |e| {
             let (ts, frame, kinds) = match e {
@@ -221,13 +219,10 @@ fn write_view<W: Write + Send + 'static>(
                     start,
                     end,
                 } => {
-                    let (ts, dur) = axis.place(&v.clock, at, at + len);
-                    let b = ns(ts);
-                    let outer = ends.last().copied().unwrap_or(u64::MAX);
-                    ends.push((b + ns(dur)).min(outer).max(b));
+                    let (_, _, b) = nesting.begin(axis, &v.clock, at, len, ());
                     (b, frame, Some((start, end)))
                 }
-                spill::Edge::End { frame, .. } => (ends.pop().unwrap_or(0), frame, None),
+                spill::Edge::End { frame, .. } => (nesting.end().0, frame, None),
             };
             while let Some(m) = markers.next_if(|m| marker_ns(&v.clock, axis, m) <= ts) {
                 gap(pf, &mut seq, &v.clock, axis, m)?;
