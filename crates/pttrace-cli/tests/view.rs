@@ -27,6 +27,30 @@ fn ok(o: &Output, what: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `pttrace view TRACE --out OUT EXTRA...`, which must succeed; its stdout.
+fn view_into(trace: &Path, out: &Path, extra: &[&str]) -> String {
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(trace)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    ok(&o, &format!("pttrace view {}", extra.join(" ")))
+}
+
+/// The calls program built in `dir` and traced under QEMU into `dir/out`, run by the
+/// command `cmd` makes of its path: (program, trace).
+fn traced_calls(dir: &Path, cmd: impl FnOnce(&Path) -> Vec<String>) -> (PathBuf, PathBuf) {
+    let prog = shim_util::compile_calls(dir);
+    let trace = dir.join("out");
+    let cmd = cmd(&prog);
+    let args: Vec<&std::ffi::OsStr> = cmd.iter().map(std::ffi::OsStr::new).collect();
+    ok(&run_under_qemu(&trace, &[], &args), "pttrace run");
+    (prog, trace)
+}
+
 /// (address, size) of each function symbol of `exe`.
 fn functions(exe: &Path, names: &[&str]) -> BTreeMap<String, (u64, u64)> {
     use object::{Object, ObjectSymbol};
@@ -75,13 +99,11 @@ struct Span {
 #[test]
 fn calls_program_spans_stacks_and_flamegraph() {
     if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_calls(dir.path());
-    let trace = dir.path().join("out");
-    let o = run_under_qemu(&trace, &[], &[prog.as_os_str()]);
-    ok(&o, "pttrace run");
+    let (prog, trace) = traced_calls(dir.path(), |p| vec![p.display().to_string()]);
 
     let o = Command::new(pttrace())
         .arg("view")
@@ -490,25 +512,12 @@ fn range_cuts_a_part_in_full_detail() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_calls(dir.path());
-    let trace = dir.path().join("out");
-    ok(
-        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
-        "pttrace run",
-    );
+    let (prog, trace) = traced_calls(dir.path(), |p| vec![p.display().to_string()]);
     let pcs = decoded_pcs(&trace);
     let (&tid, pcs) = pcs.iter().next().unwrap();
     let view = |extra: &[&str], out: &str| -> PathBuf {
         let o = dir.path().join(out);
-        let r = Command::new(pttrace())
-            .arg("view")
-            .arg(&trace)
-            .arg("--out")
-            .arg(&o)
-            .args(extra)
-            .output()
-            .unwrap();
-        ok(&r, "pttrace view");
+        view_into(&trace, &o, extra);
         o
     };
     let whole = call_spans(&view(&[], "whole").join("timeline.json"));
@@ -780,17 +789,7 @@ fn a_large_trace_is_viewed_in_bounded_memory_and_bounded_files() {
     // A part in full detail: the calls of the whole cut to it.
     let (a, b) = (total / 2, total / 2 + 200_000);
     let part = dir.path().join("part");
-    ok(
-        &Command::new(pttrace())
-            .arg("view")
-            .arg(&trace)
-            .arg("--out")
-            .arg(&part)
-            .args(["--range", &format!("insn:{a}..{b}")])
-            .output()
-            .unwrap(),
-        "pttrace view --range",
-    );
+    view_into(&trace, &part, &["--range", &format!("insn:{a}..{b}")]);
     let mut want: Vec<(String, u64, u64)> = calls
         .iter()
         .filter(|(_, s, e)| *e > a && *s < b)
@@ -854,33 +853,15 @@ fn pftrace_streamed_or_written_after_decoding_is_the_same() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_calls(dir.path());
-    let trace = dir.path().join("out");
-    let script = format!("{p} && {p}", p = prog.display());
-    ok(
-        &run_under_qemu(
-            &trace,
-            &[],
-            &[
-                std::ffi::OsStr::new("/bin/sh"),
-                std::ffi::OsStr::new("-c"),
-                std::ffi::OsStr::new(&script),
-            ],
-        ),
-        "pttrace run",
-    );
+    let (_, trace) = traced_calls(dir.path(), |p| {
+        let script = format!("{p} && {p}", p = p.display());
+        vec!["/bin/sh".into(), "-c".into(), script]
+    });
     let hw = dir.path().join("hw");
     as_hardware(&trace, &hw);
     let view = |t: &Path, out: &str| -> PathBuf {
         let o = dir.path().join(out);
-        let r = Command::new(pttrace())
-            .arg("view")
-            .arg(t)
-            .arg("--out")
-            .arg(&o)
-            .output()
-            .unwrap();
-        let said = ok(&r, "pttrace view");
+        let said = view_into(t, &o, &[]);
         assert!(said.contains("(5 thread images: execve)"), "{said}");
         o
     };
