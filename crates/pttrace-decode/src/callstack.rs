@@ -438,7 +438,7 @@ struct Node {
 }
 
 const ROOT: u32 = u32::MAX;
-const CACHE_SLOTS: usize = 4096;
+const CACHE_SLOTS: usize = 1 << 14;
 /// Deepest call stack kept: past it the stacks start over (see [`CallStacks::restart`]).
 pub const MAX_DEPTH: usize = 10_000;
 /// Implied callers inserted below a segment's frames (returns to frames never seen) before
@@ -446,7 +446,7 @@ pub const MAX_DEPTH: usize = 10_000;
 pub const MAX_BOTTOMS: usize = 256;
 /// Instruction addresses remembered with their inline key (an interpreter's loop alone
 /// spans thousands).
-const INLINE_CACHE_SLOTS: usize = 1 << 16;
+const INLINE_CACHE_SLOTS: usize = 1 << 18;
 
 /// Reconstructs one thread's call stacks; see the module documentation.
 pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
@@ -650,7 +650,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     }
 
     fn function_start(&mut self, addr: u64) -> Option<u64> {
-        let slot = ((addr ^ (addr >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
+        let slot = ((addr ^ (addr >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize
             % CACHE_SLOTS;
         if let Some(e) = self.cache.get(slot) {
             if e.2 && e.0 == addr {
@@ -783,15 +783,15 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         let Some(tf) = self.function_start(target) else {
             return;
         };
-        let ff = self.function_start(from);
-        if ff == Some(tf) {
+        // A jump within the top frame's own function (most jumps: looked at before the
+        // source's function), or into it from code outside it: the function's split-off
+        // part (gcc's `.cold` code, which a stripped binary gives no symbol) going back,
+        // or looping to its start. The frame goes on; the same function deeper in the
+        // stack (recursion: an interpreter) is no target.
+        if self.stack.last().is_some_and(|f| f.func == Some(tf)) {
             return;
         }
-        // A jump into the top frame's own function from code outside it: the function's
-        // split-off part (gcc's `.cold` code, which a stripped binary gives no symbol)
-        // going back, or looping to its start. The frame goes on; the same function deeper
-        // in the stack (recursion: an interpreter) is no target.
-        if self.stack.last().is_some_and(|f| f.func == Some(tf)) {
+        if self.function_start(from) == Some(tf) {
             return;
         }
         if tf == target {
