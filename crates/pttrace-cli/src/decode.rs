@@ -4,7 +4,7 @@ use std::io::{BufWriter, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use drpttracer::decode::parallel::decode_parallel_compact;
+use drpttracer::decode::parallel::decode_parallel_stats;
 use drpttracer::decode::ptt_input::PttProcess;
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::TraceDecoder;
@@ -314,11 +314,31 @@ struct Printer<W: Write> {
     srcline: bool,
     /// OVF records met, in every format (a loss `finish` reports).
     overflows: u64,
+    /// Windows by who decoded them ([`decoded_by_text`]), for the summary.
+    decoded_by: std::collections::BTreeMap<String, u64>,
     /// `--format drmemtrace` of an input that is not a trace directory.
     drmemtrace: Option<drmemtrace::SingleThread>,
 }
 
 impl<W: Write> Printer<W> {
+    /// A window was decoded by `by`.
+    fn decoded(&mut self, by: String) {
+        *self.decoded_by.entry(by).or_insert(0) += 1;
+    }
+
+    /// The summary's line of who decoded the windows (none if nothing was decoded).
+    fn decoded_by_line(&mut self) -> std::io::Result<()> {
+        if self.decoded_by.is_empty() {
+            return Ok(());
+        }
+        let by: Vec<String> = self
+            .decoded_by
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect();
+        writeln!(self.out, "decoded by: {}", by.join(", "))
+    }
+
     fn record(&mut self, r: &Record) -> std::io::Result<()> {
         if let Record::Overflow { .. } = r {
             self.overflows += 1;
@@ -449,6 +469,7 @@ impl<W: Write> Printer<W> {
                 self.out,
                 "total: {total} instructions, {errors} gaps, {overflows} overflows"
             )?;
+            self.decoded_by_line()?;
         }
         self.out.flush()
     }
@@ -518,6 +539,7 @@ pub fn run(args: Args) -> CmdResult {
         lines: None,
         srcline: false,
         overflows: 0,
+        decoded_by: Default::default(),
     };
     let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
     let bar = crate::progress::pt_bytes(total);
@@ -895,7 +917,7 @@ impl WindowDecode<'_> {
         resolver: &ImageResolver,
         opts: &WindowOptions,
     ) -> WindowResult<()> {
-        let chunks = decode_parallel_compact(
+        let (chunks, stats) = decode_parallel_stats(
             pt,
             &self.params,
             space,
@@ -907,6 +929,10 @@ impl WindowDecode<'_> {
         for r in chunks.iter().flat_map(|c| c.iter()) {
             printer.record(r)?;
         }
+        printer.decoded(match stats.one_pass_by {
+            Some(by) => format!("{} (one pass)", decoded_by_text(by)),
+            None => format!("{} (PSB-parallel)", stats.by),
+        });
         Ok(())
     }
 
@@ -954,6 +980,7 @@ impl WindowDecode<'_> {
             }
             progress(dec.position());
         }
+        printer.decoded(decoded_by_text(dec.decoded_by()));
         let warnings = dec.warnings().to_vec();
         self.caches = dec.take_caches();
         Ok(warnings)

@@ -168,7 +168,32 @@ fn decode_and_dump_files() {
         [
             "window 0: 3 instructions, 0 gaps, 0 overflows",
             "window 1: 3 instructions, 0 gaps, 0 overflows",
-            "total: 6 instructions, 0 gaps, 0 overflows"
+            "total: 6 instructions, 0 gaps, 0 overflows",
+            "decoded by: fast: 2"
+        ]
+    );
+    // A FUP followed by neither TIP nor TIP.PGD: the fast decoder hands the window to
+    // libipt, and the summary says so and why.
+    let mut w2 = PtWriter::new();
+    w2.psb_plus(Some(0x100), None).tip_pge(base).fup(base + 1);
+    let fup = dir.path().join("fup.pt");
+    std::fs::write(&fup, &w2.buf).unwrap();
+    let (ok, sum, err) = pttrace(&[
+        "decode",
+        "--pt",
+        fup.to_str().unwrap(),
+        "--image",
+        exep,
+        "--format",
+        "summary",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        sum.lines().collect::<Vec<_>>(),
+        [
+            "trace: 0 instructions, 0 gaps, 0 overflows",
+            "total: 0 instructions, 0 gaps, 0 overflows",
+            "decoded by: libipt (FUP at the end of the trace): 1"
         ]
     );
     // Without the image: a gap naming the file, offset and address.
@@ -230,6 +255,25 @@ fn threads_give_identical_output() {
     assert!(one.lines().count() > 50_000);
     assert!(!one.contains("\"gap\""));
     assert_eq!(run("3"), one);
+    // The summary says who decoded the trace: the fast decoder, on one thread or on
+    // segments cut at PSBs.
+    let by = |threads: &str| {
+        let (ok, out, err) = pttrace(&[
+            "decode",
+            "--pt",
+            pt.to_str().unwrap(),
+            "--image",
+            exe.to_str().unwrap(),
+            "--format",
+            "summary",
+            "--threads",
+            threads,
+        ]);
+        assert!(ok, "{err}");
+        out.lines().last().unwrap_or("").to_string()
+    };
+    assert_eq!(by("1"), "decoded by: fast: 1");
+    assert_eq!(by("3"), "decoded by: fast (PSB-parallel): 1");
 }
 
 /// `--decoder check`: both decoders on every window, compared; the summary names what was

@@ -164,8 +164,10 @@ impl<'t> Inputs<'t> {
         o
     }
 
-    fn sequential(&self) -> Result<CompactRecords, DecodeError> {
-        let dec = PtDecoder::new(
+    /// One decoder over the whole trace: its records, and who decoded them
+    /// ([`TraceDecoder::decoded_by`]).
+    fn sequential(&self) -> Result<(CompactRecords, DecodedBy), DecodeError> {
+        let mut dec = PtDecoder::new(
             self.trace,
             *self.params,
             self.image.clone(),
@@ -173,7 +175,8 @@ impl<'t> Inputs<'t> {
             self.resolver.clone(),
             self.opts.clone(),
         )?;
-        Ok(dec.collect_compact())
+        let records = dec.collect_compact_mut();
+        Ok((records, dec.decoded_by()))
     }
 
     /// Decodes from segment `k`'s start (the trace's start for 0) in state `state`,
@@ -299,7 +302,12 @@ pub struct ParallelStats {
     /// on the stitching thread (fast decoder).
     pub joined: usize,
     pub redecoded: usize,
+    /// For `"one pass"`: who that decoder was ([`TraceDecoder::decoded_by`]).
+    pub one_pass_by: Option<DecodedBy>,
 }
+
+/// Who decoded a trace, and why libipt where the fast decoder handed it over.
+pub type DecodedBy = (&'static str, Option<&'static str>);
 
 /// [`decode_parallel_compact`] and how it went.
 pub fn decode_parallel_stats(
@@ -563,12 +571,14 @@ fn one_pass(
     inputs: &Inputs<'_>,
     segments: usize,
 ) -> Result<(Vec<CompactRecords>, ParallelStats), DecodeError> {
+    let (records, by) = inputs.sequential()?;
     let stats = ParallelStats {
         by: "one pass",
         segments,
+        one_pass_by: Some(by),
         ..Default::default()
     };
-    Ok((vec![inputs.sequential()?], stats))
+    Ok((vec![records], stats))
 }
 
 fn is_timestamp(r: &Record) -> bool {

@@ -1238,7 +1238,7 @@ impl<'a> PtDecoder<'a> {
 }
 
 impl PtDecoder<'_> {
-    fn collect_compact_mut(&mut self) -> CompactRecords {
+    pub(crate) fn collect_compact_mut(&mut self) -> CompactRecords {
         self.blocks.retire = true;
         let mut out = CompactRecords::default();
         // About one block per 2 bytes of PT (a TNT bit or a TIP each): reserved up front,

@@ -37,6 +37,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         lines: None,
         srcline: args.srcline,
         overflows: 0,
+        decoded_by: Default::default(),
     };
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let trace_dir = if path.is_dir() {
@@ -52,7 +53,6 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut unjoined: Vec<(String, String)> = Vec::new();
     let mut problems = 0u64;
     // Windows per decoder that gave their records (and why libipt took over).
-    let mut decoders: std::collections::BTreeMap<String, u64> = Default::default();
     let (mut damages, files_checked) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
@@ -201,9 +201,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if let (OutFormat::Jsonl, Some(what)) = (args.format, join.left_out(w.index)) {
                     unjoined.push((th.path.display().to_string(), what));
                 }
-                *decoders
-                    .entry(super::decoded_by_text(dec.decoded_by()))
-                    .or_insert(0u64) += 1;
+                printer.decoded(super::decoded_by_text(dec.decoded_by()));
                 if args.format == OutFormat::Summary {
                     writeln!(
                         printer.out,
@@ -267,10 +265,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions{mem}, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
                 trace.threads.len()
             )?;
-            let by: Vec<String> = decoders.iter().map(|(k, n)| format!("{k}: {n}")).collect();
-            if !by.is_empty() {
-                writeln!(printer.out, "decoded by: {}", by.join(", "))?;
-            }
+            printer.decoded_by_line()?;
         }
         if let Some(b) = &bar {
             b.finish_and_clear();

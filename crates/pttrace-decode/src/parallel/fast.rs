@@ -298,7 +298,7 @@ mod tests {
             opts: &opts,
             warm_up: false,
         };
-        let one_pass = inputs().sequential().unwrap();
+        let one_pass = inputs().sequential().unwrap().0;
         let want: Vec<Record> = one_pass.iter().cloned().collect();
         assert!(want.len() > 100_000, "{} records", want.len());
         let segs = super::super::split_at_psbs(&trace, 8);
