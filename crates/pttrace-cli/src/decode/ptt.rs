@@ -52,7 +52,6 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     // Loads and stores (`run --memory`) joined to no decoded instruction.
     let mut unjoined: Vec<(String, String)> = Vec::new();
     let mut problems = 0u64;
-    // Windows per decoder that gave their records (and why libipt took over).
     let (mut damages, files_checked) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
