@@ -551,7 +551,7 @@ fn raw_pt_mutants() {
                 assert_eq!(*offset, at);
                 at += u64::from(*size);
             }
-            PacketLine::Error { .. } => panic!("{l}"),
+            PacketLine::Error { .. } | PacketLine::Unlisted { .. } => panic!("{l}"),
         }
     }
     assert_eq!(at, base.len() as u64);
@@ -583,9 +583,19 @@ fn raw_pt_mutants() {
                         assert!(offset + u64::from(size) <= t.len() as u64);
                         next = Some(offset + u64::from(size));
                     }
-                    PacketLine::Error { offset, error } => {
+                    PacketLine::Error {
+                        offset,
+                        error,
+                        context,
+                    } => {
                         assert!(offset <= t.len() as u64, "{offset}");
                         assert!(!error.is_empty());
+                        assert!(matches!(context, "error decoding packet" | "sync error"));
+                        next = None;
+                    }
+                    PacketLine::Unlisted { offset, why } => {
+                        assert_eq!(offset, 0);
+                        assert!(!why.is_empty());
                         next = None;
                     }
                 }

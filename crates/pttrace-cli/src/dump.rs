@@ -36,6 +36,12 @@ pub struct Args {
     /// List from byte 0 instead of the first PSB, as ptdump's --no-sync.
     #[arg(long)]
     no_sync: bool,
+    /// Leave out the offset column, as ptdump's --no-offset.
+    #[arg(long)]
+    no_offset: bool,
+    /// Show each packet's bytes in hex, as ptdump's --raw.
+    #[arg(long)]
+    raw: bool,
 }
 
 pub fn run(args: Args) -> CmdResult {
@@ -76,6 +82,11 @@ pub fn run(args: Args) -> CmdResult {
     }
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
+    if opts.cpu.is_some_and(|c| c.family == 0) {
+        // ptdump's own line for a CPU it cannot look errata up for (the warning above
+        // says what to give instead); the listing goes on as ptdump's does.
+        writeln!(out, "[0: failed to determine errata: unknown cpu]")?;
+    }
     // Undecodable packets, by the file offset of the PT they are in.
     let mut bad_packets: Vec<(u64, String)> = Vec::new();
     // OVF packets: what the hardware or the backend lost, reported as decode reports it.
@@ -83,13 +94,24 @@ pub fn run(args: Args) -> CmdResult {
     let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
         for l in list_packets_with(pt, opts) {
             match &l {
-                PacketLine::Error { offset, error } => {
+                PacketLine::Error { offset, error, .. } => {
                     bad_packets.push((base + offset, format!("undecodable PT: {error}")));
+                }
+                // Not listed (as ptdump): the damage list on stderr says it.
+                PacketLine::Unlisted { offset, why } => {
+                    bad_packets.push((base + offset, format!("undecodable PT: {why}")));
+                    continue;
                 }
                 PacketLine::Packet { name: "ovf", .. } => overflows += 1,
                 PacketLine::Packet { .. } => {}
             }
-            writeln!(out, "{l}")?;
+            let bytes = match &l {
+                PacketLine::Packet { offset, size, .. } if args.raw => usize::try_from(*offset)
+                    .ok()
+                    .and_then(|o| pt.get(o..o.checked_add(*size as usize)?)),
+                _ => None,
+            };
+            writeln!(out, "{}", l.ptdump_text(args.no_offset, bytes))?;
         }
         Ok(())
     };

@@ -220,6 +220,18 @@ fn a_cpu_of_family_zero_warns_and_decodes_on_and_the_stepping_is_optional() {
             "{args:?}: {}",
             text(&o)
         );
+        if cmd[0] == "dump" {
+            // ptdump's own line first, then the listing.
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(
+                out.lines().take(2).collect::<Vec<_>>(),
+                [
+                    "[0: failed to determine errata: unknown cpu]",
+                    "0000000000000000  psb"
+                ],
+                "{out}"
+            );
+        }
         let mut args = cmd.to_vec();
         args.extend(["--cpu", "6/92"]);
         let o = Command::new(pttrace()).args(&args).output().unwrap();

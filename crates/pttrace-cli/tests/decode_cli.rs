@@ -208,11 +208,11 @@ fn decode_and_dump_files() {
         out.lines().collect::<Vec<_>>(),
         [
             "0000000000000000  psb",
-            "0000000000000010  tsc        0x100",
-            "0000000000000018  mode.exec  64-bit",
+            "0000000000000010  tsc        100",
+            "0000000000000018  mode.exec  cs.l",
             "000000000000001a  psbend",
-            "000000000000001c  tip.pge    sext48: 0x401000",
-            "0000000000000023  tip.pgd    ip suppressed",
+            "000000000000001c  tip.pge    3: 0000000000401000",
+            "0000000000000023  tip.pgd    0: ????????????????",
         ]
     );
     let (ok, out2, _) = pttrace(&["dump", "--raw-pt", raw.to_str().unwrap()]);
@@ -396,7 +396,10 @@ fn decodes_pttrace_thread_files_with_their_info_file() {
         2,
         "{dump}"
     );
-    assert!(dump.contains("[error: unknown opcode]"), "{dump}");
+    assert!(
+        dump.contains(": error decoding packet: unknown opcode]"),
+        "{dump}"
+    );
     let (ok, out, err) = pttrace(&[
         "decode",
         "--ptt",
@@ -716,10 +719,24 @@ fn dump_prints_trig_cfe_and_evd_fields() {
         [
             "0000000000000000  psb",
             "0000000000000010  psbend",
-            "0000000000000012  trig       trbv 0x03, icnt 16, mult",
-            "0000000000000017  evd        cr2 0xdeadb000",
-            "0000000000000022  cfe        intr, vector 14",
-            "0000000000000026  tip.pge    sext48: 0x401000",
+            "0000000000000012  trig       03, mult, icnt: 16",
+            "0000000000000017  evd        0: deadb000               type cr2",
+            "0000000000000022  cfe        1: 14                     type intr",
+            "0000000000000026  tip.pge    3: 0000000000401000",
+        ]
+    );
+    // ptdump's --no-offset and --raw columns (lines as libipt's ptdump prints them).
+    let (ok, out, err) = pttrace(&["dump", "--no-offset", "--raw", p.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "02820282028202820282028202820282  psb",
+            "0223                              psbend",
+            "d960031000                        trig       03, mult, icnt: 16",
+            "02530000b0adde00000000            evd        0: deadb000               type cr2",
+            "0213010e                          cfe        1: 14                     type intr",
+            "71001040000000                    tip.pge    3: 0000000000401000",
         ]
     );
 }

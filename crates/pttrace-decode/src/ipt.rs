@@ -942,95 +942,123 @@ pub fn has_tsc(trace: &[u8]) -> bool {
     false
 }
 
-/// Text of a TRIG packet's fields.
-fn format_trig(t: &crate::wire::Trig) -> String {
-    let mut s = format!("trbv {:#04x}", t.trbv);
-    if let Some(n) = t.icnt {
-        s.push_str(&format!(", icnt {n}"));
+/// A packet as ptdump prints it: its name, its payload column and, for the packets
+/// ptdump tracks (PIP, VMCS, CFE, EVD), the tracking column's name and text.
+pub(crate) struct PacketText {
+    pub name: &'static str,
+    pub payload: String,
+    pub tracking: Option<(&'static str, String)>,
+}
+
+impl PacketText {
+    fn new(name: &'static str, payload: String) -> Self {
+        PacketText {
+            name,
+            payload,
+            tracking: None,
+        }
     }
+}
+
+/// ptdump's payload of a TRIG: the trigger bits in hex, then ", ip", ", mult" and the
+/// instruction count where the packet has them.
+fn format_trig(t: &crate::wire::Trig) -> String {
+    let mut s = format!("{:02x}", t.trbv);
     if t.ip {
         s.push_str(", ip");
     }
     if t.mult {
         s.push_str(", mult");
     }
-    s
-}
-
-/// Text of a CFE packet's fields: the event's name, its vector where the type has one,
-/// and whether a FUP gives its IP.
-fn format_cfe(ty: u32, vector: u8, ip: bool) -> String {
-    // (Types and which carry a vector: Intel SDM, "Control Flow Event (CFE) Packet".)
-    let (name, vector) = match ty {
-        1 => ("intr", Some(format!("vector {vector}"))),
-        2 => ("iret", None),
-        3 => ("smi", None),
-        4 => ("rsm", None),
-        5 => ("sipi", Some(format!("vector {vector:#x}"))),
-        6 => ("init", None),
-        7 => ("vmentry", None),
-        8 => ("vmexit", None),
-        9 => ("vmexit_intr", Some(format!("vector {vector}"))),
-        10 => ("shutdown", None),
-        12 => ("uintr", Some(format!("vector {vector}"))),
-        13 => ("uiret", None),
-        14 => ("swintr", Some(format!("vector {vector}"))),
-        15 => ("syscall", None),
-        _ => ("", Some(format!("type {ty}, vector {vector}"))),
-    };
-    let mut s = name.to_string();
-    for part in vector.into_iter().chain(ip.then(|| "ip".to_string())) {
-        if !s.is_empty() {
-            s.push_str(", ");
-        }
-        s.push_str(&part);
+    if let Some(n) = t.icnt {
+        s.push_str(&format!(", icnt: {n}"));
     }
     s
 }
 
-/// Text of an EVD packet's fields: what its payload is, and the payload.
-fn format_evd(ty: u32, payload: u64) -> String {
+/// ptdump's name of a CFE type (Intel SDM, "Control Flow Event (CFE) Packet").
+fn cfe_type_name(ty: u32) -> &'static str {
     match ty {
-        0 => format!("cr2 {payload:#x}"),
-        1 => format!("vmx exit qualification {payload:#x}"),
-        2 => format!("vmx exit reason {payload:#x}"),
-        _ => format!("type {ty}, {payload:#x}"),
+        1 => "intr",
+        2 => "iret",
+        3 => "smi",
+        4 => "rsm",
+        5 => "sipi",
+        6 => "init",
+        7 => "vmentry",
+        8 => "vmexit",
+        9 => "vmexit_intr",
+        10 => "shutdown",
+        12 => "uintr",
+        13 => "uiret",
+        14 => "swintr",
+        15 => "syscall",
+        _ => "unknown",
     }
 }
 
-/// ptdump-style name and payload text of a decoded packet; `raw` holds the packet's bytes
-/// (libipt gives only those of a packet it does not know itself).
-pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> (&'static str, String) {
-    let ipc_name = |ipc: sys::pt_ip_compression| match ipc {
-        sys::pt_ip_compression_pt_ipc_suppressed => "suppressed",
-        sys::pt_ip_compression_pt_ipc_update_16 => "upd16",
-        sys::pt_ip_compression_pt_ipc_update_32 => "upd32",
-        sys::pt_ip_compression_pt_ipc_update_48 => "upd48",
-        sys::pt_ip_compression_pt_ipc_sext_48 => "sext48",
-        sys::pt_ip_compression_pt_ipc_full => "full",
-        _ => "?",
-    };
+/// ptdump's payload of a CFE: the type number, the vector where the type has one (in hex
+/// for SIPI), ", ip" when a FUP gives the event's IP.
+fn format_cfe(ty: u32, vector: u8, ip: bool) -> String {
+    let ip = if ip { ", ip" } else { "" };
+    match ty {
+        1 | 9 | 12 | 14 => format!("{ty}: {vector}{ip}"),
+        5 => format!("{ty}: {vector:x}{ip}"),
+        _ => format!("{ty}{ip}"),
+    }
+}
+
+/// ptdump's name of an EVD type.
+fn evd_type_name(ty: u32) -> &'static str {
+    match ty {
+        0 => "cr2",
+        1 => "vmxq",
+        2 => "vmxr",
+        _ => "unknown",
+    }
+}
+
+/// ptdump's payload of an IP packet: the compression's number, then the bits the packet
+/// gives (sign-extended for sext48) with `?` for those kept from the last IP.
+fn format_ip(ip: &sys::pt_packet_ip) -> String {
+    let ipc = ip.ipc;
+    match ipc {
+        sys::pt_ip_compression_pt_ipc_suppressed => format!("{ipc:x}: ????????????????"),
+        sys::pt_ip_compression_pt_ipc_update_16 => format!("{ipc:x}: ????????????{:04x}", ip.ip),
+        sys::pt_ip_compression_pt_ipc_update_32 => format!("{ipc:x}: ????????{:08x}", ip.ip),
+        sys::pt_ip_compression_pt_ipc_update_48 => format!("{ipc:x}: ????{:012x}", ip.ip),
+        sys::pt_ip_compression_pt_ipc_sext_48 => {
+            format!("{ipc:x}: {:016x}", ((ip.ip << 16) as i64 >> 16) as u64)
+        }
+        _ => format!("{ipc:x}: {:016x}", ip.ip),
+    }
+}
+
+/// Joins the flags that are set with ", " (ptdump's lists: "cs.d, cs.l, if").
+fn flags(parts: &[(bool, &str)]) -> String {
+    let on: Vec<&str> = parts.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
+    on.join(", ")
+}
+
+/// A decoded packet in ptdump's syntax (with its default options: no time or last-IP
+/// tracking); `raw` holds the packet's bytes (libipt gives only those of a packet it does
+/// not know itself).
+pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
+    let plain = |name: &'static str| PacketText::new(name, String::new());
     // SAFETY: every arm reads the union variant libipt fills for that packet type
     // (intel-pt.h documents the mapping); all variants are plain integer data.
     unsafe {
-        let ip = |name: &'static str| {
-            let ip = p.payload.ip;
-            if ip.ipc == sys::pt_ip_compression_pt_ipc_suppressed {
-                (name, "ip suppressed".to_string())
-            } else {
-                (name, format!("{}: {:#x}", ipc_name(ip.ipc), ip.ip))
-            }
-        };
         match p.type_ {
-            sys::pt_packet_type_ppt_pad => ("pad", String::new()),
-            sys::pt_packet_type_ppt_psb => ("psb", String::new()),
-            sys::pt_packet_type_ppt_psbend => ("psbend", String::new()),
-            sys::pt_packet_type_ppt_ovf => ("ovf", String::new()),
-            sys::pt_packet_type_ppt_stop => ("stop", String::new()),
-            sys::pt_packet_type_ppt_fup => ip("fup"),
-            sys::pt_packet_type_ppt_tip => ip("tip"),
-            sys::pt_packet_type_ppt_tip_pge => ip("tip.pge"),
-            sys::pt_packet_type_ppt_tip_pgd => ip("tip.pgd"),
+            sys::pt_packet_type_ppt_invalid => plain("<invalid>"),
+            sys::pt_packet_type_ppt_pad => plain("pad"),
+            sys::pt_packet_type_ppt_psb => plain("psb"),
+            sys::pt_packet_type_ppt_psbend => plain("psbend"),
+            sys::pt_packet_type_ppt_ovf => plain("ovf"),
+            sys::pt_packet_type_ppt_stop => plain("stop"),
+            sys::pt_packet_type_ppt_fup => PacketText::new("fup", format_ip(&p.payload.ip)),
+            sys::pt_packet_type_ppt_tip => PacketText::new("tip", format_ip(&p.payload.ip)),
+            sys::pt_packet_type_ppt_tip_pge => PacketText::new("tip.pge", format_ip(&p.payload.ip)),
+            sys::pt_packet_type_ppt_tip_pgd => PacketText::new("tip.pgd", format_ip(&p.payload.ip)),
             sys::pt_packet_type_ppt_tnt_8 | sys::pt_packet_type_ppt_tnt_64 => {
                 let t = p.payload.tnt;
                 let n = u32::from(t.bit_size).min(64);
@@ -1043,87 +1071,118 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> (&'static str, St
                 } else {
                     "tnt.64"
                 };
-                (name, bits)
+                PacketText::new(name, bits)
             }
             sys::pt_packet_type_ppt_mode => {
                 let m = p.payload.mode;
                 if m.leaf == sys::pt_mode_leaf_pt_mol_exec {
                     let e = m.bits.exec;
-                    let mode = match (e.csl(), e.csd()) {
-                        (1, _) => "64-bit",
-                        (0, 1) => "32-bit",
-                        _ => "16-bit",
-                    };
-                    ("mode.exec", mode.to_string())
-                } else {
+                    let text = flags(&[
+                        (e.csd() != 0, "cs.d"),
+                        (e.csl() != 0, "cs.l"),
+                        (e.iflag() != 0, "if"),
+                    ]);
+                    PacketText::new("mode.exec", text)
+                } else if m.leaf == sys::pt_mode_leaf_pt_mol_tsx {
                     let t = m.bits.tsx;
-                    ("mode.tsx", format!("intx={} abrt={}", t.intx(), t.abrt()))
+                    let text = flags(&[(t.intx() != 0, "intx"), (t.abrt() != 0, "abrt")]);
+                    PacketText::new("mode.tsx", text)
+                } else {
+                    PacketText::new("mode", format!("leaf: {:x}", m.leaf))
                 }
             }
             sys::pt_packet_type_ppt_pip => {
                 let pip = p.payload.pip;
-                ("pip", format!("cr3 {:#x}, nr={}", pip.cr3, pip.nr()))
+                let nr = if pip.nr() != 0 { ", nr" } else { "" };
+                PacketText {
+                    name: "pip",
+                    payload: format!("{:x}{nr}", pip.cr3),
+                    tracking: Some(("cr3", format!("{:016x}", pip.cr3))),
+                }
             }
-            sys::pt_packet_type_ppt_vmcs => ("vmcs", format!("{:#x}", p.payload.vmcs.base)),
-            sys::pt_packet_type_ppt_cbr => ("cbr", format!("{}", p.payload.cbr.ratio)),
-            sys::pt_packet_type_ppt_tsc => ("tsc", format!("{:#x}", p.payload.tsc.tsc)),
+            sys::pt_packet_type_ppt_vmcs => {
+                let base = p.payload.vmcs.base;
+                PacketText {
+                    name: "vmcs",
+                    payload: format!("{base:x}"),
+                    tracking: Some(("vmcs", format!("{base:016x}"))),
+                }
+            }
+            sys::pt_packet_type_ppt_cbr => {
+                PacketText::new("cbr", format!("{:x}", p.payload.cbr.ratio))
+            }
+            sys::pt_packet_type_ppt_tsc => {
+                PacketText::new("tsc", format!("{:x}", p.payload.tsc.tsc))
+            }
             sys::pt_packet_type_ppt_tma => {
                 let t = p.payload.tma;
-                ("tma", format!("ctc {:#x}, fc {:#x}", t.ctc, t.fc))
+                PacketText::new("tma", format!("{:x}, {:x}", t.ctc, t.fc))
             }
-            sys::pt_packet_type_ppt_mtc => ("mtc", format!("{:#x}", p.payload.mtc.ctc)),
-            sys::pt_packet_type_ppt_cyc => ("cyc", format!("{:#x}", p.payload.cyc.value)),
-            sys::pt_packet_type_ppt_mnt => ("mnt", format!("{:#x}", p.payload.mnt.payload)),
-            sys::pt_packet_type_ppt_exstop => ("exstop", format!("ip={}", p.payload.exstop.ip())),
+            sys::pt_packet_type_ppt_mtc => {
+                PacketText::new("mtc", format!("{:x}", p.payload.mtc.ctc))
+            }
+            sys::pt_packet_type_ppt_cyc => {
+                PacketText::new("cyc", format!("{:x}", p.payload.cyc.value))
+            }
+            sys::pt_packet_type_ppt_mnt => {
+                PacketText::new("mnt", format!("{:x}", p.payload.mnt.payload))
+            }
+            sys::pt_packet_type_ppt_exstop => {
+                let ip = if p.payload.exstop.ip() != 0 { "ip" } else { "" };
+                PacketText::new("exstop", ip.to_string())
+            }
             sys::pt_packet_type_ppt_mwait => {
                 let m = p.payload.mwait;
-                ("mwait", format!("hints {:#x}, ext {:#x}", m.hints, m.ext))
+                PacketText::new("mwait", format!("{:08x}, {:08x}", m.hints, m.ext))
             }
             sys::pt_packet_type_ppt_pwre => {
+                // The C-states as ptdump numbers them: the packet's fields plus one.
                 let w = p.payload.pwre;
                 let hw = if w.hw() != 0 { ", hw" } else { "" };
-                ("pwre", format!("c{}.{}{hw}", w.state, w.sub_state))
+                let state = (u32::from(w.state) + 1) & 0xf;
+                let sub = (u32::from(w.sub_state) + 1) & 0xf;
+                PacketText::new("pwre", format!("c{state}.{sub}{hw}"))
             }
             sys::pt_packet_type_ppt_pwrx => {
                 let w = p.payload.pwrx;
-                // Why the core woke (ptdump's int / st / hw).
-                let why: Vec<&str> = [
-                    (w.interrupt(), "int"),
-                    (w.store(), "st"),
-                    (w.autonomous(), "hw"),
-                ]
-                .iter()
-                .filter(|(b, _)| *b != 0)
-                .map(|(_, n)| *n)
-                .collect();
-                (
-                    "pwrx",
-                    format!(
-                        "last c{}, deepest c{}{}{}",
-                        w.last,
-                        w.deepest,
-                        if why.is_empty() { "" } else { ", wake: " },
-                        why.join(",")
-                    ),
-                )
+                // Why the core woke: one of int, st, hw ("bad" for none or several; st
+                // and hw with ptdump's leading space).
+                let why = match (w.interrupt() != 0, w.store() != 0, w.autonomous() != 0) {
+                    (true, false, false) => "int",
+                    (false, true, false) => " st",
+                    (false, false, true) => " hw",
+                    _ => "bad",
+                };
+                let last = (u32::from(w.last) + 1) & 0xf;
+                let deepest = (u32::from(w.deepest) + 1) & 0xf;
+                PacketText::new("pwrx", format!("{why}: c{last}, c{deepest}"))
             }
             sys::pt_packet_type_ppt_ptw => {
                 let w = p.payload.ptw;
-                ("ptw", format!("{:#x}, ip={}", w.payload, w.ip()))
+                let ip = if w.ip() != 0 { ", ip" } else { "" };
+                PacketText::new("ptw", format!("{:x}: {:x}{ip}", w.plc, w.payload))
             }
             sys::pt_packet_type_ppt_cfe => {
                 let c = p.payload.cfe;
-                ("cfe", format_cfe(c.type_, c.vector, c.ip() != 0))
+                PacketText {
+                    name: "cfe",
+                    payload: format_cfe(c.type_, c.vector, c.ip() != 0),
+                    tracking: Some(("type", cfe_type_name(c.type_).to_string())),
+                }
             }
             sys::pt_packet_type_ppt_evd => {
                 let e = p.payload.evd;
-                ("evd", format_evd(e.type_, e.payload))
+                PacketText {
+                    name: "evd",
+                    payload: format!("{}: {:x}", e.type_, e.payload),
+                    tracking: Some(("type", evd_type_name(e.type_).to_string())),
+                }
             }
             sys::pt_packet_type_ppt_unknown => match crate::wire::parse_trig(raw) {
-                Some((t, _)) => ("trig", format_trig(&t)),
-                None => ("unknown", String::new()),
+                Some((t, _)) => PacketText::new("trig", format_trig(&t)),
+                None => plain("<unknown>"),
             },
-            _ => ("other", format!("type {}", p.type_)),
+            _ => PacketText::new("<unknown>", format!("type {}", p.type_)),
         }
     }
 }

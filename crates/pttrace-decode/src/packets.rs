@@ -1,9 +1,10 @@
-//! Packet-level listing of a PT stream (like libipt's ptdump), via libipt's packet decoder.
+//! Packet-level listing of a PT stream in libipt's ptdump syntax (its default options), via
+//! libipt's packet decoder.
 
 use super::ipt::{empty_packet, format_packet, PacketDecoder};
 
-/// One listed packet, or a decode error at an offset (after which the lister resyncs at
-/// the next PSB).
+/// One listed packet; a decode error at an offset (after which the lister resyncs at the
+/// next PSB); or bytes the listing does not cover (ptdump skips them without a word).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PacketLine {
     Packet {
@@ -11,30 +12,72 @@ pub enum PacketLine {
         size: u32,
         name: &'static str,
         payload: String,
+        /// ptdump's tracking column (PIP, VMCS, CFE, EVD): what it tracks, the value.
+        tracking: Option<(&'static str, String)>,
     },
     Error {
         offset: u64,
+        /// What failed, in ptdump's words: "error decoding packet" or "sync error".
+        context: &'static str,
         error: String,
     },
+    /// Bytes before the first PSB, or a trace without one.
+    Unlisted { offset: u64, why: String },
 }
 
-impl std::fmt::Display for PacketLine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl PacketLine {
+    /// The line as ptdump prints it: with the offset column unless `no_offset` (ptdump's
+    /// `--no-offset`), and the packet's bytes in hex when `raw` holds them (`--raw`).
+    pub fn ptdump_text(&self, no_offset: bool, raw: Option<&[u8]>) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
         match self {
             PacketLine::Packet {
                 offset,
                 name,
                 payload,
+                tracking,
                 ..
             } => {
-                if payload.is_empty() {
-                    write!(f, "{offset:016x}  {name}")
-                } else {
-                    write!(f, "{offset:016x}  {name:<10} {payload}")
+                // ptdump's columns: the offset padded to 17, the bytes to 33, the name to
+                // 10 when a payload follows, the payload to 25 when a tracking column
+                // follows (5 for its name); one space between columns.
+                let mut sep = "";
+                if !no_offset {
+                    let _ = write!(s, "{offset:016x} ");
+                    sep = " ";
                 }
+                if let Some(bytes) = raw.filter(|b| !b.is_empty()) {
+                    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                    let _ = write!(s, "{sep}{hex:<33}");
+                    sep = " ";
+                }
+                let _ = match tracking {
+                    Some((id, value)) => {
+                        write!(s, "{sep}{name:<10} {payload:<25} {id:<5}{value}")
+                    }
+                    None if payload.is_empty() => write!(s, "{sep}{name}"),
+                    None => write!(s, "{sep}{name:<10} {payload}"),
+                };
             }
-            PacketLine::Error { offset, error } => write!(f, "{offset:016x}  [error: {error}]"),
+            PacketLine::Error {
+                offset,
+                context,
+                error,
+            } => {
+                let _ = write!(s, "[{offset:x}: {context}: {error}]");
+            }
+            PacketLine::Unlisted { offset, why } => {
+                let _ = write!(s, "[{offset:x}: {why}]");
+            }
         }
+        s
+    }
+}
+
+impl std::fmt::Display for PacketLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.ptdump_text(false, None))
     }
 }
 
@@ -77,18 +120,21 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
         };
         match synced {
             Ok(_) => {}
-            Err(e) => {
-                if first && !e.is_eos() {
-                    out.push(PacketLine::Error {
+            Err(e) if e.is_eos() => {
+                if first {
+                    out.push(PacketLine::Unlisted {
                         offset: 0,
-                        error: e.text(),
-                    });
-                } else if first {
-                    out.push(PacketLine::Error {
-                        offset: 0,
-                        error: "no PSB (sync point) in the trace".into(),
+                        why: "no PSB (sync point) in the trace".into(),
                     });
                 }
+                break;
+            }
+            Err(e) => {
+                out.push(PacketLine::Error {
+                    offset: 0,
+                    context: "sync error",
+                    error: e.text(),
+                });
                 break;
             }
         }
@@ -99,9 +145,9 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
             sync
         };
         if first && sync > 0 {
-            out.push(PacketLine::Error {
+            out.push(PacketLine::Unlisted {
                 offset: 0,
-                error: format!("{sync} bytes before the first PSB skipped"),
+                why: format!("{sync} bytes before the first PSB skipped"),
             });
         }
         first = false;
@@ -113,18 +159,20 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
                         .ok()
                         .and_then(|o| trace.get(o..o.checked_add(size as usize)?))
                         .unwrap_or(&[]);
-                    let (name, payload) = format_packet(&pkt, raw);
+                    let text = format_packet(&pkt, raw);
                     out.push(PacketLine::Packet {
                         offset,
                         size,
-                        name,
-                        payload,
+                        name: text.name,
+                        payload: text.payload,
+                        tracking: text.tracking,
                     });
                 }
                 Err(e) if e.is_eos() => return out,
                 Err(e) => {
                     out.push(PacketLine::Error {
                         offset,
+                        context: "error decoding packet",
                         error: e.text(),
                     });
                     break;
@@ -151,13 +199,16 @@ mod tests {
         w.psb().psbend();
         let lines: Vec<String> = list_packets(&w.buf).iter().map(|l| l.to_string()).collect();
         assert_eq!(lines[0], "0000000000000000  psb");
-        assert_eq!(lines[1], "0000000000000010  tsc        0x1234");
-        assert_eq!(lines[2], "0000000000000018  mode.exec  64-bit");
-        assert_eq!(lines[3], "000000000000001a  fup        sext48: 0x401000");
+        assert_eq!(lines[1], "0000000000000010  tsc        1234");
+        assert_eq!(lines[2], "0000000000000018  mode.exec  cs.l");
+        assert_eq!(lines[3], "000000000000001a  fup        3: 0000000000401000");
         assert_eq!(lines[4], "0000000000000021  psbend");
         assert_eq!(lines[5], "0000000000000023  tnt.8      !.!");
-        assert_eq!(lines[6], "0000000000000024  tip        sext48: 0x402000");
-        assert_eq!(lines[7], format!("{bad:016x}  [error: unknown opcode]"));
+        assert_eq!(lines[6], "0000000000000024  tip        3: 0000000000402000");
+        assert_eq!(
+            lines[7],
+            format!("[{bad:x}: error decoding packet: unknown opcode]")
+        );
         assert_eq!(lines[8], format!("{:016x}  psb", bad + 2));
         assert_eq!(lines.len(), 10);
     }
@@ -167,19 +218,17 @@ mod tests {
         let mut w = PtWriter::new();
         w.psb_plus(None, None);
         let at = w.buf.len() as u64;
-        // PWRE: hw, C2.1; PWRX: last C1, deepest C6, woken by an interrupt and a store.
+        // PWRE: hw, C2.1 (ptdump counts from one: c3.2); PWRX: last C1, deepest C6 (c2,
+        // c7), woken by an interrupt and a store (ptdump's "bad": one reason at most).
         w.buf
             .extend_from_slice(&[0x02, 0x22, 0x08, 0x21, 0x02, 0xa2, 0x16, 0x05, 0, 0, 0]);
         let lines: Vec<String> = list_packets(&w.buf).iter().map(|l| l.to_string()).collect();
         assert!(
-            lines.contains(&format!("{at:016x}  pwre       c2.1, hw")),
+            lines.contains(&format!("{at:016x}  pwre       c3.2, hw")),
             "{lines:?}"
         );
         assert!(
-            lines.contains(&format!(
-                "{:016x}  pwrx       last c1, deepest c6, wake: int,st",
-                at + 4
-            )),
+            lines.contains(&format!("{:016x}  pwrx       bad: c2, c7", at + 4)),
             "{lines:?}"
         );
     }
@@ -214,16 +263,19 @@ mod tests {
         assert_eq!(
             lines[k..],
             [
-                format!("{}  trig       trbv 0x05, mult", at(0)),
-                format!("{}  trig       trbv 0x01, icnt 300", at(3)),
-                format!("{}  trig       trbv 0x82, icnt 0, ip", at(8)),
-                format!("{}  fup        sext48: 0x401234", at(13)),
-                format!("{}  evd        cr2 0x7fff12345000", at(20)),
-                format!("{}  cfe        intr, vector 14, ip", at(31)),
-                format!("{}  cfe        iret", at(35)),
-                format!("{}  cfe        sipi, vector 0x9a", at(39)),
-                format!("{}  cfe        type 31, vector 7", at(43)),
-                format!("{}  evd        vmx exit reason 0x30", at(47)),
+                format!("{}  trig       05, mult", at(0)),
+                format!("{}  trig       01, icnt: 300", at(3)),
+                format!("{}  trig       82, ip, icnt: 0", at(8)),
+                format!("{}  fup        3: 0000000000401234", at(13)),
+                format!("{}  evd        0: 7fff12345000           type cr2", at(20)),
+                format!("{}  cfe        1: 14, ip                 type intr", at(31)),
+                format!("{}  cfe        2                         type iret", at(35)),
+                format!("{}  cfe        5: 9a                     type sipi", at(39)),
+                format!(
+                    "{}  cfe        31                        type unknown",
+                    at(43)
+                ),
+                format!("{}  evd        2: 30                     type vmxr", at(47)),
                 format!("{}  tnt.8      !", at(58)),
             ]
         );
@@ -247,10 +299,7 @@ mod tests {
                 .collect()
         };
         let synced = text(ListOptions::default());
-        assert_eq!(
-            synced[0],
-            "0000000000000000  [error: 3 bytes before the first PSB skipped]"
-        );
+        assert_eq!(synced[0], "[0: 3 bytes before the first PSB skipped]");
         assert_eq!(synced[1], "0000000000000003  psb");
         let raw = text(ListOptions {
             no_sync: true,
