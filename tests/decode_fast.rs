@@ -1106,6 +1106,57 @@ fn jmpabs_eretu_erets_fast_decoder_follows_libipt_path_stops() {
     }
 }
 
+/// Far transfers as real hardware reports them, followed by the fast decoder itself and
+/// equal to libipt record for record: an INT n interrupted at its own address (FUP + TIP:
+/// an asynchronous branch, the INT not executed, as ptxed's `[interrupt]` in libipt's
+/// int-eretu test), IRETQ back (TIP), INT3 executed (TIP to its handler), a far jump
+/// through memory (TIP), and an INT n into the kernel (TIP.PGD).
+#[test]
+fn far_transfers_are_followed_by_the_fast_decoder_as_by_libipt() {
+    const FAR: u64 = 0x50_0000;
+    let mut code = vec![0xf4u8; 0x40];
+    let mut put = |at: usize, bytes: &[u8]| code[at..at + bytes.len()].copy_from_slice(bytes);
+    put(0x00, &[0x90, 0xcd, 0x2a]); // nop; int 0x2a (interrupted at its own address)
+    put(0x03, &[0x90, 0xcc]); // nop; int3
+    put(0x10, &[0x90, 0x48, 0xcf]); // nop; iretq
+    put(0x20, &[0x48, 0xff, 0x28]); // jmp far tbyte [rax]
+    put(0x30, &[0x90, 0xcd, 0x2e]); // nop; int 0x2e (into the kernel)
+    let mut space = AddressSpace::new();
+    space.add_bytes("far", code, FAR);
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(7), Some(FAR))
+        .fup(FAR + 1)
+        .tip(FAR + 0x10)
+        .tip(FAR + 3)
+        .tip(FAR + 0x20)
+        .tip(FAR + 0x30)
+        .tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        show(&f),
+        [
+            "WindowId(1)".to_string(),
+            "Timestamp { tsc: 7, perf_time: None }".into(),
+            format!("{FAR:#x} Other"),
+            format!(
+                "KernelXfer {{ from: {}, to: Some({}) }}",
+                FAR + 1,
+                FAR + 0x10
+            ),
+            format!("{:#x} Other", FAR + 0x10),
+            format!("{:#x} FarReturn", FAR + 0x11),
+            format!("{:#x} Other", FAR + 3),
+            format!("{:#x} FarCall", FAR + 4),
+            format!("{:#x} FarJump", FAR + 0x20),
+            format!("{:#x} Other", FAR + 0x30),
+            format!("{:#x} FarCall", FAR + 0x31),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    assert_eq!(f, libipt(&w.buf, &space));
+}
+
 /// A generated trace of ≥ 10 M instructions over 16 images whose functions call each
 /// other (direct and indirect calls, tail calls, returns at every depth up to 40), with
 /// timing packets (TSC, TMA, MTC, CBR) and PSBs, once with return compression and once

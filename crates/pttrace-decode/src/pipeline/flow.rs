@@ -1684,8 +1684,10 @@ impl PtDecoder<'_> {
                     break (End::Cond, next, i.near_branch_target());
                 }
                 (InsnClass::FarCall, _) if info.is_syscall => break (End::Syscall, next, 0),
-                // ERETU / ERETS: far returns to where a TIP says (no return stack).
-                (InsnClass::FarReturn, _) if info.beyond_libipt.is_some() => {
+                // Far transfers (INT n, INT3, far call/jump/return, IRET, ERETU/ERETS,
+                // SYSRET): their target comes from a TIP, as an indirect branch's does
+                // (libipt's reading too); they push and pop no near return address.
+                (InsnClass::FarCall | InsnClass::FarJump | InsnClass::FarReturn, _) => {
                     break (End::Indirect, next, 0)
                 }
                 _ => return Err("instruction the fast decoder leaves to libipt"),
