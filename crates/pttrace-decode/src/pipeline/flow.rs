@@ -221,17 +221,6 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
     }
 }
 
-/// A TRIG carries no control flow: both decoders step over it (libipt through the size
-/// [`crate::ipt`] teaches it). One whose IP bit binds it to the next FUP goes to libipt,
-/// which reports it (its version knows no FUP-bound TRIG).
-#[inline]
-fn trig_skippable(t: wire::Trig) -> Result<(), Fallback> {
-    if t.ip {
-        return Err("TRIG bound to a FUP (IP bit)");
-    }
-    Ok(())
-}
-
 /// The CPU parameters the trace's time depends on: the MTC frequency (`mtc_freq`), the
 /// TSC / crystal clock ratio (CPUID leaf 0x15's EBX / EAX) and the nominal core:bus ratio
 /// (`nom_freq`, 0 when unknown), which calibrates cycle-accurate time from CBR.
@@ -1745,7 +1734,21 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
-                Pkt::Trig(t) => trig_skippable(t)?,
+                // A TRIG carries no control flow: stepped over (libipt through the size
+                // [`crate::ipt`] teaches it). One with the IP bit is bound to the FUP
+                // right after it, which gives the trigger's IP and nothing else (Intel
+                // SDM; libipt 2.2 and ptxed read it so): that FUP is stepped over too,
+                // its IP kept for IP compression, whether tracing is enabled or not.
+                // (libipt 2.1.2 knows no FUP-bound TRIG: its path stops with a gap.)
+                Pkt::Trig(t) if t.ip => match wire::parse(self.trace, st.pos) {
+                    Some((Pkt::Fup(p), size)) => {
+                        st.pos += size;
+                        st.last_ip.apply(p).ok_or("TRIG's FUP without IP")?;
+                    }
+                    Some(_) => return Err("TRIG with the IP bit not followed by a FUP"),
+                    None => return Err("TRIG with the IP bit at the end of the trace"),
+                },
+                Pkt::Trig(_) => {}
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
                     st.clock.on_timing(pkt, false, st.clock_cfg)?;
                 }
