@@ -130,8 +130,9 @@ fn nomap(ip: u64, off: u64) -> R {
     )
 }
 
-fn bad_query(off: u64) -> R {
-    gap(None, off, "trace stream does not match query".into())
+/// libipt's failed query at the branch at `ip` (ptxed's `[off, ip: error: ...]`).
+fn bad_query(ip: u64, off: u64) -> R {
+    gap(Some(ip), off, "trace stream does not match query".into())
 }
 
 fn disabled(ip: Option<u64>) -> R {
@@ -508,7 +509,7 @@ fn resync_bad_query_fup_tip() {
         &c,
         &[
             R::I(l[0]),
-            bad_query(p[5]),
+            bad_query(l[0], p[5]),
             xfer(l[2], l[4]),
             R::I(l[4]),
             disabled(Some(l[5])),
@@ -525,7 +526,7 @@ fn resync_bad_query_ovf() {
         &c,
         &[
             R::I(l[0]),
-            bad_query(p[4]),
+            bad_query(l[0], p[4]),
             R::Rec(Record::Overflow { ip: None }),
         ],
     );
@@ -540,7 +541,7 @@ fn resync_bad_query_tip() {
         &c,
         &[
             R::I(l[0]),
-            bad_query(p[4]),
+            bad_query(l[0], p[4]),
             R::I(l[3]),
             disabled(Some(l[4])),
         ],
@@ -897,7 +898,8 @@ fn resync_bad_retcomp_then_failing_psbs_keeps_every_gap() {
             R::I(l[5]),
             R::I(l[6]),
             R::I(l[7]),
-            gap(None, p[8], "bad compressed return".into()),
+            // (After the return, as libipt's block decoder leaves it.)
+            gap(Some(l[7] + 1), p[8], "bad compressed return".into()),
             gap(None, p[8], beyond("broken psb")),
             gap(
                 None,

@@ -519,6 +519,12 @@ impl Block {
         self.0.ninsn
     }
 
+    /// The address of its last instruction.
+    #[inline]
+    pub fn end_ip(&self) -> u64 {
+        self.0.end_ip
+    }
+
     /// libipt's raw execution mode (0..=3).
     #[inline]
     pub fn raw_mode(&self) -> u32 {

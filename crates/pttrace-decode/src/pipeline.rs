@@ -1121,10 +1121,15 @@ impl<'a> PtDecoder<'a> {
                 self.state = State::Done
             }
             Err(e) => {
+                // The IP ptxed reports the error at: the unmapped address; a failed
+                // query's instruction (the block's last); otherwise the address after
+                // the block (its start when it is empty; 0, none, before any IP).
                 let ip = if e.is_nomap() {
                     self.shared.last_nomap.get().or(next_ip)
+                } else if e.is_bad_query() && blk.ninsn() > 0 {
+                    Some(blk.end_ip())
                 } else {
-                    None
+                    next_ip.filter(|&ip| ip != 0)
                 };
                 self.fail(e, ip)
             }

@@ -1154,7 +1154,7 @@ impl PtDecoder<'_> {
                     // (The block's own calls first: a callee's return may end it.)
                     self.flow_push_block(st, b, b.len);
                     let Some(ip) = st.ret.pop() else {
-                        return Err(self.flow_retstack_empty(st));
+                        return Err(self.flow_retstack_empty(st, b));
                     };
                     self.flow_commit(st);
                     st.cur = self.flow_block(ip)?;

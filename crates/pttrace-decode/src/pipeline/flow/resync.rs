@@ -221,9 +221,17 @@ impl PtDecoder<'_> {
         why: Fallback,
     ) -> Fallback {
         self.flow_push_block(st, b, b.len);
+        // (At the block's last instruction, the branch the trace did not answer, as
+        // libipt's block decoder leaves its IP and ptxed reports it.)
+        let ip = self
+            .blocks
+            .arena
+            .get(b.start as usize..(b.start + b.len) as usize)
+            .and_then(|recs| recs.iter().rev().find_map(|r| r.as_instruction()))
+            .map(|i| i.pc);
         st.error = Some(FlowError {
             what: BAD_QUERY,
-            ip: None,
+            ip,
             offset: self.flow_gap_offset(item),
             resume: item,
         });
@@ -235,22 +243,24 @@ impl PtDecoder<'_> {
     #[inline(never)]
     pub(super) fn flow_bad_retcomp(&mut self, st: &mut FlowState, b: FBlock) -> Fallback {
         self.flow_push_block(st, b, b.len);
+        // (After the return, as libipt's block decoder and ptxed report it.)
         st.error = Some(FlowError {
             what: BAD_RETCOMP,
-            ip: None,
+            ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
         });
         "compressed return not taken"
     }
 
-    /// A compressed return with nothing on the return stack (its block queued).
+    /// A compressed return (block `b`'s) with nothing on the return stack (its block
+    /// queued).
     #[cold]
     #[inline(never)]
-    pub(super) fn flow_retstack_empty(&mut self, st: &mut FlowState) -> Fallback {
+    pub(super) fn flow_retstack_empty(&mut self, st: &mut FlowState, b: FBlock) -> Fallback {
         st.error = Some(FlowError {
             what: RETSTACK_EMPTY,
-            ip: None,
+            ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
         });
