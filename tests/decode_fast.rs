@@ -1192,6 +1192,69 @@ fn far_transfers_are_followed_by_the_fast_decoder_as_by_libipt() {
     assert_eq!(f, libipt(&w.buf, &space));
 }
 
+/// PIP (CR3) and VMCS packets in PSB+s, as real hardware writes them in every PSB+ of a
+/// VMX guest or a trace with OS code: status the fast decoder reads itself, giving libipt's
+/// records (a PSB+ in the middle of the flow too).
+#[test]
+fn pip_and_vmcs_in_psb_plus_are_read_by_the_fast_decoder() {
+    const AT: u64 = 0x70_0000;
+    // AT: nop; jmp rax / AT+0x10: nop; nop; nop; jmp rbx / AT+0x20: nop; ret
+    let mut code = vec![0xf4u8; 0x30];
+    code[0..3].copy_from_slice(&[0x90, 0xff, 0xe0]);
+    code[0x10..0x15].copy_from_slice(&[0x90, 0x90, 0x90, 0xff, 0xe3]);
+    code[0x20..0x22].copy_from_slice(&[0x90, 0xc3]);
+    let mut space = AddressSpace::new();
+    space.add_bytes("pip", code, AT);
+    let psb_plus = |w: &mut PtWriter, tsc: u64, ip: u64| {
+        w.psb().tsc(tsc);
+        // PIP: CR3 0x12340000 (bits 51:5 from bit 1), NR set; VMCS: base 0xabcde0000
+        // (bits 51:12).
+        w.buf
+            .extend_from_slice(&[0x02, 0x43, 0x01, 0x40, 0x23, 0x01, 0, 0]);
+        w.buf
+            .extend_from_slice(&[0x02, 0xc8, 0xe0, 0xcd, 0xab, 0, 0]);
+        w.mode64().fup(ip).psbend();
+    };
+    let mut w = PtWriter::new();
+    psb_plus(&mut w, 5, AT);
+    w.tip(AT + 0x10);
+    psb_plus(&mut w, 9, AT + 0x13);
+    w.tip(AT + 0x20).tip_pgd(None);
+    let lines: Vec<String> = drpttracer::decode::packets::list_packets(&w.buf)
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
+    assert_eq!(
+        lines[2..4],
+        [
+            "0000000000000018  pip        12340000, nr              cr3  0000000012340000",
+            "0000000000000020  vmcs       abcde0000                 vmcs 0000000abcde0000",
+        ]
+    );
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        show(&f),
+        [
+            "WindowId(1)".to_string(),
+            "Timestamp { tsc: 5, perf_time: None }".into(),
+            format!("{AT:#x} Other"),
+            format!("{:#x} Jump", AT + 1),
+            format!("{:#x} Other", AT + 0x10),
+            format!("{:#x} Other", AT + 0x11),
+            format!("{:#x} Other", AT + 0x12),
+            format!("{:#x} Jump", AT + 0x13),
+            format!("{:#x} Other", AT + 0x20),
+            format!("{:#x} Return", AT + 0x21),
+            // (The second PSB+'s time comes with the next event, as libipt gives it.)
+            "Timestamp { tsc: 9, perf_time: None }".into(),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    let l = libipt(&w.buf, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+}
+
 /// A generated trace of ≥ 10 M instructions over 16 images whose functions call each
 /// other (direct and indirect calls, tail calls, returns at every depth up to 40), with
 /// timing packets (TSC, TMA, MTC, CBR) and PSBs, once with return compression and once

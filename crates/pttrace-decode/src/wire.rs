@@ -246,6 +246,9 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             Some((Pkt::Tma { ctc, fc }, 7))
         }
         0xf3 => Some((Pkt::Ovf, 2)),
+        // PIP (CR3 and the NR bit in 6 bytes), VMCS (the VMCS base in 5 bytes).
+        0x43 => t.get(pos..pos + 8).map(|_| (Pkt::Other("pip"), 8)),
+        0xc8 => t.get(pos..pos + 7).map(|_| (Pkt::Other("vmcs"), 7)),
         0x13 => Some((Pkt::Other("cfe"), 4)),
         0x53 => Some((Pkt::Other("evd"), 11)),
         _ => Some((Pkt::Other("extended packet"), 2)),
@@ -376,6 +379,12 @@ mod tests {
             parse(&[0x02, 0x13, 0x81, 0x0e], 0),
             Some((Pkt::Other("cfe"), 4))
         );
+        let pip = [0x02, 0x43, 1, 0x40, 0x23, 1, 0, 0];
+        assert_eq!(parse(&pip, 0), Some((Pkt::Other("pip"), 8)));
+        assert_eq!(parse(&pip[..7], 0), None, "cut PIP");
+        let vmcs = [0x02, 0xc8, 0xe0, 0xcd, 0xab, 0, 0];
+        assert_eq!(parse(&vmcs, 0), Some((Pkt::Other("vmcs"), 7)));
+        assert_eq!(parse(&vmcs[..6], 0), None, "cut VMCS");
         assert_eq!(
             parse(&[0x02, 0x53, 0, 1, 2], 0),
             Some((Pkt::Other("evd"), 11))

@@ -1838,8 +1838,10 @@ impl PtDecoder<'_> {
             };
             st.pos += size;
             match pkt {
-                // (MODE.TSX in a PSB+ is a status libipt makes no record of.)
-                Pkt::Pad | Pkt::Other("mode.tsx") => {}
+                // (MODE.TSX, PIP and VMCS in a PSB+ are status libipt makes no record
+                // of: the CR3 and VMCS of the code that runs, which real hardware states
+                // in every PSB+ of a VMX guest or a trace with OS code.)
+                Pkt::Pad | Pkt::Other("mode.tsx" | "pip" | "vmcs") => {}
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
