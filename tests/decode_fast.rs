@@ -1255,6 +1255,131 @@ fn pip_and_vmcs_in_psb_plus_are_read_by_the_fast_decoder() {
     assert!(f == l, "{}", first_difference(&f, &l));
 }
 
+/// 32-bit code (MODE.Exec with CS.D), as a 32-bit process on real hardware: calls with
+/// compressed returns, a loop, an indirect jump, `int 0x80`; the fast decoder walks it
+/// itself (`dec ecx` and `inc eax` are REX prefixes in 64-bit code), giving libipt's
+/// records, and after a PSB+ that says 64-bit again, 64-bit code at the same addresses.
+#[test]
+fn code_of_32_bits_is_walked_by_the_fast_decoder() {
+    use drpttracer::decode::ExecMode;
+    const AT: u64 = 0x804_8000;
+    let mut code = vec![0xf4u8; 0x30];
+    code[0..0x0a].copy_from_slice(&[
+        0xe8, 0x0a, 0x00, 0x00, 0x00, // call f (AT + 0xf)
+        0x49, // dec ecx
+        0x75, 0xf8, // jnz AT
+        0xff, 0xe0, // jmp eax
+    ]);
+    code[0x0f..0x11].copy_from_slice(&[0x40, 0xc3]); // f: inc eax; ret
+    code[0x20..0x23].copy_from_slice(&[0x90, 0xcd, 0x80]); // nop; int 0x80
+    let mut space = AddressSpace::new();
+    space.add_bytes("i386", code, AT);
+    let mut w = PtWriter::new();
+    w.psb().tsc(3);
+    w.buf.extend_from_slice(&[0x99, 0x02]); // MODE.Exec: CS.D (32-bit)
+    w.fup(AT).psbend();
+    // ret (compressed), jnz taken, ret, jnz not taken; jmp eax; int 0x80 into the kernel.
+    w.tnt(&[true, true, true, false])
+        .tip(AT + 0x20)
+        .tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    let iteration = [
+        format!("{AT:#x} Call"),
+        format!("{:#x} Other", AT + 0xf),
+        format!("{:#x} Return", AT + 0x10),
+        format!("{:#x} Other", AT + 5),
+        format!("{:#x} CondJump", AT + 6),
+    ];
+    let mut want = vec![
+        "WindowId(1)".to_string(),
+        "Timestamp { tsc: 3, perf_time: None }".into(),
+    ];
+    want.extend(iteration.iter().cloned());
+    want.extend(iteration.iter().cloned());
+    want.extend([
+        format!("{:#x} Jump", AT + 8),
+        format!("{:#x} Other", AT + 0x20),
+        format!("{:#x} FarCall", AT + 0x21),
+        format!("Syscall {{ pc: {} }}", AT + 0x21),
+        "TraceDisabled { ip: None }".into(),
+    ]);
+    assert_eq!(show(&f), want);
+    assert!(f
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .all(|i| i.mode == ExecMode::Bit32));
+    let l = libipt(&w.buf, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+
+    // Then, while disabled, MODE.Exec says 64-bit and tracing comes back at AT + 5,
+    // where `dec ecx; jnz` is `rex.wb jnz` (then `jmp rax`).
+    w.buf.extend_from_slice(&[0x99, 0x01]); // MODE.Exec: CS.L
+    w.tip_pge(AT + 5).tnt(&[false]).tip_pgd(None);
+    let (f2, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    let tail: Vec<String> = show(&f2)[want.len()..].to_vec();
+    assert_eq!(
+        tail,
+        [
+            format!("TraceEnabled {{ ip: {} }}", AT + 5),
+            format!("{:#x} CondJump", AT + 5),
+            format!("{:#x} Jump", AT + 8),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    let modes: Vec<ExecMode> = f2[want.len()..]
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.mode)
+        .collect();
+    assert_eq!(modes, [ExecMode::Bit64, ExecMode::Bit64]);
+    let l2 = libipt(&w.buf, &space);
+    assert!(f2 == l2, "{}", first_difference(&f2, &l2));
+
+    // Many iterations with a PSB+ (32-bit) every 40: a PSB-parallel decode on 2 and 3
+    // threads gives the same records as one pass (32-bit code is not split at its cuts).
+    let mut w = PtWriter::new();
+    for k in 0..300u64 {
+        if k % 40 == 0 {
+            w.psb().tsc(100 + k);
+            w.buf.extend_from_slice(&[0x99, 0x02]);
+            w.fup(AT).psbend();
+        }
+        w.tnt(&[true, true]);
+    }
+    w.tnt(&[true, false]).tip(AT + 0x20).tip_pgd(None);
+    let (one, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        one.iter().filter(|r| r.as_instruction().is_some()).count(),
+        301 * 5 + 3
+    );
+    for threads in [2, 3] {
+        let (chunks, _) = drpttracer::decode::parallel::decode_parallel_stats(
+            &w.buf,
+            &TraceParams::default(),
+            &space,
+            &[],
+            &ImageResolver::default(),
+            &WindowOptions {
+                source: "t".into(),
+                window_id: Some(1),
+                decoder: DecoderKind::Fast,
+                ..Default::default()
+            },
+            threads,
+        )
+        .unwrap();
+        let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+        assert!(
+            par == one,
+            "{threads} threads: {}",
+            first_difference(&par, &one)
+        );
+    }
+}
+
 /// A generated trace of ≥ 10 M instructions over 16 images whose functions call each
 /// other (direct and indirect calls, tail calls, returns at every depth up to 40), with
 /// timing packets (TSC, TMA, MTC, CBR) and PSBs, once with return compression and once

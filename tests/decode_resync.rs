@@ -770,7 +770,8 @@ fn resync_psb_nomap_psb() {
 }
 
 /// `l0; [%p7, l2: error: bad status update]; [%p7, l2: resync error: bad status update];
-/// l3; [disabled]`: 32-bit code, which the fast decoder leaves to libipt; libipt 2.1.2
+/// l3; [disabled]`: 32-bit code, then a PSB+ saying 64-bit while it runs (libipt's bad
+/// status update), which the fast decoder leaves to libipt; libipt 2.1.2
 /// resyncs at the next PSB, which is where ptxed's resync (at the failing PSB, failing
 /// again) ends up too: the same records, and a warning that says why libipt decoded it.
 #[test]
@@ -802,12 +803,15 @@ fn resync_psb_bad_status_psb_goes_to_libipt() {
         ]
     );
     assert_eq!(on, decode(trace, &c.space, DecoderKind::Libipt, false));
-    assert_eq!(d.decoded_by(), ("libipt", Some("code other than 64-bit")));
+    assert_eq!(
+        d.decoded_by(),
+        ("libipt", Some("a PSB+ states another execution mode"))
+    );
     assert_eq!(
         d.warnings(),
         [
-            "t: --resync-on-error: the fast decoder handed the window to libipt (code other \
-          than 64-bit), which resyncs at the next PSB after an error"
+            "t: --resync-on-error: the fast decoder handed the window to libipt (a PSB+ \
+          states another execution mode), which resyncs at the next PSB after an error"
         ]
     );
 }

@@ -49,6 +49,25 @@ fn jmpabs(bytes: &[u8], mode: ExecMode) -> Option<InsnInfo> {
     }
 }
 
+/// A near branch's target as libipt computes it: the next instruction's address plus the
+/// displacement, in 64 bits. iced-x86 wraps it to the mode's width (16 or 32 bits); the
+/// two differ only for code near the top of a smaller address space, or beyond it.
+pub(crate) fn branch_target(insn: &iced_x86::Instruction, mode: ExecMode) -> u64 {
+    let target = insn.near_branch_target();
+    let next = insn.next_ip();
+    let disp = target.wrapping_sub(next);
+    let disp = match mode {
+        ExecMode::Bit32 => disp as u32 as i32 as i64,
+        ExecMode::Bit16 => disp as u16 as i16 as i64,
+        _ => return target,
+    };
+    // (`next_ip` is wrapped too: the unwrapped one is the instruction's address plus
+    // its size.)
+    insn.ip()
+        .wrapping_add(insn.len() as u64)
+        .wrapping_add(disp as u64)
+}
+
 /// Classifies the instruction at the start of `bytes` (decoded at `pc`).
 pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
     if let Some(info) = jmpabs(bytes, mode) {
@@ -129,7 +148,7 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
         class
     };
     let direct_target = (direct && matches!(class, InsnClass::Jump | InsnClass::Call))
-        .then(|| insn.near_branch_target());
+        .then(|| branch_target(&insn, mode));
     Some(InsnInfo {
         size: size as u8,
         bytes: raw,

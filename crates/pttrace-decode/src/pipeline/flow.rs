@@ -102,7 +102,11 @@ struct FBlock {
 /// [`BlockCache`]: crate::insn::BlockCache
 #[derive(Default)]
 pub(crate) struct FlowTable {
+    /// The blocks by their start ([`mode_key`]: the address and the execution mode).
     map: HashMap<u64, u32, BuildHasherDefault<AddrHasher>>,
+    /// The execution mode of the code the decoder walks (MODE.Exec's), 64-bit until a
+    /// MODE.Exec says otherwise.
+    mode: FlowMode,
     blocks: Vec<FBlock>,
     /// The direct calls inside blocks: (the block's records up to and including the
     /// call, the return address the call pushes).
@@ -113,6 +117,54 @@ pub(crate) struct FlowTable {
     memo_rets: Vec<u64>,
     /// Records the memoized runs copied into the arena.
     memo_records: usize,
+}
+
+/// The execution modes the fast decoder walks code in (MODE.Exec's CS.L / CS.D).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum FlowMode {
+    #[default]
+    Bit64,
+    Bit32,
+    Bit16,
+}
+
+impl FlowMode {
+    /// The mode MODE.Exec's bits give (CS.L and CS.D both set is reserved).
+    fn of(csl: bool, csd: bool) -> Option<FlowMode> {
+        match (csl, csd) {
+            (true, false) => Some(FlowMode::Bit64),
+            (false, true) => Some(FlowMode::Bit32),
+            (false, false) => Some(FlowMode::Bit16),
+            (true, true) => None,
+        }
+    }
+
+    fn exec_mode(self) -> ExecMode {
+        match self {
+            FlowMode::Bit64 => ExecMode::Bit64,
+            FlowMode::Bit32 => ExecMode::Bit32,
+            FlowMode::Bit16 => ExecMode::Bit16,
+        }
+    }
+
+    fn bitness(self) -> u32 {
+        match self {
+            FlowMode::Bit64 => 64,
+            FlowMode::Bit32 => 32,
+            FlowMode::Bit16 => 16,
+        }
+    }
+}
+
+/// A block's key: its address, and for 32- and 16-bit code a bit no canonical 64-bit
+/// address has in that position with the bits above it clear (bit 62, bit 61).
+#[inline(always)]
+fn mode_key(ip: u64, mode: FlowMode) -> u64 {
+    match mode {
+        FlowMode::Bit64 => ip,
+        FlowMode::Bit32 => ip | 1 << 62,
+        FlowMode::Bit16 => ip | 1 << 61,
+    }
 }
 
 impl ArenaTied for FlowTable {
@@ -988,6 +1040,10 @@ impl PtDecoder<'_> {
         }
         st.next_cut += 1;
         let fup = self.flow_psb(st, false, at)?;
+        if self.blocks.flow.mode != FlowMode::Bit64 {
+            // (A handoff carries no execution mode: 32- and 16-bit code is not split.)
+            return Ok(Cut::Passed);
+        }
         let ip = match (at, fup) {
             (Some(b), Some(ip)) => {
                 let n = self.flow_index_of(b, ip);
@@ -1616,7 +1672,8 @@ impl PtDecoder<'_> {
     /// The block at `ip`, built on first use.
     #[inline]
     fn flow_block(&mut self, ip: u64) -> Result<u32, Fallback> {
-        if let Some(&b) = self.blocks.flow.map.get(&ip) {
+        let key = mode_key(ip, self.blocks.flow.mode);
+        if let Some(&b) = self.blocks.flow.map.get(&key) {
             return Ok(b);
         }
         self.flow_build(ip)
@@ -1629,7 +1686,8 @@ impl PtDecoder<'_> {
         let calls = self.blocks.flow.calls.len();
         let mut pc = ip;
         let mut n = 0u32;
-        let mode = ExecMode::Bit64;
+        let flow_mode = self.blocks.flow.mode;
+        let mode = flow_mode.exec_mode();
         let (end, fall, target) = loop {
             // (Decoded here, not through the instruction cache: each block is built once
             // and keeps its records, so a cache would only hold them a second time.)
@@ -1664,13 +1722,13 @@ impl PtDecoder<'_> {
                 (InsnClass::Return, _) => break (End::Return, next, 0),
                 (InsnClass::CondJump, _) => {
                     let i = iced_x86::Decoder::with_ip(
-                        64,
+                        flow_mode.bitness(),
                         &info.bytes[..usize::from(info.size).min(15)],
                         pc,
                         0,
                     )
                     .decode();
-                    break (End::Cond, next, i.near_branch_target());
+                    break (End::Cond, next, crate::insn::branch_target(&i, mode));
                 }
                 (InsnClass::FarCall, _) if info.is_syscall => break (End::Syscall, next, 0),
                 // Far transfers (INT n, INT3, far call/jump/return, IRET, ERETU/ERETS,
@@ -1704,7 +1762,7 @@ impl PtDecoder<'_> {
             target,
             next: [NO_BLOCK; 2],
         });
-        self.blocks.flow.map.insert(ip, idx);
+        self.blocks.flow.map.insert(mode_key(ip, flow_mode), idx);
         Ok(idx)
     }
 
@@ -1795,9 +1853,9 @@ impl PtDecoder<'_> {
                     if st.enabled {
                         return Err("MODE.Exec while tracing is enabled");
                     }
-                    if !csl || csd {
-                        return Err("code other than 64-bit");
-                    }
+                    // (The mode of the code tracing is enabled in next.)
+                    self.blocks.flow.mode =
+                        FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                     self.flow_quiet_event(st);
                 }
                 Pkt::Psb => {
@@ -1831,7 +1889,7 @@ impl PtDecoder<'_> {
         }
         st.last_ip.reset();
         let mut fup = None;
-        let mut mode64 = None;
+        let mut mode = None;
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 return Err("PSB+ cut by the end of the trace");
@@ -1853,13 +1911,24 @@ impl PtDecoder<'_> {
                     }
                     fup = Some(st.last_ip.apply(p).ok_or("PSB+ FUP without IP")?);
                 }
-                Pkt::ModeExec { csl, csd } => mode64 = Some(csl && !csd),
+                Pkt::ModeExec { csl, csd } => {
+                    mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
+                }
                 Pkt::Psbend => break,
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }
         }
-        if mode64 == Some(false) {
-            return Err("code other than 64-bit");
+        match mode {
+            // A PSB+ in the middle of the flow states the mode the code runs in.
+            Some(m) if !sync && st.enabled && m != self.blocks.flow.mode => {
+                return Err("a PSB+ states another execution mode")
+            }
+            Some(m) => self.blocks.flow.mode = m,
+            // (Without MODE.Exec: the mode goes on, but only 64-bit is assumed.)
+            None if self.blocks.flow.mode != FlowMode::Bit64 => {
+                return Err("a PSB+ without MODE.Exec after code other than 64-bit")
+            }
+            None => {}
         }
         // libipt synchronizes at a PSB+ to decode what follows; one it passes (or the
         // one a segment's decoder starts at, which one pass passes) tells it that the
@@ -1877,7 +1946,7 @@ impl PtDecoder<'_> {
             st.ret = RetStack::new();
             match fup {
                 Some(ip) => {
-                    if mode64.is_none() {
+                    if mode.is_none() {
                         return Err("no MODE.Exec at the synchronization point");
                     }
                     st.enabled = true;
@@ -1887,7 +1956,7 @@ impl PtDecoder<'_> {
             }
         } else if st.enabled != fup.is_some() {
             return Err("PSB+ status differs from the decoder's");
-        } else if let (Some(ip), Some(_)) = (fup, mode64) {
+        } else if let (Some(ip), Some(_)) = (fup, mode) {
             // libipt binds the PSB+'s MODE.Exec to its FUP IP and walks there without
             // trace: from the last trace item through the code walked since, up to the
             // branch that waits for trace.

@@ -377,8 +377,8 @@ impl PtDecoder<'_> {
                     st.pos += size;
                 }
                 Pkt::ModeExec { csl, csd } => {
-                    if !csl || csd {
-                        return Err("code other than 64-bit");
+                    if super::FlowMode::of(csl, csd) != Some(self.blocks.flow.mode) {
+                        return Err("MODE.Exec of another mode after an error");
                     }
                     bound = Bound::Alone;
                     st.pos += size;
