@@ -1717,6 +1717,40 @@ fn cyc_time_calibrated_by_mtc_equals_libipt() {
     );
 }
 
+/// Timing packets and PADs between an interrupt's FUP and its TIP, as real hardware
+/// writes them (MTC at any time, CYC before the CYC-eligible TIP): the fast decoder reads
+/// the branch itself and gives libipt's records and times.
+#[test]
+fn timing_between_an_interrupts_fup_and_tip_equals_libipt() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let cpu = drpttracer::decode::CpuParams {
+        mtc_freq: 2,
+        cpuid_0x15_eax: 1,
+        cpuid_0x15_ebx: 3,
+        ..Default::default()
+    };
+    let mut w = PtWriter::new();
+    w.psb().tsc(1000);
+    tma(&mut w, 0x10, 5);
+    w.mode64().fup(p.top).psbend();
+    w.tnt(&[true, true, true]);
+    mtc(&mut w, 5);
+    cyc(&mut w, 20);
+    mtc(&mut w, 6);
+    w.tnt(&[false, true, false]).tip_pgd(None);
+    w.tip_pge(p.after_syscall);
+    w.tnt(&[true]).fup(p.ret);
+    // Between the FUP and the TIP: MTC 7, a PAD, a CYC, MTC 8.
+    mtc(&mut w, 7);
+    w.pad();
+    cyc(&mut w, 4);
+    mtc(&mut w, 8);
+    w.tip(p.top);
+    w.tnt(&[true, true, false]).tip_pgd(None);
+    assert_eq!(cyc_timestamps(&w.buf, &space, cpu), [1000, 1019, 1043]);
+}
+
 /// With the nominal frequency known, a CBR calibrates: fcr = (nom_freq << 8) / ratio; a
 /// CBR outside a PSB+ starts calibration over.
 #[test]

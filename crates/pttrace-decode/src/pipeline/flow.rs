@@ -1832,10 +1832,22 @@ impl PtDecoder<'_> {
                         return Err("FUP while tracing is disabled");
                     }
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
-                    let Some((next, size)) = wire::parse(self.trace, st.pos) else {
-                        return Err("FUP at the end of the trace");
+                    // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
+                    // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
+                    // (their time is the branch's, as libipt's query decoder reads them).
+                    let next = loop {
+                        let Some((next, size)) = wire::parse(self.trace, st.pos) else {
+                            return Err("FUP at the end of the trace");
+                        };
+                        st.pos += size;
+                        match next {
+                            Pkt::Pad => {}
+                            Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
+                                st.clock.on_timing(next, false, st.clock_cfg)?;
+                            }
+                            _ => break next,
+                        }
                     };
-                    st.pos += size;
                     st.read_on = ReadOn::Nothing;
                     return match next {
                         Pkt::Tip(p) => {
