@@ -140,6 +140,37 @@ fn loop_traces_equal_libipt_and_stay_fast() {
     }
 }
 
+/// The loop with what real hardware adds (PIP and VMCS in every PSB+, interrupts seen as
+/// FUP, PAD, TIP.PGD, then MODE.Exec and TIP.PGE back): libipt's records, from the fast
+/// decoder itself, the oracle's instructions; the bench measures this stream's speed.
+#[test]
+fn loop_traces_with_hardware_patterns_equal_libipt_and_stay_fast() {
+    let prog = LoopProgram::new(0x40_0000);
+    let space = loop_space(&prog);
+    for (size, psb_every, seed) in [(2_000, 400, 1), (200_000, 1500, 3)] {
+        let (trace, bits) = prog.trace_hw(size, psb_every, 8, seed);
+        let recs = assert_same_and_fast(&trace, &space);
+        let pcs: Vec<u64> = recs
+            .iter()
+            .filter_map(|r| r.as_instruction())
+            .map(|i| i.pc)
+            .collect();
+        let want = prog.simulate(&bits);
+        assert_eq!(pcs[..], want[..pcs.len()]);
+        assert!(
+            pcs.len() + 20 > want.len(),
+            "{} of {}",
+            pcs.len(),
+            want.len()
+        );
+        let disables = recs
+            .iter()
+            .filter(|r| matches!(r, Record::TraceDisabled { .. }))
+            .count();
+        assert!(disables > size / 400, "{disables} interrupts");
+    }
+}
+
 /// The conditional branches a short TNT packet decides come out as one slice (the fast
 /// decoder memoizes, per block and TNT bits, the blocks they take and copies their
 /// records together): fewer slices than conditional branches, the records exactly

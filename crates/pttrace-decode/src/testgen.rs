@@ -277,6 +277,66 @@ impl LoopProgram {
         (w.buf, bits)
     }
 
+    /// [`trace`](Self::trace) with what real hardware adds to a user-mode trace: every
+    /// PSB+ states CR3 (PIP) and the VMCS (a VMX guest), and about one iteration in
+    /// `interrupt_every` is interrupted at the function's entry — FUP, a PAD, TIP.PGD
+    /// (the kernel is not traced), then MODE.Exec and TIP.PGE back at the same address.
+    /// The same branches as `trace` for the same seed: [`simulate`](Self::simulate) is its
+    /// oracle too.
+    pub fn trace_hw(
+        &self,
+        size: usize,
+        psb_every: usize,
+        interrupt_every: u64,
+        seed: u64,
+    ) -> (Vec<u8>, Vec<bool>) {
+        let mut rng = XorShift::new(seed);
+        let mut irq = XorShift::new(seed ^ 0x5eed);
+        let mut w = PtWriter::new();
+        let mut bits = Vec::new();
+        let mut tsc = 1_000_000u64;
+        let psb_plus = |w: &mut PtWriter, tsc: u64, fup: Option<u64>| {
+            w.psb().tsc(tsc);
+            // PIP: CR3 0x12340000 (NR: a VMX non-root guest); VMCS 0xabcde0000.
+            w.buf
+                .extend_from_slice(&[0x02, 0x43, 0x01, 0x40, 0x23, 0x01, 0, 0]);
+            w.buf
+                .extend_from_slice(&[0x02, 0xc8, 0xe0, 0xcd, 0xab, 0, 0]);
+            w.mode64();
+            if let Some(ip) = fup {
+                w.fup(ip);
+            }
+            w.psbend();
+        };
+        psb_plus(&mut w, tsc, None);
+        w.tip_pge(self.top);
+        let mut last_psb = 0usize;
+        while w.buf.len() < size {
+            let outer: Vec<bool> = (0..LOOP_CONDS).map(|_| rng.below(2) == 1).collect();
+            let inner: Vec<bool> = (0..FUNC_CONDS).map(|_| rng.below(2) == 1).collect();
+            w.tnt(&outer).tip(self.func);
+            if irq.below(interrupt_every.max(1)) == 0 {
+                w.fup(self.func).pad().tip_pgd(None);
+                w.mode64().tip_pge(self.func);
+            }
+            // PSBs land after either TIP, so chunks start in the loop or in the function.
+            if w.buf.len() - last_psb >= psb_every && rng.below(2) == 0 {
+                tsc += 1000;
+                last_psb = w.buf.len();
+                psb_plus(&mut w, tsc, Some(self.func));
+            }
+            w.tnt(&inner).tip(self.after_call);
+            bits.extend(outer);
+            bits.extend(inner);
+            if w.buf.len() - last_psb >= psb_every {
+                tsc += 1000;
+                last_psb = w.buf.len();
+                psb_plus(&mut w, tsc, Some(self.after_call));
+            }
+        }
+        (w.buf, bits)
+    }
+
     /// The instruction addresses the trace made of `bits` executes (the oracle), up to the
     /// last resolved branch.
     pub fn simulate(&self, bits: &[bool]) -> Vec<u64> {
