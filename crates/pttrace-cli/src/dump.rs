@@ -42,6 +42,21 @@ pub struct Args {
     /// Show each packet's bytes in hex, as ptdump's --raw.
     #[arg(long)]
     raw: bool,
+    /// Show the last IP each IP packet makes, as ptdump's --lastip.
+    #[arg(long)]
+    lastip: bool,
+    /// Show MODE.Exec's execution mode, as ptdump's --exec-mode.
+    #[arg(long)]
+    exec_mode: bool,
+    /// Leave out PAD packets, as ptdump's --no-pad.
+    #[arg(long)]
+    no_pad: bool,
+    /// Leave out timing packets (TSC, CBR, TMA, MTC, CYC), as ptdump's --no-timing.
+    #[arg(long)]
+    no_timing: bool,
+    /// Leave out CYC packets, as ptdump's --no-cyc.
+    #[arg(long)]
+    no_cyc: bool,
 }
 
 pub fn run(args: Args) -> CmdResult {
@@ -49,6 +64,11 @@ pub fn run(args: Args) -> CmdResult {
     let mut opts = ListOptions {
         cpu: None,
         no_sync: args.no_sync,
+        last_ip: args.lastip,
+        exec_mode: args.exec_mode,
+        no_pad: args.no_pad,
+        no_timing: args.no_timing,
+        no_cyc: args.no_cyc,
     };
     if let Some(c) = &args.cpu {
         let (family, model, stepping) = CpuParams::parse_cpu(c)?;
@@ -94,6 +114,11 @@ pub fn run(args: Args) -> CmdResult {
     let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
         for l in list_packets_with(pt, opts) {
             match &l {
+                // (ptdump's note that `--lastip` has no IP to show yet: no damage.)
+                PacketLine::Error {
+                    context: "error tracking last-ip",
+                    ..
+                } => {}
                 PacketLine::Error { offset, error, .. } => {
                     bad_packets.push((base + offset, format!("undecodable PT: {error}")));
                 }

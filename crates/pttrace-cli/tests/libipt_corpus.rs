@@ -7,9 +7,9 @@
 //! `~/.cache/pttrace/libipt` or `$PTTRACE_LIBIPT_DIR`); without them the test prints
 //! `SKIP: ...` and passes. Each `.ptt` is assembled by pttc once per CPU it names (`; cpu`
 //! lines), with the ptdump options it names (`; opt:ptdump`). ptdump's time-tracking
-//! options (`--time`, `--tcal`, `--lastip`, `--exec-mode`, ...) add columns that `pttrace
-//! dump` does not have: both listings are made without them, and the test says how many
-//! cases that concerns.
+//! options (`--time`, `--time-delta`, `--tcal`, ...) add columns that `pttrace dump` does
+//! not have: both listings are made without them, and the test says how many cases that
+//! concerns.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,7 +66,16 @@ fn directives(ptt: &str, name: &str) -> Vec<String> {
 
 /// ptdump's options that `pttrace dump` has too, and whether any were left out.
 fn shared_options(opts: &[String]) -> (Vec<String>, bool) {
-    const SHARED: [&str; 3] = ["--no-sync", "--no-offset", "--raw"];
+    const SHARED: [&str; 8] = [
+        "--no-sync",
+        "--no-offset",
+        "--raw",
+        "--lastip",
+        "--exec-mode",
+        "--no-pad",
+        "--no-timing",
+        "--no-cyc",
+    ];
     const WITH_VALUE: [&str; 4] = [
         "--mtc-freq",
         "--nom-freq",

@@ -954,6 +954,10 @@ pub(crate) struct PacketText {
     pub name: &'static str,
     pub payload: String,
     pub tracking: Option<(&'static str, String)>,
+    /// An IP packet's compression and payload (ptdump's `--lastip` follows them).
+    pub ip: Option<(u32, u64)>,
+    /// MODE.Exec's mode as ptdump's `--exec-mode` names it.
+    pub exec_mode: Option<&'static str>,
 }
 
 impl PacketText {
@@ -962,7 +966,59 @@ impl PacketText {
             name,
             payload,
             tracking: None,
+            ip: None,
+            exec_mode: None,
         }
+    }
+
+    /// With ptdump's tracking column: what it tracks, the value.
+    fn tracked(name: &'static str, payload: String, id: &'static str, value: String) -> Self {
+        PacketText {
+            tracking: Some((id, value)),
+            ..PacketText::new(name, payload)
+        }
+    }
+}
+
+/// The last IP as ptdump's `--lastip` tracks it (libipt's `pt_last_ip`): each IP packet
+/// updates it; it starts over where the listing synchronizes again after an error.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LastIpTrack {
+    ip: u64,
+    have_ip: bool,
+    suppressed: bool,
+}
+
+impl LastIpTrack {
+    /// Applies an IP packet (compression, payload): the tracking column's text, or the
+    /// error ptdump reports before the packet's line.
+    pub fn update(&mut self, ipc: u32, ip: u64) -> Result<String, &'static str> {
+        let keep = |bits: u32, last: u64| {
+            let mask = (1u64 << bits) - 1;
+            (last & !mask) | (ip & mask)
+        };
+        match ipc {
+            sys::pt_ip_compression_pt_ipc_suppressed => self.suppressed = true,
+            sys::pt_ip_compression_pt_ipc_update_16 => self.set(keep(16, self.ip)),
+            sys::pt_ip_compression_pt_ipc_update_32 => self.set(keep(32, self.ip)),
+            sys::pt_ip_compression_pt_ipc_update_48 => self.set(keep(48, self.ip)),
+            sys::pt_ip_compression_pt_ipc_sext_48 => self.set(((ip << 16) as i64 >> 16) as u64),
+            sys::pt_ip_compression_pt_ipc_full => self.set(ip),
+            _ => return Err("unknown packet"),
+        }
+        if !self.have_ip {
+            return Err("no ip");
+        }
+        if self.suppressed {
+            return Ok("<suppressed>".to_string());
+        }
+        Ok(format!("{:016x}", self.ip))
+    }
+
+    fn set(&mut self, ip: u64) {
+        self.ip = ip;
+        self.have_ip = true;
+        self.suppressed = false;
     }
 }
 
@@ -1040,6 +1096,13 @@ fn format_ip(ip: &sys::pt_packet_ip) -> String {
     }
 }
 
+/// An IP packet's text, with its compression and payload kept for `--lastip`.
+fn ip_text(name: &'static str, ip: &sys::pt_packet_ip) -> PacketText {
+    let mut t = PacketText::new(name, format_ip(ip));
+    t.ip = Some((ip.ipc, ip.ip));
+    t
+}
+
 /// Joins the flags that are set with ", " (ptdump's lists: "cs.d, cs.l, if").
 fn flags(parts: &[(bool, &str)]) -> String {
     let on: Vec<&str> = parts.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
@@ -1061,10 +1124,10 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
             sys::pt_packet_type_ppt_psbend => plain("psbend"),
             sys::pt_packet_type_ppt_ovf => plain("ovf"),
             sys::pt_packet_type_ppt_stop => plain("stop"),
-            sys::pt_packet_type_ppt_fup => PacketText::new("fup", format_ip(&p.payload.ip)),
-            sys::pt_packet_type_ppt_tip => PacketText::new("tip", format_ip(&p.payload.ip)),
-            sys::pt_packet_type_ppt_tip_pge => PacketText::new("tip.pge", format_ip(&p.payload.ip)),
-            sys::pt_packet_type_ppt_tip_pgd => PacketText::new("tip.pgd", format_ip(&p.payload.ip)),
+            sys::pt_packet_type_ppt_fup => ip_text("fup", &p.payload.ip),
+            sys::pt_packet_type_ppt_tip => ip_text("tip", &p.payload.ip),
+            sys::pt_packet_type_ppt_tip_pge => ip_text("tip.pge", &p.payload.ip),
+            sys::pt_packet_type_ppt_tip_pgd => ip_text("tip.pgd", &p.payload.ip),
             sys::pt_packet_type_ppt_tnt_8 | sys::pt_packet_type_ppt_tnt_64 => {
                 let t = p.payload.tnt;
                 let n = u32::from(t.bit_size).min(64);
@@ -1088,7 +1151,14 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
                         (e.csl() != 0, "cs.l"),
                         (e.iflag() != 0, "if"),
                     ]);
-                    PacketText::new("mode.exec", text)
+                    let mut t = PacketText::new("mode.exec", text);
+                    t.exec_mode = Some(match (e.csl() != 0, e.csd() != 0) {
+                        (true, false) => "64-bit",
+                        (false, true) => "32-bit",
+                        (false, false) => "16-bit",
+                        (true, true) => "unknown",
+                    });
+                    t
                 } else if m.leaf == sys::pt_mode_leaf_pt_mol_tsx {
                     let t = m.bits.tsx;
                     let text = flags(&[(t.intx() != 0, "intx"), (t.abrt() != 0, "abrt")]);
@@ -1100,19 +1170,16 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
             sys::pt_packet_type_ppt_pip => {
                 let pip = p.payload.pip;
                 let nr = if pip.nr() != 0 { ", nr" } else { "" };
-                PacketText {
-                    name: "pip",
-                    payload: format!("{:x}{nr}", pip.cr3),
-                    tracking: Some(("cr3", format!("{:016x}", pip.cr3))),
-                }
+                PacketText::tracked(
+                    "pip",
+                    format!("{:x}{nr}", pip.cr3),
+                    "cr3",
+                    format!("{:016x}", pip.cr3),
+                )
             }
             sys::pt_packet_type_ppt_vmcs => {
                 let base = p.payload.vmcs.base;
-                PacketText {
-                    name: "vmcs",
-                    payload: format!("{base:x}"),
-                    tracking: Some(("vmcs", format!("{base:016x}"))),
-                }
+                PacketText::tracked("vmcs", format!("{base:x}"), "vmcs", format!("{base:016x}"))
             }
             sys::pt_packet_type_ppt_cbr => {
                 PacketText::new("cbr", format!("{:x}", p.payload.cbr.ratio))
@@ -1170,19 +1237,21 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
             }
             sys::pt_packet_type_ppt_cfe => {
                 let c = p.payload.cfe;
-                PacketText {
-                    name: "cfe",
-                    payload: format_cfe(c.type_, c.vector, c.ip() != 0),
-                    tracking: Some(("type", cfe_type_name(c.type_).to_string())),
-                }
+                PacketText::tracked(
+                    "cfe",
+                    format_cfe(c.type_, c.vector, c.ip() != 0),
+                    "type",
+                    cfe_type_name(c.type_).to_string(),
+                )
             }
             sys::pt_packet_type_ppt_evd => {
                 let e = p.payload.evd;
-                PacketText {
-                    name: "evd",
-                    payload: format!("{}: {:x}", e.type_, e.payload),
-                    tracking: Some(("type", evd_type_name(e.type_).to_string())),
-                }
+                PacketText::tracked(
+                    "evd",
+                    format!("{}: {:x}", e.type_, e.payload),
+                    "type",
+                    evd_type_name(e.type_).to_string(),
+                )
             }
             sys::pt_packet_type_ppt_unknown => match crate::wire::parse_trig(raw) {
                 Some((t, _)) => PacketText::new("trig", format_trig(&t)),

@@ -1,7 +1,7 @@
 //! Packet-level listing of a PT stream in libipt's ptdump syntax (its default options), via
 //! libipt's packet decoder.
 
-use super::ipt::{empty_packet, format_packet, PacketDecoder};
+use super::ipt::{empty_packet, format_packet, LastIpTrack, PacketDecoder};
 
 /// One listed packet; a decode error at an offset (after which the lister resyncs at the
 /// next PSB); or bytes the listing does not cover (ptdump skips them without a word).
@@ -53,6 +53,10 @@ impl PacketLine {
                     sep = " ";
                 }
                 let _ = match tracking {
+                    // (The name is padded only when a payload follows, as in ptdump.)
+                    Some((id, value)) if payload.is_empty() => {
+                        write!(s, "{sep}{name} {payload:<25} {id:<5}{value}")
+                    }
                     Some((id, value)) => {
                         write!(s, "{sep}{name:<10} {payload:<25} {id:<5}{value}")
                     }
@@ -89,6 +93,16 @@ pub struct ListOptions {
     /// Start at byte 0 instead of the first PSB (ptdump's `--no-sync`); after an error the
     /// listing resumes at the next PSB as usual.
     pub no_sync: bool,
+    /// ptdump's `--lastip`: IP packets show the last IP they make (tracking column `ip`).
+    pub last_ip: bool,
+    /// ptdump's `--exec-mode`: MODE.Exec shows its mode (tracking column `em`).
+    pub exec_mode: bool,
+    /// ptdump's `--no-pad`: PADs are not listed.
+    pub no_pad: bool,
+    /// ptdump's `--no-timing`: TSC, CBR, TMA, MTC and CYC are not listed.
+    pub no_timing: bool,
+    /// ptdump's `--no-cyc`: CYC is not listed.
+    pub no_cyc: bool,
 }
 
 /// Lists every packet of `trace` (from its first PSB on). Bytes before the first PSB are
@@ -151,6 +165,8 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
             });
         }
         first = false;
+        // (ptdump tracks the last IP from each synchronization on.)
+        let mut last_ip = LastIpTrack::default();
         loop {
             let offset = dec.offset().unwrap_or(sync);
             match dec.next(&mut pkt) {
@@ -159,7 +175,31 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
                         .ok()
                         .and_then(|o| trace.get(o..o.checked_add(size as usize)?))
                         .unwrap_or(&[]);
-                    let text = format_packet(&pkt, raw);
+                    let mut text = format_packet(&pkt, raw);
+                    let skip = match text.name {
+                        "pad" => opts.no_pad,
+                        "tsc" | "cbr" | "tma" | "mtc" => opts.no_timing,
+                        "cyc" => opts.no_timing || opts.no_cyc,
+                        _ => false,
+                    };
+                    if let (true, Some((ipc, ip))) = (opts.last_ip, text.ip) {
+                        let column = last_ip.update(ipc, ip).unwrap_or_else(|e| {
+                            // (ptdump's diagnostic comes before the packet's line.)
+                            out.push(PacketLine::Error {
+                                offset,
+                                context: "error tracking last-ip",
+                                error: e.to_string(),
+                            });
+                            "<unavailable>".to_string()
+                        });
+                        text.tracking = Some(("ip", column));
+                    }
+                    if let (true, Some(em)) = (opts.exec_mode, text.exec_mode) {
+                        text.tracking = Some(("em", em.to_string()));
+                    }
+                    if skip {
+                        continue;
+                    }
                     out.push(PacketLine::Packet {
                         offset,
                         size,
@@ -285,6 +325,79 @@ mod tests {
             .map(|l| l.to_string())
             .collect();
         assert_eq!(cut, lines[..=k]);
+    }
+
+    /// ptdump's `--lastip`, `--exec-mode`, `--no-pad`, `--no-timing`, `--no-cyc` (lines as
+    /// libipt's ptdump prints them for these bytes).
+    #[test]
+    fn ptdump_tracking_and_filter_options() {
+        let mut t: Vec<u8> = [0x02, 0x82].repeat(8); // psb
+        t.push(0x00); // pad
+        t.extend_from_slice(&[0x19, 0x34, 0x12, 0, 0, 0, 0, 0]); // tsc 1234
+        t.extend_from_slice(&[0x99, 0x01, 0x02, 0x23]); // mode.exec (64-bit), psbend
+        t.extend_from_slice(&[0x01]); // tip.pgd, IP suppressed: no last IP yet
+        t.extend_from_slice(&[0x2d, 0x34, 0x12]); // tip, update16 (from 0)
+        t.extend_from_slice(&[0x61, 0, 0x10, 0x40, 0, 0, 0]); // tip.pgd sext48 0x401000
+        t.extend_from_slice(&[0x11, 0x59, 0x07, 0x1b]); // tip.pge suppressed, mtc 7, cyc 3
+        t.extend_from_slice(&[0x2d, 0x78, 0x56, 0x00]); // tip update16, pad
+        let lines = |o: ListOptions| -> Vec<String> {
+            list_packets_with(&t, o)
+                .iter()
+                .map(|l| l.to_string())
+                .collect()
+        };
+        let with_last_ip = lines(ListOptions {
+            last_ip: true,
+            exec_mode: true,
+            ..Default::default()
+        });
+        assert_eq!(
+            with_last_ip,
+            [
+                "0000000000000000  psb",
+                "0000000000000010  pad",
+                "0000000000000011  tsc        1234",
+                "0000000000000019  mode.exec  cs.l                      em   64-bit",
+                "000000000000001b  psbend",
+                "[1d: error tracking last-ip: no ip]",
+                "000000000000001d  tip.pgd    0: ????????????????       ip   <unavailable>",
+                "000000000000001e  tip        1: ????????????1234       ip   0000000000001234",
+                "0000000000000021  tip.pgd    3: 0000000000401000       ip   0000000000401000",
+                "0000000000000028  tip.pge    0: ????????????????       ip   <suppressed>",
+                "0000000000000029  mtc        7",
+                "000000000000002b  cyc        3",
+                "000000000000002c  tip        1: ????????????5678       ip   0000000000405678",
+                "000000000000002f  pad",
+            ]
+        );
+        let names = |o: ListOptions| -> Vec<&'static str> {
+            list_packets_with(&t, o)
+                .iter()
+                .filter_map(|l| match l {
+                    PacketLine::Packet { name, .. } => Some(*name),
+                    _ => None,
+                })
+                .collect()
+        };
+        let all = names(ListOptions::default());
+        let without = |gone: &[&str]| -> Vec<&str> {
+            all.iter().copied().filter(|n| !gone.contains(n)).collect()
+        };
+        let no_pad = ListOptions {
+            no_pad: true,
+            ..Default::default()
+        };
+        let no_timing = ListOptions {
+            no_timing: true,
+            ..Default::default()
+        };
+        let no_cyc = ListOptions {
+            no_cyc: true,
+            ..Default::default()
+        };
+        assert_eq!(names(no_pad), without(&["pad"]));
+        assert_eq!(names(no_timing), without(&["tsc", "mtc", "cyc"]));
+        assert_eq!(names(no_cyc), without(&["cyc"]));
     }
 
     #[test]
