@@ -985,6 +985,107 @@ fn cfe_and_evd_packets_change_no_record() {
     assert!(l == expected, "{}", first_difference(&l, &expected));
     let (f, by) = fast(&with_events, &space);
     assert!(f == expected, "{}", first_difference(&f, &expected));
+    assert_eq!(by, ("fast", None));
+}
+
+/// Event trace as in libipt's ptet-int-iret / ptet-int-eretu tests: a page fault (EVD CR2,
+/// CFE INTR vector 14, FUP, TIP to the handler), the handler's IRETQ (CFE IRET, TIP back),
+/// a software interrupt (CFE SWINTR, FUP at the `int`, TIP), the handler's ERETU: the
+/// fast decoder follows them itself, with libipt's records where libipt 2.1.2 knows the
+/// instructions. An IRET CFE at a branch that is no far return, and an EVD that is not a
+/// CR2 before an interrupt, go to libipt (which reports them).
+#[test]
+fn event_trace_interrupts_and_returns_are_followed_by_the_fast_decoder() {
+    const AT: u64 = 0x90_0000;
+    let mut code = vec![0xf4u8; 0x40];
+    let mut put = |at: usize, bytes: &[u8]| code[at..at + bytes.len()].copy_from_slice(bytes);
+    // nop; mov rax, [rbx]; int 0x2a; nop; jmp rax
+    put(
+        0x00,
+        &[0x90, 0x48, 0x8b, 0x03, 0xcd, 0x2a, 0x90, 0xff, 0xe0],
+    );
+    put(0x10, &[0x90, 0x48, 0xcf]); // nop; iretq
+    put(0x20, &[0x90, 0xf3, 0x0f, 0x01, 0xca]); // nop; eretu
+    let mut space = AddressSpace::new();
+    space.add_bytes("ptet", code, AT);
+    let evd_cr2 = |w: &mut PtWriter| {
+        w.buf.extend_from_slice(&[0x02, 0x53, 0x00]);
+        w.buf.extend_from_slice(&0xf0_0baau64.to_le_bytes());
+    };
+    let cfe = |w: &mut PtWriter, ty: u8, vector: u8| {
+        w.buf.extend_from_slice(&[0x02, 0x13, ty, vector]);
+    };
+    // The page fault at the load, its handler's iretq back to it.
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    evd_cr2(&mut w);
+    cfe(&mut w, 1, 14);
+    w.fup(AT + 1).tip(AT + 0x10);
+    cfe(&mut w, 2, 0);
+    w.tip(AT + 1);
+    w.tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        show(&f),
+        [
+            "WindowId(1)".to_string(),
+            "Timestamp { tsc: 5, perf_time: None }".into(),
+            format!("{AT:#x} Other"),
+            format!("KernelXfer {{ from: {}, to: Some({}) }}", AT + 1, AT + 0x10),
+            format!("{:#x} Other", AT + 0x10),
+            format!("{:#x} FarReturn", AT + 0x11),
+            format!("{:#x} Other", AT + 1),
+            format!("{:#x} FarCall", AT + 4),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    let l = libipt(&w.buf, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+
+    // A software interrupt at the `int` (not executed: its FUP is its own address), the
+    // handler's ERETU back past it (libipt 2.1.2 stops at ERETU: the fast decoder only).
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT + 4));
+    cfe(&mut w, 14, 0x2a);
+    w.fup(AT + 4).tip(AT + 0x20);
+    cfe(&mut w, 2, 0);
+    w.tip(AT + 6).tip(AT + 0x10);
+    w.tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        show(&f)[2..],
+        [
+            format!("KernelXfer {{ from: {}, to: Some({}) }}", AT + 4, AT + 0x20),
+            format!("{:#x} Other", AT + 0x20),
+            format!("{:#x} FarReturn", AT + 0x21),
+            format!("{:#x} Other", AT + 6),
+            format!("{:#x} Jump", AT + 7),
+            format!("{:#x} Other", AT + 0x10),
+            format!("{:#x} FarReturn", AT + 0x11),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+
+    // An IRET CFE before the TIP of a near indirect jump; an EVD of a VMX exit before an
+    // interrupt's CFE: libipt's (both are errors to libipt).
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT + 6));
+    cfe(&mut w, 2, 0);
+    w.tip(AT + 0x10).tip_pgd(None);
+    let (_, by) = fast(&w.buf, &space);
+    assert_eq!(
+        by,
+        ("libipt", Some("IRET CFE at a branch that is no far return"))
+    );
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    w.buf.extend_from_slice(&[0x02, 0x53, 0x01]);
+    w.buf.extend_from_slice(&0u64.to_le_bytes());
+    cfe(&mut w, 1, 14);
+    w.fup(AT).tip_pgd(None);
+    let (_, by) = fast(&w.buf, &space);
     assert_eq!(by, ("libipt", Some("evd")));
 }
 

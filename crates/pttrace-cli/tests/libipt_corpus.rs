@@ -235,15 +235,7 @@ fn every_corpus_listing_is_ptdumps() {
 }
 
 /// The corpus cases where `decode` and ptxed's expectation differ, and why.
-const PTXED_DIFFERENCES: [(&str, &str); 5] = [
-    (
-        "ptet-int-eretu",
-        "event trace (CFE/EVD) windows go to libipt 2.1.2, which stops at ERETU with a gap",
-    ),
-    (
-        "ptet-int-int-erets-eretu",
-        "event trace (CFE/EVD) windows go to libipt 2.1.2, which stops at ERETS with a gap",
-    ),
+const PTXED_DIFFERENCES: [(&str, &str); 3] = [
     (
         "ptxed-resync-psb-bad_status-psb",
         "32-bit code goes to libipt 2.1.2: its PSB resync reports the error once and without \

@@ -40,6 +40,16 @@ pub(crate) enum Pkt {
     Trig(Trig),
     /// OVF: the processor's internal buffers overflowed.
     Ovf,
+    /// CFE (event trace): the event's type, and whether a FUP gives its IP.
+    Cfe {
+        ty: u8,
+        ip: bool,
+    },
+    /// EVD (event trace): data of the next CFE's event, of type `ty` (0: CR2, 1: VMX
+    /// exit qualification, 2: VMX exit reason).
+    Evd {
+        ty: u8,
+    },
     /// Any other packet (or a reserved encoding): its name.
     Other(&'static str),
 }
@@ -249,8 +259,17 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
         // PIP (CR3 and the NR bit in 6 bytes), VMCS (the VMCS base in 5 bytes).
         0x43 => t.get(pos..pos + 8).map(|_| (Pkt::Other("pip"), 8)),
         0xc8 => t.get(pos..pos + 7).map(|_| (Pkt::Other("vmcs"), 7)),
-        0x13 => Some((Pkt::Other("cfe"), 4)),
-        0x53 => Some((Pkt::Other("evd"), 11)),
+        // CFE: byte 2 holds IP (bit 7) and the type (bits 4:0); byte 3 the vector.
+        0x13 => t.get(pos..pos + 4).map(|b| {
+            let cfe = Pkt::Cfe {
+                ty: b[2] & 0x1f,
+                ip: b[2] & 0x80 != 0,
+            };
+            (cfe, 4)
+        }),
+        0x53 => t
+            .get(pos..pos + 11)
+            .map(|b| (Pkt::Evd { ty: b[2] & 0x3f }, 11)),
         _ => Some((Pkt::Other("extended packet"), 2)),
     }
 }
@@ -377,18 +396,22 @@ mod tests {
         );
         assert_eq!(
             parse(&[0x02, 0x13, 0x81, 0x0e], 0),
-            Some((Pkt::Other("cfe"), 4))
+            Some((Pkt::Cfe { ty: 1, ip: true }, 4))
         );
+        assert_eq!(
+            parse(&[0x02, 0x13, 0x02, 0x00], 0),
+            Some((Pkt::Cfe { ty: 2, ip: false }, 4))
+        );
+        assert_eq!(parse(&[0x02, 0x13, 0x81], 0), None, "cut CFE");
         let pip = [0x02, 0x43, 1, 0x40, 0x23, 1, 0, 0];
         assert_eq!(parse(&pip, 0), Some((Pkt::Other("pip"), 8)));
         assert_eq!(parse(&pip[..7], 0), None, "cut PIP");
         let vmcs = [0x02, 0xc8, 0xe0, 0xcd, 0xab, 0, 0];
         assert_eq!(parse(&vmcs, 0), Some((Pkt::Other("vmcs"), 7)));
         assert_eq!(parse(&vmcs[..6], 0), None, "cut VMCS");
-        assert_eq!(
-            parse(&[0x02, 0x53, 0, 1, 2], 0),
-            Some((Pkt::Other("evd"), 11))
-        );
+        let evd = [0x02, 0x53, 0, 0xaa, 0x0b, 0xf0, 0, 0, 0, 0, 0];
+        assert_eq!(parse(&evd, 0), Some((Pkt::Evd { ty: 0 }, 11)));
+        assert_eq!(parse(&evd[..10], 0), None, "cut EVD");
         assert_eq!(parse(&[0x19, 1, 2, 3], 0), None, "cut TSC");
         assert_eq!(find_psb(&[0, 0, 0x02, 0x82], 0), None);
         let mut t = vec![0u8; 3];

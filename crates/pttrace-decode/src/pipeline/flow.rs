@@ -770,6 +770,8 @@ pub(crate) struct FlowState {
     at_cut: bool,
     /// Where the last trace item read ([`PtDecoder::flow_next_item`]) starts.
     item_at: usize,
+    /// A CFE of type IRET was read: the next trace item is the TIP of a far return.
+    cfe_iret: bool,
     /// Resynchronize after a decode error as libipt 2.2's `pt_blk_resync`
     /// ([`super::WindowOptions::resync_on_error`]).
     pub resync: bool,
@@ -896,6 +898,7 @@ impl FlowState {
             resume: None,
             yielded: false,
             at_cut: false,
+            cfe_iret: false,
             item_at: 0,
             resync: false,
             error: None,
@@ -1191,6 +1194,9 @@ impl PtDecoder<'_> {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         match self.flow_next_item(st)? {
                             TraceItem::Tnt => {}
+                            TraceItem::Tip(_) if st.cfe_iret => {
+                                return Err("IRET CFE at a near return")
+                            }
                             TraceItem::Tip(ip) => {
                                 self.flow_push_block(st, b, b.len);
                                 self.flow_commit(st);
@@ -1224,6 +1230,9 @@ impl PtDecoder<'_> {
                     }
                     match self.flow_next_item(st)? {
                         TraceItem::Tip(ip) => {
+                            if std::mem::take(&mut st.cfe_iret) && !self.flow_far_return(b) {
+                                return Err("IRET CFE at a branch that is no far return");
+                            }
                             self.flow_push_block(st, b, b.len);
                             if b.end == End::IndirectCall {
                                 st.ret.push(b.fall);
@@ -1767,7 +1776,17 @@ impl PtDecoder<'_> {
     }
 
     /// Reads packets up to the next trace item (time, CBR, MODE.Exec applied on the way).
+    /// After an IRET CFE only a TIP may come (the far return's target).
+    #[inline]
     fn flow_next_item(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
+        let item = self.flow_read_item(st)?;
+        if st.cfe_iret && !matches!(item, TraceItem::Tip(_)) {
+            return Err("IRET CFE not followed by a TIP");
+        }
+        Ok(item)
+    }
+
+    fn flow_read_item(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
         loop {
             st.item_at = st.pos;
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
@@ -1880,6 +1899,31 @@ impl PtDecoder<'_> {
                     st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Ovf);
                 }
+                // Event trace: EVD is data for the CFE after it. A CFE of an interrupt
+                // (INTR, SWINTR) comes right before the FUP whose TIP or TIP.PGD is the
+                // asynchronous branch, read as usual; an IRET CFE binds the next TIP to
+                // a far return (IRET, ERETU, ERETS). Other events go to libipt.
+                // (A CR2 is a page fault's: it comes with an interrupt's CFE.)
+                Pkt::Evd { ty: 0 } => {
+                    if !matches!(
+                        wire::parse(self.trace, st.pos),
+                        Some((Pkt::Cfe { ty: 1, .. }, _))
+                    ) {
+                        return Err("EVD (CR2) not followed by an interrupt's CFE");
+                    }
+                }
+                Pkt::Evd { .. } => return Err("evd"),
+                Pkt::Cfe { ty: 1 | 14, .. } => {
+                    if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
+                        return Err("CFE not followed by its FUP");
+                    }
+                }
+                Pkt::Cfe { ty: 2, ip: false } => {
+                    if std::mem::replace(&mut st.cfe_iret, true) {
+                        return Err("two IRET CFEs");
+                    }
+                }
+                Pkt::Cfe { .. } => return Err("cfe"),
                 Pkt::Other(what) => return Err(what),
             }
         }
@@ -1979,6 +2023,15 @@ impl PtDecoder<'_> {
         Ok(fup)
     }
 
+    /// Whether block `b` ends with a far return (IRET, ERETU, ERETS, SYSRET...).
+    fn flow_far_return(&self, b: FBlock) -> bool {
+        self.flow_recs(b)
+            .iter()
+            .rev()
+            .find_map(|r| r.as_instruction())
+            .is_some_and(|i| i.class == InsnClass::FarReturn)
+    }
+
     /// Whether `ip` is an instruction walked since the last trace item, or one of block
     /// `at`'s (the block waiting for trace).
     fn flow_reachable(&self, st: &FlowState, at: Option<FBlock>, ip: u64) -> bool {
@@ -2004,7 +2057,12 @@ impl PtDecoder<'_> {
                 | Pkt::Cbr(_)
                 | Pkt::Psbend
                 | Pkt::ModeExec { .. } => pos += size,
-                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) | Pkt::Ovf => return true,
+                Pkt::TipPge(_)
+                | Pkt::Other(_)
+                | Pkt::Cfe { .. }
+                | Pkt::Evd { .. }
+                | Pkt::Trig(_)
+                | Pkt::Ovf => return true,
                 _ => return false,
             }
         }

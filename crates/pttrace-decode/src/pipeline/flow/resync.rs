@@ -424,6 +424,8 @@ impl PtDecoder<'_> {
                 }
                 Pkt::Psb => return self.flow_sync_at(st, st.pos),
                 Pkt::Other(what) => return Err(what),
+                Pkt::Cfe { .. } => return Err("cfe"),
+                Pkt::Evd { .. } => return Err("evd"),
                 _ => return Err("packet the fast decoder leaves to libipt after an error"),
             }
         }
