@@ -545,6 +545,30 @@ fn signals_arriving_mid_loop_are_explicit_and_the_loop_stays_exact() {
     assert_eq!(w.flags & (WF_PT_ABSENT | WF_PT_LOST | WF_PT_DROPPED), 0);
     assert_eq!(gaps(recs), Vec::<String>::new());
     let ip = ips(recs);
+    let heads = ip.iter().filter(|&&a| a == s.head).count();
+    if heads != 20000 {
+        // (Seen once under a full test run's load: keep the trace and say which windows
+        // there were, to find where the loop went.)
+        let kept = std::env::temp_dir().join("shim_userpt_signals_failure");
+        let _ = std::fs::remove_dir_all(&kept);
+        let _ = Command::new("cp").arg("-r").arg(&out).arg(&kept).status();
+        let list: Vec<String> = wins
+            .iter()
+            .map(|(w, r)| {
+                let n = ips(r).len();
+                format!(
+                    "window {} nr {} flags {:#x}: {n} instructions",
+                    w.index, w.nr, w.flags
+                )
+            })
+            .collect();
+        panic!(
+            "the getpid window has {heads} loop heads of 20000 ({alarms} alarms); the trace \
+             is kept in {}; its windows:\n{}",
+            kept.display(),
+            list.join("\n")
+        );
+    }
     assert_loop(&ip, &s, 20000);
     // Each handler entry inside the window: an asynchronous disable at the interrupted
     // instruction, and tracing enabled again at that same instruction.
