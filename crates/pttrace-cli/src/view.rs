@@ -564,55 +564,43 @@ pub fn run(args: Args) -> CmdResult {
             pf.view(v, &namers, &names);
         }
     }
-    // JSON and speedscope here, while the Perfetto writer finishes.
-    let written = write_views(
-        &paths,
-        &views,
-        &namers,
-        &names,
-        &axis,
-        (&args.trace, &part),
-        merge_below,
-    );
-    let pftrace_bytes = pf.finish();
+    // Gaps and losses: where the stacks start over (instant events on the timeline).
+    let gaps: usize = views.iter().map(|v| v.markers.len()).sum();
+    let stacks_path = out_dir.join("stacks.folded");
+    let svg = out_dir.join("flamegraph.svg");
+    // JSON and speedscope here, the folded stacks and the flame graph on a thread of
+    // their own, while the Perfetto writer finishes.
+    let (written, pftrace_bytes, stacks) = std::thread::scope(|scope| {
+        let stacks = scope.spawn(|| {
+            write_stacks(
+                &folded,
+                &names,
+                limit,
+                (&stacks_path, &svg),
+                flamegraph_title(trace.processes.first().map(|p| p.cmdline.as_str()), gaps),
+            )
+        });
+        let written = write_views(
+            &paths,
+            &views,
+            &namers,
+            &names,
+            &axis,
+            (&args.trace, &part),
+            merge_below,
+        );
+        let pftrace_bytes = pf.finish();
+        let stacks = stacks
+            .join()
+            .unwrap_or_else(|_| Err("view: the folded-stacks writer panicked".to_string()));
+        (written, pftrace_bytes, stacks)
+    });
     let wrote = written?;
     let pftrace_bytes = pftrace_bytes?;
+    let (folded_written, svg_written) = stacks?;
     for v in &mut views {
         v.spill = None;
     }
-    let stacks_path = out_dir.join("stacks.folded");
-    let folded_written = {
-        let mut w = BufWriter::with_capacity(
-            1 << 20,
-            std::fs::File::create(&stacks_path)
-                .map_err(|e| format!("{}: cannot create: {e}", stacks_path.display()))?,
-        );
-        let r = folded
-            .write(&name_of, limit, &mut w)
-            .and_then(|r| w.flush().map(|()| r));
-        r.map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?
-    };
-    // Gaps and losses: where the stacks start over (instant events on the timeline).
-    let gaps: usize = views.iter().map(|v| v.markers.len()).sum();
-    let svg = out_dir.join("flamegraph.svg");
-    let svg_written = if folded.is_empty() {
-        false
-    } else {
-        let mut title = match trace.processes.first() {
-            Some(p) if !p.cmdline.is_empty() => format!("pttrace view: {}", p.cmdline),
-            _ => "pttrace view".to_string(),
-        };
-        if gaps > 0 {
-            title.push_str(&format!(
-                " ({gaps} gaps or losses in the trace: the stacks start over at each; they \
-                 are instant events on the timeline)"
-            ));
-        }
-        let lines = folded.lines_for_width(&name_of, FLAMEGRAPH_WIDTH);
-        write_flamegraph(&svg, &lines, title)
-            .map_err(|e| format!("{}: cannot write: {e}", svg.display()))?;
-        true
-    };
 
     let insns: u64 = views.iter().map(|v| v.instructions).sum();
     let spans: u64 = views.iter().map(|v| v.spans).sum();
@@ -686,6 +674,49 @@ pub fn run(args: Args) -> CmdResult {
         namers.len()
     );
     damages.finish("view", args.policy)
+}
+
+/// The flame graph's title: the command line, and the gaps and losses when there are any.
+fn flamegraph_title(cmdline: Option<&str>, gaps: usize) -> String {
+    let mut title = match cmdline {
+        Some(c) if !c.is_empty() => format!("pttrace view: {c}"),
+        _ => "pttrace view".to_string(),
+    };
+    if gaps > 0 {
+        title.push_str(&format!(
+            " ({gaps} gaps or losses in the trace: the stacks start over at each; they are \
+             instant events on the timeline)"
+        ));
+    }
+    title
+}
+
+/// Writes `stacks.folded` and `flamegraph.svg` (none when no instructions were decoded:
+/// `false`) from the collapsed stacks.
+fn write_stacks(
+    folded: &folded::Folded,
+    names: &Names,
+    limit: Option<u64>,
+    (stacks_path, svg): (&Path, &Path),
+    title: String,
+) -> Result<(folded::Written, bool), String> {
+    let mut w = BufWriter::with_capacity(
+        1 << 20,
+        std::fs::File::create(stacks_path)
+            .map_err(|e| format!("{}: cannot create: {e}", stacks_path.display()))?,
+    );
+    let name_of = |n: u32| names.get(n);
+    let written = folded
+        .write(&name_of, limit, &mut w)
+        .and_then(|r| w.flush().map(|()| r))
+        .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
+    if folded.is_empty() {
+        return Ok((written, false));
+    }
+    let lines = folded.lines_for_width(&name_of, FLAMEGRAPH_WIDTH);
+    write_flamegraph(svg, &lines, title)
+        .map_err(|e| format!("{}: cannot write: {e}", svg.display()))?;
+    Ok((written, true))
 }
 
 /// The thread's timestamps as nanoseconds, when the trace has usable time: hardware PT,
