@@ -6,6 +6,7 @@
 
 use std::ops::ControlFlow;
 
+use drpttracer::decode::parallel::{decode_parallel_stats, ParallelStats};
 use drpttracer::decode::testgen::{mutate, LoopProgram, PtWriter, XorShift};
 use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
@@ -54,6 +55,29 @@ fn fast(trace: &[u8], space: &AddressSpace) -> (Vec<Record>, (&'static str, Opti
 
 fn libipt(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
     decoder(trace, space, DecoderKind::Libipt).collect()
+}
+
+/// PSB-parallel decode with the fast decoder on `threads` threads: the records in order,
+/// and how the trace was split and stitched.
+fn parallel(trace: &[u8], space: &AddressSpace, threads: usize) -> (Vec<Record>, ParallelStats) {
+    let opts = WindowOptions {
+        source: "t".into(),
+        window_id: Some(1),
+        decoder: DecoderKind::Fast,
+        ..Default::default()
+    };
+    let (chunks, stats) = decode_parallel_stats(
+        trace,
+        &TraceParams::default(),
+        space,
+        &[],
+        &ImageResolver::default(),
+        &opts,
+        threads,
+    )
+    .unwrap();
+    let recs = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+    (recs, stats)
 }
 
 /// The fast decoder with `resync_on_error`.
@@ -540,22 +564,7 @@ fn overflows_equal_libipt_and_stay_fast() {
     assert!(matches!(&f[k + 1], Record::Instruction(i) if i.pc == p.after_call));
     // A PSB-parallel decode of the overflow trace equals one pass.
     let many = &cases[8].1;
-    let (chunks, stats) = drpttracer::decode::parallel::decode_parallel_stats(
-        many,
-        &TraceParams::default(),
-        &space,
-        &[],
-        &ImageResolver::default(),
-        &WindowOptions {
-            source: "t".into(),
-            window_id: Some(1),
-            decoder: DecoderKind::Fast,
-            ..Default::default()
-        },
-        2,
-    )
-    .unwrap();
-    let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+    let (par, stats) = parallel(many, &space, 2);
     assert!(par == libipt(many, &space), "2 threads: {stats:?}");
 }
 
@@ -719,35 +728,9 @@ fn oracle_check_finds_the_first_differing_record() {
 /// the handoff where it cannot (it needed the return stack from before its start).
 mod parallel {
     use super::*;
-    use drpttracer::decode::parallel::{decode_parallel_stats, ParallelStats};
 
     fn one_pass(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
         decoder(trace, space, DecoderKind::Fast).collect()
-    }
-
-    fn parallel(
-        trace: &[u8],
-        space: &AddressSpace,
-        threads: usize,
-    ) -> (Vec<Record>, ParallelStats) {
-        let opts = WindowOptions {
-            source: "t".into(),
-            window_id: Some(1),
-            decoder: DecoderKind::Fast,
-            ..Default::default()
-        };
-        let (chunks, stats) = decode_parallel_stats(
-            trace,
-            &TraceParams::default(),
-            space,
-            &[],
-            &ImageResolver::default(),
-            &opts,
-            threads,
-        )
-        .unwrap();
-        let recs = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
-        (recs, stats)
     }
 
     /// Rounds of recursion `1..=60` deep, returning compressed (or by TIP), with a PSB+
@@ -1488,22 +1471,7 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
         301 * 5 + 3
     );
     for threads in [2, 3] {
-        let (chunks, _) = drpttracer::decode::parallel::decode_parallel_stats(
-            &w.buf,
-            &TraceParams::default(),
-            &space,
-            &[],
-            &ImageResolver::default(),
-            &WindowOptions {
-                source: "t".into(),
-                window_id: Some(1),
-                decoder: DecoderKind::Fast,
-                ..Default::default()
-            },
-            threads,
-        )
-        .unwrap();
-        let par: Vec<Record> = chunks.iter().flat_map(|c| c.iter().cloned()).collect();
+        let (par, _) = parallel(&w.buf, &space, threads);
         assert!(
             par == one,
             "{threads} threads: {}",
@@ -1519,7 +1487,6 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
 /// exactly the generator's, and PSB-parallel decode on 2 threads gives the same records.
 mod generated {
     use super::*;
-    use drpttracer::decode::parallel::decode_parallel_stats;
     use drpttracer::decode::testgen::{CallProgram, CallTraceOptions};
     use drpttracer::metadata::TimeConv;
 
