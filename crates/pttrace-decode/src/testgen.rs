@@ -249,32 +249,7 @@ impl LoopProgram {
     /// random branch outcomes, a PSB+ (with TSC and FUP) roughly every `psb_every` bytes.
     /// Returns the trace and the branch outcomes used (for [`simulate`](Self::simulate)).
     pub fn trace(&self, size: usize, psb_every: usize, seed: u64) -> (Vec<u8>, Vec<bool>) {
-        let mut rng = XorShift::new(seed);
-        let mut w = PtWriter::new();
-        let mut bits = Vec::new();
-        let mut tsc = 1_000_000u64;
-        w.psb_plus(Some(tsc), None).tip_pge(self.top);
-        let mut last_psb = 0usize;
-        while w.buf.len() < size {
-            let outer: Vec<bool> = (0..LOOP_CONDS).map(|_| rng.below(2) == 1).collect();
-            let inner: Vec<bool> = (0..FUNC_CONDS).map(|_| rng.below(2) == 1).collect();
-            w.tnt(&outer).tip(self.func);
-            // PSBs land after either TIP, so chunks start in the loop or in the function.
-            if w.buf.len() - last_psb >= psb_every && rng.below(2) == 0 {
-                tsc += 1000;
-                last_psb = w.buf.len();
-                w.psb_plus(Some(tsc), Some(self.func));
-            }
-            w.tnt(&inner).tip(self.after_call);
-            bits.extend(outer);
-            bits.extend(inner);
-            if w.buf.len() - last_psb >= psb_every {
-                tsc += 1000;
-                last_psb = w.buf.len();
-                w.psb_plus(Some(tsc), Some(self.after_call));
-            }
-        }
-        (w.buf, bits)
+        self.generate(size, psb_every, None, seed)
     }
 
     /// [`trace`](Self::trace) with what real hardware adds to a user-mode trace: every
@@ -290,12 +265,29 @@ impl LoopProgram {
         interrupt_every: u64,
         seed: u64,
     ) -> (Vec<u8>, Vec<bool>) {
+        self.generate(size, psb_every, Some(interrupt_every), seed)
+    }
+
+    /// [`trace`](Self::trace), and with `interrupt_every` [`trace_hw`](Self::trace_hw)'s
+    /// additions (their randomness apart, so that the branches stay `trace`'s).
+    fn generate(
+        &self,
+        size: usize,
+        psb_every: usize,
+        interrupt_every: Option<u64>,
+        seed: u64,
+    ) -> (Vec<u8>, Vec<bool>) {
         let mut rng = XorShift::new(seed);
         let mut irq = XorShift::new(seed ^ 0x5eed);
+        let hw = interrupt_every.is_some();
         let mut w = PtWriter::new();
         let mut bits = Vec::new();
         let mut tsc = 1_000_000u64;
         let psb_plus = |w: &mut PtWriter, tsc: u64, fup: Option<u64>| {
+            if !hw {
+                w.psb_plus(Some(tsc), fup);
+                return;
+            }
             w.psb().tsc(tsc);
             // PIP: CR3 0x12340000 (NR: a VMX non-root guest); VMCS 0xabcde0000.
             w.buf
@@ -315,9 +307,11 @@ impl LoopProgram {
             let outer: Vec<bool> = (0..LOOP_CONDS).map(|_| rng.below(2) == 1).collect();
             let inner: Vec<bool> = (0..FUNC_CONDS).map(|_| rng.below(2) == 1).collect();
             w.tnt(&outer).tip(self.func);
-            if irq.below(interrupt_every.max(1)) == 0 {
-                w.fup(self.func).pad().tip_pgd(None);
-                w.mode64().tip_pge(self.func);
+            if let Some(every) = interrupt_every {
+                if irq.below(every.max(1)) == 0 {
+                    w.fup(self.func).pad().tip_pgd(None);
+                    w.mode64().tip_pge(self.func);
+                }
             }
             // PSBs land after either TIP, so chunks start in the loop or in the function.
             if w.buf.len() - last_psb >= psb_every && rng.below(2) == 0 {
