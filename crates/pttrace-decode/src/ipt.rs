@@ -980,45 +980,34 @@ impl PacketText {
     }
 }
 
-/// The last IP as ptdump's `--lastip` tracks it (libipt's `pt_last_ip`): each IP packet
-/// updates it; it starts over where the listing synchronizes again after an error.
+/// The last IP as ptdump's `--lastip` tracks it: the last-IP register
+/// ([`crate::wire::LastIp`]), and whether an IP was seen and the last packet suppressed
+/// it; it starts over where the listing synchronizes again after an error.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LastIpTrack {
-    ip: u64,
-    have_ip: bool,
+    last: crate::wire::LastIp,
+    ip: Option<u64>,
     suppressed: bool,
 }
 
 impl LastIpTrack {
-    /// Applies an IP packet (compression, payload): the tracking column's text, or the
-    /// error ptdump reports before the packet's line.
+    /// Applies an IP packet (compression, payload: libipt's `pt_ip_compression` values
+    /// are the packet's IPBytes): the tracking column's text, or the error ptdump reports
+    /// before the packet's line.
     pub fn update(&mut self, ipc: u32, ip: u64) -> Result<String, &'static str> {
-        let keep = |bits: u32, last: u64| {
-            let mask = (1u64 << bits) - 1;
-            (last & !mask) | (ip & mask)
-        };
-        match ipc {
-            sys::pt_ip_compression_pt_ipc_suppressed => self.suppressed = true,
-            sys::pt_ip_compression_pt_ipc_update_16 => self.set(keep(16, self.ip)),
-            sys::pt_ip_compression_pt_ipc_update_32 => self.set(keep(32, self.ip)),
-            sys::pt_ip_compression_pt_ipc_update_48 => self.set(keep(48, self.ip)),
-            sys::pt_ip_compression_pt_ipc_sext_48 => self.set(((ip << 16) as i64 >> 16) as u64),
-            sys::pt_ip_compression_pt_ipc_full => self.set(ip),
-            _ => return Err("unknown packet"),
+        let ipc = u8::try_from(ipc)
+            .ok()
+            .filter(|c| matches!(c, 0..=4 | 6))
+            .ok_or("unknown packet")?;
+        match self.last.apply(crate::wire::IpPayload { ipc, raw: ip }) {
+            Some(at) => (self.ip, self.suppressed) = (Some(at), false),
+            None => self.suppressed = true,
         }
-        if !self.have_ip {
-            return Err("no ip");
+        match self.ip {
+            None => Err("no ip"),
+            Some(_) if self.suppressed => Ok("<suppressed>".to_string()),
+            Some(at) => Ok(format!("{at:016x}")),
         }
-        if self.suppressed {
-            return Ok("<suppressed>".to_string());
-        }
-        Ok(format!("{:016x}", self.ip))
-    }
-
-    fn set(&mut self, ip: u64) {
-        self.ip = ip;
-        self.have_ip = true;
-        self.suppressed = false;
     }
 }
 

@@ -2023,12 +2023,17 @@ impl PtDecoder<'_> {
         Ok(fup)
     }
 
-    /// Whether block `b` ends with a far return (IRET, ERETU, ERETS, SYSRET...).
-    fn flow_far_return(&self, b: FBlock) -> bool {
+    /// Block `b`'s last instruction (the branch it ends with).
+    fn flow_last_insn(&self, b: FBlock) -> Option<&crate::records::Instruction> {
         self.flow_recs(b)
             .iter()
             .rev()
             .find_map(|r| r.as_instruction())
+    }
+
+    /// Whether block `b` ends with a far return (IRET, ERETU, ERETS, SYSRET...).
+    fn flow_far_return(&self, b: FBlock) -> bool {
+        self.flow_last_insn(b)
             .is_some_and(|i| i.class == InsnClass::FarReturn)
     }
 

@@ -223,12 +223,7 @@ impl PtDecoder<'_> {
         self.flow_push_block(st, b, b.len);
         // (At the block's last instruction, the branch the trace did not answer, as
         // libipt's block decoder leaves its IP and ptxed reports it.)
-        let ip = self
-            .blocks
-            .arena
-            .get(b.start as usize..(b.start + b.len) as usize)
-            .and_then(|recs| recs.iter().rev().find_map(|r| r.as_instruction()))
-            .map(|i| i.pc);
+        let ip = self.flow_last_insn(b).map(|i| i.pc);
         st.error = Some(FlowError {
             what: BAD_QUERY,
             ip,
