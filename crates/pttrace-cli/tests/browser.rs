@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use shim_util::{pttrace, run_under_qemu, text};
+use shim_util::{pttrace, run_under_qemu, text, view_into};
 
 const NAMES: [&str; 4] = ["main", "a", "b", "c"];
 
@@ -232,15 +232,7 @@ fn browser_available() -> bool {
 
 /// `pttrace view` of `trace` into `out` with the options `extra`; `out`.
 fn view_of(trace: &Path, out: &Path, extra: &[&str]) -> PathBuf {
-    let o = Command::new(pttrace())
-        .arg("view")
-        .arg(trace)
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "pttrace view: {}", text(&o));
+    view_into(trace, out, extra);
     out.to_path_buf()
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use shim_util::{pttrace, qemu_available, run_under_qemu};
+use shim_util::{pttrace, qemu_available, run_under_qemu, view_into};
 
 fn ok(o: &Output, what: &str) -> String {
     let text = format!(
@@ -25,19 +25,6 @@ fn ok(o: &Output, what: &str) -> String {
     );
     assert!(o.status.success(), "{what} failed: {text}");
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// `pttrace view TRACE --out OUT EXTRA...`, which must succeed; its stdout.
-fn view_into(trace: &Path, out: &Path, extra: &[&str]) -> String {
-    let o = Command::new(pttrace())
-        .arg("view")
-        .arg(trace)
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap();
-    ok(&o, &format!("pttrace view {}", extra.join(" ")))
 }
 
 /// The calls program built in `dir` and traced under QEMU into `dir/out`, run by the

@@ -106,6 +106,25 @@ pub fn pttrace() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pttrace"))
 }
 
+/// `pttrace view TRACE --out OUT EXTRA...`, which must succeed; its stdout.
+pub fn view_into(trace: &Path, out: &Path, extra: &[&str]) -> String {
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(trace)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "pttrace view {} failed: {}",
+        extra.join(" "),
+        text(&o)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Compiles tests/progs/<name>.c into `dir` with the system C compiler.
 pub fn compile(name: &str, dir: &Path) -> PathBuf {
     compile_with(name, dir, name, &[])
