@@ -1,7 +1,7 @@
 /* SIGKILL at any instant.
  *
  * killme self T N SEED: T threads (main included) make getppid() calls, N in all, split by
- *   SEED; the workers then block in pause(); once every worker is done, main prints
+ *   SEED; the workers then block in pause(); once every worker is in it, main prints
  *   "tid count" for each thread and "end" on stdout (a pipe, so the line is out before the
  *   kill) and kills its own process with SIGKILL.
  * killme loop T FILE: T threads call getppid() for ever; after each call returns, a thread
@@ -76,6 +76,24 @@ int main(int argc, char **argv) {
         counts[0] = args[0].n;
         while (atomic_load(&done) < t - 1)
             sched_yield();
+        /* A worker counts itself done just before it enters pause(): wait until /proc says
+         * each one is in that syscall, so that the kill finds it there (up to 10 s). */
+        for (int i = 1; i < t; i++) {
+            char path[64], buf[32];
+            snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tids[i]);
+            for (int tries = 0; tries < 10000; tries++) {
+                int fd = open(path, O_RDONLY);
+                ssize_t r = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+                if (fd >= 0)
+                    close(fd);
+                if (r > 0) {
+                    buf[r] = 0;
+                    if (atol(buf) == SYS_pause)
+                        break;
+                }
+                usleep(1000);
+            }
+        }
         char line[64];
         for (int i = 0; i < t; i++) {
             int len = snprintf(line, sizeof line, "%d %ld\n", tids[i], counts[i]);
