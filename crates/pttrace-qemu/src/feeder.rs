@@ -38,6 +38,65 @@ use crate::{rdtsc, say, Global};
 /// Room a multi-word entry needs (a chunk never splits one).
 const LONGEST_ENTRY: usize = 9;
 
+/// `memory=on`: what QEMU's memory-access descriptions say, direct-mapped by a hash of the
+/// description. Each entry: [`MEMINFO_VALID`], the description, what it says (8 bits).
+pub struct MemInfos([u64; MEMINFO_SLOTS]);
+
+impl Default for MemInfos {
+    fn default() -> Self {
+        MemInfos([0; MEMINFO_SLOTS])
+    }
+}
+
+impl MemInfos {
+    /// What `info` says, asking `ask` when it is not in the table.
+    #[inline(always)]
+    pub fn get(&mut self, info: u32, ask: fn(u32) -> u8) -> u8 {
+        // Fibonacci hashing: the top bits of the product depend on every bit of `info`.
+        let home = (info.wrapping_mul(0x9e37_79b9) >> (32 - MEMINFO_BITS)) as usize;
+        let key = MEMINFO_VALID | u64::from(info) << 8;
+        match self.0.get(home) {
+            Some(&e) if e & !0xff == key => e as u8,
+            _ => self.probe(home, key, info, ask),
+        }
+    }
+
+    /// [`MemInfos::get`] of a description not in its home entry: linear probing over a
+    /// few entries (the table never empties, so the first empty entry ends the search).
+    #[cold]
+    #[inline(never)]
+    fn probe(&mut self, home: usize, key: u64, info: u32, ask: fn(u32) -> u8) -> u8 {
+        for k in 0..MEMINFO_PROBES {
+            let Some(slot) = self.0.get_mut((home + k) % MEMINFO_SLOTS) else {
+                break;
+            };
+            if *slot & !0xff == key {
+                return *slot as u8;
+            }
+            if *slot == 0 {
+                let v = ask(info);
+                *slot = key | u64::from(v);
+                return v;
+            }
+        }
+        // Every probed entry holds another description: this one takes its home entry.
+        let v = ask(info);
+        if let Some(slot) = self.0.get_mut(home) {
+            *slot = key | u64::from(v);
+        }
+        v
+    }
+}
+
+/// `memory=on`: log2 of the entries of a vCPU's table of memory-access descriptions.
+const MEMINFO_BITS: u32 = 6;
+const MEMINFO_SLOTS: usize = 1 << MEMINFO_BITS;
+/// Entries looked at for a description before it displaces another.
+const MEMINFO_PROBES: usize = 8;
+/// In a [`Feeder::meminfo`] entry: filled (above the description's 32 bits, which sit
+/// above the 8 bits of what it says).
+const MEMINFO_VALID: u64 = 1 << 40;
+
 /// A vCPU's end of its worker.
 pub struct Feeder {
     buf: Vec<u64>,
@@ -55,10 +114,11 @@ pub struct Feeder {
     /// looked at.
     share: Option<Share>,
     pub seen: u64,
-    /// `memory=on`: QEMU's memory-access descriptions seen last, with what they say (size
-    /// shift and store bit, as [`Feeder::memory`] takes them): a program uses a handful,
-    /// and asking QEMU twice per access cost more than the rest of recording it.
-    meminfo: [Option<(u32, u8)>; 4],
+    /// `memory=on`: QEMU's memory-access descriptions seen, with what they say (size shift
+    /// and store bit, as [`Feeder::memory`] takes them). A program uses a dozen or so,
+    /// and asking QEMU twice per access cost more than the rest of recording it; the
+    /// 4-entry table this replaces missed on a third of the accesses of a python loop.
+    meminfo: MemInfos,
 }
 
 impl Feeder {
@@ -118,7 +178,7 @@ impl Feeder {
             dead,
             share,
             seen,
-            meminfo: [None; 4],
+            meminfo: MemInfos::default(),
         };
         f.buf.push(TAG_TSC);
         f.buf.push(rdtsc());
@@ -128,6 +188,18 @@ impl Feeder {
     /// One executed block (the hot path).
     #[inline(always)]
     pub fn block(&mut self, addr: u64) {
+        // (Against the capacity too, so that the push needs no growing path.)
+        if self.buf.len() < self.buf.capacity().min(CHUNK) {
+            self.buf.push(addr);
+        } else {
+            self.block_slow(addr);
+        }
+    }
+
+    /// [`Feeder::block`] when the chunk is full.
+    #[cold]
+    #[inline(never)]
+    fn block_slow(&mut self, addr: u64) {
         if self.buf.len() >= CHUNK {
             self.flush();
         }
@@ -137,26 +209,31 @@ impl Feeder {
     /// What QEMU's memory-access description `info` says (`ask` asks QEMU): the size
     /// shift in bits 0-2 and the store bit in bit 3.
     #[inline(always)]
-    pub fn meminfo(&mut self, info: u32, ask: impl FnOnce(u32) -> u8) -> u8 {
-        let slot = &mut self.meminfo[((info ^ (info >> 16)) & 3) as usize];
-        match *slot {
-            Some((k, v)) if k == info => v,
-            _ => {
-                let v = ask(info);
-                *slot = Some((info, v));
-                v
-            }
-        }
+    pub fn meminfo(&mut self, info: u32, ask: fn(u32) -> u8) -> u8 {
+        self.meminfo.get(info, ask)
     }
 
     /// A load or store of the last block's instruction `index` (`memory=on`): one word
     /// (two for an address of 48 bits or more). `kind`: as [`Feeder::meminfo`] gives it.
     #[inline(always)]
     pub fn memory(&mut self, index: u64, addr: u64, kind: u8) {
+        let head = (index & 0x1ff) << 3 | u64::from(kind & 0xf) << 12;
+        // (Against the capacity too, so that the pushes need no growing path: a chunk has
+        // CHUNK words of room.)
+        if addr >> 48 == 0 && self.buf.len() < self.buf.capacity().min(CHUNK) {
+            self.buf.push(TAG_MEMORY | head | addr << 16);
+        } else {
+            self.memory_slow(head, addr);
+        }
+    }
+
+    /// [`Feeder::memory`] when the chunk is full or the address wide.
+    #[cold]
+    #[inline(never)]
+    fn memory_slow(&mut self, head: u64, addr: u64) {
         if self.buf.len() + 2 > CHUNK {
             self.flush();
         }
-        let head = (index & 0x1ff) << 3 | u64::from(kind & 0xf) << 12;
         if addr >> 48 == 0 {
             self.buf.push(TAG_MEMORY | head | addr << 16);
         } else {
@@ -329,5 +406,49 @@ impl Feeder {
         if self.tx.send(make(ack_tx)).is_ok() {
             let _ = ack.recv();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemInfos;
+
+    /// QEMU 7.2's descriptions (`rw << 16 | memop << 4 | mmu_idx`, user mode's mmu index)
+    /// for every size, signed or not, load or store, little- or big-endian: each is asked
+    /// for once however they interleave, and what each says is the asked value.
+    #[test]
+    fn each_description_is_asked_for_once() {
+        let mut infos = Vec::new();
+        for rw in [1u32, 2] {
+            for memop in 0u32..16 {
+                infos.push(rw << 16 | memop << 4 | 1);
+            }
+        }
+        let say = |info: u32| (info >> 4 & 7) as u8 | u8::from(info >> 16 == 2) << 3;
+        let mut table = MemInfos::default();
+        thread_local! {
+            static ASKED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        fn ask(i: u32) -> u8 {
+            ASKED.with(|a| a.borrow_mut().push(i));
+            (i >> 4 & 7) as u8 | u8::from(i >> 16 == 2) << 3
+        }
+        for round in 0..50 {
+            for (k, &info) in infos.iter().enumerate() {
+                // A different order each round.
+                let info = if round % 2 == 0 {
+                    info
+                } else {
+                    infos[(k * 7 + round) % infos.len()]
+                };
+                let v = table.get(info, ask);
+                assert_eq!(v, say(info), "{info:#x}");
+            }
+        }
+        let mut asked = ASKED.with(|a| a.take());
+        asked.sort_unstable();
+        let mut all = infos.clone();
+        all.sort_unstable();
+        assert_eq!(asked, all, "each description asked for exactly once");
     }
 }

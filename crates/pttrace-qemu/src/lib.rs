@@ -754,18 +754,24 @@ extern "C" fn on_memory(vcpu: c_uint, info: api::MemInfo, vaddr: u64, udata: *mu
         let Some(f) = global().and_then(|g| g.feeder(vcpu)) else {
             return;
         };
-        let kind = f.meminfo(info, |info| {
-            // SAFETY: the accessors only read the bits of `info`, the value QEMU passed.
-            let (shift, store) = unsafe {
-                (
-                    api::qemu_plugin_mem_size_shift(info),
-                    api::qemu_plugin_mem_is_store(info),
-                )
-            };
-            (shift as u8 & 7) | u8::from(store) << 3
-        });
+        let kind = f.meminfo(info, ask_meminfo);
         f.memory(udata as u64, vaddr, kind);
     });
+}
+
+/// What QEMU's memory-access description `info` says: the size shift in bits 0-2 and the
+/// store bit in bit 3 (asked once per description, [`feeder::MemInfos`]).
+#[cold]
+#[inline(never)]
+fn ask_meminfo(info: api::MemInfo) -> u8 {
+    // SAFETY: the accessors only read the bits of `info`, a value QEMU passed.
+    let (shift, store) = unsafe {
+        (
+            api::qemu_plugin_mem_size_shift(info),
+            api::qemu_plugin_mem_is_store(info),
+        )
+    };
+    (shift as u8 & 7) | u8::from(store) << 3
 }
 
 #[inline(always)]
