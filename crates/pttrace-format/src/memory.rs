@@ -9,15 +9,17 @@
 //! ```text
 //! u32 type (= PERF_RECORD_PTTRACE_MEMORY) | u16 misc (= 0) | u16 size
 //! u32 accesses | u32 raw length | u32 LZ4 length | the raw bytes as an LZ4 block | zero padding to 8 bytes
-//! raw := access*    access := varint(zigzag(pc - previous pc) << 5 | again << 4 | store << 3 | log2 size)
-//!                              varint(zigzag(address - previous address))
+//! raw := access*    access := u16 control | pc delta | address delta
+//! control := (address delta bytes - 1) << 8 | (pc delta bytes - 1) << 5 | again << 4 | store << 3 | log2 size
 //! ```
-//! The varints are prefix varints when bit 31 of the raw length word is set (what this
-//! encoder writes): the first byte's trailing one bits say how many bytes follow (`n - 1`
-//! ones then a zero, the value in the bits above, little-endian, `n` ≤ 8 bytes for values
-//! below 2^56; `0xff` then 8 bytes for the others), so that a value is put with one
-//! unaligned store and read with one load. Without the bit they are LEB128 (traces of
-//! pttrace before this encoding).
+//! Each delta (to the previous access's pc, or address) is zigzag-encoded and written in
+//! as few little-endian bytes as hold it (1 to 8), so that an access is put with three
+//! unaligned stores and no loop, and each length comes from one bit count. Bit 30 of the
+//! raw length word says this layout. Records of pttrace before it hold two varints per
+//! access instead, `zigzag(pc delta) << 5 | again << 4 | store << 3 | log2 size` then
+//! `zigzag(address delta)`: prefix varints when bit 31 is set (the first byte's trailing
+//! one bits say how many bytes follow, `n - 1` ones then a zero, the value above them;
+//! `0xff` then 8 bytes for values of 2^56 or more), LEB128 when neither bit is.
 //! `again`: the access is of a new execution of the previous access's instruction (a loop
 //! whose only access is that instruction's), not one more access of the same execution
 //! (several operands, a wide access QEMU splits, the iterations of one `rep` instruction).
@@ -28,12 +30,19 @@
 pub const PERF_RECORD_PTTRACE_MEMORY: u32 = 0x7000;
 /// Raw bytes per record at most (LZ4 never grows them past the u16 record size).
 pub const RAW_CHUNK: usize = 60_000;
-/// The longest raw access: two 10-byte varints.
+/// The longest raw access: two 10-byte varints (older layouts; this one's is 18 bytes).
 const MAX_ACCESS: usize = 20;
+/// Room past the end of the raw bytes that an access's unaligned 8-byte stores may write.
+const STORE_SLACK: usize = 8;
 /// A record body's head: accesses, raw length, LZ4 length.
 const HEAD: usize = 12;
-/// In the raw length word: the varints are prefix varints.
+/// In the raw length word: the varints are prefix varints (older records).
 const PREFIX_VARINTS: u32 = 1 << 31;
+/// In the raw length word: accesses are a control word and two byte-counted deltas (what
+/// this encoder writes).
+const CONTROL_WORDS: u32 = 1 << 30;
+/// The bits of the raw length word that say the layout.
+const LAYOUT_BITS: u32 = PREFIX_VARINTS | CONTROL_WORDS;
 
 /// One load or store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +68,12 @@ fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
+/// Bytes that hold `v` (1 to 8).
+#[inline(always)]
+fn delta_bytes(v: u64) -> usize {
+    (71 - (v | 1).leading_zeros() as usize) >> 3
+}
+
 fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
@@ -73,7 +88,8 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Bytes of a prefix varint by the bit length of its value (0-64): 7 value bits a byte up
-/// to 8 bytes, then 9.
+/// to 8 bytes, then 9 (older records; tests write them).
+#[cfg(test)]
 const PREFIX_LEN: [u8; 65] = {
     let mut t = [0u8; 65];
     let mut bits = 0;
@@ -94,9 +110,11 @@ const PREFIX_LEN: [u8; 65] = {
 
 /// Puts prefix varint `v` at `b[at..]` (`b` has 9 bytes of room past `at`); the position
 /// after it.
-#[inline(always)]
+#[cfg(test)]
 fn put_prefix_varint(b: &mut [u8], at: usize, v: u64) -> usize {
-    let n = PREFIX_LEN[(64 - v.leading_zeros()) as usize] as u32;
+    // (`v | 1`: the bit length of 0 is taken as 1's, both one byte; and the count needs no
+    // zero check.)
+    let n = PREFIX_LEN[(64 - (v | 1).leading_zeros()) as usize] as u32;
     if n <= 8 {
         // (n - 1) one bits, then the value above a zero bit.
         let word = (v << n) | ((1u64 << (n - 1)) - 1);
@@ -105,12 +123,18 @@ fn put_prefix_varint(b: &mut [u8], at: usize, v: u64) -> usize {
         }
         at + n as usize
     } else {
-        if let Some(d) = b.get_mut(at..at + 9) {
-            d[0] = 0xff;
-            d[1..].copy_from_slice(&v.to_le_bytes());
-        }
-        at + 9
+        put_long_varint(b, at, v)
     }
+}
+
+/// A prefix varint of 9 bytes (a value of 2^56 or more).
+#[cfg(test)]
+fn put_long_varint(b: &mut [u8], at: usize, v: u64) -> usize {
+    if let Some(d) = b.get_mut(at..at + 9) {
+        d[0] = 0xff;
+        d[1..].copy_from_slice(&v.to_le_bytes());
+    }
+    at + 9
 }
 
 /// The prefix varint at `b[*pos..]`, `pos` moved past it.
@@ -169,7 +193,7 @@ pub struct Mark {
 impl Default for Encoder {
     fn default() -> Self {
         Encoder {
-            raw: vec![0; RAW_CHUNK + 2 * MAX_ACCESS],
+            raw: vec![0; RAW_CHUNK + MAX_ACCESS + STORE_SLACK],
             len: 0,
             count: 0,
             pc: 0,
@@ -211,22 +235,32 @@ impl Encoder {
     /// Adds one access; a full record goes to `out`.
     #[inline]
     pub fn push(&mut self, a: Access, out: &mut Vec<u8>) {
+        let flags = u64::from(a.again) << 4 | u64::from(a.store) << 3 | u64::from(a.size_shift & 7);
+        self.push_parts(a.pc, a.addr, flags, out);
+    }
+
+    /// [`Encoder::push`] of an access given as its pc, address and flags (`again << 4 |
+    /// store << 3 | log2 size`, as the record holds them).
+    #[inline(always)]
+    pub fn push_parts(&mut self, pc: u64, addr: u64, flags: u64, out: &mut Vec<u8>) {
         if self.len + MAX_ACCESS > RAW_CHUNK {
             self.record(out);
         }
-        let dpc = zigzag(a.pc.wrapping_sub(self.pc) as i64);
-        let head = dpc << 5
-            | u64::from(a.again) << 4
-            | u64::from(a.store) << 3
-            | u64::from(a.size_shift & 7);
-        let at = put_prefix_varint(&mut self.raw, self.len, head);
-        self.len = put_prefix_varint(
-            &mut self.raw,
-            at,
-            zigzag(a.addr.wrapping_sub(self.addr) as i64),
-        );
-        self.pc = a.pc;
-        self.addr = a.addr;
+        let dpc = zigzag(pc.wrapping_sub(self.pc) as i64);
+        let daddr = zigzag(addr.wrapping_sub(self.addr) as i64);
+        let (npc, naddr) = (delta_bytes(dpc), delta_bytes(daddr));
+        let control = (naddr as u16 - 1) << 8 | (npc as u16 - 1) << 5 | (flags & 0x1f) as u16;
+        let at = self.len;
+        // (Room: `len` is at most RAW_CHUNK - MAX_ACCESS here, and the buffer has
+        // MAX_ACCESS + STORE_SLACK bytes past RAW_CHUNK.)
+        if let Some(b) = self.raw.get_mut(at..at + 2 + 8 + 8) {
+            b[..2].copy_from_slice(&control.to_le_bytes());
+            b[2..10].copy_from_slice(&dpc.to_le_bytes());
+            b[2 + npc..10 + npc].copy_from_slice(&daddr.to_le_bytes());
+        }
+        self.len = at + 2 + npc + naddr;
+        self.pc = pc;
+        self.addr = addr;
         self.count += 1;
     }
 
@@ -248,7 +282,7 @@ impl Encoder {
         out.extend_from_slice(&0u16.to_le_bytes());
         out.extend_from_slice(&(size as u16).to_le_bytes());
         out.extend_from_slice(&self.count.to_le_bytes());
-        out.extend_from_slice(&(self.len as u32 | PREFIX_VARINTS).to_le_bytes());
+        out.extend_from_slice(&(self.len as u32 | CONTROL_WORDS).to_le_bytes());
         out.extend_from_slice(&(packed.len() as u32).to_le_bytes());
         out.extend_from_slice(packed);
         out.extend(std::iter::repeat_n(0u8, pad));
@@ -272,7 +306,7 @@ pub fn body_count(body: &[u8]) -> Result<u32, String> {
             body.len()
         ));
     };
-    let raw_len = raw_len & !PREFIX_VARINTS;
+    let raw_len = raw_len & !LAYOUT_BITS;
     if raw_len as usize > RAW_CHUNK || count > raw_len / 2 {
         return Err(format!(
             "memory record claims {count} accesses in {raw_len} raw bytes"
@@ -358,12 +392,7 @@ impl Packed {
 pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
     let count = body_count(body)?;
     let word = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
-    let raw_len = (word & !PREFIX_VARINTS) as usize;
-    let read: fn(&[u8], &mut usize) -> Option<u64> = if word & PREFIX_VARINTS != 0 {
-        prefix_varint
-    } else {
-        varint
-    };
+    let raw_len = (word & !LAYOUT_BITS) as usize;
     let packed_len = u32::from_le_bytes([body[8], body[9], body[10], body[11]]) as usize;
     let mut raw = vec![0u8; raw_len];
     let packed = body.get(HEAD..HEAD + packed_len).unwrap_or(&[]);
@@ -376,12 +405,76 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
             raw.len()
         ));
     }
-    let (mut pos, mut pc, mut addr) = (0usize, 0u64, 0u64);
     out.reserve(count as usize);
+    let pos = if word & CONTROL_WORDS != 0 {
+        parse_controlled(&raw, count, out)?
+    } else if word & PREFIX_VARINTS != 0 {
+        parse_varints(&raw, count, prefix_varint, out)?
+    } else {
+        parse_varints(&raw, count, varint, out)?
+    };
+    if pos != raw.len() {
+        return Err(format!(
+            "memory record has {} bytes after its {count} accesses",
+            raw.len() - pos
+        ));
+    }
+    Ok(())
+}
+
+/// The `count` accesses of `raw` in this encoder's layout, appended to `out`; the bytes
+/// they took.
+fn parse_controlled(raw: &[u8], count: u32, out: &mut Vec<Access>) -> Result<usize, String> {
+    let (mut pos, mut pc, mut addr) = (0usize, 0u64, 0u64);
+    // A little-endian value of `n` bytes at `pos`.
+    let value = |pos: usize, n: usize| -> Option<u64> {
+        let mut w = [0u8; 8];
+        w[..n].copy_from_slice(raw.get(pos..pos + n)?);
+        Some(u64::from_le_bytes(w))
+    };
     for k in 0..count {
         let bad = || format!("memory record cut inside access {k} of {count}");
-        let head = read(&raw, &mut pos).ok_or_else(bad)?;
-        let da = read(&raw, &mut pos).ok_or_else(bad)?;
+        let control = u16::from_le_bytes(
+            raw.get(pos..pos + 2)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(bad)?,
+        );
+        let npc = usize::from(control >> 5 & 7) + 1;
+        let naddr = usize::from(control >> 8 & 7) + 1;
+        if control >> 11 != 0 {
+            return Err(format!(
+                "memory record access {k} of {count}: control word {control:#06x} has bits above 10 set"
+            ));
+        }
+        let dpc = value(pos + 2, npc).ok_or_else(bad)?;
+        let da = value(pos + 2 + npc, naddr).ok_or_else(bad)?;
+        pos += 2 + npc + naddr;
+        pc = pc.wrapping_add(unzigzag(dpc) as u64);
+        addr = addr.wrapping_add(unzigzag(da) as u64);
+        out.push(Access {
+            pc,
+            addr,
+            size_shift: (control & 7) as u8,
+            store: control & 8 != 0,
+            again: control & 16 != 0,
+        });
+    }
+    Ok(pos)
+}
+
+/// The `count` accesses of `raw` in an older layout (two varints an access, read by
+/// `read`), appended to `out`; the bytes they took.
+fn parse_varints(
+    raw: &[u8],
+    count: u32,
+    read: fn(&[u8], &mut usize) -> Option<u64>,
+    out: &mut Vec<Access>,
+) -> Result<usize, String> {
+    let (mut pos, mut pc, mut addr) = (0usize, 0u64, 0u64);
+    for k in 0..count {
+        let bad = || format!("memory record cut inside access {k} of {count}");
+        let head = read(raw, &mut pos).ok_or_else(bad)?;
+        let da = read(raw, &mut pos).ok_or_else(bad)?;
         pc = pc.wrapping_add(unzigzag(head >> 5) as u64);
         addr = addr.wrapping_add(unzigzag(da) as u64);
         out.push(Access {
@@ -392,13 +485,7 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
             again: head & 16 != 0,
         });
     }
-    if pos != raw.len() {
-        return Err(format!(
-            "memory record has {} bytes after its {count} accesses",
-            raw.len() - pos
-        ));
-    }
-    Ok(())
+    Ok(pos)
 }
 
 #[cfg(test)]
@@ -495,18 +582,12 @@ mod tests {
         assert_eq!(usize::from(u16::from_le_bytes([out[6], out[7]])), out.len());
         assert_eq!(out.len() % 8, 0);
         assert_eq!(&out[8..12], &1u32.to_le_bytes());
-        // zigzag(0x1000) << 5 | store << 3 | 3 = 0x4000b: 19 bits, 3 bytes (`0b011` below
-        // the value); zigzag(0x2000) = 0x4000: 15 bits, 3 bytes as well.
-        let raw: Vec<u8> = [
-            ((0x2000u64 << 5 | 8 | 3) << 3 | 0b011).to_le_bytes(),
-            (0x4000u64 << 3 | 0b011).to_le_bytes(),
-        ]
-        .iter()
-        .flat_map(|w| w[..3].to_vec())
-        .collect();
+        // Control word: address delta zigzag(0x2000) = 0x4000 in 2 bytes, pc delta
+        // zigzag(0x1000) = 0x2000 in 2 bytes, store, 8 bytes: 1 << 8 | 1 << 5 | 8 | 3.
+        let raw = [0x2b, 0x01, 0x00, 0x20, 0x00, 0x40];
         assert_eq!(
             &out[12..16],
-            &(raw.len() as u32 | PREFIX_VARINTS).to_le_bytes()
+            &(raw.len() as u32 | CONTROL_WORDS).to_le_bytes()
         );
         let packed = u32::from_le_bytes(out[16..20].try_into().unwrap()) as usize;
         assert!(20 + packed <= out.len() && out.len() - (20 + packed) < 8);
@@ -514,6 +595,43 @@ mod tests {
         let n = lz4_flex::block::decompress_into(&out[20..20 + packed], &mut unpacked).unwrap();
         assert_eq!(&unpacked[..n], &raw[..]);
         assert_eq!(decode(&out).unwrap(), vec![a]);
+    }
+
+    /// Deltas of every byte length (and the largest), both signs, in pc and address.
+    #[test]
+    fn deltas_of_every_length_round_trip() {
+        let mut steps = vec![0u64, 1, u64::MAX, 1 << 63, (1 << 63) - 1];
+        for bits in 1..64 {
+            steps.extend([
+                (1u64 << bits) - 1,
+                1u64 << bits,
+                (1u64 << bits).wrapping_neg(),
+            ]);
+        }
+        let (mut pc, mut addr) = (0u64, 0u64);
+        let mut list = Vec::new();
+        for (k, &step) in steps.iter().enumerate() {
+            pc = pc.wrapping_add(step);
+            addr = addr.wrapping_sub(step.rotate_left(k as u32));
+            list.push(Access {
+                pc,
+                addr,
+                size_shift: (k % 8) as u8,
+                store: k % 3 == 0,
+                again: k % 2 == 0,
+            });
+        }
+        assert_eq!(decode(&encode(&list)), Ok(list));
+        // Each delta takes the fewest bytes that hold it.
+        for (v, n) in [
+            (0u64, 1),
+            (0xff, 1),
+            (0x100, 2),
+            (u64::MAX >> 8, 7),
+            (u64::MAX, 8),
+        ] {
+            assert_eq!(delta_bytes(v), n, "{v:#x}");
+        }
     }
 
     #[test]
@@ -545,30 +663,52 @@ mod tests {
         assert_eq!(prefix_varint(&buf[..at - 1], &mut pos), None);
     }
 
-    /// A record written before prefix varints (LEB128, no flag) still reads.
-    #[test]
-    fn leb128_records_still_read() {
-        let list = accesses(500);
+    /// A record body of older layout: `put` writes each varint, `flag` marks the layout.
+    fn varint_body(list: &[Access], put: impl Fn(&mut Vec<u8>, u64), flag: u32) -> Vec<u8> {
         let mut raw = Vec::new();
         let (mut pc, mut addr) = (0u64, 0u64);
-        for a in &list {
+        for a in list {
             let dpc = zigzag(a.pc.wrapping_sub(pc) as i64);
-            put_varint(
+            put(
                 &mut raw,
                 dpc << 5
                     | u64::from(a.again) << 4
                     | u64::from(a.store) << 3
                     | u64::from(a.size_shift),
             );
-            put_varint(&mut raw, zigzag(a.addr.wrapping_sub(addr) as i64));
+            put(&mut raw, zigzag(a.addr.wrapping_sub(addr) as i64));
             (pc, addr) = (a.pc, a.addr);
         }
         let packed = lz4_flex::block::compress(&raw);
         let mut body = Vec::new();
         body.extend_from_slice(&(list.len() as u32).to_le_bytes());
-        body.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+        body.extend_from_slice(&(raw.len() as u32 | flag).to_le_bytes());
         body.extend_from_slice(&(packed.len() as u32).to_le_bytes());
         body.extend_from_slice(&packed);
+        body
+    }
+
+    /// A record of pttrace before control words (prefix varints, bit 31) still reads.
+    #[test]
+    fn prefix_varint_records_still_read() {
+        let list = accesses(500);
+        let put = |raw: &mut Vec<u8>, v: u64| {
+            let at = raw.len();
+            raw.resize(at + 17, 0);
+            let end = put_prefix_varint(raw, at, v);
+            raw.truncate(end);
+        };
+        let body = varint_body(&list, put, PREFIX_VARINTS);
+        let mut out = Vec::new();
+        parse_body(&body, &mut out).unwrap();
+        assert_eq!(out, list);
+    }
+
+    /// A record written before prefix varints (LEB128, no flag) still reads.
+    #[test]
+    fn leb128_records_still_read() {
+        let list = accesses(500);
+        let body = varint_body(&list, put_varint, 0);
         let mut out = Vec::new();
         parse_body(&body, &mut out).unwrap();
         assert_eq!(out, list);
@@ -637,5 +777,17 @@ mod tests {
         assert!(parse_body(&b, &mut sink).is_err());
         // Cut inside its head.
         assert!(parse_body(&body[..5], &mut sink).is_err());
+        // A control word with bits above the layout's.
+        let a = accesses(1)[0];
+        let out = encode(&[a]);
+        let packed = u32::from_le_bytes(out[16..20].try_into().unwrap()) as usize;
+        let mut raw = lz4_flex::block::decompress(&out[20..20 + packed], 64).unwrap();
+        raw[1] |= 0x80;
+        let repacked = lz4_flex::block::compress(&raw);
+        let mut b = out[8..16].to_vec();
+        b.extend_from_slice(&(repacked.len() as u32).to_le_bytes());
+        b.extend_from_slice(&repacked);
+        let err = parse_body(&b, &mut sink).unwrap_err();
+        assert!(err.contains("control word"), "{err}");
     }
 }

@@ -9,7 +9,7 @@
 //! not the same `rep` instruction going on (QEMU runs its iterations as blocks of their
 //! own; PT counts it once).
 
-use pttrace_format::memory::{Access, Encoder, Mark};
+use pttrace_format::memory::{Encoder, Mark};
 
 use crate::BlockInfo;
 
@@ -22,10 +22,15 @@ pub struct ThreadMemory {
     mark: Option<Mark>,
     /// The last block made accesses.
     in_block: bool,
-    /// The block logged last (whose instructions the next accesses are of).
-    info: Option<&'static BlockInfo>,
-    /// The pc of the last access, and whether a block began since.
-    last_access: (u64, bool),
+    /// A block was logged (the next accesses are of its instructions): its start and its
+    /// instructions' offsets from it.
+    logged: bool,
+    start: u64,
+    offsets: &'static [u16],
+    /// The pc of the last access.
+    last_pc: u64,
+    /// A block began since the last access (and not the same `rep` instruction going on).
+    began: bool,
     /// The `rep` instruction the last block ended with.
     last_rep: Option<u64>,
 }
@@ -34,10 +39,12 @@ impl ThreadMemory {
     /// Block `b` begins.
     #[inline]
     pub fn block(&mut self, b: &'static BlockInfo) {
-        self.info = Some(b);
+        self.logged = true;
+        self.start = b.block.start;
+        self.offsets = &b.offsets;
         self.in_block = false;
         if self.last_rep != Some(b.block.start) {
-            self.last_access.1 = true;
+            self.began = true;
         }
         self.last_rep = match b.block.kind {
             pttrace_encoder::flow::BlockEnd::Rep { ip } => Some(ip),
@@ -49,26 +56,22 @@ impl ThreadMemory {
     /// instruction of the last block, into `sideband`.
     #[inline]
     pub fn access(&mut self, w: u64, addr: u64, sideband: &mut Vec<u8>) {
-        let Some(b) = self.info else {
+        if !self.logged {
             return;
-        };
+        }
         let index = ((w >> 3) & 0x1ff) as usize;
-        let pc = b.block.start + u64::from(b.offsets.get(index).copied().unwrap_or(0));
-        if !self.in_block || pc != self.last_access.0 {
+        let pc = self.start + u64::from(self.offsets.get(index).copied().unwrap_or(0));
+        let same = pc == self.last_pc;
+        if !self.in_block || !same {
             self.mark = Some(self.encoder.mark());
             self.in_block = true;
         }
-        self.encoder.push(
-            Access {
-                pc,
-                addr,
-                size_shift: ((w >> 12) & 7) as u8,
-                store: (w >> 15) & 1 != 0,
-                again: self.last_access == (pc, true),
-            },
-            sideband,
-        );
-        self.last_access = (pc, false);
+        // The word's size shift and store bit are the record's (bits 0-2 and 3).
+        let again = u64::from(same && self.began);
+        self.encoder
+            .push_parts(pc, addr, again << 4 | (w >> 12) & 0xf, sideband);
+        self.last_pc = pc;
+        self.began = false;
     }
 
     /// A signal handler is entered, interrupting the instruction at `rip`. Its accesses
@@ -79,7 +82,7 @@ impl ThreadMemory {
     /// its last accesses, would lose them; and a faulting instruction whose accesses
     /// straddle a record's end keeps those before it.)
     pub fn signal(&mut self, rip: u64, fault: Option<bool>, fault_signal: bool) {
-        if fault.unwrap_or(fault_signal) && self.in_block && self.last_access.0 == rip {
+        if fault.unwrap_or(fault_signal) && self.in_block && self.last_pc == rip {
             if let Some(m) = self.mark.take() {
                 self.encoder.rollback(m);
             }
