@@ -32,9 +32,15 @@ fn trace_prog(name: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Output
 /// `tests/progs/mem_array.c` traced ([`trace_prog`]): the directory, the trace and where
 /// the program's array is.
 fn trace_array() -> Option<(tempfile::TempDir, PathBuf, u64)> {
+    let (dir, _prog, trace, arr) = trace_array_prog()?;
+    Some((dir, trace, arr))
+}
+
+/// [`trace_array`], with the program.
+fn trace_array_prog() -> Option<(tempfile::TempDir, PathBuf, PathBuf, u64)> {
     let (dir, prog, trace, _) = trace_prog("mem_array")?;
     let arr = symbol(&prog, "arr");
-    Some((dir, trace, arr))
+    Some((dir, prog, trace, arr))
 }
 
 /// The records of `decode --format jsonl` of `trace` (it must succeed).
@@ -58,9 +64,12 @@ fn hex(v: &Value) -> u64 {
 
 #[test]
 fn loads_and_stores_of_a_known_array_follow_their_instructions() {
-    let Some((_dir, trace, arr)) = trace_array() else {
+    let Some((_dir, prog, trace, arr)) = trace_array_prog() else {
         return;
     };
+    let (far_cell, far_access) = (symbol(&prog, "far_cell"), symbol(&prog, "far_access"));
+    // The far cell's accesses: (read or write, pc).
+    let mut far: Vec<(bool, u64)> = Vec::new();
     // Every access comes after its instruction (or after another access of it).
     let (mut last_pc, mut accesses, mut insns) = (None, 0u64, 0u64);
     // The array's accesses: (read or write, address, pc), in order.
@@ -76,6 +85,9 @@ fn loads_and_stores_of_a_known_array_follow_their_instructions() {
                 let pc = hex(&v["pc"]);
                 assert_eq!(Some(pc), last_pc, "{v}");
                 let addr = hex(&v["addr"]);
+                if addr == far_cell {
+                    far.push((t == "write", pc));
+                }
                 if (arr..arr + 8000).contains(&addr) {
                     assert_eq!(v["size"], 8, "{v}");
                     seen.push((t == "write", addr, pc));
@@ -110,6 +122,17 @@ fn loads_and_stores_of_a_known_array_follow_their_instructions() {
     assert_eq!(pcs(false).len(), 1);
     assert_eq!(pcs(true).len(), 1);
     assert!(pcs(false)[0] < pcs(true)[0]);
+    // The far cell: read then written, twice, by instructions 600 bytes into their block
+    // (150 four-byte nops before them; each access came right after its own instruction,
+    // checked above), then read by main.
+    let kinds: Vec<bool> = far.iter().map(|f| f.0).collect();
+    assert_eq!(kinds, [false, true, false, true, false], "{far:x?}");
+    for &(_, pc) in &far[..4] {
+        assert!(
+            pc >= far_access + 600 && pc < far_access + 620,
+            "{pc:#x} {far_access:#x}"
+        );
+    }
 }
 
 #[test]

@@ -181,7 +181,7 @@ pub struct Encoder {
 }
 
 /// Where an [`Encoder`] was, to roll back to ([`Encoder::rollback`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mark {
     len: usize,
     count: u32,

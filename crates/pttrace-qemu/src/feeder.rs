@@ -5,7 +5,7 @@
 //! Log entries (u64 words): a block descriptor's address (8-byte aligned, low 3 bits 0);
 //! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_SIGNAL, rip, fault`; `TAG_TSC, tsc` (at the start of each
 //! chunk: the time for packets written from it); with `memory=on`, a load or store after
-//! its block (`TAG_MEMORY`: its instruction's index in the block, size, kind and address
+//! its block (`TAG_MEMORY`: its instruction's offset in the block, size, kind and address
 //! in one word). A chunk holds [`CHUNK`] words; at most
 //! [`CHUNKS`] are in flight per thread (the vCPU waits for the worker beyond that: memory
 //! stays bounded). At every syscall return the vCPU waits until the worker has written the
@@ -213,31 +213,32 @@ impl Feeder {
         self.meminfo.get(info, ask)
     }
 
-    /// A load or store of the last block's instruction `index` (`memory=on`): one word
-    /// (two for an address of 48 bits or more). `kind`: as [`Feeder::meminfo`] gives it.
+    /// A load or store of the last block's instruction at `offset` from its start
+    /// (`memory=on`): one word (two for an offset of 512 or more or an address of 48 bits
+    /// or more). `kind`: as [`Feeder::meminfo`] gives it.
     #[inline(always)]
-    pub fn memory(&mut self, index: u64, addr: u64, kind: u8) {
-        let head = (index & 0x1ff) << 3 | u64::from(kind & 0xf) << 12;
-        // (Against the capacity too, so that the pushes need no growing path: a chunk has
+    pub fn memory(&mut self, offset: u64, addr: u64, kind: u8) {
+        let kind = u64::from(kind & 0xf) << 12;
+        // (Against the capacity too, so that the push needs no growing path: a chunk has
         // CHUNK words of room.)
-        if addr >> 48 == 0 && self.buf.len() < self.buf.capacity().min(CHUNK) {
-            self.buf.push(TAG_MEMORY | head | addr << 16);
+        if (addr >> 48 | offset >> 9) == 0 && self.buf.len() < self.buf.capacity().min(CHUNK) {
+            self.buf.push(TAG_MEMORY | offset << 3 | kind | addr << 16);
         } else {
-            self.memory_slow(head, addr);
+            self.memory_slow(offset, kind, addr);
         }
     }
 
-    /// [`Feeder::memory`] when the chunk is full or the address wide.
+    /// [`Feeder::memory`] when the chunk is full, or the offset or the address wide.
     #[cold]
     #[inline(never)]
-    fn memory_slow(&mut self, head: u64, addr: u64) {
+    fn memory_slow(&mut self, offset: u64, kind: u64, addr: u64) {
         if self.buf.len() + 2 > CHUNK {
             self.flush();
         }
-        if addr >> 48 == 0 {
-            self.buf.push(TAG_MEMORY | head | addr << 16);
+        if (addr >> 48 | offset >> 9) == 0 {
+            self.buf.push(TAG_MEMORY | offset << 3 | kind | addr << 16);
         } else {
-            self.buf.push(TAG_MEMORY_WIDE | head);
+            self.buf.push(TAG_MEMORY_WIDE | kind | offset << 16);
             self.buf.push(addr);
         }
     }

@@ -174,9 +174,6 @@ struct BlockInfo {
     code: Box<[u8]>,
     /// Instruction lengths (the oracle expands blocks into instruction addresses).
     lens: Box<[u8]>,
-    /// Each instruction's offset from the block's start (`memory=on`: a load or store
-    /// names its instruction by index).
-    offsets: Box<[u16]>,
     /// The bytes differ from an earlier translation of the same addresses.
     replaces: bool,
     /// `uid` of the last thread that put this block's code in its file.
@@ -683,17 +680,6 @@ fn translate(tb: *mut api::Tb) {
             id,
             block: Block::new(start, end, kind).with_fault_sites(fault_sites, fault_at),
             code: code.into_boxed_slice(),
-            offsets: if g.cfg.memory {
-                lens.iter()
-                    .scan(0u16, |at, &l| {
-                        let o = *at;
-                        *at = at.saturating_add(u16::from(l));
-                        Some(o)
-                    })
-                    .collect()
-            } else {
-                Box::new([])
-            },
             lens: lens.into_boxed_slice(),
             replaces,
             owner: AtomicU64::new(0),
@@ -714,18 +700,20 @@ fn translate(tb: *mut api::Tb) {
         };
     }
     if g.cfg.memory {
-        for i in 0..insns.len() {
+        let mut offset = 0usize;
+        for (i, len) in info.lens.iter().enumerate() {
             // SAFETY: i < n_insns and `tb` is valid during translation; the user data is
-            // the instruction's index in the block, a plain value.
+            // the instruction's offset from the block's start, a plain value.
             unsafe {
                 api::qemu_plugin_register_vcpu_mem_cb(
                     api::qemu_plugin_tb_get_insn(tb, i),
                     on_memory,
                     api::CB_NO_REGS,
                     api::MEM_RW,
-                    i as *mut c_void,
+                    offset as *mut c_void,
                 )
             };
+            offset += usize::from(*len);
         }
     }
     // SAFETY: `tb` is valid during translation; the callback and its user data (a leaked,
@@ -748,7 +736,8 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
     });
 }
 
-/// A load or store of the instruction whose index in its block is `udata` (`memory=on`).
+/// A load or store of the instruction at offset `udata` from its block's start
+/// (`memory=on`).
 extern "C" fn on_memory(vcpu: c_uint, info: api::MemInfo, vaddr: u64, udata: *mut c_void) {
     guarded(|| {
         let Some(f) = global().and_then(|g| g.feeder(vcpu)) else {

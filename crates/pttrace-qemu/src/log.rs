@@ -20,12 +20,12 @@ pub const TAG_SNAP: u64 = 4;
 /// the thread at `rip` (`fault`: 1 a synchronous fault of the instruction there, 0 an
 /// asynchronous signal, 2 not known).
 pub const TAG_SIGNAL: u64 = 5;
-/// `TAG_MEMORY | index << 3 | log2 size << 12 | store << 15 | address << 16`: a load or
-/// store of instruction `index` (< 512, QEMU's most per block) of the block logged last
+/// `TAG_MEMORY | offset << 3 | log2 size << 12 | store << 15 | address << 16`: a load or
+/// store of the instruction at `offset` (< 512) from the start of the block logged last
 /// (`memory=on`; tells itself from the exact tags and block addresses by its low 3 bits).
 pub const TAG_MEMORY: u64 = 6;
-/// `TAG_MEMORY_WIDE | index << 3 | log2 size << 12 | store << 15, address`: the same for
-/// an address of 48 bits or more.
+/// `TAG_MEMORY_WIDE | log2 size << 12 | store << 15 | offset << 16, address`: the same for
+/// an offset of 512 or more or an address of 48 bits or more.
 pub const TAG_MEMORY_WIDE: u64 = 7;
 /// Words per chunk (512 KiB).
 pub const CHUNK: usize = 1 << 16;

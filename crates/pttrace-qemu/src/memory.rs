@@ -2,7 +2,7 @@
 //! vCPU's log to memory records in its windows' sideband ([`pttrace_format::memory`]).
 //!
 //! The log holds each access after the block it belongs to, naming its instruction by
-//! index in that block. Each is encoded as it comes; a synchronous fault rolls the
+//! its offset from that block's start. Each is encoded as it comes; a synchronous fault rolls the
 //! encoder back to before the faulting instruction's own (it did not retire; it runs again
 //! after the handler, if ever). Each access says whether it starts another
 //! execution of the instruction of the access before it: a block began between them, and
@@ -18,15 +18,13 @@ pub struct ThreadMemory {
     /// The window's accesses, written into its sideband as they come.
     encoder: Encoder,
     /// Where the encoder was before the last block's accesses of the instruction that made
-    /// the last ones (a synchronous fault there drops them).
-    mark: Option<Mark>,
+    /// the last ones (a synchronous fault there drops them; meaningful while `in_block`).
+    mark: Mark,
     /// The last block made accesses.
     in_block: bool,
-    /// A block was logged (the next accesses are of its instructions): its start and its
-    /// instructions' offsets from it.
+    /// A block was logged (the next accesses are of its instructions): its start.
     logged: bool,
     start: u64,
-    offsets: &'static [u16],
     /// The pc of the last access.
     last_pc: u64,
     /// A block began since the last access (and not the same `rep` instruction going on).
@@ -41,7 +39,6 @@ impl ThreadMemory {
     pub fn block(&mut self, b: &'static BlockInfo) {
         self.logged = true;
         self.start = b.block.start;
-        self.offsets = &b.offsets;
         self.in_block = false;
         if self.last_rep != Some(b.block.start) {
             self.began = true;
@@ -52,24 +49,24 @@ impl ThreadMemory {
         };
     }
 
-    /// A load or store (`w`: its log word, [`crate::log::TAG_MEMORY`]) at `addr` by an
-    /// instruction of the last block, into `sideband`.
+    /// A load or store at `addr` by the instruction at `offset` from the last block's start
+    /// (`kind`: log2 size in bits 0-2, store in bit 3, as [`crate::log::TAG_MEMORY`] has
+    /// them at bit 12), into `sideband`.
     #[inline]
-    pub fn access(&mut self, w: u64, addr: u64, sideband: &mut Vec<u8>) {
+    pub fn access(&mut self, offset: u64, kind: u64, addr: u64, sideband: &mut Vec<u8>) {
         if !self.logged {
             return;
         }
-        let index = ((w >> 3) & 0x1ff) as usize;
-        let pc = self.start + u64::from(self.offsets.get(index).copied().unwrap_or(0));
+        let pc = self.start.wrapping_add(offset);
         let same = pc == self.last_pc;
         if !self.in_block || !same {
-            self.mark = Some(self.encoder.mark());
+            self.mark = self.encoder.mark();
             self.in_block = true;
         }
-        // The word's size shift and store bit are the record's (bits 0-2 and 3).
+        // The size shift and store bit are the record's (bits 0-2 and 3).
         let again = u64::from(same && self.began);
         self.encoder
-            .push_parts(pc, addr, again << 4 | (w >> 12) & 0xf, sideband);
+            .push_parts(pc, addr, again << 4 | kind & 0xf, sideband);
         self.last_pc = pc;
         self.began = false;
     }
@@ -83,17 +80,14 @@ impl ThreadMemory {
     /// straddle a record's end keeps those before it.)
     pub fn signal(&mut self, rip: u64, fault: Option<bool>, fault_signal: bool) {
         if fault.unwrap_or(fault_signal) && self.in_block && self.last_pc == rip {
-            if let Some(m) = self.mark.take() {
-                self.encoder.rollback(m);
-            }
+            self.encoder.rollback(self.mark);
         }
-        self.mark = None;
         self.in_block = false;
     }
 
     /// The window ends: its accesses go into its sideband.
     pub fn end_window(&mut self, sideband: &mut Vec<u8>) {
+        // (A mark from before the window's last record cannot be rolled back to.)
         self.encoder.finish(sideband);
-        self.mark = None;
     }
 }

@@ -497,18 +497,18 @@ impl Thread {
                 continue;
             }
             if w & 7 >= TAG_MEMORY {
-                let addr = if w & 7 == TAG_MEMORY_WIDE {
+                let (offset, addr) = if w & 7 == TAG_MEMORY_WIDE {
                     let Some(&a) = words.get(i + 1) else {
                         return;
                     };
                     i += 1;
-                    a
+                    (w >> 16, a)
                 } else {
-                    w >> 16
+                    ((w >> 3) & 0x1ff, w >> 16)
                 };
                 i += 1;
                 if let Some(m) = self.memory.as_mut() {
-                    m.access(w, addr, &mut self.sideband);
+                    m.access(offset, (w >> 12) & 0xf, addr, &mut self.sideband);
                 }
                 continue;
             }
