@@ -1768,18 +1768,24 @@ fn cyc_timestamps(
         .collect()
 }
 
+/// A CPU whose CTC ticks at 3 TSC ticks each (CPUID 0x15: 3/1), with an MTC every 4 CTC
+/// ticks (`mtc_freq` 2).
+fn ctc3_cpu() -> drpttracer::decode::CpuParams {
+    drpttracer::decode::CpuParams {
+        mtc_freq: 2,
+        cpuid_0x15_eax: 1,
+        cpuid_0x15_ebx: 3,
+        ..Default::default()
+    }
+}
+
 /// Cycle-accurate time (CYC) on the fast path, libipt 2.1.2's estimate exactly: CTC ticks
 /// at 3 TSC ticks each (CPUID 0x15: 3/1), MTC every 4 CTC ticks (`mtc_freq` 2).
 #[test]
 fn cyc_time_calibrated_by_mtc_equals_libipt() {
     let p = call_prog();
     let space = call_space(&p);
-    let cpu = drpttracer::decode::CpuParams {
-        mtc_freq: 2,
-        cpuid_0x15_eax: 1,
-        cpuid_0x15_ebx: 3,
-        ..Default::default()
-    };
+    let cpu = ctc3_cpu();
     let trace = cyc_trace(&p, &|w, k| match k {
         // TMA: CTC 0x10, 5 fast-counter ticks after it: the reference is 995.
         0 => tma(w, 0x10, 5),
@@ -1823,12 +1829,7 @@ fn cyc_time_calibrated_by_mtc_equals_libipt() {
 fn timing_between_an_interrupts_fup_and_tip_equals_libipt() {
     let p = call_prog();
     let space = call_space(&p);
-    let cpu = drpttracer::decode::CpuParams {
-        mtc_freq: 2,
-        cpuid_0x15_eax: 1,
-        cpuid_0x15_ebx: 3,
-        ..Default::default()
-    };
+    let cpu = ctc3_cpu();
     let mut w = PtWriter::new();
     w.psb().tsc(1000);
     tma(&mut w, 0x10, 5);
@@ -1857,11 +1858,8 @@ fn cyc_time_calibrated_by_cbr_and_nom_freq_equals_libipt() {
     let p = call_prog();
     let space = call_space(&p);
     let cpu = drpttracer::decode::CpuParams {
-        mtc_freq: 2,
         nom_freq: 4,
-        cpuid_0x15_eax: 1,
-        cpuid_0x15_ebx: 3,
-        ..Default::default()
+        ..ctc3_cpu()
     };
     let trace = cyc_trace(&p, &|w, k| match k {
         // fcr = (4 << 8) / 2 = 512.
@@ -1955,12 +1953,7 @@ fn mutated_cyc_traces_give_libipt_records() {
         }
     });
     let cpus = [
-        CpuParams {
-            mtc_freq: 2,
-            cpuid_0x15_eax: 1,
-            cpuid_0x15_ebx: 3,
-            ..Default::default()
-        },
+        ctc3_cpu(),
         CpuParams {
             mtc_freq: 2,
             nom_freq: 4,
