@@ -62,6 +62,22 @@ impl Access {
     pub fn size(&self) -> u64 {
         1 << self.size_shift.min(15)
     }
+
+    /// Its flags as a record holds them: `again << 4 | store << 3 | log2 size`.
+    fn flags(&self) -> u64 {
+        u64::from(self.again) << 4 | u64::from(self.store) << 3 | u64::from(self.size_shift & 7)
+    }
+
+    /// The access at `pc` and `addr` with record flags `flags` ([`Access::flags`]).
+    fn with_flags(pc: u64, addr: u64, flags: u64) -> Access {
+        Access {
+            pc,
+            addr,
+            size_shift: (flags & 7) as u8,
+            store: flags & 8 != 0,
+            again: flags & 16 != 0,
+        }
+    }
 }
 
 fn zigzag(v: i64) -> u64 {
@@ -235,8 +251,7 @@ impl Encoder {
     /// Adds one access; a full record goes to `out`.
     #[inline]
     pub fn push(&mut self, a: Access, out: &mut Vec<u8>) {
-        let flags = u64::from(a.again) << 4 | u64::from(a.store) << 3 | u64::from(a.size_shift & 7);
-        self.push_parts(a.pc, a.addr, flags, out);
+        self.push_parts(a.pc, a.addr, a.flags(), out);
     }
 
     /// [`Encoder::push`] of an access given as its pc, address and flags (`again << 4 |
@@ -406,12 +421,15 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
         ));
     }
     out.reserve(count as usize);
+    // (Each layout's reader inlined into a loop of its own.)
     let pos = if word & CONTROL_WORDS != 0 {
-        parse_controlled(&raw, count, out)?
+        parse_accesses(&raw, count, out, read_controlled)?
     } else if word & PREFIX_VARINTS != 0 {
-        parse_varints(&raw, count, prefix_varint, out)?
+        parse_accesses(&raw, count, out, |raw, pos| {
+            read_varints(raw, pos, prefix_varint)
+        })?
     } else {
-        parse_varints(&raw, count, varint, out)?
+        parse_accesses(&raw, count, out, |raw, pos| read_varints(raw, pos, varint))?
     };
     if pos != raw.len() {
         return Err(format!(
@@ -422,70 +440,67 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
     Ok(())
 }
 
-/// The `count` accesses of `raw` in this encoder's layout, appended to `out`; the bytes
-/// they took.
-fn parse_controlled(raw: &[u8], count: u32, out: &mut Vec<Access>) -> Result<usize, String> {
+/// The `count` accesses of `raw`, each read by `read` (as [`read_controlled`] reads),
+/// appended to `out`; the bytes they took.
+fn parse_accesses(
+    raw: &[u8],
+    count: u32,
+    out: &mut Vec<Access>,
+    read: impl Fn(&[u8], &mut usize) -> Result<Option<[u64; 3]>, String>,
+) -> Result<usize, String> {
     let (mut pos, mut pc, mut addr) = (0usize, 0u64, 0u64);
-    // A little-endian value of `n` bytes at `pos`.
-    let value = |pos: usize, n: usize| -> Option<u64> {
-        let mut w = [0u8; 8];
-        w[..n].copy_from_slice(raw.get(pos..pos + n)?);
-        Some(u64::from_le_bytes(w))
-    };
     for k in 0..count {
-        let bad = || format!("memory record cut inside access {k} of {count}");
-        let control = u16::from_le_bytes(
-            raw.get(pos..pos + 2)
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(bad)?,
-        );
-        let npc = usize::from(control >> 5 & 7) + 1;
-        let naddr = usize::from(control >> 8 & 7) + 1;
-        if control >> 11 != 0 {
-            return Err(format!(
-                "memory record access {k} of {count}: control word {control:#06x} has bits above 10 set"
-            ));
-        }
-        let dpc = value(pos + 2, npc).ok_or_else(bad)?;
-        let da = value(pos + 2 + npc, naddr).ok_or_else(bad)?;
-        pos += 2 + npc + naddr;
+        let [flags, dpc, da] = read(raw, &mut pos)
+            .map_err(|e| format!("memory record access {k} of {count}: {e}"))?
+            .ok_or_else(|| format!("memory record cut inside access {k} of {count}"))?;
         pc = pc.wrapping_add(unzigzag(dpc) as u64);
         addr = addr.wrapping_add(unzigzag(da) as u64);
-        out.push(Access {
-            pc,
-            addr,
-            size_shift: (control & 7) as u8,
-            store: control & 8 != 0,
-            again: control & 16 != 0,
-        });
+        out.push(Access::with_flags(pc, addr, flags));
     }
     Ok(pos)
 }
 
-/// The `count` accesses of `raw` in an older layout (two varints an access, read by
-/// `read`), appended to `out`; the bytes they took.
-fn parse_varints(
-    raw: &[u8],
-    count: u32,
-    read: fn(&[u8], &mut usize) -> Option<u64>,
-    out: &mut Vec<Access>,
-) -> Result<usize, String> {
-    let (mut pos, mut pc, mut addr) = (0usize, 0u64, 0u64);
-    for k in 0..count {
-        let bad = || format!("memory record cut inside access {k} of {count}");
-        let head = read(raw, &mut pos).ok_or_else(bad)?;
-        let da = read(raw, &mut pos).ok_or_else(bad)?;
-        pc = pc.wrapping_add(unzigzag(head >> 5) as u64);
-        addr = addr.wrapping_add(unzigzag(da) as u64);
-        out.push(Access {
-            pc,
-            addr,
-            size_shift: (head & 7) as u8,
-            store: head & 8 != 0,
-            again: head & 16 != 0,
-        });
+/// One access of a record's raw bytes at `pos` (moved past it) in this encoder's layout
+/// (a control word and two byte-counted deltas): its flags ([`Access::flags`]) and its
+/// zigzag pc and address deltas; `None` when the bytes end inside it, why not when it is
+/// malformed.
+fn read_controlled(raw: &[u8], pos: &mut usize) -> Result<Option<[u64; 3]>, String> {
+    // A little-endian value of `n` bytes at `at`.
+    let value = |at: usize, n: usize| -> Option<u64> {
+        let mut w = [0u8; 8];
+        w[..n].copy_from_slice(raw.get(at..at + n)?);
+        Some(u64::from_le_bytes(w))
+    };
+    let Some(control) = raw
+        .get(*pos..*pos + 2)
+        .and_then(|b| b.try_into().ok())
+        .map(u16::from_le_bytes)
+    else {
+        return Ok(None);
+    };
+    if control >> 11 != 0 {
+        return Err(format!("control word {control:#06x} has bits above 10 set"));
     }
-    Ok(pos)
+    let npc = usize::from(control >> 5 & 7) + 1;
+    let naddr = usize::from(control >> 8 & 7) + 1;
+    let (Some(dpc), Some(da)) = (value(*pos + 2, npc), value(*pos + 2 + npc, naddr)) else {
+        return Ok(None);
+    };
+    *pos += 2 + npc + naddr;
+    Ok(Some([u64::from(control & 0x1f), dpc, da]))
+}
+
+/// The reader of an access ([`read_controlled`]) of the older layouts: two varints, each
+/// read by `read`.
+fn read_varints(
+    raw: &[u8],
+    pos: &mut usize,
+    read: fn(&[u8], &mut usize) -> Option<u64>,
+) -> Result<Option<[u64; 3]>, String> {
+    let (Some(head), Some(da)) = (read(raw, pos), read(raw, pos)) else {
+        return Ok(None);
+    };
+    Ok(Some([head & 0x1f, head >> 5, da]))
 }
 
 #[cfg(test)]
