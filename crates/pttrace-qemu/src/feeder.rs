@@ -88,6 +88,13 @@ impl MemInfos {
     }
 }
 
+/// The one-word log entry of a load or store ([`TAG_MEMORY`]; `kind` already at bit 12),
+/// when its offset and address fit one.
+#[inline(always)]
+fn narrow_memory_word(offset: u64, kind: u64, addr: u64) -> Option<u64> {
+    ((addr >> 48 | offset >> 9) == 0).then_some(TAG_MEMORY | offset << 3 | kind | addr << 16)
+}
+
 /// `memory=on`: log2 of the entries of a vCPU's table of memory-access descriptions.
 const MEMINFO_BITS: u32 = 6;
 const MEMINFO_SLOTS: usize = 1 << MEMINFO_BITS;
@@ -188,8 +195,7 @@ impl Feeder {
     /// One executed block (the hot path).
     #[inline(always)]
     pub fn block(&mut self, addr: u64) {
-        // (Against the capacity too, so that the push needs no growing path.)
-        if self.buf.len() < self.buf.capacity().min(CHUNK) {
+        if self.has_room() {
             self.buf.push(addr);
         } else {
             self.block_slow(addr);
@@ -219,13 +225,17 @@ impl Feeder {
     #[inline(always)]
     pub fn memory(&mut self, offset: u64, addr: u64, kind: u8) {
         let kind = u64::from(kind & 0xf) << 12;
-        // (Against the capacity too, so that the push needs no growing path: a chunk has
-        // CHUNK words of room.)
-        if (addr >> 48 | offset >> 9) == 0 && self.buf.len() < self.buf.capacity().min(CHUNK) {
-            self.buf.push(TAG_MEMORY | offset << 3 | kind | addr << 16);
-        } else {
-            self.memory_slow(offset, kind, addr);
+        match narrow_memory_word(offset, kind, addr) {
+            Some(w) if self.has_room() => self.buf.push(w),
+            _ => self.memory_slow(offset, kind, addr),
         }
+    }
+
+    /// The chunk has room for a word, its capacity checked too so that a push after it
+    /// needs no growing path (a chunk has CHUNK words of room).
+    #[inline(always)]
+    fn has_room(&self) -> bool {
+        self.buf.len() < self.buf.capacity().min(CHUNK)
     }
 
     /// [`Feeder::memory`] when the chunk is full, or the offset or the address wide.
@@ -235,11 +245,12 @@ impl Feeder {
         if self.buf.len() + 2 > CHUNK {
             self.flush();
         }
-        if (addr >> 48 | offset >> 9) == 0 {
-            self.buf.push(TAG_MEMORY | offset << 3 | kind | addr << 16);
-        } else {
-            self.buf.push(TAG_MEMORY_WIDE | kind | offset << 16);
-            self.buf.push(addr);
+        match narrow_memory_word(offset, kind, addr) {
+            Some(w) => self.buf.push(w),
+            None => {
+                self.buf.push(TAG_MEMORY_WIDE | kind | offset << 16);
+                self.buf.push(addr);
+            }
         }
     }
 
@@ -425,14 +436,16 @@ mod tests {
                 infos.push(rw << 16 | memop << 4 | 1);
             }
         }
-        let say = |info: u32| (info >> 4 & 7) as u8 | u8::from(info >> 16 == 2) << 3;
+        fn say(info: u32) -> u8 {
+            (info >> 4 & 7) as u8 | u8::from(info >> 16 == 2) << 3
+        }
         let mut table = MemInfos::default();
         thread_local! {
             static ASKED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        fn ask(i: u32) -> u8 {
-            ASKED.with(|a| a.borrow_mut().push(i));
-            (i >> 4 & 7) as u8 | u8::from(i >> 16 == 2) << 3
+        fn ask(info: u32) -> u8 {
+            ASKED.with(|a| a.borrow_mut().push(info));
+            say(info)
         }
         for round in 0..50 {
             for (k, &info) in infos.iter().enumerate() {
