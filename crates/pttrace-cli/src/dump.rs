@@ -3,7 +3,10 @@
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-use drpttracer::decode::packets::{list_packets_with, ListOptions, PacketLine};
+use drpttracer::decode::packets::{
+    list_packets_with, ListOptions, PacketLine, TimeColumn, TimeColumns,
+};
+use drpttracer::decode::timing::TimeCfg;
 use drpttracer::decode::CpuParams;
 use drpttracer::format::{auxtrace, pdb};
 
@@ -54,9 +57,46 @@ pub struct Args {
     /// Leave out timing packets (TSC, CBR, TMA, MTC, CYC), as ptdump's --no-timing.
     #[arg(long)]
     no_timing: bool,
-    /// Leave out CYC packets, as ptdump's --no-cyc.
+    /// Leave out CYC packets (and do not track time by them), as ptdump's --no-cyc.
     #[arg(long)]
     no_cyc: bool,
+    /// Show the time libipt estimates (its TSC) on timing packets, as ptdump's --time.
+    #[arg(long, conflicts_with = "tcal")]
+    time: bool,
+    /// Show the time calibration (fast-counter:cycles ratio) on timing packets, as
+    /// ptdump's --tcal.
+    #[arg(long)]
+    tcal: bool,
+    /// Show --time or --tcal as the change since the last value shown, as ptdump's
+    /// --time-delta.
+    #[arg(long)]
+    time_delta: bool,
+    /// With --time/--tcal: no calibration (CYC packets do not move the time), as
+    /// ptdump's --no-tcal.
+    #[arg(long)]
+    no_tcal: bool,
+    /// With --time: before the first TSC, show the time counted from 0 instead of an
+    /// error, as ptdump's --no-wall-clock.
+    #[arg(long)]
+    no_wall_clock: bool,
+    /// With --time/--tcal: an OVF keeps the calibration, as ptdump's --keep-tcal-on-ovf.
+    #[arg(long)]
+    keep_tcal_on_ovf: bool,
+    /// The MTC frequency the trace was recorded with (the PT event's mtc_period), for
+    /// --time/--tcal, as ptdump's --mtc-freq.
+    #[arg(long, value_name = "N")]
+    mtc_freq: Option<u8>,
+    /// The nominal core:bus ratio (calibrates cycles from CBR), for --time/--tcal, as
+    /// ptdump's --nom-freq.
+    #[arg(long, value_name = "N")]
+    nom_freq: Option<u8>,
+    /// CPUID leaf 0x15's EAX (the TSC:crystal clock ratio's denominator), for
+    /// --time/--tcal, as ptdump's --cpuid-0x15.eax.
+    #[arg(long = "cpuid-0x15.eax", value_name = "N")]
+    cpuid_0x15_eax: Option<u32>,
+    /// CPUID leaf 0x15's EBX (the ratio's numerator), as ptdump's --cpuid-0x15.ebx.
+    #[arg(long = "cpuid-0x15.ebx", value_name = "N")]
+    cpuid_0x15_ebx: Option<u32>,
 }
 
 pub fn run(args: Args) -> CmdResult {
@@ -69,7 +109,46 @@ pub fn run(args: Args) -> CmdResult {
         no_pad: args.no_pad,
         no_timing: args.no_timing,
         no_cyc: args.no_cyc,
+        time: None,
     };
+    if args.time || args.tcal {
+        opts.time = Some(TimeColumns {
+            column: if args.time {
+                TimeColumn::Tsc
+            } else {
+                TimeColumn::Fcr
+            },
+            delta: args.time_delta,
+            no_tcal: args.no_tcal,
+            no_wall_clock: args.no_wall_clock,
+            keep_tcal_on_ovf: args.keep_tcal_on_ovf,
+            cfg: TimeCfg {
+                mtc_freq: args.mtc_freq.unwrap_or(0),
+                nom_freq: args.nom_freq.unwrap_or(0),
+                cpuid_0x15_eax: args.cpuid_0x15_eax.unwrap_or(0),
+                cpuid_0x15_ebx: args.cpuid_0x15_ebx.unwrap_or(0),
+                skl168: false,
+            },
+        });
+    } else if let Some(o) = [
+        (args.time_delta, "--time-delta"),
+        (args.no_tcal, "--no-tcal"),
+        (args.no_wall_clock, "--no-wall-clock"),
+        (args.keep_tcal_on_ovf, "--keep-tcal-on-ovf"),
+        (args.mtc_freq.is_some(), "--mtc-freq"),
+        (args.nom_freq.is_some(), "--nom-freq"),
+        (args.cpuid_0x15_eax.is_some(), "--cpuid-0x15.eax"),
+        (args.cpuid_0x15_ebx.is_some(), "--cpuid-0x15.ebx"),
+    ]
+    .iter()
+    .find(|o| o.0)
+    {
+        // (ptdump takes these and shows nothing of them.)
+        eprintln!(
+            "pttrace dump: note: {} changes nothing without --time or --tcal",
+            o.1
+        );
+    }
     if let Some(c) = &args.cpu {
         let (family, model, stepping) = CpuParams::parse_cpu(c)?;
         if let Some(w) = drpttracer::decode::errata::cpu_warning(family, model) {
@@ -114,11 +193,8 @@ pub fn run(args: Args) -> CmdResult {
     let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
         for l in list_packets_with(pt, opts) {
             match &l {
-                // (ptdump's note that `--lastip` has no IP to show yet: no damage.)
-                PacketLine::Error {
-                    context: "error tracking last-ip",
-                    ..
-                } => {}
+                // (What ptdump says about the last IP or the time it tracks: no damage.)
+                PacketLine::Diagnostic { .. } => {}
                 PacketLine::Error { offset, error, .. } => {
                     bad_packets.push((base + offset, format!("undecodable PT: {error}")));
                 }

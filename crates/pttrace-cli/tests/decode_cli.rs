@@ -215,6 +215,33 @@ fn decode_and_dump_files() {
             "0000000000000023  tip.pgd    0: ????????????????",
         ]
     );
+    // ptdump's time column: the TSC as the time, the MTC frequency and CPUID 0x15 taken
+    // (they change nothing in this trace: no MTC); and a note where they are given alone.
+    let (ok, out, err) = pttrace(&[
+        "dump",
+        ptp,
+        "--time",
+        "--time-delta",
+        "--mtc-freq",
+        "3",
+        "--cpuid-0x15.eax",
+        "2",
+        "--cpuid-0x15.ebx",
+        "188",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().nth(1),
+        Some("0000000000000010  tsc        100                       tsc  +100")
+    );
+    let (ok, _, err) = pttrace(&["dump", ptp, "--mtc-freq", "3"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("--mtc-freq changes nothing without --time or --tcal"),
+        "{err}"
+    );
+    let (ok, _, err) = pttrace(&["dump", ptp, "--time", "--tcal"]);
+    assert!(!ok && err.contains("--tcal"), "{err}");
     let (ok, out2, _) = pttrace(&["dump", "--raw-pt", raw.to_str().unwrap()]);
     assert!(ok);
     assert_eq!(

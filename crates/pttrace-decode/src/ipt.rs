@@ -17,6 +17,7 @@ use super::config::{CpuParams, Errata, TraceParams};
 use super::image::AddressSpace;
 use super::insn::BlockKey;
 use super::records::ExecMode;
+use super::timing::TimingPacket;
 
 /// The address space libipt reads through our callback, plus what the callback saw.
 #[derive(Debug, Default)]
@@ -958,6 +959,8 @@ pub(crate) struct PacketText {
     pub ip: Option<(u32, u64)>,
     /// MODE.Exec's mode as ptdump's `--exec-mode` names it.
     pub exec_mode: Option<&'static str>,
+    /// A timing packet's values (ptdump's `--time` and `--tcal` follow them).
+    pub timing: Option<TimingPacket>,
 }
 
 impl PacketText {
@@ -968,6 +971,14 @@ impl PacketText {
             tracking: None,
             ip: None,
             exec_mode: None,
+            timing: None,
+        }
+    }
+
+    fn timing(name: &'static str, payload: String, timing: TimingPacket) -> Self {
+        PacketText {
+            timing: Some(timing),
+            ..PacketText::new(name, payload)
         }
     }
 
@@ -1171,20 +1182,25 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
                 PacketText::tracked("vmcs", format!("{base:x}"), "vmcs", format!("{base:016x}"))
             }
             sys::pt_packet_type_ppt_cbr => {
-                PacketText::new("cbr", format!("{:x}", p.payload.cbr.ratio))
+                let r = p.payload.cbr.ratio;
+                PacketText::timing("cbr", format!("{r:x}"), TimingPacket::Cbr(r))
             }
             sys::pt_packet_type_ppt_tsc => {
-                PacketText::new("tsc", format!("{:x}", p.payload.tsc.tsc))
+                let t = p.payload.tsc.tsc;
+                PacketText::timing("tsc", format!("{t:x}"), TimingPacket::Tsc(t))
             }
             sys::pt_packet_type_ppt_tma => {
-                let t = p.payload.tma;
-                PacketText::new("tma", format!("{:x}, {:x}", t.ctc, t.fc))
+                let (ctc, fc) = (p.payload.tma.ctc, p.payload.tma.fc);
+                let payload = format!("{ctc:x}, {fc:x}");
+                PacketText::timing("tma", payload, TimingPacket::Tma { ctc, fc })
             }
             sys::pt_packet_type_ppt_mtc => {
-                PacketText::new("mtc", format!("{:x}", p.payload.mtc.ctc))
+                let c = p.payload.mtc.ctc;
+                PacketText::timing("mtc", format!("{c:x}"), TimingPacket::Mtc(c))
             }
             sys::pt_packet_type_ppt_cyc => {
-                PacketText::new("cyc", format!("{:x}", p.payload.cyc.value))
+                let c = p.payload.cyc.value;
+                PacketText::timing("cyc", format!("{c:x}"), TimingPacket::Cyc(c))
             }
             sys::pt_packet_type_ppt_mnt => {
                 PacketText::new("mnt", format!("{:x}", p.payload.mnt.payload))

@@ -17,6 +17,8 @@
 //! - [`callstack`]: call-stack reconstruction (nested call spans, stacks for flame graphs).
 //!
 //! - [`packets`]: ptdump-style packet listing;
+//! - [`timing`]: the trace's time as libipt estimates it (the decoder's clock, dump's time
+//!   columns);
 //! - [`ptt_input`]: the shim's `.info` / `.ptt` files as decoder input.
 //!
 //! # Using it from other modules
@@ -62,6 +64,7 @@ pub mod ptt_input;
 pub mod records;
 pub mod sideband;
 pub mod testgen;
+pub mod timing;
 mod wire;
 
 use std::path::{Path, PathBuf};

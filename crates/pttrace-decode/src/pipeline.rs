@@ -411,11 +411,10 @@ impl<'a> PtDecoder<'a> {
             && events.is_empty()
             && params.filter.ranges.iter().all(|r| r.0 == 0))
         .then(|| {
-            let clock = flow::ClockCfg {
-                mtc_freq: params.cpu.mtc_freq,
-                ratio_den: params.cpu.cpuid_0x15_eax,
-                ratio_num: params.cpu.cpuid_0x15_ebx,
-                nom_freq: params.cpu.nom_freq,
+            // (libipt 2.1.2's decoder never arms the SKL168 check.)
+            let clock = crate::timing::TimeCfg {
+                skl168: false,
+                ..crate::timing::TimeCfg::of(&params.cpu, &errata)
             };
             let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
             f.initial_records = queue.records;

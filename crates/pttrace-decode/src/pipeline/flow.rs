@@ -28,6 +28,7 @@ use super::{Item, PtDecoder, Record};
 mod resync;
 use crate::insn::{AddrHasher, ArenaTied};
 use crate::records::{ExecMode, InsnClass};
+use crate::timing::{Calibration, Time, TimeCfg, TimeError};
 use crate::wire::{self, LastIp, Pkt};
 pub(crate) use resync::FlowError;
 
@@ -273,212 +274,34 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
     }
 }
 
-/// The CPU parameters the trace's time depends on: the MTC frequency (`mtc_freq`), the
-/// TSC / crystal clock ratio (CPUID leaf 0x15's EBX / EAX) and the nominal core:bus ratio
-/// (`nom_freq`, 0 when unknown), which calibrates cycle-accurate time from CBR.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ClockCfg {
-    pub mtc_freq: u8,
-    pub ratio_den: u32,
-    pub ratio_num: u32,
-    pub nom_freq: u8,
-}
-
-/// libipt's fixed-point shift of the fast-counter:cycles ratio (`pt_tcal_fcr_shr`).
-const FCR_SHR: u32 = 8;
-/// Bits of a TSC packet's payload.
-const TSC_BITS: u32 = 56;
-
-/// libipt 2.1.2's calibration of cycle-accurate time (`struct pt_time_cal`): the ratio of
-/// fast-counter (TSC) ticks to core cycles (`fcr`, fixed point, [`FCR_SHR`] bits), from
-/// the cycles counted between two MTCs (CTC ticks converted with CPUID 0x15's ratio),
-/// between two PSB+ TSCs where no MTC came, or from a CBR and the nominal frequency.
-/// (Its SKL168 workaround is armed by `pt_tcal_update_psb`, which 2.1.2 never calls.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Tcal {
-    fcr: u64,
-    min_fcr: u64,
-    max_fcr: u64,
-    /// The last TSC, and the cycles since it.
-    tsc: u64,
-    cyc_tsc: u64,
-    /// The cycles since the last MTC that calibrated (or started calibrating), its CTC.
-    cyc_mtc: u64,
-    ctc: u32,
-    have_mtc: bool,
-}
-
-impl Default for Tcal {
-    fn default() -> Self {
-        Tcal {
-            fcr: 0,
-            min_fcr: u64::MAX,
-            max_fcr: 0,
-            tsc: 0,
-            cyc_tsc: 0,
-            cyc_mtc: 0,
-            ctc: 0,
-            have_mtc: false,
-        }
-    }
-}
-
-impl Tcal {
-    /// The ratio, 0 before any calibration (`pt_tcal_fcr`'s no-time case).
-    fn fcr(&self) -> u64 {
-        if self.min_fcr <= self.max_fcr {
-            self.fcr
-        } else {
-            0
-        }
-    }
-
-    /// What shows in times from here on: the ratio (0 uncalibrated) and the state the
-    /// next calibrations start from; not the ratio's range (which only says whether it
-    /// was ever set).
-    fn effective(&self) -> (u64, u64, u64, u64, u32, bool) {
-        (
-            self.fcr(),
-            self.tsc,
-            self.cyc_tsc,
-            self.cyc_mtc,
-            self.ctc,
-            self.have_mtc,
-        )
-    }
-
-    fn set_fcr(&mut self, fcr: u64) {
-        self.fcr = fcr;
-        self.min_fcr = self.min_fcr.min(fcr);
-        self.max_fcr = self.max_fcr.max(fcr);
-    }
-
-    /// `pt_tcal_header_tsc`: a PSB+ TSC calibrates from the cycles since the last TSC
-    /// where no MTC came.
-    fn header_tsc(&mut self, tsc: u64) -> Result<(), Fallback> {
-        let (last, cyc) = (self.tsc, self.cyc_tsc);
-        self.tsc = tsc;
-        self.cyc_tsc = 0;
-        if last == 0 || cyc == 0 || self.have_mtc {
-            return Ok(());
-        }
-        let mut t = tsc;
-        if t < last {
-            t = t.wrapping_add(1 << TSC_BITS);
-            if t < last {
-                return Err("TSC wrapped more than once between calibrations");
-            }
-        }
-        let delta = t - last;
-        if delta & !(u64::MAX >> FCR_SHR) != 0 {
-            return Err("TSC calibration overflow");
-        }
-        self.set_fcr((delta << FCR_SHR) / cyc);
-        Ok(())
-    }
-
-    /// `pt_tcal_header_cbr`: with the nominal frequency known, a CBR gives the ratio.
-    fn header_cbr(&mut self, ratio: u8, cfg: ClockCfg) {
-        if cfg.nom_freq != 0 && ratio != 0 {
-            self.set_fcr((u64::from(cfg.nom_freq) << FCR_SHR) / u64::from(ratio));
-        }
-    }
-
-    /// `pt_tcal_update_mtc`: the cycles since the last MTC with cycles over the CTC ticks
-    /// since (converted to fast-counter ticks).
-    fn mtc(&mut self, ctc: u32, cfg: ClockCfg) -> Result<(), Fallback> {
-        let (last, cyc) = (self.ctc, self.cyc_mtc);
-        if !self.have_mtc {
-            self.cyc_mtc = 0;
-            self.ctc = ctc;
-            self.have_mtc = true;
-            return Ok(());
-        }
-        // Without cycles, the next MTC calibrates over both periods.
-        if cyc == 0 {
-            return Ok(());
-        }
-        self.cyc_mtc = 0;
-        self.ctc = ctc;
-        let delta = ctc_delta(ctc, last, cfg)?;
-        // (Without CPUID 0x15's ratio: a configuration error libipt ignores.)
-        let Some(fc) = ctc_fc(u64::from(delta), cfg) else {
-            return Ok(());
-        };
-        if fc & !(u64::MAX >> FCR_SHR) != 0 {
-            return Err("MTC calibration overflow");
-        }
-        self.set_fcr((fc << FCR_SHR) / cyc);
-        Ok(())
-    }
-}
-
-/// CTC ticks from `last` to `ctc`, one wrap-around corrected (`pt_time_ctc_delta`).
-fn ctc_delta(ctc: u32, last: u32, cfg: ClockCfg) -> Result<u32, Fallback> {
-    let mut now = ctc;
-    if now < last {
-        now = now.wrapping_add(1 << (u32::from(cfg.mtc_freq) + MTC_BITS));
-        if now < last {
-            return Err("CTC wrapped more than once between MTCs");
-        }
-    }
-    Ok(now - last)
-}
-
-/// CTC ticks in fast-counter (TSC) ticks (`pt_time_ctc_fc`); `None` without CPUID 0x15's
-/// ratio.
-fn ctc_fc(ctc: u64, cfg: ClockCfg) -> Option<u64> {
-    if cfg.ratio_den == 0 || cfg.ratio_num == 0 {
-        return None;
-    }
-    Some(ctc.wrapping_mul(u64::from(cfg.ratio_num)) / u64::from(cfg.ratio_den))
-}
-
-/// The trace's time as libipt 2.1.2 estimates it (`struct pt_time`, with its calibration):
-/// a TSC packet sets it; the TMA after it tells where in the crystal clock's (CTC) period
-/// it came; each MTC then moves it on by the CTC ticks since the last one, converted to
-/// TSC ticks (CPUID 0x15's ratio); each CYC between moves it on by its core cycles times
-/// the calibrated fast-counter:cycles ratio ([`Tcal`]; a CYC before any calibration is
-/// lost, as in libipt). Errors libipt reports (a TMA out of place, CTC wrapped more than
-/// once, a calibration overflow) hand the window to libipt; a missing ratio leaves the
-/// time where it is, as libipt does.
+/// The trace's time as libipt 2.1.2's event decoder keeps it: [`Time`] and its
+/// [`Calibration`] (the model `dump`'s time columns use too), fed the timing packets as
+/// that decoder feeds them. An error libipt's decoder reports (a TMA out of place, a CTC
+/// that wrapped more than once, a calibration overflow, a CBR of 0) hands the window to
+/// libipt; a configuration error (no CPUID 0x15 ratio) leaves the time where it is, as
+/// libipt's decoder ignores it. (2.1.2's decoder never arms the SKL168 check.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Clock {
-    /// The estimate.
-    tsc: u64,
-    /// The TSC at the last CTC reference (MTC, or TSC less the TMA's fast counter).
-    base: u64,
-    /// CTC bits at the last MTC or TMA.
-    ctc: u32,
-    /// The CTC where the cycles of the next CYC started counting (`ctc_cyc`).
-    ctc_cyc: u32,
-    /// Fast-counter ticks since the reference.
-    fc: u64,
-    /// CYCs lost (before any calibration) since the last MTC or TSC.
-    lost_cyc: u32,
-    have_tsc: bool,
-    have_tma: bool,
-    have_mtc: bool,
-    tcal: Tcal,
+    time: Time,
+    tcal: Calibration,
     /// A CYC packet came (since this clock started: a decoder's own part of the trace).
     met_cyc: bool,
 }
 
-/// Bits of the CTC that an MTC payload holds, and that TMA holds.
-const MTC_BITS: u32 = 8;
-const TMA_CTC_BITS: u32 = 16;
+/// libipt's decoder: a configuration error is ignored, any other hands the window over.
+fn as_decoder(r: Result<(), TimeError>, what: Fallback) -> Result<(), Fallback> {
+    match r {
+        Ok(()) | Err(TimeError::BadConfig) => Ok(()),
+        Err(_) => Err(what),
+    }
+}
 
 impl Clock {
     /// Whether the times this clock and `o` give from here on are the same: equal in
     /// everything, the cycle-accurate calibration included only where `calibration` (a
     /// CYC packet may come: without one it never shows in a time).
     pub fn joins(&self, o: &Clock, calibration: bool) -> bool {
-        let strip = |c: &Clock| Clock {
-            met_cyc: false,
-            tcal: Tcal::default(),
-            ..*c
-        };
-        strip(self) == strip(o) && (!calibration || self.tcal.effective() == o.tcal.effective())
+        self.time.same_course(&o.time) && (!calibration || self.tcal.same_course(&o.tcal))
     }
 
     /// The clock of a decoder of the whole trace at the end of `pt` (trace from a PSB),
@@ -489,7 +312,7 @@ impl Clock {
     /// with cycles after another one, a PSB+ CBR with the nominal frequency...); whether
     /// it did is what the join at the cut checks ([`Clock::joins`]). A default clock
     /// where the packets cannot be read.
-    pub fn warmed_up(pt: &[u8], cfg: ClockCfg) -> Clock {
+    pub fn warmed_up(pt: &[u8], cfg: TimeCfg) -> Clock {
         let mut c = Clock::default();
         let (mut p, mut header) = (0, false);
         while p < pt.len() {
@@ -520,19 +343,19 @@ impl Clock {
     /// The time, once a TSC packet gave one.
     #[inline]
     pub fn now(&self) -> Option<u64> {
-        self.have_tsc.then_some(self.tsc)
+        self.time.tsc().ok()
     }
 
     /// Applies `pkt` where it is a timing packet (TSC, TMA, MTC, CYC, CBR), in a PSB+
     /// (`header`) or not, as libipt's event decoder does; whether it was one.
     #[inline]
-    fn on_timing(&mut self, pkt: Pkt, header: bool, cfg: ClockCfg) -> Result<bool, Fallback> {
+    fn on_timing(&mut self, pkt: Pkt, header: bool, cfg: TimeCfg) -> Result<bool, Fallback> {
         match pkt {
             Pkt::Tsc(t) => self.on_tsc(t, header)?,
-            Pkt::Mtc(c) => self.on_mtc(c, cfg)?,
-            Pkt::Tma { ctc, fc } => self.on_tma(ctc, fc, cfg)?,
-            Pkt::Cyc(c) => self.on_cyc(c, cfg)?,
-            Pkt::Cbr(r) => self.on_cbr(r, header, cfg),
+            Pkt::Mtc(c) => self.on_mtc(c, &cfg)?,
+            Pkt::Tma { ctc, fc } => self.on_tma(ctc, fc, &cfg)?,
+            Pkt::Cyc(c) => self.on_cyc(c, &cfg)?,
+            Pkt::Cbr(r) => self.on_cbr(r, header, &cfg)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -540,131 +363,58 @@ impl Clock {
 
     fn on_tsc(&mut self, tsc: u64, header: bool) -> Result<(), Fallback> {
         if header {
-            self.tcal.header_tsc(tsc)?;
+            as_decoder(self.tcal.header_tsc(tsc), "TSC calibration failed")?;
         } else {
-            // (A TSC outside PSB+ may follow lost time: not used to calibrate, only kept
-            // for the next PSB+'s.)
-            self.tcal.tsc = tsc;
-            self.tcal.cyc_tsc = 0;
+            self.tcal.tsc_packet(tsc);
         }
-        self.tsc = tsc;
-        self.base = tsc;
-        self.ctc = 0;
-        self.fc = 0;
-        self.lost_cyc = 0;
-        self.have_tsc = true;
-        self.have_tma = false;
-        self.have_mtc = false;
+        self.time.tsc_packet(tsc);
         Ok(())
     }
 
-    /// A CBR outside PSB+ (a frequency change) starts calibration over.
-    fn on_cbr(&mut self, ratio: u8, header: bool, cfg: ClockCfg) {
-        if !header {
-            self.tcal = Tcal::default();
-        }
-        self.tcal.header_cbr(ratio, cfg);
+    #[inline(never)]
+    fn on_cbr(&mut self, ratio: u8, header: bool, cfg: &TimeCfg) -> Result<(), Fallback> {
+        let cal = if header {
+            self.tcal.header_cbr(ratio, cfg)
+        } else {
+            self.tcal.cbr_packet(ratio, cfg)
+        };
+        as_decoder(cal, "CBR of 0")?;
+        as_decoder(self.time.cbr_packet(ratio), "CBR of 0")
     }
 
     /// An OVF: libipt resets its decoder, the time kept, the calibration not.
     pub fn on_ovf(&mut self) {
-        self.tcal = Tcal::default();
+        self.tcal = Calibration::default();
     }
 
     #[inline(never)]
-    fn on_tma(&mut self, ctc: u16, fc: u16, cfg: ClockCfg) -> Result<(), Fallback> {
-        if !self.have_tsc || self.have_tma || self.have_mtc || cfg.mtc_freq > 15 {
-            return Err("TMA out of place");
-        }
-        let hi = u32::from(cfg.mtc_freq) + MTC_BITS;
-        self.have_tma = true;
-        self.base = self.base.wrapping_sub(u64::from(fc));
-        self.fc = self.fc.wrapping_add(u64::from(fc));
-        // With all the CTC bits an MTC has, the TMA serves as the first MTC.
-        if hi <= TMA_CTC_BITS {
-            self.have_mtc = true;
-        }
-        self.ctc = u32::from(ctc) & ((1 << hi) - 1);
-        self.ctc_cyc = self.ctc;
-        Ok(())
-    }
-
-    #[inline(never)]
-    fn on_mtc(&mut self, payload: u8, cfg: ClockCfg) -> Result<(), Fallback> {
+    fn on_tma(&mut self, ctc: u16, fc: u16, cfg: &TimeCfg) -> Result<(), Fallback> {
         if cfg.mtc_freq > 15 {
             return Err("MTC frequency out of range");
         }
-        let ctc = u32::from(payload) << cfg.mtc_freq;
-        self.tcal.mtc(ctc, cfg)?;
-        // MTCs between a TSC and its TMA do not count.
-        if self.have_tsc && !self.have_tma {
-            return Ok(());
-        }
-        let (had_mtc, had_tma) = (self.have_mtc, self.have_tma);
-        let mut last = self.ctc;
-        // (Where the fast counter would have been reset: the next CYC's cycles count
-        // from here.)
-        if self.fc != 0 || self.lost_cyc != 0 || !had_mtc {
-            self.ctc_cyc = ctc;
-        }
-        self.have_mtc = true;
-        self.fc = 0;
-        self.ctc = ctc;
-        self.lost_cyc = 0;
-        if !had_mtc {
-            // The first MTC after a TMA that held too few CTC bits: the bits above the
-            // TMA's estimated from this MTC (no MTC lost around the TMA); before any TMA,
-            // nothing to measure from.
-            if !had_tma {
-                return Ok(());
-            }
-            let tma_mask = (1u32 << TMA_CTC_BITS) - 1;
-            if last & !tma_mask != 0 {
-                return Err("MTC after a TMA with more CTC bits than TMA has");
-            }
-            let mut high = ctc & !tma_mask;
-            if ctc & tma_mask < last {
-                high = high.wrapping_sub(1 << TMA_CTC_BITS) & (0xff << cfg.mtc_freq);
-            }
-            last |= high;
-        }
-        // CTC ticks since the last reference, one wrap-around corrected.
-        let delta = ctc_delta(ctc, last, cfg)?;
-        let Some(ticks) = ctc_fc(u64::from(delta), cfg) else {
-            return Ok(());
-        };
-        self.base = self.base.wrapping_add(ticks);
-        self.tsc = self.base;
-        Ok(())
+        as_decoder(self.time.tma_packet(ctc, fc, cfg), "TMA out of place")
     }
 
-    /// `pt_time_update_cyc` after `pt_tcal_update_cyc`: `cyc` core cycles on from the last
-    /// CYC-eligible packet, in fast-counter ticks by the calibrated ratio. The first CYC
-    /// after an MTC whose cycles began in an earlier MTC period counts only those of the
-    /// current one (the earlier periods' estimated by the ratio).
     #[inline(never)]
-    fn on_cyc(&mut self, cyc: u64, cfg: ClockCfg) -> Result<(), Fallback> {
+    fn on_mtc(&mut self, payload: u8, cfg: &TimeCfg) -> Result<(), Fallback> {
+        if cfg.mtc_freq > 15 {
+            return Err("MTC frequency out of range");
+        }
+        as_decoder(self.tcal.mtc_packet(payload, cfg), "MTC calibration failed")?;
+        as_decoder(self.time.mtc_packet(payload, cfg), "MTC out of place")
+    }
+
+    /// A CYC: its cycles count toward the calibration, and move the time by the ratio
+    /// calibrated so far (lost before any calibration, as in libipt).
+    #[inline(never)]
+    fn on_cyc(&mut self, cyc: u64, cfg: &TimeCfg) -> Result<(), Fallback> {
         self.met_cyc = true;
-        self.tcal.cyc_mtc = self.tcal.cyc_mtc.wrapping_add(cyc);
-        self.tcal.cyc_tsc = self.tcal.cyc_tsc.wrapping_add(cyc);
-        let fcr = self.tcal.fcr();
-        if fcr == 0 {
-            self.lost_cyc = self.lost_cyc.wrapping_add(1);
-            return Ok(());
-        }
-        let mut cyc = cyc;
-        if self.fc == 0 && self.ctc != self.ctc_cyc {
-            let delta = ctc_delta(self.ctc, self.ctc_cyc, cfg)?;
-            // (Without CPUID 0x15's ratio: a configuration error, the CYC ignored.)
-            let Some(fc) = ctc_fc(u64::from(delta), cfg) else {
-                return Ok(());
-            };
-            let old = (fc << FCR_SHR) / fcr;
-            cyc = cyc.max(old) - old;
-        }
-        self.fc = self.fc.wrapping_add(cyc.wrapping_mul(fcr) >> FCR_SHR);
-        self.tsc = self.base.wrapping_add(self.fc);
-        Ok(())
+        self.tcal.cyc_packet(cyc);
+        let fcr = self.tcal.fcr().unwrap_or(0);
+        as_decoder(
+            self.time.cyc_packet(cyc, cfg, fcr),
+            "CTC wrapped more than once",
+        )
     }
 }
 
@@ -733,7 +483,7 @@ pub(crate) struct FlowState {
     pub pos: usize,
     last_ip: LastIp,
     clock: Clock,
-    clock_cfg: ClockCfg,
+    clock_cfg: TimeCfg,
     tnt: u64,
     tnt_n: u32,
     ret: RetStack,
@@ -874,7 +624,7 @@ impl FlowState {
         self.clock.met_cyc()
     }
 
-    pub fn new(bdm70: bool, skd022: bool, clock_cfg: ClockCfg) -> Self {
+    pub fn new(bdm70: bool, skd022: bool, clock_cfg: TimeCfg) -> Self {
         FlowState {
             pos: 0,
             last_ip: LastIp::default(),
@@ -2074,61 +1824,45 @@ impl PtDecoder<'_> {
         false
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The decoder's clock is libipt's time model (tested in `timing`) with libipt's
+    /// decoder's error handling: configuration errors ignored, the others hand the window
+    /// over.
     #[test]
-    fn clock_follows_tsc_tma_and_mtc() {
-        let cfg = ClockCfg {
+    fn clock_ignores_configuration_errors_and_hands_over_the_others() {
+        let cfg = TimeCfg {
             mtc_freq: 2,
-            ratio_den: 1,
-            ratio_num: 3,
-            nom_freq: 0,
+            cpuid_0x15_eax: 1,
+            cpuid_0x15_ebx: 3,
+            ..Default::default()
         };
         let mut c = Clock::default();
+        assert_eq!(c.on_timing(Pkt::Mtc(7), false, cfg), Ok(true));
         assert_eq!(c.now(), None);
-        // An MTC before any TSC: nothing to measure from.
-        c.on_mtc(7, cfg).unwrap();
-        assert_eq!(c.now(), None);
-        c.on_tsc(1000, false).unwrap();
-        // MTCs between a TSC and its TMA do not count.
-        c.on_mtc(9, cfg).unwrap();
-        assert_eq!(c.now(), Some(1000));
-        // TMA: CTC 0x10 at the TSC, 5 fast-counter ticks after the CTC tick; 10 CTC
-        // bits per MTC fit in TMA's 16, so it serves as the first MTC.
-        c.on_tma(0x10, 5, cfg).unwrap();
-        assert_eq!(c.now(), Some(1000));
-        assert!(c.on_tma(0x10, 5, cfg).is_err(), "a second TMA");
-        // MTC payload 5: CTC 0x14, 4 ticks on from 0x10, 3 TSC ticks each, from the
-        // CTC tick before the TSC (1000 - 5).
-        c.on_mtc(5, cfg).unwrap();
+        c.on_timing(Pkt::Tsc(1000), true, cfg).unwrap();
+        c.on_timing(Pkt::Tma { ctc: 0x10, fc: 5 }, true, cfg)
+            .unwrap();
+        c.on_timing(Pkt::Mtc(5), false, cfg).unwrap();
         assert_eq!(c.now(), Some(995 + 12));
-        // Payload 3 (CTC 0x0c): wrapped once (10 bits): 0x400 + 0x0c - 0x14 ticks.
-        c.on_mtc(3, cfg).unwrap();
-        assert_eq!(c.now(), Some(1007 + (0x400 + 0x0c - 0x14) * 3));
-        // Without the ratio the time stays.
-        let t = c.now();
-        c.on_mtc(
-            4,
-            ClockCfg {
-                ratio_num: 0,
-                ..cfg
-            },
-        )
-        .unwrap();
-        assert_eq!(c.now(), t);
-
-        // 17 CTC bits per MTC (mtc_freq 9): the first MTC after the TMA takes the bits
-        // above TMA's 16 from its own, one period back when its low bits are smaller.
-        let cfg9 = ClockCfg { mtc_freq: 9, ..cfg };
-        let mut c = Clock::default();
-        c.on_tsc(5000, true).unwrap();
-        c.on_tma(0xff00, 0, cfg9).unwrap();
-        // Payload 0x81: CTC 0x10200; low 16 bits 0x0200 < 0xff00: the TMA was at
-        // 0x0ff00, 0x300 ticks before.
-        c.on_mtc(0x81, cfg9).unwrap();
-        assert_eq!(c.now(), Some(5000 + 0x300 * 3));
+        // Without CPUID 0x15's ratio: the time stays, decoding goes on.
+        let no_ratio = TimeCfg {
+            cpuid_0x15_ebx: 0,
+            ..cfg
+        };
+        assert_eq!(c.on_timing(Pkt::Mtc(6), false, no_ratio), Ok(true));
+        assert_eq!(c.now(), Some(995 + 12));
+        // A second TMA, a CBR of 0: libipt's decoder fails, the window goes to it.
+        assert_eq!(
+            c.on_timing(Pkt::Tma { ctc: 0, fc: 0 }, false, cfg),
+            Err("TMA out of place")
+        );
+        assert_eq!(c.on_timing(Pkt::Cbr(0), false, cfg), Err("CBR of 0"));
+        assert!(!c.met_cyc());
+        assert_eq!(c.on_timing(Pkt::Cyc(3), false, cfg), Ok(true));
+        assert!(c.met_cyc());
+        assert_eq!(c.on_timing(Pkt::Pad, false, cfg), Ok(false));
     }
 }
