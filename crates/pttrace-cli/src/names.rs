@@ -565,4 +565,38 @@ impl Functions for ImageNames {
         }
         self.with_entry(pc, |e| e.inline_key)
     }
+
+    /// The mapping around `pc` (inlined code only where it is a file with DWARF), or the
+    /// space between mappings (JIT code: none).
+    fn inline_region(&self, pc: u64) -> (std::ops::Range<u64>, bool) {
+        let after = self.maps.partition_point(|m| m.start <= pc);
+        let before = after.checked_sub(1).and_then(|i| self.maps.get(i));
+        match before {
+            Some(m) if pc < m.end => {
+                if !self.in_dwarf(pc) {
+                    return (m.start..m.end, false);
+                }
+                // The compilation unit (or the space between units) around it, in the
+                // mapping's addresses.
+                let mut sym = self.symbolizer.borrow_mut();
+                let Ok(module) = sym.module(&m.file) else {
+                    return (m.start..m.end, true);
+                };
+                let Some(elf) = module.runtime_to_addr(pc, m.start, m.offset) else {
+                    return (m.start..m.end, true);
+                };
+                let (r, maybe) = module.dwarf_region(elf);
+                let (before, after) = (elf - r.start, r.end - elf);
+                (
+                    pc.saturating_sub(before).max(m.start)..pc.saturating_add(after).min(m.end),
+                    maybe,
+                )
+            }
+            _ => {
+                let start = before.map_or(0, |m| m.end);
+                let end = self.maps.get(after).map_or(u64::MAX, |m| m.start);
+                (start..end, false)
+            }
+        }
+    }
 }

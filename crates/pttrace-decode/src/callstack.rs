@@ -72,6 +72,15 @@ pub trait Functions {
         let _ = pc;
         0
     }
+
+    /// The range of addresses around `pc` that [`Self::inline_context`] answers alike for
+    /// in one respect: `false` where none of them can be inlined code (JIT code, a file
+    /// without debug info), so that the reconstruction asks nothing for a whole region;
+    /// `true` where some may be.
+    fn inline_region(&self, pc: u64) -> (std::ops::Range<u64>, bool) {
+        let _ = pc;
+        (0..u64::MAX, false)
+    }
 }
 
 /// The high bits of an inlined-frames key: a non-canonical address, so never a frame's.
@@ -455,6 +464,9 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     /// (pc, inline key + 1) of the last lookups (0: empty slot), when inlined frames are
     /// counted.
     inline_cache: Vec<(u64, u64)>,
+    /// The code regions met last, most recent first ([`Functions::inline_region`]): their
+    /// start, length, and whether inlined code may be there.
+    regions: [(u64, u64, bool); 4],
     /// The last (frame node, inline key) counted to and its child node.
     last_inline: (u32, u64, u32),
     stack: Vec<Frame>,
@@ -510,6 +522,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             funcs,
             cache: vec![(0, None, false); CACHE_SLOTS],
             inline_cache: Vec::new(),
+            regions: [(0, 0, false); 4],
             last_inline: (u32::MAX, 0, 0),
             stack: Vec::new(),
             insns: 0,
@@ -627,8 +640,52 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         self
     }
 
+    /// The inline key of the instruction at `pc`: 0 at once in a region without inlined
+    /// code (most of a JIT runtime's code), else from the cache of the addresses asked.
     #[inline]
     fn inline_context(&mut self, pc: u64) -> u64 {
+        let (start, len, maybe) = self.regions[0];
+        if pc.wrapping_sub(start) >= len {
+            return self.inline_context_elsewhere(pc);
+        }
+        if !maybe {
+            return 0;
+        }
+        self.inline_context_cached(pc)
+    }
+
+    /// [`Self::inline_context`] where `pc` is not in the last region: its region is made
+    /// the first.
+    #[cold]
+    #[inline(never)]
+    fn inline_context_elsewhere(&mut self, pc: u64) -> u64 {
+        let known = self.regions[1..]
+            .iter()
+            .position(|&(start, len, _)| pc.wrapping_sub(start) < len);
+        let (k, region) = match known {
+            Some(k) => (k + 1, self.regions[k + 1]),
+            None => {
+                let (r, maybe) = self.funcs.inline_region(pc);
+                // (A region that does not hold `pc` is taken as one address.)
+                let r = if r.contains(&pc) {
+                    r
+                } else {
+                    pc..pc.wrapping_add(1)
+                };
+                (self.regions.len() - 1, (r.start, r.end - r.start, maybe))
+            }
+        };
+        self.regions.copy_within(0..k, 1);
+        self.regions[0] = region;
+        if region.2 {
+            self.inline_context_cached(pc)
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    fn inline_context_cached(&mut self, pc: u64) -> u64 {
         let slot = ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 44) as usize
             % INLINE_CACHE_SLOTS;
         if let Some(&(a, k)) = self.inline_cache.get(slot) {
@@ -1158,6 +1215,79 @@ mod tests {
 
     use SpanEnd as E;
     use SpanStart as S;
+
+    /// [`table`]'s functions, with code inlined at `A+0x10..A+0x20` (key 1) and DWARF only
+    /// for `A`'s region; the inline keys asked.
+    struct Inlines {
+        table: Table,
+        asked: std::cell::RefCell<Vec<u64>>,
+    }
+
+    impl Functions for Inlines {
+        fn function_start(&self, addr: u64) -> Option<u64> {
+            self.table.function_start(addr)
+        }
+
+        fn inline_context(&self, pc: u64) -> u64 {
+            self.asked.borrow_mut().push(pc);
+            if (A + 0x10..A + 0x20).contains(&pc) {
+                INLINE_KEY | 1
+            } else {
+                0
+            }
+        }
+
+        fn inline_region(&self, pc: u64) -> (std::ops::Range<u64>, bool) {
+            match pc {
+                ..A => (0..A, false),
+                A..0x2100 => (A..A + 0x100, true),
+                _ => (A + 0x100..u64::MAX, false),
+            }
+        }
+    }
+
+    /// Inlined frames are looked up only in regions that may have them, each address once;
+    /// the frames come out the same.
+    #[test]
+    fn inline_frames_are_asked_only_where_inlined_code_may_be() {
+        let f = Inlines {
+            table: table(),
+            asked: Default::default(),
+        };
+        let mut cs = CallStacks::new(&f).with_inline_frames();
+        for _ in 0..3 {
+            for r in [
+                call(MAIN),
+                other(A),
+                other(A + 0x10),
+                other(A + 0x11),
+                other(A + 0x20),
+                ret(A + 0x21),
+                call(MAIN + 5),
+                other(C),
+                other(C + 1),
+                ret(C + 2),
+                other(MAIN + 10),
+                jmp(MAIN + 11),
+            ] {
+                cs.record(&r);
+            }
+        }
+        let t = cs.finish();
+        assert_eq!(
+            *f.asked.borrow(),
+            [A, A + 0x10, A + 0x11, A + 0x20, A + 0x21]
+        );
+        assert_eq!(
+            stacks(&t),
+            [
+                (vec![MAIN], 12),
+                (vec![MAIN, A], 9),
+                (vec![MAIN, A, INLINE_KEY | 1], 6),
+                (vec![MAIN, C], 9),
+            ]
+        );
+    }
 
     /// Code that keeps returning to callers it was never called from (what a JVM's
     /// interpreter and compiled code do): each such return inserts an implied caller below

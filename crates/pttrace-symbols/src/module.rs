@@ -114,6 +114,9 @@ pub struct Module {
     fdes: Vec<(u64, u64)>,
     bounds: Vec<u64>,
     dwarf: Option<addr2line::Context<Reader>>,
+    /// The ELF addresses the DWARF's compilation units cover, sorted and disjoint; `None`
+    /// where some unit's could not be read (then any address may be described).
+    unit_ranges: Option<UnitRanges>,
     cache: HashMap<u64, Arc<Symbolized>, AddrHash>,
     names: HashMap<Box<str>, Arc<str>>,
     files: HashMap<Box<str>, Arc<str>>,
@@ -176,6 +179,10 @@ impl Module {
                 );
             }
         }
+        let (dwarf, unit_ranges) = match dwarf {
+            Some((ctx, units)) => (Some(ctx), units),
+            None => (None, None),
+        };
         let (syms, aliases) = best_symbols(raw);
         let mut bounds: Vec<u64> = Vec::with_capacity(syms.len() * 2 + fdes.len() * 2);
         for s in &syms {
@@ -208,6 +215,7 @@ impl Module {
             fdes,
             bounds,
             dwarf,
+            unit_ranges,
             cache: HashMap::default(),
             names: HashMap::new(),
             files: HashMap::new(),
@@ -239,6 +247,27 @@ impl Module {
         }
         let pkg = crate::debian_debug_package(&self.path)?;
         Some(format!("{}: install {pkg}", self.name))
+    }
+
+    /// The range of ELF addresses around `addr` that DWARF describes alike in one respect:
+    /// `true` inside a compilation unit's code (inlined frames may be there), `false` in
+    /// the space between units and without DWARF (code no unit describes: none).
+    pub fn dwarf_region(&self, addr: u64) -> (std::ops::Range<u64>, bool) {
+        if self.dwarf.is_none() {
+            return (0..u64::MAX, false);
+        }
+        let Some(units) = &self.unit_ranges else {
+            return (0..u64::MAX, true);
+        };
+        let after = units.partition_point(|&(lo, _)| lo <= addr);
+        let before = after.checked_sub(1).and_then(|i| units.get(i));
+        match before {
+            Some(&(lo, hi)) if addr < hi => (lo..hi, true),
+            _ => (
+                before.map_or(0, |r| r.1)..units.get(after).map_or(u64::MAX, |r| r.0),
+                false,
+            ),
+        }
     }
 
     /// Whether DWARF is loaded (names, inlined frames and lines available).
@@ -510,7 +539,7 @@ fn load_dwarf(
     path: &Path,
     search: &DebugSearch,
     lookup: &mut DebugLookup,
-) -> Option<addr2line::Context<Reader>> {
+) -> Option<(addr2line::Context<Reader>, Option<UnitRanges>)> {
     lookup.has_dwarf = false;
     let mut dwarf = match elf::dwarf(file, buf) {
         Ok(d) => d,
@@ -537,16 +566,45 @@ fn load_dwarf(
             }
         }
     }
+    let units = unit_ranges(&dwarf);
     match addr2line::Context::from_dwarf(dwarf) {
         Ok(ctx) => {
             lookup.has_dwarf = true;
-            Some(ctx)
+            Some((ctx, units))
         }
         Err(e) => {
             lookup.dwarf_error = Some(e.to_string());
             None
         }
     }
+}
+
+/// ELF address ranges (start, end), sorted and disjoint.
+type UnitRanges = Vec<(u64, u64)>;
+
+/// The ELF addresses the compilation units of `dwarf` cover (their root DIEs' ranges),
+/// sorted and merged; `None` where a unit cannot be read.
+fn unit_ranges(dwarf: &gimli::Dwarf<Reader>) -> Option<UnitRanges> {
+    let mut out = Vec::new();
+    let mut headers = dwarf.units();
+    while let Some(header) = headers.next().ok()? {
+        let unit = dwarf.unit(header).ok()?;
+        let mut ranges = dwarf.unit_ranges(&unit).ok()?;
+        while let Some(r) = ranges.next().ok()? {
+            if r.begin < r.end {
+                out.push((r.begin, r.end));
+            }
+        }
+    }
+    out.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+    for (lo, hi) in out {
+        match merged.last_mut() {
+            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    Some(merged)
 }
 
 /// One symbol per address: the best of the aliases by perf's rules (a sized one over a

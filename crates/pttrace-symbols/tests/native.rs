@@ -265,6 +265,40 @@ fn c_debuglink_in_an_extra_dir_then_build_id_in_an_extra_dir() {
     );
 }
 
+/// Where inlined frames can be: the program's own functions lie in its compilation units'
+/// code, the C runtime's `_start` (no DWARF of it) between them; without DWARF nowhere.
+#[test]
+fn c_compilation_units_cover_the_programs_own_code() {
+    let Some(p) = CProg::build() else { return };
+    let full = p.p("prog.full");
+    let m = Module::open(&full, &DebugSearch::empty()).unwrap();
+    let (outer, outer_len) = sym(&full, "outer");
+    let (main, _) = sym(&full, "main");
+    let (start, _) = sym(&full, "_start");
+    let (units, inside) = m.dwarf_region(outer);
+    assert!(inside);
+    assert!(
+        units.start <= outer && outer + outer_len <= units.end,
+        "{units:x?}"
+    );
+    // (main is in .text.startup at -O2: a range of the unit of its own.)
+    let (main_units, inside) = m.dwarf_region(main);
+    assert!(inside && main_units.contains(&main), "{main_units:x?}");
+    let (gap, inside) = m.dwarf_region(start);
+    assert!(!inside, "_start {start:#x} in a unit {gap:x?}");
+    assert!(gap.contains(&start));
+    for u in [&units, &main_units] {
+        assert!(gap.end <= u.start || gap.start >= u.end, "{gap:x?} {u:x?}");
+    }
+    run(
+        p.dir.path(),
+        "objcopy",
+        &["--strip-debug", "prog.full", "prog.nodebug"],
+    );
+    let m = Module::open(&p.p("prog.nodebug"), &DebugSearch::empty()).unwrap();
+    assert_eq!(m.dwarf_region(outer), (0..u64::MAX, false));
+}
+
 #[test]
 fn c_fully_stripped_binary_named_from_the_debug_file_or_stably_without_it() {
     let Some(p) = CProg::build() else { return };
