@@ -936,6 +936,76 @@ fn trig_packets_change_no_record_and_stay_fast() {
     assert_eq!(gaps(&f), ["0x21 unexpected packet context"]);
 }
 
+/// Power event trace (PWRE, PWRX, MWAIT, EXSTOP, as real hardware writes them with
+/// `pwr_evt`) makes no record: the records of the trace without them, in both decoders,
+/// and the fast decoder keeps the window; an EXSTOP with IP binds to the FUP after it,
+/// whose IP the code runs to (from the first block that needs trace) and on from.
+#[test]
+fn power_events_change_no_record_and_stay_fast() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let plain = call_trace_with(&p, &|_, _| {});
+    let expected = assert_same_and_fast(&plain, &space);
+    const PWRE: [u8; 4] = [0x02, 0x22, 0x01, 0x00]; // C1.0 (hardware: no)
+    const PWRX: [u8; 7] = [0x02, 0xa2, 0x11, 0x01, 0x00, 0x00, 0x00]; // int: c1, c1
+    const MWAIT: [u8; 10] = [0x02, 0xc2, 0x07, 0, 0, 0, 0x01, 0, 0, 0]; // hints 7, ext 1
+    const EXSTOP: [u8; 2] = [0x02, 0x62];
+    const EXSTOP_IP: [u8; 2] = [0x02, 0xe2];
+    let with_power = call_trace_with(&p, &|w, k| match k {
+        // Standalone: a C-state entered and left; MWAIT and EXSTOP without IP.
+        1 | 3 | 5 => {
+            w.buf.extend_from_slice(&PWRE);
+            w.buf.extend_from_slice(&PWRX);
+        }
+        2 | 6 | 8 => {
+            w.buf.extend_from_slice(&MWAIT);
+            w.buf.extend_from_slice(&PWRE);
+            w.buf.extend_from_slice(&EXSTOP);
+            w.buf.extend_from_slice(&PWRX);
+        }
+        // Tracing disabled: the event's IP, no code.
+        4 => {
+            w.buf.extend_from_slice(&MWAIT);
+            w.buf.extend_from_slice(&EXSTOP_IP);
+            w.fup(p.after_syscall);
+            w.buf.extend_from_slice(&PWRX);
+        }
+        // Enabled, after the TIP to `top`: `call f` runs, the event is at `f`.
+        7 => {
+            w.buf.extend_from_slice(&MWAIT);
+            w.buf.extend_from_slice(&EXSTOP_IP);
+            w.fup(p.f);
+            w.buf.extend_from_slice(&PWRX);
+        }
+        _ => {}
+    });
+    let recs = assert_same_and_fast(&with_power, &space);
+    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    // The event at `top` itself, before the call: the first instruction of the block.
+    let at_top = call_trace_with(&p, &|w, k| {
+        if k == 7 {
+            w.buf.extend_from_slice(&EXSTOP_IP);
+            w.fup(p.top);
+        }
+    });
+    let recs = assert_same_and_fast(&at_top, &space);
+    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    // An MWAIT without its EXSTOP, an EXSTOP with IP without its FUP: left to libipt.
+    for (bytes, why) in [
+        (&MWAIT[..], "MWAIT not followed by its EXSTOP"),
+        (&EXSTOP_IP[..], "EXSTOP with IP not followed by its FUP"),
+    ] {
+        let t = call_trace_with(&p, &|w, k| {
+            if k == 2 {
+                w.buf.extend_from_slice(bytes);
+            }
+        });
+        let (f, by) = fast(&t, &space);
+        assert_eq!(f, libipt(&t, &space));
+        assert_eq!(by, ("libipt", Some(why)));
+    }
+}
+
 /// The decode errors among `recs`: "PT-OFFSET ERROR".
 fn gaps(recs: &[Record]) -> Vec<String> {
     recs.iter()

@@ -50,6 +50,15 @@ pub(crate) enum Pkt {
     Evd {
         ty: u8,
     },
+    /// PWRE or PWRX (power event trace): a C-state entered or left; no control flow.
+    Power,
+    /// EXSTOP (power event trace): execution stopped; with `ip`, the FUP after it gives
+    /// where.
+    Exstop {
+        ip: bool,
+    },
+    /// MWAIT (power event trace): the hints of an MWAIT, whose EXSTOP follows.
+    Mwait,
     /// Any other packet (or a reserved encoding): its name.
     Other(&'static str),
 }
@@ -270,6 +279,13 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
         0x53 => t
             .get(pos..pos + 11)
             .map(|b| (Pkt::Evd { ty: b[2] & 0x3f }, 11)),
+        // PWRE (2 payload bytes), PWRX (5), EXSTOP (bit 7: IP), MWAIT (hints, extensions:
+        // 4 bytes each).
+        0x22 => t.get(pos..pos + 4).map(|_| (Pkt::Power, 4)),
+        0xa2 => t.get(pos..pos + 7).map(|_| (Pkt::Power, 7)),
+        0x62 => Some((Pkt::Exstop { ip: false }, 2)),
+        0xe2 => Some((Pkt::Exstop { ip: true }, 2)),
+        0xc2 => t.get(pos..pos + 10).map(|_| (Pkt::Mwait, 10)),
         _ => Some((Pkt::Other("extended packet"), 2)),
     }
 }
@@ -443,6 +459,25 @@ mod tests {
             parse(&over, 0),
             Some((Pkt::Other("cyc payload over 64 bits"), 10))
         );
+    }
+
+    /// Power event packets: their kinds and sizes (libipt's `ptps_*`); cut by the end of
+    /// the buffer, none.
+    #[test]
+    fn power_event_packets_and_sizes() {
+        let pwre = [0x02, 0x22, 0x01, 0x00];
+        let pwrx = [0x02, 0xa2, 0x11, 0x01, 0, 0, 0];
+        let mwait = [0x02, 0xc2, 7, 0, 0, 0, 1, 0, 0, 0];
+        assert_eq!(parse(&pwre, 0), Some((Pkt::Power, 4)));
+        assert_eq!(parse(&pwrx, 0), Some((Pkt::Power, 7)));
+        assert_eq!(parse(&mwait, 0), Some((Pkt::Mwait, 10)));
+        assert_eq!(
+            parse(&[0x02, 0x62], 0),
+            Some((Pkt::Exstop { ip: false }, 2))
+        );
+        assert_eq!(parse(&[0x02, 0xe2], 0), Some((Pkt::Exstop { ip: true }, 2)));
+        assert_eq!(parse(&mwait[..9], 0), None);
+        assert_eq!(parse(&pwrx[..6], 0), None);
     }
 
     #[test]

@@ -459,6 +459,8 @@ enum TraceItem {
         to: Option<u64>,
     },
     Pge(u64),
+    /// The FUP an event binds to (EXSTOP with IP): the code runs to its IP and on.
+    Bound(u64),
     Psb,
     Ovf,
     /// The trace ended; what came after the last trace item.
@@ -522,6 +524,8 @@ pub(crate) struct FlowState {
     item_at: usize,
     /// A CFE of type IRET was read: the next trace item is the TIP of a far return.
     cfe_iret: bool,
+    /// An MWAIT was read: its EXSTOP comes next.
+    mwait: bool,
     /// Resynchronize after a decode error as libipt 2.2's `pt_blk_resync`
     /// ([`super::WindowOptions::resync_on_error`]).
     pub resync: bool,
@@ -649,6 +653,7 @@ impl FlowState {
             yielded: false,
             at_cut: false,
             cfe_iret: false,
+            mwait: false,
             item_at: 0,
             resync: false,
             error: None,
@@ -1227,6 +1232,17 @@ impl PtDecoder<'_> {
                 }
                 Ok(None)
             }
+            TraceItem::Bound(at) => {
+                self.flow_not_walked(st, at)?;
+                let n = self
+                    .flow_index_of(b, at)
+                    .ok_or("event IP not reached without trace")?;
+                self.flow_push_block(st, b, n);
+                self.flow_commit(st);
+                self.flow_quiet_event(st);
+                st.cur = self.flow_block(at)?;
+                Ok(None)
+            }
             TraceItem::Ovf => {
                 // (libipt takes the overflow before walking the block waiting for trace:
                 // none of it ran as far as the trace tells.)
@@ -1533,6 +1549,9 @@ impl PtDecoder<'_> {
         if st.cfe_iret && !matches!(item, TraceItem::Tip(_)) {
             return Err("IRET CFE not followed by a TIP");
         }
+        if st.mwait {
+            return Err("MWAIT not followed by its EXSTOP");
+        }
         Ok(item)
     }
 
@@ -1674,6 +1693,44 @@ impl PtDecoder<'_> {
                     }
                 }
                 Pkt::Cfe { .. } => return Err("cfe"),
+                // Power event trace (Intel SDM): no control flow. PWRE, PWRX and an EXSTOP
+                // without IP are events of their own (libipt's standalone events, time
+                // only, as a CBR); an MWAIT waits for its EXSTOP; an EXSTOP with IP (and
+                // the MWAIT before it) binds to the FUP after it: the code runs to that
+                // IP and on from there (no branch).
+                Pkt::Power | Pkt::Exstop { ip: false } => {
+                    st.mwait = false;
+                    st.read_on = ReadOn::Other;
+                    self.flow_quiet_event(st);
+                }
+                Pkt::Mwait => {
+                    if std::mem::replace(&mut st.mwait, true) {
+                        return Err("two MWAITs");
+                    }
+                }
+                Pkt::Exstop { ip: true } => {
+                    st.mwait = false;
+                    let at = loop {
+                        let Some((next, size)) = wire::parse(self.trace, st.pos) else {
+                            return Err("EXSTOP with IP at the end of the trace");
+                        };
+                        st.pos += size;
+                        match next {
+                            Pkt::Pad => {}
+                            Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
+                                st.clock.on_timing(next, false, st.clock_cfg)?;
+                            }
+                            Pkt::Fup(p) => break st.last_ip.apply(p).ok_or("FUP without IP")?,
+                            _ => return Err("EXSTOP with IP not followed by its FUP"),
+                        }
+                    };
+                    st.read_on = ReadOn::Other;
+                    if st.enabled {
+                        return Ok(TraceItem::Bound(at));
+                    }
+                    // (While tracing is disabled: an event at that IP, no code.)
+                    self.flow_quiet_event(st);
+                }
                 Pkt::Other(what) => return Err(what),
             }
         }
@@ -1816,6 +1873,9 @@ impl PtDecoder<'_> {
                 | Pkt::Other(_)
                 | Pkt::Cfe { .. }
                 | Pkt::Evd { .. }
+                | Pkt::Power
+                | Pkt::Exstop { .. }
+                | Pkt::Mwait
                 | Pkt::Trig(_)
                 | Pkt::Ovf => return true,
                 _ => return false,
