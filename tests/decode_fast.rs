@@ -993,7 +993,10 @@ fn power_events_change_no_record_and_stay_fast() {
     // An MWAIT without its EXSTOP, an EXSTOP with IP without its FUP: left to libipt.
     for (bytes, why) in [
         (&MWAIT[..], "MWAIT not followed by its EXSTOP"),
-        (&EXSTOP_IP[..], "EXSTOP with IP not followed by its FUP"),
+        (
+            &EXSTOP_IP[..],
+            "EXSTOP with IP or MODE.TSX not followed by its FUP",
+        ),
     ] {
         let t = call_trace_with(&p, &|w, k| {
             if k == 2 {
@@ -1004,6 +1007,44 @@ fn power_events_change_no_record_and_stay_fast() {
         assert_eq!(f, libipt(&t, &space));
         assert_eq!(by, ("libipt", Some(why)));
     }
+}
+
+/// TSX transactions (MODE.TSX outside a PSB+, as real hardware writes it on CPUs with
+/// RTM) make no record and stay on the fast path: a begin binds to the FUP after it (the
+/// code runs to its IP), an abort's FUP + TIP is the branch to the handler, a commit while
+/// tracing is disabled is the state the enable starts in.
+#[test]
+fn tsx_transactions_change_no_record_and_stay_fast() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let expected = assert_same_and_fast(&call_trace_with(&p, &|_, _| {}), &space);
+    const BEGIN: [u8; 2] = [0x99, 0x21];
+    const COMMIT: [u8; 2] = [0x99, 0x20];
+    const ABORT: [u8; 2] = [0x99, 0x22];
+    let with_tsx = call_trace_with(&p, &|w, k| match k {
+        4 => w.buf.extend_from_slice(&COMMIT),
+        // The FUP + TIP that follow (an interrupt at `ret`) are the abort's.
+        6 => w.buf.extend_from_slice(&ABORT),
+        7 => {
+            w.buf.extend_from_slice(&BEGIN);
+            w.fup(p.f);
+        }
+        _ => {}
+    });
+    let recs = assert_same_and_fast(&with_tsx, &space);
+    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    // An abort without its FUP: left to libipt.
+    let t = call_trace_with(&p, &|w, k| {
+        if k == 2 {
+            w.buf.extend_from_slice(&ABORT);
+        }
+    });
+    let (f, by) = fast(&t, &space);
+    assert_eq!(f, libipt(&t, &space));
+    assert_eq!(
+        by,
+        ("libipt", Some("MODE.TSX abort not followed by its FUP"))
+    );
 }
 
 /// The decode errors among `recs`: "PT-OFFSET ERROR".

@@ -50,6 +50,11 @@ pub(crate) enum Pkt {
     Evd {
         ty: u8,
     },
+    /// MODE.TSX: a transaction begins or commits (`abort` false: the FUP after it gives
+    /// where), or aborts (the FUP after it is the source of the branch to the handler).
+    ModeTsx {
+        abort: bool,
+    },
     /// PWRE or PWRX (power event trace): a C-state entered or left; no control flow.
     Power,
     /// EXSTOP (power event trace): execution stopped; with `ip`, the FUP after it gives
@@ -189,7 +194,7 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
                     },
                     2,
                 )),
-                1 => Some((Pkt::Other("mode.tsx"), 2)),
+                1 => Some((Pkt::ModeTsx { abort: m & 2 != 0 }, 2)),
                 _ => Some((Pkt::Other("mode (reserved leaf)"), 2)),
             }
         }

@@ -1708,11 +1708,34 @@ impl PtDecoder<'_> {
                         return Err("two MWAITs");
                     }
                 }
-                Pkt::Exstop { ip: true } => {
-                    st.mwait = false;
+                // MODE.TSX (Intel SDM, "Transactional Synchronization Extensions"): a
+                // begin or commit binds to the FUP after it, as an EXSTOP with IP; an
+                // abort's FUP is the source of the asynchronous branch (its TIP) to the
+                // abort handler, read as any FUP. (Transactions make no record.)
+                // (While tracing is disabled: the state the next enable starts in, or a
+                // begin or commit at the FUP's IP; no code.)
+                Pkt::ModeTsx { abort } if !st.enabled => {
+                    self.flow_quiet_event(st);
+                    if let (false, Some((Pkt::Fup(p), size))) =
+                        (abort, wire::parse(self.trace, st.pos))
+                    {
+                        st.pos += size;
+                        st.last_ip.apply(p);
+                    }
+                }
+                Pkt::ModeTsx { abort: true } => {
+                    self.flow_quiet_event(st);
+                    if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
+                        return Err("MODE.TSX abort not followed by its FUP");
+                    }
+                }
+                Pkt::Exstop { ip: true } | Pkt::ModeTsx { abort: false } => {
+                    if pkt == (Pkt::Exstop { ip: true }) {
+                        st.mwait = false;
+                    }
                     let at = loop {
                         let Some((next, size)) = wire::parse(self.trace, st.pos) else {
-                            return Err("EXSTOP with IP at the end of the trace");
+                            return Err("EXSTOP with IP or MODE.TSX at the end of the trace");
                         };
                         st.pos += size;
                         match next {
@@ -1721,7 +1744,7 @@ impl PtDecoder<'_> {
                                 st.clock.on_timing(next, false, st.clock_cfg)?;
                             }
                             Pkt::Fup(p) => break st.last_ip.apply(p).ok_or("FUP without IP")?,
-                            _ => return Err("EXSTOP with IP not followed by its FUP"),
+                            _ => return Err("EXSTOP with IP or MODE.TSX not followed by its FUP"),
                         }
                     };
                     st.read_on = ReadOn::Other;
@@ -1762,7 +1785,7 @@ impl PtDecoder<'_> {
                 // (MODE.TSX, PIP and VMCS in a PSB+ are status libipt makes no record
                 // of: the CR3 and VMCS of the code that runs, which real hardware states
                 // in every PSB+ of a VMX guest or a trace with OS code.)
-                Pkt::Pad | Pkt::Other("mode.tsx" | "pip" | "vmcs") => {}
+                Pkt::Pad | Pkt::ModeTsx { .. } | Pkt::Other("pip" | "vmcs") => {}
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
@@ -1876,6 +1899,7 @@ impl PtDecoder<'_> {
                 | Pkt::Power
                 | Pkt::Exstop { .. }
                 | Pkt::Mwait
+                | Pkt::ModeTsx { .. }
                 | Pkt::Trig(_)
                 | Pkt::Ovf => return true,
                 _ => return false,

@@ -134,7 +134,7 @@ impl PtDecoder<'_> {
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. }
-                | Pkt::Other("mode.tsx") => p += size,
+                | Pkt::ModeTsx { .. } => p += size,
                 Pkt::Trig(t) if !t.ip => p += size,
                 // (A FUP without IP: libipt's event decoder fails at it, reading ahead
                 // from the last trace item, before the code.)
@@ -187,7 +187,7 @@ impl PtDecoder<'_> {
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. } => p += size,
-                Pkt::Other("mode.tsx") => {
+                Pkt::ModeTsx { .. } => {
                     tsx = true;
                     p += size;
                 }
@@ -378,9 +378,8 @@ impl PtDecoder<'_> {
                     bound = Bound::Alone;
                     st.pos += size;
                 }
-                Pkt::Other("mode.tsx") => {
+                Pkt::ModeTsx { abort } => {
                     // (An abort's FUP is the source of the branch a TIP after it gives.)
-                    let abort = self.trace.get(st.pos + 1).is_some_and(|b| b & 2 != 0);
                     bound = if abort { Bound::Abort } else { Bound::Alone };
                     st.pos += size;
                 }
