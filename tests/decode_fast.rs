@@ -521,7 +521,14 @@ fn overflows_equal_libipt_and_stay_fast() {
             case(&|w| {
                 w.tnt(&t).tip_pgd(None).ovf().tip_pge(p.top).tnt(&t[..1]);
             }),
-            false,
+            true,
+        ),
+        (
+            "OVF while tracing is disabled, resolved at a FUP: enabled there",
+            case(&|w| {
+                w.tnt(&t).tip_pgd(None).ovf().fup(p.top).tnt(&t[..1]);
+            }),
+            true,
         ),
         (
             "OVF, PSB+",
@@ -545,6 +552,21 @@ fn overflows_equal_libipt_and_stay_fast() {
             "{what}"
         );
     }
+    // Disabled, then an overflow resolved at a FUP: tracing goes on enabled at its IP.
+    let at_fup = cases
+        .iter()
+        .find(|c| c.0.ends_with("resolved at a FUP: enabled there"))
+        .unwrap();
+    let (f, _) = fast(&at_fup.1, &space);
+    let k = f
+        .iter()
+        .position(|r| matches!(r, Record::Overflow { .. }))
+        .unwrap_or(0);
+    assert_eq!(f[k], Record::Overflow { ip: Some(p.top) });
+    assert_eq!(
+        f.get(k + 1).and_then(|r| r.as_instruction()).map(|i| i.pc),
+        Some(p.top)
+    );
     // Exactly: the function's instructions walked before the OVF are not decoded, the
     // record names the FUP's IP, decoding goes on there.
     let (f, _) = fast(&cases[0].1, &space);

@@ -880,6 +880,9 @@ impl PtDecoder<'_> {
                         self.flow_psb(st, false, None)?;
                     }
                     TraceItem::End(_) => return Ok(Stop::Done),
+                    // (An overflow while tracing is disabled resolves as one while it is
+                    // enabled: at the FUP after it, or disabled.)
+                    TraceItem::Ovf => self.flow_ovf(st)?,
                     _ => return Err("trace while tracing is disabled"),
                 }
                 continue;
@@ -1307,6 +1310,8 @@ impl PtDecoder<'_> {
             st.enabled = false;
             return Ok(());
         };
+        // (Whether tracing was enabled before or not.)
+        st.enabled = true;
         // The timing packets up to the FUP move the time on.
         while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < after) {
             st.clock.on_timing(pkt, false, st.clock_cfg)?;
