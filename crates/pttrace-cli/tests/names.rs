@@ -355,8 +355,8 @@ fn code_run_from_a_copy_of_v8_builtins_is_named() {
 
 /// node with `--perf-basic-prof` under QEMU (its start-up, ~0.6 G instructions, and a hot
 /// JS loop): the JS function has its exact perf-map names (baseline `^` or optimized `*`),
-/// V8's builtins run from their copy are named, and at most 1% of the instructions are in
-/// frames without a name.
+/// V8's builtins run from their copy are named (over 0.1% of the instructions), and at most
+/// 1% of the instructions are in frames without a name.
 #[test]
 fn node_jit_code_and_builtins_are_named() {
     if !shim_util::qemu_available() {
@@ -409,8 +409,12 @@ fn node_jit_code_and_builtins_are_named() {
     let names: std::collections::BTreeSet<String> =
         [format!("JS:^hotLoop {at}"), format!("JS:*hotLoop {at}")].into();
     assert!(!hot.is_empty() && hot.is_subset(&names), "{hot:?}");
+    println!("{total} instructions: {builtins} in builtins, {unnamed} unnamed");
     assert!(total > 100_000_000, "{total}");
-    assert!(builtins > total / 100, "builtins {builtins} of {total}");
+    // (How long the main thread runs builtins varies with V8's tiering, which its
+    // concurrent compiler threads decide: 0.97% to 2.3% of the instructions seen here.
+    // Unnamed, they would count below.)
+    assert!(builtins > total / 1000, "builtins {builtins} of {total}");
     assert!(
         unnamed * 100 <= total,
         "{unnamed} of {total} instructions unnamed"
