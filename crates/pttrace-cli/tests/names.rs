@@ -412,8 +412,8 @@ fn node_jit_code_and_builtins_are_named() {
     println!("{total} instructions: {builtins} in builtins, {unnamed} unnamed");
     assert!(total > 100_000_000, "{total}");
     // (How long the main thread runs builtins varies with V8's tiering, which its
-    // concurrent compiler threads decide: 0.97% to 2.3% of the instructions seen here.
-    // Unnamed, they would count below.)
+    // concurrent compiler threads decide: 0.97% to 2.3% of the instructions seen here;
+    // without their names there would be none.)
     assert!(builtins > total / 1000, "builtins {builtins} of {total}");
     assert!(
         unnamed * 100 <= total,
