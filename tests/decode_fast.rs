@@ -524,6 +524,16 @@ fn overflows_equal_libipt_and_stay_fast() {
             true,
         ),
         (
+            "OVF resolved disabled by a power event (PWRE, PWRX), then enabled",
+            case(&|w| {
+                w.tnt(&t[..2]).ovf();
+                w.buf.extend_from_slice(&[0x02, 0x22, 0x01, 0x00]);
+                w.buf.extend_from_slice(&[0x02, 0xa2, 0x11, 0x01, 0, 0, 0]);
+                w.tip_pge(p.top).tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
             "OVF while tracing is disabled, resolved at a FUP: enabled there",
             case(&|w| {
                 w.tnt(&t).tip_pgd(None).ovf().fup(p.top).tnt(&t[..1]);

@@ -1287,7 +1287,13 @@ impl PtDecoder<'_> {
             match pkt {
                 Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => p += size,
                 Pkt::Fup(ip) => break Some((ip, p + size)),
-                Pkt::TipPge(_) | Pkt::ModeExec { .. } => break None,
+                // (As libipt: an enable, a mode or a power event first: resolved disabled.)
+                Pkt::TipPge(_)
+                | Pkt::ModeExec { .. }
+                | Pkt::ModeTsx { .. }
+                | Pkt::Power
+                | Pkt::Exstop { .. }
+                | Pkt::Mwait => break None,
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
