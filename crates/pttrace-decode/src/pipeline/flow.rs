@@ -1634,19 +1634,8 @@ impl PtDecoder<'_> {
                     // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
                     // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
                     // (their time is the branch's, as libipt's query decoder reads them).
-                    let next = loop {
-                        let Some((next, size)) = wire::parse(self.trace, st.pos) else {
-                            return Err("FUP at the end of the trace");
-                        };
-                        st.pos += size;
-                        match next {
-                            Pkt::Pad => {}
-                            Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
-                                st.clock.on_timing(next, false, st.clock_cfg)?;
-                            }
-                            _ => break next,
-                        }
-                    };
+                    let next =
+                        Self::flow_past_timing(self.trace, st, "FUP at the end of the trace")?;
                     st.read_on = ReadOn::Nothing;
                     return match next {
                         Pkt::Tip(p) => {
@@ -1744,20 +1733,11 @@ impl PtDecoder<'_> {
                     if pkt == (Pkt::Exstop { ip: true }) {
                         st.mwait = false;
                     }
-                    let at = loop {
-                        let Some((next, size)) = wire::parse(self.trace, st.pos) else {
-                            return Err("EXSTOP with IP or MODE.TSX at the end of the trace");
-                        };
-                        st.pos += size;
-                        match next {
-                            Pkt::Pad => {}
-                            Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
-                                st.clock.on_timing(next, false, st.clock_cfg)?;
-                            }
-                            Pkt::Fup(p) => break st.last_ip.apply(p).ok_or("FUP without IP")?,
-                            _ => return Err("EXSTOP with IP or MODE.TSX not followed by its FUP"),
-                        }
+                    let end = "EXSTOP with IP or MODE.TSX at the end of the trace";
+                    let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
+                        return Err("EXSTOP with IP or MODE.TSX not followed by its FUP");
                     };
+                    let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
                     st.read_on = ReadOn::Other;
                     if st.enabled {
                         return Ok(TraceItem::Bound(at));
@@ -1766,6 +1746,25 @@ impl PtDecoder<'_> {
                     self.flow_quiet_event(st);
                 }
                 Pkt::Other(what) => return Err(what),
+            }
+        }
+    }
+
+    /// The next packet that is no PAD or timing packet (read past it), the timing packets
+    /// before it applied to the clock: what a FUP or an event's FUP is bound to, with
+    /// what real hardware writes between them; `end` where the trace ends first.
+    fn flow_past_timing(trace: &[u8], st: &mut FlowState, end: Fallback) -> Result<Pkt, Fallback> {
+        loop {
+            let Some((next, size)) = wire::parse(trace, st.pos) else {
+                return Err(end);
+            };
+            st.pos += size;
+            match next {
+                Pkt::Pad => {}
+                Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
+                    st.clock.on_timing(next, false, st.clock_cfg)?;
+                }
+                _ => return Ok(next),
             }
         }
     }
