@@ -146,6 +146,14 @@ fn assert_same_and_fast(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
     f
 }
 
+/// The fast decoder hands the whole trace to libipt, for `why`: libipt's records.
+fn assert_left_to_libipt(trace: &[u8], space: &AddressSpace, why: &str) -> Vec<Record> {
+    let (f, by) = fast(trace, space);
+    assert_eq!(f, libipt(trace, space));
+    assert_eq!(by, ("libipt", Some(why)));
+    f
+}
+
 fn loop_space(prog: &LoopProgram) -> AddressSpace {
     let mut space = AddressSpace::new();
     space.add_bytes("loop", prog.code.clone(), prog.base);
@@ -962,9 +970,7 @@ fn trig_packets_change_no_record_and_stay_fast() {
             w.buf.extend_from_slice(&[0xd9, 0x00, 0x01]);
         }
     });
-    let (f, by) = fast(&in_psb, &space);
-    assert_eq!(f, libipt(&in_psb, &space));
-    assert_eq!(by, ("libipt", Some("TRIG in a PSB+")));
+    let f = assert_left_to_libipt(&in_psb, &space, "TRIG in a PSB+");
     assert_eq!(gaps(&f), ["0x21 unexpected packet context"]);
 }
 
@@ -1035,9 +1041,7 @@ fn power_events_change_no_record_and_stay_fast() {
                 w.buf.extend_from_slice(bytes);
             }
         });
-        let (f, by) = fast(&t, &space);
-        assert_eq!(f, libipt(&t, &space));
-        assert_eq!(by, ("libipt", Some(why)));
+        assert_left_to_libipt(&t, &space, why);
     }
 }
 
@@ -1071,12 +1075,7 @@ fn tsx_transactions_change_no_record_and_stay_fast() {
             w.buf.extend_from_slice(&ABORT);
         }
     });
-    let (f, by) = fast(&t, &space);
-    assert_eq!(f, libipt(&t, &space));
-    assert_eq!(
-        by,
-        ("libipt", Some("MODE.TSX abort not followed by its FUP"))
-    );
+    assert_left_to_libipt(&t, &space, "MODE.TSX abort not followed by its FUP");
 }
 
 /// The decode errors among `recs`: "PT-OFFSET ERROR".
