@@ -667,12 +667,12 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             None => {
                 let (r, maybe) = self.funcs.inline_region(pc);
                 // (A region that does not hold `pc` is taken as one address.)
-                let r = if r.contains(&pc) {
-                    r
+                let (start, len) = if r.contains(&pc) {
+                    (r.start, r.end - r.start)
                 } else {
-                    pc..pc.wrapping_add(1)
+                    (pc, 1)
                 };
-                (self.regions.len() - 1, (r.start, r.end - r.start, maybe))
+                (self.regions.len() - 1, (start, len, maybe))
             }
         };
         self.regions.copy_within(0..k, 1);
