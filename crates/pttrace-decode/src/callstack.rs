@@ -457,6 +457,70 @@ pub const MAX_BOTTOMS: usize = 256;
 /// spans thousands).
 const INLINE_CACHE_SLOTS: usize = 1 << 18;
 
+/// The instruction classes by their code in a packed instruction ([`pack_instruction`]):
+/// the order of [`InsnClass`]'s variants.
+const CLASSES: [InsnClass; 10] = [
+    InsnClass::Other,
+    InsnClass::Call,
+    InsnClass::Return,
+    InsnClass::Jump,
+    InsnClass::CondJump,
+    InsnClass::FarCall,
+    InsnClass::FarReturn,
+    InsnClass::FarJump,
+    InsnClass::Ptwrite,
+    InsnClass::Unknown,
+];
+
+/// An instruction in one word, as [`CallStacks::packed_instructions`] takes them: its
+/// address's low 48 bits (addresses are canonical: bit 47 extends), its size (bits 48-51)
+/// and its class (bits 52-55, the variant's number).
+#[inline(always)]
+pub fn pack_instruction(pc: u64, size: u8, class: InsnClass) -> u64 {
+    (pc & 0xFFFF_FFFF_FFFF) | (u64::from(size) & 0xF) << 48 | (class as u64) << 52
+}
+
+/// The (address, size, class) of a [`pack_instruction`] word.
+#[inline(always)]
+pub fn unpack_instruction(w: u64) -> (u64, u8, InsnClass) {
+    (packed_pc(w), (w >> 48 & 0xF) as u8, packed_class(w))
+}
+
+#[inline(always)]
+fn packed_pc(w: u64) -> u64 {
+    (((w << 16) as i64) >> 16) as u64
+}
+
+#[inline(always)]
+fn packed_class(w: u64) -> InsnClass {
+    CLASSES
+        .get((w >> 52 & 0xF) as usize)
+        .copied()
+        .unwrap_or(InsnClass::Unknown)
+}
+
+/// Whether a packed instruction's successor is placed by [`CallStacks::control_flow`]
+/// (a call, return, jump or conditional jump: codes 1 to 4).
+#[inline(always)]
+fn packed_transfers(w: u64) -> bool {
+    (w >> 52 & 0xF).wrapping_sub(1) < 4
+}
+
+/// Runs of instructions (see [`CallStacks::packed_instructions`]) remembered with the
+/// inline key they share.
+const RUN_CACHE_SLOTS: usize = 1 << 16;
+
+/// A remembered run: its first and last address, its length, and the inline key all its
+/// instructions share (`None`: they do not).
+#[derive(Clone, Copy, Default)]
+struct RunKey {
+    first: u64,
+    last: u64,
+    len: u32,
+    known: bool,
+    key: Option<u64>,
+}
+
 /// Reconstructs one thread's call stacks; see the module documentation.
 pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     funcs: &'f F,
@@ -464,6 +528,8 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     /// (pc, inline key + 1) of the last lookups (0: empty slot), when inlined frames are
     /// counted.
     inline_cache: Vec<(u64, u64)>,
+    /// Runs of instructions with their inline key, when inlined frames are counted.
+    run_cache: Vec<RunKey>,
     /// The code regions met last, most recent first ([`Functions::inline_region`]): their
     /// start, length, and whether inlined code may be there.
     regions: [(u64, u64, bool); 4],
@@ -522,6 +588,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             funcs,
             cache: vec![(0, None, false); CACHE_SLOTS],
             inline_cache: Vec::new(),
+            run_cache: Vec::new(),
             regions: [(0, 0, false); 4],
             last_inline: (u32::MAX, 0, 0),
             stack: Vec::new(),
@@ -637,6 +704,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// ([`Functions::inline_context`]).
     pub fn with_inline_frames(mut self) -> Self {
         self.inline_cache = vec![(0, 0); INLINE_CACHE_SLOTS];
+        self.run_cache = vec![RunKey::default(); RUN_CACHE_SLOTS];
         self
     }
 
@@ -750,6 +818,117 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             next: pc.wrapping_add(u64::from(size)),
             class,
         });
+    }
+
+    /// Feeds the thread's next instructions, packed ([`pack_instruction`]): what
+    /// [`Self::instruction`] does with each, a run at a time. A run (up to a call, return
+    /// or jump, included) moves no frame after its first instruction, and its
+    /// instructions count to one node unless inlined code begins or ends inside it.
+    pub fn packed_instructions(&mut self, words: &[u64]) {
+        let mut rest = words;
+        while !rest.is_empty() {
+            let n = rest
+                .iter()
+                .position(|&w| packed_transfers(w))
+                .map_or(rest.len(), |k| k + 1);
+            let (run, after) = rest.split_at(n);
+            rest = after;
+            let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
+                break;
+            };
+            let transfer = self.last.is_some_and(|l| {
+                matches!(
+                    l.class,
+                    InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
+                )
+            });
+            if transfer || self.stack.is_empty() {
+                self.control_flow(packed_pc(first));
+            }
+            let node = if self.inline_cache.is_empty() {
+                Some(self.cur)
+            } else {
+                self.run_inline_key(run).map(|key| {
+                    if key == 0 && self.stack.last().is_none_or(|f| f.inline == 0) {
+                        self.cur
+                    } else {
+                        self.inline_node_of(key)
+                    }
+                })
+            };
+            match node {
+                Some(node) => {
+                    let from = self.insns;
+                    let to = from + run.len() as u64;
+                    let counted = to
+                        .min(self.counted.end)
+                        .saturating_sub(from.max(self.counted.start));
+                    if let Some(n) = self.nodes.get_mut(node as usize) {
+                        n.count += counted;
+                    }
+                    self.insns = to;
+                }
+                // Inlined code begins or ends inside the run: an instruction at a time.
+                None => {
+                    for &w in run {
+                        let node = self.inline_node(packed_pc(w));
+                        if self.counted.contains(&self.insns) {
+                            if let Some(n) = self.nodes.get_mut(node as usize) {
+                                n.count += 1;
+                            }
+                        }
+                        self.insns += 1;
+                    }
+                }
+            }
+            let (pc, size, class) = unpack_instruction(last);
+            self.last = Some(Last {
+                pc,
+                next: pc.wrapping_add(u64::from(size)),
+                class,
+            });
+        }
+    }
+
+    /// The inline key all the instructions of `run` share (0: none), or `None` when they
+    /// do not all share one. Runs are remembered by their first address, their length and
+    /// last address (the straight code from an address to its first branch is always the
+    /// same in mapped files; code without inlined functions is not remembered).
+    fn run_inline_key(&mut self, run: &[u64]) -> Option<u64> {
+        let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
+            return Some(0);
+        };
+        let (start, len, maybe) = self.regions[0];
+        if !maybe && run.iter().all(|&w| packed_pc(w).wrapping_sub(start) < len) {
+            return Some(0);
+        }
+        let (pc, end) = (packed_pc(first), packed_pc(last));
+        let slot = ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
+            % RUN_CACHE_SLOTS;
+        if let Some(e) = self.run_cache.get(slot) {
+            if e.first == pc && e.last == end && e.len == run.len() as u32 && e.known {
+                return e.key;
+            }
+        }
+        let key = self.inline_context(pc);
+        let mut uniform = true;
+        for &w in run.get(1..).unwrap_or(&[]) {
+            if self.inline_context(packed_pc(w)) != key {
+                uniform = false;
+                break;
+            }
+        }
+        let key = uniform.then_some(key);
+        if let Some(e) = self.run_cache.get_mut(slot) {
+            *e = RunKey {
+                first: pc,
+                last: end,
+                len: run.len() as u32,
+                known: true,
+                key,
+            };
+        }
+        key
     }
 
     /// What the last instruction's branch to `pc` did to the stack; an empty stack gets
@@ -1287,6 +1466,168 @@ mod tests {
                 (vec![MAIN, C], 9),
             ]
         );
+    }
+
+    /// A deterministic walk through static code over [`table`]'s functions (every address
+    /// always holds the same instruction): calls, returns (to a caller or, with an empty
+    /// stack, elsewhere), loops, tail calls, and now and then an overflow or a system call
+    /// whose trace resumes elsewhere.
+    fn walk(seed: u64, len: usize) -> Vec<Record> {
+        let starts = [MAIN, A, B, C, H, R, LIB];
+        let hash = |x: u64| {
+            let x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        let mut rng = seed | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut pc, mut stack, mut out) = (MAIN, Vec::new(), Vec::new());
+        while out.len() < len {
+            let (base, h) = (pc & !0xFFF, hash(pc));
+            let size = (1 + (h >> 8) % 4) as u8;
+            let target = starts[(h >> 16) as usize % 7];
+            let (class, to) = match h % 32 {
+                _ if pc - base >= 0x40 || h % 32 == 5 => {
+                    let to = stack.pop().unwrap_or(starts[(next() % 7) as usize] + 4);
+                    (InsnClass::Return, to)
+                }
+                0 | 1 => {
+                    stack.push(pc + u64::from(size));
+                    (InsnClass::Call, target)
+                }
+                2 if next() % 3 == 0 => (InsnClass::CondJump, base),
+                2 => (InsnClass::CondJump, pc + u64::from(size)),
+                3 => (InsnClass::Jump, target),
+                4 => (InsnClass::FarCall, pc + u64::from(size)),
+                _ => (InsnClass::Other, pc + u64::from(size)),
+            };
+            out.push(ins(pc, size, class));
+            pc = to;
+            match (class, next() % 64) {
+                (InsnClass::FarCall, 0..=7) => {
+                    out.push(Record::TraceDisabled { ip: None });
+                    out.push(Record::TraceEnabled { ip: pc });
+                }
+                (_, 0) if next() % 8 == 0 => {
+                    pc = starts[(next() % 7) as usize];
+                    stack.clear();
+                    out.push(Record::Overflow { ip: Some(pc) });
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Inlined code in `MAIN` (key 1 at +0x10..+0x1d, key 2 at +0x1d..+0x25); debug
+    /// information (regions where inlined code may be) for `MAIN` and `A`.
+    struct TwoInlines;
+
+    impl Functions for TwoInlines {
+        fn function_start(&self, addr: u64) -> Option<u64> {
+            table().function_start(addr)
+        }
+
+        fn inline_context(&self, pc: u64) -> u64 {
+            match pc {
+                0x1010..0x101d => INLINE_KEY | 1,
+                0x101d..0x1025 => INLINE_KEY | 2,
+                _ => 0,
+            }
+        }
+
+        fn inline_region(&self, pc: u64) -> (std::ops::Range<u64>, bool) {
+            match pc {
+                ..MAIN => (0..MAIN, false),
+                MAIN..0x1100 => (MAIN..MAIN + 0x100, true),
+                0x1100..A => (MAIN + 0x100..A, false),
+                A..0x2100 => (A..A + 0x100, true),
+                _ => (A + 0x100..u64::MAX, false),
+            }
+        }
+    }
+
+    /// Instructions fed packed, in batches cut anywhere, reconstruct exactly what they do
+    /// one record at a time: the same spans, stacks (inlined frames included), markers and
+    /// counts, with and without a counted range.
+    #[test]
+    fn packed_runs_reconstruct_what_single_instructions_do() {
+        let f = TwoInlines;
+        for seed in [1, 7, 1234] {
+            let records = walk(seed, 60_000);
+            for (inline, counted) in [(false, None), (true, None), (true, Some(5_000..41_003))] {
+                let new = || {
+                    let cs = CallStacks::new(&f);
+                    let mut cs = if inline { cs.with_inline_frames() } else { cs };
+                    if let Some(r) = counted.clone() {
+                        cs.count_only(r);
+                    }
+                    cs
+                };
+                let mut one = new();
+                for r in &records {
+                    one.record(r);
+                }
+                let mut packed = new();
+                let mut words = Vec::new();
+                let mut cut = seed;
+                for r in &records {
+                    match r {
+                        Record::Instruction(i) => {
+                            words.push(pack_instruction(i.pc, i.size, i.class));
+                            cut = cut.wrapping_mul(6364136223846793005).wrapping_add(1);
+                            if cut >> 59 == 0 {
+                                packed.packed_instructions(&words);
+                                words.clear();
+                            }
+                        }
+                        r => {
+                            packed.packed_instructions(&words);
+                            words.clear();
+                            packed.record(r);
+                        }
+                    }
+                }
+                packed.packed_instructions(&words);
+                let (one, packed) = (one.finish(), packed.finish());
+                assert!(one.spans.len() > 1_000 && one.markers.len() > 5, "{seed}");
+                if inline {
+                    assert!(one.spans.iter().any(|s| s.start_kind == S::Inlined));
+                }
+                assert_eq!(one.spans, packed.spans, "seed {seed}, inline {inline}");
+                assert_eq!(
+                    stacks(&one),
+                    stacks(&packed),
+                    "seed {seed}, inline {inline}"
+                );
+                assert_eq!(one.markers, packed.markers);
+                assert_eq!(one.instructions, packed.instructions);
+            }
+        }
+    }
+
+    /// Every class survives packing, and addresses keep their sign (kernel addresses).
+    #[test]
+    fn packed_instructions_round_trip() {
+        for (k, class) in CLASSES.iter().enumerate() {
+            for pc in [0, 0x7fff_ffff_f000, 0xffff_ffff_8100_0000, 0x40_1000] {
+                let w = pack_instruction(pc, (k + 1) as u8, *class);
+                assert_eq!(unpack_instruction(w), (pc, (k + 1) as u8, *class));
+                assert_eq!(
+                    packed_transfers(w),
+                    matches!(
+                        class,
+                        InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
+                    )
+                );
+            }
+        }
     }
 
     /// Code that keeps returning to callers it was never called from (what a JVM's

@@ -3,9 +3,9 @@
 
 use std::ops::ControlFlow;
 
-use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink};
+use drpttracer::decode::callstack::{pack_instruction, CallStacks, Finished, SpanSink};
 use drpttracer::decode::ptt_dir::{PttThread, PttTrace, PttWindowInfo, ThreadStats};
-use drpttracer::decode::records::{InsnClass, Record};
+use drpttracer::decode::records::Record;
 use drpttracer::decode::DecodeError;
 use drpttracer::decode::TraceDecoder;
 use drpttracer::format::ptt;
@@ -35,54 +35,33 @@ pub(super) struct Batch {
     pub(super) events: Vec<(usize, BatchEvent)>,
 }
 
+impl Batch {
+    /// Adds records: the instructions packed, each run in one loop (a block's
+    /// instructions are the common slice), the other records as events.
+    #[inline(always)]
+    fn add(&mut self, recs: &[Record]) {
+        let mut rest = recs;
+        loop {
+            let before = self.instructions.len();
+            self.instructions.extend(rest.iter().map_while(|r| match r {
+                Record::Instruction(i) => Some(pack_instruction(i.pc, i.size, i.class)),
+                _ => None,
+            }));
+            let packed = self.instructions.len() - before;
+            let Some((r, after)) = rest.get(packed..).and_then(<[Record]>::split_first) else {
+                return;
+            };
+            self.events
+                .push((self.instructions.len(), BatchEvent::Record(r.clone())));
+            rest = after;
+        }
+    }
+}
+
 pub(super) enum BatchEvent {
     Record(Record),
     WindowStart(PttWindowInfo),
     WindowEnd,
-}
-
-/// The instruction classes by their code in a packed instruction (as `pack_instruction`
-/// gives them).
-pub(super) const CLASSES: [InsnClass; 10] = [
-    InsnClass::Other,
-    InsnClass::Call,
-    InsnClass::Return,
-    InsnClass::Jump,
-    InsnClass::CondJump,
-    InsnClass::FarCall,
-    InsnClass::FarReturn,
-    InsnClass::FarJump,
-    InsnClass::Ptwrite,
-    InsnClass::Unknown,
-];
-
-/// An instruction in one word: its address's low 48 bits (addresses are canonical: bit 47
-/// extends), its size (bits 48-51) and class (52-55).
-#[inline]
-pub(super) fn pack_instruction(pc: u64, size: u8, class: InsnClass) -> u64 {
-    let code: u64 = match class {
-        InsnClass::Other => 0,
-        InsnClass::Call => 1,
-        InsnClass::Return => 2,
-        InsnClass::Jump => 3,
-        InsnClass::CondJump => 4,
-        InsnClass::FarCall => 5,
-        InsnClass::FarReturn => 6,
-        InsnClass::FarJump => 7,
-        InsnClass::Ptwrite => 8,
-        InsnClass::Unknown => 9,
-    };
-    (pc & 0xFFFF_FFFF_FFFF) | (u64::from(size) & 0xF) << 48 | code << 52
-}
-
-#[inline]
-pub(super) fn unpack_instruction(w: u64) -> (u64, u8, InsnClass) {
-    let pc = (((w << 16) as i64) >> 16) as u64;
-    let class = CLASSES
-        .get((w >> 52 & 0xF) as usize)
-        .copied()
-        .unwrap_or(InsnClass::Unknown);
-    (pc, (w >> 48 & 0xF) as u8, class)
 }
 
 /// Decodes `th` on a thread of its own, handing the records over in batches, while this
@@ -117,17 +96,7 @@ pub(super) fn decode_one<S: SpanSink>(
                 batch.events.push((at, BatchEvent::WindowStart(w.clone())));
                 if let Some(dec) = dec {
                     let cut = dec.for_each_slice(|recs| {
-                        for r in recs {
-                            match r {
-                                Record::Instruction(i) => batch
-                                    .instructions
-                                    .push(pack_instruction(i.pc, i.size, i.class)),
-                                r => {
-                                    let at = batch.instructions.len();
-                                    batch.events.push((at, BatchEvent::Record(r.clone())));
-                                }
-                            }
-                        }
+                        batch.add(recs);
                         if batch.instructions.len() >= BATCH_INSTRUCTIONS {
                             let next = back_rx.try_recv().unwrap_or_else(|_| {
                                 let mut b = Batch::default();
@@ -154,10 +123,7 @@ pub(super) fn decode_one<S: SpanSink>(
         let mut windows = Vec::new();
         let mut window: Option<(PttWindowInfo, u64)> = None;
         let run = |cs: &mut CallStacks<'_, ImageNames, S>, words: &[u64]| {
-            for &w in words {
-                let (pc, size, class) = unpack_instruction(w);
-                cs.instruction(pc, size, class);
-            }
+            cs.packed_instructions(words);
         };
         for mut batch in rx {
             let mut done = 0usize;
