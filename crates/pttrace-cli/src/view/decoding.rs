@@ -64,6 +64,24 @@ pub(super) enum BatchEvent {
     WindowEnd,
 }
 
+/// Sends the full `batch` to the reconstruction and starts the next one in a batch that
+/// came back (or a new one); false when the reconstruction has stopped. Out of line: the
+/// decoder's per-block callback stays small enough to be inlined into its loop.
+#[cold]
+#[inline(never)]
+fn hand_over(
+    batch: &mut Batch,
+    tx: &std::sync::mpsc::SyncSender<Batch>,
+    back: &std::sync::mpsc::Receiver<Batch>,
+) -> bool {
+    let next = back.try_recv().unwrap_or_else(|_| {
+        let mut b = Batch::default();
+        b.instructions.reserve(BATCH_INSTRUCTIONS + 4096);
+        b
+    });
+    tx.send(std::mem::replace(batch, next)).is_ok()
+}
+
 /// Decodes `th` on a thread of its own, handing the records over in batches, while this
 /// thread feeds them to the call-stack reconstruction `cs`.
 pub(super) fn decode_one<S: SpanSink>(
@@ -97,15 +115,10 @@ pub(super) fn decode_one<S: SpanSink>(
                 if let Some(dec) = dec {
                     let cut = dec.for_each_slice(|recs| {
                         batch.add(recs);
-                        if batch.instructions.len() >= BATCH_INSTRUCTIONS {
-                            let next = back_rx.try_recv().unwrap_or_else(|_| {
-                                let mut b = Batch::default();
-                                b.instructions.reserve(BATCH_INSTRUCTIONS + 4096);
-                                b
-                            });
-                            if tx.send(std::mem::replace(&mut batch, next)).is_err() {
-                                return ControlFlow::Break(());
-                            }
+                        if batch.instructions.len() >= BATCH_INSTRUCTIONS
+                            && !hand_over(&mut batch, &tx, &back_rx)
+                        {
+                            return ControlFlow::Break(());
                         }
                         ControlFlow::Continue(())
                     });
