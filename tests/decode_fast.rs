@@ -549,7 +549,37 @@ fn overflows_equal_libipt_and_stay_fast() {
             true,
         ),
         (
-            "OVF, PSB+",
+            "OVF, PSB+ without FUP: resolved disabled, then enabled",
+            case(&|w| {
+                w.tnt(&t[..2])
+                    .ovf()
+                    .psb_plus(Some(3000), None)
+                    .tip_pge(p.top)
+                    .tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            "OVF, CBR, FUP",
+            case(&|w| {
+                w.tnt(&t).tip(p.func).ovf();
+                cbr(w, 20);
+                w.fup(p.after_call).tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            "OVF, CBR, TIP.PGE",
+            case(&|w| {
+                w.tnt(&t[..2]).ovf();
+                cbr(w, 20);
+                w.tip_pge(p.top).tnt(&t[..1]);
+            }),
+            true,
+        ),
+        (
+            // (libipt: resolved disabled at the PSB, then a bad status update.)
+            "OVF, PSB+ with FUP",
             case(&|w| {
                 w.tnt(&t[..2])
                     .ovf()
@@ -603,7 +633,7 @@ fn overflows_equal_libipt_and_stay_fast() {
     );
     assert!(matches!(&f[k + 1], Record::Instruction(i) if i.pc == p.after_call));
     // A PSB-parallel decode of the overflow trace equals one pass.
-    let many = &cases[8].1;
+    let many = &cases.iter().find(|c| c.0 == "many overflows").unwrap().1;
     let (par, stats) = parallel(many, &space, 2);
     assert!(par == libipt(many, &space), "2 threads: {stats:?}");
 }

@@ -1264,10 +1264,11 @@ impl PtDecoder<'_> {
 
     /// An OVF just read (tracing enabled, the block waiting for trace not walked): the
     /// overflow resolves at the first FUP after it (only timing packets between: tracing
-    /// resumes at its IP) or, at any other packet or the end, with tracing disabled (a
-    /// TIP.PGE enables it later). The `Overflow` record has the time before the OVF, as
-    /// libipt's event. Anything else (pending TNT bits, code walked without trace, a CBR
-    /// or PSB on the way, the OVF errata) goes to libipt.
+    /// resumes at its IP) or, at an enable, a mode, a power event, a PSB or the end, with
+    /// tracing disabled (a TIP.PGE or a PSB+ with a FUP enables it later). The `Overflow`
+    /// record has the time before the OVF, as libipt's event. Anything else (pending TNT
+    /// bits, code walked without trace, other packets on the way, the OVF errata) goes to
+    /// libipt.
     fn flow_ovf(&mut self, st: &mut FlowState) -> Result<(), Fallback> {
         if st.ovf_errata {
             return Err("OVF on a CPU with OVF errata");
@@ -1285,7 +1286,12 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             match pkt {
-                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => p += size,
+                Pkt::Pad
+                | Pkt::Tsc(_)
+                | Pkt::Mtc(_)
+                | Pkt::Tma { .. }
+                | Pkt::Cyc(_)
+                | Pkt::Cbr(_) => p += size,
                 Pkt::Fup(ip) => break Some((ip, p + size)),
                 // (As libipt: an enable, a mode or a power event first: resolved disabled.)
                 Pkt::TipPge(_)
@@ -1293,7 +1299,8 @@ impl PtDecoder<'_> {
                 | Pkt::ModeTsx { .. }
                 | Pkt::Power
                 | Pkt::Exstop { .. }
-                | Pkt::Mwait => break None,
+                | Pkt::Mwait
+                | Pkt::Psb => break None,
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
