@@ -528,13 +528,13 @@ impl<'a> PtDecoder<'a> {
     }
 
     fn push_gap_text(&mut self, error: String, ip: Option<u64>) {
-        self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
+        self.queue.push_rec(Record::Gap(Box::new(Gap {
             kind: GapKind::DecodeError,
             ip,
             pt_offset: self.offset(),
             source: self.opts.source.clone(),
             error,
-        }))));
+        })));
     }
 
     /// Emits a timestamp for `tsc` unless it repeats the last one.
@@ -595,13 +595,13 @@ impl<'a> PtDecoder<'a> {
         for what in losses {
             self.note_gap(FirstGap::Other);
             let pt_offset = self.offset();
-            self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
+            self.queue.push_rec(Record::Gap(Box::new(Gap {
                 kind: GapKind::LostData,
                 ip: None,
                 pt_offset,
                 source: self.opts.source.clone(),
                 error: what,
-            }))));
+            })));
         }
         for msg in w {
             if !self.warnings.contains(&msg) {
@@ -896,7 +896,7 @@ impl<'a> PtDecoder<'a> {
         }
         match kind {
             Ev::Enabled { ip, .. } => {
-                self.queue.push_back(Item::rec(Record::TraceEnabled { ip }));
+                self.queue.push_rec(Record::TraceEnabled { ip });
             }
             Ev::Disabled { ip } => {
                 self.queue
@@ -911,7 +911,7 @@ impl<'a> PtDecoder<'a> {
                     .push_back(Item::rec(Record::KernelXfer { from, to }));
             }
             Ev::Overflow { ip } => {
-                self.queue.push_back(Item::rec(Record::Overflow { ip }));
+                self.queue.push_rec(Record::Overflow { ip });
             }
             Ev::Other => {}
         }
@@ -1378,10 +1378,12 @@ impl PtDecoder<'_> {
             }
             Item::Rec(r) => {
                 self.batch.clear();
-                self.batch.push(*r);
+                let r = self.queue.unbox(r);
+                self.batch.push(r);
                 while let Some(Item::Rec(_)) = self.queue.front() {
                     if let Some(Item::Rec(r)) = self.queue.pop_front() {
-                        self.batch.push(*r);
+                        let r = self.queue.unbox(r);
+                        self.batch.push(r);
                     }
                 }
                 Some(&self.batch)
@@ -1523,7 +1525,7 @@ impl PtDecoder<'_> {
                 self.fill();
             }
             match self.queue.pop_front()? {
-                Item::Rec(r) => return Some(*r),
+                Item::Rec(r) => return Some(self.queue.unbox(r)),
                 Item::Block(start, len) => {
                     self.cur = start as usize;
                     self.cur_end = start as usize + len as usize;

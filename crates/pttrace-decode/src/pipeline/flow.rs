@@ -1424,7 +1424,7 @@ impl PtDecoder<'_> {
             }
             None => self.flush_pending_timestamp(),
         }
-        self.queue.push_back(Item::rec(rec));
+        self.queue.push_rec(rec);
         self.flow_commit(st);
     }
 

@@ -26,7 +26,14 @@ pub(crate) struct ItemQueue {
     pub(crate) pushed: u64,
     /// Records pushed so far (a block item counts its records).
     pub(crate) records: u64,
+    /// Boxes of records handed out, for the next records (a timed trace has a timestamp
+    /// record every few blocks). Boxes, not records: they are the allocations reused.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Record>>,
 }
+
+/// Boxes kept for reuse.
+const SPARE_BOXES: usize = 64;
 
 impl ItemQueue {
     pub(crate) fn with_capacity(n: usize) -> Self {
@@ -35,7 +42,31 @@ impl ItemQueue {
             head: 0,
             pushed: 0,
             records: 0,
+            spare: Vec::new(),
         }
+    }
+
+    /// Queues a record, in a box handed back earlier when there is one.
+    #[inline]
+    pub(crate) fn push_rec(&mut self, r: Record) {
+        let item = match self.spare.pop() {
+            Some(mut b) => {
+                *b = r;
+                Item::Rec(b)
+            }
+            None => Item::rec(r),
+        };
+        self.push_back(item);
+    }
+
+    /// The record of a `Rec` item handed out; its box is kept for the next record.
+    #[inline]
+    pub(crate) fn unbox(&mut self, mut b: Box<Record>) -> Record {
+        let r = std::mem::replace(&mut *b, Record::WindowId(0));
+        if self.spare.len() < SPARE_BOXES {
+            self.spare.push(b);
+        }
+        r
     }
 
     #[inline]

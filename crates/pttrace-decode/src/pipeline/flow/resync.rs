@@ -28,7 +28,6 @@
 //! [`WindowOptions::resync_on_error`]: super::super::WindowOptions::resync_on_error
 
 use super::{FBlock, Fallback, FlowState, PtDecoder, Stop};
-use crate::pipeline::Item;
 use crate::records::{Gap, GapKind, Record};
 use crate::wire::{self, LastIp, Pkt};
 
@@ -263,13 +262,13 @@ impl PtDecoder<'_> {
     }
 
     fn flow_gap(&mut self, offset: usize, ip: Option<u64>, error: String) {
-        self.queue.push_back(Item::rec(Record::Gap(Box::new(Gap {
+        self.queue.push_rec(Record::Gap(Box::new(Gap {
             kind: GapKind::DecodeError,
             ip,
             pt_offset: self.opts.base_offset + offset as u64,
             source: self.opts.source.clone(),
             error,
-        }))));
+        })));
     }
 
     /// The engine stopped with `r` (an error): a decode error queues its gap and decoding
