@@ -892,8 +892,10 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
 
     /// The inline key all the instructions of `run` share (0: none), or `None` when they
     /// do not all share one. Runs are remembered by their first address, their length and
-    /// last address (the straight code from an address to its first branch is always the
-    /// same in mapped files; code without inlined functions is not remembered).
+    /// last address: the straight code from an address to its first branch is the same
+    /// each time, unless a program rewrites code that has debug information (then a run
+    /// of the same bounds keeps the key of its first decoding). Runs in regions without
+    /// inlined code are not remembered.
     fn run_inline_key(&mut self, run: &[u64]) -> Option<u64> {
         let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
             return Some(0);
