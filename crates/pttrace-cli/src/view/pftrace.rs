@@ -65,17 +65,14 @@ impl Msg {
     }
 }
 
-/// Puts varint `v` at `buf[*n..]` (an event's packet, at most 52 bytes, is put together
-/// on the stack; the mask only keeps the index in the buffer).
+/// Appends varint `v` to `buf` (an event's packet, written in place).
 #[inline(always)]
-fn put(buf: &mut [u8; 64], n: &mut usize, mut v: u64) {
+fn put(buf: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
-        buf[*n & 63] = (v as u8) | 0x80;
-        *n += 1;
+        buf.push((v as u8) | 0x80);
         v >>= 7;
     }
-    buf[*n & 63] = v as u8;
-    *n += 1;
+    buf.push(v as u8);
 }
 
 // TracePacket fields.
@@ -278,6 +275,9 @@ impl<W: Write + Send + 'static> Writer<W> {
 
     /// One event of `seq` at `ts` (ns, not before the sequence's previous event), on the
     /// sequence's track.
+    // (Inlined: its event stays in registers; passed in memory, the caller's separate
+    // stores of its fields were read back as a whole, a stall per event.)
+    #[inline(always)]
     pub fn event(&mut self, seq: &mut Sequence, e: Event<'_>) -> io::Result<()> {
         let (ty, named, ts) = match e {
             Event::Begin { ts, name, category } => (TYPE_SLICE_BEGIN, Some((name, category)), ts),
@@ -291,33 +291,37 @@ impl<W: Write + Send + 'static> Writer<W> {
         });
         let delta = ts.saturating_sub(seq.last_ts);
         seq.last_ts = seq.last_ts.max(ts);
-        // The packet's fields after its two framing bytes (Trace.packet, its length).
-        let mut p = [0u8; 64];
-        let mut n = 2;
-        put(&mut p, &mut n, u64::from(TP_TIMESTAMP) << 3);
-        put(&mut p, &mut n, delta);
-        put(&mut p, &mut n, u64::from(TP_SEQUENCE_ID) << 3);
-        put(&mut p, &mut n, seq.id);
-        put(&mut p, &mut n, u64::from(TP_SEQUENCE_FLAGS) << 3);
-        put(&mut p, &mut n, SEQ_NEEDS_INCREMENTAL_STATE);
+        // The packet, written in place: its two framing bytes (Trace.packet, its length,
+        // set after), then its fields. (Built in a stack array and copied, its bytes were
+        // read back right after being stored one by one: a stall per event.)
+        let at = self.batch.len();
+        let p = &mut self.batch;
+        p.extend_from_slice(&[0x0a, 0]);
+        put(p, u64::from(TP_TIMESTAMP) << 3);
+        put(p, delta);
+        put(p, u64::from(TP_SEQUENCE_ID) << 3);
+        put(p, seq.id);
+        put(p, u64::from(TP_SEQUENCE_FLAGS) << 3);
+        put(p, SEQ_NEEDS_INCREMENTAL_STATE);
         let te_len = 2 + iids.map_or(0, |(c, name)| 2 + varint_len(c) + varint_len(name));
-        put(&mut p, &mut n, u64::from(TP_TRACK_EVENT) << 3 | 2);
-        put(&mut p, &mut n, te_len as u64);
-        put(&mut p, &mut n, u64::from(TE_TYPE) << 3);
-        put(&mut p, &mut n, ty);
+        put(p, u64::from(TP_TRACK_EVENT) << 3 | 2);
+        put(p, te_len as u64);
+        put(p, u64::from(TE_TYPE) << 3);
+        put(p, ty);
         if let Some((cat, name)) = iids {
-            put(&mut p, &mut n, u64::from(TE_CATEGORY_IIDS) << 3);
-            put(&mut p, &mut n, cat);
-            put(&mut p, &mut n, u64::from(TE_NAME_IID) << 3);
-            put(&mut p, &mut n, name);
+            put(p, u64::from(TE_CATEGORY_IIDS) << 3);
+            put(p, cat);
+            put(p, u64::from(TE_NAME_IID) << 3);
+            put(p, name);
         }
-        let body_len = n.saturating_sub(2);
+        let body_len = p.len() - at - 2;
         if self.interned.0.is_empty() && body_len < 0x80 {
-            p[0] = 0x0a; // Trace.packet
-            p[1] = body_len as u8;
-            self.batch.extend_from_slice(p.get(..n).unwrap_or(&[]));
+            if let Some(len) = p.get_mut(at + 1) {
+                *len = body_len as u8;
+            }
         } else {
-            let body = p.get(2..n).unwrap_or(&[]);
+            let body = p.split_off(at + 2);
+            p.truncate(at);
             // With the interned data the packet's first use of a name or category adds.
             let field = varint_len(u64::from(TP_INTERNED_DATA) << 3);
             let interned = std::mem::take(&mut self.interned);
@@ -325,7 +329,7 @@ impl<W: Write + Send + 'static> Writer<W> {
             let mut b = Msg(std::mem::take(&mut self.batch));
             b.key(1, 2);
             b.varint((body_len + extra) as u64);
-            b.0.extend_from_slice(body);
+            b.0.extend_from_slice(&body);
             b.msg(TP_INTERNED_DATA, &interned);
             self.batch = b.0;
             self.interned = interned;
