@@ -257,15 +257,20 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
 
     /// Fills in a begin record's length and end kind.
     fn patch(&mut self, pos: u64, end: SpanEnd, len: u64) {
+        if pos >= self.base {
+            // (Stored in place: a field put together on the stack was read back across
+            // its two stores, a stall per call.)
+            let k = (pos - self.base) as usize;
+            if let Some([code, rest @ ..]) = self.buf.get_mut(k..k + PATCH) {
+                *code = end_code(end);
+                rest.copy_from_slice(&len.to_le_bytes());
+            }
+            return;
+        }
         let mut field = [0u8; PATCH];
         field[0] = end_code(end);
         field[1..].copy_from_slice(&len.to_le_bytes());
-        if pos >= self.base {
-            let k = (pos - self.base) as usize;
-            if let Some(dst) = self.buf.get_mut(k..k + PATCH) {
-                dst.copy_from_slice(&field);
-            }
-        } else if let (Some(f), None) = (&self.file, &self.error) {
+        if let (Some(f), None) = (&self.file, &self.error) {
             if let Err(e) = f.write_all_at(&field, pos) {
                 self.error = Some(e);
             }
