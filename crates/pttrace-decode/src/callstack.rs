@@ -793,13 +793,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// `Instruction` record).
     #[inline]
     pub fn instruction(&mut self, pc: u64, size: u8, class: InsnClass) {
-        let transfer = self.last.is_some_and(|l| {
-            matches!(
-                l.class,
-                InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
-            )
-        });
-        if transfer || self.stack.is_empty() {
+        if self.placed_by_control_flow() {
             self.control_flow(pc);
         }
         let node = if self.inline_cache.is_empty() {
@@ -807,12 +801,50 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         } else {
             self.inline_node(pc)
         };
+        self.count_one(node);
+        self.set_last(pc, size, class);
+    }
+
+    /// Whether the next instruction goes through [`Self::control_flow`]: the last one
+    /// was a call, return, jump or conditional jump, or the stack is empty.
+    #[inline]
+    fn placed_by_control_flow(&self) -> bool {
+        let transfer = self.last.is_some_and(|l| {
+            matches!(
+                l.class,
+                InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
+            )
+        });
+        transfer || self.stack.is_empty()
+    }
+
+    /// Counts the next `n` instructions to `node` (those in the counted range).
+    #[inline]
+    fn count_to(&mut self, node: u32, n: u64) {
+        let from = self.insns;
+        let to = from + n;
+        let counted = to
+            .min(self.counted.end)
+            .saturating_sub(from.max(self.counted.start));
+        if let Some(node) = self.nodes.get_mut(node as usize) {
+            node.count += counted;
+        }
+        self.insns = to;
+    }
+
+    /// [`Self::count_to`] of one instruction.
+    #[inline]
+    fn count_one(&mut self, node: u32) {
         if self.counted.contains(&self.insns) {
             if let Some(n) = self.nodes.get_mut(node as usize) {
                 n.count += 1;
             }
         }
         self.insns += 1;
+    }
+
+    #[inline]
+    fn set_last(&mut self, pc: u64, size: u8, class: InsnClass) {
         self.last = Some(Last {
             pc,
             next: pc.wrapping_add(u64::from(size)),
@@ -836,57 +868,26 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
                 break;
             };
-            let transfer = self.last.is_some_and(|l| {
-                matches!(
-                    l.class,
-                    InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
-                )
-            });
-            if transfer || self.stack.is_empty() {
+            if self.placed_by_control_flow() {
                 self.control_flow(packed_pc(first));
             }
             let node = if self.inline_cache.is_empty() {
                 Some(self.cur)
             } else {
-                self.run_inline_key(run).map(|key| {
-                    if key == 0 && self.stack.last().is_none_or(|f| f.inline == 0) {
-                        self.cur
-                    } else {
-                        self.inline_node_of(key)
-                    }
-                })
+                self.run_inline_key(run).map(|key| self.node_of_key(key))
             };
             match node {
-                Some(node) => {
-                    let from = self.insns;
-                    let to = from + run.len() as u64;
-                    let counted = to
-                        .min(self.counted.end)
-                        .saturating_sub(from.max(self.counted.start));
-                    if let Some(n) = self.nodes.get_mut(node as usize) {
-                        n.count += counted;
-                    }
-                    self.insns = to;
-                }
+                Some(node) => self.count_to(node, run.len() as u64),
                 // Inlined code begins or ends inside the run: an instruction at a time.
                 None => {
                     for &w in run {
                         let node = self.inline_node(packed_pc(w));
-                        if self.counted.contains(&self.insns) {
-                            if let Some(n) = self.nodes.get_mut(node as usize) {
-                                n.count += 1;
-                            }
-                        }
-                        self.insns += 1;
+                        self.count_one(node);
                     }
                 }
             }
             let (pc, size, class) = unpack_instruction(last);
-            self.last = Some(Last {
-                pc,
-                next: pc.wrapping_add(u64::from(size)),
-                class,
-            });
+            self.set_last(pc, size, class);
         }
     }
 
@@ -959,6 +960,13 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     #[inline]
     fn inline_node(&mut self, pc: u64) -> u32 {
         let key = self.inline_context(pc);
+        self.node_of_key(key)
+    }
+
+    /// The node an instruction of inline key `key` counts to, its frame's run of inlined
+    /// code followed.
+    #[inline]
+    fn node_of_key(&mut self, key: u64) -> u32 {
         if key == 0 && self.stack.last().is_none_or(|f| f.inline == 0) {
             return self.cur;
         }
