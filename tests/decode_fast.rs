@@ -146,6 +146,13 @@ fn assert_same_and_fast(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
     f
 }
 
+/// [`assert_same_and_fast`], and the records are exactly `expected` (those of the trace
+/// without the packets added).
+fn assert_fast_and_unchanged(trace: &[u8], space: &AddressSpace, expected: &[Record]) {
+    let recs = assert_same_and_fast(trace, space);
+    assert!(recs == expected, "{}", first_difference(&recs, expected));
+}
+
 /// The fast decoder hands the whole trace to libipt, for `why`: libipt's records.
 fn assert_left_to_libipt(trace: &[u8], space: &AddressSpace, why: &str) -> Vec<Record> {
     let (f, by) = fast(trace, space);
@@ -939,6 +946,16 @@ mod parallel {
     }
 }
 
+/// The call program's trace with `bytes` after its second TNT: left to libipt for `why`.
+fn assert_call_trace_left_to_libipt(p: &CallProg, space: &AddressSpace, bytes: &[u8], why: &str) {
+    let t = call_trace_with(p, &|w, k| {
+        if k == 2 {
+            w.buf.extend_from_slice(bytes);
+        }
+    });
+    assert_left_to_libipt(&t, space, why);
+}
+
 /// The call program's trace (calls, compressed returns, a syscall, an asynchronous
 /// branch), with `extra(w, k)` given the chance to add packets at 9 points: PSB+ (k = 0,
 /// before PSBEND), after TNTs, between a FUP's TIP and what follows, at a disable and an
@@ -991,8 +1008,7 @@ fn trig_packets_change_no_record_and_stay_fast() {
         }
     });
     assert_eq!(with_trig.len(), plain.len() + 8 * 8);
-    let recs = assert_same_and_fast(&with_trig, &space);
-    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    assert_fast_and_unchanged(&with_trig, &space, &expected);
     // A TRIG inside the PSB+ is out of place (libipt's context error): a gap at it, the
     // rest (no further PSB) lost, in both decoders.
     let in_psb = call_trace_with(&p, &|w, k| {
@@ -1047,8 +1063,7 @@ fn power_events_change_no_record_and_stay_fast() {
         }
         _ => {}
     });
-    let recs = assert_same_and_fast(&with_power, &space);
-    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    assert_fast_and_unchanged(&with_power, &space, &expected);
     // The event at `top` itself, before the call: the first instruction of the block.
     let at_top = call_trace_with(&p, &|w, k| {
         if k == 7 {
@@ -1056,8 +1071,7 @@ fn power_events_change_no_record_and_stay_fast() {
             w.fup(p.top);
         }
     });
-    let recs = assert_same_and_fast(&at_top, &space);
-    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    assert_fast_and_unchanged(&at_top, &space, &expected);
     // An MWAIT without its EXSTOP, an EXSTOP with IP without its FUP: left to libipt.
     for (bytes, why) in [
         (&MWAIT[..], "MWAIT not followed by its EXSTOP"),
@@ -1066,12 +1080,7 @@ fn power_events_change_no_record_and_stay_fast() {
             "EXSTOP with IP or MODE.TSX not followed by its FUP",
         ),
     ] {
-        let t = call_trace_with(&p, &|w, k| {
-            if k == 2 {
-                w.buf.extend_from_slice(bytes);
-            }
-        });
-        assert_left_to_libipt(&t, &space, why);
+        assert_call_trace_left_to_libipt(&p, &space, bytes, why);
     }
 }
 
@@ -1097,15 +1106,9 @@ fn tsx_transactions_change_no_record_and_stay_fast() {
         }
         _ => {}
     });
-    let recs = assert_same_and_fast(&with_tsx, &space);
-    assert!(recs == expected, "{}", first_difference(&recs, &expected));
+    assert_fast_and_unchanged(&with_tsx, &space, &expected);
     // An abort without its FUP: left to libipt.
-    let t = call_trace_with(&p, &|w, k| {
-        if k == 2 {
-            w.buf.extend_from_slice(&ABORT);
-        }
-    });
-    assert_left_to_libipt(&t, &space, "MODE.TSX abort not followed by its FUP");
+    assert_call_trace_left_to_libipt(&p, &space, &ABORT, "MODE.TSX abort not followed by its FUP");
 }
 
 /// The decode errors among `recs`: "PT-OFFSET ERROR".
