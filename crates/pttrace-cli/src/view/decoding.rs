@@ -135,13 +135,10 @@ pub(super) fn decode_one<S: SpanSink>(
         });
         let mut windows = Vec::new();
         let mut window: Option<(PttWindowInfo, u64)> = None;
-        let run = |cs: &mut CallStacks<'_, ImageNames, S>, words: &[u64]| {
-            cs.packed_instructions(words);
-        };
         for mut batch in rx {
             let mut done = 0usize;
             for (at, ev) in batch.events.drain(..) {
-                run(&mut cs, batch.instructions.get(done..at).unwrap_or(&[]));
+                cs.packed_instructions(batch.instructions.get(done..at).unwrap_or(&[]));
                 done = at;
                 match ev {
                     BatchEvent::Record(r) => cs.record(&r),
@@ -175,7 +172,7 @@ pub(super) fn decode_one<S: SpanSink>(
                     }
                 }
             }
-            run(&mut cs, batch.instructions.get(done..).unwrap_or(&[]));
+            cs.packed_instructions(batch.instructions.get(done..).unwrap_or(&[]));
             batch.instructions.clear();
             let _ = back_tx.try_send(batch);
         }
