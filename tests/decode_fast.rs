@@ -1545,6 +1545,279 @@ fn pip_and_vmcs_in_psb_plus_are_read_by_the_fast_decoder() {
     assert!(f == l, "{}", first_difference(&f, &l));
 }
 
+/// Code with PTWRITE, MOV CR3, VMPTRLD and a SYSCALL, for PTW, PIP and VMCS packets
+/// outside PSB+s; the addresses of its instructions.
+struct PagingProg {
+    space: AddressSpace,
+    at: u64,
+}
+
+const PTW: [u8; 6] = [0x02, 0x12, 0x11, 0x22, 0x33, 0x44]; // 4-byte payload, no IP
+const PTW_IP: [u8; 10] = [0x02, 0xb2, 1, 2, 3, 4, 5, 6, 7, 8]; // 8-byte payload, IP
+const PIP: [u8; 8] = [0x02, 0x43, 0x01, 0x40, 0x23, 0x01, 0, 0]; // CR3 0x12340000, NR
+const VMCS: [u8; 7] = [0x02, 0xc8, 0xe0, 0xcd, 0xab, 0, 0];
+
+fn paging_prog() -> PagingProg {
+    const AT: u64 = 0x60_0000;
+    let mut code = vec![0xf4u8; 0x30];
+    let mut put = |at: usize, bytes: &[u8]| code[at..at + bytes.len()].copy_from_slice(bytes);
+    put(0x00, &[0xf3, 0x48, 0x0f, 0xae, 0xe0]); // ptwrite rax
+    put(0x05, &[0x90]); // nop
+    put(0x06, &[0xf3, 0x48, 0x0f, 0xae, 0xe3]); // ptwrite rbx
+    put(0x0b, &[0x48, 0xff, 0xc9]); // dec rcx
+    put(0x0e, &[0x75, 0xf0]); // jnz AT
+    put(0x10, &[0x0f, 0x22, 0xd8]); // mov cr3, rax
+    put(0x13, &[0x0f, 0xc7, 0x30]); // vmptrld [rax]
+    put(0x16, &[0xff, 0xe3]); // jmp rbx
+    put(0x20, &[0x0f, 0x05]); // syscall
+    put(0x22, &[0xeb, 0xdc]); // jmp AT
+    let mut space = AddressSpace::new();
+    space.add_bytes("paging", code, AT);
+    PagingProg { space, at: AT }
+}
+
+/// The program's trace: the loop twice, MOV CR3 / VMPTRLD, the syscall (tracing
+/// disabled), back at the `jmp AT`, an interrupt at the `nop`, the syscall again; with
+/// `extra(w, k)` adding packets at 10 points.
+fn paging_trace(p: &PagingProg, extra: &dyn Fn(&mut PtWriter, usize)) -> Vec<u8> {
+    let at = p.at;
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(10), Some(at));
+    extra(&mut w, 0);
+    w.tnt(&[true]);
+    extra(&mut w, 1);
+    w.tnt(&[false]);
+    extra(&mut w, 2);
+    w.tip(at + 0x20);
+    extra(&mut w, 3);
+    w.tip_pgd(None);
+    extra(&mut w, 4);
+    w.tsc(20).tip_pge(at + 0x22);
+    extra(&mut w, 5);
+    w.fup(at + 0x05);
+    extra(&mut w, 6);
+    w.tip(at + 0x20);
+    extra(&mut w, 7);
+    w.tip_pgd(None);
+    extra(&mut w, 8);
+    w.buf
+}
+
+/// PTW packets (PTWRITE's operand) bind to PTWRITEs, PIP and VMCS outside a PSB+ to MOV
+/// CR3, VMPTRLD, far transfers or the asynchronous branch they come with, as real
+/// hardware writes them (PTWRITE with `ptw`, an OS or hypervisor traced): no record, the
+/// records of the trace without them, libipt's, and the fast decoder keeps the window.
+#[test]
+fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
+    let p = paging_prog();
+    let at = p.at;
+    let plain = paging_trace(&p, &|_, _| {});
+    let expected = assert_same_and_fast(&plain, &p.space);
+    // (The plain trace, exactly.)
+    let lp = [at, at + 5, at + 6, at + 0x0b, at + 0x0e];
+    let mut want: Vec<u64> = [lp, lp].concat();
+    want.extend([at + 0x10, at + 0x13, at + 0x16, at + 0x20]);
+    // (Interrupted at the `nop`, before it runs.)
+    want.extend([at + 0x22, at, at + 0x20]);
+    assert_eq!(pcs(&expected), want);
+    let ip_bytes = |w: &mut PtWriter, bytes: &[u8]| w.buf.extend_from_slice(bytes);
+    let with_packets = paging_trace(&p, &|w, k| match k {
+        // The first round: a PTW for each PTWRITE, the second bound by its FUP's IP.
+        0 => {
+            ip_bytes(w, &PTW);
+            ip_bytes(w, &PTW_IP);
+            w.pad().fup(at + 6);
+        }
+        // The second round: both PTWs without IP; then MOV CR3's PIP, VMPTRLD's VMCS.
+        1 => {
+            ip_bytes(w, &PTW);
+            ip_bytes(w, &PTW);
+        }
+        2 => {
+            ip_bytes(w, &PIP);
+            ip_bytes(w, &VMCS);
+        }
+        // At the syscall (a far transfer): a PIP and a VMCS before it.
+        3 => {
+            ip_bytes(w, &VMCS);
+            ip_bytes(w, &PIP);
+        }
+        // Tracing disabled: events, no code (a PTW's FUP only moves the last IP).
+        4 => {
+            ip_bytes(w, &PIP);
+            ip_bytes(w, &PTW_IP);
+            w.fup(at + 6);
+            ip_bytes(w, &PTW);
+        }
+        // The interrupt's PIP and VMCS, between its FUP and TIP.
+        6 => {
+            ip_bytes(w, &PIP);
+            w.pad();
+            ip_bytes(w, &VMCS);
+        }
+        _ => {}
+    });
+    assert_fast_and_unchanged(&with_packets, &p.space, &expected);
+    // A TSC between a PTW and its FUP: its time is the event's, as libipt's.
+    let timed = paging_trace(&p, &|w, k| {
+        if k == 0 {
+            ip_bytes(w, &PTW_IP);
+            w.tsc(11).fup(at + 6);
+        }
+    });
+    let recs = assert_same_and_fast(&timed, &p.space);
+    assert_eq!(pcs(&recs), want);
+    // A VM exit that disables tracing: FUP, PIP, VMCS, TIP.PGD (with or without IP).
+    for ip in [Some(at + 0x20), None] {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(10), Some(at)).tnt(&[true]).fup(at + 5);
+        ip_bytes(&mut w, &PIP);
+        ip_bytes(&mut w, &VMCS);
+        w.tip_pgd(ip);
+        let recs = assert_same_and_fast(&w.buf, &p.space);
+        assert_eq!(pcs(&recs), [&lp[..], &[at]].concat());
+        assert_eq!(
+            recs.last(),
+            Some(&Record::TraceDisabled { ip: Some(at + 5) })
+        );
+    }
+    // libipt's records have no event of them: a check that the packets were read.
+    let lines = drpttracer::decode::packets::list_packets(&with_packets);
+    let count = |name: &str| {
+        lines
+            .iter()
+            .filter(|l| l.to_string().contains(name))
+            .count()
+    };
+    assert_eq!((count(" ptw "), count(" pip "), count(" vmcs ")), (6, 4, 3));
+    // What the fast decoder does not bind is left to libipt.
+    for (k, bytes, why) in [
+        // A PTW whose FUP is no PTWRITE's IP.
+        (
+            0,
+            &[&PTW_IP[..], &[0x3d, 0x05, 0x00]].concat(),
+            "the IP a PTW binds to is no PTWRITE",
+        ),
+        // A PTW without a PTWRITE left before the branch (the `jnz` after both).
+        (
+            1,
+            &[&PTW[..], &PTW[..], &PTW[..]].concat(),
+            "no PTWRITE before the branch a PTW binds to",
+        ),
+        // A VMCS before the `jmp rbx` after VMPTRLD: it binds to nothing before.
+        (
+            2,
+            &[&PIP[..], &VMCS[..], &VMCS[..]].concat(),
+            "no instruction before the branch a PIP or VMCS binds to",
+        ),
+        // Two PIPs for one far transfer (libipt binds one, then takes the syscall).
+        (
+            3,
+            &[&PIP[..], &PIP[..]].concat(),
+            "two PIPs or VMCSs bound to one branch",
+        ),
+    ] {
+        let t = paging_trace(&p, &|w, j| {
+            if j == k {
+                ip_bytes(w, bytes);
+            }
+        });
+        assert_left_to_libipt(&t, &p.space, why);
+    }
+}
+
+const MNT: [u8; 11] = [0x02, 0xc3, 0x88, 0, 0xa0, 0, 0, 0, 0, 0, 0];
+const STOP: [u8; 2] = [0x02, 0x83];
+const MODE_32: [u8; 2] = [0x99, 0x02]; // MODE.Exec: CS.D
+const MODE_64: [u8; 2] = [0x99, 0x01]; // MODE.Exec: CS.L
+
+/// MODE.Exec while tracing is enabled binds to the next TIP (the code at its target runs
+/// in the new mode) or FUP (the code runs to its IP); MNT is an event of its own (in a
+/// PSB+ too), STOP one after the disable; an OVF resolved by a FUP has the events of the
+/// CBR and MNT between them before its own (libipt's order, and so its timestamps). All
+/// libipt's records, on the fast path.
+#[test]
+fn mode_exec_mnt_stop_and_an_ovf_with_events_equal_libipt_and_stay_fast() {
+    let p = paging_prog();
+    let at = p.at;
+    let plain = paging_trace(&p, &|_, _| {});
+    let expected = assert_same_and_fast(&plain, &p.space);
+    let add = |w: &mut PtWriter, bytes: &[u8]| w.buf.extend_from_slice(bytes);
+    // The same mode again: bound to the TIP of `jmp rbx`, to the FUP of an interrupt
+    // (the code runs to it), in PSB+-less places; MNT and STOP around.
+    let same_mode = paging_trace(&p, &|w, k| match k {
+        1 => add(w, &MNT),
+        2 => add(w, &MODE_64),
+        4 => {
+            add(w, &STOP);
+            add(w, &MNT);
+        }
+        5 => {
+            add(w, &MODE_64);
+            w.pad().fup(at + 5);
+        }
+        8 => add(w, &STOP),
+        _ => {}
+    });
+    assert_fast_and_unchanged(&same_mode, &p.space, &expected);
+    // Another mode: a far jump from 64-bit code into 32-bit code (`dec ecx` is a REX
+    // prefix in 64-bit code: the records show which mode decoded it).
+    const Q: u64 = 0x61_0000;
+    let mut space = p.space.clone();
+    let mut far = vec![0xf4u8; 0x10];
+    far[..2].copy_from_slice(&[0xff, 0x28]); // jmp far [rax] (64-bit)
+    space.add_bytes("far", far, Q - 0x100);
+    // dec ecx; jnz Q; jmp eax (32-bit)
+    space.add_bytes("code32", vec![0x49, 0x75, 0xfd, 0xff, 0xe0, 0xf4], Q);
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(10), Some(Q - 0x100));
+    add(&mut w, &MODE_32);
+    w.tip(Q).tnt(&[true, true, false]).tip_pgd(None);
+    let recs = assert_same_and_fast(&w.buf, &space);
+    let shown: Vec<(u64, drpttracer::decode::ExecMode)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Instruction(i) => Some((i.pc, i.mode)),
+            _ => None,
+        })
+        .collect();
+    use drpttracer::decode::ExecMode::{Bit32, Bit64};
+    let lp = [(Q, Bit32), (Q + 1, Bit32)];
+    assert_eq!(
+        shown,
+        [&[(Q - 0x100, Bit64)], &lp[..], &lp, &lp, &[(Q + 3, Bit32)]].concat()
+    );
+    // MNT in a PSB+ without time; an OVF with TSC, CBR, MNT and PAD before its FUP.
+    let mut w = PtWriter::new();
+    w.psb();
+    add(&mut w, &MNT);
+    w.mode64().fup(at).psbend().tnt(&[true]).ovf().tsc(0xa00);
+    cbr(&mut w, 0x0f);
+    add(&mut w, &MNT);
+    w.pad()
+        .fup(at + 6)
+        .tnt(&[false])
+        .tip(at + 0x20)
+        .tip_pgd(None);
+    add(&mut w, &STOP);
+    let recs = assert_same_and_fast(&w.buf, &p.space);
+    let shown: Vec<String> = recs[..8].iter().map(|r| format!("{r:?}")).collect();
+    assert_eq!(
+        shown[6..],
+        [
+            "Timestamp { tsc: 2560, perf_time: None }",
+            "Overflow { ip: Some(6291462) }"
+        ]
+    );
+    // Two MODE.Execs in a PSB+: libipt's bad status update.
+    let mut w = PtWriter::new();
+    w.psb().mode64();
+    add(&mut w, &MODE_32);
+    w.psbend();
+    let f = assert_left_to_libipt(&w.buf, &p.space, "two MODE.Execs in a PSB+");
+    assert_eq!(gaps(&f), ["0x12 bad status update"]);
+}
+
 /// 32-bit code (MODE.Exec with CS.D), as a 32-bit process on real hardware: calls with
 /// compressed returns, a loop, an indirect jump, `int 0x80`; the fast decoder walks it
 /// itself (`dec ecx` and `inc eax` are REX prefixes in 64-bit code), giving libipt's

@@ -457,3 +457,113 @@ fn every_corpus_decode_is_ptxeds_but_the_listed_ones() {
         .collect();
     assert_eq!(differ, known, "{}", report.join("\n"));
 }
+
+/// The corpus cases where the fast decoder follows what libipt 2.1.2 cannot (README,
+/// "Packets and instructions newer than libipt 2.1.2"): the decoders differ on purpose.
+const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
+    "int-eretu-cpl_0",
+    "int-eretu",
+    "ptet-int-eretu",
+    "ptet-int-int-erets-eretu",
+    "tip-jmpabs",
+    "tip_pgd-jmpabs",
+    "trig-fup",
+];
+
+/// Corpus cases of what real hardware writes that the fast decoder decodes itself: PTW,
+/// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing.
+const FAST_PATTERNS: [&str; 26] = [
+    "ptw",
+    "ptw-fup",
+    "tip_pge-ptw-tip_pgd",
+    "tip_pge-ptw-fup-tip_pgd",
+    "psb-fup-ptw-trig",
+    "pip-far_call",
+    "vmcs-far_call",
+    "pip_mov_cr3-pip_mov_cr3",
+    "pip-vmcs-tip_pgd",
+    "fup-pip-vmcs-tip",
+    "fup-pip-vmcs-tip_pgd",
+    "psb-pip-psb",
+    "psb-pip-tip_pge",
+    "tip_pgd-pip-tip_pge",
+    "psb-vmcs",
+    "mode_exec-tip",
+    "ptet-mode_exec-spurious",
+    "ovf-mnt-fup",
+    "ovf-mnt-tip_pge",
+    "psb-mnt-psbend",
+    "psb-mnt-fup-psbend",
+    "psb-stop",
+    "tip_pgd-stop",
+    "fup-tip_pgd-stop",
+    "tip_pgd-psb-stop",
+    "ovf-timing-fup",
+];
+
+/// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but
+/// `--resync-on-error`, which `check` refuses): the fast decoder's records are libipt's,
+/// record for record (events, timestamps and all), but where libipt 2.1.2 cannot follow;
+/// and the real-hardware patterns above stay on the fast path.
+#[test]
+fn every_corpus_case_decodes_alike_with_both_decoders() {
+    let Some(dir) = libipt() else { return };
+    let (_, all) = cases(&dir);
+    let (mut checked, mut differ, mut fast) = (0usize, Vec::new(), Vec::new());
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in &all {
+        let Some(mut args) = decode_args(c, c.work.path()) else {
+            continue;
+        };
+        if args.iter().any(|a| a == "--resync-on-error") {
+            continue;
+        }
+        let k = args.iter().position(|a| a == "--format").unwrap();
+        args.splice(k..k + 2, ["--decoder".to_string(), "check".into()]);
+        let o = Command::new(pttrace())
+            .args(&args)
+            .current_dir(c.work.path())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        checked += 1;
+        let Some(decoders) = out
+            .lines()
+            .find(|l| l.starts_with("check: the fast decoder and libipt agree"))
+            .and_then(|l| l.split_once("(decoded by ")?.1.strip_suffix(')'))
+        else {
+            differ.push(format!(
+                "{}: {out}{}",
+                c.stem,
+                String::from_utf8_lossy(&o.stderr)
+            ));
+            continue;
+        };
+        let fast_only = decoders.starts_with("fast: ") && !decoders.contains("libipt");
+        if fast_only {
+            fast.push(c.stem.clone());
+        }
+        *by.entry(if fast_only {
+            "fast".into()
+        } else {
+            decoders.to_string()
+        })
+        .or_default() += 1;
+    }
+    println!("{checked} corpus cases checked; decoded by:");
+    for (who, n) in &by {
+        println!("  {n:4} {who}");
+    }
+    let differ_stems: Vec<&str> = differ
+        .iter()
+        .map(|d| d.split(':').next().unwrap())
+        .collect();
+    assert_eq!(differ_stems, BEYOND_LIBIPT_2_1_2, "{}", differ.join("\n"));
+    for stem in FAST_PATTERNS {
+        assert!(
+            fast.iter().any(|f| f == stem),
+            "{stem} is not decoded by the fast decoder alone"
+        );
+    }
+    assert!(checked > 200, "{checked} cases");
+}

@@ -135,12 +135,19 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
         Code::Erets => Some("ERETS"),
         _ => None,
     };
+    // (VM entries and UIRET are far returns to libipt: their target from a TIP.)
     let class = if is_syscall {
         InsnClass::FarCall
     } else if beyond_libipt.is_some()
         || matches!(
             insn.mnemonic(),
-            Mnemonic::Sysret | Mnemonic::Sysretq | Mnemonic::Sysexit | Mnemonic::Sysexitq
+            Mnemonic::Sysret
+                | Mnemonic::Sysretq
+                | Mnemonic::Sysexit
+                | Mnemonic::Sysexitq
+                | Mnemonic::Vmlaunch
+                | Mnemonic::Vmresume
+                | Mnemonic::Uiret
         )
     {
         InsnClass::FarReturn
@@ -484,6 +491,14 @@ mod tests {
         assert_eq!((sc.class, sc.is_syscall), (InsnClass::FarCall, true));
         assert_eq!(c(&[0x48, 0xcf]).class, InsnClass::FarReturn); // iretq
         assert_eq!(c(&[0x0f, 0x07]).class, InsnClass::FarReturn); // sysret
+                                                                  // VMLAUNCH, VMRESUME, UIRET: far returns, as libipt classifies them.
+        for b in [[0x0f, 0x01, 0xc2], [0x0f, 0x01, 0xc3]] {
+            assert_eq!(c(&b).class, InsnClass::FarReturn, "{b:x?}");
+        }
+        assert_eq!(c(&[0xf3, 0x0f, 0x01, 0xec]).class, InsnClass::FarReturn);
+        // MOV CR3 and VMPTRLD are no branches.
+        assert_eq!(c(&[0x0f, 0x22, 0xd8]).class, InsnClass::Other); // mov cr3, rax
+        assert_eq!(c(&[0x0f, 0xc7, 0x30]).class, InsnClass::Other); // vmptrld [rax]
         assert!(decode_insn(&[0x0f], 0, m).is_none());
         // FRED's far returns and APX's absolute jump (libipt 2.1.2 knows neither).
         for (b, name) in [

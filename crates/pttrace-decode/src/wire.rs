@@ -64,6 +64,19 @@ pub(crate) enum Pkt {
     },
     /// MWAIT (power event trace): the hints of an MWAIT, whose EXSTOP follows.
     Mwait,
+    /// PTW: the operand of a PTWRITE; with `ip`, the FUP after it gives the PTWRITE's IP
+    /// (else it binds to the next PTWRITE the code runs).
+    Ptw {
+        ip: bool,
+    },
+    /// MNT: a maintenance packet (model-specific payload); no control flow.
+    Mnt,
+    /// STOP (TraceStop): tracing stopped at a stop range or by the configuration.
+    Stop,
+    /// PIP: a CR3 change (MOV CR3, a far transfer, a VM entry or exit).
+    Pip,
+    /// VMCS: a VMCS pointer change (VMPTRLD, a VM entry or exit).
+    Vmcs,
     /// Any other packet (or a reserved encoding): its name.
     Other(&'static str),
 }
@@ -271,8 +284,8 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
         }
         0xf3 => Some((Pkt::Ovf, 2)),
         // PIP (CR3 and the NR bit in 6 bytes), VMCS (the VMCS base in 5 bytes).
-        0x43 => t.get(pos..pos + 8).map(|_| (Pkt::Other("pip"), 8)),
-        0xc8 => t.get(pos..pos + 7).map(|_| (Pkt::Other("vmcs"), 7)),
+        0x43 => t.get(pos..pos + 8).map(|_| (Pkt::Pip, 8)),
+        0xc8 => t.get(pos..pos + 7).map(|_| (Pkt::Vmcs, 7)),
         // CFE: byte 2 holds IP (bit 7) and the type (bits 4:0); byte 3 the vector.
         0x13 => t.get(pos..pos + 4).map(|b| {
             let cfe = Pkt::Cfe {
@@ -291,6 +304,22 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
         0x62 => Some((Pkt::Exstop { ip: false }, 2)),
         0xe2 => Some((Pkt::Exstop { ip: true }, 2)),
         0xc2 => t.get(pos..pos + 10).map(|_| (Pkt::Mwait, 10)),
+        // MNT (0x88 after the opcode, 8 payload bytes), STOP.
+        0xc3 => match *t.get(pos + 2)? {
+            0x88 => t.get(pos..pos + 11).map(|_| (Pkt::Mnt, 11)),
+            _ => Some((Pkt::Other("extended packet"), 2)),
+        },
+        0x83 => Some((Pkt::Stop, 2)),
+        // PTW: bits 6:5 the payload's size (4 or 8 bytes; others reserved), bit 7 IP.
+        b if b & 0x1f == 0x12 => {
+            let payload = match (b >> 5) & 3 {
+                0 => 4,
+                1 => 8,
+                _ => return Some((Pkt::Other("ptw with a reserved payload size"), 2)),
+            };
+            t.get(pos..pos + 2 + payload)
+                .map(|_| (Pkt::Ptw { ip: b & 0x80 != 0 }, 2 + payload))
+        }
         _ => Some((Pkt::Other("extended packet"), 2)),
     }
 }
@@ -425,14 +454,29 @@ mod tests {
         );
         assert_eq!(parse(&[0x02, 0x13, 0x81], 0), None, "cut CFE");
         let pip = [0x02, 0x43, 1, 0x40, 0x23, 1, 0, 0];
-        assert_eq!(parse(&pip, 0), Some((Pkt::Other("pip"), 8)));
+        assert_eq!(parse(&pip, 0), Some((Pkt::Pip, 8)));
         assert_eq!(parse(&pip[..7], 0), None, "cut PIP");
         let vmcs = [0x02, 0xc8, 0xe0, 0xcd, 0xab, 0, 0];
-        assert_eq!(parse(&vmcs, 0), Some((Pkt::Other("vmcs"), 7)));
+        assert_eq!(parse(&vmcs, 0), Some((Pkt::Vmcs, 7)));
         assert_eq!(parse(&vmcs[..6], 0), None, "cut VMCS");
         let evd = [0x02, 0x53, 0, 0xaa, 0x0b, 0xf0, 0, 0, 0, 0, 0];
         assert_eq!(parse(&evd, 0), Some((Pkt::Evd { ty: 0 }, 11)));
         assert_eq!(parse(&evd[..10], 0), None, "cut EVD");
+        let mnt = [0x02, 0xc3, 0x88, 0, 0xa0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(parse(&mnt, 0), Some((Pkt::Mnt, 11)));
+        assert_eq!(parse(&mnt[..10], 0), None, "cut MNT");
+        assert_eq!(parse(&[0x02, 0x83], 0), Some((Pkt::Stop, 2)));
+        // PTW: 4 bytes without IP, 8 bytes with IP; payload size 2 is reserved.
+        let ptw4 = [0x02, 0x12, 1, 2, 3, 4];
+        assert_eq!(parse(&ptw4, 0), Some((Pkt::Ptw { ip: false }, 6)));
+        assert_eq!(parse(&ptw4[..5], 0), None, "cut PTW");
+        let ptw8 = [0x02, 0xb2, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(parse(&ptw8, 0), Some((Pkt::Ptw { ip: true }, 10)));
+        assert_eq!(parse(&ptw8[..9], 0), None, "cut PTW");
+        assert_eq!(
+            parse(&[0x02, 0x52, 0, 0], 0),
+            Some((Pkt::Other("ptw with a reserved payload size"), 2))
+        );
         assert_eq!(parse(&[0x19, 1, 2, 3], 0), None, "cut TSC");
         assert_eq!(find_psb(&[0, 0, 0x02, 0x82], 0), None);
         let mut t = vec![0u8; 3];

@@ -461,10 +461,54 @@ enum TraceItem {
     Pge(u64),
     /// The FUP an event binds to (EXSTOP with IP): the code runs to its IP and on.
     Bound(u64),
+    /// A PTW: the code runs through the PTWRITE it binds to (at the IP of the FUP after
+    /// it, or the next PTWRITE) and on.
+    Ptw(Option<u64>),
+    /// A PIP or VMCS outside a PSB+ and an asynchronous branch: the instruction it binds to
+    /// (libipt's `pt_insn_binds_to_pip`/`_vmcs`).
+    Binds(Binding),
     Psb,
     Ovf,
     /// The trace ended; what came after the last trace item.
     End(ReadOn),
+}
+
+/// What a PIP or VMCS packet binds to while tracing is enabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binding {
+    /// PIP (a CR3 change): MOV CR3, VMLAUNCH, VMRESUME or a far transfer.
+    Pip,
+    /// VMCS (a VMCS pointer change): VMPTRLD, VMLAUNCH, VMRESUME or a far transfer.
+    Vmcs,
+}
+
+impl Binding {
+    /// Whether it binds to `i`: `Some(true)` at a branch (VMLAUNCH, VMRESUME, a far
+    /// transfer: the event comes before it, the branch then takes its trace),
+    /// `Some(false)` at MOV CR3 or VMPTRLD (the event comes after it), `None` elsewhere.
+    fn binds_to(self, i: &crate::records::Instruction) -> Option<bool> {
+        use iced_x86::{Code, Mnemonic, Register};
+        if matches!(
+            i.class,
+            InsnClass::FarCall | InsnClass::FarReturn | InsnClass::FarJump
+        ) {
+            // (VMLAUNCH and VMRESUME are far returns, as libipt classifies them.)
+            return Some(true);
+        }
+        let insn = iced_x86::Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0).decode();
+        let binds = match self {
+            Binding::Pip => {
+                matches!(insn.code(), Code::Mov_cr_r64 | Code::Mov_cr_r32)
+                    && insn.op0_register() == Register::CR3
+            }
+            Binding::Vmcs => insn.mnemonic() == Mnemonic::Vmptrld,
+        };
+        binds.then_some(false)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// What came after the last trace item (TNT, TIP...) where the trace ends: after PADs and
@@ -526,6 +570,9 @@ pub(crate) struct FlowState {
     cfe_iret: bool,
     /// An MWAIT was read: its EXSTOP comes next.
     mwait: bool,
+    /// The queue position when a PIP (`[0]`) or VMCS (`[1]`) last bound to a branch
+    /// (libipt binds at most one of each to an instruction).
+    bound_branch: [Option<u64>; 2],
     /// Resynchronize after a decode error as libipt 2.2's `pt_blk_resync`
     /// ([`super::WindowOptions::resync_on_error`]).
     pub resync: bool,
@@ -654,6 +701,7 @@ impl FlowState {
             at_cut: false,
             cfe_iret: false,
             mwait: false,
+            bound_branch: [None; 2],
             item_at: 0,
             resync: false,
             error: None,
@@ -1246,6 +1294,60 @@ impl PtDecoder<'_> {
                 st.cur = self.flow_block(at)?;
                 Ok(None)
             }
+            TraceItem::Ptw(at) => {
+                let n = match at {
+                    Some(at) => {
+                        self.flow_not_walked(st, at)?;
+                        self.flow_index_of(b, at)
+                            .ok_or("PTWRITE IP not reached without trace")?
+                    }
+                    None => {
+                        self.flow_nothing_walked(st)?;
+                        self.flow_first_binding(b, |i| {
+                            (i.class == InsnClass::Ptwrite).then_some(false)
+                        })
+                        .ok_or("no PTWRITE before the branch a PTW binds to")?
+                        .0
+                    }
+                };
+                let ptwrite = self.flow_recs(b)[n as usize]
+                    .as_instruction()
+                    .filter(|i| i.class == InsnClass::Ptwrite)
+                    .ok_or("the IP a PTW binds to is no PTWRITE")?;
+                let next = ptwrite.pc.wrapping_add(u64::from(ptwrite.size));
+                self.flow_push_block(st, b, n + 1);
+                self.flow_commit(st);
+                self.flow_quiet_event(st);
+                st.cur = self.flow_block(next)?;
+                Ok(None)
+            }
+            TraceItem::Binds(binding) => {
+                self.flow_nothing_walked(st)?;
+                let (n, branch) = self
+                    .flow_first_binding(b, |i| binding.binds_to(i))
+                    .ok_or("no instruction before the branch a PIP or VMCS binds to")?;
+                let insn = *self.flow_recs(b)[n as usize]
+                    .as_instruction()
+                    .ok_or("no instruction")?;
+                if branch {
+                    // The event first, then the branch (libipt postpones it).
+                    let bound = &mut st.bound_branch[binding.index()];
+                    if n == 0 && *bound == Some(self.queue.pushed) {
+                        return Err("two PIPs or VMCSs bound to one branch");
+                    }
+                    self.flow_push_block(st, b, n);
+                    self.flow_commit(st);
+                    st.bound_branch[binding.index()] = Some(self.queue.pushed);
+                    self.flow_quiet_event(st);
+                    st.cur = self.flow_block(insn.pc)?;
+                } else {
+                    self.flow_push_block(st, b, n + 1);
+                    self.flow_commit(st);
+                    self.flow_quiet_event(st);
+                    st.cur = self.flow_block(insn.pc.wrapping_add(u64::from(insn.size)))?;
+                }
+                Ok(None)
+            }
             TraceItem::Ovf => {
                 // (libipt takes the overflow before walking the block waiting for trace:
                 // none of it ran as far as the trace tells.)
@@ -1291,7 +1393,8 @@ impl PtDecoder<'_> {
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
-                | Pkt::Cbr(_) => p += size,
+                | Pkt::Cbr(_)
+                | Pkt::Mnt => p += size,
                 Pkt::Fup(ip) => break Some((ip, p + size)),
                 // (As libipt: an enable, a mode or a power event first: resolved disabled.)
                 Pkt::TipPge(_)
@@ -1306,30 +1409,26 @@ impl PtDecoder<'_> {
         };
         st.last_ip.reset();
         st.clock.on_ovf();
-        let resume = match fup {
-            Some((p, after)) => Some((
-                st.last_ip.apply(p).ok_or("FUP without IP after OVF")?,
-                after,
-            )),
-            None => None,
-        };
-        self.flow_event(
-            st,
-            Record::Overflow {
-                ip: resume.map(|r| r.0),
-            },
-        );
-        let Some((ip, after)) = resume else {
+        let Some((p, after)) = fup else {
+            // (A standalone event, before what follows.)
+            self.flow_event(st, Record::Overflow { ip: None });
             st.enabled = false;
             return Ok(());
         };
-        // (Whether tracing was enabled before or not.)
-        st.enabled = true;
-        // The timing packets up to the FUP move the time on.
+        let ip = st.last_ip.apply(p).ok_or("FUP without IP after OVF")?;
+        // Bound to the FUP: the timing packets up to it move the time on, and the events
+        // among them (CBR, MNT) come before the overflow's, which has the OVF's time.
+        let at_ovf = st.clock.now();
         while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < after) {
             st.clock.on_timing(pkt, false, st.clock_cfg)?;
+            if matches!(pkt, Pkt::Cbr(_) | Pkt::Mnt) {
+                self.flow_quiet_event(st);
+            }
             st.pos += size;
         }
+        self.flow_event_at(st, at_ovf, Record::Overflow { ip: Some(ip) });
+        // (Whether tracing was enabled before or not.)
+        st.enabled = true;
         st.cur = self.flow_block(ip)?;
         Ok(())
     }
@@ -1342,6 +1441,28 @@ impl PtDecoder<'_> {
             return Err("event IP in code walked without trace");
         }
         Ok(())
+    }
+
+    /// Events binding to the next instruction of a kind walk from the last trace item:
+    /// where code was walked since, libipt decodes the window.
+    fn flow_nothing_walked(&self, st: &FlowState) -> Result<(), Fallback> {
+        if self.queue.pushed != st.committed {
+            return Err("event bound to an instruction after code walked without trace");
+        }
+        Ok(())
+    }
+
+    /// The index among block `b`'s records of its first instruction that `binds` (with
+    /// what `binds` says of it).
+    fn flow_first_binding(
+        &self,
+        b: FBlock,
+        binds: impl Fn(&crate::records::Instruction) -> Option<bool>,
+    ) -> Option<(u32, bool)> {
+        self.flow_recs(b)
+            .iter()
+            .enumerate()
+            .find_map(|(k, r)| Some((k as u32, binds(r.as_instruction()?)?)))
     }
 
     /// Records of block `b` before its instruction at `ip`.
@@ -1417,7 +1538,12 @@ impl PtDecoder<'_> {
 
     /// An event record (with its timestamp, as the libipt pipeline gives one).
     fn flow_event(&mut self, st: &mut FlowState, rec: Record) {
-        match st.clock.now() {
+        self.flow_event_at(st, st.clock.now(), rec);
+    }
+
+    /// An event record of time `time` (the trace's time when the event happened).
+    fn flow_event_at(&mut self, st: &mut FlowState, time: Option<u64>, rec: Record) {
+        match time {
             Some(t) => {
                 self.tsc = Some(t);
                 self.timestamp(t);
@@ -1641,8 +1767,14 @@ impl PtDecoder<'_> {
                     // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
                     // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
                     // (their time is the branch's, as libipt's query decoder reads them).
-                    let next =
-                        Self::flow_past_timing(self.trace, st, "FUP at the end of the trace")?;
+                    // A PIP or VMCS between them (a VM exit or entry, a task switch) binds
+                    // to that TIP: its event comes after the branch, at its target.
+                    let end = "FUP at the end of the trace";
+                    // (With a TIP.PGD, they come after the disable: no code.)
+                    let mut next = Self::flow_past_timing(self.trace, st, end)?;
+                    while matches!(next, Pkt::Pip | Pkt::Vmcs) {
+                        next = Self::flow_past_timing(self.trace, st, end)?;
+                    }
                     st.read_on = ReadOn::Nothing;
                     return match next {
                         Pkt::Tip(p) => {
@@ -1657,13 +1789,40 @@ impl PtDecoder<'_> {
                     };
                 }
                 Pkt::ModeExec { csl, csd } => {
-                    if st.enabled {
-                        return Err("MODE.Exec while tracing is enabled");
+                    let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
+                    if !st.enabled {
+                        // (The mode of the code tracing is enabled in next.)
+                        self.blocks.flow.mode = mode;
+                        self.flow_quiet_event(st);
+                        continue;
                     }
-                    // (The mode of the code tracing is enabled in next.)
-                    self.blocks.flow.mode =
-                        FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
-                    self.flow_quiet_event(st);
+                    // While tracing is enabled (libipt's reading): bound to the next TIP
+                    // or TIP.PGD (a far branch into the mode: the code at its target
+                    // runs in it) or FUP (the code runs to its IP, in the mode from
+                    // there). The blocks the item's target starts are built after the
+                    // mode is set; the block waiting for it was built before.
+                    let mut p = st.pos;
+                    let next = loop {
+                        match wire::parse(self.trace, p) {
+                            Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
+                            | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
+                            next => break next.map(|n| n.0),
+                        }
+                    };
+                    self.blocks.flow.mode = mode;
+                    match next {
+                        Some(Pkt::Tip(_) | Pkt::TipPgd(_)) => {}
+                        Some(Pkt::Fup(_)) => {
+                            let end = "MODE.Exec at the end of the trace";
+                            let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
+                                return Err("MODE.Exec not followed by its FUP");
+                            };
+                            let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                            st.read_on = ReadOn::Other;
+                            return Ok(TraceItem::Bound(at));
+                        }
+                        _ => return Err("MODE.Exec while tracing is enabled, not bound"),
+                    }
                 }
                 Pkt::Psb => {
                     // (Left for `flow_psb`, which reads the PSB+.)
@@ -1752,6 +1911,54 @@ impl PtDecoder<'_> {
                     // (While tracing is disabled: an event at that IP, no code.)
                     self.flow_quiet_event(st);
                 }
+                // PTW (a PTWRITE's operand; libipt's reading): with the IP bit, the FUP
+                // after it gives the PTWRITE's IP; without, it binds to the next PTWRITE
+                // the code runs. The code runs through that PTWRITE and on (no branch,
+                // no record). (While tracing is disabled: an event, no code.)
+                Pkt::Ptw { ip } => {
+                    let at = if ip {
+                        let end = "PTW at the end of the trace";
+                        let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
+                            return Err("PTW with the IP bit not followed by its FUP");
+                        };
+                        Some(st.last_ip.apply(p).ok_or("FUP without IP")?)
+                    } else {
+                        None
+                    };
+                    st.read_on = ReadOn::Other;
+                    if st.enabled {
+                        return Ok(TraceItem::Ptw(at));
+                    }
+                    self.flow_quiet_event(st);
+                }
+                // A PIP or VMCS outside a PSB+ and an asynchronous branch (MOV CR3,
+                // VMPTRLD, a system call into traced OS code...): bound to an instruction
+                // (no record; the image stays the one given). (While tracing is
+                // disabled: an event, no code.)
+                // MNT: an event of its own (time only, as a CBR); STOP: tracing stopped
+                // (it comes after the disable).
+                Pkt::Mnt => {
+                    st.read_on = ReadOn::Other;
+                    self.flow_quiet_event(st);
+                }
+                Pkt::Stop => {
+                    if st.enabled {
+                        return Err("STOP while tracing is enabled");
+                    }
+                    self.flow_quiet_event(st);
+                }
+                Pkt::Pip | Pkt::Vmcs => {
+                    st.read_on = ReadOn::Other;
+                    if st.enabled {
+                        let binding = if pkt == Pkt::Pip {
+                            Binding::Pip
+                        } else {
+                            Binding::Vmcs
+                        };
+                        return Ok(TraceItem::Binds(binding));
+                    }
+                    self.flow_quiet_event(st);
+                }
                 Pkt::Other(what) => return Err(what),
             }
         }
@@ -1801,8 +2008,9 @@ impl PtDecoder<'_> {
             match pkt {
                 // (MODE.TSX, PIP and VMCS in a PSB+ are status libipt makes no record
                 // of: the CR3 and VMCS of the code that runs, which real hardware states
-                // in every PSB+ of a VMX guest or a trace with OS code.)
-                Pkt::Pad | Pkt::ModeTsx { .. } | Pkt::Other("pip" | "vmcs") => {}
+                // in every PSB+ of a VMX guest or a trace with OS code; MNT is an event
+                // of the PSB+'s time.)
+                Pkt::Pad | Pkt::ModeTsx { .. } | Pkt::Pip | Pkt::Vmcs | Pkt::Mnt => {}
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
@@ -1814,7 +2022,11 @@ impl PtDecoder<'_> {
                     }
                     fup = Some(st.last_ip.apply(p).ok_or("PSB+ FUP without IP")?);
                 }
+                // (Two are an error to libipt: a bad status update.)
                 Pkt::ModeExec { csl, csd } => {
+                    if mode.is_some() {
+                        return Err("two MODE.Execs in a PSB+");
+                    }
                     mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
                 }
                 Pkt::Psbend => break,
@@ -1898,6 +2110,9 @@ impl PtDecoder<'_> {
     }
 
     /// BDM70: a PSB+ FUP followed by TIP.PGE means tracing was disabled at the PSB+.
+    /// libipt's search: status, timing and PAD packets passed, a TIP.PGE says it applies,
+    /// any other packet (or the end) that it does not. (A packet the fast decoder does not
+    /// know, or a TRIG, libipt's unknown packet: as if it applied, through libipt.)
     fn flow_bdm70_applies(&self, mut pos: usize) -> bool {
         while let Some((p, size)) = wire::parse(self.trace, pos) {
             match p {
@@ -1908,17 +2123,12 @@ impl PtDecoder<'_> {
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
                 | Pkt::Psbend
-                | Pkt::ModeExec { .. } => pos += size,
-                Pkt::TipPge(_)
-                | Pkt::Other(_)
-                | Pkt::Cfe { .. }
-                | Pkt::Evd { .. }
-                | Pkt::Power
-                | Pkt::Exstop { .. }
-                | Pkt::Mwait
+                | Pkt::ModeExec { .. }
                 | Pkt::ModeTsx { .. }
-                | Pkt::Trig(_)
-                | Pkt::Ovf => return true,
+                | Pkt::Pip
+                | Pkt::Vmcs
+                | Pkt::Mnt => pos += size,
+                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) => return true,
                 _ => return false,
             }
         }

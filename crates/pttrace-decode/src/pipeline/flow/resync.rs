@@ -50,29 +50,15 @@ pub(crate) struct FlowError {
     resume: usize,
 }
 
-/// A PTW packet at `p`: its size and whether its IP bit binds it to a FUP (the packet
-/// parser leaves PTW to libipt).
-fn ptw_at(t: &[u8], p: usize) -> Option<(usize, bool)> {
-    match t.get(p..p + 2)? {
-        [0x02, b] if b & 0x1f == 0x12 => {
-            let payload = match (b >> 5) & 3 {
-                0 => 4,
-                1 => 8,
-                _ => return None,
-            };
-            Some((2 + payload, b & 0x80 != 0))
-        }
-        _ => None,
-    }
-}
-
-/// Where the first packet at or after `p` that is not a PTWRITE starts, and that packet
+/// Where the first packet at or after `p` that is not a PTW starts, and that packet
 /// with its size (`None` where nothing parses there).
 fn packet_past_ptws(t: &[u8], mut p: usize) -> (usize, Option<(Pkt, usize)>) {
-    while let Some((size, _)) = ptw_at(t, p) {
-        p += size;
+    loop {
+        match wire::parse(t, p) {
+            Some((Pkt::Ptw { .. }, size)) => p += size,
+            next => return (p, next),
+        }
     }
-    (p, wire::parse(t, p))
 }
 
 /// What a FUP met in a resync search is bound to.
@@ -350,13 +336,6 @@ impl PtDecoder<'_> {
         // A FUP that MODE.Exec, MODE.TSX or PTW binds to gives the IP by itself.
         let mut bound = Bound::No;
         loop {
-            if let Some((size, ip)) = ptw_at(self.trace, st.pos) {
-                st.pos += size;
-                if ip {
-                    bound = Bound::Alone;
-                }
-                continue;
-            }
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 if st.pos >= self.trace.len() {
                     return Ok(Stop::Done);
@@ -366,6 +345,12 @@ impl PtDecoder<'_> {
             match pkt {
                 Pkt::Pad | Pkt::Tnt { .. } => st.pos += size,
                 Pkt::Trig(t) if !t.ip => st.pos += size,
+                Pkt::Ptw { ip } => {
+                    if ip {
+                        bound = Bound::Alone;
+                    }
+                    st.pos += size;
+                }
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
                     st.clock.on_timing(pkt, false, st.clock_cfg)?;
                     st.pos += size;
