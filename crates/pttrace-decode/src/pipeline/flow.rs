@@ -1709,8 +1709,8 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             st.pos += size;
-            // (Trace items set `read_on` to `Nothing`; timing packets leave it; a CBR
-            // makes it `Other`. MODE.Exec comes while tracing is disabled: no matter.)
+            // (Trace items set `read_on` to `Nothing`; timing packets leave it; events
+            // (a CBR...) make it `Other`.)
             match pkt {
                 Pkt::Tnt { bits, n } => {
                     st.tnt = bits;
@@ -1724,21 +1724,6 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
-                // A TRIG carries no control flow: stepped over (libipt through the size
-                // [`crate::ipt`] teaches it). One with the IP bit is bound to the FUP
-                // right after it, which gives the trigger's IP and nothing else (Intel
-                // SDM; libipt 2.2 and ptxed read it so): that FUP is stepped over too,
-                // its IP kept for IP compression, whether tracing is enabled or not.
-                // (libipt 2.1.2 knows no FUP-bound TRIG: its path stops with a gap.)
-                Pkt::Trig(t) if t.ip => match wire::parse(self.trace, st.pos) {
-                    Some((Pkt::Fup(p), size)) => {
-                        st.pos += size;
-                        st.last_ip.apply(p).ok_or("TRIG's FUP without IP")?;
-                    }
-                    Some(_) => return Err("TRIG with the IP bit not followed by a FUP"),
-                    None => return Err("TRIG with the IP bit at the end of the trace"),
-                },
-                Pkt::Trig(_) => {}
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
                     st.clock.on_timing(pkt, false, st.clock_cfg)?;
                 }
@@ -1788,180 +1773,226 @@ impl PtDecoder<'_> {
                         _ => Err("FUP not followed by TIP or TIP.PGD"),
                     };
                 }
-                Pkt::ModeExec { csl, csd } => {
-                    let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
-                    if !st.enabled {
-                        // (The mode of the code tracing is enabled in next.)
-                        self.blocks.flow.mode = mode;
-                        self.flow_quiet_event(st);
-                        continue;
-                    }
-                    // While tracing is enabled (libipt's reading): bound to the next TIP
-                    // or TIP.PGD (a far branch into the mode: the code at its target
-                    // runs in it) or FUP (the code runs to its IP, in the mode from
-                    // there). The blocks the item's target starts are built after the
-                    // mode is set; the block waiting for it was built before.
-                    let mut p = st.pos;
-                    let next = loop {
-                        match wire::parse(self.trace, p) {
-                            Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
-                            | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
-                            next => break next.map(|n| n.0),
-                        }
-                    };
-                    self.blocks.flow.mode = mode;
-                    match next {
-                        Some(Pkt::Tip(_) | Pkt::TipPgd(_)) => {}
-                        Some(Pkt::Fup(_)) => {
-                            let end = "MODE.Exec at the end of the trace";
-                            let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
-                                return Err("MODE.Exec not followed by its FUP");
-                            };
-                            let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
-                            st.read_on = ReadOn::Other;
-                            return Ok(TraceItem::Bound(at));
-                        }
-                        _ => return Err("MODE.Exec while tracing is enabled, not bound"),
-                    }
-                }
                 Pkt::Psb => {
                     // (Left for `flow_psb`, which reads the PSB+.)
                     st.pos -= size;
                     return Ok(TraceItem::Psb);
                 }
-                Pkt::Psbend => return Err("PSBEND outside PSB+"),
-                Pkt::Ovf => {
-                    st.read_on = ReadOn::Nothing;
-                    return Ok(TraceItem::Ovf);
-                }
-                // Event trace: EVD is data for the CFE after it. A CFE of an interrupt
-                // (INTR, SWINTR) comes right before the FUP whose TIP or TIP.PGD is the
-                // asynchronous branch, read as usual; an IRET CFE binds the next TIP to
-                // a far return (IRET, ERETU, ERETS). Other events go to libipt.
-                // (A CR2 is a page fault's: it comes with an interrupt's CFE.)
-                Pkt::Evd { ty: 0 } => {
-                    if !matches!(
-                        wire::parse(self.trace, st.pos),
-                        Some((Pkt::Cfe { ty: 1, .. }, _))
-                    ) {
-                        return Err("EVD (CR2) not followed by an interrupt's CFE");
+                _ => {
+                    if let Some(item) = self.flow_rare_packet(st, pkt)? {
+                        return Ok(item);
                     }
                 }
-                Pkt::Evd { .. } => return Err("evd"),
-                Pkt::Cfe { ty: 1 | 14, .. } => {
-                    if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
-                        return Err("CFE not followed by its FUP");
-                    }
-                }
-                Pkt::Cfe { ty: 2, ip: false } => {
-                    if std::mem::replace(&mut st.cfe_iret, true) {
-                        return Err("two IRET CFEs");
-                    }
-                }
-                Pkt::Cfe { .. } => return Err("cfe"),
-                // Power event trace (Intel SDM): no control flow. PWRE, PWRX and an EXSTOP
-                // without IP are events of their own (libipt's standalone events, time
-                // only, as a CBR); an MWAIT waits for its EXSTOP; an EXSTOP with IP (and
-                // the MWAIT before it) binds to the FUP after it: the code runs to that
-                // IP and on from there (no branch).
-                Pkt::Power | Pkt::Exstop { ip: false } => {
-                    st.mwait = false;
-                    st.read_on = ReadOn::Other;
-                    self.flow_quiet_event(st);
-                }
-                Pkt::Mwait => {
-                    if std::mem::replace(&mut st.mwait, true) {
-                        return Err("two MWAITs");
-                    }
-                }
-                // MODE.TSX (Intel SDM, "Transactional Synchronization Extensions"): a
-                // begin or commit binds to the FUP after it, as an EXSTOP with IP; an
-                // abort's FUP is the source of the asynchronous branch (its TIP) to the
-                // abort handler, read as any FUP. (Transactions make no record.)
-                // (While tracing is disabled: the state the next enable starts in, or a
-                // begin or commit at the FUP's IP; no code.)
-                Pkt::ModeTsx { abort } if !st.enabled => {
-                    self.flow_quiet_event(st);
-                    if let (false, Some((Pkt::Fup(p), size))) =
-                        (abort, wire::parse(self.trace, st.pos))
-                    {
-                        st.pos += size;
-                        st.last_ip.apply(p);
-                    }
-                }
-                Pkt::ModeTsx { abort: true } => {
-                    self.flow_quiet_event(st);
-                    if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
-                        return Err("MODE.TSX abort not followed by its FUP");
-                    }
-                }
-                Pkt::Exstop { ip: true } | Pkt::ModeTsx { abort: false } => {
-                    if pkt == (Pkt::Exstop { ip: true }) {
-                        st.mwait = false;
-                    }
-                    let end = "EXSTOP with IP or MODE.TSX at the end of the trace";
-                    let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
-                        return Err("EXSTOP with IP or MODE.TSX not followed by its FUP");
-                    };
-                    let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
-                    st.read_on = ReadOn::Other;
-                    if st.enabled {
-                        return Ok(TraceItem::Bound(at));
-                    }
-                    // (While tracing is disabled: an event at that IP, no code.)
-                    self.flow_quiet_event(st);
-                }
-                // PTW (a PTWRITE's operand; libipt's reading): with the IP bit, the FUP
-                // after it gives the PTWRITE's IP; without, it binds to the next PTWRITE
-                // the code runs. The code runs through that PTWRITE and on (no branch,
-                // no record). (While tracing is disabled: an event, no code.)
-                Pkt::Ptw { ip } => {
-                    let at = if ip {
-                        let end = "PTW at the end of the trace";
-                        let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
-                            return Err("PTW with the IP bit not followed by its FUP");
-                        };
-                        Some(st.last_ip.apply(p).ok_or("FUP without IP")?)
-                    } else {
-                        None
-                    };
-                    st.read_on = ReadOn::Other;
-                    if st.enabled {
-                        return Ok(TraceItem::Ptw(at));
-                    }
-                    self.flow_quiet_event(st);
-                }
-                // A PIP or VMCS outside a PSB+ and an asynchronous branch (MOV CR3,
-                // VMPTRLD, a system call into traced OS code...): bound to an instruction
-                // (no record; the image stays the one given). (While tracing is
-                // disabled: an event, no code.)
-                // MNT: an event of its own (time only, as a CBR); STOP: tracing stopped
-                // (it comes after the disable).
-                Pkt::Mnt => {
-                    st.read_on = ReadOn::Other;
-                    self.flow_quiet_event(st);
-                }
-                Pkt::Stop => {
-                    if st.enabled {
-                        return Err("STOP while tracing is enabled");
-                    }
-                    self.flow_quiet_event(st);
-                }
-                Pkt::Pip | Pkt::Vmcs => {
-                    st.read_on = ReadOn::Other;
-                    if st.enabled {
-                        let binding = if pkt == Pkt::Pip {
-                            Binding::Pip
-                        } else {
-                            Binding::Vmcs
-                        };
-                        return Ok(TraceItem::Binds(binding));
-                    }
-                    self.flow_quiet_event(st);
-                }
-                Pkt::Other(what) => return Err(what),
             }
         }
+    }
+
+    /// The packets [`Self::flow_read_item`] meets rarely (events, status, what binds to a
+    /// FUP or an instruction): the trace item they make, if any.
+    #[cold]
+    #[inline(never)]
+    fn flow_rare_packet(
+        &mut self,
+        st: &mut FlowState,
+        pkt: Pkt,
+    ) -> Result<Option<TraceItem>, Fallback> {
+        match pkt {
+            // A TRIG carries no control flow: stepped over (libipt through the size
+            // [`crate::ipt`] teaches it). One with the IP bit is bound to the FUP
+            // right after it, which gives the trigger's IP and nothing else (Intel
+            // SDM; libipt 2.2 and ptxed read it so): that FUP is stepped over too,
+            // its IP kept for IP compression, whether tracing is enabled or not.
+            // (libipt 2.1.2 knows no FUP-bound TRIG: its path stops with a gap.)
+            Pkt::Trig(t) if t.ip => match wire::parse(self.trace, st.pos) {
+                Some((Pkt::Fup(p), size)) => {
+                    st.pos += size;
+                    st.last_ip.apply(p).ok_or("TRIG's FUP without IP")?;
+                }
+                Some(_) => return Err("TRIG with the IP bit not followed by a FUP"),
+                None => return Err("TRIG with the IP bit at the end of the trace"),
+            },
+            Pkt::Trig(_) => {}
+            Pkt::ModeExec { csl, csd } => {
+                let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
+                if !st.enabled {
+                    // (The mode of the code tracing is enabled in next.)
+                    self.blocks.flow.mode = mode;
+                    self.flow_quiet_event(st);
+                    return Ok(None);
+                }
+                // While tracing is enabled (libipt's reading): bound to the next TIP
+                // or TIP.PGD (a far branch into the mode: the code at its target
+                // runs in it) or FUP (the code runs to its IP, in the mode from
+                // there). The blocks the item's target starts are built after the
+                // mode is set; the block waiting for it was built before.
+                let mut p = st.pos;
+                let next = loop {
+                    match wire::parse(self.trace, p) {
+                        Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
+                        | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
+                        next => break next.map(|n| n.0),
+                    }
+                };
+                self.blocks.flow.mode = mode;
+                match next {
+                    Some(Pkt::Tip(_) | Pkt::TipPgd(_)) => {}
+                    Some(Pkt::Fup(_)) => {
+                        let end = "MODE.Exec at the end of the trace";
+                        let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
+                            return Err("MODE.Exec not followed by its FUP");
+                        };
+                        let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                        st.read_on = ReadOn::Other;
+                        return Ok(Some(TraceItem::Bound(at)));
+                    }
+                    _ => return Err("MODE.Exec while tracing is enabled, not bound"),
+                }
+            }
+            Pkt::Psbend => return Err("PSBEND outside PSB+"),
+            Pkt::Ovf => {
+                st.read_on = ReadOn::Nothing;
+                return Ok(Some(TraceItem::Ovf));
+            }
+            // Event trace: EVD is data for the CFE after it. A CFE of an interrupt
+            // (INTR, SWINTR) comes right before the FUP whose TIP or TIP.PGD is the
+            // asynchronous branch, read as usual; an IRET CFE binds the next TIP to
+            // a far return (IRET, ERETU, ERETS). Other events go to libipt.
+            // (A CR2 is a page fault's: it comes with an interrupt's CFE.)
+            Pkt::Evd { ty: 0 } => {
+                if !matches!(
+                    wire::parse(self.trace, st.pos),
+                    Some((Pkt::Cfe { ty: 1, .. }, _))
+                ) {
+                    return Err("EVD (CR2) not followed by an interrupt's CFE");
+                }
+            }
+            Pkt::Evd { .. } => return Err("evd"),
+            Pkt::Cfe { ty: 1 | 14, .. } => {
+                if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
+                    return Err("CFE not followed by its FUP");
+                }
+            }
+            Pkt::Cfe { ty: 2, ip: false } => {
+                if std::mem::replace(&mut st.cfe_iret, true) {
+                    return Err("two IRET CFEs");
+                }
+            }
+            Pkt::Cfe { .. } => return Err("cfe"),
+            // Power event trace (Intel SDM): no control flow. PWRE, PWRX and an EXSTOP
+            // without IP are events of their own (libipt's standalone events, time
+            // only, as a CBR); an MWAIT waits for its EXSTOP; an EXSTOP with IP (and
+            // the MWAIT before it) binds to the FUP after it: the code runs to that
+            // IP and on from there (no branch).
+            Pkt::Power | Pkt::Exstop { ip: false } => {
+                st.mwait = false;
+                st.read_on = ReadOn::Other;
+                self.flow_quiet_event(st);
+            }
+            Pkt::Mwait => {
+                if std::mem::replace(&mut st.mwait, true) {
+                    return Err("two MWAITs");
+                }
+            }
+            // MODE.TSX (Intel SDM, "Transactional Synchronization Extensions"): a
+            // begin or commit binds to the FUP after it, as an EXSTOP with IP; an
+            // abort's FUP is the source of the asynchronous branch (its TIP) to the
+            // abort handler, read as any FUP. (Transactions make no record.)
+            // (While tracing is disabled: the state the next enable starts in, or a
+            // begin or commit at the FUP's IP; no code.)
+            Pkt::ModeTsx { abort } if !st.enabled => {
+                self.flow_quiet_event(st);
+                if let (false, Some((Pkt::Fup(p), size))) = (abort, wire::parse(self.trace, st.pos))
+                {
+                    st.pos += size;
+                    st.last_ip.apply(p);
+                }
+            }
+            Pkt::ModeTsx { abort: true } => {
+                self.flow_quiet_event(st);
+                if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
+                    return Err("MODE.TSX abort not followed by its FUP");
+                }
+            }
+            Pkt::Exstop { ip: true } | Pkt::ModeTsx { abort: false } => {
+                if pkt == (Pkt::Exstop { ip: true }) {
+                    st.mwait = false;
+                }
+                let end = "EXSTOP with IP or MODE.TSX at the end of the trace";
+                let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
+                    return Err("EXSTOP with IP or MODE.TSX not followed by its FUP");
+                };
+                let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                st.read_on = ReadOn::Other;
+                if st.enabled {
+                    return Ok(Some(TraceItem::Bound(at)));
+                }
+                // (While tracing is disabled: an event at that IP, no code.)
+                self.flow_quiet_event(st);
+            }
+            // PTW (a PTWRITE's operand; libipt's reading): with the IP bit, the FUP
+            // after it gives the PTWRITE's IP; without, it binds to the next PTWRITE
+            // the code runs. The code runs through that PTWRITE and on (no branch,
+            // no record). (While tracing is disabled: an event, no code.)
+            Pkt::Ptw { ip } => {
+                let at = if ip {
+                    let end = "PTW at the end of the trace";
+                    let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
+                        return Err("PTW with the IP bit not followed by its FUP");
+                    };
+                    Some(st.last_ip.apply(p).ok_or("FUP without IP")?)
+                } else {
+                    None
+                };
+                st.read_on = ReadOn::Other;
+                if st.enabled {
+                    return Ok(Some(TraceItem::Ptw(at)));
+                }
+                self.flow_quiet_event(st);
+            }
+            // A PIP or VMCS outside a PSB+ and an asynchronous branch (MOV CR3,
+            // VMPTRLD, a system call into traced OS code...): bound to an instruction
+            // (no record; the image stays the one given). (While tracing is
+            // disabled: an event, no code.)
+            // MNT: an event of its own (time only, as a CBR); STOP: tracing stopped
+            // (it comes after the disable).
+            Pkt::Mnt => {
+                st.read_on = ReadOn::Other;
+                self.flow_quiet_event(st);
+            }
+            Pkt::Stop => {
+                if st.enabled {
+                    return Err("STOP while tracing is enabled");
+                }
+                self.flow_quiet_event(st);
+            }
+            Pkt::Pip | Pkt::Vmcs => {
+                st.read_on = ReadOn::Other;
+                if st.enabled {
+                    let binding = if pkt == Pkt::Pip {
+                        Binding::Pip
+                    } else {
+                        Binding::Vmcs
+                    };
+                    return Ok(Some(TraceItem::Binds(binding)));
+                }
+                self.flow_quiet_event(st);
+            }
+            Pkt::Other(what) => return Err(what),
+            // (The packets flow_read_item takes itself.)
+            Pkt::Tnt { .. }
+            | Pkt::Tip(_)
+            | Pkt::Pad
+            | Pkt::Tsc(_)
+            | Pkt::Mtc(_)
+            | Pkt::Tma { .. }
+            | Pkt::Cyc(_)
+            | Pkt::Cbr(_)
+            | Pkt::TipPgd(_)
+            | Pkt::TipPge(_)
+            | Pkt::Fup(_)
+            | Pkt::Psb => {}
+        }
+        Ok(None)
     }
 
     /// The next packet that is no PAD or timing packet (read past it), the timing packets
