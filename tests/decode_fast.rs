@@ -597,16 +597,52 @@ fn overflows_equal_libipt_and_stay_fast() {
         ),
         ("many overflows", overflow_trace(&p, 300, 3), true),
     ];
-    for (what, trace, stays_fast) in &cases {
+    let check = |what: &str, trace: &[u8], stays_fast: bool| {
         let (f, by) = fast(trace, &space);
         let l = libipt(trace, &space);
         assert!(f == l, "{what}: {}", first_difference(&f, &l));
-        assert_eq!(by.0 == "fast", *stays_fast, "{what}: {by:?}");
+        assert_eq!(by.0 == "fast", stays_fast, "{what}: {by:?}");
         assert!(
             f.iter().any(|r| matches!(r, Record::Overflow { .. })),
             "{what}"
         );
+    };
+    for (what, trace, stays_fast) in &cases {
+        check(what, trace, *stays_fast);
     }
+    // Resolved disabled by status, PTW, event trace, STOP or another OVF (libipt's FUP
+    // search stops at them), then enabled; a TRIG is passed over, as libipt's unknown
+    // packet. (A CFE or EVD while tracing is disabled still goes to libipt.)
+    for (name, bytes, stays_fast) in [
+        ("PIP", &PIP[..], true),
+        ("VMCS", &VMCS[..], true),
+        ("PTW", &PTW[..], true),
+        ("STOP", &STOP[..], true),
+        ("OVF", &[0x02, 0xf3][..], true),
+        ("CFE (SMI)", &[0x02, 0x13, 0x09, 0x00][..], false),
+        (
+            "EVD (CR2)",
+            &[0x02, 0x53, 0, 0xaa, 0x0b, 0xf0, 0, 0, 0, 0, 0][..],
+            false,
+        ),
+    ] {
+        let trace = case(&|w| {
+            w.tnt(&t[..2]).ovf();
+            w.buf.extend_from_slice(bytes);
+            w.tip_pge(p.top).tnt(&t[..1]);
+        });
+        check(
+            &format!("OVF, {name}: resolved disabled"),
+            &trace,
+            stays_fast,
+        );
+    }
+    let trig = case(&|w| {
+        w.tnt(&t).tip(p.func).ovf();
+        w.buf.extend_from_slice(&[0xd9, 0x00, 0x07]);
+        w.fup(p.after_call).tnt(&t[..1]);
+    });
+    check("OVF, TRIG, FUP", &trig, true);
     // Disabled, then an overflow resolved at a FUP: tracing goes on enabled at its IP.
     let at_fup = cases
         .iter()
@@ -1072,6 +1108,26 @@ fn power_events_change_no_record_and_stay_fast() {
         }
     });
     assert_fast_and_unchanged(&at_top, &space, &expected);
+    // An EXSTOP with IP cut off by an OVF: the EXSTOP without IP, then the overflow,
+    // resolved at the FUP after it (tracing enabled) or disabled (at the TIP.PGE).
+    for (k, resolved) in [(7, Some(p.f)), (4, None)] {
+        let t = call_trace_with(&p, &|w, j| {
+            if j == k {
+                w.buf.extend_from_slice(&MWAIT);
+                w.buf.extend_from_slice(&EXSTOP_IP);
+                w.ovf();
+                if let Some(ip) = resolved {
+                    w.fup(ip);
+                }
+            }
+        });
+        let recs = assert_same_and_fast(&t, &space);
+        let ovfs: Vec<&Record> = recs
+            .iter()
+            .filter(|r| matches!(r, Record::Overflow { .. }))
+            .collect();
+        assert_eq!(ovfs, [&Record::Overflow { ip: resolved }]);
+    }
     // An MWAIT without its EXSTOP, an EXSTOP with IP without its FUP: left to libipt.
     for (bytes, why) in [
         (&MWAIT[..], "MWAIT not followed by its EXSTOP"),

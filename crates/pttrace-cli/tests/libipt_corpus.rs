@@ -471,8 +471,9 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 ];
 
 /// Corpus cases of what real hardware writes that the fast decoder decodes itself: PTW,
-/// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing.
-const FAST_PATTERNS: [&str; 26] = [
+/// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing, an
+/// EXSTOP with IP cut off by an OVF.
+const FAST_PATTERNS: [&str; 27] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -499,6 +500,7 @@ const FAST_PATTERNS: [&str; 26] = [
     "fup-tip_pgd-stop",
     "tip_pgd-psb-stop",
     "ovf-timing-fup",
+    "mwait-pwre-exstop_ip-ovf",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but

@@ -1394,15 +1394,24 @@ impl PtDecoder<'_> {
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
-                | Pkt::Mnt => p += size,
+                | Pkt::Mnt
+                | Pkt::Trig(_) => p += size,
                 Pkt::Fup(ip) => break Some((ip, p + size)),
-                // (As libipt: an enable, a mode or a power event first: resolved disabled.)
+                // (As libipt: an enable, a mode, status, a power event, PTW, event trace
+                // or another OVF first: resolved disabled.)
                 Pkt::TipPge(_)
                 | Pkt::ModeExec { .. }
                 | Pkt::ModeTsx { .. }
+                | Pkt::Pip
+                | Pkt::Vmcs
+                | Pkt::Stop
+                | Pkt::Ovf
                 | Pkt::Power
                 | Pkt::Exstop { .. }
                 | Pkt::Mwait
+                | Pkt::Ptw { .. }
+                | Pkt::Cfe { .. }
+                | Pkt::Evd { .. }
                 | Pkt::Psb => break None,
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
@@ -1914,12 +1923,21 @@ impl PtDecoder<'_> {
                 }
             }
             Pkt::Exstop { ip: true } | Pkt::ModeTsx { abort: false } => {
-                if pkt == (Pkt::Exstop { ip: true }) {
+                let exstop = pkt == (Pkt::Exstop { ip: true });
+                if exstop {
                     st.mwait = false;
                 }
                 let end = "EXSTOP with IP or MODE.TSX at the end of the trace";
-                let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
-                    return Err("EXSTOP with IP or MODE.TSX not followed by its FUP");
+                let p = match Self::flow_past_timing(self.trace, st, end)? {
+                    Pkt::Fup(p) => p,
+                    // An OVF before the FUP: the EXSTOP (and its MWAIT) without IP, no
+                    // code; then the overflow.
+                    Pkt::Ovf if exstop => {
+                        self.flow_quiet_event(st);
+                        st.read_on = ReadOn::Nothing;
+                        return Ok(Some(TraceItem::Ovf));
+                    }
+                    _ => return Err("EXSTOP with IP or MODE.TSX not followed by its FUP"),
                 };
                 let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
                 st.read_on = ReadOn::Other;
