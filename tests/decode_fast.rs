@@ -409,13 +409,15 @@ fn deep_recursion_beyond_the_return_stack_and_a_bad_compressed_return() {
             .count(),
         depth
     );
-    // All compressed: the 65th compressed return finds the stack empty: libipt's gap, via
-    // the fallback.
+    // All compressed: the 65th compressed return finds the stack empty: libipt's gap, at
+    // the same offset, from the fast decoder itself (the trace ends: no PSB to go on at).
     let t = build(true);
     let (f, by) = fast(&t, &space);
     assert_eq!(f, libipt(&t, &space));
-    assert_eq!(by.0, "libipt");
-    assert!(f.iter().any(|r| matches!(r, Record::Gap(_))));
+    assert_eq!(by, ("fast", None));
+    let gaps: Vec<&Record> = f.iter().filter(|r| matches!(r, Record::Gap(_))).collect();
+    assert_eq!(gaps.len(), 1);
+    assert!(matches!(gaps[0], Record::Gap(g) if g.error == "compressed return without call"));
 }
 
 /// A loop trace with overflows: OVF resolved by a FUP (sometimes after timing packets)
@@ -1017,6 +1019,147 @@ fn call_trace_with(p: &CallProg, extra: &dyn Fn(&mut PtWriter, usize)) -> Vec<u8
     extra(&mut w, 8);
     w.tnt(&[false]).tip_pgd(None);
     w.buf
+}
+
+/// A decode error the fast decoder is sure of (code without an image; trace that does not
+/// match the code: a bad query, a compressed return not taken or without call) is
+/// libipt's gap, at libipt's offset, and decoding goes on at the PSB libipt synchronizes at
+/// next, from the fast decoder itself: the window's records are libipt's, gaps and all. (libipt 2.1.2 searches
+/// for that PSB from past the packet its event decoder holds: a PSB right after the TNT
+/// that failed is passed over, the next one taken.)
+#[test]
+fn decode_errors_are_libipts_gaps_and_resyncs_from_the_fast_decoder() {
+    let p = call_prog();
+    let space = call_space(&p);
+    // A PSB+ (tracing disabled), enabled at `top`: a round of the loop (8 instructions),
+    // the syscall (disabled again).
+    let round = |w: &mut PtWriter| {
+        w.psb_plus(Some(50), None)
+            .tip_pge(p.top)
+            .tnt(&[false, true, false])
+            .tip_pgd(None);
+    };
+    let bad_retcomp = |w: &mut PtWriter| {
+        // call f; jz not taken; nop; ret: "compressed" with a 0 bit.
+        w.psb_plus(Some(10), Some(p.top)).tnt(&[false, false]);
+    };
+    let retstack_empty = |w: &mut PtWriter| {
+        // At f: jz taken; ret: compressed, nothing called.
+        w.psb_plus(Some(30), Some(p.f)).tnt(&[true, true]);
+    };
+    type Case = (&'static str, Vec<u8>, Vec<&'static str>, usize);
+    let case = |what, build: &dyn Fn(&mut PtWriter), errors, after| -> Case {
+        let mut w = PtWriter::new();
+        build(&mut w);
+        (what, w.buf, errors, after)
+    };
+    let cases = [
+        case(
+            "bad compressed return, PADs, a TSC, then a PSB+",
+            &|w| {
+                bad_retcomp(w);
+                w.pad().pad().tsc(20);
+                round(w);
+            },
+            vec!["bad compressed return"],
+            8,
+        ),
+        case(
+            "bad compressed return right before a PSB+, then another PSB+",
+            &|w| {
+                bad_retcomp(w);
+                round(w);
+                round(w);
+            },
+            vec!["bad compressed return"],
+            8,
+        ),
+        case(
+            "a TIP where the code needs a TNT bit (bad query), then a PSB+",
+            &|w| {
+                w.psb_plus(Some(10), Some(p.top)).tip(p.nop);
+                round(w);
+            },
+            vec!["trace stream does not match query"],
+            8,
+        ),
+        case(
+            "a compressed return without call, a TSC, then a PSB+",
+            &|w| {
+                retstack_empty(w);
+                w.tsc(40);
+                round(w);
+            },
+            vec!["compressed return without call"],
+            8,
+        ),
+        case(
+            "bad compressed return, PADs, then a PSB+ (passed over), then another",
+            &|w| {
+                bad_retcomp(w);
+                w.pad().pad();
+                round(w);
+                round(w);
+            },
+            vec!["bad compressed return"],
+            8,
+        ),
+        case(
+            "an interrupt into code without an image, a TNT, then a PSB+",
+            &|w| {
+                w.psb_plus(Some(10), Some(p.top)).tnt(&[false]);
+                w.fup(p.ret).tip(0x9000_0000).pad().tnt(&[true]).tsc(20);
+                round(w);
+            },
+            vec!["no memory mapped at this address: no code image covers 0x90000000"],
+            8,
+        ),
+        case(
+            "a return into code without an image, then PSB+s (the first passed over)",
+            &|w| {
+                w.psb_plus(Some(10), Some(p.f))
+                    .tnt(&[true])
+                    .tip(0x9000_0000);
+                w.psb_plus(Some(40), Some(p.top))
+                    .tnt(&[false, true, false])
+                    .tip_pgd(None);
+                round(w);
+            },
+            vec!["no memory mapped at this address: no code image covers 0x90000000"],
+            8,
+        ),
+        case(
+            "two errors, each followed by a TSC and a PSB+",
+            &|w| {
+                bad_retcomp(w);
+                w.tsc(20);
+                retstack_empty(w);
+                w.tsc(40);
+                round(w);
+                round(w);
+            },
+            vec!["bad compressed return", "compressed return without call"],
+            16,
+        ),
+    ];
+    for (what, trace, errors, after) in cases {
+        let (f, by) = fast(&trace, &space);
+        let l = libipt(&trace, &space);
+        assert!(f == l, "{what}: {}", first_difference(&f, &l));
+        assert_eq!(by, ("fast", None), "{what}");
+        let got: Vec<String> = gaps(&f)
+            .iter()
+            .map(|g| g.split_once(' ').unwrap().1.to_string())
+            .collect();
+        assert_eq!(got, errors, "{what}");
+        // Decoding went on after the last gap, at the PSB+ libipt takes.
+        let last_gap = f.iter().rposition(|r| matches!(r, Record::Gap(_))).unwrap();
+        let insns = f[last_gap..]
+            .iter()
+            .filter(|r| r.as_instruction().is_some())
+            .count();
+        assert_eq!(insns, after, "{what}: instructions after the last gap");
+    }
 }
 
 /// TRIG packets (libipt 2.1.2 does not know them: the size we teach it) decode to the
@@ -1737,6 +1880,15 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
             Some(&Record::TraceDisabled { ip: Some(at + 5) })
         );
     }
+    // A TIP.PGD without IP binds to a MOV CR3 (a CR3 filter turning tracing off): it runs,
+    // then tracing is disabled (libipt's `pt_insn_changes_cr3`).
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(10), Some(at))
+        .tnt(&[true, false])
+        .tip_pgd(None);
+    let recs = assert_same_and_fast(&w.buf, &p.space);
+    assert_eq!(pcs(&recs), [&lp[..], &lp, &[at + 0x10]].concat());
+    assert_eq!(recs.last(), Some(&Record::TraceDisabled { ip: None }));
     // libipt's records have no event of them: a check that the packets were read.
     let lines = drpttracer::decode::packets::list_packets(&with_packets);
     let count = |name: &str| {

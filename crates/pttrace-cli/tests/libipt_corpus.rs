@@ -472,8 +472,8 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 
 /// Corpus cases of what real hardware writes that the fast decoder decodes itself: PTW,
 /// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing, an
-/// EXSTOP with IP cut off by an OVF.
-const FAST_PATTERNS: [&str; 27] = [
+/// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3.
+const FAST_PATTERNS: [&str; 28] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -501,6 +501,7 @@ const FAST_PATTERNS: [&str; 27] = [
     "tip_pgd-psb-stop",
     "ovf-timing-fup",
     "mwait-pwre-exstop_ip-ovf",
+    "tip_pgd_noip-mov_cr3",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but

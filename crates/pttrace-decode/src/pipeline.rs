@@ -420,6 +420,7 @@ impl<'a> PtDecoder<'a> {
             f.initial_records = queue.records;
             f.resync = opts.resync_on_error;
             f.ovf_errata = errata.skd010 || errata.apl11 || errata.apl12;
+            f.bdm64 = errata.bdm64;
             Box::new(f)
         });
         Ok(PtDecoder {

@@ -335,6 +335,15 @@ impl Clock {
         c
     }
 
+    /// The clock after libipt's decoder reset (a synchronization after an error): no
+    /// time, no calibration (whether a CYC came is kept).
+    fn reset(&self) -> Clock {
+        Clock {
+            met_cyc: self.met_cyc,
+            ..Clock::default()
+        }
+    }
+
     /// A CYC packet came since this clock started.
     pub fn met_cyc(&self) -> bool {
         self.met_cyc
@@ -487,7 +496,6 @@ impl Binding {
     /// transfer: the event comes before it, the branch then takes its trace),
     /// `Some(false)` at MOV CR3 or VMPTRLD (the event comes after it), `None` elsewhere.
     fn binds_to(self, i: &crate::records::Instruction) -> Option<bool> {
-        use iced_x86::{Code, Mnemonic, Register};
         if matches!(
             i.class,
             InsnClass::FarCall | InsnClass::FarReturn | InsnClass::FarJump
@@ -495,13 +503,13 @@ impl Binding {
             // (VMLAUNCH and VMRESUME are far returns, as libipt classifies them.)
             return Some(true);
         }
-        let insn = iced_x86::Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0).decode();
         let binds = match self {
-            Binding::Pip => {
-                matches!(insn.code(), Code::Mov_cr_r64 | Code::Mov_cr_r32)
-                    && insn.op0_register() == Register::CR3
+            Binding::Pip => is_mov_cr3(i),
+            Binding::Vmcs => {
+                let insn =
+                    iced_x86::Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0).decode();
+                insn.mnemonic() == iced_x86::Mnemonic::Vmptrld
             }
-            Binding::Vmcs => insn.mnemonic() == Mnemonic::Vmptrld,
         };
         binds.then_some(false)
     }
@@ -509,6 +517,14 @@ impl Binding {
     fn index(self) -> usize {
         self as usize
     }
+}
+
+/// Whether `i` is a MOV to CR3 (libipt's `PTI_INST_MOV_CR3`).
+fn is_mov_cr3(i: &crate::records::Instruction) -> bool {
+    use iced_x86::{Code, Register};
+    let insn = iced_x86::Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0).decode();
+    matches!(insn.code(), Code::Mov_cr_r64 | Code::Mov_cr_r32)
+        && insn.op0_register() == Register::CR3
 }
 
 /// What came after the last trace item (TNT, TIP...) where the trace ends: after PADs and
@@ -549,6 +565,9 @@ pub(crate) struct FlowState {
     skd022: bool,
     /// SKD010, APL11 or APL12 (how an overflow resolves): OVF goes to libipt.
     pub ovf_errata: bool,
+    /// BDM64 (a TSX abort's trace may not match the code): libipt works around what would
+    /// be a bad query, so that window goes to libipt.
+    pub bdm64: bool,
     /// Records the decoder had queued before the engine started (window id, cpu).
     pub initial_records: u64,
     /// Parallel decode: the cuts where this decoder may stop (offset of the cut's PSB in
@@ -702,6 +721,7 @@ impl FlowState {
             cfe_iret: false,
             mwait: false,
             bound_branch: [None; 2],
+            bdm64: false,
             item_at: 0,
             resync: false,
             error: None,
@@ -808,7 +828,7 @@ impl PtDecoder<'_> {
         };
         st.committed = self.queue.pushed;
         let mut r = self.flow_segment(&mut st);
-        if r.is_err() && st.resync {
+        if r.is_err() && (st.resync || st.error.is_some()) {
             r = self.flow_recover(&mut st, r);
         }
         if matches!(r, Ok(Stop::Segment)) && !st.cuts.is_empty() {
@@ -1240,13 +1260,20 @@ impl PtDecoder<'_> {
             }
             TraceItem::Pgd(ip) => {
                 // A disable binds to the first instruction that needs trace, or to its
-                // IP where the code reaches it before.
+                // IP where the code reaches it before; without IP, to a MOV CR3 before
+                // (libipt's `pt_insn_changes_cr3`: it runs, then tracing is off).
                 let n = match ip {
                     Some(ip) => {
                         self.flow_not_walked(st, ip)?;
                         self.flow_index_of(b, ip).unwrap_or(b.len)
                     }
-                    None => b.len,
+                    None => match self.flow_first_binding(b, |i| is_mov_cr3(i).then_some(false)) {
+                        Some((k, _)) => {
+                            self.flow_nothing_walked(st)?;
+                            k + 1
+                        }
+                        None => b.len,
+                    },
                 };
                 self.flow_push_block(st, b, n);
                 if n == b.len && b.end == End::IndirectCall {

@@ -124,7 +124,16 @@ impl PtDecoder<'_> {
                 // (A FUP without IP: libipt's event decoder fails at it, reading ahead
                 // from the last trace item, before the code.)
                 Pkt::Fup(ip) => return last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
-                Pkt::TipPgd(ip) => return in_block(last.apply(ip)),
+                // (Without IP, one binds to a MOV CR3 before the code ends.)
+                Pkt::TipPgd(ip) => {
+                    return match last.apply(ip) {
+                        Some(ip) => in_block(Some(ip)),
+                        None => self
+                            .flow_recs(b)
+                            .iter()
+                            .any(|r| r.as_instruction().is_some_and(super::is_mov_cr3)),
+                    }
+                }
                 Pkt::Psb => {
                     return self
                         .flow_psb_fup(p)
@@ -194,6 +203,51 @@ impl PtDecoder<'_> {
         }
     }
 
+    /// The first packet from `p` on that is no PAD (libipt's event decoder passes PADs as
+    /// it fetches a packet).
+    fn flow_past_pads(&self, mut p: usize) -> usize {
+        while self.trace.get(p) == Some(&0) {
+            p += 1;
+        }
+        p
+    }
+
+    /// Where libipt 2.1.2 reports a nomap, the trace read up to `p` (its query decoder
+    /// holds the next event): past a TNT or TIP.PGD packet (and the PADs after it), at a
+    /// TIP, at the PSBEND of a PSB+ with a FUP (its status events queued), at the end of
+    /// the trace;
+    /// PADs, timing packets and a FUP (waiting for its TIP) passed on the way. `None`
+    /// elsewhere (events libipt drains first: the fast decoder leaves those to libipt).
+    fn flow_nomap_offset(&self, mut p: usize) -> Option<usize> {
+        loop {
+            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+                return (p >= self.trace.len()).then_some(p);
+            };
+            match pkt {
+                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {}
+                Pkt::Fup(_) => {}
+                Pkt::Tnt { .. } | Pkt::TipPgd(_) => return Some(self.flow_past_pads(p + size)),
+                Pkt::Tip(_) => return Some(p),
+                // (One with a FUP: without, the status differs, libipt's error.)
+                Pkt::Psb => {
+                    let mut q = p + size;
+                    let mut fup = false;
+                    while let Some((pkt, size)) = wire::parse(self.trace, q) {
+                        match pkt {
+                            Pkt::Psbend => return fup.then_some(q),
+                            Pkt::Fup(_) => fup = true,
+                            _ => {}
+                        }
+                        q += size;
+                    }
+                    return None;
+                }
+                _ => return None,
+            }
+            p += size;
+        }
+    }
+
     /// Trace that does not match the code at block `b`'s branch (`why`: what the engine
     /// met), the trace item that showed it starting at `item`: the block ran.
     #[cold]
@@ -258,8 +312,11 @@ impl PtDecoder<'_> {
     }
 
     /// The engine stopped with `r` (an error): a decode error queues its gap and decoding
-    /// goes on at the resync point; anything else goes to libipt (`Err`) before the
-    /// window's first resync, and to the next PSB after it (a gap saying why).
+    /// goes on at the resync point (with `--resync-on-error`, libipt 2.2's; else the PSB
+    /// libipt 2.1.2's pipeline synchronizes at next); anything else goes to libipt (`Err`)
+    /// before the window's first resync on error, and to the next PSB after it (a gap
+    /// saying why). (Without the option, the records up to there are libipt's: it decodes
+    /// the window from its start, the records handed out skipped.)
     #[cold]
     #[inline(never)]
     pub(super) fn flow_recover(
@@ -274,7 +331,24 @@ impl PtDecoder<'_> {
             let Err(why) = r else {
                 return r;
             };
-            if let Some(e) = st.error.take() {
+            if let Some(mut e) = st.error.take() {
+                if !st.resync {
+                    // Without the option, where libipt 2.1.2 reports the error: a bad query
+                    // where the option's resync does; a bad compressed return or one
+                    // without call where its event decoder stands, past the TNT packet
+                    // the bit came from and the PADs after it; a nomap where its query
+                    // decoder stands with the next event fetched (or, where the fast
+                    // decoder is not sure of that, the window goes to libipt).
+                    match e.what {
+                        NOMAP => match self.flow_nomap_offset(e.resume) {
+                            Some(at) => e.offset = at,
+                            None => return Err(why),
+                        },
+                        BAD_QUERY if st.bdm64 => return Err(why),
+                        BAD_QUERY => {}
+                        _ => e.offset = self.flow_past_pads(e.resume),
+                    }
+                }
                 self.flow_commit(st);
                 let error = match e.ip {
                     Some(ip) if e.what == NOMAP => format!("{NOMAP}: no code image covers {ip:#x}"),
@@ -282,9 +356,16 @@ impl PtDecoder<'_> {
                 };
                 self.flow_gap(e.offset, e.ip, error);
                 self.flow_commit(st);
-                st.resynced = true;
-                r = self.flow_resync(st, e);
+                r = if st.resync {
+                    st.resynced = true;
+                    self.flow_resync(st, e)
+                } else {
+                    self.flow_sync_after(st, e)
+                };
                 continue;
+            }
+            if !st.resync {
+                return Err(why);
             }
             if !st.resynced {
                 let msg = format!(
@@ -321,6 +402,27 @@ impl PtDecoder<'_> {
     }
 
     /// A synchronization at the PSB at `q` (after an error).
+    /// After error `e`, without `--resync-on-error`: where libipt's `pt_blk_sync_forward`
+    /// goes, from its packet decoder's position (past the packet at the gap's offset, the
+    /// one its event decoder holds): the first PSB from 15 bytes before there (one that
+    /// packet may have cut into), the last of a run of PSB patterns (libipt's search
+    /// ends there). Decoding starts over there, as libipt's, its clock and events reset.
+    fn flow_sync_after(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
+        let held = wire::parse(self.trace, e.offset).map_or(0, |(_, n)| n);
+        let from = (e.offset + held).saturating_sub(wire::PSB.len() - 1);
+        let Some(mut q) = wire::find_psb(self.trace, from) else {
+            return Ok(Stop::Done);
+        };
+        while self.trace.get(q + wire::PSB.len()..q + wire::PSB.len() + 2) == Some(&[0x02, 0x82]) {
+            q += 2;
+        }
+        st.clock = st.clock.reset();
+        st.cfe_iret = false;
+        st.mwait = false;
+        st.bound_branch = [None; 2];
+        self.flow_sync_at(st, q)
+    }
+
     fn flow_sync_at(&mut self, st: &mut FlowState, q: usize) -> Result<Stop, Fallback> {
         st.pos = q;
         st.tnt_n = 0;
