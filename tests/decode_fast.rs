@@ -1022,7 +1022,8 @@ fn call_trace_with(p: &CallProg, extra: &dyn Fn(&mut PtWriter, usize)) -> Vec<u8
 }
 
 /// A decode error the fast decoder is sure of (code without an image; trace that does not
-/// match the code: a bad query, a compressed return not taken or without call) is
+/// match the code: a bad query, a compressed return not taken or without call; a TIP.PGE
+/// while tracing is enabled, reported at the trace item before it) is
 /// libipt's gap, at libipt's offset, and decoding goes on at the PSB libipt synchronizes at
 /// next, from the fast decoder itself: the window's records are libipt's, gaps and all. (libipt 2.1.2 searches
 /// for that PSB from past the packet its event decoder holds: a PSB right after the TNT
@@ -1129,6 +1130,26 @@ fn decode_errors_are_libipts_gaps_and_resyncs_from_the_fast_decoder() {
             8,
         ),
         case(
+            "a TIP.PGE while tracing is enabled after a TNT, then a PSB+",
+            &|w| {
+                w.psb_plus(Some(10), Some(p.top)).tnt(&[false, true, false]);
+                w.tip_pge(p.top).tsc(20);
+                round(w);
+            },
+            vec!["unexpected packet context"],
+            8,
+        ),
+        case(
+            "a TIP.PGE while tracing is enabled after a TIP, then a PSB+",
+            &|w| {
+                w.psb_plus(Some(10), Some(p.f)).tnt(&[true]).tip(p.top);
+                w.tip_pge(p.top).tsc(20);
+                round(w);
+            },
+            vec!["unexpected packet context"],
+            8,
+        ),
+        case(
             "two errors, each followed by a TSC and a PSB+",
             &|w| {
                 bad_retcomp(w);
@@ -1142,6 +1163,19 @@ fn decode_errors_are_libipts_gaps_and_resyncs_from_the_fast_decoder() {
             16,
         ),
     ];
+    // Nothing after the trace item before a TIP.PGE while enabled ran: the syscall did
+    // not (the TNT's last bit was `jnz`'s), nor did `top` after the TIP (the return was
+    // the last instruction).
+    for (k, last) in [(7, p.top + 8), (8, p.ret)] {
+        let (f, _) = fast(&cases[k].1, &space);
+        let gap = f.iter().position(|r| matches!(r, Record::Gap(_))).unwrap();
+        let before = f[..gap]
+            .iter()
+            .rev()
+            .find_map(|r| r.as_instruction())
+            .map(|i| i.pc);
+        assert_eq!(before, Some(last), "{}", cases[k].0);
+    }
     for (what, trace, errors, after) in cases {
         let (f, by) = fast(&trace, &space);
         let l = libipt(&trace, &space);

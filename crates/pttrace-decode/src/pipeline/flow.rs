@@ -1387,7 +1387,7 @@ impl PtDecoder<'_> {
             TraceItem::Tip(_) => {
                 Err(self.flow_bad_query(st, b, st.item_at, "TIP where the code needs a TNT bit"))
             }
-            TraceItem::Pge(_) => Err("TIP.PGE while tracing is enabled"),
+            TraceItem::Pge(_) => Err(self.flow_pge_enabled(st)),
         }
     }
 
@@ -1772,10 +1772,8 @@ impl PtDecoder<'_> {
                     st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Pgd(st.last_ip.apply(p)));
                 }
+                // (While tracing is enabled: libipt's error at the next query.)
                 Pkt::TipPge(p) => {
-                    if st.enabled {
-                        return Err("TIP.PGE while tracing is enabled");
-                    }
                     let ip = st.last_ip.apply(p).ok_or("TIP.PGE without IP")?;
                     st.read_on = ReadOn::Nothing;
                     return Ok(TraceItem::Pge(ip));

@@ -36,6 +36,7 @@ const NOMAP: &str = "no memory mapped at this address";
 const BAD_QUERY: &str = "trace stream does not match query";
 const BAD_RETCOMP: &str = "bad compressed return";
 const RETSTACK_EMPTY: &str = "compressed return without call";
+const BAD_CONTEXT: &str = "unexpected packet context";
 
 /// A decode error the fast decoder stopped at.
 #[derive(Debug, Clone, Copy)]
@@ -272,6 +273,30 @@ impl PtDecoder<'_> {
         why
     }
 
+    /// A TIP.PGE while tracing is enabled, just read (at `st.item_at`): libipt's event
+    /// decoder fails at it as its query decoder fetches it ahead, and the query decoder
+    /// reports that, without IP, at the query that took the trace item before it (the
+    /// last bit of its TNT, its TIP): nothing after that item ran, neither the block
+    /// waiting for trace nor code walked without trace.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_pge_enabled(&mut self, st: &mut FlowState) -> Fallback {
+        let why = "TIP.PGE while tracing is enabled";
+        if st.resync {
+            // (ptxed's resync there is libipt 2.2's: the window goes to libipt.)
+            return why;
+        }
+        let tentative = self.queue.pushed.saturating_sub(st.committed);
+        self.queue.truncate_last(tentative as usize);
+        st.error = Some(FlowError {
+            what: BAD_CONTEXT,
+            ip: None,
+            offset: st.item_at,
+            resume: st.item_at,
+        });
+        why
+    }
+
     /// A compressed return (block `b`'s) whose TNT bit says not taken.
     #[cold]
     #[inline(never)]
@@ -345,7 +370,7 @@ impl PtDecoder<'_> {
                             None => return Err(why),
                         },
                         BAD_QUERY if st.bdm64 => return Err(why),
-                        BAD_QUERY => {}
+                        BAD_QUERY | BAD_CONTEXT => {}
                         _ => e.offset = self.flow_past_pads(e.resume),
                     }
                 }
