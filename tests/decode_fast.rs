@@ -1196,6 +1196,47 @@ fn decode_errors_are_libipts_gaps_and_resyncs_from_the_fast_decoder() {
     }
 }
 
+/// A direct jump into code no image covers, and an asynchronous event (FUP + TIP.PGD, TIP)
+/// at that very address: the event binds there before the code would be read, so no
+/// error (a QEMU window cut as JIT code is entered), in both decoders, on the fast path.
+#[test]
+fn an_event_at_the_address_without_code_is_no_error() {
+    const AT: u64 = 0x70_0000;
+    const NOWHERE: u64 = 0x1000_0000;
+    let mut space = AddressSpace::new();
+    let rel = (NOWHERE.wrapping_sub(AT + 6)) as u32;
+    let mut code = vec![0x90, 0xe9]; // nop; jmp NOWHERE
+    code.extend_from_slice(&rel.to_le_bytes());
+    space.add_bytes("jmp", code, AT);
+    for disable in [true, false] {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(10), Some(AT)).fup(NOWHERE);
+        if disable {
+            w.tip_pgd(None);
+        } else {
+            w.tip(AT).fup(NOWHERE).tip_pgd(None);
+        }
+        let recs = assert_same_and_fast(&w.buf, &space);
+        assert!(gaps(&recs).is_empty(), "{recs:?}");
+        let insns: Vec<u64> = pcs(&recs);
+        let want: &[u64] = if disable {
+            &[AT, AT + 1]
+        } else {
+            &[AT, AT + 1, AT, AT + 1]
+        };
+        assert_eq!(insns, want);
+        let event = if disable {
+            Record::TraceDisabled { ip: Some(NOWHERE) }
+        } else {
+            Record::KernelXfer {
+                from: NOWHERE,
+                to: Some(AT),
+            }
+        };
+        assert!(recs.contains(&event), "{recs:?}");
+    }
+}
+
 /// TRIG packets (libipt 2.1.2 does not know them: the size we teach it) decode to the
 /// records of the trace without them, in both decoders, and the fast decoder keeps the
 /// window.

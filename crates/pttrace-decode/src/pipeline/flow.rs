@@ -1286,7 +1286,7 @@ impl PtDecoder<'_> {
             }
             TraceItem::Async { from, to } => {
                 self.flow_not_walked(st, from)?;
-                let Some(n) = self.flow_index_of(b, from) else {
+                let Some(n) = self.flow_event_index(b, from) else {
                     return Err(self.flow_bad_query(
                         st,
                         b,
@@ -1313,7 +1313,7 @@ impl PtDecoder<'_> {
             TraceItem::Bound(at) => {
                 self.flow_not_walked(st, at)?;
                 let n = self
-                    .flow_index_of(b, at)
+                    .flow_event_index(b, at)
                     .ok_or("event IP not reached without trace")?;
                 self.flow_push_block(st, b, n);
                 self.flow_commit(st);
@@ -1507,6 +1507,14 @@ impl PtDecoder<'_> {
             .iter()
             .position(|r| is_insn_at(r, ip))
             .map(|k| k as u32)
+    }
+
+    /// Where in block `b` an event at `ip` binds: before its instruction at `ip`, or at
+    /// its end where the block stops at `ip` for want of code (libipt takes the event
+    /// there before it reads the code).
+    fn flow_event_index(&self, b: FBlock, ip: u64) -> Option<u32> {
+        self.flow_index_of(b, ip)
+            .or((b.end == End::Nomap && b.fall == ip).then_some(b.len))
     }
 
     /// Block `b`'s records.

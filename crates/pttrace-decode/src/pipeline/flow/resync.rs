@@ -105,7 +105,10 @@ impl PtDecoder<'_> {
     fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> bool {
         let mut last = st.last_ip;
         let mut p = st.pos;
-        let in_block = |ip: Option<u64>| ip.is_some_and(|ip| self.flow_index_of(b, ip).is_some());
+        // (An event at the address without code binds there: libipt takes it before it
+        // reads the code.)
+        let in_block =
+            |ip: Option<u64>| ip.is_some_and(|ip| self.flow_event_index(b, ip).is_some());
         loop {
             let (at, next) = packet_past_ptws(self.trace, p);
             p = at;
