@@ -1337,8 +1337,10 @@ impl PtDecoder<'_> {
                         .0
                     }
                 };
-                let ptwrite = self.flow_recs(b)[n as usize]
-                    .as_instruction()
+                let ptwrite = self
+                    .flow_recs(b)
+                    .get(n as usize)
+                    .and_then(|r| r.as_instruction())
                     .filter(|i| i.class == InsnClass::Ptwrite)
                     .ok_or("the IP a PTW binds to is no PTWRITE")?;
                 let next = ptwrite.pc.wrapping_add(u64::from(ptwrite.size));
@@ -1353,8 +1355,10 @@ impl PtDecoder<'_> {
                 let (n, branch) = self
                     .flow_first_binding(b, |i| binding.binds_to(i))
                     .ok_or("no instruction before the branch a PIP or VMCS binds to")?;
-                let insn = *self.flow_recs(b)[n as usize]
-                    .as_instruction()
+                let insn = *self
+                    .flow_recs(b)
+                    .get(n as usize)
+                    .and_then(|r| r.as_instruction())
                     .ok_or("no instruction")?;
                 if branch {
                     // The event first, then the branch (libipt postpones it).

@@ -1,6 +1,9 @@
-//! Resynchronisation after a decode error ([`WindowOptions::resync_on_error`]), as libipt
-//! 2.2's `pt_blk_resync` (ptxed `--resync-on-error`) does it, in the fast decoder (libipt
-//! 2.1.2, the oracle of everything else, resyncs at PSBs only).
+//! Decode errors in the fast decoder, and the resynchronisation after one: without
+//! options at the PSB libipt 2.1.2's pipeline synchronizes at next (its gap at its
+//! offset, so that the window's records stay libipt's); with
+//! [`WindowOptions::resync_on_error`] as libipt 2.2's `pt_blk_resync` (ptxed
+//! `--resync-on-error`) does it (libipt 2.1.2, the oracle of everything else, resyncs at
+//! PSBs only). The rest of this note is about the latter.
 //!
 //! A decode error the fast decoder is sure of (no code at an IP: libipt's nomap; trace
 //! that does not match the code: bad query, bad compressed return, compressed return
@@ -219,9 +222,9 @@ impl PtDecoder<'_> {
     /// Where libipt 2.1.2 reports a nomap, the trace read up to `p` (its query decoder
     /// holds the next event): past a TNT or TIP.PGD packet (and the PADs after it), at a
     /// TIP, at the PSBEND of a PSB+ with a FUP (its status events queued), at the end of
-    /// the trace;
-    /// PADs, timing packets and a FUP (waiting for its TIP) passed on the way. `None`
-    /// elsewhere (events libipt drains first: the fast decoder leaves those to libipt).
+    /// the trace; PADs, timing packets and a FUP (waiting for its TIP) passed on the way.
+    /// `None` elsewhere (events libipt drains first: the fast decoder leaves those to
+    /// libipt). (Found against libipt on the mutated traces of `tests/decode_fast.rs`.)
     fn flow_nomap_offset(&self, mut p: usize) -> Option<usize> {
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, p) else {
@@ -429,7 +432,6 @@ impl PtDecoder<'_> {
         }
     }
 
-    /// A synchronization at the PSB at `q` (after an error).
     /// After error `e`, without `--resync-on-error`: where libipt's `pt_blk_sync_forward`
     /// goes, from its packet decoder's position (past the packet at the gap's offset, the
     /// one its event decoder holds): the first PSB from 15 bytes before there (one that
@@ -451,6 +453,7 @@ impl PtDecoder<'_> {
         self.flow_sync_at(st, q)
     }
 
+    /// A synchronization at the PSB at `q` (after an error).
     fn flow_sync_at(&mut self, st: &mut FlowState, q: usize) -> Result<Stop, Fallback> {
         st.pos = q;
         st.tnt_n = 0;
