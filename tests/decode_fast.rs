@@ -1826,6 +1826,11 @@ struct PagingProg {
     at: u64,
 }
 
+/// Appends `bytes` (packets the writer has no method for) to the trace.
+fn raw(w: &mut PtWriter, bytes: &[u8]) {
+    w.buf.extend_from_slice(bytes);
+}
+
 const PTW: [u8; 6] = [0x02, 0x12, 0x11, 0x22, 0x33, 0x44]; // 4-byte payload, no IP
 const PTW_IP: [u8; 10] = [0x02, 0xb2, 1, 2, 3, 4, 5, 6, 7, 8]; // 8-byte payload, IP
 const PIP: [u8; 8] = [0x02, 0x43, 0x01, 0x40, 0x23, 0x01, 0, 0]; // CR3 0x12340000, NR
@@ -1894,40 +1899,39 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
     // (Interrupted at the `nop`, before it runs.)
     want.extend([at + 0x22, at, at + 0x20]);
     assert_eq!(pcs(&expected), want);
-    let ip_bytes = |w: &mut PtWriter, bytes: &[u8]| w.buf.extend_from_slice(bytes);
     let with_packets = paging_trace(&p, &|w, k| match k {
         // The first round: a PTW for each PTWRITE, the second bound by its FUP's IP.
         0 => {
-            ip_bytes(w, &PTW);
-            ip_bytes(w, &PTW_IP);
+            raw(w, &PTW);
+            raw(w, &PTW_IP);
             w.pad().fup(at + 6);
         }
         // The second round: both PTWs without IP; then MOV CR3's PIP, VMPTRLD's VMCS.
         1 => {
-            ip_bytes(w, &PTW);
-            ip_bytes(w, &PTW);
+            raw(w, &PTW);
+            raw(w, &PTW);
         }
         2 => {
-            ip_bytes(w, &PIP);
-            ip_bytes(w, &VMCS);
+            raw(w, &PIP);
+            raw(w, &VMCS);
         }
         // At the syscall (a far transfer): a PIP and a VMCS before it.
         3 => {
-            ip_bytes(w, &VMCS);
-            ip_bytes(w, &PIP);
+            raw(w, &VMCS);
+            raw(w, &PIP);
         }
         // Tracing disabled: events, no code (a PTW's FUP only moves the last IP).
         4 => {
-            ip_bytes(w, &PIP);
-            ip_bytes(w, &PTW_IP);
+            raw(w, &PIP);
+            raw(w, &PTW_IP);
             w.fup(at + 6);
-            ip_bytes(w, &PTW);
+            raw(w, &PTW);
         }
         // The interrupt's PIP and VMCS, between its FUP and TIP.
         6 => {
-            ip_bytes(w, &PIP);
+            raw(w, &PIP);
             w.pad();
-            ip_bytes(w, &VMCS);
+            raw(w, &VMCS);
         }
         _ => {}
     });
@@ -1935,7 +1939,7 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
     // A TSC between a PTW and its FUP: its time is the event's, as libipt's.
     let timed = paging_trace(&p, &|w, k| {
         if k == 0 {
-            ip_bytes(w, &PTW_IP);
+            raw(w, &PTW_IP);
             w.tsc(11).fup(at + 6);
         }
     });
@@ -1945,8 +1949,8 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
     for ip in [Some(at + 0x20), None] {
         let mut w = PtWriter::new();
         w.psb_plus(Some(10), Some(at)).tnt(&[true]).fup(at + 5);
-        ip_bytes(&mut w, &PIP);
-        ip_bytes(&mut w, &VMCS);
+        raw(&mut w, &PIP);
+        raw(&mut w, &VMCS);
         w.tip_pgd(ip);
         let recs = assert_same_and_fast(&w.buf, &p.space);
         assert_eq!(pcs(&recs), [&lp[..], &[at]].concat());
@@ -2002,7 +2006,7 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
     ] {
         let t = paging_trace(&p, &|w, j| {
             if j == k {
-                ip_bytes(w, bytes);
+                raw(w, bytes);
             }
         });
         assert_left_to_libipt(&t, &p.space, why);
@@ -2025,21 +2029,20 @@ fn mode_exec_mnt_stop_and_an_ovf_with_events_equal_libipt_and_stay_fast() {
     let at = p.at;
     let plain = paging_trace(&p, &|_, _| {});
     let expected = assert_same_and_fast(&plain, &p.space);
-    let add = |w: &mut PtWriter, bytes: &[u8]| w.buf.extend_from_slice(bytes);
     // The same mode again: bound to the TIP of `jmp rbx`, to the FUP of an interrupt
     // (the code runs to it), in PSB+-less places; MNT and STOP around.
     let same_mode = paging_trace(&p, &|w, k| match k {
-        1 => add(w, &MNT),
-        2 => add(w, &MODE_64),
+        1 => raw(w, &MNT),
+        2 => raw(w, &MODE_64),
         4 => {
-            add(w, &STOP);
-            add(w, &MNT);
+            raw(w, &STOP);
+            raw(w, &MNT);
         }
         5 => {
-            add(w, &MODE_64);
+            raw(w, &MODE_64);
             w.pad().fup(at + 5);
         }
-        8 => add(w, &STOP),
+        8 => raw(w, &STOP),
         _ => {}
     });
     assert_fast_and_unchanged(&same_mode, &p.space, &expected);
@@ -2054,7 +2057,7 @@ fn mode_exec_mnt_stop_and_an_ovf_with_events_equal_libipt_and_stay_fast() {
     space.add_bytes("code32", vec![0x49, 0x75, 0xfd, 0xff, 0xe0, 0xf4], Q);
     let mut w = PtWriter::new();
     w.psb_plus(Some(10), Some(Q - 0x100));
-    add(&mut w, &MODE_32);
+    raw(&mut w, &MODE_32);
     w.tip(Q).tnt(&[true, true, false]).tip_pgd(None);
     let recs = assert_same_and_fast(&w.buf, &space);
     let shown: Vec<(u64, drpttracer::decode::ExecMode)> = recs
@@ -2073,16 +2076,16 @@ fn mode_exec_mnt_stop_and_an_ovf_with_events_equal_libipt_and_stay_fast() {
     // MNT in a PSB+ without time; an OVF with TSC, CBR, MNT and PAD before its FUP.
     let mut w = PtWriter::new();
     w.psb();
-    add(&mut w, &MNT);
+    raw(&mut w, &MNT);
     w.mode64().fup(at).psbend().tnt(&[true]).ovf().tsc(0xa00);
     cbr(&mut w, 0x0f);
-    add(&mut w, &MNT);
+    raw(&mut w, &MNT);
     w.pad()
         .fup(at + 6)
         .tnt(&[false])
         .tip(at + 0x20)
         .tip_pgd(None);
-    add(&mut w, &STOP);
+    raw(&mut w, &STOP);
     let recs = assert_same_and_fast(&w.buf, &p.space);
     let shown: Vec<String> = recs[..8].iter().map(|r| format!("{r:?}")).collect();
     assert_eq!(
@@ -2095,7 +2098,7 @@ fn mode_exec_mnt_stop_and_an_ovf_with_events_equal_libipt_and_stay_fast() {
     // Two MODE.Execs in a PSB+: libipt's bad status update.
     let mut w = PtWriter::new();
     w.psb().mode64();
-    add(&mut w, &MODE_32);
+    raw(&mut w, &MODE_32);
     w.psbend();
     let f = assert_left_to_libipt(&w.buf, &p.space, "two MODE.Execs in a PSB+");
     assert_eq!(gaps(&f), ["0x12 bad status update"]);

@@ -1227,8 +1227,7 @@ impl PtDecoder<'_> {
         match item {
             TraceItem::End(ReadOn::Nothing) => {
                 // What was walked without trace never ran as far as the trace tells.
-                let tentative = self.queue.pushed - st.committed;
-                self.queue.truncate_last(tentative as usize);
+                self.flow_drop_walked(st);
                 Ok(Some(Stop::Done))
             }
             TraceItem::End(read_on) => {
@@ -1315,10 +1314,7 @@ impl PtDecoder<'_> {
                 let n = self
                     .flow_event_index(b, at)
                     .ok_or("event IP not reached without trace")?;
-                self.flow_push_block(st, b, n);
-                self.flow_commit(st);
-                self.flow_quiet_event(st);
-                st.cur = self.flow_block(at)?;
+                self.flow_bound_event(st, b, n, at)?;
                 Ok(None)
             }
             TraceItem::Ptw(at) => {
@@ -1344,10 +1340,7 @@ impl PtDecoder<'_> {
                     .filter(|i| i.class == InsnClass::Ptwrite)
                     .ok_or("the IP a PTW binds to is no PTWRITE")?;
                 let next = ptwrite.pc.wrapping_add(u64::from(ptwrite.size));
-                self.flow_push_block(st, b, n + 1);
-                self.flow_commit(st);
-                self.flow_quiet_event(st);
-                st.cur = self.flow_block(next)?;
+                self.flow_bound_event(st, b, n + 1, next)?;
                 Ok(None)
             }
             TraceItem::Binds(binding) => {
@@ -1366,16 +1359,11 @@ impl PtDecoder<'_> {
                     if n == 0 && *bound == Some(self.queue.pushed) {
                         return Err("two PIPs or VMCSs bound to one branch");
                     }
-                    self.flow_push_block(st, b, n);
-                    self.flow_commit(st);
+                    self.flow_bound_event(st, b, n, insn.pc)?;
                     st.bound_branch[binding.index()] = Some(self.queue.pushed);
-                    self.flow_quiet_event(st);
-                    st.cur = self.flow_block(insn.pc)?;
                 } else {
-                    self.flow_push_block(st, b, n + 1);
-                    self.flow_commit(st);
-                    self.flow_quiet_event(st);
-                    st.cur = self.flow_block(insn.pc.wrapping_add(u64::from(insn.size)))?;
+                    let next = insn.pc.wrapping_add(u64::from(insn.size));
+                    self.flow_bound_event(st, b, n + 1, next)?;
                 }
                 Ok(None)
             }
@@ -1481,6 +1469,28 @@ impl PtDecoder<'_> {
             return Err("event IP in code walked without trace");
         }
         Ok(())
+    }
+
+    /// An event bound to an instruction of block `b`: the block's first `n` records ran,
+    /// the event (no record) takes the time, and decoding goes on at `ip`.
+    fn flow_bound_event(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+        n: u32,
+        ip: u64,
+    ) -> Result<(), Fallback> {
+        self.flow_push_block(st, b, n);
+        self.flow_commit(st);
+        self.flow_quiet_event(st);
+        st.cur = self.flow_block(ip)?;
+        Ok(())
+    }
+
+    /// Drops the records of code walked without trace since the last trace item.
+    fn flow_drop_walked(&mut self, st: &FlowState) {
+        let tentative = self.queue.pushed.saturating_sub(st.committed);
+        self.queue.truncate_last(tentative as usize);
     }
 
     /// Events binding to the next instruction of a kind walk from the last trace item:
@@ -1884,10 +1894,8 @@ impl PtDecoder<'_> {
                     Some(Pkt::Tip(_) | Pkt::TipPgd(_)) => {}
                     Some(Pkt::Fup(_)) => {
                         let end = "MODE.Exec at the end of the trace";
-                        let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
-                            return Err("MODE.Exec not followed by its FUP");
-                        };
-                        let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                        let missing = "MODE.Exec not followed by its FUP";
+                        let at = Self::flow_bound_fup(self.trace, st, end, missing)?;
                         st.read_on = ReadOn::Other;
                         return Ok(Some(TraceItem::Bound(at)));
                     }
@@ -1991,10 +1999,8 @@ impl PtDecoder<'_> {
             Pkt::Ptw { ip } => {
                 let at = if ip {
                     let end = "PTW at the end of the trace";
-                    let Pkt::Fup(p) = Self::flow_past_timing(self.trace, st, end)? else {
-                        return Err("PTW with the IP bit not followed by its FUP");
-                    };
-                    Some(st.last_ip.apply(p).ok_or("FUP without IP")?)
+                    let missing = "PTW with the IP bit not followed by its FUP";
+                    Some(Self::flow_bound_fup(self.trace, st, end, missing)?)
                 } else {
                     None
                 };
@@ -2004,10 +2010,6 @@ impl PtDecoder<'_> {
                 }
                 self.flow_quiet_event(st);
             }
-            // A PIP or VMCS outside a PSB+ and an asynchronous branch (MOV CR3,
-            // VMPTRLD, a system call into traced OS code...): bound to an instruction
-            // (no record; the image stays the one given). (While tracing is
-            // disabled: an event, no code.)
             // MNT: an event of its own (time only, as a CBR); STOP: tracing stopped
             // (it comes after the disable).
             Pkt::Mnt => {
@@ -2020,6 +2022,10 @@ impl PtDecoder<'_> {
                 }
                 self.flow_quiet_event(st);
             }
+            // A PIP or VMCS outside a PSB+ and an asynchronous branch (MOV CR3,
+            // VMPTRLD, a system call into traced OS code...): bound to an instruction
+            // (no record; the image stays the one given). (While tracing is
+            // disabled: an event, no code.)
             Pkt::Pip | Pkt::Vmcs => {
                 st.read_on = ReadOn::Other;
                 if st.enabled {
@@ -2067,6 +2073,20 @@ impl PtDecoder<'_> {
                 _ => return Ok(next),
             }
         }
+    }
+
+    /// The IP of the FUP an event binds to, after PADs and timing packets (applied);
+    /// `end` where the trace ends first, `missing` where another packet comes.
+    fn flow_bound_fup(
+        trace: &[u8],
+        st: &mut FlowState,
+        end: Fallback,
+        missing: Fallback,
+    ) -> Result<u64, Fallback> {
+        let Pkt::Fup(p) = Self::flow_past_timing(trace, st, end)? else {
+            return Err(missing);
+        };
+        st.last_ip.apply(p).ok_or("FUP without IP")
     }
 
     /// The PSB+ at `st.pos`: its status applied as libipt does (a synchronization sets the IP; a PSB+ passed

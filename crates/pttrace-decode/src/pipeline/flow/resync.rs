@@ -292,8 +292,7 @@ impl PtDecoder<'_> {
             // (ptxed's resync there is libipt 2.2's: the window goes to libipt.)
             return why;
         }
-        let tentative = self.queue.pushed.saturating_sub(st.committed);
-        self.queue.truncate_last(tentative as usize);
+        self.flow_drop_walked(st);
         st.error = Some(FlowError {
             what: BAD_CONTEXT,
             ip: None,
@@ -412,8 +411,7 @@ impl PtDecoder<'_> {
             // Records from here on cannot come from libipt (it did not resync where we
             // did): the code walked without trace goes, a gap (decided: it stays should
             // the next PSB fail too, as every failure has its gap), and on at the next PSB.
-            let tentative = self.queue.pushed.saturating_sub(st.committed);
-            self.queue.truncate_last(tentative as usize);
+            self.flow_drop_walked(st);
             self.flow_gap(
                 st.pos,
                 None,
