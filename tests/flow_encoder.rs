@@ -3,8 +3,9 @@
 //! after a conditional branch resolved when the flow comes back, and one that never comes
 //! back (an explicit overflow, never a guessed branch).
 
+use drpttracer::decode::packets::{list_packets, PacketLine};
 use drpttracer::decode::{
-    decode_window, AddressSpace, ImageSpec, Record, TraceParams, WindowOptions,
+    decode_window, AddressSpace, DecoderKind, ImageSpec, Record, TraceParams, WindowOptions,
 };
 use iced_x86::code_asm::*;
 use iced_x86::BlockEncoderOptions;
@@ -100,8 +101,13 @@ fn prog() -> Prog {
 }
 
 fn decode(pt: &[u8], p: &Prog) -> Vec<Record> {
+    decode_code(pt, &p.code, DecoderKind::Fast)
+}
+
+/// `pt` decoded over `code` (at `BASE`) by `decoder`.
+fn decode_code(pt: &[u8], code: &[u8], decoder: DecoderKind) -> Vec<Record> {
     let mut space = AddressSpace::new();
-    space.add_bytes("prog", p.code.clone(), BASE);
+    space.add_bytes("prog", code.to_vec(), BASE);
     decode_window(
         pt,
         None,
@@ -110,6 +116,7 @@ fn decode(pt: &[u8], p: &Prog) -> Vec<Record> {
         &ImageSpec::default(),
         &WindowOptions {
             source: "flow.pt".into(),
+            decoder,
             ..Default::default()
         },
     )
@@ -347,10 +354,10 @@ fn ins_before(p: &Prog, b: &Block, x: u64) -> Vec<u64> {
 
 /// Runs `seq` (J first: its `ret` goes to the next block by TIP), then the handler H,
 /// whose rt_sigreturn ends the window.
-fn into_handler(
-    enc: &mut FlowEncoder<u32>,
-    seq: &[&Block],
-    h: &Block,
+fn into_handler<'b>(
+    enc: &mut FlowEncoder<'b, u32>,
+    seq: &[&'b Block],
+    h: &'b Block,
     tsc: &mut dyn FnMut() -> u64,
 ) {
     for b in seq {
@@ -500,4 +507,268 @@ fn a_signal_in_the_code_a_handler_resumed_in_is_resolved_on_its_own() {
     assert_eq!(async_event(&r2), Some((p.j.start, p.h.start)));
     assert!(pcs(&decode(&ws[2].pt, &p)).starts_with(&[ins(&p, &p.j), ins(&p, &p.f)].concat()));
     assert_eq!(enc.stats().unresolved, 0);
+}
+
+/// A program of calls and returns, its blocks classified as the QEMU plugin classifies
+/// them (calls and returns known: return compression).
+///   C1: call F            C2: call F          C3: call rax (F)
+///   C4: call X (the next instruction: no return address for a decoder)
+///   X:  jmp F             E:  syscall         F:  nop ; ret
+///   M:  call R            N:  syscall         (main of a recursion)
+///   R:  dec rcx ; jz B    R2: call R          A: ret              B: ret
+struct Calls {
+    code: Vec<u8>,
+    ips: Vec<u64>,
+    blocks: Vec<Block>,
+}
+
+impl Calls {
+    fn block(&self, name: &str) -> &Block {
+        let i = [
+            "C1", "C2", "C3", "C4", "X", "E", "F", "M", "N", "R", "R2", "A", "B",
+        ]
+        .iter()
+        .position(|n| *n == name)
+        .unwrap();
+        &self.blocks[i]
+    }
+
+    fn ins(&self, b: &Block) -> Vec<u64> {
+        self.ips
+            .iter()
+            .copied()
+            .filter(|&i| (b.start..b.end).contains(&i))
+            .collect()
+    }
+}
+
+fn calls() -> Calls {
+    let mut c = CodeAssembler::new(64).unwrap();
+    let mut f = c.create_label();
+    let mut x = c.create_label();
+    let mut r = c.create_label();
+    let mut b = c.create_label();
+    // Block boundaries: indexes of each block's first and last instruction.
+    c.call(f).unwrap(); // 0 C1
+    c.call(f).unwrap(); // 1 C2
+    c.call(rax).unwrap(); // 2 C3
+    c.call(x).unwrap(); // 3 C4
+    c.set_label(&mut x).unwrap();
+    c.jmp(f).unwrap(); // 4 X
+    c.syscall().unwrap(); // 5 E
+    c.set_label(&mut f).unwrap();
+    c.nop().unwrap(); // 6 F
+    c.ret().unwrap(); // 7
+    c.call(r).unwrap(); // 8 M
+    c.syscall().unwrap(); // 9 N
+    c.set_label(&mut r).unwrap();
+    c.dec(rcx).unwrap(); // 10 R
+    c.jz(b).unwrap(); // 11
+    c.call(r).unwrap(); // 12 R2
+    c.ret().unwrap(); // 13 A
+    c.set_label(&mut b).unwrap();
+    c.ret().unwrap(); // 14 B
+    let asm = c
+        .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .unwrap();
+    let code = asm.inner.code_buffer;
+    let ips: Vec<u64> = asm
+        .inner
+        .new_instruction_offsets
+        .iter()
+        .map(|&o| BASE + u64::from(o))
+        .collect();
+    let block = |first: usize, last: usize| {
+        let ip = ips[last];
+        let class = classify_bytes(ip, &code[(ip - BASE) as usize..]).unwrap();
+        Block::new(
+            ips[first],
+            ip + u64::from(class.len),
+            BlockEnd::from_class(&class, ip),
+        )
+    };
+    let blocks = [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (4, 4),
+        (5, 5),
+        (6, 7),
+        (8, 8),
+        (9, 9),
+        (10, 11),
+        (12, 12),
+        (13, 13),
+        (14, 14),
+    ]
+    .iter()
+    .map(|&(a, b)| block(a, b))
+    .collect();
+    Calls { code, ips, blocks }
+}
+
+/// The packets of `pt` but the PSB+'s and the timing ones, as ptdump names them with their
+/// payloads.
+fn flow_packets(pt: &[u8]) -> Vec<String> {
+    listed(pt, false)
+}
+
+/// [`flow_packets`] with a "psb" line for each PSB.
+fn flow_packets_and_psbs(pt: &[u8]) -> Vec<String> {
+    listed(pt, true)
+}
+
+fn listed(pt: &[u8], psbs: bool) -> Vec<String> {
+    list_packets(pt)
+        .into_iter()
+        .filter_map(|l| match l {
+            PacketLine::Packet { name, payload, .. } => Some((name, payload)),
+            _ => None,
+        })
+        .filter(|(n, _)| {
+            (psbs && *n == "psb")
+                || !matches!(*n, "psb" | "psbend" | "tsc" | "mode.exec" | "fup" | "pad")
+        })
+        .map(|(n, p)| format!("{n} {p}").trim_end().to_string())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// Encodes `seq` as one window ended by E's or N's syscall; checks that both decoders give
+/// the blocks' instructions; returns the PT.
+fn encode_calls(p: &Calls, seq: &[&str], psb_period: usize) -> Vec<u8> {
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(psb_period);
+    let mut tsc = no_tsc();
+    for name in seq {
+        enc.block(p.block(name), &mut tsc).unwrap();
+    }
+    enc.far_transfer().unwrap();
+    enc.end_window(0);
+    let (_, pt) = enc.ready().unwrap();
+    let want: Vec<u64> = seq.iter().flat_map(|n| p.ins(p.block(n))).collect();
+    for kind in [DecoderKind::Fast, DecoderKind::Libipt] {
+        let recs = decode_code(&pt, &p.code, kind);
+        assert_eq!(pcs(&recs), want, "{kind:?}");
+        assert!(
+            !recs.iter().any(|r| matches!(r, Record::Gap(_))),
+            "{kind:?}: {recs:?}"
+        );
+    }
+    pt
+}
+
+#[test]
+fn returns_to_the_address_on_top_of_the_decoders_return_stack_are_tnt_bits() {
+    let p = calls();
+    // Two direct calls and an indirect one return by a taken bit each; the call to the next
+    // instruction pushes nothing (libipt's rule for position-independent code), so F's
+    // return to X goes by TIP, as does the one with nothing on the stack.
+    let pt = encode_calls(
+        &p,
+        &[
+            "C1", "F", "C2", "F", "C3", "F", "C4", "X", "F", "X", "F", "E",
+        ],
+        4096,
+    );
+    // (IPs compressed against the last one: the low 16 bits.)
+    let tip = |b: &str| format!("tip 1: ????????????{:04x}", p.block(b).start & 0xffff);
+    assert_eq!(
+        flow_packets(&pt),
+        [
+            format!("tip.pge 3: {:016x}", p.block("C1").start),
+            "tnt.8 !!".to_string(),
+            tip("F"),
+            "tnt.8 !".to_string(),
+            tip("X"),
+            tip("E"),
+            "tip.pgd 0: ????????????????".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn returns_deeper_than_the_decoders_64_entry_stack_and_returns_across_a_psb_go_by_tip() {
+    let p = calls();
+    // main calls R, which recurses 70 times, then returns all the way: 71 calls, 71
+    // returns. The 64 newest return addresses are on a decoder's stack: B's return and 63
+    // of A's are taken bits, the other 6 of A's and the return to N (their addresses were
+    // dropped) go by TIP.
+    let mut seq = vec!["M"];
+    for _ in 0..70 {
+        seq.extend(["R", "R2"]);
+    }
+    seq.extend(["R", "B"]);
+    seq.extend(["A"; 70]);
+    seq.push("N");
+    let pt = encode_calls(&p, &seq, 1 << 20);
+    let packets = flow_packets(&pt);
+    let tips: Vec<&String> = packets.iter().filter(|l| l.starts_with("tip ")).collect();
+    let a = p.block("A").start & 0xffff;
+    let n = p.block("N").start & 0xffff;
+    let mut want = vec![format!("tip 1: ????????????{a:04x}"); 6];
+    want.push(format!("tip 1: ????????????{n:04x}"));
+    assert_eq!(tips, want.iter().collect::<Vec<_>>());
+    // Every bit: 70 jz not taken, one taken, 64 returns.
+    let bits: String = packets
+        .iter()
+        .filter_map(|l| l.strip_prefix("tnt.8 ").or(l.strip_prefix("tnt.64 ")))
+        .collect();
+    assert_eq!(bits, format!("{}!{}", ".".repeat(70), "!".repeat(64)));
+
+    // A PSB+ lets a decoder start there: no return after it is compressed against a call
+    // before it. With a PSB+ after every block that wrote a packet: C2's call writes none,
+    // so F's return to C3 is compressed against it; every other return follows a PSB+.
+    let seq = ["C1", "F", "C2", "F", "C3", "F", "E"];
+    let pt = encode_calls(&p, &seq, 1);
+    let tip = |b: &str| format!("tip 1: ????????????{:04x}", p.block(b).start & 0xffff);
+    assert_eq!(
+        flow_packets_and_psbs(&pt),
+        [
+            "psb".to_string(),
+            format!("tip.pge 3: {:016x}", p.block("C1").start),
+            "psb".to_string(),
+            tip("C2"),
+            "psb".to_string(),
+            "tnt.8 !".to_string(),
+            tip("F"),
+            "psb".to_string(),
+            tip("E"),
+            "psb".to_string(),
+            "tip.pgd 0: ????????????????".to_string(),
+        ]
+    );
+    // And a window cut between a call and its return (the block after the call, F, begins
+    // the next window, after a PSB+): that return by TIP.
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
+    let mut tsc = no_tsc();
+    enc.block(p.block("C1"), &mut tsc).unwrap();
+    enc.block(p.block("F"), &mut tsc).unwrap();
+    enc.cut(0, &mut tsc).unwrap();
+    let seq = ["C2", "F", "C3", "F", "E"];
+    for b in seq {
+        enc.block(p.block(b), &mut tsc).unwrap();
+    }
+    enc.far_transfer().unwrap();
+    enc.end_window(1);
+    let (_, first) = enc.ready().unwrap();
+    let (_, second) = enc.ready().unwrap();
+    let lib = |pt: &[u8]| pcs(&decode_code(pt, &p.code, DecoderKind::Libipt));
+    assert_eq!(lib(&first), p.ins(p.block("C1")));
+    let want: Vec<u64> = std::iter::once("F")
+        .chain(seq)
+        .flat_map(|b| p.ins(p.block(b)))
+        .collect();
+    assert_eq!(lib(&second), want);
+    assert_eq!(
+        flow_packets(&second),
+        [
+            format!("tip.pge 3: {:016x}", p.block("F").start),
+            tip("C2"),
+            "tnt.8 !".to_string(),
+            tip("F"),
+            tip("E"),
+            "tip.pgd 0: ????????????????".to_string(),
+        ]
+    );
 }

@@ -256,7 +256,9 @@ fn addr_trigger_keeps_exactly_the_end_of_the_loop_up_to_marker() {
     assert!(s.rec.discarded_windows > 100, "{:?}", s.rec);
     // Only the end: the last K iterations, whole, then main up to the call of marker.
     let k = assert_tail_of_loop(&p, &s.pcs, N - 1);
-    assert!(k > 200 && k < 5000, "{k} iterations");
+    // (About 10 PT bytes an iteration: its branches and its calls' compressed returns are
+    // TNT bits.)
+    assert!(k > 200 && k < 10_000, "{k} iterations");
     assert!(
         !s.pcs.contains(&p.marker),
         "marker's entry itself is not executed"

@@ -24,8 +24,12 @@ pub enum Flow {
 pub struct Class {
     pub len: u8,
     pub flow: Flow,
-    /// A call (direct or indirect): control comes back after it by a return.
+    /// A near call (direct or indirect): control comes back after it by a return. (A
+    /// far call is not one: PT decoders keep no return address for it.)
     pub call: bool,
+    /// A near return (`ret`, `ret imm16`): its target may be compressed against the
+    /// decoder's return stack. (Far returns and `iret` are not.)
+    pub ret: bool,
 }
 
 /// Classifies the instruction whose bytes start `bytes` (64-bit code at `ip`); `None` when
@@ -64,10 +68,8 @@ pub fn classify_bytes(ip: u64, bytes: &[u8]) -> Option<Class> {
     Some(Class {
         len: insn.len() as u8,
         flow,
-        call: matches!(
-            insn.flow_control(),
-            FlowControl::Call | FlowControl::IndirectCall
-        ),
+        call: insn.is_call_near() || insn.is_call_near_indirect(),
+        ret: insn.mnemonic() == Mnemonic::Ret,
     })
 }
 
@@ -140,6 +142,14 @@ mod tests {
         assert_eq!(call(&[0xe8, 0, 0, 0, 0]), Some(true));
         assert_eq!(call(&[0xc3]), Some(false));
         assert_eq!(call(&[0xff, 0xe0]), Some(false));
+        // call far [rax]: no return address for the decoder's return stack.
+        assert_eq!(call(&[0xff, 0x18]), Some(false));
+        let ret = |b: &[u8]| classify_bytes(0x1000, b).map(|c| c.ret);
+        assert_eq!(ret(&[0xc3]), Some(true));
+        assert_eq!(ret(&[0xc2, 0x08, 0x00]), Some(true));
+        assert_eq!(ret(&[0xcb]), Some(false)); // retf
+        assert_eq!(ret(&[0x48, 0xcf]), Some(false)); // iretq
+        assert_eq!(ret(&[0xff, 0xe0]), Some(false));
     }
 
     #[test]

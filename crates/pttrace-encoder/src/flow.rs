@@ -8,6 +8,8 @@
 //! - an indirect branch or return: TIP(`B`), unless `B` is a signal handler's entry (an
 //!   asynchronous entry, resolved like the conditional case below: TIP of the interrupted
 //!   block comes first when the flow returns after `rt_sigreturn`); an indirect call: TIP;
+//! - a near return to the address the decoder's return stack holds on top: a taken TNT
+//!   bit (return compression, [`RetStack`]);
 //! - a direct jump/call or a plain end (page/size limit, an instruction the emulator ends
 //!   blocks at): nothing, `B` must start at the target / the next instruction;
 //! - a REP string instruction: `B` starting at that instruction again is the same
@@ -37,7 +39,7 @@
 
 use std::collections::VecDeque;
 
-use crate::classify::Flow;
+use crate::classify::{Class, Flow};
 use crate::packet::PacketWriter;
 use crate::EncodeError;
 
@@ -49,14 +51,23 @@ pub enum BlockEnd {
     Cond {
         target: u64,
     },
+    /// Direct jump.
     Direct {
         target: u64,
     },
-    /// Indirect jump or return: TIP (a known signal handler as target is an asynchronous
-    /// entry instead, see [`FlowEncoder::set_signal_handlers`]).
+    /// Direct near call: its return address goes on the return stack.
+    Call {
+        target: u64,
+    },
+    /// Indirect jump or far transfer a decoder takes a TIP for: TIP (a known signal
+    /// handler as target is an asynchronous entry instead, see
+    /// [`FlowEncoder::set_signal_handlers`]).
     Indirect,
-    /// Indirect call: TIP.
+    /// Indirect near call: TIP; its return address goes on the return stack.
     IndirectCall,
+    /// Near return: a taken TNT bit when the return stack's top is its target, else TIP
+    /// (or an asynchronous entry, as [`BlockEnd::Indirect`]).
+    Return,
     /// A REP string instruction at `ip` (the block's last instruction).
     Rep {
         ip: u64,
@@ -66,15 +77,26 @@ pub enum BlockEnd {
 }
 
 impl BlockEnd {
-    /// The block end for a last instruction of class `flow` at `ip`.
+    /// The block end for a last instruction of class `flow` at `ip`, calls and returns
+    /// taken as jumps (no return compression).
     pub fn from_flow(flow: Flow, ip: u64) -> BlockEnd {
-        Self::from_class(flow, false, ip)
+        Self::from_class(
+            &Class {
+                len: 0,
+                flow,
+                call: false,
+                ret: false,
+            },
+            ip,
+        )
     }
 
-    /// The block end for a last instruction of class `flow` (`call`: it is a call) at `ip`.
-    pub fn from_class(flow: Flow, call: bool, ip: u64) -> BlockEnd {
-        match flow {
-            Flow::Indirect if call => BlockEnd::IndirectCall,
+    /// The block end for a last instruction of class `c` at `ip`.
+    pub fn from_class(c: &Class, ip: u64) -> BlockEnd {
+        match c.flow {
+            Flow::Indirect if c.call => BlockEnd::IndirectCall,
+            Flow::Indirect if c.ret => BlockEnd::Return,
+            Flow::Direct { target } if c.call => BlockEnd::Call { target },
             Flow::Plain => BlockEnd::Fall,
             Flow::RepString => BlockEnd::Rep { ip },
             Flow::Cond { target } => BlockEnd::Cond { target },
@@ -92,8 +114,9 @@ pub struct Block {
     /// Address after the block's last instruction.
     pub end: u64,
     pub kind: BlockEnd,
-    /// The one successor of a block without a choice (plain end or direct branch), else
-    /// `u64::MAX` (never a block start): one compare on the hot path.
+    /// The one successor of a block without a choice (plain end or direct jump), else
+    /// `u64::MAX` (never a block start): one compare on the hot path. (A direct call's
+    /// target is not here: the call also pushes its return address.)
     fixed: u64,
     /// Instructions of the block that can fault synchronously (memory accesses, division,
     /// undefined opcodes...): where a SIGSEGV, SIGBUS, SIGFPE or SIGILL can come from.
@@ -226,9 +249,11 @@ const _: () = assert!(std::mem::size_of::<Block>() == 48);
 
 /// Encodes one thread's block sequence into windows of PT; `M` is the caller's window
 /// metadata (syscall number, arguments...), carried with the PT until the window is ready.
-pub struct FlowEncoder<M> {
+pub struct FlowEncoder<'b, M> {
     w: PacketWriter<Vec<u8>>,
-    prev: Option<Block>,
+    /// The block in flight (a reference: copying a block at every block cost more than
+    /// the rest of a plain transition).
+    prev: Option<&'b Block>,
     /// Sequence number of the window being written.
     seq: u64,
     /// Ended windows not final yet: (seq, meta, PT, OVF packets written into it).
@@ -255,9 +280,11 @@ pub struct FlowEncoder<M> {
     /// The next block enters a signal handler that interrupted the thread here (from the
     /// signal frame: [`Self::signal_entry`]), and whether by a synchronous fault, if known.
     entry: Option<(u64, Option<bool>)>,
+    /// The top of the decoder's return stack, for return compression.
+    rets: RetStack,
 }
 
-impl<M> FlowEncoder<M> {
+impl<'b, M> FlowEncoder<'b, M> {
     pub fn new(psb_period: usize) -> Self {
         FlowEncoder {
             w: PacketWriter::new(Vec::with_capacity(1 << 16), psb_period),
@@ -274,6 +301,7 @@ impl<M> FlowEncoder<M> {
             fault_handlers: Vec::new(),
             after_sigreturn: false,
             entry: None,
+            rets: RetStack::default(),
         }
     }
 
@@ -295,7 +323,7 @@ impl<M> FlowEncoder<M> {
     #[inline(always)]
     pub fn block(
         &mut self,
-        b: &Block,
+        b: &'b Block,
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
         self.stats.blocks += 1;
@@ -305,7 +333,7 @@ impl<M> FlowEncoder<M> {
         };
         let s = b.start;
         let t = if self.entry.is_some() {
-            self.known_entry(p, b, tsc)?
+            self.known_entry(*p, b, tsc)?
         } else if s == p.fixed {
             Transition::Flow
         } else {
@@ -318,8 +346,28 @@ impl<M> FlowEncoder<M> {
                     self.w.branch(false)?;
                     Transition::Flow
                 }
+                BlockEnd::Call { target } if s == target => {
+                    // (libipt keeps no return address for a call to the next instruction,
+                    // position-independent code's way to read its IP.)
+                    if target != p.end {
+                        self.rets.push(p.end);
+                    }
+                    Transition::Flow
+                }
                 BlockEnd::IndirectCall => {
+                    self.rets.push(p.end);
                     self.w.tip(s)?;
+                    Transition::Flow
+                }
+                BlockEnd::Return if self.handlers.is_empty() || !self.handlers.contains(&s) => {
+                    if !self.pending_returned && self.rets.pop_if(s) {
+                        self.w.branch(true)?;
+                    } else {
+                        if self.pending_returned {
+                            self.resume_at(s, true, false)?;
+                        }
+                        self.w.tip(s)?;
+                    }
                     Transition::Flow
                 }
                 BlockEnd::Indirect if self.handlers.is_empty() || !self.handlers.contains(&s) => {
@@ -332,20 +380,27 @@ impl<M> FlowEncoder<M> {
                 // Same REP instruction, next iteration: `prev` stays the REP block.
                 BlockEnd::Rep { ip } if s == ip => return Ok(Transition::RepeatIteration),
                 BlockEnd::Rep { .. } if s == p.end => Transition::Flow,
-                _ => self.unusual(p, b, tsc)?,
+                _ => self.unusual(*p, b, tsc)?,
             }
         };
         if self.w.psb_due() {
             self.periodic_psb(b, tsc)?;
         }
-        self.prev = Some(*b);
+        self.prev = Some(b);
         Ok(t)
     }
 
     #[cold]
     #[inline(never)]
     fn periodic_psb(&mut self, b: &Block, tsc: &mut dyn FnMut() -> u64) -> Result<(), EncodeError> {
-        self.w.psb_plus(Some(tsc()), Some(b.start))
+        self.psb_plus(Some(tsc()), Some(b.start))
+    }
+
+    /// PSB+: a decoder may start here, so no return after it is compressed against a call
+    /// before it.
+    fn psb_plus(&mut self, tsc: Option<u64>, fup: Option<u64>) -> Result<(), EncodeError> {
+        self.rets.clear();
+        self.w.psb_plus(tsc, fup)
     }
 
     /// The first block of a window (resolving a pending asynchronous transfer first when the
@@ -354,10 +409,11 @@ impl<M> FlowEncoder<M> {
     #[inline(never)]
     fn window_start(
         &mut self,
-        b: &Block,
+        b: &'b Block,
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
         let after_sigreturn = std::mem::take(&mut self.after_sigreturn);
+        self.rets.clear();
         if !self.pending.is_empty() {
             self.resume_at(b.start, after_sigreturn, true)?;
         }
@@ -366,10 +422,10 @@ impl<M> FlowEncoder<M> {
             // without a new PSB.
             self.w.enable(b.start, Some(tsc()))?;
         } else {
-            self.w.psb_plus(Some(tsc()), None)?;
+            self.psb_plus(Some(tsc()), None)?;
             self.w.enable(b.start, None)?;
         }
-        self.prev = Some(*b);
+        self.prev = Some(b);
         Ok(Transition::WindowStart)
     }
 
@@ -383,14 +439,24 @@ impl<M> FlowEncoder<M> {
         b: &Block,
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
+        // (Whether the decoder pushed or popped at `p` depends on what happened: the
+        // encoder forgets its return stack, which only costs compression.)
+        self.rets.clear();
         match p.kind {
             BlockEnd::Fall | BlockEnd::Direct { .. } => match self.fault_kind(&p, b.start) {
                 FaultKind::No => self.expect(p.fixed, b),
                 _ => self.defer(p, b),
             },
+            BlockEnd::Call { target } => match self.fault_kind(&p, b.start) {
+                FaultKind::No => self.expect(target, b),
+                _ => self.defer(p, b),
+            },
             // A jump or return into a signal handler's first block: the handler was
             // entered between the blocks; where the jump went shows after rt_sigreturn.
-            BlockEnd::Cond { .. } | BlockEnd::Rep { .. } | BlockEnd::Indirect => self.defer(p, b),
+            BlockEnd::Cond { .. }
+            | BlockEnd::Rep { .. }
+            | BlockEnd::Indirect
+            | BlockEnd::Return => self.defer(p, b),
             BlockEnd::IndirectCall => {
                 self.w.tip(b.start)?;
                 Ok(Transition::Flow)
@@ -429,8 +495,9 @@ impl<M> FlowEncoder<M> {
         let Some((x, fault)) = self.entry.take() else {
             return Ok(Transition::Flow);
         };
+        self.rets.clear();
         let successor = match p.kind {
-            BlockEnd::Indirect | BlockEnd::IndirectCall => true,
+            BlockEnd::Indirect | BlockEnd::IndirectCall | BlockEnd::Return => true,
             _ => next_of(&p, x),
         };
         let inside = (p.start..p.end).contains(&x);
@@ -442,7 +509,7 @@ impl<M> FlowEncoder<M> {
         } else if !fault && successor {
             match p.kind {
                 BlockEnd::Cond { target } => self.w.branch(x == target)?,
-                BlockEnd::Indirect | BlockEnd::IndirectCall => self.w.tip(x)?,
+                BlockEnd::Indirect | BlockEnd::IndirectCall | BlockEnd::Return => self.w.tip(x)?,
                 _ => {}
             }
         } else {
@@ -519,7 +586,9 @@ impl<M> FlowEncoder<M> {
                 return Some((k, Resumed::FaultAt(x)));
             }
             let successor = match from.kind {
-                BlockEnd::Indirect => window && after_sigreturn && !self.handlers.contains(&x),
+                BlockEnd::Indirect | BlockEnd::Return => {
+                    window && after_sigreturn && !self.handlers.contains(&x)
+                }
                 _ => next_of(from, x),
             };
             successor.then_some((k, Resumed::At(x)))
@@ -527,6 +596,7 @@ impl<M> FlowEncoder<M> {
         let Some((k, r)) = found else {
             return Ok(());
         };
+        self.rets.clear();
         while self.pending.len() > k + 1 {
             self.resolve(self.pending.len() - 1, Resumed::Lost)?;
         }
@@ -556,7 +626,7 @@ impl<M> FlowEncoder<M> {
             Resumed::At(x) => {
                 match p.from.kind {
                     BlockEnd::Cond { target } => patch.branch(x == target)?,
-                    BlockEnd::Indirect => patch.tip(x)?,
+                    BlockEnd::Indirect | BlockEnd::Return => patch.tip(x)?,
                     _ => {}
                 }
                 patch.async_disable(x)?;
@@ -620,6 +690,7 @@ impl<M> FlowEncoder<M> {
             self.stats.far_transfers += 1;
             self.w.tip_pgd(None)?;
         }
+        self.rets.clear();
         Ok(())
     }
 
@@ -632,7 +703,7 @@ impl<M> FlowEncoder<M> {
         };
         self.w.async_disable(b.start)?;
         self.end_window(meta);
-        self.w.psb_plus(Some(tsc()), None)?;
+        self.psb_plus(Some(tsc()), None)?;
         self.w.enable(b.start, None)?;
         self.prev = Some(b);
         Ok(())
@@ -659,7 +730,7 @@ impl<M> FlowEncoder<M> {
         };
         self.w.async_disable(ip)?;
         self.end_window(meta);
-        self.w.psb_plus(Some(tsc()), None)?;
+        self.psb_plus(Some(tsc()), None)?;
         self.w.enable(ip, None)?;
         self.prev = Some(b);
         Ok(())
@@ -748,15 +819,69 @@ impl<M> FlowEncoder<M> {
     }
 }
 
+/// Return addresses of a PT decoder's return stack (libipt's: 64 entries, the oldest
+/// dropped when a call finds it full), as the encoder knows them: always the top part of
+/// the decoder's stack. Both push at the same near calls (but a call to the next
+/// instruction) and pop at the same compressed returns, and the encoder may forget its part
+/// at any time ([`RetStack::clear`]), which only leaves returns uncompressed. A return is
+/// compressed when its target is on top, so the decoder pops exactly that address. (An
+/// uncompressed return pops neither stack.)
+struct RetStack {
+    ips: [u64; RET_STACK],
+    /// The slot the next push takes.
+    top: usize,
+    len: usize,
+}
+
+/// Entries of a decoder's return stack (libipt's `pt_retstack`; the SDM's 64).
+const RET_STACK: usize = 64;
+
+impl Default for RetStack {
+    fn default() -> Self {
+        RetStack {
+            ips: [0; RET_STACK],
+            top: 0,
+            len: 0,
+        }
+    }
+}
+
+impl RetStack {
+    #[inline(always)]
+    fn push(&mut self, ip: u64) {
+        if let Some(slot) = self.ips.get_mut(self.top) {
+            *slot = ip;
+        }
+        self.top = (self.top + 1) % RET_STACK;
+        self.len = (self.len + 1).min(RET_STACK);
+    }
+
+    /// Pops the top when it is `ip` (the return goes where the decoder's stack says).
+    #[inline(always)]
+    fn pop_if(&mut self, ip: u64) -> bool {
+        let below = (self.top + RET_STACK - 1) % RET_STACK;
+        if self.len == 0 || self.ips.get(below) != Some(&ip) {
+            return false;
+        }
+        self.top = below;
+        self.len -= 1;
+        true
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
 /// Whether `x` is where `b` goes next by its own last instruction: the fall-through, a
 /// direct branch's target, either way of a conditional branch, the REP instruction again
 /// or after it (an indirect branch's target is not known here; a far transfer's never).
 fn next_of(b: &Block, x: u64) -> bool {
     match b.kind {
         BlockEnd::Fall => x == b.end,
-        BlockEnd::Direct { target } => x == target,
+        BlockEnd::Direct { target } | BlockEnd::Call { target } => x == target,
         BlockEnd::Cond { target } => x == b.end || x == target,
         BlockEnd::Rep { ip } => x == ip || x == b.end,
-        BlockEnd::Indirect | BlockEnd::IndirectCall | BlockEnd::Far => false,
+        BlockEnd::Indirect | BlockEnd::IndirectCall | BlockEnd::Return | BlockEnd::Far => false,
     }
 }

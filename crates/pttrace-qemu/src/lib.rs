@@ -614,7 +614,7 @@ fn translate(tb: *mut api::Tb) {
     while let Some(&(ip, bytes)) = insns.last() {
         match classify_bytes(ip, bytes) {
             Some(c) if usize::from(c.len) == bytes.len() => {
-                kind = BlockEnd::from_class(c.flow, c.call, ip);
+                kind = BlockEnd::from_class(&c, ip);
                 break;
             }
             _ if insns.len() > 1 => {

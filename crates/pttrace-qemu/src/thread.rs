@@ -43,7 +43,7 @@ pub struct Thread {
     pub pid: i32,
     file: Option<TraceFile>,
     path: PathBuf,
-    enc: FlowEncoder<WinMeta>,
+    enc: FlowEncoder<'static, WinMeta>,
     /// Bit per block id: its code is in this thread's file already.
     sent: Vec<u64>,
     sideband: Vec<u8>,
@@ -182,7 +182,7 @@ impl Thread {
     /// sideband; code that replaces other code executed before cuts the window first.
     #[cold]
     #[inline(never)]
-    fn first_execution(&mut self, b: &BlockInfo, tsc: &mut dyn FnMut() -> u64) {
+    fn first_execution(&mut self, b: &'static BlockInfo, tsc: &mut dyn FnMut() -> u64) {
         let cut_first = b.replaces && self.enc.in_window();
         if self.enc.block(&b.block, tsc).is_err() {
             return;
@@ -568,7 +568,7 @@ impl Thread {
 
     /// One executed block.
     #[inline]
-    fn on_block(&mut self, b: &BlockInfo) {
+    fn on_block(&mut self, b: &'static BlockInfo) {
         if self.in_syscall.is_some() {
             self.syscall_without_return();
         }
