@@ -1,6 +1,9 @@
 //! The vCPU side of a guest thread: QEMU's callbacks append to a log, and a worker thread
 //! ([`crate::thread::run`]) encodes it, so PT encoding runs on another core while QEMU
-//! emulates. The execution callback only stores the block descriptor's address.
+//! emulates. The execution callback only stores the block descriptor's address, through
+//! the vCPU's [`crate::cursor`] while the chunk has room; the other callbacks reach the
+//! log through an [`OpenLog`], which counts the words the cursor wrote into the chunk
+//! and hands the cursor back when done.
 //!
 //! Log entries (u64 words): a block descriptor's address (8-byte aligned, low 3 bits 0);
 //! `TAG_SYSCALL, nr, a1..a6, tsc`; `TAG_RET, ret, tsc`; `TAG_SIGNAL, rip, fault`; `TAG_TSC, tsc` (at the start of each
@@ -21,6 +24,7 @@
 //! applies is decided under the thread's [`Share`] lock, which the vCPU takes at each
 //! syscall entry and return.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -33,7 +37,7 @@ use crate::log::{
     TAG_MEMORY, TAG_MEMORY_WIDE, TAG_RET, TAG_SIGNAL, TAG_SNAP, TAG_SYSCALL, TAG_TSC,
 };
 use crate::thread::Thread;
-use crate::{rdtsc, say, Global};
+use crate::{cursor, rdtsc, say, Global};
 
 /// Room a multi-word entry needs (a chunk never splits one).
 const LONGEST_ENTRY: usize = 9;
@@ -126,11 +130,43 @@ pub struct Feeder {
     /// and asking QEMU twice per access cost more than the rest of recording it; the
     /// 4-entry table this replaces missed on a third of the accesses of a python loop.
     meminfo: MemInfos,
+    /// The vCPU's index (its [`crate::cursor`]).
+    vcpu: usize,
+}
+
+/// A vCPU's log open outside the block fast path: the words the vCPU's cursor wrote are
+/// in the chunk, and the cursor goes on after what is logged here once this is dropped.
+pub struct OpenLog<'a>(&'a mut Feeder);
+
+impl<'a> OpenLog<'a> {
+    pub fn new(f: &'a mut Feeder) -> OpenLog<'a> {
+        f.take_cursor();
+        OpenLog(f)
+    }
+}
+
+impl Deref for OpenLog<'_> {
+    type Target = Feeder;
+    fn deref(&self) -> &Feeder {
+        self.0
+    }
+}
+
+impl DerefMut for OpenLog<'_> {
+    fn deref_mut(&mut self) -> &mut Feeder {
+        self.0
+    }
+}
+
+impl Drop for OpenLog<'_> {
+    fn drop(&mut self) {
+        self.0.give_cursor();
+    }
 }
 
 impl Feeder {
-    /// Starts the worker of `t` (created on the vCPU's own thread).
-    pub fn start(t: Thread) -> Feeder {
+    /// Starts the worker of `t` (created on the thread of vCPU `vcpu`).
+    pub fn start(t: Thread, vcpu: usize) -> Feeder {
         let (tx, rx) = mpsc::channel();
         let (free_tx, free) = mpsc::channel();
         for _ in 1..CHUNKS {
@@ -186,13 +222,46 @@ impl Feeder {
             share,
             seen,
             meminfo: MemInfos::default(),
+            vcpu,
         };
         f.buf.push(TAG_TSC);
         f.buf.push(rdtsc());
         f
     }
 
-    /// One executed block (the hot path).
+    /// The words the vCPU's cursor wrote are the chunk's; the cursor refuses writes until
+    /// [`Self::give_cursor`].
+    pub fn take_cursor(&mut self) {
+        let len = cursor::taken(
+            self.vcpu,
+            self.buf.as_ptr(),
+            self.buf.len(),
+            self.buf.capacity(),
+        );
+        cursor::reset(self.vcpu);
+        // SAFETY: `taken` counts the words written through the cursor right after the
+        // chunk's `len` (initialized u64s), within its capacity.
+        unsafe { self.buf.set_len(len) };
+    }
+
+    /// The vCPU's cursor writes after the chunk's words, up to its room (none when a
+    /// firing waits to be taken or the log is finished).
+    pub fn give_cursor(&mut self) {
+        if self.finished {
+            return;
+        }
+        let end = self.buf.capacity().min(CHUNK);
+        let seen = self.seen;
+        cursor::hand_back(
+            self.vcpu,
+            self.buf.as_mut_ptr(),
+            self.buf.len(),
+            end,
+            || crate::global().is_some_and(|g| g.published.load(Ordering::SeqCst) != seen),
+        );
+    }
+
+    /// One executed block (the slow path: [`crate::cursor::write`] comes first).
     #[inline(always)]
     pub fn block(&mut self, addr: u64) {
         if self.has_room() {
@@ -374,6 +443,9 @@ impl Feeder {
                 Vec::with_capacity(CHUNK)
             }
         };
+        // The cursor's non-temporal stores are visible to the worker before the chunk.
+        // SAFETY: sfence only orders this thread's stores.
+        unsafe { std::arch::x86_64::_mm_sfence() };
         let full = std::mem::replace(&mut self.buf, next);
         if self.tx.send(Msg::Chunk(full)).is_err() {
             self.dead = true;

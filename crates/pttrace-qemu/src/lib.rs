@@ -33,6 +33,7 @@
 //! runs with the other vCPUs stopped (QEMU's exclusive section).
 
 mod api;
+mod cursor;
 mod exec;
 mod feeder;
 mod files;
@@ -57,7 +58,7 @@ use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
 use pttrace_format::snapshot::Trigger;
 
-use feeder::Feeder;
+use feeder::{Feeder, OpenLog};
 use files::TraceFile;
 use log::Msg;
 use thread::Thread;
@@ -545,26 +546,26 @@ impl Global {
     }
 
     /// The log of `vcpu`, created (with its thread's files and worker) on its first block,
-    /// on its own thread. Mutable from a shared `Global` because each belongs to one vCPU
-    /// thread (see the SAFETY note).
-    #[allow(clippy::mut_from_ref)]
+    /// on its own thread, open until dropped. Mutable from a shared `Global` because each
+    /// belongs to one vCPU thread (see the SAFETY note).
     #[inline]
-    fn feeder(&self, vcpu: c_uint) -> Option<&mut Feeder> {
+    fn feeder(&self, vcpu: c_uint) -> Option<OpenLog<'_>> {
         let slot = self.slot(vcpu)?;
         let mut p = slot.load(Ordering::Relaxed);
         if p.is_null() {
-            p = self.create_feeder(slot);
+            p = self.create_feeder(slot, vcpu);
         }
         // SAFETY: the pointer came from Box::into_raw and is only used by this vCPU's
         // thread (QEMU runs a vCPU's callbacks on its own thread), or by the atexit
         // callback while every other vCPU is stopped.
-        Some(unsafe { &mut *p })
+        Some(OpenLog::new(unsafe { &mut *p }))
     }
 
     #[cold]
     #[inline(never)]
-    fn create_feeder(&self, slot: &AtomicPtr<Feeder>) -> *mut Feeder {
-        let p = Box::into_raw(Box::new(Feeder::start(Thread::new(self))));
+    fn create_feeder(&self, slot: &AtomicPtr<Feeder>, vcpu: c_uint) -> *mut Feeder {
+        let f = Feeder::start(Thread::new(self), vcpu as usize);
+        let p = Box::into_raw(Box::new(f));
         slot.store(p, Ordering::Relaxed);
         p
     }
@@ -728,19 +729,21 @@ fn translate(tb: *mut api::Tb) {
     };
 }
 
+/// One executed block: its descriptor's address (the callback's `udata`, a leaked
+/// `BlockInfo`) goes into the vCPU's log. The fast path cannot panic; the slow path is
+/// guarded.
 extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
-    guarded(|| {
-        // SAFETY: udata is the leaked `BlockInfo` registered with this callback.
-        let b = unsafe { &*(udata as *const BlockInfo) };
-        exec_block(vcpu, b);
-    });
+    let word = udata as u64;
+    if !cursor::write(vcpu as usize, word) {
+        guarded(|| exec_block_slow(vcpu, word));
+    }
 }
 
 /// A load or store of the instruction at offset `udata` from its block's start
 /// (`memory=on`).
 extern "C" fn on_memory(vcpu: c_uint, info: api::MemInfo, vaddr: u64, udata: *mut c_void) {
     guarded(|| {
-        let Some(f) = global().and_then(|g| g.feeder(vcpu)) else {
+        let Some(mut f) = global().and_then(|g| g.feeder(vcpu)) else {
             return;
         };
         let kind = f.meminfo(info, ask_meminfo);
@@ -763,14 +766,17 @@ fn ask_meminfo(info: api::MemInfo) -> u8 {
     (shift as u8 & 7) | u8::from(store) << 3
 }
 
-#[inline(always)]
-fn exec_block(vcpu: c_uint, b: &BlockInfo) {
+/// [`on_exec`] when the vCPU's cursor refuses the word: the chunk is full, the vCPU
+/// has no log yet, or a snapshot firing waits.
+#[cold]
+#[inline(never)]
+fn exec_block_slow(vcpu: c_uint, word: u64) {
     let Some(g) = global() else { return };
-    let Some(f) = g.feeder(vcpu) else { return };
-    if g.published.load(Ordering::Relaxed) != f.seen {
+    let Some(mut f) = g.feeder(vcpu) else { return };
+    if g.published.load(Ordering::SeqCst) != f.seen {
         f.take_firings(g);
     }
-    f.block(b as *const BlockInfo as u64);
+    f.block(word);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -789,14 +795,16 @@ extern "C" fn on_syscall(
 ) {
     guarded(|| {
         let Some(g) = global() else { return };
-        let Some(f) = g.feeder(vcpu) else { return };
+        let Some(mut f) = g.feeder(vcpu) else { return };
         f.syscall(num as u64, [a1, a2, a3, a4, a5, a6]);
         match num {
             libc::SYS_exit_group => {
                 g.exit_code.store(a1 as i32, Ordering::Relaxed);
             }
             libc::SYS_rt_sigaction if a2 != 0 => g.note_sigaction(a1, a2),
-            libc::SYS_execve | libc::SYS_execveat => exec::follow(g, f, num, [a1, a2, a3, a4, a5]),
+            libc::SYS_execve | libc::SYS_execveat => {
+                exec::follow(g, &mut f, num, [a1, a2, a3, a4, a5])
+            }
             _ => {}
         }
     });
@@ -805,12 +813,14 @@ extern "C" fn on_syscall(
 extern "C" fn on_syscall_ret(_id: api::PluginId, vcpu: c_uint, num: i64, ret: i64) {
     guarded(|| {
         let Some(g) = global() else { return };
-        let Some(f) = g.feeder(vcpu) else { return };
+        let Some(mut f) = g.feeder(vcpu) else { return };
         let is_fork = matches!(
             num,
             libc::SYS_clone | libc::SYS_fork | libc::SYS_vfork | libc::SYS_clone3
         );
         if is_fork && ret == 0 && getpid() != f.pid {
+            // (The parent's log is abandoned, its cursor reset with the others.)
+            drop(f);
             become_fork_child(g, vcpu);
             return;
         }
@@ -840,6 +850,7 @@ fn become_fork_child(g: &'static Global, vcpu: c_uint) {
     g.thread_files.store(0, Ordering::Relaxed);
     let mut fork_syscall = None;
     for (i, slot) in g.threads.iter().enumerate() {
+        cursor::reset(i);
         let p = slot.swap(std::ptr::null_mut(), Ordering::Relaxed);
         if p.is_null() {
             continue;
@@ -858,7 +869,8 @@ fn become_fork_child(g: &'static Global, vcpu: c_uint) {
     if let Some((nr, args, tsc)) = fork_syscall {
         t.write_fork_child_window(nr, args, tsc);
     }
-    slot.store(Box::into_raw(Box::new(Feeder::start(t))), Ordering::Relaxed);
+    let f = Feeder::start(t, vcpu as usize);
+    slot.store(Box::into_raw(Box::new(f)), Ordering::Relaxed);
 }
 
 extern "C" fn on_vcpu_exit(_id: api::PluginId, vcpu: c_uint) {
@@ -871,6 +883,7 @@ extern "C" fn on_vcpu_exit(_id: api::PluginId, vcpu: c_uint) {
         }
         // SAFETY: created by Box::into_raw for this vCPU; its thread is exiting.
         let mut f = unsafe { Box::from_raw(p) };
+        f.take_cursor();
         f.finish(EndReason::ThreadExit);
     });
 }
@@ -890,6 +903,7 @@ extern "C" fn on_atexit(_id: api::PluginId, _udata: *mut c_void) {
             if !p.is_null() {
                 // SAFETY: every other vCPU is stopped while atexit callbacks run.
                 let mut f = unsafe { Box::from_raw(p) };
+                f.take_cursor();
                 f.finish(reason);
             }
         }

@@ -114,7 +114,7 @@ extern "C" fn handler_entry(vcpu: c_uint, udata: *mut c_void, env: u64) {
                 i32::try_from(u64::from_le_bytes(rdi)).unwrap_or(0),
                 libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP
             );
-        if let (Some(i), Some(f)) = (found, g.feeder(vcpu)) {
+        if let (Some(i), Some(mut f)) = (found, g.feeder(vcpu)) {
             f.interrupted(i.rip, i.fault, fault_signal);
         }
     });

@@ -185,6 +185,8 @@ impl Global {
                 list.remove(0);
             }
             self.published.store(number, Ordering::SeqCst);
+            // (Each vCPU executing code takes it at its next block, on the slow path.)
+            crate::cursor::refuse_all();
             f
         };
         if threads == 0 {
