@@ -101,3 +101,47 @@ pub fn refuse_all() {
         c.limit.store(std::ptr::null_mut(), Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Words go to the chunk up to the limit and are counted back into it; an idle, reset
+    /// or refused cursor (a firing pending when it was handed back, or published after)
+    /// takes none.
+    #[test]
+    fn a_cursor_writes_up_to_its_limit_and_refuses_otherwise() {
+        // (The last cursor: no other test uses it.)
+        let vcpu = MAX_VCPUS - 1;
+        assert!(!write(MAX_VCPUS, 1), "no such vCPU");
+        let mut chunk: Vec<u64> = Vec::with_capacity(8);
+        chunk.push(7);
+        assert!(!write(vcpu, 1), "an idle cursor refuses");
+        hand_back(vcpu, chunk.as_mut_ptr(), chunk.len(), 4, || false);
+        assert!(write(vcpu, 10) && write(vcpu, 11) && write(vcpu, 12));
+        assert!(!write(vcpu, 13), "the limit");
+        let len = taken(vcpu, chunk.as_ptr(), chunk.len(), chunk.capacity());
+        assert_eq!(len, 4);
+        // SAFETY: the cursor wrote words 1 to 3, within the capacity.
+        unsafe { chunk.set_len(len) };
+        assert_eq!(chunk, [7, 10, 11, 12]);
+
+        hand_back(vcpu, chunk.as_mut_ptr(), chunk.len(), 8, || true);
+        assert!(!write(vcpu, 20), "a firing is pending");
+        hand_back(vcpu, chunk.as_mut_ptr(), chunk.len(), 8, || false);
+        assert!(write(vcpu, 20));
+        refuse_all();
+        assert!(!write(vcpu, 21), "a firing was published");
+        assert_eq!(
+            taken(vcpu, chunk.as_ptr(), chunk.len(), chunk.capacity()),
+            5
+        );
+        reset(vcpu);
+        assert!(!write(vcpu, 22));
+        assert_eq!(
+            taken(vcpu, chunk.as_ptr(), chunk.len(), chunk.capacity()),
+            4,
+            "a reset cursor counts nothing"
+        );
+    }
+}
