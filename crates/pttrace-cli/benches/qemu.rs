@@ -3,6 +3,10 @@
 //! this VM's speed drifts):
 //! - a CPU-bound `/usr/bin/python3 -c 'sum(i*i for i in range(3*10**6))'`: native, bare
 //!   `qemu-x86_64`, and `pttrace run --backend qemu` (capture, encode, files written);
+//! - the floor of a TCG plugin (API v1) on that loop: `benches/floor_plugin.c`, whose
+//!   execution callback only stores the block's address, against bare QEMU in the same
+//!   rounds (what QEMU's callback costs before a tracer does anything);
+//! - a node JIT loop (when `node` is installed): bare QEMU vs traced;
 //! - `/usr/bin/python3 -c pass` (start-up, translation-bound): bare QEMU vs traced;
 //! - instructions traced per second (instructions from decoding the trace once), PT bytes
 //!   per instruction, peak memory of the traced run;
@@ -18,6 +22,7 @@ use std::time::Instant;
 
 const PY: &str = "/usr/bin/python3";
 const LOOP: &str = "sum(i*i for i in range(3*10**6))";
+const NODE_LOOP: &str = "let s = 0; for (let i = 0; i < 5e7; i++) s += i % 7; console.log(s)";
 
 fn pttrace() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pttrace"))
@@ -85,6 +90,29 @@ fn paired(round: usize, bare: &mut Command, out: &Path, cmd: &[&str]) -> (f64, f
         let y = timed(&mut traced(out, "qemu", cmd));
         (timed(bare), y)
     }
+}
+
+/// `benches/floor_plugin.c` built into `dir`.
+fn floor_plugin(dir: &Path) -> PathBuf {
+    let so = dir.join("floor_plugin.so");
+    let st = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/floor_plugin.c"))
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc benches/floor_plugin.c");
+    so
+}
+
+/// The median and the range of ratios, as the lines print them.
+fn ratio_text(r: &[f64]) -> String {
+    format!(
+        "{:.2}x ({:.2}..{:.2})",
+        median(r.to_vec()),
+        r.iter().cloned().fold(f64::MAX, f64::min),
+        r.iter().cloned().fold(0.0, f64::max)
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -166,6 +194,14 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
+    let floor = floor_plugin(dir.path());
+    let mut floor_arg = std::ffi::OsString::from("file=");
+    floor_arg.push(&floor);
+    let node = ["/usr/bin/node", "/usr/bin/nodejs"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let (mut f_bare, mut f_floor, mut f_ratio) = (vec![], vec![], vec![]);
+    let (mut n_bare, mut n_ours, mut n_ratio) = (vec![], vec![], vec![]);
 
     let (mut native, mut bare, mut ours, mut ratio) = (vec![], vec![], vec![], vec![]);
     let (mut s_bare, mut s_ours, mut s_ratio) = (vec![], vec![], vec![]);
@@ -204,6 +240,34 @@ fn main() {
         s_bare.push(x);
         s_ours.push(y);
         s_ratio.push(y / x);
+        let mut bare = Command::new("qemu-x86_64");
+        bare.args([PY, "-c", LOOP]);
+        let mut with_floor = Command::new("qemu-x86_64");
+        with_floor
+            .arg("-plugin")
+            .arg(&floor_arg)
+            .args([PY, "-c", LOOP]);
+        let (x, y) = if r % 2 == 0 {
+            let x = timed(&mut bare);
+            (x, timed(&mut with_floor))
+        } else {
+            let y = timed(&mut with_floor);
+            (timed(&mut bare), y)
+        };
+        f_bare.push(x);
+        f_floor.push(y);
+        f_ratio.push(y / x);
+        if let Some(node) = node {
+            let (x, y) = paired(
+                r,
+                Command::new("qemu-x86_64").args([node, "-e", NODE_LOOP]),
+                &out,
+                &[node, "-e", NODE_LOOP],
+            );
+            n_bare.push(x);
+            n_ours.push(y);
+            n_ratio.push(y / x);
+        }
     }
     // One more traced loop run for the counts and the memory figure.
     let before = children_max_rss_kib();
@@ -245,6 +309,20 @@ fn main() {
         ratio.iter().cloned().fold(f64::MAX, f64::min),
         ratio.iter().cloned().fold(0.0, f64::max)
     );
+    println!(
+        "  the same loop under a plugin whose callback only stores the block (benches/floor_plugin.c): bare {:.2} s, floor {:.2} s -> floor/bare {}",
+        median(f_bare),
+        median(f_floor),
+        ratio_text(&f_ratio)
+    );
+    if node.is_some() {
+        println!(
+            "  node JIT loop: bare {:.2} s, traced {:.2} s -> traced/bare {}",
+            median(n_bare),
+            median(n_ours),
+            ratio_text(&n_ratio)
+        );
+    }
     println!(
         "  python -c pass: bare {:.3} s, traced {:.3} s -> traced/bare {:.2}x ({:.2}..{:.2})",
         median(s_bare),

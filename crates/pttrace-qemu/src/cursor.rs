@@ -87,10 +87,11 @@ pub fn hand_back(vcpu: usize, base: *mut u64, len: usize, end: usize, pending: i
     }
 }
 
-/// `vcpu`'s cursor refuses every write (its feeder is gone, or starts afresh).
+/// `vcpu`'s cursor refuses every write (its feeder has the chunk, is gone, or starts
+/// afresh). (On the vCPU's own thread, or with it stopped: no ordering needed.)
 pub fn reset(vcpu: usize) {
     if let Some(c) = CURSORS.get(vcpu) {
-        c.limit.store(std::ptr::null_mut(), Ordering::SeqCst);
+        c.limit.store(std::ptr::null_mut(), Ordering::Relaxed);
         c.next.store(std::ptr::null_mut(), Ordering::Relaxed);
     }
 }

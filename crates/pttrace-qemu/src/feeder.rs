@@ -92,6 +92,13 @@ impl MemInfos {
     }
 }
 
+/// The one-word log entry of a load or store by the instruction at `offset` in the last
+/// block (`kind`: as [`Feeder::meminfo`] gives it), when its offset and address fit one.
+#[inline(always)]
+pub fn memory_word(offset: u64, addr: u64, kind: u8) -> Option<u64> {
+    narrow_memory_word(offset, u64::from(kind & 0xf) << 12, addr)
+}
+
 /// The one-word log entry of a load or store ([`TAG_MEMORY`]; `kind` already at bit 12),
 /// when its offset and address fit one.
 #[inline(always)]

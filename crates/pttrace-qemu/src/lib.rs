@@ -550,6 +550,14 @@ impl Global {
     /// belongs to one vCPU thread (see the SAFETY note).
     #[inline]
     fn feeder(&self, vcpu: c_uint) -> Option<OpenLog<'_>> {
+        self.feeder_unopened(vcpu).map(OpenLog::new)
+    }
+
+    /// [`Self::feeder`] without opening its log: for what a feeder keeps besides the log
+    /// (the memory-access descriptions), the cursor still writing.
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    fn feeder_unopened(&self, vcpu: c_uint) -> Option<&mut Feeder> {
         let slot = self.slot(vcpu)?;
         let mut p = slot.load(Ordering::Relaxed);
         if p.is_null() {
@@ -558,7 +566,7 @@ impl Global {
         // SAFETY: the pointer came from Box::into_raw and is only used by this vCPU's
         // thread (QEMU runs a vCPU's callbacks on its own thread), or by the atexit
         // callback while every other vCPU is stopped.
-        Some(OpenLog::new(unsafe { &mut *p }))
+        Some(unsafe { &mut *p })
     }
 
     #[cold]
@@ -743,11 +751,17 @@ extern "C" fn on_exec(vcpu: c_uint, udata: *mut c_void) {
 /// (`memory=on`).
 extern "C" fn on_memory(vcpu: c_uint, info: api::MemInfo, vaddr: u64, udata: *mut c_void) {
     guarded(|| {
-        let Some(mut f) = global().and_then(|g| g.feeder(vcpu)) else {
+        let Some(f) = global().and_then(|g| g.feeder_unopened(vcpu)) else {
             return;
         };
         let kind = f.meminfo(info, ask_meminfo);
-        f.memory(udata as u64, vaddr, kind);
+        // (As a block's word: through the cursor while the chunk has room.)
+        if feeder::memory_word(udata as u64, vaddr, kind)
+            .is_some_and(|w| cursor::write(vcpu as usize, w))
+        {
+            return;
+        }
+        OpenLog::new(f).memory(udata as u64, vaddr, kind);
     });
 }
 
