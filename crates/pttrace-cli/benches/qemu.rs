@@ -207,6 +207,13 @@ fn main() {
     let (mut s_bare, mut s_ours, mut s_ratio) = (vec![], vec![], vec![]);
     let (mut m_plain, mut m_mem, mut m_ratio) = (vec![], vec![], vec![]);
     let loop_cmd = [PY, "-c", LOOP];
+    // One traced loop run for the counts and the memory figure, first: the peak RSS of
+    // the children waited for is then this run's (node's runs come later).
+    let before = children_max_rss_kib();
+    let t_loop = timed(&mut traced(&out, "qemu", &[PY, "-c", LOOP]));
+    let rss = children_max_rss_kib().max(before);
+    let (insns, pt) = decoded(&out);
+    let plain_bytes = dir_bytes(&out);
     for r in 0..rounds {
         // --memory against the instruction-only capture, in alternating order.
         let plain = || timed(&mut traced(&out, "qemu", &loop_cmd));
@@ -269,12 +276,6 @@ fn main() {
             n_ratio.push(y / x);
         }
     }
-    // One more traced loop run for the counts and the memory figure.
-    let before = children_max_rss_kib();
-    let t_loop = timed(&mut traced(&out, "qemu", &[PY, "-c", LOOP]));
-    let rss = children_max_rss_kib().max(before);
-    let (insns, pt) = decoded(&out);
-    let plain_bytes = dir_bytes(&out);
     let t_mem = timed(&mut traced_with(&out, "qemu", &["--memory"], &loop_cmd));
     let mem_bytes = dir_bytes(&out);
     let (_, _, accesses) = decoded_all(&out);
