@@ -60,16 +60,7 @@ fn prog() -> Prog {
     c.mov(eax, dword_ptr(rdi)).unwrap();
     c.nop().unwrap();
     c.jmp(j).unwrap();
-    let r = c
-        .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .unwrap();
-    let code = r.inner.code_buffer;
-    let ips: Vec<u64> = r
-        .inner
-        .new_instruction_offsets
-        .iter()
-        .map(|&o| BASE + u64::from(o))
-        .collect();
+    let (code, ips) = assemble(&mut c);
     // Blocks from instruction index ranges [first, last], with their fault sites (as the
     // QEMU plugin finds them).
     let block = |first: usize, last: usize| {
@@ -98,6 +89,20 @@ fn prog() -> Prog {
         code,
         ips,
     }
+}
+
+/// The code at `BASE` and each instruction's address.
+fn assemble(c: &mut CodeAssembler) -> (Vec<u8>, Vec<u64>) {
+    let r = c
+        .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .unwrap();
+    let ips = r
+        .inner
+        .new_instruction_offsets
+        .iter()
+        .map(|&o| BASE + u64::from(o))
+        .collect();
+    (r.inner.code_buffer, ips)
 }
 
 fn decode(pt: &[u8], p: &Prog) -> Vec<Record> {
@@ -143,8 +148,12 @@ fn on_off(recs: &[Record]) -> Vec<&Record> {
 }
 
 fn ins(p: &Prog, b: &Block) -> Vec<u64> {
-    p.ips
-        .iter()
+    ins_of(&p.ips, b)
+}
+
+/// The addresses among `ips` inside block `b`.
+fn ins_of(ips: &[u64], b: &Block) -> Vec<u64> {
+    ips.iter()
         .copied()
         .filter(|&ip| ip >= b.start && ip < b.end)
         .collect()
@@ -534,11 +543,7 @@ impl Calls {
     }
 
     fn ins(&self, b: &Block) -> Vec<u64> {
-        self.ips
-            .iter()
-            .copied()
-            .filter(|&i| (b.start..b.end).contains(&i))
-            .collect()
+        ins_of(&self.ips, b)
     }
 }
 
@@ -568,16 +573,7 @@ fn calls() -> Calls {
     c.ret().unwrap(); // 13 A
     c.set_label(&mut b).unwrap();
     c.ret().unwrap(); // 14 B
-    let asm = c
-        .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .unwrap();
-    let code = asm.inner.code_buffer;
-    let ips: Vec<u64> = asm
-        .inner
-        .new_instruction_offsets
-        .iter()
-        .map(|&o| BASE + u64::from(o))
-        .collect();
+    let (code, ips) = assemble(&mut c);
     let block = |first: usize, last: usize| {
         let ip = ips[last];
         let class = classify_bytes(ip, &code[(ip - BASE) as usize..]).unwrap();
