@@ -413,13 +413,13 @@ impl<'b, M> FlowEncoder<'b, M> {
         tsc: &mut dyn FnMut() -> u64,
     ) -> Result<Transition, EncodeError> {
         let after_sigreturn = std::mem::take(&mut self.after_sigreturn);
-        self.rets.clear();
         if !self.pending.is_empty() {
             self.resume_at(b.start, after_sigreturn, true)?;
         }
         if !self.w.is_empty() {
             // Tracing was disabled inside this window without ending it: enable again
-            // without a new PSB.
+            // without a new PSB (and no return compressed against a call before).
+            self.rets.clear();
             self.w.enable(b.start, Some(tsc()))?;
         } else {
             self.psb_plus(Some(tsc()), None)?;
@@ -690,7 +690,6 @@ impl<'b, M> FlowEncoder<'b, M> {
             self.stats.far_transfers += 1;
             self.w.tip_pgd(None)?;
         }
-        self.rets.clear();
         Ok(())
     }
 
