@@ -384,6 +384,7 @@ pub fn run(args: Args) -> CmdResult {
         }
         None => None,
     };
+    let limit = (!args.full && args.range.is_none()).then_some(args.limit);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let mut views: Vec<ThreadView> = Vec::new();
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
@@ -502,14 +503,16 @@ pub fn run(args: Args) -> CmdResult {
             cut,
         });
         if let (Some(pf), true, Some(v)) = (&mut pf, streamed, views.last()) {
-            pf.view(v, &namers, &names);
+            // The length below which the bounded formats will merge calls is at least the
+            // one the images so far give: the calls that long are kept for them.
+            let keep_from = limit.map(|l| costs.threshold(l.saturating_sub(json_fixed(&views))));
+            pf.view(v, &namers, &names, keep_from);
         }
     }
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
     note_unnamed_modules("view", namers.values().map(|n| &n.image));
-    let limit = (!args.full && args.range.is_none()).then_some(args.limit);
     let name_of = |n: u32| names.get(n);
 
     let Some(out_dir) = out_dir else {
@@ -531,15 +534,7 @@ pub fn run(args: Args) -> CmdResult {
 
     let axis = choose_axis(&views);
     // Calls shorter than this are merged into their callers in the bounded formats.
-    let fixed: u64 = views
-        .iter()
-        .map(|v| {
-            v.windows.len() as u64 * JSON_BYTES_PER_WINDOW
-                + v.markers.len() as u64 * JSON_BYTES_PER_GAP
-        })
-        .sum::<u64>()
-        + JSON_BYTES_FIXED;
-    let merge_below = limit.map_or(0, |l| costs.threshold(l.saturating_sub(fixed)));
+    let merge_below = limit.map_or(0, |l| costs.threshold(l.saturating_sub(json_fixed(&views))));
     let part = match (args.range, args.tid) {
         (None, None) => "the whole trace".to_string(),
         (r, t) => {
@@ -561,7 +556,7 @@ pub fn run(args: Args) -> CmdResult {
     if !streamed {
         pf.tracks(&whos, &axis);
         for v in &views {
-            pf.view(v, &namers, &names);
+            pf.view(v, &namers, &names, limit.map(|_| merge_below));
         }
     }
     // Gaps and losses: where the stacks start over (instant events on the timeline).
@@ -587,7 +582,7 @@ pub fn run(args: Args) -> CmdResult {
             &names,
             &axis,
             (&args.trace, &part),
-            merge_below,
+            (merge_below, &mut || pf.kept()),
         );
         let pftrace_bytes = pf.finish();
         let stacks = stacks
@@ -793,7 +788,7 @@ fn write_views(
     names: &Names,
     axis: &Axis,
     (trace, part): (&Path, &str),
-    merge_below: u64,
+    (merge_below, kept): (u64, &mut dyn FnMut() -> Option<spill::Kept>),
 ) -> Result<Wrote, String> {
     let create = |p: &Path| {
         std::fs::File::create(p)
@@ -871,8 +866,14 @@ fn write_views(
             }
             Ok(())
         };
-        if let Some(s) = &v.spill {
-            spill::replay(s, v.cut, &mut edge).map_err(|e| {
+        // The calls the Perfetto writer kept for these formats, or all of them.
+        let read = match (kept(), &v.spill) {
+            (Some(k), _) => spill::replay_kept(&k, &mut edge),
+            (None, Some(s)) => spill::replay(s, v.cut, &mut edge),
+            (None, None) => Ok(()),
+        };
+        {
+            read.map_err(|e| {
                 write_err(if failed_ss {
                     &paths.speedscope
                 } else {
@@ -890,6 +891,18 @@ fn write_views(
         .map_err(write_err(&paths.timeline))?;
     ss.finish(names).map_err(write_err(&paths.speedscope))?;
     Ok(Wrote { events, merged })
+}
+
+/// What the JSON timeline's windows, gaps and frame take whatever calls it shows.
+fn json_fixed(views: &[ThreadView]) -> u64 {
+    views
+        .iter()
+        .map(|v| {
+            v.windows.len() as u64 * JSON_BYTES_PER_WINDOW
+                + v.markers.len() as u64 * JSON_BYTES_PER_GAP
+        })
+        .sum::<u64>()
+        + JSON_BYTES_FIXED
 }
 
 /// The pids of `views`, in order.

@@ -1,7 +1,8 @@
 //! `timeline.pftrace` of the views, on a thread of its own ([`PfPipe`]): track
 //! descriptors, then each thread image's calls, gaps and windows as [`pftrace`] packets,
 //! read from its spill file as soon as the image is handed over (while the next image is
-//! decoded).
+//! decoded). While it reads a spill, it keeps the calls the bounded formats may show in a
+//! file of their own ([`spill::KeptWriter`]), which they read instead ([`PfPipe::kept`]).
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Write};
@@ -39,11 +40,16 @@ struct PfView {
     new_frames: Vec<Vec<u32>>,
     /// The names the view's string table got since then.
     new_names: Vec<String>,
+    /// Where to keep its calls at least this long for the bounded formats (none: they
+    /// read the spill).
+    keep: Option<(PathBuf, u64)>,
 }
 
 /// The Perfetto writer's thread and what was handed to it.
 pub(super) struct PfPipe {
     tx: Option<Sender<PfMsg>>,
+    /// Each image's kept calls, in the order the images were handed over.
+    kept: Receiver<Option<spill::Kept>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<u64>>>,
     /// Where the file is written until it is complete, and its name then.
     partial: PathBuf,
@@ -65,9 +71,11 @@ impl PfPipe {
             .map_err(|e| format!("{}: cannot create: {e}", partial.display()))?;
         let pf = pftrace::Writer::new(BufWriter::with_capacity(1 << 20, file));
         let (tx, rx) = std::sync::mpsc::channel::<PfMsg>();
-        let thread = std::thread::spawn(move || write_pftrace(pf, &rx));
+        let (kept_tx, kept) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || write_pftrace(pf, &rx, &kept_tx));
         Ok(PfPipe {
             tx: Some(tx),
+            kept,
             thread: Some(thread),
             partial,
             path,
@@ -93,13 +101,20 @@ impl PfPipe {
         });
     }
 
-    /// The next thread image, decoded: its spans are read from its spill file.
+    /// The next thread image, decoded: its spans are read from its spill file; with
+    /// `keep_from`, its calls at least that long are kept for the bounded formats (see
+    /// [`PfPipe::kept`]).
     pub(super) fn view(
         &mut self,
         v: &ThreadView,
         namers: &HashMap<(i32, u64), Namer>,
         names: &Names,
+        keep_from: Option<u64>,
     ) {
+        let keep = match (keep_from, &v.spill, v.cut) {
+            (Some(min_len), Some(s), None) => Some((s.kept_path(), min_len)),
+            _ => None,
+        };
         let new_names = names.strings.get(self.sent_names..).unwrap_or(&[]).to_vec();
         self.sent_names = names.strings.len();
         let sent = self.sent_frames.entry(v.image).or_insert(0);
@@ -120,7 +135,15 @@ impl PfPipe {
             image: v.image,
             new_frames,
             new_names,
+            keep,
         })));
+    }
+
+    /// The kept calls of the next image handed over (in order), once the writer has read
+    /// its spill; none when it was not asked to keep them or could not (the bounded formats
+    /// then read the spill).
+    pub(super) fn kept(&mut self) -> Option<spill::Kept> {
+        self.kept.recv().ok().flatten()
     }
 
     /// Waits for the file to be complete; its bytes.
@@ -162,6 +185,7 @@ impl Drop for PfPipe {
 fn write_pftrace<W: Write + Send + 'static>(
     mut pf: pftrace::Writer<W>,
     rx: &Receiver<PfMsg>,
+    kept_tx: &Sender<Option<spill::Kept>>,
 ) -> std::io::Result<u64> {
     let mut names: Vec<String> = Vec::new();
     let mut frames: HashMap<(i32, u64), Vec<Vec<u32>>> = HashMap::new();
@@ -182,7 +206,9 @@ fn write_pftrace<W: Write + Send + 'static>(
                 names.extend_from_slice(new_names);
                 let table = frames.entry(v.image).or_default();
                 table.extend_from_slice(new_frames);
-                write_view(&mut pf, &tracks, &v, table, &names, &axis)?;
+                let kept = write_view(&mut pf, &tracks, &v, table, &names, &axis)?;
+                // (The bounded formats may be done already: an error.)
+                let _ = kept_tx.send(kept);
             }
         }
     }
@@ -190,7 +216,8 @@ fn write_pftrace<W: Write + Send + 'static>(
 }
 
 /// One thread image's sequence: its calls from its spill, its gaps among them in time
-/// order; then its windows, one after the other on their own track and sequence.
+/// order; then its windows, one after the other on their own track and sequence. Its
+/// kept calls, when asked for and written.
 fn write_view<W: Write + Send + 'static>(
     pf: &mut pftrace::Writer<W>,
     tracks: &HashMap<(i32, i32), (u64, u64)>,
@@ -198,7 +225,12 @@ fn write_view<W: Write + Send + 'static>(
     frames: &[Vec<u32>],
     names: &[String],
     axis: &Axis,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<spill::Kept>> {
+    // (A kept file that cannot be written is left out: the bounded formats read the spill.)
+    let mut keep = v
+        .keep
+        .as_ref()
+        .and_then(|(path, min_len)| spill::KeptWriter::create(path, *min_len).ok());
     let name_of = |id: u32| names.get(id as usize).map_or("?", String::as_str);
     let chain = |f: u32| frames.get(f as usize).map_or(&[][..], Vec::as_slice);
     let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
@@ -211,6 +243,11 @@ fn write_view<W: Write + Send + 'static>(
     let mut nesting: Nesting<()> = Nesting::new();
     if let Some(s) = &v.spill {
         spill::replay(s, v.cut, |e| {
+            if let Some(w) = &mut keep {
+                if w.edge(&e).is_err() {
+                    keep = None;
+                }
+            }
             let (ts, frame, kinds) = match e {
                 spill::Edge::Begin {
                     at,
@@ -270,7 +307,7 @@ fn write_view<W: Write + Send + 'static>(
         )?;
         pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) })?;
     }
-    Ok(())
+    Ok(keep.and_then(|w| w.finish().ok()))
 }
 
 /// The track descriptors of `timeline.pftrace`: a process track per pid, a thread track

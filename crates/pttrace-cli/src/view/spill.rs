@@ -13,6 +13,14 @@
 //!
 //! After decoding, [`replay`] reads the file back as begins and ends in time order,
 //! properly nested, each begin knowing its length: what the timeline formats write.
+//!
+//! The bounded formats leave out the calls shorter than a length known only once every
+//! thread image is decoded, but never longer than the one the images decoded so far give
+//! (their calls only add to what would be written). So the Perfetto writer, which reads
+//! every image's spill while the next ones decode, also keeps the calls at least that
+//! long in a small file of their own ([`KeptWriter`]); the bounded formats read that
+//! ([`replay_kept`]) instead of the whole spill again: the same begins and ends, less the
+//! calls they would leave out anyway (a kept call's callers are at least as long).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -176,6 +184,13 @@ struct SpillFile {
 }
 
 impl Spill {
+    /// Where its kept calls go ([`KeptWriter`]): beside it.
+    pub fn kept_path(&self) -> PathBuf {
+        let mut p = self.0.path.clone().into_os_string();
+        p.push(".kept");
+        PathBuf::from(p)
+    }
+
     /// The spans written.
     pub fn spans(&self) -> u64 {
         self.0.spans
@@ -391,8 +406,9 @@ struct Reader<R: Read> {
     eof: bool,
 }
 
-/// The longest record: a begin (tag, two varints, kind, patch field).
-const MAX_RECORD: usize = 1 + 10 + 10 + 1 + PATCH;
+/// The longest record: a spill's begin (tag, two varints, kind, patch field) or a kept
+/// file's (tag, three varints, two kinds).
+const MAX_RECORD: usize = 1 + 10 + 10 + 10 + 2;
 
 impl<R: Read> Reader<R> {
     fn new(r: R, path: PathBuf) -> Self {
@@ -585,4 +601,253 @@ pub fn replay(
         }
     }
     Ok(())
+}
+
+/// Writes the calls of a spill's [`replay`] that are at least `min_len` long (with their
+/// callers, which are as long) to a file of their own, read back by [`replay_kept`].
+///
+/// Records: a begin (tag, time delta, length, frame, start kind, end kind), an end (tag,
+/// time delta).
+pub struct KeptWriter {
+    w: io::BufWriter<File>,
+    kept: Kept,
+    min_len: u64,
+    last_at: u64,
+    /// Whether each open call is kept.
+    open: Vec<bool>,
+    rec: Vec<u8>,
+}
+
+/// A file of kept calls ([`KeptWriter`]), removed when dropped.
+pub struct Kept {
+    path: PathBuf,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl KeptWriter {
+    pub fn create(path: &Path, min_len: u64) -> io::Result<Self> {
+        let file = File::create(path)?;
+        Ok(KeptWriter {
+            w: io::BufWriter::with_capacity(BUFFER, file),
+            kept: Kept {
+                path: path.to_path_buf(),
+            },
+            min_len,
+            last_at: 0,
+            open: Vec::new(),
+            rec: Vec::with_capacity(MAX_RECORD),
+        })
+    }
+
+    fn delta(&mut self, at: u64) {
+        let d = at.saturating_sub(self.last_at);
+        self.last_at = self.last_at.max(at);
+        put_varint(&mut self.rec, d);
+    }
+
+    /// The next edge of the replay.
+    #[inline]
+    pub fn edge(&mut self, e: &Edge) -> io::Result<()> {
+        match *e {
+            Edge::Begin {
+                at,
+                len,
+                frame,
+                start,
+                end,
+            } => {
+                let kept = len >= self.min_len;
+                self.open.push(kept);
+                if !kept {
+                    return Ok(());
+                }
+                self.rec.clear();
+                self.rec.push(BEGIN);
+                self.delta(at);
+                put_varint(&mut self.rec, len);
+                put_varint(&mut self.rec, u64::from(frame));
+                self.rec.push(start_code(start));
+                self.rec.push(end_code(end));
+            }
+            Edge::End { at, .. } => {
+                if self.open.pop() != Some(true) {
+                    return Ok(());
+                }
+                self.rec.clear();
+                self.rec.push(END);
+                self.delta(at);
+            }
+        }
+        self.w.write_all(&self.rec)
+    }
+
+    /// The file, complete.
+    pub fn finish(mut self) -> io::Result<Kept> {
+        self.w.flush()?;
+        Ok(self.kept)
+    }
+}
+
+/// Reads a [`KeptWriter`]'s file back: its begins and ends, as [`replay`] gave them.
+pub fn replay_kept(kept: &Kept, mut f: impl FnMut(Edge) -> io::Result<()>) -> io::Result<()> {
+    let file = File::open(&kept.path)?;
+    let mut r = Reader::new(file, kept.path.clone());
+    let mut at = 0u64;
+    let mut open: Vec<u32> = Vec::new();
+    while r.fill()? {
+        match r.need()? {
+            BEGIN => {
+                at += r.varint()?;
+                let len = r.varint()?;
+                let frame = u32::try_from(r.varint()?)
+                    .map_err(|_| damaged(&kept.path, "bad frame in kept-calls file"))?;
+                let start = start_kind(r.need()?);
+                let end = end_kind(r.need()?);
+                open.push(frame);
+                f(Edge::Begin {
+                    at,
+                    len,
+                    frame,
+                    start,
+                    end,
+                })?;
+            }
+            END => {
+                at += r.varint()?;
+                let frame = open
+                    .pop()
+                    .ok_or_else(|| damaged(&kept.path, "an end without its begin"))?;
+                f(Edge::End { at, frame })?;
+            }
+            _ => return Err(damaged(&kept.path, "bad record in kept-calls file")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spill of random nested calls (with implied callers and segments), filtered at
+    /// several lengths: the kept file gives exactly the replay's edges of the calls at
+    /// least that long, in order, and each of their callers is kept too.
+    #[test]
+    fn kept_calls_are_the_replays_calls_at_least_that_long() {
+        struct Ids;
+        impl FrameIds for Ids {
+            fn frame(&mut self, addr: u64, _: bool) -> (u32, u64, u32) {
+                (addr as u32, 100, 1)
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("pttrace-kept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut ids, mut costs) = (Ids, Costs::default());
+        let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
+        // A small deterministic generator (xorshift).
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (mut at, mut depth) = (0u64, 0usize);
+        for seg in 0..3u64 {
+            sink.implied_caller(at, 900 + seg);
+            sink.implied_caller(at, 950 + seg);
+            for _ in 0..20_000 {
+                at += next(5);
+                match next(3) {
+                    0 if depth < 40 => {
+                        let kind = [SpanStart::Call, SpanStart::Inlined, SpanStart::TailCall]
+                            [next(3) as usize];
+                        sink.begin(at, next(50), kind);
+                        depth += 1;
+                    }
+                    1 if depth > 0 => {
+                        sink.end(at, SpanEnd::Return);
+                        depth -= 1;
+                    }
+                    // A return from an implied caller, now and then.
+                    2 if depth == 0 && next(2000) == 0 => sink.end(at, SpanEnd::Return),
+                    _ => {}
+                }
+            }
+            // Every span is closed at a segment's end, the implied callers last.
+            for _ in 0..depth + 2 {
+                at += 1;
+                sink.end(at, SpanEnd::Gap);
+            }
+            sink.segment_end(at);
+            depth = 0;
+        }
+        let spill = sink.finish().unwrap();
+        let mut all = Vec::new();
+        replay(&spill, None, |e| {
+            all.push(e);
+            Ok(())
+        })
+        .unwrap();
+        assert!(all.len() > 20_000, "{} edges", all.len());
+        let implied = all
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    Edge::Begin {
+                        start: SpanStart::Implied,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(implied, 6, "the implied callers are replayed");
+        for min_len in [0, 1, 7, 30, 200, 5_000, u64::MAX] {
+            let path = dir.join(format!("kept-{min_len}"));
+            let mut w = KeptWriter::create(&path, min_len).unwrap();
+            for e in &all {
+                w.edge(e).unwrap();
+            }
+            let kept = w.finish().unwrap();
+            // What the filter keeps: the begins at least min_len long and their ends.
+            let mut open = Vec::new();
+            let mut expected = Vec::new();
+            for e in &all {
+                match e {
+                    Edge::Begin { len, .. } => {
+                        open.push(*len >= min_len);
+                        if *len >= min_len {
+                            assert!(open.iter().all(|&k| k), "a kept call's callers are kept");
+                            expected.push(*e);
+                        }
+                    }
+                    Edge::End { .. } => {
+                        if open.pop() == Some(true) {
+                            expected.push(*e);
+                        }
+                    }
+                }
+            }
+            if min_len == 0 {
+                assert_eq!(expected, all);
+            }
+            let mut got = Vec::new();
+            replay_kept(&kept, |e| {
+                got.push(e);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, expected, "min_len {min_len}");
+            drop(kept);
+            assert!(!path.exists(), "the kept file goes when dropped");
+        }
+        drop(spill);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
