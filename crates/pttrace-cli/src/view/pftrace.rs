@@ -129,8 +129,12 @@ pub struct Writer<W: Write + Send + 'static> {
 /// deflate's level for `compressed_packets`. A call's packets differ little from the last
 /// call's, which the fast levels find too: on a python start-up trace (23 M calls), level
 /// 2 writes 1.6 bytes a call in a sixth of level 6's time (0.9 bytes a call), which made
-/// the compressing thread the slowest of `view`'s writers.
-const LEVEL: u32 = 2;
+/// the compressing thread the slowest of `view`'s writers. Level 1 (zlib-rs's quick
+/// deflate, fixed codes) takes a third less time again: on python threads (121 M calls),
+/// 1.42 bytes a call against level 2's 1.04, the compressing thread's CPU time 2,100 →
+/// 1,360 samples of `perf record` (the view shares 2 cores: what a writer saves, the rest
+/// gets).
+const LEVEL: u32 = 1;
 
 /// The compressor's loop: each batch becomes one `compressed_packets` packet, compressed
 /// by one deflate state reset between batches.
