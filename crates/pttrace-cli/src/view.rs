@@ -778,9 +778,10 @@ fn write_err(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("{}: cannot write: {e}", p.display())
 }
 
-/// Writes the bounded timelines (see [`write_json_view`] and [`write_speedscope_view`])
-/// from one read of each thread's spans: calls, windows, gaps (timeline.pftrace is
-/// written by [`PfPipe`]).
+/// Writes the bounded timelines ([`Json`], [`Speedscope`])
+/// from one read of each thread's calls the Perfetto writer kept for them (`kept`, in the
+/// order the images were handed to it; or, where it kept none, the whole spill), its
+/// windows and gaps (timeline.pftrace is written by [`PfPipe`]).
 fn write_views(
     paths: &OutPaths,
     views: &[ThreadView],

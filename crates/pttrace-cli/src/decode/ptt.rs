@@ -146,24 +146,43 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if args.format == OutFormat::Disasm {
                     writeln!(printer.out, "  {head}:").map_err(&mut io)?;
                 }
+                // Notes a gap or a loss.
+                let mut note = |r: &Record| match r {
+                    Record::Gap(g) => gaps.push(g.to_string()),
+                    Record::Overflow { ip } => {
+                        ovf += 1;
+                        gaps.push(match ip {
+                            Some(ip) => format!(
+                                "overflow: trace lost, resumed at {ip:#x} (the backend \
+                                 wrote OVF; see the window's flags)"
+                            ),
+                            None => "overflow: trace lost (OVF)".to_string(),
+                        });
+                    }
+                    _ => {}
+                };
+                // (drmemtrace is written by its own module, before this loop.)
+                if matches!(args.format, OutFormat::Summary | OutFormat::Drmemtrace) {
+                    // Only counted: the decoder's slices as they are (a cached block's
+                    // instructions are not copied out one by one).
+                    dec.for_each_slice(|recs| {
+                        let mut k = 0;
+                        for r in recs {
+                            match r {
+                                Record::Instruction(_) => k += 1,
+                                other => note(other),
+                            }
+                        }
+                        n += k;
+                        std::ops::ControlFlow::<()>::Continue(())
+                    });
+                }
                 for r in dec.by_ref() {
                     match &r {
                         Record::Instruction(_) => n += 1,
-                        Record::Gap(g) => gaps.push(g.to_string()),
-                        Record::Overflow { ip } => {
-                            ovf += 1;
-                            gaps.push(match ip {
-                                Some(ip) => format!(
-                                    "overflow: trace lost, resumed at {ip:#x} (the backend \
-                                     wrote OVF; see the window's flags)"
-                                ),
-                                None => "overflow: trace lost (OVF)".to_string(),
-                            });
-                        }
-                        _ => {}
+                        other => note(other),
                     }
                     match args.format {
-                        // (drmemtrace is written by its own module, before this loop.)
                         OutFormat::Summary | OutFormat::Drmemtrace => {}
                         OutFormat::Jsonl => {
                             let mut v = r.to_json();
