@@ -778,10 +778,10 @@ fn write_err(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("{}: cannot write: {e}", p.display())
 }
 
-/// Writes the bounded timelines ([`Json`], [`Speedscope`])
-/// from one read of each thread's calls the Perfetto writer kept for them (`kept`, in the
-/// order the images were handed to it; or, where it kept none, the whole spill), its
-/// windows and gaps (timeline.pftrace is written by [`PfPipe`]).
+/// Writes the bounded timelines ([`Json`], [`Speedscope`]) from one read of each thread
+/// image's calls that the Perfetto writer kept for them (`kept`, in the order the images
+/// were handed to it; where it kept none, the whole spill), its windows and gaps
+/// (timeline.pftrace is written by [`PfPipe`]).
 fn write_views(
     paths: &OutPaths,
     views: &[ThreadView],
@@ -873,15 +873,13 @@ fn write_views(
             (None, Some(s)) => spill::replay(s, v.cut, &mut edge),
             (None, None) => Ok(()),
         };
-        {
-            read.map_err(|e| {
-                write_err(if failed_ss {
-                    &paths.speedscope
-                } else {
-                    &paths.timeline
-                })(e)
-            })?;
-        }
+        read.map_err(|e| {
+            write_err(if failed_ss {
+                &paths.speedscope
+            } else {
+                &paths.timeline
+            })(e)
+        })?;
         ss.profile_end().map_err(write_err(&paths.speedscope))?;
         json.windows_and_gaps(v, tid, axis)
             .map_err(write_err(&paths.timeline))?;
