@@ -1,6 +1,8 @@
 //! Exact decoded instruction sequences for hand-built traces (libipt's packet encoder)
 //! over code assembled here with iced-x86 (disassembly asserted).
 
+mod common;
+
 use drpttracer::decode::sideband::{encode_mmap2, TEST_SAMPLE_TYPE};
 use drpttracer::decode::testgen::PtWriter;
 use drpttracer::decode::TraceDecoder;
@@ -10,7 +12,7 @@ use drpttracer::decode::{
 };
 use drpttracer::metadata::TimeConv;
 use iced_x86::code_asm::*;
-use iced_x86::{BlockEncoderOptions, Decoder, Formatter, IntelFormatter};
+use iced_x86::{Decoder, Formatter, IntelFormatter};
 
 const BASE: u64 = 0x40_1000;
 
@@ -21,16 +23,7 @@ fn asm(
 ) -> (Vec<u8>, Vec<u64>) {
     let mut a = CodeAssembler::new(64).unwrap();
     f(&mut a).unwrap();
-    let r = a
-        .assemble_options(base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .unwrap();
-    let ips = r
-        .inner
-        .new_instruction_offsets
-        .iter()
-        .map(|&o| base + u64::from(o))
-        .collect();
-    (r.inner.code_buffer, ips)
+    common::assemble_at(&mut a, base)
 }
 
 /// Intel-syntax disassembly of `code` at `base`, one string per instruction.

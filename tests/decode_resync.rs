@@ -4,6 +4,8 @@
 //! stream ptxed's expected output stands for; and the option changing nothing where the
 //! trace has no error.
 
+mod common;
+
 use drpttracer::decode::testgen::PtWriter;
 use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
@@ -11,7 +13,6 @@ use drpttracer::decode::{
     WindowOptions,
 };
 use iced_x86::code_asm::*;
-use iced_x86::BlockEncoderOptions;
 
 const ORG: u64 = 0x10_0000;
 
@@ -63,17 +64,9 @@ impl Trace {
 fn asm(f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> (AddressSpace, Vec<u64>) {
     let mut a = CodeAssembler::new(64).unwrap();
     f(&mut a).unwrap();
-    let r = a
-        .assemble_options(ORG, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .unwrap();
-    let ips = r
-        .inner
-        .new_instruction_offsets
-        .iter()
-        .map(|&o| ORG + u64::from(o))
-        .collect();
+    let (code, ips) = common::assemble_at(&mut a, ORG);
     let mut s = AddressSpace::new();
-    s.add_bytes("code", r.inner.code_buffer, ORG);
+    s.add_bytes("code", code, ORG);
     (s, ips)
 }
 

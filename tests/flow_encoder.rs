@@ -3,12 +3,13 @@
 //! after a conditional branch resolved when the flow comes back, and one that never comes
 //! back (an explicit overflow, never a guessed branch).
 
+mod common;
+
 use drpttracer::decode::packets::{list_packets, PacketLine};
 use drpttracer::decode::{
     decode_window, AddressSpace, DecoderKind, ImageSpec, Record, TraceParams, WindowOptions,
 };
 use iced_x86::code_asm::*;
-use iced_x86::BlockEncoderOptions;
 use pttrace_encoder::{
     can_fault, classify_bytes, Block, BlockEnd, FlowEncoder, InstructionInfoFactory, Transition,
 };
@@ -93,16 +94,7 @@ fn prog() -> Prog {
 
 /// The code at `BASE` and each instruction's address.
 fn assemble(c: &mut CodeAssembler) -> (Vec<u8>, Vec<u64>) {
-    let r = c
-        .assemble_options(BASE, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .unwrap();
-    let ips = r
-        .inner
-        .new_instruction_offsets
-        .iter()
-        .map(|&o| BASE + u64::from(o))
-        .collect();
-    (r.inner.code_buffer, ips)
+    common::assemble_at(c, BASE)
 }
 
 fn decode(pt: &[u8], p: &Prog) -> Vec<Record> {
