@@ -58,6 +58,7 @@ use rustc_hash::FxHashMap;
 
 use crate::image::Symbols;
 use crate::records::{InsnClass, Record};
+use crate::runs::{transfers, Run};
 
 /// Where functions start: what the tail-call and non-local-jump rules need to know.
 pub trait Functions {
@@ -457,56 +458,7 @@ pub const MAX_BOTTOMS: usize = 256;
 /// spans thousands).
 const INLINE_CACHE_SLOTS: usize = 1 << 18;
 
-/// The instruction classes by their code in a packed instruction ([`pack_instruction`]):
-/// the order of [`InsnClass`]'s variants.
-const CLASSES: [InsnClass; 10] = [
-    InsnClass::Other,
-    InsnClass::Call,
-    InsnClass::Return,
-    InsnClass::Jump,
-    InsnClass::CondJump,
-    InsnClass::FarCall,
-    InsnClass::FarReturn,
-    InsnClass::FarJump,
-    InsnClass::Ptwrite,
-    InsnClass::Unknown,
-];
-
-/// An instruction in one word, as [`CallStacks::packed_instructions`] takes them: its
-/// address's low 48 bits (addresses are canonical: bit 47 extends), its size (bits 48-51)
-/// and its class (bits 52-55, the variant's number).
-#[inline(always)]
-pub fn pack_instruction(pc: u64, size: u8, class: InsnClass) -> u64 {
-    (pc & 0xFFFF_FFFF_FFFF) | (u64::from(size) & 0xF) << 48 | (class as u64) << 52
-}
-
-/// The (address, size, class) of a [`pack_instruction`] word.
-#[inline(always)]
-pub fn unpack_instruction(w: u64) -> (u64, u8, InsnClass) {
-    (packed_pc(w), (w >> 48 & 0xF) as u8, packed_class(w))
-}
-
-#[inline(always)]
-fn packed_pc(w: u64) -> u64 {
-    (((w << 16) as i64) >> 16) as u64
-}
-
-#[inline(always)]
-fn packed_class(w: u64) -> InsnClass {
-    CLASSES
-        .get((w >> 52 & 0xF) as usize)
-        .copied()
-        .unwrap_or(InsnClass::Unknown)
-}
-
-/// Whether a packed instruction's successor is placed by [`CallStacks::control_flow`]
-/// (a call, return, jump or conditional jump: codes 1 to 4).
-#[inline(always)]
-fn packed_transfers(w: u64) -> bool {
-    (w >> 52 & 0xF).wrapping_sub(1) < 4
-}
-
-/// Runs of instructions (see [`CallStacks::packed_instructions`]) remembered with the
+/// Runs of instructions (see [`CallStacks::runs`]) remembered with the
 /// inline key they share.
 const RUN_CACHE_SLOTS: usize = 1 << 16;
 
@@ -809,13 +761,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// was a call, return, jump or conditional jump, or the stack is empty.
     #[inline]
     fn placed_by_control_flow(&self) -> bool {
-        let transfer = self.last.is_some_and(|l| {
-            matches!(
-                l.class,
-                InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
-            )
-        });
-        transfer || self.stack.is_empty()
+        self.last.is_some_and(|l| transfers(l.class)) || self.stack.is_empty()
     }
 
     /// Counts the next `n` instructions to `node` (those in the counted range).
@@ -852,71 +798,69 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         });
     }
 
-    /// Feeds the thread's next instructions, packed ([`pack_instruction`]): what
-    /// [`Self::instruction`] does with each, a run at a time. A run (up to a call, return
-    /// or jump, included) moves no frame after its first instruction, and its
-    /// instructions count to one node unless inlined code begins or ends inside it.
-    pub fn packed_instructions(&mut self, words: &[u64]) {
-        let mut rest = words;
-        while !rest.is_empty() {
-            let n = rest
-                .iter()
-                .position(|&w| packed_transfers(w))
-                .map_or(rest.len(), |k| k + 1);
-            let (run, after) = rest.split_at(n);
-            rest = after;
-            let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
-                break;
-            };
+    /// Feeds the thread's next instructions as runs ([`Runs`]; `sizes` from the first
+    /// run's first instruction on): what [`Self::instruction`] does with each, a run at a
+    /// time. A run moves no frame after its first instruction, and its instructions count
+    /// to one node unless inlined code begins or ends inside it. Returns the instructions
+    /// fed (the sizes used).
+    pub fn runs(&mut self, runs: &[Run], sizes: &[u8]) -> usize {
+        let mut at = 0usize;
+        for r in runs {
+            let len = r.len as usize;
+            let run_sizes = sizes.get(at..at + len).unwrap_or(&[]);
+            at += len;
             if self.placed_by_control_flow() {
-                self.control_flow(packed_pc(first));
+                self.control_flow(r.first);
             }
             let node = if self.inline_cache.is_empty() {
                 Some(self.cur)
             } else {
-                self.run_inline_key(run).map(|key| self.node_of_key(key))
+                self.run_inline_key(r, run_sizes)
+                    .map(|key| self.node_of_key(key))
             };
             match node {
-                Some(node) => self.count_to(node, run.len() as u64),
+                Some(node) => self.count_to(node, u64::from(r.len)),
                 // Inlined code begins or ends inside the run: an instruction at a time.
                 None => {
-                    for &w in run {
-                        let node = self.inline_node(packed_pc(w));
+                    let mut pc = r.first;
+                    for &size in run_sizes {
+                        let node = self.inline_node(pc);
                         self.count_one(node);
+                        pc = pc.wrapping_add(u64::from(size));
                     }
                 }
             }
-            let (pc, size, class) = unpack_instruction(last);
-            self.set_last(pc, size, class);
+            self.set_last(r.last, r.last_size, r.last_class);
         }
+        at
     }
 
-    /// The inline key all the instructions of `run` share (0: none), or `None` when they
-    /// do not all share one. Runs are remembered by their first address, their length and
-    /// last address: the straight code from an address to its first branch is the same
-    /// each time, unless a program rewrites code that has debug information (then a run
-    /// of the same bounds keeps the key of its first decoding). Runs in regions without
-    /// inlined code are not remembered.
-    fn run_inline_key(&mut self, run: &[u64]) -> Option<u64> {
-        let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
-            return Some(0);
-        };
+    /// The inline key all the instructions of run `r` (their sizes `sizes`) share (0:
+    /// none), or `None` when they do not all share one. Runs are remembered by their
+    /// first address, their length and last address: the straight code from an address
+    /// to its first branch is the same each time, unless a program rewrites code that has
+    /// debug information (then a run of the same bounds keeps the key of its first
+    /// decoding). Runs in regions without inlined code are not remembered.
+    fn run_inline_key(&mut self, r: &Run, sizes: &[u8]) -> Option<u64> {
         let (start, len, maybe) = self.regions[0];
-        if !maybe && run.iter().all(|&w| packed_pc(w).wrapping_sub(start) < len) {
+        // (A run's addresses go up from its first to its last.)
+        if !maybe && r.first.wrapping_sub(start) < len && r.last.wrapping_sub(start) < len {
             return Some(0);
         }
-        let (pc, end) = (packed_pc(first), packed_pc(last));
+        let (pc, end) = (r.first, r.last);
         let slot = ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
             % RUN_CACHE_SLOTS;
         if let Some(e) = self.run_cache.get(slot) {
-            if e.first == pc && e.last == end && e.len == run.len() as u32 && e.known {
+            if e.first == pc && e.last == end && e.len == r.len && e.known {
                 return e.key;
             }
         }
         let key = self.inline_context(pc);
         let mut uniform = true;
-        for &w in run.get(1..).unwrap_or(&[]) {
-            if self.inline_context(packed_pc(w)) != key {
+        let mut at = pc;
+        for &size in sizes.get(..sizes.len().saturating_sub(1)).unwrap_or(&[]) {
+            at = at.wrapping_add(u64::from(size));
+            if self.inline_context(at) != key {
                 uniform = false;
                 break;
             }
@@ -926,7 +870,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             *e = RunKey {
                 first: pc,
                 last: end,
-                len: run.len() as u32,
+                len: r.len,
                 known: true,
                 key,
             };
@@ -1324,6 +1268,7 @@ impl TimeMap {
 mod tests {
     use super::*;
     use crate::records::{Gap, GapKind};
+    use crate::runs::Runs;
 
     /// Functions as address ranges (start, end).
     struct Table(Vec<(u64, u64)>);
@@ -1563,11 +1508,12 @@ mod tests {
         }
     }
 
-    /// Instructions fed packed, in batches cut anywhere, reconstruct exactly what they do
-    /// one record at a time: the same spans, stacks (inlined frames included), markers and
-    /// counts, with and without a counted range.
+    /// Instructions fed as runs, gathered from slices of records cut anywhere (as a
+    /// decoder hands them out), reconstruct exactly what they do one record at a time: the
+    /// same spans, stacks (inlined frames included), markers and counts, with and without
+    /// a counted range.
     #[test]
-    fn packed_runs_reconstruct_what_single_instructions_do() {
+    fn runs_reconstruct_what_single_instructions_do() {
         let f = TwoInlines;
         for seed in [1, 7, 1234] {
             let records = walk(seed, 60_000);
@@ -1584,58 +1530,46 @@ mod tests {
                 for r in &records {
                     one.record(r);
                 }
-                let mut packed = new();
-                let mut words = Vec::new();
+                let mut by_runs = new();
+                let mut runs = Runs::default();
+                let mut rest = &records[..];
                 let mut cut = seed;
-                for r in &records {
-                    match r {
-                        Record::Instruction(i) => {
-                            words.push(pack_instruction(i.pc, i.size, i.class));
-                            cut = cut.wrapping_mul(6364136223846793005).wrapping_add(1);
-                            if cut >> 59 == 0 {
-                                packed.packed_instructions(&words);
-                                words.clear();
-                            }
+                while !rest.is_empty() {
+                    cut = cut.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let (slice, after) = rest.split_at(((cut >> 58) as usize + 1).min(rest.len()));
+                    rest = after;
+                    let mut s = slice;
+                    loop {
+                        let n = runs.add_instructions(s);
+                        s = &s[n..];
+                        // Fed at the slice's end only at times: runs carry over.
+                        if s.is_empty() && cut >> 63 == 0 {
+                            break;
                         }
-                        r => {
-                            packed.packed_instructions(&words);
-                            words.clear();
-                            packed.record(r);
-                        }
+                        let fed = by_runs.runs(&runs.runs, &runs.sizes);
+                        assert_eq!(fed, runs.instructions());
+                        runs.clear();
+                        let Some((r, after)) = s.split_first() else {
+                            break;
+                        };
+                        by_runs.record(r);
+                        s = after;
                     }
                 }
-                packed.packed_instructions(&words);
-                let (one, packed) = (one.finish(), packed.finish());
+                by_runs.runs(&runs.runs, &runs.sizes);
+                let (one, by_runs) = (one.finish(), by_runs.finish());
                 assert!(one.spans.len() > 1_000 && one.markers.len() > 5, "{seed}");
                 if inline {
                     assert!(one.spans.iter().any(|s| s.start_kind == S::Inlined));
                 }
-                assert_eq!(one.spans, packed.spans, "seed {seed}, inline {inline}");
+                assert_eq!(one.spans, by_runs.spans, "seed {seed}, inline {inline}");
                 assert_eq!(
                     stacks(&one),
-                    stacks(&packed),
+                    stacks(&by_runs),
                     "seed {seed}, inline {inline}"
                 );
-                assert_eq!(one.markers, packed.markers);
-                assert_eq!(one.instructions, packed.instructions);
-            }
-        }
-    }
-
-    /// Every class survives packing, and addresses keep their sign (kernel addresses).
-    #[test]
-    fn packed_instructions_round_trip() {
-        for (k, class) in CLASSES.iter().enumerate() {
-            for pc in [0, 0x7fff_ffff_f000, 0xffff_ffff_8100_0000, 0x40_1000] {
-                let w = pack_instruction(pc, (k + 1) as u8, *class);
-                assert_eq!(unpack_instruction(w), (pc, (k + 1) as u8, *class));
-                assert_eq!(
-                    packed_transfers(w),
-                    matches!(
-                        class,
-                        InsnClass::Call | InsnClass::Return | InsnClass::Jump | InsnClass::CondJump
-                    )
-                );
+                assert_eq!(one.markers, by_runs.markers);
+                assert_eq!(one.instructions, by_runs.instructions);
             }
         }
     }

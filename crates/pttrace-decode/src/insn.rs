@@ -249,6 +249,8 @@ pub struct BlockCache<T: ArenaTied> {
     pub retired: Vec<Vec<super::records::Record>>,
     /// The fast decoder's blocks (their records in `arena`).
     pub flow: T,
+    /// The runs of the blocks in `arena`, made when a consumer asks for them.
+    pub runs: crate::runs::BlockRuns,
 }
 
 /// A front-cache entry, 16 bytes (4 per cache line): the key exactly, the block's arena
@@ -315,6 +317,7 @@ impl<T: ArenaTied> BlockCache<T> {
     fn reset(&mut self, generation: u64) {
         self.map.clear();
         self.flow.clear();
+        self.runs.clear();
         if self.retire && !self.arena.is_empty() {
             self.retired.push(std::mem::take(&mut self.arena));
         } else {

@@ -7,6 +7,8 @@
 //!   symbols (ELF symtab, kallsyms);
 //! - [`sideband`]: the image over time from perf MMAP/MMAP2/COMM records;
 //! - [`records`]: the output records;
+//! - [`runs`]: instruction records as runs of straight-line code (what the call-stack
+//!   reconstruction reads), made once per cached block;
 //! - [`decoder`]: [`TraceDecoder`], the seam between a decoder of one trace and its
 //!   consumers (slices, one record at a time, [`compact`] collections, the oracle check);
 //! - [`pipeline`]: [`PtDecoder`], the decoder of one PT window (our own flow
@@ -62,6 +64,7 @@ pub mod pipeline;
 pub mod ptt_dir;
 pub mod ptt_input;
 pub mod records;
+pub mod runs;
 pub mod sideband;
 pub mod testgen;
 pub mod timing;

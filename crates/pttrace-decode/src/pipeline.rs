@@ -25,6 +25,7 @@ pub use flow::DecoderKind;
 
 pub use crate::compact::CompactRecords;
 use crate::decoder::TraceDecoder;
+use crate::runs::Run;
 use queue::{Item, ItemQueue};
 
 /// Per-window decoding options.
@@ -1358,6 +1359,38 @@ impl PtDecoder<'_> {
                     self.fast = false;
                 }
                 return flow;
+            }
+        }
+    }
+
+    /// What [`TraceDecoder::for_each_slice`] does, each slice handed to `f` with its
+    /// instructions as runs when it is a block of the decoder's arena (made once per
+    /// block, see [`crate::runs::BlockRuns`]); other slices, and blocks that hold other
+    /// records than instructions, come with `None`.
+    pub fn for_each_slice_runs<B>(
+        &mut self,
+        mut f: impl FnMut(&[Record], Option<(&[Run], &[u8])>) -> ControlFlow<B>,
+    ) -> Option<B> {
+        loop {
+            if self.cur >= self.cur_end {
+                let block = match self.queue.pop_block() {
+                    None if self.fast && self.queue.is_empty() => self.step_fast(),
+                    b => b,
+                };
+                if let Some((start, len)) = block {
+                    let blocks = &mut self.blocks;
+                    let (s, n) = (start as usize, len as usize);
+                    let recs = blocks.arena.get(s..s + n).unwrap_or(&[]);
+                    let runs = blocks.runs.get(&blocks.arena, start, len);
+                    if let ControlFlow::Break(b) = f(recs, runs) {
+                        return Some(b);
+                    }
+                    continue;
+                }
+            }
+            let s = self.next_slice_slow()?;
+            if let ControlFlow::Break(b) = f(s, None) {
+                return Some(b);
             }
         }
     }

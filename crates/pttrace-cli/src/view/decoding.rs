@@ -1,13 +1,13 @@
 //! Decoding a thread image for the view: the decoder on a thread of its own, handing
-//! batches of packed instructions to the call-stack reconstruction on this one.
+//! batches of instruction runs to the call-stack reconstruction on this one.
 
 use std::ops::ControlFlow;
 
-use drpttracer::decode::callstack::{pack_instruction, CallStacks, Finished, SpanSink};
+use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink};
 use drpttracer::decode::ptt_dir::{PttThread, PttTrace, PttWindowInfo, ThreadStats};
 use drpttracer::decode::records::Record;
+use drpttracer::decode::runs::{Run, Runs};
 use drpttracer::decode::DecodeError;
-use drpttracer::decode::TraceDecoder;
 use drpttracer::format::ptt;
 
 use super::{ViewRange, LOSS_FLAGS};
@@ -26,35 +26,41 @@ pub(super) type Decoded<S> = (
 /// Instructions per batch handed from the decoding thread to the reconstruction.
 pub(super) const BATCH_INSTRUCTIONS: usize = 1 << 16;
 
-/// What the decoding thread hands over: instructions packed one per word
-/// ([`pack_instruction`]), and between them the other records and the windows' bounds.
+/// What the decoding thread hands over: the instructions as runs of straight-line code
+/// ([`Runs`]), and between them the other records and the windows' bounds.
 #[derive(Default)]
 pub(super) struct Batch {
-    pub(super) instructions: Vec<u64>,
-    /// (instructions of the batch before it, what)
+    pub(super) runs: Runs,
+    /// (runs of the batch before it, what)
     pub(super) events: Vec<(usize, BatchEvent)>,
 }
 
 impl Batch {
-    /// Adds records: the instructions packed, each run in one loop (a block's
-    /// instructions are the common slice), the other records as events.
+    /// Adds records: the instructions as runs (`runs`, when the decoder has them made),
+    /// the other records as events.
     #[inline(always)]
-    fn add(&mut self, recs: &[Record]) {
+    fn add(&mut self, recs: &[Record], runs: Option<(&[Run], &[u8])>) {
+        if let Some((runs, sizes)) = runs {
+            self.runs.extend(runs, sizes);
+            return;
+        }
         let mut rest = recs;
         loop {
-            let before = self.instructions.len();
-            self.instructions.extend(rest.iter().map_while(|r| match r {
-                Record::Instruction(i) => Some(pack_instruction(i.pc, i.size, i.class)),
-                _ => None,
-            }));
-            let packed = self.instructions.len() - before;
-            let Some((r, after)) = rest.get(packed..).and_then(<[Record]>::split_first) else {
+            let taken = self.runs.add_instructions(rest);
+            let Some((r, after)) = rest.get(taken..).and_then(<[Record]>::split_first) else {
                 return;
             };
             self.events
-                .push((self.instructions.len(), BatchEvent::Record(r.clone())));
+                .push((self.runs.runs.len(), BatchEvent::Record(r.clone())));
             rest = after;
         }
+    }
+
+    fn new() -> Batch {
+        let mut b = Batch::default();
+        b.runs.sizes.reserve(BATCH_INSTRUCTIONS + 4096);
+        b.runs.runs.reserve(BATCH_INSTRUCTIONS / 4);
+        b
     }
 }
 
@@ -74,11 +80,7 @@ fn hand_over(
     tx: &std::sync::mpsc::SyncSender<Batch>,
     back: &std::sync::mpsc::Receiver<Batch>,
 ) -> bool {
-    let next = back.try_recv().unwrap_or_else(|_| {
-        let mut b = Batch::default();
-        b.instructions.reserve(BATCH_INSTRUCTIONS + 4096);
-        b
-    });
+    let next = back.try_recv().unwrap_or_else(|_| Batch::new());
     tx.send(std::mem::replace(batch, next)).is_ok()
 }
 
@@ -104,18 +106,17 @@ pub(super) fn decode_one<S: SpanSink>(
     let stopped = || DecodeError::whole(th.path.display(), "decoding stopped: the view failed");
     std::thread::scope(|scope| {
         let decoder = scope.spawn(move || {
-            let mut batch = Batch::default();
-            batch.instructions.reserve(BATCH_INSTRUCTIONS + 4096);
+            let mut batch = Batch::new();
             let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
                 if let Some(b) = bar {
                     b.inc((w.pt_len + w.sideband_len + 124) as u64);
                 }
-                let at = batch.instructions.len();
+                let at = batch.runs.runs.len();
                 batch.events.push((at, BatchEvent::WindowStart(w.clone())));
                 if let Some(dec) = dec {
-                    let cut = dec.for_each_slice(|recs| {
-                        batch.add(recs);
-                        if batch.instructions.len() >= BATCH_INSTRUCTIONS
+                    let cut = dec.for_each_slice_runs(|recs, runs| {
+                        batch.add(recs, runs);
+                        if batch.runs.instructions() >= BATCH_INSTRUCTIONS
                             && !hand_over(&mut batch, &tx, &back_rx)
                         {
                             return ControlFlow::Break(());
@@ -126,7 +127,7 @@ pub(super) fn decode_one<S: SpanSink>(
                         return Err(stopped());
                     }
                 }
-                let at = batch.instructions.len();
+                let at = batch.runs.runs.len();
                 batch.events.push((at, BatchEvent::WindowEnd));
                 Ok::<(), DecodeError>(())
             })?;
@@ -136,9 +137,14 @@ pub(super) fn decode_one<S: SpanSink>(
         let mut windows = Vec::new();
         let mut window: Option<(PttWindowInfo, u64)> = None;
         for mut batch in rx {
-            let mut done = 0usize;
+            // (runs, instructions) fed so far
+            let (mut done, mut sizes_done) = (0usize, 0usize);
+            let (runs, sizes) = (&batch.runs.runs, &batch.runs.sizes);
             for (at, ev) in batch.events.drain(..) {
-                cs.packed_instructions(batch.instructions.get(done..at).unwrap_or(&[]));
+                sizes_done += cs.runs(
+                    runs.get(done..at).unwrap_or(&[]),
+                    sizes.get(sizes_done..).unwrap_or(&[]),
+                );
                 done = at;
                 match ev {
                     BatchEvent::Record(r) => cs.record(&r),
@@ -172,8 +178,11 @@ pub(super) fn decode_one<S: SpanSink>(
                     }
                 }
             }
-            cs.packed_instructions(batch.instructions.get(done..).unwrap_or(&[]));
-            batch.instructions.clear();
+            cs.runs(
+                runs.get(done..).unwrap_or(&[]),
+                sizes.get(sizes_done..).unwrap_or(&[]),
+            );
+            batch.runs.clear();
             let _ = back_tx.try_send(batch);
         }
         let stats = decoder
