@@ -814,82 +814,139 @@ fn write_views(
     let whos: Vec<Who> = views.iter().map(|v| v.who.clone()).collect();
     json.start(&whos).map_err(write_err(&paths.timeline))?;
     ss.start().map_err(write_err(&paths.speedscope))?;
-    let (mut shown, mut total) = (0u64, 0u64);
     let empty = FrameTable::default();
-    for (k, v) in views.iter().enumerate() {
-        total += v.spans;
-        let frames = namers.get(&v.image).map_or(&empty, |n| &n.frames);
-        let tid = i64::from(v.who.tid);
-        let t0 = ns(axis.place(&v.clock, 0, 0).0);
-        let (_, end) = axis.place(&v.clock, 0, v.instructions);
-        ss.profile_start(k, &whos, &v.who, t0, t0 + ns(end))
-            .map_err(write_err(&paths.speedscope))?;
-        let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
-        // The open calls, and whether the bounded formats have them.
-        let mut nesting: Nesting<bool> = Nesting::new();
-        // Which file failed: false JSON, true speedscope.
-        let mut failed_ss = false;
-        let mut edge = |e: spill::Edge| -> std::io::Result<()> {
-            match e {
-                spill::Edge::Begin {
-                    at,
-                    len,
-                    frame,
-                    start,
-                    end,
-                } => {
-                    let bounded = len >= merge_below;
-                    let (jts, dur, b) = nesting.begin(axis, &v.clock, at, len, bounded);
-                    if !bounded {
-                        return Ok(());
-                    }
-                    let category = cats
-                        .entry((start, end))
-                        .or_insert_with(|| span_category(start, end).into_owned());
-                    for &id in frames.chain(frame) {
-                        shown += 1;
-                        failed_ss = false;
-                        json.call(v, tid, (id, names.get(id)), category, jts, dur)?;
-                        failed_ss = true;
-                        ss.edge(id, true, b)?;
-                    }
+    // The speedscope profile is written on a thread of its own from the same calls, each
+    // view's handed over as this thread reaches it.
+    let (tx, rx) = std::sync::mpsc::channel::<ToSpeedscope<'_>>();
+    let whos = &whos;
+    std::thread::scope(|scope| {
+        let speedscope = scope.spawn(move || -> (Speedscope, std::io::Result<()>) {
+            let mut each = || -> std::io::Result<()> {
+                for (k, (calls, frames, clock, instructions)) in rx.iter().enumerate() {
+                    let Some(who) = whos.get(k) else { break };
+                    let t0 = ns(axis.place(clock, 0, 0).0);
+                    let (_, end) = axis.place(clock, 0, instructions);
+                    ss.profile_start(k, whos, who, t0, t0 + ns(end))?;
+                    let mut nesting: Nesting<bool> = Nesting::new();
+                    calls.replay(&mut |e| {
+                        match e {
+                            spill::Edge::Begin { at, len, frame, .. } => {
+                                let bounded = len >= merge_below;
+                                let (_, _, b) = nesting.begin(axis, clock, at, len, bounded);
+                                if bounded {
+                                    for &id in frames.chain(frame) {
+                                        ss.edge(id, true, b)?;
+                                    }
+                                }
+                            }
+                            spill::Edge::End { frame, .. } => {
+                                let (e, bounded) = nesting.end();
+                                if bounded {
+                                    for &id in frames.chain(frame).iter().rev() {
+                                        ss.edge(id, false, e)?;
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    ss.profile_end()?;
                 }
-                spill::Edge::End { frame, .. } => {
-                    let (e, bounded) = nesting.end();
-                    if !bounded {
-                        return Ok(());
-                    }
-                    failed_ss = true;
-                    for &id in frames.chain(frame).iter().rev() {
-                        ss.edge(id, false, e)?;
-                    }
-                }
+                Ok(())
+            };
+            let r = each();
+            (ss, r)
+        });
+        let json_done = (|| -> Result<(u64, u64), String> {
+            let (mut shown, mut total) = (0u64, 0u64);
+            for v in views {
+                total += v.spans;
+                let frames = namers.get(&v.image).map_or(&empty, |n| &n.frames);
+                let tid = i64::from(v.who.tid);
+                let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
+                // The open calls, and whether the bounded formats have them.
+                let mut nesting: Nesting<bool> = Nesting::new();
+                // The calls the Perfetto writer kept for these formats, or all of them.
+                let calls = std::sync::Arc::new(match (kept(), &v.spill) {
+                    (Some(k), _) => Calls::Kept(k),
+                    (None, Some(s)) => Calls::Spill(s, v.cut),
+                    (None, None) => Calls::None,
+                });
+                // (A speedscope thread that stopped says why when joined.)
+                let _ = tx.send((calls.clone(), frames, &v.clock, v.instructions));
+                calls
+                    .replay(&mut |e| {
+                        match e {
+                            spill::Edge::Begin {
+                                at,
+                                len,
+                                frame,
+                                start,
+                                end,
+                            } => {
+                                let bounded = len >= merge_below;
+                                let (jts, dur, _) = nesting.begin(axis, &v.clock, at, len, bounded);
+                                if !bounded {
+                                    return Ok(());
+                                }
+                                let category = cats
+                                    .entry((start, end))
+                                    .or_insert_with(|| span_category(start, end).into_owned());
+                                for &id in frames.chain(frame) {
+                                    shown += 1;
+                                    json.call(v, tid, (id, names.get(id)), category, jts, dur)?;
+                                }
+                            }
+                            spill::Edge::End { .. } => {
+                                nesting.end();
+                            }
+                        }
+                        Ok(())
+                    })
+                    .map_err(write_err(&paths.timeline))?;
+                json.windows_and_gaps(v, tid, axis)
+                    .map_err(write_err(&paths.timeline))?;
             }
-            Ok(())
-        };
-        // The calls the Perfetto writer kept for these formats, or all of them.
-        let read = match (kept(), &v.spill) {
-            (Some(k), _) => spill::replay_kept(&k, &mut edge),
-            (None, Some(s)) => spill::replay(s, v.cut, &mut edge),
-            (None, None) => Ok(()),
-        };
-        read.map_err(|e| {
-            write_err(if failed_ss {
-                &paths.speedscope
-            } else {
-                &paths.timeline
-            })(e)
+            Ok((shown, total))
+        })();
+        drop(tx);
+        let (ss, ss_done) = speedscope.join().map_err(|_| {
+            format!(
+                "{}: the writing thread panicked",
+                paths.speedscope.display()
+            )
         })?;
-        ss.profile_end().map_err(write_err(&paths.speedscope))?;
-        json.windows_and_gaps(v, tid, axis)
+        let (shown, total) = json_done?;
+        ss_done
+            .and_then(|()| ss.finish(names))
+            .map_err(write_err(&paths.speedscope))?;
+        let merged = total.saturating_sub(shown);
+        let events = json.n;
+        json.finish(views, axis, (trace, part), merged, merge_below)
             .map_err(write_err(&paths.timeline))?;
+        Ok(Wrote { events, merged })
+    })
+}
+
+/// What the speedscope thread gets of each view: its calls, frames, clock and length.
+type ToSpeedscope<'a> = (std::sync::Arc<Calls<'a>>, &'a FrameTable, &'a Clock, u64);
+
+/// The calls of one view as the bounded formats read them: the Perfetto writer's kept
+/// calls, or the view's spill (cut to a range), or none.
+enum Calls<'a> {
+    Kept(spill::Kept),
+    Spill(&'a spill::Spill, Option<(u64, u64)>),
+    None,
+}
+
+impl Calls<'_> {
+    fn replay(&self, f: &mut dyn FnMut(spill::Edge) -> std::io::Result<()>) -> std::io::Result<()> {
+        match self {
+            Calls::Kept(k) => spill::replay_kept(k, f),
+            Calls::Spill(s, cut) => spill::replay(s, *cut, f),
+            Calls::None => Ok(()),
+        }
     }
-    let merged = total.saturating_sub(shown);
-    let events = json.n;
-    json.finish(views, axis, (trace, part), merged, merge_below)
-        .map_err(write_err(&paths.timeline))?;
-    ss.finish(names).map_err(write_err(&paths.speedscope))?;
-    Ok(Wrote { events, merged })
 }
 
 /// What the JSON timeline's windows, gaps and frame take whatever calls it shows.
