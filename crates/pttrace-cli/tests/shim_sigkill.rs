@@ -155,7 +155,24 @@ fn a_process_that_kills_itself_loses_no_window_and_names_the_kill() {
         );
         let pid = *want.keys().next().unwrap();
         for (tid, t) in &got {
-            assert_eq!(count(t, GETPPID), want[tid], "run {run} thread {tid}");
+            // (What a rare failure needs to be understood: which run and thread, how the
+            // files were read, what the spool gave, what the directory held.)
+            assert_eq!(
+                count(t, GETPPID),
+                want[tid],
+                "run {run} (via pttrace run: {via_cli}) thread {tid} (main: {}): {} windows, \
+                 last {:?}; recovered {:?}; files {:?}",
+                *tid == pid,
+                t.windows.len(),
+                t.windows.last(),
+                t.recovered,
+                std::fs::read_dir(&out)
+                    .map(|d| d
+                        .filter_map(|e| e.ok())
+                        .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+                        .collect::<Vec<_>>())
+                    .unwrap_or_default()
+            );
             let fl = in_flight(t);
             assert_eq!(fl.len(), 1, "run {run} thread {tid}: {fl:?}");
             if *tid == pid {
