@@ -25,6 +25,7 @@
 //! instruction = one microsecond of the file's `ts` unit. The file says which in
 //! `otherData.time_axis`.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
@@ -53,7 +54,7 @@ mod spill;
 
 use decoding::decode_one;
 use frames::{name_id, FrameNamer, FrameTable, Namer, Names};
-use json::Json;
+use json::{Json, JsonText};
 use perfetto::PfPipe;
 use speedscope::Speedscope;
 
@@ -863,7 +864,8 @@ fn write_views(
                 total += v.spans;
                 let frames = namers.get(&v.image).map_or(&empty, |n| &n.frames);
                 let tid = i64::from(v.who.tid);
-                let mut cats: FxHashMap<(SpanStart, SpanEnd), String> = FxHashMap::default();
+                let thread = JsonText::thread(v.who.pid, tid);
+                let mut cats: FxHashMap<(SpanStart, SpanEnd), JsonText> = FxHashMap::default();
                 // The open calls, and whether the bounded formats have them.
                 let mut nesting: Nesting<bool> = Nesting::new();
                 // The calls the Perfetto writer kept for these formats, or all of them.
@@ -889,12 +891,15 @@ fn write_views(
                                 if !bounded {
                                     return Ok(());
                                 }
-                                let category = cats
-                                    .entry((start, end))
-                                    .or_insert_with(|| span_category(start, end).into_owned());
+                                let category = match cats.entry((start, end)) {
+                                    Entry::Occupied(e) => e.into_mut(),
+                                    Entry::Vacant(e) => {
+                                        e.insert(JsonText::string(&span_category(start, end))?)
+                                    }
+                                };
                                 for &id in frames.chain(frame) {
                                     shown += 1;
-                                    json.call(v, tid, (id, names.get(id)), category, jts, dur)?;
+                                    json.call((id, names.get(id)), category, jts, dur, &thread)?;
                                 }
                             }
                             spill::Edge::End { .. } => {

@@ -62,15 +62,14 @@ impl Json {
     /// categories, not its args: speedscope names a frame by its name and args together,
     /// so args would split one function into several in its Left Heavy and Sandwich views.
     /// (Written by hand, as serde would write an [`Event`]: a call costs a fraction of the
-    /// time; names are escaped once.)
+    /// time; names are escaped once, the category and the thread's ids come written.)
     pub(super) fn call(
         &mut self,
-        v: &ThreadView,
-        tid: i64,
         (id, name): (u32, &str),
-        category: &str,
+        category: &JsonText,
         ts: Ts,
         dur: Ts,
+        thread: &JsonText,
     ) -> std::io::Result<()> {
         if self.n > 0 {
             self.w.write_all(b",\n")?;
@@ -92,7 +91,7 @@ impl Json {
             w.write_all(e)?;
         }
         w.write_all(b",\"cat\":")?;
-        serde_json::to_writer(&mut *w, category).map_err(std::io::Error::other)?;
+        w.write_all(category.0.as_bytes())?;
         w.write_all(b",\"ph\":\"X\",\"ts\":")?;
         let mut num = itoa::Buffer::new();
         for (k, t) in [ts, dur].into_iter().enumerate() {
@@ -104,11 +103,7 @@ impl Json {
                 Ts::F(f) => serde_json::to_writer(&mut *w, &f).map_err(std::io::Error::other)?,
             }
         }
-        w.write_all(b",\"pid\":")?;
-        w.write_all(num.format(v.who.pid).as_bytes())?;
-        w.write_all(b",\"tid\":")?;
-        w.write_all(num.format(tid).as_bytes())?;
-        w.write_all(b"}")
+        w.write_all(thread.0.as_bytes())
     }
 
     pub(super) fn windows_and_gaps(
@@ -208,5 +203,23 @@ impl Json {
         }
         self.w.write_all(b"}\n")?;
         self.w.flush()
+    }
+}
+
+/// Text already written as JSON, for [`Json::call`]: a category (a string) or a call's
+/// tail with the thread's ids ([`JsonText::thread`]).
+pub(super) struct JsonText(String);
+
+impl JsonText {
+    /// `s` as a JSON string.
+    pub(super) fn string(s: &str) -> std::io::Result<JsonText> {
+        serde_json::to_string(s)
+            .map(JsonText)
+            .map_err(std::io::Error::other)
+    }
+
+    /// The end of a call of thread `tid` of process `pid`: its ids, then `}`.
+    pub(super) fn thread(pid: i32, tid: i64) -> JsonText {
+        JsonText(format!(",\"pid\":{pid},\"tid\":{tid}}}"))
     }
 }
