@@ -29,7 +29,8 @@ pub struct Run {
 
 /// Instruction records gathered as [`Run`]s, with each instruction's size. A run ends
 /// after a call, return or jump, before an address that does not follow the last one,
-/// and where the records given end (runs of two calls are never joined).
+/// and where the records given end (the runs of two `add_instructions` calls are never
+/// joined).
 #[derive(Debug, Default, Clone)]
 pub struct Runs {
     pub runs: Vec<Run>,

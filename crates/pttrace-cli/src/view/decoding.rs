@@ -56,6 +56,7 @@ impl Batch {
         }
     }
 
+    /// An empty batch with room for a full one.
     fn new() -> Batch {
         let mut b = Batch::default();
         b.runs.sizes.reserve(BATCH_INSTRUCTIONS + 4096);
