@@ -866,8 +866,6 @@ fn write_views(
                 let tid = i64::from(v.who.tid);
                 let thread = JsonText::thread(v.who.pid, tid);
                 let mut cats: FxHashMap<(SpanStart, SpanEnd), JsonText> = FxHashMap::default();
-                // The open calls, and whether the bounded formats have them.
-                let mut nesting: Nesting<bool> = Nesting::new();
                 // The calls the Perfetto writer kept for these formats, or all of them.
                 let calls = std::sync::Arc::new(match (kept(), &v.spill) {
                     (Some(k), _) => Calls::Kept(k),
@@ -886,11 +884,10 @@ fn write_views(
                                 start,
                                 end,
                             } => {
-                                let bounded = len >= merge_below;
-                                let (jts, dur, _) = nesting.begin(axis, &v.clock, at, len, bounded);
-                                if !bounded {
+                                if len < merge_below {
                                     return Ok(());
                                 }
+                                let (jts, dur) = axis.place(&v.clock, at, at + len);
                                 let category = match cats.entry((start, end)) {
                                     Entry::Occupied(e) => e.into_mut(),
                                     Entry::Vacant(e) => {
@@ -902,9 +899,7 @@ fn write_views(
                                     json.call((id, names.get(id)), category, jts, dur, &thread)?;
                                 }
                             }
-                            spill::Edge::End { .. } => {
-                                nesting.end();
-                            }
+                            spill::Edge::End { .. } => {}
                         }
                         Ok(())
                     })
