@@ -201,6 +201,16 @@ mod tests {
     use super::*;
     use crate::testgen::instruction;
 
+    fn run(first: u64, last: u64, len: u32, last_size: u8, last_class: InsnClass) -> Run {
+        Run {
+            first,
+            last,
+            len,
+            last_size,
+            last_class,
+        }
+    }
+
     /// A run ends after a call, return or jump, before an address that does not follow,
     /// at the first record that is no instruction, and where the records end; each
     /// instruction's size is kept.
@@ -222,13 +232,6 @@ mod tests {
         ];
         let mut runs = Runs::default();
         assert_eq!(runs.add_instructions(&recs), 8);
-        let run = |first, last, len, last_size, last_class| Run {
-            first,
-            last,
-            len,
-            last_size,
-            last_class,
-        };
         assert_eq!(
             runs.runs,
             [
@@ -265,20 +268,8 @@ mod tests {
         let mut b = BlockRuns::default();
         let whole = |b: &mut BlockRuns| b.get(&arena, 0, 3).map(|(r, s)| (r.to_vec(), s.to_vec()));
         let want_runs = vec![
-            Run {
-                first: 0x1000,
-                last: 0x1002,
-                len: 2,
-                last_size: 2,
-                last_class: InsnClass::CondJump,
-            },
-            Run {
-                first: 0x1004,
-                last: 0x1004,
-                len: 1,
-                last_size: 3,
-                last_class: InsnClass::Return,
-            },
+            run(0x1000, 0x1002, 2, 2, InsnClass::CondJump),
+            run(0x1004, 0x1004, 1, 3, InsnClass::Return),
         ];
         assert_eq!(whole(&mut b), Some((want_runs.clone(), vec![2, 2, 3])));
         assert_eq!((b.blocks.len(), b.all.runs.len()), (1, 2));
@@ -289,16 +280,7 @@ mod tests {
         let part = b.get(&arena, 0, 1).map(|(r, s)| (r.to_vec(), s.to_vec()));
         assert_eq!(
             part,
-            Some((
-                vec![Run {
-                    first: 0x1000,
-                    last: 0x1000,
-                    len: 1,
-                    last_size: 2,
-                    last_class: InsnClass::Other,
-                }],
-                vec![2]
-            ))
+            Some((vec![run(0x1000, 0x1000, 1, 2, InsnClass::Other)], vec![2]))
         );
         assert_eq!(whole(&mut b), Some((want_runs.clone(), vec![2, 2, 3])));
         // A syscall marker inside: no runs, and nothing kept of the attempt.
