@@ -612,6 +612,92 @@ fn overflows_equal_libipt_and_stay_fast() {
     for (what, trace, stays_fast) in &cases {
         check(what, trace, *stays_fast);
     }
+    // On CPUs with the overflow errata (SKD010: Kaby Lake; APL11: Alder Lake; APL11 and
+    // APL12: Goldmont) these overflows resolve as written: libipt's look-ahead finds no
+    // erratum, and the fast decoder decodes them itself.
+    let cpu = |model: u8| drpttracer::decode::CpuParams {
+        family: 6,
+        model,
+        ..Default::default()
+    };
+    let on_cpu = |what: &str, trace: &[u8], model: u8| {
+        let mut d = decoder_cpu(trace, &space, DecoderKind::Fast, cpu(model));
+        let f: Vec<Record> = d.by_ref().collect();
+        let l: Vec<Record> = decoder_cpu(trace, &space, DecoderKind::Libipt, cpu(model)).collect();
+        assert!(f == l, "{what}, 6/{model:#x}: {}", first_difference(&f, &l));
+        d.decoded_by()
+    };
+    let records = |trace: &[u8], model: u8| -> Vec<Record> {
+        decoder_cpu(trace, &space, DecoderKind::Libipt, cpu(model)).collect()
+    };
+    for model in [0x8e, 0x97, 0x5c] {
+        for (what, trace, stays_fast) in &cases {
+            let by = on_cpu(what, trace, model);
+            assert_eq!(by.0 == "fast", *stays_fast, "{what}, 6/{model:#x}: {by:?}");
+        }
+    }
+    // APL11 (and SKD010): an OVF, timing packets, then a TIP.PGD: tracing was disabled
+    // (the TIP.PGD is the erratum's): an overflow without IP at the OVF's time, the timing
+    // moved on without events (the CBR's dropped), tracing disabled after the TIP.PGD.
+    // On a CPU without either erratum, libipt's error (a TIP.PGD where an OVF's FUP goes).
+    let extra_pgd = case(&|w| {
+        w.tnt(&t[..2]).ovf().tsc(7000);
+        cbr(w, 30);
+        w.tip_pgd(Some(p.after_call)).tip_pge(p.top).tnt(&t[..1]);
+    });
+    for model in [0x97, 0x8e] {
+        assert_eq!(on_cpu("extra TIP.PGD", &extra_pgd, model), ("fast", None));
+        let recs = records(&extra_pgd, model);
+        let k = recs
+            .iter()
+            .position(|r| matches!(r, Record::Overflow { .. }))
+            .unwrap();
+        assert_eq!(
+            show(&recs[k..k + 3]),
+            [
+                "Overflow { ip: None }".to_string(),
+                "Timestamp { tsc: 7000, perf_time: None }".into(),
+                format!("TraceEnabled {{ ip: {} }}", p.top),
+            ],
+            "6/{model:#x}"
+        );
+    }
+    let (_, by) = fast(&extra_pgd, &space);
+    assert_eq!(by.0, "libipt");
+    // Where the erratum applies, libipt's recovery: SKD010, an OVF without FUP (a PIP
+    // first) before a FUP (tracing was enabled: the FUP that resolves the OVF was lost);
+    // APL12, an OVF with a FUP before a TIP.PGE (tracing was disabled: the FUP is extra).
+    // Each decodes otherwise on a CPU without that erratum (Alder Lake).
+    let lost_fup = case(&|w| {
+        w.tnt(&t[..2]).ovf();
+        w.buf.extend_from_slice(&PIP);
+        w.fup(p.after_call).tnt(&t[..1]);
+    });
+    let extra_fup = case(&|w| {
+        w.tnt(&t[..2])
+            .ovf()
+            .fup(p.after_call)
+            .tip_pge(p.top)
+            .tnt(&t[..1]);
+    });
+    for (what, trace, model, why) in [
+        (
+            "SKD010",
+            &lost_fup,
+            0x8e,
+            "OVF without FUP where erratum SKD010 applies",
+        ),
+        (
+            "APL12",
+            &extra_fup,
+            0x5c,
+            "OVF with FUP where erratum APL12 applies",
+        ),
+    ] {
+        assert_eq!(on_cpu(what, trace, model), ("libipt", Some(why)));
+        on_cpu(what, trace, 0x97);
+        assert!(records(trace, model) != records(trace, 0x97), "{what}");
+    }
     // Resolved disabled by status, PTW, event trace, STOP or another OVF (libipt's FUP
     // search stops at them), then enabled; a TRIG is passed over, as libipt's unknown
     // packet. (A CFE or EVD while tracing is disabled still goes to libipt.)
@@ -2719,4 +2805,73 @@ fn mutated_cyc_traces_give_libipt_records() {
     }
     eprintln!("{fast_kept} of 1500 CYC mutants decoded by the fast decoder itself");
     assert!(fast_kept > 75, "{fast_kept} of 1500 stayed fast");
+}
+
+/// Erratum BDM70 (every Intel core from Broadwell on has it): a PSB+ written while tracing
+/// is disabled may hold a FUP; a TIP.PGE after it says so, and libipt then takes the PSB+
+/// as disabled and its FUP's IP as unseen. The fast decoder does the same itself, at the
+/// start of the trace and at a PSB+ between a disable and an enable. On a CPU without the
+/// erratum the same trace is a TIP.PGE while tracing is enabled: libipt's error, at the
+/// same place in both decoders.
+#[test]
+fn bdm70_psb_fup_before_an_enable_is_decoded_by_the_fast_decoder() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let mut w = PtWriter::new();
+    w.psb().mode64().fup(p.top).psbend();
+    w.tip_pge(p.after_syscall)
+        .tnt(&[true, true, false])
+        .tip_pgd(None);
+    w.psb().mode64().fup(p.nop).psbend();
+    w.tip_pge(p.after_syscall)
+        .tnt(&[false, true, false])
+        .tip_pgd(None);
+    let kaby_lake = drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x8e,
+        ..Default::default()
+    };
+    let mut f = decoder_cpu(&w.buf, &space, DecoderKind::Fast, kaby_lake);
+    let fast: Vec<Record> = f.by_ref().collect();
+    assert_eq!(f.decoded_by(), ("fast", None));
+    let l: Vec<Record> = decoder_cpu(&w.buf, &space, DecoderKind::Libipt, kaby_lake).collect();
+    assert!(fast == l, "{}", first_difference(&fast, &l));
+    let enabled = format!("TraceEnabled {{ ip: {} }}", p.after_syscall);
+    let once = |nop: bool| {
+        let mut v = vec![
+            enabled.clone(),
+            format!("{:#x} Jump", p.after_syscall),
+            format!("{:#x} Call", p.top),
+            format!("{:#x} Other", p.f),
+            format!("{:#x} CondJump", p.f + 2),
+        ];
+        if nop {
+            v.push(format!("{:#x} Other", p.nop));
+        }
+        v.extend([
+            format!("{:#x} Return", p.ret),
+            format!("{:#x} Other", p.top + 5),
+            format!("{:#x} CondJump", p.top + 8),
+            format!("{:#x} FarCall", p.top + 10),
+            format!("Syscall {{ pc: {} }}", p.top + 10),
+            "TraceDisabled { ip: None }".into(),
+        ]);
+        v
+    };
+    let mut expected = vec!["WindowId(1)".to_string()];
+    expected.extend(once(false));
+    expected.extend(once(true));
+    assert_eq!(show(&fast), expected);
+
+    // No erratum: the PSB+ enables tracing at its FUP, the TIP.PGE after it is an error.
+    let mut f = decoder_cpu(&w.buf, &space, DecoderKind::Fast, Default::default());
+    let fast: Vec<Record> = f.by_ref().collect();
+    assert_eq!(f.decoded_by(), ("fast", None));
+    assert!(
+        matches!(fast.get(1), Some(Record::Gap { .. })),
+        "{:?}",
+        show(&fast)
+    );
+    let l = libipt(&w.buf, &space);
+    assert!(fast == l, "{}", first_difference(&fast, &l));
 }

@@ -472,8 +472,10 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 
 /// Corpus cases of what real hardware writes that the fast decoder decodes itself: PTW,
 /// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing, an
-/// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3.
-const FAST_PATTERNS: [&str; 28] = [
+/// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3, a PSB+ FUP
+/// before a TIP.PGE on a CPU with erratum BDM70, an OVF resolved by a TIP.PGD on a CPU
+/// with erratum APL11 or SKD010.
+const FAST_PATTERNS: [&str; 32] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -502,6 +504,10 @@ const FAST_PATTERNS: [&str; 28] = [
     "ovf-timing-fup",
     "mwait-pwre-exstop_ip-ovf",
     "tip_pgd_noip-mov_cr3",
+    "bdm70-psb_fup-tip_pge",
+    "bdm70-tip_pgd-psb_fup-tip_pge",
+    "apl11",
+    "skd010-tip_pgd",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but

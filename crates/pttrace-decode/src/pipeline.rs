@@ -420,7 +420,7 @@ impl<'a> PtDecoder<'a> {
             let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
             f.initial_records = queue.records;
             f.resync = opts.resync_on_error;
-            f.ovf_errata = errata.skd010 || errata.apl11 || errata.apl12;
+            (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
             f.bdm64 = errata.bdm64;
             Box::new(f)
         });

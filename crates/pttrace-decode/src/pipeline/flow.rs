@@ -25,6 +25,7 @@ use std::hash::BuildHasherDefault;
 
 use super::{Item, PtDecoder, Record};
 
+mod ovf_errata;
 mod resync;
 use crate::insn::{AddrHasher, ArenaTied};
 use crate::records::{ExecMode, InsnClass};
@@ -563,8 +564,13 @@ pub(crate) struct FlowState {
     /// Errata the engine checks for.
     bdm70: bool,
     skd022: bool,
-    /// SKD010, APL11 or APL12 (how an overflow resolves): OVF goes to libipt.
-    pub ovf_errata: bool,
+    /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
+    /// erratum applies, the window goes to libipt ([`ovf_errata`]).
+    pub skd010: bool,
+    pub apl12: bool,
+    /// APL11: an OVF followed by a TIP.PGD (timing packets between) resolves disabled
+    /// after it (as with SKD010).
+    pub apl11: bool,
     /// BDM64 (a TSX abort's trace may not match the code): libipt works around what would
     /// be a bad query, so that window goes to libipt.
     pub bdm64: bool,
@@ -711,7 +717,9 @@ impl FlowState {
             read_on: ReadOn::Nothing,
             bdm70,
             skd022,
-            ovf_errata: false,
+            skd010: false,
+            apl12: false,
+            apl11: false,
             initial_records: 0,
             cuts: Vec::new(),
             next_cut: 0,
@@ -1388,17 +1396,17 @@ impl PtDecoder<'_> {
     /// resumes at its IP) or, at an enable, a mode, a power event, a PSB or the end, with
     /// tracing disabled (a TIP.PGE or a PSB+ with a FUP enables it later). The `Overflow`
     /// record has the time before the OVF, as libipt's event. Anything else (pending TNT
-    /// bits, code walked without trace, other packets on the way, the OVF errata) goes to
-    /// libipt.
+    /// bits, code walked without trace, other packets on the way, an OVF erratum that
+    /// applies) goes to libipt.
     fn flow_ovf(&mut self, st: &mut FlowState) -> Result<(), Fallback> {
-        if st.ovf_errata {
-            return Err("OVF on a CPU with OVF errata");
-        }
         if st.tnt_n != 0 || self.queue.pushed != st.committed {
             return Err("OVF with trace or walked code pending");
         }
-        // Where it resolves.
+        // Where it resolves; with erratum APL11 or SKD010, past a TIP.PGD (only timing
+        // packets before it): tracing was disabled there (libipt's recovery).
         let mut p = st.pos;
+        let mut disabled_after = None;
+        let mut unknown = false;
         let fup = loop {
             let Some((pkt, size)) = wire::parse(self.trace, p) else {
                 if p >= self.trace.len() {
@@ -1413,9 +1421,17 @@ impl PtDecoder<'_> {
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
-                | Pkt::Mnt
-                | Pkt::Trig(_) => p += size,
+                | Pkt::Mnt => p += size,
+                Pkt::Trig(_) => {
+                    unknown = true;
+                    p += size;
+                }
                 Pkt::Fup(ip) => break Some((ip, p + size)),
+                // (libipt's errata searches stop at an unknown packet: its error stands.)
+                Pkt::TipPgd(_) if (st.apl11 || st.skd010) && !unknown => {
+                    disabled_after = Some(p + size);
+                    break None;
+                }
                 // (As libipt: an enable, a mode, status, a power event, PTW, event trace
                 // or another OVF first: resolved disabled.)
                 Pkt::TipPge(_)
@@ -1435,12 +1451,32 @@ impl PtDecoder<'_> {
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
+        match fup {
+            None if disabled_after.is_none() && st.skd010 && self.flow_skd010_applies(st.pos) => {
+                return Err("OVF without FUP where erratum SKD010 applies")
+            }
+            Some((_, after)) if st.apl12 && self.flow_apl12_applies(after) => {
+                return Err("OVF with FUP where erratum APL12 applies")
+            }
+            _ => {}
+        }
         st.last_ip.reset();
         st.clock.on_ovf();
         let Some((p, after)) = fup else {
             // (A standalone event, before what follows.)
             self.flow_event(st, Record::Overflow { ip: None });
             st.enabled = false;
+            if let Some(after) = disabled_after {
+                // Tracing goes on disabled after the TIP.PGD, its IP unseen; the timing
+                // packets before it move the time on, their events dropped (libipt's
+                // recovery).
+                while let Some((pkt, size)) =
+                    wire::parse(self.trace, st.pos).filter(|_| st.pos < after)
+                {
+                    st.clock.on_timing(pkt, false, st.clock_cfg)?;
+                    st.pos += size;
+                }
+            }
             return Ok(());
         };
         let ip = st.last_ip.apply(p).ok_or("FUP without IP after OVF")?;
@@ -2151,6 +2187,12 @@ impl PtDecoder<'_> {
             }
             None => {}
         }
+        // Erratum BDM70: a PSB+ FUP followed by a TIP.PGE was written while tracing was
+        // disabled. libipt then takes the PSB+ as disabled, its FUP's IP unseen.
+        if st.bdm70 && fup.is_some() && self.flow_bdm70_applies(st.pos) {
+            fup = None;
+            st.last_ip.reset();
+        }
         // libipt synchronizes at a PSB+ to decode what follows; one it passes (or the
         // one a segment's decoder starts at, which one pass passes) tells it that the
         // trace goes on after the last item.
@@ -2158,9 +2200,6 @@ impl PtDecoder<'_> {
             Some(ip) if !sync || st.at_cut => ReadOn::ToFup(ip),
             _ => ReadOn::Nothing,
         };
-        if st.bdm70 && fup.is_some() && self.flow_bdm70_applies(st.pos) {
-            return Err("erratum BDM70");
-        }
         // The status update events (their time: the PSB+'s).
         self.flow_quiet_event(st);
         if sync {
