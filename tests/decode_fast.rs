@@ -2875,3 +2875,60 @@ fn bdm70_psb_fup_before_an_enable_is_decoded_by_the_fast_decoder() {
     let l = libipt(&w.buf, &space);
     assert!(fast == l, "{}", first_difference(&fast, &l));
 }
+
+/// Erratum SKD022 (Skylake and later): the FUP of an asynchronous disable at a VMLAUNCH or
+/// VMRESUME may be bogus, and libipt takes such a disable as a synchronous one: the VM
+/// entry runs, then tracing is disabled (at the TIP.PGD's IP, if it has one; at the entry
+/// itself when that IP is the entry's, as any disable). The fast decoder does the same
+/// itself; on a CPU without the erratum the entries do not run.
+#[test]
+fn skd022_vm_entry_disables_are_decoded_by_the_fast_decoder() {
+    const AT: u64 = 0xa0_0000;
+    let mut code = vec![0xf4u8; 0x20];
+    code[..4].copy_from_slice(&[0x90, 0x0f, 0x01, 0xc2]); // nop; vmlaunch
+    code[0x10..0x14].copy_from_slice(&[0x90, 0x0f, 0x01, 0xc3]); // nop; vmresume
+    let mut space = AddressSpace::new();
+    space.add_bytes("vmx", code, AT);
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    w.fup(AT + 1).tip_pgd(None);
+    w.tip_pge(AT + 0x10).fup(AT + 0x11).tip_pgd(Some(AT + 0x18));
+    w.tip_pge(AT).fup(AT + 1).tip_pgd(Some(AT + 1));
+    let skylake = drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x5e,
+        ..Default::default()
+    };
+    let mut f = decoder_cpu(&w.buf, &space, DecoderKind::Fast, skylake);
+    let recs: Vec<Record> = f.by_ref().collect();
+    assert_eq!(f.decoded_by(), ("fast", None));
+    let l: Vec<Record> = decoder_cpu(&w.buf, &space, DecoderKind::Libipt, skylake).collect();
+    assert!(recs == l, "{}", first_difference(&recs, &l));
+    assert_eq!(
+        show(&recs)[2..],
+        [
+            format!("{AT:#x} Other"),
+            format!("{:#x} FarReturn", AT + 1),
+            "TraceDisabled { ip: None }".into(),
+            format!("TraceEnabled {{ ip: {} }}", AT + 0x10),
+            format!("{:#x} Other", AT + 0x10),
+            format!("{:#x} FarReturn", AT + 0x11),
+            format!("TraceDisabled {{ ip: Some({}) }}", AT + 0x18),
+            format!("TraceEnabled {{ ip: {AT} }}"),
+            format!("{AT:#x} Other"),
+            format!("TraceDisabled {{ ip: Some({}) }}", AT + 1),
+        ]
+    );
+    // Without the erratum: asynchronous disables, the entries not run.
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    assert!(f == libipt(&w.buf, &space));
+    assert_eq!(
+        show(&f)[2..5],
+        [
+            format!("{AT:#x} Other"),
+            format!("TraceDisabled {{ ip: Some({}) }}", AT + 1),
+            format!("TraceEnabled {{ ip: {} }}", AT + 0x10),
+        ]
+    );
+}

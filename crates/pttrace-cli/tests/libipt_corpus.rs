@@ -474,8 +474,9 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing, an
 /// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3, a PSB+ FUP
 /// before a TIP.PGE on a CPU with erratum BDM70, an OVF resolved by a TIP.PGD on a CPU
-/// with erratum APL11 or SKD010.
-const FAST_PATTERNS: [&str; 32] = [
+/// with erratum APL11 or SKD010, an asynchronous disable at a VM entry on a CPU with
+/// erratum SKD022.
+const FAST_PATTERNS: [&str; 33] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -508,6 +509,7 @@ const FAST_PATTERNS: [&str; 32] = [
     "bdm70-tip_pgd-psb_fup-tip_pge",
     "apl11",
     "skd010-tip_pgd",
+    "skd022",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but

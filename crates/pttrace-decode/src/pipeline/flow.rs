@@ -463,10 +463,12 @@ enum TraceItem {
     Tnt,
     Tip(u64),
     Pgd(Option<u64>),
-    /// FUP `from` + TIP `to` (`Some`) or + TIP.PGD (`None`).
+    /// FUP `from` + TIP `to` (`Some`) or + TIP.PGD (`None`, with its IP `pgd_ip` when it
+    /// has one).
     Async {
         from: u64,
         to: Option<u64>,
+        pgd_ip: Option<u64>,
     },
     Pge(u64),
     /// The FUP an event binds to (EXSTOP with IP): the code runs to its IP and on.
@@ -1291,7 +1293,7 @@ impl PtDecoder<'_> {
                 st.enabled = false;
                 Ok(None)
             }
-            TraceItem::Async { from, to } => {
+            TraceItem::Async { from, to, pgd_ip } => {
                 self.flow_not_walked(st, from)?;
                 let Some(n) = self.flow_event_index(b, from) else {
                     return Err(self.flow_bad_query(
@@ -1307,10 +1309,20 @@ impl PtDecoder<'_> {
                         self.flow_event(st, Record::KernelXfer { from, to: Some(to) });
                         st.cur = self.flow_block(to)?;
                     }
-                    None => {
-                        if st.skd022 && self.flow_is_vmentry(from) {
-                            return Err("erratum SKD022");
+                    // Erratum SKD022: the FUP of an asynchronous disable at a VMLAUNCH or
+                    // VMRESUME may be bogus. libipt then takes it as a synchronous disable
+                    // (at the TIP.PGD's IP): it binds to the VM entry, which runs (unless
+                    // that IP is the entry's own).
+                    None if st.skd022 && pgd_ip != Some(from) && self.flow_is_vmentry(from) => {
+                        if n + 1 != b.len {
+                            return Err("erratum SKD022 at a VM entry that ends no block");
                         }
+                        // (The entry itself, after the code before it.)
+                        self.flow_push(b.start + n, 1);
+                        self.flow_event(st, Record::TraceDisabled { ip: pgd_ip });
+                        st.enabled = false;
+                    }
+                    None => {
                         self.flow_event(st, Record::TraceDisabled { ip: Some(from) });
                         st.enabled = false;
                     }
@@ -1856,12 +1868,17 @@ impl PtDecoder<'_> {
                     return match next {
                         Pkt::Tip(p) => {
                             let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
-                            Ok(TraceItem::Async { from, to: Some(to) })
+                            Ok(TraceItem::Async {
+                                from,
+                                to: Some(to),
+                                pgd_ip: None,
+                            })
                         }
-                        Pkt::TipPgd(p) => {
-                            st.last_ip.apply(p);
-                            Ok(TraceItem::Async { from, to: None })
-                        }
+                        Pkt::TipPgd(p) => Ok(TraceItem::Async {
+                            from,
+                            to: None,
+                            pgd_ip: st.last_ip.apply(p),
+                        }),
                         _ => Err("FUP not followed by TIP or TIP.PGD"),
                     };
                 }
