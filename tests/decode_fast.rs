@@ -700,14 +700,15 @@ fn overflows_equal_libipt_and_stay_fast() {
     }
     // Resolved disabled by status, PTW, event trace, STOP or another OVF (libipt's FUP
     // search stops at them), then enabled; a TRIG is passed over, as libipt's unknown
-    // packet. (A CFE or EVD while tracing is disabled still goes to libipt.)
+    // packet; a CFE while tracing is disabled is an event of its own. (An EVD whose CFE
+    // does not come next goes to libipt.)
     for (name, bytes, stays_fast) in [
         ("PIP", &PIP[..], true),
         ("VMCS", &VMCS[..], true),
         ("PTW", &PTW[..], true),
         ("STOP", &STOP[..], true),
         ("OVF", &[0x02, 0xf3][..], true),
-        ("CFE (SMI)", &[0x02, 0x13, 0x09, 0x00][..], false),
+        ("CFE (VM exit)", &[0x02, 0x13, 0x09, 0x00][..], true),
         (
             "EVD (CR2)",
             &[0x02, 0x53, 0, 0xaa, 0x0b, 0xf0, 0, 0, 0, 0, 0][..],
@@ -1604,7 +1605,10 @@ fn event_trace_interrupts_and_returns_are_followed_by_the_fast_decoder() {
     cfe(&mut w, 1, 14);
     w.fup(AT).tip_pgd(None);
     let (_, by) = fast(&w.buf, &space);
-    assert_eq!(by, ("libipt", Some("evd")));
+    assert_eq!(
+        by,
+        ("libipt", Some("EVD not followed by the CFE of its event"))
+    );
 }
 
 /// A TRIG whose IP bit binds it to the FUP after it: that FUP gives the trigger's IP and
@@ -2931,4 +2935,153 @@ fn skd022_vm_entry_disables_are_decoded_by_the_fast_decoder() {
             format!("TraceEnabled {{ ip: {} }}", AT + 0x10),
         ]
     );
+}
+
+/// Event trace of every kind libipt 2.1.2 knows, as its `ptet-*` tests have them: an SMI
+/// (CFE without IP before the FUP + TIP of its asynchronous branch), the handler's IRETQ
+/// (CFE with IP: the FUP gives the IRETQ's address), a VM exit (two EVDs, CFE, FUP, PIP,
+/// TIP), the VMRESUME back (CFE with IP, FUP, PIP, TIP), a user interrupt and its UIRET, a
+/// shutdown's CFE and one of a type libipt 2.1.2 does not know (no flow), an IRET CFE
+/// whose IRETQ a TIP.PGD follows; then, while tracing is disabled, CFEs of an SMI, an RSM,
+/// an INIT and a SIPI (events of their own). The fast decoder follows all of it itself,
+/// with libipt's records. An EVD that is not the data of the CFE after it goes to libipt.
+#[test]
+fn event_trace_of_every_kind_is_followed_by_the_fast_decoder() {
+    const AT: u64 = 0xb0_0000;
+    let mut code = vec![0xf4u8; 0x40];
+    let mut put = |at: usize, bytes: &[u8]| code[at..at + bytes.len()].copy_from_slice(bytes);
+    // nop; mov rax, [rbx]; cpuid; nop; jmp rax
+    put(
+        0x00,
+        &[0x90, 0x48, 0x8b, 0x03, 0x0f, 0xa2, 0x90, 0xff, 0xe0],
+    );
+    put(0x10, &[0x90, 0x48, 0xcf]); // nop; iretq
+    put(0x20, &[0x90, 0x0f, 0x01, 0xc3]); // nop; vmresume
+    put(0x30, &[0x90, 0xf3, 0x0f, 0x01, 0xec]); // nop; uiret
+    let mut space = AddressSpace::new();
+    space.add_bytes("ptet", code, AT);
+    let cfe = |w: &mut PtWriter, ty: u8, ip: bool, vector: u8| {
+        w.buf
+            .extend_from_slice(&[0x02, 0x13, ty | if ip { 0x80 } else { 0 }, vector]);
+    };
+    let evd = |w: &mut PtWriter, ty: u8, payload: u64| {
+        w.buf.extend_from_slice(&[0x02, 0x53, ty]);
+        w.buf.extend_from_slice(&payload.to_le_bytes());
+    };
+    let pip = |w: &mut PtWriter, cr3_value: u64| {
+        w.buf.extend_from_slice(&[0x02, 0x43]);
+        w.buf
+            .extend_from_slice(&((cr3_value >> 5) << 1).to_le_bytes()[..6]);
+    };
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    // SMI at the load, its handler's IRETQ back to it.
+    cfe(&mut w, 3, false, 0);
+    w.fup(AT + 1).tip(AT + 0x10);
+    cfe(&mut w, 2, true, 0);
+    w.fup(AT + 0x11).tip(AT + 1);
+    // VM exit at the CPUID, VMRESUME back to it.
+    evd(&mut w, 1, 0xf00baa);
+    evd(&mut w, 2, 10);
+    cfe(&mut w, 8, false, 0);
+    w.fup(AT + 4);
+    pip(&mut w, 0xf000);
+    w.tip(AT + 0x20);
+    cfe(&mut w, 7, true, 0);
+    w.fup(AT + 0x21);
+    pip(&mut w, 0xb000);
+    w.tip(AT + 4);
+    // A user interrupt at the JMP, the UIRET back to it.
+    cfe(&mut w, 12, false, 4);
+    w.fup(AT + 7).tip(AT + 0x30);
+    cfe(&mut w, 13, false, 0);
+    w.tip(AT + 7);
+    // A shutdown's CFE and a SWINTR's (unknown to libipt 2.1.2): no flow; the JMP to the
+    // IRETQ, which disables tracing.
+    cfe(&mut w, 10, false, 0);
+    cfe(&mut w, 14, false, 0x80);
+    w.tip(AT + 0x10);
+    cfe(&mut w, 2, false, 0);
+    w.tip_pgd(None);
+    // Disabled: events of their own.
+    cfe(&mut w, 3, false, 0);
+    cfe(&mut w, 4, false, 0);
+    cfe(&mut w, 6, false, 0);
+    cfe(&mut w, 5, false, 0xce);
+    w.tip_pge(AT + 6).tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    let l = libipt(&w.buf, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+    let x = |from: u64, to: u64| {
+        format!(
+            "KernelXfer {{ from: {}, to: Some({}) }}",
+            AT + from,
+            AT + to
+        )
+    };
+    let i = |at: u64, class: &str| format!("{:#x} {class}", AT + at);
+    assert_eq!(
+        show(&f)[2..],
+        [
+            i(0, "Other"),
+            x(1, 0x10),
+            i(0x10, "Other"),
+            i(0x11, "FarReturn"),
+            i(1, "Other"),
+            x(4, 0x20),
+            i(0x20, "Other"),
+            i(0x21, "FarReturn"),
+            i(4, "Other"),
+            i(6, "Other"),
+            x(7, 0x30),
+            i(0x30, "Other"),
+            i(0x31, "FarReturn"),
+            i(7, "Jump"),
+            i(0x10, "Other"),
+            i(0x11, "FarReturn"),
+            "TraceDisabled { ip: None }".into(),
+            format!("TraceEnabled {{ ip: {} }}", AT + 6),
+            i(6, "Other"),
+            i(7, "Jump"),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    // What libipt finds wrong goes to libipt: an EVD (CR2) before an IRET's CFE, a CFE
+    // with IP of an asynchronous event, the IRET CFE at a UIRET.
+    type Writes<'a> = &'a dyn Fn(&mut PtWriter);
+    let wrong: [(Writes, &str); 3] = [
+        (
+            &|w| {
+                evd(w, 0, 0xf00);
+                cfe(w, 2, false, 0);
+                w.tip(AT + 0x10);
+            },
+            "EVD not followed by the CFE of its event",
+        ),
+        (
+            &|w| {
+                cfe(w, 3, true, 0);
+                w.fup(AT + 1).tip(AT + 0x10);
+            },
+            "CFE with IP of an asynchronous event",
+        ),
+        (
+            &|w| {
+                w.tip(AT + 0x30);
+                cfe(w, 2, false, 0);
+                w.tip(AT + 7);
+            },
+            "IRET CFE at a branch that is no far return",
+        ),
+    ];
+    for (write, why) in wrong {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(5), Some(AT + 6));
+        write(&mut w);
+        w.tip_pgd(None);
+        let (f, by) = fast(&w.buf, &space);
+        assert_eq!(by, ("libipt", Some(why)));
+        assert!(f == libipt(&w.buf, &space));
+    }
 }

@@ -25,12 +25,14 @@ use std::hash::BuildHasherDefault;
 
 use super::{Item, PtDecoder, Record};
 
+mod event_trace;
 mod ovf_errata;
 mod resync;
 use crate::insn::{AddrHasher, ArenaTied};
 use crate::records::{ExecMode, InsnClass};
 use crate::timing::{Calibration, Time, TimeCfg, TimeError};
 use crate::wire::{self, LastIp, Pkt};
+use event_trace::CfeRet;
 pub(crate) use resync::FlowError;
 
 /// Which decoder a [`super::PtDecoder`] runs.
@@ -593,8 +595,9 @@ pub(crate) struct FlowState {
     at_cut: bool,
     /// Where the last trace item read ([`PtDecoder::flow_next_item`]) starts.
     item_at: usize,
-    /// A CFE of type IRET was read: the next trace item is the TIP of a far return.
-    cfe_iret: bool,
+    /// A CFE of an IRET, a VM entry or a UIRET was read: the next trace item is the TIP
+    /// or TIP.PGD of that instruction.
+    cfe_ret: Option<CfeRet>,
     /// An MWAIT was read: its EXSTOP comes next.
     mwait: bool,
     /// The queue position when a PIP (`[0]`) or VMCS (`[1]`) last bound to a branch
@@ -728,7 +731,7 @@ impl FlowState {
             resume: None,
             yielded: false,
             at_cut: false,
-            cfe_iret: false,
+            cfe_ret: None,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1030,7 +1033,7 @@ impl PtDecoder<'_> {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         match self.flow_next_item(st)? {
                             TraceItem::Tnt => {}
-                            TraceItem::Tip(_) if st.cfe_iret => {
+                            TraceItem::Tip(_) if st.cfe_ret.is_some() => {
                                 return Err("IRET CFE at a near return")
                             }
                             TraceItem::Tip(ip) => {
@@ -1066,8 +1069,10 @@ impl PtDecoder<'_> {
                     }
                     match self.flow_next_item(st)? {
                         TraceItem::Tip(ip) => {
-                            if std::mem::take(&mut st.cfe_iret) && !self.flow_far_return(b) {
-                                return Err("IRET CFE at a branch that is no far return");
+                            if let Some(c) = st.cfe_ret.take() {
+                                if !self.flow_cfe_ret_at(b, c) {
+                                    return Err("IRET CFE at a branch that is no far return");
+                                }
                             }
                             self.flow_push_block(st, b, b.len);
                             if b.end == End::IndirectCall {
@@ -1284,6 +1289,12 @@ impl PtDecoder<'_> {
                         None => b.len,
                     },
                 };
+                // (After an IRET CFE: the disable binds to that instruction, which runs.)
+                if let Some(c) = st.cfe_ret.take() {
+                    if n != b.len || !self.flow_cfe_ret_at(b, c) {
+                        return Err("IRET CFE at a disable not bound to its instruction");
+                    }
+                }
                 self.flow_push_block(st, b, n);
                 if n == b.len && b.end == End::IndirectCall {
                     // (libipt logs a call's return address as it decodes the call.)
@@ -1314,7 +1325,7 @@ impl PtDecoder<'_> {
                     // (at the TIP.PGD's IP): it binds to the VM entry, which runs (unless
                     // that IP is the entry's own).
                     None if st.skd022 && pgd_ip != Some(from) && self.flow_is_vmentry(from) => {
-                        if n + 1 != b.len {
+                        if n + 1 != b.len || self.flow_mnemonic(from).is_none() {
                             return Err("erratum SKD022 at a VM entry that ends no block");
                         }
                         // (The entry itself, after the code before it.)
@@ -1588,15 +1599,21 @@ impl PtDecoder<'_> {
     }
 
     fn flow_is_vmentry(&self, ip: u64) -> bool {
-        let Ok(space) = self.shared.space.try_borrow() else {
-            return true;
-        };
+        matches!(
+            self.flow_mnemonic(ip),
+            None | Some(iced_x86::Mnemonic::Vmlaunch | iced_x86::Mnemonic::Vmresume)
+        )
+    }
+
+    /// The mnemonic of the 64-bit instruction at `ip` (none: the image is busy).
+    fn flow_mnemonic(&self, ip: u64) -> Option<iced_x86::Mnemonic> {
+        let space = self.shared.space.try_borrow().ok()?;
         let mut buf = [0u8; 15];
         let n = space.read(ip, &mut buf);
-        let i = iced_x86::Decoder::with_ip(64, &buf[..n], ip, 0).decode();
-        matches!(
-            i.mnemonic(),
-            iced_x86::Mnemonic::Vmlaunch | iced_x86::Mnemonic::Vmresume
+        Some(
+            iced_x86::Decoder::with_ip(64, &buf[..n], ip, 0)
+                .decode()
+                .mnemonic(),
         )
     }
 
@@ -1792,12 +1809,18 @@ impl PtDecoder<'_> {
     }
 
     /// Reads packets up to the next trace item (time, CBR, MODE.Exec applied on the way).
-    /// After an IRET CFE only a TIP may come (the far return's target).
+    /// After an IRET CFE only a TIP or TIP.PGD may come (the far return's target), or a
+    /// PIP or VMCS bound to that far return.
     #[inline]
     fn flow_next_item(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
         let item = self.flow_read_item(st)?;
-        if st.cfe_iret && !matches!(item, TraceItem::Tip(_)) {
-            return Err("IRET CFE not followed by a TIP");
+        if st.cfe_ret.is_some()
+            && !matches!(
+                item,
+                TraceItem::Tip(_) | TraceItem::Pgd(_) | TraceItem::Binds(_)
+            )
+        {
+            return Err("IRET CFE not followed by a TIP or TIP.PGD");
         }
         if st.mwait {
             return Err("MWAIT not followed by its EXSTOP");
@@ -1960,31 +1983,15 @@ impl PtDecoder<'_> {
                 st.read_on = ReadOn::Nothing;
                 return Ok(Some(TraceItem::Ovf));
             }
-            // Event trace: EVD is data for the CFE after it. A CFE of an interrupt
-            // (INTR, SWINTR) comes right before the FUP whose TIP or TIP.PGD is the
-            // asynchronous branch, read as usual; an IRET CFE binds the next TIP to
-            // a far return (IRET, ERETU, ERETS). Other events go to libipt.
-            // (A CR2 is a page fault's: it comes with an interrupt's CFE.)
-            Pkt::Evd { ty: 0 } => {
-                if !matches!(
-                    wire::parse(self.trace, st.pos),
-                    Some((Pkt::Cfe { ty: 1, .. }, _))
-                ) {
-                    return Err("EVD (CR2) not followed by an interrupt's CFE");
-                }
+            // Event trace (CFE, with EVDs before it): see `event_trace`.
+            Pkt::Evd { ty } => {
+                st.read_on = ReadOn::Other;
+                self.flow_evds(ty, st.pos)?;
             }
-            Pkt::Evd { .. } => return Err("evd"),
-            Pkt::Cfe { ty: 1 | 14, .. } => {
-                if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
-                    return Err("CFE not followed by its FUP");
-                }
+            Pkt::Cfe { ty, ip } => {
+                st.read_on = ReadOn::Other;
+                self.flow_cfe(st, ty, ip)?;
             }
-            Pkt::Cfe { ty: 2, ip: false } => {
-                if std::mem::replace(&mut st.cfe_iret, true) {
-                    return Err("two IRET CFEs");
-                }
-            }
-            Pkt::Cfe { .. } => return Err("cfe"),
             // Power event trace (Intel SDM): no control flow. PWRE, PWRX and an EXSTOP
             // without IP are events of their own (libipt's standalone events, time
             // only, as a CBR); an MWAIT waits for its EXSTOP; an EXSTOP with IP (and
@@ -2250,12 +2257,6 @@ impl PtDecoder<'_> {
             .iter()
             .rev()
             .find_map(|r| r.as_instruction())
-    }
-
-    /// Whether block `b` ends with a far return (IRET, ERETU, ERETS, SYSRET...).
-    fn flow_far_return(&self, b: FBlock) -> bool {
-        self.flow_last_insn(b)
-            .is_some_and(|i| i.class == InsnClass::FarReturn)
     }
 
     /// Whether `ip` is an instruction walked since the last trace item, or one of block

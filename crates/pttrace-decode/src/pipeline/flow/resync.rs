@@ -87,7 +87,7 @@ impl PtDecoder<'_> {
         st: &mut FlowState,
         b: FBlock,
     ) -> Result<Option<Stop>, Fallback> {
-        if st.tnt_n == 0 && self.flow_nomap_binds(st, b) {
+        if st.tnt_n == 0 && self.flow_nomap_binds(st, b)? {
             let item = self.flow_next_item(st)?;
             return self.flow_item_at(st, b, item);
         }
@@ -105,7 +105,7 @@ impl PtDecoder<'_> {
     /// item binds to an instruction of `b` (or is one the engine leaves to its usual
     /// handling: an OVF, a TIP.PGE, something it does not know): `false` where libipt
     /// fails at the unmapped address first.
-    fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> bool {
+    fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> Result<bool, Fallback> {
         let mut last = st.last_ip;
         let mut p = st.pos;
         // (An event at the address without code binds there: libipt takes it before it
@@ -116,7 +116,7 @@ impl PtDecoder<'_> {
             let (at, next) = packet_past_ptws(self.trace, p);
             p = at;
             let Some((pkt, size)) = next else {
-                return true;
+                return Ok(true);
             };
             match pkt {
                 Pkt::Pad
@@ -128,29 +128,34 @@ impl PtDecoder<'_> {
                 | Pkt::ModeExec { .. }
                 | Pkt::ModeTsx { .. } => p += size,
                 Pkt::Trig(t) if !t.ip => p += size,
+                pkt if super::event_trace::ignored(pkt) => p += size,
+                // (Other event trace: libipt's events before the code; through libipt.)
+                Pkt::Evd { .. } | Pkt::Cfe { .. } => {
+                    return Err("code without an image before event trace")
+                }
                 // (A FUP without IP: libipt's event decoder fails at it, reading ahead
                 // from the last trace item, before the code.)
-                Pkt::Fup(ip) => return last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
+                Pkt::Fup(ip) => return Ok(last.apply(ip).is_none_or(|ip| in_block(Some(ip)))),
                 // (Without IP, one binds to a MOV CR3 before the code ends.)
                 Pkt::TipPgd(ip) => {
-                    return match last.apply(ip) {
+                    return Ok(match last.apply(ip) {
                         Some(ip) => in_block(Some(ip)),
                         None => self
                             .flow_recs(b)
                             .iter()
                             .any(|r| r.as_instruction().is_some_and(super::is_mov_cr3)),
-                    }
+                    })
                 }
                 Pkt::Psb => {
-                    return self
+                    return Ok(self
                         .flow_psb_fup(p)
-                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
+                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip)))
                 }
                 // (A TIP.PGE while tracing is enabled: libipt takes its enable event
                 // before the code at the block's start, and fails there.)
-                Pkt::TipPge(_) => return true,
-                Pkt::Tnt { .. } | Pkt::Tip(_) => return false,
-                _ => return true,
+                Pkt::TipPge(_) => return Ok(true),
+                Pkt::Tnt { .. } | Pkt::Tip(_) => return Ok(false),
+                _ => return Ok(true),
             }
         }
     }
@@ -188,6 +193,7 @@ impl PtDecoder<'_> {
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
                 | Pkt::ModeExec { .. } => p += size,
+                pkt if super::event_trace::ignored(pkt) => p += size,
                 Pkt::ModeTsx { .. } => {
                     tsx = true;
                     p += size;
@@ -233,6 +239,7 @@ impl PtDecoder<'_> {
             match pkt {
                 Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {}
                 Pkt::Fup(_) => {}
+                pkt if super::event_trace::ignored(pkt) => {}
                 Pkt::Tnt { .. } | Pkt::TipPgd(_) => return Some(self.flow_past_pads(p + size)),
                 Pkt::Tip(_) => return Some(p),
                 // (One with a FUP: without, the status differs, libipt's error.)
@@ -445,7 +452,7 @@ impl PtDecoder<'_> {
             q += 2;
         }
         st.clock = st.clock.reset();
-        st.cfe_iret = false;
+        st.cfe_ret = None;
         st.mwait = false;
         st.bound_branch = [None; 2];
         self.flow_sync_at(st, q)
