@@ -475,8 +475,8 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3, a PSB+ FUP
 /// before a TIP.PGE on a CPU with erratum BDM70, an OVF resolved by a TIP.PGD on a CPU
 /// with erratum APL11 or SKD010, an asynchronous disable at a VM entry on a CPU with
-/// erratum SKD022.
-const FAST_PATTERNS: [&str; 33] = [
+/// erratum SKD022, event trace of every kind libipt 2.1.2 knows.
+const FAST_PATTERNS: [&str; 42] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -510,6 +510,15 @@ const FAST_PATTERNS: [&str; 33] = [
     "apl11",
     "skd010-tip_pgd",
     "skd022",
+    "ptet-int-iret",
+    "ptet-int-iret-cpl_0",
+    "ptet-int-iret-cpl_3",
+    "ptet-smi-rsm",
+    "ptet-init-sipi",
+    "ptet-uint-uiret",
+    "ptet-vmexit-vmentry",
+    "ptet-vmexit-vmentry-root",
+    "ptet-vmexit-vmentry-nonroot",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but
