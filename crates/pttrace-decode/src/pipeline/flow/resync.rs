@@ -104,19 +104,23 @@ impl PtDecoder<'_> {
     /// Whether the trace after the block ending at unmapped code `b` ends, or its next
     /// item binds to an instruction of `b` (or is one the engine leaves to its usual
     /// handling: an OVF, a TIP.PGE, something it does not know): `false` where libipt
-    /// fails at the unmapped address first.
+    /// fails at the unmapped address first. Event trace before that item binds where the
+    /// item says; where libipt fails at the code first, its events come before the
+    /// failure: that goes to libipt.
     fn flow_nomap_binds(&self, st: &FlowState, b: FBlock) -> Result<bool, Fallback> {
+        const EVENTS: Fallback = "code without an image before event trace";
         let mut last = st.last_ip;
         let mut p = st.pos;
+        let mut events = false;
         // (An event at the address without code binds there: libipt takes it before it
         // reads the code.)
         let in_block =
             |ip: Option<u64>| ip.is_some_and(|ip| self.flow_event_index(b, ip).is_some());
-        loop {
+        let binds = loop {
             let (at, next) = packet_past_ptws(self.trace, p);
             p = at;
             let Some((pkt, size)) = next else {
-                return Ok(true);
+                break true;
             };
             match pkt {
                 Pkt::Pad
@@ -129,35 +133,40 @@ impl PtDecoder<'_> {
                 | Pkt::ModeTsx { .. } => p += size,
                 Pkt::Trig(t) if !t.ip => p += size,
                 pkt if super::event_trace::ignored(pkt) => p += size,
-                // (Other event trace: libipt's events before the code; through libipt.)
-                Pkt::Evd { .. } | Pkt::Cfe { .. } => {
-                    return Err("code without an image before event trace")
+                Pkt::Evd { .. } | Pkt::Cfe { ip: false, .. } => {
+                    events = true;
+                    p += size;
                 }
+                Pkt::Cfe { ip: true, .. } => return Err(EVENTS),
                 // (A FUP without IP: libipt's event decoder fails at it, reading ahead
                 // from the last trace item, before the code.)
-                Pkt::Fup(ip) => return Ok(last.apply(ip).is_none_or(|ip| in_block(Some(ip)))),
+                Pkt::Fup(ip) => break last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
                 // (Without IP, one binds to a MOV CR3 before the code ends.)
                 Pkt::TipPgd(ip) => {
-                    return Ok(match last.apply(ip) {
+                    break match last.apply(ip) {
                         Some(ip) => in_block(Some(ip)),
                         None => self
                             .flow_recs(b)
                             .iter()
                             .any(|r| r.as_instruction().is_some_and(super::is_mov_cr3)),
-                    })
+                    }
                 }
                 Pkt::Psb => {
-                    return Ok(self
+                    break self
                         .flow_psb_fup(p)
-                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip)))
+                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
                 }
                 // (A TIP.PGE while tracing is enabled: libipt takes its enable event
                 // before the code at the block's start, and fails there.)
-                Pkt::TipPge(_) => return Ok(true),
-                Pkt::Tnt { .. } | Pkt::Tip(_) => return Ok(false),
-                _ => return Ok(true),
+                Pkt::TipPge(_) => break true,
+                Pkt::Tnt { .. } | Pkt::Tip(_) => break false,
+                _ => break true,
             }
+        };
+        if !binds && events {
+            return Err(EVENTS);
         }
+        Ok(binds)
     }
 
     /// The FUP IP of the PSB+ at `p`.
