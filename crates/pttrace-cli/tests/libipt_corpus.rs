@@ -473,10 +473,10 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// Corpus cases of what real hardware writes that the fast decoder decodes itself: PTW,
 /// PIP and VMCS outside a PSB+, MODE.Exec while tracing, MNT, STOP, an OVF with timing, an
 /// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3, a PSB+ FUP
-/// before a TIP.PGE on a CPU with erratum BDM70, an OVF resolved by a TIP.PGD on a CPU
-/// with erratum APL11 or SKD010, an asynchronous disable at a VM entry on a CPU with
+/// before a TIP.PGE on a CPU with erratum BDM70, OVFs on CPUs with errata SKD010, APL11
+/// or APL12 (libipt's recoveries), an asynchronous disable at a VM entry on a CPU with
 /// erratum SKD022, event trace of every kind libipt 2.1.2 knows.
-const FAST_PATTERNS: [&str; 42] = [
+const FAST_PATTERNS: [&str; 47] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -509,6 +509,11 @@ const FAST_PATTERNS: [&str; 42] = [
     "bdm70-tip_pgd-psb_fup-tip_pge",
     "apl11",
     "skd010-tip_pgd",
+    "skd010-tip",
+    "skd010-psb",
+    "skd010-mode_tsx-fup",
+    "apl12-psb",
+    "apl12-tip_pge",
     "skd022",
     "ptet-int-iret",
     "ptet-int-iret-cpl_0",

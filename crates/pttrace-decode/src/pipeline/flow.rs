@@ -1455,6 +1455,8 @@ impl PtDecoder<'_> {
                     disabled_after = Some(p + size);
                     break None;
                 }
+                // (SKD010: the FUP was lost, tracing resumes at the TIP.)
+                Pkt::Tip(_) if st.skd010 && !unknown => break None,
                 // (As libipt: an enable, a mode, status, a power event, PTW, event trace
                 // or another OVF first: resolved disabled.)
                 Pkt::TipPge(_)
@@ -1474,17 +1476,45 @@ impl PtDecoder<'_> {
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
-        match fup {
-            None if disabled_after.is_none() && st.skd010 && self.flow_skd010_applies(st.pos) => {
-                return Err("OVF without FUP where erratum SKD010 applies")
-            }
-            Some((_, after)) if st.apl12 && self.flow_apl12_applies(after) => {
-                return Err("OVF with FUP where erratum APL12 applies")
-            }
-            _ => {}
-        }
+        let skd010 = match fup {
+            None if disabled_after.is_none() && st.skd010 => self.flow_skd010(st.pos),
+            _ => ovf_errata::Skd010::AsWritten,
+        };
+        let apl12 = matches!(fup, Some((_, after)) if st.apl12 && self.flow_apl12_applies(after));
         st.last_ip.reset();
         st.clock.on_ovf();
+        match skd010 {
+            ovf_errata::Skd010::AsWritten => {}
+            ovf_errata::Skd010::Unsure => {
+                return Err("OVF without FUP where erratum SKD010 applies")
+            }
+            // Tracing was enabled, the OVF's FUP lost: libipt resumes at the next IP
+            // the trace gives (a FUP, a TIP, a PSB+'s FUP), the overflow at the OVF's
+            // time, the timing packets on the way applied without their events.
+            ovf_errata::Skd010::Resume {
+                ip,
+                last,
+                silent_until,
+                read_from,
+            } => {
+                let at_ovf = st.clock.now();
+                self.flow_time_silently(st, silent_until)?;
+                self.flow_event_at(st, at_ovf, Record::Overflow { ip: Some(ip) });
+                st.last_ip = last;
+                st.pos = read_from;
+                st.enabled = true;
+                st.cur = self.flow_block(ip)?;
+                return Ok(());
+            }
+        }
+        if let (true, Some((_, after))) = (apl12, fup) {
+            // APL12: the FUP is extra, tracing disabled. libipt resumes after it, the
+            // timing packets up to it applied (no events), the overflow at that time.
+            self.flow_time_silently(st, after)?;
+            self.flow_event(st, Record::Overflow { ip: None });
+            st.enabled = false;
+            return Ok(());
+        }
         let Some((p, after)) = fup else {
             // (A standalone event, before what follows.)
             self.flow_event(st, Record::Overflow { ip: None });
@@ -1493,12 +1523,7 @@ impl PtDecoder<'_> {
                 // Tracing goes on disabled after the TIP.PGD, its IP unseen; the timing
                 // packets before it move the time on, their events dropped (libipt's
                 // recovery).
-                while let Some((pkt, size)) =
-                    wire::parse(self.trace, st.pos).filter(|_| st.pos < after)
-                {
-                    st.clock.on_timing(pkt, false, st.clock_cfg)?;
-                    st.pos += size;
-                }
+                self.flow_time_silently(st, after)?;
             }
             return Ok(());
         };
@@ -1517,6 +1542,16 @@ impl PtDecoder<'_> {
         // (Whether tracing was enabled before or not.)
         st.enabled = true;
         st.cur = self.flow_block(ip)?;
+        Ok(())
+    }
+
+    /// Reads the packets up to `to`: the timing ones move the clock on, without the events
+    /// they make otherwise (libipt's errata recoveries skip them so).
+    fn flow_time_silently(&mut self, st: &mut FlowState, to: usize) -> Result<(), Fallback> {
+        while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < to) {
+            st.clock.on_timing(pkt, false, st.clock_cfg)?;
+            st.pos += size;
+        }
         Ok(())
     }
 

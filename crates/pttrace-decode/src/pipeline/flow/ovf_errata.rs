@@ -1,19 +1,37 @@
-//! The overflow errata libipt 2.1.2 works around, and whether one would change how an
-//! OVF resolves. Where it would not, the fast decoder resolves the OVF itself; where it
-//! would, or where it cannot tell, the window goes to libipt.
+//! The overflow errata libipt 2.1.2 works around, read as libipt reads them.
 //!
 //! - SKD010 (Skylake to Coffee Lake clients): the FUP that resolves an OVF while tracing
-//!   is enabled may be lost. libipt then looks past the OVF for a sign that tracing is
-//!   in fact enabled (a FUP, TIP, TIP.PGD, TNT, or a PSB+ with a FUP) and resumes there.
+//!   is enabled may be lost. libipt looks past an OVF no FUP resolves for a sign that
+//!   tracing is in fact enabled (a FUP, a TIP, a PSB+ with a FUP; a TIP.PGD says it was
+//!   disabled there) and resumes there ([`Skd010`]).
 //! - APL12 (Goldmont): an OVF that resolves while tracing is disabled may still be
 //!   followed by a FUP. libipt looks past that FUP for a sign that tracing is disabled
-//!   (a TIP.PGE, STOP, or a PSB+ without a FUP) and then drops it.
-//! - APL11 (Goldmont to Raptor Lake): an extra TIP.PGD after an OVF. libipt handles it
-//!   where its search for the OVF's FUP meets a packet that needs tracing enabled, which
-//!   the fast decoder leaves to libipt in any case.
+//!   (a TIP.PGE, STOP, or a PSB+ without a FUP) and then resumes after the FUP, disabled.
+//! - APL11 (Goldmont to Raptor Lake): an extra TIP.PGD after an OVF; libipt resumes after
+//!   it, disabled.
+//!
+//! Where libipt finds the erratum does not apply, the OVF resolves as on any CPU. What
+//! the fast decoder cannot tell goes to libipt.
 
 use super::PtDecoder;
-use crate::wire::{self, Pkt};
+use crate::wire::{self, IpPayload, LastIp, Pkt};
+
+/// What libipt's look-ahead for erratum SKD010 finds after an OVF no FUP resolves.
+pub(super) enum Skd010 {
+    /// Tracing disabled, or no way to recover: the OVF resolves as written.
+    AsWritten,
+    /// Tracing was enabled: libipt resumes at `ip` (the last IP then `last`), the timing
+    /// packets up to `silent_until` applied without their events, reading on from
+    /// `read_from`.
+    Resume {
+        ip: u64,
+        last: LastIp,
+        silent_until: usize,
+        read_from: usize,
+    },
+    /// What the fast decoder leaves to libipt.
+    Unsure,
+}
 
 /// What libipt's look-ahead concludes.
 #[derive(Debug, PartialEq, Eq)]
@@ -26,7 +44,7 @@ enum Seen {
 
 /// What a PSB+ holds, to libipt's search for its FUP.
 enum Header {
-    Fup,
+    Fup(IpPayload),
     NoFup,
     /// The trace ends first.
     End,
@@ -35,37 +53,85 @@ enum Header {
 }
 
 impl PtDecoder<'_> {
-    /// SKD010 at an OVF at `pos` (just past it) that no FUP resolves: whether libipt finds
-    /// tracing enabled after all.
-    pub(super) fn flow_skd010_applies(&self, mut pos: usize) -> bool {
-        let mut tsx = false;
+    /// SKD010 at an OVF at `pos` (just past it) that no FUP resolves: what libipt's
+    /// look-ahead finds.
+    pub(super) fn flow_skd010(&self, mut pos: usize) -> Skd010 {
+        // (A MODE.TSX: where it lies; a second one says tracing is disabled.)
+        let mut tsx: Option<usize> = None;
+        let mut last = LastIp::default();
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, pos) else {
                 // (The end of the trace: libipt takes it as written.)
-                return pos < self.trace.len();
+                return if pos < self.trace.len() {
+                    Skd010::Unsure
+                } else {
+                    Skd010::AsWritten
+                };
             };
+            let at = pos;
             pos += size;
-            let seen = match pkt {
-                Pkt::TipPge(_) | Pkt::Ovf | Pkt::Stop => Seen::AsWritten,
-                Pkt::TipPgd(_) | Pkt::Fup(_) | Pkt::Tip(_) | Pkt::Psbend => Seen::Applies,
-                // (TNT bits: applies, but libipt cannot recover, so goes on as written.)
-                Pkt::Tnt { .. } => Seen::AsWritten,
-                Pkt::ModeTsx { .. } if tsx => Seen::AsWritten,
-                Pkt::ModeTsx { .. } => {
-                    tsx = true;
-                    continue;
+            match pkt {
+                Pkt::TipPge(_) | Pkt::Ovf | Pkt::Stop => return Skd010::AsWritten,
+                // (TNT bits: it applies, but libipt cannot recover, so goes on as
+                // written.)
+                Pkt::Tnt { .. } => return Skd010::AsWritten,
+                Pkt::ModeTsx { .. } if tsx.is_some() => return Skd010::AsWritten,
+                // (An abort's binds its FUP as a begin's does, for libipt here: not as
+                // the fast decoder reads it.)
+                Pkt::ModeTsx { abort: true } => return Skd010::Unsure,
+                Pkt::ModeTsx { abort: false } => tsx = Some(at),
+                // Tracing was enabled: the FUP binds to the MODE.TSX before it, or
+                // starts an asynchronous branch (read again); the TIP is read past.
+                Pkt::Fup(p) => {
+                    let Some(ip) = last.apply(p) else {
+                        return Skd010::Unsure;
+                    };
+                    let read_from = match tsx {
+                        None => at,
+                        // (The packets between are read again: timing only.)
+                        Some(t) if self.flow_only_time_between(t, at) => t,
+                        Some(_) => return Skd010::Unsure,
+                    };
+                    return Skd010::Resume {
+                        ip,
+                        last,
+                        silent_until: read_from,
+                        read_from,
+                    };
                 }
-                Pkt::Psb => match self.flow_header_fup(pos) {
-                    Header::NoFup | Header::End => Seen::AsWritten,
-                    Header::Fup | Header::Bad => Seen::Applies,
-                },
+                Pkt::Tip(p) if tsx.is_none() => {
+                    let Some(ip) = last.apply(p) else {
+                        return Skd010::Unsure;
+                    };
+                    return Skd010::Resume {
+                        ip,
+                        last,
+                        silent_until: at,
+                        read_from: pos,
+                    };
+                }
+                Pkt::Psb if tsx.is_none() => {
+                    return match self.flow_header_fup(pos) {
+                        Header::NoFup | Header::End => Skd010::AsWritten,
+                        Header::Fup(p) => match last.apply(p) {
+                            Some(ip) => Skd010::Resume {
+                                ip,
+                                last,
+                                silent_until: at,
+                                read_from: at,
+                            },
+                            None => Skd010::Unsure,
+                        },
+                        Header::Bad => Skd010::Unsure,
+                    }
+                }
                 // Bound to a FUP after them, a TRIG (libipt's unknown packet): libipt
                 // stops looking.
                 Pkt::Exstop { ip: true }
                 | Pkt::Mwait
                 | Pkt::Ptw { ip: true }
                 | Pkt::Cfe { ip: true, .. }
-                | Pkt::Trig(_) => Seen::AsWritten,
+                | Pkt::Trig(_) => return Skd010::AsWritten,
                 Pkt::Pad
                 | Pkt::Mnt
                 | Pkt::Power
@@ -80,11 +146,33 @@ impl PtDecoder<'_> {
                 | Pkt::Cbr(_)
                 | Pkt::Tma { .. }
                 | Pkt::Mtc(_)
-                | Pkt::Cyc(_) => continue,
-                _ => Seen::Applies,
-            };
-            return seen == Seen::Applies;
+                | Pkt::Cyc(_) => {}
+                _ => return Skd010::Unsure,
+            }
         }
+    }
+
+    /// Whether the packets from `from` up to `to` are PADs and timing packets without
+    /// events (no CBR).
+    fn flow_only_time_between(&self, mut from: usize, to: usize) -> bool {
+        // (Past the MODE.TSX at `from`.)
+        let mut first = true;
+        while from < to {
+            let Some((pkt, size)) = wire::parse(self.trace, from) else {
+                return false;
+            };
+            if !first
+                && !matches!(
+                    pkt,
+                    Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_)
+                )
+            {
+                return false;
+            }
+            first = false;
+            from += size;
+        }
+        true
     }
 
     /// APL12 at the FUP that resolves an OVF, `pos` just past that FUP: whether libipt
@@ -104,7 +192,7 @@ impl PtDecoder<'_> {
                 | Pkt::Trig(_) => Seen::AsWritten,
                 Pkt::Stop | Pkt::TipPge(_) => Seen::Applies,
                 Pkt::Psb => match self.flow_header_fup(pos) {
-                    Header::Fup | Header::End => Seen::AsWritten,
+                    Header::Fup(_) | Header::End => Seen::AsWritten,
                     Header::NoFup | Header::Bad => Seen::Applies,
                 },
                 Pkt::Pad
@@ -144,7 +232,7 @@ impl PtDecoder<'_> {
             };
             pos += size;
             match pkt {
-                Pkt::Fup(_) => return Header::Fup,
+                Pkt::Fup(p) => return Header::Fup(p),
                 Pkt::Psbend | Pkt::Ovf => return Header::NoFup,
                 Pkt::ModeExec { .. }
                 | Pkt::ModeTsx { .. }
