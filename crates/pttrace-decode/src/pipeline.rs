@@ -407,10 +407,19 @@ impl<'a> PtDecoder<'a> {
         if let Some(c) = opts.cpu {
             queue.push_back(Item::rec(Record::Cpu(c)));
         }
+        // What the fast decoder does not read: such a window is libipt's from its start.
+        let not_fast = if opts.decoder != DecoderKind::Fast || state != State::Start {
+            None
+        } else if !events.is_empty() {
+            Some("images that change during the window (sideband)")
+        } else if params.filter.ranges.iter().any(|r| r.0 != 0) {
+            Some("IP filtering (address ranges)")
+        } else {
+            None
+        };
         let flow = (opts.decoder == DecoderKind::Fast
             && state == State::Start
-            && events.is_empty()
-            && params.filter.ranges.iter().all(|r| r.0 == 0))
+            && not_fast.is_none())
         .then(|| {
             // (libipt 2.1.2's decoder never arms the SKL168 check.)
             let clock = crate::timing::TimeCfg {
@@ -459,7 +468,7 @@ impl<'a> PtDecoder<'a> {
             trace_has_tsc,
             pt_len,
             flow,
-            fallback: None,
+            fallback: not_fast,
             stop_at_unknown_branch: false,
             skip: 0,
             flow_done: false,
