@@ -417,22 +417,21 @@ impl<'a> PtDecoder<'a> {
         } else {
             None
         };
-        let flow = (opts.decoder == DecoderKind::Fast
-            && state == State::Start
-            && not_fast.is_none())
-        .then(|| {
-            // (libipt 2.1.2's decoder never arms the SKL168 check.)
-            let clock = crate::timing::TimeCfg {
-                skl168: false,
-                ..crate::timing::TimeCfg::of(&params.cpu, &errata)
-            };
-            let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
-            f.initial_records = queue.records;
-            f.resync = opts.resync_on_error;
-            (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
-            f.bdm64 = errata.bdm64;
-            Box::new(f)
-        });
+        let flow =
+            (opts.decoder == DecoderKind::Fast && state == State::Start && not_fast.is_none())
+                .then(|| {
+                    // (libipt 2.1.2's decoder never arms the SKL168 check.)
+                    let clock = crate::timing::TimeCfg {
+                        skl168: false,
+                        ..crate::timing::TimeCfg::of(&params.cpu, &errata)
+                    };
+                    let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
+                    f.initial_records = queue.records;
+                    f.resync = opts.resync_on_error;
+                    (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
+                    f.bdm64 = errata.bdm64;
+                    Box::new(f)
+                });
         Ok(PtDecoder {
             dec,
             trace: pt,
