@@ -3049,6 +3049,29 @@ fn event_trace_of_every_kind_is_followed_by_the_fast_decoder() {
             "TraceDisabled { ip: None }".into(),
         ]
     );
+    // Timing packets between a CFE and its FUP, as real hardware writes them: read as
+    // usual (their timestamps where libipt has them).
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    cfe(&mut w, 3, false, 0);
+    w.tsc(20);
+    w.fup(AT + 1).tip(AT + 0x10);
+    cfe(&mut w, 2, true, 0);
+    w.tsc(30);
+    w.fup(AT + 0x11).tip(AT + 1).tip_pgd(None);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    let l = libipt(&w.buf, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+    assert_eq!(
+        f.iter()
+            .filter_map(|r| match r {
+                Record::Timestamp { tsc, .. } => Some(*tsc),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+        [5, 20, 30]
+    );
     // What libipt finds wrong goes to libipt: an EVD (CR2) before an IRET's CFE, a CFE
     // with IP of an asynchronous event, the IRET CFE at a UIRET.
     type Writes<'a> = &'a dyn Fn(&mut PtWriter);

@@ -465,12 +465,11 @@ enum TraceItem {
     Tnt,
     Tip(u64),
     Pgd(Option<u64>),
-    /// FUP `from` + TIP `to` (`Some`) or + TIP.PGD (`None`, with its IP `pgd_ip` when it
-    /// has one).
+    /// FUP `from` + TIP `to` (`Some`) or + TIP.PGD (`None`, its IP in
+    /// [`FlowState::pgd_ip`]).
     Async {
         from: u64,
         to: Option<u64>,
-        pgd_ip: Option<u64>,
     },
     Pge(u64),
     /// The FUP an event binds to (EXSTOP with IP): the code runs to its IP and on.
@@ -568,13 +567,6 @@ pub(crate) struct FlowState {
     /// Errata the engine checks for.
     bdm70: bool,
     skd022: bool,
-    /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
-    /// erratum applies, the window goes to libipt ([`ovf_errata`]).
-    pub skd010: bool,
-    pub apl12: bool,
-    /// APL11: an OVF followed by a TIP.PGD (timing packets between) resolves disabled
-    /// after it (as with SKD010).
-    pub apl11: bool,
     /// BDM64 (a TSX abort's trace may not match the code): libipt works around what would
     /// be a bad query, so that window goes to libipt.
     pub bdm64: bool,
@@ -595,9 +587,6 @@ pub(crate) struct FlowState {
     at_cut: bool,
     /// Where the last trace item read ([`PtDecoder::flow_next_item`]) starts.
     item_at: usize,
-    /// A CFE of an IRET, a VM entry or a UIRET was read: the next trace item is the TIP
-    /// or TIP.PGD of that instruction.
-    cfe_ret: Option<CfeRet>,
     /// An MWAIT was read: its EXSTOP comes next.
     mwait: bool,
     /// The queue position when a PIP (`[0]`) or VMCS (`[1]`) last bound to a branch
@@ -612,6 +601,18 @@ pub(crate) struct FlowState {
     resynced: bool,
     /// The PSB a resynchronization at the next PSB tried last.
     psb_tried: Option<usize>,
+    /// A CFE of an IRET, a VM entry or a UIRET was read: the next trace item is the TIP
+    /// or TIP.PGD of that instruction.
+    cfe_ret: Option<CfeRet>,
+    /// The IP of the TIP.PGD of the last asynchronous disable read (none: suppressed).
+    pgd_ip: Option<u64>,
+    /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
+    /// erratum applies, the window goes to libipt ([`ovf_errata`]).
+    pub skd010: bool,
+    pub apl12: bool,
+    /// APL11: an OVF followed by a TIP.PGD (timing packets between) resolves disabled
+    /// after it (as with SKD010).
+    pub apl11: bool,
 }
 
 /// Where a decoder of part of a trace stopped (parallel decode): the engine's state right
@@ -732,6 +733,7 @@ impl FlowState {
             yielded: false,
             at_cut: false,
             cfe_ret: None,
+            pgd_ip: None,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1069,10 +1071,8 @@ impl PtDecoder<'_> {
                     }
                     match self.flow_next_item(st)? {
                         TraceItem::Tip(ip) => {
-                            if let Some(c) = st.cfe_ret.take() {
-                                if !self.flow_cfe_ret_at(b, c) {
-                                    return Err("IRET CFE at a branch that is no far return");
-                                }
+                            if st.cfe_ret.is_some() {
+                                self.flow_cfe_ret_tip(st, b)?;
                             }
                             self.flow_push_block(st, b, b.len);
                             if b.end == End::IndirectCall {
@@ -1304,7 +1304,8 @@ impl PtDecoder<'_> {
                 st.enabled = false;
                 Ok(None)
             }
-            TraceItem::Async { from, to, pgd_ip } => {
+            TraceItem::Async { from, to } => {
+                let pgd_ip = st.pgd_ip;
                 self.flow_not_walked(st, from)?;
                 let Some(n) = self.flow_event_index(b, from) else {
                     return Err(self.flow_bad_query(
@@ -1926,17 +1927,12 @@ impl PtDecoder<'_> {
                     return match next {
                         Pkt::Tip(p) => {
                             let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
-                            Ok(TraceItem::Async {
-                                from,
-                                to: Some(to),
-                                pgd_ip: None,
-                            })
+                            Ok(TraceItem::Async { from, to: Some(to) })
                         }
-                        Pkt::TipPgd(p) => Ok(TraceItem::Async {
-                            from,
-                            to: None,
-                            pgd_ip: st.last_ip.apply(p),
-                        }),
+                        Pkt::TipPgd(p) => {
+                            st.pgd_ip = st.last_ip.apply(p);
+                            Ok(TraceItem::Async { from, to: None })
+                        }
                         _ => Err("FUP not followed by TIP or TIP.PGD"),
                     };
                 }

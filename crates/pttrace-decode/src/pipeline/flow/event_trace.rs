@@ -176,23 +176,46 @@ impl PtDecoder<'_> {
                 Ok(())
             }
             (IRET | VMENTRY | UIRET, true) => {
-                let Some((Pkt::Fup(p), size)) = wire::parse(self.trace, st.pos) else {
-                    return Err("CFE not followed by its FUP");
-                };
-                st.pos += size;
-                let at = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                // (PADs and timing packets before that FUP, as real hardware writes.)
+                let end = "CFE at the end of the trace";
+                let at = Self::flow_bound_fup(self.trace, st, end, "CFE not followed by its FUP")?;
                 st.cfe_ret = Some(CfeRet { ty, at: Some(at) });
                 Ok(())
             }
             (_, false) => {
-                // The event of the asynchronous branch the FUP after it starts.
-                if matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
-                    Ok(())
-                } else {
-                    Err("CFE not followed by its FUP")
+                // The event of the asynchronous branch the FUP after it starts (PADs and
+                // timing packets between, read as usual).
+                let mut p = st.pos;
+                loop {
+                    match wire::parse(self.trace, p) {
+                        Some((
+                            Pkt::Pad
+                            | Pkt::Tsc(_)
+                            | Pkt::Mtc(_)
+                            | Pkt::Tma { .. }
+                            | Pkt::Cyc(_)
+                            | Pkt::Cbr(_),
+                            size,
+                        )) => p += size,
+                        Some((Pkt::Fup(_), _)) => return Ok(()),
+                        _ => return Err("CFE not followed by its FUP"),
+                    }
                 }
             }
             (_, true) => Err("CFE with IP of an asynchronous event"),
+        }
+    }
+
+    /// The TIP after the IRET CFE waiting in `st` resolves block `b`'s branch: it must be
+    /// that CFE's instruction.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_cfe_ret_tip(&self, st: &mut FlowState, b: FBlock) -> Result<(), Fallback> {
+        match st.cfe_ret.take() {
+            Some(c) if !self.flow_cfe_ret_at(b, c) => {
+                Err("IRET CFE at a branch that is no far return")
+            }
+            _ => Ok(()),
         }
     }
 
