@@ -612,6 +612,22 @@ fn overflows_equal_libipt_and_stay_fast() {
     for (what, trace, stays_fast) in &cases {
         check(what, trace, *stays_fast);
     }
+    // An OVF that ends the PSB+ the decoder synchronizes at (no PSBEND): the PSB+'s status,
+    // then the overflow, resolved at a FUP or disabled.
+    let mut at_fup = PtWriter::new();
+    at_fup.psb().tsc(1000).mode64().fup(p.top).ovf();
+    at_fup.fup(p.after_call).tnt(&t[..1]);
+    let mut disabled = PtWriter::new();
+    disabled.psb().tsc(1000).mode64().fup(p.top).ovf();
+    disabled.mode64().tip_pge(p.top).tnt(&t[..1]);
+    for (what, w, ip) in [
+        ("PSB+ ended by an OVF, FUP", &at_fup, Some(p.after_call)),
+        ("PSB+ ended by an OVF, TIP.PGE", &disabled, None),
+    ] {
+        check(what, &w.buf, true);
+        let (f, _) = fast(&w.buf, &space);
+        assert!(f.contains(&Record::Overflow { ip }), "{what}");
+    }
     // On CPUs with the overflow errata (SKD010: Kaby Lake; APL11: Alder Lake; APL11 and
     // APL12: Goldmont) these overflows resolve as written: libipt's look-ahead finds no
     // erratum, and the fast decoder decodes them itself.

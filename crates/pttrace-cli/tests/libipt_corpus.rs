@@ -475,8 +475,9 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// EXSTOP with IP cut off by an OVF, a TIP.PGD without IP after MOV CR3, a PSB+ FUP
 /// before a TIP.PGE on a CPU with erratum BDM70, OVFs on CPUs with errata SKD010, APL11
 /// or APL12 (libipt's recoveries), an asynchronous disable at a VM entry on a CPU with
-/// erratum SKD022, event trace of every kind libipt 2.1.2 knows.
-const FAST_PATTERNS: [&str; 47] = [
+/// erratum SKD022, event trace of every kind libipt 2.1.2 knows, an OVF that ends the
+/// PSB+ of the synchronization.
+const FAST_PATTERNS: [&str; 49] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -514,6 +515,8 @@ const FAST_PATTERNS: [&str; 47] = [
     "skd010-mode_tsx-fup",
     "apl12-psb",
     "apl12-tip_pge",
+    "psb-ovf-fup",
+    "psb-ovf-tip_pge",
     "skd022",
     "ptet-int-iret",
     "ptet-int-iret-cpl_0",

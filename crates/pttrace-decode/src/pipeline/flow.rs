@@ -2197,6 +2197,8 @@ impl PtDecoder<'_> {
         st.last_ip.reset();
         let mut fup = None;
         let mut mode = None;
+        // (An OVF ends the PSB+ as its PSBEND would, and then resolves.)
+        let mut ovf = false;
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 return Err("PSB+ cut by the end of the trace");
@@ -2227,6 +2229,10 @@ impl PtDecoder<'_> {
                     mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
                 }
                 Pkt::Psbend => break,
+                Pkt::Ovf => {
+                    ovf = true;
+                    break;
+                }
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }
         }
@@ -2244,7 +2250,8 @@ impl PtDecoder<'_> {
         }
         // Erratum BDM70: a PSB+ FUP followed by a TIP.PGE was written while tracing was
         // disabled. libipt then takes the PSB+ as disabled, its FUP's IP unseen.
-        if st.bdm70 && fup.is_some() && self.flow_bdm70_applies(st.pos) {
+        // (Not with an OVF after the FUP: libipt's search stops at it.)
+        if st.bdm70 && !ovf && fup.is_some() && self.flow_bdm70_applies(st.pos) {
             fup = None;
             st.last_ip.reset();
         }
@@ -2269,6 +2276,14 @@ impl PtDecoder<'_> {
                 }
                 None => st.enabled = false,
             }
+            if ovf {
+                if st.at_cut {
+                    return Err("OVF inside the PSB+ of a cut");
+                }
+                self.flow_ovf(st)?;
+            }
+        } else if ovf {
+            return Err("OVF inside a PSB+ passed while decoding");
         } else if st.enabled != fup.is_some() {
             return Err("PSB+ status differs from the decoder's");
         } else if let (Some(ip), Some(_)) = (fup, mode) {
