@@ -2885,6 +2885,24 @@ fn bdm70_psb_fup_before_an_enable_is_decoded_by_the_fast_decoder() {
     expected.extend(once(true));
     assert_eq!(show(&fast), expected);
 
+    // A TRIG between (libipt 2.1.2's unknown packet) ends libipt's search: the erratum does
+    // not apply, the TIP.PGE is an error, as in both decoders.
+    let mut t = PtWriter::new();
+    t.psb().mode64().fup(p.top).psbend();
+    t.buf.extend_from_slice(&[0xd9, 0x00, 0x07]);
+    t.tip_pge(p.after_syscall)
+        .tnt(&[true, true, false])
+        .tip_pgd(None);
+    let mut f = decoder_cpu(&t.buf, &space, DecoderKind::Fast, kaby_lake);
+    let recs: Vec<Record> = f.by_ref().collect();
+    assert_eq!(f.decoded_by(), ("fast", None));
+    let l: Vec<Record> = decoder_cpu(&t.buf, &space, DecoderKind::Libipt, kaby_lake).collect();
+    assert!(recs == l, "{}", first_difference(&recs, &l));
+    assert!(
+        matches!(recs.get(1), Some(Record::Gap { .. })),
+        "{:?}",
+        show(&recs)
+    );
     // No erratum: the PSB+ enables tracing at its FUP, the TIP.PGE after it is an error.
     let mut f = decoder_cpu(&w.buf, &space, DecoderKind::Fast, Default::default());
     let fast: Vec<Record> = f.by_ref().collect();

@@ -1481,7 +1481,10 @@ impl PtDecoder<'_> {
             None if disabled_after.is_none() && st.skd010 => self.flow_skd010(st.pos),
             _ => ovf_errata::Skd010::AsWritten,
         };
-        let apl12 = matches!(fup, Some((_, after)) if st.apl12 && self.flow_apl12_applies(after));
+        let apl12 = match fup {
+            Some((_, after)) if st.apl12 => self.flow_apl12_applies(after)?,
+            _ => false,
+        };
         st.last_ip.reset();
         st.clock.on_ovf();
         match skd010 {
@@ -2251,7 +2254,7 @@ impl PtDecoder<'_> {
         // Erratum BDM70: a PSB+ FUP followed by a TIP.PGE was written while tracing was
         // disabled. libipt then takes the PSB+ as disabled, its FUP's IP unseen.
         // (Not with an OVF after the FUP: libipt's search stops at it.)
-        if st.bdm70 && !ovf && fup.is_some() && self.flow_bdm70_applies(st.pos) {
+        if st.bdm70 && !ovf && fup.is_some() && self.flow_bdm70_applies(st.pos)? {
             fup = None;
             st.last_ip.reset();
         }
@@ -2320,9 +2323,9 @@ impl PtDecoder<'_> {
 
     /// BDM70: a PSB+ FUP followed by TIP.PGE means tracing was disabled at the PSB+.
     /// libipt's search: status, timing and PAD packets passed, a TIP.PGE says it applies,
-    /// any other packet (or the end) that it does not. (A packet the fast decoder does not
-    /// know, or a TRIG, libipt's unknown packet: as if it applied, through libipt.)
-    fn flow_bdm70_applies(&self, mut pos: usize) -> bool {
+    /// any other packet (a TRIG: libipt's unknown packet) or the end that it does not. A
+    /// packet the fast decoder does not know (libipt's error): through libipt.
+    fn flow_bdm70_applies(&self, mut pos: usize) -> Result<bool, Fallback> {
         while let Some((p, size)) = wire::parse(self.trace, pos) {
             match p {
                 Pkt::Pad
@@ -2337,11 +2340,14 @@ impl PtDecoder<'_> {
                 | Pkt::Pip
                 | Pkt::Vmcs
                 | Pkt::Mnt => pos += size,
-                Pkt::TipPge(_) | Pkt::Other(_) | Pkt::Trig(_) => return true,
-                _ => return false,
+                Pkt::TipPge(_) => return Ok(true),
+                Pkt::Other(_) => {
+                    return Err("erratum BDM70: a packet the fast decoder leaves to libipt")
+                }
+                _ => return Ok(false),
             }
         }
-        false
+        Ok(false)
     }
 }
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! Where libipt finds the erratum does not apply, the OVF resolves as on any CPU. What
 //! the fast decoder cannot tell goes to libipt.
 
-use super::PtDecoder;
+use super::{Fallback, PtDecoder};
 use crate::wire::{self, IpPayload, LastIp, Pkt};
 
 /// What libipt's look-ahead for erratum SKD010 finds after an OVF no FUP resolves.
@@ -38,7 +38,7 @@ pub(super) enum Skd010 {
 enum Seen {
     /// The trace is as written: the OVF resolves as usual.
     AsWritten,
-    /// The erratum applies, or libipt's search fails: libipt's own recovery.
+    /// The erratum applies: libipt's own recovery.
     Applies,
 }
 
@@ -46,7 +46,7 @@ enum Seen {
 enum Header {
     Fup(IpPayload),
     NoFup,
-    /// The trace ends first.
+    /// The trace ends first (or cuts a packet).
     End,
     /// A packet libipt does not expect there (its search fails).
     Bad,
@@ -61,12 +61,8 @@ impl PtDecoder<'_> {
         let mut last = LastIp::default();
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, pos) else {
-                // (The end of the trace: libipt takes it as written.)
-                return if pos < self.trace.len() {
-                    Skd010::Unsure
-                } else {
-                    Skd010::AsWritten
-                };
+                // (The end of the trace, a packet cut by it: libipt takes it as written.)
+                return Skd010::AsWritten;
             };
             let at = pos;
             pos += size;
@@ -177,10 +173,12 @@ impl PtDecoder<'_> {
 
     /// APL12 at the FUP that resolves an OVF, `pos` just past that FUP: whether libipt
     /// finds tracing disabled after all.
-    pub(super) fn flow_apl12_applies(&self, mut pos: usize) -> bool {
+    pub(super) fn flow_apl12_applies(&self, mut pos: usize) -> Result<bool, Fallback> {
+        const BAD: Fallback = "erratum APL12: libipt's look-ahead fails";
         loop {
+            // (The end of the trace, a packet cut by it: as written.)
             let Some((pkt, size)) = wire::parse(self.trace, pos) else {
-                return pos < self.trace.len();
+                return Ok(false);
             };
             pos += size;
             let seen = match pkt {
@@ -193,7 +191,8 @@ impl PtDecoder<'_> {
                 Pkt::Stop | Pkt::TipPge(_) => Seen::Applies,
                 Pkt::Psb => match self.flow_header_fup(pos) {
                     Header::Fup(_) | Header::End => Seen::AsWritten,
-                    Header::NoFup | Header::Bad => Seen::Applies,
+                    Header::NoFup => Seen::Applies,
+                    Header::Bad => return Err(BAD),
                 },
                 Pkt::Pad
                 | Pkt::Fup(_)
@@ -213,9 +212,9 @@ impl PtDecoder<'_> {
                 | Pkt::ModeTsx { .. }
                 | Pkt::Cfe { .. }
                 | Pkt::Evd { .. } => continue,
-                _ => Seen::Applies,
+                _ => return Err(BAD),
             };
-            return seen == Seen::Applies;
+            return Ok(seen == Seen::Applies);
         }
     }
 
@@ -223,12 +222,9 @@ impl PtDecoder<'_> {
     /// at `pos` finds.
     fn flow_header_fup(&self, mut pos: usize) -> Header {
         loop {
+            // (A packet cut by the end: the end, to libipt.)
             let Some((pkt, size)) = wire::parse(self.trace, pos) else {
-                return if pos >= self.trace.len() {
-                    Header::End
-                } else {
-                    Header::Bad
-                };
+                return Header::End;
             };
             pos += size;
             match pkt {
