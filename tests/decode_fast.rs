@@ -705,9 +705,16 @@ fn overflows_equal_libipt_and_stay_fast() {
             .tip_pge(p.top)
             .tnt(&t[..1]);
     });
+    // (SKD010 again: a TIP.PGD after the PIP, tracing disabled there.)
+    let pgd_later = case(&|w| {
+        w.tnt(&t[..2]).ovf();
+        w.buf.extend_from_slice(&PIP);
+        w.tip_pgd(Some(p.func)).tip_pge(p.top).tnt(&t[..1]);
+    });
     for (what, trace, model, ip) in [
         ("SKD010, FUP", &lost_fup, 0x8e, Some(p.after_call)),
         ("SKD010, TIP", &lost_fup_tip, 0x8e, Some(p.top)),
+        ("SKD010, TIP.PGD", &pgd_later, 0x8e, None),
         ("APL12", &extra_fup, 0x5c, None),
     ] {
         assert_eq!(on_cpu(what, trace, model), ("fast", None), "{what}");

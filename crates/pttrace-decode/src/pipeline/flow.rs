@@ -1489,6 +1489,7 @@ impl PtDecoder<'_> {
         st.clock.on_ovf();
         match skd010 {
             ovf_errata::Skd010::AsWritten => {}
+            ovf_errata::Skd010::DisabledAfter(after) => disabled_after = Some(after),
             ovf_errata::Skd010::Unsure => {
                 return Err("OVF without FUP where erratum SKD010 applies")
             }

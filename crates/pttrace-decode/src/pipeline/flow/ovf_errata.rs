@@ -29,6 +29,9 @@ pub(super) enum Skd010 {
         silent_until: usize,
         read_from: usize,
     },
+    /// Tracing was disabled at a TIP.PGD: libipt goes on disabled after it (at `.0`), the
+    /// timing packets before it applied without their events.
+    DisabledAfter(usize),
     /// What the fast decoder leaves to libipt.
     Unsure,
 }
@@ -68,6 +71,7 @@ impl PtDecoder<'_> {
             pos += size;
             match pkt {
                 Pkt::TipPge(_) | Pkt::Ovf | Pkt::Stop => return Skd010::AsWritten,
+                Pkt::TipPgd(_) if tsx.is_none() => return Skd010::DisabledAfter(pos),
                 // (TNT bits: it applies, but libipt cannot recover, so goes on as
                 // written.)
                 Pkt::Tnt { .. } => return Skd010::AsWritten,
