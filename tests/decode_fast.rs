@@ -3151,3 +3151,75 @@ fn event_trace_of_every_kind_is_followed_by_the_fast_decoder() {
         assert!(f == libipt(&w.buf, &space));
     }
 }
+
+/// A deferred TIP (libipt's `call_indirect_deferred-ret_compressed`): the TNT packet with
+/// the bits of the branches after an indirect call comes before the call's TIP. libipt
+/// reads past that TNT to the TIP and keeps the bits; so does the fast decoder, whether
+/// the TNT is read at the call or was read before (bits left of it). An error met with
+/// those bits goes to libipt (its event decoder then stands past the TIP).
+#[test]
+fn deferred_tips_are_followed_by_the_fast_decoder() {
+    const AT: u64 = 0xc0_0000;
+    let mut code = vec![0xf4u8; 0x40];
+    // call rbx; jz +2; hlt; ret; nop
+    code[..7].copy_from_slice(&[0xff, 0xd3, 0x74, 0x02, 0xf4, 0xc3, 0x90]);
+    // jz +0; call rbx; jz +2; hlt; ret; nop
+    code[0x20..0x29].copy_from_slice(&[0x74, 0x00, 0xff, 0xd3, 0x74, 0x02, 0xf4, 0xc3, 0x90]);
+    let mut space = AddressSpace::new();
+    space.add_bytes("deferred", code, AT);
+    let mut at_call = PtWriter::new();
+    at_call.psb_plus(Some(5), Some(AT));
+    at_call
+        .tnt(&[true, true])
+        .tip(AT + 5)
+        .fup(AT + 6)
+        .tip_pgd(None);
+    let mut left = PtWriter::new();
+    left.psb_plus(Some(5), Some(AT + 0x20));
+    left.tnt(&[true, true, true])
+        .tip(AT + 0x27)
+        .fup(AT + 0x28)
+        .tip_pgd(None);
+    let i = |at: u64, class: &str| format!("{:#x} {class}", AT + at);
+    for (what, w, expected) in [
+        (
+            "TNT at the call",
+            &at_call,
+            vec![i(0, "Call"), i(5, "Return"), i(2, "CondJump")],
+        ),
+        (
+            "bits left",
+            &left,
+            vec![
+                i(0x20, "CondJump"),
+                i(0x22, "Call"),
+                i(0x27, "Return"),
+                i(0x24, "CondJump"),
+            ],
+        ),
+    ] {
+        let (f, by) = fast(&w.buf, &space);
+        assert_eq!(by, ("fast", None), "{what}");
+        let l = libipt(&w.buf, &space);
+        assert!(f == l, "{what}: {}", first_difference(&f, &l));
+        let end = expected.last().map_or(0, |_| f.len() - 1);
+        assert_eq!(show(&f[2..end]), expected, "{what}");
+        assert!(
+            matches!(f[end], Record::TraceDisabled { ip: Some(_) }),
+            "{what}"
+        );
+    }
+    // The return's bit not taken (a bad compressed return), met with the deferred TIP's
+    // bits: libipt's.
+    let mut bad = PtWriter::new();
+    bad.psb_plus(Some(5), Some(AT));
+    bad.tnt(&[false, true])
+        .tip(AT + 5)
+        .fup(AT + 6)
+        .tip_pgd(None);
+    let (f, by) = fast(&bad.buf, &space);
+    assert_eq!(by.0, "libipt");
+    let l = libipt(&bad.buf, &space);
+    assert!(f == l, "{}", first_difference(&f, &l));
+    assert!(f.iter().any(|r| matches!(r, Record::Gap(_))));
+}

@@ -476,8 +476,8 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// before a TIP.PGE on a CPU with erratum BDM70, OVFs on CPUs with errata SKD010, APL11
 /// or APL12 (libipt's recoveries), an asynchronous disable at a VM entry on a CPU with
 /// erratum SKD022, event trace of every kind libipt 2.1.2 knows, an OVF that ends the
-/// PSB+ of the synchronization.
-const FAST_PATTERNS: [&str; 49] = [
+/// PSB+ of the synchronization, a deferred TIP.
+const FAST_PATTERNS: [&str; 50] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -517,6 +517,7 @@ const FAST_PATTERNS: [&str; 49] = [
     "apl12-tip_pge",
     "psb-ovf-fup",
     "psb-ovf-tip_pge",
+    "call_indirect_deferred-ret_compressed",
     "skd022",
     "ptet-int-iret",
     "ptet-int-iret-cpl_0",

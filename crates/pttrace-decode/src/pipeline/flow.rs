@@ -606,6 +606,9 @@ pub(crate) struct FlowState {
     cfe_ret: Option<CfeRet>,
     /// The IP of the TIP.PGD of the last asynchronous disable read (none: suppressed).
     pgd_ip: Option<u64>,
+    /// Where the last deferred TIP taken ends (the TNT bits before it still used while
+    /// the trace is read no further): libipt's error offsets there are not the engine's.
+    deferred_tip_end: Option<usize>,
     /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
     /// erratum applies, the window goes to libipt ([`ovf_errata`]).
     pub skd010: bool,
@@ -734,6 +737,7 @@ impl FlowState {
             at_cut: false,
             cfe_ret: None,
             pgd_ip: None,
+            deferred_tip_end: None,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1066,10 +1070,15 @@ impl PtDecoder<'_> {
                     }
                 }
                 End::Indirect | End::IndirectCall | End::Syscall => {
-                    if st.tnt_n != 0 {
-                        return Err("indirect branch with TNT bits pending (deferred TIP)");
-                    }
-                    match self.flow_next_item(st)? {
+                    let item = if st.tnt_n != 0 {
+                        self.flow_deferred_tip(st)?
+                    } else {
+                        match self.flow_next_item(st)? {
+                            TraceItem::Tnt => self.flow_deferred_tip(st)?,
+                            item => item,
+                        }
+                    };
+                    match item {
                         TraceItem::Tip(ip) => {
                             if st.cfe_ret.is_some() {
                                 self.flow_cfe_ret_tip(st, b)?;
@@ -1089,6 +1098,26 @@ impl PtDecoder<'_> {
                 }
             }
         }
+    }
+
+    /// An indirect branch with TNT bits pending (those of the TNT packet just read, or
+    /// left of one): a deferred TIP. Real hardware may write a TIP after the TNT packet
+    /// that holds the bits of the branches after it; libipt reads ahead past that TNT
+    /// (PADs between) to the TIP, takes its IP as the branch's target and keeps the bits.
+    #[cold]
+    #[inline(never)]
+    fn flow_deferred_tip(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
+        let mut p = st.pos;
+        while let Some((Pkt::Pad, size)) = wire::parse(self.trace, p) {
+            p += size;
+        }
+        let Some((Pkt::Tip(payload), size)) = wire::parse(self.trace, p) else {
+            return Err("indirect branch with TNT bits pending, no TIP after them");
+        };
+        let ip = st.last_ip.apply(payload).ok_or("TIP without IP")?;
+        st.pos = p + size;
+        st.deferred_tip_end = Some(st.pos);
+        Ok(TraceItem::Tip(ip))
     }
 
     /// The memoized run from the conditional block `st.cur` for the pending TNT bits (up

@@ -378,6 +378,11 @@ impl PtDecoder<'_> {
                 return r;
             };
             if let Some(mut e) = st.error.take() {
+                // (An error met with the bits of a deferred TIP's TNT: libipt's event
+                // decoder stands elsewhere; through libipt.)
+                if st.deferred_tip_end == Some(e.resume) {
+                    return Err(why);
+                }
                 if !st.resync {
                     // Without the option, where libipt 2.1.2 reports the error: a bad query
                     // where the option's resync does; a bad compressed return or one
