@@ -1520,9 +1520,8 @@ fn cfe_and_evd_packets_change_no_record() {
     let with_events = call_trace_with(&p, &|w, k| {
         if k == 6 {
             // Before the FUP+TIP of the interrupt: EVD (CR2), CFE INTR vector 14 + IP.
-            w.buf.extend_from_slice(&[0x02, 0x53, 0x00]);
-            w.buf.extend_from_slice(&0x7f00_0000_1000u64.to_le_bytes());
-            w.buf.extend_from_slice(&[0x02, 0x13, 0x01, 0x0e]);
+            evd(w, 0, 0x7f00_0000_1000);
+            cfe(w, 1, false, 0x0e);
         }
     });
     let l = libipt(&with_events, &space);
@@ -1552,20 +1551,13 @@ fn event_trace_interrupts_and_returns_are_followed_by_the_fast_decoder() {
     put(0x20, &[0x90, 0xf3, 0x0f, 0x01, 0xca]); // nop; eretu
     let mut space = AddressSpace::new();
     space.add_bytes("ptet", code, AT);
-    let evd_cr2 = |w: &mut PtWriter| {
-        w.buf.extend_from_slice(&[0x02, 0x53, 0x00]);
-        w.buf.extend_from_slice(&0xf0_0baau64.to_le_bytes());
-    };
-    let cfe = |w: &mut PtWriter, ty: u8, vector: u8| {
-        w.buf.extend_from_slice(&[0x02, 0x13, ty, vector]);
-    };
     // The page fault at the load, its handler's iretq back to it.
     let mut w = PtWriter::new();
     w.psb_plus(Some(5), Some(AT));
-    evd_cr2(&mut w);
-    cfe(&mut w, 1, 14);
+    evd(&mut w, 0, 0xf0_0baa);
+    cfe(&mut w, 1, false, 14);
     w.fup(AT + 1).tip(AT + 0x10);
-    cfe(&mut w, 2, 0);
+    cfe(&mut w, 2, false, 0);
     w.tip(AT + 1);
     w.tip_pgd(None);
     let (f, by) = fast(&w.buf, &space);
@@ -1591,9 +1583,9 @@ fn event_trace_interrupts_and_returns_are_followed_by_the_fast_decoder() {
     // handler's ERETU back past it (libipt 2.1.2 stops at ERETU: the fast decoder only).
     let mut w = PtWriter::new();
     w.psb_plus(Some(5), Some(AT + 4));
-    cfe(&mut w, 14, 0x2a);
+    cfe(&mut w, 14, false, 0x2a);
     w.fup(AT + 4).tip(AT + 0x20);
-    cfe(&mut w, 2, 0);
+    cfe(&mut w, 2, false, 0);
     w.tip(AT + 6).tip(AT + 0x10);
     w.tip_pgd(None);
     let (f, by) = fast(&w.buf, &space);
@@ -1616,7 +1608,7 @@ fn event_trace_interrupts_and_returns_are_followed_by_the_fast_decoder() {
     // interrupt's CFE: libipt's (both are errors to libipt).
     let mut w = PtWriter::new();
     w.psb_plus(Some(5), Some(AT + 6));
-    cfe(&mut w, 2, 0);
+    cfe(&mut w, 2, false, 0);
     w.tip(AT + 0x10).tip_pgd(None);
     let (_, by) = fast(&w.buf, &space);
     assert_eq!(
@@ -1625,9 +1617,8 @@ fn event_trace_interrupts_and_returns_are_followed_by_the_fast_decoder() {
     );
     let mut w = PtWriter::new();
     w.psb_plus(Some(5), Some(AT));
-    w.buf.extend_from_slice(&[0x02, 0x53, 0x01]);
-    w.buf.extend_from_slice(&0u64.to_le_bytes());
-    cfe(&mut w, 1, 14);
+    evd(&mut w, 1, 0);
+    cfe(&mut w, 1, false, 14);
     w.fup(AT).tip_pgd(None);
     let (_, by) = fast(&w.buf, &space);
     assert_eq!(
@@ -2551,6 +2542,17 @@ fn decoder_cpu<'a>(
     .unwrap()
 }
 
+/// Event trace packets: a CFE of type `ty` (`ip`: its IP bit) with `vector`, an EVD of
+/// type `ty` with `payload`.
+fn cfe(w: &mut PtWriter, ty: u8, ip: bool, vector: u8) {
+    w.buf
+        .extend_from_slice(&[0x02, 0x13, ty | if ip { 0x80 } else { 0 }, vector]);
+}
+fn evd(w: &mut PtWriter, ty: u8, payload: u64) {
+    w.buf.extend_from_slice(&[0x02, 0x53, ty]);
+    w.buf.extend_from_slice(&payload.to_le_bytes());
+}
+
 /// Raw timing packets for the CYC traces.
 fn tma(w: &mut PtWriter, ctc: u16, fc: u16) {
     let [c0, c1] = ctc.to_le_bytes();
@@ -3003,19 +3005,6 @@ fn event_trace_of_every_kind_is_followed_by_the_fast_decoder() {
     put(0x30, &[0x90, 0xf3, 0x0f, 0x01, 0xec]); // nop; uiret
     let mut space = AddressSpace::new();
     space.add_bytes("ptet", code, AT);
-    let cfe = |w: &mut PtWriter, ty: u8, ip: bool, vector: u8| {
-        w.buf
-            .extend_from_slice(&[0x02, 0x13, ty | if ip { 0x80 } else { 0 }, vector]);
-    };
-    let evd = |w: &mut PtWriter, ty: u8, payload: u64| {
-        w.buf.extend_from_slice(&[0x02, 0x53, ty]);
-        w.buf.extend_from_slice(&payload.to_le_bytes());
-    };
-    let pip = |w: &mut PtWriter, cr3_value: u64| {
-        w.buf.extend_from_slice(&[0x02, 0x43]);
-        w.buf
-            .extend_from_slice(&((cr3_value >> 5) << 1).to_le_bytes()[..6]);
-    };
     let mut w = PtWriter::new();
     w.psb_plus(Some(5), Some(AT));
     // SMI at the load, its handler's IRETQ back to it.
@@ -3028,11 +3017,11 @@ fn event_trace_of_every_kind_is_followed_by_the_fast_decoder() {
     evd(&mut w, 2, 10);
     cfe(&mut w, 8, false, 0);
     w.fup(AT + 4);
-    pip(&mut w, 0xf000);
+    w.buf.extend_from_slice(&PIP);
     w.tip(AT + 0x20);
     cfe(&mut w, 7, true, 0);
     w.fup(AT + 0x21);
-    pip(&mut w, 0xb000);
+    w.buf.extend_from_slice(&PIP);
     w.tip(AT + 4);
     // A user interrupt at the JMP, the UIRET back to it.
     cfe(&mut w, 12, false, 4);
