@@ -1455,8 +1455,9 @@ impl PtDecoder<'_> {
         if st.tnt_n != 0 || self.queue.pushed != st.committed {
             return Err("OVF with trace or walked code pending");
         }
-        // Where it resolves; with erratum APL11 or SKD010, past a TIP.PGD (only timing
-        // packets before it): tracing was disabled there (libipt's recovery).
+        // Where it resolves; with erratum APL11, past a TIP.PGD (only timing packets
+        // before it): tracing was disabled there (libipt's recovery). (SKD010's look-ahead
+        // decides past a TIP.PGD or a TIP.)
         let mut p = st.pos;
         let mut disabled_after = None;
         let mut unknown = false;
@@ -1481,12 +1482,11 @@ impl PtDecoder<'_> {
                 }
                 Pkt::Fup(ip) => break Some((ip, p + size)),
                 // (libipt's errata searches stop at an unknown packet: its error stands.)
-                Pkt::TipPgd(_) if (st.apl11 || st.skd010) && !unknown => {
+                Pkt::TipPgd(_) if st.apl11 && !unknown => {
                     disabled_after = Some(p + size);
                     break None;
                 }
-                // (SKD010: the FUP was lost, tracing resumes at the TIP.)
-                Pkt::Tip(_) if st.skd010 && !unknown => break None,
+                Pkt::TipPgd(_) | Pkt::Tip(_) if st.skd010 && !unknown => break None,
                 // (As libipt: an enable, a mode, status, a power event, PTW, event trace
                 // or another OVF first: resolved disabled.)
                 Pkt::TipPge(_)
@@ -1507,7 +1507,7 @@ impl PtDecoder<'_> {
             }
         };
         let skd010 = match fup {
-            None if disabled_after.is_none() && st.skd010 => self.flow_skd010(st.pos),
+            None if st.skd010 => self.flow_skd010(st.pos),
             _ => ovf_errata::Skd010::AsWritten,
         };
         let apl12 = match fup {
@@ -2358,18 +2358,7 @@ impl PtDecoder<'_> {
     fn flow_bdm70_applies(&self, mut pos: usize) -> Result<bool, Fallback> {
         while let Some((p, size)) = wire::parse(self.trace, pos) {
             match p {
-                Pkt::Pad
-                | Pkt::Tsc(_)
-                | Pkt::Mtc(_)
-                | Pkt::Tma { .. }
-                | Pkt::Cyc(_)
-                | Pkt::Cbr(_)
-                | Pkt::Psbend
-                | Pkt::ModeExec { .. }
-                | Pkt::ModeTsx { .. }
-                | Pkt::Pip
-                | Pkt::Vmcs
-                | Pkt::Mnt => pos += size,
+                p if passed_in_psb(p) || p == Pkt::Psbend => pos += size,
                 Pkt::TipPge(_) => return Ok(true),
                 Pkt::Other(_) => {
                     return Err("erratum BDM70: a packet the fast decoder leaves to libipt")
@@ -2380,6 +2369,25 @@ impl PtDecoder<'_> {
         Ok(false)
     }
 }
+/// What libipt's searches through a PSB+ (for its FUP, for erratum BDM70) pass over: PAD,
+/// timing packets, MODE, PIP, VMCS, MNT.
+fn passed_in_psb(p: Pkt) -> bool {
+    matches!(
+        p,
+        Pkt::Pad
+            | Pkt::Tsc(_)
+            | Pkt::Mtc(_)
+            | Pkt::Tma { .. }
+            | Pkt::Cyc(_)
+            | Pkt::Cbr(_)
+            | Pkt::ModeExec { .. }
+            | Pkt::ModeTsx { .. }
+            | Pkt::Pip
+            | Pkt::Vmcs
+            | Pkt::Mnt
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

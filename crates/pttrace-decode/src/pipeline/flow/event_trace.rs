@@ -83,49 +83,29 @@ impl PtDecoder<'_> {
     /// An EVD of type `ty`, `pos` just past it: whether the EVDs after it and the CFE
     /// they lead to are what libipt expects (else the window goes to libipt).
     pub(super) fn flow_evds(&self, ty: u8, mut pos: usize) -> Result<(), Fallback> {
-        let bad = "EVD not followed by the CFE of its event";
+        let bad = Err("EVD not followed by the CFE of its event");
         let mut expected: Option<Expected> = None;
-        let mut ty = Some(ty);
+        let mut ty = ty;
         loop {
-            if let Some(t) = ty.take() {
-                expected = match (t, expected) {
-                    (0, None) => Some(Expected::Interrupt),
-                    (1, None) => Some(Expected::VmExit {
-                        qualification: true,
-                        reason: false,
-                    }),
-                    (2, None) => Some(Expected::VmExit {
-                        qualification: false,
-                        reason: true,
-                    }),
-                    (
-                        1,
-                        Some(Expected::VmExit {
-                            qualification: false,
-                            reason,
-                        }),
-                    ) => Some(Expected::VmExit {
-                        qualification: true,
-                        reason,
-                    }),
-                    (
-                        2,
-                        Some(Expected::VmExit {
-                            qualification,
-                            reason: false,
-                        }),
-                    ) => Some(Expected::VmExit {
-                        qualification,
-                        reason: true,
-                    }),
-                    (0..=2, Some(_)) => return Err(bad),
-                    // (Other types: ignored.)
-                    (_, e) => e,
-                };
+            match (ty, &mut expected) {
+                (0, None) => expected = Some(Expected::Interrupt),
+                (1 | 2, None) => {
+                    expected = Some(Expected::VmExit {
+                        qualification: ty == 1,
+                        reason: ty == 2,
+                    })
+                }
+                (1, Some(Expected::VmExit { qualification, .. })) if !*qualification => {
+                    *qualification = true
+                }
+                (2, Some(Expected::VmExit { reason, .. })) if !*reason => *reason = true,
+                (0..=2, Some(_)) => return bad,
+                // (Other types: ignored.)
+                _ => {}
             }
             match wire::parse(self.trace, pos) {
-                Some((Pkt::Evd { ty: t }, size)) => {
-                    ty = Some(t);
+                Some((Pkt::Evd { ty: next }, size)) => {
+                    ty = next;
                     pos += size;
                 }
                 Some((Pkt::Cfe { ty: c, .. }, _)) => {
@@ -135,11 +115,11 @@ impl PtDecoder<'_> {
                         Some(Expected::VmExit { .. }) if matches!(c, VMEXIT | VMEXIT_INTR) => {
                             Ok(())
                         }
-                        Some(_) => Err(bad),
+                        Some(_) => bad,
                     };
                 }
                 _ if expected.is_none() => return Ok(()),
-                _ => return Err(bad),
+                _ => return bad,
             }
         }
     }

@@ -36,15 +36,6 @@ pub(super) enum Skd010 {
     Unsure,
 }
 
-/// What libipt's look-ahead concludes.
-#[derive(Debug, PartialEq, Eq)]
-enum Seen {
-    /// The trace is as written: the OVF resolves as usual.
-    AsWritten,
-    /// The erratum applies: libipt's own recovery.
-    Applies,
-}
-
 /// What a PSB+ holds, to libipt's search for its FUP.
 enum Header {
     Fup(IpPayload),
@@ -185,18 +176,19 @@ impl PtDecoder<'_> {
                 return Ok(false);
             };
             pos += size;
-            let seen = match pkt {
+            // (Ok(true): the erratum applies, libipt's recovery; Ok(false): as written.)
+            return match pkt {
                 Pkt::Tnt { .. }
                 | Pkt::Tip(_)
                 | Pkt::TipPgd(_)
                 | Pkt::Psbend
                 | Pkt::Ovf
-                | Pkt::Trig(_) => Seen::AsWritten,
-                Pkt::Stop | Pkt::TipPge(_) => Seen::Applies,
+                | Pkt::Trig(_) => Ok(false),
+                Pkt::Stop | Pkt::TipPge(_) => Ok(true),
                 Pkt::Psb => match self.flow_header_fup(pos) {
-                    Header::Fup(_) | Header::End => Seen::AsWritten,
-                    Header::NoFup => Seen::Applies,
-                    Header::Bad => return Err(BAD),
+                    Header::Fup(_) | Header::End => Ok(false),
+                    Header::NoFup => Ok(true),
+                    Header::Bad => Err(BAD),
                 },
                 Pkt::Pad
                 | Pkt::Fup(_)
@@ -216,9 +208,8 @@ impl PtDecoder<'_> {
                 | Pkt::ModeTsx { .. }
                 | Pkt::Cfe { .. }
                 | Pkt::Evd { .. } => continue,
-                _ => return Err(BAD),
+                _ => Err(BAD),
             };
-            return Ok(seen == Seen::Applies);
         }
     }
 
@@ -234,17 +225,7 @@ impl PtDecoder<'_> {
             match pkt {
                 Pkt::Fup(p) => return Header::Fup(p),
                 Pkt::Psbend | Pkt::Ovf => return Header::NoFup,
-                Pkt::ModeExec { .. }
-                | Pkt::ModeTsx { .. }
-                | Pkt::Pip
-                | Pkt::Vmcs
-                | Pkt::Mnt
-                | Pkt::Tsc(_)
-                | Pkt::Cbr(_)
-                | Pkt::Tma { .. }
-                | Pkt::Mtc(_)
-                | Pkt::Cyc(_)
-                | Pkt::Pad => {}
+                p if super::passed_in_psb(p) => {}
                 _ => return Header::Bad,
             }
         }
