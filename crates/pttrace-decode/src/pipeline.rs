@@ -408,7 +408,8 @@ impl<'a> PtDecoder<'a> {
             queue.push_back(Item::rec(Record::Cpu(c)));
         }
         // What the fast decoder does not read: such a window is libipt's from its start.
-        let not_fast = if opts.decoder != DecoderKind::Fast || state != State::Start {
+        let fast_start = opts.decoder == DecoderKind::Fast && state == State::Start;
+        let not_fast = if !fast_start {
             None
         } else if !events.is_empty() {
             Some("images that change during the window (sideband)")
@@ -417,21 +418,19 @@ impl<'a> PtDecoder<'a> {
         } else {
             None
         };
-        let flow =
-            (opts.decoder == DecoderKind::Fast && state == State::Start && not_fast.is_none())
-                .then(|| {
-                    // (libipt 2.1.2's decoder never arms the SKL168 check.)
-                    let clock = crate::timing::TimeCfg {
-                        skl168: false,
-                        ..crate::timing::TimeCfg::of(&params.cpu, &errata)
-                    };
-                    let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
-                    f.initial_records = queue.records;
-                    f.resync = opts.resync_on_error;
-                    (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
-                    f.bdm64 = errata.bdm64;
-                    Box::new(f)
-                });
+        let flow = (fast_start && not_fast.is_none()).then(|| {
+            // (libipt 2.1.2's decoder never arms the SKL168 check.)
+            let clock = crate::timing::TimeCfg {
+                skl168: false,
+                ..crate::timing::TimeCfg::of(&params.cpu, &errata)
+            };
+            let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
+            f.initial_records = queue.records;
+            f.resync = opts.resync_on_error;
+            (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
+            f.bdm64 = errata.bdm64;
+            Box::new(f)
+        });
         Ok(PtDecoder {
             dec,
             trace: pt,
