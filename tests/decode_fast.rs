@@ -2982,6 +2982,113 @@ fn skd022_vm_entry_disables_are_decoded_by_the_fast_decoder() {
     );
 }
 
+/// Erratum SKL014 (libipt's `skl014-*` tests): with address filters, a direct jump or
+/// call out of the traced ranges may disable tracing with a TIP.PGD without IP. libipt
+/// then binds the disable to the first such branch (or MOV CR3) of the code it walks; the
+/// fast decoder does too, with filter and stop ranges, a call and a jump that stay inside
+/// first. Without the erratum, or without filters, the same TIP.PGDs bind to the
+/// indirect branch after them, in both decoders.
+#[test]
+fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast_decoder() {
+    const AT: u64 = 0xb0_0000;
+    let mut code = vec![0xf4u8; 0x400];
+    let mut put = |at: usize, bytes: &[u8]| code[at..at + bytes.len()].copy_from_slice(bytes);
+    put(0x00, &[0xe8, 0x1b, 0, 0, 0]); // call 0x20 (inside the filter)
+    put(0x20, &[0xe9, 0xdb, 0, 0, 0]); // jmp 0x100 (out of it)
+    put(0x100, &[0xff, 0xe0]); // jmp rax
+    put(0x40, &[0xe9, 0x1b, 0, 0, 0]); // jmp 0x60 (inside)
+    put(0x60, &[0x0f, 0x22, 0xd8]); // mov cr3, rax
+    put(0x63, &[0xe9, 0x98, 0x02, 0, 0]); // jmp 0x300 (into the stop range)
+    put(0x300, &[0xff, 0xe0]); // jmp rax
+    let mut space = AddressSpace::new();
+    space.add_bytes("skl014", code, AT);
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    w.tip_pgd(None);
+    w.tip_pge(AT + 0x40).tip_pgd(None);
+    w.tip_pge(AT + 0x63).tip_pgd(None);
+    let mut filter = drpttracer::decode::AddrFilter::default();
+    filter.set("0:filter,0xb00000,0xb000ff").unwrap();
+    filter.set("1:stop,0xb00300,0xb003ff").unwrap();
+    let skylake = drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x5e,
+        ..Default::default()
+    };
+    let decode = |kind, cpu, filter| -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+        let params = TraceParams {
+            cpu,
+            filter,
+            ..Default::default()
+        };
+        let opts = WindowOptions {
+            source: "t".into(),
+            window_id: Some(1),
+            decoder: kind,
+            ..Default::default()
+        };
+        let mut d = PtDecoder::new(
+            &w.buf,
+            params,
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            opts,
+        )
+        .unwrap();
+        let recs: Vec<Record> = d.by_ref().collect();
+        (recs, d.decoded_by())
+    };
+    let disabled = "TraceDisabled { ip: None }".to_string();
+    let (f, by) = decode(DecoderKind::Fast, skylake, filter);
+    assert_eq!(by, ("fast", None));
+    let (l, _) = decode(DecoderKind::Libipt, skylake, filter);
+    assert!(f == l, "{}", first_difference(&f, &l));
+    assert_eq!(
+        show(&f)[2..],
+        [
+            format!("{AT:#x} Call"),
+            format!("{:#x} Jump", AT + 0x20),
+            disabled.clone(),
+            format!("TraceEnabled {{ ip: {} }}", AT + 0x40),
+            format!("{:#x} Jump", AT + 0x40),
+            format!("{:#x} Other", AT + 0x60),
+            disabled.clone(),
+            format!("TraceEnabled {{ ip: {} }}", AT + 0x63),
+            format!("{:#x} Jump", AT + 0x63),
+            disabled.clone(),
+        ]
+    );
+    // Without the erratum, and without filters: the disables bind to the indirect jumps
+    // (the MOV CR3 still comes first).
+    let expected = [
+        format!("{AT:#x} Call"),
+        format!("{:#x} Jump", AT + 0x20),
+        format!("{:#x} Jump", AT + 0x100),
+        disabled.clone(),
+        format!("TraceEnabled {{ ip: {} }}", AT + 0x40),
+        format!("{:#x} Jump", AT + 0x40),
+        format!("{:#x} Other", AT + 0x60),
+        disabled.clone(),
+        format!("TraceEnabled {{ ip: {} }}", AT + 0x63),
+        format!("{:#x} Jump", AT + 0x63),
+        format!("{:#x} Jump", AT + 0x300),
+        disabled,
+    ];
+    let broadwell = drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x3d,
+        ..Default::default()
+    };
+    for (cpu, filter) in [(broadwell, filter), (skylake, Default::default())] {
+        let (f, by) = decode(DecoderKind::Fast, cpu, filter);
+        assert_eq!(by, ("fast", None));
+        let (l, _) = decode(DecoderKind::Libipt, cpu, filter);
+        assert!(f == l, "{}", first_difference(&f, &l));
+        assert_eq!(show(&f)[2..], expected);
+    }
+}
+
 /// Event trace of every kind libipt 2.1.2 knows, as its `ptet-*` tests have them: an SMI
 /// (CFE without IP before the FUP + TIP of its asynchronous branch), the handler's IRETQ
 /// (CFE with IP: the FUP gives the IRETQ's address), a VM exit (two EVDs, CFE, FUP, PIP,

@@ -125,6 +125,14 @@ pub struct AddrFilter {
 }
 
 impl AddrFilter {
+    /// Whether the filters trace code at `ip` (libipt's `pt_filter_addr_check`): not in a
+    /// stop range, and in a filter range where there is one (both ends included).
+    pub fn traces(&self, ip: u64) -> bool {
+        let within = |&&(_, a, b): &&(u8, u64, u64)| a <= ip && ip <= b;
+        let of = |cfg: u8| self.ranges.iter().filter(move |r| r.0 == cfg);
+        !of(2).any(|r| within(&r)) && (of(1).next().is_none() || of(1).any(|r| within(&r)))
+    }
+
     /// Sets the range a CLI `--filter [N:]CFG,A,B` names (N 0..3, default 0; CFG `off`,
     /// `filter`, `stop` or 0/1/2; A and B decimal or 0x-hex, A <= B).
     pub fn set(&mut self, spec: &str) -> Result<(), String> {

@@ -413,8 +413,6 @@ impl<'a> PtDecoder<'a> {
             None
         } else if !events.is_empty() {
             Some("images that change during the window (sideband)")
-        } else if params.filter.ranges.iter().any(|r| r.0 != 0) {
-            Some("IP filtering (address ranges)")
         } else {
             None
         };
@@ -429,6 +427,9 @@ impl<'a> PtDecoder<'a> {
             f.resync = opts.resync_on_error;
             (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
             f.bdm64 = errata.bdm64;
+            // (libipt applies SKL014 where any address range is configured.)
+            f.skl014 = (errata.skl014 && params.filter.ranges.iter().any(|r| r.0 != 0))
+                .then_some(params.filter);
             Box::new(f)
         });
         Ok(PtDecoder {

@@ -531,6 +531,18 @@ fn is_mov_cr3(i: &crate::records::Instruction) -> bool {
         && insn.op0_register() == Register::CR3
 }
 
+/// The target of a direct near jump or call (none: an indirect one).
+fn direct_target(i: &crate::records::Instruction) -> Option<u64> {
+    let insn = iced_x86::Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0).decode();
+    matches!(
+        insn.op0_kind(),
+        iced_x86::OpKind::NearBranch16
+            | iced_x86::OpKind::NearBranch32
+            | iced_x86::OpKind::NearBranch64
+    )
+    .then(|| insn.near_branch_target())
+}
+
 /// What came after the last trace item (TNT, TIP...) where the trace ends: after PADs and
 /// timing packets libipt knew the trace ended when it took the item and stops there;
 /// after a PSB+ it decodes on without trace to the PSB+'s FUP IP and stops there.
@@ -570,6 +582,9 @@ pub(crate) struct FlowState {
     /// BDM64 (a TSX abort's trace may not match the code): libipt works around what would
     /// be a bad query, so that window goes to libipt.
     pub bdm64: bool,
+    /// SKL014 with the address filters the trace was captured with: a TIP.PGD without IP
+    /// may also come from a direct jump or call out of the filtered ranges.
+    pub skl014: Option<crate::config::AddrFilter>,
     /// Records the decoder had queued before the engine started (window id, cpu).
     pub initial_records: u64,
     /// Parallel decode: the cuts where this decoder may stop (offset of the cut's PSB in
@@ -741,6 +756,7 @@ impl FlowState {
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
+            skl014: None,
             item_at: 0,
             resync: false,
             error: None,
@@ -1310,13 +1326,19 @@ impl PtDecoder<'_> {
                         self.flow_not_walked(st, ip)?;
                         self.flow_index_of(b, ip).unwrap_or(b.len)
                     }
-                    None => match self.flow_first_binding(b, |i| is_mov_cr3(i).then_some(false)) {
-                        Some((k, _)) => {
+                    None => {
+                        if st.skl014.is_some() {
+                            // (The branch it binds to may be in code walked without trace.)
                             self.flow_nothing_walked(st)?;
-                            k + 1
                         }
-                        None => b.len,
-                    },
+                        match self.flow_pgd_binding(st, b) {
+                            Some(k) => {
+                                self.flow_nothing_walked(st)?;
+                                k + 1
+                            }
+                            None => b.len,
+                        }
+                    }
                 };
                 // (After an IRET CFE: the disable binds to that instruction, which runs.)
                 if let Some(c) = st.cfe_ret.take() {
@@ -1641,6 +1663,21 @@ impl PtDecoder<'_> {
             .iter()
             .enumerate()
             .find_map(|(k, r)| Some((k as u32, binds(r.as_instruction()?)?)))
+    }
+
+    /// The instruction of block `b` a TIP.PGD without IP binds to before the branch that
+    /// ends it, the disable coming after it: a MOV CR3 (libipt's `pt_insn_changes_cr3`)
+    /// or, with erratum SKL014 and address filters, a direct jump or call whose target
+    /// the filters do not trace (libipt's `pt_blk_proceed_skl014`), whichever comes first.
+    fn flow_pgd_binding(&self, st: &FlowState, b: FBlock) -> Option<u32> {
+        self.flow_first_binding(b, |i| {
+            let leaves = st.skl014.as_ref().is_some_and(|f| {
+                matches!(i.class, InsnClass::Call | InsnClass::Jump)
+                    && direct_target(i).is_some_and(|t| !f.traces(t))
+            });
+            (leaves || is_mov_cr3(i)).then_some(false)
+        })
+        .map(|(k, _)| k)
     }
 
     /// Records of block `b` before its instruction at `ip`.

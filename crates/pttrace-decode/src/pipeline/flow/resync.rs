@@ -145,10 +145,7 @@ impl PtDecoder<'_> {
                 Pkt::TipPgd(ip) => {
                     break match last.apply(ip) {
                         Some(ip) => in_block(Some(ip)),
-                        None => self
-                            .flow_recs(b)
-                            .iter()
-                            .any(|r| r.as_instruction().is_some_and(super::is_mov_cr3)),
+                        None => self.flow_pgd_binding(st, b).is_some(),
                     }
                 }
                 Pkt::Psb => {
