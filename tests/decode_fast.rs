@@ -3089,6 +3089,101 @@ fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast
     }
 }
 
+/// Erratum BDM64 (Broadwell; libipt's `bdm64-*` tests): the branch before a
+/// transaction's abort may have been traced wrong. Where the abort's IP cannot be reached
+/// from where that branch led (within 256 instructions, through direct branches), libipt
+/// takes the branch to have gone there, and so does the fast decoder: a conditional
+/// branch's TNT bit that says not taken, the abort in code it cannot reach; the same
+/// abort at an IP the code reaches (no erratum then); at one 300 instructions on (past
+/// libipt's search: libipt's records, from libipt). An event between the branch and the abort (a CBR) ends libipt's
+/// block: the bad query is libipt's, the window goes to it. Without the erratum, the
+/// unreachable abort is a decode error in both decoders.
+#[test]
+fn bdm64_aborts_the_branch_before_cannot_reach_are_decoded_by_the_fast_decoder() {
+    const AT: u64 = 0xc0_0000;
+    const ABORT: [u8; 2] = [0x99, 0x22];
+    let mut code = vec![0xf4u8; 0x400];
+    code[..6].copy_from_slice(&[0x90, 0x74, 0x0d, 0x90, 0x74, 0x1a]); // nop; je 0x10; nop; je 0x20
+    code[0x30..0x32].copy_from_slice(&[0x90, 0x90]); // the abort handler: nop; nop
+    code[0x100..0x102].copy_from_slice(&[0x74, 0x7e]); // je 0x180
+    code[0x102..0x102 + 300].fill(0x90); // 300 nops, then jmp rax
+    code[0x102 + 300..0x104 + 300].copy_from_slice(&[0xff, 0xe0]);
+    let mut space = AddressSpace::new();
+    space.add_bytes("tsx", code, AT);
+    let trace = |start: u64, abort_at: u64, cbr: bool| {
+        let mut w = PtWriter::new();
+        w.psb_plus(Some(5), Some(start));
+        w.tnt(&[false]);
+        if cbr {
+            w.buf.extend_from_slice(&[0x02, 0x03, 0x20, 0x00]);
+        }
+        w.buf.extend_from_slice(&ABORT);
+        w.fup(abort_at).tip(AT + 0x30).fup(AT + 0x31).tip_pgd(None);
+        w.buf
+    };
+    let broadwell = drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x3d,
+        ..Default::default()
+    };
+    let decode = |buf: &[u8], cpu| {
+        let mut f = decoder_cpu(buf, &space, DecoderKind::Fast, cpu);
+        let recs: Vec<Record> = f.by_ref().collect();
+        let l: Vec<Record> = decoder_cpu(buf, &space, DecoderKind::Libipt, cpu).collect();
+        assert!(recs == l, "{}", first_difference(&recs, &l));
+        let shown = show(&recs);
+        let from = shown
+            .iter()
+            .position(|r| r.starts_with("0x"))
+            .unwrap_or(shown.len());
+        (shown[from..].to_vec(), f.decoded_by())
+    };
+    let fast = ("fast", None);
+    let after = |from: u64| {
+        vec![
+            format!("KernelXfer {{ from: {from}, to: Some({}) }}", AT + 0x30),
+            format!("{:#x} Other", AT + 0x30),
+            format!("TraceDisabled {{ ip: Some({}) }}", AT + 0x31),
+        ]
+    };
+    let branch = [format!("{AT:#x} Other"), format!("{:#x} CondJump", AT + 1)];
+    // The abort at 0x10, which the code after the untaken branch cannot reach.
+    let unreachable = trace(AT, AT + 0x10, false);
+    assert_eq!(
+        decode(&unreachable, broadwell),
+        ([&branch[..], &after(AT + 0x10)].concat(), fast)
+    );
+    // At 0x04, which it reaches: the NOP at 0x03 runs first.
+    let mut reached = branch.to_vec();
+    reached.push(format!("{:#x} Other", AT + 3));
+    reached.extend(after(AT + 4));
+    assert_eq!(
+        decode(&trace(AT, AT + 4, false), broadwell),
+        (reached, fast)
+    );
+    // 300 instructions after the branch: past libipt's search, so none of them runs.
+    // (The fast decoder has walked the first 256 as a block of their own by then: that
+    // goes to libipt.)
+    let far = AT + 0x102 + 300;
+    assert_eq!(
+        decode(&trace(AT + 0x100, far, false), broadwell),
+        (
+            [&[format!("{:#x} CondJump", AT + 0x100)][..], &after(far)].concat(),
+            (
+                "libipt",
+                Some("erratum BDM64 after code walked without trace")
+            )
+        )
+    );
+    // A CBR between the branch and the abort: libipt's decode error, from libipt.
+    let (recs, by) = decode(&trace(AT, AT + 0x10, true), broadwell);
+    assert_eq!(by.0, "libipt");
+    assert!(recs.iter().any(|r| r.starts_with("gap ")), "{recs:?}");
+    // Without the erratum: a decode error, the same in both.
+    let (recs, _) = decode(&unreachable, Default::default());
+    assert!(recs.iter().any(|r| r.starts_with("gap ")), "{recs:?}");
+}
+
 /// Event trace of every kind libipt 2.1.2 knows, as its `ptet-*` tests have them: an SMI
 /// (CFE without IP before the FUP + TIP of its asynchronous branch), the handler's IRETQ
 /// (CFE with IP: the FUP gives the IRETQ's address), a VM exit (two EVDs, CFE, FUP, PIP,

@@ -477,7 +477,7 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// or APL12 (libipt's recoveries), an asynchronous disable at a VM entry on a CPU with
 /// erratum SKD022, event trace of every kind libipt 2.1.2 knows, an OVF that ends the
 /// PSB+ of the synchronization, a deferred TIP.
-const FAST_PATTERNS: [&str; 53] = [
+const FAST_PATTERNS: [&str; 55] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -531,6 +531,8 @@ const FAST_PATTERNS: [&str; 53] = [
     "skl014-call",
     "skl014-jmp",
     "skl014-jmp-jmp",
+    "bdm64-tnt-cond-xabort",
+    "bdm64-tnt-ind_call-xabort",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but

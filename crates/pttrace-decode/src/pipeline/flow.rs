@@ -531,6 +531,10 @@ fn is_mov_cr3(i: &crate::records::Instruction) -> bool {
         && insn.op0_register() == Register::CR3
 }
 
+/// Instructions libipt walks from a branch to a TSX abort's IP before it takes erratum
+/// BDM64 to apply.
+const BDM64_STEPS: u64 = 0x100;
+
 /// The target of a direct near jump or call (none: an indirect one).
 fn direct_target(i: &crate::records::Instruction) -> Option<u64> {
     let insn = iced_x86::Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0).decode();
@@ -579,9 +583,17 @@ pub(crate) struct FlowState {
     /// Errata the engine checks for.
     bdm70: bool,
     skd022: bool,
-    /// BDM64 (a TSX abort's trace may not match the code): libipt works around what would
-    /// be a bad query, so that window goes to libipt.
+    /// BDM64 (a TSX abort's trace may not match the code): where the abort's IP cannot be
+    /// reached from the branch before it, libipt takes that branch to have gone there.
     pub bdm64: bool,
+    /// Queue position at the last event libipt reports (with a record or not) or PSB: a
+    /// block whose branch took trace after it (`committed` past it) ended libipt's block
+    /// at that branch.
+    event_at: u64,
+    /// A MODE.TSX abort was read, its FUP next: whether a branch that took trace came
+    /// last before it, with no event after it (libipt's block is not empty: BDM64 may
+    /// apply), and its offset.
+    tsx_abort: Option<(bool, usize)>,
     /// SKL014 with the address filters the trace was captured with: a TIP.PGD without IP
     /// may also come from a direct jump or call out of the filtered ranges.
     pub skl014: Option<crate::config::AddrFilter>,
@@ -756,6 +768,8 @@ impl FlowState {
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
+            event_at: 0,
+            tsx_abort: None,
             skl014: None,
             item_at: 0,
             resync: false,
@@ -1358,13 +1372,30 @@ impl PtDecoder<'_> {
             TraceItem::Async { from, to } => {
                 let pgd_ip = st.pgd_ip;
                 self.flow_not_walked(st, from)?;
-                let Some(n) = self.flow_event_index(b, from) else {
-                    return Err(self.flow_bad_query(
-                        st,
-                        b,
-                        st.item_at,
-                        "asynchronous event IP not reached without trace",
-                    ));
+                // Erratum BDM64: where the IP of a transaction's abort cannot be reached
+                // from the branch that took the last trace (within libipt's 256
+                // instructions, through direct branches), that branch went there.
+                let abort = st.tsx_abort.take();
+                let bdm64 = abort.is_some_and(|a| a.0)
+                    && st.bdm64
+                    && !matches!(b.end, End::Continue | End::Nomap);
+                let walked = st.without_trace;
+                let (n, jumped) = match self.flow_event_index(b, from) {
+                    Some(n) if !(bdm64 && walked + u64::from(n) > BDM64_STEPS) => (n, false),
+                    // (None of the code walked or of the block runs.)
+                    _ if bdm64 && walked == 0 => (0, true),
+                    _ if bdm64 => return Err("erratum BDM64 after code walked without trace"),
+                    _ => {
+                        // (From the MODE.TSX of an abort: libipt fails at the abort's
+                        // FUP; at an interrupt's, at its TIP.)
+                        let at = abort.map_or(st.item_at, |a| a.1);
+                        return Err(self.flow_bad_query(
+                            st,
+                            b,
+                            at,
+                            "asynchronous event IP not reached without trace",
+                        ));
+                    }
                 };
                 self.flow_push_block(st, b, n);
                 match to {
@@ -1377,7 +1408,7 @@ impl PtDecoder<'_> {
                     // (at the TIP.PGD's IP): it binds to the VM entry, which runs (unless
                     // that IP is the entry's own).
                     None if st.skd022 && pgd_ip != Some(from) && self.flow_is_vmentry(from) => {
-                        if n + 1 != b.len || self.flow_mnemonic(from).is_none() {
+                        if jumped || n + 1 != b.len || self.flow_mnemonic(from).is_none() {
                             return Err("erratum SKD022 at a VM entry that ends no block");
                         }
                         // (The entry itself, after the code before it.)
@@ -1781,15 +1812,17 @@ impl PtDecoder<'_> {
         }
         self.queue.push_rec(rec);
         self.flow_commit(st);
+        st.event_at = self.queue.pushed;
     }
 
     /// An event that makes no record (status updates, CBR, MODE.Exec): the decoder's
     /// time moves to the trace's.
     #[inline]
-    fn flow_quiet_event(&mut self, st: &FlowState) {
+    fn flow_quiet_event(&mut self, st: &mut FlowState) {
         if let Some(t) = st.clock.now() {
             self.tsc = Some(t);
         }
+        st.event_at = self.queue.pushed;
     }
 
     /// The successor `k` of block `from`, at `ip` (linked on first use).
@@ -2123,6 +2156,7 @@ impl PtDecoder<'_> {
                 }
             }
             Pkt::ModeTsx { abort: true } => {
+                st.tsx_abort = Some((st.event_at < st.committed, st.item_at));
                 self.flow_quiet_event(st);
                 if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
                     return Err("MODE.TSX abort not followed by its FUP");
@@ -2264,6 +2298,7 @@ impl PtDecoder<'_> {
         if st.tnt_n != 0 {
             return Err("TNT bits left at a PSB");
         }
+        st.event_at = self.queue.pushed;
         st.last_ip.reset();
         let mut fup = None;
         let mut mode = None;
