@@ -2982,15 +2982,12 @@ fn skd022_vm_entry_disables_are_decoded_by_the_fast_decoder() {
     );
 }
 
-/// Erratum SKL014 (libipt's `skl014-*` tests): with address filters, a direct jump or
-/// call out of the traced ranges may disable tracing with a TIP.PGD without IP. libipt
-/// then binds the disable to the first such branch (or MOV CR3) of the code it walks; the
-/// fast decoder does too, with filter and stop ranges, a call and a jump that stay inside
-/// first. Without the erratum, or without filters, the same TIP.PGDs bind to the
-/// indirect branch after them, in both decoders.
-#[test]
-fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast_decoder() {
-    const AT: u64 = 0xb0_0000;
+const SKL014_AT: u64 = 0xb0_0000;
+
+/// The code of the SKL014 test at [`SKL014_AT`]: a call and a jump inside the filter
+/// range, a jump out of it, a MOV CR3 and a jump into the stop range, indirect jumps
+/// after them; and those ranges.
+fn skl014_code() -> (AddressSpace, drpttracer::decode::AddrFilter) {
     let mut code = vec![0xf4u8; 0x400];
     let mut put = |at: usize, bytes: &[u8]| code[at..at + bytes.len()].copy_from_slice(bytes);
     put(0x00, &[0xe8, 0x1b, 0, 0, 0]); // call 0x20 (inside the filter)
@@ -3001,20 +2998,38 @@ fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast
     put(0x63, &[0xe9, 0x98, 0x02, 0, 0]); // jmp 0x300 (into the stop range)
     put(0x300, &[0xff, 0xe0]); // jmp rax
     let mut space = AddressSpace::new();
-    space.add_bytes("skl014", code, AT);
+    space.add_bytes("skl014", code, SKL014_AT);
+    let mut filter = drpttracer::decode::AddrFilter::default();
+    filter.set("0:filter,0xb00000,0xb000ff").unwrap();
+    filter.set("1:stop,0xb00300,0xb003ff").unwrap();
+    (space, filter)
+}
+
+/// A CPU with errata SKL014, SKD010, SKD022 and BDM70 (Skylake).
+fn skylake() -> drpttracer::decode::CpuParams {
+    drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x5e,
+        ..Default::default()
+    }
+}
+
+/// Erratum SKL014 (libipt's `skl014-*` tests): with address filters, a direct jump or
+/// call out of the traced ranges may disable tracing with a TIP.PGD without IP. libipt
+/// then binds the disable to the first such branch (or MOV CR3) of the code it walks; the
+/// fast decoder does too, with filter and stop ranges, a call and a jump that stay inside
+/// first. Without the erratum, or without filters, the same TIP.PGDs bind to the
+/// indirect branch after them, in both decoders.
+#[test]
+fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast_decoder() {
+    const AT: u64 = SKL014_AT;
+    let (space, filter) = skl014_code();
     let mut w = PtWriter::new();
     w.psb_plus(Some(5), Some(AT));
     w.tip_pgd(None);
     w.tip_pge(AT + 0x40).tip_pgd(None);
     w.tip_pge(AT + 0x63).tip_pgd(None);
-    let mut filter = drpttracer::decode::AddrFilter::default();
-    filter.set("0:filter,0xb00000,0xb000ff").unwrap();
-    filter.set("1:stop,0xb00300,0xb003ff").unwrap();
-    let skylake = drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x5e,
-        ..Default::default()
-    };
+    let skylake = skylake();
     let decode = |kind, cpu, filter| -> (Vec<Record>, (&'static str, Option<&'static str>)) {
         let params = TraceParams {
             cpu,
@@ -3075,17 +3090,52 @@ fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast
         format!("{:#x} Jump", AT + 0x300),
         disabled,
     ];
-    let broadwell = drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x3d,
-        ..Default::default()
-    };
-    for (cpu, filter) in [(broadwell, filter), (skylake, Default::default())] {
+    for (cpu, filter) in [(broadwell(), filter), (skylake, Default::default())] {
         let (f, by) = decode(DecoderKind::Fast, cpu, filter);
         assert_eq!(by, ("fast", None));
         let (l, _) = decode(DecoderKind::Libipt, cpu, filter);
         assert!(f == l, "{}", first_difference(&f, &l));
         assert_eq!(show(&f)[2..], expected);
+    }
+}
+
+const BDM64_AT: u64 = 0xc0_0000;
+
+/// The code of the BDM64 test at [`BDM64_AT`]: `nop; je 0x10; nop; je 0x20` (the abort
+/// at 0x10 unreachable when the first is not taken), the abort handler at 0x30, and at
+/// 0x100 a `je` before 300 NOPs and a `jmp rax`.
+fn bdm64_code() -> AddressSpace {
+    let mut code = vec![0xf4u8; 0x400];
+    code[..6].copy_from_slice(&[0x90, 0x74, 0x0d, 0x90, 0x74, 0x1a]);
+    code[0x30..0x32].copy_from_slice(&[0x90, 0x90]); // nop; nop
+    code[0x100..0x102].copy_from_slice(&[0x74, 0x7e]); // je 0x180
+    code[0x102..0x102 + 300].fill(0x90);
+    code[0x102 + 300..0x104 + 300].copy_from_slice(&[0xff, 0xe0]);
+    let mut space = AddressSpace::new();
+    space.add_bytes("tsx", code, BDM64_AT);
+    space
+}
+
+/// A conditional branch not taken, then (after a CBR when `cbr`) a transaction's abort
+/// at `abort_at` to the handler, and an asynchronous disable there.
+fn bdm64_abort(w: &mut PtWriter, abort_at: u64, cbr: bool) {
+    w.tnt(&[false]);
+    if cbr {
+        w.buf.extend_from_slice(&[0x02, 0x03, 0x20, 0x00]);
+    }
+    w.buf.extend_from_slice(&[0x99, 0x22]);
+    w.fup(abort_at)
+        .tip(BDM64_AT + 0x30)
+        .fup(BDM64_AT + 0x31)
+        .tip_pgd(None);
+}
+
+/// A CPU with errata BDM64 and BDM70 (Broadwell).
+fn broadwell() -> drpttracer::decode::CpuParams {
+    drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x3d,
+        ..Default::default()
     }
 }
 
@@ -3100,32 +3150,15 @@ fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast
 /// unreachable abort is a decode error in both decoders.
 #[test]
 fn bdm64_aborts_the_branch_before_cannot_reach_are_decoded_by_the_fast_decoder() {
-    const AT: u64 = 0xc0_0000;
-    const ABORT: [u8; 2] = [0x99, 0x22];
-    let mut code = vec![0xf4u8; 0x400];
-    code[..6].copy_from_slice(&[0x90, 0x74, 0x0d, 0x90, 0x74, 0x1a]); // nop; je 0x10; nop; je 0x20
-    code[0x30..0x32].copy_from_slice(&[0x90, 0x90]); // the abort handler: nop; nop
-    code[0x100..0x102].copy_from_slice(&[0x74, 0x7e]); // je 0x180
-    code[0x102..0x102 + 300].fill(0x90); // 300 nops, then jmp rax
-    code[0x102 + 300..0x104 + 300].copy_from_slice(&[0xff, 0xe0]);
-    let mut space = AddressSpace::new();
-    space.add_bytes("tsx", code, AT);
+    const AT: u64 = BDM64_AT;
+    let space = bdm64_code();
     let trace = |start: u64, abort_at: u64, cbr: bool| {
         let mut w = PtWriter::new();
         w.psb_plus(Some(5), Some(start));
-        w.tnt(&[false]);
-        if cbr {
-            w.buf.extend_from_slice(&[0x02, 0x03, 0x20, 0x00]);
-        }
-        w.buf.extend_from_slice(&ABORT);
-        w.fup(abort_at).tip(AT + 0x30).fup(AT + 0x31).tip_pgd(None);
+        bdm64_abort(&mut w, abort_at, cbr);
         w.buf
     };
-    let broadwell = drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x3d,
-        ..Default::default()
-    };
+    let broadwell = broadwell();
     let decode = |buf: &[u8], cpu| {
         let mut f = decoder_cpu(buf, &space, DecoderKind::Fast, cpu);
         let recs: Vec<Record> = f.by_ref().collect();
@@ -3182,6 +3215,92 @@ fn bdm64_aborts_the_branch_before_cannot_reach_are_decoded_by_the_fast_decoder()
     // Without the erratum: a decode error, the same in both.
     let (recs, _) = decode(&unreachable, Default::default());
     assert!(recs.iter().any(|r| r.starts_with("gap ")), "{recs:?}");
+}
+
+/// Mutants of the SKL014 and BDM64 tests' traces (filters and disables without IP, TSX
+/// aborts reachable and not, PSBs between) decoded on the CPUs with those errata: the
+/// fast decoder's records are libipt's, and many stay on the fast path.
+#[test]
+fn mutated_errata_traces_give_libipt_records() {
+    let (skl_space, filter) = skl014_code();
+    let mut w = PtWriter::new();
+    for k in 0..12usize {
+        w.psb_plus(Some(5 + k as u64), Some(SKL014_AT));
+        w.tip_pgd(None);
+        w.tip_pge(SKL014_AT + [0x40, 0x63][k % 2]).tip_pgd(None);
+        w.tip_pge(SKL014_AT);
+    }
+    let skl_trace = w.buf;
+    let tsx_space = bdm64_code();
+    let mut w = PtWriter::new();
+    for k in 0..12usize {
+        w.psb_plus(Some(5 + k as u64), Some(BDM64_AT));
+        bdm64_abort(&mut w, BDM64_AT + [0x10, 4, 3][k % 3], false);
+        w.tip_pge(BDM64_AT);
+    }
+    let tsx_trace = w.buf;
+    let mut rng = XorShift::new(0xe44a7a);
+    let (mut fast_kept, mut total) = (0usize, 0usize);
+    let mut reasons = std::collections::BTreeMap::new();
+    for k in 0..3_000 {
+        let (base, space, params) = if k % 2 == 0 {
+            let p = TraceParams {
+                cpu: skylake(),
+                filter,
+                ..Default::default()
+            };
+            (&skl_trace, &skl_space, p)
+        } else {
+            let p = TraceParams {
+                cpu: broadwell(),
+                ..Default::default()
+            };
+            (&tsx_trace, &tsx_space, p)
+        };
+        let m = if k < 2 {
+            base.clone()
+        } else {
+            mutate(&mut rng, base)
+        };
+        let run = |kind| {
+            let opts = WindowOptions {
+                source: "t".into(),
+                window_id: Some(1),
+                decoder: kind,
+                ..Default::default()
+            };
+            let mut d = PtDecoder::new(
+                &m,
+                params,
+                space.clone(),
+                vec![],
+                ImageResolver::default(),
+                opts,
+            )
+            .unwrap();
+            let recs: Vec<Record> = d.by_ref().collect();
+            (recs, d.decoded_by())
+        };
+        let (f, by) = run(DecoderKind::Fast);
+        let (l, _) = run(DecoderKind::Libipt);
+        if f != l {
+            let _ = std::fs::write(
+                std::env::temp_dir().join("decode_fast_errata_mutant.pt"),
+                &m,
+            );
+        }
+        assert!(f == l, "mutant {k}: {}", first_difference(&f, &l));
+        if k < 2 {
+            assert_eq!(by, ("fast", None), "the unmutated trace {k}");
+        }
+        total += 1;
+        fast_kept += usize::from(by == ("fast", None));
+        *reasons
+            .entry((k % 2, by.1.unwrap_or("-")))
+            .or_insert(0usize) += 1;
+    }
+    eprintln!("{fast_kept} of {total} errata mutants decoded by the fast decoder itself; handed to libipt: {reasons:?}");
+    assert!(fast_kept * 20 > total, "{fast_kept} of {total} stayed fast");
 }
 
 /// Event trace of every kind libipt 2.1.2 knows, as its `ptet-*` tests have them: an SMI
@@ -3413,4 +3532,43 @@ fn deferred_tips_are_followed_by_the_fast_decoder() {
     let l = libipt(&bad.buf, &space);
     assert!(f == l, "{}", first_difference(&f, &l));
     assert!(f.iter().any(|r| matches!(r, Record::Gap(_))));
+}
+
+/// Code without an image reached by a TIP (an interrupt's, a transaction abort's), then a
+/// TIP.PGD alone or the FUP + TIP.PGD of an asynchronous disable: libipt reports the
+/// nomap past the lone TIP.PGD and its PADs, but at the FUP's TIP.PGD. The fast decoder
+/// reports it where libipt does, itself (found on a mutant of the BDM64 trace).
+#[test]
+fn code_without_an_image_before_a_disable_is_reported_where_libipt_does() {
+    let space = bdm64_code();
+    let nomap = "no memory mapped at this address: no code image covers 0xc04030";
+    for abort in [false, true] {
+        for fup in [false, true] {
+            let mut w = PtWriter::new();
+            if abort {
+                w.psb_plus(Some(5), Some(BDM64_AT));
+                w.tnt(&[false]);
+                w.buf.extend_from_slice(&[0x99, 0x22]);
+                w.fup(BDM64_AT + 3).tip(0xc04030);
+            } else {
+                // (At the `jmp rax`.)
+                w.psb_plus(Some(5), Some(BDM64_AT + 0x102 + 300));
+                w.tip(0xc04030);
+            }
+            if fup {
+                w.fup(BDM64_AT + 0x31);
+            }
+            let pgd = w.buf.len();
+            w.tip_pgd(None).pad().pad();
+            let at = if fup { pgd } else { w.buf.len() };
+            let (f, by) = fast(&w.buf, &space);
+            assert_eq!(by, ("fast", None), "abort {abort}, FUP {fup}");
+            assert!(f == libipt(&w.buf, &space), "abort {abort}, FUP {fup}");
+            assert_eq!(
+                gaps(&f),
+                [format!("{at:#x} {nomap}")],
+                "abort {abort}, FUP {fup}"
+            );
+        }
+    }
 }

@@ -149,9 +149,14 @@ impl PtDecoder<'_> {
                     }
                 }
                 Pkt::Psb => {
+                    // (A PSB+ that another packet than its own breaks off: libipt's
+                    // packet error may come first.)
+                    if !self.flow_psb_ends(p) {
+                        return Err("a broken PSB+ after code without an image");
+                    }
                     break self
                         .flow_psb_fup(p)
-                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
+                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip));
                 }
                 // (A TIP.PGE while tracing is enabled: libipt takes its enable event
                 // before the code at the block's start, and fails there.)
@@ -164,6 +169,22 @@ impl PtDecoder<'_> {
             return Err(EVENTS);
         }
         Ok(binds)
+    }
+
+    /// Whether the PSB+ at `p` ends with its PSBEND (or an OVF), with only the packets a
+    /// PSB+ holds before it.
+    fn flow_psb_ends(&self, mut p: usize) -> bool {
+        p += wire::PSB.len();
+        while let Some((pkt, size)) = wire::parse(self.trace, p) {
+            match pkt {
+                Pkt::Psbend | Pkt::Ovf => return true,
+                Pkt::Fup(_) => {}
+                pkt if super::passed_in_psb(pkt) => {}
+                _ => return false,
+            }
+            p += size;
+        }
+        false
     }
 
     /// The FUP IP of the PSB+ at `p`.
@@ -233,21 +254,24 @@ impl PtDecoder<'_> {
 
     /// Where libipt 2.1.2 reports a nomap, the trace read up to `p` (its query decoder
     /// holds the next event): past a TNT or TIP.PGD packet (and the PADs after it), at a
-    /// TIP, at the PSBEND of a PSB+ with a FUP (its status events queued), at the end of
+    /// TIP or at a FUP's TIP.PGD, at the PSBEND of a PSB+ with a FUP (its status events queued), at the end of
     /// the trace; PADs, timing packets and a FUP (waiting for its TIP) passed on the way.
     /// `None` elsewhere (events libipt drains first: the fast decoder leaves those to
     /// libipt). (Found against libipt on the mutated traces of `tests/decode_fast.rs`.)
     fn flow_nomap_offset(&self, mut p: usize) -> Option<usize> {
+        let mut fup = false;
         loop {
             let Some((pkt, size)) = wire::parse(self.trace, p) else {
                 return (p >= self.trace.len()).then_some(p);
             };
             match pkt {
                 Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {}
-                Pkt::Fup(_) => {}
+                Pkt::Fup(_) => fup = true,
                 pkt if super::event_trace::ignored(pkt) => {}
-                Pkt::Tnt { .. } | Pkt::TipPgd(_) => return Some(self.flow_past_pads(p + size)),
-                Pkt::Tip(_) => return Some(p),
+                Pkt::TipPgd(_) if !fup => return Some(self.flow_past_pads(p + size)),
+                Pkt::Tnt { .. } => return Some(self.flow_past_pads(p + size)),
+                // (The TIP or TIP.PGD of an asynchronous branch or disable.)
+                Pkt::Tip(_) | Pkt::TipPgd(_) => return Some(p),
                 // (One with a FUP: without, the status differs, libipt's error.)
                 Pkt::Psb => {
                     let mut q = p + size;
