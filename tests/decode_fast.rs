@@ -3217,9 +3217,120 @@ fn bdm64_aborts_the_branch_before_cannot_reach_are_decoded_by_the_fast_decoder()
     assert!(recs.iter().any(|r| r.starts_with("gap ")), "{recs:?}");
 }
 
-/// Mutants of the SKL014 and BDM64 tests' traces (filters and disables without IP, TSX
-/// aborts reachable and not, PSBs between) decoded on the CPUs with those errata: the
-/// fast decoder's records are libipt's, and many stay on the fast path.
+/// SKZ84's corrupted TMA (reserved bits set) with the bogus byte after it.
+const SKZ84_TMA: [u8; 8] = [0x02, 0x73, 0x01, 0x01, 0x01, 0x01, 0x00, 0x00];
+/// A 2-byte CYC whose second byte an OVF overwrote (SKD007): `f7 02` and OVF's `f3`.
+const SKD007_CYC_OVF: [u8; 3] = [0xf7, 0x02, 0xf3];
+
+/// A CPU with errata SKZ84, SKL014, SKD022 and BDM70 (Skylake server).
+fn skylake_server() -> drpttracer::decode::CpuParams {
+    drpttracer::decode::CpuParams {
+        family: 6,
+        model: 0x55,
+        ..Default::default()
+    }
+}
+
+/// Errata SKZ84 and SKD007 (libipt's `skz84` and `skd007` tests), which change how
+/// libipt's packet decoder reads the bytes. SKZ84: in a VMX guest with TSC offsetting, a
+/// TMA may be corrupted, followed by a bogus byte; libipt reads one with reserved bits as
+/// an invalid packet of both and passes over it. The fast decoder does too: in a PSB+, in
+/// the flow, before code without an image; the records are the clean trace's. Without the
+/// erratum it is libipt's error. SKD007: an OVF may overwrite the second byte of a 2-byte
+/// CYC; libipt reads such a CYC followed by OVF's second byte as the OVF, and so does the
+/// fast decoder (the overflow resolves at the FUP after it); without the erratum the same
+/// bytes are two CYCs, in both decoders.
+#[test]
+fn skz84_and_skd007_packets_are_read_as_libipt_reads_them_by_the_fast_decoder() {
+    let p = call_prog();
+    let space = call_space(&p);
+    let clean = call_trace_with(&p, &|_, _| {});
+    let with_skz84 = call_trace_with(&p, &|w, k| {
+        if matches!(k, 0 | 2 | 5) {
+            w.buf.extend_from_slice(&SKZ84_TMA);
+        }
+    });
+    let decode_in = |buf: &[u8], space: &AddressSpace, cpu| {
+        let mut f = decoder_cpu(buf, space, DecoderKind::Fast, cpu);
+        let recs: Vec<Record> = f.by_ref().collect();
+        let l: Vec<Record> = decoder_cpu(buf, space, DecoderKind::Libipt, cpu).collect();
+        assert!(recs == l, "{}", first_difference(&recs, &l));
+        (recs, f.decoded_by())
+    };
+    let decode = |buf: &[u8], cpu| decode_in(buf, &space, cpu);
+    let (expected, by) = decode(&clean, skylake_server());
+    assert_eq!(by, ("fast", None));
+    assert_eq!(
+        decode(&with_skz84, skylake_server()),
+        (expected, ("fast", None))
+    );
+    let (recs, by) = decode(&with_skz84, Default::default());
+    assert_eq!(
+        by,
+        (
+            "libipt",
+            Some("packet the fast decoder leaves to libipt in a PSB+")
+        )
+    );
+    assert!(recs.iter().any(|r| matches!(r, Record::Gap(_))), "{recs:?}");
+    // Before code without an image: the nomap where libipt reports it.
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(BDM64_AT + 0x102 + 300));
+    w.tip(0xc04030);
+    w.buf.extend_from_slice(&SKZ84_TMA);
+    w.tip_pgd(None);
+    let nomap = decode_in(&w.buf, &bdm64_code(), skylake_server());
+    assert_eq!(nomap.1, ("fast", None));
+    assert_eq!(
+        gaps(&nomap.0),
+        [format!(
+            "{:#x} no memory mapped at this address: no code image covers 0xc04030",
+            w.buf.len()
+        )]
+    );
+
+    // SKD007: the not-taken `je` at 0x01, the hidden OVF, the FUP it resolves at (the
+    // handler at 0x30), an asynchronous disable there.
+    const AT: u64 = BDM64_AT;
+    let tsx_space = bdm64_code();
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(5), Some(AT));
+    w.tnt(&[false]);
+    cyc(&mut w, 3);
+    w.buf.extend_from_slice(&SKD007_CYC_OVF);
+    w.fup(AT + 0x30).fup(AT + 0x31).tip_pgd(None);
+    let decode = |cpu| {
+        let mut f = decoder_cpu(&w.buf, &tsx_space, DecoderKind::Fast, cpu);
+        let recs: Vec<Record> = f.by_ref().collect();
+        let l: Vec<Record> = decoder_cpu(&w.buf, &tsx_space, DecoderKind::Libipt, cpu).collect();
+        assert!(recs == l, "{}", first_difference(&recs, &l));
+        let shown = show(&recs);
+        let from = shown.iter().position(|r| r.starts_with("0x")).unwrap_or(0);
+        (shown[from..].to_vec(), f.decoded_by())
+    };
+    assert_eq!(
+        decode(skylake()),
+        (
+            vec![
+                format!("{AT:#x} Other"),
+                format!("{:#x} CondJump", AT + 1),
+                format!("Overflow {{ ip: Some({}) }}", AT + 0x30),
+                format!("{:#x} Other", AT + 0x30),
+                format!("TraceDisabled {{ ip: Some({}) }}", AT + 0x31),
+            ],
+            ("fast", None)
+        )
+    );
+    // Without the erratum: two CYCs, then a FUP the code does not reach.
+    let (recs, _) = decode(broadwell());
+    assert!(!recs.iter().any(|r| r.starts_with("Overflow")), "{recs:?}");
+    assert!(recs.iter().any(|r| r.starts_with("gap ")), "{recs:?}");
+}
+
+/// Mutants of the SKL014, BDM64, SKZ84 and SKD007 tests' traces (filters and disables
+/// without IP, TSX aborts reachable and not, corrupted TMAs, OVFs hidden in CYCs, PSBs
+/// between) decoded on the CPUs with those errata: the fast decoder's records are
+/// libipt's, and many stay on the fast path.
 #[test]
 fn mutated_errata_traces_give_libipt_records() {
     let (skl_space, filter) = skl014_code();
@@ -3239,25 +3350,42 @@ fn mutated_errata_traces_give_libipt_records() {
         w.tip_pge(BDM64_AT);
     }
     let tsx_trace = w.buf;
+    // SKZ84's corrupted TMAs in the call trace; SKD007's hidden OVFs among CYCs.
+    let p = call_prog();
+    let call_space = call_space(&p);
+    let skz84_trace = call_trace_with(&p, &|w, k| {
+        if matches!(k, 0 | 2 | 5) {
+            w.buf.extend_from_slice(&SKZ84_TMA);
+        }
+    });
+    let mut w = PtWriter::new();
+    for k in 0..12u64 {
+        w.psb_plus(Some(5 + k), Some(BDM64_AT));
+        w.tnt(&[false]);
+        cyc(&mut w, 3 + k);
+        w.buf.extend_from_slice(&SKD007_CYC_OVF);
+        w.fup(BDM64_AT + 0x30).fup(BDM64_AT + 0x31).tip_pgd(None);
+        w.tip_pge(BDM64_AT);
+    }
+    let skd007_trace = w.buf;
+    let params = |cpu, filter| TraceParams {
+        cpu,
+        filter,
+        ..Default::default()
+    };
+    let none = drpttracer::decode::AddrFilter::default();
+    let kinds = [
+        (&skl_trace, &skl_space, params(skylake(), filter)),
+        (&tsx_trace, &tsx_space, params(broadwell(), none)),
+        (&skz84_trace, &call_space, params(skylake_server(), none)),
+        (&skd007_trace, &tsx_space, params(skylake(), none)),
+    ];
     let mut rng = XorShift::new(0xe44a7a);
     let (mut fast_kept, mut total) = (0usize, 0usize);
     let mut reasons = std::collections::BTreeMap::new();
-    for k in 0..3_000 {
-        let (base, space, params) = if k % 2 == 0 {
-            let p = TraceParams {
-                cpu: skylake(),
-                filter,
-                ..Default::default()
-            };
-            (&skl_trace, &skl_space, p)
-        } else {
-            let p = TraceParams {
-                cpu: broadwell(),
-                ..Default::default()
-            };
-            (&tsx_trace, &tsx_space, p)
-        };
-        let m = if k < 2 {
+    for k in 0..4_000 {
+        let (base, space, params) = kinds[k % kinds.len()];
+        let m = if k < kinds.len() {
             base.clone()
         } else {
             mutate(&mut rng, base)
@@ -3290,7 +3418,7 @@ fn mutated_errata_traces_give_libipt_records() {
             );
         }
         assert!(f == l, "mutant {k}: {}", first_difference(&f, &l));
-        if k < 2 {
+        if k < kinds.len() {
             assert_eq!(by, ("fast", None), "the unmutated trace {k}");
         }
         total += 1;

@@ -477,7 +477,7 @@ const BEYOND_LIBIPT_2_1_2: [&str; 7] = [
 /// or APL12 (libipt's recoveries), an asynchronous disable at a VM entry on a CPU with
 /// erratum SKD022, event trace of every kind libipt 2.1.2 knows, an OVF that ends the
 /// PSB+ of the synchronization, a deferred TIP.
-const FAST_PATTERNS: [&str; 55] = [
+const FAST_PATTERNS: [&str; 57] = [
     "ptw",
     "ptw-fup",
     "tip_pge-ptw-tip_pgd",
@@ -533,6 +533,8 @@ const FAST_PATTERNS: [&str; 55] = [
     "skl014-jmp-jmp",
     "bdm64-tnt-cond-xabort",
     "bdm64-tnt-ind_call-xabort",
+    "skz84",
+    "skd007",
 ];
 
 /// `decode --decoder check` on every corpus case ptxed decodes (with ptxed's options but

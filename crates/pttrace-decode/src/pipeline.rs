@@ -215,6 +215,8 @@ pub struct PtDecoder<'a> {
     dec: BlockDecoder<'a>,
     /// The PT being decoded.
     trace: &'a [u8],
+    /// How libipt reads its packets on the trace's CPU (errata SKD007, SKZ84).
+    wire: crate::wire::WireErrata,
     /// The shared section cache handed in with [`DecoderCaches`], handed on.
     sections: Option<std::sync::Arc<ipt::SectionCache>>,
     shared: Rc<SharedImage>,
@@ -416,6 +418,10 @@ impl<'a> PtDecoder<'a> {
         } else {
             None
         };
+        let wire = crate::wire::WireErrata {
+            skd007: errata.skd007,
+            skz84: errata.skz84,
+        };
         let flow = (fast_start && not_fast.is_none()).then(|| {
             // (libipt 2.1.2's decoder never arms the SKL168 check.)
             let clock = crate::timing::TimeCfg {
@@ -427,6 +433,7 @@ impl<'a> PtDecoder<'a> {
             f.resync = opts.resync_on_error;
             (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
             f.bdm64 = errata.bdm64;
+            f.wire = wire;
             // (libipt applies SKL014 where any address range is configured.)
             f.skl014 = (errata.skl014 && params.filter.ranges.iter().any(|r| r.0 != 0))
                 .then_some(params.filter);
@@ -435,6 +442,7 @@ impl<'a> PtDecoder<'a> {
         Ok(PtDecoder {
             dec,
             trace: pt,
+            wire,
             sections: None,
             shared,
             timeline: ImageTimeline::new(events),

@@ -77,8 +77,52 @@ pub(crate) enum Pkt {
     Pip,
     /// VMCS: a VMCS pointer change (VMPTRLD, a VM entry or exit).
     Vmcs,
+    /// A TMA with reserved bits set: an error to libipt, but on CPUs with erratum SKZ84
+    /// (TSC offsetting or scaling in a VMX guest) a corrupted TMA and the bogus byte after
+    /// it ([`parse_with`]).
+    TmaReserved,
+    /// What libipt's packet decoder reads as an invalid packet and its event decoder
+    /// passes over: SKZ84's corrupted TMA, 8 bytes ([`parse_with`] only).
+    Invalid,
     /// Any other packet (or a reserved encoding): its name.
     Other(&'static str),
+}
+
+/// The CPU errata that change how libipt's packet decoder reads the bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WireErrata {
+    /// SKD007: an OVF may overwrite the second byte of a 2-byte CYC.
+    pub skd007: bool,
+    /// SKZ84: a TMA may be corrupted and followed by a bogus byte.
+    pub skz84: bool,
+}
+
+/// What a TMA with reserved bits is to libipt without erratum SKZ84.
+pub(crate) const TMA_RESERVED: &str = "tma with reserved bits set";
+
+/// The packet at `pos` as libipt's packet decoder reads it on a CPU with errata `e`:
+/// [`parse`], but SKZ84's corrupted TMA is an [`Pkt::Invalid`] of 8 bytes (else
+/// [`Pkt::Other`]), and under SKD007 a 2-byte CYC whose second byte is OVF's first
+/// (`02`) with OVF's second (`f3`) after it is the OVF (its 3 bytes: the CYC's first
+/// lost; libipt reports the OVF 1 byte in).
+#[inline]
+pub(crate) fn parse_with(t: &[u8], pos: usize, e: WireErrata) -> Option<(Pkt, usize)> {
+    match parse(t, pos) {
+        Some((Pkt::TmaReserved, n)) => Some(if e.skz84 {
+            (Pkt::Invalid, n + 1)
+        } else {
+            (Pkt::Other(TMA_RESERVED), n)
+        }),
+        Some((Pkt::Cyc(v), 2)) if e.skd007 && skd007_ovf(t, pos, v) => Some((Pkt::Ovf, 3)),
+        r => r,
+    }
+}
+
+/// Whether the 2-byte CYC of value `v` at `pos` is an OVF under erratum SKD007 (libipt's
+/// test: the CYC's payload bits 5 up are 1, the next byte is OVF's second).
+#[inline]
+pub(crate) fn skd007_ovf(t: &[u8], pos: usize, v: u64) -> bool {
+    v >> 5 == 1 && t.get(pos + 2) == Some(&0xf3)
 }
 
 /// The IP payload of a TIP/TIP.PGE/TIP.PGD/FUP: IPBytes (0..=7) and the payload bytes.
@@ -278,7 +322,7 @@ fn parse_ext(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
             let ctc = u16::from_le_bytes([b[2], b[3]]);
             let fc = u16::from_le_bytes([b[5], b[6]]);
             if b[4] != 0 || fc > 0x1ff {
-                return Some((Pkt::Other("tma with reserved bits set"), 7));
+                return Some((Pkt::TmaReserved, 7));
             }
             Some((Pkt::Tma { ctc, fc }, 7))
         }
@@ -433,10 +477,38 @@ mod tests {
             ))
         );
         let bad = [0x02, 0x73, 0x34, 0x12, 0, 0xff, 0x03];
+        assert_eq!(parse(&bad, 0), Some((Pkt::TmaReserved, 7)));
+        // As libipt reads it: an error, or with SKZ84 an invalid packet and its bogus byte.
+        let skz84 = WireErrata {
+            skz84: true,
+            ..Default::default()
+        };
         assert_eq!(
-            parse(&bad, 0),
-            Some((Pkt::Other("tma with reserved bits set"), 7))
+            parse_with(&bad, 0, WireErrata::default()),
+            Some((Pkt::Other(TMA_RESERVED), 7))
         );
+        assert_eq!(parse_with(&bad, 0, skz84), Some((Pkt::Invalid, 8)));
+        assert_eq!(parse_with(&tma, 0, skz84), parse(&tma, 0));
+        // SKD007: a 2-byte CYC with payload 0x20..0x3f before an `f3` byte is an OVF; any
+        // other CYC stays one, as does that one without the erratum.
+        let skd007 = WireErrata {
+            skd007: true,
+            ..Default::default()
+        };
+        let hidden = [0xf7, 0x02, 0xf3];
+        assert_eq!(parse_with(&hidden, 0, skd007), Some((Pkt::Ovf, 3)));
+        assert_eq!(
+            parse_with(&hidden, 0, WireErrata::default()),
+            parse(&hidden, 0)
+        );
+        assert_eq!(parse(&hidden, 0), Some((Pkt::Cyc(0x1e | 1 << 5), 2)));
+        for other in [[0xf7, 0x04, 0xf3], [0xf7, 0x02, 0xf7], [0xf3, 0x02, 0xf3]] {
+            assert_eq!(
+                parse_with(&other, 0, skd007),
+                parse(&other, 0),
+                "{other:x?}"
+            );
+        }
         assert_eq!(parse(&tma[..6], 0), None, "cut TMA");
         // CBR: a ratio of 0 is an error to libipt.
         assert_eq!(parse(&[0x02, 0x03, 24, 0], 0), Some((Pkt::Cbr(24), 4)));

@@ -315,11 +315,11 @@ impl Clock {
     /// with cycles after another one, a PSB+ CBR with the nominal frequency...); whether
     /// it did is what the join at the cut checks ([`Clock::joins`]). A default clock
     /// where the packets cannot be read.
-    pub fn warmed_up(pt: &[u8], cfg: TimeCfg) -> Clock {
+    pub fn warmed_up(pt: &[u8], cfg: TimeCfg, e: wire::WireErrata) -> Clock {
         let mut c = Clock::default();
         let (mut p, mut header) = (0, false);
         while p < pt.len() {
-            let Some((pkt, n)) = wire::parse(pt, p).filter(|&(_, n)| n > 0) else {
+            let Some((pkt, n)) = wire::parse_with(pt, p, e).filter(|&(_, n)| n > 0) else {
                 return Clock::default();
             };
             p += n;
@@ -597,6 +597,8 @@ pub(crate) struct FlowState {
     /// SKL014 with the address filters the trace was captured with: a TIP.PGD without IP
     /// may also come from a direct jump or call out of the filtered ranges.
     pub skl014: Option<crate::config::AddrFilter>,
+    /// How libipt reads the packets on this CPU (errata SKD007, SKZ84).
+    pub wire: wire::WireErrata,
     /// Records the decoder had queued before the engine started (window id, cpu).
     pub initial_records: u64,
     /// Parallel decode: the cuts where this decoder may stop (offset of the cut's PSB in
@@ -769,6 +771,7 @@ impl FlowState {
             bound_branch: [None; 2],
             bdm64: false,
             event_at: 0,
+            wire: wire::WireErrata::default(),
             tsx_abort: None,
             skl014: None,
             item_at: 0,
@@ -788,7 +791,7 @@ impl FlowState {
             PartStart::Trace => {}
             PartStart::Cut => {
                 self.at_cut = true;
-                self.clock = Clock::warmed_up(before, self.clock_cfg);
+                self.clock = Clock::warmed_up(before, self.clock_cfg, self.wire);
             }
             PartStart::Handoff(h) => {
                 self.read_on = h.ip.map_or(ReadOn::Nothing, ReadOn::ToFup);
@@ -973,7 +976,7 @@ impl PtDecoder<'_> {
         } else if let Some(ip) = st.resume.take() {
             st.cur = self.flow_block(ip)?;
         } else if !std::mem::take(&mut st.yielded)
-            && wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb)
+            && self.pkt(st.pos).is_some_and(|(p, _)| p == Pkt::Psb)
         {
             // A segment starts at the PSB where the last one stopped.
             let at = st
@@ -1138,10 +1141,10 @@ impl PtDecoder<'_> {
     #[inline(never)]
     fn flow_deferred_tip(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
         let mut p = st.pos;
-        while let Some((Pkt::Pad, size)) = wire::parse(self.trace, p) {
+        while let Some((Pkt::Pad, size)) = self.pkt(p) {
             p += size;
         }
-        let Some((Pkt::Tip(payload), size)) = wire::parse(self.trace, p) else {
+        let Some((Pkt::Tip(payload), size)) = self.pkt(p) else {
             return Err("indirect branch with TNT bits pending, no TIP after them");
         };
         let ip = st.last_ip.apply(payload).ok_or("TIP without IP")?;
@@ -1515,7 +1518,7 @@ impl PtDecoder<'_> {
         let mut disabled_after = None;
         let mut unknown = false;
         let fup = loop {
-            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+            let Some((pkt, size)) = self.pkt(p) else {
                 if p >= self.trace.len() {
                     break None;
                 }
@@ -1618,7 +1621,7 @@ impl PtDecoder<'_> {
         // Bound to the FUP: the timing packets up to it move the time on, and the events
         // among them (CBR, MNT) come before the overflow's, which has the OVF's time.
         let at_ovf = st.clock.now();
-        while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < after) {
+        while let Some((pkt, size)) = self.pkt(st.pos).filter(|_| st.pos < after) {
             st.clock.on_timing(pkt, false, st.clock_cfg)?;
             if matches!(pkt, Pkt::Cbr(_) | Pkt::Mnt) {
                 self.flow_quiet_event(st);
@@ -1635,7 +1638,7 @@ impl PtDecoder<'_> {
     /// Reads the packets up to `to`: the timing ones move the clock on, without the events
     /// they make otherwise (libipt's errata recoveries skip them so).
     fn flow_time_silently(&mut self, st: &mut FlowState, to: usize) -> Result<(), Fallback> {
-        while let Some((pkt, size)) = wire::parse(self.trace, st.pos).filter(|_| st.pos < to) {
+        while let Some((pkt, size)) = self.pkt(st.pos).filter(|_| st.pos < to) {
             st.clock.on_timing(pkt, false, st.clock_cfg)?;
             st.pos += size;
         }
@@ -1725,6 +1728,12 @@ impl PtDecoder<'_> {
     fn flow_event_index(&self, b: FBlock, ip: u64) -> Option<u32> {
         self.flow_index_of(b, ip)
             .or((b.end == End::Nomap && b.fall == ip).then_some(b.len))
+    }
+
+    /// The packet at `pos`, as libipt reads it on this CPU ([`wire::parse_with`]).
+    #[inline]
+    fn pkt(&self, pos: usize) -> Option<(Pkt, usize)> {
+        wire::parse_with(self.trace, pos, self.wire)
     }
 
     /// Block `b`'s records.
@@ -1970,6 +1979,8 @@ impl PtDecoder<'_> {
     fn flow_read_item(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
         loop {
             st.item_at = st.pos;
+            // (The packets libipt reads otherwise under errata SKD007 and SKZ84 are
+            // rare here: checked below.)
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
                 if st.pos >= self.trace.len() {
                     return Ok(TraceItem::End(st.read_on));
@@ -1992,6 +2003,19 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
+                Pkt::Cyc(v)
+                    if size == 2
+                        && self.wire.skd007
+                        && wire::skd007_ovf(self.trace, st.item_at, v) =>
+                {
+                    // (Erratum SKD007: an OVF that overwrote the CYC's second byte, at
+                    // that byte.)
+                    st.item_at += 1;
+                    st.pos += 1;
+                    if let Some(item) = self.flow_rare_packet(st, Pkt::Ovf)? {
+                        return Ok(item);
+                    }
+                }
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
                     st.clock.on_timing(pkt, false, st.clock_cfg)?;
                 }
@@ -2069,7 +2093,7 @@ impl PtDecoder<'_> {
             // SDM; libipt 2.2 and ptxed read it so): that FUP is stepped over too,
             // its IP kept for IP compression, whether tracing is enabled or not.
             // (libipt 2.1.2 knows no FUP-bound TRIG: its path stops with a gap.)
-            Pkt::Trig(t) if t.ip => match wire::parse(self.trace, st.pos) {
+            Pkt::Trig(t) if t.ip => match self.pkt(st.pos) {
                 Some((Pkt::Fup(p), size)) => {
                     st.pos += size;
                     st.last_ip.apply(p).ok_or("TRIG's FUP without IP")?;
@@ -2093,7 +2117,7 @@ impl PtDecoder<'_> {
                 // mode is set; the block waiting for it was built before.
                 let mut p = st.pos;
                 let next = loop {
-                    match wire::parse(self.trace, p) {
+                    match self.pkt(p) {
                         Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
                         | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
                         next => break next.map(|n| n.0),
@@ -2149,8 +2173,7 @@ impl PtDecoder<'_> {
             // begin or commit at the FUP's IP; no code.)
             Pkt::ModeTsx { abort } if !st.enabled => {
                 self.flow_quiet_event(st);
-                if let (false, Some((Pkt::Fup(p), size))) = (abort, wire::parse(self.trace, st.pos))
-                {
+                if let (false, Some((Pkt::Fup(p), size))) = (abort, self.pkt(st.pos)) {
                     st.pos += size;
                     st.last_ip.apply(p);
                 }
@@ -2158,7 +2181,7 @@ impl PtDecoder<'_> {
             Pkt::ModeTsx { abort: true } => {
                 st.tsx_abort = Some((st.event_at < st.committed, st.item_at));
                 self.flow_quiet_event(st);
-                if !matches!(wire::parse(self.trace, st.pos), Some((Pkt::Fup(_), _))) {
+                if !matches!(self.pkt(st.pos), Some((Pkt::Fup(_), _))) {
                     return Err("MODE.TSX abort not followed by its FUP");
                 }
             }
@@ -2234,6 +2257,16 @@ impl PtDecoder<'_> {
                 self.flow_quiet_event(st);
             }
             Pkt::Other(what) => return Err(what),
+            // Erratum SKZ84: a corrupted TMA and the bogus byte after it, an invalid
+            // packet libipt's event decoder passes over (no time). (Where the trace ends
+            // after it, libipt's reading on is not the fast decoder's.)
+            Pkt::TmaReserved | Pkt::Invalid if self.wire.skz84 => {
+                if pkt == Pkt::TmaReserved {
+                    st.pos += 1;
+                }
+                st.read_on = ReadOn::Other;
+            }
+            Pkt::TmaReserved | Pkt::Invalid => return Err(wire::TMA_RESERVED),
             // (The packets flow_read_item takes itself.)
             Pkt::Tnt { .. }
             | Pkt::Tip(_)
@@ -2256,7 +2289,7 @@ impl PtDecoder<'_> {
     /// what real hardware writes between them; `end` where the trace ends first.
     fn flow_past_timing(trace: &[u8], st: &mut FlowState, end: Fallback) -> Result<Pkt, Fallback> {
         loop {
-            let Some((next, size)) = wire::parse(trace, st.pos) else {
+            let Some((next, size)) = wire::parse_with(trace, st.pos, st.wire) else {
                 return Err(end);
             };
             st.pos += size;
@@ -2292,7 +2325,7 @@ impl PtDecoder<'_> {
         sync: bool,
         at: Option<FBlock>,
     ) -> Result<Option<u64>, Fallback> {
-        if wire::parse(self.trace, st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
+        if self.pkt(st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
             st.pos += wire::PSB.len();
         }
         if st.tnt_n != 0 {
@@ -2301,11 +2334,13 @@ impl PtDecoder<'_> {
         st.event_at = self.queue.pushed;
         st.last_ip.reset();
         let mut fup = None;
+        // (Where libipt's BDM70 search starts.)
+        let mut after_fup = st.pos;
         let mut mode = None;
         // (An OVF ends the PSB+ as its PSBEND would, and then resolves.)
         let mut ovf = false;
         loop {
-            let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
+            let Some((pkt, size)) = self.pkt(st.pos) else {
                 return Err("PSB+ cut by the end of the trace");
             };
             st.pos += size;
@@ -2314,7 +2349,9 @@ impl PtDecoder<'_> {
                 // of: the CR3 and VMCS of the code that runs, which real hardware states
                 // in every PSB+ of a VMX guest or a trace with OS code; MNT is an event
                 // of the PSB+'s time.)
-                Pkt::Pad | Pkt::ModeTsx { .. } | Pkt::Pip | Pkt::Vmcs | Pkt::Mnt => {}
+                // (SKZ84's corrupted TMA: passed over.)
+                Pkt::Pad | Pkt::ModeTsx { .. } | Pkt::Pip | Pkt::Vmcs | Pkt::Mnt | Pkt::Invalid => {
+                }
                 // (libipt finds no TRIG in a PSB+: its context error, through libipt.)
                 Pkt::Trig(_) => return Err("TRIG in a PSB+"),
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_) => {
@@ -2325,6 +2362,7 @@ impl PtDecoder<'_> {
                         return Err("two FUPs in a PSB+");
                     }
                     fup = Some(st.last_ip.apply(p).ok_or("PSB+ FUP without IP")?);
+                    after_fup = st.pos;
                 }
                 // (Two are an error to libipt: a bad status update.)
                 Pkt::ModeExec { csl, csd } => {
@@ -2356,7 +2394,7 @@ impl PtDecoder<'_> {
         // Erratum BDM70: a PSB+ FUP followed by a TIP.PGE was written while tracing was
         // disabled. libipt then takes the PSB+ as disabled, its FUP's IP unseen.
         // (Not with an OVF after the FUP: libipt's search stops at it.)
-        if st.bdm70 && !ovf && fup.is_some() && self.flow_bdm70_applies(st.pos)? {
+        if st.bdm70 && !ovf && fup.is_some() && self.flow_bdm70_applies(after_fup)? {
             fup = None;
             st.last_ip.reset();
         }
@@ -2427,8 +2465,8 @@ impl PtDecoder<'_> {
     /// libipt's search: status, timing and PAD packets passed, a TIP.PGE says it applies,
     /// any other packet (a TRIG: libipt's unknown packet) or the end that it does not. A
     /// packet the fast decoder does not know (libipt's error): through libipt.
-    fn flow_bdm70_applies(&self, mut pos: usize) -> Result<bool, Fallback> {
-        while let Some((p, size)) = wire::parse(self.trace, pos) {
+    pub(super) fn flow_bdm70_applies(&self, mut pos: usize) -> Result<bool, Fallback> {
+        while let Some((p, size)) = self.pkt(pos) {
             match p {
                 p if passed_in_psb(p) || p == Pkt::Psbend => pos += size,
                 Pkt::TipPge(_) => return Ok(true),

@@ -21,7 +21,7 @@
 use iced_x86::Mnemonic;
 
 use super::{FBlock, Fallback, FlowState, PtDecoder};
-use crate::wire::{self, Pkt};
+use crate::wire::Pkt;
 
 /// A CFE of an IRET (2), a VM entry (7) or a UIRET (13) waiting for its instruction (at
 /// `at`, when the CFE has the IP bit).
@@ -103,7 +103,7 @@ impl PtDecoder<'_> {
                 // (Other types: ignored.)
                 _ => {}
             }
-            match wire::parse(self.trace, pos) {
+            match self.pkt(pos) {
                 Some((Pkt::Evd { ty: next }, size)) => {
                     ty = next;
                     pos += size;
@@ -167,7 +167,7 @@ impl PtDecoder<'_> {
                 // timing packets between, read as usual).
                 let mut p = st.pos;
                 loop {
-                    match wire::parse(self.trace, p) {
+                    match self.pkt(p) {
                         Some((
                             Pkt::Pad
                             | Pkt::Tsc(_)

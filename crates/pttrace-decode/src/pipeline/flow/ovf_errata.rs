@@ -14,7 +14,7 @@
 //! the fast decoder cannot tell goes to libipt.
 
 use super::{Fallback, PtDecoder};
-use crate::wire::{self, IpPayload, LastIp, Pkt};
+use crate::wire::{IpPayload, LastIp, Pkt};
 
 /// What libipt's look-ahead for erratum SKD010 finds after an OVF no FUP resolves.
 pub(super) enum Skd010 {
@@ -54,7 +54,7 @@ impl PtDecoder<'_> {
         let mut tsx: Option<usize> = None;
         let mut last = LastIp::default();
         loop {
-            let Some((pkt, size)) = wire::parse(self.trace, pos) else {
+            let Some((pkt, size)) = self.pkt(pos) else {
                 // (The end of the trace, a packet cut by it: libipt takes it as written.)
                 return Skd010::AsWritten;
             };
@@ -149,7 +149,7 @@ impl PtDecoder<'_> {
         // (Past the MODE.TSX at `from`.)
         let mut first = true;
         while from < to {
-            let Some((pkt, size)) = wire::parse(self.trace, from) else {
+            let Some((pkt, size)) = self.pkt(from) else {
                 return false;
             };
             if !first
@@ -172,7 +172,7 @@ impl PtDecoder<'_> {
         const BAD: Fallback = "erratum APL12: libipt's look-ahead fails";
         loop {
             // (The end of the trace, a packet cut by it: as written.)
-            let Some((pkt, size)) = wire::parse(self.trace, pos) else {
+            let Some((pkt, size)) = self.pkt(pos) else {
                 return Ok(false);
             };
             pos += size;
@@ -218,13 +218,15 @@ impl PtDecoder<'_> {
     fn flow_header_fup(&self, mut pos: usize) -> Header {
         loop {
             // (A packet cut by the end: the end, to libipt.)
-            let Some((pkt, size)) = wire::parse(self.trace, pos) else {
+            let Some((pkt, size)) = self.pkt(pos) else {
                 return Header::End;
             };
             pos += size;
             match pkt {
                 Pkt::Fup(p) => return Header::Fup(p),
                 Pkt::Psbend | Pkt::Ovf => return Header::NoFup,
+                // (SKZ84's corrupted TMA: passed over, as libipt's search does.)
+                Pkt::Invalid => {}
                 p if super::passed_in_psb(p) => {}
                 _ => return Header::Bad,
             }

@@ -56,9 +56,9 @@ pub(crate) struct FlowError {
 
 /// Where the first packet at or after `p` that is not a PTW starts, and that packet
 /// with its size (`None` where nothing parses there).
-fn packet_past_ptws(t: &[u8], mut p: usize) -> (usize, Option<(Pkt, usize)>) {
+fn packet_past_ptws(t: &[u8], mut p: usize, e: wire::WireErrata) -> (usize, Option<(Pkt, usize)>) {
     loop {
-        match wire::parse(t, p) {
+        match wire::parse_with(t, p, e) {
             Some((Pkt::Ptw { .. }, size)) => p += size,
             next => return (p, next),
         }
@@ -117,13 +117,15 @@ impl PtDecoder<'_> {
         let in_block =
             |ip: Option<u64>| ip.is_some_and(|ip| self.flow_event_index(b, ip).is_some());
         let binds = loop {
-            let (at, next) = packet_past_ptws(self.trace, p);
+            let (at, next) = packet_past_ptws(self.trace, p, self.wire);
             p = at;
             let Some((pkt, size)) = next else {
                 break true;
             };
             match pkt {
-                Pkt::Pad
+                // (SKZ84's corrupted TMA: libipt's event decoder passes over it.)
+                Pkt::Invalid
+                | Pkt::Pad
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
@@ -151,12 +153,20 @@ impl PtDecoder<'_> {
                 Pkt::Psb => {
                     // (A PSB+ that another packet than its own breaks off: libipt's
                     // packet error may come first.)
-                    if !self.flow_psb_ends(p) {
+                    let Some((_, ovf)) = self.flow_psb_end(p) else {
                         return Err("a broken PSB+ after code without an image");
+                    };
+                    let fup = self.flow_psb_fup(p);
+                    // (With erratum BDM70, libipt looks past a PSB+'s FUP for a TIP.PGE:
+                    // where that fails or finds one, through libipt.)
+                    if let (true, false, Some((_, after))) = (st.bdm70, ovf, fup) {
+                        if self.flow_bdm70_applies(after)? {
+                            return Err("erratum BDM70 after code without an image");
+                        }
                     }
-                    break self
-                        .flow_psb_fup(p)
-                        .is_some_and(|ip| self.flow_reachable(st, Some(b), ip));
+                    break fup.is_some_and(|(ip, _)| {
+                        ip.is_some_and(|ip| self.flow_reachable(st, Some(b), ip))
+                    });
                 }
                 // (A TIP.PGE while tracing is enabled: libipt takes its enable event
                 // before the code at the block's start, and fails there.)
@@ -171,29 +181,30 @@ impl PtDecoder<'_> {
         Ok(binds)
     }
 
-    /// Whether the PSB+ at `p` ends with its PSBEND (or an OVF), with only the packets a
-    /// PSB+ holds before it.
-    fn flow_psb_ends(&self, mut p: usize) -> bool {
+    /// Where the PSB+ at `p` ends (past its PSBEND, or an OVF: `true`), with only the
+    /// packets a PSB+ holds before it; none where another packet breaks it off.
+    fn flow_psb_end(&self, mut p: usize) -> Option<(usize, bool)> {
         p += wire::PSB.len();
-        while let Some((pkt, size)) = wire::parse(self.trace, p) {
+        while let Some((pkt, size)) = self.pkt(p) {
             match pkt {
-                Pkt::Psbend | Pkt::Ovf => return true,
-                Pkt::Fup(_) => {}
+                Pkt::Psbend => return Some((p + size, false)),
+                Pkt::Ovf => return Some((p + size, true)),
+                Pkt::Fup(_) | Pkt::Invalid => {}
                 pkt if super::passed_in_psb(pkt) => {}
-                _ => return false,
+                _ => return None,
             }
             p += size;
         }
-        false
+        None
     }
 
-    /// The FUP IP of the PSB+ at `p`.
-    fn flow_psb_fup(&self, mut p: usize) -> Option<u64> {
+    /// The FUP of the PSB+ at `p`: its IP, and where the packet after it starts.
+    fn flow_psb_fup(&self, mut p: usize) -> Option<(Option<u64>, usize)> {
         let mut last = LastIp::default();
         p += wire::PSB.len();
-        while let Some((pkt, size)) = wire::parse(self.trace, p) {
+        while let Some((pkt, size)) = self.pkt(p) {
             match pkt {
-                Pkt::Fup(ip) => return last.apply(ip),
+                Pkt::Fup(ip) => return Some((last.apply(ip), p + size)),
                 Pkt::Psbend | Pkt::Psb => return None,
                 _ => p += size,
             }
@@ -207,7 +218,7 @@ impl PtDecoder<'_> {
     fn flow_gap_offset(&self, mut p: usize) -> usize {
         let mut tsx = false;
         loop {
-            let (at, next) = packet_past_ptws(self.trace, p);
+            let (at, next) = packet_past_ptws(self.trace, p, self.wire);
             p = at;
             let Some((pkt, size)) = next else {
                 return p;
@@ -219,7 +230,8 @@ impl PtDecoder<'_> {
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
-                | Pkt::ModeExec { .. } => p += size,
+                | Pkt::ModeExec { .. }
+                | Pkt::Invalid => p += size,
                 pkt if super::event_trace::ignored(pkt) => p += size,
                 Pkt::ModeTsx { .. } => {
                     tsx = true;
@@ -230,7 +242,7 @@ impl PtDecoder<'_> {
                 Pkt::Tnt { .. } => return p + size,
                 Pkt::Psb => {
                     p += size;
-                    while let Some((pkt, size)) = wire::parse(self.trace, p) {
+                    while let Some((pkt, size)) = self.pkt(p) {
                         if pkt == Pkt::Psbend {
                             break;
                         }
@@ -261,11 +273,16 @@ impl PtDecoder<'_> {
     fn flow_nomap_offset(&self, mut p: usize) -> Option<usize> {
         let mut fup = false;
         loop {
-            let Some((pkt, size)) = wire::parse(self.trace, p) else {
+            let Some((pkt, size)) = self.pkt(p) else {
                 return (p >= self.trace.len()).then_some(p);
             };
             match pkt {
-                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {}
+                Pkt::Pad
+                | Pkt::Tsc(_)
+                | Pkt::Mtc(_)
+                | Pkt::Tma { .. }
+                | Pkt::Cyc(_)
+                | Pkt::Invalid => {}
                 Pkt::Fup(_) => fup = true,
                 pkt if super::event_trace::ignored(pkt) => {}
                 Pkt::TipPgd(_) if !fup => return Some(self.flow_past_pads(p + size)),
@@ -276,7 +293,7 @@ impl PtDecoder<'_> {
                 Pkt::Psb => {
                     let mut q = p + size;
                     let mut fup = false;
-                    while let Some((pkt, size)) = wire::parse(self.trace, q) {
+                    while let Some((pkt, size)) = self.pkt(q) {
                         match pkt {
                             Pkt::Psbend => return fup.then_some(q),
                             Pkt::Fup(_) => fup = true,
@@ -478,7 +495,7 @@ impl PtDecoder<'_> {
     /// packet may have cut into), the last of a run of PSB patterns (libipt's search
     /// ends there). Decoding starts over there, as libipt's, its clock and events reset.
     fn flow_sync_after(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        let held = wire::parse(self.trace, e.offset).map_or(0, |(_, n)| n);
+        let held = self.pkt(e.offset).map_or(0, |(_, n)| n);
         let from = (e.offset + held).saturating_sub(wire::PSB.len() - 1);
         let Some(mut q) = wire::find_psb(self.trace, from) else {
             return Ok(Stop::Done);
@@ -509,7 +526,7 @@ impl PtDecoder<'_> {
         // A FUP that MODE.Exec, MODE.TSX or PTW binds to gives the IP by itself.
         let mut bound = Bound::No;
         loop {
-            let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
+            let Some((pkt, size)) = self.pkt(st.pos) else {
                 if st.pos >= self.trace.len() {
                     return Ok(Stop::Done);
                 }
@@ -595,7 +612,7 @@ impl PtDecoder<'_> {
         if bound == Bound::Alone {
             return self.flow_resume_at(st, from);
         }
-        match wire::parse(self.trace, st.pos) {
+        match self.pkt(st.pos) {
             Some((Pkt::Tip(p), size)) => {
                 st.pos += size;
                 let to = st.last_ip.apply(p).ok_or("FUP+TIP without IP")?;
