@@ -507,6 +507,7 @@ impl PtDecoder<'_> {
         st.cfe_ret = None;
         st.mwait = false;
         st.bound_branch = [None; 2];
+        st.tsx_abort = None;
         self.flow_sync_at(st, q)
     }
 
@@ -523,6 +524,7 @@ impl PtDecoder<'_> {
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
         st.pos = e.resume;
         st.tnt_n = 0;
+        st.tsx_abort = None;
         // A FUP that MODE.Exec, MODE.TSX or PTW binds to gives the IP by itself.
         let mut bound = Bound::No;
         loop {
