@@ -2982,6 +2982,67 @@ fn skd022_vm_entry_disables_are_decoded_by_the_fast_decoder() {
     );
 }
 
+/// The records of `trace` decoded by `kind` with `params` (window 1), and who decoded it.
+fn decode_params(
+    trace: &[u8],
+    space: &AddressSpace,
+    params: TraceParams,
+    kind: DecoderKind,
+) -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+    let opts = WindowOptions {
+        source: "t".into(),
+        window_id: Some(1),
+        decoder: kind,
+        ..Default::default()
+    };
+    let mut d = PtDecoder::new(
+        trace,
+        params,
+        space.clone(),
+        vec![],
+        ImageResolver::default(),
+        opts,
+    )
+    .unwrap();
+    let recs: Vec<Record> = d.by_ref().collect();
+    (recs, d.decoded_by())
+}
+
+/// The fast decoder's records of `trace` with `params` and who decoded them, asserted
+/// equal to libipt's.
+fn equal_to_libipt(
+    trace: &[u8],
+    space: &AddressSpace,
+    params: TraceParams,
+) -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+    let (f, by) = decode_params(trace, space, params, DecoderKind::Fast);
+    let (l, _) = decode_params(trace, space, params, DecoderKind::Libipt);
+    assert!(f == l, "{}", first_difference(&f, &l));
+    (f, by)
+}
+
+/// `recs` as [`show`] lists them, from the first instruction on.
+fn show_code(recs: &[Record]) -> Vec<String> {
+    let shown = show(recs);
+    let from = shown
+        .iter()
+        .position(|r| r.starts_with("0x"))
+        .unwrap_or(shown.len());
+    shown[from..].to_vec()
+}
+
+/// Decoding parameters of a trace from `cpu` with address filters `filter`.
+fn cpu_filter(
+    cpu: drpttracer::decode::CpuParams,
+    filter: drpttracer::decode::AddrFilter,
+) -> TraceParams {
+    TraceParams {
+        cpu,
+        filter,
+        ..Default::default()
+    }
+}
+
 const SKL014_AT: u64 = 0xb0_0000;
 
 /// The code of the SKL014 test at [`SKL014_AT`]: a call and a jump inside the filter
@@ -3030,35 +3091,10 @@ fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast
     w.tip_pge(AT + 0x40).tip_pgd(None);
     w.tip_pge(AT + 0x63).tip_pgd(None);
     let skylake = skylake();
-    let decode = |kind, cpu, filter| -> (Vec<Record>, (&'static str, Option<&'static str>)) {
-        let params = TraceParams {
-            cpu,
-            filter,
-            ..Default::default()
-        };
-        let opts = WindowOptions {
-            source: "t".into(),
-            window_id: Some(1),
-            decoder: kind,
-            ..Default::default()
-        };
-        let mut d = PtDecoder::new(
-            &w.buf,
-            params,
-            space.clone(),
-            vec![],
-            ImageResolver::default(),
-            opts,
-        )
-        .unwrap();
-        let recs: Vec<Record> = d.by_ref().collect();
-        (recs, d.decoded_by())
-    };
+    let decode = |cpu, filter| equal_to_libipt(&w.buf, &space, cpu_filter(cpu, filter));
     let disabled = "TraceDisabled { ip: None }".to_string();
-    let (f, by) = decode(DecoderKind::Fast, skylake, filter);
+    let (f, by) = decode(skylake, filter);
     assert_eq!(by, ("fast", None));
-    let (l, _) = decode(DecoderKind::Libipt, skylake, filter);
-    assert!(f == l, "{}", first_difference(&f, &l));
     assert_eq!(
         show(&f)[2..],
         [
@@ -3091,10 +3127,8 @@ fn skl014_disables_at_direct_branches_out_of_the_filters_are_decoded_by_the_fast
         disabled,
     ];
     for (cpu, filter) in [(broadwell(), filter), (skylake, Default::default())] {
-        let (f, by) = decode(DecoderKind::Fast, cpu, filter);
+        let (f, by) = decode(cpu, filter);
         assert_eq!(by, ("fast", None));
-        let (l, _) = decode(DecoderKind::Libipt, cpu, filter);
-        assert!(f == l, "{}", first_difference(&f, &l));
         assert_eq!(show(&f)[2..], expected);
     }
 }
@@ -3160,16 +3194,8 @@ fn bdm64_aborts_the_branch_before_cannot_reach_are_decoded_by_the_fast_decoder()
     };
     let broadwell = broadwell();
     let decode = |buf: &[u8], cpu| {
-        let mut f = decoder_cpu(buf, &space, DecoderKind::Fast, cpu);
-        let recs: Vec<Record> = f.by_ref().collect();
-        let l: Vec<Record> = decoder_cpu(buf, &space, DecoderKind::Libipt, cpu).collect();
-        assert!(recs == l, "{}", first_difference(&recs, &l));
-        let shown = show(&recs);
-        let from = shown
-            .iter()
-            .position(|r| r.starts_with("0x"))
-            .unwrap_or(shown.len());
-        (shown[from..].to_vec(), f.decoded_by())
+        let (recs, by) = equal_to_libipt(buf, &space, cpu_filter(cpu, Default::default()));
+        (show_code(&recs), by)
     };
     let fast = ("fast", None);
     let after = |from: u64| {
@@ -3251,11 +3277,7 @@ fn skz84_and_skd007_packets_are_read_as_libipt_reads_them_by_the_fast_decoder() 
         }
     });
     let decode_in = |buf: &[u8], space: &AddressSpace, cpu| {
-        let mut f = decoder_cpu(buf, space, DecoderKind::Fast, cpu);
-        let recs: Vec<Record> = f.by_ref().collect();
-        let l: Vec<Record> = decoder_cpu(buf, space, DecoderKind::Libipt, cpu).collect();
-        assert!(recs == l, "{}", first_difference(&recs, &l));
-        (recs, f.decoded_by())
+        equal_to_libipt(buf, space, cpu_filter(cpu, Default::default()))
     };
     let decode = |buf: &[u8], cpu| decode_in(buf, &space, cpu);
     let (expected, by) = decode(&clean, skylake_server());
@@ -3300,13 +3322,8 @@ fn skz84_and_skd007_packets_are_read_as_libipt_reads_them_by_the_fast_decoder() 
     w.buf.extend_from_slice(&SKD007_CYC_OVF);
     w.fup(AT + 0x30).fup(AT + 0x31).tip_pgd(None);
     let decode = |cpu| {
-        let mut f = decoder_cpu(&w.buf, &tsx_space, DecoderKind::Fast, cpu);
-        let recs: Vec<Record> = f.by_ref().collect();
-        let l: Vec<Record> = decoder_cpu(&w.buf, &tsx_space, DecoderKind::Libipt, cpu).collect();
-        assert!(recs == l, "{}", first_difference(&recs, &l));
-        let shown = show(&recs);
-        let from = shown.iter().position(|r| r.starts_with("0x")).unwrap_or(0);
-        (shown[from..].to_vec(), f.decoded_by())
+        let (recs, by) = equal_to_libipt(&w.buf, &tsx_space, cpu_filter(cpu, Default::default()));
+        (show_code(&recs), by)
     };
     assert_eq!(
         decode(skylake()),
@@ -3368,11 +3385,7 @@ fn mutated_errata_traces_give_libipt_records() {
         w.tip_pge(BDM64_AT);
     }
     let skd007_trace = w.buf;
-    let params = |cpu, filter| TraceParams {
-        cpu,
-        filter,
-        ..Default::default()
-    };
+    let params = cpu_filter;
     let none = drpttracer::decode::AddrFilter::default();
     let kinds = [
         (&skl_trace, &skl_space, params(skylake(), filter)),
@@ -3390,25 +3403,7 @@ fn mutated_errata_traces_give_libipt_records() {
         } else {
             mutate(&mut rng, base)
         };
-        let run = |kind| {
-            let opts = WindowOptions {
-                source: "t".into(),
-                window_id: Some(1),
-                decoder: kind,
-                ..Default::default()
-            };
-            let mut d = PtDecoder::new(
-                &m,
-                params,
-                space.clone(),
-                vec![],
-                ImageResolver::default(),
-                opts,
-            )
-            .unwrap();
-            let recs: Vec<Record> = d.by_ref().collect();
-            (recs, d.decoded_by())
-        };
+        let run = |kind| decode_params(&m, space, params, kind);
         let (f, by) = run(DecoderKind::Fast);
         let (l, _) = run(DecoderKind::Libipt);
         if f != l {
