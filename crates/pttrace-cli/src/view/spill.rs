@@ -217,9 +217,30 @@ pub struct SpillSink<'a, N: FrameIds> {
     implied: HashMap<u32, Vec<Implied>>,
     cur_implied: Vec<Implied>,
     frames: &'a mut N,
+    /// The frames of recent span addresses, in front of `frames` (direct-mapped).
+    recent: Box<[RecentFrame]>,
     costs: &'a mut Costs,
     spans: u64,
     error: Option<io::Error>,
+}
+
+/// A span address's frame as [`FrameIds::frame`] gave it: the address and its inline
+/// bit (none: an empty slot), the frame id, the spans it stands for, its cost in JSON.
+#[derive(Clone, Copy, Default)]
+struct RecentFrame {
+    key: Option<(u64, bool)>,
+    frame: u32,
+    width: u32,
+    cost: u64,
+}
+
+/// Slots of [`SpillSink`]'s recent frames: a program's hot functions fit.
+const RECENT: usize = 1 << 12;
+
+/// The slot of `key` among the recent frames (Fibonacci hashing).
+#[inline(always)]
+fn recent_slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT.trailing_zeros())) as usize
 }
 
 impl<'a, N: FrameIds> SpillSink<'a, N> {
@@ -242,10 +263,31 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
             implied: HashMap::new(),
             cur_implied: Vec::new(),
             frames,
+            recent: vec![RecentFrame::default(); RECENT].into_boxed_slice(),
             costs,
             spans: 0,
             error: None,
         })
+    }
+
+    /// [`FrameIds::frame`] through the recent frames: (frame, cost, width).
+    #[inline(always)]
+    fn frame(&mut self, addr: u64, inlined: bool) -> (u32, u64, u32) {
+        let slot = recent_slot(addr ^ u64::from(inlined));
+        let key = Some((addr, inlined));
+        if let Some(r) = self.recent.get(slot).filter(|r| r.key == key) {
+            return (r.frame, r.cost, r.width);
+        }
+        let (frame, cost, width) = self.frames.frame(addr, inlined);
+        if let Some(r) = self.recent.get_mut(slot) {
+            *r = RecentFrame {
+                key,
+                frame,
+                width,
+                cost,
+            };
+        }
+        (frame, cost, width)
     }
 
     fn delta(&mut self, at: u64) {
@@ -317,7 +359,7 @@ impl<N: FrameIds> Drop for SpillSink<'_, N> {
 
 impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
     fn begin(&mut self, at: u64, addr: u64, kind: SpanStart) {
-        let (frame, cost, width) = self.frames.frame(addr, kind == SpanStart::Inlined);
+        let (frame, cost, width) = self.frame(addr, kind == SpanStart::Inlined);
         self.buf.push(BEGIN);
         self.delta(at);
         put_varint(&mut self.buf, u64::from(frame));
@@ -353,7 +395,7 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
     }
 
     fn implied_caller(&mut self, from: u64, addr: u64) {
-        let (frame, cost, _) = self.frames.frame(addr, false);
+        let (frame, cost, _) = self.frame(addr, false);
         self.cur_implied.push(Implied {
             frame,
             cost,
@@ -737,6 +779,68 @@ mod tests {
     /// A spill of random nested calls (with implied callers and segments), filtered at
     /// several lengths: the kept file gives exactly the replay's edges of the calls at
     /// least that long, in order, and each of their callers is kept too.
+    /// The recent frames in front of [`FrameIds`] give what it gives: an address and its
+    /// inline key apart, two addresses of one slot taking turns (each asked of `FrameIds`
+    /// again), a kernel address (bit 63 set) apart; a hit asks nothing.
+    #[test]
+    fn recent_frames_are_the_frame_ids_own() {
+        #[derive(Default)]
+        struct Ids(Vec<(u64, bool)>);
+        impl FrameIds for Ids {
+            fn frame(&mut self, addr: u64, inlined: bool) -> (u32, u64, u32) {
+                self.0.push((addr, inlined));
+                let id = (addr % 1_000_003) as u32 * 2 + u32::from(inlined);
+                (id, addr / 7, 1 + u32::from(inlined))
+            }
+        }
+        let expected = |addr: u64, inlined: bool| {
+            let id = (addr % 1_000_003) as u32 * 2 + u32::from(inlined);
+            (id, addr / 7, 1 + u32::from(inlined))
+        };
+        let dir = std::env::temp_dir().join(format!("pttrace-recent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut ids, mut costs) = (Ids::default(), Costs::default());
+        let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
+        let a = 0x40_1000u64;
+        let b = (a + 1..)
+            .find(|&b| recent_slot(b) == recent_slot(a))
+            .unwrap();
+        let kernel = a | 1 << 63;
+        let asks = [
+            (a, false),
+            (a, true),
+            (a, false),
+            (b, false),
+            (a, false),
+            (b, false),
+            (b, false),
+            (kernel, false),
+            (a, true),
+        ];
+        for &(addr, inlined) in &asks {
+            assert_eq!(
+                sink.frame(addr, inlined),
+                expected(addr, inlined),
+                "{addr:#x} {inlined}"
+            );
+        }
+        drop(sink);
+        // Asked of the frame ids: the first time, and again after the other address of
+        // the slot took it (the inline key has a slot of its own).
+        assert_eq!(
+            ids.0,
+            [
+                (a, false),
+                (a, true),
+                (b, false),
+                (a, false),
+                (b, false),
+                (kernel, false),
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn kept_calls_are_the_replays_calls_at_least_that_long() {
         struct Ids;
