@@ -32,7 +32,7 @@ pub(crate) struct SharedImage {
 /// rebuilt, and its block cache zeroed again, for each new decoder (one per window).
 ///
 /// libipt's block cache remembers each instruction's execution mode, so decoders that
-/// share sections must all decode 64-bit code only (see [`only_64bit`]); otherwise what
+/// share sections must all decode 64-bit code only (see [`crate::wire::only_64bit`]); otherwise what
 /// one decoder cached would change what another decodes.
 pub struct SectionCache {
     raw: std::ptr::NonNull<sys::pt_image_section_cache>,
@@ -904,7 +904,9 @@ fn ip_value(ipc: sys::pt_ip_compression, ip: u64) -> u64 {
 
 /// Whether every packet of `trace` decodes and every MODE.Exec in it says 64-bit: then
 /// libipt's block cache entries it makes and uses are all 64-bit, and sharing sections
-/// with other such decoders cannot change what it decodes.
+/// with other such decoders cannot change what it decodes. (The decoder asks
+/// [`crate::wire::only_64bit`], which reads the packets itself; this is its oracle.)
+#[cfg(test)]
 pub(crate) fn only_64bit(trace: &[u8]) -> bool {
     let Ok(mut dec) = PacketDecoder::new(trace) else {
         return true; // empty: nothing decoded

@@ -325,7 +325,7 @@ impl<'a> PtDecoder<'a> {
             self.cache = caches.insns;
             self.blocks = caches.blocks;
         }
-        if caches.sections.is_some() && ipt::only_64bit(self.trace) {
+        if caches.sections.is_some() && crate::wire::only_64bit(self.trace) {
             self.dec.sections = caches.sections.clone();
         }
         self.sections = caches.sections;
