@@ -123,6 +123,13 @@ pub(crate) struct FlowTable {
     memo_records: usize,
 }
 
+/// Misses of a full memo after which how often it missed is looked at: where that many
+/// came within [`MEMO_DENSE`] bytes of trace (code whose TNT patterns rarely repeat: an
+/// interpreter's), the memo is not looked up in the next [`MEMO_SKIP`] bytes.
+const MEMO_LOOK: u32 = 1 << 10;
+const MEMO_DENSE: usize = 2 << 10;
+const MEMO_SKIP: usize = 64 << 10;
+
 /// The execution modes the fast decoder walks code in (MODE.Exec's CS.L / CS.D).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum FlowMode {
@@ -599,6 +606,11 @@ pub(crate) struct FlowState {
     pub skl014: Option<crate::config::AddrFilter>,
     /// How libipt reads the packets on this CPU (errata SKD007, SKZ84).
     pub wire: wire::WireErrata,
+    /// The full memo's misses counted from trace position `memo_miss_from`, and where
+    /// it is looked up again ([`MEMO_LOOK`]).
+    memo_misses: u32,
+    memo_miss_from: usize,
+    memo_skip_until: usize,
     /// Records the decoder had queued before the engine started (window id, cpu).
     pub initial_records: u64,
     /// Parallel decode: the cuts where this decoder may stop (offset of the cut's PSB in
@@ -772,6 +784,9 @@ impl FlowState {
             bdm64: false,
             event_at: 0,
             wire: wire::WireErrata::default(),
+            memo_misses: 0,
+            memo_miss_from: 0,
+            memo_skip_until: 0,
             tsx_abort: None,
             skl014: None,
             item_at: 0,
@@ -1156,13 +1171,16 @@ impl PtDecoder<'_> {
     /// The memoized run from the conditional block `st.cur` for the pending TNT bits (up
     /// to [`MEMO_BITS`]), made on first use; `None` where there is none.
     #[inline(always)]
-    fn flow_memo(&mut self, st: &FlowState) -> Option<MemoRun> {
+    fn flow_memo(&mut self, st: &mut FlowState) -> Option<MemoRun> {
         let n = st.tnt_n.min(MEMO_BITS);
         let bits = (st.tnt >> (st.tnt_n - n)) & ((1 << n) - 1);
+        if st.pos < st.memo_skip_until {
+            return None;
+        }
         let key = memo_key(st.cur, n, bits);
         match self.blocks.flow.memo.get(&key) {
             Some(r) => (r.bits > 0).then_some(*r),
-            None => self.flow_memo_make(st.cur, n, bits, key),
+            None => self.flow_memo_make(st, n, bits, key),
         }
     }
 
@@ -1170,16 +1188,36 @@ impl PtDecoder<'_> {
     /// keeps what it did up to the last bit whose branch it could follow.
     #[cold]
     #[inline(never)]
-    fn flow_memo_make(&mut self, from: u32, n: u32, bits: u64, key: u64) -> Option<MemoRun> {
+    fn flow_memo_make(
+        &mut self,
+        st: &mut FlowState,
+        n: u32,
+        bits: u64,
+        key: u64,
+    ) -> Option<MemoRun> {
+        let from = st.cur;
         let full = self.blocks.flow.memo_records >= MEMO_RECORDS
             || self.blocks.flow.memo.len() >= MEMO_RUNS;
+        if full {
+            if st.memo_misses == 0 {
+                st.memo_miss_from = st.pos;
+            }
+            st.memo_misses += 1;
+            if st.memo_misses >= MEMO_LOOK {
+                if st.pos.saturating_sub(st.memo_miss_from) < MEMO_DENSE {
+                    st.memo_skip_until = st.pos + MEMO_SKIP;
+                }
+                st.memo_misses = 0;
+            }
+            return None;
+        }
         // (records start, length, the block) of the walk, and how far it is good: the
         // blocks up to a conditional branch followed, the bits, the block after.
         let mut walk: Vec<(u32, u32, u32)> = Vec::new();
         let (mut good, mut used, mut next) = (0usize, 0u32, NO_BLOCK);
         let mut cur = from;
         let mut without = 0u64;
-        while !full && used < n {
+        while used < n {
             let Some(&b) = self.blocks.flow.blocks.get(cur as usize) else {
                 break;
             };
@@ -1260,9 +1298,7 @@ impl PtDecoder<'_> {
                 t.flow.memo_records += run.len as usize;
             }
         }
-        if !full {
-            self.blocks.flow.memo.insert(key, run);
-        }
+        self.blocks.flow.memo.insert(key, run);
         (run.bits > 0).then_some(run)
     }
 
