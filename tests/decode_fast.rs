@@ -6,6 +6,8 @@
 
 use std::ops::ControlFlow;
 
+mod common;
+
 use drpttracer::decode::parallel::{decode_parallel_stats, ParallelStats};
 use drpttracer::decode::testgen::{mutate, LoopProgram, PtWriter, XorShift};
 use drpttracer::decode::TraceDecoder;
@@ -631,11 +633,7 @@ fn overflows_equal_libipt_and_stay_fast() {
     // On CPUs with the overflow errata (SKD010: Kaby Lake; APL11: Alder Lake; APL11 and
     // APL12: Goldmont) these overflows resolve as written: libipt's look-ahead finds no
     // erratum, and the fast decoder decodes them itself.
-    let cpu = |model: u8| drpttracer::decode::CpuParams {
-        family: 6,
-        model,
-        ..Default::default()
-    };
+    let cpu = family6;
     let on_cpu = |what: &str, trace: &[u8], model: u8| {
         let mut d = decoder_cpu(trace, &space, DecoderKind::Fast, cpu(model));
         let f: Vec<Record> = d.by_ref().collect();
@@ -2857,11 +2855,7 @@ fn bdm70_psb_fup_before_an_enable_is_decoded_by_the_fast_decoder() {
     w.tip_pge(p.after_syscall)
         .tnt(&[false, true, false])
         .tip_pgd(None);
-    let kaby_lake = drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x8e,
-        ..Default::default()
-    };
+    let kaby_lake = family6(0x8e);
     let mut f = decoder_cpu(&w.buf, &space, DecoderKind::Fast, kaby_lake);
     let fast: Vec<Record> = f.by_ref().collect();
     assert_eq!(f.decoded_by(), ("fast", None));
@@ -2943,11 +2937,7 @@ fn skd022_vm_entry_disables_are_decoded_by_the_fast_decoder() {
     w.fup(AT + 1).tip_pgd(None);
     w.tip_pge(AT + 0x10).fup(AT + 0x11).tip_pgd(Some(AT + 0x18));
     w.tip_pge(AT).fup(AT + 1).tip_pgd(Some(AT + 1));
-    let skylake = drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x5e,
-        ..Default::default()
-    };
+    let skylake = skylake();
     let mut f = decoder_cpu(&w.buf, &space, DecoderKind::Fast, skylake);
     let recs: Vec<Record> = f.by_ref().collect();
     assert_eq!(f.decoded_by(), ("fast", None));
@@ -2995,17 +2985,7 @@ fn decode_params(
         decoder: kind,
         ..Default::default()
     };
-    let mut d = PtDecoder::new(
-        trace,
-        params,
-        space.clone(),
-        vec![],
-        ImageResolver::default(),
-        opts,
-    )
-    .unwrap();
-    let recs: Vec<Record> = d.by_ref().collect();
-    (recs, d.decoded_by())
+    common::decode_window(trace, space, params, opts)
 }
 
 /// The fast decoder's records of `trace` with `params` and who decoded them, asserted
@@ -3066,13 +3046,18 @@ fn skl014_code() -> (AddressSpace, drpttracer::decode::AddrFilter) {
     (space, filter)
 }
 
-/// A CPU with errata SKL014, SKD010, SKD022 and BDM70 (Skylake).
-fn skylake() -> drpttracer::decode::CpuParams {
+/// The Intel CPU of family 6 and model `model` (its errata are libipt's for it).
+fn family6(model: u8) -> drpttracer::decode::CpuParams {
     drpttracer::decode::CpuParams {
         family: 6,
-        model: 0x5e,
+        model,
         ..Default::default()
     }
+}
+
+/// A CPU with errata SKL014, SKD010, SKD022 and BDM70 (Skylake).
+fn skylake() -> drpttracer::decode::CpuParams {
+    family6(0x5e)
 }
 
 /// Erratum SKL014 (libipt's `skl014-*` tests): with address filters, a direct jump or
@@ -3166,11 +3151,7 @@ fn bdm64_abort(w: &mut PtWriter, abort_at: u64, cbr: bool) {
 
 /// A CPU with errata BDM64 and BDM70 (Broadwell).
 fn broadwell() -> drpttracer::decode::CpuParams {
-    drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x3d,
-        ..Default::default()
-    }
+    family6(0x3d)
 }
 
 /// Erratum BDM64 (Broadwell; libipt's `bdm64-*` tests): the branch before a
@@ -3250,11 +3231,7 @@ const SKD007_CYC_OVF: [u8; 3] = [0xf7, 0x02, 0xf3];
 
 /// A CPU with errata SKZ84, SKL014, SKD022 and BDM70 (Skylake server).
 fn skylake_server() -> drpttracer::decode::CpuParams {
-    drpttracer::decode::CpuParams {
-        family: 6,
-        model: 0x55,
-        ..Default::default()
-    }
+    family6(0x55)
 }
 
 /// Errata SKZ84 and SKD007 (libipt's `skz84` and `skd007` tests), which change how

@@ -2,12 +2,13 @@
 //! the whole record streams are compared (timestamps, gaps with their offsets and texts,
 //! everything), on valid traces with many PSBs and timing packets and on mutated ones.
 
+mod common;
+
 use drpttracer::decode::parallel::{decode_parallel, decode_parallel_compact, split_at_psbs};
 use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE};
 use drpttracer::decode::testgen::{
     mutate, LoopProgram, PtWriter, XorShift, FUNC_CONDS, LOOP_CONDS,
 };
-use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{
     decode_insn, AddressSpace, CpuParams, ExecMode, ImageEvent, ImageResolver, InsnClass,
     PtDecoder, Record, TraceParams, WindowOptions,
@@ -587,17 +588,7 @@ fn fast_decoder_keeps_libipt_time_on_timed_traces() {
         ..Default::default()
     };
     let decode = |trace: &[u8], params: TraceParams, kind: DecoderKind| {
-        let mut d = PtDecoder::new(
-            trace,
-            params,
-            space.clone(),
-            vec![],
-            ImageResolver::default(),
-            opts(kind),
-        )
-        .unwrap();
-        let recs: Vec<Record> = d.by_ref().collect();
-        (recs, d.decoded_by())
+        common::decode_window(trace, &space, params, opts(kind))
     };
     // PSB-parallel decode with the fast decoder: its records exactly `want`, its stats.
     let parallel =

@@ -1,10 +1,16 @@
 //! Helpers shared by the integration tests (a directory, so cargo does not build it as a
 //! test of its own).
 
+use drpttracer::decode::{
+    AddressSpace, ImageResolver, PtDecoder, Record, TraceDecoder, TraceParams, WindowOptions,
+};
 use iced_x86::code_asm::CodeAssembler;
 use iced_x86::BlockEncoderOptions;
 
+// (Each test crate uses some of these helpers: the others are dead code there.)
+
 /// Assembles `a`'s instructions at `base`: the code and each instruction's address.
+#[allow(dead_code)]
 pub fn assemble_at(a: &mut CodeAssembler, base: u64) -> (Vec<u8>, Vec<u64>) {
     let r = a
         .assemble_options(base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
@@ -16,4 +22,26 @@ pub fn assemble_at(a: &mut CodeAssembler, base: u64) -> (Vec<u8>, Vec<u64>) {
         .map(|&o| base + u64::from(o))
         .collect();
     (r.inner.code_buffer, ips)
+}
+
+/// The records of `trace` decoded as one window with `params` and `opts`, and which
+/// decoder gave them ([`TraceDecoder::decoded_by`]).
+#[allow(dead_code)]
+pub fn decode_window(
+    trace: &[u8],
+    space: &AddressSpace,
+    params: TraceParams,
+    opts: WindowOptions,
+) -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+    let mut d = PtDecoder::new(
+        trace,
+        params,
+        space.clone(),
+        vec![],
+        ImageResolver::default(),
+        opts,
+    )
+    .unwrap();
+    let recs: Vec<Record> = d.by_ref().collect();
+    (recs, d.decoded_by())
 }
