@@ -411,13 +411,8 @@ impl<'a> PtDecoder<'a> {
         }
         // What the fast decoder does not read: such a window is libipt's from its start.
         let fast_start = opts.decoder == DecoderKind::Fast && state == State::Start;
-        let not_fast = if !fast_start {
-            None
-        } else if !events.is_empty() {
-            Some("images that change during the window (sideband)")
-        } else {
-            None
-        };
+        let not_fast = (fast_start && !events.is_empty())
+            .then_some("images that change during the window (sideband)");
         let wire = crate::wire::WireErrata {
             skd007: errata.skd007,
             skz84: errata.skz84,
