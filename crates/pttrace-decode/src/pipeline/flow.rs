@@ -1380,17 +1380,13 @@ impl PtDecoder<'_> {
                         self.flow_index_of(b, ip).unwrap_or(b.len)
                     }
                     None => {
-                        if st.skl014.is_some() {
-                            // (The branch it binds to may be in code walked without trace.)
+                        let binding = self.flow_pgd_binding(st, b);
+                        // (With SKL014 the branch it binds to may lie in code walked
+                        // without trace.)
+                        if binding.is_some() || st.skl014.is_some() {
                             self.flow_nothing_walked(st)?;
                         }
-                        match self.flow_pgd_binding(st, b) {
-                            Some(k) => {
-                                self.flow_nothing_walked(st)?;
-                                k + 1
-                            }
-                            None => b.len,
-                        }
+                        binding.map_or(b.len, |k| k + 1)
                     }
                 };
                 // (After an IRET CFE: the disable binds to that instruction, which runs.)
