@@ -2289,16 +2289,17 @@ impl PtDecoder<'_> {
                 self.flow_quiet_event(st);
             }
             Pkt::Other(what) => return Err(what),
-            // Erratum SKZ84: a corrupted TMA and the bogus byte after it, an invalid
-            // packet libipt's event decoder passes over (no time). (Where the trace ends
-            // after it, libipt's reading on is not the fast decoder's.)
-            Pkt::TmaReserved | Pkt::Invalid if self.wire.skz84 => {
-                if pkt == Pkt::TmaReserved {
-                    st.pos += 1;
+            // A TMA with reserved bits, read as libipt reads it on this CPU: with erratum
+            // SKZ84 a corrupted TMA and the bogus byte after it, an invalid packet its
+            // event decoder passes over (no time; where the trace ends after it, libipt's
+            // reading on is not the fast decoder's); else libipt's error.
+            Pkt::TmaReserved | Pkt::Invalid => match self.pkt(st.item_at) {
+                Some((Pkt::Invalid, size)) => {
+                    st.pos = st.item_at + size;
+                    st.read_on = ReadOn::Other;
                 }
-                st.read_on = ReadOn::Other;
-            }
-            Pkt::TmaReserved | Pkt::Invalid => return Err(wire::TMA_RESERVED),
+                _ => return Err(wire::TMA_RESERVED),
+            },
             // (The packets flow_read_item takes itself.)
             Pkt::Tnt { .. }
             | Pkt::Tip(_)
