@@ -726,14 +726,26 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         k
     }
 
+    /// The slot of `addr` in the cache of function starts.
+    #[inline(always)]
+    fn cache_slot(addr: u64) -> usize {
+        ((addr ^ (addr >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % CACHE_SLOTS
+    }
+
+    /// [`Functions::function_start`] of `addr` when the cache has it.
+    #[inline(always)]
+    fn cached_function_start(&self, addr: u64) -> Option<Option<u64>> {
+        self.cache
+            .get(Self::cache_slot(addr))
+            .filter(|e| e.2 && e.0 == addr)
+            .map(|e| e.1)
+    }
+
     fn function_start(&mut self, addr: u64) -> Option<u64> {
-        let slot = ((addr ^ (addr >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize
-            % CACHE_SLOTS;
-        if let Some(e) = self.cache.get(slot) {
-            if e.2 && e.0 == addr {
-                return e.1;
-            }
+        if let Some(r) = self.cached_function_start(addr) {
+            return r;
         }
+        let slot = Self::cache_slot(addr);
         let r = self.funcs.function_start(addr);
         if let Some(e) = self.cache.get_mut(slot) {
             *e = (addr, r, true);
@@ -745,7 +757,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// `Instruction` record).
     #[inline]
     pub fn instruction(&mut self, pc: u64, size: u8, class: InsnClass) {
-        if self.placed_by_control_flow() {
+        if self.placed_by_control_flow() && !self.moves_no_frame(pc) {
             self.control_flow(pc);
         }
         let node = if self.inline_cache.is_empty() {
@@ -762,6 +774,29 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     #[inline]
     fn placed_by_control_flow(&self) -> bool {
         self.last.is_some_and(|l| transfers(l.class)) || self.stack.is_empty()
+    }
+
+    /// Whether the last instruction's branch to `pc` is one that [`Self::control_flow`]
+    /// would see leave the stack as it is, told from the cached function starts alone: a
+    /// conditional branch not taken that stays in its function, a jump within the top
+    /// frame's function or to code of no known function. False when unsure (then
+    /// `control_flow` decides). Most branches are these: they cost no call.
+    #[inline(always)]
+    fn moves_no_frame(&self, pc: u64) -> bool {
+        let (Some(last), Some(top)) = (self.last, self.stack.last()) else {
+            return false;
+        };
+        match last.class {
+            InsnClass::CondJump if pc == last.next => self
+                .cached_function_start(pc)
+                .is_some_and(|f| f != Some(pc)),
+            InsnClass::Jump | InsnClass::CondJump => match self.cached_function_start(pc) {
+                Some(None) => true,
+                Some(tf) => top.func == tf,
+                None => false,
+            },
+            _ => false,
+        }
     }
 
     /// Counts the next `n` instructions to `node` (those in the counted range).
@@ -809,7 +844,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             let len = r.len as usize;
             let run_sizes = sizes.get(at..at + len).unwrap_or(&[]);
             at += len;
-            if self.placed_by_control_flow() {
+            if self.placed_by_control_flow() && !self.moves_no_frame(r.first) {
                 self.control_flow(r.first);
             }
             let node = if self.inline_cache.is_empty() {
@@ -1701,6 +1736,62 @@ mod tests {
             stacks(&t),
             vec![(vec![MAIN], 3), (vec![MAIN, A], 2), (vec![MAIN, B], 3)]
         );
+    }
+
+    /// Branches met again are told from the cached function starts without a call
+    /// ([`CallStacks::moves_no_frame`]): a jump within the function, a conditional branch
+    /// taken or not within it, are no-ops; a jump to another function's first
+    /// instruction, and a conditional branch not taken that falls into the next one's,
+    /// stay tail calls. Each round of the same code (the first with nothing cached) makes
+    /// the same frames.
+    #[test]
+    fn branches_met_again_move_the_frames_as_the_first_time() {
+        const D: u64 = A + 0x100; // right after a
+        const E: u64 = D + 0x100; // right after d
+        let t = Table(vec![
+            (MAIN, MAIN + 0x100),
+            (A, A + 0x100),
+            (D, D + 0x100),
+            (E, E + 0x100),
+        ]);
+        let cond = |pc| ins(pc, 2, InsnClass::CondJump);
+        let mut recs = Vec::new();
+        for _ in 0..3 {
+            recs.extend([
+                call(MAIN + 1), // -> a
+                jmp(A),         // -> A+0x10: within a
+                cond(A + 0x10), // not taken: A+0x12, within a
+                cond(A + 0x12), // taken: A+0x20, within a
+                jmp(A + 0x20),  // -> d's first instruction: a tail call
+                cond(D),        // taken: D+0xfe, within d
+                cond(D + 0xfe), // not taken: e's first instruction, a tail call
+                ret(E),         // -> MAIN+6
+                jmp(MAIN + 6),  // -> MAIN+1: within main
+            ]);
+        }
+        recs.push(other(MAIN + 1));
+        for by_runs in [false, true] {
+            let mut cs = CallStacks::new(&t);
+            if by_runs {
+                let mut runs = Runs::default();
+                assert_eq!(runs.add_instructions(&recs), recs.len());
+                cs.runs(&runs.runs, &runs.sizes);
+            } else {
+                for r in &recs {
+                    cs.record(r);
+                }
+            }
+            let mut want = vec![span(MAIN, 0, 0, 28, S::Implied, E::TraceEnd)];
+            for k in 0..3 {
+                let b = 9 * k;
+                want.push(span(A, 1, b + 1, b + 5, S::Call, E::TailCall));
+                want.push(span(D, 1, b + 5, b + 7, S::TailCall, E::TailCall));
+                want.push(span(E, 1, b + 7, b + 8, S::TailCall, E::Return));
+            }
+            let mut got = cs.finish().spans;
+            got.sort_by_key(|s| (s.start, s.depth));
+            assert_eq!(got, want, "by runs: {by_runs}");
+        }
     }
 
     /// The trace starts in b, called by a, called by main: each return with an empty
