@@ -219,6 +219,7 @@ enum Axis {
 
 impl Axis {
     /// (ts, dur) of instructions `[start, end)` of a thread image with clock `c`.
+    #[inline]
     fn place(&self, c: &Clock, start: u64, end: u64) -> (Ts, Ts) {
         match (self, &c.time) {
             (Axis::Nanoseconds { t0 }, Some(m)) => {
@@ -254,6 +255,7 @@ impl<T: Default> Nesting<T> {
 
     /// A call of instructions `[at, at + len)` begins: its (ts, dur) on the axis and its
     /// begin in ns.
+    #[inline]
     fn begin(&mut self, axis: &Axis, c: &Clock, at: u64, len: u64, kept: T) -> (Ts, Ts, u64) {
         let (ts, dur) = axis.place(c, at, at + len);
         let b = ns(ts);
@@ -1001,6 +1003,7 @@ fn thread_track_names(views: &[Who], v: &Who) -> (String, String) {
 }
 
 /// Nanoseconds of a timeline position (instructions count as 1 ns each).
+#[inline]
 fn ns(t: Ts) -> u64 {
     match t {
         Ts::I(v) => v,

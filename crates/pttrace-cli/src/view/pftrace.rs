@@ -120,9 +120,17 @@ impl Batch {
         self.fill = end;
     }
 
-    /// The packets, the batch starting over.
-    fn take(&mut self) -> Vec<u8> {
-        let mut full = std::mem::replace(self, Batch::new());
+    /// The packets, the batch starting over (in `reuse`, a buffer the compressor is done
+    /// with, when there is one: its bytes need not be zeroed again).
+    fn take(&mut self, reuse: Option<Vec<u8>>) -> Vec<u8> {
+        let next = match reuse {
+            Some(mut buf) => {
+                buf.resize(BATCH + EVENT_ROOM + 4096, 0);
+                Batch { buf, fill: 0 }
+            }
+            None => Batch::new(),
+        };
+        let mut full = std::mem::replace(self, next);
         full.buf.truncate(full.fill);
         full.buf
     }
@@ -172,6 +180,8 @@ pub struct Writer<W: Write + Send + 'static> {
     batch: Batch,
     /// Full batches go to the compressor through this.
     to_compressor: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+    /// And come back through this once compressed.
+    from_compressor: std::sync::mpsc::Receiver<Vec<u8>>,
     compressor: Option<Compressor<W>>,
     /// Packets written.
     pub packets: u64,
@@ -194,6 +204,7 @@ const LEVEL: u32 = 1;
 fn compress_batches(
     mut out: impl Write,
     batches: std::sync::mpsc::Receiver<Vec<u8>>,
+    done: std::sync::mpsc::SyncSender<Vec<u8>>,
 ) -> io::Result<u64> {
     let mut bytes = 0u64;
     let mut z = flate2::Compress::new(flate2::Compression::new(LEVEL), true);
@@ -218,6 +229,8 @@ fn compress_batches(
         framed.bytes(TP_COMPRESSED_PACKETS, &deflated);
         bytes += framed.0.len() as u64;
         out.write_all(&framed.0)?;
+        // (The writer takes it back when it wants one; else it goes.)
+        let _ = done.try_send(batch);
     }
     out.flush()?;
     Ok(bytes)
@@ -226,15 +239,17 @@ fn compress_batches(
 impl<W: Write + Send + 'static> Writer<W> {
     pub fn new(out: W) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+        let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
         let compressor = std::thread::spawn(move || {
             let mut out = out;
-            let bytes = compress_batches(&mut out, rx)?;
+            let bytes = compress_batches(&mut out, rx, done_tx)?;
             Ok((out, bytes))
         });
         Writer {
             next_sequence: 2,
             batch: Batch::new(),
             to_compressor: Some(tx),
+            from_compressor: done_rx,
             compressor: Some(compressor),
             packets: 0,
             interned: Msg::default(),
@@ -267,7 +282,7 @@ impl<W: Write + Send + 'static> Writer<W> {
         if self.batch.fill == 0 {
             return Ok(());
         }
-        let batch = self.batch.take();
+        let batch = self.batch.take(self.from_compressor.try_recv().ok());
         let sent = self.to_compressor.as_ref().map(|tx| tx.send(batch));
         match sent {
             Some(Ok(())) => Ok(()),
@@ -458,7 +473,21 @@ pub struct Interned {
 impl Interned {
     /// The iid of `n`; a new one is added to `interned` (as field `field` of
     /// `InternedData`: an `{iid, name}` entry).
+    #[inline(always)]
     fn iid(&mut self, n: Named<'_>, field: u32, interned: &mut Msg) -> u64 {
+        // (A keyed name met before, nearly every event's: in line.)
+        if let Some(&iid) = n.key.and_then(|k| self.by_key.get(k as usize)) {
+            if iid != 0 {
+                return iid;
+            }
+        }
+        self.iid_new(n, field, interned)
+    }
+
+    /// [`Self::iid`] of a name not keyed or new.
+    #[cold]
+    #[inline(never)]
+    fn iid_new(&mut self, n: Named<'_>, field: u32, interned: &mut Msg) -> u64 {
         let slot = match n.key {
             Some(k) => {
                 let k = k as usize;
@@ -634,13 +663,25 @@ mod tmp_bench {
             for i in 0..20_000_000u64 {
                 ts += 1 + (i % 7);
                 let k = (i * 2654435761 % 5000) as u32;
-                w.event(&mut seq, Event::Begin { ts, name: Named::keyed(k, "some_function_name"), category: Named::keyed((i % 3) as u32, "call") }).unwrap();
+                w.event(
+                    &mut seq,
+                    Event::Begin {
+                        ts,
+                        name: Named::keyed(k, "some_function_name"),
+                        category: Named::keyed((i % 3) as u32, "call"),
+                    },
+                )
+                .unwrap();
                 ts += 3;
                 w.event(&mut seq, Event::End { ts }).unwrap();
             }
             let el = t.elapsed();
             w.finish().unwrap();
-            eprintln!("round {round}: {:?} per event {:.1} ns", el, el.as_nanos() as f64 / 40e6);
+            eprintln!(
+                "round {round}: {:?} per event {:.1} ns",
+                el,
+                el.as_nanos() as f64 / 40e6
+            );
         }
     }
 }

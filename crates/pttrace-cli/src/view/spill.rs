@@ -434,6 +434,7 @@ pub enum Edge {
 }
 
 /// A damaged spill file (it is this process's own: an I/O fault or a bug).
+#[cold]
 fn damaged(path: &Path, what: &str) -> io::Error {
     io::Error::other(format!("{}: {what}", path.display()))
 }
@@ -443,8 +444,10 @@ fn damaged(path: &Path, what: &str) -> io::Error {
 struct Reader<R: Read> {
     r: R,
     path: PathBuf,
+    /// The bytes read are `buf[pos..end]` (its length stays [`BUFFER`]).
     buf: Vec<u8>,
     pos: usize,
+    end: usize,
     eof: bool,
 }
 
@@ -457,42 +460,54 @@ impl<R: Read> Reader<R> {
         Reader {
             r,
             path,
-            buf: Vec::with_capacity(BUFFER),
+            buf: Vec::new(),
             pos: 0,
+            end: 0,
             eof: false,
         }
     }
 
     /// Makes a whole record available (unless the file ends first); false at the end.
+    #[inline(always)]
     fn fill(&mut self) -> io::Result<bool> {
-        if self.buf.len() - self.pos >= MAX_RECORD || self.eof {
-            return Ok(self.pos < self.buf.len());
+        if self.end - self.pos >= MAX_RECORD || self.eof {
+            return Ok(self.pos < self.end);
         }
-        self.buf.drain(..self.pos);
+        self.refill()
+    }
+
+    /// [`Self::fill`] when the buffer runs low: what is left moves to its start, and the
+    /// file fills the rest.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self) -> io::Result<bool> {
+        if self.buf.len() < BUFFER {
+            self.buf.resize(BUFFER, 0);
+        }
+        self.buf.copy_within(self.pos..self.end, 0);
+        self.end -= self.pos;
         self.pos = 0;
-        let have = self.buf.len();
-        self.buf.resize(BUFFER, 0);
-        let mut n = have;
-        while n < BUFFER {
-            match self.r.read(&mut self.buf[n..]) {
+        while self.end < BUFFER {
+            match self.r.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
                     self.eof = true;
                     break;
                 }
-                Ok(k) => n += k,
+                Ok(k) => self.end += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        self.buf.truncate(n);
-        Ok(self.pos < self.buf.len())
+        Ok(self.pos < self.end)
     }
 
+    #[inline(always)]
     fn need(&mut self) -> io::Result<u8> {
         let b = self
             .buf
             .get(self.pos)
             .copied()
+            .filter(|_| self.pos < self.end)
             .ok_or_else(|| damaged(&self.path, "spill file cut short"))?;
         self.pos += 1;
         Ok(b)
@@ -515,6 +530,7 @@ impl<R: Read> Reader<R> {
         let field = self
             .buf
             .get(self.pos..self.pos + PATCH)
+            .filter(|_| self.pos + PATCH <= self.end)
             .ok_or_else(|| damaged(&self.path, "spill file cut short"))?;
         let mut out = [0u8; PATCH];
         out.copy_from_slice(field);
