@@ -462,6 +462,9 @@ const INLINE_CACHE_SLOTS: usize = 1 << 18;
 /// inline key they share.
 const RUN_CACHE_SLOTS: usize = 1 << 16;
 
+/// Slots of the children looked up last ([`CallStacks::node_for`]).
+const CHILD_MEMO_SLOTS: usize = 1 << 12;
+
 /// A remembered run: its first and last address, its length, and the inline key all its
 /// instructions share (`None`: they do not).
 #[derive(Clone, Copy, Default)]
@@ -501,6 +504,11 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     cur: u32,
     nodes: Vec<Node>,
     child: FxHashMap<(u32, u64), u32>,
+    /// The children looked up last, in front of `child` (direct-mapped by parent and key):
+    /// (parent, generation, key, child), valid while its generation is `child_generation`.
+    child_memo: Vec<(u32, u32, u64, u32)>,
+    /// Moves on when children change parents ([`Self::push_bottom`]).
+    child_generation: u32,
     sink: S,
     markers: Vec<Marker>,
     anchors: Vec<TimeAnchor>,
@@ -554,6 +562,8 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             cur: 0,
             nodes: Vec::new(),
             child: FxHashMap::default(),
+            child_memo: vec![(u32::MAX, 0, 0, 0); CHILD_MEMO_SLOTS],
+            child_generation: 0,
             sink,
             markers: Vec::new(),
             anchors: Vec::new(),
@@ -1071,7 +1081,26 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         self.push(entry, func, None, SpanStart::Async, true);
     }
 
+    #[inline]
     fn node_for(&mut self, parent: u32, key: u64) -> u32 {
+        let slot = ((key ^ u64::from(parent).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            >> 52) as usize
+            % CHILD_MEMO_SLOTS;
+        if let Some(&(p, g, k, n)) = self.child_memo.get(slot) {
+            if p == parent && k == key && g == self.child_generation {
+                return n;
+            }
+        }
+        let n = self.node_for_uncached(parent, key);
+        if let Some(e) = self.child_memo.get_mut(slot) {
+            *e = (parent, self.child_generation, key, n);
+        }
+        n
+    }
+
+    /// [`Self::node_for`] through the map of every child.
+    #[inline(never)]
+    fn node_for_uncached(&mut self, parent: u32, key: u64) -> u32 {
         if let Some(&n) = self.child.get(&(parent, key)) {
             return n;
         }
@@ -1136,8 +1165,13 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             // bottom each time. The stacks start over instead (no trace is lost: no marker).
             self.restart(None);
         }
-        // Nodes move under the new bottom frame: forget the last inline child.
+        // Nodes move under the new bottom frame: forget the children looked up.
         self.last_inline = (u32::MAX, 0, 0);
+        self.child_generation = self.child_generation.wrapping_add(1);
+        if self.child_generation == 0 {
+            // (Wrapped: entries of generation 0 could look valid again.)
+            self.child_memo.fill((u32::MAX, 0, 0, 0));
+        }
         let func = self.function_start(target);
         let addr = func.unwrap_or(target);
         let root = self.seg_root;
