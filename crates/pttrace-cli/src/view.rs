@@ -51,6 +51,7 @@ mod perfetto;
 mod pftrace;
 mod speedscope;
 mod spill;
+mod varint;
 
 use decoding::decode_one;
 use frames::{name_id, FrameNamer, FrameTable, Namer, Names};

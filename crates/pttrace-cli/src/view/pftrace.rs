@@ -27,6 +27,8 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use super::varint::put_at;
+
 /// A protobuf message being built.
 #[derive(Default)]
 struct Msg(Vec<u8>);
@@ -63,23 +65,6 @@ impl Msg {
     fn msg(&mut self, field: u32, m: &Msg) -> &mut Self {
         self.bytes(field, &m.0)
     }
-}
-
-/// Writes varint `v` into `w` at `*n`, moving `*n` past it (an event's packet, written
-/// in place; [`EVENT_ROOM`] holds any).
-#[inline(always)]
-fn put_at(w: &mut [u8], n: &mut usize, mut v: u64) {
-    while v >= 0x80 {
-        if let Some(b) = w.get_mut(*n) {
-            *b = (v as u8) | 0x80;
-        }
-        *n += 1;
-        v >>= 7;
-    }
-    if let Some(b) = w.get_mut(*n) {
-        *b = v as u8;
-    }
-    *n += 1;
 }
 
 /// Bytes an event's packet may take: its framing, three fields of up to 10 bytes with

@@ -31,6 +31,8 @@ use std::sync::Arc;
 
 use drpttracer::decode::callstack::{SpanEnd, SpanSink, SpanStart};
 
+use super::varint::{put_at, put_byte};
+
 const BEGIN: u8 = 1;
 const END: u8 = 2;
 const SEGMENT_END: u8 = 3;
@@ -39,6 +41,8 @@ const IMPLIED_END: u8 = 4;
 const PATCH: usize = 9;
 /// Bytes buffered before they go to the file.
 const BUFFER: usize = 1 << 20;
+/// Room for any record of a spill ([`MAX_RECORD`]) after the buffered ones.
+const RECORD_ROOM: usize = 64;
 
 fn start_code(k: SpanStart) -> u8 {
     match k {
@@ -207,7 +211,10 @@ impl Drop for SpillFile {
 pub struct SpillSink<'a, N: FrameIds> {
     file: Option<File>,
     path: PathBuf,
+    /// The records not written yet: `buf[..fill]` (its length stays
+    /// `BUFFER + RECORD_ROOM`, so that a record is written into it in place).
     buf: Vec<u8>,
+    fill: usize,
     /// File offset of `buf[0]`.
     base: u64,
     /// Open spans: (file offset of their begin's patch field, start, cost, spans).
@@ -255,7 +262,8 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
         Ok(SpillSink {
             file: Some(file),
             path: path.to_path_buf(),
-            buf: Vec::with_capacity(BUFFER + 64),
+            buf: vec![0; BUFFER + RECORD_ROOM],
+            fill: 0,
             base: 0,
             open: Vec::new(),
             last_at: 0,
@@ -290,24 +298,39 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
         (frame, cost, width)
     }
 
-    fn delta(&mut self, at: u64) {
+    /// The time from the last record to `at`, which becomes the last.
+    #[inline(always)]
+    fn delta(&mut self, at: u64) -> u64 {
         let d = at.saturating_sub(self.last_at);
         self.last_at = self.last_at.max(at);
-        put_varint(&mut self.buf, d);
+        d
+    }
+
+    /// Appends a record of tag `tag` and time delta `d` (an end or a segment's end).
+    #[inline(always)]
+    fn tagged(&mut self, tag: u8, d: u64) {
+        let Some(w) = self.buf.get_mut(self.fill..self.fill + RECORD_ROOM) else {
+            return;
+        };
+        let mut n = 0;
+        put_byte(w, &mut n, tag);
+        put_at(w, &mut n, d);
+        self.fill += n;
     }
 
     fn flush_buf(&mut self) {
         if let (Some(f), None) = (&mut self.file, &self.error) {
-            if let Err(e) = f.write_all(&self.buf) {
+            if let Err(e) = f.write_all(self.buf.get(..self.fill).unwrap_or(&[])) {
                 self.error = Some(e);
             }
         }
-        self.base += self.buf.len() as u64;
-        self.buf.clear();
+        self.base += self.fill as u64;
+        self.fill = 0;
     }
 
+    #[inline(always)]
     fn maybe_flush(&mut self) {
-        if self.buf.len() >= BUFFER {
+        if self.fill >= BUFFER {
             self.flush_buf();
         }
     }
@@ -360,12 +383,22 @@ impl<N: FrameIds> Drop for SpillSink<'_, N> {
 impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
     fn begin(&mut self, at: u64, addr: u64, kind: SpanStart) {
         let (frame, cost, width) = self.frame(addr, kind == SpanStart::Inlined);
-        self.buf.push(BEGIN);
-        self.delta(at);
-        put_varint(&mut self.buf, u64::from(frame));
-        self.buf.push(start_code(kind));
-        let pos = self.base + self.buf.len() as u64;
-        self.buf.extend_from_slice(&[0; PATCH]);
+        let d = self.delta(at);
+        let Some(w) = self.buf.get_mut(self.fill..self.fill + RECORD_ROOM) else {
+            return;
+        };
+        let mut n = 0;
+        put_byte(w, &mut n, BEGIN);
+        put_at(w, &mut n, d);
+        put_at(w, &mut n, u64::from(frame));
+        put_byte(w, &mut n, start_code(kind));
+        let pos = self.base + (self.fill + n) as u64;
+        // (The patch field, zero until the span ends: the buffer holds older records.)
+        if let Some(f) = w.get_mut(n..n + PATCH) {
+            f.fill(0);
+        }
+        n += PATCH;
+        self.fill += n;
         self.open.push((pos, at, cost, width));
         self.maybe_flush();
     }
@@ -377,7 +410,8 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
                 let len = at.saturating_sub(start);
                 self.patch(pos, kind, len);
                 self.costs.add(len, cost);
-                self.buf.push(END);
+                let d = self.delta(at);
+                self.tagged(END, d);
             }
             None => {
                 let Some(i) = self.cur_implied.iter_mut().rev().find(|i| i.end.is_none()) else {
@@ -387,10 +421,10 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
                 self.spans += 1;
                 let len = at.saturating_sub(i.start);
                 self.costs.add(len, i.cost);
-                self.buf.push(IMPLIED_END);
+                let d = self.delta(at);
+                self.tagged(IMPLIED_END, d);
             }
         }
-        self.delta(at);
         self.maybe_flush();
     }
 
@@ -406,8 +440,8 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
 
     fn segment_end(&mut self, at: u64) {
         self.open.clear();
-        self.buf.push(SEGMENT_END);
-        self.delta(at);
+        let d = self.delta(at);
+        self.tagged(SEGMENT_END, d);
         if !self.cur_implied.is_empty() {
             self.implied
                 .insert(self.segment, std::mem::take(&mut self.cur_implied));
