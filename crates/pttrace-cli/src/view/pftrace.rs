@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use super::varint::put_at;
+use super::varint::{put_at, put_byte};
 
 /// A protobuf message being built.
 #[derive(Default)]
@@ -67,9 +67,10 @@ impl Msg {
     }
 }
 
-/// Bytes an event's packet may take: its framing, three fields of up to 10 bytes with
-/// their keys, the track event's key and length, and its three fields.
-const EVENT_ROOM: usize = 2 + 3 * 11 + 2 + 2 + 2 * 6;
+/// Bytes an event's packet may take: its framing, the timestamp's key and delta, the
+/// sequence's fields and the track event's key (written as the 16 bytes of
+/// [`Sequence::fields`]), the track event's length and its three fields.
+const EVENT_ROOM: usize = 2 + 11 + 16 + 1 + 2 + 2 * 11;
 
 /// Packets not compressed yet: `buf[..fill]`. The buffer is kept at its full size, so that
 /// an event's packet is written into it in place ([`Batch::room`]).
@@ -322,9 +323,26 @@ impl<W: Write + Send + 'static> Writer<W> {
             .msg(TP_DEFAULTS, &defaults)
             .msg(TP_CLOCK_SNAPSHOT, &snap);
         self.packet(&p)?;
+        // (At most 14 bytes: keys of one byte, a sequence id of up to ten.)
+        let mut fields = [0u8; 16];
+        let mut fields_len = 0;
+        put_at(&mut fields, &mut fields_len, u64::from(TP_SEQUENCE_ID) << 3);
+        put_at(&mut fields, &mut fields_len, id);
+        put_at(
+            &mut fields,
+            &mut fields_len,
+            u64::from(TP_SEQUENCE_FLAGS) << 3,
+        );
+        put_at(&mut fields, &mut fields_len, SEQ_NEEDS_INCREMENTAL_STATE);
+        put_at(
+            &mut fields,
+            &mut fields_len,
+            u64::from(TP_TRACK_EVENT) << 3 | 2,
+        );
         Ok(Sequence {
-            id,
             last_ts: t0,
+            fields,
+            fields_len,
             names: Interned::default(),
             categories: Interned::default(),
         })
@@ -356,22 +374,25 @@ impl<W: Write + Send + 'static> Writer<W> {
                 return Err(io::Error::other("a Perfetto batch overflowed"));
             };
             let mut n = 2usize;
-            put_at(w, &mut n, u64::from(TP_TIMESTAMP) << 3);
+            put_byte(w, &mut n, (TP_TIMESTAMP << 3) as u8);
             put_at(w, &mut n, delta);
-            put_at(w, &mut n, u64::from(TP_SEQUENCE_ID) << 3);
-            put_at(w, &mut n, seq.id);
-            put_at(w, &mut n, u64::from(TP_SEQUENCE_FLAGS) << 3);
-            put_at(w, &mut n, SEQ_NEEDS_INCREMENTAL_STATE);
-            let te_len = 2 + iids.map_or(0, |(c, name)| 2 + varint_len(c) + varint_len(name));
-            put_at(w, &mut n, u64::from(TP_TRACK_EVENT) << 3 | 2);
-            put_at(w, &mut n, te_len as u64);
-            put_at(w, &mut n, u64::from(TE_TYPE) << 3);
-            put_at(w, &mut n, ty);
+            if let Some(to) = w.get_mut(n..n + seq.fields.len()) {
+                to.copy_from_slice(&seq.fields);
+            }
+            n += seq.fields_len;
+            // The track event's length (under 128: one byte), set once its fields are in.
+            let te_at = n;
+            n += 1;
+            put_byte(w, &mut n, (TE_TYPE << 3) as u8);
+            put_byte(w, &mut n, ty as u8);
             if let Some((cat, name)) = iids {
-                put_at(w, &mut n, u64::from(TE_CATEGORY_IIDS) << 3);
+                put_byte(w, &mut n, (TE_CATEGORY_IIDS << 3) as u8);
                 put_at(w, &mut n, cat);
-                put_at(w, &mut n, u64::from(TE_NAME_IID) << 3);
+                put_byte(w, &mut n, (TE_NAME_IID << 3) as u8);
                 put_at(w, &mut n, name);
+            }
+            if let Some(len) = w.get_mut(te_at) {
+                *len = (n - te_at - 1) as u8;
             }
             let body_len = n - 2;
             if self.interned.0.is_empty() && body_len < 0x80 {
@@ -508,8 +529,11 @@ impl Interned {
 
 /// The state of one packet sequence.
 pub struct Sequence {
-    id: u64,
     last_ts: u64,
+    /// The same bytes in each of its event packets after the timestamp: the sequence id,
+    /// the sequence flags, the track event's key (their length is `fields_len`).
+    fields: [u8; 16],
+    fields_len: usize,
     names: Interned,
     categories: Interned,
 }
@@ -631,42 +655,5 @@ mod tests {
         let mut outer = Msg::default();
         outer.msg(3, &inner);
         assert_eq!(outer.0, [0x1a, 0x03, 0x08, 0x96, 0x01]);
-    }
-}
-
-#[cfg(test)]
-mod tmp_bench {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn tmp_pf_bench() {
-        for round in 0..5 {
-            let mut w = Writer::new(std::io::sink());
-            let mut seq = w.sequence(1, 0).unwrap();
-            let t = std::time::Instant::now();
-            let mut ts = 0u64;
-            for i in 0..20_000_000u64 {
-                ts += 1 + (i % 7);
-                let k = (i * 2654435761 % 5000) as u32;
-                w.event(
-                    &mut seq,
-                    Event::Begin {
-                        ts,
-                        name: Named::keyed(k, "some_function_name"),
-                        category: Named::keyed((i % 3) as u32, "call"),
-                    },
-                )
-                .unwrap();
-                ts += 3;
-                w.event(&mut seq, Event::End { ts }).unwrap();
-            }
-            let el = t.elapsed();
-            w.finish().unwrap();
-            eprintln!(
-                "round {round}: {:?} per event {:.1} ns",
-                el,
-                el.as_nanos() as f64 / 40e6
-            );
-        }
     }
 }
