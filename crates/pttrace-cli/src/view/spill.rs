@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use drpttracer::decode::callstack::{SpanEnd, SpanSink, SpanStart};
 
-use super::varint::{put_at, put_byte};
+use super::varint::{get_at, put_at, put_byte};
 
 const BEGIN: u8 = 1;
 const END: u8 = 2;
@@ -477,7 +477,6 @@ fn damaged(path: &Path, what: &str) -> io::Error {
 /// [`MAX_RECORD`] bytes).
 struct Reader<R: Read> {
     r: R,
-    path: PathBuf,
     /// The bytes read are `buf[pos..end]` (its length stays [`BUFFER`]).
     buf: Vec<u8>,
     pos: usize,
@@ -490,10 +489,9 @@ struct Reader<R: Read> {
 const MAX_RECORD: usize = 1 + 10 + 10 + 10 + 2;
 
 impl<R: Read> Reader<R> {
-    fn new(r: R, path: PathBuf) -> Self {
+    fn new(r: R) -> Self {
         Reader {
             r,
-            path,
             buf: Vec::new(),
             pos: 0,
             end: 0,
@@ -535,41 +533,16 @@ impl<R: Read> Reader<R> {
         Ok(self.pos < self.end)
     }
 
+    /// The bytes read and not yet taken.
     #[inline(always)]
-    fn need(&mut self) -> io::Result<u8> {
-        let b = self
-            .buf
-            .get(self.pos)
-            .copied()
-            .filter(|_| self.pos < self.end)
-            .ok_or_else(|| damaged(&self.path, "spill file cut short"))?;
-        self.pos += 1;
-        Ok(b)
+    fn available(&self) -> &[u8] {
+        self.buf.get(self.pos..self.end).unwrap_or(&[])
     }
 
-    #[inline]
-    fn varint(&mut self) -> io::Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.need()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(damaged(&self.path, "bad varint in spill file"))
-    }
-
-    fn patch(&mut self) -> io::Result<[u8; PATCH]> {
-        let field = self
-            .buf
-            .get(self.pos..self.pos + PATCH)
-            .filter(|_| self.pos + PATCH <= self.end)
-            .ok_or_else(|| damaged(&self.path, "spill file cut short"))?;
-        let mut out = [0u8; PATCH];
-        out.copy_from_slice(field);
-        self.pos += PATCH;
-        Ok(out)
+    /// Takes `n` of the bytes [`Self::available`] gave.
+    #[inline(always)]
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.end);
     }
 }
 
@@ -584,7 +557,7 @@ pub fn replay(
 ) -> io::Result<()> {
     let spill = &*spill.0;
     let file = File::open(&spill.path)?;
-    let mut r = Reader::new(file, spill.path.clone());
+    let mut r = Reader::new(file);
     let (lo, hi) = cut.unwrap_or((0, u64::MAX));
     // Open spans: frame, and whether their begin was given.
     let mut open: Vec<(u32, bool)> = Vec::new();
@@ -636,18 +609,21 @@ pub fn replay(
     };
     start_segment(segment, &mut implied_open, &mut f)?;
     while r.fill()? {
-        let tag = r.need()?;
-        match tag {
-            BEGIN => {
-                at += r.varint()?;
-                let frame = u32::try_from(r.varint()?)
+        let (rec, used) = spill_record(r.available())
+            .ok_or_else(|| damaged(&spill.path, "spill file cut short or damaged"))?;
+        r.consume(used);
+        match rec {
+            SpillRecord::Begin {
+                delta,
+                frame,
+                start,
+                end,
+                len,
+            } => {
+                at += delta;
+                let frame = u32::try_from(frame)
                     .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
-                let sk = start_kind(r.need()?);
-                let field = r.patch()?;
-                let ek = end_kind(field[0]);
-                let mut len = [0u8; 8];
-                len.copy_from_slice(&field[1..]);
-                let len = u64::from_le_bytes(len);
+                let (sk, ek) = (start_kind(start), end_kind(end));
                 let (shown, b, e, sk, ek) = begin(at, len, sk, ek);
                 if shown {
                     f(Edge::Begin {
@@ -660,8 +636,8 @@ pub fn replay(
                 }
                 open.push((frame, shown));
             }
-            END => {
-                at += r.varint()?;
+            SpillRecord::End { delta } => {
+                at += delta;
                 if let Some((frame, true)) = open.pop() {
                     f(Edge::End {
                         at: at.clamp(lo, hi),
@@ -669,8 +645,8 @@ pub fn replay(
                     })?;
                 }
             }
-            IMPLIED_END => {
-                at += r.varint()?;
+            SpillRecord::ImpliedEnd { delta } => {
+                at += delta;
                 // The innermost implied caller still open.
                 if let Some(k) = implied_open.iter().rposition(|i| i.2 != u64::MAX) {
                     let (frame, shown, _) = implied_open[k];
@@ -683,16 +659,65 @@ pub fn replay(
                     }
                 }
             }
-            SEGMENT_END => {
-                at += r.varint()?;
+            SpillRecord::SegmentEnd { delta } => {
+                at += delta;
                 open.clear();
                 segment += 1;
                 start_segment(segment, &mut implied_open, &mut f)?;
             }
-            _ => return Err(damaged(&spill.path, "bad record in spill file")),
         }
     }
     Ok(())
+}
+
+/// A record of a spill file as [`SpillSink`] wrote it (kinds by their codes).
+enum SpillRecord {
+    Begin {
+        delta: u64,
+        frame: u64,
+        start: u8,
+        end: u8,
+        len: u64,
+    },
+    End {
+        delta: u64,
+    },
+    ImpliedEnd {
+        delta: u64,
+    },
+    SegmentEnd {
+        delta: u64,
+    },
+}
+
+/// The spill record at the start of `b` and its bytes; `None` when `b` ends within it or
+/// it is no record.
+#[inline(always)]
+fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
+    let mut n = 1;
+    let delta = get_at(b, &mut n)?;
+    let rec = match *b.first()? {
+        BEGIN => {
+            let frame = get_at(b, &mut n)?;
+            let start = *b.get(n)?;
+            let [end, l0, l1, l2, l3, l4, l5, l6, l7] = *b.get(n + 1..n + 1 + PATCH)? else {
+                return None;
+            };
+            n += 1 + PATCH;
+            SpillRecord::Begin {
+                delta,
+                frame,
+                start,
+                end,
+                len: u64::from_le_bytes([l0, l1, l2, l3, l4, l5, l6, l7]),
+            }
+        }
+        END => SpillRecord::End { delta },
+        IMPLIED_END => SpillRecord::ImpliedEnd { delta },
+        SEGMENT_END => SpillRecord::SegmentEnd { delta },
+        _ => return None,
+    };
+    Some((rec, n))
 }
 
 /// Writes the calls of a spill's [`replay`] that are at least `min_len` long (with their
@@ -788,18 +813,25 @@ impl KeptWriter {
 /// Reads a [`KeptWriter`]'s file back: its begins and ends, as [`replay`] gave them.
 pub fn replay_kept(kept: &Kept, mut f: impl FnMut(Edge) -> io::Result<()>) -> io::Result<()> {
     let file = File::open(&kept.path)?;
-    let mut r = Reader::new(file, kept.path.clone());
+    let mut r = Reader::new(file);
     let mut at = 0u64;
     let mut open: Vec<u32> = Vec::new();
     while r.fill()? {
-        match r.need()? {
-            BEGIN => {
-                at += r.varint()?;
-                let len = r.varint()?;
-                let frame = u32::try_from(r.varint()?)
+        let (rec, used) = kept_record(r.available())
+            .ok_or_else(|| damaged(&kept.path, "kept-calls file cut short or damaged"))?;
+        r.consume(used);
+        match rec {
+            KeptRecord::Begin {
+                delta,
+                len,
+                frame,
+                start,
+                end,
+            } => {
+                at += delta;
+                let frame = u32::try_from(frame)
                     .map_err(|_| damaged(&kept.path, "bad frame in kept-calls file"))?;
-                let start = start_kind(r.need()?);
-                let end = end_kind(r.need()?);
+                let (start, end) = (start_kind(start), end_kind(end));
                 open.push(frame);
                 f(Edge::Begin {
                     at,
@@ -809,26 +841,64 @@ pub fn replay_kept(kept: &Kept, mut f: impl FnMut(Edge) -> io::Result<()>) -> io
                     end,
                 })?;
             }
-            END => {
-                at += r.varint()?;
+            KeptRecord::End { delta } => {
+                at += delta;
                 let frame = open
                     .pop()
                     .ok_or_else(|| damaged(&kept.path, "an end without its begin"))?;
                 f(Edge::End { at, frame })?;
             }
-            _ => return Err(damaged(&kept.path, "bad record in kept-calls file")),
         }
     }
     Ok(())
+}
+
+/// A record of a kept-calls file as [`KeptWriter`] wrote it (kinds by their codes).
+enum KeptRecord {
+    Begin {
+        delta: u64,
+        len: u64,
+        frame: u64,
+        start: u8,
+        end: u8,
+    },
+    End {
+        delta: u64,
+    },
+}
+
+/// The kept-calls record at the start of `b` and its bytes; `None` when `b` ends within
+/// it or it is no record.
+#[inline(always)]
+fn kept_record(b: &[u8]) -> Option<(KeptRecord, usize)> {
+    let mut n = 1;
+    let delta = get_at(b, &mut n)?;
+    let rec = match *b.first()? {
+        BEGIN => {
+            let len = get_at(b, &mut n)?;
+            let frame = get_at(b, &mut n)?;
+            let [start, end] = *b.get(n..n + 2)? else {
+                return None;
+            };
+            n += 2;
+            KeptRecord::Begin {
+                delta,
+                len,
+                frame,
+                start,
+                end,
+            }
+        }
+        END => KeptRecord::End { delta },
+        _ => return None,
+    };
+    Some((rec, n))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A spill of random nested calls (with implied callers and segments), filtered at
-    /// several lengths: the kept file gives exactly the replay's edges of the calls at
-    /// least that long, in order, and each of their callers is kept too.
     /// The recent frames in front of [`FrameIds`] give what it gives: an address and its
     /// inline key apart, two addresses of one slot taking turns (each asked of `FrameIds`
     /// again), a kernel address (bit 63 set) apart; a hit asks nothing.
@@ -891,6 +961,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A spill of random nested calls (with implied callers and segments), filtered at
+    /// several lengths: the kept file gives exactly the replay's edges of the calls at
+    /// least that long, in order, and each of their callers is kept too.
     #[test]
     fn kept_calls_are_the_replays_calls_at_least_that_long() {
         struct Ids;

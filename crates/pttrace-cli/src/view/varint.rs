@@ -28,6 +28,22 @@ pub(super) fn put_byte(w: &mut [u8], n: &mut usize, b: u8) {
     *n += 1;
 }
 
+/// The varint at `b[*n..]`, moving `*n` past it; `None` when `b` ends within it or it
+/// runs past 10 bytes.
+#[inline(always)]
+pub(super) fn get_at(b: &[u8], n: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let x = *b.get(*n)?;
+        *n += 1;
+        v |= u64::from(x & 0x7f) << shift;
+        if x & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,6 +61,15 @@ mod tests {
         assert_eq!(w[..6], [0xee, 0x00, 0x7f, 0xac, 0x02, 9]);
         assert_eq!(w[6..15], [0xff; 9]);
         assert_eq!(w[15], 0x01);
+        // Read back.
+        let mut at = 1;
+        let back: Vec<Option<u64>> = (0..3).map(|_| get_at(&w, &mut at)).collect();
+        assert_eq!(back, [Some(0), Some(0x7f), Some(300)]);
+        at += 1;
+        assert_eq!((get_at(&w, &mut at), at), (Some(u64::MAX), 16));
+        // Cut short, or eleven bytes long: none.
+        assert_eq!(get_at(&w[..15], &mut 6), None);
+        assert_eq!(get_at(&[0x80; 11], &mut 0), None);
         // Past the room: dropped, the cursor still moved.
         let mut short = [0u8; 1];
         let mut n = 0;
