@@ -395,7 +395,7 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
         let pos = self.base + (self.fill + n) as u64;
         // (The patch field, zero until the span ends: the buffer holds older records.)
         if let Some(f) = w.get_mut(n..n + PATCH) {
-            f.fill(0);
+            f.copy_from_slice(&[0; PATCH]);
         }
         n += PATCH;
         self.fill += n;
