@@ -27,19 +27,15 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use super::varint::{put_at, put_byte};
+use super::varint::{self, put_at, put_byte};
 
 /// A protobuf message being built.
 #[derive(Default)]
 struct Msg(Vec<u8>);
 
 impl Msg {
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
+    fn varint(&mut self, v: u64) {
+        varint::push(&mut self.0, v);
     }
     fn key(&mut self, field: u32, wire: u8) {
         self.varint(u64::from(field) << 3 | u64::from(wire));
@@ -369,7 +365,8 @@ impl<W: Write + Send + 'static> Writer<W> {
         // The packet, written in place: its two framing bytes (Trace.packet, its length,
         // set after), then its fields, through a cursor held in a register (pushed one by
         // one, each byte's store made the vector's length be read back from memory).
-        let (n, body_len) = {
+        // (Its body, when the packet must be framed again with interned data after it.)
+        let (n, reframe) = {
             let Some(w) = self.batch.room() else {
                 return Err(io::Error::other("a Perfetto batch overflowed"));
             };
@@ -405,7 +402,7 @@ impl<W: Write + Send + 'static> Writer<W> {
                 (n, Some(w.get(2..n).unwrap_or(&[]).to_vec()))
             }
         };
-        match body_len {
+        match reframe {
             None => self.batch.fill += n,
             Some(body) => {
                 // With the interned data the packet's first use of a name or category adds.

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use drpttracer::decode::callstack::{SpanEnd, SpanSink, SpanStart};
 
-use super::varint::{get_at, put_at, put_byte};
+use super::varint::{self, get_at, put_at, put_byte};
 
 const BEGIN: u8 = 1;
 const END: u8 = 2;
@@ -88,14 +88,6 @@ fn end_kind(c: u8) -> SpanEnd {
         6 => SpanEnd::Inlined,
         _ => SpanEnd::TraceEnd,
     }
-}
-
-fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        buf.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    buf.push(v as u8);
 }
 
 /// What a frame's spans are named by: `(address, inlined)` to a frame id of the view,
@@ -764,7 +756,7 @@ impl KeptWriter {
     fn delta(&mut self, at: u64) {
         let d = at.saturating_sub(self.last_at);
         self.last_at = self.last_at.max(at);
-        put_varint(&mut self.rec, d);
+        varint::push(&mut self.rec, d);
     }
 
     /// The next edge of the replay.
@@ -786,8 +778,8 @@ impl KeptWriter {
                 self.rec.clear();
                 self.rec.push(BEGIN);
                 self.delta(at);
-                put_varint(&mut self.rec, len);
-                put_varint(&mut self.rec, u64::from(frame));
+                varint::push(&mut self.rec, len);
+                varint::push(&mut self.rec, u64::from(frame));
                 self.rec.push(start_code(start));
                 self.rec.push(end_code(end));
             }

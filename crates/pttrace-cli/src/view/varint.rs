@@ -1,6 +1,7 @@
-//! Varints (LEB128, protobuf's and the spill files') written in place: into a buffer's
-//! room through a cursor that stays in a register, where a push per byte made the
-//! vector's length be read back from memory after each byte's store.
+//! Varints (LEB128: protobuf's, and the spill and kept-calls files'), the view's one
+//! reader and writers of them. The hot writers put them in place, into a buffer's room
+//! through a cursor that stays in a register: a push per byte made the vector's length be
+//! read back from memory after each byte's store.
 
 /// Writes varint `v` into `w` at `*n`, moving `*n` past it (up to 10 bytes; bytes that
 /// would fall past `w` are dropped, which callers rule out by giving room enough).
@@ -17,6 +18,15 @@ pub(super) fn put_at(w: &mut [u8], n: &mut usize, mut v: u64) {
         *b = v as u8;
     }
     *n += 1;
+}
+
+/// Appends varint `v` to `buf` (where records are put together piece by piece).
+pub(super) fn push(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
 }
 
 /// Writes byte `b` into `w` at `*n`, moving `*n` past it.
@@ -61,6 +71,12 @@ mod tests {
         assert_eq!(w[..6], [0xee, 0x00, 0x7f, 0xac, 0x02, 9]);
         assert_eq!(w[6..15], [0xff; 9]);
         assert_eq!(w[15], 0x01);
+        // Appended: the same bytes.
+        let mut v = vec![0xee];
+        for x in [0, 0x7f, 300] {
+            push(&mut v, x);
+        }
+        assert_eq!(v, w[..5]);
         // Read back.
         let mut at = 1;
         let back: Vec<Option<u64>> = (0..3).map(|_| get_at(&w, &mut at)).collect();
