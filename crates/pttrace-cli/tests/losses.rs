@@ -4,6 +4,7 @@
 //! writes OVF there), shows the same number of overflows in `run`'s summary, `report`,
 //! `decode --format summary`, `dump` and `view`; with the frames, none.
 
+mod pftrace_reader;
 mod shim_util;
 
 use std::process::Command;
@@ -132,6 +133,35 @@ fn overflows_written_by_the_qemu_backend_are_counted_by_every_command() {
         packets,
         "one instant event per overflow"
     );
+    // The same gaps in Perfetto's timeline: an instant event each, saying what was lost,
+    // where the JSON timeline has it (on the instruction axis, 1 ns an instruction).
+    let json: serde_json::Value = serde_json::from_str(&timeline).unwrap();
+    let mut from_json: Vec<(u64, String)> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "i")
+        .map(|e| {
+            let what = e["args"]["what"].as_str().unwrap();
+            (e["ts"].as_u64().unwrap(), format!("gap: {what}"))
+        })
+        .collect();
+    let pf =
+        pftrace_reader::read(&std::fs::read(dir.path().join("view/timeline.pftrace")).unwrap())
+            .unwrap();
+    let mut from_pf: Vec<(u64, String)> = pf
+        .instants
+        .iter()
+        .map(|(_, ts, n)| (*ts, n.clone()))
+        .collect();
+    from_json.sort();
+    from_pf.sort();
+    assert_eq!(from_pf.len() as u64, packets);
+    assert!(
+        from_pf.iter().all(|(_, n)| n.starts_with("gap: overflow")),
+        "{from_pf:?}"
+    );
+    assert_eq!(from_pf, from_json);
     // The same line about the losses on stderr from every reader of the directory, and
     // exit status 1 (the output is written, but the trace is lossy) unless --keep-going.
     let line = format!(

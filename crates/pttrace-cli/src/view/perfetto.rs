@@ -237,6 +237,9 @@ fn write_view<W: Write + Send + 'static>(
     let t0 = ns(axis.place(&v.clock, 0, 0).0);
     let mut seq = pf.sequence(track, t0)?;
     let mut markers = v.markers.iter().peekable();
+    // When the next gap is (ns; none: never), asked once per gap rather than per edge.
+    let gap_at = |m: Option<&&Marker>| m.map_or(u64::MAX, |m| marker_ns(&v.clock, axis, m));
+    let mut next_gap = gap_at(markers.peek());
     // Categories by start and end kind, each with its key in the sequence.
     let mut cats: Vec<Option<(u32, String)>> = vec![None; 64];
     let mut keys = 0u32;
@@ -261,8 +264,12 @@ fn write_view<W: Write + Send + 'static>(
                 }
                 spill::Edge::End { frame, .. } => (nesting.end().0, frame, None),
             };
-            while let Some(m) = markers.next_if(|m| marker_ns(&v.clock, axis, m) <= ts) {
+            while next_gap <= ts {
+                let Some(m) = markers.next() else {
+                    break;
+                };
                 gap(pf, &mut seq, &v.clock, axis, m)?;
+                next_gap = gap_at(markers.peek());
             }
             let chain = chain(frame);
             let Some((start, end)) = kinds else {
