@@ -4,6 +4,8 @@
 //! writes OVF there), shows the same number of overflows in `run`'s summary, `report`,
 //! `decode --format summary`, `dump` and `view`; with the frames, none.
 
+// (Its track kinds are left unread here.)
+#[allow(dead_code)]
 mod pftrace_reader;
 mod shim_util;
 
