@@ -465,16 +465,39 @@ const RUN_CACHE_SLOTS: usize = 1 << 16;
 /// Slots of the children looked up last ([`CallStacks::node_for`]).
 const CHILD_MEMO_SLOTS: usize = 1 << 12;
 
-/// A remembered run: its first and last address, its length, and the inline key all its
-/// instructions share (`None`: they do not).
+/// A remembered run: its first and last address, its length, and its instructions'
+/// inline keys ([`RunInline`]).
 #[derive(Clone, Copy, Default)]
 struct RunKey {
     first: u64,
     last: u64,
     len: u32,
     known: bool,
-    key: Option<u64>,
+    keys: RunInline,
 }
+
+/// The inline keys of a run's instructions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum RunInline {
+    /// All share this one (0: none).
+    One(u64),
+    /// Stretches of one key each (inlined code begins or ends inside the run):
+    /// `run_stretches[start..start + count]`, as (instructions, key).
+    Stretches(u32, u32),
+    /// More stretches than [`MAX_STRETCHES`]: an instruction at a time.
+    #[default]
+    Mixed,
+}
+
+/// The most stretches of one inline key a remembered run is kept as.
+const MAX_STRETCHES: usize = 16;
+
+/// The stretches kept for all remembered runs, at most (then they start over; few in unit
+/// tests, so that they do).
+#[cfg(not(test))]
+const MAX_RUN_STRETCHES: usize = 1 << 20;
+#[cfg(test)]
+const MAX_RUN_STRETCHES: usize = 40;
 
 /// Reconstructs one thread's call stacks; see the module documentation.
 pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
@@ -483,8 +506,10 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     /// (pc, inline key + 1) of the last lookups (0: empty slot), when inlined frames are
     /// counted.
     inline_cache: Vec<(u64, u64)>,
-    /// Runs of instructions with their inline key, when inlined frames are counted.
+    /// Runs of instructions with their inline keys, when inlined frames are counted.
     run_cache: Vec<RunKey>,
+    /// The stretches of the remembered runs that have more than one inline key.
+    run_stretches: Vec<(u32, u64)>,
     /// The code regions met last, most recent first ([`Functions::inline_region`]): their
     /// start, length, and whether inlined code may be there.
     regions: [(u64, u64, bool); 4],
@@ -549,6 +574,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             cache: vec![(0, None, false); CACHE_SLOTS],
             inline_cache: Vec::new(),
             run_cache: Vec::new(),
+            run_stretches: Vec::new(),
             regions: [(0, 0, false); 4],
             last_inline: (u32::MAX, 0, 0),
             stack: Vec::new(),
@@ -857,16 +883,31 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             if self.placed_by_control_flow() && !self.moves_no_frame(r.first) {
                 self.control_flow(r.first);
             }
-            let node = if self.inline_cache.is_empty() {
-                Some(self.cur)
+            let keys = if self.inline_cache.is_empty() {
+                RunInline::One(0)
             } else {
-                self.run_inline_key(r, run_sizes)
-                    .map(|key| self.node_of_key(key))
+                self.run_inline_keys(r, run_sizes)
             };
-            match node {
-                Some(node) => self.count_to(node, u64::from(r.len)),
-                // Inlined code begins or ends inside the run: an instruction at a time.
-                None => {
+            match keys {
+                RunInline::One(0) if self.inline_cache.is_empty() => {
+                    self.count_to(self.cur, u64::from(r.len));
+                }
+                RunInline::One(key) => {
+                    let node = self.node_of_key(key);
+                    self.count_to(node, u64::from(r.len));
+                }
+                // Inlined code begins or ends inside the run: a stretch of one key at a
+                // time (each counted as its instructions one by one would be).
+                RunInline::Stretches(start, count) => {
+                    for k in start..start + count {
+                        let Some(&(n, key)) = self.run_stretches.get(k as usize) else {
+                            break;
+                        };
+                        let node = self.node_of_key(key);
+                        self.count_to(node, u64::from(n));
+                    }
+                }
+                RunInline::Mixed => {
                     let mut pc = r.first;
                     for &size in run_sizes {
                         let node = self.inline_node(pc);
@@ -880,47 +921,84 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         at
     }
 
-    /// The inline key all the instructions of run `r` (their sizes `sizes`) share (0:
-    /// none), or `None` when they do not all share one. Runs are remembered by their
+    /// The inline keys of the instructions of run `r` (their sizes `sizes`): one they all
+    /// share (0: none), or the stretches of one key each. Runs are remembered by their
     /// first address, their length and last address: the straight code from an address
     /// to its first branch is the same each time, unless a program rewrites code that has
-    /// debug information (then a run of the same bounds keeps the key of its first
+    /// debug information (then a run of the same bounds keeps the keys of its first
     /// decoding). Runs in regions without inlined code are not remembered.
-    fn run_inline_key(&mut self, r: &Run, sizes: &[u8]) -> Option<u64> {
+    fn run_inline_keys(&mut self, r: &Run, sizes: &[u8]) -> RunInline {
         let (start, len, maybe) = self.regions[0];
         // (A run's addresses go up from its first to its last.)
         if !maybe && r.first.wrapping_sub(start) < len && r.last.wrapping_sub(start) < len {
-            return Some(0);
+            return RunInline::One(0);
         }
         let (pc, end) = (r.first, r.last);
         let slot = ((pc ^ (pc >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
             % RUN_CACHE_SLOTS;
         if let Some(e) = self.run_cache.get(slot) {
             if e.first == pc && e.last == end && e.len == r.len && e.known {
-                return e.key;
+                return e.keys;
             }
         }
-        let key = self.inline_context(pc);
-        let mut uniform = true;
-        let mut at = pc;
-        for &size in sizes.get(..sizes.len().saturating_sub(1)).unwrap_or(&[]) {
-            at = at.wrapping_add(u64::from(size));
-            if self.inline_context(at) != key {
-                uniform = false;
-                break;
-            }
-        }
-        let key = uniform.then_some(key);
+        let keys = self.run_stretches_of(r, sizes);
         if let Some(e) = self.run_cache.get_mut(slot) {
             *e = RunKey {
                 first: pc,
                 last: end,
                 len: r.len,
                 known: true,
-                key,
+                keys,
             };
         }
-        key
+        keys
+    }
+
+    /// [`Self::run_inline_keys`] of a run not remembered: its instructions' keys asked
+    /// one by one, the stretches of more than one key kept in `run_stretches`.
+    #[inline(never)]
+    fn run_stretches_of(&mut self, r: &Run, sizes: &[u8]) -> RunInline {
+        let mut stretches = [(0u32, 0u64); MAX_STRETCHES];
+        let mut count = 0;
+        let (mut key, mut n) = (self.inline_context(r.first), 1u32);
+        let mut at = r.first;
+        for &size in sizes.get(..sizes.len().saturating_sub(1)).unwrap_or(&[]) {
+            at = at.wrapping_add(u64::from(size));
+            let k = self.inline_context(at);
+            if k == key {
+                n += 1;
+                continue;
+            }
+            let Some(s) = stretches.get_mut(count) else {
+                return RunInline::Mixed;
+            };
+            *s = (n, key);
+            count += 1;
+            (key, n) = (k, 1);
+        }
+        if count == 0 {
+            return RunInline::One(key);
+        }
+        // (The last stretch takes the instructions without a size, if any.)
+        let counted: u32 = stretches.iter().take(count).map(|s| s.0).sum();
+        let Some(s) = stretches.get_mut(count) else {
+            return RunInline::Mixed;
+        };
+        *s = (r.len.saturating_sub(counted).max(n), key);
+        count += 1;
+        if self.run_stretches.len() + count > MAX_RUN_STRETCHES {
+            // Full: every remembered run with stretches is forgotten.
+            self.run_stretches.clear();
+            for e in &mut self.run_cache {
+                if matches!(e.keys, RunInline::Stretches(..)) {
+                    e.known = false;
+                }
+            }
+        }
+        let start = self.run_stretches.len() as u32;
+        self.run_stretches
+            .extend_from_slice(stretches.get(..count).unwrap_or(&[]));
+        RunInline::Stretches(start, count as u32)
     }
 
     /// What the last instruction's branch to `pc` did to the stack; an empty stack gets
@@ -1575,6 +1653,91 @@ mod tests {
                 _ => (A + 0x100..u64::MAX, false),
             }
         }
+    }
+
+    /// Code whose inline key changes every instruction (`MAIN+0x10..MAIN+0x50`, as
+    /// 2-byte instructions: inlined, not, inlined...).
+    struct Stripes;
+
+    impl Functions for Stripes {
+        fn function_start(&self, addr: u64) -> Option<u64> {
+            table().function_start(addr)
+        }
+
+        fn inline_context(&self, pc: u64) -> u64 {
+            match pc {
+                0x1010..0x1050 if (pc - MAIN) / 2 % 2 == 0 => INLINE_KEY | 1,
+                _ => 0,
+            }
+        }
+
+        fn inline_region(&self, pc: u64) -> (std::ops::Range<u64>, bool) {
+            match pc {
+                MAIN..0x1100 => (MAIN..MAIN + 0x100, true),
+                _ => (0..MAIN, false),
+            }
+        }
+    }
+
+    /// Runs whose inlined code begins and ends inside them count as their instructions
+    /// one at a time do, when first met and again from the runs remembered: a run of 8
+    /// stretches of one key each (kept as such), one of 32 (more than are kept: an
+    /// instruction at a time). (The stretches kept for all runs starting over when full:
+    /// the random walks of [`runs_reconstruct_what_single_instructions_do`].)
+    #[test]
+    fn runs_with_stretches_of_inlined_code_count_as_their_instructions() {
+        let f = Stripes;
+        let mut recs = vec![other(MAIN)];
+        for _ in 0..3 {
+            // 32 instructions, a jump last, to the 8 of 0x40..0x50, a jump last.
+            for start in [0x10, 0x40] {
+                for pc in (MAIN + start..MAIN + 0x4e).step_by(2) {
+                    recs.push(ins(pc, 2, InsnClass::Other));
+                }
+                recs.push(jmp(MAIN + 0x4e));
+            }
+        }
+        recs.push(other(MAIN + 0x50));
+        let mut one = CallStacks::new(&f).with_inline_frames();
+        for r in &recs {
+            one.record(r);
+        }
+        let mut by_runs = CallStacks::new(&f).with_inline_frames();
+        let mut runs = Runs::default();
+        assert_eq!(runs.add_instructions(&recs), recs.len());
+        assert_eq!(by_runs.runs(&runs.runs, &runs.sizes), recs.len());
+        let kept: Vec<RunInline> = by_runs
+            .run_cache
+            .iter()
+            .filter(|e| e.known)
+            .map(|e| e.keys)
+            .collect();
+        assert!(kept.contains(&RunInline::Mixed), "{kept:?}");
+        assert!(
+            kept.iter().any(|k| matches!(k, RunInline::Stretches(_, 8))),
+            "{kept:?}"
+        );
+        // Five times more, from the runs remembered.
+        let mut again = by_runs;
+        for _ in 0..5 {
+            again.runs(&runs.runs, &runs.sizes);
+        }
+        for _ in 0..5 {
+            for r in &recs {
+                one.record(r);
+            }
+        }
+        let (one, by_runs) = (one.finish(), again.finish());
+        assert!(
+            one.spans
+                .iter()
+                .filter(|s| s.start_kind == S::Inlined)
+                .count()
+                > 100
+        );
+        assert_eq!(one.spans, by_runs.spans);
+        assert_eq!(stacks(&one), stacks(&by_runs));
+        assert_eq!(one.instructions, by_runs.instructions);
     }
 
     /// Instructions fed as runs, gathered from slices of records cut anywhere (as a
