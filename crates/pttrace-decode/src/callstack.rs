@@ -883,42 +883,45 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             if self.placed_by_control_flow() && !self.moves_no_frame(r.first) {
                 self.control_flow(r.first);
             }
-            let keys = if self.inline_cache.is_empty() {
-                RunInline::One(0)
+            if self.inline_cache.is_empty() {
+                self.count_to(self.cur, u64::from(r.len));
             } else {
-                self.run_inline_keys(r, run_sizes)
-            };
-            match keys {
-                RunInline::One(0) if self.inline_cache.is_empty() => {
-                    self.count_to(self.cur, u64::from(r.len));
-                }
-                RunInline::One(key) => {
-                    let node = self.node_of_key(key);
-                    self.count_to(node, u64::from(r.len));
-                }
-                // Inlined code begins or ends inside the run: a stretch of one key at a
-                // time (each counted as its instructions one by one would be).
-                RunInline::Stretches(start, count) => {
-                    for k in start..start + count {
-                        let Some(&(n, key)) = self.run_stretches.get(k as usize) else {
-                            break;
-                        };
-                        let node = self.node_of_key(key);
-                        self.count_to(node, u64::from(n));
-                    }
-                }
-                RunInline::Mixed => {
-                    let mut pc = r.first;
-                    for &size in run_sizes {
-                        let node = self.inline_node(pc);
-                        self.count_one(node);
-                        pc = pc.wrapping_add(u64::from(size));
-                    }
-                }
+                self.count_run_inline(r, run_sizes);
             }
             self.set_last(r.last, r.last_size, r.last_class);
         }
         at
+    }
+
+    /// Counts the instructions of run `r` (their sizes `sizes`) where inlined frames are
+    /// counted: to the node of their inline key, a stretch of one key at a time where
+    /// inlined code begins or ends inside the run (each counted as its instructions one
+    /// by one would be).
+    #[inline]
+    fn count_run_inline(&mut self, r: &Run, sizes: &[u8]) {
+        match self.run_inline_keys(r, sizes) {
+            RunInline::One(key) => {
+                let node = self.node_of_key(key);
+                self.count_to(node, u64::from(r.len));
+            }
+            RunInline::Stretches(start, count) => {
+                for k in start..start + count {
+                    let Some(&(n, key)) = self.run_stretches.get(k as usize) else {
+                        break;
+                    };
+                    let node = self.node_of_key(key);
+                    self.count_to(node, u64::from(n));
+                }
+            }
+            RunInline::Mixed => {
+                let mut pc = r.first;
+                for &size in sizes {
+                    let node = self.inline_node(pc);
+                    self.count_one(node);
+                    pc = pc.wrapping_add(u64::from(size));
+                }
+            }
+        }
     }
 
     /// The inline keys of the instructions of run `r` (their sizes `sizes`): one they all
