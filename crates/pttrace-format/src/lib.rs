@@ -18,6 +18,7 @@ pub mod auxtrace;
 pub mod code;
 pub mod drmemtrace;
 pub mod launch;
+pub mod leb128;
 pub mod maps;
 pub mod memory;
 pub mod metadata;

@@ -94,15 +94,6 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-#[cfg(test)]
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 /// Bytes of a prefix varint by the bit length of its value (0-64): 7 value bits a byte up
 /// to 8 bytes, then 9 (older records; tests write them).
 #[cfg(test)]
@@ -167,19 +158,6 @@ fn prefix_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
     word[..n].copy_from_slice(bytes);
     *pos += n;
     Some(u64::from_le_bytes(word) >> n)
-}
-
-fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let c = *b.get(*pos)?;
-        *pos += 1;
-        v |= u64::from(c & 0x7f) << shift;
-        if c & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
 }
 
 /// Collects a window's accesses and writes them as records.
@@ -429,7 +407,9 @@ pub fn parse_body(body: &[u8], out: &mut Vec<Access>) -> Result<(), String> {
             read_varints(raw, pos, prefix_varint)
         })?
     } else {
-        parse_accesses(&raw, count, out, |raw, pos| read_varints(raw, pos, varint))?
+        parse_accesses(&raw, count, out, |raw, pos| {
+            read_varints(raw, pos, crate::leb128::read)
+        })?
     };
     if pos != raw.len() {
         return Err(format!(
@@ -723,7 +703,7 @@ mod tests {
     #[test]
     fn leb128_records_still_read() {
         let list = accesses(500);
-        let body = varint_body(&list, put_varint, 0);
+        let body = varint_body(&list, crate::leb128::push, 0);
         let mut out = Vec::new();
         parse_body(&body, &mut out).unwrap();
         assert_eq!(out, list);

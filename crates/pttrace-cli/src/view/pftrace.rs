@@ -27,7 +27,9 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use super::varint::{self, put_at, put_byte};
+use pttrace_format::leb128;
+
+use super::varint::{put_at, put_byte};
 
 /// A protobuf message being built.
 #[derive(Default)]
@@ -35,7 +37,7 @@ struct Msg(Vec<u8>);
 
 impl Msg {
     fn varint(&mut self, v: u64) {
-        varint::push(&mut self.0, v);
+        leb128::push(&mut self.0, v);
     }
     fn key(&mut self, field: u32, wire: u8) {
         self.varint(u64::from(field) << 3 | u64::from(wire));

@@ -31,7 +31,9 @@ use std::sync::Arc;
 
 use drpttracer::decode::callstack::{SpanEnd, SpanSink, SpanStart};
 
-use super::varint::{self, get_at, put_at, put_byte};
+use pttrace_format::leb128;
+
+use super::varint::{put_at, put_byte};
 
 const BEGIN: u8 = 1;
 const END: u8 = 2;
@@ -687,10 +689,10 @@ enum SpillRecord {
 #[inline(always)]
 fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
     let mut n = 1;
-    let delta = get_at(b, &mut n)?;
+    let delta = leb128::read(b, &mut n)?;
     let rec = match *b.first()? {
         BEGIN => {
-            let frame = get_at(b, &mut n)?;
+            let frame = leb128::read(b, &mut n)?;
             let start = *b.get(n)?;
             let [end, l0, l1, l2, l3, l4, l5, l6, l7] = *b.get(n + 1..n + 1 + PATCH)? else {
                 return None;
@@ -756,7 +758,7 @@ impl KeptWriter {
     fn delta(&mut self, at: u64) {
         let d = at.saturating_sub(self.last_at);
         self.last_at = self.last_at.max(at);
-        varint::push(&mut self.rec, d);
+        leb128::push(&mut self.rec, d);
     }
 
     /// The next edge of the replay.
@@ -778,8 +780,8 @@ impl KeptWriter {
                 self.rec.clear();
                 self.rec.push(BEGIN);
                 self.delta(at);
-                varint::push(&mut self.rec, len);
-                varint::push(&mut self.rec, u64::from(frame));
+                leb128::push(&mut self.rec, len);
+                leb128::push(&mut self.rec, u64::from(frame));
                 self.rec.push(start_code(start));
                 self.rec.push(end_code(end));
             }
@@ -864,11 +866,11 @@ enum KeptRecord {
 #[inline(always)]
 fn kept_record(b: &[u8]) -> Option<(KeptRecord, usize)> {
     let mut n = 1;
-    let delta = get_at(b, &mut n)?;
+    let delta = leb128::read(b, &mut n)?;
     let rec = match *b.first()? {
         BEGIN => {
-            let len = get_at(b, &mut n)?;
-            let frame = get_at(b, &mut n)?;
+            let len = leb128::read(b, &mut n)?;
+            let frame = leb128::read(b, &mut n)?;
             let [start, end] = *b.get(n..n + 2)? else {
                 return None;
             };

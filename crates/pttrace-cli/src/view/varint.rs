@@ -1,7 +1,7 @@
-//! Varints (LEB128: protobuf's, and the spill and kept-calls files'), the view's one
-//! reader and writers of them. The hot writers put them in place, into a buffer's room
-//! through a cursor that stays in a register: a push per byte made the vector's length be
-//! read back from memory after each byte's store.
+//! Varints (LEB128: protobuf's, and the spill and kept-calls files') written in place,
+//! into a buffer's room through a cursor that stays in a register: a push per byte made
+//! the vector's length be read back from memory after each byte's store. (They are read,
+//! and appended where records are put together piece by piece, by `pttrace_format::leb128`.)
 
 /// Writes varint `v` into `w` at `*n`, moving `*n` past it (up to 10 bytes; bytes that
 /// would fall past `w` are dropped, which callers rule out by giving room enough).
@@ -20,15 +20,6 @@ pub(super) fn put_at(w: &mut [u8], n: &mut usize, mut v: u64) {
     *n += 1;
 }
 
-/// Appends varint `v` to `buf` (where records are put together piece by piece).
-pub(super) fn push(buf: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        buf.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    buf.push(v as u8);
-}
-
 /// Writes byte `b` into `w` at `*n`, moving `*n` past it.
 #[inline(always)]
 pub(super) fn put_byte(w: &mut [u8], n: &mut usize, b: u8) {
@@ -38,25 +29,10 @@ pub(super) fn put_byte(w: &mut [u8], n: &mut usize, b: u8) {
     *n += 1;
 }
 
-/// The varint at `b[*n..]`, moving `*n` past it; `None` when `b` ends within it or it
-/// runs past 10 bytes.
-#[inline(always)]
-pub(super) fn get_at(b: &[u8], n: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let x = *b.get(*n)?;
-        *n += 1;
-        v |= u64::from(x & 0x7f) << shift;
-        if x & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pttrace_format::leb128;
 
     #[test]
     fn varints_are_leb128_in_place() {
@@ -71,21 +47,21 @@ mod tests {
         assert_eq!(w[..6], [0xee, 0x00, 0x7f, 0xac, 0x02, 9]);
         assert_eq!(w[6..15], [0xff; 9]);
         assert_eq!(w[15], 0x01);
-        // Appended: the same bytes.
+        // Appended by the formats' appender: the same bytes.
         let mut v = vec![0xee];
         for x in [0, 0x7f, 300] {
-            push(&mut v, x);
+            leb128::push(&mut v, x);
         }
         assert_eq!(v, w[..5]);
-        // Read back.
+        // Read back by the formats' reader.
         let mut at = 1;
-        let back: Vec<Option<u64>> = (0..3).map(|_| get_at(&w, &mut at)).collect();
+        let back: Vec<Option<u64>> = (0..3).map(|_| leb128::read(&w, &mut at)).collect();
         assert_eq!(back, [Some(0), Some(0x7f), Some(300)]);
         at += 1;
-        assert_eq!((get_at(&w, &mut at), at), (Some(u64::MAX), 16));
+        assert_eq!((leb128::read(&w, &mut at), at), (Some(u64::MAX), 16));
         // Cut short, or eleven bytes long: none.
-        assert_eq!(get_at(&w[..15], &mut 6), None);
-        assert_eq!(get_at(&[0x80; 11], &mut 0), None);
+        assert_eq!(leb128::read(&w[..15], &mut 6), None);
+        assert_eq!(leb128::read(&[0x80; 11], &mut 0), None);
         // Past the room: dropped, the cursor still moved.
         let mut short = [0u8; 1];
         let mut n = 0;
