@@ -223,8 +223,18 @@ fn stacks_equal_gdbs_backtraces() {
         starts.sort_unstable();
         hits.insert(*tid, starts);
     }
-    let tids: Vec<i64> = hits.keys().copied().collect();
+    // gdb numbers threads in creation order: the main thread (its tid is the pid) first.
+    // (Sorting tids would not do: they wrap around at pid_max.)
+    let mut tids: Vec<i64> = hits.keys().copied().collect();
     assert_eq!(tids.len(), 2, "{tids:?}");
+    let pid = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| e["pid"].as_i64())
+        .unwrap();
+    tids.sort_by_key(|&t| t != pid);
+    assert_eq!(tids[0], pid, "{tids:?}");
     let pf = pftrace_reader::read(&std::fs::read(view.join("timeline.pftrace")).unwrap()).unwrap();
     let mut pf_spans: HashMap<i64, Vec<(u64, u64, String)>> = HashMap::new();
     for s in &pf.slices {
@@ -243,7 +253,6 @@ fn stacks_equal_gdbs_backtraces() {
 
     let mut kth: HashMap<usize, usize> = HashMap::new();
     for (n, (thread, frames)) in stops.iter().enumerate() {
-        // gdb numbers threads in creation order, as the thread ids sort here.
         let tid = tids[thread - 1];
         let k = kth.entry(*thread).or_default();
         let i = hits[&tid][*k];
