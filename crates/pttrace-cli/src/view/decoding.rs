@@ -106,35 +106,43 @@ pub(super) fn decode_one<S: SpanSink>(
     let (back_tx, back_rx) = std::sync::mpsc::sync_channel::<Batch>(8);
     let stopped = || DecodeError::whole(th.path.display(), "decoding stopped: the view failed");
     std::thread::scope(|scope| {
-        let decoder = scope.spawn(move || {
-            let mut batch = Batch::new();
-            let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
-                if let Some(b) = bar {
-                    b.inc((w.pt_len + w.sideband_len + 124) as u64);
-                }
-                let at = batch.runs.runs.len();
-                batch.events.push((at, BatchEvent::WindowStart(w.clone())));
-                if let Some(dec) = dec {
-                    let cut = dec.for_each_slice_runs(|recs, runs| {
-                        batch.add(recs, runs);
-                        if batch.runs.instructions() >= BATCH_INSTRUCTIONS
-                            && !hand_over(&mut batch, &tx, &back_rx)
-                        {
-                            return ControlFlow::Break(());
-                        }
-                        ControlFlow::Continue(())
-                    });
-                    if cut.is_some() {
-                        return Err(stopped());
+        let decoder = std::thread::Builder::new()
+            .name("view-decode".into())
+            .spawn_scoped(scope, move || {
+                let mut batch = Batch::new();
+                let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+                    if let Some(b) = bar {
+                        b.inc((w.pt_len + w.sideband_len + 124) as u64);
                     }
-                }
-                let at = batch.runs.runs.len();
-                batch.events.push((at, BatchEvent::WindowEnd));
-                Ok::<(), DecodeError>(())
-            })?;
-            tx.send(batch).map_err(|_| stopped())?;
-            Ok::<ThreadStats, DecodeError>(stats)
-        });
+                    let at = batch.runs.runs.len();
+                    batch.events.push((at, BatchEvent::WindowStart(w.clone())));
+                    if let Some(dec) = dec {
+                        let cut = dec.for_each_slice_runs(|recs, runs| {
+                            batch.add(recs, runs);
+                            if batch.runs.instructions() >= BATCH_INSTRUCTIONS
+                                && !hand_over(&mut batch, &tx, &back_rx)
+                            {
+                                return ControlFlow::Break(());
+                            }
+                            ControlFlow::Continue(())
+                        });
+                        if cut.is_some() {
+                            return Err(stopped());
+                        }
+                    }
+                    let at = batch.runs.runs.len();
+                    batch.events.push((at, BatchEvent::WindowEnd));
+                    Ok::<(), DecodeError>(())
+                })?;
+                tx.send(batch).map_err(|_| stopped())?;
+                Ok::<ThreadStats, DecodeError>(stats)
+            });
+        let decoder = decoder.map_err(|e| {
+            DecodeError::whole(
+                th.path.display(),
+                format!("cannot start the decoding thread: {e}"),
+            )
+        })?;
         let mut windows = Vec::new();
         let mut window: Option<(PttWindowInfo, u64)> = None;
         for mut batch in rx {

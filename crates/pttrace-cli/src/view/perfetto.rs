@@ -69,10 +69,15 @@ impl PfPipe {
         let partial = path.with_file_name(format!(".{name}.partial"));
         let file = std::fs::File::create(&partial)
             .map_err(|e| format!("{}: cannot create: {e}", partial.display()))?;
-        let pf = pftrace::Writer::new(BufWriter::with_capacity(1 << 20, file));
+        let no_thread = |e: std::io::Error| format!("view: cannot start a thread: {e}");
+        let pf =
+            pftrace::Writer::new(BufWriter::with_capacity(1 << 20, file)).map_err(no_thread)?;
         let (tx, rx) = std::sync::mpsc::channel::<PfMsg>();
         let (kept_tx, kept) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || write_pftrace(pf, &rx, &kept_tx));
+        let thread = std::thread::Builder::new()
+            .name("view-pftrace".into())
+            .spawn(move || write_pftrace(pf, &rx, &kept_tx))
+            .map_err(no_thread)?;
         Ok(PfPipe {
             tx: Some(tx),
             kept,

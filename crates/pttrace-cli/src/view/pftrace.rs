@@ -221,15 +221,17 @@ fn compress_batches(
 }
 
 impl<W: Write + Send + 'static> Writer<W> {
-    pub fn new(out: W) -> Self {
+    pub fn new(out: W) -> io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
         let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
-        let compressor = std::thread::spawn(move || {
-            let mut out = out;
-            let bytes = compress_batches(&mut out, rx, done_tx)?;
-            Ok((out, bytes))
-        });
-        Writer {
+        let compressor = std::thread::Builder::new()
+            .name("pf-deflate".into())
+            .spawn(move || {
+                let mut out = out;
+                let bytes = compress_batches(&mut out, rx, done_tx)?;
+                Ok((out, bytes))
+            })?;
+        Ok(Writer {
             next_sequence: 2,
             batch: Batch::new(),
             to_compressor: Some(tx),
@@ -237,7 +239,7 @@ impl<W: Write + Send + 'static> Writer<W> {
             compressor: Some(compressor),
             packets: 0,
             interned: Msg::default(),
-        }
+        })
     }
 
     /// The compressor's error, once it has stopped.
@@ -589,7 +591,7 @@ mod tests {
     #[test]
     fn events_are_packets_with_interned_names_and_time_deltas() {
         let out = Shared::default();
-        let mut w = Writer::new(out.clone());
+        let mut w = Writer::new(out.clone()).unwrap();
         let mut seq = w.sequence(7, 1000).unwrap();
         let f = Named::keyed(5, "f");
         let call = Named::text("call");
