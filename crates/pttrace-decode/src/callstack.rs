@@ -525,6 +525,9 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     seg_root: u32,
     /// Implied callers inserted below everything in this segment.
     seg_bottoms: u32,
+    /// The segment starts where the thread image does, at a function's first instruction
+    /// (its entry point, which nothing called): its first frame is never returned past.
+    seg_rooted: bool,
     /// The trie node instructions are counted to (the top frame's, or the segment root's).
     cur: u32,
     nodes: Vec<Node>,
@@ -585,6 +588,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             seg_start: 0,
             seg_root: 0,
             seg_bottoms: 0,
+            seg_rooted: false,
             cur: 0,
             nodes: Vec::new(),
             child: FxHashMap::default(),
@@ -1021,6 +1025,11 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         }
         if self.stack.is_empty() {
             let func = self.function_start(pc);
+            // (The thread image's first instruction, a function's entry: the program's or
+            // the dynamic loader's entry point.)
+            if self.insns == 0 && func == Some(pc) {
+                self.seg_rooted = true;
+            }
             self.push(func.unwrap_or(pc), func, None, SpanStart::Implied, false);
         }
     }
@@ -1087,6 +1096,27 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
                 SpanStart::Trampoline,
                 true,
             );
+            return;
+        }
+        if self.seg_rooted {
+            // The thread's first frame (its entry point) has no caller to return to: the
+            // reconstruction has lost track of the stack (code that makes its own return
+            // addresses, as V8's deoptimizer and interpreter do). The code returned to runs
+            // in an implied frame from here on, on the first frame, rather than in callers
+            // implied from the thread's start around everything seen since.
+            if self.stack.len() > 1 {
+                self.pop(SpanEnd::Return);
+            }
+            let func = self.function_start(target);
+            if self.stack.len() == 1 && self.stack.last().is_some_and(|f| f.func != func) {
+                self.push(
+                    func.unwrap_or(target),
+                    func,
+                    None,
+                    SpanStart::Implied,
+                    false,
+                );
+            }
             return;
         }
         self.pop(SpanEnd::Return);
@@ -1355,6 +1385,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         self.close_above(0, end_kind);
         self.sink.segment_end(self.insns);
         self.seg_bottoms = 0;
+        self.seg_rooted = false;
         self.seg_start = self.insns;
         self.saved.clear();
         self.last = None;
@@ -1807,6 +1838,72 @@ mod tests {
                 assert_eq!(one.instructions, by_runs.instructions);
             }
         }
+    }
+
+    /// A thread traced from its entry point (its first instruction a function's first):
+    /// nothing called that frame, so a return no frame expects (code that makes its own
+    /// return addresses: V8's deoptimizer and interpreter) opens an implied frame on it
+    /// from there, where a thread traced from the middle of its code gets callers implied
+    /// from its start (`unmatched_returns`).
+    #[test]
+    fn a_thread_from_its_entry_point_is_never_returned_past() {
+        let body = |first: u64| {
+            vec![
+                other(first),       // 0: the entry point (or not)
+                call(MAIN + 1),     // 1 -> A
+                other(A),           // 2
+                jmp(A + 1),         // 3 -> B, a tail call (B expects MAIN+6)
+                other(B),           // 4
+                ret(B + 1),         // 5 -> C+0x10, which no frame expects
+                other(C + 0x10),    // 6
+                ret(C + 0x11),      // 7 -> LIB+0x20
+                other(LIB + 0x20),  // 8
+                ret(LIB + 0x21),    // 9 -> MAIN+0x40: the entry's own function
+                other(MAIN + 0x40), // 10
+                ret(MAIN + 0x41),   // 11 -> A+0x50: from the first frame itself
+                other(A + 0x50),    // 12
+            ]
+        };
+        let t = run(&body(MAIN));
+        let mut spans = t.spans.clone();
+        spans.sort_by_key(|s| (s.start, s.depth));
+        assert_eq!(
+            spans,
+            vec![
+                span(MAIN, 0, 0, 13, S::Implied, E::TraceEnd),
+                span(A, 1, 2, 4, S::Call, E::TailCall),
+                span(B, 1, 4, 6, S::TailCall, E::Return),
+                span(C, 1, 6, 8, S::Implied, E::Return),
+                span(LIB, 1, 8, 10, S::Implied, E::Return),
+                span(A, 1, 12, 13, S::Implied, E::TraceEnd),
+            ]
+        );
+        assert_eq!(
+            stacks(&t),
+            vec![
+                (vec![MAIN], 4),
+                (vec![MAIN, A], 3),
+                (vec![MAIN, B], 2),
+                (vec![MAIN, C], 2),
+                (vec![MAIN, LIB], 2),
+            ]
+        );
+        // The same code entered in the middle of main: B's return goes on in main's
+        // frame, and the returns from it open callers implied from the start.
+        let t = run(&body(MAIN + 8));
+        let mut spans = t.spans.clone();
+        spans.sort_by_key(|s| (s.start, s.depth));
+        assert_eq!(
+            spans,
+            vec![
+                span(A, 0, 0, 13, S::Implied, E::TraceEnd),
+                span(MAIN, 1, 0, 12, S::Implied, E::Return),
+                span(LIB, 2, 0, 10, S::Implied, E::Return),
+                span(MAIN, 3, 0, 8, S::Implied, E::Return),
+                span(A, 4, 2, 4, S::Call, E::TailCall),
+                span(B, 4, 4, 6, S::TailCall, E::Return),
+            ]
+        );
     }
 
     /// Code that keeps returning to callers it was never called from (what a JVM's
