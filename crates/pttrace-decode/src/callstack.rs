@@ -22,7 +22,12 @@
 //!   handler's frame (see signals); if the stack is then empty, the code returned to runs
 //!   in an *implied* frame for a caller that was never seen, which starts at the beginning
 //!   of the segment (the thread's start or the last gap) and so encloses everything drawn
-//!   since (magic-trace's rule for unmatched returns).
+//!   since (magic-trace's rule for unmatched returns). A thread traced from its entry
+//!   point (its first instruction a function's first: the program's or the dynamic
+//!   loader's entry) has no caller: a return no frame expects closes frames down to its
+//!   first frame at most, and the code returned to runs in an implied frame on it from
+//!   there (the stacks lost track: code that makes its own return addresses, as V8's
+//!   deoptimizer and interpreter do).
 //! - **tail call** (conservative): an unconditional or conditional jump whose target is the
 //!   first instruction of a function (a symbol's start) other than the one containing the
 //!   jump replaces the top frame (same expected return; the old frame ends `TailCall`, the
