@@ -447,9 +447,12 @@ impl Symbols {
         Ok(n)
     }
 
-    /// Adds an ELF file's function symbols (symtab and dynsym), moved by `bias`.
+    /// Adds an ELF file's function symbols (symtab and dynsym), moved by `bias`. A symbol
+    /// without a size (`_init`, `_fini`, assembly labels) covers its section up to the next
+    /// symbol, never beyond the section: else the file's last one named every address
+    /// above it, other files' and anonymous memory's (a JVM's generated code was `_fini`).
     pub fn add_elf(&mut self, path: &Path, data: &[u8], bias: u64) -> Result<usize, DecodeError> {
-        use object::{Object, ObjectSymbol, SymbolKind};
+        use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
         let file = object::File::parse(data)
             .map_err(|e| DecodeError::new(path.display(), 0, format!("bad ELF: {e}")))?;
         let mut n = 0;
@@ -457,8 +460,17 @@ impl Symbols {
             if s.kind() != SymbolKind::Text || s.address() == 0 {
                 continue;
             }
+            let size = match s.size() {
+                0 => s
+                    .section_index()
+                    .and_then(|i| file.section_by_index(i).ok())
+                    .map(|sec| (sec.address() + sec.size()).saturating_sub(s.address()))
+                    .filter(|&left| left > 0)
+                    .unwrap_or(0),
+                size => size,
+            };
             if let Ok(name) = s.name() {
-                self.add(s.address().wrapping_add(bias), s.size(), name);
+                self.add(s.address().wrapping_add(bias), size, name);
                 n += 1;
             }
         }
@@ -617,6 +629,42 @@ mod tests {
         }
         e.extend_from_slice(code);
         e
+    }
+
+    /// A symbol without a size names its section's bytes from it on, not every address
+    /// above it (a C program's `_fini`: the last symbol of its file).
+    #[test]
+    fn symbols_without_a_size_stay_in_their_section() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let dir = tempfile::tempdir().unwrap();
+        let (c, exe) = (dir.path().join("p.c"), dir.path().join("p"));
+        std::fs::write(&c, "int main(void) { return 0; }\n").unwrap();
+        let o = std::process::Command::new("cc")
+            .arg(&c)
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let data = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let fini = file.symbols().find(|s| s.name() == Ok("_fini")).unwrap();
+        assert_eq!(fini.size(), 0, "cc's _fini has no size");
+        let sec = file
+            .section_by_index(fini.section_index().unwrap())
+            .unwrap();
+        let end = sec.address() + sec.size();
+        let bias = 0x5555_0000_0000;
+        let mut syms = Symbols::new();
+        assert!(syms.add_elf(&exe, &data, bias).unwrap() > 0);
+        let at = fini.address() + bias;
+        assert_eq!(syms.lookup(at), Some(("_fini", 0)));
+        assert_eq!(
+            syms.lookup(end - 1 + bias),
+            Some(("_fini", end - 1 - fini.address()))
+        );
+        assert_eq!(syms.lookup(end + bias).map(|s| s.0), None);
+        assert_eq!(syms.lookup(0x7f00_0000_0000), None);
     }
 
     #[test]
