@@ -266,6 +266,63 @@ pub(crate) fn symbols(file: &object::File<'_>, out: &mut Vec<RawSym>) {
     }
 }
 
+/// `_start` at a program's entry point (the ELF header's `e_entry`) when no symbol is
+/// there: a stripped executable's first function, where every process of it starts. Only
+/// for programs: a file with a `DT_SONAME` is a library (libc's entry point prints its
+/// version; ld.so names its own `_start`).
+pub(crate) fn entry_symbol(
+    file: &object::File<'_>,
+    raw: &[RawSym],
+    fdes: &[(u64, u64)],
+) -> Option<RawSym> {
+    const DT_SONAME: i64 = 14;
+    let entry = file.entry();
+    if entry == 0
+        || raw
+            .iter()
+            .any(|r| r.addr <= entry && entry < r.addr.saturating_add(r.size.max(1)))
+    {
+        return None;
+    }
+    if let Some(dynamic) = file.section_by_name(".dynamic") {
+        let data = dynamic.data().ok()?;
+        let le = file.is_little_endian();
+        let word = |b: &[u8]| -> Option<u64> {
+            let b: [u8; 8] = b.try_into().ok()?;
+            Some(if le {
+                u64::from_le_bytes(b)
+            } else {
+                u64::from_be_bytes(b)
+            })
+        };
+        // (Elf64_Dyn: d_tag, d_val; 64-bit files only, as the rest of this crate.)
+        for d in data.chunks_exact(16) {
+            if word(d.get(..8)?)? as i64 == DT_SONAME {
+                return None;
+            }
+        }
+    }
+    // Its size: its `.eh_frame` range, else up to the next function known (a symbol or
+    // an FDE), else none (a name for the entry alone).
+    let next = fdes
+        .iter()
+        .map(|f| f.0)
+        .chain(raw.iter().map(|r| r.addr))
+        .filter(|&a| a > entry)
+        .min();
+    let size = match fdes.iter().find(|f| f.0 == entry) {
+        Some(f) => f.1 - f.0,
+        None => next.map_or(1, |n| n - entry),
+    };
+    Some(RawSym {
+        addr: entry,
+        size,
+        name: "_start".to_string(),
+        weak: true,
+        global: false,
+    })
+}
+
 /// Function ranges `[start, end)` of the `.eh_frame` FDEs, sorted by start.
 pub(crate) fn fde_ranges(file: &object::File<'_>) -> Vec<(u64, u64)> {
     use gimli::UnwindSection;

@@ -361,6 +361,43 @@ fn c_fully_stripped_binary_named_from_the_debug_file_or_stably_without_it() {
         assert_eq!(s.start, Some(helper));
         assert!(s.location().is_none());
     }
+    // Its entry point is `_start` (where every process of it starts), over its FDE.
+    let data = std::fs::read(p.p("prog")).unwrap();
+    let entry = object::File::parse(&*data).unwrap().entry();
+    let (start, len) = sym(&full, "_start");
+    assert_eq!(start, entry);
+    for a in [entry, entry + len - 1] {
+        let s = m.resolve(a);
+        assert_eq!((&*s.function, s.start), ("_start", Some(entry)), "{a:#x}");
+    }
+    assert_ne!(&*m.resolve(entry + len).function, "_start");
+
+    // A stripped library's entry point (here a hidden function: no symbol left) is not
+    // named so (it has a DT_SONAME: libc's entry prints its version).
+    std::fs::write(
+        p.p("e.c"),
+        "int f(void) { return 1; }\n__attribute__((visibility(\"hidden\"))) int g(void) { return 2; }\n",
+    )
+    .unwrap();
+    run(
+        &p.p(""),
+        "cc",
+        &[
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libe.so",
+            "-Wl,-e,g",
+            "-o",
+            "libe.so",
+            "e.c",
+        ],
+    );
+    run(&p.p(""), "strip", &["libe.so"]);
+    let data = std::fs::read(p.p("libe.so")).unwrap();
+    let entry = object::File::parse(&*data).unwrap().entry();
+    assert_ne!(entry, 0);
+    let mut m = Module::open(&p.p("libe.so"), &DebugSearch::empty()).unwrap();
+    assert_ne!(&*m.resolve(entry).function, "_start");
 }
 
 #[test]
