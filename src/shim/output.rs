@@ -337,6 +337,13 @@ pub fn encode_pdb_for(
 
 /// Drains `slot` into its files. The caller holds the slot's drain lock.
 pub fn drain_locked(slot: &Slot) {
+    drain_locked_with(slot, true);
+}
+
+/// [`drain_locked`]; with `may_end` false, a thread that ended keeps its end for a later
+/// call (the writer ends threads only after every window queued before their end, in any
+/// thread, went through: see `super::writer`).
+pub fn drain_locked_with(slot: &Slot, may_end: bool) {
     let Some(st) = STATIC.get() else { return };
     if slot.state.load(Acquire) == FREE {
         return;
@@ -519,7 +526,7 @@ pub fn drain_locked(slot: &Slot) {
         slot.written.fetch_add(count, Relaxed);
     }
     let reason = slot.end_reason.load(Acquire);
-    if reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
+    if may_end && reason != u32::MAX && slot.queued() == 0 && !slot.end_written.load(Relaxed) {
         if snap_writer {
             if let Some(r) = EndReason::from_raw(reason) {
                 super::snapshot::writer_side::thread_end(slot, fd, r);

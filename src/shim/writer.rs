@@ -66,14 +66,31 @@ fn run() {
         let seen = slots::WAKE.load(Acquire);
         // Snapshot mode: requests from `pttrace run` and the handler's exit request.
         super::snapshot::writer_side::poll();
-        for i in 0..slots::slot_count() {
+        // Threads are ended (their End record, a snapshot's `exit` trigger) only where their
+        // end was seen before this pass drained every queue: whatever another thread queued
+        // before that end (a `syscall:` trigger's window, whose syscall made the thread
+        // end) goes through first, so snapshots are numbered in the order things happened.
+        let count = slots::slot_count();
+        let mut ended = [0u64; slots::MAX_SLOTS / 64];
+        for i in 0..count {
             let Some(s) = slots::slot_at(i) else { continue };
-            if s.state.load(Acquire) == FREE {
-                continue;
+            if s.state.load(Acquire) != FREE && s.end_reason.load(Acquire) != u32::MAX {
+                if let Some(w) = ended.get_mut(i / 64) {
+                    *w |= 1 << (i % 64);
+                }
             }
-            if s.try_lock_drain() {
-                output::drain_locked(s);
-                s.unlock_drain();
+        }
+        for may_end in [false, true] {
+            for i in 0..count {
+                let Some(s) = slots::slot_at(i) else { continue };
+                let seen_ended = ended.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0);
+                if s.state.load(Acquire) == FREE || (may_end && !seen_ended) {
+                    continue;
+                }
+                if s.try_lock_drain() {
+                    output::drain_locked_with(s, may_end);
+                    s.unlock_drain();
+                }
             }
         }
         if slots::ACTIVE_FLAG.load(Acquire) && slots::LIVE.load(Acquire) <= 0 {
