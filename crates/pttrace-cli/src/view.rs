@@ -391,6 +391,8 @@ pub fn run(args: Args) -> CmdResult {
     let limit = (!args.full && args.range.is_none()).then_some(args.limit);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let mut views: Vec<ThreadView> = Vec::new();
+    // Returns that went where no open call expected, and the thread images they were in.
+    let (mut lost_returns, mut lost_in) = (0u64, 0usize);
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
     let mut costs = spill::Costs::default();
     let mut folded = folded::Folded::default();
@@ -444,7 +446,10 @@ pub fn run(args: Args) -> CmdResult {
                 markers,
                 anchors,
                 instructions,
+                lost_returns: lost,
             } = done;
+            lost_returns += lost;
+            lost_in += usize::from(lost > 0);
             let spill = match (sink, &path) {
                 (Some(s), Some(p)) => Some(
                     s.finish()
@@ -524,6 +529,13 @@ pub fn run(args: Args) -> CmdResult {
         let mut out = BufWriter::new(stdout.lock());
         let written = folded.write(&name_of, limit, &mut out)?;
         out.flush()?;
+        if lost_returns > 0 {
+            eprintln!(
+                "pttrace view: {lost_returns} returns in {lost_in} thread images went where no \
+                 open call expected (code that makes its own return addresses: a JIT, an \
+                 interpreter, a deoptimizer); the stacks there may be wrong"
+            );
+        }
         if written.merged_frames > 0 {
             eprintln!(
                 "pttrace view: {} frames of stacks under {} instructions merged into `{}` \
@@ -620,6 +632,13 @@ pub fn run(args: Args) -> CmdResult {
         "{} threads{images}, {insns} instructions, {spans} function spans, {gaps} gaps; time axis: {axis_text}",
         threads.len()
     );
+    if lost_returns > 0 {
+        println!(
+            "             ({lost_returns} returns in {lost_in} thread images went where no open \
+             call expected: code that makes its own return addresses, as a JIT, an \
+             interpreter or a deoptimizer do; the stacks there may be wrong)"
+        );
+    }
     println!(
         "timeline:    {} ({} events; open in ui.perfetto.dev, chrome://tracing or speedscope)",
         paths.timeline.display(),

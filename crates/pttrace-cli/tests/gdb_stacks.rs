@@ -196,6 +196,10 @@ fn stacks_equal_gdbs_backtraces() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
+    // Recursion, longjmp, a C++ exception, a signal, threads, exec: every return went
+    // where an open call expected (no "stacks there may be wrong" line).
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(!said.contains("no open call expected"), "{said}");
     let json: Value =
         serde_json::from_slice(&std::fs::read(view.join("timeline.json")).unwrap()).unwrap();
     let mut json_spans: HashMap<i64, Vec<(u64, u64, String)>> = HashMap::new();

@@ -98,6 +98,8 @@ fn calls_program_spans_stacks_and_flamegraph() {
         .output()
         .unwrap();
     let stdout = ok(&o, "pttrace view");
+    // Every return went where an open call expected it.
+    assert!(!stdout.contains("no open call expected"), "{stdout}");
     let view = trace.join("view");
     for f in [
         "timeline.json",
@@ -582,6 +584,37 @@ fn range_cuts_a_part_in_full_detail() {
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("--tid 1: no thread of the trace has that id"),
         "{o:?}"
+    );
+}
+
+/// A return to an address no call pushed (`push` + `ret`, what JITs and interpreters do)
+/// is said: that one, then the two returns it put out of step (`detour`'s own, then
+/// `main`'s; `__libc_start_call_main` then calls `exit`).
+#[test]
+fn returns_no_call_expected_are_said() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile_with("own_return", dir.path(), "own_return", &[]);
+    let trace = dir.path().join("out");
+    let p = prog.as_os_str();
+    ok(&run_under_qemu(&trace, &[], &[p]), "pttrace run");
+    let o = Command::new(pttrace())
+        .arg("view")
+        .arg(&trace)
+        .arg("--out")
+        .arg(dir.path().join("view"))
+        .output()
+        .unwrap();
+    let stdout = ok(&o, "pttrace view");
+    assert!(
+        stdout.contains(
+            "(3 returns in 1 thread images went where no open call expected: code that makes \
+             its own return addresses"
+        ),
+        "{stdout}"
     );
 }
 

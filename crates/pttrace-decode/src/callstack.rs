@@ -205,6 +205,9 @@ pub struct ThreadStacks {
     pub markers: Vec<Marker>,
     pub anchors: Vec<TimeAnchor>,
     pub instructions: u64,
+    /// Returns that went where no open call expected, from a frame whose return address
+    /// was known ([`Finished::lost_returns`]).
+    pub lost_returns: u64,
 }
 
 /// Where the spans go as the reconstruction makes them: in the order of their begins and
@@ -412,6 +415,11 @@ pub struct Finished<S> {
     pub markers: Vec<Marker>,
     pub anchors: Vec<TimeAnchor>,
     pub instructions: u64,
+    /// Returns that went where no open call expected, from a frame whose return address
+    /// was known (not an implied frame's: that is a trace started mid-function). The
+    /// stacks lost track there (code that makes its own return addresses: a JIT, an
+    /// interpreter, a deoptimizer) and are a guess after it.
+    pub lost_returns: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -547,6 +555,8 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     anchors: Vec<TimeAnchor>,
     /// The instructions counted into the stacks (all by default; [`CallStacks::count_only`]).
     counted: std::ops::Range<u64>,
+    /// [`Finished::lost_returns`].
+    lost_returns: u64,
 }
 
 fn is_branch(class: InsnClass) -> bool {
@@ -570,6 +580,7 @@ impl<'f, F: Functions + ?Sized> CallStacks<'f, F, SpanList> {
             markers: done.markers,
             anchors: done.anchors,
             instructions: done.instructions,
+            lost_returns: done.lost_returns,
         }
     }
 }
@@ -603,6 +614,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             markers: Vec::new(),
             anchors: Vec::new(),
             counted: 0..u64::MAX,
+            lost_returns: 0,
         };
         s.new_segment_root();
         s
@@ -682,6 +694,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             markers: self.markers,
             anchors: self.anchors,
             instructions: self.insns,
+            lost_returns: self.lost_returns,
         }
     }
 
@@ -1091,6 +1104,9 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         let Some(top) = self.stack.last().copied() else {
             return;
         };
+        if top.ret.is_some() {
+            self.lost_returns += 1;
+        }
         if top.is_async && top.start_kind != SpanStart::Trampoline {
             self.pop_keep(SpanEnd::Return);
             let func = self.function_start(target);
@@ -1893,6 +1909,9 @@ mod tests {
                 (vec![MAIN, LIB], 2),
             ]
         );
+        // B's return is the one that went elsewhere than its frame expected; the others
+        // left implied frames (return addresses never seen).
+        assert_eq!(t.lost_returns, 1);
         // The same code entered in the middle of main: B's return goes on in main's
         // frame, and the returns from it open callers implied from the start.
         let t = run(&body(MAIN + 8));
@@ -1909,6 +1928,7 @@ mod tests {
                 span(B, 4, 4, 6, S::TailCall, E::Return),
             ]
         );
+        assert_eq!(t.lost_returns, 1);
     }
 
     /// Code that keeps returning to callers it was never called from (what a JVM's
@@ -2128,6 +2148,8 @@ mod tests {
                 (vec![MAIN, A, B, LIB], 1),
             ]
         );
+        // (Returns out of implied frames: a trace that starts mid-function, not lost.)
+        assert_eq!(t.lost_returns, 0);
     }
 
     /// A function's split-off cold part (code outside every symbol, as gcc's `.cold` code in
