@@ -266,41 +266,44 @@ pub(crate) fn symbols(file: &object::File<'_>, out: &mut Vec<RawSym>) {
     }
 }
 
-/// `_start` at a program's entry point (the ELF header's `e_entry`) when no symbol is
-/// there: a stripped executable's first function, where every process of it starts. Only
-/// for programs: a file with a `DT_SONAME` is a library (libc's entry point prints its
-/// version; ld.so names its own `_start`).
+/// Whether `file` is a library: it has a `DT_SONAME` (64-bit files, as the rest of this
+/// crate: `Elf64_Dyn` is d_tag, d_val).
+pub(crate) fn has_soname(file: &object::File<'_>) -> bool {
+    const DT_SONAME: i64 = 14;
+    let Some(data) = file.section_by_name(".dynamic").and_then(|d| d.data().ok()) else {
+        return false;
+    };
+    let le = file.is_little_endian();
+    data.chunks_exact(16).any(|d| {
+        let tag: Option<[u8; 8]> = d.get(..8).and_then(|b| b.try_into().ok());
+        tag.is_some_and(|b| {
+            let tag = if le {
+                u64::from_le_bytes(b)
+            } else {
+                u64::from_be_bytes(b)
+            };
+            tag as i64 == DT_SONAME
+        })
+    })
+}
+
+/// `_start` at a program's entry point `entry` (the ELF header's `e_entry`) when no
+/// symbol is there: a stripped executable's first function, where every process of it
+/// starts. Only for programs: not for a `library` (one with a `DT_SONAME`: libc's entry
+/// point prints its version; ld.so names its own `_start`).
 pub(crate) fn entry_symbol(
-    file: &object::File<'_>,
+    entry: u64,
+    library: bool,
     raw: &[RawSym],
     fdes: &[(u64, u64)],
 ) -> Option<RawSym> {
-    const DT_SONAME: i64 = 14;
-    let entry = file.entry();
     if entry == 0
+        || library
         || raw
             .iter()
             .any(|r| r.addr <= entry && entry < r.addr.saturating_add(r.size.max(1)))
     {
         return None;
-    }
-    if let Some(dynamic) = file.section_by_name(".dynamic") {
-        let data = dynamic.data().ok()?;
-        let le = file.is_little_endian();
-        let word = |b: &[u8]| -> Option<u64> {
-            let b: [u8; 8] = b.try_into().ok()?;
-            Some(if le {
-                u64::from_le_bytes(b)
-            } else {
-                u64::from_be_bytes(b)
-            })
-        };
-        // (Elf64_Dyn: d_tag, d_val; 64-bit files only, as the rest of this crate.)
-        for d in data.chunks_exact(16) {
-            if word(d.get(..8)?)? as i64 == DT_SONAME {
-                return None;
-            }
-        }
     }
     // Its size: its `.eh_frame` range, else up to the next function known (a symbol or
     // an FDE), else none (a name for the entry alone).

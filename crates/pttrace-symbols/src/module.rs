@@ -158,7 +158,7 @@ impl Module {
         let (mut lookup, found) = search.find_with(path, &facts);
         let mut raw = Vec::new();
         elf::symbols(&file, &mut raw);
-        let entry = object::Object::entry(&file);
+        let (entry, library) = (object::Object::entry(&file), elf::has_soname(&file));
         let fdes = elf::fde_ranges(&file);
         let mut dwarf = None;
         if facts.has_dwarf {
@@ -185,11 +185,8 @@ impl Module {
             None => (None, None),
         };
         // (After the debug file's symbols: a stripped program's `_start` may be there.)
-        if raw.iter().all(|r| r.addr != entry) {
-            let file = elf::parse(path, buf.as_slice())?;
-            if let Some(s) = elf::entry_symbol(&file, &raw, &fdes) {
-                raw.push(s);
-            }
+        if let Some(s) = elf::entry_symbol(entry, library, &raw, &fdes) {
+            raw.push(s);
         }
         let (syms, aliases) = best_symbols(raw);
         let mut bounds: Vec<u64> = Vec::with_capacity(syms.len() * 2 + fdes.len() * 2);
