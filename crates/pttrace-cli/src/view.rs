@@ -530,11 +530,7 @@ pub fn run(args: Args) -> CmdResult {
         let written = folded.write(&name_of, limit, &mut out)?;
         out.flush()?;
         if lost_returns > 0 {
-            eprintln!(
-                "pttrace view: {lost_returns} returns in {lost_in} thread images went where no \
-                 open call expected (code that makes its own return addresses: a JIT, an \
-                 interpreter, a deoptimizer); the stacks there may be wrong"
-            );
+            eprintln!("pttrace view: {}", lost_returns_said(lost_returns, lost_in));
         }
         if written.merged_frames > 0 {
             eprintln!(
@@ -634,9 +630,8 @@ pub fn run(args: Args) -> CmdResult {
     );
     if lost_returns > 0 {
         println!(
-            "             ({lost_returns} returns in {lost_in} thread images went where no open \
-             call expected: code that makes its own return addresses, as a JIT, an \
-             interpreter or a deoptimizer do; the stacks there may be wrong)"
+            "             ({})",
+            lost_returns_said(lost_returns, lost_in)
         );
     }
     println!(
@@ -692,6 +687,16 @@ pub fn run(args: Args) -> CmdResult {
         namers.len()
     );
     damages.finish("view", args.policy)
+}
+
+/// What `view` says of the returns that went where no open call expected (`n` of them, in
+/// `images` thread images).
+fn lost_returns_said(n: u64, images: usize) -> String {
+    format!(
+        "{n} returns in {images} thread images went where no open call expected: code that \
+         makes its own return addresses, as a JIT, an interpreter or a deoptimizer do; the \
+         stacks there may be wrong"
+    )
 }
 
 /// The flame graph's title: the command line, and the gaps and losses when there are any.
