@@ -597,18 +597,13 @@ fn returns_no_call_expected_are_said() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile_with("own_return", dir.path(), "own_return", &[]);
+    let prog = shim_util::compile("own_return", dir.path());
     let trace = dir.path().join("out");
-    let p = prog.as_os_str();
-    ok(&run_under_qemu(&trace, &[], &[p]), "pttrace run");
-    let o = Command::new(pttrace())
-        .arg("view")
-        .arg(&trace)
-        .arg("--out")
-        .arg(dir.path().join("view"))
-        .output()
-        .unwrap();
-    let stdout = ok(&o, "pttrace view");
+    ok(
+        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
+        "pttrace run",
+    );
+    let stdout = view_into(&trace, &dir.path().join("view"), &[]);
     assert!(
         stdout.contains(
             "(3 returns in 1 thread images went where no open call expected: code that makes \
