@@ -93,6 +93,21 @@ pub fn cut_requests() -> u64 {
     CUT_REQUESTS.load(Ordering::Acquire)
 }
 
+/// The generation of the latest [`request_cut`] made before this process was forked (0 in
+/// the first process): requests the writer of this process will never be told about.
+static CUT_REQUESTS_AT_FORK: AtomicU64 = AtomicU64::new(0);
+
+/// In a forked child (its only thread, before it runs on): the requests made so far were
+/// the parent's. Async-signal-safe.
+pub fn forked() {
+    CUT_REQUESTS_AT_FORK.store(cut_requests(), Ordering::Release);
+}
+
+/// The requests of the parent process ([`forked`]). Async-signal-safe.
+pub fn cut_requests_at_fork() -> u64 {
+    CUT_REQUESTS_AT_FORK.load(Ordering::Acquire)
+}
+
 /// Installs `hook`, called by the single-step handler on the stepped thread (so it must be
 /// async-signal-safe) when the armed buffer has fewer than [`HANDOVER_ROOM`] free records
 /// ([`HAND_FULL`]), has just recorded a [`STEP_MARK`] ([`HAND_MARK`]) or was armed before

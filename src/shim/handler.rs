@@ -791,6 +791,7 @@ fn after_fork_child(slot: Option<&Slot>, w: &mut Window) {
     slots::START_TSC.store(raw::rdtsc(), Relaxed);
     slots::WRITER_ALIVE.store(false, Release);
     slots::LIVE.store(1, Release);
+    crate::emu::trap::forked();
     // A parent thread may have been patching when we forked: its lock is not ours.
     super::rewrite::PATCH_LOCK.store(false, Release);
     let me = slot.map_or(core::ptr::null(), |s| s as *const Slot);

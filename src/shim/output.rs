@@ -381,6 +381,13 @@ pub fn drain_locked_with(slot: &Slot, may_end: bool) {
     // between leaves them in the spool for the reader (see `super::spool`).
     let mut count = 0u64;
     while let Some(mut w) = slot.peek(count) {
+        // A window closed after a cut request the writer has not taken yet waits for it
+        // (at the next pass), with the windows behind it.
+        if snap_writer
+            && !super::snapshot::writer_side::may_take(super::userpt::closed_at(slot, &w))
+        {
+            break;
+        }
         count += 1;
         if snap {
             if snap_writer {

@@ -1019,6 +1019,21 @@ pub fn cut_in_flight(slot: &Slot, cut: usize, g: u64) -> Option<CutWindow> {
     })
 }
 
+/// The cut requests made before window `w`'s steps were closed ([`Cuts::closed`]; 0: no
+/// steps of it are waiting), read without taking them (writer thread, snapshot mode).
+pub fn closed_at(slot: &Slot, w: &Window) -> u64 {
+    if !ENABLED.load(Relaxed) || w.flags & WF_PT_ABSENT != 0 {
+        return 0;
+    }
+    let Some(t) = state_of(slot) else {
+        return 0;
+    };
+    t.bufs
+        .iter()
+        .find(|b| b.state.load(Acquire) == B_READY && b.tag.load(Relaxed) == w.index)
+        .map_or(0, |b| b.closed_at.load(Relaxed))
+}
+
 /// Finds and encodes the PT of window `w` of `slot` (drainer; encodes only on the writer
 /// thread, which is normal context).
 ///

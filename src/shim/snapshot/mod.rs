@@ -18,7 +18,8 @@ pub mod writer_side {
     pub use super::hw::wanted as hardware_wanted;
     pub use super::request::on;
     pub use super::ring::{
-        cut, cut_returned, end_drain, init, poll, push, push_plain, start_main_thread, thread_end,
+        cut, cut_returned, end_drain, init, may_take, poll, push, push_plain, start_main_thread,
+        thread_end,
     };
 }
 

@@ -271,6 +271,9 @@ struct State {
     exit_cut: u64,
     threads: Vec<ThreadRing>,
     firings: Vec<Firing>,
+    cuts: CutsKnown,
+    /// The process image ends: windows wait for nothing.
+    ending: bool,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -293,6 +296,9 @@ fn state() -> &'static mut State {
         exit_cut: 0,
         threads: Vec::new(),
         firings: Vec::new(),
+        // (A forked child's writer is never told about its parent's requests.)
+        cuts: CutsKnown::after(crate::emu::trap::cut_requests_at_fork()),
+        ending: false,
     }));
     STATE.store(fresh, Release);
     // SAFETY: just allocated; see above.
@@ -356,6 +362,84 @@ impl State {
         self.number += 1;
         self.number
     }
+
+    /// Cut request `g` has reached the writer (0: none).
+    fn knows_cut(&mut self, g: u64) {
+        self.cuts.add(g);
+    }
+}
+
+/// The cut requests ([`crate::emu::trap::request_cut`]) that have reached the writer:
+/// the window that made one was taken, or the writer made it.
+struct CutsKnown {
+    /// Every request up to this one.
+    upto: u64,
+    /// Requests above `upto` (one below them has not come).
+    above: Vec<u64>,
+    /// The request a window waits for ([`CutsKnown::may_take`]), since when.
+    waiting: Option<(u64, std::time::Instant)>,
+}
+
+impl CutsKnown {
+    /// Requests up to `upto` count as known (a forked child's parent's).
+    fn after(upto: u64) -> Self {
+        CutsKnown {
+            upto,
+            above: Vec::new(),
+            waiting: None,
+        }
+    }
+
+    /// Request `g` has come (0: none).
+    fn add(&mut self, g: u64) {
+        if g <= self.upto || self.above.contains(&g) {
+            return;
+        }
+        self.above.push(g);
+        while let Some(k) = self.above.iter().position(|&x| x == self.upto + 1) {
+            self.above.swap_remove(k);
+            self.upto += 1;
+        }
+    }
+
+    /// Whether a window closed after request `closed` may be taken at `now`: every request
+    /// up to it has come, or the first one missing was waited for [`CUT_WAIT`] (its
+    /// window was dropped: given up).
+    fn may_take(&mut self, closed: u64, now: std::time::Instant) -> bool {
+        loop {
+            if closed <= self.upto {
+                self.waiting = None;
+                return true;
+            }
+            let want = self.upto + 1;
+            match self.waiting {
+                Some((g, since)) if g == want && now.duration_since(since) >= CUT_WAIT => {
+                    self.add(want);
+                    self.waiting = None;
+                }
+                Some((g, _)) if g == want => return false,
+                _ => {
+                    self.waiting = Some((want, now));
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Whether the writer may take a window whose steps were closed after cut request
+/// `closed` ([`super::super::userpt::closed_at`]) into its thread's ring now. Not before
+/// every request up to `closed` has reached the writer: a request is made as its window
+/// is queued (a `syscall:` trigger's return, an `addr:` mark), and the writer may reach
+/// another thread's queue first, in the same pass, and find there the window that request
+/// cut, or windows after it. Taken before the firing, they would go into the ring as if
+/// the thread's part had not ended: its snapshot would run on past the firing. The
+/// window waits in its queue (the thread's later windows behind it) until the pass that
+/// takes the request; a request whose window never comes (dropped by backpressure) is
+/// given up after [`CUT_WAIT`].
+pub fn may_take(closed: u64) -> bool {
+    let st = state();
+    st.ending || st.cuts.may_take(closed, std::time::Instant::now())
 }
 
 /// Thread `tid`'s hardware snapshot event (`slot`'s), or `None` noted with the kernel's
@@ -538,6 +622,7 @@ fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: Str
         0 if stepping => crate::emu::trap::request_cut(),
         g => g,
     };
+    st.knows_cut(gen);
     let number = st.next_number();
     let tid = from.map_or(0, |(s, _)| s.tid.load(Relaxed));
     let where_ = if tid > 0 {
@@ -666,7 +751,9 @@ pub fn push(
 /// while it was in flight has returned: it is not written again, but a `syscall:` trigger
 /// on it fires now (its return), with the cut request the handler made there (`fired`).
 pub fn cut_returned(slot: &Slot, fd: i32, w: &Window, fired: u64) {
-    fire_syscall_trigger(state(), slot, fd, w, fired);
+    let st = state();
+    fire_syscall_trigger(st, slot, fd, w, fired);
+    st.knows_cut(fired);
 }
 
 /// Window `w` of `slot` (file `fd`) ended at a `syscall:` trigger's syscall (not a
@@ -748,6 +835,7 @@ fn push_pieces(
     }
     if handed && ended_at_mark {
         write_due(st, slot, fd, cuts.closed);
+        st.knows_cut(cuts.fired);
         return;
     }
     // A buffer handed over for a cut request ends a firing's part only where that firing
@@ -778,6 +866,8 @@ fn push_pieces(
     if syscall {
         fire_syscall_trigger(st, slot, fd, w, cuts.fired);
     }
+    // (Whether or not it fired: a window the trigger did not reach, cut short.)
+    st.knows_cut(cuts.fired);
 }
 
 /// `slot`'s thread ended (`exit`): its ring is written as its own `exit` snapshot when
@@ -824,6 +914,9 @@ pub fn thread_end(slot: &Slot, fd: i32, reason: EndReason) {
 /// its ring and, with the `exit` trigger, every ring written as one `exit` snapshot.
 pub fn process_end(reason: EndReason, tid: i32) {
     let Some(set) = settings() else { return };
+    // (Every window is taken now: what a request still on its way would have cut goes
+    // into the `exit` snapshot.)
+    state().ending = true;
     if set.exit {
         await_running_threads();
     }
@@ -874,7 +967,9 @@ fn await_running_threads() {
         return;
     }
     let g = crate::emu::trap::request_cut();
-    state().exit_cut = g;
+    let st = state();
+    st.exit_cut = g;
+    st.knows_cut(g);
     let start = std::time::Instant::now();
     loop {
         let live = drain_live();
@@ -949,5 +1044,60 @@ pub fn poll() {
                 0,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_window_closed_after_a_request_waits_until_the_request_has_come() {
+        let t0 = Instant::now();
+        let mut k = CutsKnown::after(0);
+        assert!(k.may_take(0, t0), "no request before it");
+        // Request 1 is made as another thread's window is queued; the writer finds a
+        // window this one cut before that window: it waits.
+        assert!(!k.may_take(1, t0));
+        assert!(!k.may_take(1, t0 + ms(499)));
+        k.add(1);
+        assert!(k.may_take(1, t0 + ms(499)));
+        assert_eq!(k.waiting, None);
+        // Requests 2 and 3, 3's window taken first: a window closed after 3 waits for 2,
+        // one closed before 2 does not.
+        k.add(3);
+        assert!(!k.may_take(3, t0 + ms(600)));
+        assert!(k.may_take(1, t0 + ms(600)));
+        k.add(2);
+        assert!(k.may_take(3, t0 + ms(601)));
+        assert_eq!((k.upto, k.above.as_slice()), (3, &[][..]));
+        // Request 4's window never comes (dropped): given up CUT_WAIT after the first
+        // wait for it, then request 5 is waited for afresh.
+        let t1 = t0 + ms(1000);
+        assert!(!k.may_take(5, t1));
+        assert!(!k.may_take(5, t1 + CUT_WAIT - ms(1)));
+        assert!(!k.may_take(5, t1 + CUT_WAIT));
+        assert_eq!((k.upto, k.waiting), (4, Some((5, t1 + CUT_WAIT))));
+        k.add(5);
+        assert!(k.may_take(5, t1 + CUT_WAIT));
+        // Requests already known are not counted again.
+        k.add(5);
+        k.add(2);
+        assert_eq!((k.upto, k.above.as_slice()), (5, &[][..]));
+    }
+
+    #[test]
+    fn a_forked_child_waits_for_none_of_its_parent_s_requests() {
+        let t0 = Instant::now();
+        let mut k = CutsKnown::after(7);
+        assert!(k.may_take(7, t0));
+        assert!(!k.may_take(8, t0));
+        k.add(8);
+        assert!(k.may_take(8, t0));
     }
 }
