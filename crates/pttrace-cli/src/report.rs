@@ -99,14 +99,7 @@ pub fn print_summary(
         "trace directory: {}",
         printable(&dir.display().to_string())
     );
-    let mut keys: Vec<_> = s
-        .processes
-        .keys()
-        .chain(s.threads.keys())
-        .cloned()
-        .collect();
-    keys.sort();
-    keys.dedup();
+    let keys = s.images();
     let mut backends = BTreeMap::<String, usize>::new();
     for key in &keys {
         let (pid, nonce) = key;

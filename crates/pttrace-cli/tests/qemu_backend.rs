@@ -534,6 +534,67 @@ fn fork_and_exec_chain_is_traced_image_by_image_and_counts_match_strace() {
     }
 }
 
+/// A process that runs four programs one after the other (`execve`): every reader lists
+/// its images in the order they ran, not by their image ids (random: with four images the
+/// id order is the run order once in 24).
+#[test]
+fn an_exec_chain_is_listed_in_the_order_it_ran() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let third = "exec /bin/echo chained";
+    let second = format!("exec /bin/sh -c '{third}'");
+    let first = format!("exec /bin/sh -c \"{second}\"");
+    let o = run_qemu(&out, &["/bin/sh", "-c", &first]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = [
+        format!("/bin/sh -c {first}"),
+        format!("/bin/sh -c {second}"),
+        format!("/bin/sh -c {third}"),
+        "/bin/echo chained".to_string(),
+    ];
+    let t = ptt_dir::open(&out).unwrap();
+    let pids: HashSet<i32> = t.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids.len(), 1, "one process");
+    let cmdlines: Vec<&str> = t.processes.iter().map(|p| p.cmdline.as_str()).collect();
+    assert_eq!(cmdlines, want);
+    let cmdline_of = |nonce: u64| {
+        t.processes
+            .iter()
+            .find(|p| p.nonce == nonce)
+            .map(|p| p.cmdline.as_str())
+    };
+    let threads: Vec<_> = t
+        .threads
+        .iter()
+        .map(|th| cmdline_of(th.header.nonce))
+        .collect();
+    assert_eq!(
+        threads,
+        want.iter().map(|c| Some(c.as_str())).collect::<Vec<_>>()
+    );
+    // What `report` and `decode` print, one line per image, in the same order.
+    let lines = |args: &[&str], prefix: &str| -> Vec<String> {
+        let o = Command::new(pttrace())
+            .args(args)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| l.rsplit_once("): ").map_or("", |(_, c)| c).to_string())
+            .collect()
+    };
+    assert_eq!(lines(&["report"], "process "), want);
+    let printed: Vec<String> = lines(&["decode", "--format", "summary"], "thread ");
+    assert_eq!(printed, want);
+}
+
 #[test]
 fn jit_code_rewritten_at_the_same_address_decodes_both_versions() {
     let Some((_dir, _, out, o)) = run_case(&["jit"]) else {

@@ -296,8 +296,22 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
             "no per-thread .ptt files (is this a `pttrace run --out` directory?)",
         ));
     }
-    t.threads
-        .sort_by_key(|th| (th.header.pid, th.header.nonce, th.header.tid));
+    // By pid, then the images of a pid in the order they started (an `execve` chain in
+    // its order; the image ids are not ordered), then by thread id.
+    let mut image_start = std::collections::HashMap::<(i32, u64), u64>::new();
+    for th in &t.threads {
+        let s = image_start
+            .entry((th.header.pid, th.header.nonce))
+            .or_insert(u64::MAX);
+        *s = (*s).min(th.header.start_tsc);
+    }
+    let start = |pid: i32, nonce: u64| image_start.get(&(pid, nonce)).copied();
+    t.threads.sort_by_key(|th| {
+        let h = &th.header;
+        (h.pid, start(h.pid, h.nonce), h.nonce, h.tid)
+    });
+    t.processes
+        .sort_by_key(|p| (p.pid, start(p.pid, p.nonce).unwrap_or(u64::MAX), p.nonce));
     Ok(t)
 }
 
