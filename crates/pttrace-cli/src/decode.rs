@@ -108,8 +108,8 @@ impl CheckTally {
         let by: Vec<String> = self.by.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         writeln!(
             out,
-            "check: the fast decoder and libipt agree: {} windows, {} records (decoded by {})",
-            self.windows,
+            "check: the fast decoder and libipt agree: {}, {} records (decoded by {})",
+            crate::text::count(self.windows, "window"),
             self.records,
             if by.is_empty() {
                 "none".to_string()

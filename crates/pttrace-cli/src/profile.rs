@@ -434,11 +434,12 @@ pub fn run(args: Args) -> CmdResult {
         ProfileFormat::Lcov => lcov::write(&args.out, &binary, &args.debug_dir, &counts)?,
     };
     println!(
-        "{}: {written}; {} of {} instructions were in {} ({threads} threads)",
+        "{}: {written}; {} of {} instructions were in {} ({})",
         args.out.display(),
         counts.in_binary,
         counts.total,
-        binary.display()
+        binary.display(),
+        crate::text::count(threads as u64, "thread")
     );
     if counts.in_binary.saturating_mul(10) < counts.total {
         eprintln!(

@@ -236,12 +236,12 @@ pub fn print_summary(
     };
     say!(
         w,
-        "total: {} processes{images}, {} threads, {} windows, {} PT bytes, {} sideband bytes, \
+        "total: {}{images}, {}, {} windows, {} PT bytes, {} sideband bytes, \
          losses: {lossy} lossy windows ({overflowed} with PT overflows), {dropped} dropped windows, \
          {} truncated/corrupt files; \
          backend {backend}; kernel.raw: {} files, {} bytes{}{}",
-        pids.len(),
-        s.thread_count(),
+        crate::text::count(pids.len() as u64, "process"),
+        crate::text::count(s.thread_count() as u64, "thread"),
         s.windows(),
         pt,
         sb,

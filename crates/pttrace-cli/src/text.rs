@@ -41,11 +41,11 @@ pub fn in_flight_text(f: &drpttracer::format::spool::InFlight) -> String {
 /// One line on what a thread's spool gave its file after the process died.
 pub fn recovered_text(r: &drpttracer::format::spool::Recovered) -> String {
     let mut s = format!(
-        "the process died before writing everything: {} windows recovered from the spool",
-        r.windows
+        "the process died before writing everything: {} recovered from the spool",
+        count(r.windows, "window")
     );
     if r.dropped > 0 {
-        s.push_str(&format!(", {} dropped windows counted", r.dropped));
+        s.push_str(&format!(", {} counted", count(r.dropped, "dropped window")));
     }
     if r.in_flight.is_empty() {
         s.push_str("; no syscall was in flight");
@@ -72,7 +72,17 @@ pub fn read_text(path: &std::path::Path) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{printable, read_text};
+    use super::{count, printable, read_text};
+
+    #[test]
+    fn counts_say_one_in_the_singular() {
+        assert_eq!(count(0u64, "thread"), "0 threads");
+        assert_eq!(count(1u64, "thread"), "1 thread");
+        assert_eq!(count(2u32, "thread image"), "2 thread images");
+        assert_eq!(count(1u32, "process"), "1 process");
+        assert_eq!(count(5u64, "process"), "5 processes");
+        assert_eq!(count(3u64, "function span"), "3 function spans");
+    }
 
     #[test]
     fn control_characters_are_escaped() {
@@ -101,5 +111,18 @@ mod tests {
         assert!(read_text(&dir.path().join("none"))
             .unwrap_err()
             .contains("none: cannot read: "));
+    }
+}
+
+/// `n` and the noun, singular for one: `count(1, "thread")` is "1 thread", `count(2,
+/// "process")` "2 processes" (nouns ending in s, x or ch take -es).
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {noun}")
+    } else if noun.ends_with('s') || noun.ends_with('x') || noun.ends_with("ch") {
+        format!("{n} {noun}es")
+    } else {
+        format!("{n} {noun}s")
     }
 }

@@ -41,6 +41,7 @@ use drpttracer::metadata::TimeConv;
 use serde::Serialize;
 
 use crate::names::ImageNames;
+use crate::text::count;
 use crate::CmdResult;
 
 mod decoding;
@@ -625,8 +626,10 @@ pub fn run(args: Args) -> CmdResult {
         String::new()
     };
     println!(
-        "{} threads{images}, {insns} instructions, {spans} function spans, {gaps} gaps; time axis: {axis_text}",
-        threads.len()
+        "{}{images}, {insns} instructions, {}, {}; time axis: {axis_text}",
+        count(threads.len() as u64, "thread"),
+        count(spans, "function span"),
+        count(gaps as u64, "gap")
     );
     if lost_returns > 0 {
         println!(
@@ -682,9 +685,9 @@ pub fn run(args: Args) -> CmdResult {
             (a + n, t + d)
         });
     println!(
-        "names:       {addrs} distinct addresses named in {:.2} s ({} process images)",
+        "names:       {addrs} distinct addresses named in {:.2} s ({})",
         spent.as_secs_f64(),
-        namers.len()
+        count(namers.len() as u64, "process image")
     );
     damages.finish("view", args.policy)
 }
@@ -693,9 +696,11 @@ pub fn run(args: Args) -> CmdResult {
 /// `images` thread images).
 fn lost_returns_said(n: u64, images: usize) -> String {
     format!(
-        "{n} returns in {images} thread images went where no open call expected: code that \
-         makes its own return addresses, as a JIT, an interpreter or a deoptimizer do; the \
-         stacks there may be wrong"
+        "{} in {} went where no open call expected: code that makes its own return \
+         addresses, as a JIT, an interpreter or a deoptimizer do; the stacks there may be \
+         wrong",
+        count(n, "return"),
+        count(images as u64, "thread image")
     )
 }
 

@@ -339,7 +339,7 @@ fn decoder_check_compares_fast_and_libipt() {
     assert_eq!(
         out,
         format!(
-            "check: the fast decoder and libipt agree: 1 windows, {records} records \
+            "check: the fast decoder and libipt agree: 1 window, {records} records \
              (decoded by fast: 1)\n"
         )
     );

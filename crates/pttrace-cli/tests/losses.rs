@@ -123,7 +123,11 @@ fn overflows_written_by_the_qemu_backend_are_counted_by_every_command() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&view.stdout);
-    assert!(said.contains(&format!(", {packets} gaps;")), "{said}");
+    let gaps = match packets {
+        1 => "1 gap".to_string(),
+        n => format!("{n} gaps"),
+    };
+    assert!(said.contains(&format!(", {gaps};")), "{said}");
     let svg = std::fs::read_to_string(dir.path().join("view/flamegraph.svg")).unwrap();
     assert!(
         svg.contains(&format!("({packets} gaps or losses in the trace")),

@@ -257,7 +257,7 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
         .unwrap();
     let report = String::from_utf8_lossy(&o.stdout);
     assert!(
-        report.contains("total: 1 processes (2 images: execve), 1 threads, "),
+        report.contains("total: 1 process (2 images: execve), 1 thread, "),
         "{report}"
     );
     // view counts the same way.
@@ -268,7 +268,7 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
         .unwrap();
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(
-        said.starts_with("1 threads (2 thread images: execve), "),
+        said.starts_with("1 thread (2 thread images: execve), "),
         "{said}"
     );
 }

@@ -187,7 +187,7 @@ fn pttrace_run_prints_the_summary_and_the_decode_command() {
     assert!(n >= 2);
     assert!(
         text.contains(&format!(
-            "total: 1 processes, 1 threads, {n} windows, 0 PT bytes, 0 sideband bytes, \
+            "total: 1 process, 1 thread, {n} windows, 0 PT bytes, 0 sideband bytes, \
              losses: 0 lossy windows (0 with PT overflows), 0 dropped windows, 0 truncated/corrupt files"
         )),
         "{text}"

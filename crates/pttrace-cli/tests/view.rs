@@ -606,7 +606,7 @@ fn returns_no_call_expected_are_said() {
     let stdout = view_into(&trace, &dir.path().join("view"), &[]);
     assert!(
         stdout.contains(
-            "(3 returns in 1 thread images went where no open call expected: code that makes \
+            "(3 returns in 1 thread image went where no open call expected: code that makes \
              its own return addresses"
         ),
         "{stdout}"

@@ -280,8 +280,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             };
             writeln!(
                 printer.out,
-                "total: {} threads, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions{mem}, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
-                trace.threads.len()
+                "total: {}, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions{mem}, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
+                crate::text::count(trace.threads.len() as u64, "thread")
             )?;
             printer.decoded_by_line()?;
         }
