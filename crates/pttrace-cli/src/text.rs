@@ -70,6 +70,19 @@ pub fn read_text(path: &std::path::Path) -> Result<String, String> {
     })
 }
 
+/// `n` and the noun, singular for one: `count(1, "thread")` is "1 thread", `count(2,
+/// "process")` "2 processes" (nouns ending in s, x or ch take -es).
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {noun}")
+    } else if noun.ends_with('s') || noun.ends_with('x') || noun.ends_with("ch") {
+        format!("{n} {noun}es")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{count, printable, read_text};
@@ -111,18 +124,5 @@ mod tests {
         assert!(read_text(&dir.path().join("none"))
             .unwrap_err()
             .contains("none: cannot read: "));
-    }
-}
-
-/// `n` and the noun, singular for one: `count(1, "thread")` is "1 thread", `count(2,
-/// "process")` "2 processes" (nouns ending in s, x or ch take -es).
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
-    let n = n.into();
-    if n == 1 {
-        format!("1 {noun}")
-    } else if noun.ends_with('s') || noun.ends_with('x') || noun.ends_with("ch") {
-        format!("{n} {noun}es")
-    } else {
-        format!("{n} {noun}s")
     }
 }
