@@ -11,6 +11,7 @@ mod pftrace_reader;
 mod shim_util;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -611,6 +612,90 @@ fn returns_no_call_expected_are_said() {
         ),
         "{stdout}"
     );
+}
+
+/// A thread the program created is traced from its first instruction (the child's side
+/// of `clone`): the frame it starts in has no caller. Returns to addresses no call pushed,
+/// more of them than the thread has frames, never close it: every instruction of the
+/// thread stays under it, as every one of the main thread stays under `_start`.
+#[test]
+fn a_created_thread_keeps_its_first_frame_whatever_it_returns_to() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile("own_return", dir.path());
+    let trace = dir.path().join("out");
+    ok(
+        &run_under_qemu(&trace, &[], &[prog.as_os_str(), OsStr::new("thread")]),
+        "pttrace run",
+    );
+    let view = dir.path().join("view");
+    let stdout = view_into(&trace, &view, &["--full"]);
+    // Counted while frames whose return addresses were seen are left: the first three
+    // made-up returns (out of detours, worker, start_thread); the rest leave implied
+    // frames.
+    assert!(
+        stdout.contains("(3 returns in 1 thread image went where no open call expected"),
+        "{stdout}"
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(view.join("timeline.json")).unwrap())
+            .unwrap();
+    let mut by_tid: BTreeMap<i64, Vec<(u64, u64, String)>> = BTreeMap::new();
+    for e in json["traceEvents"].as_array().unwrap() {
+        let cat = e["cat"].as_str().unwrap_or("");
+        if e["ph"] == "X" && cat.starts_with("call") {
+            let ts = e["ts"].as_u64().unwrap();
+            by_tid.entry(e["tid"].as_i64().unwrap()).or_default().push((
+                ts,
+                ts + e["dur"].as_u64().unwrap(),
+                e["name"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    assert_eq!(by_tid.len(), 2, "{:?}", by_tid.keys());
+    let t = drpttracer::decode::ptt_dir::open(&trace).unwrap();
+    let pid = i64::from(t.processes[0].pid);
+    for (tid, spans) in &by_tid {
+        // The spans no other span holds, one after the other.
+        let mut spans = spans.clone();
+        spans.sort_by_key(|(s, e, _)| (*s, std::cmp::Reverse(*e)));
+        let mut roots: Vec<(u64, u64, String)> = Vec::new();
+        for sp in &spans {
+            if roots.last().is_none_or(|r| sp.0 >= r.1) {
+                roots.push(sp.clone());
+            }
+        }
+        let names: Vec<&str> = roots.iter().map(|r| r.2.as_str()).collect();
+        if *tid == pid {
+            // ld.so's entry point, then the program's (ld.so jumps there).
+            assert_eq!(names, ["_start", "_start"], "{roots:?}");
+        } else {
+            // One frame from the thread's first instruction to its last.
+            assert_eq!(roots.len(), 1, "thread {tid}: {roots:?}");
+            assert!(
+                names[0].contains("clone"),
+                "thread {tid} starts in {names:?}"
+            );
+            assert_eq!(roots[0].0, 0);
+            assert!(
+                spans.iter().any(|(_, _, n)| n == "detours"),
+                "thread {tid}: {spans:?}"
+            );
+        }
+    }
+    // Every stack of both threads is under their first frames.
+    let folded = std::fs::read_to_string(view.join("stacks.folded")).unwrap();
+    for line in folded.lines() {
+        let stack = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+        let first = stack.split(';').nth(1).unwrap_or("");
+        assert!(
+            first == "_start" || first.contains("clone"),
+            "{line}\n{folded}"
+        );
+    }
 }
 
 #[test]

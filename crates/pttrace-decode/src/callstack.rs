@@ -539,8 +539,11 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     /// Implied callers inserted below everything in this segment.
     seg_bottoms: u32,
     /// The segment starts where the thread image does, at a function's first instruction
-    /// (its entry point, which nothing called): its first frame is never returned past.
+    /// (its entry point, which nothing called) or where the thread was created
+    /// ([`Self::set_thread_start`]): its first frame is never returned past.
     seg_rooted: bool,
+    /// The thread image's first instruction is its thread's first ([`Self::set_thread_start`]).
+    thread_start: bool,
     /// The trie node instructions are counted to (the top frame's, or the segment root's).
     cur: u32,
     nodes: Vec<Node>,
@@ -605,6 +608,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             seg_root: 0,
             seg_bottoms: 0,
             seg_rooted: false,
+            thread_start: false,
             cur: 0,
             nodes: Vec::new(),
             child: FxHashMap::default(),
@@ -666,6 +670,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// `what`, when given, becomes a marker.
     pub fn restart(&mut self, what: Option<String>) {
         self.end_segment(SpanEnd::Gap);
+        self.thread_start = false;
         if let Some(what) = what {
             self.markers.push(Marker {
                 at: self.insns,
@@ -696,6 +701,16 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             instructions: self.insns,
             lost_returns: self.lost_returns,
         }
+    }
+
+    /// Whether the next instruction, when it is the thread image's first, is the first
+    /// its thread ran (a thread traced from its creation, as the software backends trace
+    /// every thread a process creates: the instruction after `clone` in the child). The
+    /// frame it runs in then has no caller: a return no frame expects never closes it
+    /// (see [`Finished::lost_returns`]). Said where each window starts (a window whose
+    /// trace went missing, or after which the first instructions come, says false).
+    pub fn set_thread_start(&mut self, here: bool) {
+        self.thread_start = here && self.insns == 0;
     }
 
     /// Counts only the instructions numbered in `range` (from 0, as [`Self::instructions`])
@@ -1045,7 +1060,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             let func = self.function_start(pc);
             // (The thread image's first instruction, a function's entry: the program's or
             // the dynamic loader's entry point.)
-            if self.insns == 0 && func == Some(pc) {
+            if self.insns == 0 && (func == Some(pc) || self.thread_start) {
                 self.seg_rooted = true;
             }
             self.push(func.unwrap_or(pc), func, None, SpanStart::Implied, false);
@@ -1535,8 +1550,15 @@ mod tests {
     }
 
     fn run(records: &[Record]) -> ThreadStacks {
+        run_from(records, false)
+    }
+
+    /// [`run`], the first record said to be its thread's first instruction or not
+    /// ([`CallStacks::set_thread_start`]).
+    fn run_from(records: &[Record], thread_start: bool) -> ThreadStacks {
         let t = table();
         let mut cs = CallStacks::new(&t);
+        cs.set_thread_start(thread_start);
         for r in records {
             cs.record(r);
         }
@@ -1925,6 +1947,43 @@ mod tests {
             ]
         );
         assert_eq!(t.lost_returns, 1);
+        // Entered in the middle of main where its thread began (a thread created by
+        // `clone`, traced from the child's first instruction): rooted as at an entry point.
+        let t = run_from(&body(MAIN + 8), true);
+        assert_eq!(
+            t.spans,
+            vec![
+                span(MAIN, 0, 0, 13, S::Implied, E::TraceEnd),
+                span(A, 1, 2, 4, S::Call, E::TailCall),
+                span(B, 1, 4, 6, S::TailCall, E::Return),
+                span(C, 1, 6, 8, S::Implied, E::Return),
+                span(LIB, 1, 8, 10, S::Implied, E::Return),
+                span(A, 1, 12, 13, S::Implied, E::TraceEnd),
+            ]
+        );
+        assert_eq!(t.lost_returns, 1);
+        // Said after the first instruction, or undone by a restart before it: not rooted.
+        let t = table();
+        let mut cs = CallStacks::new(&t);
+        cs.record(&body(MAIN + 8)[0]);
+        cs.set_thread_start(true);
+        for r in &body(MAIN + 8)[1..] {
+            cs.record(r);
+        }
+        assert_eq!(
+            cs.finish().spans[0],
+            span(A, 0, 0, 13, S::Implied, E::TraceEnd)
+        );
+        let mut cs = CallStacks::new(&t);
+        cs.set_thread_start(true);
+        cs.restart(None);
+        for r in &body(MAIN + 8) {
+            cs.record(r);
+        }
+        assert_eq!(
+            cs.finish().spans[0],
+            span(A, 0, 0, 13, S::Implied, E::TraceEnd)
+        );
     }
 
     /// Code that keeps returning to callers it was never called from (what a JVM's

@@ -95,6 +95,13 @@ pub(super) fn decode_one<S: SpanSink>(
     bar: Option<&indicatif::ProgressBar>,
 ) -> Result<Decoded<S>, DecodeError> {
     let syscall_windows = ptt::window_name(th.header.window) == "syscall";
+    // A thread the process created (not its first), traced by a software backend, which
+    // traces every new thread from its first instruction (the child's side of `clone`):
+    // its window 0, when the file has it, starts where the thread did.
+    let h = &th.header;
+    let created_traced = h.tid != h.pid
+        && !syscall_windows
+        && matches!(ptt::backend_name(h.backend), "qemu" | "emulated");
     match range {
         Some(ViewRange::Insns(a, b)) => cs.count_only(a..b),
         Some(ViewRange::Windows(..)) => cs.count_only(u64::MAX..u64::MAX),
@@ -168,6 +175,9 @@ pub(super) fn decode_one<S: SpanSink>(
                                 cs.count_only(from..cs.instructions());
                             }
                         }
+                        cs.set_thread_start(
+                            created_traced && w.index == 0 && w.flags & LOSS_FLAGS == 0,
+                        );
                         if w.flags & LOSS_FLAGS != 0 {
                             cs.restart(Some(format!(
                                 "window {}: {}",
