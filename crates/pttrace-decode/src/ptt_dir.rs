@@ -200,9 +200,31 @@ fn parse_process(path: &Path) -> Result<PttProcess, DecodeError> {
 }
 
 fn thread_header(path: &Path) -> Result<ThreadHeader, DecodeError> {
+    if let Some(h) = first_frame_header(path) {
+        return Ok(h);
+    }
+    // (No whole header frame at the start: a file the spool completes or replaces, or
+    // damage, which reading it whole reports.)
     crate::ptt_input::read_thread(path)?
         .header
         .ok_or_else(|| err(path, 16, "no ThreadHeader record at the start"))
+}
+
+/// The `ThreadHeader` of thread file `path` when it is the file's first frame, whole and
+/// checked, read from the file's first bytes alone (a thread file can be hundreds of MB).
+fn first_frame_header(path: &Path) -> Option<ThreadHeader> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4096);
+    std::fs::File::open(path)
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut head)
+        .ok()?;
+    let f = ptt::parse(&path.display().to_string(), &head).ok()?;
+    let fr = f.frames.first().filter(|_| f.kind == FileKind::Thread)?;
+    (RecordType::from_raw(fr.ty) == Some(RecordType::ThreadHeader))
+        .then(|| ptt::decode_thread_header(fr.payload))
+        .flatten()
 }
 
 /// Calls `f` with each code record (the bytes of code a software backend executed, see
