@@ -77,9 +77,57 @@ fn unnamed_files(files: &[String], search: &pttrace_symbols::DebugSearch) -> Vec
     out
 }
 
+/// How much `print_summary` says.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// Every process image and thread (`report`).
+    Full,
+    /// At the end of `pttrace run`: every image and thread where something was lost,
+    /// damaged or noted, the first image to start, the one with the most trace and each
+    /// image's main thread; the rest, when there are many, counted in one line each
+    /// (`report` lists them).
+    Brief,
+}
+
+/// Images and threads of an image `Detail::Brief` lists one by one at most.
+const BRIEF_IMAGES: usize = 6;
+const BRIEF_THREADS: usize = 8;
+
+/// A thread file with nothing lost, damaged, recovered or snapshotted: its line says
+/// nothing a count does not.
+fn thread_is_plain(t: &drpttracer::format::summary::ThreadSummary) -> bool {
+    t.lossy_windows == 0
+        && t.dropped == 0
+        && t.tail == Tail::Clean
+        && t.recovered.is_none()
+        && !t.spool_pending
+        && t.snapshots.is_empty()
+        && t.end.is_some()
+        && t.first_index_gap.is_none()
+        && t.spool_gap.is_none()
+        && t.spool_corrupt.is_none()
+}
+
+/// A process image whose lines say nothing a count does not: it ended, with PT, no note,
+/// no damage, every thread plain.
+fn image_is_plain(s: &DirSummary, key: &(i32, String)) -> bool {
+    let Some(p) = s.processes.get(key) else {
+        return false;
+    };
+    p.end.is_some()
+        && p.notes.is_empty()
+        && p.tail == Tail::Clean
+        && p.process.as_ref().is_some_and(|r| r.pt_present)
+        && config_value(&p.config, "PTTRACER_SNAPSHOT").is_none()
+        && s.threads
+            .get(key)
+            .is_some_and(|ts| ts.iter().all(thread_is_plain))
+}
+
 pub fn print_summary(
     dir: &Path,
     per_syscall: bool,
+    detail: Detail,
     w: &mut dyn std::io::Write,
 ) -> Result<DirSummary, String> {
     let search = pttrace_symbols::DebugSearch::new();
@@ -100,9 +148,41 @@ pub fn print_summary(
         printable(&dir.display().to_string())
     );
     let keys = s.images();
+    let brief = detail == Detail::Brief && !per_syscall;
     let mut backends = BTreeMap::<String, usize>::new();
+    // Images left out (Detail::Brief), and the lines on their files without symbols.
+    let (mut left_out, mut left_out_pids) = (0usize, std::collections::BTreeSet::new());
+    let mut unnamed_said = std::collections::BTreeSet::<String>::new();
+    let mut unnamed_left = Vec::<String>::new();
+    // (Brief: the image with the most trace is listed too: where the program's work is,
+    // behind a launcher or shell that comes first.)
+    let biggest = keys.iter().max_by_key(|k| {
+        s.threads
+            .get(*k)
+            .map_or(0, |ts| ts.iter().map(|t| t.pt_bytes).sum::<u64>())
+    });
+    // (And the first to start: the program run, whatever the pids' order.)
+    let first = keys.iter().min_by_key(|k| s.image_start(k));
     for key in &keys {
         let (pid, nonce) = key;
+        if brief
+            && keys.len() > BRIEF_IMAGES
+            && Some(key) != first
+            && Some(key) != biggest
+            && image_is_plain(&s, key)
+        {
+            left_out += 1;
+            left_out_pids.insert(*pid);
+            if let Some(p) = s.processes.get(key) {
+                if let Some(r) = &p.process {
+                    *backends
+                        .entry(ptt::backend_name(r.backend).to_string())
+                        .or_default() += 1;
+                }
+                unnamed_left.extend(unnamed_files(&p.mapped_files, &search));
+            }
+            continue;
+        }
         match s.processes.get(key) {
             Some(p) => {
                 let ppid = p.process.as_ref().map_or(0, |r| r.ppid);
@@ -132,6 +212,7 @@ pub fn print_summary(
                     }
                     for line in unnamed_files(&p.mapped_files, &search) {
                         say!(w, "  no symbols: {}", printable(&line));
+                        unnamed_said.insert(line);
                     }
                 }
                 match p.end {
@@ -172,7 +253,18 @@ pub fn print_summary(
             }
             None => say!(w, "process {pid} (image {nonce}): no info file"),
         }
-        for t in s.threads.get(key).into_iter().flatten() {
+        let threads = s.threads.get(key).map_or(&[][..], Vec::as_slice);
+        let fold = brief && threads.len() > BRIEF_THREADS;
+        let (mut folded, mut folded_windows, mut folded_pt) = (0usize, 0u64, 0u64);
+        for t in threads {
+            // (The main thread stays listed: its tid is the pid.)
+            let main = t.header.as_ref().is_some_and(|h| h.tid == h.pid);
+            if fold && !main && thread_is_plain(t) {
+                folded += 1;
+                folded_windows += t.windows;
+                folded_pt += t.pt_bytes;
+                continue;
+            }
             let tid = t.header.as_ref().map_or(0, |h| h.tid);
             say!(
                 w,
@@ -215,6 +307,29 @@ pub fn print_summary(
                 }
             }
         }
+        if folded > 0 {
+            say!(
+                w,
+                "  … and {}: {folded_windows} windows, {folded_pt} PT bytes, nothing lost, \
+                 each ended (`pttrace report` lists each)",
+                crate::text::count(folded as u64, "more thread")
+            );
+        }
+    }
+    if left_out > 0 {
+        say!(
+            w,
+            "… and {} of {}: nothing lost, each ended (`pttrace report {}` lists each)",
+            crate::text::count(left_out as u64, "more process image"),
+            crate::text::count(left_out_pids.len() as u64, "process"),
+            printable(&dir.display().to_string())
+        );
+        let mut seen = unnamed_said;
+        for line in unnamed_left {
+            if seen.insert(line.clone()) {
+                say!(w, "  no symbols: {}", printable(&line));
+            }
+        }
     }
     for (name, e) in &s.unreadable {
         say!(w, "unreadable: {name}: {e}");
@@ -255,7 +370,12 @@ pub fn print_summary(
 }
 
 pub fn run(args: Args) -> CmdResult {
-    let s = print_summary(&args.dir, args.per_syscall, &mut std::io::stdout().lock())?;
+    let s = print_summary(
+        &args.dir,
+        args.per_syscall,
+        Detail::Full,
+        &mut std::io::stdout().lock(),
+    )?;
     let mut d = s.damages();
     d.set_losses(s.losses());
     d.finish("report", args.policy)

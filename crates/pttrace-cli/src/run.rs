@@ -328,7 +328,12 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         .into());
     }
     keep_jit_maps(&out, &mut msg);
-    let summary = super::report::print_summary(&out, args.per_syscall, &mut msg)?;
+    let summary = super::report::print_summary(
+        &out,
+        args.per_syscall,
+        super::report::Detail::Brief,
+        &mut msg,
+    )?;
     print_decode_hint(&out, &summary, &mut msg);
     mirror_status(&prog, status)
 }
@@ -399,7 +404,12 @@ pub fn run(args: Args) -> CmdResult {
     }
     salvage_spools(&out, &mut msg);
     keep_jit_maps(&out, &mut msg);
-    let summary = super::report::print_summary(&out, args.per_syscall, &mut msg)?;
+    let summary = super::report::print_summary(
+        &out,
+        args.per_syscall,
+        super::report::Detail::Brief,
+        &mut msg,
+    )?;
     print_decode_hint(&out, &summary, &mut msg);
     mirror_status(prog, status)
 }

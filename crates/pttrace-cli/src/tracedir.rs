@@ -36,20 +36,7 @@ impl DirSummary {
     /// Every process image (info file or thread files), by pid, then in the order the
     /// images of a pid started (an `execve` chain in its order, not by image id).
     pub fn images(&self) -> Vec<(i32, String)> {
-        let start = |key: &(i32, String)| {
-            let from_threads = self
-                .threads
-                .get(key)
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t.header.as_ref().map(|h| h.start_tsc))
-                .min();
-            self.processes
-                .get(key)
-                .and_then(|p| p.process.as_ref().map(|r| r.start_tsc))
-                .or(from_threads)
-                .unwrap_or(u64::MAX)
-        };
+        let start = |key: &(i32, String)| self.image_start(key);
         let mut keys: Vec<_> = self
             .processes
             .keys()
@@ -60,6 +47,22 @@ impl DirSummary {
         keys.dedup();
         keys.sort_by_cached_key(|k| (k.0, start(k), k.1.clone()));
         keys
+    }
+
+    /// When image `key` started (its TSC; `u64::MAX` when nothing says).
+    pub fn image_start(&self, key: &(i32, String)) -> u64 {
+        let from_threads = self
+            .threads
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.header.as_ref().map(|h| h.start_tsc))
+            .min();
+        self.processes
+            .get(key)
+            .and_then(|p| p.process.as_ref().map(|r| r.start_tsc))
+            .or(from_threads)
+            .unwrap_or(u64::MAX)
     }
 
     /// PT bytes over all windows.

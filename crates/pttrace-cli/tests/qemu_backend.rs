@@ -460,6 +460,30 @@ fn eight_threads_have_their_own_files_and_exact_loops() {
         9
     );
     assert_equals_oracle(&threads);
+    // run's summary lists the first thread and counts the eight others (nothing lost in
+    // them), with their windows and PT bytes; report lists every one.
+    let said = String::from_utf8_lossy(&o.stderr);
+    let lines = |text: &str| text.lines().filter(|l| l.starts_with("  thread ")).count();
+    assert_eq!(lines(&said), 1, "{said}");
+    let t = ptt_dir::open(&out).unwrap();
+    let (mut windows, mut pt) = (0u64, 0u64);
+    for th in t.threads.iter().filter(|th| th.header.tid != th.header.pid) {
+        let s = drpttracer::format::summary::summarize_thread(&th.path).unwrap();
+        (windows, pt) = (windows + s.windows, pt + s.pt_bytes);
+    }
+    assert!(
+        said.contains(&format!(
+            "  … and 8 more threads: {windows} windows, {pt} PT bytes, nothing lost, each \
+             ended (`pttrace report` lists each)"
+        )),
+        "{said}"
+    );
+    let o = Command::new(pttrace())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(lines(&String::from_utf8_lossy(&o.stdout)), 9);
 }
 
 /// `strace -f -c` counts per syscall name.

@@ -272,3 +272,83 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
         "{said}"
     );
 }
+
+/// At its end `run` lists the first process image and the one with the most trace (where
+/// the program's work is) and counts the others in one line when there are many and
+/// nothing was lost in them; `report` lists every one.
+#[test]
+fn run_lists_the_first_and_busiest_images_and_counts_the_rest() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    shim_util::plugin();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace");
+    let script = "/bin/true; /bin/true; /bin/true; ls -l /usr/bin >/dev/null; /bin/true; /bin/true";
+    let o = run(&["--out", out.to_str().unwrap()], &["sh", "-c", script]);
+    assert!(o.status.success(), "{}", text(&o));
+    let said = String::from_utf8_lossy(&o.stderr);
+    let listed: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("process "))
+        .filter_map(|l| l.split_once("): ").map(|(_, c)| c))
+        .collect();
+    // Every image, from the trace itself: (pid, image id) in report's order, PT bytes.
+    let t = ptt_dir::open(&out).unwrap();
+    let mut pt = std::collections::HashMap::<(i32, u64), u64>::new();
+    for th in &t.threads {
+        let s = drpttracer::format::summary::summarize_thread(&th.path).unwrap();
+        *pt.entry((th.header.pid, th.header.nonce)).or_default() += s.pt_bytes;
+    }
+    let images: Vec<_> = t
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.nonce, p.cmdline.clone()))
+        .collect();
+    assert!(images.len() > 6, "{} images", images.len());
+    let biggest = images
+        .iter()
+        .max_by_key(|(pid, nonce, _)| pt[&(*pid, *nonce)])
+        .unwrap();
+    assert_eq!(biggest.2, "ls -l /usr/bin");
+    let mut listed = listed;
+    listed.sort();
+    assert_eq!(
+        listed,
+        ["ls -l /usr/bin", format!("sh -c {script}").as_str()],
+        "{said}"
+    );
+    // The first image to start (not the smallest pid: pids wrap around).
+    let first = t
+        .threads
+        .iter()
+        .min_by_key(|th| th.header.start_tsc)
+        .map(|th| (th.header.pid, th.header.nonce))
+        .unwrap();
+    let hidden: Vec<_> = images
+        .iter()
+        .filter(|(pid, nonce, _)| ![first, (biggest.0, biggest.1)].contains(&(*pid, *nonce)))
+        .collect();
+    let pids: std::collections::BTreeSet<i32> = hidden.iter().map(|(pid, _, _)| *pid).collect();
+    assert!(
+        said.contains(&format!(
+            "… and {} more process images of {} processes: nothing lost, each ended \
+             (`pttrace report {}` lists each)",
+            hidden.len(),
+            pids.len(),
+            out.display()
+        )),
+        "{said}"
+    );
+    // report lists them all.
+    let o = Command::new(pttrace())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&o.stdout);
+    let all = report.lines().filter(|l| l.starts_with("process ")).count();
+    assert_eq!(all, images.len(), "{report}");
+    assert!(!report.contains("more process images"), "{report}");
+}
