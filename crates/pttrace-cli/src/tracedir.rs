@@ -33,8 +33,10 @@ pub struct DirSummary {
 }
 
 impl DirSummary {
-    /// Every process image (info file or thread files), by pid, then in the order the
-    /// images of a pid started (an `execve` chain in its order, not by image id).
+    /// Every process image (info file or thread files): processes in the order they
+    /// started (the program run first, whatever the pids, which wrap around), the images
+    /// of a process in the order they started (an `execve` chain in its order; the image
+    /// ids are random).
     pub fn images(&self) -> Vec<(i32, String)> {
         let start = |key: &(i32, String)| self.image_start(key);
         let mut keys: Vec<_> = self
@@ -45,7 +47,12 @@ impl DirSummary {
             .collect();
         keys.sort();
         keys.dedup();
-        keys.sort_by_cached_key(|k| (k.0, start(k), k.1.clone()));
+        let mut pid_start = BTreeMap::<i32, u64>::new();
+        for k in &keys {
+            let s = pid_start.entry(k.0).or_insert(u64::MAX);
+            *s = (*s).min(start(k));
+        }
+        keys.sort_by_cached_key(|k| (pid_start[&k.0], k.0, start(k), k.1.clone()));
         keys
     }
 
@@ -425,6 +432,15 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
                 Err(e) => s.unreadable.push((name, e.to_string())),
             }
         }
+    }
+    // The threads of an image in the order they started (its main thread first), as
+    // `decode` and `view` list them.
+    for ts in s.threads.values_mut() {
+        ts.sort_by_key(|t| {
+            t.header
+                .as_ref()
+                .map_or((u64::MAX, 0), |h| (h.start_tsc, h.tid))
+        });
     }
     if let Ok(rd) = std::fs::read_dir(dir.join("kernel.raw")) {
         for e in rd.flatten() {

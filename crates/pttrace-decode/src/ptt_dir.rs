@@ -318,22 +318,33 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
             "no per-thread .ptt files (is this a `pttrace run --out` directory?)",
         ));
     }
-    // By pid, then the images of a pid in the order they started (an `execve` chain in
-    // its order; the image ids are not ordered), then by thread id.
+    // Processes in the order they started (the program run first, whatever the pids,
+    // which wrap around), the images of a process in the order they started (an
+    // `execve` chain in its order; the image ids are random), the threads of an image in
+    // the order they started (its main thread first).
     let mut image_start = std::collections::HashMap::<(i32, u64), u64>::new();
+    let mut pid_start = std::collections::HashMap::<i32, u64>::new();
     for th in &t.threads {
-        let s = image_start
-            .entry((th.header.pid, th.header.nonce))
-            .or_insert(u64::MAX);
-        *s = (*s).min(th.header.start_tsc);
+        let h = &th.header;
+        let s = image_start.entry((h.pid, h.nonce)).or_insert(u64::MAX);
+        *s = (*s).min(h.start_tsc);
+        let s = pid_start.entry(h.pid).or_insert(u64::MAX);
+        *s = (*s).min(h.start_tsc);
     }
-    let start = |pid: i32, nonce: u64| image_start.get(&(pid, nonce)).copied();
+    let order = |pid: i32, nonce: u64| {
+        let started = |m: &std::collections::HashMap<_, u64>, k| m.get(&k).copied();
+        (
+            started(&pid_start, pid).unwrap_or(u64::MAX),
+            pid,
+            image_start.get(&(pid, nonce)).copied().unwrap_or(u64::MAX),
+            nonce,
+        )
+    };
     t.threads.sort_by_key(|th| {
         let h = &th.header;
-        (h.pid, start(h.pid, h.nonce), h.nonce, h.tid)
+        (order(h.pid, h.nonce), h.start_tsc, h.tid)
     });
-    t.processes
-        .sort_by_key(|p| (p.pid, start(p.pid, p.nonce).unwrap_or(u64::MAX), p.nonce));
+    t.processes.sort_by_key(|p| order(p.pid, p.nonce));
     Ok(t)
 }
 
