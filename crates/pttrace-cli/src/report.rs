@@ -59,7 +59,6 @@ fn config_value<'a>(config: &'a str, name: &str) -> Option<&'a str> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
 }
 
-/// Prints the summary; returns it for callers that add to it.
 /// The mapped ELF files whose code would stay unnamed (stripped, no debug file found), each
 /// with where the search looked and what would fix it (the debug-file search only).
 fn unnamed_files(files: &[String], search: &pttrace_symbols::DebugSearch) -> Vec<String> {
@@ -124,6 +123,8 @@ fn image_is_plain(s: &DirSummary, key: &(i32, String)) -> bool {
             .is_some_and(|ts| ts.iter().all(thread_is_plain))
 }
 
+/// Prints the summary of trace directory `dir` (as much as `detail` says); returns it for
+/// callers that add to it.
 pub fn print_summary(
     dir: &Path,
     per_syscall: bool,

@@ -332,9 +332,8 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
         *s = (*s).min(h.start_tsc);
     }
     let order = |pid: i32, nonce: u64| {
-        let started = |m: &std::collections::HashMap<_, u64>, k| m.get(&k).copied();
         (
-            started(&pid_start, pid).unwrap_or(u64::MAX),
+            pid_start.get(&pid).copied().unwrap_or(u64::MAX),
             pid,
             image_start.get(&(pid, nonce)).copied().unwrap_or(u64::MAX),
             nonce,
