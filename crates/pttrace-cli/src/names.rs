@@ -100,6 +100,9 @@ pub struct ImageNames {
     /// What naming cost so far: distinct addresses resolved, and the time spent setting up
     /// and resolving them (not counting lookups of addresses already resolved).
     cost: std::cell::Cell<(u64, std::time::Duration)>,
+    /// Distinct addresses of code outside any mapped file (JIT code) named by their
+    /// address alone so far.
+    anonymous: std::cell::Cell<u64>,
 }
 
 /// Code copied from a mapped file into anonymous memory (V8's builtins): `len` bytes at
@@ -200,6 +203,7 @@ impl ImageNames {
             code_files: Vec::new(),
             v8_copies: RefCell::new(None),
             cost: std::cell::Cell::new((0, began.elapsed())),
+            anonymous: std::cell::Cell::new(0),
         }
     }
 
@@ -431,7 +435,18 @@ impl ImageNames {
                 ..n
             };
         }
+        self.anonymous.set(self.anonymous.get() + 1);
         plain(format!("{addr:#x}"), None)
+    }
+
+    /// Distinct addresses of code outside any mapped file named by their address alone so
+    /// far, when the image had neither perf map nor jitdump to name it (JIT code whose
+    /// runtime wrote neither: [`jit_names_hint`] says how to get them).
+    pub fn jit_without_names(&self) -> u64 {
+        if self.jit.is_some() || self.jitdump.is_some() {
+            return 0;
+        }
+        self.anonymous.get()
     }
 
     /// The function's name at `addr`.
@@ -466,6 +481,25 @@ impl ImageNames {
             out.push(unnamed_line(module.debug(), module.name(), file));
         }
         out
+    }
+}
+
+/// How the runtime of program `prog` (its command name) names its JIT code for
+/// profilers: the flag that makes it write a perf map (`/tmp/perf-PID.map`, which `pttrace
+/// run` keeps with the trace).
+pub fn jit_names_hint(prog: &str) -> String {
+    let base = prog.rsplit('/').next().unwrap_or(prog);
+    if base == "java" || base.starts_with("java") {
+        format!(
+            "run it as `{base} -XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit …` \
+             (a perf map at its exit)"
+        )
+    } else if base == "node" || base == "nodejs" || base == "deno" {
+        format!("run it as `{base} --perf-basic-prof …` (a perf map as it compiles)")
+    } else if base.starts_with("python") {
+        format!("run it as `{base} -X perf …` (Python 3.12 and later: a perf map)")
+    } else {
+        "have it write a perf map (/tmp/perf-PID.map: address, size and name per line)".to_string()
     }
 }
 
@@ -598,5 +632,31 @@ impl Functions for ImageNames {
                 (start..end, false)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jit_names_hint;
+
+    #[test]
+    fn each_runtime_is_told_its_own_perf_map_flag() {
+        assert_eq!(
+            jit_names_hint("/usr/lib/jvm/java-17-openjdk-amd64/bin/java"),
+            "run it as `java -XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit …` (a \
+             perf map at its exit)"
+        );
+        assert_eq!(
+            jit_names_hint("node"),
+            "run it as `node --perf-basic-prof …` (a perf map as it compiles)"
+        );
+        assert_eq!(
+            jit_names_hint("/usr/bin/python3.12"),
+            "run it as `python3.12 -X perf …` (Python 3.12 and later: a perf map)"
+        );
+        assert_eq!(
+            jit_names_hint("./minijit"),
+            "have it write a perf map (/tmp/perf-PID.map: address, size and name per line)"
+        );
     }
 }

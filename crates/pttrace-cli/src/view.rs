@@ -168,6 +168,30 @@ pub fn note_unnamed_modules<'a>(cmd: &str, images: impl Iterator<Item = &'a Imag
     }
 }
 
+/// Code that JIT compilers made, below this many distinct addresses without names, is
+/// not worth a line (a trampoline or two).
+const JIT_NAMES_WORTH_A_LINE: u64 = 64;
+
+/// One line per program whose JIT code got no names (no perf map, no jitdump), saying
+/// how its runtime would name it: (program, distinct addresses named by address alone).
+pub fn note_unnamed_jit<'a>(cmd: &str, images: impl Iterator<Item = (&'a str, u64)>) {
+    let mut per_prog = std::collections::BTreeMap::<&str, u64>::new();
+    for (prog, n) in images {
+        *per_prog.entry(prog).or_default() += n;
+    }
+    for (prog, n) in per_prog {
+        if n >= JIT_NAMES_WORTH_A_LINE {
+            let base = prog.rsplit('/').next().unwrap_or(prog);
+            eprintln!(
+                "pttrace {cmd}: JIT code named by address: {n} addresses of {} outside any \
+                 file, without a perf map or jitdump to name them; {}",
+                crate::text::printable(base),
+                crate::text::printable(&crate::names::jit_names_hint(prog))
+            );
+        }
+    }
+}
+
 /// A `ts`/`dur` value: integers on the instruction axis, microseconds with a fraction on
 /// the time axis.
 #[derive(Serialize, Clone, Copy)]
@@ -523,6 +547,18 @@ pub fn run(args: Args) -> CmdResult {
         b.finish_and_clear();
     }
     note_unnamed_modules("view", namers.values().map(|n| &n.image));
+    note_unnamed_jit(
+        "view",
+        namers.iter().map(|((pid, nonce), n)| {
+            let prog = trace
+                .processes
+                .iter()
+                .find(|p| p.pid == *pid && p.nonce == *nonce)
+                .and_then(|p| p.cmdline.split(' ').next())
+                .unwrap_or("");
+            (prog, n.image.jit_without_names())
+        }),
+    );
     let name_of = |n: u32| names.get(n);
 
     let Some(out_dir) = out_dir else {

@@ -293,6 +293,72 @@ fn jit_code_is_named_from_the_perf_map_kept_with_the_trace() {
     );
     let _ = std::fs::remove_file(Path::new("/tmp").join(&name));
     jit_stack_is(&out, "jitted double (2x+1)");
+    // Named: view has nothing to say of JIT code.
+    let o = Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("JIT code"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// JIT code without a perf map or jitdump is named by its addresses, and `view` says so
+/// once per program with how to get names (a program it does not know: a perf map).
+#[test]
+fn jit_code_without_names_is_said_with_how_to_name_it() {
+    if shim_util::qemu_available() {
+        shim_util::plugin();
+    } else {
+        println!("SKIP: qemu-x86_64 is not installed (JIT code is traced under QEMU)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = shim_util::compile("minijit", tmp.path());
+    let out = tmp.path().join("trace");
+    let o = Command::new(pttrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg("unnamed")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // 100 copies of 2x+1, each called for x = 0..9 (a sum of 100)
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "10000\n");
+    let o = Command::new(pttrace())
+        .args(["view", "--format", "folded"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("JIT code")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let n: u64 = lines[0]
+        .strip_prefix("pttrace view: JIT code named by address: ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", lines[0]));
+    // Each copy's two instructions, at least its first.
+    assert!((100..=200).contains(&n), "{}", lines[0]);
+    assert!(
+        lines[0].ends_with(
+            "addresses of minijit outside any file, without a perf map or jitdump to name \
+             them; have it write a perf map (/tmp/perf-PID.map: address, size and name per line)"
+        ),
+        "{}",
+        lines[0]
+    );
+    // The copies are named by their addresses in the stacks.
+    let folded = String::from_utf8_lossy(&o.stdout).into_owned();
+    let jit = folded.lines().filter(|l| l.contains(";main;0x")).count();
+    assert_eq!(jit, 100, "{folded}");
 }
 
 /// The mini JIT's code is one stack in `view`'s folded stacks, named `name` under main:

@@ -1,7 +1,9 @@
 /* A tiny JIT: writes `lea eax,[rdi+rdi+1]; ret` into an executable page, names it in
  * /tmp/perf-PID.map as perf's JIT interface asks, and calls it 1000 times.
  * `minijit jitdump`: names it in ./jit-PID.dump (perf's jitdump format: file header and
- * one JIT_CODE_LOAD record) instead. */
+ * one JIT_CODE_LOAD record) instead.
+ * `minijit unnamed`: names nothing, and writes 100 copies of the code 32 bytes apart,
+ * calling each 10 times. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,6 +48,16 @@ int main(int argc, char **argv)
     if (page == MAP_FAILED)
         return 1;
     memcpy(page + 64, code, sizeof code);
+    if (argc > 1 && strcmp(argv[1], "unnamed") == 0) {
+        long sum = 0;
+        for (int k = 0; k < 100; k++)
+            memcpy(page + 512 + 32 * k, code, sizeof code);
+        for (int k = 0; k < 100; k++)
+            for (int i = 0; i < 10; i++)
+                sum += ((int (*)(int))(void *)(page + 512 + 32 * k))(i);
+        printf("%ld\n", sum);
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "jitdump") == 0) {
         if (write_jitdump(page + 64, sizeof code, "jitted double (2x+1) via jitdump") != 0)
             return 3;
