@@ -347,9 +347,16 @@ pub fn run(args: Args) -> CmdResult {
     let (mut damages, files_checked) = crate::tracedir::of_trace(&args.trace);
     damages.add_skipped(&trace.skipped);
     let mut order: Vec<usize> = (0..trace.threads.len()).collect();
+    // Processes in the order they started (a parent before its children, whose first
+    // image starts in the parent's frames at the fork), each thread's images in order.
+    let mut pid_start: HashMap<i32, u64> = HashMap::new();
+    for th in &trace.threads {
+        let s = pid_start.entry(th.header.pid).or_insert(u64::MAX);
+        *s = (*s).min(th.header.start_tsc);
+    }
     order.sort_by_key(|&i| {
         let h = &trace.threads[i].header;
-        (h.pid, h.tid, h.start_tsc, h.nonce)
+        (pid_start[&h.pid], h.pid, h.tid, h.start_tsc, h.nonce)
     });
     if let Some(t) = args.tid {
         order.retain(|&i| trace.threads[i].header.tid == t);
@@ -419,6 +426,8 @@ pub fn run(args: Args) -> CmdResult {
     // Returns that went where no open call expected, and the thread images they were in.
     let (mut lost_returns, mut lost_in) = (0u64, 0usize);
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
+    // The stack of each fork seen so far, by the child's id.
+    let mut forks: HashMap<i32, drpttracer::decode::callstack::StackSeed> = HashMap::new();
     let mut costs = spill::Costs::default();
     let mut folded = folded::Folded::default();
     for (k, &i) in order.iter().enumerate() {
@@ -464,7 +473,11 @@ pub fn run(args: Args) -> CmdResult {
                 None => None,
             };
             let cs = CallStacks::with_sink(&*image, sink).with_inline_frames();
-            let (done, windows, counted, stats) = decode_one(&trace, th, cs, range, bar.as_ref())?;
+            // (A forked child's first image: its parent's frames at the fork.)
+            let inherited = forks.get(&h.pid).filter(|_| h.tid == h.pid && base == 0);
+            let (done, windows, counted, stats, made) =
+                decode_one(&trace, th, cs, range, bar.as_ref(), inherited)?;
+            forks.extend(made);
             let Finished {
                 sink,
                 trie,

@@ -614,6 +614,106 @@ fn returns_no_call_expected_are_said() {
     );
 }
 
+/// The call spans of a timeline.json by thread: (start, end, name), sorted by start then
+/// by length (longest first).
+fn spans_by_tid(path: &Path) -> BTreeMap<i64, Vec<(u64, u64, String)>> {
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut by_tid: BTreeMap<i64, Vec<(u64, u64, String)>> = BTreeMap::new();
+    for e in json["traceEvents"].as_array().unwrap() {
+        let cat = e["cat"].as_str().unwrap_or("");
+        if e["ph"] == "X" && cat.starts_with("call") {
+            let ts = e["ts"].as_u64().unwrap();
+            by_tid.entry(e["tid"].as_i64().unwrap()).or_default().push((
+                ts,
+                ts + e["dur"].as_u64().unwrap(),
+                e["name"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    for spans in by_tid.values_mut() {
+        spans.sort_by_key(|(s, e, _)| (*s, std::cmp::Reverse(*e)));
+    }
+    by_tid
+}
+
+/// The spans no other span holds (sorted as [`spans_by_tid`] sorts), one after the other.
+fn roots_of(spans: &[(u64, u64, String)]) -> Vec<(u64, u64, String)> {
+    let mut roots: Vec<(u64, u64, String)> = Vec::new();
+    for sp in spans {
+        if roots.last().is_none_or(|r| sp.0 >= r.1) {
+            roots.push(sp.clone());
+        }
+    }
+    roots
+}
+
+/// A forked child's first instruction is the one after `fork` in its parent's code, in
+/// its parent's frames: it starts with them (as gdb shows the child's stack), returns
+/// through them as they expect, and its stacks go down to `_start` as its parent's do.
+#[test]
+fn a_forked_child_starts_in_its_parent_s_frames() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile("fork_stack", dir.path());
+    let trace = dir.path().join("out");
+    ok(
+        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
+        "pttrace run",
+    );
+    let view = dir.path().join("view");
+    let stdout = view_into(&trace, &view, &["--full"]);
+    assert!(!stdout.contains("no open call expected"), "{stdout}");
+    let by_tid = spans_by_tid(&view.join("timeline.json"));
+    assert_eq!(by_tid.len(), 2, "{:?}", by_tid.keys());
+    let t = drpttracer::decode::ptt_dir::open(&trace).unwrap();
+    let parent = i64::from(t.processes[0].pid);
+    let child = *by_tid.keys().find(|&&k| k != parent).unwrap();
+    let spans = &by_tid[&child];
+    // The inherited frames, open from the child's first instruction: _start down to
+    // level2 (and libc's fork under it), each ended by a return.
+    let at_start: Vec<&str> = spans
+        .iter()
+        .filter(|(s, _, _)| *s == 0)
+        .map(|(_, _, n)| n.as_str())
+        .collect();
+    assert_eq!(
+        at_start[..6],
+        [
+            "_start",
+            "__libc_start_main",
+            "__libc_start_call_main",
+            "main",
+            "level1",
+            "level2"
+        ],
+        "{spans:?}"
+    );
+    let roots: Vec<String> = roots_of(spans).into_iter().map(|r| r.2).collect();
+    assert_eq!(roots, ["_start"], "{spans:?}");
+    let end_of = |name: &str| {
+        spans
+            .iter()
+            .find(|(s, _, n)| *s == 0 && n == name)
+            .unwrap()
+            .1
+    };
+    assert!(end_of("level2") < end_of("level1") && end_of("level1") < end_of("main"));
+    // The parent's stacks as before: _start, ld.so's then the program's.
+    let names: Vec<String> = roots_of(&by_tid[&parent])
+        .into_iter()
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(names, ["_start", "_start"]);
+    // Every folded stack of both processes starts at _start.
+    let folded = std::fs::read_to_string(view.join("stacks.folded")).unwrap();
+    for line in folded.lines() {
+        assert!(line.starts_with("fork_stack;_start"), "{line}");
+    }
+}
+
 /// A thread the program created is traced from its first instruction (the child's side
 /// of `clone`): the frame it starts in has no caller. Returns to addresses no call pushed,
 /// more of them than the thread has frames, never close it: every instruction of the
@@ -640,34 +740,12 @@ fn a_created_thread_keeps_its_first_frame_whatever_it_returns_to() {
         stdout.contains("(3 returns in 1 thread image went where no open call expected"),
         "{stdout}"
     );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(view.join("timeline.json")).unwrap())
-            .unwrap();
-    let mut by_tid: BTreeMap<i64, Vec<(u64, u64, String)>> = BTreeMap::new();
-    for e in json["traceEvents"].as_array().unwrap() {
-        let cat = e["cat"].as_str().unwrap_or("");
-        if e["ph"] == "X" && cat.starts_with("call") {
-            let ts = e["ts"].as_u64().unwrap();
-            by_tid.entry(e["tid"].as_i64().unwrap()).or_default().push((
-                ts,
-                ts + e["dur"].as_u64().unwrap(),
-                e["name"].as_str().unwrap().to_string(),
-            ));
-        }
-    }
+    let by_tid = spans_by_tid(&view.join("timeline.json"));
     assert_eq!(by_tid.len(), 2, "{:?}", by_tid.keys());
     let t = drpttracer::decode::ptt_dir::open(&trace).unwrap();
     let pid = i64::from(t.processes[0].pid);
     for (tid, spans) in &by_tid {
-        // The spans no other span holds, one after the other.
-        let mut spans = spans.clone();
-        spans.sort_by_key(|(s, e, _)| (*s, std::cmp::Reverse(*e)));
-        let mut roots: Vec<(u64, u64, String)> = Vec::new();
-        for sp in &spans {
-            if roots.last().is_none_or(|r| sp.0 >= r.1) {
-                roots.push(sp.clone());
-            }
-        }
+        let roots = roots_of(spans);
         let names: Vec<&str> = roots.iter().map(|r| r.2.as_str()).collect();
         if *tid == pid {
             // ld.so's entry point, then the program's (ld.so jumps there).

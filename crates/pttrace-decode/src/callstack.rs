@@ -422,6 +422,24 @@ pub struct Finished<S> {
     pub lost_returns: u64,
 }
 
+/// The frames open at a point of a thread image ([`CallStacks::stack`]), bottom first:
+/// what a forked child inherits ([`CallStacks::seed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackSeed {
+    /// (frame address, its function's start, its return address)
+    frames: Vec<(u64, Option<u64>, Option<u64>)>,
+    /// The stack's first frame has no caller (see [`CallStacks::set_thread_start`]).
+    rooted: bool,
+}
+
+impl StackSeed {
+    /// The frames' addresses (a function's start, or where an implied frame began), bottom
+    /// first.
+    pub fn addresses(&self) -> Vec<u64> {
+        self.frames.iter().map(|f| f.0).collect()
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Frame {
     func: Option<u64>,
@@ -711,6 +729,36 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// trace went missing, or after which the first instructions come, says false).
     pub fn set_thread_start(&mut self, here: bool) {
         self.thread_start = here && self.insns == 0;
+    }
+
+    /// The frames open now, bottom first (a fork's: the stack its child inherits).
+    pub fn stack(&self) -> StackSeed {
+        StackSeed {
+            frames: self
+                .stack
+                .iter()
+                .map(|f| {
+                    let addr = self.nodes.get(f.node as usize).map_or(0, |n| n.key);
+                    (addr, f.func, f.ret)
+                })
+                .collect(),
+            rooted: self.seg_rooted,
+        }
+    }
+
+    /// Before the thread image's first instruction: its thread starts with the frames of
+    /// `seed` open (a forked child, whose first instruction is the one after the fork in
+    /// its parent's code, in its parent's frames: returns close them as they expect, and
+    /// its stacks go down to where its parent's do). Each is an implied frame from
+    /// instruction 0. Nothing once instructions were seen or frames opened.
+    pub fn seed(&mut self, seed: &StackSeed) {
+        if self.insns != 0 || !self.stack.is_empty() {
+            return;
+        }
+        for &(addr, func, ret) in &seed.frames {
+            self.push(addr, func, ret, SpanStart::Implied, false);
+        }
+        self.seg_rooted = seed.rooted && !seed.frames.is_empty();
     }
 
     /// Counts only the instructions numbered in `range` (from 0, as [`Self::instructions`])
@@ -1984,6 +2032,71 @@ mod tests {
             cs.finish().spans[0],
             span(A, 0, 0, 13, S::Implied, E::TraceEnd)
         );
+    }
+
+    /// A forked child starts in its parent's frames at the fork: its returns close them
+    /// as they expect, and its stacks go down to the parent's first frame (no caller,
+    /// as the parent's).
+    #[test]
+    fn a_forked_child_starts_with_its_parent_s_stack() {
+        let t = table();
+        let mut parent = CallStacks::new(&t);
+        for r in [
+            other(MAIN),    // the entry point
+            call(MAIN + 1), // -> A, returns to MAIN+6
+            other(A),
+            call(A + 1), // -> B, returns to A+6
+            other(B),    // the fork
+        ] {
+            parent.record(&r);
+        }
+        let seed = parent.stack();
+        assert_eq!(seed.addresses(), vec![MAIN, A, B]);
+        let mut child = CallStacks::new(&t);
+        child.seed(&seed);
+        for r in [
+            other(B + 1),    // 0: after the fork
+            ret(B + 2),      // 1 -> A+6
+            other(A + 6),    // 2
+            ret(A + 7),      // 3 -> MAIN+6
+            other(MAIN + 6), // 4
+            ret(MAIN + 7),   // 5 -> C+0x10: no frame expects it
+            other(C + 0x10), // 6
+        ] {
+            child.record(&r);
+        }
+        let c = child.finish();
+        assert_eq!(
+            c.spans,
+            vec![
+                span(MAIN, 0, 0, 7, S::Implied, E::TraceEnd),
+                span(A, 1, 0, 4, S::Implied, E::Return),
+                span(B, 2, 0, 2, S::Implied, E::Return),
+                span(C, 1, 6, 7, S::Implied, E::TraceEnd),
+            ]
+        );
+        assert_eq!(
+            stacks(&c),
+            vec![
+                (vec![MAIN], 2),
+                (vec![MAIN, A], 2),
+                (vec![MAIN, A, B], 2),
+                (vec![MAIN, C], 1),
+            ]
+        );
+        assert_eq!(c.lost_returns, 0);
+        // Seeded after the first instruction: nothing.
+        let mut late = CallStacks::new(&t);
+        late.record(&other(B + 1));
+        late.seed(&seed);
+        late.record(&ret(B + 2));
+        late.record(&other(A + 6));
+        let spans = late.finish().spans;
+        assert!(
+            spans.contains(&span(B, 1, 0, 2, S::Implied, E::Return)),
+            "{spans:?}"
+        );
+        assert!(spans.iter().all(|s| s.addr != MAIN), "{spans:?}");
     }
 
     /// Code that keeps returning to callers it was never called from (what a JVM's

@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink};
+use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink, StackSeed};
 use drpttracer::decode::ptt_dir::{PttThread, PttTrace, PttWindowInfo, ThreadStats};
 use drpttracer::decode::records::Record;
 use drpttracer::decode::runs::{Run, Runs};
@@ -15,13 +15,23 @@ use crate::names::ImageNames;
 
 /// A thread image decoded through the call-stack reconstruction `cs`: what it made, each
 /// window with its instruction range, the instructions counted (`--range`), the decoder's
-/// statistics.
+/// statistics, and the stack at each fork it made (the child's id, from the syscall's
+/// return value).
 pub(super) type Decoded<S> = (
     Finished<S>,
     Vec<(PttWindowInfo, u64, u64)>,
     std::ops::Range<u64>,
     ThreadStats,
+    Vec<(i32, StackSeed)>,
 );
+
+/// Syscalls that make a process (or a thread: told apart by the child's ids).
+const FORKS: [u64; 4] = [
+    libc::SYS_fork as u64,
+    libc::SYS_vfork as u64,
+    libc::SYS_clone as u64,
+    libc::SYS_clone3 as u64,
+];
 
 /// Instructions per batch handed from the decoding thread to the reconstruction.
 pub(super) const BATCH_INSTRUCTIONS: usize = 1 << 16;
@@ -86,13 +96,15 @@ fn hand_over(
 }
 
 /// Decodes `th` on a thread of its own, handing the records over in batches, while this
-/// thread feeds them to the call-stack reconstruction `cs`.
+/// thread feeds them to the call-stack reconstruction `cs`. A forked child's image starts
+/// in the frames `inherited` (its parent's at the fork).
 pub(super) fn decode_one<S: SpanSink>(
     trace: &PttTrace,
     th: &PttThread,
     mut cs: CallStacks<'_, ImageNames, S>,
     range: Option<ViewRange>,
     bar: Option<&indicatif::ProgressBar>,
+    inherited: Option<&StackSeed>,
 ) -> Result<Decoded<S>, DecodeError> {
     let syscall_windows = ptt::window_name(th.header.window) == "syscall";
     // A thread the process created (not its first), traced by a software backend, which
@@ -151,6 +163,7 @@ pub(super) fn decode_one<S: SpanSink>(
             )
         })?;
         let mut windows = Vec::new();
+        let mut forks = Vec::new();
         let mut window: Option<(PttWindowInfo, u64)> = None;
         for mut batch in rx {
             // (runs, instructions) fed so far
@@ -188,10 +201,20 @@ pub(super) fn decode_one<S: SpanSink>(
                             // Each window is one syscall's own execution.
                             cs.restart(None);
                         }
+                        // The child's side of a fork, where its file starts: its code runs
+                        // on in its parent's frames.
+                        if let Some(seed) =
+                            inherited.filter(|_| w.index == 0 && w.flags & ptt::WF_FORK_CHILD != 0)
+                        {
+                            cs.seed(seed);
+                        }
                         window = Some((w, cs.instructions()));
                     }
                     BatchEvent::WindowEnd => {
                         if let Some((w, start)) = window.take() {
+                            if FORKS.contains(&w.nr) && w.ret > 0 && !syscall_windows {
+                                forks.push((w.ret as i32, cs.stack()));
+                            }
                             windows.push((w, start, cs.instructions()));
                         }
                     }
@@ -208,6 +231,6 @@ pub(super) fn decode_one<S: SpanSink>(
             .join()
             .map_err(|_| DecodeError::whole(th.path.display(), "the decoding thread panicked"))??;
         let counted = cs.counted();
-        Ok((cs.finish_with(), windows, counted, stats))
+        Ok((cs.finish_with(), windows, counted, stats, forks))
     })
 }
