@@ -114,9 +114,8 @@ pub(super) fn decode_one<S: SpanSink>(
     let created_traced = h.tid != h.pid
         && !syscall_windows
         && matches!(ptt::backend_name(h.backend), "qemu" | "emulated");
-    // A forked child whose code QEMU traces from the instruction after the fork (its
-    // window 0 is the fork itself, without code).
-    let from_fork = h.tid == h.pid && !syscall_windows && ptt::backend_name(h.backend) == "qemu";
+    // A process's main thread (a forked child's: its window 0 is the fork itself).
+    let from_fork = h.tid == h.pid && !syscall_windows;
     match range {
         Some(ViewRange::Insns(a, b)) => cs.count_only(a..b),
         Some(ViewRange::Windows(..)) => cs.count_only(u64::MAX..u64::MAX),
@@ -205,8 +204,9 @@ pub(super) fn decode_one<S: SpanSink>(
                             cs.restart(None);
                         }
                         // The child's side of a fork, where its file starts, when its code
-                        // is traced from there (QEMU; the shim steps a child from its next
-                        // syscall): its code runs on in its parent's frames.
+                        // is traced from there on (QEMU's window 0 has no code and no loss
+                        // flag; the shim's says its PT is absent: it steps a child from its
+                        // next syscall): its code runs on in its parent's frames.
                         let fork_window = w.index == 0
                             && w.flags & ptt::WF_FORK_CHILD != 0
                             && w.flags & LOSS_FLAGS == 0;
