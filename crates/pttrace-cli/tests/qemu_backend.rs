@@ -478,12 +478,7 @@ fn eight_threads_have_their_own_files_and_exact_loops() {
         )),
         "{said}"
     );
-    let o = Command::new(pttrace())
-        .arg("report")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert_eq!(lines(&String::from_utf8_lossy(&o.stdout)), 9);
+    assert_eq!(lines(&shim_util::report(&out)), 9);
 }
 
 /// `strace -f -c` counts per syscall name.

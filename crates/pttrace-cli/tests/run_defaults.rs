@@ -250,12 +250,7 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
         &["sh", "-c", "exec /bin/true"],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let o = Command::new(pttrace())
-        .arg("report")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&o.stdout);
+    let report = shim_util::report(&out);
     assert!(
         report.contains("total: 1 process (2 images: execve), 1 thread, "),
         "{report}"
@@ -342,12 +337,7 @@ fn run_lists_the_first_and_busiest_images_and_counts_the_rest() {
         "{said}"
     );
     // report lists them all.
-    let o = Command::new(pttrace())
-        .arg("report")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&o.stdout);
+    let report = shim_util::report(&out);
     let all = report.lines().filter(|l| l.starts_with("process ")).count();
     assert_eq!(all, images.len(), "{report}");
     assert!(!report.contains("more process images"), "{report}");

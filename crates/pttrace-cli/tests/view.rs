@@ -39,6 +39,17 @@ fn traced_calls(dir: &Path, cmd: impl FnOnce(&Path) -> Vec<String>) -> (PathBuf,
     (prog, trace)
 }
 
+/// tests/progs/`name`.c built in `dir` and run with `args` under QEMU, traced into
+/// `dir/out`: the trace.
+fn traced_prog(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let prog = shim_util::compile(name, dir);
+    let trace = dir.join("out");
+    let mut cmd = vec![prog.as_os_str()];
+    cmd.extend(args.iter().map(OsStr::new));
+    ok(&run_under_qemu(&trace, &[], &cmd), "pttrace run");
+    trace
+}
+
 /// (address, size) of each function symbol of `exe`.
 fn functions(exe: &Path, names: &[&str]) -> BTreeMap<String, (u64, u64)> {
     use object::{Object, ObjectSymbol};
@@ -598,12 +609,7 @@ fn returns_no_call_expected_are_said() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile("own_return", dir.path());
-    let trace = dir.path().join("out");
-    ok(
-        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
-        "pttrace run",
-    );
+    let trace = traced_prog(dir.path(), "own_return", &[]);
     let stdout = view_into(&trace, &dir.path().join("view"), &[]);
     assert!(
         stdout.contains(
@@ -657,12 +663,7 @@ fn a_forked_child_starts_in_its_parent_s_frames() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile("fork_stack", dir.path());
-    let trace = dir.path().join("out");
-    ok(
-        &run_under_qemu(&trace, &[], &[prog.as_os_str()]),
-        "pttrace run",
-    );
+    let trace = traced_prog(dir.path(), "fork_stack", &[]);
     let view = dir.path().join("view");
     let stdout = view_into(&trace, &view, &["--full"]);
     assert!(!stdout.contains("no open call expected"), "{stdout}");
@@ -725,12 +726,7 @@ fn a_created_thread_keeps_its_first_frame_whatever_it_returns_to() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prog = shim_util::compile("own_return", dir.path());
-    let trace = dir.path().join("out");
-    ok(
-        &run_under_qemu(&trace, &[], &[prog.as_os_str(), OsStr::new("thread")]),
-        "pttrace run",
-    );
+    let trace = traced_prog(dir.path(), "own_return", &["thread"]);
     let view = dir.path().join("view");
     let stdout = view_into(&trace, &view, &["--full"]);
     // Counted while frames whose return addresses were seen are left: the first three

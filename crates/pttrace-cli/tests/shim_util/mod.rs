@@ -125,6 +125,17 @@ pub fn view_into(trace: &Path, out: &Path, extra: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `pttrace report DIR`, which must succeed; its stdout.
+pub fn report(dir: &Path) -> String {
+    let o = Command::new(pttrace())
+        .arg("report")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pttrace report failed: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Compiles tests/progs/<name>.c into `dir` with the system C compiler.
 pub fn compile(name: &str, dir: &Path) -> PathBuf {
     compile_with(name, dir, name, &[])
