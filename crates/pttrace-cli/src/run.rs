@@ -178,6 +178,16 @@ fn prepend_preload(lib: &Path) -> String {
 }
 
 /// Tells how to decode what was captured (or that there is no PT to decode).
+/// After the traced program: its JIT symbol files kept, the trace directory's summary
+/// (the brief one), and how to decode it.
+fn summarize_run(out: &Path, args: &Args, msg: &mut dyn Write) -> Result<(), String> {
+    keep_jit_maps(out, msg);
+    let summary =
+        super::report::print_summary(out, args.per_syscall, super::report::Detail::Brief, msg)?;
+    print_decode_hint(out, &summary, msg);
+    Ok(())
+}
+
 fn print_decode_hint(out: &Path, s: &super::report::DirSummary, w: &mut dyn Write) {
     if s.pt_bytes() == 0 {
         let _ = writeln!(
@@ -327,14 +337,7 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         )
         .into());
     }
-    keep_jit_maps(&out, &mut msg);
-    let summary = super::report::print_summary(
-        &out,
-        args.per_syscall,
-        super::report::Detail::Brief,
-        &mut msg,
-    )?;
-    print_decode_hint(&out, &summary, &mut msg);
+    summarize_run(&out, args, &mut msg)?;
     mirror_status(&prog, status)
 }
 
@@ -403,14 +406,7 @@ pub fn run(args: Args) -> CmdResult {
         .into());
     }
     salvage_spools(&out, &mut msg);
-    keep_jit_maps(&out, &mut msg);
-    let summary = super::report::print_summary(
-        &out,
-        args.per_syscall,
-        super::report::Detail::Brief,
-        &mut msg,
-    )?;
-    print_decode_hint(&out, &summary, &mut msg);
+    summarize_run(&out, &args, &mut msg)?;
     mirror_status(prog, status)
 }
 
