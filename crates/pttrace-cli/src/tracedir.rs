@@ -38,7 +38,6 @@ impl DirSummary {
     /// of a process in the order they started (an `execve` chain in its order; the image
     /// ids are random).
     pub fn images(&self) -> Vec<(i32, String)> {
-        let start = |key: &(i32, String)| self.image_start(key);
         let mut keys: Vec<_> = self
             .processes
             .keys()
@@ -47,12 +46,16 @@ impl DirSummary {
             .collect();
         keys.sort();
         keys.dedup();
+        let starts: BTreeMap<(i32, String), u64> = keys
+            .iter()
+            .map(|k| (k.clone(), self.image_start(k)))
+            .collect();
         let mut pid_start = BTreeMap::<i32, u64>::new();
-        for k in &keys {
-            let s = pid_start.entry(k.0).or_insert(u64::MAX);
-            *s = (*s).min(start(k));
+        for (k, &s) in &starts {
+            let p = pid_start.entry(k.0).or_insert(u64::MAX);
+            *p = (*p).min(s);
         }
-        keys.sort_by_cached_key(|k| (pid_start[&k.0], k.0, start(k), k.1.clone()));
+        keys.sort_by_key(|k| (pid_start[&k.0], k.0, starts[k]));
         keys
     }
 

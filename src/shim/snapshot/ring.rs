@@ -362,11 +362,6 @@ impl State {
         self.number += 1;
         self.number
     }
-
-    /// Cut request `g` has reached the writer (0: none).
-    fn knows_cut(&mut self, g: u64) {
-        self.cuts.add(g);
-    }
 }
 
 /// The cut requests ([`crate::emu::trap::request_cut`]) that have reached the writer:
@@ -622,7 +617,7 @@ fn fire(st: &mut State, from: Option<(&Slot, i32)>, kind: TriggerKind, text: Str
         0 if stepping => crate::emu::trap::request_cut(),
         g => g,
     };
-    st.knows_cut(gen);
+    st.cuts.add(gen);
     let number = st.next_number();
     let tid = from.map_or(0, |(s, _)| s.tid.load(Relaxed));
     let where_ = if tid > 0 {
@@ -753,7 +748,7 @@ pub fn push(
 pub fn cut_returned(slot: &Slot, fd: i32, w: &Window, fired: u64) {
     let st = state();
     fire_syscall_trigger(st, slot, fd, w, fired);
-    st.knows_cut(fired);
+    st.cuts.add(fired);
 }
 
 /// Window `w` of `slot` (file `fd`) ended at a `syscall:` trigger's syscall (not a
@@ -835,7 +830,7 @@ fn push_pieces(
     }
     if handed && ended_at_mark {
         write_due(st, slot, fd, cuts.closed);
-        st.knows_cut(cuts.fired);
+        st.cuts.add(cuts.fired);
         return;
     }
     // A buffer handed over for a cut request ends a firing's part only where that firing
@@ -867,7 +862,7 @@ fn push_pieces(
         fire_syscall_trigger(st, slot, fd, w, cuts.fired);
     }
     // (Whether or not it fired: a window the trigger did not reach, cut short.)
-    st.knows_cut(cuts.fired);
+    st.cuts.add(cuts.fired);
 }
 
 /// `slot`'s thread ended (`exit`): its ring is written as its own `exit` snapshot when
@@ -969,7 +964,7 @@ fn await_running_threads() {
     let g = crate::emu::trap::request_cut();
     let st = state();
     st.exit_cut = g;
-    st.knows_cut(g);
+    st.cuts.add(g);
     let start = std::time::Instant::now();
     loop {
         let live = drain_live();
