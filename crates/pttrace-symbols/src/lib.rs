@@ -44,7 +44,7 @@ mod module;
 mod search;
 mod v8;
 
-use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -90,7 +90,10 @@ impl SymbolError {
 #[derive(Debug, Default)]
 pub struct Symbolizer {
     search: DebugSearch,
-    modules: HashMap<PathBuf, Result<Module, SymbolError>>,
+    /// (Looked up for every address a view names: keyed by the path's bytes, which hash
+    /// cheaply where a `Path` hashes component by component; a path is copied only on
+    /// its first use.)
+    modules: rustc_hash::FxHashMap<OsString, Result<Module, SymbolError>>,
 }
 
 impl Symbolizer {
@@ -98,7 +101,7 @@ impl Symbolizer {
     pub fn new(search: DebugSearch) -> Self {
         Symbolizer {
             search,
-            modules: HashMap::new(),
+            modules: rustc_hash::FxHashMap::default(),
         }
     }
 
@@ -109,12 +112,18 @@ impl Symbolizer {
 
     /// The module for the ELF file at `path`, opened on first use.
     pub fn module(&mut self, path: &Path) -> Result<&mut Module, SymbolError> {
-        let search = &self.search;
-        let entry = self
-            .modules
-            .entry(path.to_path_buf())
-            .or_insert_with(|| Module::open(path, search));
-        entry.as_mut().map_err(|e| e.clone())
+        let key = path.as_os_str();
+        if !self.modules.contains_key(key) {
+            let m = Module::open(path, &self.search);
+            self.modules.insert(key.to_os_string(), m);
+        }
+        match self.modules.get_mut(key) {
+            Some(m) => m.as_mut().map_err(|e| e.clone()),
+            None => Err(SymbolError::Io {
+                path: path.to_path_buf(),
+                msg: "not opened".into(),
+            }),
+        }
     }
 
     /// Resolves ELF address `addr` of the file at `path`.
