@@ -471,12 +471,15 @@ fn damaged(path: &Path, what: &str) -> io::Error {
 /// [`MAX_RECORD`] bytes).
 struct Reader<R: Read> {
     r: R,
-    /// The bytes read are `buf[pos..end]` (its length stays [`BUFFER`]).
+    /// The bytes read are `buf[pos..end]` (its length grows to [`BUFFER`]).
     buf: Vec<u8>,
     pos: usize,
     end: usize,
     eof: bool,
 }
+
+/// The first read of a [`Reader`].
+const FIRST_READ: usize = 64 << 10;
 
 /// The longest record: a spill's begin (tag, two varints, kind, patch field) or a kept
 /// file's (tag, three varints, two kinds).
@@ -507,13 +510,17 @@ impl<R: Read> Reader<R> {
     #[cold]
     #[inline(never)]
     fn refill(&mut self) -> io::Result<bool> {
+        // (The buffer grows from a small one, doubling at each refill: most thread
+        // images' files are small, and a buffer of [`BUFFER`] zeroed for each of them
+        // cost more than reading them.)
         if self.buf.len() < BUFFER {
-            self.buf.resize(BUFFER, 0);
+            let len = (self.buf.len() * 2).clamp(FIRST_READ, BUFFER);
+            self.buf.resize(len, 0);
         }
         self.buf.copy_within(self.pos..self.end, 0);
         self.end -= self.pos;
         self.pos = 0;
-        while self.end < BUFFER {
+        while self.end < self.buf.len() {
             match self.r.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
                     self.eof = true;
