@@ -212,6 +212,85 @@ fn loop_traces_with_hardware_patterns_equal_libipt_and_stay_fast() {
     }
 }
 
+/// `for_each_slice_runs_into` (what `view` decodes with): the runs it gathers, with the
+/// slices it hands out, are the decoder's records exactly: every instruction's address and
+/// size in order (each run ending at its last, with its size and class), the other records
+/// between them where they were; it asks for a hand-over as soon as the runs hold `full`
+/// instructions, and never with fewer unless a slice without runs came.
+#[test]
+fn runs_gathered_by_the_decoder_are_its_records() {
+    use drpttracer::decode::runs::Runs;
+    let prog = LoopProgram::new(0x40_0000);
+    let space = loop_space(&prog);
+    let (trace, _) = prog.trace_hw(200_000, 1500, 8, 3);
+    let want = assert_same_and_fast(&trace, &space);
+    // (instruction index, record) of the other records; each instruction's (pc, size).
+    let expected_other: Vec<(usize, Record)> = {
+        let mut n = 0;
+        let mut v = Vec::new();
+        for r in &want {
+            match r.as_instruction() {
+                Some(_) => n += 1,
+                None => v.push((n, r.clone())),
+            }
+        }
+        v
+    };
+    let expected_insns: Vec<(u64, u8)> = want
+        .iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| (i.pc, i.size))
+        .collect();
+    let full = 5_000;
+    let mut dec = decoder(&trace, &space, DecoderKind::Fast);
+    let mut runs = Runs::default();
+    let (mut insns, mut other, mut hand_overs) = (Vec::new(), Vec::new(), 0usize);
+    let drain = |runs: &mut Runs, insns: &mut Vec<(u64, u8)>| {
+        let mut sizes = runs.sizes.iter();
+        for r in &runs.runs {
+            let mut pc = r.first;
+            for k in 0..r.len {
+                let size = *sizes.next().expect("a size per instruction");
+                if k + 1 == r.len {
+                    assert_eq!((pc, size), (r.last, r.last_size), "run {r:?}");
+                }
+                insns.push((pc, size));
+                pc += u64::from(size);
+            }
+        }
+        assert!(sizes.next().is_none());
+        runs.clear();
+    };
+    let cut = dec.for_each_slice_runs_into(&mut runs, full, |recs, runs| {
+        if recs.is_empty() {
+            assert!(runs.instructions() >= full);
+            hand_overs += 1;
+            drain(runs, &mut insns);
+            return ControlFlow::<()>::Continue(());
+        }
+        let mut rest = recs;
+        loop {
+            let taken = runs.add_instructions(rest);
+            let Some((r, after)) = rest.get(taken..).and_then(<[Record]>::split_first) else {
+                break;
+            };
+            other.push((insns.len() + runs.instructions(), r.clone()));
+            rest = after;
+        }
+        ControlFlow::Continue(())
+    });
+    assert!(cut.is_none());
+    drain(&mut runs, &mut insns);
+    assert!(insns == expected_insns, "instructions differ");
+    assert!(other == expected_other, "other records differ");
+    assert!(
+        hand_overs >= expected_insns.len() / full / 2,
+        "{hand_overs} hand-overs of {} instructions",
+        expected_insns.len()
+    );
+    assert!(other.len() > 500, "{} other records", other.len());
+}
+
 /// The conditional branches a short TNT packet decides come out as one slice (the fast
 /// decoder memoizes, per block and TNT bits, the blocks they take and copies their
 /// records together): fewer slices than conditional branches, the records exactly

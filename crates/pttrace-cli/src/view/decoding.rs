@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink, StackSeed};
 use drpttracer::decode::ptt_dir::{PttThread, PttTrace, PttWindowInfo, ThreadStats};
 use drpttracer::decode::records::Record;
-use drpttracer::decode::runs::{Run, Runs};
+use drpttracer::decode::runs::Runs;
 use drpttracer::decode::DecodeError;
 use drpttracer::format::ptt;
 
@@ -50,22 +50,17 @@ pub(super) struct Batch {
 }
 
 impl Batch {
-    /// Adds records: the instructions as runs (`runs`, when the decoder has them made),
-    /// the other records as events.
-    #[inline(always)]
-    fn add(&mut self, recs: &[Record], runs: Option<(&[Run], &[u8])>) {
-        if let Some((runs, sizes)) = runs {
-            self.runs.extend(runs, sizes);
-            return;
-        }
+    /// Adds records that the decoder has no runs made for: the instructions as runs
+    /// (to `runs`), the other records as events (to `events`). (The decoder appends its
+    /// blocks' runs to `runs` itself.)
+    fn add_records(runs: &mut Runs, events: &mut Vec<(usize, BatchEvent)>, recs: &[Record]) {
         let mut rest = recs;
         loop {
-            let taken = self.runs.add_instructions(rest);
+            let taken = runs.add_instructions(rest);
             let Some((r, after)) = rest.get(taken..).and_then(<[Record]>::split_first) else {
                 return;
             };
-            self.events
-                .push((self.runs.runs.len(), BatchEvent::Record(r.clone())));
+            events.push((runs.runs.len(), BatchEvent::Record(r.clone())));
             rest = after;
         }
     }
@@ -85,18 +80,21 @@ pub(super) enum BatchEvent {
     WindowEnd,
 }
 
-/// Sends the full `batch` to the reconstruction and starts the next one in a batch that
-/// came back (or a new one); false when the reconstruction has stopped. Out of line: the
-/// decoder's per-block callback stays small enough to be inlined into its loop.
+/// Sends the full batch (`runs` and `events`) to the reconstruction and starts the next
+/// one in a batch that came back (or a new one); false when the reconstruction has
+/// stopped.
 #[cold]
 #[inline(never)]
 fn hand_over(
-    batch: &mut Batch,
+    runs: &mut Runs,
+    events: &mut Vec<(usize, BatchEvent)>,
     tx: &std::sync::mpsc::SyncSender<Batch>,
     back: &std::sync::mpsc::Receiver<Batch>,
 ) -> bool {
-    let next = back.try_recv().unwrap_or_else(|_| Batch::new());
-    tx.send(std::mem::replace(batch, next)).is_ok()
+    let mut full = back.try_recv().unwrap_or_else(|_| Batch::new());
+    std::mem::swap(runs, &mut full.runs);
+    std::mem::swap(events, &mut full.events);
+    tx.send(full).is_ok()
 }
 
 /// Decodes `th` on a thread of its own, handing the records over in batches, while this
@@ -142,15 +140,20 @@ pub(super) fn decode_one<S: SpanSink>(
                     let at = batch.runs.runs.len();
                     batch.events.push((at, BatchEvent::WindowStart(w.clone())));
                     if let Some(dec) = dec {
-                        let cut = dec.for_each_slice_runs(|recs, runs| {
-                            batch.add(recs, runs);
-                            if batch.runs.instructions() >= BATCH_INSTRUCTIONS
-                                && !hand_over(&mut batch, &tx, &back_rx)
-                            {
-                                return ControlFlow::Break(());
-                            }
-                            ControlFlow::Continue(())
-                        });
+                        let events = &mut batch.events;
+                        let cut = dec.for_each_slice_runs_into(
+                            &mut batch.runs,
+                            BATCH_INSTRUCTIONS,
+                            |recs, runs| {
+                                Batch::add_records(runs, events, recs);
+                                if runs.instructions() >= BATCH_INSTRUCTIONS
+                                    && !hand_over(runs, events, &tx, &back_rx)
+                                {
+                                    return ControlFlow::Break(());
+                                }
+                                ControlFlow::Continue(())
+                            },
+                        );
                         if cut.is_some() {
                             return Err(stopped());
                         }
