@@ -346,18 +346,12 @@ pub fn run(args: Args) -> CmdResult {
     let mut namers: HashMap<(i32, u64), Namer> = HashMap::new();
     let (mut damages, files_checked) = crate::tracedir::of_trace(&args.trace);
     damages.add_skipped(&trace.skipped);
+    // The thread images in the order `ptt_dir::open` lists them, which `report` and
+    // `decode` list too: processes in the order they started (a parent before its
+    // children, whose first image starts in the parent's frames at the fork), a
+    // process's images in exec order (each thread's images in order), an image's
+    // threads in start order.
     let mut order: Vec<usize> = (0..trace.threads.len()).collect();
-    // Processes in the order they started (a parent before its children, whose first
-    // image starts in the parent's frames at the fork), each thread's images in order.
-    let mut pid_start: HashMap<i32, u64> = HashMap::new();
-    for th in &trace.threads {
-        let s = pid_start.entry(th.header.pid).or_insert(u64::MAX);
-        *s = (*s).min(th.header.start_tsc);
-    }
-    order.sort_by_key(|&i| {
-        let h = &trace.threads[i].header;
-        (pid_start[&h.pid], h.pid, h.tid, h.start_tsc, h.nonce)
-    });
     if let Some(t) = args.tid {
         order.retain(|&i| trace.threads[i].header.tid == t);
         if order.is_empty() {
