@@ -162,8 +162,9 @@ pub fn print_summary(
             .get(*k)
             .map_or(0, |ts| ts.iter().map(|t| t.pt_bytes).sum::<u64>())
     });
-    // (And the first to start: the program run, whatever the pids' order.)
-    let first = keys.iter().min_by_key(|k| s.image_start(k));
+    // (And the first to start: the program run, whatever the pids' order; `images`
+    // lists it first.)
+    let first = keys.first();
     for key in &keys {
         let (pid, nonce) = key;
         if brief

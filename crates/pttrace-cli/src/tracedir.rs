@@ -60,7 +60,7 @@ impl DirSummary {
     }
 
     /// When image `key` started (its TSC; `u64::MAX` when nothing says).
-    pub fn image_start(&self, key: &(i32, String)) -> u64 {
+    fn image_start(&self, key: &(i32, String)) -> u64 {
         let from_threads = self
             .threads
             .get(key)
