@@ -177,7 +177,6 @@ fn prepend_preload(lib: &Path) -> String {
     }
 }
 
-/// Tells how to decode what was captured (or that there is no PT to decode).
 /// After the traced program: its JIT symbol files kept, the trace directory's summary
 /// (the brief one), and how to decode it.
 fn summarize_run(out: &Path, args: &Args, msg: &mut dyn Write) -> Result<(), String> {
@@ -188,6 +187,7 @@ fn summarize_run(out: &Path, args: &Args, msg: &mut dyn Write) -> Result<(), Str
     Ok(())
 }
 
+/// Tells how to decode what was captured (or that there is no PT to decode).
 fn print_decode_hint(out: &Path, s: &super::report::DirSummary, w: &mut dyn Write) {
     if s.pt_bytes() == 0 {
         let _ = writeln!(
