@@ -10,8 +10,8 @@ use drpttracer::decode::testgen::{
     mutate, LoopProgram, PtWriter, XorShift, FUNC_CONDS, LOOP_CONDS,
 };
 use drpttracer::decode::{
-    decode_insn, AddressSpace, CpuParams, ExecMode, ImageEvent, ImageResolver, InsnClass,
-    PtDecoder, Record, TraceParams, WindowOptions,
+    decode_insn, AddressSpace, CpuParams, DecoderKind, ExecMode, ImageEvent, ImageResolver,
+    InsnClass, PtDecoder, Record, TraceDecoder, TraceParams, WindowOptions,
 };
 use drpttracer::metadata::TimeConv;
 
@@ -64,10 +64,49 @@ fn assert_same(seq: &[Record], par: &[Record], what: &str) {
     );
 }
 
+/// The sequential fast decoder's records and who decoded them.
+fn fast_sequential(trace: &[u8], s: &Setup) -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+    let mut d = PtDecoder::new(
+        trace,
+        s.params,
+        s.space.clone(),
+        s.events.clone(),
+        ImageResolver::default(),
+        WindowOptions {
+            decoder: DecoderKind::Fast,
+            ..s.opts.clone()
+        },
+    )
+    .unwrap();
+    let recs = d.by_ref().collect();
+    (recs, d.decoded_by())
+}
+
 /// Compares `decode_parallel` on `threads` threads (and `decode_parallel_compact` on 2
-/// when `compact`) with the sequential decode; returns the sequential records.
+/// when `compact`) with the sequential decode; returns the sequential records. With
+/// sideband events both are libipt's (the fast decoder follows sideband in one pass: it
+/// is compared with them here too).
 fn check(trace: &[u8], s: &Setup, what: &str, threads: &[usize], compact: bool) -> Vec<Record> {
+    let libipt;
+    let s = if s.events.is_empty() {
+        s
+    } else {
+        libipt = Setup {
+            space: s.space.clone(),
+            events: s.events.clone(),
+            params: s.params,
+            opts: WindowOptions {
+                decoder: DecoderKind::Libipt,
+                ..s.opts.clone()
+            },
+        };
+        &libipt
+    };
     let seq = sequential(trace, s);
+    if !s.events.is_empty() {
+        let (fast, _) = fast_sequential(trace, s);
+        assert_same(&seq, &fast, &format!("{what}, the fast decoder"));
+    }
     for &n in threads {
         let par = decode_parallel(
             trace,
@@ -378,6 +417,9 @@ fn parallel_equals_sequential_on_valid_traces() {
             };
             let what = format!("loop {size}/{psb_every}/{seed}");
             let seq = check(&trace, &s, &what, &[2, 3, 4], true);
+            if !s.events.is_empty() {
+                assert_eq!(fast_sequential(&trace, &s).1, ("fast", None), "{what}");
+            }
             assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0);
             cases += 1;
         }
@@ -407,6 +449,9 @@ fn parallel_equals_sequential_on_valid_traces() {
         };
         let what = format!("timed {size}/{psb_every}/{seed}/cyc {cyc}");
         let seq = check(&trace, &s, &what, &[2, 3, 4], true);
+        // The sideband's times fall inside the trace's: the fast decoder applies each where
+        // libipt does, and keeps its blocks (the remapped bytes are the same).
+        assert_eq!(fast_sequential(&trace, &s).1, ("fast", None), "{what}");
         assert_eq!(count(&seq, |r| matches!(r, Record::Gap(_))), 0, "{what}");
         // Plenty of timestamps, enable/disable and async-branch records to get right.
         let ts = count(&seq, |r| matches!(r, Record::Timestamp { .. }));

@@ -504,6 +504,33 @@ fn sideband_files_drive_the_image() {
         insns[0].ends_with("nop") && insns[2].ends_with("xor eax,eax"),
         "{out}"
     );
+    // Who decoded it: the fast decoder follows sideband that maps code during the trace,
+    // but hands this trace to libipt, whose code at `addr` changed after it was decoded.
+    let summary = |sidebands: &[&std::path::Path]| {
+        let mut args = vec!["decode", "--pt", pt.to_str().unwrap()];
+        for s in sidebands {
+            args.extend(["--sideband", s.to_str().unwrap()]);
+        }
+        args.extend([
+            "--sample-type",
+            &st,
+            "--time-conv",
+            "0,1,0",
+            "--cpu",
+            "6/85/4",
+            "--format",
+            "summary",
+        ]);
+        let (ok, out, err) = pttrace(&args);
+        assert!(ok, "{err}");
+        out.lines().last().unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        summary(&[&s1, &s2]),
+        "decoded by: libipt (an image change (sideband) over code decoded before it in the \
+         window): 1"
+    );
+    assert_eq!(summary(&[&s1]), "decoded by: fast: 1");
 }
 
 #[test]

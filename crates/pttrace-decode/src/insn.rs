@@ -313,6 +313,18 @@ impl<T: ArenaTied> BlockCache<T> {
         self.generation == Some(generation) && self.arena.len() <= ARENA_LIMIT
     }
 
+    /// Keeps the fast decoder's blocks (their records, table and runs) for the image's
+    /// `generation`: the caller checked that their code is the same in it. The blocks of
+    /// libipt's path are dropped.
+    #[cold]
+    pub fn keep_for(&mut self, generation: u64) {
+        self.map.clear();
+        if let Some(l1) = &mut self.l1 {
+            l1.fill(L1Entry::UNUSED);
+        }
+        self.generation = Some(generation);
+    }
+
     #[cold]
     fn reset(&mut self, generation: u64) {
         self.map.clear();

@@ -114,6 +114,10 @@ const MISSED_MARKS: usize = 2;
 /// large enough that cutting costs little.
 pub const CHUNKS_PER_THREAD: usize = 16;
 
+/// How many libipt decoders one pass of the fast decoder is worth (it runs at about 4x
+/// libipt's block decoder: `cargo bench --bench decode`).
+const FAST_PASSES: usize = 4;
+
 /// Decodes `trace` on `threads` threads and returns records identical to one
 /// [`PtDecoder`] pass over the whole trace. Chunks ([`CHUNKS_PER_THREAD`] per thread)
 /// are handed out in order.
@@ -368,6 +372,11 @@ pub fn decode_parallel_stats(
         if let Some(out) = fast::decode(&inputs, &opts.source, &segs, threads, &mut stats)? {
             return Ok((out, stats));
         }
+    }
+    // Sideband that changes the image during the window: the fast decoder follows it in
+    // one pass, libipt in segments; one fast pass is quicker than that many libipt ones.
+    if opts.decoder == super::DecoderKind::Fast && !events.is_empty() && threads <= FAST_PASSES {
+        return one_pass(&inputs, segs.len());
     }
     let n = segs.len();
     let workers = threads.min(n);

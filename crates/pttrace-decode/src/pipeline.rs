@@ -272,6 +272,11 @@ pub struct PtDecoder<'a> {
     flow: Option<Box<flow::FlowState>>,
     /// Why the fast decoder handed the window to libipt.
     fallback: Option<flow::Fallback>,
+    /// The image and its sideband events as the window started, while the fast decoder
+    /// applies them (libipt starts over from them if it hands the window over).
+    sideband_start: Option<Box<(AddressSpace, Vec<ImageEvent>)>>,
+    /// An image change the fast decoder cannot follow: it hands the window to libipt.
+    sideband_failed: Option<flow::Fallback>,
     /// The block just expanded holds a branch libipt does not know: decoding stops there
     /// (a gap) and resumes at the next PSB.
     stop_at_unknown_branch: bool,
@@ -374,6 +379,9 @@ impl<'a> PtDecoder<'a> {
         opts: WindowOptions,
         trace_has_tsc: bool,
     ) -> Result<Self, DecodeError> {
+        // (Kept for a fallback to libipt where the fast decoder applies sideband.)
+        let start = (opts.decoder == DecoderKind::Fast && !events.is_empty())
+            .then(|| Box::new((image.clone(), events.clone())));
         let shared = Rc::new(SharedImage {
             space: std::cell::RefCell::new(image),
             last_nomap: std::cell::Cell::new(None),
@@ -411,8 +419,11 @@ impl<'a> PtDecoder<'a> {
         }
         // What the fast decoder does not read: such a window is libipt's from its start.
         let fast_start = opts.decoder == DecoderKind::Fast && state == State::Start;
-        let not_fast = (fast_start && !events.is_empty())
-            .then_some("images that change during the window (sideband)");
+        let not_fast = (fast_start
+            && events
+                .iter()
+                .any(|e| matches!(e.change, super::sideband::ImageChange::Lost { .. })))
+        .then_some("sideband that reports lost data during the window");
         let wire = crate::wire::WireErrata {
             skd007: errata.skd007,
             skz84: errata.skz84,
@@ -434,7 +445,7 @@ impl<'a> PtDecoder<'a> {
                 .then_some(params.filter);
             Box::new(f)
         });
-        Ok(PtDecoder {
+        let mut d = PtDecoder {
             dec,
             trace: pt,
             wire,
@@ -471,11 +482,22 @@ impl<'a> PtDecoder<'a> {
             pt_len,
             flow,
             fallback: not_fast,
+            sideband_start: None,
+            sideband_failed: None,
             stop_at_unknown_branch: false,
             skip: 0,
             flow_done: false,
             part: None,
-        })
+        };
+        if d.flow.is_some() && start.is_some() {
+            d.sideband_start = start;
+            if !trace_has_tsc {
+                // Without the trace's time libipt's path applies every event before the
+                // first instruction; so does the fast decoder, with nothing decoded yet.
+                d.apply_sideband(None);
+            }
+        }
+        Ok(d)
     }
 
     /// A decoder of the part of a trace from a PSB (or the trace's start) on, for parallel
@@ -1206,6 +1228,15 @@ impl<'a> PtDecoder<'a> {
         self.skip = records.saturating_sub(initial);
         self.flow = None;
         self.fallback = Some(why);
+        if let Some(start) = self.sideband_start.take() {
+            // libipt applies the sideband from the window's start, as the fast decoder did.
+            let (space, events) = *start;
+            if let Ok(mut s) = self.shared.space.try_borrow_mut() {
+                *s = space;
+            }
+            self.timeline = ImageTimeline::new(events);
+            self.advanced = false;
+        }
         // The state libipt starts with (as `new` left it).
         self.pending_timestamp = false;
         self.tsc = None;

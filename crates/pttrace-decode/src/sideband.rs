@@ -232,6 +232,16 @@ impl ImageTimeline {
         self.next
     }
 
+    /// The pending events [`advance`](Self::advance) applies at `now`, if any.
+    pub(crate) fn due(&self, now: u64) -> Option<&[ImageEvent]> {
+        let rest = self.events.get(self.next..)?;
+        let n = rest
+            .iter()
+            .take_while(|e| e.time.is_none_or(|t| t <= now))
+            .count();
+        rest.get(..n).filter(|d| !d.is_empty())
+    }
+
     /// Perf time of the next pending event (`Some(0)` for a time-less event).
     pub fn next_time(&self) -> Option<u64> {
         self.events.get(self.next).map(|e| e.time.unwrap_or(0))

@@ -13,14 +13,14 @@
 //! cycle-accurate time, its calibration included: [`Clock`]), CBR, PAD, TRIG, OVF,
 //! 64-bit code (ERETU, ERETS
 //! and JMPABS included, which libipt 2.1.2 does not know), return compression,
-//! no sideband left to apply. Anything else — another packet, an error, an IP it cannot
+//! sideband applied where libipt's path applies it ([`sideband`]). Anything else — another packet, an error, an IP it cannot
 //! reach without trace, code it cannot read — hands the window to libipt: the records of
 //! the current PSB segment are dropped and libipt decodes the window from its start, its
 //! first records (those already handed out, which equal ours) skipped. Records are handed
 //! out one PSB segment at a time, and only those the trace before the PSB determines, so
 //! what was handed out is always what libipt gives too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 
 use super::{Item, PtDecoder, Record};
@@ -28,6 +28,7 @@ use super::{Item, PtDecoder, Record};
 mod event_trace;
 mod ovf_errata;
 mod resync;
+mod sideband;
 use crate::insn::{AddrHasher, ArenaTied};
 use crate::records::{ExecMode, InsnClass};
 use crate::timing::{Calibration, Time, TimeCfg, TimeError};
@@ -121,7 +122,14 @@ pub(crate) struct FlowTable {
     memo_rets: Vec<u64>,
     /// Records the memoized runs copied into the arena.
     memo_records: usize,
+    /// The pages ([`CODE_PAGE`]) the blocks' code was read from (an instruction's 15
+    /// bytes, or the address found without code): what an image change mid-window must
+    /// leave as it was for the blocks to stay ([`sideband`]).
+    pages: HashSet<u64, BuildHasherDefault<AddrHasher>>,
 }
+
+/// The unit of [`FlowTable::pages`].
+const CODE_PAGE: u64 = 1 << 12;
 
 /// Misses of a full memo after which how often it missed is looked at: where that many
 /// came within [`MEMO_DENSE`] bytes of trace (code whose TNT patterns rarely repeat: an
@@ -186,6 +194,7 @@ impl ArenaTied for FlowTable {
         self.memo.clear();
         self.memo_rets.clear();
         self.memo_records = 0;
+        self.pages.clear();
     }
 }
 
@@ -908,6 +917,10 @@ impl PtDecoder<'_> {
                 Ok(_) => Ok(Stop::Segment),
                 Err(e) => Err(e),
             };
+        }
+        if let Some(why) = self.sideband_failed {
+            // (Nothing decoded after that change is handed out.)
+            r = Err(why);
         }
         self.flow = Some(st);
         match r? {
@@ -1848,6 +1861,9 @@ impl PtDecoder<'_> {
             Some(t) => {
                 self.tsc = Some(t);
                 self.timestamp(t);
+                if !self.timeline.is_done() {
+                    self.flow_sideband();
+                }
             }
             None => self.flush_pending_timestamp(),
         }
@@ -1862,6 +1878,9 @@ impl PtDecoder<'_> {
     fn flow_quiet_event(&mut self, st: &mut FlowState) {
         if let Some(t) = st.clock.now() {
             self.tsc = Some(t);
+            if !self.timeline.is_done() {
+                self.flow_sideband();
+            }
         }
         st.event_at = self.queue.pushed;
     }
@@ -1903,7 +1922,11 @@ impl PtDecoder<'_> {
 
     #[cold]
     fn flow_build(&mut self, ip: u64) -> Result<u32, Fallback> {
+        if let Some(why) = self.sideband_failed {
+            return Err(why);
+        }
         let space = self.shared.space.try_borrow().map_err(|_| "image busy")?;
+        let mut page = u64::MAX;
         let start = self.blocks.arena.len();
         let calls = self.blocks.flow.calls.len();
         let mut pc = ip;
@@ -1913,7 +1936,16 @@ impl PtDecoder<'_> {
         let (end, fall, target) = loop {
             // (Decoded here, not through the instruction cache: each block is built once
             // and keeps its records, so a cache would only hold them a second time.)
-            let Some(info) = crate::insn::decode_at(&space, pc, mode) else {
+            let decoded = crate::insn::decode_at(&space, pc, mode);
+            // (An instruction's bytes alone decide it: later bytes do not matter.)
+            let last = pc.wrapping_add(decoded.as_ref().map_or(1, |i| u64::from(i.size)) - 1);
+            for p in [pc / CODE_PAGE, last / CODE_PAGE] {
+                if p != page {
+                    self.blocks.flow.pages.insert(p);
+                    page = p;
+                }
+            }
+            let Some(info) = decoded else {
                 if space.read(pc, &mut [0u8; 1]) == 0 {
                     break (End::Nomap, pc, 0);
                 }

@@ -1,0 +1,103 @@
+//! Sideband on the fast decoder: image changes (mmap, exec, code records) that happen
+//! during a window, applied where libipt's path applies them.
+//!
+//! libipt's path applies the events whose perf time the trace's time has passed before
+//! each block, and the trace's time moves only at events; so the fast decoder applies
+//! them right after each event that moves its time (the same events, with the same
+//! times: their timestamps are libipt's). The blocks it built before keep their records
+//! only where the change leaves their code as it was: the bytes of every page they were
+//! read from (a page without code included) are compared before and after the change.
+//! Where one differs, code already decoded changed under it, and the window goes to
+//! libipt (which starts over from the window's image and events).
+
+use super::{FlowTable, PtDecoder, CODE_PAGE};
+use crate::image::AddressSpace;
+use crate::sideband::ImageChange;
+
+/// The bytes of a page as an address space gives them (what it reads from the page's
+/// start: a page partly or not mapped reads shorter).
+fn page_bytes(space: &AddressSpace, page: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; CODE_PAGE as usize];
+    let n = space.read(page.wrapping_mul(CODE_PAGE), &mut buf);
+    buf.truncate(n);
+    buf
+}
+
+/// The pages of `table` that `change` may alter.
+fn pages_touched(table: &FlowTable, change: &ImageChange, out: &mut Vec<u64>) {
+    let (addr, len) = match change {
+        ImageChange::Map { addr, len, .. } => (*addr, *len),
+        ImageChange::Code { addr, bytes } => (*addr, bytes.len() as u64),
+        ImageChange::Exec { .. } => {
+            out.extend(table.pages.iter().copied());
+            return;
+        }
+        ImageChange::Lost { .. } => return,
+    };
+    if len == 0 {
+        return;
+    }
+    let first = addr / CODE_PAGE;
+    let last = addr.saturating_add(len - 1) / CODE_PAGE;
+    if last - first >= table.pages.len() as u64 {
+        out.extend(
+            table
+                .pages
+                .iter()
+                .copied()
+                .filter(|p| (first..=last).contains(p)),
+        );
+    } else {
+        out.extend((first..=last).filter(|p| table.pages.contains(p)));
+    }
+}
+
+impl PtDecoder<'_> {
+    /// Applies the sideband events the trace's time (`self.tsc`) has passed, keeping the
+    /// blocks built so far where their code did not change; otherwise notes the fallback
+    /// (`sideband_failed`: the run in progress ends in it, nothing after handed out).
+    #[cold]
+    #[inline(never)]
+    pub(in crate::pipeline) fn flow_sideband(&mut self) {
+        if self.sideband_failed.is_some() {
+            return;
+        }
+        let (Some(conv), Some(tsc)) = (self.params.time, self.tsc) else {
+            return;
+        };
+        let now = conv.tsc_to_perf_time(tsc);
+        let Some(due) = self.timeline.due(now) else {
+            return;
+        };
+        let mut pages = Vec::new();
+        for e in due {
+            pages_touched(&self.blocks.flow, &e.change, &mut pages);
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        let before: Vec<Vec<u8>> = match self.shared.space.try_borrow() {
+            Ok(space) => pages.iter().map(|&p| page_bytes(&space, p)).collect(),
+            Err(_) => {
+                self.sideband_failed = Some("image busy");
+                return;
+            }
+        };
+        self.apply_sideband(Some(now));
+        let Ok(space) = self.shared.space.try_borrow() else {
+            self.sideband_failed = Some("image busy");
+            return;
+        };
+        let same = pages
+            .iter()
+            .zip(&before)
+            .all(|(&p, old)| page_bytes(&space, p) == *old);
+        let generation = space.generation();
+        drop(space);
+        if same {
+            self.blocks.keep_for(generation);
+        } else {
+            self.sideband_failed =
+                Some("an image change (sideband) over code decoded before it in the window");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Sideband on the fast decoder: image changes during a window (a library mapped while
+//! the program runs, code replaced at an address) are applied where libipt's path applies
+//! them, at the first event whose time passes theirs, and the records equal libipt's
+//! record for record. Where the change alters code the fast decoder already decoded, it
+//! hands the window to libipt, which starts over from the window's first image.
+
+mod common;
+
+use drpttracer::decode::sideband::{encode_mmap2, parse_records, TEST_SAMPLE_TYPE};
+use drpttracer::decode::testgen::PtWriter;
+use drpttracer::decode::{
+    AddressSpace, DecoderKind, ImageEvent, ImageResolver, PtDecoder, Record, TraceDecoder,
+    TraceParams, WindowOptions,
+};
+use drpttracer::metadata::TimeConv;
+use iced_x86::code_asm::*;
+
+const MAIN: u64 = 0x40_0000;
+const LIB: u64 = 0x70_0000;
+
+fn asm(
+    base: u64,
+    f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
+) -> (Vec<u8>, Vec<u64>) {
+    let mut a = CodeAssembler::new(64).unwrap();
+    f(&mut a).unwrap();
+    common::assemble_at(&mut a, base)
+}
+
+/// Perf time = TSC.
+fn params() -> TraceParams {
+    TraceParams {
+        time: Some(TimeConv {
+            time_shift: 0,
+            time_mult: 1,
+            time_zero: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The records of `trace` by `kind`, and who decoded them.
+fn decode(
+    trace: &[u8],
+    space: &AddressSpace,
+    events: &[ImageEvent],
+    kind: DecoderKind,
+) -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+    let mut d = PtDecoder::new(
+        trace,
+        params(),
+        space.clone(),
+        events.to_vec(),
+        ImageResolver::default(),
+        WindowOptions {
+            source: "sb.pt".into(),
+            window_id: Some(1),
+            decoder: kind,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let recs: Vec<Record> = d.by_ref().collect();
+    (recs, d.decoded_by())
+}
+
+fn pcs(recs: &[Record]) -> Vec<u64> {
+    recs.iter()
+        .filter_map(|r| r.as_instruction().map(|i| i.pc))
+        .collect()
+}
+
+fn gap_ips(recs: &[Record]) -> Vec<Option<u64>> {
+    recs.iter()
+        .filter_map(|r| match r {
+            Record::Gap(g) => Some(g.ip),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A file holding `code` after a page of padding (mapped with page offset 0x1000).
+fn code_file(dir: &std::path::Path, name: &str, code: &[u8]) -> std::path::PathBuf {
+    let f = dir.join(name);
+    let mut bytes = vec![0xccu8; 0x1000];
+    bytes.extend_from_slice(code);
+    std::fs::write(&f, bytes).unwrap();
+    f
+}
+
+/// The main program: `a0: nop; a1: call rax; a2: jmp rbx; c0: ret`.
+fn main_code() -> (Vec<u8>, Vec<u64>) {
+    asm(MAIN, |a| {
+        a.nop()?;
+        a.call(rax)?;
+        a.jmp(rbx)?;
+        a.ret()
+    })
+}
+
+/// Three rounds of `a0 a1 → callee (returns, compressed) → a2`, each enabled with its
+/// own time: the first calls `c0` (main's own) at time 100; the second calls the
+/// library at time 300, in the same PSB segment (only the enable moves the time); the
+/// third, after a PSB at time 500, calls the library again.
+fn rounds_trace(m: &[u64]) -> Vec<u8> {
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None)
+        .tip_pge(m[0])
+        .tip(m[3])
+        .tnt(&[true])
+        .tip_pgd(None);
+    w.tsc(300).tip_pge(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
+    w.psb_plus(Some(500), None)
+        .tip_pge(m[0])
+        .tip(LIB)
+        .tnt(&[true])
+        .tip_pgd(None);
+    w.buf
+}
+
+#[test]
+fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (main, m) = main_code();
+    let (lib, l) = asm(LIB, |a| {
+        a.inc(eax)?;
+        a.ret()
+    });
+    let lib_file = code_file(dir.path(), "lib.so", &lib);
+    let mut space = AddressSpace::new();
+    space.add_bytes("main", main, MAIN);
+    let trace = rounds_trace(&m);
+    let round1 = [m[0], m[1], m[3], m[2]];
+    let round_lib = [m[0], m[1], l[0], l[1], m[2]];
+
+    // Mapped at time 200: before the second round's enable (300), which applies it.
+    let events = parse_records(
+        "sb",
+        &encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &lib_file, 200),
+        TEST_SAMPLE_TYPE,
+    )
+    .unwrap();
+    let (lib_recs, _) = decode(&trace, &space, &events, DecoderKind::Libipt);
+    let (fast, by) = decode(&trace, &space, &events, DecoderKind::Fast);
+    assert_eq!(fast, lib_recs);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(gap_ips(&fast), []);
+    let want: Vec<u64> = [&round1[..], &round_lib, &round_lib].concat();
+    assert_eq!(pcs(&fast), want);
+    // The library's bytes are the file's.
+    let inc = fast
+        .iter()
+        .find_map(|r| r.as_instruction().filter(|i| i.pc == l[0]));
+    assert_eq!(inc.map(|i| i.encoding().to_vec()), Some(lib[..2].to_vec()));
+
+    // Without the sideband the library is never there: a gap where each round calls it.
+    let (fast, by) = decode(&trace, &space, &[], DecoderKind::Fast);
+    assert_eq!(by, ("fast", None));
+    assert_eq!(gap_ips(&fast), [Some(LIB), Some(LIB)]);
+
+    // Mapped at time 400: the second round (300) finds no code there, the third (500)
+    // does. The fast decoder had decoded the library's address as code without an image:
+    // the mapping changes that, and the window goes to libipt.
+    let events = parse_records(
+        "sb",
+        &encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &lib_file, 400),
+        TEST_SAMPLE_TYPE,
+    )
+    .unwrap();
+    let (lib_recs, _) = decode(&trace, &space, &events, DecoderKind::Libipt);
+    let (fast, by) = decode(&trace, &space, &events, DecoderKind::Fast);
+    assert_eq!(fast, lib_recs);
+    assert_eq!(
+        by,
+        (
+            "libipt",
+            Some("an image change (sideband) over code decoded before it in the window")
+        )
+    );
+    assert_eq!(gap_ips(&fast), [Some(LIB)]);
+    let want: Vec<u64> = [&round1[..], &m[..2], &round_lib].concat();
+    assert_eq!(pcs(&fast), want);
+}
+
+#[test]
+fn code_replaced_under_decoded_blocks_goes_to_libipt_and_the_same_bytes_stay_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let (main, m) = main_code();
+    let (lib_a, la) = asm(LIB, |a| {
+        a.inc(eax)?;
+        a.ret()
+    });
+    let (lib_b, lb) = asm(LIB, |a| {
+        a.xor(eax, eax)?;
+        a.nop()?;
+        a.ret()
+    });
+    let (fa, fb) = (
+        code_file(dir.path(), "a.so", &lib_a),
+        code_file(dir.path(), "b.so", &lib_b),
+    );
+    let mut space = AddressSpace::new();
+    space.add_bytes("main", main, MAIN);
+    // Every round calls the library: version A mapped at 50, then at 400 B or A again.
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None)
+        .tip_pge(m[0])
+        .tip(LIB)
+        .tnt(&[true])
+        .tip_pgd(None);
+    w.tsc(300).tip_pge(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
+    w.tsc(500).tip_pge(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
+    let round = |l: &[u64]| [&[m[0], m[1]][..], l, &[m[2]]].concat();
+
+    for (second, second_ips) in [(&fb, &lb), (&fa, &la)] {
+        let mut sb = encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &fa, 50);
+        sb.extend(encode_mmap2(1, 1, LIB, 0x1000, 0x1000, second, 400));
+        let events = parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+        let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
+        let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
+        assert_eq!(fast, lib_recs);
+        let want = [round(&la), round(&la), round(second_ips)].concat();
+        assert_eq!(pcs(&fast), want);
+        if second == &fb {
+            assert_eq!(
+                by,
+                (
+                    "libipt",
+                    Some("an image change (sideband) over code decoded before it in the window")
+                )
+            );
+        } else {
+            // (Mapped again with the same bytes: the blocks stay.)
+            assert_eq!(by, ("fast", None));
+        }
+    }
+}
