@@ -216,3 +216,99 @@ fn kernel_mmap2_records_switch_the_image_in_time() {
         .collect();
     assert_eq!(ts.len(), 2);
 }
+
+/// Real kernel MMAP2 records of a library mapped while the program runs (a new address,
+/// between two enables of one PSB segment): the fast decoder applies the mapping where
+/// libipt's path does, decodes the window itself, and gives libipt's records.
+#[test]
+fn kernel_mmap2_of_code_mapped_mid_trace_stays_on_the_fast_decoder() {
+    use drpttracer::decode::{DecoderKind, ImageResolver, PtDecoder, TraceDecoder};
+    let tid = drpttracer::tracer::current_tid();
+    let ev = match SidebandEvent::open(tid, 4) {
+        Ok(ev) => ev,
+        Err(e) => {
+            println!("SKIP: cannot open a software perf event here: {e}");
+            return;
+        }
+    };
+    let Some(conv) = ev.time_conv() else {
+        println!("SKIP: the kernel publishes no TSC conversion (cap_user_time_zero)");
+        return;
+    };
+    // A = nop; nop; jmp rax  B = xor eax,eax; inc eax; jmp rax (at file offset 4096).
+    let mk = |code: &[u8]| {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let mut bytes = vec![0xccu8; 4096];
+        bytes.extend_from_slice(code);
+        bytes.resize(8192, 0xcc);
+        f.write_all(&bytes).unwrap();
+        f.flush().unwrap();
+        f
+    };
+    let (fa, fb) = (
+        mk(&[0x90, 0x90, 0xff, 0xe0]),
+        mk(&[0x31, 0xc0, 0xff, 0xc0, 0xff, 0xe0]),
+    );
+    let map = |f: &tempfile::NamedTempFile| {
+        // SAFETY: mapping one page of a file we own, PROT_READ|PROT_EXEC, at an address
+        // the kernel chooses.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                f.as_file().as_raw_fd(),
+                4096,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p
+    };
+    ev.enable().unwrap();
+    let a = map(&fa);
+    let tsc1 = rdtsc();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let b = map(&fb);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let tsc2 = rdtsc();
+    ev.disable().unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let got = ev.drain(Some(&mut buf));
+    for p in [a, b] {
+        // SAFETY: unmapping our own mappings.
+        unsafe { libc::munmap(p, 4096) };
+    }
+    let events =
+        drpttracer::decode::sideband::parse_records("sb", &buf[..got.copied], SIDEBAND_SAMPLE_TYPE)
+            .unwrap();
+    let (a, b) = (a as u64, b as u64);
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(tsc1), None).tip_pge(a).tip_pgd(None);
+    w.tsc(tsc2).tip_pge(b).tip_pgd(None);
+    let decode = |kind: DecoderKind| {
+        let mut d = PtDecoder::new(
+            &w.buf,
+            TraceParams {
+                time: Some(conv),
+                ..Default::default()
+            },
+            AddressSpace::new(),
+            events.clone(),
+            ImageResolver::default(),
+            WindowOptions {
+                decoder: kind,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let recs: Vec<Record> = d.by_ref().collect();
+        (recs, d.decoded_by())
+    };
+    let (fast, by) = decode(DecoderKind::Fast);
+    let (libipt, _) = decode(DecoderKind::Libipt);
+    no_gaps(&fast);
+    assert_eq!(pcs(&fast), vec![a, a + 1, a + 2, b, b + 2, b + 4]);
+    assert_eq!(fast, libipt);
+    assert_eq!(by, ("fast", None));
+}
