@@ -186,6 +186,38 @@ fn le(bytes: &[u8]) -> u64 {
         .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
 }
 
+/// A TIP packet with an IP at `pos` followed by at least 8 bytes of trace, as [`parse`]
+/// reads it: its payload and size; `None` for anything else (then [`parse`] it). The
+/// common case of an indirect branch's or a return's target, read in one step.
+#[inline(always)]
+pub(crate) fn tip_at(t: &[u8], pos: usize) -> Option<(IpPayload, usize)> {
+    let w = t.get(pos..pos + 9)?;
+    let b0 = *w.first()?;
+    if b0 & 0x1f != 0x0d {
+        return None;
+    }
+    let ipc = b0 >> 5;
+    let len = match ipc {
+        1 => 2,
+        2 => 4,
+        3 | 4 => 6,
+        6 => {
+            return Some((
+                IpPayload {
+                    ipc,
+                    raw: le(w.get(1..9)?),
+                },
+                9,
+            ))
+        }
+        _ => return None,
+    };
+    let mut b = [0u8; 8];
+    b.copy_from_slice(w.get(1..9)?);
+    let raw = u64::from_le_bytes(b) & ((1u64 << (8 * len)) - 1);
+    Some((IpPayload { ipc, raw }, 1 + len))
+}
+
 /// The packet at `pos` and its size; `None` when the buffer ends inside it (or at `pos`).
 #[inline]
 pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
@@ -471,6 +503,39 @@ mod tests {
             pos += n;
         }
         out
+    }
+
+    /// `tip_at` reads exactly the TIPs `parse` reads (payload and size) wherever 8 bytes
+    /// follow, and nothing else: every position of random bytes and of TIPs of every
+    /// IPBytes value (the reserved ones too).
+    #[test]
+    fn tip_at_is_parse_of_a_tip() {
+        use crate::testgen::XorShift;
+        let mut rng = XorShift::new(77);
+        let mut t: Vec<u8> = (0..20_000).map(|_| rng.next_u64() as u8).collect();
+        for ipc in 0..8u8 {
+            t.push((ipc << 5) | 0x0d);
+            t.extend((0..8).map(|_| rng.next_u64() as u8));
+        }
+        let mut tips = [0usize; 8];
+        for pos in 0..t.len() {
+            let parsed = parse(&t, pos);
+            match (tip_at(&t, pos), parsed) {
+                (Some((p, n)), Some((Pkt::Tip(q), m))) => {
+                    assert_eq!((p, n), (q, m), "at {pos}");
+                    tips[usize::from(p.ipc)] += 1;
+                }
+                (Some(x), other) => panic!("at {pos}: tip_at {x:?}, parse {other:?}"),
+                (None, Some((Pkt::Tip(q), _))) => {
+                    assert!(q.ipc == 0 || pos + 9 > t.len(), "at {pos}: {q:?}")
+                }
+                (None, _) => {}
+            }
+        }
+        for ipc in [1, 2, 3, 4, 6] {
+            assert!(tips[ipc] > 10, "{tips:?}");
+        }
+        assert_eq!((tips[0], tips[5], tips[7]), (0, 0, 0));
     }
 
     #[test]

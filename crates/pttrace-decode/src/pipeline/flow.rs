@@ -293,6 +293,22 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
     }
 }
 
+/// Reads a TIP at the trace position in place, as [`PtDecoder::flow_next_item`] would
+/// read it there (its IP, the position past it; `None`: anything else, or an IRET CFE or
+/// MWAIT waiting, which that checks).
+#[inline(always)]
+fn tip_here(trace: &[u8], st: &mut FlowState) -> Option<u64> {
+    if st.cfe_ret.is_some() || st.mwait {
+        return None;
+    }
+    let (p, size) = wire::tip_at(trace, st.pos)?;
+    let ip = st.last_ip.apply(p)?;
+    st.item_at = st.pos;
+    st.pos += size;
+    st.read_on = ReadOn::Nothing;
+    Some(ip)
+}
+
 /// The trace's time as libipt 2.1.2's event decoder keeps it: [`Time`] and its
 /// [`Calibration`] (the model `dump`'s time columns use too), fed the timing packets as
 /// that decoder feeds them. An error libipt's decoder reports (a TMA out of place, a CTC
@@ -1098,7 +1114,11 @@ impl PtDecoder<'_> {
                 }
                 End::Return => {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
-                        match self.flow_next_item(st)? {
+                        let item = match tip_here(self.trace, st) {
+                            Some(ip) => TraceItem::Tip(ip),
+                            None => self.flow_next_item(st)?,
+                        };
+                        match item {
                             TraceItem::Tnt => {}
                             TraceItem::Tip(_) if st.cfe_ret.is_some() => {
                                 return Err("IRET CFE at a near return")
@@ -1133,6 +1153,8 @@ impl PtDecoder<'_> {
                 End::Indirect | End::IndirectCall | End::Syscall => {
                     let item = if st.tnt_n != 0 {
                         self.flow_deferred_tip(st)?
+                    } else if let Some(ip) = tip_here(self.trace, st) {
+                        TraceItem::Tip(ip)
                     } else {
                         match self.flow_next_item(st)? {
                             TraceItem::Tnt => self.flow_deferred_tip(st)?,
