@@ -122,6 +122,9 @@ pub(crate) struct FlowTable {
     memo_rets: Vec<u64>,
     /// Records the memoized runs copied into the arena.
     memo_records: usize,
+    /// Direct-mapped front of `memo` for the hot loop (hits without hashing): by
+    /// [`memo_slot`], the key ([`NO_MEMO`]: none) and the run; made on first use.
+    memo_front: Vec<(u64, MemoRun)>,
     /// The pages ([`CODE_PAGE`]) the blocks' code was read from (an instruction's 15
     /// bytes, or the address found without code): what an image change mid-window must
     /// leave as it was for the blocks to stay ([`sideband`]).
@@ -194,6 +197,7 @@ impl ArenaTied for FlowTable {
         self.memo.clear();
         self.memo_rets.clear();
         self.memo_records = 0;
+        self.memo_front.fill((NO_MEMO, MemoRun::default()));
         self.pages.clear();
     }
 }
@@ -205,7 +209,7 @@ impl ArenaTied for FlowTable {
 /// consumed. `bits` 0: no run from there (an indirect branch, a return or unmapped code
 /// comes first, or the walk needs what only the per-bit loop does: building a block
 /// that fails, a stretch without trace too long).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct MemoRun {
     start: u32,
     len: u32,
@@ -230,6 +234,16 @@ const MEMO_RUNS: usize = 512;
 #[inline(always)]
 fn memo_key(block: u32, n: u32, bits: u64) -> u64 {
     (u64::from(block) << 16) | (u64::from(n) << 8) | bits
+}
+
+/// Slots of [`FlowTable::memo_front`], and the key of an empty one (no [`memo_key`]).
+const MEMO_FRONT: usize = 1 << 9;
+const NO_MEMO: u64 = u64::MAX;
+
+/// The slot of a memo key in [`FlowTable::memo_front`] (Fibonacci hashing).
+#[inline(always)]
+fn memo_slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_FRONT.trailing_zeros())) as usize
 }
 
 /// libipt's return stack: 64 entries, the oldest overwritten when full.
@@ -1213,9 +1227,42 @@ impl PtDecoder<'_> {
             return None;
         }
         let key = memo_key(st.cur, n, bits);
+        let slot = memo_slot(key);
+        if let Some(&(k, r)) = self.blocks.flow.memo_front.get(slot) {
+            if k == key {
+                return (r.bits > 0).then_some(r);
+            }
+        }
+        self.flow_memo_slow(st, n, bits, key)
+    }
+
+    /// [`Self::flow_memo`] past its front cache: the memo (the run put in front), or a
+    /// new run.
+    #[inline(never)]
+    fn flow_memo_slow(
+        &mut self,
+        st: &mut FlowState,
+        n: u32,
+        bits: u64,
+        key: u64,
+    ) -> Option<MemoRun> {
         match self.blocks.flow.memo.get(&key) {
-            Some(r) => (r.bits > 0).then_some(*r),
+            Some(&r) => {
+                self.flow_memo_front(key, r);
+                (r.bits > 0).then_some(r)
+            }
             None => self.flow_memo_make(st, n, bits, key),
+        }
+    }
+
+    /// Puts `run` in front of the memo.
+    fn flow_memo_front(&mut self, key: u64, run: MemoRun) {
+        let front = &mut self.blocks.flow.memo_front;
+        if front.is_empty() {
+            front.resize(MEMO_FRONT, (NO_MEMO, MemoRun::default()));
+        }
+        if let Some(e) = front.get_mut(memo_slot(key)) {
+            *e = (key, run);
         }
     }
 
@@ -1334,6 +1381,7 @@ impl PtDecoder<'_> {
             }
         }
         self.blocks.flow.memo.insert(key, run);
+        self.flow_memo_front(key, run);
         (run.bits > 0).then_some(run)
     }
 
