@@ -26,7 +26,7 @@ pub use flow::DecoderKind;
 pub use crate::compact::CompactRecords;
 use crate::decoder::TraceDecoder;
 use crate::runs::Runs;
-use queue::{Item, ItemQueue};
+use queue::{Drained, Item, ItemQueue};
 
 /// Per-window decoding options.
 #[derive(Debug, Clone, Default)]
@@ -412,10 +412,10 @@ impl<'a> PtDecoder<'a> {
         dec.sections = ipt::SectionCache::new().map(std::sync::Arc::new);
         let mut queue = ItemQueue::with_capacity(1024);
         if let Some(w) = opts.window_id {
-            queue.push_back(Item::rec(Record::WindowId(w)));
+            queue.push_rec(Record::WindowId(w));
         }
         if let Some(c) = opts.cpu {
-            queue.push_back(Item::rec(Record::Cpu(c)));
+            queue.push_rec(Record::Cpu(c));
         }
         // What the fast decoder does not read: such a window is libipt's from its start.
         let fast_start = opts.decoder == DecoderKind::Fast && state == State::Start;
@@ -581,8 +581,7 @@ impl<'a> PtDecoder<'a> {
         self.ts_unknown = false;
         self.last_timestamp = Some(tsc);
         let perf_time = self.params.time.map(|c| c.tsc_to_perf_time(tsc));
-        self.queue
-            .push_back(Item::rec(Record::Timestamp { tsc, perf_time }));
+        self.queue.push_rec(Record::Timestamp { tsc, perf_time });
     }
 
     /// The sync point's timestamp, once the trace's time is known.
@@ -790,7 +789,7 @@ impl<'a> PtDecoder<'a> {
         let mut cut = None;
         for (k, item) in after.iter().enumerate().skip(aw.scanned) {
             let recs = match item {
-                Item::Rec(r) => std::slice::from_ref(&**r),
+                Item::Rec(r) => self.queue.rec(*r).map_or(&[][..], std::slice::from_ref),
                 Item::Block(start, len) => {
                     let (start, len) = (*start as usize, *len as usize);
                     self.blocks.arena.get(start..start + len).unwrap_or(&[])
@@ -821,7 +820,7 @@ impl<'a> PtDecoder<'a> {
         };
         let timestamps = after[..k]
             .iter()
-            .any(|it| matches!(it, Item::Rec(r) if matches!(**r, Record::Timestamp { .. })));
+            .any(|it| matches!(it, Item::Rec(r) if matches!(self.queue.rec(*r), Some(Record::Timestamp { .. }))));
         if aw.insns > 0 && timestamps {
             return false;
         }
@@ -873,7 +872,7 @@ impl<'a> PtDecoder<'a> {
         };
         let timestamps = after
             .iter()
-            .any(|it| matches!(it, Item::Rec(r) if matches!(**r, Record::Timestamp { .. })));
+            .any(|it| matches!(it, Item::Rec(r) if matches!(self.queue.rec(*r), Some(Record::Timestamp { .. }))));
         if at != aw.fup || aw.scanned != after.len() || (aw.insns > 0 && timestamps) {
             return false;
         }
@@ -934,16 +933,13 @@ impl<'a> PtDecoder<'a> {
                 self.queue.push_rec(Record::TraceEnabled { ip });
             }
             Ev::Disabled { ip } => {
-                self.queue
-                    .push_back(Item::rec(Record::TraceDisabled { ip }));
+                self.queue.push_rec(Record::TraceDisabled { ip });
             }
             Ev::AsyncDisabled { at, .. } => {
-                self.queue
-                    .push_back(Item::rec(Record::TraceDisabled { ip: Some(at) }));
+                self.queue.push_rec(Record::TraceDisabled { ip: Some(at) });
             }
             Ev::AsyncBranch { from, to } => {
-                self.queue
-                    .push_back(Item::rec(Record::KernelXfer { from, to }));
+                self.queue.push_rec(Record::KernelXfer { from, to });
             }
             Ev::Overflow { ip } => {
                 self.queue.push_rec(Record::Overflow { ip });
@@ -1320,8 +1316,8 @@ impl PtDecoder<'_> {
             let arena = self.blocks.retired.len() as u32;
             for item in self.queue.drain() {
                 match item {
-                    Item::Rec(r) => out.push_marker(*r),
-                    Item::Block(start, len) => {
+                    Drained::Rec(r) => out.push_marker(r),
+                    Drained::Block(start, len) => {
                         out.push_block(arena, start, len, &self.blocks.arena)
                     }
                 }
@@ -1469,11 +1465,11 @@ impl PtDecoder<'_> {
             }
             Item::Rec(r) => {
                 self.batch.clear();
-                let r = self.queue.unbox(r);
+                let r = self.queue.take_rec(r);
                 self.batch.push(r);
                 while let Some(Item::Rec(_)) = self.queue.front() {
                     if let Some(Item::Rec(r)) = self.queue.pop_front() {
-                        let r = self.queue.unbox(r);
+                        let r = self.queue.take_rec(r);
                         self.batch.push(r);
                     }
                 }
@@ -1616,7 +1612,7 @@ impl PtDecoder<'_> {
                 self.fill();
             }
             match self.queue.pop_front()? {
-                Item::Rec(r) => return Some(self.queue.unbox(r)),
+                Item::Rec(r) => return Some(self.queue.take_rec(r)),
                 Item::Block(start, len) => {
                     self.cur = start as usize;
                     self.cur_end = start as usize + len as usize;

@@ -3,70 +3,69 @@
 
 use crate::records::Record;
 
-/// A queued output unit: one record, or a (shared, cached) block's records.
+/// A queued output unit: one record, or a (shared, cached) block's records. Plain data:
+/// emptying the queue drops nothing item by item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Item {
-    /// A marker (boxed: markers are rare, and this keeps queue entries small).
-    Rec(Box<Record>),
+    /// A marker: its index among the queue's records (markers are rare).
+    Rec(u32),
     /// `len` records at `start` in the block cache's arena.
     Block(u32, u32),
 }
 
-impl Item {
-    pub(crate) fn rec(r: Record) -> Item {
-        Item::Rec(Box::new(r))
-    }
+/// An item drained from the queue, its record taken out.
+pub(crate) enum Drained {
+    Rec(Record),
+    Block(u32, u32),
 }
 
 /// FIFO of [`Item`]s: a vector and a read position, emptied when fully read (cheaper
-/// than a ring buffer for the fill-then-drain pattern of the decoder).
+/// than a ring buffer for the fill-then-drain pattern of the decoder), and the records
+/// of its `Rec` items.
 pub(crate) struct ItemQueue {
     items: Vec<Item>,
     head: usize,
+    recs: Vec<Record>,
     /// Items pushed so far (a position in the stream of items that draining leaves valid).
     pub(crate) pushed: u64,
     /// Records pushed so far (a block item counts its records).
     pub(crate) records: u64,
-    /// Boxes of records handed out, for the next records (a timed trace has a timestamp
-    /// record every few blocks). Boxes, not records: they are the allocations reused.
-    #[allow(clippy::vec_box)]
-    spare: Vec<Box<Record>>,
 }
-
-/// Boxes kept for reuse.
-const SPARE_BOXES: usize = 64;
 
 impl ItemQueue {
     pub(crate) fn with_capacity(n: usize) -> Self {
         ItemQueue {
             items: Vec::with_capacity(n),
             head: 0,
+            recs: Vec::new(),
             pushed: 0,
             records: 0,
-            spare: Vec::new(),
         }
     }
 
-    /// Queues a record, in a box handed back earlier when there is one.
+    /// Queues a record.
     #[inline]
     pub(crate) fn push_rec(&mut self, r: Record) {
-        let item = match self.spare.pop() {
-            Some(mut b) => {
-                *b = r;
-                Item::Rec(b)
-            }
-            None => Item::rec(r),
-        };
-        self.push_back(item);
+        self.empty_if_read();
+        let i = u32::try_from(self.recs.len()).unwrap_or(u32::MAX);
+        self.recs.push(r);
+        self.push_back(Item::Rec(i));
     }
 
-    /// The record of a `Rec` item handed out; its box is kept for the next record.
+    /// The record of a `Rec` item.
     #[inline]
-    pub(crate) fn unbox(&mut self, mut b: Box<Record>) -> Record {
-        let r = std::mem::replace(&mut *b, Record::WindowId(0));
-        if self.spare.len() < SPARE_BOXES {
-            self.spare.push(b);
-        }
-        r
+    pub(crate) fn rec(&self, i: u32) -> Option<&Record> {
+        self.recs.get(i as usize)
+    }
+
+    /// The record of a `Rec` item handed out (taken out of the queue).
+    #[inline]
+    pub(crate) fn take_rec(&mut self, i: u32) -> Record {
+        self.recs
+            .get_mut(i as usize)
+            .map_or(Record::WindowId(0), |r| {
+                std::mem::replace(r, Record::WindowId(0))
+            })
     }
 
     #[inline]
@@ -80,14 +79,21 @@ impl ItemQueue {
         self.items.len().saturating_sub(self.head)
     }
 
+    /// Starts over when everything queued was read.
+    #[inline(always)]
+    fn empty_if_read(&mut self) {
+        if self.head > 0 && self.head >= self.items.len() {
+            self.items.clear();
+            self.recs.clear();
+            self.head = 0;
+        }
+    }
+
     // (Always inlined: the fast decoder pushes once per block, and the compiler's own
     // choice here has flipped with unrelated changes, costing a third of its speed.)
     #[inline(always)]
     pub(crate) fn push_back(&mut self, item: Item) {
-        if self.head > 0 && self.head >= self.items.len() {
-            self.items.clear();
-            self.head = 0;
-        }
+        self.empty_if_read();
         self.records += match item {
             Item::Rec(_) => 1,
             Item::Block(_, len) => u64::from(len),
@@ -108,12 +114,20 @@ impl ItemQueue {
     /// still measure the items queued after them.
     pub(crate) fn truncate_last(&mut self, n: usize) {
         let keep = self.items.len().saturating_sub(n).max(self.head);
+        let mut first_rec = None;
         for item in self.items.drain(keep..) {
             self.pushed -= 1;
             self.records -= match item {
-                Item::Rec(_) => 1,
+                Item::Rec(i) => {
+                    first_rec.get_or_insert(i);
+                    1
+                }
                 Item::Block(_, len) => u64::from(len),
             };
+        }
+        // (Records are queued in order: the dropped ones are the last.)
+        if let Some(i) = first_rec {
+            self.recs.truncate(i as usize);
         }
     }
 
@@ -136,9 +150,9 @@ impl ItemQueue {
 
     #[inline]
     pub(crate) fn pop_front(&mut self) -> Option<Item> {
-        let slot = self.items.get_mut(self.head)?;
+        let item = *self.items.get(self.head)?;
         self.head += 1;
-        Some(std::mem::replace(slot, Item::Block(0, 0)))
+        Some(item)
     }
 
     /// Drops the first `n` queued records (a block's first ones from its front); returns
@@ -168,10 +182,25 @@ impl ItemQueue {
         0
     }
 
-    /// Removes and returns every queued item, in order.
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = Item> + '_ {
+    /// Removes and returns every queued item, in order, with its record.
+    pub(crate) fn drain(&mut self) -> Vec<Drained> {
         let head = std::mem::take(&mut self.head);
-        self.items.drain(..).skip(head)
+        let mut recs = std::mem::take(&mut self.recs)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>();
+        self.items
+            .drain(..)
+            .skip(head)
+            .map(|item| match item {
+                Item::Rec(i) => Drained::Rec(
+                    recs.get_mut(i as usize)
+                        .and_then(Option::take)
+                        .unwrap_or(Record::WindowId(0)),
+                ),
+                Item::Block(start, len) => Drained::Block(start, len),
+            })
+            .collect()
     }
 }
 
@@ -186,7 +215,7 @@ mod tests {
         let mark = q.pushed;
         assert_eq!(q.since(mark).map(<[Item]>::len), Some(0));
         q.push_back(Item::Block(1, 2));
-        q.push_back(Item::rec(Record::Cpu(1)));
+        q.push_rec(Record::Cpu(1));
         assert!(matches!(
             q.since(mark),
             Some([Item::Block(1, 2), Item::Rec(_)])
@@ -202,14 +231,14 @@ mod tests {
         q.push_back(Item::Block(3, 1));
         let mark = q.pushed;
         q.push_back(Item::Block(4, 2));
-        q.push_back(Item::rec(Record::Cpu(2)));
+        q.push_rec(Record::Cpu(2));
         let (pushed, records) = (q.pushed, q.records);
         q.truncate_last(2);
         // The counts follow: a position taken before the dropped items measures what was
         // queued after it (and truncating what that measures drops nothing before it).
         assert_eq!((q.pushed, q.records), (pushed - 2, records - 3));
         assert_eq!(q.since(mark).map(<[Item]>::len), Some(0));
-        q.push_back(Item::rec(Record::Cpu(3)));
+        q.push_rec(Record::Cpu(3));
         assert!(matches!(q.since(mark), Some([Item::Rec(_)])));
         q.truncate_last(usize::try_from(q.pushed - mark).unwrap());
         assert!(matches!(q.pop_front(), Some(Item::Block(3, 1))));
