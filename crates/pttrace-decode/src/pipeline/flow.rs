@@ -1077,15 +1077,18 @@ impl PtDecoder<'_> {
     #[inline]
     fn flow_hot(&mut self, st: &mut FlowState) -> Result<Option<Stop>, Fallback> {
         loop {
-            let b = *self
+            // (The block is copied where it is used: a memoized run needs its index only.)
+            let end = self
                 .blocks
                 .flow
                 .blocks
                 .get(st.cur as usize)
-                .ok_or("no block")?;
-            match b.end {
-                End::Nomap => return self.flow_nomap(st, b),
+                .ok_or("no block")?
+                .end;
+            match end {
+                End::Nomap => return self.flow_nomap(st, self.flow_cur(st)?),
                 End::Continue => {
+                    let b = self.flow_cur(st)?;
                     st.without_trace += u64::from(b.len);
                     if st.without_trace > super::MAX_INSNS_WITHOUT_TRACE {
                         return Err("too many instructions without trace");
@@ -1098,7 +1101,7 @@ impl PtDecoder<'_> {
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         match self.flow_next_item(st)? {
                             TraceItem::Tnt => {}
-                            other => return self.flow_item_at(st, b, other),
+                            other => return self.flow_item_at(st, self.flow_cur(st)?, other),
                         }
                     }
                     if st.tnt_n > 1 {
@@ -1116,6 +1119,7 @@ impl PtDecoder<'_> {
                             continue;
                         }
                     }
+                    let b = self.flow_cur(st)?;
                     st.tnt_n -= 1;
                     let taken = (st.tnt >> st.tnt_n) & 1 != 0;
                     self.flow_push_block(st, b, b.len);
@@ -1127,6 +1131,7 @@ impl PtDecoder<'_> {
                     }
                 }
                 End::Return => {
+                    let b = self.flow_cur(st)?;
                     if st.tnt_n == 0 && !tnt_here(self.trace, st) {
                         let item = match tip_here(self.trace, st) {
                             Some(ip) => TraceItem::Tip(ip),
@@ -1165,6 +1170,7 @@ impl PtDecoder<'_> {
                     }
                 }
                 End::Indirect | End::IndirectCall | End::Syscall => {
+                    let b = self.flow_cur(st)?;
                     let item = if st.tnt_n != 0 {
                         self.flow_deferred_tip(st)?
                     } else if let Some(ip) = tip_here(self.trace, st) {
@@ -1195,6 +1201,17 @@ impl PtDecoder<'_> {
                 }
             }
         }
+    }
+
+    /// The block the walk is at.
+    #[inline(always)]
+    fn flow_cur(&self, st: &FlowState) -> Result<FBlock, Fallback> {
+        self.blocks
+            .flow
+            .blocks
+            .get(st.cur as usize)
+            .copied()
+            .ok_or("no block")
     }
 
     /// An indirect branch with TNT bits pending (those of the TNT packet just read, or
