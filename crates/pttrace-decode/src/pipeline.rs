@@ -1547,6 +1547,17 @@ impl TraceDecoder for PtDecoder<'_> {
                     return Some(b);
                 }
             }
+            // Queued blocks (the fast decoder's) in this loop, without a call each.
+            if self.cur >= self.cur_end {
+                while let Some((start, len)) = self.queue.pop_block() {
+                    let (start, len) = (start as usize, len as usize);
+                    if let Some(recs) = self.blocks.arena.get(start..start + len) {
+                        if let ControlFlow::Break(b) = f(recs) {
+                            return Some(b);
+                        }
+                    }
+                }
+            }
             let s = self.next_slice_cold()?;
             if let ControlFlow::Break(b) = f(s) {
                 return Some(b);

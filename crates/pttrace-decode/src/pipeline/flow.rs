@@ -96,6 +96,8 @@ struct FBlock {
     ncalls: u16,
     calls: u32,
     fall: u64,
+    /// A conditional branch's target; for an indirect branch or a return, the block key
+    /// ([`mode_key`]) it went to last ([`PtDecoder::flow_target`]).
     target: u64,
     /// Linked successors: [fall, target].
     next: [u32; 2],
@@ -1145,7 +1147,7 @@ impl PtDecoder<'_> {
                             TraceItem::Tip(ip) => {
                                 self.flow_push_block(st, b, b.len);
                                 self.flow_commit(st);
-                                st.cur = self.flow_block(ip)?;
+                                st.cur = self.flow_target(st.cur, ip)?;
                                 if self.flow_yield(st) {
                                     return Ok(Some(Stop::Yield));
                                 }
@@ -1164,7 +1166,7 @@ impl PtDecoder<'_> {
                         return Err(self.flow_retstack_empty(st, b));
                     };
                     self.flow_commit(st);
-                    st.cur = self.flow_block(ip)?;
+                    st.cur = self.flow_target(st.cur, ip)?;
                     if self.flow_yield(st) {
                         return Ok(Some(Stop::Yield));
                     }
@@ -1191,7 +1193,7 @@ impl PtDecoder<'_> {
                                 st.ret.push(b.fall);
                             }
                             self.flow_commit(st);
-                            st.cur = self.flow_block(ip)?;
+                            st.cur = self.flow_target(st.cur, ip)?;
                             if self.flow_yield(st) {
                                 return Ok(Some(Stop::Yield));
                             }
@@ -1993,6 +1995,32 @@ impl PtDecoder<'_> {
         let to = self.flow_block(ip)?;
         if let Some(b) = self.blocks.flow.blocks.get_mut(from as usize) {
             b.next[k] = to;
+        }
+        Ok(to)
+    }
+
+    /// The block at `ip` where block `from` (which ends in an indirect branch or a
+    /// return) went: the one it went to last time when `ip` is the same (a block of that
+    /// kind keeps it in `target` and `next[1]`, which only conditional blocks use
+    /// otherwise), without a lookup.
+    #[inline(always)]
+    fn flow_target(&mut self, from: u32, ip: u64) -> Result<u32, Fallback> {
+        let key = mode_key(ip, self.blocks.flow.mode);
+        if let Some(b) = self.blocks.flow.blocks.get(from as usize) {
+            if b.target == key && b.next[1] != NO_BLOCK {
+                return Ok(b.next[1]);
+            }
+        }
+        self.flow_target_new(from, ip, key)
+    }
+
+    #[inline(never)]
+    fn flow_target_new(&mut self, from: u32, ip: u64, key: u64) -> Result<u32, Fallback> {
+        let to = self.flow_block(ip)?;
+        if let Some(b) = self.blocks.flow.blocks.get_mut(from as usize) {
+            if !matches!(b.end, End::Cond | End::Continue | End::Nomap) {
+                (b.target, b.next[1]) = (key, to);
+            }
         }
         Ok(to)
     }
