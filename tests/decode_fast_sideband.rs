@@ -2,6 +2,7 @@
 //! the program runs, code replaced at an address) are applied where libipt's path applies
 //! them, at the first event whose time passes theirs, and the records equal libipt's
 //! record for record. Where the change alters code the fast decoder already decoded, it
+//! builds its blocks anew when the change came while tracing was off, and otherwise
 //! hands the window to libipt, which starts over from the window's first image.
 
 mod common;
@@ -159,8 +160,9 @@ fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on(
     assert_eq!(gap_ips(&fast), [Some(LIB), Some(LIB)]);
 
     // Mapped at time 400: the second round (300) finds no code there, the third (500)
-    // does. The fast decoder had decoded the library's address as code without an image:
-    // the mapping changes that, and the window goes to libipt.
+    // does. The fast decoder had decoded the library's address as code without an image;
+    // the mapping, applied while tracing is off (at the PSB+ of time 500), changes that,
+    // and its blocks are built anew at the enable.
     let events = parse_records(
         "sb",
         &encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &lib_file, 400),
@@ -170,20 +172,14 @@ fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on(
     let (lib_recs, _) = decode(&trace, &space, &events, DecoderKind::Libipt);
     let (fast, by) = decode(&trace, &space, &events, DecoderKind::Fast);
     assert_eq!(fast, lib_recs);
-    assert_eq!(
-        by,
-        (
-            "libipt",
-            Some("an image change (sideband) over code decoded before it in the window")
-        )
-    );
+    assert_eq!(by, ("fast", None));
     assert_eq!(gap_ips(&fast), [Some(LIB)]);
     let want: Vec<u64> = [&round1[..], &m[..2], &round_lib].concat();
     assert_eq!(pcs(&fast), want);
 }
 
 #[test]
-fn code_replaced_under_decoded_blocks_goes_to_libipt_and_the_same_bytes_stay_fast() {
+fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_libipt() {
     let dir = tempfile::tempdir().unwrap();
     let (main, m) = main_code();
     let (lib_a, la) = asm(LIB, |a| {
@@ -201,7 +197,8 @@ fn code_replaced_under_decoded_blocks_goes_to_libipt_and_the_same_bytes_stay_fas
     );
     let mut space = AddressSpace::new();
     space.add_bytes("main", main, MAIN);
-    // Every round calls the library: version A mapped at 50, then at 400 B or A again.
+    // Every round calls the library: version A mapped at 50, then at 400 B or A again,
+    // applied at the third round's enable (500), while tracing is off.
     let mut w = PtWriter::new();
     w.psb_plus(Some(100), None)
         .tip_pge(m[0])
@@ -211,27 +208,81 @@ fn code_replaced_under_decoded_blocks_goes_to_libipt_and_the_same_bytes_stay_fas
     w.tsc(300).tip_pge(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
     w.tsc(500).tip_pge(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
     let round = |l: &[u64]| [&[m[0], m[1]][..], l, &[m[2]]].concat();
-
-    for (second, second_ips) in [(&fb, &lb), (&fa, &la)] {
+    let sideband = |second: &std::path::Path| {
         let mut sb = encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &fa, 50);
         sb.extend(encode_mmap2(1, 1, LIB, 0x1000, 0x1000, second, 400));
-        let events = parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap();
+        parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap()
+    };
+    for (second, second_ips) in [(&fb, &lb), (&fa, &la)] {
+        let events = sideband(second);
         let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
         let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
         assert_eq!(fast, lib_recs);
+        assert_eq!(by, ("fast", None));
         let want = [round(&la), round(&la), round(second_ips)].concat();
         assert_eq!(pcs(&fast), want);
-        if second == &fb {
-            assert_eq!(
-                by,
-                (
-                    "libipt",
-                    Some("an image change (sideband) over code decoded before it in the window")
-                )
-            );
+        // (The last round's first instruction at LIB.)
+        let xor = fast
+            .iter()
+            .rev()
+            .find_map(|r| r.as_instruction().filter(|i| i.pc == LIB));
+        let first = if second == &fb {
+            &lib_b[..2]
         } else {
-            // (Mapped again with the same bytes: the blocks stay.)
-            assert_eq!(by, ("fast", None));
-        }
+            &lib_a[..2]
+        };
+        assert_eq!(xor.map(|i| i.encoding().to_vec()), Some(first.to_vec()));
     }
+
+    // The change applied while code is walked: an interrupt at a1 (time 500) into the
+    // library, whose code changed after the fast decoder had decoded it; the window goes
+    // to libipt, and the records are B's from the interrupt on.
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None)
+        .tip_pge(m[0])
+        .tip(LIB)
+        .tnt(&[true])
+        .tip(m[0]);
+    w.tsc(500).fup(m[1]).tip(LIB).tip(m[2]).tip_pgd(None);
+    let events = sideband(&fb);
+    let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
+    let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
+    assert_eq!(fast, lib_recs);
+    assert_eq!(
+        by,
+        (
+            "libipt",
+            Some("an image change (sideband) over code decoded before it in the window")
+        )
+    );
+    let want = [round(&la), vec![m[0]], lb.clone(), vec![m[2]]].concat();
+    assert_eq!(pcs(&fast), want);
+    assert_eq!(gap_ips(&fast), []);
+
+    // The same with an event that moves no code (a CBR at time 500, after two rounds,
+    // between a call's return and the jump back): the blocks walked on after it, and the
+    // links they made to the library, are A's, so the window goes to libipt, whose third
+    // round runs B.
+    let mut w = PtWriter::new();
+    w.psb_plus(Some(100), None)
+        .tip_pge(m[0])
+        .tip(LIB)
+        .tnt(&[true])
+        .tip(m[0])
+        .tip(LIB)
+        .tnt(&[true])
+        .tsc(500);
+    w.buf.extend_from_slice(&[0x02, 0x03, 0x20, 0x00]); // CBR 32
+    w.tip(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
+    let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
+    let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
+    assert_eq!(fast, lib_recs);
+    assert_eq!(
+        by,
+        (
+            "libipt",
+            Some("an image change (sideband) over code decoded before it in the window")
+        )
+    );
+    assert_eq!(pcs(&fast), [round(&la), round(&la), round(&lb)].concat());
 }

@@ -277,6 +277,9 @@ pub struct PtDecoder<'a> {
     sideband_start: Option<Box<(AddressSpace, Vec<ImageEvent>)>>,
     /// An image change the fast decoder cannot follow: it hands the window to libipt.
     sideband_failed: Option<flow::Fallback>,
+    /// An image change while tracing was off changed code the fast decoder had decoded:
+    /// its blocks are built anew at the TIP.PGE that enables tracing.
+    sideband_rebuild: bool,
     /// The block just expanded holds a branch libipt does not know: decoding stops there
     /// (a gap) and resumes at the next PSB.
     stop_at_unknown_branch: bool,
@@ -484,6 +487,7 @@ impl<'a> PtDecoder<'a> {
             fallback: not_fast,
             sideband_start: None,
             sideband_failed: None,
+            sideband_rebuild: false,
             stop_at_unknown_branch: false,
             skip: 0,
             flow_done: false,

@@ -1050,6 +1050,7 @@ impl PtDecoder<'_> {
                 match self.flow_next_item(st)? {
                     TraceItem::Pge(ip) => {
                         self.flow_event(st, Record::TraceEnabled { ip });
+                        self.flow_blocks_anew_for_sideband();
                         st.enabled = true;
                         st.cur = self.flow_block(ip)?;
                     }
@@ -1951,7 +1952,9 @@ impl PtDecoder<'_> {
                 self.tsc = Some(t);
                 self.timestamp(t);
                 if !self.timeline.is_done() {
-                    self.flow_sideband();
+                    // (Tracing off, or going off: no block walked until it is on again.)
+                    let off = !st.enabled || matches!(rec, Record::TraceDisabled { .. });
+                    self.flow_sideband(off);
                 }
             }
             None => self.flush_pending_timestamp(),
@@ -1965,10 +1968,17 @@ impl PtDecoder<'_> {
     /// time moves to the trace's.
     #[inline]
     fn flow_quiet_event(&mut self, st: &mut FlowState) {
+        self.flow_quiet_event_at(st, !st.enabled);
+    }
+
+    /// [`Self::flow_quiet_event`] where the caller tells whether a block is held after it
+    /// (`off`: none, for sideband applied there).
+    #[inline]
+    fn flow_quiet_event_at(&mut self, st: &mut FlowState, off: bool) {
         if let Some(t) = st.clock.now() {
             self.tsc = Some(t);
             if !self.timeline.is_done() {
-                self.flow_sideband();
+                self.flow_sideband(off);
             }
         }
         st.event_at = self.queue.pushed;
@@ -2028,6 +2038,10 @@ impl PtDecoder<'_> {
     /// The block at `ip`, built on first use.
     #[inline]
     fn flow_block(&mut self, ip: u64) -> Result<u32, Fallback> {
+        if self.sideband_rebuild {
+            // (Tracing enabled otherwise than by a TIP.PGE: see `sideband`.)
+            return Err(sideband::CODE_CHANGED);
+        }
         let key = mode_key(ip, self.blocks.flow.mode);
         if let Some(&b) = self.blocks.flow.map.get(&key) {
             return Ok(b);
@@ -2585,8 +2599,9 @@ impl PtDecoder<'_> {
             Some(ip) if !sync || st.at_cut => ReadOn::ToFup(ip),
             _ => ReadOn::Nothing,
         };
-        // The status update events (their time: the PSB+'s).
-        self.flow_quiet_event(st);
+        // The status update events (their time: the PSB+'s). No block is held after them
+        // where tracing is off, or where the decoder synchronizes here.
+        self.flow_quiet_event_at(st, sync || fup.is_none());
         if sync {
             st.ret = RetStack::new();
             match fup {
@@ -2595,6 +2610,7 @@ impl PtDecoder<'_> {
                         return Err("no MODE.Exec at the synchronization point");
                     }
                     st.enabled = true;
+                    self.flow_blocks_anew_for_sideband();
                     st.cur = self.flow_block(ip)?;
                 }
                 None => st.enabled = false,

@@ -7,12 +7,21 @@
 //! times: their timestamps are libipt's). The blocks it built before keep their records
 //! only where the change leaves their code as it was: the bytes of every page they were
 //! read from (a page without code included) are compared before and after the change.
-//! Where one differs, code already decoded changed under it, and the window goes to
-//! libipt (which starts over from the window's image and events).
+//! Where one differs, code already decoded changed under it. Applied while tracing is
+//! off (no block is walked until it is on again), the blocks are built anew from the new
+//! image at the TIP.PGE that enables it (as after every system call where only user code
+//! is traced: where mappings change); applied while code is walked, or followed by
+//! another way of enabling, the window goes to libipt (which starts over from the
+//! window's image and events).
 
-use super::{FlowTable, PtDecoder, CODE_PAGE};
+use super::{Fallback, FlowTable, PtDecoder, CODE_PAGE};
 use crate::image::AddressSpace;
+use crate::insn::ArenaTied;
 use crate::sideband::ImageChange;
+
+/// Why the fast decoder hands a window over where sideband changed code it decoded.
+pub(super) const CODE_CHANGED: Fallback =
+    "an image change (sideband) over code decoded before it in the window";
 
 /// The bytes of a page as an address space gives them (what it reads from the page's
 /// start: a page partly or not mapped reads shorter).
@@ -54,11 +63,13 @@ fn pages_touched(table: &FlowTable, change: &ImageChange, out: &mut Vec<u64>) {
 
 impl PtDecoder<'_> {
     /// Applies the sideband events the trace's time (`self.tsc`) has passed, keeping the
-    /// blocks built so far where their code did not change; otherwise notes the fallback
-    /// (`sideband_failed`: the run in progress ends in it, nothing after handed out).
+    /// blocks built so far where their code did not change; otherwise, while tracing is
+    /// `off`, notes that they are built anew at the next TIP.PGE (`sideband_rebuild`),
+    /// and while code is walked notes the fallback (`sideband_failed`: the run in
+    /// progress ends in it, nothing after handed out).
     #[cold]
     #[inline(never)]
-    pub(in crate::pipeline) fn flow_sideband(&mut self) {
+    pub(in crate::pipeline) fn flow_sideband(&mut self, off: bool) {
         if self.sideband_failed.is_some() {
             return;
         }
@@ -93,11 +104,21 @@ impl PtDecoder<'_> {
             .all(|(&p, old)| page_bytes(&space, p) == *old);
         let generation = space.generation();
         drop(space);
-        if same {
-            self.blocks.keep_for(generation);
-        } else {
-            self.sideband_failed =
-                Some("an image change (sideband) over code decoded before it in the window");
+        self.blocks.keep_for(generation);
+        if !same {
+            if off {
+                self.sideband_rebuild = true;
+            } else {
+                self.sideband_failed = Some(CODE_CHANGED);
+            }
+        }
+    }
+
+    /// At a TIP.PGE, after sideband applied while tracing was off changed code already
+    /// decoded: the blocks are built anew (the records already queued stay in the arena).
+    pub(in crate::pipeline) fn flow_blocks_anew_for_sideband(&mut self) {
+        if std::mem::take(&mut self.sideband_rebuild) {
+            self.blocks.flow.clear();
         }
     }
 }
