@@ -381,6 +381,43 @@ fn image_and_events(prog: &LoopProgram, dir: &std::path::Path) -> (AddressSpace,
     (space, events)
 }
 
+/// [`image_and_events`], then the loop's code mapped again with each short conditional
+/// jump's condition inverted (`jz` for `jnz`...: the same instruction bounds, other
+/// branches taken) at three times in the traces' range, and back: code the fast decoder
+/// decoded changes under it, while tracing is on or off.
+fn image_and_changing_events(
+    prog: &LoopProgram,
+    dir: &std::path::Path,
+) -> (AddressSpace, Vec<ImageEvent>) {
+    let (space, _) = image_and_events(prog, dir);
+    let mut inverted = prog.code.clone();
+    let mut off = 0;
+    while off < inverted.len() {
+        let pc = prog.base + off as u64;
+        let Some(info) = decode_insn(&prog.code[off..], pc, ExecMode::Bit64) else {
+            break;
+        };
+        if info.class == InsnClass::CondJump && (0x70..0x80).contains(&inverted[off]) {
+            inverted[off] ^= 1;
+        }
+        off += usize::from(info.size);
+    }
+    assert_ne!(inverted, prog.code);
+    let (same, other) = (dir.join("loop.bin"), dir.join("inverted.bin"));
+    std::fs::write(&same, &prog.code).unwrap();
+    std::fs::write(&other, &inverted).unwrap();
+    let mut sb = Vec::new();
+    for (t, f) in [
+        (1_002_000u64, &other),
+        (1_006_000, &same),
+        (1_012_000, &other),
+        (1_030_000, &same),
+    ] {
+        sb.extend(encode_mmap2(1, 1, prog.base, 0x1000, 0, f, t));
+    }
+    (space, parse_records("sb", &sb, TEST_SAMPLE_TYPE).unwrap())
+}
+
 fn count<F: Fn(&Record) -> bool>(recs: &[Record], f: F) -> usize {
     recs.iter().filter(|r| f(r)).count()
 }
@@ -465,17 +502,47 @@ fn parallel_equals_sequential_on_valid_traces() {
         cases += 1;
     }
     assert_eq!(cases, 9);
+    // Sideband that changes the code under the decoders (conditions inverted and back):
+    // every record libipt's, sequentially and PSB-parallel, and the fast decoder's too.
+    let changing_dir = tempfile::tempdir().unwrap();
+    let (space, changing) = image_and_changing_events(&prog, changing_dir.path());
+    for (size, psb_every, seed) in [(30_000, 60, 31u64), (30_000, 150, 32)] {
+        let trace = timed_trace(&prog, size, psb_every, seed, false);
+        let s = Setup {
+            space: space.clone(),
+            events: changing.clone(),
+            params: TraceParams {
+                cpu: timed_cpu(),
+                time: time_conv(),
+                ..Default::default()
+            },
+            opts: WindowOptions {
+                source: "changing.pt".into(),
+                ..Default::default()
+            },
+        };
+        let what = format!("changing code {size}/{psb_every}/{seed}");
+        let seq = check(&trace, &s, &what, &[2, 3], true);
+        let (_, by) = fast_sequential(&trace, &s);
+        println!(
+            "{what}: {} instructions, {} gaps, decoded by {by:?}",
+            count(&seq, |r| r.as_instruction().is_some()),
+            count(&seq, |r| matches!(r, Record::Gap(_)))
+        );
+    }
 }
 
 /// 1,200 mutants (`testgen::mutate`: bit flips, random runs, truncation, insertion,
-/// deletion, duplicated chunks) of four traces (untimed, timed with sideband, MTC-timed,
-/// with CYC), each decoded on 2, 3 or 4 threads (every fourth also compact) and compared
+/// deletion, duplicated chunks) of five traces (untimed, timed with sideband, MTC-timed,
+/// with CYC, MTC-timed with sideband that changes the code), each decoded on 2, 3 or 4 threads (every fourth also compact) and compared
 /// whole with the sequential decode. `MUTANTS=n SEED=s` run other sets (a stress test).
 #[test]
 fn parallel_equals_sequential_on_mutated_traces() {
     let prog = LoopProgram::new(BASE);
     let dir = tempfile::tempdir().unwrap();
     let (space, events) = image_and_events(&prog, dir.path());
+    let changing_dir = tempfile::tempdir().unwrap();
+    let (_, changing) = image_and_changing_events(&prog, changing_dir.path());
     let bases = [
         (prog.trace(4000, 120, 99).0, TraceParams::default(), vec![]),
         (
@@ -503,6 +570,15 @@ fn parallel_equals_sequential_on_mutated_traces() {
                 ..Default::default()
             },
             events,
+        ),
+        (
+            timed_trace(&prog, 4000, 80, 95, false),
+            TraceParams {
+                cpu: timed_cpu(),
+                time: time_conv(),
+                ..Default::default()
+            },
+            changing,
         ),
     ];
     let seed: u64 = std::env::var("SEED")

@@ -242,6 +242,12 @@ impl ImageTimeline {
         rest.get(..n).filter(|d| !d.is_empty())
     }
 
+    /// Perf time of the last event applied (`Some(0)` for a time-less one), if any.
+    pub(crate) fn last_applied_time(&self) -> Option<u64> {
+        let i = self.next.checked_sub(1)?;
+        self.events.get(i).map(|e| e.time.unwrap_or(0))
+    }
+
     /// Perf time of the next pending event (`Some(0)` for a time-less event).
     pub fn next_time(&self) -> Option<u64> {
         self.events.get(self.next).map(|e| e.time.unwrap_or(0))

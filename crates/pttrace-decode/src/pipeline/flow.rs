@@ -619,6 +619,8 @@ pub(crate) struct FlowState {
     ret: RetStack,
     enabled: bool,
     synced: bool,
+    /// A MODE.Exec came since the synchronization (libipt's mode is unknown before).
+    mode_known: bool,
     /// The block the decoder is at (while enabled).
     cur: u32,
     /// Queue position after the last record the trace decided: what follows it is
@@ -802,6 +804,7 @@ impl FlowState {
             ret: RetStack::new(),
             enabled: false,
             synced: false,
+            mode_known: false,
             cur: NO_BLOCK,
             committed: 0,
             without_trace: 0,
@@ -857,6 +860,8 @@ impl FlowState {
                 self.ret = h.ret.clone();
                 self.enabled = h.enabled;
                 self.synced = true;
+                // (Handoffs are made in 64-bit code only.)
+                self.mode_known = true;
                 self.resume = h.ip;
             }
         }
@@ -937,7 +942,13 @@ impl PtDecoder<'_> {
         st.committed = self.queue.pushed;
         let mut r = self.flow_segment(&mut st);
         if r.is_err() && (st.resync || st.error.is_some()) {
-            r = self.flow_recover(&mut st, r);
+            r = if self.timeline.is_done() {
+                self.flow_recover(&mut st, r)
+            } else {
+                // (libipt's time after a decode error can come from packets the fast
+                // decoder does not read there: sideband applied after it could differ.)
+                Err("a decode error while sideband events are pending")
+            };
         }
         if matches!(r, Ok(Stop::Segment)) && !st.cuts.is_empty() {
             let at = st
@@ -1049,6 +1060,10 @@ impl PtDecoder<'_> {
             if !st.enabled {
                 match self.flow_next_item(st)? {
                     TraceItem::Pge(ip) => {
+                        if !st.mode_known {
+                            // (Hardware writes a MODE.Exec before each TIP.PGE.)
+                            return Err("TIP.PGE with no MODE.Exec since the synchronization");
+                        }
                         self.flow_event(st, Record::TraceEnabled { ip });
                         self.flow_blocks_anew_for_sideband();
                         st.enabled = true;
@@ -1951,7 +1966,7 @@ impl PtDecoder<'_> {
             Some(t) => {
                 self.tsc = Some(t);
                 self.timestamp(t);
-                if !self.timeline.is_done() {
+                if self.sideband_start.is_some() {
                     // (Tracing off, or going off: no block walked until it is on again.)
                     let off = !st.enabled || matches!(rec, Record::TraceDisabled { .. });
                     self.flow_sideband(off);
@@ -1977,7 +1992,7 @@ impl PtDecoder<'_> {
     fn flow_quiet_event_at(&mut self, st: &mut FlowState, off: bool) {
         if let Some(t) = st.clock.now() {
             self.tsc = Some(t);
-            if !self.timeline.is_done() {
+            if self.sideband_start.is_some() {
                 self.flow_sideband(off);
             }
         }
@@ -2297,6 +2312,7 @@ impl PtDecoder<'_> {
             Pkt::Trig(_) => {}
             Pkt::ModeExec { csl, csd } => {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
+                st.mode_known = true;
                 if !st.enabled {
                     // (The mode of the code tracing is enabled in next.)
                     self.blocks.flow.mode = mode;
@@ -2578,11 +2594,16 @@ impl PtDecoder<'_> {
             Some(m) if !sync && st.enabled && m != self.blocks.flow.mode => {
                 return Err("a PSB+ states another execution mode")
             }
-            Some(m) => self.blocks.flow.mode = m,
+            Some(m) => {
+                self.blocks.flow.mode = m;
+                st.mode_known = true;
+            }
             // (Without MODE.Exec: the mode goes on, but only 64-bit is assumed.)
             None if self.blocks.flow.mode != FlowMode::Bit64 => {
                 return Err("a PSB+ without MODE.Exec after code other than 64-bit")
             }
+            // (libipt's synchronization forgets the mode.)
+            None if sync => st.mode_known = false,
             None => {}
         }
         // Erratum BDM70: a PSB+ FUP followed by a TIP.PGE was written while tracing was

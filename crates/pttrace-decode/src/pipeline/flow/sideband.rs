@@ -4,7 +4,10 @@
 //! libipt's path applies the events whose perf time the trace's time has passed before
 //! each block, and the trace's time moves only at events; so the fast decoder applies
 //! them right after each event that moves its time (the same events, with the same
-//! times: their timestamps are libipt's). The blocks it built before keep their records
+//! times: their timestamps are libipt's). Where the time goes back (damaged trace) over
+//! an event applied, libipt may apply it later: the window goes to libipt. So does one
+//! with a decode error while events are pending (libipt's time after an error can come
+//! from packets the fast decoder does not read). The blocks it built before keep their records
 //! only where the change leaves their code as it was: the bytes of every page they were
 //! read from (a page without code included) are compared before and after the change.
 //! Where one differs, code already decoded changed under it. Applied while tracing is
@@ -77,6 +80,13 @@ impl PtDecoder<'_> {
             return;
         };
         let now = conv.tsc_to_perf_time(tsc);
+        if self.timeline.last_applied_time().is_some_and(|t| t > now) {
+            // The trace's time went back (a damaged TSC...) over an event applied at the
+            // later time: libipt's path, which applies them only before its next block,
+            // may not have applied it yet.
+            self.sideband_failed = Some("the trace's time went back over sideband applied");
+            return;
+        }
         let Some(due) = self.timeline.due(now) else {
             return;
         };
