@@ -3,7 +3,8 @@
 //! them, at the first event whose time passes theirs, and the records equal libipt's
 //! record for record. Where the change alters code the fast decoder already decoded, it
 //! builds its blocks anew when the change came while tracing was off, and otherwise
-//! hands the window to libipt, which starts over from the window's first image.
+//! hands the window to libipt, which starts over from the window's first image; so it
+//! does after a decode error while sideband is pending.
 
 mod common;
 

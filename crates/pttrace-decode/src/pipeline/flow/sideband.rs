@@ -1,21 +1,22 @@
 //! Sideband on the fast decoder: image changes (mmap, exec, code records) that happen
 //! during a window, applied where libipt's path applies them.
 //!
-//! libipt's path applies the events whose perf time the trace's time has passed before
-//! each block, and the trace's time moves only at events; so the fast decoder applies
-//! them right after each event that moves its time (the same events, with the same
-//! times: their timestamps are libipt's). Where the time goes back (damaged trace) over
-//! an event applied, libipt may apply it later: the window goes to libipt. So does one
-//! with a decode error while events are pending (libipt's time after an error can come
-//! from packets the fast decoder does not read). The blocks it built before keep their records
-//! only where the change leaves their code as it was: the bytes of every page they were
-//! read from (a page without code included) are compared before and after the change.
-//! Where one differs, code already decoded changed under it. Applied while tracing is
-//! off (no block is walked until it is on again), the blocks are built anew from the new
-//! image at the TIP.PGE that enables it (as after every system call where only user code
-//! is traced: where mappings change); applied while code is walked, or followed by
-//! another way of enabling, the window goes to libipt (which starts over from the
-//! window's image and events).
+//! When: libipt's path applies the events whose perf time the trace's time has passed
+//! before each block, and the trace's time moves only at events; so the fast decoder
+//! applies them right after each event that moves its time (the same events, with the
+//! same times: their timestamps are libipt's). Two cases where libipt's time could differ
+//! go to libipt (the window whole, from its own image and events): the time going back
+//! (a damaged TSC) over an event applied, which libipt's path may apply only later; and a
+//! decode error while events are pending, after which libipt's time can come from
+//! packets the fast decoder does not read.
+//!
+//! The blocks built before: they keep their records where the change leaves their code
+//! as it was, the bytes of every page they were read from (a page found without code
+//! included) the same before and after. Where one differs, code already decoded changed:
+//! applied while tracing is off (no block is walked until it is on again), the blocks are
+//! built anew from the new image at the TIP.PGE that enables it (as after every system
+//! call where only user code is traced: where mappings change); applied while code is
+//! walked, or followed by another way of enabling, the window goes to libipt.
 
 use super::{Fallback, FlowTable, PtDecoder, CODE_PAGE};
 use crate::image::AddressSpace;
