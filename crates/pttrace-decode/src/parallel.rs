@@ -114,8 +114,9 @@ const MISSED_MARKS: usize = 2;
 /// large enough that cutting costs little.
 pub const CHUNKS_PER_THREAD: usize = 16;
 
-/// How many libipt decoders one pass of the fast decoder is worth (it runs at about 4x
-/// libipt's block decoder: `cargo bench --bench decode`).
+/// How many libipt decoders one pass of the fast decoder is worth (it runs at 4-4.5x
+/// libipt's block decoder in wall time, 5x by instruction count: `cargo bench --bench
+/// decode`).
 const FAST_PASSES: usize = 4;
 
 /// Decodes `trace` on `threads` threads and returns records identical to one
