@@ -1913,7 +1913,9 @@ impl PtDecoder<'_> {
         )
     }
 
-    #[inline]
+    // (Always inlined: once per block and memoized run; the compiler's own choice has
+    // flipped with unrelated changes elsewhere.)
+    #[inline(always)]
     fn flow_push(&mut self, start: u32, len: u32) {
         if len == 0 {
             return;
