@@ -327,7 +327,6 @@ impl<T: ArenaTied> BlockCache<T> {
 
     #[cold]
     fn reset(&mut self, generation: u64) {
-        self.map.clear();
         self.flow.clear();
         self.runs.clear();
         if self.retire && !self.arena.is_empty() {
@@ -335,10 +334,7 @@ impl<T: ArenaTied> BlockCache<T> {
         } else {
             self.arena.clear();
         }
-        if let Some(l1) = &mut self.l1 {
-            l1.fill(L1Entry::UNUSED);
-        }
-        self.generation = Some(generation);
+        self.keep_for(generation);
     }
 
     /// (start, len, next ip) of a cached block.

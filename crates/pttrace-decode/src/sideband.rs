@@ -45,6 +45,17 @@ pub struct ImageEvent {
     pub change: ImageChange,
 }
 
+impl ImageEvent {
+    /// Whether it applies at trace time `now` (`None`: whatever the time; an event
+    /// without time applies at any).
+    fn is_due(&self, now: Option<u64>) -> bool {
+        match (now, self.time) {
+            (Some(now), Some(t)) => t <= now,
+            _ => true,
+        }
+    }
+}
+
 /// Parses a buffer of raw perf records (as copied out of a perf DATA ring) with the given
 /// `sample_type` (it decides the sample_id trailer layout) into image events, sorted by
 /// time. Records that do not change the image are skipped; a malformed record is an error
@@ -235,10 +246,7 @@ impl ImageTimeline {
     /// The pending events [`advance`](Self::advance) applies at `now`, if any.
     pub(crate) fn due(&self, now: u64) -> Option<&[ImageEvent]> {
         let rest = self.events.get(self.next..)?;
-        let n = rest
-            .iter()
-            .take_while(|e| e.time.is_none_or(|t| t <= now))
-            .count();
+        let n = rest.iter().take_while(|e| e.is_due(Some(now))).count();
         rest.get(..n).filter(|d| !d.is_empty())
     }
 
@@ -264,10 +272,8 @@ impl ImageTimeline {
         let mut warnings = Vec::new();
         let mut losses = Vec::new();
         while let Some(ev) = self.events.get(self.next) {
-            if let (Some(now), Some(t)) = (now, ev.time) {
-                if t > now {
-                    break;
-                }
+            if !ev.is_due(now) {
+                break;
             }
             if let ImageChange::Lost { what } = &ev.change {
                 losses.push(what.clone());

@@ -197,25 +197,35 @@ pub(crate) fn tip_at(t: &[u8], pos: usize) -> Option<(IpPayload, usize)> {
         return None;
     }
     let ipc = b0 >> 5;
-    let len = match ipc {
-        1 => 2,
-        2 => 4,
-        3 | 4 => 6,
-        6 => {
-            return Some((
-                IpPayload {
-                    ipc,
-                    raw: le(w.get(1..9)?),
-                },
-                9,
-            ))
-        }
-        _ => return None,
-    };
+    let len = ip_bytes(ipc).filter(|&n| n > 0)?;
     let mut b = [0u8; 8];
     b.copy_from_slice(w.get(1..9)?);
-    let raw = u64::from_le_bytes(b) & ((1u64 << (8 * len)) - 1);
-    Some((IpPayload { ipc, raw }, 1 + len))
+    Some((
+        IpPayload {
+            ipc,
+            raw: masked(u64::from_le_bytes(b), len),
+        },
+        1 + len,
+    ))
+}
+
+/// The payload bytes of an IP packet of IPBytes `ipc`; `None`: reserved.
+#[inline(always)]
+fn ip_bytes(ipc: u8) -> Option<usize> {
+    match ipc {
+        0 => Some(0),
+        1 => Some(2),
+        2 => Some(4),
+        3 | 4 => Some(6),
+        6 => Some(8),
+        _ => None,
+    }
+}
+
+/// The low `len` bytes (at most 8) of `v`.
+#[inline(always)]
+fn masked(v: u64, len: usize) -> u64 {
+    v & u64::MAX.checked_shr(64 - 8 * len as u32).unwrap_or(0)
 }
 
 /// The packet at `pos` and its size; `None` when the buffer ends inside it (or at `pos`).
@@ -243,20 +253,15 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
     match b0 & 0x1f {
         0x0d | 0x11 | 0x01 | 0x1d => {
             let ipc = b0 >> 5;
-            let len = match ipc {
-                0 => 0,
-                1 => 2,
-                2 => 4,
-                3 | 4 => 6,
-                6 => 8,
-                _ => return Some((Pkt::Other("ip packet with reserved IPBytes"), 1)),
+            let Some(len) = ip_bytes(ipc) else {
+                return Some((Pkt::Other("ip packet with reserved IPBytes"), 1));
             };
             let raw = match t.get(pos + 1..pos + 9) {
                 // Eight bytes there (all but the trace's last bytes): one load, masked.
-                Some(w) if len < 8 => {
+                Some(w) => {
                     let mut b = [0u8; 8];
                     b.copy_from_slice(w);
-                    u64::from_le_bytes(b) & ((1u64 << (8 * len)) - 1)
+                    masked(u64::from_le_bytes(b), len)
                 }
                 _ => le(t.get(pos + 1..pos + 1 + len)?),
             };

@@ -185,22 +185,16 @@ impl ItemQueue {
     /// Removes and returns every queued item, in order, with its record.
     pub(crate) fn drain(&mut self) -> Vec<Drained> {
         let head = std::mem::take(&mut self.head);
-        let mut recs = std::mem::take(&mut self.recs)
+        let items: Vec<Item> = self.items.drain(..).skip(head).collect();
+        let out = items
             .into_iter()
-            .map(Some)
-            .collect::<Vec<_>>();
-        self.items
-            .drain(..)
-            .skip(head)
             .map(|item| match item {
-                Item::Rec(i) => Drained::Rec(
-                    recs.get_mut(i as usize)
-                        .and_then(Option::take)
-                        .unwrap_or(Record::WindowId(0)),
-                ),
+                Item::Rec(i) => Drained::Rec(self.take_rec(i)),
                 Item::Block(start, len) => Drained::Block(start, len),
             })
-            .collect()
+            .collect();
+        self.recs.clear();
+        out
     }
 }
 
