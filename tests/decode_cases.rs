@@ -16,16 +16,6 @@ use iced_x86::{Decoder, Formatter, IntelFormatter};
 
 const BASE: u64 = 0x40_1000;
 
-/// Assembles `f`'s instructions at `base`; returns the code and each instruction's IP.
-fn asm(
-    base: u64,
-    f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
-) -> (Vec<u8>, Vec<u64>) {
-    let mut a = CodeAssembler::new(64).unwrap();
-    f(&mut a).unwrap();
-    common::assemble_at(&mut a, base)
-}
-
 /// Intel-syntax disassembly of `code` at `base`, one string per instruction.
 fn disasm(code: &[u8], base: u64) -> Vec<String> {
     let mut d = Decoder::with_ip(64, code, base, 0);
@@ -60,13 +50,6 @@ fn decode(trace: &[u8], space: &AddressSpace) -> Vec<Record> {
     .unwrap()
 }
 
-fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter()
-        .filter_map(|r| r.as_instruction())
-        .map(|i| i.pc)
-        .collect()
-}
-
 /// Non-instruction records, for asserting markers.
 fn markers(recs: &[Record]) -> Vec<Record> {
     recs.iter()
@@ -86,7 +69,7 @@ fn gaps(recs: &[Record]) -> Vec<Gap> {
 
 #[test]
 fn straight_line_with_async_disable() {
-    let (code, ips) = asm(BASE, |a| {
+    let (code, ips) = common::asm(BASE, |a| {
         a.mov(eax, 1)?;
         a.add(eax, 2)?;
         a.nop()?;
@@ -111,7 +94,7 @@ fn straight_line_with_async_disable() {
         .fup(ips[4])
         .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
-    assert_eq!(pcs(&recs), &ips[..4]);
+    assert_eq!(common::pcs(&recs), &ips[..4]);
     let insn = recs[2].as_instruction().unwrap();
     assert_eq!(insn.encoding(), &code[..5]);
     assert_eq!(
@@ -129,7 +112,7 @@ fn straight_line_with_async_disable() {
 
 /// `n` conditional skips; returns code, ips, and per branch (jcc index, skipped index).
 fn cond_chain(n: usize) -> (Vec<u8>, Vec<u64>) {
-    asm(BASE, |a| {
+    common::asm(BASE, |a| {
         for k in 0..n {
             let mut skip = a.create_label();
             a.test(eax, 1 << (k % 31))?;
@@ -182,7 +165,7 @@ fn conditional_branches_short_and_long_tnt() {
         assert_eq!(w.buf.len(), before + tnt_len + 1);
         let recs = decode(&w.buf, &image(&code, BASE));
         assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
-        assert_eq!(pcs(&recs), expect_cond_chain(&ips, &bits), "n={n}");
+        assert_eq!(common::pcs(&recs), expect_cond_chain(&ips, &bits), "n={n}");
         assert_eq!(recs.last(), Some(&Record::TraceDisabled { ip: None }));
     }
 }
@@ -190,7 +173,7 @@ fn conditional_branches_short_and_long_tnt() {
 #[test]
 fn indirect_call_and_jump_use_tip() {
     let mut labels = vec![];
-    let (code, ips) = asm(BASE, |a| {
+    let (code, ips) = common::asm(BASE, |a| {
         let mut f = a.create_label();
         let mut t = a.create_label();
         a.call(rax)?; // 0
@@ -224,7 +207,10 @@ fn indirect_call_and_jump_use_tip() {
         .tip(ips[5])
         .tip_pgd(None);
     let recs = decode(&w.buf, &image(&code, BASE));
-    assert_eq!(pcs(&recs), vec![ips[0], ips[2], ips[3], ips[5], ips[6]]);
+    assert_eq!(
+        common::pcs(&recs),
+        vec![ips[0], ips[2], ips[3], ips[5], ips[6]]
+    );
     let classes: Vec<_> = recs
         .iter()
         .filter_map(|r| r.as_instruction())
@@ -236,7 +222,7 @@ fn indirect_call_and_jump_use_tip() {
 
 #[test]
 fn returns_without_return_compression() {
-    let (code, ips) = asm(BASE, |a| {
+    let (code, ips) = common::asm(BASE, |a| {
         let mut f = a.create_label();
         let mut g = a.create_label();
         a.call(f)?; // 0: direct call, no trace
@@ -262,14 +248,14 @@ fn returns_without_return_compression() {
     let recs = decode(&w.buf, &image(&code, BASE));
     assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
     assert_eq!(
-        pcs(&recs),
+        common::pcs(&recs),
         vec![ips[0], ips[3], ips[4], ips[1], ips[5], ips[6], ips[2]]
     );
 }
 
 #[test]
 fn enable_disable_tip_pge_pgd() {
-    let (code, ips) = asm(BASE, |a| {
+    let (code, ips) = common::asm(BASE, |a| {
         a.nop()?; // 0
         a.jmp(rax)?; // 1
         a.inc(ecx)?; // 2
@@ -343,7 +329,7 @@ fn corrupt_range_gives_gap_then_resyncs_at_next_psb() {
         .unwrap();
     // Before: branch 0 (taken), then branch 1's jz: libipt reads ahead past the TNT and
     // fails on the bad packet before handing out the TNT's second bit.
-    let before = pcs(&recs[..gap_idx]);
+    let before = common::pcs(&recs[..gap_idx]);
     assert_eq!(before, vec![ips[0], ips[1], ips[3], ips[4], ips[5]]);
     // After: resync at the PSB (timestamp 2), branches 2 (not taken) and 3 (taken).
     assert_eq!(
@@ -353,7 +339,7 @@ fn corrupt_range_gives_gap_then_resyncs_at_next_psb() {
             perf_time: None
         }
     );
-    let after = pcs(&recs[gap_idx..]);
+    let after = common::pcs(&recs[gap_idx..]);
     assert_eq!(
         after,
         vec![ips[8], ips[9], ips[10], ips[11], ips[12], ips[13], ips[15], ips[16]]
@@ -375,19 +361,19 @@ fn missing_image_is_a_gap_with_the_address() {
     assert_eq!(g.len(), 1, "{g:?}");
     assert_eq!(g[0].ip, Some(0x7777_0000));
     assert!(g[0].error.contains("0x77770000"), "{}", g[0].error);
-    assert_eq!(pcs(&recs), vec![ips[0], ips[1], ips[3], ips[4]]);
+    assert_eq!(common::pcs(&recs), vec![ips[0], ips[1], ips[3], ips[4]]);
 }
 
 #[test]
 fn image_switch_via_later_mmap2_at_same_address() {
     let dir = tempfile::tempdir().unwrap();
     let addr = 0x50_0000u64;
-    let (code_a, ips_a) = asm(addr, |a| {
+    let (code_a, ips_a) = common::asm(addr, |a| {
         a.nop()?;
         a.nop()?;
         a.jmp(rax)
     });
-    let (code_b, ips_b) = asm(addr, |a| {
+    let (code_b, ips_b) = common::asm(addr, |a| {
         a.xor(eax, eax)?;
         a.inc(eax)?;
         a.mov(ebx, 5)?;
@@ -432,7 +418,7 @@ fn image_switch_via_later_mmap2_at_same_address() {
     assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
     let mut expect = ips_a.clone();
     expect.extend(&ips_b);
-    assert_eq!(pcs(&recs), expect);
+    assert_eq!(common::pcs(&recs), expect);
     let second = recs
         .iter()
         .filter_map(|r| r.as_instruction())
@@ -465,7 +451,7 @@ fn image_switch_via_later_mmap2_at_same_address() {
 fn exec_comm_resets_the_image() {
     let dir = tempfile::tempdir().unwrap();
     let addr = 0x60_0000u64;
-    let (code, ips) = asm(addr, |a| {
+    let (code, ips) = common::asm(addr, |a| {
         a.nop()?;
         a.jmp(rax)
     });
@@ -504,7 +490,7 @@ fn exec_comm_resets_the_image() {
         &WindowOptions::default(),
     )
     .unwrap();
-    assert_eq!(pcs(&recs), ips);
+    assert_eq!(common::pcs(&recs), ips);
     let g = gaps(&recs);
     assert_eq!(g.len(), 1, "{g:?}");
     assert_eq!(g[0].ip, Some(addr));
@@ -533,7 +519,7 @@ fn auxtrace_and_raw_pt_variants_decode_identically() {
         .unwrap()
     };
     let raw = run(&trace);
-    assert!(pcs(&raw).len() > 1000);
+    assert!(common::pcs(&raw).len() > 1000);
     let wrapped = auxtrace::wrap(&trace, 1024, 7, 0);
     let un = auxtrace::unwrap(&wrapped).unwrap();
     assert_eq!(un.pt, trace);
@@ -603,7 +589,7 @@ fn kcore_elf(vaddr: u64, code: &[u8]) -> Vec<u8> {
 fn kernel_address_from_kcore_with_kallsyms_symbol() {
     let dir = tempfile::tempdir().unwrap();
     let kbase = 0xffff_ffff_8100_0000u64;
-    let (code, ips) = asm(kbase, |a| {
+    let (code, ips) = common::asm(kbase, |a| {
         a.push(rbp)?;
         a.mov(rbp, rsp)?;
         a.nop()?;
@@ -637,7 +623,7 @@ fn kernel_address_from_kcore_with_kallsyms_symbol() {
     )
     .unwrap();
     assert!(gaps(&recs).is_empty(), "{:?}", gaps(&recs));
-    assert_eq!(pcs(&recs), ips);
+    assert_eq!(common::pcs(&recs), ips);
     let last = recs
         .iter()
         .rev()
@@ -719,9 +705,12 @@ fn aux_truncation_in_sideband_is_a_lost_data_gap() {
         .iter()
         .position(|r| matches!(r, Record::Gap(_)))
         .unwrap();
-    assert_eq!(pcs(&recs[..gi]), vec![ips[0], ips[1], ips[3], ips[4]]);
     assert_eq!(
-        pcs(&recs[gi..]),
+        common::pcs(&recs[..gi]),
+        vec![ips[0], ips[1], ips[3], ips[4]]
+    );
+    assert_eq!(
+        common::pcs(&recs[gi..]),
         vec![ips[0], ips[1], ips[2], ips[3], ips[4]]
     );
 }
@@ -729,14 +718,14 @@ fn aux_truncation_in_sideband_is_a_lost_data_gap() {
 #[test]
 fn syscall_and_interrupt_are_visible() {
     let kbase = 0xffff_ffff_8100_0000u64;
-    let (ucode, u) = asm(BASE, |a| {
+    let (ucode, u) = common::asm(BASE, |a| {
         a.nop()?; // 0
         a.syscall()?; // 1
         a.nop()?; // 2
         a.nop()?; // 3
         a.jmp(rax) // 4
     });
-    let (kcode, k) = asm(kbase, |a| {
+    let (kcode, k) = common::asm(kbase, |a| {
         a.nop()?; // 0
         a.iretq() // 1
     });
@@ -796,10 +785,10 @@ fn overflow_is_a_marker_and_decoding_resumes_at_its_fup() {
     assert_eq!(recs[ovf], Record::Overflow { ip: Some(ips[4]) });
     // Before: up to branch 0 (its bit consumed); where execution went between that and
     // the overflow is unknown, so nothing more is claimed.
-    assert_eq!(pcs(&recs[..ovf]), vec![ips[0], ips[1]]);
+    assert_eq!(common::pcs(&recs[..ovf]), vec![ips[0], ips[1]]);
     // After: resumes at the FUP, branch 1 not taken.
     assert_eq!(
-        pcs(&recs[ovf..]),
+        common::pcs(&recs[ovf..]),
         vec![ips[4], ips[5], ips[6], ips[7], ips[8]]
     );
 }
@@ -809,7 +798,7 @@ fn endless_loop_of_direct_branches_ends_in_a_gap() {
     // A loop that needs no trace: libipt could decode it forever. The decoder gives up
     // after 2^22 instructions without the trace position moving (a gap that says so),
     // then resyncs; with no PSB left, decoding ends.
-    let (code, ips) = asm(BASE, |a| {
+    let (code, ips) = common::asm(BASE, |a| {
         let mut top = a.create_label();
         a.set_label(&mut top)?;
         a.nop()?;
@@ -900,7 +889,12 @@ fn the_decode_stops_where_the_trace_stops() {
         0x90, 0x74, 0x02, 0x90, 0x90, 0xff, 0xe0, 0xf4, 0xf4, 0xf4, 0xf4, 0xf4,
     ];
     let space = image(&code, base);
-    let insns = |recs: &[Record]| pcs(recs).iter().map(|p| p - base).collect::<Vec<_>>();
+    let insns = |recs: &[Record]| {
+        common::pcs(recs)
+            .iter()
+            .map(|p| p - base)
+            .collect::<Vec<_>>()
+    };
     let no_gaps = |recs: &[Record]| {
         assert!(
             !recs.iter().any(|r| matches!(r, Record::Gap(_))),
@@ -981,7 +975,7 @@ fn the_last_psb_segment_stops_where_the_trace_stops() {
     )
     .unwrap();
     assert_eq!(par, seq);
-    let p = pcs(&seq);
+    let p = common::pcs(&seq);
     assert_eq!(p.len(), 3 * 200 + 2, "{:?}", &p[p.len() - 5..]);
     assert_eq!(&p[p.len() - 2..], &[base, base + 1]);
 }
@@ -1020,7 +1014,7 @@ fn address_filters_place_a_suppressed_disable_skl014() {
         .unwrap()
     };
     let with = run(&["0:filter,0x401000,0x40100f"]);
-    assert_eq!(pcs(&with), vec![base, base + 1], "{with:?}");
+    assert_eq!(common::pcs(&with), vec![base, base + 1], "{with:?}");
     assert!(
         !with.iter().any(|r| matches!(r, Record::Gap(_))),
         "{with:?}"

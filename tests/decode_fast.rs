@@ -379,13 +379,6 @@ fn call_space(p: &CallProg) -> AddressSpace {
     space
 }
 
-fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter()
-        .filter_map(|r| r.as_instruction())
-        .map(|i| i.pc)
-        .collect()
-}
-
 #[test]
 fn compressed_returns_disables_and_async_branches_equal_libipt() {
     let p = call_prog();
@@ -432,10 +425,10 @@ fn compressed_returns_disables_and_async_branches_equal_libipt() {
         pc: p.after_syscall - 2
     }));
     // The first iteration exactly: call f, test, jz (taken), ret, dec, jnz.
-    let first: Vec<u64> = pcs(&recs)[..6].to_vec();
+    let first: Vec<u64> = common::pcs(&recs)[..6].to_vec();
     assert_eq!(first, [p.top, p.f, p.f + 2, p.ret, p.top + 5, p.top + 8]);
     // It ends at the disable's IP: the `nop` before the `ret` is the last instruction.
-    assert_eq!(pcs(&recs).last(), Some(&p.nop));
+    assert_eq!(common::pcs(&recs).last(), Some(&p.nop));
 }
 
 /// `top: call f; jmp top` / `f: test al,1; jz s; call f; s: ret`: (top, f, s, space).
@@ -1407,7 +1400,7 @@ fn an_event_at_the_address_without_code_is_no_error() {
         }
         let recs = assert_same_and_fast(&w.buf, &space);
         assert!(gaps(&recs).is_empty(), "{recs:?}");
-        let insns: Vec<u64> = pcs(&recs);
+        let insns: Vec<u64> = common::pcs(&recs);
         let want: &[u64] = if disable {
             &[AT, AT + 1]
         } else {
@@ -1437,7 +1430,7 @@ fn trig_packets_change_no_record_and_stay_fast() {
     let expected = assert_same_and_fast(&plain, &space);
     // (The plain trace, exactly: 3 iterations, the syscall, an interrupt at the `ret`.)
     let first_pcs = [p.top, p.f, p.f + 2, p.ret, p.top + 5, p.top + 8];
-    assert_eq!(pcs(&expected)[..6], first_pcs);
+    assert_eq!(common::pcs(&expected)[..6], first_pcs);
     assert!(expected.contains(&Record::KernelXfer {
         from: p.ret,
         to: Some(p.top)
@@ -1737,8 +1730,11 @@ fn fup_bound_trig_is_stepped_over_by_the_fast_decoder_and_a_gap_in_libipt() {
     // nothing (no PSB follows).
     let k = l.len() - 1;
     assert!(matches!(l[k], Record::Gap(_)));
-    assert_eq!(pcs(&l[..k]), pcs(&plain)[..pcs(&l[..k]).len()]);
-    assert_eq!(pcs(&l[..k]).len(), 13);
+    assert_eq!(
+        common::pcs(&l[..k]),
+        common::pcs(&plain)[..common::pcs(&l[..k]).len()]
+    );
+    assert_eq!(common::pcs(&l[..k]).len(), 13);
 }
 
 /// libipt's trig-fup scenario: FUP-bound TRIGs before a FUP, before a TIP.PGD and while
@@ -2081,7 +2077,7 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
     want.extend([at + 0x10, at + 0x13, at + 0x16, at + 0x20]);
     // (Interrupted at the `nop`, before it runs.)
     want.extend([at + 0x22, at, at + 0x20]);
-    assert_eq!(pcs(&expected), want);
+    assert_eq!(common::pcs(&expected), want);
     let with_packets = paging_trace(&p, &|w, k| match k {
         // The first round: a PTW for each PTWRITE, the second bound by its FUP's IP.
         0 => {
@@ -2127,7 +2123,7 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
         }
     });
     let recs = assert_same_and_fast(&timed, &p.space);
-    assert_eq!(pcs(&recs), want);
+    assert_eq!(common::pcs(&recs), want);
     // A VM exit that disables tracing: FUP, PIP, VMCS, TIP.PGD (with or without IP).
     for ip in [Some(at + 0x20), None] {
         let mut w = PtWriter::new();
@@ -2136,7 +2132,7 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
         raw(&mut w, &VMCS);
         w.tip_pgd(ip);
         let recs = assert_same_and_fast(&w.buf, &p.space);
-        assert_eq!(pcs(&recs), [&lp[..], &[at]].concat());
+        assert_eq!(common::pcs(&recs), [&lp[..], &[at]].concat());
         assert_eq!(
             recs.last(),
             Some(&Record::TraceDisabled { ip: Some(at + 5) })
@@ -2149,7 +2145,7 @@ fn ptw_pip_and_vmcs_packets_bind_as_in_libipt_and_stay_fast() {
         .tnt(&[true, false])
         .tip_pgd(None);
     let recs = assert_same_and_fast(&w.buf, &p.space);
-    assert_eq!(pcs(&recs), [&lp[..], &lp, &[at + 0x10]].concat());
+    assert_eq!(common::pcs(&recs), [&lp[..], &lp, &[at + 0x10]].concat());
     assert_eq!(recs.last(), Some(&Record::TraceDisabled { ip: None }));
     // libipt's records have no event of them: a check that the packets were read.
     let lines = drpttracer::decode::packets::list_packets(&with_packets);

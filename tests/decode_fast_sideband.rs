@@ -19,16 +19,6 @@ use iced_x86::code_asm::*;
 
 const MAIN: u64 = 0x40_0000;
 const LIB: u64 = 0x70_0000;
-
-fn asm(
-    base: u64,
-    f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
-) -> (Vec<u8>, Vec<u64>) {
-    let mut a = CodeAssembler::new(64).unwrap();
-    f(&mut a).unwrap();
-    common::assemble_at(&mut a, base)
-}
-
 /// Perf time = TSC.
 fn params() -> TraceParams {
     TraceParams {
@@ -66,12 +56,6 @@ fn decode(
     (recs, d.decoded_by())
 }
 
-fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter()
-        .filter_map(|r| r.as_instruction().map(|i| i.pc))
-        .collect()
-}
-
 fn gap_ips(recs: &[Record]) -> Vec<Option<u64>> {
     recs.iter()
         .filter_map(|r| match r {
@@ -92,7 +76,7 @@ fn code_file(dir: &std::path::Path, name: &str, code: &[u8]) -> std::path::PathB
 
 /// The main program: `a0: nop; a1: call rax; a2: jmp rbx; c0: ret`.
 fn main_code() -> (Vec<u8>, Vec<u64>) {
-    asm(MAIN, |a| {
+    common::asm(MAIN, |a| {
         a.nop()?;
         a.call(rax)?;
         a.jmp(rbx)?;
@@ -124,7 +108,7 @@ fn rounds_trace(m: &[u64]) -> Vec<u8> {
 fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on() {
     let dir = tempfile::tempdir().unwrap();
     let (main, m) = main_code();
-    let (lib, l) = asm(LIB, |a| {
+    let (lib, l) = common::asm(LIB, |a| {
         a.inc(eax)?;
         a.ret()
     });
@@ -148,7 +132,7 @@ fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on(
     assert_eq!(by, ("fast", None));
     assert_eq!(gap_ips(&fast), []);
     let want: Vec<u64> = [&round1[..], &round_lib, &round_lib].concat();
-    assert_eq!(pcs(&fast), want);
+    assert_eq!(common::pcs(&fast), want);
     // The library's bytes are the file's.
     let inc = fast
         .iter()
@@ -182,18 +166,18 @@ fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on(
     );
     assert_eq!(gap_ips(&fast), [Some(LIB)]);
     let want: Vec<u64> = [&round1[..], &m[..2], &round_lib].concat();
-    assert_eq!(pcs(&fast), want);
+    assert_eq!(common::pcs(&fast), want);
 }
 
 #[test]
 fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_libipt() {
     let dir = tempfile::tempdir().unwrap();
     let (main, m) = main_code();
-    let (lib_a, la) = asm(LIB, |a| {
+    let (lib_a, la) = common::asm(LIB, |a| {
         a.inc(eax)?;
         a.ret()
     });
-    let (lib_b, lb) = asm(LIB, |a| {
+    let (lib_b, lb) = common::asm(LIB, |a| {
         a.xor(eax, eax)?;
         a.nop()?;
         a.ret()
@@ -227,7 +211,7 @@ fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_l
         assert_eq!(fast, lib_recs);
         assert_eq!(by, ("fast", None));
         let want = [round(&la), round(&la), round(second_ips)].concat();
-        assert_eq!(pcs(&fast), want);
+        assert_eq!(common::pcs(&fast), want);
         // (The last round's first instruction at LIB.)
         let xor = fast
             .iter()
@@ -263,7 +247,7 @@ fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_l
         )
     );
     let want = [round(&la), vec![m[0]], lb.clone(), vec![m[2]]].concat();
-    assert_eq!(pcs(&fast), want);
+    assert_eq!(common::pcs(&fast), want);
     assert_eq!(gap_ips(&fast), []);
 
     // The same with an event that moves no code (a CBR at time 500, after two rounds,
@@ -291,5 +275,8 @@ fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_l
             Some("an image change (sideband) over code decoded before it in the window")
         )
     );
-    assert_eq!(pcs(&fast), [round(&la), round(&la), round(&lb)].concat());
+    assert_eq!(
+        common::pcs(&fast),
+        [round(&la), round(&la), round(&lb)].concat()
+    );
 }

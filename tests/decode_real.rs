@@ -2,6 +2,8 @@
 //! events; no Intel PT needed): MMAP2 records from the kernel and synthesized from
 //! /proc/self/maps put the right file bytes at the right addresses.
 
+mod common;
+
 use std::io::Write;
 use std::os::fd::AsRawFd;
 
@@ -13,13 +15,6 @@ use drpttracer::decode::{
 use drpttracer::perf::sideband_event::{rdtsc, SidebandEvent};
 use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
 use drpttracer::sideband::synth::{synthesize_exec_mmap2, vdso_bytes};
-
-fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter()
-        .filter_map(|r| r.as_instruction())
-        .map(|i| i.pc)
-        .collect()
-}
 
 fn no_gaps(recs: &[Record]) {
     let g: Vec<_> = recs
@@ -110,7 +105,7 @@ fn own_binary_and_vdso_from_synthesized_mmap2() {
     no_gaps(&recs);
     let mut all = expect.clone();
     all.extend(&vexpect);
-    assert_eq!(pcs(&recs), all);
+    assert_eq!(common::pcs(&recs), all);
     // The bytes came from the binary's file on disk, through the MMAP2 file offset.
     for r in recs.iter().filter_map(|r| r.as_instruction()) {
         if r.pc >= f && r.pc < f + n as u64 {
@@ -203,7 +198,7 @@ fn kernel_mmap2_records_switch_the_image_in_time() {
     .unwrap();
     no_gaps(&recs);
     assert_eq!(
-        pcs(&recs),
+        common::pcs(&recs),
         vec![addr, addr + 1, addr + 2, addr, addr + 2, addr + 4],
         "A (nop nop jmp) before the second MMAP2, B (xor inc jmp) after"
     );
@@ -308,7 +303,7 @@ fn kernel_mmap2_of_code_mapped_mid_trace_stays_on_the_fast_decoder() {
     let (fast, by) = decode(DecoderKind::Fast);
     let (libipt, _) = decode(DecoderKind::Libipt);
     no_gaps(&fast);
-    assert_eq!(pcs(&fast), vec![a, a + 1, a + 2, b, b + 2, b + 4]);
+    assert_eq!(common::pcs(&fast), vec![a, a + 1, a + 2, b, b + 2, b + 4]);
     assert_eq!(fast, libipt);
     assert_eq!(by, ("fast", None));
 }

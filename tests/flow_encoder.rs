@@ -120,13 +120,6 @@ fn decode_code(pt: &[u8], code: &[u8], decoder: DecoderKind) -> Vec<Record> {
     .unwrap()
 }
 
-fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter()
-        .filter_map(|r| r.as_instruction())
-        .map(|i| i.pc)
-        .collect()
-}
-
 /// The tracing-disabled and -enabled records, in order.
 fn on_off(recs: &[Record]) -> Vec<&Record> {
     recs.iter()
@@ -181,7 +174,7 @@ fn ordinary_flow_decodes_to_the_executed_blocks() {
     assert_eq!(meta, 7);
     let want: Vec<u64> = seq.iter().flat_map(|b| ins(&p, b)).collect();
     let recs = decode(&pt, &p);
-    assert_eq!(pcs(&recs), want);
+    assert_eq!(common::pcs(&recs), want);
     assert!(!recs
         .iter()
         .any(|r| matches!(r, Record::Gap(_) | Record::Overflow { .. })));
@@ -212,14 +205,14 @@ fn a_signal_after_a_conditional_branch_is_filled_in_when_the_flow_returns() {
     let r1 = decode(&pt1, &p);
     let mut want = ins(&p, &p.a);
     want.extend(ins(&p, &p.h));
-    assert_eq!(pcs(&r1), want);
+    assert_eq!(common::pcs(&r1), want);
     // The explicit asynchronous event: disabled at F (the jz's fall-through), enabled in H.
     let events = on_off(&r1);
     assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.f.start));
     assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
     let mut want2 = ins(&p, &p.f);
     want2.extend(ins(&p, &p.j));
-    assert_eq!(pcs(&decode(&pt2, &p)), want2);
+    assert_eq!(common::pcs(&decode(&pt2, &p)), want2);
     assert_eq!(enc.stats().unresolved, 0);
 }
 
@@ -236,7 +229,7 @@ fn a_signal_whose_flow_never_returns_is_an_explicit_overflow() {
     enc.finish();
     let (_, pt) = enc.ready().unwrap();
     let recs = decode(&pt, &p);
-    let ips = pcs(&recs);
+    let ips = common::pcs(&recs);
     assert!(
         ips.ends_with(&ins(&p, &p.h)),
         "the handler is decoded: {ips:x?}"
@@ -278,12 +271,12 @@ fn a_return_into_a_signal_handler_is_an_asynchronous_entry() {
         .iter()
         .flat_map(|b| ins(&p, b))
         .collect();
-    assert_eq!(pcs(&r1), want);
+    assert_eq!(common::pcs(&r1), want);
     let events = on_off(&r1);
     assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.a.start));
     assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
     want = [&p.a, &p.f].iter().flat_map(|b| ins(&p, b)).collect();
-    assert!(pcs(&decode(&pt2, &p)).starts_with(&want));
+    assert!(common::pcs(&decode(&pt2, &p)).starts_with(&want));
     // An indirect *call* to a handler's address is an ordinary call.
     let mut enc: FlowEncoder<u32> = FlowEncoder::new(4096);
     enc.set_signal_handlers(&[p.h.start]);
@@ -321,14 +314,14 @@ fn a_signal_whose_handler_returns_elsewhere_is_filled_in_at_the_return_to_the_in
     let r1 = decode(&w1.pt, &p);
     let mut want = ins(&p, &p.a);
     want.extend(ins(&p, &p.h));
-    assert_eq!(pcs(&r1), want);
+    assert_eq!(common::pcs(&r1), want);
     let events = on_off(&r1);
     assert!(matches!(events[1], Record::TraceDisabled { ip: Some(ip) } if *ip == p.f.start));
     assert!(matches!(events[2], Record::TraceEnabled { ip } if *ip == p.h.start));
     let mut want2 = ins(&p, &p.j);
     want2.extend(ins(&p, &p.f));
     want2.extend(ins(&p, &p.j));
-    assert_eq!(pcs(&decode(&w2.pt, &p)), want2);
+    assert_eq!(common::pcs(&decode(&w2.pt, &p)), want2);
     assert_eq!(enc.stats().unresolved, 0);
 
     // Without rt_sigreturn (a longjmp out of the handler) a return to F proves nothing: the
@@ -409,10 +402,14 @@ fn a_fault_inside_a_block_is_traced_at_the_faulting_instruction() {
     assert_eq!((w1.overflows, w2.overflows), (0, 0));
     let r1 = decode(&w1.pt, &p);
     let want = [ins(&p, &p.j), ins_before(&p, &p.m, store), ins(&p, &p.h)].concat();
-    assert_eq!(pcs(&r1), want, "M up to the store, then the handler");
+    assert_eq!(
+        common::pcs(&r1),
+        want,
+        "M up to the store, then the handler"
+    );
     assert_eq!(async_event(&r1), Some((store, p.h.start)));
     let r2 = decode(&w2.pt, &p);
-    assert_eq!(pcs(&r2), [ins(&p, &rest), ins(&p, &p.j)].concat());
+    assert_eq!(common::pcs(&r2), [ins(&p, &rest), ins(&p, &p.j)].concat());
     assert_eq!((enc.stats().faults, enc.stats().unresolved), (1, 0));
 
     // 2. A handler of SIGSEGV only that leaves by siglongjmp (the flow never comes back):
@@ -428,7 +425,7 @@ fn a_fault_inside_a_block_is_traced_at_the_faulting_instruction() {
     let r = decode(&w.pt, &p);
     let load = p.ips[14];
     assert_eq!(
-        pcs(&r),
+        common::pcs(&r),
         [ins(&p, &p.j), ins_before(&p, &p.s, load), ins(&p, &p.h)].concat()
     );
     assert_eq!(async_event(&r), Some((load, p.h.start)));
@@ -443,7 +440,7 @@ fn a_fault_inside_a_block_is_traced_at_the_faulting_instruction() {
     let w = enc.ready_window().unwrap();
     assert_eq!(w.overflows, 1);
     let r = decode(&w.pt, &p);
-    assert_eq!(pcs(&r), [ins(&p, &p.j), ins(&p, &p.h)].concat());
+    assert_eq!(common::pcs(&r), [ins(&p, &p.j), ins(&p, &p.h)].concat());
     assert!(r
         .iter()
         .any(|x| matches!(x, Record::Overflow { ip: Some(ip) } if *ip == p.h.start)));
@@ -460,7 +457,7 @@ fn a_fault_inside_a_block_is_traced_at_the_faulting_instruction() {
     let w = enc.ready_window().unwrap();
     let r = decode(&w.pt, &p);
     assert_eq!(
-        pcs(&r),
+        common::pcs(&r),
         [ins(&p, &p.j), ins(&p, &p.m), ins(&p, &p.h)].concat()
     );
     assert_eq!(async_event(&r), Some((p.j.start, p.h.start)));
@@ -498,15 +495,17 @@ fn a_signal_in_the_code_a_handler_resumed_in_is_resolved_on_its_own() {
     assert_eq!(ws.len(), 3);
     assert!(ws.iter().all(|w| w.overflows == 0));
     let r1 = decode(&ws[0].pt, &p);
-    assert_eq!(pcs(&r1), [ins(&p, &p.a), ins(&p, &p.h)].concat());
+    assert_eq!(common::pcs(&r1), [ins(&p, &p.a), ins(&p, &p.h)].concat());
     assert_eq!(async_event(&r1), Some((p.f.start, p.h.start)));
     let r2 = decode(&ws[1].pt, &p);
     assert_eq!(
-        pcs(&r2),
+        common::pcs(&r2),
         [ins(&p, &p.j), ins(&p, &p.m), ins(&p, &p.h)].concat()
     );
     assert_eq!(async_event(&r2), Some((p.j.start, p.h.start)));
-    assert!(pcs(&decode(&ws[2].pt, &p)).starts_with(&[ins(&p, &p.j), ins(&p, &p.f)].concat()));
+    assert!(
+        common::pcs(&decode(&ws[2].pt, &p)).starts_with(&[ins(&p, &p.j), ins(&p, &p.f)].concat())
+    );
     assert_eq!(enc.stats().unresolved, 0);
 }
 
@@ -637,7 +636,7 @@ fn encode_calls(p: &Calls, seq: &[&str], psb_period: usize) -> Vec<u8> {
     let want: Vec<u64> = seq.iter().flat_map(|n| p.ins(p.block(n))).collect();
     for kind in [DecoderKind::Fast, DecoderKind::Libipt] {
         let recs = decode_code(&pt, &p.code, kind);
-        assert_eq!(pcs(&recs), want, "{kind:?}");
+        assert_eq!(common::pcs(&recs), want, "{kind:?}");
         assert!(
             !recs.iter().any(|r| matches!(r, Record::Gap(_))),
             "{kind:?}: {recs:?}"
@@ -741,7 +740,7 @@ fn returns_deeper_than_the_decoders_64_entry_stack_and_returns_across_a_psb_go_b
     enc.end_window(1);
     let (_, first) = enc.ready().unwrap();
     let (_, second) = enc.ready().unwrap();
-    let lib = |pt: &[u8]| pcs(&decode_code(pt, &p.code, DecoderKind::Libipt));
+    let lib = |pt: &[u8]| common::pcs(&decode_code(pt, &p.code, DecoderKind::Libipt));
     assert_eq!(lib(&first), p.ins(p.block("C1")));
     let want: Vec<u64> = std::iter::once("F")
         .chain(seq)

@@ -43,6 +43,8 @@
 //! at byte 40); `summary::summarize_thread` and `ptt_dir`'s `decode_thread` overflowed on
 //! `Dropped` counts adding up past `u64::MAX` (they saturate).
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
@@ -144,14 +146,6 @@ fn loop_space(prog: &LoopProgram) -> AddressSpace {
     space
 }
 
-/// The instruction addresses of `recs`.
-fn pcs(recs: &[Record]) -> Vec<u64> {
-    recs.iter()
-        .filter_map(|r| r.as_instruction())
-        .map(|i| i.pc)
-        .collect()
-}
-
 /// The decode of a loop-program trace made of `bits` is exactly the oracle's up to the
 /// final return, where the trace ends (the oracle runs on 4 instructions to the next
 /// branch that would need trace; the decoder stops at the end of the trace).
@@ -162,7 +156,7 @@ fn assert_loop_decode(prog: &LoopProgram, recs: &[Record], bits: &[bool]) {
         .collect();
     assert!(gaps.is_empty(), "{gaps:?}");
     let expect = prog.simulate(bits);
-    let got = pcs(recs);
+    let got = common::pcs(recs);
     assert!(expect.len() > 20, "{}", expect.len());
     assert_eq!(got.len() + 4, expect.len());
     assert_eq!(&got[..], &expect[..got.len()]);
@@ -1278,7 +1272,7 @@ fn ptt_directory_mutants() {
                     let src = format!("{th_path} window {}", info.index);
                     check_gaps(&recs, &src, th.len() as u64);
                     gaps += recs.iter().filter(|r| matches!(r, Record::Gap(_))).count();
-                    insns += pcs(&recs).len();
+                    insns += common::pcs(&recs).len();
                 }
                 Ok(())
             });

@@ -24,6 +24,26 @@ pub fn assemble_at(a: &mut CodeAssembler, base: u64) -> (Vec<u8>, Vec<u64>) {
     (r.inner.code_buffer, ips)
 }
 
+/// Assembles `f`'s 64-bit instructions at `base`: the code and each instruction's address.
+#[allow(dead_code)]
+pub fn asm(
+    base: u64,
+    f: impl FnOnce(&mut CodeAssembler) -> Result<(), iced_x86::IcedError>,
+) -> (Vec<u8>, Vec<u64>) {
+    let mut a = CodeAssembler::new(64).unwrap();
+    f(&mut a).unwrap();
+    assemble_at(&mut a, base)
+}
+
+/// The addresses of the instruction records, in order.
+#[allow(dead_code)]
+pub fn pcs(recs: &[Record]) -> Vec<u64> {
+    recs.iter()
+        .filter_map(|r| r.as_instruction())
+        .map(|i| i.pc)
+        .collect()
+}
+
 /// The records of `trace` decoded as one window with `params` and `opts`, and which
 /// decoder gave them ([`TraceDecoder::decoded_by`]).
 #[allow(dead_code)]
