@@ -115,33 +115,44 @@ fn own_binary_and_vdso_from_synthesized_mmap2() {
     }
 }
 
-#[test]
-fn kernel_mmap2_records_switch_the_image_in_time() {
+/// A software perf event recording this thread's sideband, and the kernel's TSC
+/// conversion; `None` (having said SKIP and why) where this machine lacks either.
+fn kernel_sideband() -> Option<(SidebandEvent, drpttracer::metadata::TimeConv)> {
     let tid = drpttracer::tracer::current_tid();
     let ev = match SidebandEvent::open(tid, 4) {
         Ok(ev) => ev,
         Err(e) => {
             println!("SKIP: cannot open a software perf event here: {e}");
-            return;
+            return None;
         }
     };
     let Some(conv) = ev.time_conv() else {
         println!("SKIP: the kernel publishes no TSC conversion (cap_user_time_zero)");
+        return None;
+    };
+    Some((ev, conv))
+}
+
+/// A file holding `code` at offset 4096, between pages of int3.
+fn code_page_file(code: &[u8]) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    let mut bytes = vec![0xccu8; 4096];
+    bytes.extend_from_slice(code);
+    bytes.resize(8192, 0xcc);
+    f.write_all(&bytes).unwrap();
+    f.flush().unwrap();
+    f
+}
+
+#[test]
+fn kernel_mmap2_records_switch_the_image_in_time() {
+    let Some((ev, conv)) = kernel_sideband() else {
         return;
     };
     // Code at file offset 4096 of two files: A = nop; nop; jmp rax  B = xor; inc; jmp rax.
     let code_a = [0x90u8, 0x90, 0xff, 0xe0];
     let code_b = [0x31u8, 0xc0, 0xff, 0xc0, 0xff, 0xe0];
-    let mk = |code: &[u8]| {
-        let mut f = tempfile::NamedTempFile::new().unwrap();
-        let mut bytes = vec![0xccu8; 4096];
-        bytes.extend_from_slice(code);
-        bytes.resize(8192, 0xcc);
-        f.write_all(&bytes).unwrap();
-        f.flush().unwrap();
-        f
-    };
-    let (fa, fb) = (mk(&code_a), mk(&code_b));
+    let (fa, fb) = (code_page_file(&code_a), code_page_file(&code_b));
     ev.enable().unwrap();
     // SAFETY: mapping one page of files we own, PROT_READ|PROT_EXEC; the second mapping
     // replaces the first at the same address (MAP_FIXED over our own mapping).
@@ -218,31 +229,13 @@ fn kernel_mmap2_records_switch_the_image_in_time() {
 #[test]
 fn kernel_mmap2_of_code_mapped_mid_trace_stays_on_the_fast_decoder() {
     use drpttracer::decode::{DecoderKind, ImageResolver, PtDecoder, TraceDecoder};
-    let tid = drpttracer::tracer::current_tid();
-    let ev = match SidebandEvent::open(tid, 4) {
-        Ok(ev) => ev,
-        Err(e) => {
-            println!("SKIP: cannot open a software perf event here: {e}");
-            return;
-        }
-    };
-    let Some(conv) = ev.time_conv() else {
-        println!("SKIP: the kernel publishes no TSC conversion (cap_user_time_zero)");
+    let Some((ev, conv)) = kernel_sideband() else {
         return;
     };
     // A = nop; nop; jmp rax  B = xor eax,eax; inc eax; jmp rax (at file offset 4096).
-    let mk = |code: &[u8]| {
-        let mut f = tempfile::NamedTempFile::new().unwrap();
-        let mut bytes = vec![0xccu8; 4096];
-        bytes.extend_from_slice(code);
-        bytes.resize(8192, 0xcc);
-        f.write_all(&bytes).unwrap();
-        f.flush().unwrap();
-        f
-    };
     let (fa, fb) = (
-        mk(&[0x90, 0x90, 0xff, 0xe0]),
-        mk(&[0x31, 0xc0, 0xff, 0xc0, 0xff, 0xe0]),
+        code_page_file(&[0x90, 0x90, 0xff, 0xe0]),
+        code_page_file(&[0x31, 0xc0, 0xff, 0xc0, 0xff, 0xe0]),
     );
     let map = |f: &tempfile::NamedTempFile| {
         // SAFETY: mapping one page of a file we own, PROT_READ|PROT_EXEC, at an address
