@@ -65,6 +65,32 @@ fn gap_ips(recs: &[Record]) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// The records of `trace` by the fast decoder, which must equal libipt's, and who gave
+/// them.
+fn fast_as_libipt(
+    trace: &[u8],
+    space: &AddressSpace,
+    events: &[ImageEvent],
+) -> (Vec<Record>, (&'static str, Option<&'static str>)) {
+    let (libipt, _) = decode(trace, space, events, DecoderKind::Libipt);
+    let (fast, by) = decode(trace, space, events, DecoderKind::Fast);
+    assert_eq!(fast, libipt, "the fast decoder ({by:?}) and libipt differ");
+    (fast, by)
+}
+
+/// What the fast decoder says when sideband changed code it decoded while walking.
+const CODE_CHANGED: &str = "an image change (sideband) over code decoded before it in the window";
+
+/// One MMAP2 of `file` (page offset 0x1000) at `LIB` at perf time `time`.
+fn lib_mapped(file: &std::path::Path, time: u64) -> Vec<ImageEvent> {
+    parse_records(
+        "sb",
+        &encode_mmap2(1, 1, LIB, 0x1000, 0x1000, file, time),
+        TEST_SAMPLE_TYPE,
+    )
+    .unwrap()
+}
+
 /// A file holding `code` after a page of padding (mapped with page offset 0x1000).
 fn code_file(dir: &std::path::Path, name: &str, code: &[u8]) -> std::path::PathBuf {
     let f = dir.join(name);
@@ -120,15 +146,8 @@ fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on(
     let round_lib = [m[0], m[1], l[0], l[1], m[2]];
 
     // Mapped at time 200: before the second round's enable (300), which applies it.
-    let events = parse_records(
-        "sb",
-        &encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &lib_file, 200),
-        TEST_SAMPLE_TYPE,
-    )
-    .unwrap();
-    let (lib_recs, _) = decode(&trace, &space, &events, DecoderKind::Libipt);
-    let (fast, by) = decode(&trace, &space, &events, DecoderKind::Fast);
-    assert_eq!(fast, lib_recs);
+    let events = lib_mapped(&lib_file, 200);
+    let (fast, by) = fast_as_libipt(&trace, &space, &events);
     assert_eq!(by, ("fast", None));
     assert_eq!(gap_ips(&fast), []);
     let want: Vec<u64> = [&round1[..], &round_lib, &round_lib].concat();
@@ -148,15 +167,8 @@ fn a_library_mapped_mid_window_is_decoded_by_the_fast_decoder_from_that_time_on(
     // the third (500) does. After a decode error libipt's time can come from packets the
     // fast decoder does not read, so with sideband still pending the window goes to
     // libipt.
-    let events = parse_records(
-        "sb",
-        &encode_mmap2(1, 1, LIB, 0x1000, 0x1000, &lib_file, 400),
-        TEST_SAMPLE_TYPE,
-    )
-    .unwrap();
-    let (lib_recs, _) = decode(&trace, &space, &events, DecoderKind::Libipt);
-    let (fast, by) = decode(&trace, &space, &events, DecoderKind::Fast);
-    assert_eq!(fast, lib_recs);
+    let events = lib_mapped(&lib_file, 400);
+    let (fast, by) = fast_as_libipt(&trace, &space, &events);
     assert_eq!(
         by,
         (
@@ -206,9 +218,7 @@ fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_l
     };
     for (second, second_ips) in [(&fb, &lb), (&fa, &la)] {
         let events = sideband(second);
-        let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
-        let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
-        assert_eq!(fast, lib_recs);
+        let (fast, by) = fast_as_libipt(&w.buf, &space, &events);
         assert_eq!(by, ("fast", None));
         let want = [round(&la), round(&la), round(second_ips)].concat();
         assert_eq!(common::pcs(&fast), want);
@@ -236,16 +246,8 @@ fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_l
         .tip(m[0]);
     w.tsc(500).fup(m[1]).tip(LIB).tip(m[2]).tip_pgd(None);
     let events = sideband(&fb);
-    let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
-    let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
-    assert_eq!(fast, lib_recs);
-    assert_eq!(
-        by,
-        (
-            "libipt",
-            Some("an image change (sideband) over code decoded before it in the window")
-        )
-    );
+    let (fast, by) = fast_as_libipt(&w.buf, &space, &events);
+    assert_eq!(by, ("libipt", Some(CODE_CHANGED)));
     let want = [round(&la), vec![m[0]], lb.clone(), vec![m[2]]].concat();
     assert_eq!(common::pcs(&fast), want);
     assert_eq!(gap_ips(&fast), []);
@@ -265,16 +267,8 @@ fn code_replaced_while_tracing_is_off_is_decoded_anew_and_while_walked_goes_to_l
         .tsc(500);
     w.buf.extend_from_slice(&[0x02, 0x03, 0x20, 0x00]); // CBR 32
     w.tip(m[0]).tip(LIB).tnt(&[true]).tip_pgd(None);
-    let (lib_recs, _) = decode(&w.buf, &space, &events, DecoderKind::Libipt);
-    let (fast, by) = decode(&w.buf, &space, &events, DecoderKind::Fast);
-    assert_eq!(fast, lib_recs);
-    assert_eq!(
-        by,
-        (
-            "libipt",
-            Some("an image change (sideband) over code decoded before it in the window")
-        )
-    );
+    let (fast, by) = fast_as_libipt(&w.buf, &space, &events);
+    assert_eq!(by, ("libipt", Some(CODE_CHANGED)));
     assert_eq!(
         common::pcs(&fast),
         [round(&la), round(&la), round(&lb)].concat()
