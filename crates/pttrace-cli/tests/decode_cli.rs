@@ -482,32 +482,8 @@ fn sideband_files_drive_the_image() {
     let pt = dir.path().join("t.pt");
     std::fs::write(&pt, &w.buf).unwrap();
     let st = format!("{TEST_SAMPLE_TYPE:#x}");
-    let (ok, out, err) = pttrace(&[
-        "decode",
-        "--pt",
-        pt.to_str().unwrap(),
-        "--sideband",
-        s1.to_str().unwrap(),
-        "--sideband",
-        s2.to_str().unwrap(),
-        "--sample-type",
-        &st,
-        "--time-conv",
-        "0,1,0",
-        "--cpu",
-        "6/85/4",
-    ]);
-    assert!(ok, "{err}");
-    let insns: Vec<&str> = out.lines().filter(|l| l.starts_with("0000")).collect();
-    assert_eq!(insns.len(), 4, "{out}");
-    assert!(
-        insns[0].ends_with("nop") && insns[2].ends_with("xor eax,eax"),
-        "{out}"
-    );
-    // Who decoded it: the fast decoder follows sideband that maps code during the trace;
-    // here the code at `addr` changed after it was decoded, while tracing was off (at the
-    // second PSB+), so its blocks are built anew there.
-    let summary = |sidebands: &[&std::path::Path]| {
+    // `decode` of the trace with these sideband files, then `more` arguments.
+    let decode = |sidebands: &[&std::path::Path], more: &[&str]| {
         let mut args = vec!["decode", "--pt", pt.to_str().unwrap()];
         for s in sidebands {
             args.extend(["--sideband", s.to_str().unwrap()]);
@@ -519,11 +495,24 @@ fn sideband_files_drive_the_image() {
             "0,1,0",
             "--cpu",
             "6/85/4",
-            "--format",
-            "summary",
         ]);
+        args.extend(more);
         let (ok, out, err) = pttrace(&args);
         assert!(ok, "{err}");
+        out
+    };
+    let out = decode(&[&s1, &s2], &[]);
+    let insns: Vec<&str> = out.lines().filter(|l| l.starts_with("0000")).collect();
+    assert_eq!(insns.len(), 4, "{out}");
+    assert!(
+        insns[0].ends_with("nop") && insns[2].ends_with("xor eax,eax"),
+        "{out}"
+    );
+    // Who decoded it: the fast decoder follows sideband that maps code during the trace;
+    // here the code at `addr` changed after it was decoded, while tracing was off (at the
+    // second PSB+), so its blocks are built anew there.
+    let summary = |sidebands: &[&std::path::Path]| {
+        let out = decode(sidebands, &["--format", "summary"]);
         out.lines().last().unwrap_or_default().to_string()
     };
     assert_eq!(summary(&[&s1, &s2]), "decoded by: fast: 1");
