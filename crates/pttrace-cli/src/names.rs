@@ -93,6 +93,8 @@ pub struct ImageNames {
     chains: RefCell<Chains>,
     /// Whether each mapping's file has DWARF (where inlined code can be), once asked.
     dwarf: RefCell<Vec<Option<bool>>>,
+    /// Each mapping's module in the symbolizer ([`Symbolizer::module_id`]), once asked.
+    module_ids: RefCell<Vec<Option<usize>>>,
     /// The image's thread files: their code records tell where copies of mapped code run.
     code_files: Vec<PathBuf>,
     /// Copies of V8's embedded builtins, placed once asked.
@@ -191,6 +193,7 @@ impl ImageNames {
         }
         ImageNames {
             dwarf: RefCell::new(vec![None; maps.len()]),
+            module_ids: RefCell::new(vec![None; maps.len()]),
             maps,
             elf,
             plts,
@@ -316,13 +319,11 @@ impl ImageNames {
         if let Some(Some(known)) = self.dwarf.borrow().get(i) {
             return *known;
         }
-        let has = self.maps.get(i).is_some_and(|m| {
-            !m.file.as_os_str().is_empty()
-                && self
-                    .symbolizer
-                    .borrow_mut()
-                    .module(&m.file)
-                    .is_ok_and(|module| module.has_dwarf())
+        let has = self.module_id(i).is_some_and(|id| {
+            self.symbolizer
+                .borrow_mut()
+                .module_by_id(id)
+                .is_some_and(|module| module.has_dwarf())
         });
         if let Some(e) = self.dwarf.borrow_mut().get_mut(i) {
             *e = Some(has);
@@ -330,14 +331,29 @@ impl ImageNames {
         has
     }
 
-    /// The address through the mapped file's debug info and symbols.
-    fn in_mapped_file(&self, addr: u64) -> Option<Named> {
-        let m = self.mapping(addr)?;
+    /// The symbolizer's number of mapping `i`'s module (none: no file mapped there).
+    fn module_id(&self, i: usize) -> Option<usize> {
+        if let Some(Some(id)) = self.module_ids.borrow().get(i) {
+            return Some(*id);
+        }
+        let m = self.maps.get(i)?;
         if m.file.as_os_str().is_empty() {
             return None;
         }
+        let id = self.symbolizer.borrow_mut().module_id(&m.file);
+        if let Some(e) = self.module_ids.borrow_mut().get_mut(i) {
+            *e = Some(id);
+        }
+        Some(id)
+    }
+
+    /// The address through the mapped file's debug info and symbols.
+    fn in_mapped_file(&self, addr: u64) -> Option<Named> {
+        let i = self.mapping_index(addr)?;
+        let m = self.maps.get(i)?;
+        let id = self.module_id(i)?;
         let mut sym = self.symbolizer.borrow_mut();
-        let module = sym.module(&m.file).ok()?;
+        let module = sym.module_by_id(id)?;
         let elf_addr = module.runtime_to_addr(addr, m.start, m.offset)?;
         let r = module.resolve(elf_addr);
         match r.origin {
@@ -612,8 +628,11 @@ impl Functions for ImageNames {
                 }
                 // The compilation unit (or the space between units) around it, in the
                 // mapping's addresses.
+                let Some(id) = self.module_id(after - 1) else {
+                    return (m.start..m.end, true);
+                };
                 let mut sym = self.symbolizer.borrow_mut();
-                let Ok(module) = sym.module(&m.file) else {
+                let Some(module) = sym.module_by_id(id) else {
                     return (m.start..m.end, true);
                 };
                 let Some(elf) = module.runtime_to_addr(pc, m.start, m.offset) else {

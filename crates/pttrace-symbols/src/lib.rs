@@ -86,14 +86,16 @@ impl SymbolError {
     }
 }
 
-/// Modules by path, each opened once on first use (a failure is remembered too).
+/// Modules by path, each opened once on first use (a failure is remembered too), each
+/// with a number that finds it again without its path ([`Symbolizer::module_id`]).
 #[derive(Debug, Default)]
 pub struct Symbolizer {
     search: DebugSearch,
-    /// (Looked up for every address a view names: keyed by the path's bytes, which hash
-    /// cheaply where a `Path` hashes component by component; a path is copied only on
-    /// its first use.)
-    modules: rustc_hash::FxHashMap<OsString, Result<Module, SymbolError>>,
+    /// The modules (or why each could not be opened), by number.
+    modules: Vec<Result<Module, SymbolError>>,
+    /// Module numbers by path. (Keyed by the path's bytes, which hash cheaply where a
+    /// `Path` hashes component by component; a path is copied only on its first use.)
+    ids: rustc_hash::FxHashMap<OsString, usize>,
 }
 
 impl Symbolizer {
@@ -101,7 +103,8 @@ impl Symbolizer {
     pub fn new(search: DebugSearch) -> Self {
         Symbolizer {
             search,
-            modules: rustc_hash::FxHashMap::default(),
+            modules: Vec::new(),
+            ids: rustc_hash::FxHashMap::default(),
         }
     }
 
@@ -110,14 +113,30 @@ impl Symbolizer {
         &self.search
     }
 
+    /// The number of the module for the ELF file at `path` (opened on first use), for
+    /// [`Self::module_by_id`]: a caller that names many addresses of one mapping looks
+    /// its path up once.
+    pub fn module_id(&mut self, path: &Path) -> usize {
+        let key = path.as_os_str();
+        if let Some(&id) = self.ids.get(key) {
+            return id;
+        }
+        let id = self.modules.len();
+        self.modules.push(Module::open(path, &self.search));
+        self.ids.insert(key.to_os_string(), id);
+        id
+    }
+
+    /// The module numbered `id` ([`Self::module_id`]); `None` where it could not be opened
+    /// (or no module has that number).
+    pub fn module_by_id(&mut self, id: usize) -> Option<&mut Module> {
+        self.modules.get_mut(id)?.as_mut().ok()
+    }
+
     /// The module for the ELF file at `path`, opened on first use.
     pub fn module(&mut self, path: &Path) -> Result<&mut Module, SymbolError> {
-        let key = path.as_os_str();
-        if !self.modules.contains_key(key) {
-            let m = Module::open(path, &self.search);
-            self.modules.insert(key.to_os_string(), m);
-        }
-        match self.modules.get_mut(key) {
+        let id = self.module_id(path);
+        match self.modules.get_mut(id) {
             Some(m) => m.as_mut().map_err(|e| e.clone()),
             None => Err(SymbolError::Io {
                 path: path.to_path_buf(),
@@ -142,6 +161,6 @@ impl Symbolizer {
 
     /// The modules opened successfully so far.
     pub fn modules(&self) -> impl Iterator<Item = &Module> {
-        self.modules.values().filter_map(|m| m.as_ref().ok())
+        self.modules.iter().filter_map(|m| m.as_ref().ok())
     }
 }
