@@ -1426,18 +1426,14 @@ impl PtDecoder<'_> {
                 };
                 if let Some((start, len)) = block {
                     let blocks = &mut self.blocks;
-                    let flow = match blocks.runs.get(&blocks.arena, start, len) {
-                        Some((block_runs, sizes)) => {
-                            runs.extend(block_runs, sizes);
-                            if runs.instructions() < full {
-                                continue;
-                            }
-                            f(&[], runs)
+                    let flow = if blocks.runs.append_to(&blocks.arena, start, len, runs) {
+                        if runs.instructions() < full {
+                            continue;
                         }
-                        None => {
-                            let (s, n) = (start as usize, len as usize);
-                            f(blocks.arena.get(s..s + n).unwrap_or(&[]), runs)
-                        }
+                        f(&[], runs)
+                    } else {
+                        let (s, n) = (start as usize, len as usize);
+                        f(blocks.arena.get(s..s + n).unwrap_or(&[]), runs)
                     };
                     if let ControlFlow::Break(b) = flow {
                         return Some(b);
