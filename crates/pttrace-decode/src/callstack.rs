@@ -961,29 +961,30 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// fed (the sizes used).
     pub fn runs(&mut self, runs: &[Run], sizes: &[u8]) -> usize {
         let mut at = 0usize;
+        let inline = !self.inline_cache.is_empty();
         for r in runs {
-            let len = r.len as usize;
-            let run_sizes = sizes.get(at..at + len).unwrap_or(&[]);
-            at += len;
             if self.placed_by_control_flow() && !self.moves_no_frame(r.first) {
                 self.control_flow(r.first);
             }
-            if self.inline_cache.is_empty() {
-                self.count_to(self.cur, u64::from(r.len));
+            if inline {
+                self.count_run_inline(r, sizes, at);
             } else {
-                self.count_run_inline(r, run_sizes);
+                self.count_to(self.cur, u64::from(r.len));
             }
+            at += r.len as usize;
             self.set_last(r.last, r.last_size, r.last_class);
         }
         at
     }
 
-    /// Counts the instructions of run `r` (their sizes `sizes`) where inlined frames are
-    /// counted: to the node of their inline key, a stretch of one key at a time where
-    /// inlined code begins or ends inside the run (each counted as its instructions one
-    /// by one would be).
+    /// Counts the instructions of run `r` (their sizes from `sizes[at]` on) where inlined
+    /// frames are counted: to the node of their inline key, a stretch of one key at a
+    /// time where inlined code begins or ends inside the run (each counted as its
+    /// instructions one by one would be).
     #[inline]
-    fn count_run_inline(&mut self, r: &Run, sizes: &[u8]) {
+    fn count_run_inline(&mut self, r: &Run, sizes: &[u8], at: usize) {
+        // (The run's sizes are sliced only where they are read: most runs are remembered.)
+        let sizes = || sizes.get(at..at + r.len as usize).unwrap_or(&[]);
         match self.run_inline_keys(r, sizes) {
             RunInline::One(key) => {
                 let node = self.node_of_key(key);
@@ -1000,7 +1001,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             }
             RunInline::Mixed => {
                 let mut pc = r.first;
-                for &size in sizes {
+                for &size in sizes() {
                     let node = self.inline_node(pc);
                     self.count_one(node);
                     pc = pc.wrapping_add(u64::from(size));
@@ -1009,13 +1010,14 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
         }
     }
 
-    /// The inline keys of the instructions of run `r` (their sizes `sizes`): one they all
-    /// share (0: none), or the stretches of one key each. Runs are remembered by their
-    /// first address, their length and last address: the straight code from an address
-    /// to its first branch is the same each time, unless a program rewrites code that has
-    /// debug information (then a run of the same bounds keeps the keys of its first
-    /// decoding). Runs in regions without inlined code are not remembered.
-    fn run_inline_keys(&mut self, r: &Run, sizes: &[u8]) -> RunInline {
+    /// The inline keys of the instructions of run `r` (their sizes given by `sizes`, asked
+    /// only for a run not remembered): one they all share (0: none), or the stretches of
+    /// one key each. Runs are remembered by their first address, their length and last
+    /// address: the straight code from an address to its first branch is the same each
+    /// time, unless a program rewrites code that has debug information (then a run of the
+    /// same bounds keeps the keys of its first decoding). Runs in regions without inlined
+    /// code are not remembered.
+    fn run_inline_keys<'s>(&mut self, r: &Run, sizes: impl FnOnce() -> &'s [u8]) -> RunInline {
         let (start, len, maybe) = self.regions[0];
         // (A run's addresses go up from its first to its last.)
         if !maybe && r.first.wrapping_sub(start) < len && r.last.wrapping_sub(start) < len {
@@ -1029,7 +1031,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
                 return e.keys;
             }
         }
-        let keys = self.run_stretches_of(r, sizes);
+        let keys = self.run_stretches_of(r, sizes());
         if let Some(e) = self.run_cache.get_mut(slot) {
             *e = RunKey {
                 first: pc,
