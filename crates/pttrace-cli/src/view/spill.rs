@@ -39,8 +39,13 @@ const BEGIN: u8 = 1;
 const END: u8 = 2;
 const SEGMENT_END: u8 = 3;
 const IMPLIED_END: u8 = 4;
-/// The begin record's field filled in at the span's end: end kind (1 byte), length (8).
-const PATCH: usize = 9;
+/// The begin record's field filled in at the span's end: end kind (1 byte), length (4:
+/// a span of 2^32 instructions or more has [`LONG`] set in the end kind's byte and the
+/// index of its length in [`SpillFile::long`] there). (Five bytes, not nine: the spill of
+/// a trace of short calls is a quarter smaller, pages the kernel need not find.)
+const PATCH: usize = 5;
+/// Set in a patch field's end kind byte: its length is kept apart.
+const LONG: u8 = 0x80;
 /// Bytes buffered before they go to the file.
 const BUFFER: usize = 1 << 20;
 /// Room for any record of a spill ([`MAX_RECORD`]) after the buffered ones.
@@ -178,6 +183,8 @@ struct SpillFile {
     /// Implied callers by segment (in the order they were found), for the segments that
     /// have some.
     implied: HashMap<u32, Vec<Implied>>,
+    /// The lengths of spans of 2^32 instructions or more, by the index their begin has.
+    long: Vec<u64>,
     spans: u64,
 }
 
@@ -213,6 +220,8 @@ pub struct SpillSink<'a, N: FrameIds> {
     base: u64,
     /// Open spans: (file offset of their begin's patch field, start, cost, spans).
     open: Vec<(u64, u64, u64, u32)>,
+    /// Lengths of spans too long for a patch field ([`LONG`]).
+    long: Vec<u64>,
     last_at: u64,
     segment: u32,
     implied: HashMap<u32, Vec<Implied>>,
@@ -260,6 +269,7 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
             fill: 0,
             base: 0,
             open: Vec::new(),
+            long: Vec::new(),
             last_at: 0,
             segment: 0,
             implied: HashMap::new(),
@@ -331,18 +341,25 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
 
     /// Fills in a begin record's length and end kind.
     fn patch(&mut self, pos: u64, end: SpanEnd, len: u64) {
+        let (code, len) = match u32::try_from(len) {
+            Ok(len) => (end_code(end), len),
+            Err(_) => {
+                self.long.push(len);
+                (end_code(end) | LONG, (self.long.len() - 1) as u32)
+            }
+        };
         if pos >= self.base {
             // (Stored in place: a field put together on the stack was read back across
             // its two stores, a stall per call.)
             let k = (pos - self.base) as usize;
-            if let Some([code, rest @ ..]) = self.buf.get_mut(k..k + PATCH) {
-                *code = end_code(end);
+            if let Some([c, rest @ ..]) = self.buf.get_mut(k..k + PATCH) {
+                *c = code;
                 rest.copy_from_slice(&len.to_le_bytes());
             }
             return;
         }
         let mut field = [0u8; PATCH];
-        field[0] = end_code(end);
+        field[0] = code;
         field[1..].copy_from_slice(&len.to_le_bytes());
         if let (Some(f), None) = (&self.file, &self.error) {
             if let Err(e) = f.write_all_at(&field, pos) {
@@ -360,6 +377,7 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
         Ok(Spill(Arc::new(SpillFile {
             path: std::mem::take(&mut self.path),
             implied: std::mem::take(&mut self.implied),
+            long: std::mem::take(&mut self.long),
             spans: self.spans,
         })))
     }
@@ -624,7 +642,14 @@ pub fn replay(
                 at += delta;
                 let frame = u32::try_from(frame)
                     .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
-                let (sk, ek) = (start_kind(start), end_kind(end));
+                let len = match end & LONG {
+                    0 => u64::from(len),
+                    _ => *spill
+                        .long
+                        .get(len as usize)
+                        .ok_or_else(|| damaged(&spill.path, "bad span length in spill file"))?,
+                };
+                let (sk, ek) = (start_kind(start), end_kind(end & !LONG));
                 let (shown, b, e, sk, ek) = begin(at, len, sk, ek);
                 if shown {
                     f(Edge::Begin {
@@ -677,8 +702,9 @@ enum SpillRecord {
         delta: u64,
         frame: u64,
         start: u8,
+        /// The end kind's code, with [`LONG`] when `len` is the index of the length.
         end: u8,
-        len: u64,
+        len: u32,
     },
     End {
         delta: u64,
@@ -701,7 +727,7 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
         BEGIN => {
             let frame = leb128::read(b, &mut n)?;
             let start = *b.get(n)?;
-            let [end, l0, l1, l2, l3, l4, l5, l6, l7] = *b.get(n + 1..n + 1 + PATCH)? else {
+            let [end, l0, l1, l2, l3] = *b.get(n + 1..n + 1 + PATCH)? else {
                 return None;
             };
             n += 1 + PATCH;
@@ -710,7 +736,7 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
                 frame,
                 start,
                 end,
-                len: u64::from_le_bytes([l0, l1, l2, l3, l4, l5, l6, l7]),
+                len: u32::from_le_bytes([l0, l1, l2, l3]),
             }
         }
         END => SpillRecord::End { delta },
@@ -959,6 +985,82 @@ mod tests {
                 (kernel, false),
             ]
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Span lengths around 2^32 instructions (a patch field holds 32 bits; longer ones
+    /// are kept apart) come back exact, whether the span's begin is still in the buffer
+    /// when it ends or already in the file (more than a buffer of records in between).
+    #[test]
+    fn spans_of_any_length_come_back_exact() {
+        struct Ids;
+        impl FrameIds for Ids {
+            fn frame(&mut self, addr: u64, _: bool) -> (u32, u64, u32) {
+                (addr as u32, 100, 1)
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("pttrace-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut ids, mut costs) = (Ids, Costs::default());
+        let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
+        let long = 1u64 << 32;
+        let mut want = Vec::new();
+        let mut begin = |sink: &mut SpillSink<'_, Ids>, want: &mut Vec<Edge>, at, frame, len| {
+            sink.begin(at, u64::from(frame), SpanStart::Call);
+            want.push(Edge::Begin {
+                at,
+                len,
+                frame,
+                start: SpanStart::Call,
+                end: SpanEnd::Return,
+            });
+        };
+        // main: around everything (its length set below), its begin flushed to the file
+        // before it ends.
+        begin(&mut sink, &mut want, 0, 1, 0);
+        let mut at = 1u64;
+        for k in 0..120_000u32 {
+            begin(&mut sink, &mut want, at, 2 + k % 5, 3);
+            sink.end(at + 3, SpanEnd::Return);
+            want.push(Edge::End {
+                at: at + 3,
+                frame: 2 + k % 5,
+            });
+            at += 5;
+        }
+        // In the buffer: one of 2^32 - 1 instructions (a patch field's largest), then one
+        // of 2^32.
+        begin(&mut sink, &mut want, at, 10, long - 1);
+        sink.end(at + long - 1, SpanEnd::Return);
+        want.push(Edge::End {
+            at: at + long - 1,
+            frame: 10,
+        });
+        let second = at + long;
+        begin(&mut sink, &mut want, second, 11, long);
+        sink.end(second + long, SpanEnd::Return);
+        want.push(Edge::End {
+            at: second + long,
+            frame: 11,
+        });
+        let end = second + long + 1;
+        sink.end(end, SpanEnd::Return);
+        if let Some(Edge::Begin { len, .. }) = want.first_mut() {
+            *len = end;
+        }
+        want.push(Edge::End { at: end, frame: 1 });
+        sink.segment_end(end);
+        let spill = sink.finish().unwrap();
+        assert_eq!(spill.0.long.len(), 2, "main and the span of 2^32");
+        let mut got = Vec::new();
+        replay(&spill, None, |e| {
+            got.push(e);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got.len(), want.len());
+        assert_eq!(got, want);
+        drop(spill);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
