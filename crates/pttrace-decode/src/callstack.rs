@@ -576,6 +576,8 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     anchors: Vec<TimeAnchor>,
     /// The instructions counted into the stacks (all by default; [`CallStacks::count_only`]).
     counted: std::ops::Range<u64>,
+    /// Whether `counted` is every instruction (no range to cut a run at).
+    count_all: bool,
     /// [`Finished::lost_returns`].
     lost_returns: u64,
 }
@@ -636,6 +638,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
             markers: Vec::new(),
             anchors: Vec::new(),
             counted: 0..u64::MAX,
+            count_all: true,
             lost_returns: 0,
         };
         s.new_segment_root();
@@ -765,6 +768,7 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// into the stacks (a part of the trace in detail: the spans are all still made; cut
     /// them to the same range). May be moved while the trace goes on.
     pub fn count_only(&mut self, range: std::ops::Range<u64>) {
+        self.count_all = range == (0..u64::MAX);
         self.counted = range;
     }
 
@@ -923,6 +927,13 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
     /// Counts the next `n` instructions to `node` (those in the counted range).
     #[inline]
     fn count_to(&mut self, node: u32, n: u64) {
+        if self.count_all {
+            if let Some(node) = self.nodes.get_mut(node as usize) {
+                node.count += n;
+            }
+            self.insns += n;
+            return;
+        }
         let from = self.insns;
         let to = from + n;
         let counted = to
