@@ -39,6 +39,14 @@ const BEGIN: u8 = 1;
 const END: u8 = 2;
 const SEGMENT_END: u8 = 3;
 const IMPLIED_END: u8 = 4;
+/// A spill's end record of one byte: the tag in its low 3 bits, a time delta under
+/// [`SHORT_DELTAS`] above them (most calls end a few instructions after the last
+/// record). A spill's begin record has its start kind's code above its tag the same way.
+/// (A quarter of the spill of a trace of short calls.)
+const END_SHORT: u8 = 5;
+const SHORT_DELTAS: u64 = 32;
+/// The tag bits of a spill record's first byte.
+const TAG: u8 = 7;
 /// The begin record's field filled in at the span's end: end kind (1 byte), length (4:
 /// a span of 2^32 instructions or more has [`LONG`] set in the end kind's byte and the
 /// index of its length in [`SpillFile::long`] there). (Five bytes, not nine: the spill of
@@ -400,10 +408,9 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
             return;
         };
         let mut n = 0;
-        put_byte(w, &mut n, BEGIN);
+        put_byte(w, &mut n, BEGIN | start_code(kind) << 3);
         put_at(w, &mut n, d);
         put_at(w, &mut n, u64::from(frame));
-        put_byte(w, &mut n, start_code(kind));
         let pos = self.base + (self.fill + n) as u64;
         // (The patch field, zero until the span ends: the buffer holds older records.)
         if let Some(f) = w.get_mut(n..n + PATCH) {
@@ -423,7 +430,14 @@ impl<N: FrameIds> SpanSink for SpillSink<'_, N> {
                 self.patch(pos, kind, len);
                 self.costs.add(len, cost);
                 let d = self.delta(at);
-                self.tagged(END, d);
+                if d < SHORT_DELTAS {
+                    if let Some(b) = self.buf.get_mut(self.fill) {
+                        *b = END_SHORT | (d as u8) << 3;
+                        self.fill += 1;
+                    }
+                } else {
+                    self.tagged(END, d);
+                }
             }
             None => {
                 let Some(i) = self.cur_implied.iter_mut().rev().find(|i| i.end.is_none()) else {
@@ -721,20 +735,24 @@ enum SpillRecord {
 /// it is no record.
 #[inline(always)]
 fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
+    let first = *b.first()?;
+    if first & TAG == END_SHORT {
+        let delta = u64::from(first >> 3);
+        return Some((SpillRecord::End { delta }, 1));
+    }
     let mut n = 1;
     let delta = leb128::read(b, &mut n)?;
-    let rec = match *b.first()? {
+    let rec = match first & TAG {
         BEGIN => {
             let frame = leb128::read(b, &mut n)?;
-            let start = *b.get(n)?;
-            let [end, l0, l1, l2, l3] = *b.get(n + 1..n + 1 + PATCH)? else {
+            let [end, l0, l1, l2, l3] = *b.get(n..n + PATCH)? else {
                 return None;
             };
-            n += 1 + PATCH;
+            n += PATCH;
             SpillRecord::Begin {
                 delta,
                 frame,
-                start,
+                start: first >> 3,
                 end,
                 len: u32::from_le_bytes([l0, l1, l2, l3]),
             }
@@ -744,6 +762,10 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
         SEGMENT_END => SpillRecord::SegmentEnd { delta },
         _ => return None,
     };
+    // (Only a begin has bits above its tag.)
+    if first >> 3 != 0 && first & TAG != BEGIN {
+        return None;
+    }
     Some((rec, n))
 }
 
@@ -1028,6 +1050,17 @@ mod tests {
             });
             at += 5;
         }
+        // Ends 31 and 32 instructions after the record before (an end of one byte, and
+        // the first delta that needs its own).
+        for (k, len) in [31u64, 32].into_iter().enumerate() {
+            begin(&mut sink, &mut want, at, 20 + k as u32, len);
+            sink.end(at + len, SpanEnd::Return);
+            want.push(Edge::End {
+                at: at + len,
+                frame: 20 + k as u32,
+            });
+            at += len;
+        }
         // In the buffer: one of 2^32 - 1 instructions (a patch field's largest), then one
         // of 2^32.
         begin(&mut sink, &mut want, at, 10, long - 1);
@@ -1060,6 +1093,31 @@ mod tests {
         .unwrap();
         assert_eq!(got.len(), want.len());
         assert_eq!(got, want);
+        // Records: a begin's first byte has its start kind above the tag; an end of a
+        // short delta is one byte; a byte with bits above another tag is damage.
+        assert!(matches!(
+            spill_record(&[BEGIN | 2 << 3, 7, 9, 1, 3, 0, 0, 0]),
+            Some((
+                SpillRecord::Begin {
+                    delta: 7,
+                    frame: 9,
+                    start: 2,
+                    end: 1,
+                    len: 3
+                },
+                8
+            ))
+        ));
+        assert!(matches!(
+            spill_record(&[END_SHORT | 31 << 3]),
+            Some((SpillRecord::End { delta: 31 }, 1))
+        ));
+        assert!(matches!(
+            spill_record(&[END, 32]),
+            Some((SpillRecord::End { delta: 32 }, 2))
+        ));
+        assert!(spill_record(&[END | 1 << 3, 32]).is_none());
+        assert!(spill_record(&[6, 0]).is_none());
         drop(spill);
         let _ = std::fs::remove_dir_all(&dir);
     }
