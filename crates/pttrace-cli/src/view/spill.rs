@@ -1027,7 +1027,7 @@ mod tests {
         let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
         let long = 1u64 << 32;
         let mut want = Vec::new();
-        let mut begin = |sink: &mut SpillSink<'_, Ids>, want: &mut Vec<Edge>, at, frame, len| {
+        let begin = |sink: &mut SpillSink<'_, Ids>, want: &mut Vec<Edge>, at, frame, len| {
             sink.begin(at, u64::from(frame), SpanStart::Call);
             want.push(Edge::Begin {
                 at,
