@@ -615,99 +615,102 @@ pub fn replay(
     let mut segment = 0u32;
     let mut at = 0u64;
     let mut implied_open: Vec<(u32, bool, u64)> = Vec::new();
-    let start_segment = |segment: u32,
-                         implied_open: &mut Vec<(u32, bool, u64)>,
-                         f: &mut dyn FnMut(Edge) -> io::Result<()>|
-     -> io::Result<()> {
-        implied_open.clear();
-        let Some(list) = spill.implied.get(&segment) else {
-            return Ok(());
-        };
-        // The last found is the outermost.
-        for i in list.iter().rev() {
+    // The implied callers of the segment begun last not given yet (outermost first).
+    let mut implied = spill.implied.get(&segment).map_or(&[][..], Vec::as_slice);
+    // (Every edge goes to `f` from one place, the end of this loop: `f` is then compiled
+    // into it, where a call per edge had cost the Perfetto writer a tenth of its time.)
+    loop {
+        let edge = if let Some((i, rest)) = implied.split_last() {
+            implied = rest;
             let (end_at, end) = i.end.unwrap_or((i.start, SpanEnd::TraceEnd));
             let (shown, b, e, sk, ek) = begin(i.start, end_at - i.start, SpanStart::Implied, end);
-            if shown {
-                f(Edge::Begin {
-                    at: b,
-                    len: e - b,
-                    frame: i.frame,
-                    start: sk,
-                    end: ek,
-                })?;
-            }
             implied_open.push((i.frame, shown, e));
-        }
-        Ok(())
-    };
-    start_segment(segment, &mut implied_open, &mut f)?;
-    while r.fill()? {
-        let (rec, used) = spill_record(r.available())
-            .ok_or_else(|| damaged(&spill.path, "spill file cut short or damaged"))?;
-        r.consume(used);
-        match rec {
-            SpillRecord::Begin {
-                delta,
-                frame,
-                start,
-                end,
-                len,
-            } => {
-                at += delta;
-                let frame = u32::try_from(frame)
-                    .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
-                let len = match end & LONG {
-                    0 => u64::from(len),
-                    _ => *spill
-                        .long
-                        .get(len as usize)
-                        .ok_or_else(|| damaged(&spill.path, "bad span length in spill file"))?,
-                };
-                let (sk, ek) = (start_kind(start), end_kind(end & !LONG));
-                let (shown, b, e, sk, ek) = begin(at, len, sk, ek);
-                if shown {
-                    f(Edge::Begin {
+            if !shown {
+                continue;
+            }
+            Edge::Begin {
+                at: b,
+                len: e - b,
+                frame: i.frame,
+                start: sk,
+                end: ek,
+            }
+        } else {
+            if !r.fill()? {
+                return Ok(());
+            }
+            let (rec, used) = spill_record(r.available())
+                .ok_or_else(|| damaged(&spill.path, "spill file cut short or damaged"))?;
+            r.consume(used);
+            match rec {
+                SpillRecord::Begin {
+                    delta,
+                    frame,
+                    start,
+                    end,
+                    len,
+                } => {
+                    at += delta;
+                    let frame = u32::try_from(frame)
+                        .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
+                    let len = match end & LONG {
+                        0 => u64::from(len),
+                        _ => *spill.long.get(len as usize).ok_or_else(|| {
+                            damaged(&spill.path, "bad span length in spill file")
+                        })?,
+                    };
+                    let (sk, ek) = (start_kind(start), end_kind(end & !LONG));
+                    let (shown, b, e, sk, ek) = begin(at, len, sk, ek);
+                    open.push((frame, shown));
+                    if !shown {
+                        continue;
+                    }
+                    Edge::Begin {
                         at: b,
                         len: e - b,
                         frame,
                         start: sk,
                         end: ek,
-                    })?;
-                }
-                open.push((frame, shown));
-            }
-            SpillRecord::End { delta } => {
-                at += delta;
-                if let Some((frame, true)) = open.pop() {
-                    f(Edge::End {
-                        at: at.clamp(lo, hi),
-                        frame,
-                    })?;
-                }
-            }
-            SpillRecord::ImpliedEnd { delta } => {
-                at += delta;
-                // The innermost implied caller still open.
-                if let Some(k) = implied_open.iter().rposition(|i| i.2 != u64::MAX) {
-                    let (frame, shown, _) = implied_open[k];
-                    implied_open[k].2 = u64::MAX;
-                    if shown {
-                        f(Edge::End {
-                            at: at.clamp(lo, hi),
-                            frame,
-                        })?;
                     }
                 }
+                SpillRecord::End { delta } => {
+                    at += delta;
+                    let Some((frame, true)) = open.pop() else {
+                        continue;
+                    };
+                    Edge::End {
+                        at: at.clamp(lo, hi),
+                        frame,
+                    }
+                }
+                SpillRecord::ImpliedEnd { delta } => {
+                    at += delta;
+                    // The innermost implied caller still open.
+                    let Some(k) = implied_open.iter().rposition(|i| i.2 != u64::MAX) else {
+                        continue;
+                    };
+                    let (frame, shown, _) = implied_open[k];
+                    implied_open[k].2 = u64::MAX;
+                    if !shown {
+                        continue;
+                    }
+                    Edge::End {
+                        at: at.clamp(lo, hi),
+                        frame,
+                    }
+                }
+                SpillRecord::SegmentEnd { delta } => {
+                    at += delta;
+                    open.clear();
+                    segment += 1;
+                    implied_open.clear();
+                    implied = spill.implied.get(&segment).map_or(&[][..], Vec::as_slice);
+                    continue;
+                }
             }
-            SpillRecord::SegmentEnd { delta } => {
-                at += delta;
-                open.clear();
-                segment += 1;
-                start_segment(segment, &mut implied_open, &mut f)?;
-            }
-        }
+        };
+        f(edge)?;
     }
-    Ok(())
 }
 
 /// A record of a spill file as [`SpillSink`] wrote it (kinds by their codes).
