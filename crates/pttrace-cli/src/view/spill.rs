@@ -655,9 +655,10 @@ pub fn replay(
                         .map_err(|_| damaged(&spill.path, "bad frame in spill file"))?;
                     let len = match end & LONG {
                         0 => u64::from(len),
-                        _ => *spill.long.get(len as usize).ok_or_else(|| {
-                            damaged(&spill.path, "bad span length in spill file")
-                        })?,
+                        _ => *spill
+                            .long
+                            .get(len as usize)
+                            .ok_or_else(|| damaged(&spill.path, "bad span length in spill file"))?,
                     };
                     let (sk, ek) = (start_kind(start), end_kind(end & !LONG));
                     let (shown, b, e, sk, ek) = begin(at, len, sk, ek);
@@ -778,13 +779,15 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
 /// Records: a begin (tag, time delta, length, frame, start kind, end kind), an end (tag,
 /// time delta).
 pub struct KeptWriter {
-    w: io::BufWriter<File>,
+    file: File,
+    /// The records not written yet: `buf[..fill]` (written in place, as the spill's).
+    buf: Vec<u8>,
+    fill: usize,
     kept: Kept,
     min_len: u64,
     last_at: u64,
     /// Whether each open call is kept.
     open: Vec<bool>,
-    rec: Vec<u8>,
 }
 
 /// A file of kept calls ([`KeptWriter`]), removed when dropped.
@@ -802,21 +805,24 @@ impl KeptWriter {
     pub fn create(path: &Path, min_len: u64) -> io::Result<Self> {
         let file = File::create(path)?;
         Ok(KeptWriter {
-            w: io::BufWriter::with_capacity(BUFFER, file),
+            file,
+            buf: vec![0; BUFFER + MAX_RECORD],
+            fill: 0,
             kept: Kept {
                 path: path.to_path_buf(),
             },
             min_len,
             last_at: 0,
             open: Vec::new(),
-            rec: Vec::with_capacity(MAX_RECORD),
         })
     }
 
-    fn delta(&mut self, at: u64) {
+    /// The time from the last record to `at`, which becomes the last.
+    #[inline(always)]
+    fn delta(&mut self, at: u64) -> u64 {
         let d = at.saturating_sub(self.last_at);
         self.last_at = self.last_at.max(at);
-        leb128::push(&mut self.rec, d);
+        d
     }
 
     /// The next edge of the replay.
@@ -835,29 +841,49 @@ impl KeptWriter {
                 if !kept {
                     return Ok(());
                 }
-                self.rec.clear();
-                self.rec.push(BEGIN);
-                self.delta(at);
-                leb128::push(&mut self.rec, len);
-                leb128::push(&mut self.rec, u64::from(frame));
-                self.rec.push(start_code(start));
-                self.rec.push(end_code(end));
+                let d = self.delta(at);
+                let Some(w) = self.buf.get_mut(self.fill..self.fill + MAX_RECORD) else {
+                    return Err(io::Error::other("a kept-calls record overflowed"));
+                };
+                let mut n = 0;
+                put_byte(w, &mut n, BEGIN);
+                put_at(w, &mut n, d);
+                put_at(w, &mut n, len);
+                put_at(w, &mut n, u64::from(frame));
+                put_byte(w, &mut n, start_code(start));
+                put_byte(w, &mut n, end_code(end));
+                self.fill += n;
             }
             Edge::End { at, .. } => {
                 if self.open.pop() != Some(true) {
                     return Ok(());
                 }
-                self.rec.clear();
-                self.rec.push(END);
-                self.delta(at);
+                let d = self.delta(at);
+                let Some(w) = self.buf.get_mut(self.fill..self.fill + MAX_RECORD) else {
+                    return Err(io::Error::other("a kept-calls record overflowed"));
+                };
+                let mut n = 0;
+                put_byte(w, &mut n, END);
+                put_at(w, &mut n, d);
+                self.fill += n;
             }
         }
-        self.w.write_all(&self.rec)
+        if self.fill >= BUFFER {
+            self.flush_buf()?;
+        }
+        Ok(())
+    }
+
+    fn flush_buf(&mut self) -> io::Result<()> {
+        self.file
+            .write_all(self.buf.get(..self.fill).unwrap_or(&[]))?;
+        self.fill = 0;
+        Ok(())
     }
 
     /// The file, complete.
     pub fn finish(mut self) -> io::Result<Kept> {
-        self.w.flush()?;
+        self.flush_buf()?;
         Ok(self.kept)
     }
 }
