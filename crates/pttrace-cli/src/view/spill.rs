@@ -615,7 +615,8 @@ pub fn replay(
     let mut segment = 0u32;
     let mut at = 0u64;
     let mut implied_open: Vec<(u32, bool, u64)> = Vec::new();
-    // The implied callers of the segment begun last not given yet (outermost first).
+    // The implied callers of the segment begun last not given yet (given from the last
+    // found, the outermost).
     let mut implied = spill.implied.get(&segment).map_or(&[][..], Vec::as_slice);
     // (Every edge goes to `f` from one place, the end of this loop: `f` is then compiled
     // into it, where a call per edge had cost the Perfetto writer a tenth of its time.)
@@ -780,7 +781,8 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
 /// time delta).
 pub struct KeptWriter {
     file: File,
-    /// The records not written yet: `buf[..fill]` (written in place, as the spill's).
+    /// The records not written yet: `buf[..fill]` (written in place, as the spill's; the
+    /// buffer grows from a small one, as [`Reader`]'s: most images keep few calls).
     buf: Vec<u8>,
     fill: usize,
     kept: Kept,
@@ -806,7 +808,7 @@ impl KeptWriter {
         let file = File::create(path)?;
         Ok(KeptWriter {
             file,
-            buf: vec![0; BUFFER + MAX_RECORD],
+            buf: vec![0; FIRST_READ + MAX_RECORD],
             fill: 0,
             kept: Kept {
                 path: path.to_path_buf(),
@@ -868,16 +870,21 @@ impl KeptWriter {
                 self.fill += n;
             }
         }
-        if self.fill >= BUFFER {
+        if self.fill + MAX_RECORD > self.buf.len() {
             self.flush_buf()?;
         }
         Ok(())
     }
 
+    /// Writes the buffered records out (the buffer doubling, up to [`BUFFER`]).
     fn flush_buf(&mut self) -> io::Result<()> {
         self.file
             .write_all(self.buf.get(..self.fill).unwrap_or(&[]))?;
         self.fill = 0;
+        if self.buf.len() < BUFFER + MAX_RECORD {
+            let len = (self.buf.len() * 2).min(BUFFER + MAX_RECORD);
+            self.buf.resize(len, 0);
+        }
         Ok(())
     }
 
