@@ -144,6 +144,32 @@ fn code_page_file(code: &[u8]) -> tempfile::NamedTempFile {
     f
 }
 
+/// Maps the code page of `f` ([`code_page_file`]) read-only and executable: where the
+/// kernel chooses, or over our own mapping at `over` (`MAP_FIXED`).
+fn map_code_page(
+    f: &tempfile::NamedTempFile,
+    over: Option<*mut libc::c_void>,
+) -> *mut libc::c_void {
+    let (at, fixed) = match over {
+        Some(a) => (a, libc::MAP_FIXED),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: mapping one page of a file we own, PROT_READ|PROT_EXEC; with `over`, only
+    // over a mapping of our own (the callers' earlier `map_code_page`).
+    let p = unsafe {
+        libc::mmap(
+            at,
+            4096,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | fixed,
+            f.as_file().as_raw_fd(),
+            4096,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p
+}
+
 #[test]
 fn kernel_mmap2_records_switch_the_image_in_time() {
     let Some((ev, conv)) = kernel_sideband() else {
@@ -154,32 +180,11 @@ fn kernel_mmap2_records_switch_the_image_in_time() {
     let code_b = [0x31u8, 0xc0, 0xff, 0xc0, 0xff, 0xe0];
     let (fa, fb) = (code_page_file(&code_a), code_page_file(&code_b));
     ev.enable().unwrap();
-    // SAFETY: mapping one page of files we own, PROT_READ|PROT_EXEC; the second mapping
-    // replaces the first at the same address (MAP_FIXED over our own mapping).
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE,
-            fa.as_file().as_raw_fd(),
-            4096,
-        )
-    };
-    assert_ne!(addr, libc::MAP_FAILED);
+    // (The second mapping replaces the first at the same address.)
+    let addr = map_code_page(&fa, None);
     let tsc1 = rdtsc();
     std::thread::sleep(std::time::Duration::from_millis(2));
-    // SAFETY: see above.
-    let again = unsafe {
-        libc::mmap(
-            addr,
-            4096,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_FIXED,
-            fb.as_file().as_raw_fd(),
-            4096,
-        )
-    };
+    let again = map_code_page(&fb, Some(addr));
     assert_eq!(again, addr);
     std::thread::sleep(std::time::Duration::from_millis(2));
     let tsc2 = rdtsc();
@@ -237,27 +242,11 @@ fn kernel_mmap2_of_code_mapped_mid_trace_stays_on_the_fast_decoder() {
         code_page_file(&[0x90, 0x90, 0xff, 0xe0]),
         code_page_file(&[0x31, 0xc0, 0xff, 0xc0, 0xff, 0xe0]),
     );
-    let map = |f: &tempfile::NamedTempFile| {
-        // SAFETY: mapping one page of a file we own, PROT_READ|PROT_EXEC, at an address
-        // the kernel chooses.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE,
-                f.as_file().as_raw_fd(),
-                4096,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        p
-    };
     ev.enable().unwrap();
-    let a = map(&fa);
+    let a = map_code_page(&fa, None);
     let tsc1 = rdtsc();
     std::thread::sleep(std::time::Duration::from_millis(2));
-    let b = map(&fb);
+    let b = map_code_page(&fb, None);
     std::thread::sleep(std::time::Duration::from_millis(2));
     let tsc2 = rdtsc();
     ev.disable().unwrap();
