@@ -984,6 +984,14 @@ fn kept_record(b: &[u8]) -> Option<(KeptRecord, usize)> {
 mod tests {
     use super::*;
 
+    /// Frame ids that are the span address's low bits, every frame the same cost.
+    struct AddrIds;
+    impl FrameIds for AddrIds {
+        fn frame(&mut self, addr: u64, _: bool) -> (u32, u64, u32) {
+            (addr as u32, 100, 1)
+        }
+    }
+
     /// The recent frames in front of [`FrameIds`] give what it gives: an address and its
     /// inline key apart, two addresses of one slot taking turns (each asked of `FrameIds`
     /// again), a kernel address (bit 63 set) apart; a hit asks nothing.
@@ -1051,19 +1059,13 @@ mod tests {
     /// when it ends or already in the file (more than a buffer of records in between).
     #[test]
     fn spans_of_any_length_come_back_exact() {
-        struct Ids;
-        impl FrameIds for Ids {
-            fn frame(&mut self, addr: u64, _: bool) -> (u32, u64, u32) {
-                (addr as u32, 100, 1)
-            }
-        }
         let dir = std::env::temp_dir().join(format!("pttrace-long-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (mut ids, mut costs) = (Ids, Costs::default());
+        let (mut ids, mut costs) = (AddrIds, Costs::default());
         let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
         let long = 1u64 << 32;
         let mut want = Vec::new();
-        let begin = |sink: &mut SpillSink<'_, Ids>, want: &mut Vec<Edge>, at, frame, len| {
+        let begin = |sink: &mut SpillSink<'_, AddrIds>, want: &mut Vec<Edge>, at, frame, len| {
             sink.begin(at, u64::from(frame), SpanStart::Call);
             want.push(Edge::Begin {
                 at,
@@ -1163,15 +1165,9 @@ mod tests {
     /// least that long, in order, and each of their callers is kept too.
     #[test]
     fn kept_calls_are_the_replays_calls_at_least_that_long() {
-        struct Ids;
-        impl FrameIds for Ids {
-            fn frame(&mut self, addr: u64, _: bool) -> (u32, u64, u32) {
-                (addr as u32, 100, 1)
-            }
-        }
         let dir = std::env::temp_dir().join(format!("pttrace-kept-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (mut ids, mut costs) = (Ids, Costs::default());
+        let (mut ids, mut costs) = (AddrIds, Costs::default());
         let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
         // A small deterministic generator (xorshift).
         let mut x = 0x2545_f491_4f6c_dd1du64;
