@@ -128,19 +128,24 @@ pub struct BlockRuns {
 }
 
 impl BlockRuns {
+    /// The block made at arena place `start`, if any: its length in records, its first
+    /// run and their number, its first size (see `blocks`).
+    #[inline(always)]
+    fn made_at(&self, start: u32) -> Option<(u32, u32, u32, u32)> {
+        self.at
+            .get(start as usize)
+            .and_then(|&k| k.checked_sub(1))
+            .and_then(|k| self.blocks.get(k as usize))
+            .copied()
+    }
+
     /// The runs of the block of records `arena[start..start + len]`, made now if they were
     /// not yet; `None` when the block holds other records than instructions (or is not in
     /// the arena).
     #[inline]
     pub fn get(&mut self, arena: &[Record], start: u32, len: u32) -> Option<(&[Run], &[u8])> {
         let (s, n) = (start as usize, len as usize);
-        let known = self
-            .at
-            .get(s)
-            .and_then(|&k| k.checked_sub(1))
-            .and_then(|k| self.blocks.get(k as usize))
-            .copied();
-        let (_, run0, runs, size0) = match known {
+        let (_, run0, runs, size0) = match self.made_at(start) {
             Some(b) if b.0 == len => b,
             None => self.make(arena.get(s..s.checked_add(n)?)?, start, len)?,
             Some(_) => {
@@ -168,13 +173,7 @@ impl BlockRuns {
     /// decoding thread's time under `view`.)
     #[inline]
     pub fn append_to(&mut self, arena: &[Record], start: u32, len: u32, out: &mut Runs) -> bool {
-        let known = self
-            .at
-            .get(start as usize)
-            .and_then(|&k| k.checked_sub(1))
-            .and_then(|k| self.blocks.get(k as usize))
-            .copied();
-        let (run0, runs, size0) = match known {
+        let (run0, runs, size0) = match self.made_at(start) {
             Some(b) if b.0 == len => (b.1 as usize, b.2 as usize, b.3 as usize),
             _ => {
                 let Some((r, z)) = self.get(arena, start, len) else {
