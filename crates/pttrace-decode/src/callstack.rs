@@ -576,7 +576,9 @@ pub struct CallStacks<'f, F: Functions + ?Sized, S: SpanSink = SpanList> {
     anchors: Vec<TimeAnchor>,
     /// The instructions counted into the stacks (all by default; [`CallStacks::count_only`]).
     counted: std::ops::Range<u64>,
-    /// Whether `counted` is every instruction (no range to cut a run at).
+    /// Whether `counted` is every instruction (no range to cut a run at). (Kept beside
+    /// it: comparing the range on each run cost 2% more of the runs' machine instructions
+    /// on a gcc trace.)
     count_all: bool,
     /// [`Finished::lost_returns`].
     lost_returns: u64,
