@@ -124,18 +124,24 @@ const COPY_VOTES: u32 = 3;
 /// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
 /// else `/tmp/perf-PID.map`.
 fn perf_map(dir: Option<&Path>, pid: i32) -> Option<PerfMap> {
+    PerfMap::open(&perf_map_path(dir, pid)).ok()
+}
+
+fn perf_map_path(dir: Option<&Path>, pid: i32) -> PathBuf {
     let name = format!("perf-{pid}.map");
     let kept = dir.map(|d| d.join(&name));
-    let path = kept
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| Path::new("/tmp").join(&name));
-    PerfMap::open(&path).ok()
+    kept.filter(|p| p.is_file())
+        .unwrap_or_else(|| Path::new("/tmp").join(&name))
 }
 
 /// The jitdump of process `pid`: the copy `pttrace run` keeps in the trace directory, else
 /// `jit-PID.dump` in /tmp or the working directory (where JITs write it: node --perf-prof
 /// in its working directory, perf's JVMTI agent in /tmp).
 fn jitdump(dir: Option<&Path>, pid: i32) -> Option<JitDump> {
+    jitdump_path(dir, pid).and_then(|p| JitDump::open(&p).ok())
+}
+
+fn jitdump_path(dir: Option<&Path>, pid: i32) -> Option<PathBuf> {
     let name = format!("jit-{pid}.dump");
     [
         dir.map(|d| d.join(&name)),
@@ -145,7 +151,43 @@ fn jitdump(dir: Option<&Path>, pid: i32) -> Option<JitDump> {
     .into_iter()
     .flatten()
     .find(|p| p.is_file())
-    .and_then(|p| JitDump::open(&p).ok())
+}
+
+/// What the names of a process image's code depend on when nothing of the process itself
+/// names it (no perf map, no jitdump): the files it maps (path and identity), where and
+/// from which offset, and its vDSO. Images of equal keys name every address of their
+/// mapped files alike, so they can share one [`ImageNames`]: the same programs a script
+/// runs again and again, at the same addresses where nothing randomizes them (QEMU).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct SharedKey {
+    maps: Vec<(u64, u64, u64, u64, u32, u32, String)>,
+    vdso: Option<(u64, Vec<u8>)>,
+}
+
+/// The key of `p`'s names (see [`SharedKey`]), none when the process's own perf map or
+/// jitdump (looked for as [`ImageNames::new`] does, `trace_dir` first) names its code.
+pub fn shared_key(p: &PttProcess, trace_dir: Option<&Path>) -> Option<SharedKey> {
+    if perf_map_path(trace_dir, p.pid).is_file() || jitdump_path(trace_dir, p.pid).is_some() {
+        return None;
+    }
+    Some(SharedKey {
+        maps: p
+            .maps
+            .iter()
+            .map(|m| {
+                (
+                    m.start,
+                    m.end,
+                    m.offset,
+                    m.inode,
+                    m.maj,
+                    m.min,
+                    m.path.clone(),
+                )
+            })
+            .collect(),
+        vdso: p.vdso.clone(),
+    })
 }
 
 fn module_of(path: &str) -> String {
@@ -656,7 +698,56 @@ impl Functions for ImageNames {
 
 #[cfg(test)]
 mod tests {
-    use super::jit_names_hint;
+    use super::{jit_names_hint, shared_key};
+    use drpttracer::decode::ptt_dir::PttProcess;
+    use pttrace_format::maps::MapsEntry;
+
+    /// A process of pid `pid` mapping `/usr/bin/prog` (inode `inode`) at `at` and an
+    /// anonymous page after it.
+    fn process(pid: i32, at: u64, inode: u64) -> PttProcess {
+        let line = |s: String| MapsEntry::parse(&s).unwrap();
+        PttProcess {
+            path: format!("{pid}-1.info").into(),
+            pid,
+            nonce: u64::from(pid.unsigned_abs()) * 7,
+            maps: vec![
+                line(format!(
+                    "{at:x}-{:x} r-xp 00001000 08:01 {inode} /usr/bin/prog",
+                    at + 0x2000
+                )),
+                line(format!(
+                    "{:x}-{:x} rw-p 00000000 00:00 0",
+                    at + 0x2000,
+                    at + 0x3000
+                )),
+            ],
+            vdso: Some((0x7fff_f000, vec![0x7f, b'E', b'L', b'F'])),
+            metadata: None,
+            cmdline: "prog".into(),
+        }
+    }
+
+    #[test]
+    fn images_of_the_same_files_at_the_same_places_share_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Some(dir.path());
+        // (Pids no /tmp/perf-PID.map or jit-PID.dump is written for.)
+        let (a, b) = (2_000_000_001, 2_000_000_002);
+        let key = shared_key(&process(a, 0x40_0000, 11), d).unwrap();
+        assert_eq!(shared_key(&process(b, 0x40_0000, 11), d), Some(key));
+        let key = shared_key(&process(a, 0x40_0000, 11), d);
+        // Another file (inode), another place, another vDSO: names of their own.
+        assert_ne!(shared_key(&process(b, 0x40_0000, 12), d), key);
+        assert_ne!(shared_key(&process(b, 0x50_0000, 11), d), key);
+        let mut other_vdso = process(b, 0x40_0000, 11);
+        other_vdso.vdso = Some((0x7fff_e000, vec![0x7f, b'E', b'L', b'F']));
+        assert_ne!(shared_key(&other_vdso, d), key);
+        // A process whose own perf map or jitdump names code: none.
+        std::fs::write(dir.path().join(format!("perf-{b}.map")), "1000 10 jitted\n").unwrap();
+        assert_eq!(shared_key(&process(b, 0x40_0000, 11), d), None);
+        std::fs::write(dir.path().join(format!("jit-{a}.dump")), b"").unwrap();
+        assert_eq!(shared_key(&process(a, 0x40_0000, 11), d), None);
+    }
 
     #[test]
     fn each_runtime_is_told_its_own_perf_map_flag() {

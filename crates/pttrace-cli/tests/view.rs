@@ -772,6 +772,63 @@ fn a_created_thread_keeps_its_first_frame_whatever_it_returns_to() {
     }
 }
 
+/// A program a shell runs twice maps the same files at the same places both times (QEMU
+/// places them alike): its two process images share one set of names, and each shows
+/// exactly the calls the program makes, with the same names and lengths.
+#[test]
+fn images_of_the_same_files_share_their_names_and_show_the_same_calls() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, trace) = traced_calls(dir.path(), |p| {
+        let p = p.display();
+        vec!["/bin/sh".into(), "-c".into(), format!("{p}; {p}; true")]
+    });
+    let view = dir.path().join("view");
+    let stdout = view_into(&trace, &view, &["--full"]);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("names:"))
+        .unwrap_or_default();
+    let (images, namers) = line
+        .split_once(" process images; ")
+        .and_then(|(a, b)| {
+            let images: usize = a.rsplit('(').next()?.parse().ok()?;
+            let namers: usize = b.split(' ').next()?.parse().ok()?;
+            Some((images, namers))
+        })
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let t = drpttracer::decode::ptt_dir::open(&trace).unwrap();
+    let distinct: std::collections::BTreeSet<(i32, u64)> = t
+        .threads
+        .iter()
+        .map(|th| (th.header.pid, th.header.nonce))
+        .collect();
+    assert_eq!(images, distinct.len(), "{stdout}");
+    assert!(namers < images, "{stdout}");
+    // The calls program's spans in each thread that ran it, from its main's start.
+    let program = ["main", "a", "b", "c"];
+    let runs: Vec<Vec<(u64, u64, String)>> = spans_by_tid(&view.join("timeline.json"))
+        .into_values()
+        .filter_map(|spans| {
+            let main = spans.iter().find(|s| s.2 == "main")?.0;
+            Some(
+                spans
+                    .into_iter()
+                    .filter(|s| program.contains(&s.2.as_str()))
+                    .map(|(b, e, n)| (b - main, e - main, n))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let names: Vec<&str> = runs[0].iter().map(|s| s.2.as_str()).collect();
+    assert_eq!(names, ["main", "a", "b", "a", "b", "a", "b", "c"]);
+    assert_eq!(runs[0], runs[1]);
+}
+
 #[test]
 fn missing_input_is_named() {
     let o = Command::new(pttrace())
