@@ -90,12 +90,12 @@ pub struct Args {
     /// Damaged input: draw what could be read and exit 0 (the damage is still listed).
     #[command(flatten)]
     policy: crate::damage::Policy,
-    /// Largest timeline.json and stacks.folded (e.g. 256M, 1G; the speedscope profile
+    /// Largest timeline.json and stacks.folded (e.g. 64M, 1G; the speedscope profile
     /// stays below the JSON): beyond it the shortest calls are merged into their callers,
     /// and the least executed stacks into a `[merged: smaller stacks]` frame under their
-    /// caller; each file says how much (speedscope, chrome://tracing and flame graph tools
-    /// fail on larger files; timeline.pftrace always has every call).
-    #[arg(long, alias = "timeline-limit", value_name = "SIZE", default_value = "256M", value_parser = pttrace_format::snapshot::parse_size)]
+    /// caller; each file says how much (chrome://tracing fails near 256 MB of JSON,
+    /// speedscope above 375 MB; timeline.pftrace always has every call).
+    #[arg(long, alias = "timeline-limit", value_name = "SIZE", default_value = "128M", value_parser = pttrace_format::snapshot::parse_size)]
     limit: u64,
     /// Write every call and every stack, whatever the size of the files.
     #[arg(long)]
