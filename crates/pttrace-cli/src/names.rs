@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use drpttracer::decode::callstack::{Functions, INLINE_KEY};
-use drpttracer::decode::ptt_dir::PttProcess;
+use drpttracer::decode::ptt_dir::{PttProcess, PttThread, PttTrace};
 use drpttracer::decode::Symbols;
 use pttrace_symbols::{
     AddrHasher, DebugLookup, DebugSearch, DebugSource, EmbeddedBlob, JitDump, NameOrigin, PerfMap,
@@ -120,6 +120,63 @@ struct CodeCopy {
 /// instructions can match the blob by chance; the first must be long enough to place the
 /// copy alone, the others confirm it).
 const COPY_VOTES: u32 = 3;
+
+/// Which process images share one [`ImageNames`] (see [`SharedKey`]).
+pub struct SharedImages {
+    /// Each process image -> the first with the same key (itself when none has, or it has
+    /// no key).
+    names_of: HashMap<(i32, u64), (i32, u64)>,
+    /// The thread files of every image of each such first one (the code records that
+    /// place V8's copies of mapped code, of them all).
+    files: HashMap<(i32, u64), Vec<PathBuf>>,
+}
+
+impl SharedImages {
+    /// The process images of `threads` (in order; the first of a key names them).
+    pub fn of<'t>(
+        trace: &PttTrace,
+        threads: impl Iterator<Item = &'t PttThread>,
+        trace_dir: &Path,
+    ) -> Self {
+        let mut first: HashMap<SharedKey, (i32, u64)> = HashMap::new();
+        let mut shared = SharedImages {
+            names_of: HashMap::new(),
+            files: HashMap::new(),
+        };
+        for th in threads {
+            let image = (th.header.pid, th.header.nonce);
+            if shared.names_of.contains_key(&image) {
+                continue;
+            }
+            let key = trace
+                .process_of(th)
+                .and_then(|p| shared_key(p, Some(trace_dir)));
+            let names = key.map_or(image, |k| *first.entry(k).or_insert(image));
+            shared.names_of.insert(image, names);
+            shared
+                .files
+                .entry(names)
+                .or_default()
+                .extend(trace.image_files(th));
+        }
+        shared
+    }
+
+    /// The process image whose names `image` (pid, nonce) uses.
+    pub fn names_of(&self, image: (i32, u64)) -> (i32, u64) {
+        self.names_of.get(&image).copied().unwrap_or(image)
+    }
+
+    /// The thread files of the images that use the names of `image`.
+    pub fn code_files(&self, image: (i32, u64)) -> Vec<PathBuf> {
+        self.files.get(&image).cloned().unwrap_or_default()
+    }
+
+    /// Process images.
+    pub fn images(&self) -> usize {
+        self.names_of.len()
+    }
+}
 
 /// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
 /// else `/tmp/perf-PID.map`.

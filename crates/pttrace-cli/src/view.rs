@@ -404,7 +404,11 @@ pub fn run(args: Args) -> CmdResult {
     let streamed = order
         .iter()
         .all(|&i| ptt::backend_name(trace.threads[i].header.backend) != "hardware");
-    let (namer_of, namer_files) = shared_namers(&trace, &order, &trace_dir);
+    let shared_names = crate::names::SharedImages::of(
+        &trace,
+        order.iter().filter_map(|&i| trace.threads.get(i)),
+        &trace_dir,
+    );
     let mut pf = match &out_dir {
         Some(d) => {
             let mut p = PfPipe::start(d.join("timeline.pftrace"))?;
@@ -431,10 +435,7 @@ pub fn run(args: Args) -> CmdResult {
         let proc_ = trace.process_of(th);
         // Where this image's instruction 0 lies on the thread's axis.
         let base = axis_end.get(&(h.pid, h.tid)).copied().unwrap_or(0);
-        let image_key = namer_of
-            .get(&(h.pid, h.nonce))
-            .copied()
-            .unwrap_or((h.pid, h.nonce));
+        let image_key = shared_names.names_of((h.pid, h.nonce));
         let namer = namers.entry(image_key).or_insert_with(|| {
             Namer::new(
                 ImageNames::new(
@@ -443,7 +444,7 @@ pub fn run(args: Args) -> CmdResult {
                     Some(&trace_dir),
                     symbolizer.clone(),
                 )
-                .with_code_files(namer_files.get(&image_key).cloned().unwrap_or_default()),
+                .with_code_files(shared_names.code_files(image_key)),
             )
         });
         let Namer { image, ids, frames } = namer;
@@ -732,7 +733,7 @@ pub fn run(args: Args) -> CmdResult {
         .fold((0, std::time::Duration::ZERO), |(a, t), (n, d)| {
             (a + n, t + d)
         });
-    let shared = if namer_of.len() > namers.len() {
+    let shared = if shared_names.images() > namers.len() {
         format!("; {} sets of mappings, each named once", namers.len())
     } else {
         String::new()
@@ -740,42 +741,9 @@ pub fn run(args: Args) -> CmdResult {
     println!(
         "names:       {addrs} distinct addresses named in {:.2} s ({}{shared})",
         spent.as_secs_f64(),
-        count(namer_of.len() as u64, "process image")
+        count(shared_names.images() as u64, "process image")
     );
     damages.finish("view", args.policy)
-}
-
-/// Which thread images share one [`Namer`]: each process image of `order` -> the first
-/// with the same [`crate::names::SharedKey`] (itself when none has, or it has none), and
-/// the thread files of every image of each such first one (the code records that place
-/// V8's copies of mapped code, of them all).
-#[allow(clippy::type_complexity)]
-fn shared_namers(
-    trace: &ptt_dir::PttTrace,
-    order: &[usize],
-    trace_dir: &Path,
-) -> (
-    HashMap<(i32, u64), (i32, u64)>,
-    HashMap<(i32, u64), Vec<PathBuf>>,
-) {
-    let mut first: HashMap<crate::names::SharedKey, (i32, u64)> = HashMap::new();
-    let (mut namer_of, mut files) = (HashMap::new(), HashMap::<_, Vec<PathBuf>>::new());
-    for th in order.iter().filter_map(|&i| trace.threads.get(i)) {
-        let image = (th.header.pid, th.header.nonce);
-        if namer_of.contains_key(&image) {
-            continue;
-        }
-        let key = trace
-            .process_of(th)
-            .and_then(|p| crate::names::shared_key(p, Some(trace_dir)));
-        let namer = key.map_or(image, |k| *first.entry(k).or_insert(image));
-        namer_of.insert(image, namer);
-        files
-            .entry(namer)
-            .or_default()
-            .extend(trace.image_files(th));
-    }
-    (namer_of, files)
 }
 
 /// What `view` says of the returns that went where no open call expected (`n` of them, in

@@ -59,6 +59,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let mut image_names: std::collections::HashMap<(i32, u64), crate::names::ImageNames> =
         Default::default();
     let mut names_of: Option<(i32, u64)> = None;
+    let shared_names = crate::names::SharedImages::of(&trace, trace.threads.iter(), &trace_dir);
     let result = (|| -> CmdResult {
         for th in &trace.threads {
             let h = &th.header;
@@ -72,7 +73,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if let (Some(n), Some(k)) = (printer.lines.take(), names_of.take()) {
                     image_names.insert(k, n);
                 }
-                let key = (h.pid, h.nonce);
+                let key = shared_names.names_of((h.pid, h.nonce));
                 let n = image_names.remove(&key).unwrap_or_else(|| {
                     crate::names::ImageNames::new(
                         trace.process_of(th),
@@ -80,7 +81,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                         Some(&trace_dir),
                         symbolizer.clone(),
                     )
-                    .with_code_files(trace.image_files(th))
+                    .with_code_files(shared_names.code_files(key))
                 });
                 printer.lines = Some(n);
                 names_of = Some(key);
