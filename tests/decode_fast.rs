@@ -2393,6 +2393,93 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
     }
 }
 
+/// Windows decoded by libipt one after the other, handing their caches on with libipt's
+/// file sections shared ([`DecoderCaches::sharing_sections`]): code of a file run as
+/// 32-bit code in one window and as 64-bit code in another (`dec ecx; jnz` is `rex.wb
+/// jnz` there), in either order, decodes exactly as each window does with caches of its
+/// own. (libipt's block cache in a shared section keeps each instruction's mode: a window
+/// that is not 64-bit only gets sections of its own before libipt decodes it.)
+#[test]
+fn windows_sharing_file_sections_decode_as_alone_whatever_their_modes() {
+    use drpttracer::decode::image::Backing;
+    use drpttracer::decode::DecoderCaches;
+    const AT: u64 = 0x804_8000;
+    let mut code = vec![0xf4u8; 0x1000];
+    code[0..0x0a].copy_from_slice(&[
+        0xe8, 0x0a, 0x00, 0x00, 0x00, // call f (AT + 0xf)
+        0x49, // dec ecx
+        0x75, 0xf8, // jnz AT
+        0xff, 0xe0, // jmp eax
+    ]);
+    code[0x0f..0x11].copy_from_slice(&[0x40, 0xc3]); // f: inc eax; ret
+    code[0x20..0x23].copy_from_slice(&[0x90, 0xcd, 0x80]); // nop; int 0x80
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("code.bin");
+    std::fs::write(&file, &code).unwrap();
+    let mut space = AddressSpace::new();
+    assert!(space.add_file_range(Backing::map_file(&file).unwrap(), 0, 0x1000, AT));
+    let mut w = PtWriter::new();
+    w.psb();
+    w.buf.extend_from_slice(&[0x99, 0x02]); // MODE.Exec: CS.D (32-bit)
+    w.fup(AT).psbend();
+    w.tnt(&[true, true, true, false])
+        .tip(AT + 0x20)
+        .tip_pgd(None);
+    let bits32 = w.buf;
+    let mut w = PtWriter::new();
+    w.psb();
+    w.buf.extend_from_slice(&[0x99, 0x01]); // MODE.Exec: CS.L (64-bit)
+    w.fup(AT + 5).psbend();
+    w.tnt(&[false]).tip_pgd(None);
+    let bits64 = w.buf;
+    let decode = |pt: &[u8], caches: DecoderCaches| {
+        let mut d = decoder(pt, &space, DecoderKind::Libipt).with_caches(caches);
+        let recs: Vec<Record> = d.by_ref().collect();
+        (recs, d.take_caches())
+    };
+    let alone32 = decode(&bits32, DecoderCaches::default()).0;
+    let alone64 = decode(&bits64, DecoderCaches::default()).0;
+    let iteration = [
+        format!("{AT:#x} Call"),
+        format!("{:#x} Other", AT + 0xf),
+        format!("{:#x} Return", AT + 0x10),
+        format!("{:#x} Other", AT + 5),
+        format!("{:#x} CondJump", AT + 6),
+    ];
+    let mut want32 = vec!["WindowId(1)".to_string()];
+    want32.extend(iteration.iter().cloned());
+    want32.extend(iteration.iter().cloned());
+    want32.extend([
+        format!("{:#x} Jump", AT + 8),
+        format!("{:#x} Other", AT + 0x20),
+        format!("{:#x} FarCall", AT + 0x21),
+        format!("Syscall {{ pc: {} }}", AT + 0x21),
+        "TraceDisabled { ip: None }".into(),
+    ]);
+    assert_eq!(show(&alone32), want32);
+    assert_eq!(
+        show(&alone64),
+        [
+            "WindowId(1)".to_string(),
+            format!("{:#x} CondJump", AT + 5),
+            format!("{:#x} Jump", AT + 8),
+            "TraceDisabled { ip: None }".into(),
+        ]
+    );
+    for order in [
+        [&bits32, &bits64, &bits32, &bits64],
+        [&bits64, &bits32, &bits64, &bits32],
+    ] {
+        let mut caches = DecoderCaches::sharing_sections();
+        for pt in order {
+            let (recs, next) = decode(pt, caches);
+            caches = next;
+            let want = if *pt == bits32 { &alone32 } else { &alone64 };
+            assert!(recs == *want, "{}", first_difference(&recs, want));
+        }
+    }
+}
+
 /// A generated trace of ≥ 10 M instructions over 16 images whose functions call each
 /// other (direct and indirect calls, tail calls, returns at every depth up to 40), with
 /// timing packets (TSC, TMA, MTC, CBR) and PSBs, once with return compression and once

@@ -329,6 +329,9 @@ pub(crate) struct BlockDecoder<'a> {
     synced_generation: Option<u64>,
     /// Where file sections come from when they are shared with other decoders.
     pub sections: Option<std::sync::Arc<SectionCache>>,
+    /// `sections` are shared and not yet known to be safe to decode with (see
+    /// `PtDecoder::check_sections`).
+    pub sections_unchecked: bool,
     _trace: std::marker::PhantomData<&'a [u8]>,
 }
 
@@ -358,6 +361,7 @@ impl<'a> BlockDecoder<'a> {
             shared,
             synced_generation: None,
             sections: None,
+            sections_unchecked: false,
             _trace: std::marker::PhantomData,
         };
         // SAFETY: the decoder is live; its default image lives as long as it does. The
@@ -435,6 +439,12 @@ impl<'a> BlockDecoder<'a> {
         }
         self.synced_generation = Some(space.generation());
         Ok(true)
+    }
+
+    /// Makes the next [`Self::sync_image`] push the sections again (they come from
+    /// another section cache now).
+    pub fn forget_image_sync(&mut self) {
+        self.synced_generation = None;
     }
 
     /// Generation of the shared address space last pushed into libipt's image.

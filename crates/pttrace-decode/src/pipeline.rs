@@ -333,11 +333,28 @@ impl<'a> PtDecoder<'a> {
             self.cache = caches.insns;
             self.blocks = caches.blocks;
         }
-        if caches.sections.is_some() && crate::wire::only_64bit(self.trace) {
+        if caches.sections.is_some() {
+            // (Whether libipt may use them is found out only if it decodes: most windows
+            // are the fast decoder's, and reading every packet to decide cost decoding 5%.)
             self.dec.sections = caches.sections.clone();
+            self.dec.sections_unchecked = true;
         }
         self.sections = caches.sections;
         self
+    }
+
+    /// Before libipt's decoder first decodes with the shared sections: they stay only
+    /// when every packet of the trace is one [`crate::wire::only_64bit`] reads and every
+    /// MODE.Exec says 64-bit (libipt's block cache in them keeps each instruction's mode);
+    /// else the decoder gets sections of its own, pushed again at its next image sync.
+    #[cold]
+    #[inline(never)]
+    fn check_sections(&mut self) {
+        self.dec.sections_unchecked = false;
+        if !crate::wire::only_64bit(self.trace) {
+            self.dec.sections = ipt::SectionCache::new().map(std::sync::Arc::new);
+            self.dec.forget_image_sync();
+        }
     }
 
     /// The caches this decoder built (no block records when it kept them for a compact
@@ -1060,6 +1077,9 @@ impl<'a> PtDecoder<'a> {
             return;
         }
         self.advance_image();
+        if self.dec.sections_unchecked {
+            self.check_sections();
+        }
         if let Err(e) = self.dec.sync_image() {
             return self.fail(e, None);
         }
