@@ -216,14 +216,14 @@ fn jitdump_path(dir: Option<&Path>, pid: i32) -> Option<PathBuf> {
 /// mapped files alike, so they can share one [`ImageNames`]: the same programs a script
 /// runs again and again, at the same addresses where nothing randomizes them (QEMU).
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub struct SharedKey {
+struct SharedKey {
     maps: Vec<(u64, u64, u64, u64, u32, u32, String)>,
     vdso: Option<(u64, Vec<u8>)>,
 }
 
 /// The key of `p`'s names (see [`SharedKey`]), none when the process's own perf map or
 /// jitdump (looked for as [`ImageNames::new`] does, `trace_dir` first) names its code.
-pub fn shared_key(p: &PttProcess, trace_dir: Option<&Path>) -> Option<SharedKey> {
+fn shared_key(p: &PttProcess, trace_dir: Option<&Path>) -> Option<SharedKey> {
     if perf_map_path(trace_dir, p.pid).is_file() || jitdump_path(trace_dir, p.pid).is_some() {
         return None;
     }
