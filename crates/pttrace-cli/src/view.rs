@@ -733,10 +733,10 @@ pub fn run(args: Args) -> CmdResult {
         .fold((0, std::time::Duration::ZERO), |(a, t), (n, d)| {
             (a + n, t + d)
         });
-    let shared = if shared_names.images() > namers.len() {
-        format!("; {} sets of mappings, each named once", namers.len())
-    } else {
-        String::new()
+    let shared = match namers.len() {
+        n if shared_names.images() <= n => String::new(),
+        1 => "; 1 set of mappings, named once".to_string(),
+        n => format!("; {n} sets of mappings, each named once"),
     };
     println!(
         "names:       {addrs} distinct addresses named in {:.2} s ({}{shared})",
