@@ -1,5 +1,6 @@
 //! `pttrace`: check, run, decode, dump and report Intel PT traces.
 
+mod carried;
 mod check;
 mod damage;
 mod decode;

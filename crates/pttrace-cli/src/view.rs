@@ -409,6 +409,11 @@ pub fn run(args: Args) -> CmdResult {
         order.iter().filter_map(|&i| trace.threads.get(i)),
         &trace_dir,
     );
+    // Threads of the same code hand their decoder caches on.
+    let mut carriers = crate::carried::Carriers::new(
+        &shared_names,
+        order.iter().filter_map(|&i| trace.threads.get(i)),
+    );
     let mut pf = match &out_dir {
         Some(d) => {
             let mut p = PfPipe::start(d.join("timeline.pftrace"))?;
@@ -475,8 +480,10 @@ pub fn run(args: Args) -> CmdResult {
             let cs = CallStacks::with_sink(&*image, sink).with_inline_frames();
             // (A forked child's first image: its parent's frames at the fork.)
             let inherited = forks.get(&h.pid).filter(|_| h.tid == h.pid && base == 0);
+            let mut carried = carriers.take(image_key);
             let (done, windows, counted, stats, made) =
-                decode_one(&trace, th, cs, range, bar.as_ref(), inherited)?;
+                decode_one(&trace, th, cs, range, bar.as_ref(), inherited, &mut carried)?;
+            carriers.give_back(image_key, carried);
             forks.extend(made);
             let Finished {
                 sink,

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use drpttracer::decode::parallel::{decode_parallel, split_at_psbs};
+use drpttracer::decode::ptt_dir::{CarriedCaches, PttWindowInfo};
 use drpttracer::decode::sideband::parse_records;
 use drpttracer::decode::{ptt_dir, ptt_input, PtDecoder, Record, WindowOptions};
 use drpttracer::sideband::record::SIDEBAND_SAMPLE_TYPE;
@@ -362,4 +363,70 @@ fn shared_caches_change_no_record() {
     let shared = collect(false);
     assert!(shared.len() > 100_000, "{}", shared.len());
     assert_eq!(shared, collect(true));
+}
+
+/// Threads of images that hold the same code (a program a shell runs twice, placed alike
+/// by QEMU) hand their decoder caches on ([`PttTrace::decode_thread_carrying`]): the
+/// second run starts from the first one's, and every thread's records are exactly those
+/// it has decoded alone.
+#[test]
+fn caches_carried_between_images_of_the_same_code_change_no_record() {
+    if !qemu_available() {
+        println!("SKIP: qemu-x86_64 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("twice");
+    let o = run_under_qemu(
+        &out,
+        &[],
+        &[
+            "/bin/sh".as_ref(),
+            "-c".as_ref(),
+            "/bin/ls /; /bin/ls /; true".as_ref(),
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "pttrace run: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let t = drpttracer::decode::ptt_dir::open(&out).unwrap();
+    let records = |th, carried: Option<&mut CarriedCaches>| {
+        let mut all = Vec::new();
+        let mut keep = |_: &PttWindowInfo, dec: Option<&mut PtDecoder<'_>>| {
+            if let Some(d) = dec {
+                all.extend(d.by_ref());
+            }
+            Ok(())
+        };
+        match carried {
+            Some(c) => t.decode_thread_carrying(th, c, &mut keep),
+            None => t.decode_thread(th, &mut keep),
+        }
+        .unwrap();
+        all
+    };
+    // A carrier per command line (as `decode` and `view` keep one per set of mappings):
+    // a thread takes its caches only when its first window's image holds the code the
+    // last thread's decoding left there.
+    let mut carriers: std::collections::HashMap<String, CarriedCaches> = Default::default();
+    let mut ls_images = 0;
+    for th in &t.threads {
+        let cmd = t
+            .process_of(th)
+            .map(|p| p.cmdline.clone())
+            .unwrap_or_default();
+        let alone = records(th, None);
+        let carried = carriers.entry(cmd.clone()).or_default();
+        let taken = carried.taken();
+        let with = records(th, Some(carried));
+        assert!(with == alone, "{}: records differ", th.path.display());
+        if cmd == "/bin/ls /" {
+            ls_images += 1;
+            let want = taken + u32::from(ls_images == 2);
+            assert_eq!(carried.taken(), want, "ls image {ls_images}");
+        }
+    }
+    assert_eq!(ls_images, 2);
 }

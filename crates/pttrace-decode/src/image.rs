@@ -170,6 +170,23 @@ impl AddressSpace {
         self.generation = next_generation();
     }
 
+    /// Whether `other` holds the same code at the same addresses: the same segments, each
+    /// from the same file at the same offset or of the same bytes (a file is read as it is
+    /// now, by both). Caches built for one are then valid for the other.
+    pub fn same_code(&self, other: &AddressSpace) -> bool {
+        self.segs.len() == other.segs.len()
+            && self.segs.iter().zip(&other.segs).all(|(a, b)| {
+                a.start == b.start
+                    && a.len == b.len
+                    && (Arc::ptr_eq(&a.backing, &b.backing)
+                        || match (a.backing.path(), b.backing.path()) {
+                            (Some(pa), Some(pb)) => pa == pb && a.offset == b.offset,
+                            (None, None) => a.bytes() == b.bytes(),
+                            _ => false,
+                        })
+            })
+    }
+
     /// The segment containing `addr`.
     pub fn find(&self, addr: u64) -> Option<&Segment> {
         let i = self.segs.partition_point(|s| s.start <= addr);
@@ -509,6 +526,40 @@ impl FileCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two spaces hold the same code when every segment is the same file at the same
+    /// place and offset, or the same bytes; any other start, length, offset, file or byte
+    /// makes them differ.
+    #[test]
+    fn same_code_is_the_same_files_and_bytes_at_the_same_places() {
+        let dir = std::env::temp_dir().join(format!("same-code-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fa, fb) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&fa, [0x90u8; 0x3000]).unwrap();
+        std::fs::write(&fb, [0x90u8; 0x3000]).unwrap();
+        let space = |file: &Path, at: u64, offset: u64, vdso: &[u8]| {
+            let mut s = AddressSpace::new();
+            // (Each space maps the file anew, as each thread image does.)
+            assert!(s.add_file_range(Backing::map_file(file).unwrap(), offset, 0x1000, at));
+            s.add_bytes("[vdso]", vdso.to_vec(), 0x7000_0000);
+            s
+        };
+        let one = space(&fa, 0x40_0000, 0x1000, &[1, 2, 3]);
+        assert!(one.same_code(&space(&fa, 0x40_0000, 0x1000, &[1, 2, 3])));
+        for other in [
+            space(&fa, 0x50_0000, 0x1000, &[1, 2, 3]),
+            space(&fa, 0x40_0000, 0x2000, &[1, 2, 3]),
+            space(&fb, 0x40_0000, 0x1000, &[1, 2, 3]),
+            space(&fa, 0x40_0000, 0x1000, &[1, 2, 4]),
+            space(&fa, 0x40_0000, 0x1000, &[1, 2]),
+        ] {
+            assert!(!one.same_code(&other), "{:?}", other.segments());
+        }
+        let mut more = space(&fa, 0x40_0000, 0x1000, &[1, 2, 3]);
+        more.add_bytes("jit", vec![0xc3], 0x6000_0000);
+        assert!(!one.same_code(&more));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn bytes(v: &[u8]) -> Arc<Backing> {
         Arc::new(Backing::Bytes {

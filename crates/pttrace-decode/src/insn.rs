@@ -408,6 +408,14 @@ pub struct InsnCache {
 }
 
 impl InsnCache {
+    /// Keeps the instructions for an image of `generation` whose code the caller checked
+    /// is the same.
+    pub fn keep_for(&mut self, generation: u64) {
+        if self.generation.is_some() {
+            self.generation = Some(generation);
+        }
+    }
+
     /// The instruction at `pc`, `None` if unmapped or undecodable.
     pub fn get(&mut self, space: &AddressSpace, pc: u64, mode: ExecMode) -> Option<InsnInfo> {
         if self.generation != Some(space.generation()) {

@@ -316,6 +316,13 @@ pub struct DecoderCaches {
 }
 
 impl DecoderCaches {
+    /// Keeps what was learnt for an image of `generation` whose code the caller checked is
+    /// the same as the one the caches were built for ([`AddressSpace::same_code`]).
+    pub fn keep_for(&mut self, generation: u64) {
+        self.insns.keep_for(generation);
+        self.blocks.keep_for(generation);
+    }
+
     /// Caches that also share file sections between the decoders they are handed to.
     pub fn sharing_sections() -> Self {
         DecoderCaches {
@@ -356,6 +363,11 @@ impl<'a> PtDecoder<'a> {
             self.dec.sections = ipt::SectionCache::new().map(std::sync::Arc::new);
             self.dec.forget_image_sync();
         }
+    }
+
+    /// The image as decoding left it (sideband applied).
+    pub fn image_now(&self) -> Option<AddressSpace> {
+        self.shared.space.try_borrow().ok().map(|s| s.clone())
     }
 
     /// The caches this decoder built (no block records when it kept them for a compact

@@ -347,6 +347,21 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
     Ok(t)
 }
 
+/// Decoder caches one thread's decoding left, with the image they were last valid for,
+/// for the next thread of the same code ([`PttTrace::decode_thread_carrying`]).
+#[derive(Default)]
+pub struct CarriedCaches {
+    left: Option<(AddressSpace, crate::DecoderCaches)>,
+    taken: u32,
+}
+
+impl CarriedCaches {
+    /// Threads that started from caches another one left.
+    pub fn taken(&self) -> u32 {
+        self.taken
+    }
+}
+
 /// Receives each window of a thread and, when it has PT, its decoder.
 pub type WindowSink<'f> =
     dyn FnMut(&PttWindowInfo, Option<&mut PtDecoder<'_>>) -> Result<(), DecodeError> + 'f;
@@ -501,18 +516,44 @@ impl PttTrace {
         th: &PttThread,
         f: &mut WindowSink<'_>,
     ) -> Result<ThreadStats, DecodeError> {
+        self.decode_thread_carrying(th, &mut CarriedCaches::default(), f)
+    }
+
+    /// [`Self::decode_thread`] starting from the caches another thread left in `carried`
+    /// when its last image holds the same code as this thread's first window
+    /// ([`AddressSpace::same_code`]: the same program run again, placed alike), and
+    /// leaving this thread's there: its first windows then need not decode that code
+    /// again. The records are the same either way.
+    pub fn decode_thread_carrying(
+        &self,
+        th: &PttThread,
+        carried: &mut CarriedCaches,
+        f: &mut WindowSink<'_>,
+    ) -> Result<ThreadStats, DecodeError> {
         let mut caches = self.new_caches();
-        self.walk_thread(th, &mut |info, input| {
+        let mut from = carried.left.take();
+        let mut left: Option<AddressSpace> = None;
+        let stats = self.walk_thread(th, &mut |info, input| {
             let Some(w) = input else {
                 return f(info, None);
             };
+            if let Some((space, mut c)) = from.take() {
+                if !self.private_caches && space.same_code(w.space) {
+                    c.keep_for(w.space.generation());
+                    caches = c;
+                    carried.taken += 1;
+                }
+            }
             let mut dec = w
                 .decoder(self.decoder)?
                 .with_caches(std::mem::take(&mut caches));
             f(info, Some(&mut dec))?;
             caches = self.next_caches(&mut dec);
+            left = dec.image_now();
             Ok(())
-        })
+        })?;
+        carried.left = left.map(|s| (s, caches));
+        Ok(stats)
     }
 
     /// Decodes the windows of `th` on `jobs` threads of their own while this thread reads

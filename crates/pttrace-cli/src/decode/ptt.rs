@@ -60,6 +60,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         Default::default();
     let mut names_of: Option<(i32, u64)> = None;
     let shared_names = crate::names::SharedImages::of(&trace, trace.threads.iter(), &trace_dir);
+    // Threads of the same code hand their decoder caches on.
+    let mut carriers = crate::carried::Carriers::new(&shared_names, trace.threads.iter());
     let result = (|| -> CmdResult {
         for th in &trace.threads {
             let h = &th.header;
@@ -108,7 +110,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             }
             let (mut t_insns, mut t_gaps, mut t_ovf) = (0u64, 0u64, 0u64);
             let mut io_err: Option<std::io::Error> = None;
-            let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+            let set = shared_names.names_of((h.pid, h.nonce));
+            let mut carried = carriers.take(set);
+            let stats = trace.decode_thread_carrying(th, &mut carried, &mut |w: &PttWindowInfo, dec| {
                 total_windows += 1;
                 total_pt += w.pt_len as u64;
                 total_mem += w.memory.len();
@@ -238,6 +242,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 t_ovf += ovf;
                 Ok(())
             });
+            carriers.give_back(set, carried);
             if let Some(e) = io_err {
                 return Err(e.into());
             }

@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 
 use drpttracer::decode::callstack::{CallStacks, Finished, SpanSink, StackSeed};
-use drpttracer::decode::ptt_dir::{PttThread, PttTrace, PttWindowInfo, ThreadStats};
+use drpttracer::decode::ptt_dir::{CarriedCaches, PttThread, PttTrace, PttWindowInfo, ThreadStats};
 use drpttracer::decode::records::Record;
 use drpttracer::decode::runs::Runs;
 use drpttracer::decode::DecodeError;
@@ -107,6 +107,7 @@ pub(super) fn decode_one<S: SpanSink>(
     range: Option<ViewRange>,
     bar: Option<&indicatif::ProgressBar>,
     inherited: Option<&StackSeed>,
+    carried: &mut CarriedCaches,
 ) -> Result<Decoded<S>, DecodeError> {
     let syscall_windows = ptt::window_name(th.header.window) == "syscall";
     // A thread the process created (not its first), traced by a software backend, which
@@ -133,35 +134,36 @@ pub(super) fn decode_one<S: SpanSink>(
             .name("view-decode".into())
             .spawn_scoped(scope, move || {
                 let mut batch = Batch::new();
-                let stats = trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
-                    if let Some(b) = bar {
-                        b.inc((w.pt_len + w.sideband_len + 124) as u64);
-                    }
-                    let at = batch.runs.runs.len();
-                    batch.events.push((at, BatchEvent::WindowStart(w.clone())));
-                    if let Some(dec) = dec {
-                        let events = &mut batch.events;
-                        let cut = dec.for_each_slice_runs_into(
-                            &mut batch.runs,
-                            BATCH_INSTRUCTIONS,
-                            |recs, runs| {
-                                Batch::add_records(runs, events, recs);
-                                if runs.instructions() >= BATCH_INSTRUCTIONS
-                                    && !hand_over(runs, events, &tx, &back_rx)
-                                {
-                                    return ControlFlow::Break(());
-                                }
-                                ControlFlow::Continue(())
-                            },
-                        );
-                        if cut.is_some() {
-                            return Err(stopped());
+                let stats =
+                    trace.decode_thread_carrying(th, carried, &mut |w: &PttWindowInfo, dec| {
+                        if let Some(b) = bar {
+                            b.inc((w.pt_len + w.sideband_len + 124) as u64);
                         }
-                    }
-                    let at = batch.runs.runs.len();
-                    batch.events.push((at, BatchEvent::WindowEnd));
-                    Ok::<(), DecodeError>(())
-                })?;
+                        let at = batch.runs.runs.len();
+                        batch.events.push((at, BatchEvent::WindowStart(w.clone())));
+                        if let Some(dec) = dec {
+                            let events = &mut batch.events;
+                            let cut = dec.for_each_slice_runs_into(
+                                &mut batch.runs,
+                                BATCH_INSTRUCTIONS,
+                                |recs, runs| {
+                                    Batch::add_records(runs, events, recs);
+                                    if runs.instructions() >= BATCH_INSTRUCTIONS
+                                        && !hand_over(runs, events, &tx, &back_rx)
+                                    {
+                                        return ControlFlow::Break(());
+                                    }
+                                    ControlFlow::Continue(())
+                                },
+                            );
+                            if cut.is_some() {
+                                return Err(stopped());
+                            }
+                        }
+                        let at = batch.runs.runs.len();
+                        batch.events.push((at, BatchEvent::WindowEnd));
+                        Ok::<(), DecodeError>(())
+                    })?;
                 tx.send(batch).map_err(|_| stopped())?;
                 Ok::<ThreadStats, DecodeError>(stats)
             });
