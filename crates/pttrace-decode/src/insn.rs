@@ -408,11 +408,12 @@ pub struct InsnCache {
 }
 
 impl InsnCache {
-    /// Keeps the instructions for an image of `generation` whose code the caller checked
-    /// is the same.
-    pub fn keep_for(&mut self, generation: u64) {
-        if self.generation.is_some() {
-            self.generation = Some(generation);
+    /// Keeps the instructions, when they are those of the image of generation `from`, for
+    /// an image of generation `to` whose code the caller checked is the same (else they
+    /// go at the next lookup, as for any other image).
+    pub fn carry(&mut self, from: u64, to: u64) {
+        if self.generation == Some(from) {
+            self.generation = Some(to);
         }
     }
 
@@ -446,6 +447,33 @@ pub fn decode_at(space: &AddressSpace, pc: u64, mode: ExecMode) -> Option<InsnIn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Instructions carried to another image are those of the image they came from only:
+    /// decoded for an older image (another generation), they go at the next lookup.
+    #[test]
+    fn instructions_carried_are_only_those_of_the_image_they_came_from() {
+        const P: u64 = 0x40_0000;
+        let space = |byte: u8| {
+            let mut s = AddressSpace::new();
+            s.add_bytes("code", vec![byte, 0xf4], P);
+            s
+        };
+        let (nop, ret) = (space(0x90), space(0xc3));
+        let class =
+            |c: &mut InsnCache, s: &AddressSpace| c.get(s, P, ExecMode::Bit64).map(|i| i.class);
+        let mut c = InsnCache::default();
+        assert_eq!(class(&mut c, &nop), Some(InsnClass::Other));
+        // Carried from the generation it was built for: kept (the caller vouched for the
+        // code; here it is not the same, which shows what was kept).
+        c.carry(nop.generation(), ret.generation());
+        assert_eq!(class(&mut c, &ret), Some(InsnClass::Other));
+        // Carried from a generation it was not built for: it starts over.
+        let mut c = InsnCache::default();
+        assert_eq!(class(&mut c, &nop), Some(InsnClass::Other));
+        let later = space(0x90);
+        c.carry(later.generation(), ret.generation());
+        assert_eq!(class(&mut c, &ret), Some(InsnClass::Return));
+    }
 
     /// A block cache without the fast decoder's table.
     #[derive(Default)]

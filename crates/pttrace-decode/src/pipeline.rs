@@ -316,11 +316,14 @@ pub struct DecoderCaches {
 }
 
 impl DecoderCaches {
-    /// Keeps what was learnt for an image of `generation` whose code the caller checked is
-    /// the same as the one the caches were built for ([`AddressSpace::same_code`]).
-    pub fn keep_for(&mut self, generation: u64) {
-        self.insns.keep_for(generation);
-        self.blocks.keep_for(generation);
+    /// Keeps what is current for the image of generation `from` (what an older image left
+    /// goes), for an image of generation `to` whose code the caller checked is the same
+    /// ([`AddressSpace::same_code`]).
+    pub fn carry(&mut self, from: u64, to: u64) {
+        self.insns.carry(from, to);
+        if self.blocks.is_valid(from) {
+            self.blocks.keep_for(to);
+        }
     }
 
     /// Caches that also share file sections between the decoders they are handed to.

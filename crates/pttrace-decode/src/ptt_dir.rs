@@ -539,7 +539,7 @@ impl PttTrace {
             };
             if let Some((space, mut c)) = from.take() {
                 if !self.private_caches && space.same_code(w.space) {
-                    c.keep_for(w.space.generation());
+                    c.carry(space.generation(), w.space.generation());
                     caches = c;
                     carried.taken += 1;
                 }
