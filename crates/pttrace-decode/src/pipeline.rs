@@ -368,9 +368,9 @@ impl<'a> PtDecoder<'a> {
         }
     }
 
-    /// The image as decoding left it (sideband applied).
-    pub fn image_now(&self) -> Option<AddressSpace> {
-        self.shared.space.try_borrow().ok().map(|s| s.clone())
+    /// The image decoding keeps up to date (sideband applied), shared with the decoder.
+    pub(crate) fn image(&self) -> Rc<SharedImage> {
+        self.shared.clone()
     }
 
     /// The caches this decoder built (no block records when it kept them for a compact

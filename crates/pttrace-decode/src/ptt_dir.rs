@@ -532,7 +532,8 @@ impl PttTrace {
     ) -> Result<ThreadStats, DecodeError> {
         let mut caches = self.new_caches();
         let mut from = carried.left.take();
-        let mut left: Option<AddressSpace> = None;
+        // (The last window's image, copied once the thread is done.)
+        let mut left: Option<std::rc::Rc<crate::ipt::SharedImage>> = None;
         let stats = self.walk_thread(th, &mut |info, input| {
             let Some(w) = input else {
                 return f(info, None);
@@ -549,10 +550,12 @@ impl PttTrace {
                 .with_caches(std::mem::take(&mut caches));
             f(info, Some(&mut dec))?;
             caches = self.next_caches(&mut dec);
-            left = dec.image_now();
+            left = Some(dec.image());
             Ok(())
         })?;
-        carried.left = left.map(|s| (s, caches));
+        carried.left = left
+            .and_then(|s| s.space.try_borrow().ok().map(|s| s.clone()))
+            .map(|s| (s, caches));
         Ok(stats)
     }
 
