@@ -2283,15 +2283,14 @@ fn mode_exec_mnt_stop_and_an_ovf_with_events_equal_libipt_and_stay_fast() {
     assert_eq!(gaps(&f), ["0x12 bad status update"]);
 }
 
-/// 32-bit code (MODE.Exec with CS.D), as a 32-bit process on real hardware: calls with
-/// compressed returns, a loop, an indirect jump, `int 0x80`; the fast decoder walks it
-/// itself (`dec ecx` and `inc eax` are REX prefixes in 64-bit code), giving libipt's
-/// records, and after a PSB+ that says 64-bit again, 64-bit code at the same addresses.
-#[test]
-fn code_of_32_bits_is_walked_by_the_fast_decoder() {
-    use drpttracer::decode::ExecMode;
-    const AT: u64 = 0x804_8000;
-    let mut code = vec![0xf4u8; 0x30];
+/// Where [`i386_code`] runs.
+const I386_AT: u64 = 0x804_8000;
+
+/// `len` bytes of 32-bit code for [`I386_AT`] (the rest `hlt`): `call f; dec ecx; jnz
+/// I386_AT; jmp eax`, `f: inc eax; ret` at +0xf, `nop; int 0x80` at +0x20. (`dec ecx` and
+/// `inc eax` are REX prefixes in 64-bit code.)
+fn i386_code(len: usize) -> Vec<u8> {
+    let mut code = vec![0xf4u8; len];
     code[0..0x0a].copy_from_slice(&[
         0xe8, 0x0a, 0x00, 0x00, 0x00, // call f (AT + 0xf)
         0x49, // dec ecx
@@ -2300,18 +2299,24 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
     ]);
     code[0x0f..0x11].copy_from_slice(&[0x40, 0xc3]); // f: inc eax; ret
     code[0x20..0x23].copy_from_slice(&[0x90, 0xcd, 0x80]); // nop; int 0x80
-    let mut space = AddressSpace::new();
-    space.add_bytes("i386", code, AT);
-    let mut w = PtWriter::new();
-    w.psb().tsc(3);
+    code
+}
+
+/// Appends, after a PSB (and what the caller put in its PSB+), the rest of a window that
+/// runs [`i386_code`] twice round its loop as 32-bit code, then `jmp eax` to the `int
+/// 0x80`, into the kernel.
+fn i386_window(w: &mut PtWriter) {
     w.buf.extend_from_slice(&[0x99, 0x02]); // MODE.Exec: CS.D (32-bit)
-    w.fup(AT).psbend();
+    w.fup(I386_AT).psbend();
     // ret (compressed), jnz taken, ret, jnz not taken; jmp eax; int 0x80 into the kernel.
     w.tnt(&[true, true, true, false])
-        .tip(AT + 0x20)
+        .tip(I386_AT + 0x20)
         .tip_pgd(None);
-    let (f, by) = fast(&w.buf, &space);
-    assert_eq!(by, ("fast", None));
+}
+
+/// The records of [`i386_window`] after `head` (the window's id, its timestamp).
+fn i386_records(head: &[&str]) -> Vec<String> {
+    const AT: u64 = I386_AT;
     let iteration = [
         format!("{AT:#x} Call"),
         format!("{:#x} Other", AT + 0xf),
@@ -2319,10 +2324,7 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
         format!("{:#x} Other", AT + 5),
         format!("{:#x} CondJump", AT + 6),
     ];
-    let mut want = vec![
-        "WindowId(1)".to_string(),
-        "Timestamp { tsc: 3, perf_time: None }".into(),
-    ];
+    let mut want: Vec<String> = head.iter().map(|h| h.to_string()).collect();
     want.extend(iteration.iter().cloned());
     want.extend(iteration.iter().cloned());
     want.extend([
@@ -2332,6 +2334,25 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
         format!("Syscall {{ pc: {} }}", AT + 0x21),
         "TraceDisabled { ip: None }".into(),
     ]);
+    want
+}
+
+/// 32-bit code (MODE.Exec with CS.D), as a 32-bit process on real hardware: calls with
+/// compressed returns, a loop, an indirect jump, `int 0x80`; the fast decoder walks it
+/// itself (`dec ecx` and `inc eax` are REX prefixes in 64-bit code), giving libipt's
+/// records, and after a PSB+ that says 64-bit again, 64-bit code at the same addresses.
+#[test]
+fn code_of_32_bits_is_walked_by_the_fast_decoder() {
+    use drpttracer::decode::ExecMode;
+    const AT: u64 = I386_AT;
+    let mut space = AddressSpace::new();
+    space.add_bytes("i386", i386_code(0x30), AT);
+    let mut w = PtWriter::new();
+    w.psb().tsc(3);
+    i386_window(&mut w);
+    let (f, by) = fast(&w.buf, &space);
+    assert_eq!(by, ("fast", None));
+    let want = i386_records(&["WindowId(1)", "Timestamp { tsc: 3, perf_time: None }"]);
     assert_eq!(show(&f), want);
     assert!(f
         .iter()
@@ -2403,28 +2424,15 @@ fn code_of_32_bits_is_walked_by_the_fast_decoder() {
 fn windows_sharing_file_sections_decode_as_alone_whatever_their_modes() {
     use drpttracer::decode::image::Backing;
     use drpttracer::decode::DecoderCaches;
-    const AT: u64 = 0x804_8000;
-    let mut code = vec![0xf4u8; 0x1000];
-    code[0..0x0a].copy_from_slice(&[
-        0xe8, 0x0a, 0x00, 0x00, 0x00, // call f (AT + 0xf)
-        0x49, // dec ecx
-        0x75, 0xf8, // jnz AT
-        0xff, 0xe0, // jmp eax
-    ]);
-    code[0x0f..0x11].copy_from_slice(&[0x40, 0xc3]); // f: inc eax; ret
-    code[0x20..0x23].copy_from_slice(&[0x90, 0xcd, 0x80]); // nop; int 0x80
+    const AT: u64 = I386_AT;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("code.bin");
-    std::fs::write(&file, &code).unwrap();
+    std::fs::write(&file, i386_code(0x1000)).unwrap();
     let mut space = AddressSpace::new();
     assert!(space.add_file_range(Backing::map_file(&file).unwrap(), 0, 0x1000, AT));
     let mut w = PtWriter::new();
     w.psb();
-    w.buf.extend_from_slice(&[0x99, 0x02]); // MODE.Exec: CS.D (32-bit)
-    w.fup(AT).psbend();
-    w.tnt(&[true, true, true, false])
-        .tip(AT + 0x20)
-        .tip_pgd(None);
+    i386_window(&mut w);
     let bits32 = w.buf;
     let mut w = PtWriter::new();
     w.psb();
@@ -2439,24 +2447,7 @@ fn windows_sharing_file_sections_decode_as_alone_whatever_their_modes() {
     };
     let alone32 = decode(&bits32, DecoderCaches::default()).0;
     let alone64 = decode(&bits64, DecoderCaches::default()).0;
-    let iteration = [
-        format!("{AT:#x} Call"),
-        format!("{:#x} Other", AT + 0xf),
-        format!("{:#x} Return", AT + 0x10),
-        format!("{:#x} Other", AT + 5),
-        format!("{:#x} CondJump", AT + 6),
-    ];
-    let mut want32 = vec!["WindowId(1)".to_string()];
-    want32.extend(iteration.iter().cloned());
-    want32.extend(iteration.iter().cloned());
-    want32.extend([
-        format!("{:#x} Jump", AT + 8),
-        format!("{:#x} Other", AT + 0x20),
-        format!("{:#x} FarCall", AT + 0x21),
-        format!("Syscall {{ pc: {} }}", AT + 0x21),
-        "TraceDisabled { ip: None }".into(),
-    ]);
-    assert_eq!(show(&alone32), want32);
+    assert_eq!(show(&alone32), i386_records(&["WindowId(1)"]));
     assert_eq!(
         show(&alone64),
         [
