@@ -39,6 +39,16 @@ fn traced_calls(dir: &Path, cmd: impl FnOnce(&Path) -> Vec<String>) -> (PathBuf,
     (prog, trace)
 }
 
+/// The calls program run twice by a shell (`sh -c 'calls && calls'`: five thread images,
+/// the shell, and each child as the shell then the program), traced into `dir/out`.
+fn traced_calls_twice(dir: &Path) -> PathBuf {
+    traced_calls(dir, |p| {
+        let script = format!("{p} && {p}", p = p.display());
+        vec!["/bin/sh".into(), "-c".into(), script]
+    })
+    .1
+}
+
 /// tests/progs/`name`.c built in `dir` and run with `args` under QEMU, traced into
 /// `dir/out`: the trace.
 fn traced_prog(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
@@ -782,10 +792,7 @@ fn images_of_the_same_files_share_their_names_and_show_the_same_calls() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (_, trace) = traced_calls(dir.path(), |p| {
-        let p = p.display();
-        vec!["/bin/sh".into(), "-c".into(), format!("{p}; {p}; true")]
-    });
+    let trace = traced_calls_twice(dir.path());
     let view = dir.path().join("view");
     let stdout = view_into(&trace, &view, &["--full"]);
     let line = stdout
@@ -1084,10 +1091,7 @@ fn pftrace_streamed_or_written_after_decoding_is_the_same() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (_, trace) = traced_calls(dir.path(), |p| {
-        let script = format!("{p} && {p}", p = p.display());
-        vec!["/bin/sh".into(), "-c".into(), script]
-    });
+    let trace = traced_calls_twice(dir.path());
     let hw = dir.path().join("hw");
     as_hardware(&trace, &hw);
     let view = |t: &Path, out: &str| -> PathBuf {
