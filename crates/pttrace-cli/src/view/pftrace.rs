@@ -130,7 +130,6 @@ const TP_CLOCK_SNAPSHOT: u32 = 6;
 const TP_DEFAULTS: u32 = 59;
 const TP_TRACK_DESCRIPTOR: u32 = 60;
 const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
-const SEQ_NEEDS_INCREMENTAL_STATE: u64 = 2;
 // TrackEvent.
 const TE_CATEGORY_IIDS: u32 = 3;
 const TE_TYPE: u32 = 9;
@@ -335,17 +334,15 @@ impl<W: Write + Send + 'static> Writer<W> {
             .msg(TP_DEFAULTS, &defaults)
             .msg(TP_CLOCK_SNAPSHOT, &snap);
         self.packet(&p)?;
-        // (At most 14 bytes: keys of one byte, a sequence id of up to ten.)
+        // (At most 12 bytes: keys of one byte, a sequence id of up to ten.) No sequence
+        // flags: SEQ_NEEDS_INCREMENTAL_STATE only tells a reader to skip the packet while
+        // the sequence's incremental state is not valid (after lost packets: Perfetto's
+        // trace_processor, `ProtoTraceReader::ParsePacket`); the state here is valid from
+        // the sequence's first packet on, which clears it. (2 bytes in each event.)
         let mut fields = [0u8; 16];
         let mut fields_len = 0;
         put_at(&mut fields, &mut fields_len, u64::from(TP_SEQUENCE_ID) << 3);
         put_at(&mut fields, &mut fields_len, id);
-        put_at(
-            &mut fields,
-            &mut fields_len,
-            u64::from(TP_SEQUENCE_FLAGS) << 3,
-        );
-        put_at(&mut fields, &mut fields_len, SEQ_NEEDS_INCREMENTAL_STATE);
         put_at(
             &mut fields,
             &mut fields_len,
@@ -543,8 +540,8 @@ impl Interned {
 /// The state of one packet sequence.
 pub struct Sequence {
     last_ts: u64,
-    /// The same bytes in each of its event packets after the timestamp: the sequence id,
-    /// the sequence flags, the track event's key (their length is `fields_len`).
+    /// The same bytes in each of its event packets after the timestamp: the sequence id
+    /// and the track event's key (their length is `fields_len`).
     fields: [u8; 16],
     fields_len: usize,
     names: Interned,
@@ -635,18 +632,18 @@ mod tests {
         let events = &raw[j + first..];
         #[rustfmt::skip]
         let expected: Vec<u8> = [
-            // Begin at delta 0: sequence 2, needs incremental state, a track event (slice
-            // begin, category iid 1, name iid 1) and the interned category and name.
-            &[0x0a, 0x21, 0x40, 0x00, 0x50, 0x02, 0x68, 0x02,
+            // Begin at delta 0: sequence 2, a track event (slice begin, category iid 1,
+            // name iid 1) and the interned category and name.
+            &[0x0a, 0x1f, 0x40, 0x00, 0x50, 0x02,
               0x5a, 0x06, 0x48, 0x01, 0x18, 0x01, 0x50, 0x01,
               0x62, 0x11,
               0x0a, 0x08, 0x08, 0x01, 0x12, 0x04][..], b"call",
             &[0x12, 0x05, 0x08, 0x01, 0x12, 0x01], b"f",
             // Begin 300 ns later (varint 0xac 0x02), both names known.
-            &[0x0a, 0x0f, 0x40, 0xac, 0x02, 0x50, 0x02, 0x68, 0x02,
+            &[0x0a, 0x0d, 0x40, 0xac, 0x02, 0x50, 0x02,
               0x5a, 0x06, 0x48, 0x01, 0x18, 0x01, 0x50, 0x01],
             // End 200 ns later: a slice end alone.
-            &[0x0a, 0x0b, 0x40, 0xc8, 0x01, 0x50, 0x02, 0x68, 0x02, 0x5a, 0x02, 0x48, 0x02],
+            &[0x0a, 0x09, 0x40, 0xc8, 0x01, 0x50, 0x02, 0x5a, 0x02, 0x48, 0x02],
         ]
         .concat();
         assert_eq!(events, &expected[..]);

@@ -210,6 +210,13 @@ pub fn read(data: &[u8]) -> Result<Trace, String> {
             }
         }
         if let Some(i) = msgs(&pf, 12).last() {
+            // (trace_processor skips interned data until the sequence's state is cleared:
+            // a later use of it would find nothing.)
+            if !st.cleared {
+                return Err(format!(
+                    "sequence {seq_id}: interned data before its incremental state is cleared"
+                ));
+            }
             let inf = fields(i)?;
             for (field, map) in [(1, &mut st.categories), (2, &mut st.names)] {
                 for e in msgs(&inf, field) {
