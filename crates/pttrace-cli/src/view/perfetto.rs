@@ -2,7 +2,8 @@
 //! descriptors, then each thread image's calls, gaps and windows as [`pftrace`] packets,
 //! read from its spill file as soon as the image is handed over (while the next image is
 //! decoded). While it reads a spill, it keeps the calls the bounded formats may show in a
-//! file of their own ([`spill::KeptWriter`]), which they read instead ([`PfPipe::kept`]).
+//! file of their own ([`spill::KeptWriter`]), which they read instead, while it is written
+//! ([`PfPipe::kept`]).
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Write};
@@ -144,9 +145,9 @@ impl PfPipe {
         })));
     }
 
-    /// The kept calls of the next image handed over (in order), once the writer has read
-    /// its spill; none when it was not asked to keep them or could not (the bounded formats
-    /// then read the spill).
+    /// The kept calls of the next image handed over (in order), once the writer starts
+    /// reading its spill (they are read as it writes them); none when it was not asked to
+    /// keep them or could not (the bounded formats then read the spill).
     pub(super) fn kept(&mut self) -> Option<spill::Kept> {
         self.kept.recv().ok().flatten()
     }
@@ -211,9 +212,16 @@ fn write_pftrace<W: Write + Send + 'static>(
                 names.extend_from_slice(new_names);
                 let table = frames.entry(v.image).or_default();
                 table.extend_from_slice(new_frames);
-                let kept = write_view(&mut pf, &tracks, &v, table, &names, &axis)?;
-                // (The bounded formats may be done already: an error.)
+                // The kept calls go to the bounded formats before they are written: they
+                // read them while this thread writes. (A kept file that cannot be created
+                // is left out: they read the spill. They may be done already: an error.)
+                let (keep, kept) = v
+                    .keep
+                    .as_ref()
+                    .and_then(|(path, min_len)| spill::KeptWriter::create(path, *min_len).ok())
+                    .unzip();
                 let _ = kept_tx.send(kept);
+                write_view(&mut pf, &tracks, &v, table, &names, &axis, keep)?;
             }
         }
     }
@@ -222,7 +230,7 @@ fn write_pftrace<W: Write + Send + 'static>(
 
 /// One thread image's sequence: its calls from its spill, its gaps among them in time
 /// order; then its windows, one after the other on their own track and sequence. Its
-/// kept calls, when asked for and written.
+/// calls long enough go to `keep` as they are read.
 fn write_view<W: Write + Send + 'static>(
     pf: &mut pftrace::Writer<W>,
     tracks: &HashMap<(i32, i32), (u64, u64)>,
@@ -230,12 +238,8 @@ fn write_view<W: Write + Send + 'static>(
     frames: &[Vec<u32>],
     names: &[String],
     axis: &Axis,
-) -> std::io::Result<Option<spill::Kept>> {
-    // (A kept file that cannot be written is left out: the bounded formats read the spill.)
-    let mut keep = v
-        .keep
-        .as_ref()
-        .and_then(|(path, min_len)| spill::KeptWriter::create(path, *min_len).ok());
+    mut keep: Option<spill::KeptWriter>,
+) -> std::io::Result<()> {
     let name_of = |id: u32| names.get(id as usize).map_or("?", String::as_str);
     let chain = |f: u32| frames.get(f as usize).map_or(&[][..], Vec::as_slice);
     let (track, window_track) = tracks.get(&(v.pid, v.tid)).copied().unwrap_or((0, 0));
@@ -253,6 +257,7 @@ fn write_view<W: Write + Send + 'static>(
         spill::replay(s, v.cut, |e| {
             if let Some(w) = &mut keep {
                 if w.edge(&e).is_err() {
+                    // (Its readers stop with an error naming the file; the timeline goes on.)
                     keep = None;
                 }
             }
@@ -319,7 +324,11 @@ fn write_view<W: Write + Send + 'static>(
         )?;
         pf.event(&mut wseq, pftrace::Event::End { ts: ts + ns(dur) })?;
     }
-    Ok(keep.and_then(|w| w.finish().ok()))
+    // (Not finished, the readers of the kept calls stop with an error.)
+    if let Some(w) = keep {
+        w.finish()?;
+    }
+    Ok(())
 }
 
 /// The track descriptors of `timeline.pftrace`: a process track per pid, a thread track

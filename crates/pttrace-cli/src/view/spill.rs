@@ -558,7 +558,14 @@ impl<R: Read> Reader<R> {
                     self.eof = true;
                     break;
                 }
-                Ok(k) => self.end += k,
+                Ok(k) => {
+                    self.end += k;
+                    // (A file read while it is written gives what is there: a record is
+                    // enough to go on with. A plain file fills the buffer in one read.)
+                    if self.end >= MAX_RECORD {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -778,23 +785,30 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
 /// callers, which are as long) to a file of their own, read back by [`replay_kept`].
 ///
 /// Records: a begin (tag, time delta, length, frame, start kind, end kind), an end (tag,
-/// time delta).
+/// time delta). The file is read while it is written ([`Kept`]): each buffer written out
+/// is announced to its readers.
 pub struct KeptWriter {
     file: File,
     /// The records not written yet: `buf[..fill]` (written in place, as the spill's; the
     /// buffer grows from a small one, as [`Reader`]'s: most images keep few calls).
     buf: Vec<u8>,
     fill: usize,
-    kept: Kept,
+    path: PathBuf,
+    /// Bytes written out, and where the readers learn of them.
+    written: u64,
+    progress: Arc<KeptProgress>,
+    finished: bool,
     min_len: u64,
     last_at: u64,
     /// Whether each open call is kept.
     open: Vec<bool>,
 }
 
-/// A file of kept calls ([`KeptWriter`]), removed when dropped.
+/// A file of kept calls ([`KeptWriter`]), which [`replay_kept`] reads as it is written;
+/// removed when dropped.
 pub struct Kept {
     path: PathBuf,
+    progress: Arc<KeptProgress>,
 }
 
 impl Drop for Kept {
@@ -803,20 +817,77 @@ impl Drop for Kept {
     }
 }
 
+/// How far a kept-calls file is written, and whether its writer is done.
+#[derive(Default)]
+struct KeptProgress {
+    state: std::sync::Mutex<(u64, KeptState)>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Clone, Default, PartialEq)]
+enum KeptState {
+    #[default]
+    Writing,
+    Complete,
+    /// Stopped before the end, and why.
+    Stopped(String),
+}
+
+impl KeptProgress {
+    fn set(&self, written: u64, state: KeptState) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *s = (written, state);
+        self.changed.notify_all();
+    }
+
+    /// The bytes written once there are more than `pos` or the writer is done, and
+    /// whether it is; an error when it stopped before the end.
+    fn beyond(&self, pos: u64) -> io::Result<(u64, bool)> {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            match &s.1 {
+                KeptState::Stopped(why) => return Err(io::Error::other(why.clone())),
+                KeptState::Complete => return Ok((s.0, true)),
+                KeptState::Writing if s.0 > pos => return Ok((s.0, false)),
+                KeptState::Writing => {
+                    s = self
+                        .changed
+                        .wait(s)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
+        }
+    }
+}
+
 impl KeptWriter {
-    pub fn create(path: &Path, min_len: u64) -> io::Result<Self> {
+    /// A writer of a new file `path`, and the file as its readers read it.
+    pub fn create(path: &Path, min_len: u64) -> io::Result<(Self, Kept)> {
         let file = File::create(path)?;
-        Ok(KeptWriter {
+        let progress = Arc::new(KeptProgress::default());
+        let kept = Kept {
+            path: path.to_path_buf(),
+            progress: progress.clone(),
+        };
+        let w = KeptWriter {
             file,
             buf: vec![0; FIRST_READ + MAX_RECORD],
             fill: 0,
-            kept: Kept {
-                path: path.to_path_buf(),
-            },
+            path: path.to_path_buf(),
+            written: 0,
+            progress,
+            finished: false,
             min_len,
             last_at: 0,
             open: Vec::new(),
-        })
+        };
+        Ok((w, kept))
     }
 
     /// The time from the last record to `at`, which becomes the last.
@@ -876,11 +947,14 @@ impl KeptWriter {
         Ok(())
     }
 
-    /// Writes the buffered records out (the buffer doubling, up to [`BUFFER`]).
+    /// Writes the buffered records out (the buffer doubling, up to [`BUFFER`]) and tells
+    /// the readers.
     fn flush_buf(&mut self) -> io::Result<()> {
         self.file
             .write_all(self.buf.get(..self.fill).unwrap_or(&[]))?;
+        self.written += self.fill as u64;
         self.fill = 0;
+        self.progress.set(self.written, KeptState::Writing);
         if self.buf.len() < BUFFER + MAX_RECORD {
             let len = (self.buf.len() * 2).min(BUFFER + MAX_RECORD);
             self.buf.resize(len, 0);
@@ -888,17 +962,66 @@ impl KeptWriter {
         Ok(())
     }
 
-    /// The file, complete.
-    pub fn finish(mut self) -> io::Result<Kept> {
+    /// Writes the rest: the file is complete.
+    pub fn finish(mut self) -> io::Result<()> {
         self.flush_buf()?;
-        Ok(self.kept)
+        self.finished = true;
+        self.progress.set(self.written, KeptState::Complete);
+        Ok(())
     }
 }
 
-/// Reads a [`KeptWriter`]'s file back: its begins and ends, as [`replay`] gave them.
+impl Drop for KeptWriter {
+    fn drop(&mut self) {
+        // Dropped before `finish` (an error writing, or the replay's): its readers stop
+        // with an error rather than wait.
+        if !self.finished {
+            self.progress.set(
+                self.written,
+                KeptState::Stopped(format!(
+                    "{}: the Perfetto writer stopped before it had kept every call",
+                    self.path.display()
+                )),
+            );
+        }
+    }
+}
+
+/// A kept-calls file read while it is written: a read waits for bytes its writer has
+/// not written out yet, and ends where the writer finished.
+struct GrowingFile {
+    file: File,
+    pos: u64,
+    progress: Arc<KeptProgress>,
+}
+
+impl Read for GrowingFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let (written, _) = self.progress.beyond(self.pos)?;
+        let n = usize::try_from(written.saturating_sub(self.pos))
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let k = self.file.read(buf.get_mut(..n).unwrap_or(&mut []))?;
+        if k == 0 {
+            return Err(io::Error::other("kept-calls file shorter than written"));
+        }
+        self.pos += k as u64;
+        Ok(k)
+    }
+}
+
+/// Reads a [`KeptWriter`]'s file back while it is written (waiting for what is not yet):
+/// its begins and ends, as [`replay`] gave them.
 pub fn replay_kept(kept: &Kept, mut f: impl FnMut(Edge) -> io::Result<()>) -> io::Result<()> {
     let file = File::open(&kept.path)?;
-    let mut r = Reader::new(file);
+    let mut r = Reader::new(GrowingFile {
+        file,
+        pos: 0,
+        progress: kept.progress.clone(),
+    });
     let mut at = 0u64;
     let mut open: Vec<u32> = Vec::new();
     while r.fill()? {
@@ -1230,11 +1353,11 @@ mod tests {
         assert_eq!(implied, 6, "the implied callers are replayed");
         for min_len in [0, 1, 7, 30, 200, 5_000, u64::MAX] {
             let path = dir.join(format!("kept-{min_len}"));
-            let mut w = KeptWriter::create(&path, min_len).unwrap();
+            let (mut w, kept) = KeptWriter::create(&path, min_len).unwrap();
             for e in &all {
                 w.edge(e).unwrap();
             }
-            let kept = w.finish().unwrap();
+            w.finish().unwrap();
             // What the filter keeps: the begins at least min_len long and their ends.
             let mut open = Vec::new();
             let mut expected = Vec::new();
@@ -1268,6 +1391,134 @@ mod tests {
             assert!(!path.exists(), "the kept file goes when dropped");
         }
         drop(spill);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    /// `n` calls of lengths that vary, one after the other, each with an inlined callee.
+    fn nested_edges(n: u64) -> Vec<Edge> {
+        let mut v = Vec::new();
+        let mut at = 0u64;
+        for i in 0..n {
+            let outer = at;
+            let len = 40 + i % 50;
+            v.push(Edge::Begin {
+                at,
+                len,
+                frame: (i % 7) as u32,
+                start: SpanStart::Call,
+                end: if i % 11 == 0 {
+                    SpanEnd::Unwound
+                } else {
+                    SpanEnd::Return
+                },
+            });
+            let inner_len = i % 9;
+            v.push(Edge::Begin {
+                at: at + 3,
+                len: inner_len,
+                frame: 100 + (i % 5) as u32,
+                start: SpanStart::Inlined,
+                end: SpanEnd::Inlined,
+            });
+            v.push(Edge::End {
+                at: at + 3 + inner_len,
+                frame: 100 + (i % 5) as u32,
+            });
+            at = outer + len;
+            v.push(Edge::End {
+                at,
+                frame: (i % 7) as u32,
+            });
+        }
+        v
+    }
+
+    /// A kept-calls file read while it is written: the reader, started before anything is
+    /// written, gets exactly what the writer keeps, in order, however the writes and reads
+    /// interleave (the writer pausing between buffers; a reader slower than it).
+    #[test]
+    fn kept_calls_are_read_while_they_are_written() {
+        let dir = std::env::temp_dir().join(format!("pttrace-growing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let all = nested_edges(60_000);
+        for (min_len, slow_reader) in [(0, false), (5, true), (45, false)] {
+            let path = dir.join(format!("kept-{min_len}"));
+            let (mut w, kept) = KeptWriter::create(&path, min_len).unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                replay_kept(&kept, |e| {
+                    if slow_reader && got.len() % 20_000 == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    got.push(e);
+                    Ok(())
+                })
+                .map(|()| got)
+            });
+            for (k, e) in all.iter().enumerate() {
+                w.edge(e).unwrap();
+                if k % 50_000 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+            w.finish().unwrap();
+            let got = reader.join().unwrap().unwrap();
+            let mut open = Vec::new();
+            let mut expected = Vec::new();
+            for e in &all {
+                match e {
+                    Edge::Begin { len, .. } => {
+                        open.push(*len >= min_len);
+                        if *len >= min_len {
+                            expected.push(*e);
+                        }
+                    }
+                    Edge::End { .. } => {
+                        if open.pop() == Some(true) {
+                            expected.push(*e);
+                        }
+                    }
+                }
+            }
+            assert!(expected.len() > 1000, "{}", expected.len());
+            assert_eq!(got, expected, "min_len {min_len}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A writer that stops before the end (dropped: an error while it wrote) makes its
+    /// reader fail, naming the file, instead of waiting for the rest; the calls read until
+    /// then were the ones written.
+    #[test]
+    fn a_kept_calls_writer_that_stops_makes_its_reader_fail() {
+        let dir = std::env::temp_dir().join(format!("pttrace-stopped-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let all = nested_edges(60_000);
+        let path = dir.join("kept");
+        let (mut w, kept) = KeptWriter::create(&path, 0).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let r = replay_kept(&kept, |e| {
+                got.push(e);
+                Ok(())
+            });
+            (got, r)
+        });
+        for e in &all[..all.len() / 2] {
+            w.edge(e).unwrap();
+        }
+        drop(w);
+        let (got, r) = reader.join().unwrap();
+        let err = r.unwrap_err().to_string();
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("stopped"),
+            "{err}"
+        );
+        assert!(
+            !got.is_empty() && got.len() < all.len() / 2,
+            "{}",
+            got.len()
+        );
+        assert_eq!(got[..], all[..got.len()]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
