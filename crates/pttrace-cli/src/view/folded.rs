@@ -76,15 +76,27 @@ impl Folded {
         inc
     }
 
-    /// Bytes of the file when subtrees under `t` instructions are merged.
-    fn size(&self, inc: &[u64], pathlen: &[u64], t: u64) -> u64 {
-        let mut merged = vec![0u64; self.nodes.len()];
+    /// Bytes of the file when subtrees under `t` instructions are merged. (`merged`: a
+    /// node's merged instructions, all 0, left so; `touched`: scratch. Made once for the
+    /// search: a table of every node zeroed for each try was most of its time.)
+    fn size(
+        &self,
+        inc: &[u64],
+        pathlen: &[u64],
+        t: u64,
+        (merged, touched): (&mut [u64], &mut Vec<u32>),
+    ) -> u64 {
         let mut size = 0u64;
         let digits = |v: u64| v.checked_ilog10().map_or(1, |d| d as u64 + 1);
         for (i, &(p, _, count)) in self.nodes.iter().enumerate() {
             if p != NONE && inc[i] < t {
                 if inc[p as usize] >= t {
-                    merged[p as usize] += inc[i];
+                    if let Some(m) = merged.get_mut(p as usize) {
+                        if *m == 0 {
+                            touched.push(p);
+                        }
+                        *m += inc[i];
+                    }
                 }
                 continue;
             }
@@ -92,9 +104,10 @@ impl Folded {
                 size += pathlen[i] + 2 + digits(count);
             }
         }
-        for (i, &m) in merged.iter().enumerate() {
-            if m > 0 {
-                size += pathlen[i] + 1 + MERGED.len() as u64 + 2 + digits(m);
+        for p in touched.drain(..) {
+            if let Some(m) = merged.get_mut(p as usize) {
+                size += pathlen[p as usize] + 1 + MERGED.len() as u64 + 2 + digits(*m);
+                *m = 0;
             }
         }
         size
@@ -114,14 +127,17 @@ impl Folded {
             };
             pathlen[i] = above + names(name) as u64;
         }
-        if self.size(inc, &pathlen, 1) <= limit {
+        let mut merged = vec![0u64; self.nodes.len()];
+        let mut touched = Vec::new();
+        let mut size = |t| self.size(inc, &pathlen, t, (&mut merged, &mut touched));
+        if size(1) <= limit {
             return 1;
         }
         let (mut lo, mut hi) = (1u64, inc.iter().copied().max().unwrap_or(1) + 1);
         // size(lo) > limit >= size(hi)
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if self.size(inc, &pathlen, mid) <= limit {
+            if size(mid) <= limit {
                 hi = mid;
             } else {
                 lo = mid;
