@@ -90,7 +90,10 @@ impl Folded {
         let digits = |v: u64| v.checked_ilog10().map_or(1, |d| d as u64 + 1);
         for (i, &(p, _, count)) in self.nodes.iter().enumerate() {
             if p != NONE && inc[i] < t {
-                if inc[p as usize] >= t {
+                // (A root is written whatever its size, as `lines` writes it.)
+                let parent_kept =
+                    inc[p as usize] >= t || self.nodes.get(p as usize).is_some_and(|n| n.0 == NONE);
+                if parent_kept {
                     if let Some(m) = merged.get_mut(p as usize) {
                         if *m == 0 {
                             touched.push(p);
@@ -113,11 +116,8 @@ impl Folded {
         size
     }
 
-    /// The smallest subtree size kept so that the file stays within `limit` bytes (1: all).
-    fn threshold(&self, inc: &[u64], names: &dyn Fn(u32) -> usize, limit: Option<u64>) -> u64 {
-        let Some(limit) = limit else {
-            return 1;
-        };
+    /// The length of each node's path (`a;b;c`), its names' lengths given by `names`.
+    fn path_lengths(&self, names: &dyn Fn(u32) -> usize) -> Vec<u64> {
         let mut pathlen = vec![0u64; self.nodes.len()];
         for (i, &(p, name, _)) in self.nodes.iter().enumerate() {
             let above = if p == NONE {
@@ -127,6 +127,15 @@ impl Folded {
             };
             pathlen[i] = above + names(name) as u64;
         }
+        pathlen
+    }
+
+    /// The smallest subtree size kept so that the file stays within `limit` bytes (1: all).
+    fn threshold(&self, inc: &[u64], names: &dyn Fn(u32) -> usize, limit: Option<u64>) -> u64 {
+        let Some(limit) = limit else {
+            return 1;
+        };
+        let pathlen = self.path_lengths(names);
         let mut merged = vec![0u64; self.nodes.len()];
         let mut touched = Vec::new();
         let mut size = |t| self.size(inc, &pathlen, t, (&mut merged, &mut touched));
@@ -241,5 +250,97 @@ impl Folded {
             Ok(())
         });
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program's stacks: `prog` calling `main`, which calls 40 functions of 1 to 40
+    /// instructions' subtrees (each with a callee of its own), and `init`.
+    fn stacks() -> (Folded, Vec<String>) {
+        let mut names = vec!["prog".to_string(), "main".to_string(), "init".to_string()];
+        let mut f = Folded::default();
+        let prog = f.node(NONE, 0);
+        let main = f.node(prog, 1);
+        let init = f.node(prog, 2);
+        f.nodes[main as usize].2 = 7;
+        f.nodes[init as usize].2 = 3;
+        for k in 1..=40u64 {
+            names.push(format!("f{k}"));
+            names.push(format!("g{k}"));
+            let fk = f.node(main, names.len() as u32 - 2);
+            let gk = f.node(fk, names.len() as u32 - 1);
+            f.nodes[fk as usize].2 = k / 2;
+            f.nodes[gk as usize].2 = k - k / 2;
+        }
+        (f, names)
+    }
+
+    /// Each line's count, summed.
+    fn total(text: &str) -> u64 {
+        text.lines()
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    /// The size the threshold search computes is the size of the lines written, at every
+    /// threshold; a limit keeps the file within it, merges the smallest subtrees into
+    /// `[merged: smaller stacks]` frames under their callers and keeps every instruction.
+    #[test]
+    fn bounded_stacks_are_within_the_limit_and_count_every_instruction() {
+        let (f, names) = stacks();
+        let name = |n: u32| names[n as usize].as_str();
+        let inc = f.inclusive();
+        let pathlen = f.path_lengths(&|n| name(n).len());
+        let (mut merged, mut touched) = (vec![0u64; f.nodes.len()], Vec::new());
+        for t in [1, 2, 5, 17, 39, 41, 100, 1000] {
+            let mut text = String::new();
+            f.lines(&inc, &name, t, |l| {
+                text.push_str(l);
+                text.push('\n');
+                Ok(())
+            })
+            .unwrap();
+            let size = f.size(&inc, &pathlen, t, (&mut merged, &mut touched));
+            assert_eq!(size, text.len() as u64, "threshold {t}:\n{text}");
+            assert!(merged.iter().all(|&m| m == 0), "the table is left cleared");
+            assert_eq!(total(&text), 830, "threshold {t}");
+        }
+        let mut all = Vec::new();
+        f.write(&name, None, &mut all).unwrap();
+        let all = String::from_utf8(all).unwrap();
+        assert_eq!(all.lines().count(), 81, "f1 has no instructions of its own");
+        let n = all.len() as u64;
+        for limit in [n, n * 2 / 3, n / 3, n / 8] {
+            let mut out = Vec::new();
+            let w = f.write(&name, Some(limit), &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            assert!(text.len() as u64 <= limit, "{} > {limit}", text.len());
+            assert_eq!(total(&text), 830);
+            if limit == n {
+                assert_eq!(text, all);
+                assert_eq!(w.merged_frames, 0);
+                continue;
+            }
+            // The smallest subtrees merged: under `prog;main`, with what they held.
+            assert!(w.merged_frames > 0 && w.merged_below > 1);
+            let merged_line = text
+                .lines()
+                .find(|l| l.starts_with("prog;main;[merged: smaller stacks] "))
+                .unwrap();
+            let kept: Vec<u64> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("prog;main;f"))
+                .filter_map(|l| l.split([';', ' ']).next()?.parse().ok())
+                .collect();
+            let merged_sum: u64 = (1..=40).filter(|k| !kept.contains(k)).sum();
+            assert_eq!(
+                merged_line,
+                format!("prog;main;[merged: smaller stacks] {merged_sum}")
+            );
+            assert!(kept.iter().all(|&k| k >= w.merged_below), "{kept:?}");
+        }
     }
 }
