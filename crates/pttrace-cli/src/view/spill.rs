@@ -824,7 +824,7 @@ struct KeptProgress {
     changed: std::sync::Condvar,
 }
 
-#[derive(Clone, Default, PartialEq)]
+#[derive(Default)]
 enum KeptState {
     #[default]
     Writing,
@@ -843,25 +843,36 @@ impl KeptProgress {
         self.changed.notify_all();
     }
 
-    /// The bytes written once there are more than `pos` or the writer is done, and
-    /// whether it is; an error when it stopped before the end.
-    fn beyond(&self, pos: u64) -> io::Result<(u64, bool)> {
+    /// The bytes written, once there are more than `pos` or the writer is done (whether
+    /// it finished or stopped before: [`Self::stopped`]).
+    fn beyond(&self, pos: u64) -> u64 {
         let mut s = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
             match &s.1 {
-                KeptState::Stopped(why) => return Err(io::Error::other(why.clone())),
-                KeptState::Complete => return Ok((s.0, true)),
-                KeptState::Writing if s.0 > pos => return Ok((s.0, false)),
-                KeptState::Writing => {
+                KeptState::Writing if s.0 <= pos => {
                     s = self
                         .changed
                         .wait(s)
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
+                _ => return s.0,
             }
+        }
+    }
+
+    /// Why the writer stopped before the end, if it did.
+    fn stopped(&self) -> Option<String> {
+        match &self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+        {
+            KeptState::Stopped(why) => Some(why.clone()),
+            _ => None,
         }
     }
 }
@@ -997,7 +1008,7 @@ struct GrowingFile {
 
 impl Read for GrowingFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let (written, _) = self.progress.beyond(self.pos)?;
+        let written = self.progress.beyond(self.pos);
         let n = usize::try_from(written.saturating_sub(self.pos))
             .unwrap_or(usize::MAX)
             .min(buf.len());
@@ -1057,6 +1068,10 @@ pub fn replay_kept(kept: &Kept, mut f: impl FnMut(Edge) -> io::Result<()>) -> io
                 f(Edge::End { at, frame })?;
             }
         }
+    }
+    // (Every call written was read: a writer that stopped before the end says why.)
+    if let Some(why) = kept.progress.stopped() {
+        return Err(io::Error::other(why));
     }
     Ok(())
 }
@@ -1486,8 +1501,8 @@ mod tests {
     }
 
     /// A writer that stops before the end (dropped: an error while it wrote) makes its
-    /// reader fail, naming the file, instead of waiting for the rest; the calls read until
-    /// then were the ones written.
+    /// reader fail, naming the file, instead of waiting for the rest, once it has read the
+    /// calls written out before.
     #[test]
     fn a_kept_calls_writer_that_stops_makes_its_reader_fail() {
         let dir = std::env::temp_dir().join(format!("pttrace-stopped-{}", std::process::id()));
@@ -1503,9 +1518,12 @@ mod tests {
             });
             (got, r)
         });
-        for e in &all[..all.len() / 2] {
+        let half = all.len() / 2;
+        for e in &all[..half] {
             w.edge(e).unwrap();
         }
+        // (What it buffered goes out first, as an error writing the next would find it.)
+        w.flush_buf().unwrap();
         drop(w);
         let (got, r) = reader.join().unwrap();
         let err = r.unwrap_err().to_string();
@@ -1513,12 +1531,8 @@ mod tests {
             err.contains(&path.display().to_string()) && err.contains("stopped"),
             "{err}"
         );
-        assert!(
-            !got.is_empty() && got.len() < all.len() / 2,
-            "{}",
-            got.len()
-        );
-        assert_eq!(got[..], all[..got.len()]);
+        assert_eq!(got.len(), half);
+        assert_eq!(got[..], all[..half]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
