@@ -1373,25 +1373,7 @@ mod tests {
                 w.edge(e).unwrap();
             }
             w.finish().unwrap();
-            // What the filter keeps: the begins at least min_len long and their ends.
-            let mut open = Vec::new();
-            let mut expected = Vec::new();
-            for e in &all {
-                match e {
-                    Edge::Begin { len, .. } => {
-                        open.push(*len >= min_len);
-                        if *len >= min_len {
-                            assert!(open.iter().all(|&k| k), "a kept call's callers are kept");
-                            expected.push(*e);
-                        }
-                    }
-                    Edge::End { .. } => {
-                        if open.pop() == Some(true) {
-                            expected.push(*e);
-                        }
-                    }
-                }
-            }
+            let expected = kept_of(&all, min_len);
             if min_len == 0 {
                 assert_eq!(expected, all);
             }
@@ -1408,6 +1390,30 @@ mod tests {
         drop(spill);
         let _ = std::fs::remove_dir_all(&dir);
     }
+    /// What a kept-calls filter of `min_len` keeps of `all`: the begins at least that
+    /// long and their ends (a kept call's callers are kept: they are at least as long).
+    fn kept_of(all: &[Edge], min_len: u64) -> Vec<Edge> {
+        let mut open = Vec::new();
+        let mut kept = Vec::new();
+        for e in all {
+            match e {
+                Edge::Begin { len, .. } => {
+                    open.push(*len >= min_len);
+                    if *len >= min_len {
+                        assert!(open.iter().all(|&k| k), "a kept call's callers are kept");
+                        kept.push(*e);
+                    }
+                }
+                Edge::End { .. } => {
+                    if open.pop() == Some(true) {
+                        kept.push(*e);
+                    }
+                }
+            }
+        }
+        kept
+    }
+
     /// `n` calls of lengths that vary, one after the other, each with an inlined callee.
     fn nested_edges(n: u64) -> Vec<Edge> {
         let mut v = Vec::new();
@@ -1477,23 +1483,7 @@ mod tests {
             }
             w.finish().unwrap();
             let got = reader.join().unwrap().unwrap();
-            let mut open = Vec::new();
-            let mut expected = Vec::new();
-            for e in &all {
-                match e {
-                    Edge::Begin { len, .. } => {
-                        open.push(*len >= min_len);
-                        if *len >= min_len {
-                            expected.push(*e);
-                        }
-                    }
-                    Edge::End { .. } => {
-                        if open.pop() == Some(true) {
-                            expected.push(*e);
-                        }
-                    }
-                }
-            }
+            let expected = kept_of(&all, min_len);
             assert!(expected.len() > 1000, "{}", expected.len());
             assert_eq!(got, expected, "min_len {min_len}");
         }
