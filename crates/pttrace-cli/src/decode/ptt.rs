@@ -65,6 +65,8 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     let result = (|| -> CmdResult {
         for th in &trace.threads {
             let h = &th.header;
+            // Its set of images of the same mappings: their names and decoder caches.
+            let set = shared_names.names_of((h.pid, h.nonce));
             if let Some(p) = trace.process_of(th) {
                 if args.format == OutFormat::Disasm {
                     printer.syms = p.symbols(trace.sysroot.as_deref());
@@ -75,18 +77,17 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if let (Some(n), Some(k)) = (printer.lines.take(), names_of.take()) {
                     image_names.insert(k, n);
                 }
-                let key = shared_names.names_of((h.pid, h.nonce));
-                let n = image_names.remove(&key).unwrap_or_else(|| {
+                let n = image_names.remove(&set).unwrap_or_else(|| {
                     crate::names::ImageNames::new(
                         trace.process_of(th),
                         trace.sysroot.as_deref(),
                         Some(&trace_dir),
                         symbolizer.clone(),
                     )
-                    .with_code_files(shared_names.code_files(key))
+                    .with_code_files(shared_names.code_files(set))
                 });
                 printer.lines = Some(n);
-                names_of = Some(key);
+                names_of = Some(set);
             }
             let cmd = trace
                 .process_of(th)
@@ -110,7 +111,6 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             }
             let (mut t_insns, mut t_gaps, mut t_ovf) = (0u64, 0u64, 0u64);
             let mut io_err: Option<std::io::Error> = None;
-            let set = shared_names.names_of((h.pid, h.nonce));
             let mut carried = carriers.take(set);
             let stats = trace.decode_thread_carrying(th, &mut carried, &mut |w: &PttWindowInfo, dec| {
                 total_windows += 1;
