@@ -178,36 +178,48 @@ impl SharedImages {
     }
 }
 
-/// The perf map of process `pid`: the copy `pttrace run` keeps in the trace directory,
-/// else `/tmp/perf-PID.map`.
-fn perf_map(dir: Option<&Path>, pid: i32) -> Option<PerfMap> {
-    PerfMap::open(&perf_map_path(dir, pid)).ok()
+/// The perf map of process `p`: the copy `pttrace run` keeps in the trace directory,
+/// else `/tmp/perf-PID.map` if it is `p`'s ([`written_since`]).
+fn perf_map(dir: Option<&Path>, p: &PttProcess) -> Option<PerfMap> {
+    PerfMap::open(&perf_map_path(dir, p)?).ok()
 }
 
-fn perf_map_path(dir: Option<&Path>, pid: i32) -> PathBuf {
-    let name = format!("perf-{pid}.map");
-    let kept = dir.map(|d| d.join(&name));
-    kept.filter(|p| p.is_file())
-        .unwrap_or_else(|| Path::new("/tmp").join(&name))
+fn perf_map_path(dir: Option<&Path>, p: &PttProcess) -> Option<PathBuf> {
+    let name = format!("perf-{}.map", p.pid);
+    let kept = dir.map(|d| d.join(&name)).filter(|k| k.is_file());
+    kept.or_else(|| {
+        Some(Path::new("/tmp").join(&name)).filter(|t| t.is_file() && written_since(&p.path, t))
+    })
 }
 
-/// The jitdump of process `pid`: the copy `pttrace run` keeps in the trace directory, else
+/// The jitdump of process `p`: the copy `pttrace run` keeps in the trace directory, else
 /// `jit-PID.dump` in /tmp or the working directory (where JITs write it: node --perf-prof
-/// in its working directory, perf's JVMTI agent in /tmp).
-fn jitdump(dir: Option<&Path>, pid: i32) -> Option<JitDump> {
-    jitdump_path(dir, pid).and_then(|p| JitDump::open(&p).ok())
+/// in its working directory, perf's JVMTI agent in /tmp) if it is `p`'s.
+fn jitdump(dir: Option<&Path>, p: &PttProcess) -> Option<JitDump> {
+    jitdump_path(dir, p).and_then(|path| JitDump::open(&path).ok())
 }
 
-fn jitdump_path(dir: Option<&Path>, pid: i32) -> Option<PathBuf> {
-    let name = format!("jit-{pid}.dump");
-    [
-        dir.map(|d| d.join(&name)),
-        Some(Path::new("/tmp").join(&name)),
-        Some(PathBuf::from(&name)),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| p.is_file())
+fn jitdump_path(dir: Option<&Path>, p: &PttProcess) -> Option<PathBuf> {
+    let name = format!("jit-{}.dump", p.pid);
+    let kept = dir.map(|d| d.join(&name)).filter(|k| k.is_file());
+    kept.or_else(|| {
+        [Path::new("/tmp").join(&name), PathBuf::from(&name)]
+            .into_iter()
+            .find(|f| f.is_file() && written_since(&p.path, f))
+    })
+}
+
+/// Whether `file` (a perf map or jitdump named by a process id) was written since the
+/// process whose info file is `info` started: one left by an earlier process of the same
+/// id is not its own and would name its code wrongly. (True where either time is unknown:
+/// a file system without creation times.)
+pub fn written_since(info: &Path, file: &Path) -> bool {
+    let started = std::fs::metadata(info).and_then(|m| m.created());
+    let written = std::fs::metadata(file).and_then(|m| m.modified());
+    match (started, written) {
+        (Ok(s), Ok(w)) => w >= s,
+        _ => true,
+    }
 }
 
 /// What the names of a process image's code depend on when nothing of the process itself
@@ -224,7 +236,7 @@ struct SharedKey {
 /// The key of `p`'s names (see [`SharedKey`]), none when the process's own perf map or
 /// jitdump (looked for as [`ImageNames::new`] does, `trace_dir` first) names its code.
 fn shared_key(p: &PttProcess, trace_dir: Option<&Path>) -> Option<SharedKey> {
-    if perf_map_path(trace_dir, p.pid).is_file() || jitdump_path(trace_dir, p.pid).is_some() {
+    if perf_map_path(trace_dir, p).is_some() || jitdump_path(trace_dir, p).is_some() {
         return None;
     }
     Some(SharedKey {
@@ -296,8 +308,8 @@ impl ImageNames {
             maps,
             elf,
             plts,
-            jit: p.and_then(|p| perf_map(trace_dir, p.pid)),
-            jitdump: p.and_then(|p| jitdump(trace_dir, p.pid)),
+            jit: p.and_then(|p| perf_map(trace_dir, p)),
+            jitdump: p.and_then(|p| jitdump(trace_dir, p)),
             symbolizer,
             cache: RefCell::new(HashMap::default()),
             unnamed: RefCell::new(Default::default()),

@@ -654,17 +654,26 @@ fn keep_jit_maps(out: &Path, msg: &mut dyn Write) {
     let Ok(rd) = std::fs::read_dir(out) else {
         return;
     };
-    let mut pids: Vec<i32> = rd
+    // Each process image's id and info file.
+    let mut images: Vec<(i32, PathBuf)> = rd
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let stem = name.strip_suffix(".info")?;
-            stem.split('-').next()?.parse().ok()
+            Some((stem.split('-').next()?.parse().ok()?, e.path()))
         })
         .collect();
-    pids.sort_unstable();
+    images.sort_unstable();
+    let mut pids: Vec<i32> = images.iter().map(|(pid, _)| *pid).collect();
     pids.dedup();
     for pid in pids {
+        // (A process that execs has an info file per image: its files are its own if
+        // written since its first image started.)
+        let infos: Vec<&PathBuf> = images
+            .iter()
+            .filter(|(p, _)| *p == pid)
+            .map(|(_, info)| info)
+            .collect();
         for src in [
             PathBuf::from(format!("/tmp/perf-{pid}.map")),
             PathBuf::from(format!("jit-{pid}.dump")),
@@ -673,6 +682,18 @@ fn keep_jit_maps(out: &Path, msg: &mut dyn Write) {
                 continue;
             };
             if !src.is_file() {
+                continue;
+            }
+            if !infos
+                .iter()
+                .any(|info| crate::names::written_since(info, &src))
+            {
+                let _ = writeln!(
+                    msg,
+                    "pttrace run: {} is older than process {pid}: left by an earlier process \
+                     of that id, not kept",
+                    src.display()
+                );
                 continue;
             }
             let dst = out.join(name);

@@ -356,9 +356,63 @@ fn jit_code_without_names_is_said_with_how_to_name_it() {
         lines[0]
     );
     // The copies are named by their addresses in the stacks.
-    let folded = String::from_utf8_lossy(&o.stdout).into_owned();
-    let jit = folded.lines().filter(|l| l.contains(";main;0x")).count();
-    assert_eq!(jit, 100, "{folded}");
+    let stacks = String::from_utf8_lossy(&o.stdout).into_owned();
+    let jit = stacks.lines().filter(|l| l.contains(";main;0x")).count();
+    assert_eq!(jit, 100, "{stacks}");
+
+    // A perf map of the same process id left by an earlier process (written before this
+    // one started) is not this process's: its names are not used. Written since, it is.
+    let pid: i32 = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".info")?.split('-').next()?.parse().ok()
+        })
+        .unwrap();
+    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    if map.exists() {
+        println!("SKIP (stale map part): {} exists", map.display());
+        return;
+    }
+    // (The map names the copies' addresses, as the JIT's own would.)
+    let addrs: Vec<u64> = stacks
+        .lines()
+        .filter_map(|l| l.split(";main;0x").nth(1)?.split([';', ' ']).next())
+        .filter_map(|a| u64::from_str_radix(a, 16).ok())
+        .collect();
+    let (lo, hi) = (*addrs.iter().min().unwrap(), *addrs.iter().max().unwrap());
+    std::fs::write(
+        &map,
+        format!("{lo:x} {:x} stale_names_of_another_process\n", hi - lo + 32),
+    )
+    .unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&map)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    let stale = folded(&out);
+    std::fs::File::options()
+        .write(true)
+        .open(&map)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now())
+        .unwrap();
+    let fresh = folded(&out);
+    let _ = std::fs::remove_file(&map);
+    assert!(!stale.contains("stale_names"), "{stale}");
+    assert_eq!(
+        stale.lines().filter(|l| l.contains(";main;0x")).count(),
+        100,
+        "{stale}"
+    );
+    assert!(
+        fresh.contains(";main;stale_names_of_another_process"),
+        "{fresh}"
+    );
 }
 
 /// The mini JIT's code is one stack in `view`'s folded stacks, named `name` under main:
