@@ -5,6 +5,7 @@ mod check;
 mod damage;
 mod decode;
 mod dump;
+mod interrupt;
 mod names;
 mod profile;
 mod progress;

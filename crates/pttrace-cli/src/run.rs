@@ -270,6 +270,19 @@ fn qemu_backend(args: &Args) -> Result<Option<(PathBuf, PathBuf)>, String> {
     }
 }
 
+/// Runs `cmd` to its end, telling `stopping` its process (see [`crate::interrupt`]).
+fn wait_for(
+    cmd: &mut Command,
+    stopping: &crate::interrupt::Stopping,
+) -> std::io::Result<std::process::ExitStatus> {
+    crate::interrupt::unblock_signals(cmd);
+    let mut child = cmd.spawn()?;
+    stopping.started(child.id());
+    let status = child.wait();
+    stopping.ended();
+    status
+}
+
 /// Ends like the program did: its exit status, or 128 + the signal that killed it.
 fn mirror_status(prog: &str, status: std::process::ExitStatus) -> CmdResult {
     use std::os::unix::process::ExitStatusExt;
@@ -320,12 +333,12 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         extra.push(("memory".to_string(), b"on".to_vec()));
     }
     let mut cmd = qemu::command(&qemu, &plugin, &out, &args.cmd, args.qemu_oracle, extra)?;
+    let stopping = crate::interrupt::start(&prog, args.quiet)?;
     if let Some(s) = &snap {
         super::snapshot::forward_signals(s, &out)?;
     }
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
+    let status =
+        wait_for(&mut cmd, &stopping).map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
     let _ = writeln!(msg, "{prog}: {status} (traced under {})", qemu.display());
     if !has_info_file(&out) {
         return Err(format!(
@@ -378,13 +391,14 @@ pub fn run(args: Args) -> CmdResult {
     check_preload_library(&lib)?;
     let _ = writeln!(msg, "pttrace run: {}", shim_backend_line(&args));
     let out = fresh_out_dir(&args.out, &mut msg)?;
-    if let Some(sn) = &snap {
-        super::snapshot::forward_signals(sn, &out)?;
-    }
     let (prog, rest) = args
         .cmd
         .split_first()
         .ok_or("no command given: use pttrace run [options] -- CMD ARGS…")?;
+    let stopping = crate::interrupt::start(prog, args.quiet)?;
+    if let Some(sn) = &snap {
+        super::snapshot::forward_signals(sn, &out)?;
+    }
     let mut cmd = Command::new(prog);
     cmd.args(rest);
     for (k, v) in &pairs {
@@ -392,9 +406,7 @@ pub fn run(args: Args) -> CmdResult {
     }
     cmd.env(config::ENV_OUT, &out);
     cmd.env("LD_PRELOAD", prepend_preload(&lib));
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot run {prog}: {e}"))?;
+    let status = wait_for(&mut cmd, &stopping).map_err(|e| format!("cannot run {prog}: {e}"))?;
     let _ = writeln!(msg, "{prog}: {status}");
     if !has_info_file(&out) {
         return Err(format!(

@@ -140,9 +140,10 @@ fn signals(s: &Snapshot) -> Vec<i32> {
         .collect()
 }
 
-/// For `signal:` triggers: blocks those signals here (the child gets an empty mask from
-/// std's spawn) and starts a thread that takes them with `sigwait` and appends a request
-/// line for the plugin to the trace directory's request file. Call before starting the
+/// For `signal:` triggers: blocks those signals here (the program starts with an empty
+/// mask all the same: [`crate::interrupt::unblock_signals`]) and starts a thread that takes
+/// them with `sigwait` and appends a request line for the plugin to the trace directory's
+/// request file. Call before starting the
 /// program (and before any other thread exists, so that none takes the signal instead).
 pub fn forward_signals(s: &Snapshot, out: &Path) -> Result<(), String> {
     let sigs = signals(s);
