@@ -21,10 +21,14 @@
 //! long in a small file of their own ([`KeptWriter`]); the bounded formats read that
 //! ([`replay_kept`]) instead of the whole spill again: the same begins and ends, less the
 //! calls they would leave out anyway (a kept call's callers are at least as long).
+//!
+//! Both files are removed from their directory as soon as they are created and read
+//! through the open file ([`At`]): whatever ends `view` (Ctrl-C, a kill, a crash), the
+//! hundreds of megabytes of a large trace's spill are not left behind.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -182,11 +186,13 @@ struct Implied {
 
 /// The file of one thread image's spans, and what stays in memory to read it back. Its
 /// clones read the same file (the timelines are written from it on two threads), which is
-/// removed when the last is dropped.
+/// gone when the last is dropped (it has no name since it was created).
 #[derive(Clone)]
 pub struct Spill(Arc<SpillFile>);
 
 struct SpillFile {
+    /// The file (unlinked), and its name when it was created (for messages).
+    file: Arc<File>,
     path: PathBuf,
     /// Implied callers by segment (in the order they were found), for the segments that
     /// have some.
@@ -210,15 +216,37 @@ impl Spill {
     }
 }
 
-impl Drop for SpillFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+/// A file that is written once and then removed from its directory, open for reading
+/// and writing (see the module documentation).
+fn unlinked_file(path: &Path) -> io::Result<File> {
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    std::fs::remove_file(path)?;
+    Ok(file)
+}
+
+/// Reads a shared file from a position of its own (`pread`: the readers of one file on
+/// several threads do not move each other).
+struct At {
+    file: Arc<File>,
+    pos: u64,
+}
+
+impl Read for At {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
 /// Writes a thread image's spans to its spill file (see the module documentation).
 pub struct SpillSink<'a, N: FrameIds> {
-    file: Option<File>,
+    file: Option<Arc<File>>,
     path: PathBuf,
     /// The records not written yet: `buf[..fill]` (its length stays
     /// `BUFFER + RECORD_ROOM`, so that a record is written into it in place).
@@ -262,16 +290,12 @@ fn recent_slot(key: u64) -> usize {
 }
 
 impl<'a, N: FrameIds> SpillSink<'a, N> {
-    /// A sink writing to a new file `path` (removed when the [`Spill`] is dropped).
+    /// A sink writing to a new file `path` (unlinked at once: gone when the [`Spill`] is
+    /// dropped, or when `view` ends however it ends).
     pub fn create(path: &Path, frames: &'a mut N, costs: &'a mut Costs) -> io::Result<Self> {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
+        let file = unlinked_file(path)?;
         Ok(SpillSink {
-            file: Some(file),
+            file: Some(Arc::new(file)),
             path: path.to_path_buf(),
             buf: vec![0; BUFFER + RECORD_ROOM],
             fill: 0,
@@ -331,8 +355,8 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
     }
 
     fn flush_buf(&mut self) {
-        if let (Some(f), None) = (&mut self.file, &self.error) {
-            if let Err(e) = f.write_all(self.buf.get(..self.fill).unwrap_or(&[])) {
+        if let (Some(f), None) = (&self.file, &self.error) {
+            if let Err(e) = f.write_all_at(self.buf.get(..self.fill).unwrap_or(&[]), self.base) {
                 self.error = Some(e);
             }
         }
@@ -382,21 +406,17 @@ impl<'a, N: FrameIds> SpillSink<'a, N> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
+        let file = self
+            .file
+            .take()
+            .ok_or_else(|| io::Error::other("a spill finished twice"))?;
         Ok(Spill(Arc::new(SpillFile {
+            file,
             path: std::mem::take(&mut self.path),
             implied: std::mem::take(&mut self.implied),
             long: std::mem::take(&mut self.long),
             spans: self.spans,
         })))
-    }
-}
-
-impl<N: FrameIds> Drop for SpillSink<'_, N> {
-    fn drop(&mut self) {
-        // A sink dropped without `finish` (an error): its file goes.
-        if !self.path.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.path);
-        }
     }
 }
 
@@ -596,8 +616,10 @@ pub fn replay(
     mut f: impl FnMut(Edge) -> io::Result<()>,
 ) -> io::Result<()> {
     let spill = &*spill.0;
-    let file = File::open(&spill.path)?;
-    let mut r = Reader::new(file);
+    let mut r = Reader::new(At {
+        file: spill.file.clone(),
+        pos: 0,
+    });
     let (lo, hi) = cut.unwrap_or((0, u64::MAX));
     // Open spans: frame, and whether their begin was given.
     let mut open: Vec<(u32, bool)> = Vec::new();
@@ -788,7 +810,7 @@ fn spill_record(b: &[u8]) -> Option<(SpillRecord, usize)> {
 /// time delta). The file is read while it is written ([`Kept`]): each buffer written out
 /// is announced to its readers.
 pub struct KeptWriter {
-    file: File,
+    file: Arc<File>,
     /// The records not written yet: `buf[..fill]` (written in place, as the spill's; the
     /// buffer grows from a small one, as [`Reader`]'s: most images keep few calls).
     buf: Vec<u8>,
@@ -805,16 +827,11 @@ pub struct KeptWriter {
 }
 
 /// A file of kept calls ([`KeptWriter`]), which [`replay_kept`] reads as it is written;
-/// removed when dropped.
+/// gone when dropped (it has no name since it was created).
 pub struct Kept {
+    file: Arc<File>,
     path: PathBuf,
     progress: Arc<KeptProgress>,
-}
-
-impl Drop for Kept {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 /// How far a kept-calls file is written, and whether its writer is done.
@@ -878,11 +895,13 @@ impl KeptProgress {
 }
 
 impl KeptWriter {
-    /// A writer of a new file `path`, and the file as its readers read it.
+    /// A writer of a new file `path` (unlinked at once), and the file as its readers read
+    /// it.
     pub fn create(path: &Path, min_len: u64) -> io::Result<(Self, Kept)> {
-        let file = File::create(path)?;
+        let file = Arc::new(unlinked_file(path)?);
         let progress = Arc::new(KeptProgress::default());
         let kept = Kept {
+            file: file.clone(),
             path: path.to_path_buf(),
             progress: progress.clone(),
         };
@@ -962,7 +981,7 @@ impl KeptWriter {
     /// the readers.
     fn flush_buf(&mut self) -> io::Result<()> {
         self.file
-            .write_all(self.buf.get(..self.fill).unwrap_or(&[]))?;
+            .write_all_at(self.buf.get(..self.fill).unwrap_or(&[]), self.written)?;
         self.written += self.fill as u64;
         self.fill = 0;
         self.progress.set(self.written, KeptState::Writing);
@@ -1001,15 +1020,14 @@ impl Drop for KeptWriter {
 /// A kept-calls file read while it is written: a read waits for bytes its writer has
 /// not written out yet, and ends where the writer finished.
 struct GrowingFile {
-    file: File,
-    pos: u64,
+    file: At,
     progress: Arc<KeptProgress>,
 }
 
 impl Read for GrowingFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let written = self.progress.beyond(self.pos);
-        let n = usize::try_from(written.saturating_sub(self.pos))
+        let written = self.progress.beyond(self.file.pos);
+        let n = usize::try_from(written.saturating_sub(self.file.pos))
             .unwrap_or(usize::MAX)
             .min(buf.len());
         if n == 0 {
@@ -1019,7 +1037,6 @@ impl Read for GrowingFile {
         if k == 0 {
             return Err(io::Error::other("kept-calls file shorter than written"));
         }
-        self.pos += k as u64;
         Ok(k)
     }
 }
@@ -1027,10 +1044,11 @@ impl Read for GrowingFile {
 /// Reads a [`KeptWriter`]'s file back while it is written (waiting for what is not yet):
 /// its begins and ends, as [`replay`] gave them.
 pub fn replay_kept(kept: &Kept, mut f: impl FnMut(Edge) -> io::Result<()>) -> io::Result<()> {
-    let file = File::open(&kept.path)?;
     let mut r = Reader::new(GrowingFile {
-        file,
-        pos: 0,
+        file: At {
+            file: kept.file.clone(),
+            pos: 0,
+        },
         progress: kept.progress.clone(),
     });
     let mut at = 0u64;
@@ -1307,6 +1325,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (mut ids, mut costs) = (AddrIds, Costs::default());
         let mut sink = SpillSink::create(&dir.join("spill"), &mut ids, &mut costs).unwrap();
+        // (Read through the open file: whatever ends `view`, nothing is left behind.)
+        assert!(
+            !dir.join("spill").exists(),
+            "the spill has no name once created"
+        );
         // A small deterministic generator (xorshift).
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = move |n: u64| {
@@ -1369,6 +1392,7 @@ mod tests {
         for min_len in [0, 1, 7, 30, 200, 5_000, u64::MAX] {
             let path = dir.join(format!("kept-{min_len}"));
             let (mut w, kept) = KeptWriter::create(&path, min_len).unwrap();
+            assert!(!path.exists(), "the kept file has no name once created");
             for e in &all {
                 w.edge(e).unwrap();
             }
@@ -1384,8 +1408,6 @@ mod tests {
             })
             .unwrap();
             assert_eq!(got, expected, "min_len {min_len}");
-            drop(kept);
-            assert!(!path.exists(), "the kept file goes when dropped");
         }
         drop(spill);
         let _ = std::fs::remove_dir_all(&dir);
