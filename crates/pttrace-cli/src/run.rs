@@ -354,7 +354,36 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
     mirror_status(&prog, status)
 }
 
+/// Why `prog` cannot be started, checked as a shell does (along `PATH` for a name without
+/// a slash), and the status a shell, `env` or `timeout` exits with then: 127 for a program
+/// not found, 126 for one found that cannot run.
+fn unstartable(prog: &str) -> Option<(String, i32)> {
+    if qemu::which(prog).is_some() {
+        return None;
+    }
+    if !prog.contains('/') {
+        return Some((format!("{prog}: command not found"), 127));
+    }
+    Some(match std::fs::metadata(prog) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            (format!("{prog}: no such file"), 127)
+        }
+        Err(e) => (format!("{prog}: {e}"), 126),
+        Ok(m) if m.is_dir() => (format!("{prog}: is a directory"), 126),
+        Ok(_) => (
+            format!("{prog}: not executable (no execute permission)"),
+            126,
+        ),
+    })
+}
+
 pub fn run(args: Args) -> CmdResult {
+    // A program that cannot start ends the run before anything is created, with the
+    // status a shell gives it.
+    if let Some((why, status)) = args.cmd.first().and_then(|p| unstartable(p)) {
+        eprintln!("pttrace run: {why}");
+        std::process::exit(status);
+    }
     if let Some((qemu, plugin)) = qemu_backend(&args)? {
         return run_qemu(&args, qemu, plugin);
     }

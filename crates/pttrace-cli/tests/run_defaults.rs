@@ -239,6 +239,43 @@ fn stdout_is_the_programs_own_and_the_exit_status_is_its_own() {
 }
 
 #[test]
+fn a_program_that_cannot_start_ends_the_run_as_env_does_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_exec = dir.path().join("data.txt");
+    std::fs::write(&not_exec, "not a program\n").unwrap();
+    let missing = dir.path().join("missing");
+    let cases = [
+        (
+            "no_such_program_here".to_string(),
+            127,
+            "no_such_program_here: command not found",
+        ),
+        (missing.display().to_string(), 127, "missing: no such file"),
+        (
+            not_exec.display().to_string(),
+            126,
+            "data.txt: not executable (no execute permission)",
+        ),
+        (dir.path().display().to_string(), 126, ": is a directory"),
+    ];
+    for (k, (prog, status, says)) in cases.iter().enumerate() {
+        // The status `env` gives the same program (126: found but cannot run; 127: not
+        // found), as shells and `timeout` do.
+        let env = Command::new("env").arg(prog).output().unwrap();
+        assert_eq!(env.status.code(), Some(*status), "env {prog}");
+        let out = dir.path().join(format!("out{k}"));
+        let o = run(&["--out", out.to_str().unwrap()], &[prog]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(*status), "{prog}: {t}");
+        assert!(
+            t.contains("pttrace run: ") && t.contains(says),
+            "{prog}: {t}"
+        );
+        assert!(!out.exists(), "{prog}: nothing is created: {t}");
+    }
+}
+
+#[test]
 fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
     if qemu_available() {
         shim_util::plugin();
