@@ -7,6 +7,7 @@ mod decode;
 mod dump;
 mod interrupt;
 mod names;
+mod orphans;
 mod profile;
 mod progress;
 mod qemu;

@@ -276,11 +276,47 @@ fn wait_for(
     stopping: &crate::interrupt::Stopping,
 ) -> std::io::Result<std::process::ExitStatus> {
     crate::interrupt::unblock_signals(cmd);
+    crate::orphans::adopt();
     let mut child = cmd.spawn()?;
     stopping.started(child.id());
     let status = child.wait();
     stopping.ended();
     status
+}
+
+/// Names the processes the program left running (see [`crate::orphans`]).
+fn say_left_running(prog: &str, out: &Path, qemu: bool, msg: &mut dyn Write) {
+    let left = crate::orphans::still_running(qemu);
+    if left.is_empty() {
+        return;
+    }
+    let list: Vec<String> = left
+        .iter()
+        .map(|(pid, cmd)| format!("pid {pid} ({cmd})"))
+        .collect();
+    let _ = writeln!(
+        msg,
+        "pttrace run: {prog} ended, but {} it started {} still running and tracing into {}: \
+         {}; the summary below shows {} as it is now (`pttrace report {}` once {} ended)",
+        match left.len() {
+            1 => "1 process".to_string(),
+            n => format!("{n} processes"),
+        },
+        if left.len() == 1 { "is" } else { "are" },
+        out.display(),
+        list.join(", "),
+        if left.len() == 1 {
+            "its trace"
+        } else {
+            "their trace"
+        },
+        out.display(),
+        if left.len() == 1 {
+            "it has"
+        } else {
+            "they have"
+        },
+    );
 }
 
 /// Ends like the program did: its exit status, or 128 + the signal that killed it.
@@ -340,6 +376,7 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
     let status =
         wait_for(&mut cmd, &stopping).map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
     let _ = writeln!(msg, "{prog}: {status} (traced under {})", qemu.display());
+    say_left_running(&prog, &out, true, &mut msg);
     if !has_info_file(&out) {
         return Err(format!(
             "{} wrote no trace into {}: QEMU did not load the plugin {} (see its message \
@@ -437,6 +474,7 @@ pub fn run(args: Args) -> CmdResult {
     cmd.env("LD_PRELOAD", prepend_preload(&lib));
     let status = wait_for(&mut cmd, &stopping).map_err(|e| format!("cannot run {prog}: {e}"))?;
     let _ = writeln!(msg, "{prog}: {status}");
+    say_left_running(prog, &out, false, &mut msg);
     if !has_info_file(&out) {
         return Err(format!(
             "{prog} wrote no trace into {}: the preload library {} did not start in it (a \

@@ -276,6 +276,48 @@ fn a_program_that_cannot_start_ends_the_run_as_env_does_and_creates_nothing() {
 }
 
 #[test]
+fn processes_left_running_are_named_and_their_trace_goes_on() {
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(
+        &["--out", out.to_str().unwrap()],
+        &["sh", "-c", "sleep 2 & echo started"],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "started\n");
+    // (Before, the summary said nothing of the `sleep`, still tracing into the directory.)
+    let said = format!(
+        "pttrace run: sh ended, but 1 process it started is still running and tracing into {}: pid ",
+        out.display()
+    );
+    assert!(t.contains(&said), "{t}");
+    assert!(t.contains("`pttrace report "), "{t}");
+    // Its trace goes on: the `sleep` image ends in the directory, whole.
+    let start = std::time::Instant::now();
+    loop {
+        let r = Command::new(pttrace())
+            .arg("report")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let rt = text(&r);
+        if rt.contains("sleep 2\n") && !rt.contains("no ProcessEnd record") {
+            assert_eq!(r.status.code(), Some(0), "{rt}");
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the sleep never ended in the trace: {rt}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
 fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
     if qemu_available() {
         shim_util::plugin();
