@@ -38,61 +38,131 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
     let out = out_dir(args)?;
     let (mut damages, _) = crate::tracedir::of_trace(path);
     damages.add_skipped(&trace.skipped);
-    let mut overflows = 0u64;
-    let mut unjoined: Vec<String> = Vec::new();
-    let mut written = Vec::new();
+    // An image's info file is read once for all its threads: its clock, and whether
+    // loads and stores were recorded.
     let mut clocks: std::collections::HashMap<PathBuf, (Option<Clock>, bool)> = Default::default();
-    for th in &trace.threads {
-        let h = &th.header;
-        let proc_ = trace.process_of(th);
-        let comm = proc_
-            .map(|p| crate::view::basename(&p.cmdline))
-            .filter(|c| !c.is_empty())
-            .unwrap_or_else(|| "thread".to_string());
-        // An image's info file is read once for all its threads: its clock, and whether
-        // loads and stores were recorded.
-        let (clock, memory) = proc_.map_or((None, false), |p| {
-            *clocks
-                .entry(p.path.clone())
-                .or_insert_with(|| Clock::of(&p.path))
-        });
-        let file = out.join(format!(
-            "drmemtrace.{}.{}.{:08x}.trace.zip",
-            file_part(&comm),
-            h.tid,
-            h.nonce
-        ));
-        let mut conv = Converter::new(h.tid as u64, h.pid as u64, clock, file.clone());
-        conv.memory = memory;
-        trace.decode_thread(th, &mut |w: &PttWindowInfo, dec| {
-            conv.window_nr = Some(w.nr);
-            let Some(dec) = dec else { return Ok(()) };
-            let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
-            for r in dec {
-                if let Record::Overflow { .. } = r {
-                    overflows += 1;
+    for p in &trace.processes {
+        clocks
+            .entry(p.path.clone())
+            .or_insert_with(|| Clock::of(&p.path));
+    }
+    // Thread files are independent: each is converted on one of the workers, which take
+    // the next file not taken; what they found is then taken in the trace's order.
+    let n = trace.threads.len();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Vec<std::sync::Mutex<Option<Result<Converted, String>>>> =
+        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+    let workers = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(n)
+        .max(1);
+    std::thread::scope(|s| {
+        for w in 0..workers {
+            let (next, done, clocks) = (&next, &done, &clocks);
+            let work = move || loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(th) = trace.threads.get(k) else {
+                    return;
+                };
+                let r = convert_thread(trace, th, out, clocks);
+                if let Some(slot) = done.get(k) {
+                    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
                 }
-                if let Record::Instruction(i) = &r {
-                    join.of(i.pc, &mut conv.accesses);
-                }
-                conv.record(&r);
+            };
+            // (The calling thread is a worker too.)
+            if w + 1 < workers {
+                s.spawn(work);
+            } else {
+                work();
             }
-            unjoined.extend(join.left_out(w.index));
-            Ok::<(), DecodeError>(())
-        })?;
-        for what in unjoined.drain(..) {
+        }
+    });
+    let mut overflows = 0u64;
+    let mut written = Vec::new();
+    for (th, slot) in trace.threads.iter().zip(done) {
+        let converted = slot
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .ok_or_else(|| format!("{}: not converted", th.path.display()))?;
+        let c = converted?;
+        overflows += c.overflows;
+        for what in c.unjoined {
             damages.add_whole(crate::text::printable(&th.path.display().to_string()), what);
         }
-        let n = conv
-            .finish()
-            .map_err(|e| format!("{}: cannot write: {e}", file.display()))?;
-        if n > 0 {
-            written.push((file, n));
+        if c.instructions > 0 {
+            written.push((c.file, c.instructions));
         }
     }
     print_written(out, &written);
     damages.note_overflows(overflows);
     damages.finish("decode", args.policy)
+}
+
+/// What converting one thread file gave.
+struct Converted {
+    file: PathBuf,
+    instructions: u64,
+    overflows: u64,
+    /// Accesses that joined no instruction, per window.
+    unjoined: Vec<String>,
+}
+
+/// Converts one thread file into its `.zip` in `out`.
+fn convert_thread(
+    trace: &ptt_input::PttTrace,
+    th: &ptt_input::PttThread,
+    out: &Path,
+    clocks: &std::collections::HashMap<PathBuf, (Option<Clock>, bool)>,
+) -> Result<Converted, String> {
+    let h = &th.header;
+    let proc_ = trace.process_of(th);
+    let comm = proc_
+        .map(|p| crate::view::basename(&p.cmdline))
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "thread".to_string());
+    let (clock, memory) = proc_
+        .and_then(|p| clocks.get(&p.path).copied())
+        .unwrap_or((None, false));
+    let file = out.join(format!(
+        "drmemtrace.{}.{}.{:08x}.trace.zip",
+        file_part(&comm),
+        h.tid,
+        h.nonce
+    ));
+    let mut conv = Converter::new(h.tid as u64, h.pid as u64, clock, file.clone());
+    conv.memory = memory;
+    let (mut overflows, mut unjoined) = (0u64, Vec::new());
+    trace
+        .decode_thread(th, &mut |w: &PttWindowInfo, dec| {
+            conv.window_nr = Some(w.nr);
+            let Some(dec) = dec else { return Ok(()) };
+            let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
+            // (Records visited where the decoder keeps them, not copied one by one.)
+            drpttracer::decode::TraceDecoder::for_each_slice(dec, |recs| {
+                for r in recs {
+                    if let Record::Overflow { .. } = r {
+                        overflows += 1;
+                    }
+                    if let Record::Instruction(i) = r {
+                        join.of(i.pc, &mut conv.accesses);
+                    }
+                    conv.record(r);
+                }
+                std::ops::ControlFlow::<()>::Continue(())
+            });
+            unjoined.extend(join.left_out(w.index));
+            Ok::<(), DecodeError>(())
+        })
+        .map_err(|e| e.to_string())?;
+    let instructions = conv
+        .finish()
+        .map_err(|e| format!("{}: cannot write: {e}", file.display()))?;
+    Ok(Converted {
+        file,
+        instructions,
+        overflows,
+        unjoined,
+    })
 }
 
 /// `--out DIR`, created, when it is new or empty (DynamoRIO's analyzers read every file of
