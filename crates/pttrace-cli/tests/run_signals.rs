@@ -80,6 +80,25 @@ fn paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 #[test]
 fn ctrl_c_at_a_terminal_reaches_the_program_once_and_the_summary_follows() {
     setup();
+    // (`script` needs a pseudo-terminal: /dev/ptmx.)
+    match Command::new("script")
+        .args(["-q", "-e", "-c", "true", "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            println!(
+                "SKIP: `script` cannot run a command on a pseudo-terminal here: {}",
+                text(&o)
+            );
+            return;
+        }
+        Err(e) => {
+            println!("SKIP: `script` (util-linux, Debian's bsdutils) cannot be run: {e}");
+            return;
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
     let (out, ready, log) = paths(dir.path());
     // `script` runs the command on a pseudo-terminal of its own, in the foreground, and
