@@ -11,7 +11,8 @@
 //!   started (the program, or QEMU, which hands it to the program's handler as the kernel
 //!   would). One that comes before the program started is passed on once it has.
 //! - Once the program has ended (the summary is being written), such a signal ends
-//!   `pttrace run` as it would have without this module.
+//!   `pttrace run` as it would have without this module; but for the first from the
+//!   terminal, which may be the one that ended the program, taken only after it.
 //!
 //! The signals go to a thread of their own (`sigwaitinfo`), not to a handler: nothing here
 //! runs in signal context. They are blocked in the calling thread before any other thread
@@ -103,6 +104,7 @@ fn take_signals(set: &libc::sigset_t, shared: &Shared, prog: &str, quiet: bool) 
             eprintln!("pttrace run: {text}");
         }
     };
+    let mut ended_by_terminal = false;
     loop {
         // SAFETY: all-zero bytes are a valid siginfo_t (plain integers and unions of them).
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -113,6 +115,15 @@ fn take_signals(set: &libc::sigset_t, shared: &Shared, prog: &str, quiet: bool) 
             continue;
         }
         if shared.ended.load(Ordering::SeqCst) {
+            // (A terminal's signal that ended the program can be taken here only after
+            // the program was waited for: the first after the end is that one.)
+            if info.si_code == libc::SI_KERNEL && !std::mem::replace(&mut ended_by_terminal, true) {
+                say(format!(
+                    "{} from the terminal, which sent it to {prog} too ({prog} has ended)",
+                    name(sig)
+                ));
+                continue;
+            }
             // The program has ended: the signal does what it would have done.
             // SAFETY: resetting a disposition, unblocking the signal in this thread and
             // raising it in this thread; nothing else is touched.

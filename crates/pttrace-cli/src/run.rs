@@ -270,8 +270,10 @@ fn qemu_backend(args: &Args) -> Result<Option<(PathBuf, PathBuf)>, String> {
     }
 }
 
-/// Runs `cmd` to its end, telling `stopping` its process (see [`crate::interrupt`]).
-fn wait_for(
+/// Starts `cmd` (with no signal blocked, this process the reaper of what it leaves
+/// running: [`crate::orphans`]) and waits for its end, telling `stopping` when it starts
+/// and ends ([`crate::interrupt`]).
+fn run_to_end(
     cmd: &mut Command,
     stopping: &crate::interrupt::Stopping,
 ) -> std::io::Result<std::process::ExitStatus> {
@@ -287,35 +289,22 @@ fn wait_for(
 /// Names the processes the program left running (see [`crate::orphans`]).
 fn say_left_running(prog: &str, out: &Path, qemu: bool, msg: &mut dyn Write) {
     let left = crate::orphans::still_running(qemu);
-    if left.is_empty() {
-        return;
-    }
     let list: Vec<String> = left
         .iter()
         .map(|(pid, cmd)| format!("pid {pid} ({cmd})"))
         .collect();
+    let (count, is, its, it_has) = match left.len() {
+        0 => return,
+        1 => ("1 process".to_string(), "is", "its", "it has"),
+        n => (format!("{n} processes"), "are", "their", "they have"),
+    };
     let _ = writeln!(
         msg,
-        "pttrace run: {prog} ended, but {} it started {} still running and tracing into {}: \
-         {}; the summary below shows {} as it is now (`pttrace report {}` once {} ended)",
-        match left.len() {
-            1 => "1 process".to_string(),
-            n => format!("{n} processes"),
-        },
-        if left.len() == 1 { "is" } else { "are" },
-        out.display(),
-        list.join(", "),
-        if left.len() == 1 {
-            "its trace"
-        } else {
-            "their trace"
-        },
-        out.display(),
-        if left.len() == 1 {
-            "it has"
-        } else {
-            "they have"
-        },
+        "pttrace run: {prog} ended, but {count} it started {is} still running and tracing \
+         into {out}: {list}; the summary below shows {its} trace as it is now (`pttrace \
+         report {out}` once {it_has} ended)",
+        out = out.display(),
+        list = list.join(", "),
     );
 }
 
@@ -373,8 +362,8 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
     if let Some(s) = &snap {
         super::snapshot::forward_signals(s, &out)?;
     }
-    let status =
-        wait_for(&mut cmd, &stopping).map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
+    let status = run_to_end(&mut cmd, &stopping)
+        .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
     let _ = writeln!(msg, "{prog}: {status} (traced under {})", qemu.display());
     say_left_running(&prog, &out, true, &mut msg);
     if !has_info_file(&out) {
@@ -472,7 +461,7 @@ pub fn run(args: Args) -> CmdResult {
     }
     cmd.env(config::ENV_OUT, &out);
     cmd.env("LD_PRELOAD", prepend_preload(&lib));
-    let status = wait_for(&mut cmd, &stopping).map_err(|e| format!("cannot run {prog}: {e}"))?;
+    let status = run_to_end(&mut cmd, &stopping).map_err(|e| format!("cannot run {prog}: {e}"))?;
     let _ = writeln!(msg, "{prog}: {status}");
     say_left_running(prog, &out, false, &mut msg);
     if !has_info_file(&out) {

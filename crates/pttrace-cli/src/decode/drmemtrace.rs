@@ -66,7 +66,9 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
                 };
                 let r = convert_thread(trace, th, out, clocks);
                 if let Some(slot) = done.get(k) {
-                    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+                    *slot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
                 }
             };
             // (The calling thread is a worker too.)
