@@ -11,8 +11,9 @@
 //!   started (the program, or QEMU, which hands it to the program's handler as the kernel
 //!   would). One that comes before the program started is passed on once it has.
 //! - Once the program has ended (the summary is being written), such a signal ends
-//!   `pttrace run` as it would have without this module; but for the first from the
-//!   terminal, which may be the one that ended the program, taken only after it.
+//!   `pttrace run` as it would have without this module, except the first from the
+//!   terminal: that may be the one that ended the program, taken only after the program
+//!   was waited for.
 //!
 //! The signals go to a thread of their own (`sigwaitinfo`), not to a handler: nothing here
 //! runs in signal context. They are blocked in the calling thread before any other thread
@@ -34,7 +35,7 @@ const STOPPING: [libc::c_int; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, 
 struct Shared {
     /// A pidfd of the program (-1: not started yet, or none could be opened).
     pidfd: AtomicI32,
-    /// The program's id, where no pidfd could be opened (0: not started yet).
+    /// The program's id (0: not started yet); signals go by `pidfd` where there is one.
     pid: AtomicI32,
     /// A signal to pass on once the program has started (0: none).
     pending: AtomicI32,

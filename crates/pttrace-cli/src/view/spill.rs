@@ -216,8 +216,8 @@ impl Spill {
     }
 }
 
-/// A file that is written once and then removed from its directory, open for reading
-/// and writing (see the module documentation).
+/// A new file `path`, open for reading and writing and removed from its directory at once
+/// (see the module documentation).
 fn unlinked_file(path: &Path) -> io::Result<File> {
     let file = File::options()
         .read(true)
