@@ -49,6 +49,40 @@ use super::records::Record;
 use super::sideband::{ImageEvent, ImageResolver};
 use super::DecodeError;
 
+/// Runs `work(state, k)` for every `k` in `0..n` on `workers` scoped threads: each takes
+/// the next `k` no other has taken, with a state of its own made by `init` (its caches).
+/// The results come back in `k` order (`None` for a `k` whose worker gave nothing).
+pub fn on_workers<S, R: Send>(
+    n: usize,
+    workers: usize,
+    init: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, usize) -> R + Sync,
+) -> Vec<Option<R>> {
+    let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..workers.clamp(1, n.max(1)) {
+            s.spawn(|| {
+                let mut state = init();
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(slot) = results.get(k) else {
+                        break;
+                    };
+                    let r = work(&mut state, k);
+                    if let Ok(mut slot) = slot.lock() {
+                        *slot = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| m.into_inner().ok().flatten())
+        .collect()
+}
+
 /// A chunk of the trace starting at a PSB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
@@ -409,33 +443,25 @@ pub fn decode_parallel_stats(
         last_timestamp: Some(None),
         ..later
     };
-    type Slot = Mutex<Option<(bool, Result<(CompactRecords, SegReport), DecodeError>)>>;
-    let results: Vec<Slot> = segs.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                if k >= n {
-                    break;
-                }
-                let (from, to) = bounds(k);
-                let cyc = cyc_possible(trace, &positions, from, to);
-                let state = if k == 0 { first } else { later };
-                // (A decoder that passes marks without stopping does the work of later
-                // ones: bounded here; the stitching decodes on from its start.)
-                let stop = Box::new(|_: &Handover| true);
-                let r = inputs.segment(&segs, k, state, stop, Some(MISSED_MARKS));
-                if let Ok(mut slot) = results[k].lock() {
-                    *slot = Some((cyc, r));
-                }
-            });
-        }
-    });
+    let results = on_workers(
+        n,
+        workers,
+        || (),
+        |_, k| {
+            let (from, to) = bounds(k);
+            let cyc = cyc_possible(trace, &positions, from, to);
+            let state = if k == 0 { first } else { later };
+            // (A decoder that passes marks without stopping does the work of later
+            // ones: bounded here; the stitching decodes on from its start.)
+            let stop = Box::new(|_: &Handover| true);
+            let r = inputs.segment(&segs, k, state, stop, Some(MISSED_MARKS));
+            (cyc, r)
+        },
+    );
     let mut done: Vec<Option<(CompactRecords, SegReport)>> = Vec::with_capacity(n);
     let mut cyc = Vec::with_capacity(n);
     for (k, m) in results.into_iter().enumerate() {
-        let (c, r) = m.into_inner().ok().flatten().unwrap_or_else(|| {
+        let (c, r) = m.unwrap_or_else(|| {
             let e = DecodeError::new(&opts.source, segs[k].start as u64, "decoder thread failed");
             (true, Err(e))
         });

@@ -48,45 +48,20 @@ pub fn write_dir(trace: &ptt_input::PttTrace, path: &Path, args: &DecodeArgs) ->
     }
     // Thread files are independent: each is converted on one of the workers, which take
     // the next file not taken; what they found is then taken in the trace's order.
-    let n = trace.threads.len();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: Vec<std::sync::Mutex<Option<Result<Converted, String>>>> =
-        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
-    let workers = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZeroUsize::get)
-        .min(n)
-        .max(1);
-    std::thread::scope(|s| {
-        for w in 0..workers {
-            let (next, done, clocks) = (&next, &done, &clocks);
-            let work = move || loop {
-                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(th) = trace.threads.get(k) else {
-                    return;
-                };
-                let r = convert_thread(trace, th, out, clocks);
-                if let Some(slot) = done.get(k) {
-                    *slot
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
-                }
-            };
-            // (The calling thread is a worker too.)
-            if w + 1 < workers {
-                s.spawn(work);
-            } else {
-                work();
-            }
-        }
-    });
+    let workers = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let done = drpttracer::decode::parallel::on_workers(
+        trace.threads.len(),
+        workers,
+        || (),
+        |_, k| {
+            let th = trace.threads.get(k).ok_or("no such thread file")?;
+            convert_thread(trace, th, out, &clocks)
+        },
+    );
     let mut overflows = 0u64;
     let mut written = Vec::new();
-    for (th, slot) in trace.threads.iter().zip(done) {
-        let converted = slot
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .ok_or_else(|| format!("{}: not converted", th.path.display()))?;
-        let c = converted?;
+    for (th, converted) in trace.threads.iter().zip(done) {
+        let c = converted.ok_or_else(|| format!("{}: not converted", th.path.display()))??;
         overflows += c.overflows;
         for what in c.unjoined {
             damages.add_whole(crate::text::printable(&th.path.display().to_string()), what);

@@ -20,9 +20,6 @@
 //! [`Handoff`]: crate::pipeline::flow::Handoff
 //! [`CutStart::joins`]: crate::pipeline::flow::CutStart::joins
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
 use super::{Inputs, Segment};
 use crate::decoder::{CutHandoff, CutJoin, DecodedPart, PartDecoding, PartStart};
 use crate::pipeline::flow::{CutStart, Handoff};
@@ -109,34 +106,17 @@ pub(super) fn decode<P: PartDecoding>(
     stats: &mut super::ParallelStats,
 ) -> Result<Option<Vec<CompactRecords>>, DecodeError> {
     let n = segs.len();
-    type Slot<P> = Mutex<Option<Result<DecodedPart<P>, DecodeError>>>;
-    let results: Vec<Slot<P>> = segs.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..threads.min(n) {
-            s.spawn(|| {
-                let mut caches = P::Caches::default();
-                loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    if k >= n {
-                        break;
-                    }
-                    let start = if k == 0 {
-                        PartStart::Trace
-                    } else {
-                        PartStart::Cut
-                    };
-                    let r = part(parts, segs, k, start, &mut caches);
-                    if let Ok(mut slot) = results[k].lock() {
-                        *slot = Some(r);
-                    }
-                }
-            });
-        }
+    let results = super::on_workers(n, threads, P::Caches::default, |caches, k| {
+        let start = if k == 0 {
+            PartStart::Trace
+        } else {
+            PartStart::Cut
+        };
+        part(parts, segs, k, start, caches)
     });
     let mut done = Vec::with_capacity(n);
     for (k, m) in results.into_iter().enumerate() {
-        let r = m.into_inner().ok().flatten().unwrap_or_else(|| {
+        let r = m.unwrap_or_else(|| {
             Err(DecodeError::new(
                 source,
                 segs[k].start as u64,
@@ -237,7 +217,7 @@ mod tests {
     use super::*;
     use crate::testgen::LoopProgram;
     use crate::{ImageResolver, TraceParams, WindowOptions};
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A part decoder of its own: the fast decoder's parts, each start counted by kind
     /// and the second part's synchronized start spoiled on request (so that its join
