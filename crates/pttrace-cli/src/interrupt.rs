@@ -59,21 +59,33 @@ fn name(sig: libc::c_int) -> &'static str {
     }
 }
 
+/// The signal set of `sigs`.
+fn set_of(sigs: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: the set is initialized by sigemptyset before signals are added to it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in sigs {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks `sigs` in the calling thread (and so in the threads it starts after, which
+/// inherit its mask), for a thread that takes them with `sigwait`; their set.
+pub fn block(sigs: &[libc::c_int]) -> libc::sigset_t {
+    let set = set_of(sigs);
+    // SAFETY: a valid set; pthread_sigmask changes only this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    set
+}
+
 /// Blocks the stopping signals in this thread (before any other thread exists) and starts
 /// the thread that takes them; `prog` names the program in its messages, which go to
 /// stderr unless `quiet`.
 pub fn start(prog: &str, quiet: bool) -> Result<Stopping, String> {
-    // SAFETY: the set is initialized by sigemptyset before use; pthread_sigmask changes
-    // only this thread's mask (inherited by threads spawned after).
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for &s in &STOPPING {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
+    let set = block(&STOPPING);
     let shared = Arc::new(Shared {
         pidfd: AtomicI32::new(-1),
         pid: AtomicI32::new(0),
@@ -126,13 +138,11 @@ fn take_signals(set: &libc::sigset_t, shared: &Shared, prog: &str, quiet: bool) 
                 continue;
             }
             // The program has ended: the signal does what it would have done.
+            let one = set_of(&[sig]);
             // SAFETY: resetting a disposition, unblocking the signal in this thread and
             // raising it in this thread; nothing else is touched.
             unsafe {
                 libc::signal(sig, libc::SIG_DFL);
-                let mut one: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut one);
-                libc::sigaddset(&mut one, sig);
                 libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
                 libc::raise(sig);
             }

@@ -152,17 +152,8 @@ pub fn forward_signals(s: &Snapshot, out: &Path) -> Result<(), String> {
     }
     let path = out.join(REQUEST_FILE);
     std::fs::write(&path, b"").map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    // SAFETY: the set is initialized by sigemptyset before use; pthread_sigmask only
-    // changes this thread's mask (inherited by the thread spawned below).
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for &n in &sigs {
-            libc::sigaddset(&mut set, n);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
+    // (Inherited by the thread spawned below.)
+    let set = crate::interrupt::block(&sigs);
     let names: Vec<String> = sigs.iter().map(|&n| signal_name(n)).collect();
     eprintln!(
         "pttrace run: snapshot mode: send {} to pid {} (this pttrace run) to take a snapshot",
