@@ -103,8 +103,11 @@ fn ctrl_c_at_a_terminal_reaches_the_program_once_and_the_summary_follows() {
     let (out, ready, log) = paths(dir.path());
     // `script` runs the command on a pseudo-terminal of its own, in the foreground, and
     // copies its input there: a 0x03 byte is Ctrl-C, the terminal's SIGINT to the group.
+    // It runs the line with `$SHELL -c`: `exec` makes pttrace run the shell's process
+    // whatever the shell (dash, when it is $SHELL, would stay and die of the SIGINT
+    // itself, and `script` would report that: 130).
     let line = format!(
-        "{} run -o {} -- sh {}",
+        "exec {} run -o {} -- sh {}",
         pttrace().display(),
         out.display(),
         waiting_script(dir.path(), &ready, &log).display()
