@@ -56,9 +56,22 @@ impl DecoderArg {
 #[derive(Default)]
 struct CheckTally {
     windows: u64,
+    /// Windows that hold no PT (nothing to compare).
+    without_pt: u64,
     records: u64,
     /// Windows per decoder that gave the fast side's records.
     by: std::collections::BTreeMap<String, u64>,
+}
+
+/// What follows a count of decoded windows when `n` windows hold no PT (a thread's last
+/// window before its `execve`, or one cut where it ran no user code): they are counted
+/// with the rest but have nothing to decode.
+fn without_pt(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        1 => "; 1 more window holds no PT (nothing to decode)".to_string(),
+        n => format!("; {n} more windows hold no PT (nothing to decode)"),
+    }
 }
 
 fn decoded_by_text((by, why): (&str, Option<&str>)) -> String {
@@ -108,14 +121,15 @@ impl CheckTally {
         let by: Vec<String> = self.by.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         writeln!(
             out,
-            "check: the fast decoder and libipt agree: {}, {} records (decoded by {})",
+            "check: the fast decoder and libipt agree: {}, {} records (decoded by {}){}",
             crate::text::count(self.windows, "window"),
             self.records,
             if by.is_empty() {
                 "none".to_string()
             } else {
                 by.join(", ")
-            }
+            },
+            without_pt(self.without_pt)
         )
     }
 }
@@ -326,8 +340,9 @@ impl<W: Write> Printer<W> {
         *self.decoded_by.entry(by).or_insert(0) += 1;
     }
 
-    /// The summary's line of who decoded the windows (none if nothing was decoded).
-    fn decoded_by_line(&mut self) -> std::io::Result<()> {
+    /// The summary's line of who decoded the windows (none if nothing was decoded), and
+    /// how many more hold no PT.
+    fn decoded_by_line(&mut self, no_pt: u64) -> std::io::Result<()> {
         if self.decoded_by.is_empty() {
             return Ok(());
         }
@@ -336,7 +351,12 @@ impl<W: Write> Printer<W> {
             .iter()
             .map(|(k, n)| format!("{k}: {n}"))
             .collect();
-        writeln!(self.out, "decoded by: {}", by.join(", "))
+        writeln!(
+            self.out,
+            "decoded by: {}{}",
+            by.join(", "),
+            without_pt(no_pt)
+        )
     }
 
     fn record(&mut self, r: &Record) -> std::io::Result<()> {
@@ -469,7 +489,7 @@ impl<W: Write> Printer<W> {
                 self.out,
                 "total: {total} instructions, {errors} gaps, {overflows} overflows"
             )?;
-            self.decoded_by_line()?;
+            self.decoded_by_line(0)?;
         }
         self.out.flush()
     }

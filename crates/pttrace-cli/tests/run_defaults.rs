@@ -347,6 +347,66 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
     );
 }
 
+/// `decode`'s summary and `--decoder check` account for every window: the windows that
+/// hold no PT (here the forked child's, cut before it ran any user code) are counted
+/// apart, so that the windows decoded and those add up to the total `decode` and
+/// `report` give.
+#[test]
+fn decode_and_check_account_for_windows_without_pt() {
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace");
+    let o = run(
+        &["--quiet", "--out", out.to_str().unwrap()],
+        &["sh", "-c", "/bin/true; exec /bin/true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let trace = ptt_dir::open(&out).unwrap();
+    let (mut windows, mut with_pt) = (0u64, 0u64);
+    for th in &trace.threads {
+        let stats = trace.check_thread(th, &mut |_, _| Ok(())).unwrap();
+        windows += stats.windows;
+        with_pt += stats.windows_with_pt;
+    }
+    let no_pt = windows - with_pt;
+    assert!(no_pt > 0, "{windows} windows, all with PT");
+    let more = match no_pt {
+        1 => "; 1 more window holds no PT (nothing to decode)".to_string(),
+        n => format!("; {n} more windows hold no PT (nothing to decode)"),
+    };
+    let decode = |more_args: &[&str]| {
+        let o = Command::new(pttrace())
+            .arg("decode")
+            .arg(&out)
+            .args(more_args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let summary = decode(&["--format", "summary"]);
+    let lines: Vec<&str> = summary.lines().collect();
+    assert!(
+        lines[lines.len() - 2].contains(&format!(", {windows} windows, ")),
+        "{summary}"
+    );
+    assert_eq!(
+        lines[lines.len() - 1],
+        format!("decoded by: fast: {with_pt}{more}"),
+        "{summary}"
+    );
+    let check = decode(&["--decoder", "check"]);
+    let last = check.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "check: the fast decoder and libipt agree: {with_pt} windows, "
+        )) && last.ends_with(&format!("(decoded by fast: {with_pt}){more}")),
+        "{check}"
+    );
+}
+
 /// At its end `run` lists the first process image and the one with the most trace (where
 /// the program's work is) and counts the others in one line when there are many and
 /// nothing was lost in them; `report` lists every one.

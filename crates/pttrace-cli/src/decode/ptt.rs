@@ -49,6 +49,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         (0u64, 0u64, 0u64, 0u64);
     let mut total_ovf = 0u64;
     let mut total_mem = 0u64;
+    let mut total_with_pt = 0u64;
     // Loads and stores (`run --memory`) joined to no decoded instruction.
     let mut unjoined: Vec<(String, String)> = Vec::new();
     let mut problems = 0u64;
@@ -250,6 +251,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             total_insns += t_insns;
             total_gaps += t_gaps;
             total_ovf += t_ovf;
+            total_with_pt += stats.windows_with_pt;
             if args.format != OutFormat::Jsonl {
                 writeln!(
                     printer.out,
@@ -289,7 +291,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 "total: {}, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions{mem}, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
                 crate::text::count(trace.threads.len() as u64, "thread")
             )?;
-            printer.decoded_by_line()?;
+            printer.decoded_by_line(total_windows.saturating_sub(total_with_pt))?;
         }
         if let Some(b) = &bar {
             b.finish_and_clear();
@@ -325,6 +327,7 @@ fn check(trace: &ptt_input::PttTrace, path: &Path, policy: crate::damage::Policy
         let mut failed: Option<Box<dyn std::error::Error>> = None;
         let stats = trace.check_thread(th, &mut |w: &PttWindowInfo, outcome| {
             let Some(outcome) = outcome else {
+                tally.without_pt += 1;
                 return Ok(());
             };
             let source = format!("{} window {}", th.path.display(), w.index);
