@@ -8,6 +8,7 @@ mod dump;
 mod interrupt;
 mod names;
 mod orphans;
+mod outfile;
 mod profile;
 mod progress;
 mod qemu;

@@ -791,13 +791,18 @@ fn write_stacks(
 ) -> Result<(folded::Written, bool), String> {
     let mut w = BufWriter::with_capacity(
         1 << 20,
-        std::fs::File::create(stacks_path)
+        crate::outfile::OutFile::create(stacks_path)
             .map_err(|e| format!("{}: cannot create: {e}", stacks_path.display()))?,
     );
     let name_of = |n: u32| names.get(n);
     let written = folded
         .write(&name_of, limit, &mut w)
-        .and_then(|r| w.flush().map(|()| r))
+        .and_then(|r| {
+            w.into_inner()
+                .map_err(|e| e.into_error())?
+                .commit()
+                .map(|()| r)
+        })
         .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
     if folded.is_empty() {
         return Ok((written, false));
@@ -886,7 +891,7 @@ fn write_views(
     (merge_below, kept): (u64, &mut dyn FnMut() -> Option<spill::Kept>),
 ) -> Result<Wrote, String> {
     let create = |p: &Path| {
-        std::fs::File::create(p)
+        crate::outfile::OutFile::create(p)
             .map(|f| BufWriter::with_capacity(1 << 20, f))
             .map_err(|e| format!("{}: cannot create: {e}", p.display()))
     };
@@ -1138,6 +1143,7 @@ fn write_flamegraph(path: &Path, lines: &[String], title: String) -> std::io::Re
     opts.title = title;
     opts.count_name = "instructions".to_string();
     opts.deterministic = true;
-    let w = BufWriter::new(std::fs::File::create(path)?);
-    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), w)
+    let mut w = BufWriter::new(crate::outfile::OutFile::create(path)?);
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut w)?;
+    w.into_inner().map_err(|e| e.into_error())?.commit()
 }

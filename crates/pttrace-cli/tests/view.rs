@@ -900,6 +900,94 @@ fn progress_bar_only_on_a_terminal() {
     }
 }
 
+/// The files of `dir` by name, with their bytes.
+fn files_of(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A `view` killed (SIGKILL: nothing of it runs after) at any point leaves only files
+/// written whole: each one there is byte for byte the one a finished `view` writes, and
+/// no temporary file is left. (Before, a kill left `.timeline.pftrace.partial` and the
+/// JSON timelines cut short under their own names.)
+#[test]
+fn a_view_killed_leaves_only_whole_files() {
+    if !qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("out");
+    let sh: [&OsStr; 3] = [
+        "/bin/sh".as_ref(),
+        "-c".as_ref(),
+        "ls /usr/bin | sort | head -5 | wc -l".as_ref(),
+    ];
+    ok(&run_under_qemu(&trace, &[], &sh), "pttrace run sh");
+    let full = dir.path().join("full");
+    let start = std::time::Instant::now();
+    view_into(&trace, &full, &[]);
+    let took = start.elapsed();
+    let whole = files_of(&full);
+    assert_eq!(
+        whole.keys().collect::<Vec<_>>(),
+        [
+            "flamegraph.svg",
+            "profile.speedscope.json",
+            "stacks.folded",
+            "timeline.json",
+            "timeline.pftrace"
+        ],
+        "{}",
+        full.display()
+    );
+    let mut killed_running = 0;
+    for (k, part) in [0.2, 0.4, 0.6, 0.8, 0.95].iter().enumerate() {
+        let out = dir.path().join(format!("cut{k}"));
+        let mut child = Command::new(pttrace())
+            .arg("view")
+            .arg(&trace)
+            .arg("--out")
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(took.mul_f64(*part));
+        if child.try_wait().unwrap().is_none() {
+            killed_running += 1;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if !out.exists() {
+            continue;
+        }
+        for (name, bytes) in files_of(&out) {
+            let Some(want) = whole.get(&name) else {
+                panic!(
+                    "killed at {part} of its time, view left {name} in {}",
+                    out.display()
+                );
+            };
+            assert!(
+                bytes == *want,
+                "killed at {part} of its time, view left {name} with {} bytes, not the {} of \
+                 the whole file",
+                bytes.len(),
+                want.len()
+            );
+        }
+    }
+    assert!(killed_running > 0, "every view ended before it was killed");
+}
+
 /// Runs `cmd` and waits for it with `wait4`: its output and its peak resident memory in
 /// bytes.
 // The child is reaped by wait4, which clippy cannot see.

@@ -733,6 +733,8 @@ fn operand_ranges(
 /// and written on a thread of its own while the next records are decoded. At most two
 /// buffers wait for it; it hands each back emptied, for the writer to fill again.
 struct ZipOut {
+    /// The archive, named once complete ([`crate::outfile`]).
+    out: Option<crate::outfile::OutFile>,
     to: Option<std::sync::mpsc::SyncSender<ZipPart>>,
     back: std::sync::mpsc::Receiver<Vec<u8>>,
     worker: Option<std::thread::JoinHandle<std::io::Result<()>>>,
@@ -746,7 +748,8 @@ enum ZipPart {
 
 impl ZipOut {
     fn create(file: &Path) -> std::io::Result<ZipOut> {
-        let f = std::fs::File::create(file)?;
+        let out = crate::outfile::OutFile::create(file)?;
+        let f = out.writer()?;
         let (to, parts) = std::sync::mpsc::sync_channel::<ZipPart>(2);
         let (give_back, back) = std::sync::mpsc::channel();
         let worker = std::thread::Builder::new()
@@ -771,6 +774,7 @@ impl ZipOut {
                 zip.finish().map_err(std::io::Error::other)?.flush()
             })?;
         Ok(ZipOut {
+            out: Some(out),
             to: Some(to),
             back,
             worker: Some(worker),
@@ -816,7 +820,10 @@ impl ZipOut {
     }
 
     fn finish(mut self) -> std::io::Result<()> {
-        self.join()
+        self.join()?;
+        self.out
+            .take()
+            .map_or(Ok(()), crate::outfile::OutFile::commit)
     }
 }
 

@@ -23,14 +23,14 @@ pub fn write(out: &Path, binary: &Path, counts: &Counts) -> std::io::Result<Stri
         .filter(|((first, _), _)| !in_plt(*first))
         .collect();
     runs.sort_unstable();
-    let mut w = std::io::BufWriter::new(std::fs::File::create(out)?);
+    let mut w = std::io::BufWriter::new(crate::outfile::OutFile::create(out)?);
     for ((from, to), n) in &branches {
         writeln!(w, "B {from:x} {to:x} {n} 0")?;
     }
     for ((first, last), n) in &runs {
         writeln!(w, "F {first:x} {last:x} {n}")?;
     }
-    w.flush()?;
+    w.into_inner().map_err(|e| e.into_error())?.commit()?;
     let taken: u64 = branches.iter().map(|(_, n)| **n).sum();
     Ok(format!(
         "{} branches ({taken} taken), {} straight-line runs ({} in PLT stubs left out)",

@@ -154,7 +154,12 @@ pub fn write(
         lines += f.lines.len();
         hit += h;
     }
-    std::fs::write(out, &w).map_err(|e| format!("{}: {e}", out.display()))?;
+    crate::outfile::OutFile::create(out)
+        .and_then(|mut f| {
+            f.write_all(&w)?;
+            f.commit()
+        })
+        .map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(format!(
         "{} source files, {hit} of {lines} lines run",
         files.len()

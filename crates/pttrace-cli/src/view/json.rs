@@ -10,7 +10,7 @@ use super::{
 
 /// `timeline.json`: Chrome Trace Event JSON.
 pub(super) struct Json {
-    pub(super) w: BufWriter<std::fs::File>,
+    pub(super) w: BufWriter<crate::outfile::OutFile>,
     pub(super) n: u64,
     /// Each name id's JSON string, once written.
     pub(super) escaped: Vec<Option<Box<[u8]>>>,
@@ -202,7 +202,7 @@ impl Json {
             }
         }
         self.w.write_all(b"}\n")?;
-        self.w.flush()
+        self.w.into_inner().map_err(|e| e.into_error())?.commit()
     }
 }
 

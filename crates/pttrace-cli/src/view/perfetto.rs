@@ -52,8 +52,8 @@ pub(super) struct PfPipe {
     /// Each image's kept calls, in the order the images were handed over.
     kept: Receiver<Option<spill::Kept>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<u64>>>,
-    /// Where the file is written until it is complete, and its name then.
-    partial: PathBuf,
+    /// The file, given its name `path` once complete ([`crate::outfile`]).
+    out: Option<crate::outfile::OutFile>,
     path: PathBuf,
     /// Names handed over, and frames by process image.
     sent_names: usize,
@@ -61,15 +61,11 @@ pub(super) struct PfPipe {
 }
 
 impl PfPipe {
-    /// Starts the writer of `path` (written under a temporary name until it is complete).
+    /// Starts the writer of `path` (which has no name until it is complete).
     pub(super) fn start(path: PathBuf) -> Result<Self, String> {
-        let name = path.file_name().map_or_else(
-            || "timeline.pftrace".into(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        let partial = path.with_file_name(format!(".{name}.partial"));
-        let file = std::fs::File::create(&partial)
-            .map_err(|e| format!("{}: cannot create: {e}", partial.display()))?;
+        let cannot = |e: std::io::Error| format!("{}: cannot create: {e}", path.display());
+        let out = crate::outfile::OutFile::create(&path).map_err(cannot)?;
+        let file = out.writer().map_err(cannot)?;
         let no_thread = |e: std::io::Error| format!("view: cannot start a thread: {e}");
         let pf =
             pftrace::Writer::new(BufWriter::with_capacity(1 << 20, file)).map_err(no_thread)?;
@@ -83,7 +79,7 @@ impl PfPipe {
             tx: Some(tx),
             kept,
             thread: Some(thread),
-            partial,
+            out: Some(out),
             path,
             sent_names: 0,
             sent_frames: HashMap::new(),
@@ -164,24 +160,20 @@ impl PfPipe {
                 ))
             }
         };
-        std::fs::rename(&self.partial, &self.path).map_err(|e| {
-            format!(
-                "{}: cannot rename to {}: {e}",
-                self.partial.display(),
-                self.path.display()
-            )
-        })?;
+        self.out
+            .take()
+            .map_or(Ok(()), crate::outfile::OutFile::commit)
+            .map_err(|e| format!("{}: cannot write: {e}", self.path.display()))?;
         Ok(bytes)
     }
 }
 
 impl Drop for PfPipe {
     fn drop(&mut self) {
-        // Not finished (an error): the writer stops and its partial file goes.
+        // Not finished (an error): the writer stops and its file goes (never named).
         self.tx = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-            let _ = std::fs::remove_file(&self.partial);
         }
     }
 }

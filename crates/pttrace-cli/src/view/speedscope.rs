@@ -10,7 +10,7 @@ use super::{thread_track_names, Who};
 /// ("none" for instructions, where the Chrome JSON gets "ms"), the calls of the JSON
 /// timeline.
 pub(super) struct Speedscope {
-    pub(super) w: BufWriter<std::fs::File>,
+    pub(super) w: BufWriter<crate::outfile::OutFile>,
     pub(super) unit: &'static str,
     /// Frame index + 1 of each name id (0: none yet).
     pub(super) frames: Vec<usize>,
@@ -98,6 +98,6 @@ impl Speedscope {
             self.w.write_all(b"}")?;
         }
         self.w.write_all(b"]}}\n")?;
-        self.w.flush()
+        self.w.into_inner().map_err(|e| e.into_error())?.commit()
     }
 }
