@@ -584,3 +584,59 @@ fn jit_code_is_named_from_the_jitdump_kept_with_the_trace() {
     std::fs::remove_file(&written[0]).unwrap();
     jit_stack_is(&out, "jitted double (2x+1) via jitdump");
 }
+
+/// A program that dies of a signal under QEMU (a crash, `raise(SIGTERM)`) still has its
+/// code named: QEMU ends on a fatal signal without its exit callbacks, where the plugin had
+/// written the process image's mappings, so every frame was a bare address (`python3 -c
+/// 'import os; os.abort()'` showed `0x4002820b70;…` under `_start`). The mappings are now
+/// written as code first runs in each file.
+#[test]
+fn a_program_killed_by_a_signal_under_qemu_is_named() {
+    if !shim_util::qemu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = shim_util::compile("fatal", dir.path());
+    for (how, status) in [("segv", 139), ("term", 143)] {
+        let out = dir.path().join(how);
+        let o = shim_util::qemu_run_command(&out, &["--quiet"], &[prog.as_ref(), how.as_ref()])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(status), "{}", text(&o));
+        let report = ok(Command::new(pttrace()).arg("report").arg(&out));
+        let image = report
+            .split("\nprocess ")
+            .find(|p| p.contains(&format!("{} {how}", prog.display())))
+            .unwrap_or_else(|| panic!("{report}"));
+        assert!(
+            image.contains("ended: no ProcessEnd record") && !image.contains(", 0 mappings,"),
+            "{image}"
+        );
+        let o = Command::new(pttrace())
+            .args(["view", "--format", "folded"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("named by address"), "{err}");
+        let folded = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = folded.lines().filter(|l| l.starts_with("fatal;")).collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("fatal;_start;__libc_start_main;")
+                    && l.contains(";main;getppid")),
+            "{folded}"
+        );
+        let bare: Vec<&&str> = lines
+            .iter()
+            .filter(|l| {
+                l.split(';').any(|f| {
+                    f.starts_with("0x") && f.split(' ').next().is_some_and(|a| a.len() > 2)
+                })
+            })
+            .collect();
+        assert!(bare.is_empty(), "frames named by address: {bare:?}");
+    }
+}

@@ -38,6 +38,7 @@ mod exec;
 mod feeder;
 mod files;
 mod log;
+mod maps;
 mod memory;
 mod sigframe;
 mod snapshot;
@@ -46,13 +47,12 @@ mod thread;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Mutex, OnceLock};
 
 use pttrace_encoder::{can_fault, classify_bytes, Block, BlockEnd, InstructionInfoFactory};
-use pttrace_format::maps::MapsEntry;
 use pttrace_format::metadata::{BackendKind, ExtMetadata, PtMetadata, METADATA_RECORD_SIZE};
 use pttrace_format::perf_record::SIDEBAND_SAMPLE_TYPE;
 use pttrace_format::ptt::{self, EndReason, FileKind, RecordType};
@@ -192,6 +192,8 @@ struct Global {
     /// Exit code from exit_group (`NO_EXIT_GROUP`: none seen).
     exit_code: AtomicI32,
     code_map: Mutex<BTreeMap<u64, &'static BlockInfo>>,
+    /// What the last `Maps` record of the info file said ([`maps`]).
+    maps_written: Mutex<maps::Written>,
     next_id: AtomicU32,
     /// Next `Thread::uid`.
     next_uid: AtomicU64,
@@ -308,40 +310,6 @@ fn metadata_record() -> [u8; METADATA_RECORD_SIZE] {
     .record_bytes_with_backend(ptt::BACKEND_QEMU)
 }
 
-/// The guest's file mappings, as `/proc/self/maps` lines, for symbols (the decoder takes
-/// the code itself from the code records). Guest memory is host memory here, mapped
-/// without execute permission (QEMU runs translated code): every file mapping counts but
-/// QEMU's own executable and its libraries (at the host's usual addresses, above
-/// 0x7000_0000_0000, or /proc/self/exe).
-/// The guest's file mappings (QEMU's own `/proc/self/maps` lines below the host's own
-/// areas). QEMU maps guest code without PROT_EXEC (it never runs it natively), so a
-/// mapping is marked executable (`x`) here when a translated block starts in it: readers
-/// take executable file mappings as code images.
-fn guest_file_maps(ran: impl Fn(u64, u64) -> bool) -> String {
-    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
-    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut out = String::new();
-    for line in text.lines() {
-        let Some(m) = MapsEntry::parse(line) else {
-            continue;
-        };
-        if m.path.starts_with('/') && Path::new(&m.path) != exe && m.start < 0x7000_0000_0000 {
-            match line.split_once(' ') {
-                Some((range, rest)) if !m.exec && ran(m.start, m.end) && rest.len() > 3 => {
-                    out.push_str(range);
-                    out.push(' ');
-                    out.push_str(&rest[..2]);
-                    out.push('x');
-                    out.push_str(&rest[3..]);
-                }
-                _ => out.push_str(line),
-            }
-            out.push('\n');
-        }
-    }
-    out
-}
-
 /// A `Clock` record: CLOCK_MONOTONIC and the TSC, taken together.
 fn clock_record() -> [u8; 16] {
     let mut clock = [0u8; 16];
@@ -400,6 +368,9 @@ impl Global {
         });
         match file {
             Ok(f) => {
+                if let Ok(mut w) = self.maps_written.lock() {
+                    *w = maps::Written::default();
+                }
                 if let Ok(mut g) = self.info.lock() {
                     *g = Some(f);
                 }
@@ -510,6 +481,26 @@ impl Global {
         v
     }
 
+    /// Code at `addr` was translated (and is in the code map): a `Maps` record is written
+    /// if the last one does not mark its file mapping as code ([`maps`]).
+    fn note_code_at(&self, addr: u64) {
+        let Ok(mut written) = self.maps_written.lock() else {
+            return;
+        };
+        if written.covers(addr) {
+            return;
+        }
+        let text = match self.code_map.lock() {
+            Ok(blocks) => written.take(|a, b| blocks.range(a..b).next().is_some(), addr),
+            Err(_) => return,
+        };
+        if let Ok(mut g) = self.info.lock() {
+            if let Some(f) = g.as_mut() {
+                let _ = f.frame(RecordType::Maps, text.as_bytes());
+            }
+        }
+    }
+
     fn note(&self, text: &str) {
         if let Ok(mut g) = self.info.lock() {
             if let Some(f) = g.as_mut() {
@@ -520,8 +511,8 @@ impl Global {
 
     fn close_info(&self, reason: EndReason, code: i32) {
         let maps = match self.code_map.lock() {
-            Ok(blocks) => guest_file_maps(|a, b| blocks.range(a..b).next().is_some()),
-            Err(_) => guest_file_maps(|_, _| false),
+            Ok(blocks) => maps::guest_file_maps(|a, b| blocks.range(a..b).next().is_some()),
+            Err(_) => maps::guest_file_maps(|_, _| false),
         };
         if let Ok(mut g) = self.info.lock() {
             if let Some(mut f) = g.take() {
@@ -697,6 +688,7 @@ fn translate(tb: *mut api::Tb) {
         map.insert(start, info);
         info
     };
+    g.note_code_at(start);
     if g.cfg.sigframes && g.is_handler(start) {
         // SAFETY: as below; the trampoline takes the same two arguments.
         unsafe {
@@ -1037,6 +1029,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             info: Mutex::new(None),
             exit_code: AtomicI32::new(NO_EXIT_GROUP),
             code_map: Mutex::new(BTreeMap::new()),
+            maps_written: Mutex::new(maps::Written::default()),
             next_id: AtomicU32::new(0),
             longest_block: AtomicU64::new(0),
             next_uid: AtomicU64::new(1),
