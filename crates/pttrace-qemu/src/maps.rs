@@ -36,15 +36,30 @@ struct Range {
 pub struct Written {
     /// By start address.
     ranges: Vec<Range>,
+    /// Where code ran that no guest mapping holds (a mapping among the host's areas, such
+    /// as node's copy of its builtins, or none), by start address: nothing a record can
+    /// say of it, kept from record to record.
+    elsewhere: Vec<(u64, u64)>,
+}
+
+/// Whether one of `ranges` (by start, not overlapping) holds `addr` and is `ok`.
+fn held<T>(
+    ranges: &[T],
+    addr: u64,
+    bounds: impl Fn(&T) -> (u64, u64),
+    ok: impl Fn(&T) -> bool,
+) -> bool {
+    let i = ranges.partition_point(|r| bounds(r).0 <= addr);
+    i.checked_sub(1)
+        .and_then(|i| ranges.get(i))
+        .is_some_and(|r| addr < bounds(r).1 && ok(r))
 }
 
 impl Written {
     /// Whether code at `addr` is accounted for by the last record (`false` before any).
     pub fn covers(&self, addr: u64) -> bool {
-        let i = self.ranges.partition_point(|r| r.start <= addr);
-        i.checked_sub(1)
-            .and_then(|i| self.ranges.get(i))
-            .is_some_and(|r| addr < r.end && r.settled)
+        held(&self.ranges, addr, |r| (r.start, r.end), |r| r.settled)
+            || held(&self.elsewhere, addr, |&r| r, |_| true)
     }
 
     /// The record's text now, with code marked where `ran` says a block started, and
@@ -52,15 +67,16 @@ impl Written {
     /// on even where no mapping lists it (no record is written again for it).
     pub fn take(&mut self, ran: impl Fn(u64, u64) -> bool, addr: u64) -> String {
         let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-        let (out, mut ranges) = guest_maps(&text, &own_exe(), ran);
+        let (out, ranges) = guest_maps(&text, &own_exe(), ran);
         if !ranges.iter().any(|r| r.start <= addr && addr < r.end) {
             let page = addr & !0xfff;
-            ranges.push(Range {
-                start: page,
-                end: page.saturating_add(0x1000),
-                settled: true,
-            });
-            ranges.sort_unstable_by_key(|r| r.start);
+            let area = text
+                .lines()
+                .filter_map(MapsEntry::parse)
+                .find(|m| m.start <= addr && addr < m.end)
+                .map_or((page, page.saturating_add(0x1000)), |m| (m.start, m.end));
+            self.elsewhere.push(area);
+            self.elsewhere.sort_unstable();
         }
         self.ranges = ranges;
         out
@@ -141,7 +157,10 @@ mod tests {
              4000001000-4000002000 r-xp 00001000 08:01 100 /usr/bin/prog\n\
              4001000000-4001010000 r--p 00010000 08:01 200 /usr/lib/libc.so.6\n"
         );
-        let w = Written { ranges };
+        let mut w = Written {
+            ranges,
+            elsewhere: vec![(0x55d0_0000_0000, 0x55d0_0010_0000)],
+        };
         // Marked code, and anonymous memory: accounted for.
         assert!(w.covers(0x40_0000_1000) && w.covers(0x40_0000_1fff));
         assert!(w.covers(0x40_0080_0010));
@@ -150,7 +169,10 @@ mod tests {
         assert!(!w.covers(0x40_0100_0000));
         assert!(!w.covers(0x40_0000_0010));
         assert!(!w.covers(0x40_0200_0000));
-        assert!(!w.covers(0x55d0_0000_0000));
         assert!(!Written::default().covers(0x40_0000_1000));
+        // Code already seen among QEMU's own areas: accounted for, whatever the record.
+        assert!(w.covers(0x55d0_0000_0010));
+        w.ranges.clear();
+        assert!(w.covers(0x55d0_0000_0010));
     }
 }
