@@ -15,8 +15,9 @@ use crate::CmdResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The trace: raw PT, an AUXTRACE stream (--auxtrace), a .raw.pt file (--raw-pt) or a
-    /// pttrace thread file (--ptt).
+    /// The trace: a `pttrace run` directory (every thread file's windows), raw PT, an
+    /// AUXTRACE stream (--auxtrace), a .raw.pt file (--raw-pt) or a pttrace thread file
+    /// (--ptt).
     file: PathBuf,
     /// The file holds PERF_RECORD_AUXTRACE-wrapped PT.
     #[arg(long, conflicts_with = "raw_pt")]
@@ -161,22 +162,53 @@ pub fn run(args: Args) -> CmdResult {
             ..Default::default()
         });
     }
-    let mut damages = Damages::default();
-    let data = if args.ptt {
-        let input = drpttracer::decode::ptt_input::read_thread(&args.file)?;
-        damages.add_tail(&name, &input.tail);
-        if let Some(r) = &input.recovered {
-            eprintln!(
-                "pttrace dump: {}: {}",
-                crate::text::printable(&name),
-                crate::text::recovered_text(r)
-            );
-        }
-        input.data
+    let dir = args.file.is_dir() && !(args.raw_pt || args.auxtrace);
+    // A directory's damage and losses are found file by file as `report` finds them.
+    let (mut damages, files_checked) = if dir {
+        crate::tracedir::of_trace(&args.file)
     } else {
-        std::fs::read(&args.file).map_err(|e| format!("{name}: cannot read: {e}"))?
+        (Damages::default(), false)
     };
-    if data.is_empty() {
+    // The thread files to list (a directory's, or the one given with --ptt), with their
+    // heading lines; else the one file of another kind.
+    let threads: Vec<(PathBuf, Option<String>)> = if dir {
+        let trace = drpttracer::decode::ptt_dir::open(&args.file)?;
+        damages.add_skipped(&trace.skipped);
+        trace
+            .threads
+            .iter()
+            .map(|th| {
+                let cmd = trace
+                    .process_of(th)
+                    .map(|p| p.cmdline.clone())
+                    .unwrap_or_default();
+                let head = format!(
+                    "# thread {}/{} ({}): {}",
+                    th.header.pid,
+                    th.header.tid,
+                    th.path.display(),
+                    cmd
+                );
+                (
+                    th.path.clone(),
+                    Some(crate::text::printable(&head).into_owned()),
+                )
+            })
+            .collect()
+    } else if args.ptt {
+        vec![(args.file.clone(), None)]
+    } else {
+        Vec::new()
+    };
+    if dir && threads.is_empty() {
+        return Err(format!("{name}: no thread files: there is nothing to dump").into());
+    }
+    let data = if threads.is_empty() {
+        std::fs::read(&args.file).map_err(|e| format!("{name}: cannot read: {e}"))?
+    } else {
+        Vec::new()
+    };
+    if threads.is_empty() && data.is_empty() {
         return Err(format!("{name}: empty: there is nothing to dump").into());
     }
     let stdout = std::io::stdout();
@@ -187,35 +219,44 @@ pub fn run(args: Args) -> CmdResult {
         writeln!(out, "[0: failed to determine errata: unknown cpu]")?;
     }
     // Undecodable packets, by the file offset of the PT they are in.
-    let mut bad_packets: Vec<(u64, String)> = Vec::new();
+    let mut bad_packets: Vec<(String, u64, String)> = Vec::new();
     // OVF packets: what the hardware or the backend lost, reported as decode reports it.
     let mut overflows = 0u64;
-    let mut list = |out: &mut BufWriter<_>, pt: &[u8], base: u64| -> std::io::Result<()> {
-        for l in list_packets_with(pt, opts) {
-            match &l {
-                // (What ptdump says about the last IP or the time it tracks: no damage.)
-                PacketLine::Diagnostic { .. } => {}
-                PacketLine::Error { offset, error, .. } => {
-                    bad_packets.push((base + offset, format!("undecodable PT: {error}")));
+    let mut list =
+        |out: &mut BufWriter<_>, file: &str, pt: &[u8], base: u64| -> std::io::Result<()> {
+            for l in list_packets_with(pt, opts) {
+                match &l {
+                    // (What ptdump says about the last IP or the time it tracks: no damage.)
+                    PacketLine::Diagnostic { .. } => {}
+                    PacketLine::Error { offset, error, .. } => {
+                        bad_packets.push((
+                            file.to_string(),
+                            base + offset,
+                            format!("undecodable PT: {error}"),
+                        ));
+                    }
+                    // Not listed (as ptdump): the damage list on stderr says it.
+                    PacketLine::Unlisted { offset, why } => {
+                        bad_packets.push((
+                            file.to_string(),
+                            base + offset,
+                            format!("undecodable PT: {why}"),
+                        ));
+                        continue;
+                    }
+                    PacketLine::Packet { name: "ovf", .. } => overflows += 1,
+                    PacketLine::Packet { .. } => {}
                 }
-                // Not listed (as ptdump): the damage list on stderr says it.
-                PacketLine::Unlisted { offset, why } => {
-                    bad_packets.push((base + offset, format!("undecodable PT: {why}")));
-                    continue;
-                }
-                PacketLine::Packet { name: "ovf", .. } => overflows += 1,
-                PacketLine::Packet { .. } => {}
+                let bytes = match &l {
+                    PacketLine::Packet { offset, size, .. } if args.raw => usize::try_from(*offset)
+                        .ok()
+                        .and_then(|o| pt.get(o..o.checked_add(*size as usize)?)),
+                    _ => None,
+                };
+                writeln!(out, "{}", l.ptdump_text(args.no_offset, bytes))?;
             }
-            let bytes = match &l {
-                PacketLine::Packet { offset, size, .. } if args.raw => usize::try_from(*offset)
-                    .ok()
-                    .and_then(|o| pt.get(o..o.checked_add(*size as usize)?)),
-                _ => None,
-            };
-            writeln!(out, "{}", l.ptdump_text(args.no_offset, bytes))?;
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     let r = if args.raw_pt {
         let (f, damage) = pdb::parse_prefix(&data).map_err(|e| format!("{name}: {e}"))?;
         if let Some(e) = damage {
@@ -231,43 +272,65 @@ pub fn run(args: Args) -> CmdResult {
                     w.pt.len(),
                     w.pt.start
                 )?;
-                list(&mut out, &data[w.pt.clone()], w.pt.start as u64)?;
+                list(&mut out, &name, &data[w.pt.clone()], w.pt.start as u64)?;
             }
             Ok(())
         })()
-    } else if args.ptt {
-        let windows = drpttracer::decode::ptt_input::read_windows(&name, &data)?;
-        (|| -> std::io::Result<()> {
-            for w in &windows {
-                writeln!(
-                    out,
-                    "# window {} syscall {} ({} bytes of PT at file offset {:#x})",
-                    w.window.index,
-                    w.window.nr,
-                    w.pt.len(),
-                    w.pt_file_offset
-                )?;
-                list(&mut out, w.pt, w.pt_file_offset)?;
+    } else if !threads.is_empty() {
+        let mut r = Ok(());
+        for (path, head) in &threads {
+            let file = path.display().to_string();
+            let input = drpttracer::decode::ptt_input::read_thread(path)?;
+            if !files_checked {
+                damages.add_tail(&file, &input.tail);
             }
-            Ok(())
-        })()
+            if let Some(rec) = &input.recovered {
+                eprintln!(
+                    "pttrace dump: {}: {}",
+                    crate::text::printable(&file),
+                    crate::text::recovered_text(rec)
+                );
+            }
+            let windows = drpttracer::decode::ptt_input::read_windows(&file, &input.data)?;
+            r = (|| -> std::io::Result<()> {
+                if let Some(h) = head {
+                    writeln!(out, "{h}")?;
+                }
+                for w in &windows {
+                    writeln!(
+                        out,
+                        "# window {} syscall {} ({} bytes of PT at file offset {:#x})",
+                        w.window.index,
+                        w.window.nr,
+                        w.pt.len(),
+                        w.pt_file_offset
+                    )?;
+                    list(&mut out, &file, w.pt, w.pt_file_offset)?;
+                }
+                Ok(())
+            })();
+            if r.is_err() {
+                break;
+            }
+        }
+        r
     } else if args.auxtrace {
         let (a, damage) = auxtrace::unwrap_prefix(&data);
         if let Some(e) = damage {
             damages.add(&name, e.offset, e.message);
         }
         // Offsets in the unwrapped PT (the chunks are listed as one stream).
-        list(&mut out, &a.pt, 0)
+        list(&mut out, &name, &a.pt, 0)
     } else {
-        list(&mut out, &data, 0)
+        list(&mut out, &name, &data, 0)
     };
     let r = r.and_then(|_| out.flush());
     match r {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(e.into()),
         Ok(()) => {
-            for (offset, what) in bad_packets {
-                damages.add(&name, offset, what);
+            for (file, offset, what) in bad_packets {
+                damages.add(&file, offset, what);
             }
             damages.note_overflows(overflows);
             damages.finish("dump", args.policy)

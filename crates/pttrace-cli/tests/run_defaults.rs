@@ -481,3 +481,73 @@ fn run_lists_the_first_and_busiest_images_and_counts_the_rest() {
     assert_eq!(all, images.len(), "{report}");
     assert!(!report.contains("more process images"), "{report}");
 }
+
+/// `pttrace dump DIR` lists every thread file of a `run` directory, in `decode`'s order:
+/// each under a `# thread PID/TID (FILE): CMD` line, exactly what `dump --ptt FILE` lists
+/// for it (before, a directory was refused: "Is a directory").
+#[test]
+fn dump_lists_every_thread_file_of_a_directory() {
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace");
+    let o = run(
+        &["--quiet", "--out", out.to_str().unwrap()],
+        &["sh", "-c", "/bin/true; exec /bin/true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let dump = |args: &[&std::ffi::OsStr]| {
+        let o = Command::new(pttrace())
+            .arg("dump")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let trace = ptt_dir::open(&out).unwrap();
+    assert!(
+        trace.threads.len() >= 3,
+        "{} thread files",
+        trace.threads.len()
+    );
+    let mut want = String::new();
+    for th in &trace.threads {
+        let cmd = trace
+            .process_of(th)
+            .map(|p| p.cmdline.clone())
+            .unwrap_or_default();
+        want.push_str(&format!(
+            "# thread {}/{} ({}): {cmd}\n",
+            th.header.pid,
+            th.header.tid,
+            th.path.display()
+        ));
+        want.push_str(&dump(&["--ptt".as_ref(), th.path.as_os_str()]));
+    }
+    let got = dump(&[out.as_os_str()]);
+    assert!(got.contains("\n# window 0 syscall "), "{got}");
+    assert_eq!(got, want);
+    // A thread file cut short: listed up to the cut, named with its byte offset, exit 1
+    // (0 with --keep-going), as `decode` says it.
+    let first = &trace.threads[0].path;
+    let len = std::fs::metadata(first).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(first).unwrap();
+    f.set_len(len - 7).unwrap();
+    for (more, status) in [(None, 1), (Some("--keep-going"), 0)] {
+        let o = Command::new(pttrace())
+            .arg("dump")
+            .arg(&out)
+            .args(more)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(status), "{err}");
+        assert!(
+            err.contains(&format!("damaged: {}: byte ", first.display())),
+            "{err}"
+        );
+        assert!(String::from_utf8_lossy(&o.stdout).starts_with("# thread "));
+    }
+}
