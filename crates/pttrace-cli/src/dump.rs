@@ -15,9 +15,9 @@ use crate::CmdResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The trace: a `pttrace run` directory (every thread file's windows), raw PT, an
-    /// AUXTRACE stream (--auxtrace), a .raw.pt file (--raw-pt) or a pttrace thread file
-    /// (--ptt).
+    /// The trace: a `pttrace run` directory (every thread file's windows) or one of its
+    /// thread files (known by its header), raw PT, an AUXTRACE stream (--auxtrace) or a
+    /// .raw.pt file (--raw-pt).
     file: PathBuf,
     /// The file holds PERF_RECORD_AUXTRACE-wrapped PT.
     #[arg(long, conflicts_with = "raw_pt")]
@@ -163,6 +163,10 @@ pub fn run(args: Args) -> CmdResult {
         });
     }
     let dir = args.file.is_dir() && !(args.raw_pt || args.auxtrace);
+    // A `run` thread file is listed as one, with --ptt or without (raw PT never starts
+    // with its header).
+    let ptt =
+        args.ptt || !(args.raw_pt || args.auxtrace) && crate::text::is_thread_file(&args.file);
     // A directory's damage and losses are found file by file as `report` finds them.
     let (mut damages, files_checked) = if dir {
         crate::tracedir::of_trace(&args.file)
@@ -195,7 +199,7 @@ pub fn run(args: Args) -> CmdResult {
                 )
             })
             .collect()
-    } else if args.ptt {
+    } else if ptt {
         vec![(args.file.clone(), None)]
     } else {
         Vec::new()

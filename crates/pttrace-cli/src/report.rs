@@ -372,6 +372,20 @@ pub fn print_summary(
 }
 
 pub fn run(args: Args) -> CmdResult {
+    if args.dir.is_file() && crate::text::is_thread_file(&args.dir) {
+        let dir = args
+            .dir
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        return Err(format!(
+            "{file} is one thread's file of a trace directory: `pttrace report {dir}` reports \
+             the whole directory; `pttrace decode {file} --format summary` this thread",
+            file = args.dir.display(),
+            dir = dir.display()
+        )
+        .into());
+    }
     let s = print_summary(
         &args.dir,
         args.per_syscall,

@@ -83,6 +83,19 @@ pub fn count(n: impl Into<u64>, noun: &str) -> String {
     }
 }
 
+/// Whether `path` is a `pttrace run` thread file: it starts with the trace files' magic
+/// and a thread file's kind (whatever its version: its reader says what it makes of that).
+pub fn is_thread_file(path: &std::path::Path) -> bool {
+    use drpttracer::format::ptt::{FileKind, MAGIC};
+    use std::io::Read;
+    let mut head = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && head[..8] == MAGIC
+        && head[12..16] == (FileKind::Thread as u32).to_le_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{count, printable, read_text};

@@ -484,7 +484,8 @@ fn run_lists_the_first_and_busiest_images_and_counts_the_rest() {
 
 /// `pttrace dump DIR` lists every thread file of a `run` directory, in `decode`'s order:
 /// each under a `# thread PID/TID (FILE): CMD` line, exactly what `dump --ptt FILE` lists
-/// for it (before, a directory was refused: "Is a directory").
+/// for it (before, a directory was refused: "Is a directory"), and `dump FILE` what `dump
+/// --ptt FILE` does (before: the container listed as raw PT, 60 "damaged" places).
 #[test]
 fn dump_lists_every_thread_file_of_a_directory() {
     if qemu_available() {
@@ -524,8 +525,27 @@ fn dump_lists_every_thread_file_of_a_directory() {
             th.header.tid,
             th.path.display()
         ));
-        want.push_str(&dump(&["--ptt".as_ref(), th.path.as_os_str()]));
+        let listed = dump(&["--ptt".as_ref(), th.path.as_os_str()]);
+        // (A thread file is known by its header, --ptt or not.)
+        assert_eq!(dump(&[th.path.as_os_str()]), listed);
+        want.push_str(&listed);
     }
+    // `report` of a thread file says what to run instead.
+    let o = Command::new(pttrace())
+        .arg("report")
+        .arg(&trace.threads[0].path)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "is one thread's file of a trace directory: `pttrace report {}` reports the whole \
+             directory",
+            out.display()
+        )),
+        "{}",
+        text(&o)
+    );
     let got = dump(&[out.as_os_str()]);
     assert!(got.contains("\n# window 0 syscall "), "{got}");
     assert_eq!(got, want);
