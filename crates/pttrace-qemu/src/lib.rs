@@ -374,6 +374,7 @@ impl Global {
                 if let Ok(mut g) = self.info.lock() {
                     *g = Some(f);
                 }
+                self.note_code_at(None);
             }
             Err(e) => say(&format!("cannot create {}: {e}", path.display())),
         }
@@ -482,17 +483,20 @@ impl Global {
     }
 
     /// Code at `addr` was translated (and is in the code map): a `Maps` record is written
-    /// if the last one does not mark its file mapping as code ([`maps`]).
-    fn note_code_at(&self, addr: u64) {
+    /// if the last one does not mark its file mapping as code ([`maps`]). Without `addr`
+    /// (a fork child, which runs its parent's translated code), one is written at once.
+    fn note_code_at(&self, addr: Option<u64>) {
         let Ok(mut written) = self.maps_written.lock() else {
             return;
         };
-        if written.covers(addr) {
+        if addr.is_some_and(|a| written.covers(a)) {
             return;
         }
         let text = match self.code_map.lock() {
-            Ok(blocks) => written.take(|a, b| blocks.range(a..b).next().is_some(), addr),
-            Err(_) => return,
+            Ok(blocks) if addr.is_some() || !blocks.is_empty() => {
+                written.take(|a, b| blocks.range(a..b).next().is_some(), addr)
+            }
+            _ => return,
         };
         if let Ok(mut g) = self.info.lock() {
             if let Some(f) = g.as_mut() {
@@ -688,7 +692,7 @@ fn translate(tb: *mut api::Tb) {
         map.insert(start, info);
         info
     };
-    g.note_code_at(start);
+    g.note_code_at(Some(start));
     if g.cfg.sigframes && g.is_handler(start) {
         // SAFETY: as below; the trampoline takes the same two arguments.
         unsafe {

@@ -63,12 +63,12 @@ impl Written {
     }
 
     /// The record's text now, with code marked where `ran` says a block started, and
-    /// remembered as the last written; `addr`, where code runs, is accounted for from now
-    /// on even where no mapping lists it (no record is written again for it).
-    pub fn take(&mut self, ran: impl Fn(u64, u64) -> bool, addr: u64) -> String {
+    /// remembered as the last written; `addr`, where code runs (if any), is accounted for
+    /// from now on even where no mapping lists it (no record is written again for it).
+    pub fn take(&mut self, ran: impl Fn(u64, u64) -> bool, addr: Option<u64>) -> String {
         let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
         let (out, ranges) = guest_maps(&text, &own_exe(), ran);
-        if !ranges.iter().any(|r| r.start <= addr && addr < r.end) {
+        if let Some(addr) = addr.filter(|&a| !ranges.iter().any(|r| r.start <= a && a < r.end)) {
             let page = addr & !0xfff;
             let area = text
                 .lines()
