@@ -96,6 +96,18 @@ pub fn is_thread_file(path: &std::path::Path) -> bool {
         && head[12..16] == (FileKind::Thread as u32).to_le_bytes()
 }
 
+/// What a command says of a thread file without `End` record: its trace stops at its
+/// last window.
+pub fn unended_note(file: &std::path::Path) -> String {
+    printable(&format!(
+        "note: {}: no End record: the thread was killed (a signal, or its process died) or \
+         is still running; its trace stops at the end of its last window: what it ran after \
+         is not in the file",
+        file.display()
+    ))
+    .into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{count, printable, read_text};

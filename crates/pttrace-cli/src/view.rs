@@ -517,6 +517,9 @@ pub fn run(args: Args) -> CmdResult {
         if !files_checked {
             damages.add_tail(th.path.display(), &stats.tail);
         }
+        if !stats.ended {
+            eprintln!("pttrace view: {}", crate::text::unended_note(&th.path));
+        }
         for w in &stats.warnings {
             eprintln!(
                 "pttrace view: warning: {}: {}",

@@ -589,7 +589,7 @@ fn jit_code_is_named_from_the_jitdump_kept_with_the_trace() {
 /// code named: QEMU ends on a fatal signal without its exit callbacks, where the plugin had
 /// written the process image's mappings, so every frame was a bare address (`python3 -c
 /// 'import os; os.abort()'` showed `0x4002820b70;…` under `_start`). The mappings are now
-/// written as code first runs in each file.
+/// written as code first runs in each file. (`view` also says where its trace stops.)
 #[test]
 fn a_program_killed_by_a_signal_under_qemu_is_named() {
     if !shim_util::qemu_available() {
@@ -620,6 +620,14 @@ fn a_program_killed_by_a_signal_under_qemu_is_named() {
         assert!(o.status.success(), "{}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.contains("named by address"), "{err}");
+        // And it says that the trace stops at the last syscall (the rest died with QEMU).
+        assert!(
+            err.contains(
+                ": no End record: the thread was killed (a signal, or its process died) \
+                 or is still running; its trace stops at the end of its last window"
+            ),
+            "{err}"
+        );
         let folded = String::from_utf8_lossy(&o.stdout);
         let lines: Vec<&str> = folded.lines().filter(|l| l.starts_with("fatal;")).collect();
         assert!(

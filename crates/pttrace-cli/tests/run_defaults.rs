@@ -387,6 +387,14 @@ fn decode_and_check_account_for_windows_without_pt() {
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     let summary = decode(&["--format", "summary"]);
+    // (Every thread ended: no note on stderr.)
+    let o = Command::new(pttrace())
+        .arg("decode")
+        .arg(&out)
+        .args(["--format", "summary"])
+        .output()
+        .unwrap();
+    assert!(o.stderr.is_empty(), "{}", text(&o));
     let lines: Vec<&str> = summary.lines().collect();
     assert!(
         lines[lines.len() - 2].contains(&format!(", {windows} windows, ")),

@@ -136,6 +136,10 @@ pub struct ThreadStats {
     pub recovered: Option<pttrace_format::spool::Recovered>,
     /// Image problems (files that could not be opened...).
     pub warnings: Vec<String>,
+    /// The file has the thread's `End` record (it exited, or its process did, or exec'd);
+    /// without one the thread was killed or is still running, and what it ran after its
+    /// last window is not in the file.
+    pub ended: bool,
 }
 
 fn err(path: &Path, offset: u64, msg: impl Into<String>) -> DecodeError {
@@ -741,6 +745,10 @@ impl PttTrace {
         for fr in &pf.frames {
             match RecordType::from_raw(fr.ty) {
                 Some(RecordType::Window) => {}
+                Some(RecordType::End) => {
+                    stats.ended = true;
+                    continue;
+                }
                 Some(RecordType::Dropped) => {
                     if let Some((n, _)) = ptt::decode_dropped(fr.payload) {
                         stats.dropped = stats.dropped.saturating_add(n);

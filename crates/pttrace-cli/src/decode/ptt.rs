@@ -265,6 +265,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     damages.add_tail(th.path.display(), &stats.tail);
                 }
             }
+            if !stats.ended {
+                eprintln!("pttrace decode: {}", crate::text::unended_note(&th.path));
+            }
             if let Some(r) = &stats.recovered {
                 eprintln!(
                     "pttrace decode: {}: {}",
