@@ -402,7 +402,11 @@ pub fn summarize_dir(dir: &Path) -> Result<DirSummary, String> {
         .collect();
     // Thread files, and those a spool stands for (the process died before creating them).
     names.extend(drpttracer::format::spool::thread_files(&entries));
-    names.sort();
+    // Info files first: a process image's writer ends its threads' files (their End
+    // records) before its info file says the process ended, so what is read of a
+    // directory being written never has a process ended without its threads' End records
+    // (the thread files, read first, had shown that for a moment).
+    names.sort_by_key(|p| (p.extension().is_none_or(|x| x != "info"), p.clone()));
     for path in names {
         let name = path
             .file_name()
