@@ -63,9 +63,9 @@ struct CheckTally {
     by: std::collections::BTreeMap<String, u64>,
 }
 
-/// What follows a count of decoded windows when `n` windows hold no PT (a thread's last
-/// window before its `execve`, or one cut where it ran no user code): they are counted
-/// with the rest but have nothing to decode.
+/// What follows a count of decoded windows when `n` windows hold no PT (a fork child's
+/// first window, which stands for the fork's return): they are counted with the rest but
+/// have nothing to decode.
 fn without_pt(n: u64) -> String {
     match n {
         0 => String::new(),

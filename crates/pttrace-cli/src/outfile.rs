@@ -101,6 +101,13 @@ impl OutFile {
     }
 }
 
+/// [`OutFile::commit`] of a buffered file, once its buffer is written out.
+pub fn commit_buffered(w: io::BufWriter<OutFile>) -> io::Result<()> {
+    w.into_inner()
+        .map_err(io::IntoInnerError::into_error)?
+        .commit()
+}
+
 /// Gives the unnamed file `file` the name `to`: through its `/proc/self/fd` link (any
 /// user), or by its descriptor where /proc is not mounted (`AT_EMPTY_PATH` needs
 /// CAP_DAC_READ_SEARCH).

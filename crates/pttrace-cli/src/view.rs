@@ -800,12 +800,7 @@ fn write_stacks(
     let name_of = |n: u32| names.get(n);
     let written = folded
         .write(&name_of, limit, &mut w)
-        .and_then(|r| {
-            w.into_inner()
-                .map_err(|e| e.into_error())?
-                .commit()
-                .map(|()| r)
-        })
+        .and_then(|r| crate::outfile::commit_buffered(w).map(|()| r))
         .map_err(|e| format!("{}: cannot write: {e}", stacks_path.display()))?;
     if folded.is_empty() {
         return Ok((written, false));
@@ -1148,5 +1143,5 @@ fn write_flamegraph(path: &Path, lines: &[String], title: String) -> std::io::Re
     opts.deterministic = true;
     let mut w = BufWriter::new(crate::outfile::OutFile::create(path)?);
     inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut w)?;
-    w.into_inner().map_err(|e| e.into_error())?.commit()
+    crate::outfile::commit_buffered(w)
 }

@@ -30,7 +30,7 @@ pub fn write(out: &Path, binary: &Path, counts: &Counts) -> std::io::Result<Stri
     for ((first, last), n) in &runs {
         writeln!(w, "F {first:x} {last:x} {n}")?;
     }
-    w.into_inner().map_err(|e| e.into_error())?.commit()?;
+    crate::outfile::commit_buffered(w)?;
     let taken: u64 = branches.iter().map(|(_, n)| **n).sum();
     Ok(format!(
         "{} branches ({taken} taken), {} straight-line runs ({} in PLT stubs left out)",

@@ -202,7 +202,7 @@ impl Json {
             }
         }
         self.w.write_all(b"}\n")?;
-        self.w.into_inner().map_err(|e| e.into_error())?.commit()
+        crate::outfile::commit_buffered(self.w)
     }
 }
 

@@ -98,6 +98,6 @@ impl Speedscope {
             self.w.write_all(b"}")?;
         }
         self.w.write_all(b"]}}\n")?;
-        self.w.into_inner().map_err(|e| e.into_error())?.commit()
+        crate::outfile::commit_buffered(self.w)
     }
 }
