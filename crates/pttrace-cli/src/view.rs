@@ -95,7 +95,7 @@ pub struct Args {
     /// and the least executed stacks into a `[merged: smaller stacks]` frame under their
     /// caller; each file says how much (chrome://tracing fails near 256 MB of JSON,
     /// speedscope above 375 MB; timeline.pftrace always has every call).
-    #[arg(long, alias = "timeline-limit", value_name = "SIZE", default_value = "128M", value_parser = pttrace_format::snapshot::parse_size)]
+    #[arg(long, alias = "timeline-limit", value_name = "SIZE", default_value = "128M", value_parser = parse_limit)]
     limit: u64,
     /// Write every call and every stack, whatever the size of the files.
     #[arg(long)]
@@ -119,6 +119,11 @@ pub enum ViewRange {
     Insns(u64, u64),
     /// Windows `N..=M`.
     Windows(u64, u64),
+}
+
+/// `--limit`'s size (4K to 16G).
+fn parse_limit(s: &str) -> Result<u64, String> {
+    pttrace_format::snapshot::parse_size_of("--limit", s)
 }
 
 fn parse_range(s: &str) -> Result<ViewRange, String> {
@@ -427,6 +432,9 @@ pub fn run(args: Args) -> CmdResult {
     let limit = (!args.full && args.range.is_none()).then_some(args.limit);
     let bar = crate::progress::pt_bytes(crate::progress::trace_bytes(&trace));
     let mut views: Vec<ThreadView> = Vec::new();
+    // The most instructions (on the thread's axis) and windows of a thread image, for a
+    // `--range` that holds nothing.
+    let mut longest = (0u64, 0u64);
     // Returns that went where no open call expected, and the thread images they were in.
     let (mut lost_returns, mut lost_in) = (0u64, 0usize);
     let mut axis_end: HashMap<(i32, i32), u64> = HashMap::new();
@@ -545,6 +553,10 @@ pub fn run(args: Args) -> CmdResult {
             windows.retain(|(_, s, e)| (*e > a && *s < b) || (s == e && (a..b).contains(s)));
         }
         *axis_end.entry((h.pid, h.tid)).or_insert(0) = base + instructions;
+        longest = (
+            longest.0.max(base + instructions),
+            longest.1.max(stats.windows),
+        );
         views.push(ThreadView {
             who,
             clock: Clock {
@@ -568,6 +580,30 @@ pub fn run(args: Args) -> CmdResult {
     }
     if let Some(b) = &bar {
         b.finish_and_clear();
+    }
+    if let Some(r) = args.range {
+        if views.iter().all(|v| v.cut.is_none_or(|(a, b)| a >= b)) {
+            let (what, most) = match r {
+                ViewRange::Insns(a, b) => (
+                    format!("insn:{a}..{b}"),
+                    format!("the longest thread image ends at instruction {}", longest.0),
+                ),
+                ViewRange::Windows(n, m) => (
+                    format!("window:{n}..{m}"),
+                    format!(
+                        "the most windows a thread image has is {}, counted from 0",
+                        longest.1
+                    ),
+                ),
+            };
+            let tid = args
+                .tid
+                .map_or(String::new(), |t| format!(" of thread {t}"));
+            return Err(format!(
+                "--range {what}: no instruction{tid} is in that part of the trace ({most})"
+            )
+            .into());
+        }
     }
     note_unnamed_modules("view", namers.values().map(|n| &n.image));
     note_unnamed_jit(

@@ -22,6 +22,20 @@ fn decode_of_a_missing_file_says_so() {
     );
 }
 
+/// `view --limit` out of range names `--limit` (it had said `--snapshot`, whose sizes it
+/// shares).
+#[test]
+fn a_view_limit_out_of_range_is_named() {
+    fails_with(
+        &["view", "/nonexistent", "--limit", "1"],
+        "--limit \"1\": 1 bytes is outside 4096..=17179869184 (4K to 16G)",
+    );
+    fails_with(
+        &["view", "/nonexistent", "--limit", "2T"],
+        "--limit \"2T\": unknown unit \"T\"",
+    );
+}
+
 #[test]
 fn zero_decode_threads_are_refused() {
     fails_with(

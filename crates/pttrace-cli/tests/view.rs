@@ -607,6 +607,40 @@ fn range_cuts_a_part_in_full_detail() {
         String::from_utf8_lossy(&o.stderr).contains("--tid 1: no thread of the trace has that id"),
         "{o:?}"
     );
+    // A range past the trace's end is refused, saying how far the trace goes, and leaves
+    // no file (before: exit 0 and an empty view).
+    let windows = summary
+        .lines()
+        .filter(|l| l.trim_start().starts_with("window "))
+        .count();
+    let insns = pcs.len() as u64;
+    for (range, says) in [
+        (
+            format!("window:{windows}..{}", windows + 5),
+            format!("the most windows a thread image has is {windows}, counted from 0"),
+        ),
+        (
+            format!("insn:{}..{}", insns + 10, insns + 20),
+            format!("the longest thread image ends at instruction {insns}"),
+        ),
+    ] {
+        let out = dir.path().join("past");
+        let o = Command::new(pttrace())
+            .args(["view", "--range", &range, "--out"])
+            .arg(&out)
+            .arg(&trace)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!(
+                "--range {range}: no instruction is in that part of the trace ({says})"
+            )),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&out).map_or(0, Iterator::count), 0);
+    }
 }
 
 /// A return to an address no call pushed (`push` + `ret`, what JITs and interpreters do)

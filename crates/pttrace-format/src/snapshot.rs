@@ -50,14 +50,20 @@ pub const MIN_SIZE: u64 = 4096;
 /// Largest snapshot size accepted (per thread, in memory).
 pub const MAX_SIZE: u64 = 1 << 34;
 
-/// Parses a size like `65536`, `64K`, `64KiB`, `1M`, `2G` (binary multiples).
+/// Parses `--snapshot`'s size: [`parse_size_of`].
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    parse_size_of("--snapshot", s)
+}
+
+/// Parses a size like `65536`, `64K`, `64KiB`, `1M`, `2G` (binary multiples) between 4K
+/// and 16G, given to the option `option` (which errors name).
+pub fn parse_size_of(option: &str, s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("--snapshot {s:?}: expected a size such as 65536, 64K or 1M"))?;
+        .map_err(|_| format!("{option} {s:?}: expected a size such as 65536, 64K or 1M"))?;
     let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,
         "K" | "KB" | "KIB" => 1 << 10,
@@ -65,16 +71,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "G" | "GB" | "GIB" => 1 << 30,
         u => {
             return Err(format!(
-                "--snapshot {s:?}: unknown unit {u:?} (use K, M or G)"
+                "{option} {s:?}: unknown unit {u:?} (use K, M or G)"
             ))
         }
     };
     let v = n
         .checked_mul(mult)
-        .ok_or_else(|| format!("--snapshot {s:?}: too large"))?;
+        .ok_or_else(|| format!("{option} {s:?}: too large"))?;
     if !(MIN_SIZE..=MAX_SIZE).contains(&v) {
         return Err(format!(
-            "--snapshot {s:?}: {v} bytes is outside {MIN_SIZE}..={MAX_SIZE} (4K to 16G)"
+            "{option} {s:?}: {v} bytes is outside {MIN_SIZE}..={MAX_SIZE} (4K to 16G)"
         ));
     }
     Ok(v)
@@ -557,6 +563,8 @@ mod tests {
         for bad in ["", "K", "12Q", "-1", "1.5M", "100", "99999G"] {
             let e = parse_size(bad).unwrap_err();
             assert!(e.starts_with("--snapshot"), "{bad}: {e}");
+            let e = parse_size_of("--limit", bad).unwrap_err();
+            assert!(e.starts_with(&format!("--limit {bad:?}: ")), "{bad}: {e}");
         }
     }
 
