@@ -1061,6 +1061,11 @@ pub unsafe extern "C" fn qemu_plugin_install(
         let Some(g) = global() else { return -1 };
         // SAFETY: getppid cannot fail.
         g.open_info(unsafe { libc::getppid() });
+        // The main thread's file with the info file, before any guest code runs (this is
+        // QEMU's main thread, the guest's first vCPU, 0): readers take an image without it
+        // for one whose file was deleted. (Created at its first block, a process killed
+        // between its first translation and that block had been reported so.)
+        let _ = g.feeder_unopened(0);
         for n in carried {
             g.note(&n);
         }
