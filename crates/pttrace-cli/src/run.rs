@@ -308,8 +308,13 @@ fn say_left_running(prog: &str, out: &Path, qemu: bool, msg: &mut dyn Write) {
     );
 }
 
-/// Ends like the program did: its exit status, or 128 + the signal that killed it.
-fn mirror_status(prog: &str, status: std::process::ExitStatus) -> CmdResult {
+/// Ends like the program did: its exit status, or 128 + the signal that killed it (then
+/// saying so, and `killed_note` after).
+fn mirror_status(
+    prog: &str,
+    status: std::process::ExitStatus,
+    killed_note: Option<&str>,
+) -> CmdResult {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(0), _) => Ok(()),
@@ -320,6 +325,9 @@ fn mirror_status(prog: &str, status: std::process::ExitStatus) -> CmdResult {
                 .to_string_lossy()
                 .into_owned();
             eprintln!("pttrace run: {prog} was killed by signal {sig} ({name})");
+            if let Some(note) = killed_note {
+                eprintln!("pttrace run: {note}");
+            }
             std::process::exit(128 + sig)
         }
         (None, None) => Err(format!("{prog}: {status}").into()),
@@ -377,7 +385,15 @@ fn run_qemu(args: &Args, qemu: PathBuf, plugin: PathBuf) -> CmdResult {
         .into());
     }
     summarize_run(&out, args, &mut msg)?;
-    mirror_status(&prog, status)
+    // (QEMU 7.2 runs no plugin code on a fatal signal: see the plugin's `maps`.)
+    mirror_status(
+        &prog,
+        status,
+        Some(
+            "under QEMU a process killed by a signal keeps its trace up to its last system \
+             call: the code it ran after is not in the trace",
+        ),
+    )
 }
 
 /// Why `prog` cannot be started, checked as a shell does (along `PATH` for a name without
@@ -475,7 +491,7 @@ pub fn run(args: Args) -> CmdResult {
     }
     salvage_spools(&out, &mut msg);
     summarize_run(&out, &args, &mut msg)?;
-    mirror_status(prog, status)
+    mirror_status(prog, status, None)
 }
 
 /// `--snapshot` with the LD_PRELOAD shim: user mode, thread windows, on the single-step

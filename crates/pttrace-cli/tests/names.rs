@@ -603,6 +603,21 @@ fn a_program_killed_by_a_signal_under_qemu_is_named() {
             .output()
             .unwrap();
         assert_eq!(o.status.code(), Some(status), "{}", text(&o));
+        // Said after the signal: the trace stops at the last system call.
+        let said = text(&o);
+        let killed = format!("was killed by signal {} (", status - 128);
+        let after = said
+            .split_once(killed.as_str())
+            .map(|(_, a)| a)
+            .unwrap_or("");
+        assert!(
+            after.lines().nth(1)
+                == Some(
+                    "pttrace run: under QEMU a process killed by a signal keeps its trace up \
+                     to its last system call: the code it ran after is not in the trace"
+                ),
+            "{said}"
+        );
         let report = ok(Command::new(pttrace()).arg("report").arg(&out));
         let image = report
             .split("\nprocess ")
