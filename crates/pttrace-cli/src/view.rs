@@ -337,6 +337,12 @@ struct ThreadView {
 
 pub fn run(args: Args) -> CmdResult {
     let mut trace = ptt_dir::open(&args.trace)?;
+    // The install advice for modules without symbols comes at the end; its index of
+    // dpkg's file lists is read meanwhile (on a core the decoding leaves idle at first).
+    // (A thread that cannot start leaves it to be read then.)
+    let _ = std::thread::Builder::new()
+        .name("view-dpkg".into())
+        .spawn(pttrace_symbols::prepare_debian_packages);
     trace.sysroot = args.sysroot.clone();
     let trace_dir = if args.trace.is_dir() {
         args.trace.clone()

@@ -55,7 +55,10 @@ pub use jit::{
     JIT_CODE_LOAD, JIT_CODE_MOVE, JIT_CODE_UNWINDING_INFO,
 };
 pub use module::{AddrHasher, Frame, LineRow, Module, NameOrigin, SourceLoc, Symbolized};
-pub use search::{build_id_path, debian_debug_package, DebugLookup, DebugSearch, DebugSource};
+pub use search::{
+    build_id_path, debian_debug_package, prepare_debian_packages, DebugLookup, DebugSearch,
+    DebugSource,
+};
 pub use v8::EmbeddedBlob;
 
 /// Errors: files that cannot be read, are not ELF, or do not parse.

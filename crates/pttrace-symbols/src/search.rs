@@ -424,6 +424,13 @@ pub fn debian_debug_package(binary: &Path) -> Option<String> {
     })
 }
 
+/// Reads dpkg's file lists now (on the calling thread), so that
+/// [`debian_debug_package`] answers at once later: for a thread of its own while other
+/// work goes on.
+pub fn prepare_debian_packages() {
+    dpkg_owners();
+}
+
 /// The package owning each file dpkg lists (`/var/lib/dpkg/info/PKG[:ARCH].list`), read
 /// once per process: a trace names the same files for every process image. The lists'
 /// text is kept whole and the map holds slices of it (some 140,000 lines on a small
