@@ -100,9 +100,9 @@ pub fn is_thread_file(path: &std::path::Path) -> bool {
 /// last window.
 pub fn unended_note(file: &std::path::Path) -> String {
     printable(&format!(
-        "note: {}: no End record: the thread was killed (a signal, or its process died) or \
-         is still running; its trace stops at the end of its last window: what it ran after \
-         is not in the file",
+        "note: {}: no End record: the thread was killed (by a signal, or by another \
+         thread's execve) or is still running; its trace stops at the end of its last \
+         window: what it ran after is not in the file",
         file.display()
     ))
     .into_owned()

@@ -638,8 +638,8 @@ fn a_program_killed_by_a_signal_under_qemu_is_named() {
         // And it says that the trace stops at the last syscall (the rest died with QEMU).
         assert!(
             err.contains(
-                ": no End record: the thread was killed (a signal, or its process died) \
-                 or is still running; its trace stops at the end of its last window"
+                ": no End record: the thread was killed (by a signal, or by another thread's \
+                 execve) or is still running; its trace stops at the end of its last window"
             ),
             "{err}"
         );
