@@ -372,7 +372,7 @@ pub fn print_summary(
 }
 
 pub fn run(args: Args) -> CmdResult {
-    if args.dir.is_file() && crate::text::is_thread_file(&args.dir) {
+    if crate::text::is_thread_file(&args.dir) {
         let dir = args
             .dir
             .parent()

@@ -27,9 +27,22 @@ fn run_quiet(out: &Path) -> Command {
 
 /// `view --format folded` of `trace` (it must succeed).
 fn folded(trace: &Path) -> String {
-    ok(Command::new(pttrace())
+    folded_and_said(trace).0
+}
+
+/// `view --format folded` of `trace` (it must succeed): the stacks, and what it said on
+/// stderr.
+fn folded_and_said(trace: &Path) -> (String, String) {
+    let o = Command::new(pttrace())
         .args(["view", "--format", "folded"])
-        .arg(trace))
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 /// The test program built `-O2 -g -no-pie`, then split: (stripped binary with a
@@ -105,13 +118,7 @@ fn a_split_stripped_program_is_named_from_its_debug_file_with_inlined_frames_and
     );
     for dir in [&by_link, &by_id] {
         // Without the debug dir: no names for the program's code, and view says why.
-        let o = Command::new(pttrace())
-            .args(["view", "--format", "folded"])
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        let err = String::from_utf8_lossy(&o.stderr);
+        let (_, err) = folded_and_said(&out);
         assert!(
             err.contains(&format!(
                 "pttrace view: code without symbols named module+0xOFFSET: names: stripped, \
@@ -627,13 +634,7 @@ fn a_program_killed_by_a_signal_under_qemu_is_named() {
             image.contains("ended: no ProcessEnd record") && !image.contains(", 0 mappings,"),
             "{image}"
         );
-        let o = Command::new(pttrace())
-            .args(["view", "--format", "folded"])
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        let err = String::from_utf8_lossy(&o.stderr);
+        let (folded, err) = folded_and_said(&out);
         assert!(!err.contains("named by address"), "{err}");
         // And it says that the trace stops at the last syscall (the rest died with QEMU).
         assert!(
@@ -643,7 +644,6 @@ fn a_program_killed_by_a_signal_under_qemu_is_named() {
             ),
             "{err}"
         );
-        let folded = String::from_utf8_lossy(&o.stdout);
         let lines: Vec<&str> = folded.lines().filter(|l| l.starts_with("fatal;")).collect();
         assert!(
             lines

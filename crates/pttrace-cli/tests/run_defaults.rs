@@ -347,22 +347,29 @@ fn report_counts_an_exec_as_a_new_image_of_the_same_process() {
     );
 }
 
+/// `sh -c '/bin/true; exec /bin/true'` traced into `dir/trace` (three thread files: the
+/// shell, its forked child, the exec'd image): the trace.
+fn traced_child_then_exec(dir: &Path) -> std::path::PathBuf {
+    if qemu_available() {
+        shim_util::plugin();
+    }
+    let out = dir.join("trace");
+    let o = run(
+        &["--quiet", "--out", out.to_str().unwrap()],
+        &["sh", "-c", "/bin/true; exec /bin/true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    out
+}
+
 /// `decode`'s summary and `--decoder check` account for every window: the windows that
 /// hold no PT (here the forked child's, cut before it ran any user code) are counted
 /// apart, so that the windows decoded and those add up to the total `decode` and
 /// `report` give.
 #[test]
 fn decode_and_check_account_for_windows_without_pt() {
-    if qemu_available() {
-        shim_util::plugin();
-    }
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("trace");
-    let o = run(
-        &["--quiet", "--out", out.to_str().unwrap()],
-        &["sh", "-c", "/bin/true; exec /bin/true"],
-    );
-    assert!(o.status.success(), "{}", text(&o));
+    let out = traced_child_then_exec(dir.path());
     let trace = ptt_dir::open(&out).unwrap();
     let (mut windows, mut with_pt) = (0u64, 0u64);
     for th in &trace.threads {
@@ -376,6 +383,8 @@ fn decode_and_check_account_for_windows_without_pt() {
         1 => "; 1 more window holds no PT (nothing to decode)".to_string(),
         n => format!("; {n} more windows hold no PT (nothing to decode)"),
     };
+    // `decode` with `more_args`, which must succeed and (every thread ended) note nothing
+    // on stderr: its stdout.
     let decode = |more_args: &[&str]| {
         let o = Command::new(pttrace())
             .arg("decode")
@@ -384,17 +393,10 @@ fn decode_and_check_account_for_windows_without_pt() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
+        assert!(o.stderr.is_empty(), "{}", text(&o));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     let summary = decode(&["--format", "summary"]);
-    // (Every thread ended: no note on stderr.)
-    let o = Command::new(pttrace())
-        .arg("decode")
-        .arg(&out)
-        .args(["--format", "summary"])
-        .output()
-        .unwrap();
-    assert!(o.stderr.is_empty(), "{}", text(&o));
     let lines: Vec<&str> = summary.lines().collect();
     assert!(
         lines[lines.len() - 2].contains(&format!(", {windows} windows, ")),
@@ -496,16 +498,8 @@ fn run_lists_the_first_and_busiest_images_and_counts_the_rest() {
 /// --ptt FILE` does (before: the container listed as raw PT, 60 "damaged" places).
 #[test]
 fn dump_lists_every_thread_file_of_a_directory() {
-    if qemu_available() {
-        shim_util::plugin();
-    }
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("trace");
-    let o = run(
-        &["--quiet", "--out", out.to_str().unwrap()],
-        &["sh", "-c", "/bin/true; exec /bin/true"],
-    );
-    assert!(o.status.success(), "{}", text(&o));
+    let out = traced_child_then_exec(dir.path());
     let dump = |args: &[&std::ffi::OsStr]| {
         let o = Command::new(pttrace())
             .arg("dump")
