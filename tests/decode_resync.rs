@@ -561,21 +561,20 @@ fn resync_nomap_fup_tip() {
     );
 }
 
-/// `l0; [%p6, 100100: nomap]; [interrupts disabled]; l2; [disabled]` (libipt 2.1.2
-/// reports the error at p8, having read the FUP after the MODE.Exec's too; the gap
-/// keeps libipt's offset).
+/// ptxed runs this one with `--event:iflags`: `l0; [%p6, 100100: nomap]; [interrupts
+/// disabled]; l2; [disabled]`: the MODE.Exec clears IF, an event to libipt there, bound
+/// to its FUP (p6), where the event decoder stops and the resync goes on. Without
+/// iflags events (`decode`'s, and libipt's default) the MODE.Exec changes nothing: no
+/// event, its FUP passed with it; libipt reads on to the asynchronous disable (p7, p8),
+/// reports the error at its TIP.PGD and resyncs there (libipt's own library, built from
+/// the tree the scenario comes from, gives exactly this).
 #[test]
 fn resync_nomap_mode_exec_fup() {
     let c = nomap_mode_exec_fup();
     let (l, p) = (&c.l, &c.t.p);
     check(
         &c,
-        &[
-            R::I(l[0]),
-            nomap(0x10_0100, p[8]),
-            R::I(l[2]),
-            disabled(Some(l[3])),
-        ],
+        &[R::I(l[0]), nomap(0x10_0100, p[8]), disabled(Some(l[3]))],
     );
 }
 
@@ -610,18 +609,20 @@ fn resync_nomap_mode_tsx_fup_tip() {
 }
 
 /// `l0; [%p5, 100100: nomap]; [begin transaction]; [%p7, 100200: nomap]; [committed];
-/// [%eos, 100300: nomap]; [disabled]` (the third error: at the TIP.PGD here)
+/// [%eos, 100300: nomap]; [disabled]` (the third error: past the TIP.PGD, which libipt's
+/// event decoder has read as the next event)
 #[test]
 fn resync_nomap_mode_tsx_tip_pgd() {
     let c = nomap_mode_tsx_tip_pgd();
     let (l, p) = (&c.l, &c.t.p);
+    let eos = c.t.w.buf.len() as u64;
     check(
         &c,
         &[
             R::I(l[0]),
             nomap(0x10_0100, p[5]),
             nomap(0x10_0200, p[7]),
-            nomap(0x10_0300, p[8]),
+            nomap(0x10_0300, eos),
             disabled(Some(l[2])),
         ],
     );
@@ -764,11 +765,12 @@ fn resync_psb_nomap_psb() {
 
 /// `l0; [%p7, l2: error: bad status update]; [%p7, l2: resync error: bad status update];
 /// l3; [disabled]`: 32-bit code, then a PSB+ saying 64-bit while it runs (libipt's bad
-/// status update), which the fast decoder leaves to libipt; libipt 2.1.2
-/// resyncs at the next PSB, which is where ptxed's resync (at the failing PSB, failing
-/// again) ends up too: the same records, and a warning that says why libipt decoded it.
+/// status update, at the PSB+'s MODE.Exec, reported where the code after the last trace
+/// item starts); libipt resyncs at that PSB+, which fails again, then at the next PSB.
+/// The fast decoder does all of it itself. Without the option the window goes to libipt
+/// 2.1.2, whose gap has no IP, and which synchronizes at the next PSB too.
 #[test]
-fn resync_psb_bad_status_psb_goes_to_libipt() {
+fn resync_psb_bad_status_psb() {
     let c = psb_bad_status_psb();
     let (l, p) = (&c.l, &c.t.p);
     let trace = &c.t.w.buf;
@@ -790,23 +792,25 @@ fn resync_psb_bad_status_psb_goes_to_libipt() {
         view(&on),
         [
             R::I(l[0]),
+            gap(Some(l[2]), p[7], "bad status update".into()),
+            gap(Some(l[2]), p[7], "resync error: bad status update".into()),
+            R::I(l[3]),
+            disabled(Some(l[4])),
+        ]
+    );
+    assert_eq!(d.decoded_by(), ("fast", None));
+    assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+    let libipt = decode(trace, &c.space, DecoderKind::Libipt, false);
+    assert_eq!(
+        view(&libipt),
+        [
+            R::I(l[0]),
             gap(None, p[7], "bad status update".into()),
             R::I(l[3]),
             disabled(Some(l[4])),
         ]
     );
-    assert_eq!(on, decode(trace, &c.space, DecoderKind::Libipt, false));
-    assert_eq!(
-        d.decoded_by(),
-        ("libipt", Some("a PSB+ states another execution mode"))
-    );
-    assert_eq!(
-        d.warnings(),
-        [
-            "t: --resync-on-error: the fast decoder handed the window to libipt (a PSB+ \
-          states another execution mode), which resyncs at the next PSB after an error"
-        ]
-    );
+    assert_eq!(decode(trace, &c.space, DecoderKind::Fast, false), libipt);
 }
 
 /// Calls and compressed returns: `l0: call l4; l1: dec rcx; l2: jnz l0; l3: hlt;

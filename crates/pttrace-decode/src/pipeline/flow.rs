@@ -692,7 +692,7 @@ pub(crate) struct FlowState {
     pgd_ip: Option<u64>,
     /// Where the last deferred TIP taken ends (the TNT bits before it still used while
     /// the trace is read no further): libipt's error offsets there are not the engine's.
-    deferred_tip_end: Option<usize>,
+    deferred_tip: Option<(usize, usize)>,
     /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
     /// erratum applies, the window goes to libipt ([`ovf_errata`]).
     pub skd010: bool,
@@ -822,7 +822,7 @@ impl FlowState {
             at_cut: false,
             cfe_ret: None,
             pgd_ip: None,
-            deferred_tip_end: None,
+            deferred_tip: None,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1190,12 +1190,12 @@ impl PtDecoder<'_> {
                 End::Indirect | End::IndirectCall | End::Syscall => {
                     let b = self.flow_cur(st)?;
                     let item = if st.tnt_n != 0 {
-                        self.flow_deferred_tip(st)?
+                        self.flow_deferred_tip(st, b)?
                     } else if let Some(ip) = tip_here(self.trace, st) {
                         TraceItem::Tip(ip)
                     } else {
                         match self.flow_next_item(st)? {
-                            TraceItem::Tnt => self.flow_deferred_tip(st)?,
+                            TraceItem::Tnt => self.flow_deferred_tip(st, b)?,
                             item => item,
                         }
                     };
@@ -1236,19 +1236,41 @@ impl PtDecoder<'_> {
     /// left of one): a deferred TIP. Real hardware may write a TIP after the TNT packet
     /// that holds the bits of the branches after it; libipt reads ahead past that TNT
     /// (PADs between) to the TIP, takes its IP as the branch's target and keeps the bits.
+    /// Where the next event is no TIP, libipt's query fails (block `b`'s branch: a bad
+    /// query). (Timing packets before the TIP: libipt takes them as its time; through
+    /// libipt.)
     #[cold]
     #[inline(never)]
-    fn flow_deferred_tip(&mut self, st: &mut FlowState) -> Result<TraceItem, Fallback> {
+    fn flow_deferred_tip(&mut self, st: &mut FlowState, b: FBlock) -> Result<TraceItem, Fallback> {
         let mut p = st.pos;
         while let Some((Pkt::Pad, size)) = self.pkt(p) {
             p += size;
         }
         let Some((Pkt::Tip(payload), size)) = self.pkt(p) else {
-            return Err("indirect branch with TNT bits pending, no TIP after them");
+            let mut q = p;
+            while let Some((
+                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_),
+                size,
+            )) = self.pkt(q)
+            {
+                q += size;
+            }
+            match self.pkt(q) {
+                Some((Pkt::Tip(_), _)) => return Err("deferred TIP after timing packets"),
+                // (libipt's text names what 2.1.2 does not know.)
+                Some((Pkt::Trig(_), _)) => return Err("TRIG after TNT bits at an indirect branch"),
+                _ => {}
+            }
+            // (Erratum SKD007's OVF in a CYC: libipt stands at its second byte.)
+            let at = match (self.pkt(p), wire::parse(self.trace, p)) {
+                (Some((Pkt::Ovf, _)), Some((Pkt::Cyc(_), _))) => p + 1,
+                _ => p,
+            };
+            return Err(self.flow_tnt_at_indirect(st, b, at));
         };
         let ip = st.last_ip.apply(payload).ok_or("TIP without IP")?;
         st.pos = p + size;
-        st.deferred_tip_end = Some(st.pos);
+        st.deferred_tip = Some((p, st.pos));
         Ok(TraceItem::Tip(ip))
     }
 
@@ -2549,12 +2571,15 @@ impl PtDecoder<'_> {
         // (Where libipt's BDM70 search starts.)
         let mut after_fup = st.pos;
         let mut mode = None;
+        // (Where its MODE.Exec starts.)
+        let mut mode_at = st.pos;
         // (An OVF ends the PSB+ as its PSBEND would, and then resolves.)
         let mut ovf = false;
         loop {
             let Some((pkt, size)) = self.pkt(st.pos) else {
                 return Err("PSB+ cut by the end of the trace");
             };
+            let pkt_at = st.pos;
             st.pos += size;
             match pkt {
                 // (MODE.TSX, PIP and VMCS in a PSB+ are status libipt makes no record
@@ -2581,6 +2606,7 @@ impl PtDecoder<'_> {
                     if mode.is_some() {
                         return Err("two MODE.Execs in a PSB+");
                     }
+                    mode_at = pkt_at;
                     mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
                 }
                 Pkt::Psbend => break,
@@ -2594,7 +2620,7 @@ impl PtDecoder<'_> {
         match mode {
             // A PSB+ in the middle of the flow states the mode the code runs in.
             Some(m) if !sync && st.enabled && m != self.blocks.flow.mode => {
-                return Err("a PSB+ states another execution mode")
+                return Err(self.flow_bad_status(st, at, mode_at));
             }
             Some(m) => {
                 self.blocks.flow.mode = m;

@@ -16,13 +16,19 @@
 //!   the TIP.PGE then enables it as usual;
 //! - FUP + TIP / FUP + TIP.PGD (an asynchronous branch / disable): its record, decoding
 //!   goes on at the TIP's target / tracing disabled;
-//! - MODE.Exec (64-bit), MODE.TSX, PTW with its IP bit: the FUP they bind to gives the IP
-//!   (no record: none of them makes one); a TIP or TIP.PGD right after that FUP is its
-//!   asynchronous branch or disable as above;
+//! - MODE.Exec that changes the execution mode, MODE.TSX, PTW with its IP bit: the FUP
+//!   they bind to gives the IP (no record: none of them makes one), in the mode the
+//!   MODE.Exec states; a TIP or TIP.PGD right after that FUP is its asynchronous branch or
+//!   disable as above; a MODE.Exec that changes nothing is no event to libipt: it and its
+//!   FUP are passed;
 //! - OVF: the overflow as usual (resolved by the next FUP, or tracing disabled);
 //! - PSB: a new synchronization there (libipt's `pt_blk_resync_at_sync`).
 //!
-//! What the fast decoder does not handle (other packets, 32-bit code, errata) is never
+//! A PSB+ passed while decoding that states another execution mode than the code's is
+//! libipt's bad status update: its resync at that PSB+ fails the same way (a second gap,
+//! ptxed's "resync error"), and decoding goes on at the next PSB.
+//!
+//! What the fast decoder does not handle (other packets, errata) is never
 //! guessed at: before the first resynchronization of a window the window goes to libipt
 //! as without the option (its records, PSB resync, and a warning that says why); after
 //! one (the records are no longer libipt's to redo), a gap record names why and decoding
@@ -40,6 +46,7 @@ const BAD_QUERY: &str = "trace stream does not match query";
 const BAD_RETCOMP: &str = "bad compressed return";
 const RETSTACK_EMPTY: &str = "compressed return without call";
 const BAD_CONTEXT: &str = "unexpected packet context";
+const BAD_STATUS: &str = "bad status update";
 
 /// A decode error the fast decoder stopped at.
 #[derive(Debug, Clone, Copy)]
@@ -333,6 +340,28 @@ impl PtDecoder<'_> {
         why
     }
 
+    /// An indirect branch (block `b`'s) with TNT bits pending and no TIP right after them:
+    /// libipt's query for its target fails (a bad query), its query decoder past the TNT
+    /// packet it took the bits from and the PADs after it, at `at`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_tnt_at_indirect(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+        at: usize,
+    ) -> Fallback {
+        self.flow_push_block(st, b, b.len);
+        let ip = self.flow_last_insn(b).map(|i| i.pc);
+        st.error = Some(FlowError {
+            what: BAD_QUERY,
+            ip,
+            offset: at,
+            resume: at,
+        });
+        "indirect branch with TNT bits pending, no TIP after them"
+    }
+
     /// A TIP.PGE while tracing is enabled, just read (at `st.item_at`): libipt's event
     /// decoder fails at it as its query decoder fetches it ahead, and the query decoder
     /// reports that, without IP, at the query that took the trace item before it (the
@@ -352,6 +381,46 @@ impl PtDecoder<'_> {
             ip: None,
             offset: st.item_at,
             resume: st.item_at,
+        });
+        why
+    }
+
+    /// A PSB+ passed while decoding states another execution mode than the code's (its
+    /// MODE.Exec at `offset`; `at`: the block waiting for trace): libipt's bad status
+    /// update. Without `--resync-on-error` the window goes to libipt; with it, libipt's
+    /// `pt_blk_next` fails there before the code walked since the last trace item, and
+    /// ptxed reports the error where that code starts (the target of the branch the last
+    /// trace item decided).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_bad_status(
+        &mut self,
+        st: &mut FlowState,
+        at: Option<FBlock>,
+        offset: usize,
+    ) -> Fallback {
+        let why = "a PSB+ states another execution mode";
+        if !st.resync {
+            return why;
+        }
+        let first = |recs: &[Record]| recs.iter().find_map(|r| r.as_instruction()).map(|i| i.pc);
+        let arena = &self.blocks.arena;
+        let walked = self.queue.since(st.committed).unwrap_or(&[]);
+        let ip = walked
+            .iter()
+            .find_map(|item| match item {
+                super::Item::Block(start, len) => {
+                    first(arena.get(*start as usize..(*start + *len) as usize)?)
+                }
+                super::Item::Rec(_) => None,
+            })
+            .or_else(|| at.and_then(|b| first(self.flow_recs(b))));
+        self.flow_drop_walked(st);
+        st.error = Some(FlowError {
+            what: BAD_STATUS,
+            ip,
+            offset,
+            resume: offset,
         });
         why
     }
@@ -416,27 +485,31 @@ impl PtDecoder<'_> {
                 return r;
             };
             if let Some(mut e) = st.error.take() {
-                // (An error met with the bits of a deferred TIP's TNT: libipt's event
-                // decoder stands elsewhere; through libipt.)
-                if st.deferred_tip_end == Some(e.resume) {
-                    return Err(why);
+                // An error met with the bits of a deferred TIP's TNT: libipt's event
+                // decoder stands elsewhere (without the option: through libipt; with
+                // it, at the TIP).
+                let deferred = st.deferred_tip.filter(|d| d.1 == e.resume);
+                match deferred {
+                    Some(_) if !st.resync => return Err(why),
+                    Some((at, _)) => e.offset = at,
+                    None => {}
                 }
-                if !st.resync {
-                    // Without the option, where libipt 2.1.2 reports the error: a bad query
-                    // where the option's resync does; a bad compressed return or one
-                    // without call where its event decoder stands, past the TNT packet
-                    // the bit came from and the PADs after it; a nomap where its query
-                    // decoder stands with the next event fetched (or, where the fast
-                    // decoder is not sure of that, the window goes to libipt).
-                    match e.what {
-                        NOMAP => match self.flow_nomap_offset(e.resume) {
-                            Some(at) => e.offset = at,
-                            None => return Err(why),
-                        },
-                        BAD_QUERY if st.bdm64 => return Err(why),
-                        BAD_QUERY | BAD_CONTEXT => {}
-                        _ => e.offset = self.flow_past_pads(e.resume),
-                    }
+                // Where libipt reports the error: a bad query where the engine saw it; a
+                // bad compressed return or one without call where its event decoder
+                // stands, past the TNT packet the bit came from and the PADs after it; a
+                // nomap where its query decoder stands with the next event fetched (or,
+                // where the fast decoder is not sure of that: without the option the
+                // window goes to libipt; with it, at the next trace item).
+                match e.what {
+                    _ if deferred.is_some() => {}
+                    NOMAP => match self.flow_nomap_offset(e.resume) {
+                        Some(at) => e.offset = at,
+                        None if !st.resync => return Err(why),
+                        None => {}
+                    },
+                    BAD_QUERY if st.bdm64 && !st.resync => return Err(why),
+                    BAD_QUERY | BAD_CONTEXT | BAD_STATUS => {}
+                    _ => e.offset = self.flow_past_pads(e.resume),
                 }
                 self.flow_commit(st);
                 let error = match e.ip {
@@ -489,8 +562,8 @@ impl PtDecoder<'_> {
         }
     }
 
-    /// After error `e`, without `--resync-on-error`: where libipt's `pt_blk_sync_forward`
-    /// goes, from its packet decoder's position (past the packet at the gap's offset, the
+    /// After error `e` (without `--resync-on-error`, or where its resync failed): where
+    /// libipt's `pt_blk_sync_forward` goes, from its packet decoder's position (past the packet at the gap's offset, the
     /// one its event decoder holds): the first PSB from 15 bytes before there (one that
     /// packet may have cut into), the last of a run of PSB patterns (libipt's search
     /// ends there). Decoding starts over there, as libipt's, its clock and events reset.
@@ -522,11 +595,23 @@ impl PtDecoder<'_> {
 
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
+        if e.what == BAD_STATUS {
+            // libipt resyncs at the PSB+ that failed (`pt_blk_resync_at_sync`), which
+            // fails the same way (ptxed's "resync error"); ptxed then synchronizes
+            // forward, at the next PSB.
+            self.flow_gap(e.offset, e.ip, format!("resync error: {BAD_STATUS}"));
+            self.flow_commit(st);
+            return self.flow_sync_after(st, e);
+        }
         st.pos = e.resume;
         st.tnt_n = 0;
         st.tsx_abort = None;
         // A FUP that MODE.Exec, MODE.TSX or PTW binds to gives the IP by itself.
         let mut bound = Bound::No;
+        let mut skip_fup = false;
+        // (A FUP bound to nothing with no TIP right after it: libipt's asynchronous
+        // branch from its IP, waiting for a TIP past the TNTs the resync ignores.)
+        let mut from_fup = None;
         loop {
             let Some((pkt, size)) = self.pkt(st.pos) else {
                 if st.pos >= self.trace.len() {
@@ -548,11 +633,19 @@ impl PtDecoder<'_> {
                     st.pos += size;
                 }
                 Pkt::ModeExec { csl, csd } => {
-                    if super::FlowMode::of(csl, csd) != Some(self.blocks.flow.mode) {
-                        return Err("MODE.Exec of another mode after an error");
-                    }
-                    bound = Bound::Alone;
+                    let mode =
+                        super::FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                     st.pos += size;
+                    if mode == self.blocks.flow.mode {
+                        // (One that changes no mode is no event to libipt: the FUP it
+                        // binds to is passed with it.)
+                        skip_fup = true;
+                    } else {
+                        // (The mode of the code at the IP it binds to.)
+                        self.blocks.flow.mode = mode;
+                        st.mode_known = true;
+                        bound = Bound::Alone;
+                    }
                 }
                 Pkt::ModeTsx { abort } => {
                     // (An abort's FUP is the source of the branch a TIP after it gives.)
@@ -562,11 +655,15 @@ impl PtDecoder<'_> {
                 Pkt::Tip(p) => {
                     st.pos += size;
                     let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
+                    if let Some(from) = from_fup {
+                        self.flow_event(st, Record::KernelXfer { from, to: Some(ip) });
+                    }
                     return self.flow_resume_at(st, ip);
                 }
                 Pkt::TipPgd(p) => {
                     st.pos += size;
                     let ip = st.last_ip.apply(p);
+                    let ip = if from_fup.is_some() { from_fup } else { ip };
                     self.flow_event(st, Record::TraceDisabled { ip });
                     st.enabled = false;
                     return Ok(Stop::Segment);
@@ -577,6 +674,11 @@ impl PtDecoder<'_> {
                     st.enabled = false;
                     return Ok(Stop::Segment);
                 }
+                Pkt::Fup(p) if skip_fup && bound == Bound::No => {
+                    st.pos += size;
+                    st.last_ip.apply(p);
+                    skip_fup = false;
+                }
                 Pkt::Fup(p) => {
                     st.pos += size;
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
@@ -584,9 +686,16 @@ impl PtDecoder<'_> {
                         // (libipt takes an event at the IP before reading its code.)
                         return Err("event at the address without code");
                     }
+                    let tip_next =
+                        matches!(self.pkt(st.pos), Some((Pkt::Tip(_) | Pkt::TipPgd(_), _)));
+                    if bound == Bound::No && !tip_next && from_fup.is_none() {
+                        from_fup = Some(from);
+                        continue;
+                    }
                     return self.flow_resync_fup(st, from, bound);
                 }
                 Pkt::Ovf => {
+                    // (It drops an asynchronous branch waiting for its TIP.)
                     st.pos += size;
                     st.enabled = true;
                     self.flow_ovf(st)?;
