@@ -2356,8 +2356,13 @@ impl PtDecoder<'_> {
                         next => break next.map(|n| n.0),
                     }
                 };
-                self.blocks.flow.mode = mode;
+                let before = std::mem::replace(&mut self.blocks.flow.mode, mode);
                 match next {
+                    // (Bound to a disable without IP, libipt takes a new mode at once:
+                    // the code up to the disable runs in it.)
+                    Some(Pkt::TipPgd(p)) if p.ipc == 0 && mode != before => {
+                        return Err("MODE.Exec bound to a TIP.PGD without IP")
+                    }
                     Some(Pkt::Tip(_) | Pkt::TipPgd(_)) => {}
                     Some(Pkt::Fup(_)) => {
                         let end = "MODE.Exec at the end of the trace";
@@ -2489,7 +2494,7 @@ impl PtDecoder<'_> {
                 }
                 self.flow_quiet_event(st);
             }
-            Pkt::Other(what) => return Err(what),
+            Pkt::Other(what) => return Err(self.flow_bad_packet(st, what)),
             // A TMA with reserved bits, read as libipt reads it on this CPU: with erratum
             // SKZ84 a corrupted TMA and the bogus byte after it, an invalid packet its
             // event decoder passes over (no time; where the trace ends after it, libipt's

@@ -47,6 +47,8 @@ const BAD_RETCOMP: &str = "bad compressed return";
 const RETSTACK_EMPTY: &str = "compressed return without call";
 const BAD_CONTEXT: &str = "unexpected packet context";
 const BAD_STATUS: &str = "bad status update";
+const BAD_OPC: &str = "unknown opcode";
+const BAD_PACKET: &str = "unknown packet";
 
 /// A decode error the fast decoder stopped at.
 #[derive(Debug, Clone, Copy)]
@@ -425,6 +427,28 @@ impl PtDecoder<'_> {
         why
     }
 
+    /// A packet libipt's packet decoder refuses (`what`: the wire parser's name for it),
+    /// the next trace item the flow reads (at `st.item_at`): libipt's error there, the
+    /// code walked since the last trace item decoded. Its resync then fails the same way;
+    /// decoding goes on at the next PSB.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_bad_packet(&mut self, st: &mut FlowState, what: &'static str) -> Fallback {
+        let text = match what {
+            "unknown opcode" | "extended packet" => BAD_OPC,
+            // (Decoded by libipt's packet decoder: what its event decoder makes of it.)
+            "cbr with ratio 0" => return what,
+            _ => BAD_PACKET,
+        };
+        st.error = Some(FlowError {
+            what: text,
+            ip: None,
+            offset: st.item_at,
+            resume: st.item_at,
+        });
+        what
+    }
+
     /// A compressed return (block `b`'s) whose TNT bit says not taken.
     #[cold]
     #[inline(never)]
@@ -508,7 +532,7 @@ impl PtDecoder<'_> {
                         None => {}
                     },
                     BAD_QUERY if st.bdm64 && !st.resync => return Err(why),
-                    BAD_QUERY | BAD_CONTEXT | BAD_STATUS => {}
+                    BAD_QUERY | BAD_CONTEXT | BAD_STATUS | BAD_OPC | BAD_PACKET => {}
                     _ => e.offset = self.flow_past_pads(e.resume),
                 }
                 self.flow_commit(st);
@@ -595,11 +619,12 @@ impl PtDecoder<'_> {
 
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        if e.what == BAD_STATUS {
+        if matches!(e.what, BAD_STATUS | BAD_OPC | BAD_PACKET) {
             // libipt resyncs at the PSB+ that failed (`pt_blk_resync_at_sync`), which
-            // fails the same way (ptxed's "resync error"); ptxed then synchronizes
-            // forward, at the next PSB.
-            self.flow_gap(e.offset, e.ip, format!("resync error: {BAD_STATUS}"));
+            // fails the same way, or from a packet it cannot decode, which it meets
+            // again (ptxed's "resync error"); ptxed then synchronizes forward, at the
+            // next PSB.
+            self.flow_gap(e.offset, e.ip, format!("resync error: {}", e.what));
             self.flow_commit(st);
             return self.flow_sync_after(st, e);
         }
