@@ -693,6 +693,8 @@ pub(crate) struct FlowState {
     /// Where the last deferred TIP taken ends (the TNT bits before it still used while
     /// the trace is read no further): libipt's error offsets there are not the engine's.
     deferred_tip: Option<(usize, usize)>,
+    /// The FUP IP of the PSB+ the flow passed last (for the disable after it).
+    psb_fup: Option<u64>,
     /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
     /// erratum applies, the window goes to libipt ([`ovf_errata`]).
     pub skd010: bool,
@@ -823,6 +825,7 @@ impl FlowState {
             cfe_ret: None,
             pgd_ip: None,
             deferred_tip: None,
+            psb_fup: None,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1054,7 +1057,7 @@ impl PtDecoder<'_> {
                 .enabled
                 .then(|| self.blocks.flow.blocks.get(st.cur as usize).copied())
                 .flatten();
-            self.flow_psb(st, false, at)?;
+            st.psb_fup = self.flow_psb(st, false, at)?;
         }
         loop {
             if !st.enabled {
@@ -1507,7 +1510,7 @@ impl PtDecoder<'_> {
                         Cut::No => {}
                     }
                 }
-                self.flow_psb(st, false, Some(b))?;
+                st.psb_fup = self.flow_psb(st, false, Some(b))?;
                 Ok(None)
             }
             TraceItem::Pgd(ip) => {
@@ -1521,6 +1524,12 @@ impl PtDecoder<'_> {
                     }
                     None => {
                         let binding = self.flow_pgd_binding(st, b);
+                        // (Where a PSB+ just passed says the code ran past that
+                        // instruction, libipt binds the disable after its FUP IP.)
+                        let fup = st.psb_fup.take().and_then(|ip| self.flow_index_of(b, ip));
+                        if binding.zip(fup).is_some_and(|(k, f)| k < f) {
+                            return Err("a disable without IP after a PSB+ FUP past its binding");
+                        }
                         // (With SKL014 the branch it binds to may lie in code walked
                         // without trace.)
                         if binding.is_some() || st.skl014.is_some() {
@@ -2576,8 +2585,8 @@ impl PtDecoder<'_> {
         // (Where libipt's BDM70 search starts.)
         let mut after_fup = st.pos;
         let mut mode = None;
-        // (Where its MODE.Exec starts.)
-        let mut mode_at = st.pos;
+        // (Where its MODE.Exec and its FUP start.)
+        let (mut mode_at, mut fup_at) = (st.pos, st.pos);
         // (An OVF ends the PSB+ as its PSBEND would, and then resolves.)
         let mut ovf = false;
         loop {
@@ -2605,6 +2614,7 @@ impl PtDecoder<'_> {
                     }
                     fup = Some(st.last_ip.apply(p).ok_or("PSB+ FUP without IP")?);
                     after_fup = st.pos;
+                    fup_at = pkt_at;
                 }
                 // (Two are an error to libipt: a bad status update.)
                 Pkt::ModeExec { csl, csd } => {
@@ -2618,6 +2628,23 @@ impl PtDecoder<'_> {
                 Pkt::Ovf => {
                     ovf = true;
                     break;
+                }
+                // (A MODE.Exec before it that states another mode fails first.)
+                // (In the PSB+ of a synchronization: libipt's sync error, through
+                // libipt.)
+                Pkt::Other(what) if !sync => {
+                    if let (Some(m), true) = (mode, st.enabled) {
+                        if m != self.blocks.flow.mode {
+                            return Err(self.flow_bad_status(st, at, mode_at));
+                        }
+                    }
+                    // (With erratum BDM70 libipt looks past a PSB+ FUP: it fails there.)
+                    let at = if st.bdm70 && fup.is_some() {
+                        fup_at
+                    } else {
+                        pkt_at
+                    };
+                    return Err(self.flow_bad_packet_at(st, what, at, false));
                 }
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }

@@ -61,6 +61,9 @@ pub(crate) struct FlowError {
     offset: usize,
     /// Where the search for the resync point starts.
     resume: usize,
+    /// Met in the PSB+ of a synchronization (ptxed's "sync error": no resync, the next
+    /// PSB).
+    at_sync: bool,
 }
 
 /// Where the first packet at or after `p` that is not a PTW starts, and that packet
@@ -106,6 +109,7 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
+            at_sync: false,
         });
         Err(NOMAP)
     }
@@ -338,6 +342,7 @@ impl PtDecoder<'_> {
             ip,
             offset: self.flow_gap_offset(item),
             resume: item,
+            at_sync: false,
         });
         why
     }
@@ -360,6 +365,7 @@ impl PtDecoder<'_> {
             ip,
             offset: at,
             resume: at,
+            at_sync: false,
         });
         "indirect branch with TNT bits pending, no TIP after them"
     }
@@ -383,6 +389,7 @@ impl PtDecoder<'_> {
             ip: None,
             offset: st.item_at,
             resume: st.item_at,
+            at_sync: false,
         });
         why
     }
@@ -423,6 +430,7 @@ impl PtDecoder<'_> {
             ip,
             offset,
             resume: offset,
+            at_sync: false,
         });
         why
     }
@@ -434,6 +442,34 @@ impl PtDecoder<'_> {
     #[cold]
     #[inline(never)]
     pub(super) fn flow_bad_packet(&mut self, st: &mut FlowState, what: &'static str) -> Fallback {
+        // What libipt read since the last trace item: a PSB+ with a FUP decodes the code
+        // up to its IP first; after other events, through libipt.
+        match st.read_on {
+            super::ReadOn::Nothing => {}
+            super::ReadOn::ToFup(ip) => {
+                let b = st
+                    .enabled
+                    .then(|| self.blocks.flow.blocks.get(st.cur as usize).copied())
+                    .flatten();
+                let Some((b, n)) = b.and_then(|b| Some((b, self.flow_index_of(b, ip)?))) else {
+                    return what;
+                };
+                self.flow_push_block(st, b, n);
+            }
+            super::ReadOn::Other => return what,
+        }
+        self.flow_bad_packet_at(st, what, st.item_at, false)
+    }
+
+    /// A packet libipt's packet decoder refuses at `at` (`what`: the wire parser's name
+    /// for it), `at_sync`: in the PSB+ of a synchronization.
+    pub(super) fn flow_bad_packet_at(
+        &mut self,
+        st: &mut FlowState,
+        what: &'static str,
+        at: usize,
+        at_sync: bool,
+    ) -> Fallback {
         let text = match what {
             "unknown opcode" | "extended packet" => BAD_OPC,
             // (Decoded by libipt's packet decoder: what its event decoder makes of it.)
@@ -443,8 +479,9 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: text,
             ip: None,
-            offset: st.item_at,
-            resume: st.item_at,
+            offset: at,
+            resume: at,
+            at_sync,
         });
         what
     }
@@ -460,6 +497,7 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
+            at_sync: false,
         });
         "compressed return not taken"
     }
@@ -474,6 +512,7 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
+            at_sync: false,
         });
         "compressed return, empty return stack"
     }
@@ -542,7 +581,10 @@ impl PtDecoder<'_> {
                 };
                 self.flow_gap(e.offset, e.ip, error);
                 self.flow_commit(st);
-                r = if st.resync {
+                r = if e.at_sync {
+                    // (ptxed's "sync error": it synchronizes forward from there.)
+                    self.flow_sync_after(st, e)
+                } else if st.resync {
                     st.resynced = true;
                     self.flow_resync(st, e)
                 } else {
@@ -592,7 +634,11 @@ impl PtDecoder<'_> {
     /// packet may have cut into), the last of a run of PSB patterns (libipt's search
     /// ends there). Decoding starts over there, as libipt's, its clock and events reset.
     fn flow_sync_after(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        let held = self.pkt(e.offset).map_or(0, |(_, n)| n);
+        // (A packet it refuses it has not read past: it searches from one byte on.)
+        let held = match e.what {
+            BAD_OPC | BAD_PACKET => 1,
+            _ => self.pkt(e.offset).map_or(0, |(_, n)| n),
+        };
         let from = (e.offset + held).saturating_sub(wire::PSB.len() - 1);
         let Some(mut q) = wire::find_psb(self.trace, from) else {
             return Ok(Stop::Done);
@@ -610,6 +656,18 @@ impl PtDecoder<'_> {
 
     /// A synchronization at the PSB at `q` (after an error).
     fn flow_sync_at(&mut self, st: &mut FlowState, q: usize) -> Result<Stop, Fallback> {
+        // (A packet libipt's packet decoder refuses in that PSB+: its sync error, through
+        // libipt, before the PSB+ makes any record.)
+        let mut p = q + wire::PSB.len();
+        while let Some((pkt, size)) = self.pkt(p) {
+            match pkt {
+                Pkt::Psbend | Pkt::Ovf | Pkt::Psb => break,
+                Pkt::Other(_) => {
+                    return Err("a packet libipt refuses in the PSB+ of a synchronization")
+                }
+                _ => p += size,
+            }
+        }
         st.pos = q;
         st.tnt_n = 0;
         self.pending_timestamp = true;
