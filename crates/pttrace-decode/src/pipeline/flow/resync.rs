@@ -379,10 +379,6 @@ impl PtDecoder<'_> {
     #[inline(never)]
     pub(super) fn flow_pge_enabled(&mut self, st: &mut FlowState) -> Fallback {
         let why = "TIP.PGE while tracing is enabled";
-        if st.resync {
-            // (ptxed's resync there is libipt 2.2's: the window goes to libipt.)
-            return why;
-        }
         self.flow_drop_walked(st);
         st.error = Some(FlowError {
             what: BAD_CONTEXT,
