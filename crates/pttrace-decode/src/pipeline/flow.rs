@@ -2633,10 +2633,8 @@ impl PtDecoder<'_> {
                 // (In the PSB+ of a synchronization: libipt's sync error, through
                 // libipt.)
                 Pkt::Other(what) if !sync => {
-                    if let (Some(m), true) = (mode, st.enabled) {
-                        if m != self.blocks.flow.mode {
-                            return Err(self.flow_bad_status(st, at, mode_at));
-                        }
+                    if mode.is_some_and(|m| st.mode_known && m != self.blocks.flow.mode) {
+                        return Err(self.flow_bad_status(st, at, mode_at));
                     }
                     // (With erratum BDM70 libipt looks past a PSB+ FUP: it fails there.)
                     let at = if st.bdm70 && fup.is_some() {
@@ -2645,6 +2643,14 @@ impl PtDecoder<'_> {
                         pkt_at
                     };
                     return Err(self.flow_bad_packet_at(st, what, at, false));
+                }
+                // (Trace of code in a PSB+ passed while decoding: libipt's context
+                // error at it; a MODE.Exec before it that states another mode fails first.)
+                Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) if !sync => {
+                    if mode.is_some_and(|m| st.mode_known && m != self.blocks.flow.mode) {
+                        return Err(self.flow_bad_status(st, at, mode_at));
+                    }
+                    return Err(self.flow_psb_context(st, pkt_at));
                 }
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }

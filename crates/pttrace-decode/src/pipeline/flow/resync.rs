@@ -64,6 +64,9 @@ pub(crate) struct FlowError {
     /// Met in the PSB+ of a synchronization (ptxed's "sync error": no resync, the next
     /// PSB).
     at_sync: bool,
+    /// libipt's decoder stays failed there: its resync fails the same way (ptxed's
+    /// "resync error"), then it synchronizes at the next PSB.
+    fatal: bool,
 }
 
 /// Where the first packet at or after `p` that is not a PTW starts, and that packet
@@ -110,6 +113,7 @@ impl PtDecoder<'_> {
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
             at_sync: false,
+            fatal: false,
         });
         Err(NOMAP)
     }
@@ -125,6 +129,8 @@ impl PtDecoder<'_> {
         let mut last = st.last_ip;
         let mut p = st.pos;
         let mut events = false;
+        // (A MODE.Exec or MODE.TSX the next FUP is bound to.)
+        let mut bound = false;
         // (An event at the address without code binds there: libipt takes it before it
         // reads the code.)
         let in_block =
@@ -143,9 +149,11 @@ impl PtDecoder<'_> {
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
-                | Pkt::Cbr(_)
-                | Pkt::ModeExec { .. }
-                | Pkt::ModeTsx { .. } => p += size,
+                | Pkt::Cbr(_) => p += size,
+                Pkt::ModeExec { .. } | Pkt::ModeTsx { .. } => {
+                    bound = true;
+                    p += size;
+                }
                 Pkt::Trig(t) if !t.ip => p += size,
                 pkt if super::event_trace::ignored(pkt) => p += size,
                 Pkt::Evd { .. } | Pkt::Cfe { ip: false, .. } => {
@@ -155,6 +163,9 @@ impl PtDecoder<'_> {
                 Pkt::Cfe { ip: true, .. } => return Err(EVENTS),
                 // (A FUP without IP: libipt's event decoder fails at it, reading ahead
                 // from the last trace item, before the code.)
+                // (An asynchronous branch's the trace ends after: libipt meets the end
+                // first.)
+                Pkt::Fup(_) if !bound && p + size >= self.trace.len() => break true,
                 Pkt::Fup(ip) => break last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
                 // (Without IP, one binds to a MOV CR3 before the code ends.)
                 Pkt::TipPgd(ip) => {
@@ -343,6 +354,7 @@ impl PtDecoder<'_> {
             offset: self.flow_gap_offset(item),
             resume: item,
             at_sync: false,
+            fatal: false,
         });
         why
     }
@@ -366,6 +378,7 @@ impl PtDecoder<'_> {
             offset: at,
             resume: at,
             at_sync: false,
+            fatal: false,
         });
         "indirect branch with TNT bits pending, no TIP after them"
     }
@@ -386,6 +399,7 @@ impl PtDecoder<'_> {
             offset: st.item_at,
             resume: st.item_at,
             at_sync: false,
+            fatal: false,
         });
         why
     }
@@ -427,6 +441,7 @@ impl PtDecoder<'_> {
             offset,
             resume: offset,
             at_sync: false,
+            fatal: true,
         });
         why
     }
@@ -478,8 +493,25 @@ impl PtDecoder<'_> {
             offset: at,
             resume: at,
             at_sync,
+            fatal: true,
         });
         what
+    }
+
+    /// Trace of code (at `at`) inside a PSB+ passed while decoding: libipt's context
+    /// error there, its decoder failed from there on.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_psb_context(&mut self, st: &mut FlowState, at: usize) -> Fallback {
+        st.error = Some(FlowError {
+            what: BAD_CONTEXT,
+            ip: None,
+            offset: at,
+            resume: at,
+            at_sync: false,
+            fatal: true,
+        });
+        "trace of code in a PSB+"
     }
 
     /// A compressed return (block `b`'s) whose TNT bit says not taken.
@@ -494,6 +526,7 @@ impl PtDecoder<'_> {
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
             at_sync: false,
+            fatal: false,
         });
         "compressed return not taken"
     }
@@ -509,6 +542,7 @@ impl PtDecoder<'_> {
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
             at_sync: false,
+            fatal: false,
         });
         "compressed return, empty return stack"
     }
@@ -673,7 +707,7 @@ impl PtDecoder<'_> {
 
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        if matches!(e.what, BAD_STATUS | BAD_OPC | BAD_PACKET) {
+        if e.fatal {
             // libipt resyncs at the PSB+ that failed (`pt_blk_resync_at_sync`), which
             // fails the same way, or from a packet it cannot decode, which it meets
             // again (ptxed's "resync error"); ptxed then synchronizes forward, at the
