@@ -695,6 +695,8 @@ pub(crate) struct FlowState {
     deferred_tip: Option<(usize, usize)>,
     /// The FUP IP of the PSB+ the flow passed last (for the disable after it).
     psb_fup: Option<u64>,
+    /// Where the last PSBEND starts, and the packet after it.
+    psbend: Option<(usize, usize)>,
     /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
     /// erratum applies, the window goes to libipt ([`ovf_errata`]).
     pub skd010: bool,
@@ -826,6 +828,7 @@ impl FlowState {
             pgd_ip: None,
             deferred_tip: None,
             psb_fup: None,
+            psbend: None,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1082,6 +1085,28 @@ impl PtDecoder<'_> {
                     // (An overflow while tracing is disabled resolves as one while it is
                     // enabled: at the FUP after it, or disabled.)
                     TraceItem::Ovf => self.flow_ovf(st)?,
+                    // (Trace of code: libipt's context error at it. Right after a PSB+,
+                    // where libipt reports it depends on the PSB+'s events: through
+                    // libipt.)
+                    TraceItem::Tnt | TraceItem::Tip(_) => {
+                        let after_psb = st.psbend.is_some_and(|(_, mut p)| {
+                            while let Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), n))
+                            | Some((Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_), n)) =
+                                self.pkt(p)
+                            {
+                                p += n;
+                            }
+                            p == st.item_at
+                        });
+                        if after_psb {
+                            return Err("trace after a PSB+ while tracing is disabled");
+                        }
+                        return Err(self.flow_context_at(
+                            st,
+                            st.item_at,
+                            "trace while tracing is disabled",
+                        ));
+                    }
                     _ => return Err("trace while tracing is disabled"),
                 }
                 continue;
@@ -2624,7 +2649,10 @@ impl PtDecoder<'_> {
                     mode_at = pkt_at;
                     mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
                 }
-                Pkt::Psbend => break,
+                Pkt::Psbend => {
+                    st.psbend = Some((pkt_at, st.pos));
+                    break;
+                }
                 Pkt::Ovf => {
                     ovf = true;
                     break;
@@ -2650,7 +2678,7 @@ impl PtDecoder<'_> {
                     if mode.is_some_and(|m| st.mode_known && m != self.blocks.flow.mode) {
                         return Err(self.flow_bad_status(st, at, mode_at));
                     }
-                    return Err(self.flow_psb_context(st, pkt_at));
+                    return Err(self.flow_context_at(st, pkt_at, "trace of code in a PSB+"));
                 }
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }

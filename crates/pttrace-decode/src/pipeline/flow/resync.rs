@@ -498,11 +498,17 @@ impl PtDecoder<'_> {
         what
     }
 
-    /// Trace of code (at `at`) inside a PSB+ passed while decoding: libipt's context
-    /// error there, its decoder failed from there on.
+    /// Trace of code (at `at`) where there is no code to trace (`why`: inside a PSB+
+    /// passed while decoding, while tracing is disabled): libipt's context error there,
+    /// its decoder failed from there on.
     #[cold]
     #[inline(never)]
-    pub(super) fn flow_psb_context(&mut self, st: &mut FlowState, at: usize) -> Fallback {
+    pub(super) fn flow_context_at(
+        &mut self,
+        st: &mut FlowState,
+        at: usize,
+        why: Fallback,
+    ) -> Fallback {
         st.error = Some(FlowError {
             what: BAD_CONTEXT,
             ip: None,
@@ -511,7 +517,7 @@ impl PtDecoder<'_> {
             at_sync: false,
             fatal: true,
         });
-        "trace of code in a PSB+"
+        why
     }
 
     /// A compressed return (block `b`'s) whose TNT bit says not taken.
