@@ -2718,6 +2718,10 @@ fn libipt_resync_flow(
         .arg(format!("{load:#x}"))
         .output()
         .expect("the libipt resync tool");
+    // (Killed by its alarm: libipt loops.)
+    if !out.status.success() {
+        return None;
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     let (mut k, mut errors) = (0usize, Vec::new());
     let hex = |s: &str| u64::from_str_radix(s, 16).unwrap_or(u64::MAX);
@@ -2836,7 +2840,7 @@ fn mutated_traces_with_resync_give_libipts_resync() {
 /// Mutants of `mutated_traces_with_resync_give_libipts_resync` whose records still
 /// differ from libipt's resync: most where the fast decoder hands the window to libipt
 /// 2.1.2 or gives up at an error it does not know (an unknown opcode, a broken PSB+).
-const KNOWN_RESYNC_DIFFERENCES: usize = 174;
+const KNOWN_RESYNC_DIFFERENCES: usize = 172;
 
 /// Decoders of `trace` under `cpu` (fast, libipt), as `decoder` otherwise.
 fn decoder_cpu<'a>(

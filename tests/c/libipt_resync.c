@@ -102,7 +102,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	/* libipt's own loops end the process. */
-	alarm(20);
+	alarm(5);
 	trace = read_file(argv[1], &size);
 	free(read_file(argv[2], &code_size));
 	pt_config_init(&config);

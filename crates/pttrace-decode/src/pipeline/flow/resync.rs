@@ -292,9 +292,10 @@ impl PtDecoder<'_> {
     /// holds the next event): past a TNT or TIP.PGD packet (and the PADs after it), at a
     /// TIP or at a FUP's TIP.PGD, at the PSBEND of a PSB+ with a FUP (its status events queued), at the end of
     /// the trace; PADs, timing packets and a FUP (waiting for its TIP) passed on the way.
-    /// `None` elsewhere (events libipt drains first: the fast decoder leaves those to
+    /// `trig`: TRIGs without IP passed too (libipt 2.2 knows them). `None` elsewhere
+    /// (events libipt drains first: the fast decoder leaves those to
     /// libipt). (Found against libipt on the mutated traces of `tests/decode_fast.rs`.)
-    fn flow_nomap_offset(&self, mut p: usize) -> Option<usize> {
+    fn flow_nomap_offset(&self, mut p: usize, trig: bool) -> Option<usize> {
         let mut fup = false;
         loop {
             let Some((pkt, size)) = self.pkt(p) else {
@@ -307,6 +308,8 @@ impl PtDecoder<'_> {
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
                 | Pkt::Invalid => {}
+                // (libipt 2.2, whose resync `--resync-on-error` follows, knows TRIG.)
+                Pkt::Trig(t) if trig && !t.ip => {}
                 Pkt::Fup(_) => fup = true,
                 pkt if super::event_trace::ignored(pkt) => {}
                 Pkt::TipPgd(_) if !fup => return Some(self.flow_past_pads(p + size)),
@@ -601,7 +604,7 @@ impl PtDecoder<'_> {
                 // window goes to libipt; with it, at the next trace item).
                 match e.what {
                     _ if deferred.is_some() => {}
-                    NOMAP => match self.flow_nomap_offset(e.resume) {
+                    NOMAP => match self.flow_nomap_offset(e.resume, st.resync) {
                         Some(at) => e.offset = at,
                         None if !st.resync => return Err(why),
                         None => {}
