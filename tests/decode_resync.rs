@@ -994,3 +994,153 @@ fn tip_to_nomap_then_fup_without_ip_goes_to_libipt() {
         "FUP without IP",
     );
 }
+
+/// Code for the fast decoder's own errors below: `l0: jz l2; l1: nop; l2: jmp rax;
+/// l3: hlt`.
+fn jz_then_jmp_rax() -> (AddressSpace, Vec<u64>) {
+    asm(|a| {
+        let mut l2 = a.create_label();
+        a.jz(l2)?; // l0
+        a.nop()?; // l1
+        a.set_label(&mut l2)?;
+        a.jmp(rax)?; // l2
+        a.hlt() // l3
+    })
+}
+
+/// Both ways through a case the fast decoder decodes itself: without the option the
+/// records are libipt 2.1.2's (`off`), with it `on` (what libipt 2.2's `pt_blk_resync`
+/// gives, `tests/c/libipt_resync.c` showed).
+fn check_both(c: &Case, off: &[R], on: &[R]) {
+    let trace = &c.t.w.buf;
+    let l = decode(trace, &c.space, DecoderKind::Libipt, false);
+    assert_eq!(view(&l), off, "libipt");
+    let mut d = PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        c.space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(d.by_ref().collect::<Vec<_>>(), l);
+    assert_eq!(d.decoded_by(), ("fast", None));
+    let mut d = PtDecoder::new(
+        trace,
+        TraceParams::default(),
+        c.space.clone(),
+        vec![],
+        ImageResolver::default(),
+        WindowOptions {
+            source: "t".into(),
+            resync_on_error: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), on);
+    assert_eq!(d.decoded_by(), ("fast", None));
+    assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+}
+
+/// An unknown opcode where the indirect jump waits for its TIP: libipt's packet error
+/// there (its gap), then the next PSB, with and without the option (its resync fails
+/// the same way: a second gap).
+#[test]
+fn unknown_opcode_then_the_next_psb() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[true]); // p4
+    t.raw(&[0x05]); // p5
+    t.psb_plus(l[1]); // p6..p9
+    t.at().tip_pgd(None); // p10
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let err = |what: &str| gap(None, p[5], what.into());
+    let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    let off: Vec<R> = [R::I(l[0]), err("unknown opcode")]
+        .into_iter()
+        .chain(after.clone())
+        .collect();
+    let on: Vec<R> = [
+        R::I(l[0]),
+        err("unknown opcode"),
+        err("resync error: unknown opcode"),
+    ]
+    .into_iter()
+    .chain(after)
+    .collect();
+    check_both(&c, &off, &on);
+}
+
+/// The indirect jump with TNT bits left and a TNT, not a TIP, after them: libipt's bad
+/// query at the jump, where its query decoder stands (the TNT after); with the option,
+/// decoding goes on at the TIP after it, the TNTs passed, and runs past `hlt` to where
+/// no code is (a nomap past the disable after it).
+#[test]
+fn indirect_branch_with_tnt_bits_left_and_no_tip() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[true, false]); // p4
+    t.at().tnt(&[true]); // p5
+    t.at().tip(l[3]); // p6
+    t.at().tip_pgd(None); // p7
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let bad = gap(Some(l[2]), p[5], "trace stream does not match query".into());
+    // (Past the TIP.PGD, read as the next event: the end of the trace.)
+    let end = c.t.w.buf.len() as u64;
+    check_both(
+        &c,
+        &[R::I(l[0]), R::I(l[2]), bad.clone()],
+        &[
+            R::I(l[0]),
+            R::I(l[2]),
+            bad,
+            R::I(l[3]),
+            nomap(l[3] + 1, end),
+            disabled(None),
+        ],
+    );
+}
+
+/// A TNT while tracing is disabled (after a TIP.PGD): libipt's context error at it,
+/// which its resync does not get past (a second gap), then the next PSB.
+#[test]
+fn tnt_while_tracing_is_disabled() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[true]); // p4
+    t.at().tip_pgd(None); // p5
+    t.at().tnt(&[true]); // p6
+    t.psb_plus(l[1]); // p7..p10
+    t.at().tip_pgd(None); // p11
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let err = |what: &str| gap(None, p[6], what.into());
+    let head = [R::I(l[0]), R::I(l[2]), disabled(None)];
+    let tail = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    let off: Vec<R> = head
+        .iter()
+        .cloned()
+        .chain([err("unexpected packet context")])
+        .chain(tail.clone())
+        .collect();
+    let on: Vec<R> = head
+        .iter()
+        .cloned()
+        .chain([
+            err("unexpected packet context"),
+            err("resync error: unexpected packet context"),
+        ])
+        .chain(tail)
+        .collect();
+    check_both(&c, &off, &on);
+}
