@@ -2598,8 +2598,11 @@ impl PtDecoder<'_> {
         sync: bool,
         at: Option<FBlock>,
     ) -> Result<Option<u64>, Fallback> {
+        let mut psb_at = st.pos;
         if self.pkt(st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
             st.pos += wire::PSB.len();
+        } else {
+            psb_at = psb_at.saturating_sub(wire::PSB.len());
         }
         if st.tnt_n != 0 {
             return Err("TNT bits left at a PSB");
@@ -2745,7 +2748,12 @@ impl PtDecoder<'_> {
             // trace: from the last trace item through the code walked since, up to the
             // branch that waits for trace.
             if !self.flow_reachable(st, at, ip) {
-                return Err("PSB+ FUP IP not reached without trace");
+                // (libipt's query at the branch waiting for trace meets the PSB+'s status
+                // instead: a bad query at its PSBEND.)
+                return Err(match (at, st.psbend) {
+                    (Some(b), Some((end, _))) => self.flow_psb_unreached(st, b, end, psb_at),
+                    _ => "PSB+ FUP IP not reached without trace",
+                });
             }
         }
         Ok(fup)

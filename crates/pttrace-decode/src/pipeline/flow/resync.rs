@@ -523,6 +523,32 @@ impl PtDecoder<'_> {
         why
     }
 
+    /// A PSB+ passed while decoding (at `psb`, its PSBEND at `end`) whose FUP IP the code
+    /// from the last trace item cannot reach: libipt walks block `b` to its branch, whose
+    /// query meets the PSB+'s status instead (a bad query, at the PSBEND); its resync is
+    /// at that PSB+ (its status: decoding goes on at the FUP IP).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_psb_unreached(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+        end: usize,
+        psb: usize,
+    ) -> Fallback {
+        self.flow_push_block(st, b, b.len);
+        let ip = self.flow_last_insn(b).map(|i| i.pc);
+        st.error = Some(FlowError {
+            what: BAD_QUERY,
+            ip,
+            offset: end,
+            resume: psb,
+            at_sync: false,
+            fatal: false,
+        });
+        "PSB+ FUP IP not reached without trace"
+    }
+
     /// A compressed return (block `b`'s) whose TNT bit says not taken.
     #[cold]
     #[inline(never)]
