@@ -2408,7 +2408,9 @@ impl PtDecoder<'_> {
                     _ => return Err("MODE.Exec while tracing is enabled, not bound"),
                 }
             }
-            Pkt::Psbend => return Err("PSBEND outside PSB+"),
+            // (libipt's event decoder publishes the PSB+ events a PSBEND ends: outside a
+            // PSB+ there are none, and it goes on.)
+            Pkt::Psbend => {}
             Pkt::Ovf => {
                 st.read_on = ReadOn::Nothing;
                 return Ok(Some(TraceItem::Ovf));

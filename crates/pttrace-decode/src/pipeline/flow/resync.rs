@@ -143,8 +143,10 @@ impl PtDecoder<'_> {
             };
             match pkt {
                 // (SKZ84's corrupted TMA: libipt's event decoder passes over it.)
+                // (A PSBEND outside a PSB+: passed as libipt's event decoder passes it.)
                 Pkt::Invalid
                 | Pkt::Pad
+                | Pkt::Psbend
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
@@ -303,6 +305,7 @@ impl PtDecoder<'_> {
             };
             match pkt {
                 Pkt::Pad
+                | Pkt::Psbend
                 | Pkt::Tsc(_)
                 | Pkt::Mtc(_)
                 | Pkt::Tma { .. }
