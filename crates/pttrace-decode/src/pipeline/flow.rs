@@ -690,8 +690,9 @@ pub(crate) struct FlowState {
     cfe_ret: Option<CfeRet>,
     /// The IP of the TIP.PGD of the last asynchronous disable read (none: suppressed).
     pgd_ip: Option<u64>,
-    /// Where the last deferred TIP taken ends (the TNT bits before it still used while
-    /// the trace is read no further): libipt's error offsets there are not the engine's.
+    /// Where the last deferred TIP taken starts and ends (the TNT bits before it still
+    /// used while the trace is read no further): libipt's error offsets there are not the
+    /// engine's.
     deferred_tip: Option<(usize, usize)>,
     /// The FUP IP of the PSB+ the flow passed last (for the disable after it).
     psb_fup: Option<u64>,
@@ -2675,7 +2676,7 @@ impl PtDecoder<'_> {
                     } else {
                         pkt_at
                     };
-                    return Err(self.flow_bad_packet_at(st, what, at, false));
+                    return Err(self.flow_bad_packet_at(st, what, at));
                 }
                 // (Trace of code in a PSB+ passed while decoding: libipt's context
                 // error at it; a MODE.Exec before it that states another mode fails first.)

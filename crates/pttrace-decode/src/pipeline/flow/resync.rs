@@ -7,8 +7,9 @@
 //!
 //! A decode error the fast decoder is sure of (no code at an IP: libipt's nomap; trace
 //! that does not match the code: bad query, bad compressed return, compressed return
-//! without call) queues the gap record libipt gives for it, then decoding goes on at the
-//! first trace packet from the error on that gives an IP:
+//! without call; a TIP.PGE while tracing is enabled) queues the gap record libipt gives
+//! for it, then decoding goes on at the first trace packet from the error on that gives
+//! an IP:
 //! - TNT, timing, PAD, CBR: passed;
 //! - TIP: decoding goes on at its target;
 //! - TIP.PGD: tracing disabled (a `TraceDisabled` record);
@@ -24,9 +25,11 @@
 //! - OVF: the overflow as usual (resolved by the next FUP, or tracing disabled);
 //! - PSB: a new synchronization there (libipt's `pt_blk_resync_at_sync`).
 //!
-//! A PSB+ passed while decoding that states another execution mode than the code's is
-//! libipt's bad status update: its resync at that PSB+ fails the same way (a second gap,
-//! ptxed's "resync error"), and decoding goes on at the next PSB.
+//! After the errors libipt's decoder does not get past — a PSB+ passed while decoding
+//! that states another execution mode than the code's (a bad status update), a packet
+//! its packet decoder refuses, trace of code inside a PSB+ or while tracing is disabled
+//! (a context error) — its resync fails the same way (a second gap, ptxed's "resync
+//! error"), and decoding goes on at the next PSB.
 //!
 //! What the fast decoder does not handle (other packets, errata) is never
 //! guessed at: before the first resynchronization of a window the window goes to libipt
@@ -61,9 +64,6 @@ pub(crate) struct FlowError {
     offset: usize,
     /// Where the search for the resync point starts.
     resume: usize,
-    /// Met in the PSB+ of a synchronization (ptxed's "sync error": no resync, the next
-    /// PSB).
-    at_sync: bool,
     /// libipt's decoder stays failed there: its resync fails the same way (ptxed's
     /// "resync error"), then it synchronizes at the next PSB.
     fatal: bool,
@@ -112,7 +112,6 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
-            at_sync: false,
             fatal: false,
         });
         Err(NOMAP)
@@ -359,7 +358,6 @@ impl PtDecoder<'_> {
             ip,
             offset: self.flow_gap_offset(item),
             resume: item,
-            at_sync: false,
             fatal: false,
         });
         why
@@ -383,7 +381,6 @@ impl PtDecoder<'_> {
             ip,
             offset: at,
             resume: at,
-            at_sync: false,
             fatal: false,
         });
         "indirect branch with TNT bits pending, no TIP after them"
@@ -404,7 +401,6 @@ impl PtDecoder<'_> {
             ip: None,
             offset: st.item_at,
             resume: st.item_at,
-            at_sync: false,
             fatal: false,
         });
         why
@@ -446,7 +442,6 @@ impl PtDecoder<'_> {
             ip,
             offset,
             resume: offset,
-            at_sync: false,
             fatal: true,
         });
         why
@@ -475,17 +470,16 @@ impl PtDecoder<'_> {
             }
             super::ReadOn::Other => return what,
         }
-        self.flow_bad_packet_at(st, what, st.item_at, false)
+        self.flow_bad_packet_at(st, what, st.item_at)
     }
 
     /// A packet libipt's packet decoder refuses at `at` (`what`: the wire parser's name
-    /// for it), `at_sync`: in the PSB+ of a synchronization.
+    /// for it).
     pub(super) fn flow_bad_packet_at(
         &mut self,
         st: &mut FlowState,
         what: &'static str,
         at: usize,
-        at_sync: bool,
     ) -> Fallback {
         let text = match what {
             "unknown opcode" | "extended packet" => BAD_OPC,
@@ -498,7 +492,6 @@ impl PtDecoder<'_> {
             ip: None,
             offset: at,
             resume: at,
-            at_sync,
             fatal: true,
         });
         what
@@ -520,7 +513,6 @@ impl PtDecoder<'_> {
             ip: None,
             offset: at,
             resume: at,
-            at_sync: false,
             fatal: true,
         });
         why
@@ -546,7 +538,6 @@ impl PtDecoder<'_> {
             ip,
             offset: end,
             resume: psb,
-            at_sync: false,
             fatal: false,
         });
         "PSB+ FUP IP not reached without trace"
@@ -563,7 +554,6 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
-            at_sync: false,
             fatal: false,
         });
         "compressed return not taken"
@@ -579,7 +569,6 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st.pos),
             resume: st.pos,
-            at_sync: false,
             fatal: false,
         });
         "compressed return, empty return stack"
@@ -649,10 +638,7 @@ impl PtDecoder<'_> {
                 };
                 self.flow_gap(e.offset, e.ip, error);
                 self.flow_commit(st);
-                r = if e.at_sync {
-                    // (ptxed's "sync error": it synchronizes forward from there.)
-                    self.flow_sync_after(st, e)
-                } else if st.resync {
+                r = if st.resync {
                     st.resynced = true;
                     self.flow_resync(st, e)
                 } else {
@@ -746,10 +732,9 @@ impl PtDecoder<'_> {
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
         if e.fatal {
-            // libipt resyncs at the PSB+ that failed (`pt_blk_resync_at_sync`), which
-            // fails the same way, or from a packet it cannot decode, which it meets
-            // again (ptxed's "resync error"); ptxed then synchronizes forward, at the
-            // next PSB.
+            // libipt's decoder stays failed (its status error; at a bad status update
+            // its resync at that PSB+, `pt_blk_resync_at_sync`, fails the same way):
+            // ptxed's "resync error", then it synchronizes forward, at the next PSB.
             self.flow_gap(e.offset, e.ip, format!("resync error: {}", e.what));
             self.flow_commit(st);
             return self.flow_sync_after(st, e);
