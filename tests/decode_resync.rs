@@ -844,10 +844,11 @@ fn beyond(why: &str) -> String {
 
 /// Mutant 58 of `decode_fast.rs`'s resync mutants, rebuilt: a TSC whose payload runs
 /// over the start of a PSB (the rest of the PSB: a TNT.8 byte, then six `02 82` that are
-/// no packet), a compressed return whose bit (from that TNT) says not taken, then two
-/// PSBs the fast decoder cannot synchronize at after the resync. Each failure keeps its
-/// gap: the bad compressed return's (libipt's first gap, the same) was once dropped with
-/// the records the later failures discarded.
+/// no packet), a compressed return whose bit (from that TNT) says not taken, then a PSB+
+/// with a TNT in it and a PSB+ cut by the end. Each failure keeps its gap: the bad
+/// compressed return's (libipt's first gap, the same) was once dropped with the records
+/// the later failures discarded. The records are those libipt 2.2's resync gives (checked
+/// with `tests/c/libipt_resync.c`).
 #[test]
 fn resync_bad_retcomp_then_failing_psbs_keeps_every_gap() {
     let (space, l) = call_loop();
@@ -901,11 +902,26 @@ fn resync_bad_retcomp_then_failing_psbs_keeps_every_gap() {
             R::I(l[7]),
             // (After the return, as libipt's block decoder leaves it.)
             gap(Some(l[7] + 1), p[8], "bad compressed return".into()),
-            gap(None, p[8], beyond("broken psb")),
+            // libipt's resync meets the packet it cannot decode (ptxed's "resync error"),
+            // then synchronizes forward: at the PSB the TSC ran over, 3 bytes back.
+            gap(None, p[8], "resync error: unknown packet".into()),
+            R::Rec(Record::Timestamp {
+                tsc: 1004,
+                perf_time: None,
+            }),
+            R::I(l[0]),
+            R::I(l[4]),
+            R::I(l[5]),
+            R::I(l[7]),
+            R::I(l[1]),
+            R::I(l[2]),
+            // The TNT in the next PSB+: libipt's context error there, its resync failing
+            // the same way, then the PSB cut by the end.
+            gap(None, p[16], "unexpected packet context".into()),
             gap(
                 None,
-                p[17],
-                beyond("packet the fast decoder leaves to libipt in a PSB+"),
+                p[16],
+                "resync error: unexpected packet context".into(),
             ),
             gap(None, end, beyond("PSB+ cut by the end of the trace")),
         ],

@@ -80,6 +80,17 @@ fn packet_past_ptws(t: &[u8], mut p: usize, e: wire::WireErrata) -> (usize, Opti
     }
 }
 
+/// libipt's error for a packet the wire parser names `what` ([`Pkt::Other`]); None for
+/// one libipt's packet decoder decodes (what its event decoder makes of it: through
+/// libipt).
+fn refused_text(what: &str) -> Option<&'static str> {
+    match what {
+        "unknown opcode" | "extended packet" => Some(BAD_OPC),
+        "cbr with ratio 0" => None,
+        _ => Some(BAD_PACKET),
+    }
+}
+
 /// What a FUP met in a resync search is bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Bound {
@@ -481,11 +492,8 @@ impl PtDecoder<'_> {
         what: &'static str,
         at: usize,
     ) -> Fallback {
-        let text = match what {
-            "unknown opcode" | "extended packet" => BAD_OPC,
-            // (Decoded by libipt's packet decoder: what its event decoder makes of it.)
-            "cbr with ratio 0" => return what,
-            _ => BAD_PACKET,
+        let Some(text) = refused_text(what) else {
+            return what;
         };
         st.error = Some(FlowError {
             what: text,
@@ -678,7 +686,7 @@ impl PtDecoder<'_> {
                 return Ok(Stop::Done);
             };
             st.psb_tried = Some(q);
-            r = self.flow_sync_at(st, q);
+            r = self.flow_sync_at(st, q, false);
         }
     }
 
@@ -693,34 +701,86 @@ impl PtDecoder<'_> {
             BAD_OPC | BAD_PACKET => 1,
             _ => self.pkt(e.offset).map_or(0, |(_, n)| n),
         };
-        let from = (e.offset + held).saturating_sub(wire::PSB.len() - 1);
-        let Some(mut q) = wire::find_psb(self.trace, from) else {
+        let Some(q) = self.flow_psb_from(e.offset + held) else {
             return Ok(Stop::Done);
         };
-        while self.trace.get(q + wire::PSB.len()..q + wire::PSB.len() + 2) == Some(&[0x02, 0x82]) {
-            q += 2;
-        }
         st.clock = st.clock.reset();
         st.cfe_ret = None;
         st.mwait = false;
         st.bound_branch = [None; 2];
         st.tsx_abort = None;
-        self.flow_sync_at(st, q)
+        self.flow_sync_at(st, q, false)
     }
 
-    /// A synchronization at the PSB at `q` (after an error).
-    fn flow_sync_at(&mut self, st: &mut FlowState, q: usize) -> Result<Stop, Fallback> {
-        // (A packet libipt's packet decoder refuses in that PSB+: its sync error, through
-        // libipt, before the PSB+ makes any record.)
-        let mut p = q + wire::PSB.len();
-        while let Some((pkt, size)) = self.pkt(p) {
-            match pkt {
-                Pkt::Psbend | Pkt::Ovf | Pkt::Psb => break,
-                Pkt::Other(_) => {
-                    return Err("a packet libipt refuses in the PSB+ of a synchronization")
+    /// The PSB libipt's `pt_blk_sync_forward` finds with its decoder at `pos`: the first
+    /// from 15 bytes before (one the last packet may have cut into), the last of a run of
+    /// PSB patterns (its search ends there).
+    fn flow_psb_from(&self, pos: usize) -> Option<usize> {
+        let mut q = wire::find_psb(self.trace, pos.saturating_sub(wire::PSB.len() - 1))?;
+        while self.trace.get(q + wire::PSB.len()..q + wire::PSB.len() + 2) == Some(&[0x02, 0x82]) {
+            q += 2;
+        }
+        Some(q)
+    }
+
+    /// A synchronization at the PSB at `q` (after an error; `resync`: where the resync
+    /// after it went). Where its PSB+ holds a packet libipt's packet decoder refuses or
+    /// trace of code, libipt fails there (ptxed's "sync error" or "resync error": a gap)
+    /// and goes on at the next PSB; before the window's first resync (its records still
+    /// libipt's to redo), through libipt, before the PSB+ makes any record.
+    fn flow_sync_at(
+        &mut self,
+        st: &mut FlowState,
+        mut q: usize,
+        resync: bool,
+    ) -> Result<Stop, Fallback> {
+        loop {
+            let mut p = q + wire::PSB.len();
+            let mut fup_at = None;
+            let mut refused = None;
+            while let Some((pkt, size)) = self.pkt(p) {
+                match pkt {
+                    Pkt::Psbend | Pkt::Ovf | Pkt::Psb => break,
+                    Pkt::Fup(_) => {
+                        fup_at = Some(p);
+                        p += size;
+                    }
+                    Pkt::Other(what) => {
+                        refused = refused_text(what).map(|t| (p, t, true));
+                        break;
+                    }
+                    // (Trace of code: its context error.)
+                    Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) => {
+                        refused = Some((p, BAD_CONTEXT, false));
+                        break;
+                    }
+                    _ => p += size,
                 }
-                _ => p += size,
             }
+            let Some((at, text, packet)) = refused else {
+                break;
+            };
+            if !(st.resync && st.resynced) {
+                return Err("a packet libipt refuses in the PSB+ of a synchronization");
+            }
+            // (With erratum BDM70 libipt looks past the PSB+ FUP for a bad packet: it
+            // fails there.)
+            let at = if st.bdm70 && packet {
+                fup_at.unwrap_or(at)
+            } else {
+                at
+            };
+            let text = if resync {
+                format!("resync error: {text}")
+            } else {
+                text.to_string()
+            };
+            self.flow_gap(at, None, text);
+            self.flow_commit(st);
+            let Some(next) = self.flow_psb_from(at + 1) else {
+                return Ok(Stop::Done);
+            };
+            q = next;
         }
         st.pos = q;
         st.tnt_n = 0;
@@ -837,8 +897,24 @@ impl PtDecoder<'_> {
                     self.flow_ovf(st)?;
                     return Ok(Stop::Segment);
                 }
-                Pkt::Psb => return self.flow_sync_at(st, st.pos),
-                Pkt::Other(what) => return Err(what),
+                Pkt::Psb => return self.flow_sync_at(st, st.pos, true),
+                Pkt::Other(what) => {
+                    // (A packet libipt cannot decode: its resync fails there, ptxed's
+                    // "resync error", then its synchronization forward.)
+                    let Some(text) = refused_text(what) else {
+                        return Err(what);
+                    };
+                    self.flow_gap(st.pos, None, format!("resync error: {text}"));
+                    self.flow_commit(st);
+                    let e = FlowError {
+                        what: text,
+                        ip: None,
+                        offset: st.pos,
+                        resume: st.pos,
+                        fatal: true,
+                    };
+                    return self.flow_sync_after(st, e);
+                }
                 Pkt::Cfe { .. } => return Err("cfe"),
                 Pkt::Evd { .. } => return Err("evd"),
                 _ => return Err("packet the fast decoder leaves to libipt after an error"),
