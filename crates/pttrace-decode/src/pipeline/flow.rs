@@ -1295,7 +1295,10 @@ impl PtDecoder<'_> {
                 (Some((Pkt::Ovf, _)), Some((Pkt::Cyc(_), _))) => p + 1,
                 _ => p,
             };
-            return Err(self.flow_tnt_at_indirect(st, b, at));
+            // (libipt's query for the branch's target fails, a bad query, its query
+            // decoder past the TNT it took the bits from and the PADs after it.)
+            let why = "indirect branch with TNT bits pending, no TIP after them";
+            return Err(self.flow_query_failed(st, b, at, at, why));
         };
         let ip = st.last_ip.apply(payload).ok_or("TIP without IP")?;
         st.pos = p + size;
@@ -2751,11 +2754,13 @@ impl PtDecoder<'_> {
             // trace: from the last trace item through the code walked since, up to the
             // branch that waits for trace.
             if !self.flow_reachable(st, at, ip) {
-                // (libipt's query at the branch waiting for trace meets the PSB+'s status
-                // instead: a bad query at its PSBEND.)
+                // (libipt walks the block waiting for trace to its branch, whose query
+                // meets the PSB+'s status instead: a bad query at its PSBEND; its resync
+                // is at that PSB+, whose status sends decoding on at the FUP IP.)
+                let why = "PSB+ FUP IP not reached without trace";
                 return Err(match (at, st.psbend) {
-                    (Some(b), Some((end, _))) => self.flow_psb_unreached(st, b, end, psb_at),
-                    _ => "PSB+ FUP IP not reached without trace",
+                    (Some(b), Some((end, _))) => self.flow_query_failed(st, b, end, psb_at, why),
+                    _ => why,
                 });
             }
         }

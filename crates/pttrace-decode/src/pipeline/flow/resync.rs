@@ -360,6 +360,23 @@ impl PtDecoder<'_> {
         item: usize,
         why: Fallback,
     ) -> Fallback {
+        let offset = self.flow_gap_offset(item);
+        self.flow_query_failed(st, b, offset, item, why)
+    }
+
+    /// Block `b` ran to its branch, whose query libipt fails (a bad query): reported at
+    /// trace offset `offset`, the resync searching from `resume` (`why`: what the engine
+    /// met).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_query_failed(
+        &mut self,
+        st: &mut FlowState,
+        b: FBlock,
+        offset: usize,
+        resume: usize,
+        why: Fallback,
+    ) -> Fallback {
         self.flow_push_block(st, b, b.len);
         // (At the block's last instruction, the branch the trace did not answer, as
         // libipt's block decoder leaves its IP and ptxed reports it.)
@@ -367,34 +384,11 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: BAD_QUERY,
             ip,
-            offset: self.flow_gap_offset(item),
-            resume: item,
+            offset,
+            resume,
             fatal: false,
         });
         why
-    }
-
-    /// An indirect branch (block `b`'s) with TNT bits pending and no TIP right after them:
-    /// libipt's query for its target fails (a bad query), its query decoder past the TNT
-    /// packet it took the bits from and the PADs after it, at `at`.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn flow_tnt_at_indirect(
-        &mut self,
-        st: &mut FlowState,
-        b: FBlock,
-        at: usize,
-    ) -> Fallback {
-        self.flow_push_block(st, b, b.len);
-        let ip = self.flow_last_insn(b).map(|i| i.pc);
-        st.error = Some(FlowError {
-            what: BAD_QUERY,
-            ip,
-            offset: at,
-            resume: at,
-            fatal: false,
-        });
-        "indirect branch with TNT bits pending, no TIP after them"
     }
 
     /// A TIP.PGE while tracing is enabled, just read (at `st.item_at`): libipt's event
@@ -524,31 +518,6 @@ impl PtDecoder<'_> {
             fatal: true,
         });
         why
-    }
-
-    /// A PSB+ passed while decoding (at `psb`, its PSBEND at `end`) whose FUP IP the code
-    /// from the last trace item cannot reach: libipt walks block `b` to its branch, whose
-    /// query meets the PSB+'s status instead (a bad query, at the PSBEND); its resync is
-    /// at that PSB+ (its status: decoding goes on at the FUP IP).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn flow_psb_unreached(
-        &mut self,
-        st: &mut FlowState,
-        b: FBlock,
-        end: usize,
-        psb: usize,
-    ) -> Fallback {
-        self.flow_push_block(st, b, b.len);
-        let ip = self.flow_last_insn(b).map(|i| i.pc);
-        st.error = Some(FlowError {
-            what: BAD_QUERY,
-            ip,
-            offset: end,
-            resume: psb,
-            fatal: false,
-        });
-        "PSB+ FUP IP not reached without trace"
     }
 
     /// A compressed return (block `b`'s) whose TNT bit says not taken.
