@@ -70,7 +70,13 @@ fn asm(f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> (AddressS
     (s, ips)
 }
 
-fn decode(trace: &[u8], space: &AddressSpace, kind: DecoderKind, resync: bool) -> Vec<Record> {
+/// The decoder of `trace` (source `t`), with `--resync-on-error` or not.
+fn decoder<'a>(
+    trace: &'a [u8],
+    space: &AddressSpace,
+    kind: DecoderKind,
+    resync: bool,
+) -> PtDecoder<'a> {
     PtDecoder::new(
         trace,
         TraceParams::default(),
@@ -85,7 +91,10 @@ fn decode(trace: &[u8], space: &AddressSpace, kind: DecoderKind, resync: bool) -
         },
     )
     .unwrap()
-    .collect()
+}
+
+fn decode(trace: &[u8], space: &AddressSpace, kind: DecoderKind, resync: bool) -> Vec<Record> {
+    decoder(trace, space, kind, resync).collect()
 }
 
 /// A record as the tests write them: instructions by address, the rest as they are.
@@ -148,19 +157,7 @@ fn check(c: &Case, want: &[R]) {
     let l = decode(trace, &c.space, DecoderKind::Libipt, false);
     let off = decode(trace, &c.space, DecoderKind::Fast, false);
     assert_eq!(view(&off), view(&l), "the default path changed");
-    let mut d = PtDecoder::new(
-        trace,
-        TraceParams::default(),
-        c.space.clone(),
-        vec![],
-        ImageResolver::default(),
-        WindowOptions {
-            source: "t".into(),
-            resync_on_error: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
     let on: Vec<Record> = d.by_ref().collect();
     assert_eq!(view(&on), want);
     assert_eq!(d.decoded_by(), ("fast", None));
@@ -774,19 +771,7 @@ fn resync_psb_bad_status_psb() {
     let c = psb_bad_status_psb();
     let (l, p) = (&c.l, &c.t.p);
     let trace = &c.t.w.buf;
-    let mut d = PtDecoder::new(
-        trace,
-        TraceParams::default(),
-        c.space.clone(),
-        vec![],
-        ImageResolver::default(),
-        WindowOptions {
-            source: "t".into(),
-            resync_on_error: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
     let on: Vec<Record> = d.by_ref().collect();
     assert_eq!(
         view(&on),
@@ -935,19 +920,7 @@ fn check_to_libipt(c: &Case, want: &[R], why: &str) {
     let l = decode(trace, &c.space, DecoderKind::Libipt, false);
     assert_eq!(view(&l), want, "libipt");
     assert_eq!(decode(trace, &c.space, DecoderKind::Fast, false), l);
-    let mut d = PtDecoder::new(
-        trace,
-        TraceParams::default(),
-        c.space.clone(),
-        vec![],
-        ImageResolver::default(),
-        WindowOptions {
-            source: "t".into(),
-            resync_on_error: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
     let on: Vec<Record> = d.by_ref().collect();
     assert_eq!(on, l);
     assert_eq!(d.decoded_by(), ("libipt", Some(why)));
@@ -1031,33 +1004,10 @@ fn check_both(c: &Case, off: &[R], on: &[R]) {
     let trace = &c.t.w.buf;
     let l = decode(trace, &c.space, DecoderKind::Libipt, false);
     assert_eq!(view(&l), off, "libipt");
-    let mut d = PtDecoder::new(
-        trace,
-        TraceParams::default(),
-        c.space.clone(),
-        vec![],
-        ImageResolver::default(),
-        WindowOptions {
-            source: "t".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, false);
     assert_eq!(d.by_ref().collect::<Vec<_>>(), l);
     assert_eq!(d.decoded_by(), ("fast", None));
-    let mut d = PtDecoder::new(
-        trace,
-        TraceParams::default(),
-        c.space.clone(),
-        vec![],
-        ImageResolver::default(),
-        WindowOptions {
-            source: "t".into(),
-            resync_on_error: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
     assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), on);
     assert_eq!(d.decoded_by(), ("fast", None));
     assert!(d.warnings().is_empty(), "{:?}", d.warnings());
