@@ -500,15 +500,7 @@ fn run_lists_the_first_and_busiest_images_and_counts_the_rest() {
 fn dump_lists_every_thread_file_of_a_directory() {
     let dir = tempfile::tempdir().unwrap();
     let out = traced_child_then_exec(dir.path());
-    let dump = |args: &[&std::ffi::OsStr]| {
-        let o = Command::new(pttrace())
-            .arg("dump")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let dump = |args: &[&std::ffi::OsStr]| shim_util::pttrace_ok("dump", args);
     let trace = ptt_dir::open(&out).unwrap();
     assert!(
         trace.threads.len() >= 3,

@@ -125,15 +125,20 @@ pub fn view_into(trace: &Path, out: &Path, extra: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// `pttrace report DIR`, which must succeed; its stdout.
-pub fn report(dir: &Path) -> String {
+/// `pttrace COMMAND ARGS...`, which must succeed; its stdout.
+pub fn pttrace_ok(command: &str, args: &[&OsStr]) -> String {
     let o = Command::new(pttrace())
-        .arg("report")
-        .arg(dir)
+        .arg(command)
+        .args(args)
         .output()
         .unwrap();
-    assert!(o.status.success(), "pttrace report failed: {}", text(&o));
+    assert!(o.status.success(), "pttrace {command} failed: {}", text(&o));
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `pttrace report DIR`, which must succeed; its stdout.
+pub fn report(dir: &Path) -> String {
+    pttrace_ok("report", &[dir.as_os_str()])
 }
 
 /// Compiles tests/progs/<name>.c into `dir` with the system C compiler.
