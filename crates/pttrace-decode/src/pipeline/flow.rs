@@ -2666,13 +2666,19 @@ impl PtDecoder<'_> {
                     ovf = true;
                     break;
                 }
-                // (A MODE.Exec before it that states another mode fails first.)
-                // (In the PSB+ of a synchronization: libipt's sync error, through
-                // libipt.)
-                Pkt::Other(what) if !sync => {
+                // A packet libipt's packet decoder refuses, or trace of code, in a PSB+
+                // passed while decoding: libipt's error at it (a MODE.Exec before it that
+                // states another mode fails first). (In the PSB+ of a synchronization:
+                // libipt's sync error, through libipt.)
+                Pkt::Other(_) | Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_)
+                    if !sync =>
+                {
                     if mode.is_some_and(|m| st.mode_known && m != self.blocks.flow.mode) {
                         return Err(self.flow_bad_status(st, at, mode_at));
                     }
+                    let Pkt::Other(what) = pkt else {
+                        return Err(self.flow_context_at(st, pkt_at, "trace of code in a PSB+"));
+                    };
                     // (With erratum BDM70 libipt looks past a PSB+ FUP: it fails there.)
                     let at = if st.bdm70 && fup.is_some() {
                         fup_at
@@ -2680,14 +2686,6 @@ impl PtDecoder<'_> {
                         pkt_at
                     };
                     return Err(self.flow_bad_packet_at(st, what, at));
-                }
-                // (Trace of code in a PSB+ passed while decoding: libipt's context
-                // error at it; a MODE.Exec before it that states another mode fails first.)
-                Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) if !sync => {
-                    if mode.is_some_and(|m| st.mode_known && m != self.blocks.flow.mode) {
-                        return Err(self.flow_bad_status(st, at, mode_at));
-                    }
-                    return Err(self.flow_context_at(st, pkt_at, "trace of code in a PSB+"));
                 }
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }
