@@ -77,6 +77,17 @@ fn decoder<'a>(
     kind: DecoderKind,
     resync: bool,
 ) -> PtDecoder<'a> {
+    decoder_with(trace, space, kind, resync, false)
+}
+
+/// [`decoder`], with iflags events (`--iflags-events`) or not.
+fn decoder_with<'a>(
+    trace: &'a [u8],
+    space: &AddressSpace,
+    kind: DecoderKind,
+    resync: bool,
+    iflags: bool,
+) -> PtDecoder<'a> {
     PtDecoder::new(
         trace,
         TraceParams::default(),
@@ -87,6 +98,7 @@ fn decoder<'a>(
             source: "t".into(),
             decoder: kind,
             resync_on_error: resync,
+            iflags_events: iflags,
             ..Default::default()
         },
     )
@@ -1109,4 +1121,193 @@ fn tnt_while_tracing_is_disabled() {
         .chain(tail)
         .collect();
     check_both(&c, &off, &on);
+}
+
+fn iflags(enabled: bool, ip: u64) -> R {
+    R::Rec(Record::InterruptFlag {
+        enabled,
+        ip: Some(ip),
+    })
+}
+
+/// `recs` but the `iflags` records.
+fn without_iflags(recs: &[R]) -> Vec<R> {
+    recs.iter()
+        .filter(|r| !matches!(r, R::Rec(Record::InterruptFlag { .. })))
+        .cloned()
+        .collect()
+}
+
+/// With iflags events, `c` decodes to `off` (and `on` with `--resync-on-error`) with
+/// the fast decoder, by itself where `fast`; without `--resync-on-error` that is
+/// libipt's. Without iflags events, to `plain` (both decoders).
+fn check_iflags(c: &Case, off: &[R], on: &[R], fast: bool, plain: &[R]) {
+    let trace = &c.t.w.buf;
+    let l: Vec<Record> = decoder_with(trace, &c.space, DecoderKind::Libipt, false, true).collect();
+    assert_eq!(view(&l), off, "libipt");
+    let mut d = decoder_with(trace, &c.space, DecoderKind::Fast, false, true);
+    assert_eq!(d.by_ref().collect::<Vec<_>>(), l);
+    assert_eq!(d.decoded_by().0, if fast { "fast" } else { "libipt" });
+    let mut d = decoder_with(trace, &c.space, DecoderKind::Fast, true, true);
+    assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), on);
+    assert_eq!(d.decoded_by(), ("fast", None));
+    for kind in [DecoderKind::Libipt, DecoderKind::Fast] {
+        assert_eq!(
+            view(&decode(trace, &c.space, kind, false)),
+            plain,
+            "{kind:?}"
+        );
+    }
+}
+
+/// libipt's `ptet-mode_exec-if`: a MODE.Exec before the TIP.PGE (tracing enabled with
+/// interrupts off: its event after the enable), STI and CLI each with a MODE.Exec and
+/// the FUP after the instruction: `[enabled]; [interrupts disabled]; l0; l1;
+/// [interrupts enabled]; l2; l3; [interrupts disabled]; [disabled]`.
+#[test]
+fn iflags_events_where_the_flag_changes() {
+    let (space, l) = asm(|a| {
+        a.nop()?; // l0
+        a.sti()?; // l1
+        a.nop()?; // l2
+        a.cli()?; // l3
+        a.hlt() // l4
+    });
+    let mut t = Trace::default();
+    t.at().psb();
+    t.at().psbend();
+    t.mode_exec(0x01);
+    t.at().tip_pge(l[0]);
+    t.mode_exec(0x05);
+    t.at().fup(l[2]);
+    t.mode_exec(0x01);
+    t.at().fup(l[4]);
+    t.at().fup(l[4]);
+    t.at().tip_pgd(None);
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let want = [
+        R::Rec(Record::TraceEnabled { ip: l[0] }),
+        iflags(false, l[0]),
+        R::I(l[0]),
+        R::I(l[1]),
+        iflags(true, l[2]),
+        R::I(l[2]),
+        R::I(l[3]),
+        iflags(false, l[4]),
+        disabled(Some(l[4])),
+    ];
+    check_iflags(&c, &want, &want, true, &without_iflags(&want));
+}
+
+/// `ptxed-resync-nomap-mode_exec-fup` with ptxed's `--event:iflags` (as the corpus runs
+/// it): the MODE.Exec that clears IF is an event at its FUP, where libipt reports the
+/// nomap and resyncs: `l0; [%p6, 100100: error: no memory mapped at this address];
+/// [interrupts disabled]; l2; [disabled]`. (Without the option libipt has no event
+/// there: `resync_nomap_mode_exec_fup`.)
+#[test]
+fn iflags_event_is_where_libipt_resyncs() {
+    let c = nomap_mode_exec_fup();
+    let (l, p) = (&c.l, &c.t.p);
+    check_iflags(
+        &c,
+        &[R::I(l[0]), nomap(0x10_0100, p[6])],
+        &[
+            R::I(l[0]),
+            nomap(0x10_0100, p[6]),
+            iflags(false, l[2]),
+            R::I(l[2]),
+            disabled(Some(l[3])),
+        ],
+        false,
+        &[R::I(l[0]), nomap(0x10_0100, p[8])],
+    );
+}
+
+/// libipt forgets IF at an OVF (the MODE.Exec after it is an event though it states
+/// the flag the PSB+ did); a PSB+ that states another IF than the trace before it is a
+/// bad status update, as one that states another mode (with `--resync-on-error`, its
+/// resync fails the same way, then the next PSB). (Records checked against libipt 2.3's
+/// own resync with iflags events.)
+#[test]
+fn iflags_after_an_overflow_and_at_a_psb() {
+    let (space, l) = asm(|a| {
+        a.nop()?; // l0
+        a.nop()?; // l1
+        a.nop()?; // l2
+        a.cli()?; // l3
+        a.nop()?; // l4
+        a.hlt() // l5
+    });
+    let mut t = Trace::default();
+    t.at().psb();
+    t.at().fup(l[0]);
+    t.mode_exec(0x05);
+    t.at().psbend();
+    t.at().ovf();
+    t.at().fup(l[1]);
+    t.mode_exec(0x05);
+    t.at().fup(l[2]);
+    t.mode_exec(0x01);
+    t.at().fup(l[4]);
+    t.at().fup(l[5]);
+    t.at().tip_pgd(None);
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let want = [
+        R::Rec(Record::Overflow { ip: Some(l[1]) }),
+        R::I(l[1]),
+        iflags(true, l[2]),
+        R::I(l[2]),
+        R::I(l[3]),
+        iflags(false, l[4]),
+        R::I(l[4]),
+        disabled(Some(l[5])),
+    ];
+    check_iflags(&c, &want, &want, true, &without_iflags(&want));
+
+    let (space, l) = asm(|a| {
+        let mut l3 = a.create_label();
+        a.nop()?; // l0
+        a.je(l3)?; // l1
+        a.hlt()?; // l2
+        a.set_label(&mut l3)?;
+        a.nop()?; // l3
+        a.hlt()?; // l4
+        a.nop()?; // l5
+        a.hlt() // l6
+    });
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.at().fup(l[0]);
+    t.mode_exec(0x05);
+    t.at().psbend();
+    t.at().tnt(&[T]); // p4
+    t.at().psb(); // p5
+    t.at().fup(l[4]);
+    t.mode_exec(0x01); // p7
+    t.at().psbend();
+    t.psb_plus(l[5]); // p9..p12
+    t.at().fup(l[6]);
+    t.at().tip_pgd(None);
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let status = |what: &str| gap(Some(l[3]), p[7], what.into());
+    let tail = [R::I(l[5]), disabled(Some(l[6]))];
+    let off: Vec<R> = [R::I(l[0]), R::I(l[1])]
+        .into_iter()
+        .chain([gap(None, p[7], "bad status update".into())])
+        .chain(tail.clone())
+        .collect();
+    let on: Vec<R> = [R::I(l[0]), R::I(l[1])]
+        .into_iter()
+        .chain([
+            status("bad status update"),
+            status("resync error: bad status update"),
+        ])
+        .chain(tail)
+        .collect();
+    let plain = [l[0], l[1], l[3], l[4], l[5]].map(R::I);
+    let plain: Vec<R> = plain.into_iter().chain([disabled(Some(l[6]))]).collect();
+    check_iflags(&c, &off, &on, false, &plain);
 }

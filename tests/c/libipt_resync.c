@@ -7,9 +7,10 @@
  *                               an error: "error", "resync error" or "sync error"; the
  *                               trace offset libipt reports; the block it came with; the
  *                               negated pt_error_code
+ *   F <iflag> <ip>              an iflags event (with `iflags`: ptxed's --event:iflags)
  *   X <why>                     the decode did not end by itself (loops, time)
  *
- * Usage: libipt_resync TRACE.pt CODE.bin LOAD_ADDRESS */
+ * Usage: libipt_resync TRACE.pt CODE.bin LOAD_ADDRESS [iflags] */
 #include <intel-pt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -62,8 +63,12 @@ static void error(const char *what, int errcode, const struct pt_block *block)
 static int next_event(void)
 {
 	struct pt_event event;
+	int status = pt_blk_event(dec, &event, sizeof(event));
 
-	return pt_blk_event(dec, &event, sizeof(event));
+	if (status >= 0 && event.type == ptev_iflags && !event.status_update)
+		printf("F %d %" PRIx64 "\n", event.variant.iflags.iflag,
+		       event.ip_suppressed ? 0 : event.variant.iflags.ip);
+	return status;
 }
 
 static int drain_events(int status)
@@ -97,8 +102,8 @@ int main(int argc, char **argv)
 	size_t size, code_size;
 	uint64_t sync = 0;
 
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s TRACE.pt CODE.bin LOAD_ADDRESS\n", argv[0]);
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: %s TRACE.pt CODE.bin LOAD_ADDRESS [iflags]\n", argv[0]);
 		return 2;
 	}
 	/* libipt's own loops end the process. */
@@ -108,6 +113,8 @@ int main(int argc, char **argv)
 	pt_config_init(&config);
 	config.begin = trace;
 	config.end = trace + size;
+	if (argc == 5)
+		config.flags.variant.block.enable_iflags_events = 1;
 	dec = pt_blk_alloc_decoder(&config);
 	if (!dec)
 		return 2;

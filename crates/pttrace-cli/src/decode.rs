@@ -248,6 +248,14 @@ pub struct DecodeArgs {
     /// PSBs and a warning says why.
     #[arg(long)]
     resync_on_error: bool,
+    /// Report changes of the interrupt flag, as ptxed's `--event:iflags` (libipt's
+    /// iflags events: `iflags` records, `[interrupts enabled]`/`[interrupts disabled]`
+    /// in disasm). A MODE.Exec that changes only IF is then an event of its own, bound
+    /// to the FUP or TIP after it, and a PSB+ that states another IF than the trace
+    /// before it is a decode error (a bad status update), as libipt takes them. (IF is
+    /// in the trace with Event Trace, IA32_RTIT_CTL.EventEn.)
+    #[arg(long)]
+    iflags_events: bool,
     /// Damaged input (a torn or corrupt record, a container record that does not fit):
     /// decode what could be read and exit 0 (the damage is still listed on stderr).
     #[command(flatten)]
@@ -412,6 +420,13 @@ impl<W: Write> Printer<W> {
                     None => writeln!(self.out, "[kernel transfer from {from:#x}]"),
                 },
                 Record::Syscall { pc } => writeln!(self.out, "[syscall at {pc:#x}]"),
+                Record::InterruptFlag { enabled, ip } => {
+                    let what = if *enabled { "enabled" } else { "disabled" };
+                    match ip {
+                        Some(ip) => writeln!(self.out, "[interrupts {what} at {ip:#x}]"),
+                        None => writeln!(self.out, "[interrupts {what}]"),
+                    }
+                }
                 Record::Overflow { ip } => match ip {
                     Some(ip) => writeln!(self.out, "[overflow, resumed at {ip:#x}]"),
                     None => writeln!(self.out, "[overflow]"),
@@ -588,6 +603,7 @@ pub fn run(args: Args) -> CmdResult {
                 base_offset: w.base_offset,
                 decoder: args.decoder.kind(),
                 resync_on_error: args.resync_on_error,
+                iflags_events: args.iflags_events,
             };
             let pt = &data[w.pt.clone()];
             if let Some(what) = &w.lost {

@@ -244,15 +244,6 @@ fn every_corpus_listing_is_ptdumps() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
 
-/// The corpus cases where `decode` and ptxed's expectation differ, and why.
-const PTXED_DIFFERENCES: [(&str, &str); 1] = [(
-    "ptxed-resync-nomap-mode_exec-fup",
-    "ptxed runs it with --event:iflags, which `decode` has no equivalent of: the MODE.Exec \
-     that clears IF is then an event at its FUP, where libipt reports the error and \
-     resyncs; without iflags events (libipt's default, `decode`'s) that MODE.Exec changes \
-     nothing, and libipt gives exactly `decode`'s records",
-)];
-
 /// `decode`'s arguments for ptxed's options (None for a case ptxed runs `--quiet`);
 /// ptxed's display options (`--event:*`, `--block:*`, `--stat`, decoder choice) change
 /// nothing compared here.
@@ -288,6 +279,7 @@ fn decode_args(c: &Case, dir: &Path) -> Option<Vec<String>> {
         match o {
             "--quiet" => return None,
             "--resync-on-error" => args.push(o.into()),
+            "--event:iflags" => args.push("--iflags-events".into()),
             "--cpu" => cpu = Some(v),
             "--mtc-freq" | "--nom-freq" => args.extend([o.to_string(), v]),
             "--cpuid-0x15.eax" => eax = Some(v),
@@ -316,7 +308,7 @@ fn decode_args(c: &Case, dir: &Path) -> Option<Vec<String>> {
                 continue;
             }
         }
-        k += if matches!(o, "--resync-on-error") {
+        k += if matches!(o, "--resync-on-error" | "--event:iflags") {
             1
         } else {
             2
@@ -339,8 +331,16 @@ fn decode_args(c: &Case, dir: &Path) -> Option<Vec<String>> {
     Some(args)
 }
 
-/// Instructions and errors (trace offset, IP) of a ptxed expectation.
-fn ptxed_flow(exp: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
+/// An instruction (its address), or a change of the interrupt flag (ptxed's iflags event,
+/// `--event:iflags`; `decode --iflags-events`), in the order decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Insn(u64),
+    Interrupts(bool),
+}
+
+/// Instructions, iflags events and errors (trace offset, IP) of a ptxed expectation.
+fn ptxed_flow(exp: &str) -> (Vec<Step>, Vec<(u64, u64)>) {
     let hex = |s: &str| u64::from_str_radix(s, 16).ok();
     let mut insns = Vec::new();
     let mut errors = Vec::new();
@@ -349,9 +349,13 @@ fn ptxed_flow(exp: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
         let insn = l.strip_prefix("? ").unwrap_or(l);
         if insn.len() == 16 {
             if let Some(pc) = hex(insn) {
-                insns.push(pc);
+                insns.push(Step::Insn(pc));
                 continue;
             }
+        }
+        if let Some(what) = l.strip_prefix("[interrupts ") {
+            insns.push(Step::Interrupts(what.starts_with("enabled")));
+            continue;
         }
         let Some(rest) = l.strip_prefix('[') else {
             continue;
@@ -371,8 +375,9 @@ fn ptxed_flow(exp: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
     (insns, errors)
 }
 
-/// Instructions and gaps (trace offset, IP or 0) of `decode --format jsonl` output.
-fn decoded_flow(jsonl: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
+/// Instructions, iflags records and gaps (trace offset, IP or 0) of `decode --format
+/// jsonl` output.
+fn decoded_flow(jsonl: &str) -> (Vec<Step>, Vec<(u64, u64)>) {
     let hex = |v: &serde_json::Value| {
         v.as_str()
             .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
@@ -384,7 +389,8 @@ fn decoded_flow(jsonl: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
             continue;
         };
         match v["type"].as_str() {
-            Some("insn") => insns.extend(hex(&v["pc"])),
+            Some("insn") => insns.extend(hex(&v["pc"]).map(Step::Insn)),
+            Some("iflags") => insns.push(Step::Interrupts(v["enabled"] == true)),
             Some("gap") if v["kind"] != "overflow" => gaps.push((
                 v["pt_offset"].as_u64().unwrap_or(0),
                 hex(&v["ip"]).unwrap_or(0),
@@ -396,10 +402,10 @@ fn decoded_flow(jsonl: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
 }
 
 #[test]
-fn every_corpus_decode_is_ptxeds_but_the_listed_ones() {
+fn every_corpus_decode_is_ptxeds() {
     let Some(dir) = libipt() else { return };
     let (files, all) = cases(&dir);
-    let (mut compared, mut differ) = (0usize, std::collections::BTreeSet::new());
+    let (mut compared, mut differ) = (0usize, 0usize);
     let mut report = Vec::new();
     for c in &all {
         let exps: Vec<&String> = c
@@ -423,7 +429,7 @@ fn every_corpus_decode_is_ptxeds_but_the_listed_ones() {
             let want = ptxed_flow(&std::fs::read_to_string(c.work.path().join(exp)).unwrap());
             compared += 1;
             if got != want {
-                differ.insert(c.stem.clone());
+                differ += 1;
                 report.push(format!(
                     "{} {args:?}:\n  ptxed: {:x?}\n  ours:  {:x?}\n  {}",
                     c.stem,
@@ -435,19 +441,11 @@ fn every_corpus_decode_is_ptxeds_but_the_listed_ones() {
         }
     }
     println!(
-        "{compared} ptxed cases of {files} .ptt files compared: instructions, errors at their \
-         trace offsets and IPs; {} differ:",
-        differ.len()
+        "{compared} ptxed cases of {files} .ptt files compared: instructions, iflags events, \
+         errors at their trace offsets and IPs; {differ} differ"
     );
-    for (stem, why) in PTXED_DIFFERENCES {
-        println!("  {stem}: {why}");
-    }
     assert!(compared > 400, "{compared} cases");
-    let known: std::collections::BTreeSet<String> = PTXED_DIFFERENCES
-        .iter()
-        .map(|(s, _)| s.to_string())
-        .collect();
-    assert_eq!(differ, known, "{}", report.join("\n"));
+    assert!(report.is_empty(), "{}", report.join("\n"));
 }
 
 /// The corpus cases where the fast decoder follows what libipt 2.1.2 cannot (README,

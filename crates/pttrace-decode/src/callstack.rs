@@ -685,7 +685,10 @@ impl<'f, F: Functions + ?Sized, S: SpanSink> CallStacks<'f, F, S> {
                     });
                 }
             }
-            Record::WindowId(_) | Record::Cpu(_) | Record::Syscall { .. } => {}
+            Record::WindowId(_)
+            | Record::Cpu(_)
+            | Record::Syscall { .. }
+            | Record::InterruptFlag { .. } => {}
         }
     }
 

@@ -336,16 +336,25 @@ pub(crate) struct BlockDecoder<'a> {
 }
 
 impl<'a> BlockDecoder<'a> {
-    /// A decoder over `trace` for a CPU with `errata` (see [`crate::errata::of`]).
+    /// A decoder over `trace` for a CPU with `errata` (see [`crate::errata::of`]), with
+    /// libipt's iflags events where `iflags_events`.
     pub fn new(
         params: &TraceParams,
         errata: Errata,
         trace: &'a [u8],
         shared: Rc<SharedImage>,
+        iflags_events: bool,
     ) -> Result<Self, PtErr> {
         let mut cfg = pt_config(params, errata);
         if trace.is_empty() {
             return Err(PtErr(sys::pt_error_code_pte_eos as i32));
+        }
+        if iflags_events {
+            // SAFETY: plain C bit-field flags; all zero is "no flags" (pt_config_init).
+            let mut block: sys::pt_conf_flags__bindgen_ty_1__bindgen_ty_1 =
+                unsafe { std::mem::zeroed() };
+            block.set_enable_iflags_events(1);
+            cfg.flags.variant.block = block;
         }
         teach_unknown_packets(&mut cfg, true);
         // libipt never writes through begin/end of a decoder's buffer.
@@ -610,6 +619,7 @@ pub(crate) enum Ev {
     AsyncDisabled { at: u64, ip: Option<u64> },
     AsyncBranch { from: u64, to: Option<u64> },
     Overflow { ip: Option<u64> },
+    Iflags { enabled: bool, ip: Option<u64> },
     Other,
 }
 
@@ -649,6 +659,10 @@ fn classify_event(ev: &sys::pt_event) -> (Ev, Option<u64>, bool) {
             },
             sys::pt_event_type_ptev_overflow => Ev::Overflow {
                 ip: ip_opt(ev.variant.overflow.ip),
+            },
+            sys::pt_event_type_ptev_iflags => Ev::Iflags {
+                enabled: ev.variant.iflags.iflag() != 0,
+                ip: ip_opt(ev.variant.iflags.ip),
             },
             _ => Ev::Other,
         }

@@ -381,8 +381,9 @@ pub fn decode_parallel_stats(
     };
     let segs = split(trace, &psbs, threads * CHUNKS_PER_THREAD);
     // (Resync after errors goes on from where the error was, which a decoder starting at
-    // a later PSB cannot know: one pass.)
-    if segs.len() <= 1 || opts.resync_on_error {
+    // a later PSB cannot know: one pass. So do iflags events: whether a MODE.Exec after a
+    // PSB+ changes IF depends on the PSB+ before, which a later decoder has not read.)
+    if segs.len() <= 1 || opts.resync_on_error || opts.iflags_events {
         return one_pass(&inputs, segs.len());
     }
     // The fast decoder where it decodes the whole trace (no sideband, no filters); else

@@ -45,6 +45,11 @@ pub struct WindowOptions {
     /// FUP-bound events, OVF) as libipt 2.2's `pt_blk_resync` (ptxed `--resync-on-error`)
     /// does, instead of at the next PSB: the fast decoder's `flow::resync`.
     pub resync_on_error: bool,
+    /// Report changes of the interrupt flag ([`Record::InterruptFlag`]) as libipt's
+    /// iflags events (ptxed `--event:iflags`). libipt then also takes a MODE.Exec that
+    /// changes only IF as an event (bound to its FUP or TIP) and a PSB+ that states
+    /// another IF than the trace before it as a bad status update.
+    pub iflags_events: bool,
 }
 
 /// A cut point of parallel decode: a PSB at which the decoder of the next segment starts.
@@ -424,23 +429,24 @@ impl<'a> PtDecoder<'a> {
         });
         let errata = super::errata::of(&params.cpu).unwrap_or_default();
         let pt_len = pt.len();
-        let (dec, state) = match BlockDecoder::new(&params, errata, pt, shared.clone()) {
-            Ok(d) => (d, State::Start),
-            Err(e) if e.is_eos() => {
-                // Empty trace: a decoder over one dummy byte that reports nothing.
-                static ONE: [u8; 1] = [0];
-                let d = BlockDecoder::new(&params, errata, &ONE, shared.clone())
-                    .map_err(|e| DecodeError::new(&opts.source, opts.base_offset, e.text()))?;
-                (d, State::Done)
-            }
-            Err(e) => {
-                return Err(DecodeError::new(
-                    &opts.source,
-                    opts.base_offset,
-                    format!("cannot create libipt decoder: {}", e.text()),
-                ))
-            }
-        };
+        let (dec, state) =
+            match BlockDecoder::new(&params, errata, pt, shared.clone(), opts.iflags_events) {
+                Ok(d) => (d, State::Start),
+                Err(e) if e.is_eos() => {
+                    // Empty trace: a decoder over one dummy byte that reports nothing.
+                    static ONE: [u8; 1] = [0];
+                    let d = BlockDecoder::new(&params, errata, &ONE, shared.clone(), false)
+                        .map_err(|e| DecodeError::new(&opts.source, opts.base_offset, e.text()))?;
+                    (d, State::Done)
+                }
+                Err(e) => {
+                    return Err(DecodeError::new(
+                        &opts.source,
+                        opts.base_offset,
+                        format!("cannot create libipt decoder: {}", e.text()),
+                    ))
+                }
+            };
         // File sections through a section cache of the decoder's own: its LRU keeps them
         // mapped, and with them libipt's block caches, which libipt otherwise frees each
         // time the decoder moves to another section and zeroes again when it comes back.
@@ -473,6 +479,7 @@ impl<'a> PtDecoder<'a> {
             let mut f = flow::FlowState::new(errata.bdm70, errata.skd022, clock);
             f.initial_records = queue.records;
             f.resync = opts.resync_on_error;
+            f.iflags = opts.iflags_events;
             (f.skd010, f.apl11, f.apl12) = (errata.skd010, errata.apl11, errata.apl12);
             f.bdm64 = errata.bdm64;
             f.wire = wire;
@@ -980,6 +987,9 @@ impl<'a> PtDecoder<'a> {
             }
             Ev::Overflow { ip } => {
                 self.queue.push_rec(Record::Overflow { ip });
+            }
+            Ev::Iflags { enabled, ip } => {
+                self.queue.push_rec(Record::InterruptFlag { enabled, ip });
             }
             Ev::Other => {}
         }

@@ -56,6 +56,8 @@ pub struct PttTrace {
     /// Resynchronize after a decode error at the next packet that gives an IP
     /// ([`WindowOptions::resync_on_error`]).
     pub resync_on_error: bool,
+    /// Report changes of the interrupt flag ([`WindowOptions::iflags_events`]).
+    pub iflags_events: bool,
     /// Files of a directory that could not be used at all (an unreadable info file, a
     /// thread file without a readable header), left out: the directory's damage check
     /// names them; a single thread file given alone fails instead.
@@ -792,6 +794,7 @@ impl PttTrace {
                 base_offset: base,
                 decoder: self.decoder,
                 resync_on_error: self.resync_on_error,
+                iflags_events: self.iflags_events,
             };
             let w = WindowInput {
                 pt: wr.pt,

@@ -146,6 +146,11 @@ pub enum Record {
     Syscall { pc: u64 },
     /// The hardware's internal buffer overflowed; trace resumes at `ip` when known.
     Overflow { ip: Option<u64> },
+    /// Interrupts were `enabled` or disabled (the IF flag a MODE.Exec states) from `ip`
+    /// on: libipt's iflags event, only with [`crate::WindowOptions::iflags_events`]
+    /// (ptxed's `--event:iflags`). Where the trace states it without a change (a PSB+),
+    /// no record.
+    InterruptFlag { enabled: bool, ip: Option<u64> },
     /// Missing or undecodable trace (boxed: rare, and keeps `Record` small).
     Gap(Box<Gap>),
     /// An executed instruction.
@@ -178,6 +183,9 @@ impl Record {
             }
             Record::Syscall { pc } => json!({"type": "syscall", "pc": hex(*pc)}),
             Record::Overflow { ip } => json!({"type": "overflow", "ip": ip.map(hex)}),
+            Record::InterruptFlag { enabled, ip } => {
+                json!({"type": "iflags", "enabled": enabled, "ip": ip.map(hex)})
+            }
             Record::Gap(g) => json!({"type": "gap", "kind": g.kind, "ip": g.ip.map(hex),
                         "pt_offset": g.pt_offset, "source": g.source, "error": g.error}),
             Record::Instruction(i) => {

@@ -18,10 +18,11 @@ pub(crate) enum Pkt {
     TipPgd(IpPayload),
     Fup(IpPayload),
     Tsc(u64),
-    /// MODE.Exec: CS.L and CS.D.
+    /// MODE.Exec: CS.L, CS.D and the interrupt flag.
     ModeExec {
         csl: bool,
         csd: bool,
+        iflag: bool,
     },
     Psb,
     Psbend,
@@ -285,6 +286,7 @@ pub(crate) fn parse(t: &[u8], pos: usize) -> Option<(Pkt, usize)> {
                     Pkt::ModeExec {
                         csl: m & 1 != 0,
                         csd: m & 2 != 0,
+                        iflag: m & 4 != 0,
                     },
                     2,
                 )),

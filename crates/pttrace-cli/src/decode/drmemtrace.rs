@@ -370,6 +370,7 @@ impl Converter {
                 }
             }
             Record::Gap(_) | Record::Overflow { .. } => self.lost = true,
+            Record::InterruptFlag { .. } => {}
             Record::KernelXfer { from, .. } => self.signal = Some(*from),
             Record::TraceDisabled { ip: Some(at) } => self.left_at = Some(*at),
             Record::Timestamp { tsc, .. } => {

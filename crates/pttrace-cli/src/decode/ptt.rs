@@ -16,6 +16,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
     trace.sysroot = args.sysroot.clone();
     trace.decoder = args.decoder.kind();
     trace.resync_on_error = args.resync_on_error;
+    trace.iflags_events = args.iflags_events;
     if args.decoder == super::DecoderArg::Check {
         return check(&trace, path, args.policy);
     }

@@ -63,6 +63,10 @@ const MAX_BLOCK_INSNS: u32 = 256;
 /// Queued items after which a run stops to hand them out ([`Stop::Yield`]).
 const FLOW_YIELD_ITEMS: usize = 256;
 
+/// Why a PSB+ passed while decoding is libipt's bad status update.
+const MODE_STATUS: Fallback = "a PSB+ states another execution mode";
+const IFLAG_STATUS: Fallback = "a PSB+ states another interrupt flag (iflags events)";
+
 /// How a block ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -621,6 +625,14 @@ pub(crate) struct FlowState {
     synced: bool,
     /// A MODE.Exec came since the synchronization (libipt's mode is unknown before).
     mode_known: bool,
+    /// Interrupt flag changes are events ([`super::WindowOptions::iflags_events`]).
+    pub iflags: bool,
+    /// The interrupt flag the last MODE.Exec stated (none: no MODE.Exec since the
+    /// synchronization or the last OVF, where libipt forgets it).
+    iflag: Option<bool>,
+    /// A MODE.Exec that changes IF was read: the IF event for the FUP (or, while tracing
+    /// is disabled, the TIP.PGE) it binds to, with the flag it sets.
+    iflag_event: Option<bool>,
     /// The block the decoder is at (while enabled).
     cur: u32,
     /// Queue position after the last record the trace decided: what follows it is
@@ -793,6 +805,14 @@ impl crate::decoder::CutJoin<Handoff> for CutStart {
 }
 
 impl FlowState {
+    /// Takes the interrupt flag a MODE.Exec outside a PSB+ states: whether it is an IF
+    /// event to libipt (with iflags events: the flag changed, or was not known).
+    fn take_iflag(&mut self, iflag: bool) -> bool {
+        let event = self.iflags && self.iflag != Some(iflag);
+        self.iflag = Some(iflag);
+        event
+    }
+
     /// A CYC packet came since this engine's clock started (its part of the trace).
     pub fn met_cyc(&self) -> bool {
         self.clock.met_cyc()
@@ -810,6 +830,9 @@ impl FlowState {
             enabled: false,
             synced: false,
             mode_known: false,
+            iflags: false,
+            iflag: None,
+            iflag_event: None,
             cur: NO_BLOCK,
             committed: 0,
             without_trace: 0,
@@ -1072,6 +1095,10 @@ impl PtDecoder<'_> {
                             return Err("TIP.PGE with no MODE.Exec since the synchronization");
                         }
                         self.flow_event(st, Record::TraceEnabled { ip });
+                        if let Some(enabled) = st.iflag_event.take() {
+                            let ip = Some(ip);
+                            self.flow_event(st, Record::InterruptFlag { enabled, ip });
+                        }
                         self.flow_blocks_anew_for_sideband();
                         st.enabled = true;
                         st.cur = self.flow_block(ip)?;
@@ -1090,16 +1117,7 @@ impl PtDecoder<'_> {
                     // where libipt reports it depends on the PSB+'s events: through
                     // libipt.)
                     TraceItem::Tnt | TraceItem::Tip(_) => {
-                        let after_psb = st.psbend.is_some_and(|(_, mut p)| {
-                            while let Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), n))
-                            | Some((Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_), n)) =
-                                self.pkt(p)
-                            {
-                                p += n;
-                            }
-                            p == st.item_at
-                        });
-                        if after_psb {
+                        if self.flow_right_after_psb(st) {
                             return Err("trace after a PSB+ while tracing is disabled");
                         }
                         return Err(self.flow_context_at(
@@ -1117,6 +1135,19 @@ impl PtDecoder<'_> {
                 None => continue,
             }
         }
+    }
+
+    /// Whether the last trace item read comes right after a PSB+ (timing packets, PADs
+    /// and CBRs between them at most).
+    fn flow_right_after_psb(&self, st: &FlowState) -> bool {
+        st.psbend.is_some_and(|(_, mut p)| {
+            while let Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), n))
+            | Some((Pkt::Tma { .. } | Pkt::Cyc(_) | Pkt::Cbr(_), n)) = self.pkt(p)
+            {
+                p += n;
+            }
+            p == st.item_at
+        })
     }
 
     /// Decodes from the current block while the trace is TNT and TIP; returns at a
@@ -1721,6 +1752,8 @@ impl PtDecoder<'_> {
         if st.tnt_n != 0 || self.queue.pushed != st.committed {
             return Err("OVF with trace or walked code pending");
         }
+        // (libipt forgets the interrupt flag: the next MODE.Exec states it anew.)
+        st.iflag = None;
         // Where it resolves; with erratum APL11, past a TIP.PGD (only timing packets
         // before it): tracing was disabled there (libipt's recovery). (SKD010's look-ahead
         // decides past a TIP.PGD or a TIP.)
@@ -1876,7 +1909,16 @@ impl PtDecoder<'_> {
     ) -> Result<(), Fallback> {
         self.flow_push_block(st, b, n);
         self.flow_commit(st);
-        self.flow_quiet_event(st);
+        match st.iflag_event.take() {
+            Some(enabled) => {
+                let rec = Record::InterruptFlag {
+                    enabled,
+                    ip: Some(ip),
+                };
+                self.flow_event(st, rec);
+            }
+            None => self.flow_quiet_event(st),
+        }
         st.cur = self.flow_block(ip)?;
         Ok(())
     }
@@ -2372,9 +2414,30 @@ impl PtDecoder<'_> {
                 None => return Err("TRIG with the IP bit at the end of the trace"),
             },
             Pkt::Trig(_) => {}
-            Pkt::ModeExec { csl, csd } => {
+            Pkt::ModeExec { csl, csd, iflag } => {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                 st.mode_known = true;
+                let if_event = st.take_iflag(iflag);
+                // (The next trace item, past timing packets.)
+                let mut p = st.pos;
+                let next = loop {
+                    match self.pkt(p) {
+                        Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
+                        | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
+                        next => break next.map(|n| n.0),
+                    }
+                };
+                if if_event {
+                    // An IF event (with iflags events): libipt's record at the FUP it
+                    // binds to, or after the enable a TIP.PGE makes. (Bound to a TIP or
+                    // TIP.PGD, or elsewhere: through libipt.)
+                    match (st.enabled, next) {
+                        (true, Some(Pkt::Fup(_))) | (false, Some(Pkt::TipPge(_))) => {
+                            st.iflag_event = Some(iflag)
+                        }
+                        _ => return Err("an IF event not bound to a FUP or TIP.PGE"),
+                    }
+                }
                 if !st.enabled {
                     // (The mode of the code tracing is enabled in next.)
                     self.blocks.flow.mode = mode;
@@ -2386,14 +2449,6 @@ impl PtDecoder<'_> {
                 // runs in it) or FUP (the code runs to its IP, in the mode from
                 // there). The blocks the item's target starts are built after the
                 // mode is set; the block waiting for it was built before.
-                let mut p = st.pos;
-                let next = loop {
-                    match self.pkt(p) {
-                        Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
-                        | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
-                        next => break next.map(|n| n.0),
-                    }
-                };
                 let before = std::mem::replace(&mut self.blocks.flow.mode, mode);
                 match next {
                     // (Bound to a disable without IP, libipt takes a new mode at once:
@@ -2619,6 +2674,7 @@ impl PtDecoder<'_> {
         // (Where libipt's BDM70 search starts.)
         let mut after_fup = st.pos;
         let mut mode = None;
+        let mut psb_iflag = None;
         // (Where its MODE.Exec and its FUP start.)
         let (mut mode_at, mut fup_at) = (st.pos, st.pos);
         // (An OVF ends the PSB+ as its PSBEND would, and then resolves.)
@@ -2651,11 +2707,12 @@ impl PtDecoder<'_> {
                     fup_at = pkt_at;
                 }
                 // (Two are an error to libipt: a bad status update.)
-                Pkt::ModeExec { csl, csd } => {
+                Pkt::ModeExec { csl, csd, iflag } => {
                     if mode.is_some() {
                         return Err("two MODE.Execs in a PSB+");
                     }
                     mode_at = pkt_at;
+                    psb_iflag = Some(iflag);
                     mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
                 }
                 Pkt::Psbend => {
@@ -2674,7 +2731,10 @@ impl PtDecoder<'_> {
                     if !sync =>
                 {
                     if mode.is_some_and(|m| st.mode_known && m != self.blocks.flow.mode) {
-                        return Err(self.flow_bad_status(st, at, mode_at));
+                        return Err(self.flow_bad_status(st, at, mode_at, MODE_STATUS));
+                    }
+                    if st.iflags && st.iflag.is_some_and(|f| psb_iflag.is_some_and(|p| p != f)) {
+                        return Err(self.flow_bad_status(st, at, mode_at, IFLAG_STATUS));
                     }
                     let Pkt::Other(what) = pkt else {
                         return Err(self.flow_context_at(st, pkt_at, "trace of code in a PSB+"));
@@ -2690,10 +2750,25 @@ impl PtDecoder<'_> {
                 _ => return Err("packet the fast decoder leaves to libipt in a PSB+"),
             }
         }
+        // (With iflags events, libipt also checks the interrupt flag a PSB+ passed in the
+        // flow states against the one it knows.)
+        if let (Some(now), Some(before), true) = (psb_iflag, st.iflag, st.iflags && !sync) {
+            if now != before && st.enabled {
+                return Err(self.flow_bad_status(st, at, mode_at, IFLAG_STATUS));
+            }
+            if now != before {
+                return Err("a PSB+ that states another IF while tracing is disabled");
+            }
+        }
+        match (sync, psb_iflag) {
+            (_, Some(f)) => st.iflag = Some(f),
+            (true, None) => st.iflag = None,
+            (false, None) => {}
+        }
         match mode {
             // A PSB+ in the middle of the flow states the mode the code runs in.
             Some(m) if !sync && st.enabled && m != self.blocks.flow.mode => {
-                return Err(self.flow_bad_status(st, at, mode_at));
+                return Err(self.flow_bad_status(st, at, mode_at, MODE_STATUS));
             }
             Some(m) => {
                 self.blocks.flow.mode = m;

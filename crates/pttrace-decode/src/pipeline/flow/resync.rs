@@ -121,7 +121,7 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: NOMAP,
             ip: Some(b.fall),
-            offset: self.flow_gap_offset(st.pos),
+            offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
             fatal: false,
         });
@@ -250,9 +250,11 @@ impl PtDecoder<'_> {
 
     /// Where libipt 2.1.2 reports an error found with the trace at `p`: its query decoder
     /// has read the events up to the next TIP-class packet (a FUP, MODE.Exec, a PSB+ up
-    /// to its PSBEND), the FUP a MODE.TSX binds to, or the TNT packet it takes bits from.
-    fn flow_gap_offset(&self, mut p: usize) -> usize {
+    /// to its PSBEND), the FUP a MODE.TSX (or, with iflags events, a MODE.Exec that
+    /// changes IF) binds to, or the TNT packet it takes bits from.
+    fn flow_gap_offset(&self, st: &FlowState, mut p: usize) -> usize {
         let mut tsx = false;
+        let mut iflag = st.iflag;
         loop {
             let (at, next) = packet_past_ptws(self.trace, p, self.wire);
             p = at;
@@ -266,9 +268,13 @@ impl PtDecoder<'_> {
                 | Pkt::Tma { .. }
                 | Pkt::Cyc(_)
                 | Pkt::Cbr(_)
-                | Pkt::ModeExec { .. }
                 | Pkt::Invalid => p += size,
                 pkt if super::event_trace::ignored(pkt) => p += size,
+                Pkt::ModeExec { iflag: f, .. } => {
+                    tsx |= st.iflags && iflag != Some(f);
+                    iflag = Some(f);
+                    p += size;
+                }
                 Pkt::ModeTsx { .. } => {
                     tsx = true;
                     p += size;
@@ -360,7 +366,7 @@ impl PtDecoder<'_> {
         item: usize,
         why: Fallback,
     ) -> Fallback {
-        let offset = self.flow_gap_offset(item);
+        let offset = self.flow_gap_offset(st, item);
         self.flow_query_failed(st, b, offset, item, why)
     }
 
@@ -411,9 +417,10 @@ impl PtDecoder<'_> {
         why
     }
 
-    /// A PSB+ passed while decoding states another execution mode than the code's (its
-    /// MODE.Exec at `offset`; `at`: the block waiting for trace): libipt's bad status
-    /// update. Without `--resync-on-error` the window goes to libipt; with it, libipt's
+    /// A PSB+ passed while decoding states another execution mode than the code's, or
+    /// (with iflags events) another interrupt flag than the trace before (its MODE.Exec
+    /// at `offset`; `at`: the block waiting for trace; `why` says which): libipt's bad
+    /// status update. Without `--resync-on-error` the window goes to libipt; with it, libipt's
     /// `pt_blk_next` fails there before the code walked since the last trace item, and
     /// ptxed reports the error where that code starts (the target of the branch the last
     /// trace item decided).
@@ -424,8 +431,8 @@ impl PtDecoder<'_> {
         st: &mut FlowState,
         at: Option<FBlock>,
         offset: usize,
+        why: Fallback,
     ) -> Fallback {
-        let why = "a PSB+ states another execution mode";
         if !st.resync {
             return why;
         }
@@ -460,7 +467,12 @@ impl PtDecoder<'_> {
     #[inline(never)]
     pub(super) fn flow_bad_packet(&mut self, st: &mut FlowState, what: &'static str) -> Fallback {
         // What libipt read since the last trace item: a PSB+ with a FUP decodes the code
-        // up to its IP first; after other events, through libipt.
+        // up to its IP first; after other events, through libipt. (With iflags events,
+        // where libipt reports it right after a PSB+ depends on the PSB+'s status
+        // events: through libipt.)
+        if st.iflags && self.flow_right_after_psb(st) {
+            return what;
+        }
         match st.read_on {
             super::ReadOn::Nothing => {}
             super::ReadOn::ToFup(ip) => {
@@ -529,7 +541,7 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: BAD_RETCOMP,
             ip: Some(b.fall),
-            offset: self.flow_gap_offset(st.pos),
+            offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
             fatal: false,
         });
@@ -544,7 +556,7 @@ impl PtDecoder<'_> {
         st.error = Some(FlowError {
             what: RETSTACK_EMPTY,
             ip: Some(b.fall),
-            offset: self.flow_gap_offset(st.pos),
+            offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
             fatal: false,
         });
@@ -797,11 +809,18 @@ impl PtDecoder<'_> {
                     st.clock.on_timing(pkt, false, st.clock_cfg)?;
                     st.pos += size;
                 }
-                Pkt::ModeExec { csl, csd } => {
+                Pkt::ModeExec { csl, csd, iflag } => {
                     let mode =
                         super::FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                     st.pos += size;
-                    if mode == self.blocks.flow.mode {
+                    if st.take_iflag(iflag) {
+                        // (An IF event, with iflags events: its record at the FUP it
+                        // binds to, where decoding goes on.)
+                        st.iflag_event = Some(iflag);
+                        self.blocks.flow.mode = mode;
+                        st.mode_known = true;
+                        bound = Bound::Alone;
+                    } else if mode == self.blocks.flow.mode {
                         // (One that changes no mode is no event to libipt: the FUP it
                         // binds to is passed with it.)
                         skip_fup = true;
@@ -816,6 +835,9 @@ impl PtDecoder<'_> {
                     // (An abort's FUP is the source of the branch a TIP after it gives.)
                     bound = if abort { Bound::Abort } else { Bound::Alone };
                     st.pos += size;
+                }
+                Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) if st.iflag_event.is_some() => {
+                    return Err("an IF event not bound to a FUP after an error")
                 }
                 Pkt::Tip(p) => {
                     st.pos += size;
@@ -902,6 +924,10 @@ impl PtDecoder<'_> {
         bound: Bound,
     ) -> Result<Stop, Fallback> {
         if bound == Bound::Alone {
+            if let Some(enabled) = st.iflag_event.take() {
+                let ip = Some(from);
+                self.flow_event(st, Record::InterruptFlag { enabled, ip });
+            }
             return self.flow_resume_at(st, from);
         }
         match self.pkt(st.pos) {
