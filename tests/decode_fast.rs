@@ -941,6 +941,54 @@ fn mutated_traces_give_libipt_records() {
     assert!(fast_kept * 20 > total, "{fast_kept} of {total} stayed fast");
 }
 
+/// The same with iflags events (`--iflags-events`): a mutated MODE.Exec's IF bit is an
+/// event, a status update or an error to libipt as it is to the fast decoder (which
+/// hands over what it leaves to libipt).
+#[test]
+fn mutated_traces_with_iflags_events_give_libipt_records() {
+    let bases = mutation_bases();
+    let mut rng = XorShift::new(0x1f1a95);
+    let (mut fast_kept, mut events) = (0usize, 0usize);
+    let with = |m: &[u8], space: &AddressSpace, kind| -> (Vec<Record>, bool) {
+        let mut d = PtDecoder::new(
+            m,
+            TraceParams::default(),
+            space.clone(),
+            vec![],
+            ImageResolver::default(),
+            WindowOptions {
+                source: "t".into(),
+                window_id: Some(1),
+                decoder: kind,
+                iflags_events: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let recs = d.by_ref().collect();
+        (recs, d.decoded_by() == ("fast", None))
+    };
+    let total = 2_000;
+    for k in 0..total {
+        let (base, space) = (&bases[k % 3].trace, &bases[k % 3].space);
+        let m = mutate(&mut rng, base);
+        let (f, kept) = with(&m, space, DecoderKind::Fast);
+        let (l, _) = with(&m, space, DecoderKind::Libipt);
+        if f != l {
+            let _ = std::fs::write(
+                std::env::temp_dir().join("decode_fast_iflags_mutant.pt"),
+                &m,
+            );
+        }
+        assert!(f == l, "mutant {k}: {}", first_difference(&f, &l));
+        fast_kept += usize::from(kept);
+        let iflags = |r: &Record| matches!(r, Record::InterruptFlag { .. });
+        events += usize::from(kept && f.iter().any(iflags));
+    }
+    eprintln!("{fast_kept} of {total} mutants decoded by the fast decoder itself, {events} of them with iflags events");
+    assert!(fast_kept * 20 > total, "{fast_kept} of {total} stayed fast");
+}
+
 #[test]
 fn large_loop_trace_equals_libipt() {
     // The benchmark's trace shape, 4 MiB of PT (about 7 M instructions).

@@ -1311,3 +1311,32 @@ fn iflags_after_an_overflow_and_at_a_psb() {
     let plain: Vec<R> = plain.into_iter().chain([disabled(Some(l[6]))]).collect();
     check_iflags(&c, &off, &on, false, &plain);
 }
+
+/// An indirect branch with a TNT bit left and, after that TNT packet, a MODE.Exec that
+/// changes nothing with its FUP, then a TIP: libipt's event decoder passes the two (no
+/// event) and takes the TIP as the branch's deferred target (here without code: its
+/// nomap there). The fast decoder leaves that to libipt; it gave a bad query before.
+#[test]
+fn deferred_tip_after_a_mode_exec_that_changes_nothing() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T, T]); // p4
+    t.mode_exec(0x01); // p5
+    t.at().fup(l[0]); // p6
+    t.at().tip(0x10_0100); // p7
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let trace = &c.t.w.buf;
+    let lib = decode(trace, &c.space, DecoderKind::Libipt, false);
+    assert_eq!(view(&lib), [R::I(l[0]), R::I(l[2]), nomap(0x10_0100, p[7])]);
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, false);
+    assert_eq!(d.by_ref().collect::<Vec<_>>(), lib);
+    assert_eq!(
+        d.decoded_by(),
+        (
+            "libipt",
+            Some("deferred TIP after a MODE.Exec that changes nothing")
+        )
+    );
+}

@@ -1307,15 +1307,33 @@ impl PtDecoder<'_> {
             p += size;
         }
         let Some((Pkt::Tip(payload), size)) = self.pkt(p) else {
-            let mut q = p;
-            while let Some((
-                Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_),
-                size,
-            )) = self.pkt(q)
-            {
-                q += size;
+            let past_timing = |mut q: usize| {
+                while let Some((
+                    Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_),
+                    size,
+                )) = self.pkt(q)
+                {
+                    q += size;
+                }
+                q
+            };
+            let mut q = past_timing(p);
+            // (A MODE.Exec that is no event to libipt and the FUP it binds to: its event
+            // decoder passes both, looking for the TIP.)
+            let mut quiet_mode = false;
+            if let Some((Pkt::ModeExec { csl, csd, iflag }, size)) = self.pkt(q) {
+                let same = st.mode_known
+                    && FlowMode::of(csl, csd) == Some(self.blocks.flow.mode)
+                    && !(st.iflags && st.iflag != Some(iflag));
+                if let (true, Some((Pkt::Fup(_), fup))) = (same, self.pkt(q + size)) {
+                    q = past_timing(q + size + fup);
+                    quiet_mode = true;
+                }
             }
             match self.pkt(q) {
+                Some((Pkt::Tip(_), _)) if quiet_mode => {
+                    return Err("deferred TIP after a MODE.Exec that changes nothing")
+                }
                 Some((Pkt::Tip(_), _)) => return Err("deferred TIP after timing packets"),
                 // (libipt's text names what 2.1.2 does not know.)
                 Some((Pkt::Trig(_), _)) => return Err("TRIG after TNT bits at an indirect branch"),
