@@ -484,14 +484,10 @@ impl<W: Write> Printer<W> {
                 match w {
                     Some(w) => writeln!(
                         self.out,
-                        "window {w}: {n} instructions, {} gaps, {ovf} overflows",
-                        gaps.len()
+                        "window {w}: {}",
+                        tally(*n, gaps.len() as u64, *ovf)
                     )?,
-                    None => writeln!(
-                        self.out,
-                        "trace: {n} instructions, {} gaps, {ovf} overflows",
-                        gaps.len()
-                    )?,
+                    None => writeln!(self.out, "trace: {}", tally(*n, gaps.len() as u64, *ovf))?,
                 }
                 for g in gaps {
                     writeln!(self.out, "  gap: {g}")?;
@@ -502,12 +498,24 @@ impl<W: Write> Printer<W> {
             }
             writeln!(
                 self.out,
-                "total: {total} instructions, {errors} gaps, {overflows} overflows"
+                "total: {}",
+                tally(total, errors as u64, overflows)
             )?;
             self.decoded_by_line(0)?;
         }
         self.out.flush()
     }
+}
+
+/// "N instructions, N gaps, N overflows" (summaries).
+fn tally(insns: u64, gaps: u64, overflows: u64) -> String {
+    use crate::text::count;
+    format!(
+        "{}, {}, {}",
+        count(insns, "instruction"),
+        count(gaps, "gap"),
+        count(overflows, "overflow")
+    )
 }
 
 pub fn run(args: Args) -> CmdResult {
@@ -1020,5 +1028,14 @@ impl WindowDecode<'_> {
         let warnings = dec.warnings().to_vec();
         self.caches = dec.take_caches();
         Ok(warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn summaries_count_in_the_singular() {
+        assert_eq!(super::tally(1, 1, 1), "1 instruction, 1 gap, 1 overflow");
+        assert_eq!(super::tally(0, 2, 0), "0 instructions, 2 gaps, 0 overflows");
     }
 }

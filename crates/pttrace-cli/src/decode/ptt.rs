@@ -9,6 +9,7 @@ use drpttracer::decode::{DecodeError, Record};
 use iced_x86::{GasFormatter, IntelFormatter};
 
 use super::{DecodeArgs, OutFormat, Printer};
+use crate::text::count;
 use crate::CmdResult;
 
 pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
@@ -230,9 +231,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                 if args.format == OutFormat::Summary {
                     writeln!(
                         printer.out,
-                        "  {head}: {n} instructions, {} gaps, {ovf} overflows, {} PT bytes",
-                        gaps.len() as u64 - ovf,
-                        w.pt_len
+                        "  {head}: {}, {}",
+                        super::tally(n, gaps.len() as u64 - ovf, ovf),
+                        count(w.pt_len as u64, "PT byte")
                     )
                     .map_err(&mut io)?;
                     for g in &gaps {
@@ -256,8 +257,12 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             if args.format != OutFormat::Jsonl {
                 writeln!(
                     printer.out,
-                    "  thread {}: {} windows ({} with PT), {t_insns} instructions, {t_gaps} gaps, {t_ovf} overflows, {} dropped",
-                    h.tid, stats.windows, stats.windows_with_pt, stats.dropped
+                    "  thread {}: {} ({} with PT), {}, {} dropped",
+                    h.tid,
+                    count(stats.windows as u64, "window"),
+                    stats.windows_with_pt,
+                    super::tally(t_insns, t_gaps, t_ovf),
+                    stats.dropped
                 )?;
             }
             if stats.tail != drpttracer::format::ptt::Tail::Clean {
@@ -292,8 +297,14 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             };
             writeln!(
                 printer.out,
-                "total: {}, {total_windows} windows, {total_pt} PT bytes, {total_insns} instructions{mem}, {total_gaps} gaps, {total_ovf} overflows, {problems} damaged files",
-                crate::text::count(trace.threads.len() as u64, "thread")
+                "total: {}, {}, {}, {}{mem}, {}, {}, {}",
+                count(trace.threads.len() as u64, "thread"),
+                count(total_windows, "window"),
+                count(total_pt, "PT byte"),
+                count(total_insns, "instruction"),
+                count(total_gaps, "gap"),
+                count(total_ovf, "overflow"),
+                count(problems, "damaged file")
             )?;
             printer.decoded_by_line(total_windows.saturating_sub(total_with_pt))?;
         }
