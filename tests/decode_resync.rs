@@ -1340,3 +1340,109 @@ fn deferred_tip_after_a_mode_exec_that_changes_nothing() {
         )
     );
 }
+
+/// A FUP bound to nothing with a TNT packet between it and its TIP: libipt's asynchronous
+/// branch waits for that TIP, and its TNT bits take the flow on first; once they are
+/// used up the branch is taken at the FUP's IP (here on the code walked after the last
+/// bit). (Records checked against libipt 2.3's resync too.)
+#[test]
+fn fup_then_tnt_then_tip() {
+    let (space, l) = asm(|a| {
+        let mut l2 = a.create_label();
+        a.jz(l2)?; // l0
+        a.nop()?; // l1
+        a.set_label(&mut l2)?;
+        a.nop()?; // l2
+        a.nop()?; // l3
+        a.hlt()?; // l4
+        a.nop()?; // l5
+        a.hlt() // l6
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.at().tnt(&[T]); // p5
+    t.at().pad(); // p6
+    t.at().tip(l[5]); // p7
+    t.at().fup(l[6]); // p8
+    t.at().tip_pgd(None); // p9
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let want = [
+        R::I(l[0]),
+        R::I(l[2]),
+        xfer(l[3], l[5]),
+        R::I(l[5]),
+        disabled(Some(l[6])),
+    ];
+    check_both(&c, &want, &want);
+}
+
+/// The same with a second TNT bit an indirect jump takes before the asynchronous
+/// branch's TIP: no TIP is left for it, libipt's bad query at that TIP; `--resync-on-error`
+/// goes on at the TIP's target, as libipt 2.3's resync.
+#[test]
+fn fup_then_tnt_bits_an_indirect_branch_takes() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.at().tnt(&[T, T]); // p5
+    t.at().tip(l[3]); // p6
+    t.at().fup(l[3]); // p7
+    t.at().tip_pgd(None); // p8
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let off = [R::I(l[0]), R::I(l[2]), bad_query(l[2], p[6])];
+    let on = [
+        R::I(l[0]),
+        R::I(l[2]),
+        bad_query(l[2], p[6]),
+        disabled(Some(l[3])),
+    ];
+    check_both(&c, &off, &on);
+}
+
+/// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
+/// context error at the OVF (the code before it that waits for trace not decoded),
+/// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's
+/// resync gives these records.) (Without the option, and before a window's first resync, libipt 2.1.2's
+/// records: the fast decoder leaves such an OVF to it.)
+#[test]
+fn ovf_then_trace_of_code_after_a_resync() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    t.at().tip(l[0]); // p6
+    t.at().tnt(&[N]); // p7
+    t.at().ovf(); // p8
+    t.at().tnt(&[T]); // p9
+    t.psb_plus(l[1]); // p10..p13
+    t.at().fup(l[2]); // p14
+    t.at().tip_pgd(None); // p15
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let trace = &c.t.w.buf;
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
+    let on: Vec<Record> = d.by_ref().collect();
+    let context = |what: &str| gap(None, p[8], what.into());
+    assert_eq!(
+        view(&on),
+        [
+            R::I(l[0]),
+            R::I(l[2]),
+            nomap(0x10_0100, p[6]),
+            R::I(l[0]),
+            context("unexpected packet context"),
+            context("resync error: unexpected packet context"),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ]
+    );
+    assert_eq!(d.decoded_by(), ("fast", None));
+    let lib = decode(trace, &c.space, DecoderKind::Libipt, false);
+    let mut d = decoder(trace, &c.space, DecoderKind::Fast, false);
+    assert_eq!(d.by_ref().collect::<Vec<_>>(), lib);
+}

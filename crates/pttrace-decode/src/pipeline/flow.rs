@@ -318,7 +318,7 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
 /// MWAIT waiting, which that checks).
 #[inline(always)]
 fn tip_here(trace: &[u8], st: &mut FlowState) -> Option<u64> {
-    if st.cfe_ret.is_some() || st.mwait {
+    if st.cfe_ret.is_some() || st.mwait || st.async_tip.is_some() {
         return None;
     }
     let (p, size) = wire::tip_at(trace, st.pos)?;
@@ -633,6 +633,10 @@ pub(crate) struct FlowState {
     /// A MODE.Exec that changes IF was read: the IF event for the FUP (or, while tracing
     /// is disabled, the TIP.PGE) it binds to, with the flag it sets.
     iflag_event: Option<bool>,
+    /// The TNT bits after a FUP are taken before it: where its TIP or TIP.PGD starts (the
+    /// trace position: the asynchronous branch is read there), and the FUP's IP
+    /// ([`PtDecoder::flow_fup_before_tnt`]).
+    async_tip: Option<(usize, u64)>,
     /// The block the decoder is at (while enabled).
     cur: u32,
     /// Queue position after the last record the trace decided: what follows it is
@@ -833,6 +837,7 @@ impl FlowState {
             iflags: false,
             iflag: None,
             iflag_event: None,
+            async_tip: None,
             cur: NO_BLOCK,
             committed: 0,
             without_trace: 0,
@@ -1302,6 +1307,16 @@ impl PtDecoder<'_> {
     #[cold]
     #[inline(never)]
     fn flow_deferred_tip(&mut self, st: &mut FlowState, b: FBlock) -> Result<TraceItem, Fallback> {
+        if let Some((tip_at, _)) = st.async_tip {
+            // (Bits of a FUP's last TNT packet left: its asynchronous branch takes the TIP
+            // after them, libipt's query decoder stands at it. Of another: through
+            // libipt.)
+            let why = "indirect branch with the TNT bits before an asynchronous branch's TIP";
+            if st.pos != tip_at {
+                return Err(why);
+            }
+            return Err(self.flow_query_failed(st, b, tip_at, tip_at, why));
+        }
         let mut p = st.pos;
         while let Some((Pkt::Pad, size)) = self.pkt(p) {
             p += size;
@@ -1820,6 +1835,17 @@ impl PtDecoder<'_> {
                 | Pkt::Cfe { .. }
                 | Pkt::Evd { .. }
                 | Pkt::Psb => break None,
+                // (Trace of code after a resync on error, where libipt 2.1.2's records no
+                // longer apply: libipt 2.2's context error at the OVF, which its resync
+                // does not get past.)
+                Pkt::Tnt { .. } | Pkt::Tip(_)
+                    if st.resynced
+                        && self.trace.get(st.pos.wrapping_sub(2)..st.pos)
+                            == Some(&[0x02, 0xf3]) =>
+                {
+                    let why = "OVF followed by trace of code";
+                    return Err(self.flow_context_at(st, st.pos - 2, why));
+                }
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
@@ -2330,6 +2356,9 @@ impl PtDecoder<'_> {
                 Pkt::Tip(p) => {
                     let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
                     st.read_on = ReadOn::Nothing;
+                    if let Some((_, from)) = st.async_tip.take() {
+                        return Ok(TraceItem::Async { from, to: Some(ip) });
+                    }
                     return Ok(TraceItem::Tip(ip));
                 }
                 Pkt::Pad => {}
@@ -2356,6 +2385,10 @@ impl PtDecoder<'_> {
                 }
                 Pkt::TipPgd(p) => {
                     st.read_on = ReadOn::Nothing;
+                    if let Some((_, from)) = st.async_tip.take() {
+                        st.pgd_ip = st.last_ip.apply(p);
+                        return Ok(TraceItem::Async { from, to: None });
+                    }
                     return Ok(TraceItem::Pgd(st.last_ip.apply(p)));
                 }
                 // (While tracing is enabled: libipt's error at the next query.)
@@ -2369,6 +2402,9 @@ impl PtDecoder<'_> {
                         return Err("FUP while tracing is disabled");
                     }
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                    if let Some(item) = self.flow_fup_before_tnt(st, from) {
+                        return Ok(item);
+                    }
                     // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
                     // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
                     // (their time is the branch's, as libipt's query decoder reads them).
@@ -2405,6 +2441,40 @@ impl PtDecoder<'_> {
                 }
             }
         }
+    }
+
+    /// A FUP bound to nothing (just read, from `from`) with TNT packets between it and its
+    /// TIP or TIP.PGD (PADs among them at most): libipt's asynchronous branch waits for that
+    /// TIP, and its block decoder is told of it only once the TNT bits are used up; they
+    /// take the flow on first, even past the FUP's IP. So the first TNT packet is the next
+    /// item, the others are read after it as usual, and the TIP then ends the asynchronous
+    /// branch ([`FlowState::async_tip`]). (An indirect branch met while the bits last finds
+    /// no TIP: [`Self::flow_deferred_tip`].)
+    #[cold]
+    #[inline(never)]
+    fn flow_fup_before_tnt(&mut self, st: &mut FlowState, from: u64) -> Option<TraceItem> {
+        if st.tnt_n != 0 {
+            return None;
+        }
+        let first = self.flow_past_pads(st.pos);
+        let (Pkt::Tnt { bits, n }, size) = self.pkt(first)? else {
+            return None;
+        };
+        let mut p = first + size;
+        let tip_at = loop {
+            match self.pkt(p)? {
+                (Pkt::Pad | Pkt::Tnt { .. }, size) => p += size,
+                // (Read as usual after the first TNT, the branch's time as without TNT.)
+                (Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_), size) => p += size,
+                (Pkt::Tip(_) | Pkt::TipPgd(_), _) => break p,
+                _ => return None,
+            }
+        };
+        (st.tnt, st.tnt_n) = (bits, n);
+        st.async_tip = Some((tip_at, from));
+        st.pos = self.flow_past_pads(first + size);
+        st.read_on = ReadOn::Nothing;
+        Some(TraceItem::Tnt)
     }
 
     /// The packets [`Self::flow_read_item`] meets rarely (events, status, what binds to a

@@ -148,6 +148,10 @@ impl PtDecoder<'_> {
         let binds = loop {
             let (at, next) = packet_past_ptws(self.trace, p, self.wire);
             p = at;
+            // (The TIP of a FUP whose TNT bits were taken first: that FUP's.)
+            if let Some((_, from)) = st.async_tip.filter(|a| a.0 == p) {
+                break in_block(Some(from));
+            }
             let Some((pkt, size)) = next else {
                 break true;
             };
@@ -299,7 +303,7 @@ impl PtDecoder<'_> {
 
     /// The first packet from `p` on that is no PAD (libipt's event decoder passes PADs as
     /// it fetches a packet).
-    fn flow_past_pads(&self, mut p: usize) -> usize {
+    pub(super) fn flow_past_pads(&self, mut p: usize) -> usize {
         while self.trace.get(p) == Some(&0) {
             p += 1;
         }
@@ -594,6 +598,9 @@ impl PtDecoder<'_> {
                 return r;
             };
             if let Some(mut e) = st.error.take() {
+                // (What the trace read before the error was to bind to is gone with it.)
+                st.async_tip = None;
+                st.iflag_event = None;
                 // An error met with the bits of a deferred TIP's TNT: libipt's event
                 // decoder stands elsewhere (without the option: through libipt; with
                 // it, at the TIP).
@@ -885,7 +892,14 @@ impl PtDecoder<'_> {
                     // (It drops an asynchronous branch waiting for its TIP.)
                     st.pos += size;
                     st.enabled = true;
-                    self.flow_ovf(st)?;
+                    if let Err(why) = self.flow_ovf(st) {
+                        // (An error there, trace of code after it: the resync fails, as
+                        // below.)
+                        return match st.error.take() {
+                            Some(e) => self.flow_resync(st, e),
+                            None => Err(why),
+                        };
+                    }
                     return Ok(Stop::Segment);
                 }
                 Pkt::Psb => return self.flow_sync_at(st, st.pos, true),
