@@ -2402,8 +2402,20 @@ impl PtDecoder<'_> {
                         return Err("FUP while tracing is disabled");
                     }
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
-                    if let Some(item) = self.flow_fup_before_tnt(st, from) {
-                        return Ok(item);
+                    // (A TNT next, past PADs: see there.)
+                    let mut q = st.pos;
+                    while self.trace.get(q) == Some(&0) {
+                        q += 1;
+                    }
+                    let tnt_next = match self.trace.get(q..) {
+                        Some([2, 0xa3, ..]) => true,
+                        Some([b, ..]) => b & 1 == 0 && *b > 2,
+                        _ => false,
+                    };
+                    if tnt_next {
+                        if let Some(item) = self.flow_fup_before_tnt(st, from) {
+                            return Ok(item);
+                        }
                     }
                     // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
                     // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
@@ -2506,6 +2518,12 @@ impl PtDecoder<'_> {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                 st.mode_known = true;
                 let if_event = st.take_iflag(iflag);
+                if !st.enabled && !if_event {
+                    // (The mode of the code tracing is enabled in next.)
+                    self.blocks.flow.mode = mode;
+                    self.flow_quiet_event(st);
+                    return Ok(None);
+                }
                 // (The next trace item, past timing packets.)
                 let mut p = st.pos;
                 let next = loop {
