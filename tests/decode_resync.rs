@@ -981,27 +981,6 @@ fn tip_to_nomap_then_tip_pge_resyncs_at_the_enable() {
     );
 }
 
-/// The same with a MODE.Exec that changes nothing before the TIP.PGE: no event to
-/// libipt, the error at the TIP.PGE as without it (as in libipt 2.3's resync of the
-/// mutants this comes from).
-#[test]
-fn tip_to_nomap_then_mode_exec_and_tip_pge_resyncs_at_the_enable() {
-    let c = tip_to_nomap_then(|t| {
-        t.mode_exec(0x01);
-        t.at().tip_pge(0x10_0000);
-    });
-    let (l, p) = (&c.l, &c.t.p);
-    check(
-        &c,
-        &[
-            R::I(l[0]),
-            gap(None, p[6], "unexpected packet context".into()),
-            disabled(None),
-            R::Rec(Record::TraceEnabled { ip: l[0] }),
-        ],
-    );
-}
-
 /// `l0; [%p5: ip has been suppressed]`: a FUP without IP.
 #[test]
 fn tip_to_nomap_then_fup_without_ip_goes_to_libipt() {

@@ -2570,11 +2570,6 @@ impl PtDecoder<'_> {
                         st.read_on = ReadOn::Other;
                         return Ok(Some(TraceItem::Bound(at)));
                     }
-                    // (One that changes nothing before a TIP.PGE: no event to libipt, the
-                    // TIP.PGE its context error as without it.)
-                    Some(Pkt::TipPge(_)) if mode == before && st.iflag_event.is_none() => {
-                        self.flow_quiet_event(st);
-                    }
                     _ => return Err("MODE.Exec while tracing is enabled, not bound"),
                 }
             }
