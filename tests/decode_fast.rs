@@ -19,6 +19,16 @@ use iced_x86::code_asm::*;
 use iced_x86::BlockEncoderOptions;
 
 fn decoder<'a>(trace: &'a [u8], space: &AddressSpace, kind: DecoderKind) -> PtDecoder<'a> {
+    decoder_with(trace, space, kind, false)
+}
+
+/// [`decoder`], with iflags events (`--iflags-events`) or not.
+fn decoder_with<'a>(
+    trace: &'a [u8],
+    space: &AddressSpace,
+    kind: DecoderKind,
+    iflags: bool,
+) -> PtDecoder<'a> {
     PtDecoder::new(
         trace,
         TraceParams::default(),
@@ -29,6 +39,7 @@ fn decoder<'a>(trace: &'a [u8], space: &AddressSpace, kind: DecoderKind) -> PtDe
             source: "t".into(),
             window_id: Some(1),
             decoder: kind,
+            iflags_events: iflags,
             ..Default::default()
         },
     )
@@ -950,21 +961,7 @@ fn mutated_traces_with_iflags_events_give_libipt_records() {
     let mut rng = XorShift::new(0x1f1a95);
     let (mut fast_kept, mut events) = (0usize, 0usize);
     let with = |m: &[u8], space: &AddressSpace, kind| -> (Vec<Record>, bool) {
-        let mut d = PtDecoder::new(
-            m,
-            TraceParams::default(),
-            space.clone(),
-            vec![],
-            ImageResolver::default(),
-            WindowOptions {
-                source: "t".into(),
-                window_id: Some(1),
-                decoder: kind,
-                iflags_events: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut d = decoder_with(m, space, kind, true);
         let recs = d.by_ref().collect();
         (recs, d.decoded_by() == ("fast", None))
     };

@@ -301,7 +301,7 @@ impl RetStack {
 #[inline(always)]
 fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
     match trace.get(st.pos) {
-        Some(&b) if b & 1 == 0 && b > 2 => {
+        Some(&b) if short_tnt(b) => {
             let n = 6 - b.leading_zeros();
             st.tnt = u64::from(b >> 1) & ((1 << n) - 1);
             st.tnt_n = n;
@@ -311,6 +311,13 @@ fn tnt_here(trace: &[u8], st: &mut FlowState) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `b` is the header byte of a short TNT packet (bit 0 clear, not PAD or the
+/// extended-opcode byte 0x02).
+#[inline(always)]
+fn short_tnt(b: u8) -> bool {
+    b & 1 == 0 && b > 2
 }
 
 /// Reads a TIP at the trace position in place, as [`PtDecoder::flow_next_item`] would
@@ -1322,17 +1329,7 @@ impl PtDecoder<'_> {
             p += size;
         }
         let Some((Pkt::Tip(payload), size)) = self.pkt(p) else {
-            let past_timing = |mut q: usize| {
-                while let Some((
-                    Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_),
-                    size,
-                )) = self.pkt(q)
-                {
-                    q += size;
-                }
-                q
-            };
-            let mut q = past_timing(p);
+            let mut q = self.flow_past_timing_at(p);
             // (A MODE.Exec that is no event to libipt and the FUP it binds to: its event
             // decoder passes both, looking for the TIP.)
             let mut quiet_mode = false;
@@ -1341,7 +1338,7 @@ impl PtDecoder<'_> {
                     && FlowMode::of(csl, csd) == Some(self.blocks.flow.mode)
                     && !(st.iflags && st.iflag != Some(iflag));
                 if let (true, Some((Pkt::Fup(_), fup))) = (same, self.pkt(q + size)) {
-                    q = past_timing(q + size + fup);
+                    q = self.flow_past_timing_at(q + size + fup);
                     quiet_mode = true;
                 }
             }
@@ -2403,17 +2400,14 @@ impl PtDecoder<'_> {
                     }
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
                     // (A TNT next, past PADs: see there.)
-                    let mut q = st.pos;
-                    while self.trace.get(q) == Some(&0) {
-                        q += 1;
-                    }
-                    let tnt_next = match self.trace.get(q..) {
+                    let first = self.flow_past_pads(st.pos);
+                    let tnt_next = match self.trace.get(first..) {
                         Some([2, 0xa3, ..]) => true,
-                        Some([b, ..]) => b & 1 == 0 && *b > 2,
+                        Some([b, ..]) => short_tnt(*b),
                         _ => false,
                     };
                     if tnt_next {
-                        if let Some(item) = self.flow_fup_before_tnt(st, from) {
+                        if let Some(item) = self.flow_fup_before_tnt(st, from, first) {
                             return Ok(item);
                         }
                     }
@@ -2455,7 +2449,8 @@ impl PtDecoder<'_> {
         }
     }
 
-    /// A FUP bound to nothing (just read, from `from`) with TNT packets between it and its
+    /// A FUP bound to nothing (just read, from `from`; its next packet past PADs at
+    /// `first`) with TNT packets between it and its
     /// TIP or TIP.PGD (PADs among them at most): libipt's asynchronous branch waits for that
     /// TIP, and its block decoder is told of it only once the TNT bits are used up; they
     /// take the flow on first, even past the FUP's IP. So the first TNT packet is the next
@@ -2464,11 +2459,15 @@ impl PtDecoder<'_> {
     /// no TIP: [`Self::flow_deferred_tip`].)
     #[cold]
     #[inline(never)]
-    fn flow_fup_before_tnt(&mut self, st: &mut FlowState, from: u64) -> Option<TraceItem> {
+    fn flow_fup_before_tnt(
+        &mut self,
+        st: &mut FlowState,
+        from: u64,
+        first: usize,
+    ) -> Option<TraceItem> {
         if st.tnt_n != 0 {
             return None;
         }
-        let first = self.flow_past_pads(st.pos);
         let (Pkt::Tnt { bits, n }, size) = self.pkt(first)? else {
             return None;
         };
@@ -2518,26 +2517,14 @@ impl PtDecoder<'_> {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                 st.mode_known = true;
                 let if_event = st.take_iflag(iflag);
-                if !st.enabled && !if_event {
-                    // (The mode of the code tracing is enabled in next.)
-                    self.blocks.flow.mode = mode;
-                    self.flow_quiet_event(st);
-                    return Ok(None);
-                }
-                // (The next trace item, past timing packets.)
-                let mut p = st.pos;
-                let next = loop {
-                    match self.pkt(p) {
-                        Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_), size))
-                        | Some((Pkt::Tma { .. } | Pkt::Cyc(_), size)) => p += size,
-                        next => break next.map(|n| n.0),
-                    }
-                };
+                // (The next trace item, past timing packets: looked for only where
+                // something binds to it.)
+                let next = || self.pkt(self.flow_past_timing_at(st.pos)).map(|n| n.0);
                 if if_event {
                     // An IF event (with iflags events): libipt's record at the FUP it
                     // binds to, or after the enable a TIP.PGE makes. (Bound to a TIP or
                     // TIP.PGD, or elsewhere: through libipt.)
-                    match (st.enabled, next) {
+                    match (st.enabled, next()) {
                         (true, Some(Pkt::Fup(_))) | (false, Some(Pkt::TipPge(_))) => {
                             st.iflag_event = Some(iflag)
                         }
@@ -2555,6 +2542,7 @@ impl PtDecoder<'_> {
                 // runs in it) or FUP (the code runs to its IP, in the mode from
                 // there). The blocks the item's target starts are built after the
                 // mode is set; the block waiting for it was built before.
+                let next = next();
                 let before = std::mem::replace(&mut self.blocks.flow.mode, mode);
                 match next {
                     // (Bound to a disable without IP, libipt takes a new mode at once:
@@ -2727,6 +2715,17 @@ impl PtDecoder<'_> {
     /// The next packet that is no PAD or timing packet (read past it), the timing packets
     /// before it applied to the clock: what a FUP or an event's FUP is bound to, with
     /// what real hardware writes between them; `end` where the trace ends first.
+    /// The first packet from `p` on that is no PAD or timing packet (TSC, MTC, TMA, CYC),
+    /// where it starts (nothing applied: [`Self::flow_past_timing`] reads them).
+    fn flow_past_timing_at(&self, mut p: usize) -> usize {
+        while let Some((Pkt::Pad | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_), n)) =
+            self.pkt(p)
+        {
+            p += n;
+        }
+        p
+    }
+
     fn flow_past_timing(trace: &[u8], st: &mut FlowState, end: Fallback) -> Result<Pkt, Fallback> {
         loop {
             let Some((next, size)) = wire::parse_with(trace, st.pos, st.wire) else {
