@@ -1403,6 +1403,168 @@ fn fup_then_tnt_bits_an_indirect_branch_takes() {
     check_both(&c, &off, &on);
 }
 
+/// The code of the FUP scenarios below: a conditional jump, then straight code.
+fn jz_then_nops() -> (AddressSpace, Vec<u64>) {
+    asm(|a| {
+        let mut l2 = a.create_label();
+        a.jz(l2)?; // l0
+        a.nop()?; // l1
+        a.set_label(&mut l2)?;
+        a.nop()?; // l2
+        a.nop()?; // l3
+        a.nop()?; // l4
+        a.hlt() // l5
+    })
+}
+
+/// A FUP bound to nothing whose TIP never comes: an OVF or the end of the trace comes
+/// first (a TNT packet between or not). libipt's asynchronous branch waits for that TIP,
+/// and the overflow (whose events are dropped while tracing is enabled) or the end takes
+/// it away: the records are those of the trace without the FUP, on the fast path.
+/// (libipt 2.3's resync gives the same records.)
+#[test]
+fn fup_then_ovf_or_the_end_drops_the_fup() {
+    let (space, l) = jz_then_nops();
+    for (tnt, ovf) in [(false, true), (true, true), (false, false), (true, false)] {
+        let build = |fup: bool| {
+            let mut t = Trace::default();
+            t.psb_plus(l[0]);
+            if fup {
+                t.at().fup(l[3]);
+            }
+            if tnt {
+                t.at().tnt(&[T]);
+            }
+            t.at().pad();
+            if ovf {
+                t.at().tsc(0x1234);
+                t.at().ovf();
+                t.at().fup(l[3]);
+                t.at().fup(l[4]);
+                t.at().tip_pgd(None);
+            }
+            t
+        };
+        let c = Case {
+            t: build(true),
+            space: space.clone(),
+            l: l.clone(),
+        };
+        let mut want = match tnt {
+            true => vec![R::I(l[0])],
+            false => vec![],
+        };
+        if ovf {
+            want.extend([
+                R::Rec(Record::Timestamp {
+                    tsc: 0x1234,
+                    perf_time: None,
+                }),
+                R::Rec(Record::Overflow { ip: Some(l[3]) }),
+                R::I(l[3]),
+                disabled(Some(l[4])),
+            ]);
+        }
+        check_both(&c, &want, &want);
+        let without = decode(&build(false).w.buf, &space, DecoderKind::Libipt, false);
+        assert_eq!(
+            view(&without),
+            want,
+            "tnt {tnt}, ovf {ovf}: without the FUP"
+        );
+    }
+}
+
+/// A FUP bound to nothing, then a PSB or a TIP.PGE where its TIP should be (a TNT
+/// packet between or not): libipt's context error at that packet, reported at the query
+/// that took the last trace item (the code after it not decoded). `--resync-on-error`:
+/// at the PSB libipt 2.3's resync fails at once (then the next PSB), at the TIP.PGE it
+/// fails there again first.
+#[test]
+fn fup_then_psb_or_tip_pge_is_a_context_error() {
+    let (space, l) = jz_then_nops();
+    for (tnt, psb) in [(false, true), (true, true), (false, false), (true, false)] {
+        let mut t = Trace::default();
+        t.psb_plus(l[0]); // p0..p3
+        t.at().fup(l[3]); // p4
+        if tnt {
+            t.at().tnt(&[T]);
+        }
+        let at = t.w.buf.len() as u64;
+        if psb {
+            t.psb_plus(l[3]);
+        } else {
+            t.at().tip_pge(l[3]);
+        }
+        t.psb_plus(l[4]);
+        t.at().fup(l[5]);
+        t.at().tip_pgd(None);
+        let c = Case {
+            t,
+            space: space.clone(),
+            l: l.clone(),
+        };
+        let context = |what: &str| gap(None, at, what.into());
+        let ran = match tnt {
+            true => vec![R::I(l[0])],
+            false => vec![],
+        };
+        let end = [R::I(l[4]), disabled(Some(l[5]))];
+        let off: Vec<R> = ran
+            .iter()
+            .cloned()
+            .chain([context("unexpected packet context")])
+            .chain(end.clone())
+            .collect();
+        let again = match psb {
+            true => vec![],
+            false => vec![context("unexpected packet context")],
+        };
+        let on: Vec<R> = ran
+            .into_iter()
+            .chain([context("unexpected packet context")])
+            .chain(again)
+            .chain([context("resync error: unexpected packet context")])
+            .chain(end)
+            .collect();
+        check_both(&c, &off, &on);
+    }
+}
+
+/// An interrupt into another mode: a MODE.Exec between the FUP and its TIP binds to that
+/// TIP, as for a far branch. The code up to the FUP's IP runs in the mode before it, the
+/// code at the target in the new one (32-bit here: `48 90` is `dec eax; nop`, not
+/// `xchg rax, rax`); on the fast path.
+#[test]
+fn fup_then_a_mode_exec_then_its_tip() {
+    let (space, l) = asm(|a| {
+        a.db(&[0x48, 0x90])?; // l0
+        a.db(&[0x48, 0x90])?; // l1
+        a.db(&[0x48, 0x90])?; // l2
+        a.hlt() // l3
+    });
+    for (payload, target) in [(1u8, vec![l[1]]), (2, vec![l[1], l[1] + 1])] {
+        let mut t = Trace::default();
+        t.psb_plus(l[0]);
+        t.at().fup(l[1]);
+        t.mode_exec(payload);
+        t.at().tip(l[1]);
+        t.at().fup(l[2]);
+        t.at().tip_pgd(None);
+        let c = Case {
+            t,
+            space: space.clone(),
+            l: l.clone(),
+        };
+        let want: Vec<R> = [R::I(l[0]), xfer(l[1], l[1])]
+            .into_iter()
+            .chain(target.into_iter().map(R::I))
+            .chain([disabled(Some(l[2]))])
+            .collect();
+        check_both(&c, &want, &want);
+    }
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

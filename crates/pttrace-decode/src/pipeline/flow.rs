@@ -34,7 +34,7 @@ use crate::records::{ExecMode, InsnClass};
 use crate::timing::{Calibration, Time, TimeCfg, TimeError};
 use crate::wire::{self, LastIp, Pkt};
 use event_trace::CfeRet;
-pub(crate) use resync::FlowError;
+pub(crate) use resync::{FlowError, ResyncFrom};
 
 /// Which decoder a [`super::PtDecoder`] runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -711,6 +711,9 @@ pub(crate) struct FlowState {
     /// A CFE of an IRET, a VM entry or a UIRET was read: the next trace item is the TIP
     /// or TIP.PGD of that instruction.
     cfe_ret: Option<CfeRet>,
+    /// The CFE of an asynchronous event was read: the next FUP is its branch's, which
+    /// libipt binds the event to (not a FUP bound to nothing).
+    cfe_fup: bool,
     /// The IP of the TIP.PGD of the last asynchronous disable read (none: suppressed).
     pgd_ip: Option<u64>,
     /// Where the last deferred TIP taken starts and ends (the TNT bits before it still
@@ -861,6 +864,7 @@ impl FlowState {
             yielded: false,
             at_cut: false,
             cfe_ret: None,
+            cfe_fup: false,
             pgd_ip: None,
             deferred_tip: None,
             psb_fup: None,
@@ -1317,9 +1321,10 @@ impl PtDecoder<'_> {
         if let Some((tip_at, _)) = st.async_tip {
             // (Bits of a FUP's last TNT packet left: its asynchronous branch takes the TIP
             // after them, libipt's query decoder stands at it. Of another: through
-            // libipt.)
+            // libipt; so is a PSB or TIP.PGE in its place.)
             let why = "indirect branch with the TNT bits before an asynchronous branch's TIP";
-            if st.pos != tip_at {
+            let tip = matches!(self.pkt(tip_at), Some((Pkt::Tip(_) | Pkt::TipPgd(_), _)));
+            if st.pos != tip_at || !tip {
                 return Err(why);
             }
             return Err(self.flow_query_failed(st, b, tip_at, tip_at, why));
@@ -1767,7 +1772,16 @@ impl PtDecoder<'_> {
             TraceItem::Tip(_) => {
                 Err(self.flow_bad_query(st, b, st.item_at, "TIP where the code needs a TNT bit"))
             }
-            TraceItem::Pge(_) => Err(self.flow_pge_enabled(st)),
+            TraceItem::Pge(_) => {
+                let (resync, why) = match st.async_tip {
+                    Some(_) => (
+                        ResyncFrom::FailsAgain,
+                        "a PSB or TIP.PGE where a FUP waits for its TIP",
+                    ),
+                    None => (ResyncFrom::Search, "TIP.PGE while tracing is enabled"),
+                };
+                Err(self.flow_context_ahead(st, st.item_at, resync, why))
+            }
         }
     }
 
@@ -2399,6 +2413,9 @@ impl PtDecoder<'_> {
                         return Err("FUP while tracing is disabled");
                     }
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                    // (What follows a FUP bound to nothing, as libipt reads it, applies
+                    // neither to a MODE.TSX abort's nor to the FUP of a CFE.)
+                    let alone = st.tsx_abort.is_none() && !std::mem::take(&mut st.cfe_fup);
                     // (A TNT next, past PADs: see there.)
                     let first = self.flow_past_pads(st.pos);
                     let tnt_next = match self.trace.get(first..) {
@@ -2407,19 +2424,47 @@ impl PtDecoder<'_> {
                         _ => false,
                     };
                     if tnt_next {
-                        if let Some(item) = self.flow_fup_before_tnt(st, from, first) {
+                        if let Some(item) = self.flow_fup_before_tnt(st, from, first, alone) {
                             return Ok(item);
                         }
+                    } else if alone && self.flow_fup_dropped(st.pos) {
+                        continue;
                     }
                     // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
                     // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
                     // (their time is the branch's, as libipt's query decoder reads them).
                     // A PIP or VMCS between them (a VM exit or entry, a task switch) binds
-                    // to that TIP: its event comes after the branch, at its target.
+                    // to that TIP: its event comes after the branch, at its target. So
+                    // does a MODE.Exec (an interrupt into another mode): the code up to
+                    // the FUP's IP, whose blocks are built already, runs in the mode
+                    // before it, the code at the TIP's target in its mode.
                     let end = "FUP at the end of the trace";
                     // (With a TIP.PGD, they come after the disable: no code.)
+                    let mut next_at = self.flow_past_timing_at(st.pos);
                     let mut next = Self::flow_past_timing(self.trace, st, end)?;
-                    while matches!(next, Pkt::Pip | Pkt::Vmcs) {
+                    loop {
+                        match next {
+                            Pkt::Pip | Pkt::Vmcs => {}
+                            Pkt::ModeExec { csl, csd, iflag } if alone => {
+                                self.flow_async_mode(st, csl, csd, iflag)?
+                            }
+                            // (libipt's context error, as at a TIP.PGE while tracing is
+                            // enabled; after the TIP.PGE's IP.)
+                            Pkt::Psb if alone && !self.wire.skd007 => {
+                                let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
+                                let resync = ResyncFrom::Fails;
+                                return Err(self.flow_context_ahead(st, next_at, resync, why));
+                            }
+                            Pkt::TipPge(p)
+                                if alone && !self.wire.skd007 && st.last_ip.apply(p).is_some() =>
+                            {
+                                let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
+                                let resync = ResyncFrom::FailsAgain;
+                                return Err(self.flow_context_ahead(st, next_at, resync, why));
+                            }
+                            _ => break,
+                        }
+                        next_at = self.flow_past_timing_at(st.pos);
                         next = Self::flow_past_timing(self.trace, st, end)?;
                     }
                     st.read_on = ReadOn::Nothing;
@@ -2438,6 +2483,11 @@ impl PtDecoder<'_> {
                 Pkt::Psb => {
                     // (Left for `flow_psb`, which reads the PSB+.)
                     st.pos -= size;
+                    if st.async_tip.is_some() {
+                        let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
+                        let resync = ResyncFrom::Fails;
+                        return Err(self.flow_context_ahead(st, st.pos, resync, why));
+                    }
                     return Ok(TraceItem::Psb);
                 }
                 _ => {
@@ -2456,7 +2506,9 @@ impl PtDecoder<'_> {
     /// take the flow on first, even past the FUP's IP. So the first TNT packet is the next
     /// item, the others are read after it as usual, and the TIP then ends the asynchronous
     /// branch ([`FlowState::async_tip`]). (An indirect branch met while the bits last finds
-    /// no TIP: [`Self::flow_deferred_tip`].)
+    /// no TIP: [`Self::flow_deferred_tip`].) Where an OVF or the end of the trace comes
+    /// instead of that TIP, the bits are read as usual and the FUP is dropped (as in
+    /// [`Self::flow_fup_dropped`]).
     #[cold]
     #[inline(never)]
     fn flow_fup_before_tnt(
@@ -2464,6 +2516,7 @@ impl PtDecoder<'_> {
         st: &mut FlowState,
         from: u64,
         first: usize,
+        alone: bool,
     ) -> Option<TraceItem> {
         if st.tnt_n != 0 {
             return None;
@@ -2473,19 +2526,63 @@ impl PtDecoder<'_> {
         };
         let mut p = first + size;
         let tip_at = loop {
+            // (The end of the trace, or an OVF: the FUP is dropped, as below.)
+            if alone && p >= self.trace.len() {
+                break None;
+            }
             match self.pkt(p)? {
                 (Pkt::Pad | Pkt::Tnt { .. }, size) => p += size,
                 // (Read as usual after the first TNT, the branch's time as without TNT.)
                 (Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_), size) => p += size,
-                (Pkt::Tip(_) | Pkt::TipPgd(_), _) => break p,
+                // (A TIP.PGE or PSB instead: libipt's context error at it, when it is read
+                // after the bits.)
+                (Pkt::Tip(_) | Pkt::TipPgd(_), _) => break Some(p),
+                (Pkt::TipPge(_) | Pkt::Psb, _) if alone => break Some(p),
+                (Pkt::Ovf, _) if alone && !self.wire.skd007 => break None,
                 _ => return None,
             }
         };
         (st.tnt, st.tnt_n) = (bits, n);
-        st.async_tip = Some((tip_at, from));
+        st.async_tip = tip_at.map(|at| (at, from));
         st.pos = self.flow_past_pads(first + size);
         st.read_on = ReadOn::Nothing;
         Some(TraceItem::Tnt)
+    }
+
+    /// A MODE.Exec between an asynchronous branch's FUP and its TIP or TIP.PGD: the mode
+    /// of the blocks built from then on, the branch's target first. (An IF event bound
+    /// there goes to libipt, as at other TIPs.)
+    #[cold]
+    #[inline(never)]
+    fn flow_async_mode(
+        &mut self,
+        st: &mut FlowState,
+        csl: bool,
+        csd: bool,
+        iflag: bool,
+    ) -> Result<(), Fallback> {
+        let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
+        st.mode_known = true;
+        if st.take_iflag(iflag) {
+            return Err("an IF event not bound to a FUP or TIP.PGE");
+        }
+        self.blocks.flow.mode = mode;
+        Ok(())
+    }
+
+    /// Whether a FUP bound to nothing (the packets after it at `p`) is dropped: an OVF or
+    /// the end of the trace comes next, past PADs and timing packets. libipt's
+    /// asynchronous branch waits for its TIP, and an overflow (tracing enabled: its events
+    /// are dropped) or the end comes first; the records are those of the trace without
+    /// the FUP. (Under erratum SKD007 a CYC may hide the OVF: left as before.)
+    #[cold]
+    #[inline(never)]
+    fn flow_fup_dropped(&self, p: usize) -> bool {
+        if self.wire.skd007 {
+            return false;
+        }
+        let q = self.flow_past_timing_at(p);
+        q >= self.trace.len() || matches!(self.pkt(q), Some((Pkt::Ovf, _)))
     }
 
     /// The packets [`Self::flow_read_item`] meets rarely (events, status, what binds to a

@@ -177,7 +177,10 @@ impl PtDecoder<'_> {
                             | Pkt::Cbr(_),
                             size,
                         )) => p += size,
-                        Some((Pkt::Fup(_), _)) => return Ok(()),
+                        Some((Pkt::Fup(_), _)) => {
+                            st.cfe_fup = true;
+                            return Ok(());
+                        }
                         _ => return Err("CFE not followed by its FUP"),
                     }
                 }

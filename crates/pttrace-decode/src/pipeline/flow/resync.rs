@@ -64,9 +64,21 @@ pub(crate) struct FlowError {
     offset: usize,
     /// Where the search for the resync point starts.
     resume: usize,
-    /// libipt's decoder stays failed there: its resync fails the same way (ptxed's
-    /// "resync error"), then it synchronizes at the next PSB.
-    fatal: bool,
+    /// How libipt's resync goes on from the error.
+    resync: ResyncFrom,
+}
+
+/// How libipt's resync (ptxed's `--resync-on-error`) goes on after an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResyncFrom {
+    /// At the first packet from [`FlowError::resume`] on that gives an IP.
+    Search,
+    /// Its decoder stays failed there: its resync fails the same way (ptxed's "resync
+    /// error"), then it synchronizes at the next PSB.
+    Fails,
+    /// As `Fails`, after the same error once more: the resync finds its packet, and
+    /// decoding from there fails at once.
+    FailsAgain,
 }
 
 /// Where the first packet at or after `p` that is not a PTW starts, and that packet
@@ -123,7 +135,7 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
-            fatal: false,
+            resync: ResyncFrom::Search,
         });
         Err(NOMAP)
     }
@@ -149,8 +161,10 @@ impl PtDecoder<'_> {
             let (at, next) = packet_past_ptws(self.trace, p, self.wire);
             p = at;
             // (The TIP of a FUP whose TNT bits were taken first: that FUP's.)
+            // (A PSB or TIP.PGE instead of its TIP: libipt's context error at it comes
+            // first.)
             if let Some((_, from)) = st.async_tip.filter(|a| a.0 == p) {
-                break in_block(Some(from));
+                break matches!(next, Some((Pkt::Psb | Pkt::TipPge(_), _))) || in_block(Some(from));
             }
             let Some((pkt, size)) = next else {
                 break true;
@@ -396,27 +410,36 @@ impl PtDecoder<'_> {
             ip,
             offset,
             resume,
-            fatal: false,
+            resync: ResyncFrom::Search,
         });
         why
     }
 
-    /// A TIP.PGE while tracing is enabled, just read (at `st.item_at`): libipt's event
-    /// decoder fails at it as its query decoder fetches it ahead, and the query decoder
-    /// reports that, without IP, at the query that took the trace item before it (the
-    /// last bit of its TNT, its TIP): nothing after that item ran, neither the block
-    /// waiting for trace nor code walked without trace.
+    /// A TIP.PGE while tracing is enabled, just read (at `st.item_at`), or a TIP.PGE or
+    /// PSB at `at` while an asynchronous branch's FUP waits for its TIP (`why` says
+    /// which): libipt's event decoder fails at it as its query decoder fetches it ahead,
+    /// and the query decoder reports that, without IP, at the query that took the trace
+    /// item before it (the last bit of its TNT, its TIP): nothing after that item ran,
+    /// neither the block waiting for trace nor code walked without trace. (libipt's
+    /// resync, `resync`: at a TIP.PGE while tracing is enabled it takes the enable; where
+    /// a FUP waits, it fails at a TIP.PGE again, at a PSB at once.)
     #[cold]
     #[inline(never)]
-    pub(super) fn flow_pge_enabled(&mut self, st: &mut FlowState) -> Fallback {
-        let why = "TIP.PGE while tracing is enabled";
+    pub(super) fn flow_context_ahead(
+        &mut self,
+        st: &mut FlowState,
+        at: usize,
+        resync: ResyncFrom,
+        why: Fallback,
+    ) -> Fallback {
         self.flow_drop_walked(st);
+        st.async_tip = None;
         st.error = Some(FlowError {
             what: BAD_CONTEXT,
             ip: None,
-            offset: st.item_at,
-            resume: st.item_at,
-            fatal: false,
+            offset: at,
+            resume: at,
+            resync,
         });
         why
     }
@@ -458,7 +481,7 @@ impl PtDecoder<'_> {
             ip,
             offset,
             resume: offset,
-            fatal: true,
+            resync: ResyncFrom::Fails,
         });
         why
     }
@@ -510,7 +533,7 @@ impl PtDecoder<'_> {
             ip: None,
             offset: at,
             resume: at,
-            fatal: true,
+            resync: ResyncFrom::Fails,
         });
         what
     }
@@ -531,7 +554,7 @@ impl PtDecoder<'_> {
             ip: None,
             offset: at,
             resume: at,
-            fatal: true,
+            resync: ResyncFrom::Fails,
         });
         why
     }
@@ -547,7 +570,7 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
-            fatal: false,
+            resync: ResyncFrom::Search,
         });
         "compressed return not taken"
     }
@@ -562,7 +585,7 @@ impl PtDecoder<'_> {
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
-            fatal: false,
+            resync: ResyncFrom::Search,
         });
         "compressed return, empty return stack"
     }
@@ -601,6 +624,7 @@ impl PtDecoder<'_> {
                 // (What the trace read before the error was to bind to is gone with it.)
                 st.async_tip = None;
                 st.iflag_event = None;
+                st.cfe_fup = false;
                 // An error met with the bits of a deferred TIP's TNT: libipt's event
                 // decoder stands elsewhere (without the option: through libipt; with
                 // it, at the TIP).
@@ -779,10 +803,13 @@ impl PtDecoder<'_> {
 
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        if e.fatal {
+        if e.resync != ResyncFrom::Search {
             // libipt's decoder stays failed (its status error; at a bad status update
             // its resync at that PSB+, `pt_blk_resync_at_sync`, fails the same way):
             // ptxed's "resync error", then it synchronizes forward, at the next PSB.
+            if e.resync == ResyncFrom::FailsAgain {
+                self.flow_gap(e.offset, e.ip, e.what.to_string());
+            }
             self.flow_gap(e.offset, e.ip, format!("resync error: {}", e.what));
             self.flow_commit(st);
             return self.flow_sync_after(st, e);
@@ -916,7 +943,7 @@ impl PtDecoder<'_> {
                         ip: None,
                         offset: st.pos,
                         resume: st.pos,
-                        fatal: true,
+                        resync: ResyncFrom::Fails,
                     };
                     return self.flow_sync_after(st, e);
                 }
