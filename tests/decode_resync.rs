@@ -1565,6 +1565,74 @@ fn fup_then_a_mode_exec_then_its_tip() {
     }
 }
 
+/// A PSBEND outside a PSB+ met by the resync search: libipt's event decoder passes it
+/// (no PSB+ events wait), and the resync goes on at the TIP after it. (libipt 2.3's
+/// resync gives these records.)
+#[test]
+fn resync_passes_a_psbend_outside_a_psb_plus() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    t.at().psbend(); // p6
+    t.at().tip(l[0]); // p7
+    t.at().tnt(&[N]); // p8
+    t.at().fup(l[2]); // p9
+    t.at().tip_pgd(None); // p10
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            R::I(l[2]),
+            nomap(0x10_0100, p[7]),
+            R::I(l[0]),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ],
+    );
+}
+
+/// A TRIG with the IP bit but no instruction count (libipt 2.2's event decoder refuses
+/// it: a bad packet) met by the resync search: the resync fails there (a gap), then the
+/// next PSB. (libipt 2.3's resync gives these records; libipt 2.1.2, which knows no
+/// FUP-bound TRIG, says so in its gap: no comparison without the option.)
+#[test]
+fn resync_fails_at_a_trig_libipt_refuses() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    t.at().tnt(&[T]); // p6
+    t.raw(&[0xd9, 0x80, 0x40]); // p7: TRIG, IP bit, no ICNT
+    t.at().fup(l[1]); // p8
+    t.at().tip(l[0]); // p9
+    t.at().tnt(&[N]); // p10
+    t.at().fup(l[2]); // p11
+    t.at().tip_pgd(None); // p12
+    t.psb_plus(l[1]); // p13..p16
+    t.at().fup(l[2]); // p17
+    t.at().tip_pgd(None); // p18
+    let mut d = decoder(&t.w.buf, &space, DecoderKind::Fast, true);
+    let on: Vec<Record> = d.by_ref().collect();
+    let p = &t.p;
+    assert_eq!(
+        view(&on),
+        [
+            R::I(l[0]),
+            R::I(l[2]),
+            nomap(0x10_0100, p[7]),
+            gap(None, p[7], "resync error: unknown packet".into()),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ]
+    );
+    assert_eq!(d.decoded_by(), ("fast", None));
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

@@ -801,6 +801,25 @@ impl PtDecoder<'_> {
         Ok(Stop::Segment)
     }
 
+    /// A packet libipt refuses (its error `text`) met by the resync search at `st.pos`:
+    /// its resync fails there (ptxed's "resync error"), then it synchronizes forward.
+    fn flow_resync_refused(
+        &mut self,
+        st: &mut FlowState,
+        text: &'static str,
+    ) -> Result<Stop, Fallback> {
+        self.flow_gap(st.pos, None, format!("resync error: {text}"));
+        self.flow_commit(st);
+        let e = FlowError {
+            what: text,
+            ip: None,
+            offset: st.pos,
+            resume: st.pos,
+            resync: ResyncFrom::Fails,
+        };
+        self.flow_sync_after(st, e)
+    }
+
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
         if e.resync != ResyncFrom::Search {
@@ -831,8 +850,13 @@ impl PtDecoder<'_> {
                 return Err("packet cut by the end of the trace");
             };
             match pkt {
-                Pkt::Pad | Pkt::Tnt { .. } => st.pos += size,
+                Pkt::Pad | Pkt::Tnt { .. } | Pkt::Psbend => st.pos += size,
                 Pkt::Trig(t) if !t.ip => st.pos += size,
+                // (With the IP bit but an instruction count other than 0: a packet libipt
+                // refuses, as below.)
+                Pkt::Trig(t) if t.icnt != Some(0) => {
+                    return self.flow_resync_refused(st, BAD_PACKET)
+                }
                 Pkt::Ptw { ip } => {
                     if ip {
                         bound = Bound::Alone;
@@ -936,16 +960,7 @@ impl PtDecoder<'_> {
                     let Some(text) = refused_text(what) else {
                         return Err(what);
                     };
-                    self.flow_gap(st.pos, None, format!("resync error: {text}"));
-                    self.flow_commit(st);
-                    let e = FlowError {
-                        what: text,
-                        ip: None,
-                        offset: st.pos,
-                        resume: st.pos,
-                        resync: ResyncFrom::Fails,
-                    };
-                    return self.flow_sync_after(st, e);
+                    return self.flow_resync_refused(st, text);
                 }
                 Pkt::Cfe { .. } => return Err("cfe"),
                 Pkt::Evd { .. } => return Err("evd"),
