@@ -1633,6 +1633,39 @@ fn resync_fails_at_a_trig_libipt_refuses() {
     assert_eq!(d.decoded_by(), ("fast", None));
 }
 
+/// A window's first PSB+ holding trace of code (a TNT): libipt's synchronization fails
+/// there (its context error, ptxed's "sync error"), then it synchronizes at the next PSB.
+/// With `--resync-on-error` the fast decoder does it itself (without, the window goes to
+/// libipt 2.1.2, whose records are the same; libipt 2.3's resync gives them too).
+#[test]
+fn a_first_psb_plus_with_trace_of_code_is_a_sync_error() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.mode_exec(1); // p1
+    t.at().fup(l[0]); // p2
+    t.at().tnt(&[T]); // p3
+    t.at().psbend(); // p4
+    t.at().tnt(&[T]); // p5
+    t.at().tip(l[3]); // p6
+    t.psb_plus(l[1]); // p7..p10
+    t.at().tip(l[3]); // p11
+    t.at().fup(l[3]); // p12
+    t.at().tip_pgd(None); // p13
+    let p = &t.p;
+    let want = [
+        gap(None, p[3], "unexpected packet context".into()),
+        R::I(l[1]),
+        R::I(l[2]),
+        disabled(Some(l[3])),
+    ];
+    let lib = decode(&t.w.buf, &space, DecoderKind::Libipt, false);
+    assert_eq!(view(&lib), want);
+    let mut d = decoder(&t.w.buf, &space, DecoderKind::Fast, true);
+    assert_eq!(d.by_ref().collect::<Vec<_>>(), lib);
+    assert_eq!(d.decoded_by(), ("fast", None));
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

@@ -1078,6 +1078,9 @@ impl PtDecoder<'_> {
             let Some(p) = wire::find_psb(self.trace, 0) else {
                 return Ok(Stop::Done);
             };
+            let Some(p) = self.flow_first_sync(st, p) else {
+                return Ok(Stop::Done);
+            };
             st.pos = p;
             st.synced = true;
             self.pending_timestamp = !st.at_cut;

@@ -728,11 +728,61 @@ impl PtDecoder<'_> {
     /// from 15 bytes before (one the last packet may have cut into), the last of a run of
     /// PSB patterns (its search ends there).
     fn flow_psb_from(&self, pos: usize) -> Option<usize> {
-        let mut q = wire::find_psb(self.trace, pos.saturating_sub(wire::PSB.len() - 1))?;
+        let q = wire::find_psb(self.trace, pos.saturating_sub(wire::PSB.len() - 1))?;
+        Some(self.flow_psb_run_end(q))
+    }
+
+    /// The last PSB of the run of PSB patterns at `q`.
+    fn flow_psb_run_end(&self, mut q: usize) -> usize {
         while self.trace.get(q + wire::PSB.len()..q + wire::PSB.len() + 2) == Some(&[0x02, 0x82]) {
             q += 2;
         }
+        q
+    }
+
+    /// The PSB the window's first synchronization is at, the first at or after `q`
+    /// (none: the trace ends first). With `--resync-on-error`, one whose PSB+ libipt's
+    /// synchronization fails at is its "sync error" there, then the next PSB (as libipt
+    /// 2.1.2 does too); without, those go to libipt.
+    pub(super) fn flow_first_sync(&mut self, st: &mut FlowState, mut q: usize) -> Option<usize> {
+        if !st.resync {
+            return Some(q);
+        }
+        while let Some((at, text)) = self.flow_psb_refused(st, self.flow_psb_run_end(q)) {
+            self.flow_gap(at, None, text.to_string());
+            self.flow_commit(st);
+            q = self.flow_psb_from(at + 1)?;
+        }
         Some(q)
+    }
+
+    /// Where the PSB+ at `q` holds a packet libipt's packet decoder refuses or trace of
+    /// code, where libipt's synchronization there fails and its error.
+    fn flow_psb_refused(&self, st: &FlowState, q: usize) -> Option<(usize, &'static str)> {
+        let mut p = q + wire::PSB.len();
+        let mut fup_at = None;
+        while let Some((pkt, size)) = self.pkt(p) {
+            match pkt {
+                Pkt::Psbend | Pkt::Ovf | Pkt::Psb => return None,
+                Pkt::Fup(_) => {
+                    fup_at = Some(p);
+                    p += size;
+                }
+                Pkt::Other(what) => {
+                    let text = refused_text(what)?;
+                    // (With erratum BDM70 libipt looks past the PSB+ FUP for a bad
+                    // packet: it fails there.)
+                    let at = if st.bdm70 { fup_at.unwrap_or(p) } else { p };
+                    return Some((at, text));
+                }
+                // (Trace of code: its context error.)
+                Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) => {
+                    return Some((p, BAD_CONTEXT))
+                }
+                _ => p += size,
+            }
+        }
+        None
     }
 
     /// A synchronization at the PSB at `q` (after an error; `resync`: where the resync
@@ -746,42 +796,10 @@ impl PtDecoder<'_> {
         mut q: usize,
         resync: bool,
     ) -> Result<Stop, Fallback> {
-        loop {
-            let mut p = q + wire::PSB.len();
-            let mut fup_at = None;
-            let mut refused = None;
-            while let Some((pkt, size)) = self.pkt(p) {
-                match pkt {
-                    Pkt::Psbend | Pkt::Ovf | Pkt::Psb => break,
-                    Pkt::Fup(_) => {
-                        fup_at = Some(p);
-                        p += size;
-                    }
-                    Pkt::Other(what) => {
-                        refused = refused_text(what).map(|t| (p, t, true));
-                        break;
-                    }
-                    // (Trace of code: its context error.)
-                    Pkt::Tnt { .. } | Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) => {
-                        refused = Some((p, BAD_CONTEXT, false));
-                        break;
-                    }
-                    _ => p += size,
-                }
-            }
-            let Some((at, text, packet)) = refused else {
-                break;
-            };
+        while let Some((at, text)) = self.flow_psb_refused(st, q) {
             if !(st.resync && st.resynced) {
                 return Err("a packet libipt refuses in the PSB+ of a synchronization");
             }
-            // (With erratum BDM70 libipt looks past the PSB+ FUP for a bad packet: it
-            // fails there.)
-            let at = if st.bdm70 && packet {
-                fup_at.unwrap_or(at)
-            } else {
-                at
-            };
             let text = if resync {
                 format!("resync error: {text}")
             } else {
