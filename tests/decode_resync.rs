@@ -1666,6 +1666,48 @@ fn a_first_psb_plus_with_trace_of_code_is_a_sync_error() {
     assert_eq!(d.decoded_by(), ("fast", None));
 }
 
+/// A MODE.TSX the resync search reads before the TIP it resumes at still waits for its
+/// FUP in libipt's event queue: the next PSB is libipt's context error (no event is
+/// carried across a PSB), its resync fails there too, then the next PSB. (libipt 2.3's
+/// resync gives these records.)
+#[test]
+fn a_mode_tsx_read_by_the_resync_makes_the_next_psb_a_context_error() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    t.mode_tsx(true, false); // p6
+    t.at().tip(l[0]); // p7
+    t.at().tnt(&[N]); // p8
+    t.at().tip(l[0]); // p9
+    t.psb_plus(l[0]); // p10..p13
+    t.at().tnt(&[N]); // p14
+    t.at().fup(l[2]); // p15
+    t.at().tip_pgd(None); // p16
+    t.psb_plus(l[1]); // p17..p20
+    t.at().fup(l[2]); // p21
+    t.at().tip_pgd(None); // p22
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let context = |what: &str| gap(None, p[10], what.into());
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            R::I(l[2]),
+            nomap(0x10_0100, p[7]),
+            R::I(l[0]),
+            R::I(l[1]),
+            R::I(l[2]),
+            context("unexpected packet context"),
+            context("resync error: unexpected packet context"),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ],
+    );
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

@@ -711,6 +711,11 @@ pub(crate) struct FlowState {
     /// A CFE of an IRET, a VM entry or a UIRET was read: the next trace item is the TIP
     /// or TIP.PGD of that instruction.
     cfe_ret: Option<CfeRet>,
+    /// After a resync at a TIP, a MODE.TSX or PTW the resync search read still waits for
+    /// its FUP: libipt 2.2's resync leaves it in its event decoder's queue. A PSB is then
+    /// libipt's context error (no event is carried across a PSB), a FUP goes beyond the
+    /// fast decoder, an OVF drops it.
+    event_waits: bool,
     /// The CFE of an asynchronous event was read: the next FUP is its branch's, which
     /// libipt binds the event to (not a FUP bound to nothing).
     cfe_fup: bool,
@@ -865,6 +870,7 @@ impl FlowState {
             at_cut: false,
             cfe_ret: None,
             cfe_fup: false,
+            event_waits: false,
             pgd_ip: None,
             deferred_tip: None,
             psb_fup: None,
@@ -2415,6 +2421,9 @@ impl PtDecoder<'_> {
                     if !st.enabled {
                         return Err("FUP while tracing is disabled");
                     }
+                    if st.event_waits {
+                        return Err("a FUP a MODE.TSX or PTW waits for since a resync");
+                    }
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
                     // (What follows a FUP bound to nothing, as libipt reads it, applies
                     // neither to a MODE.TSX abort's nor to the FUP of a CFE.)
@@ -2486,7 +2495,7 @@ impl PtDecoder<'_> {
                 Pkt::Psb => {
                     // (Left for `flow_psb`, which reads the PSB+.)
                     st.pos -= size;
-                    if st.async_tip.is_some() {
+                    if st.async_tip.is_some() || st.event_waits {
                         let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
                         let resync = ResyncFrom::Fails;
                         return Err(self.flow_context_ahead(st, st.pos, resync, why));
@@ -2666,6 +2675,7 @@ impl PtDecoder<'_> {
             Pkt::Psbend => {}
             Pkt::Ovf => {
                 st.read_on = ReadOn::Nothing;
+                st.event_waits = false;
                 return Ok(Some(TraceItem::Ovf));
             }
             // Event trace (CFE, with EVDs before it): see `event_trace`.

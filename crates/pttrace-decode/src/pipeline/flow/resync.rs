@@ -718,6 +718,7 @@ impl PtDecoder<'_> {
         };
         st.clock = st.clock.reset();
         st.cfe_ret = None;
+        st.event_waits = false;
         st.mwait = false;
         st.bound_branch = [None; 2];
         st.tsx_abort = None;
@@ -796,6 +797,7 @@ impl PtDecoder<'_> {
         mut q: usize,
         resync: bool,
     ) -> Result<Stop, Fallback> {
+        st.event_waits = false;
         while let Some((at, text)) = self.flow_psb_refused(st, q) {
             if !(st.resync && st.resynced) {
                 return Err("a packet libipt refuses in the PSB+ of a synchronization");
@@ -860,6 +862,8 @@ impl PtDecoder<'_> {
         // (A FUP bound to nothing with no TIP right after it: libipt's asynchronous
         // branch from its IP, waiting for a TIP past the TNTs the resync ignores.)
         let mut from_fup = None;
+        // (An event read that binds to a FUP only: MODE.TSX, PTW with IP.)
+        let mut fup_only = false;
         loop {
             let Some((pkt, size)) = self.pkt(st.pos) else {
                 if st.pos >= self.trace.len() {
@@ -878,6 +882,7 @@ impl PtDecoder<'_> {
                 Pkt::Ptw { ip } => {
                     if ip {
                         bound = Bound::Alone;
+                        fup_only = true;
                     }
                     st.pos += size;
                 }
@@ -910,6 +915,7 @@ impl PtDecoder<'_> {
                 Pkt::ModeTsx { abort } => {
                     // (An abort's FUP is the source of the branch a TIP after it gives.)
                     bound = if abort { Bound::Abort } else { Bound::Alone };
+                    fup_only = true;
                     st.pos += size;
                 }
                 Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) if st.iflag_event.is_some() => {
@@ -918,6 +924,9 @@ impl PtDecoder<'_> {
                 Pkt::Tip(p) => {
                     st.pos += size;
                     let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
+                    // (libipt's resync leaves a MODE.TSX or PTW waiting for its FUP in its
+                    // event decoder's queue.)
+                    st.event_waits |= fup_only;
                     if let Some(from) = from_fup {
                         self.flow_event(st, Record::KernelXfer { from, to: Some(ip) });
                     }
