@@ -1708,6 +1708,92 @@ fn a_mode_tsx_read_by_the_resync_makes_the_next_psb_a_context_error() {
     );
 }
 
+/// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
+/// decoding (after a disable; timing packets, a CBR or status in the PSB+ or not):
+/// libipt's context error at the TNT, on the fast path. At a synchronization: libipt's
+/// synchronization fails at the PSBEND where only timing packets come between (ptxed's
+/// "sync error"; with `--resync-on-error` on the fast path, without through libipt),
+/// at the TNT where an event (a CBR) does. Then the next PSB. (libipt 2.1.2 and 2.3 give
+/// these records.)
+#[test]
+fn trace_right_after_a_psb_plus_while_tracing_is_disabled() {
+    let (space, l) = jz_then_jmp_rax();
+    let tail = |t: &mut Trace| {
+        t.psb_plus(l[1]);
+        t.at().fup(l[2]);
+        t.at().tip_pgd(None);
+    };
+    for inside in [None, Some(0x1234u64)] {
+        let mut t = Trace::default();
+        t.psb_plus(l[0]); // p0..p3
+        t.at().tnt(&[T]); // p4
+        t.at().fup(l[2]); // p5
+        t.at().tip_pgd(None); // p6
+        t.at().psb(); // p7
+        if let Some(tsc) = inside {
+            t.at().tsc(tsc);
+        }
+        t.at().psbend();
+        t.at().tnt(&[T]);
+        let at = *t.p.last().unwrap();
+        tail(&mut t);
+        let c = Case {
+            t,
+            space: space.clone(),
+            l: l.clone(),
+        };
+        let context = |what: &str| gap(None, at, what.into());
+        let mut off = vec![
+            R::I(l[0]),
+            disabled(Some(l[2])),
+            context("unexpected packet context"),
+        ];
+        let mut on = off.clone();
+        on.push(context("resync error: unexpected packet context"));
+        for v in [&mut off, &mut on] {
+            // (The PSB+'s time comes with the next record.)
+            if let Some(tsc) = inside {
+                v.push(R::Rec(Record::Timestamp {
+                    tsc,
+                    perf_time: None,
+                }));
+            }
+            v.extend([R::I(l[1]), disabled(Some(l[2]))]);
+        }
+        check_both(&c, &off, &on);
+    }
+    for cbr in [false, true] {
+        let mut t = Trace::default();
+        t.at().psb(); // p0
+        t.mode_exec(1); // p1
+        t.at().psbend(); // p2
+        if cbr {
+            t.raw(&[0x02, 0x03, 0x20, 0x00]); // p3: CBR
+        }
+        t.at().tsc(0x1234);
+        t.at().tnt(&[T]);
+        let tnt = *t.p.last().unwrap();
+        tail(&mut t);
+        let p = t.p.clone();
+        let lib = decode(&t.w.buf, &space, DecoderKind::Libipt, false);
+        let mut d = decoder(&t.w.buf, &space, DecoderKind::Fast, true);
+        let on = view(&d.by_ref().collect::<Vec<_>>());
+        assert_eq!(d.decoded_by(), ("fast", None), "cbr {cbr}");
+        let rest = [R::I(l[1]), disabled(Some(l[2]))];
+        if cbr {
+            let context = |what: &str| gap(None, tnt, what.into());
+            let want = context("unexpected packet context");
+            assert_eq!(view(&lib), [&[want.clone()][..], &rest[..]].concat());
+            let resync = context("resync error: unexpected packet context");
+            assert_eq!(on, [&[want, resync][..], &rest[..]].concat());
+        } else {
+            let want = gap(None, p[2], "unexpected packet context".into());
+            assert_eq!(view(&lib), [&[want][..], &rest[..]].concat());
+            assert_eq!(view(&lib), on);
+        }
+    }
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

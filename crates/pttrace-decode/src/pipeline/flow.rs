@@ -729,6 +729,8 @@ pub(crate) struct FlowState {
     psb_fup: Option<u64>,
     /// Where the last PSBEND starts, and the packet after it.
     psbend: Option<(usize, usize)>,
+    /// Whether the last PSB+ read was a synchronization's (not passed while decoding).
+    psb_sync: bool,
     /// SKD010 and APL12 (how an overflow resolves): where libipt's look-ahead finds the
     /// erratum applies, the window goes to libipt ([`ovf_errata`]).
     pub skd010: bool,
@@ -875,6 +877,7 @@ impl FlowState {
             deferred_tip: None,
             psb_fup: None,
             psbend: None,
+            psb_sync: false,
             mwait: false,
             bound_branch: [None; 2],
             bdm64: false,
@@ -1138,11 +1141,12 @@ impl PtDecoder<'_> {
                     // (An overflow while tracing is disabled resolves as one while it is
                     // enabled: at the FUP after it, or disabled.)
                     TraceItem::Ovf => self.flow_ovf(st)?,
-                    // (Trace of code: libipt's context error at it. Right after a PSB+,
-                    // where libipt reports it depends on the PSB+'s events: through
-                    // libipt.)
+                    // (Trace of code: libipt's context error at it. Right after the
+                    // PSB+ of a synchronization, timing packets at most between, libipt's
+                    // synchronization fails instead, at the PSBEND: through libipt, or
+                    // with `--resync-on-error` at the synchronization, `flow_psb_refused`.)
                     TraceItem::Tnt | TraceItem::Tip(_) => {
-                        if self.flow_right_after_psb(st) {
+                        if st.psb_sync && self.flow_right_after_psb_timing(st) {
                             return Err("trace after a PSB+ while tracing is disabled");
                         }
                         return Err(self.flow_context_at(
@@ -1173,6 +1177,13 @@ impl PtDecoder<'_> {
             }
             p == st.item_at
         })
+    }
+
+    /// Whether the last trace item read comes right after a PSB+, PADs and timing packets
+    /// between at most.
+    fn flow_right_after_psb_timing(&self, st: &FlowState) -> bool {
+        st.psbend
+            .is_some_and(|(_, p)| self.flow_past_timing_at(p) == st.item_at)
     }
 
     /// Decodes from the current block while the trace is TNT and TIP; returns at a
@@ -2932,6 +2943,7 @@ impl PtDecoder<'_> {
                 }
                 Pkt::Psbend => {
                     st.psbend = Some((pkt_at, st.pos));
+                    st.psb_sync = sync;
                     break;
                 }
                 Pkt::Ovf => {

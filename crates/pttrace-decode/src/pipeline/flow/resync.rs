@@ -764,6 +764,14 @@ impl PtDecoder<'_> {
         let mut fup_at = None;
         while let Some((pkt, size)) = self.pkt(p) {
             match pkt {
+                // (Tracing disabled, trace of code right after it, timing packets at most
+                // between: libipt's context error at the PSBEND, as the synchronization
+                // looks for the events after it.)
+                Pkt::Psbend if fup_at.is_none() => {
+                    let next = self.pkt(self.flow_past_timing_at(p + size));
+                    return matches!(next, Some((Pkt::Tnt { .. } | Pkt::Tip(_), _)))
+                        .then_some((p, BAD_CONTEXT));
+                }
                 Pkt::Psbend | Pkt::Ovf | Pkt::Psb => return None,
                 Pkt::Fup(_) => {
                     fup_at = Some(p);
