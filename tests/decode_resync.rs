@@ -1794,6 +1794,67 @@ fn trace_right_after_a_psb_plus_while_tracing_is_disabled() {
     }
 }
 
+/// A TIP.PGE while tracing is enabled right after a PSB+ passed while decoding (timing
+/// packets, or a MODE.Exec that changes nothing, between): the code up to the PSB+'s FUP
+/// IP ran (the code walked without trace since the last trace item and the block
+/// waiting for trace up to that IP), then libipt's context error at the TIP.PGE, on the
+/// fast path. (It dropped that code before. libipt 2.1.2 and 2.3 give these records.)
+#[test]
+fn tip_pge_while_enabled_after_a_psb_plus_keeps_the_code_up_to_its_fup() {
+    let (space, l) = asm(|a| {
+        let (mut l2, mut l4, mut l8) = (a.create_label(), a.create_label(), a.create_label());
+        a.jz(l2)?; // l0
+        a.nop()?; // l1
+        a.set_label(&mut l2)?;
+        a.jmp(l4)?; // l2
+        a.hlt()?; // l3
+        a.set_label(&mut l4)?;
+        a.nop()?; // l4
+        a.nop()?; // l5
+        a.jz(l8)?; // l6
+        a.nop()?; // l7
+        a.set_label(&mut l8)?;
+        a.hlt() // l8
+    });
+    for mode_exec in [false, true] {
+        let mut t = Trace::default();
+        t.psb_plus(l[0]); // p0..p3
+        t.at().tnt(&[T]); // p4
+        t.psb_plus(l[5]); // p5..p8
+        t.at().tsc(0x100); // p9
+        if mode_exec {
+            t.mode_exec(1);
+        }
+        t.at().tip_pge(l[7]);
+        let pge = *t.p.last().unwrap();
+        t.at().fup(l[8]);
+        t.at().tip_pgd(None);
+        let c = Case {
+            t,
+            space: space.clone(),
+            l: l.clone(),
+        };
+        let context = gap(None, pge, "unexpected packet context".into());
+        let off = [R::I(l[0]), R::I(l[2]), R::I(l[4]), context];
+        // (With the option: the resync at the TIP.PGE, its enable.)
+        let on: Vec<R> = off
+            .iter()
+            .cloned()
+            .chain([
+                R::Rec(Record::Timestamp {
+                    tsc: 0x100,
+                    perf_time: None,
+                }),
+                disabled(None),
+                R::Rec(Record::TraceEnabled { ip: l[7] }),
+                R::I(l[7]),
+                disabled(Some(l[8])),
+            ])
+            .collect();
+        check_both(&c, &off, &on);
+    }
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

@@ -1186,6 +1186,18 @@ impl PtDecoder<'_> {
             .is_some_and(|(_, p)| self.flow_past_timing_at(p) == st.item_at)
     }
 
+    /// Whether the last trace item read comes right after a PSB+, PADs, timing packets
+    /// and MODE.Execs between at most.
+    fn flow_right_after_psb_or_mode(&self, st: &FlowState) -> bool {
+        st.psbend.is_some_and(|(_, mut p)| loop {
+            p = self.flow_past_timing_at(p);
+            match self.pkt(p) {
+                Some((Pkt::ModeExec { .. }, n)) => p += n,
+                _ => return p == st.item_at,
+            }
+        })
+    }
+
     /// Decodes from the current block while the trace is TNT and TIP; returns at a
     /// segment boundary or the end (`Some`), or after an event (`None`).
     #[inline]
@@ -2678,6 +2690,9 @@ impl PtDecoder<'_> {
                         st.read_on = ReadOn::Other;
                         return Ok(Some(TraceItem::Bound(at)));
                     }
+                    // (One that changes nothing before a TIP.PGE: libipt fails at the
+                    // TIP.PGE first, its context error as without it; no time moves.)
+                    Some(Pkt::TipPge(_)) if mode == before && st.iflag_event.is_none() => {}
                     _ => return Err("MODE.Exec while tracing is enabled, not bound"),
                 }
             }

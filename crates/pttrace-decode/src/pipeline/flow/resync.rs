@@ -432,7 +432,15 @@ impl PtDecoder<'_> {
         resync: ResyncFrom,
         why: Fallback,
     ) -> Fallback {
-        self.flow_drop_walked(st);
+        // (After a PSB+ with a FUP passed right before, the code up to its IP ran first.)
+        if let (super::ReadOn::Nothing, Some(ip), false) = (st.read_on, st.psb_fup, st.psb_sync) {
+            if self.flow_right_after_psb_or_mode(st) {
+                st.read_on = super::ReadOn::ToFup(ip);
+            }
+        }
+        if !self.flow_read_on_ran(st, true) {
+            return why;
+        }
         st.async_tip = None;
         st.error = Some(FlowError {
             what: BAD_CONTEXT,
@@ -500,21 +508,36 @@ impl PtDecoder<'_> {
         if st.iflags && self.flow_right_after_psb(st) {
             return what;
         }
+        if !self.flow_read_on_ran(st, false) {
+            return what;
+        }
+        self.flow_bad_packet_at(st, what, st.item_at)
+    }
+
+    /// What libipt read since the last trace item ran before an error there: after a
+    /// PSB+ with a FUP, the code up to its IP (the block waiting for trace up to it);
+    /// after nothing else, nothing (`drop`: the code walked without trace dropped). False
+    /// where libipt's records depend on more (other events read): through libipt.
+    fn flow_read_on_ran(&mut self, st: &mut FlowState, drop: bool) -> bool {
         match st.read_on {
-            super::ReadOn::Nothing => {}
+            super::ReadOn::Nothing => {
+                if drop {
+                    self.flow_drop_walked(st);
+                }
+            }
             super::ReadOn::ToFup(ip) => {
                 let b = st
                     .enabled
                     .then(|| self.blocks.flow.blocks.get(st.cur as usize).copied())
                     .flatten();
                 let Some((b, n)) = b.and_then(|b| Some((b, self.flow_index_of(b, ip)?))) else {
-                    return what;
+                    return false;
                 };
                 self.flow_push_block(st, b, n);
             }
-            super::ReadOn::Other => return what,
+            super::ReadOn::Other => return false,
         }
-        self.flow_bad_packet_at(st, what, st.item_at)
+        true
     }
 
     /// A packet libipt's packet decoder refuses at `at` (`what`: the wire parser's name
