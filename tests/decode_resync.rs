@@ -1855,6 +1855,55 @@ fn tip_pge_while_enabled_after_a_psb_plus_keeps_the_code_up_to_its_fup() {
     }
 }
 
+/// Two MODE.Execs in a PSB+ passed while the code runs: the same mode twice is as one
+/// (on the fast path); a second of another mode is libipt's bad status update at it
+/// (with `--resync-on-error` on the fast path; without, through libipt, as for one
+/// MODE.Exec of another mode). (libipt 2.1.2 and 2.3 give these records.)
+#[test]
+fn two_mode_execs_in_a_psb_plus_passed_while_decoding() {
+    let (space, l) = jz_then_jmp_rax();
+    for second in [1u8, 2] {
+        let mut t = Trace::default();
+        t.psb_plus(l[0]); // p0..p3
+        t.at().tnt(&[T]); // p4
+        t.at().psb(); // p5
+        t.mode_exec(1); // p6
+        t.mode_exec(second); // p7
+        t.at().fup(l[2]); // p8
+        t.at().psbend(); // p9
+        t.at().tip(l[1]); // p10
+        t.at().fup(l[2]); // p11
+        t.at().tip_pgd(None); // p12
+        let c = Case {
+            t,
+            space: space.clone(),
+            l: l.clone(),
+        };
+        let (l, p) = (&c.l, &c.t.p);
+        if second == 1 {
+            let want = [R::I(l[0]), R::I(l[2]), R::I(l[1]), disabled(Some(l[2]))];
+            check_both(&c, &want, &want);
+            continue;
+        }
+        let lib = decode(&c.t.w.buf, &c.space, DecoderKind::Libipt, false);
+        // (ptxed's IP for it: where the code after the last trace item starts.)
+        let bad = |what: &str| gap(Some(l[2]), p[7], what.into());
+        let lib_bad = gap(None, p[7], "bad status update".into());
+        assert_eq!(view(&lib), [R::I(l[0]), lib_bad]);
+        let mut d = decoder(&c.t.w.buf, &c.space, DecoderKind::Fast, true);
+        let on = view(&d.by_ref().collect::<Vec<_>>());
+        assert_eq!(d.decoded_by(), ("fast", None));
+        assert_eq!(
+            on,
+            [
+                R::I(l[0]),
+                bad("bad status update"),
+                bad("resync error: bad status update")
+            ]
+        );
+    }
+}
+
 /// After a resync on error, an OVF followed by trace of code (no FUP): libipt 2.2's
 /// context error at the OVF (the code before it that waits for trace not decoded),
 /// which its resync does not get past (a second gap), then the next PSB. (libipt 2.3's

@@ -2947,14 +2947,27 @@ impl PtDecoder<'_> {
                     after_fup = st.pos;
                     fup_at = pkt_at;
                 }
-                // (Two are an error to libipt: a bad status update.)
                 Pkt::ModeExec { csl, csd, iflag } => {
-                    if mode.is_some() {
+                    let m = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
+                    let Some(first) = mode else {
+                        mode_at = pkt_at;
+                        psb_iflag = Some(iflag);
+                        mode = Some(m);
+                        continue;
+                    };
+                    // A second one, as libipt reads it in a PSB+ passed while the code
+                    // runs: the same mode as the first changes nothing; another, where
+                    // the first is the code's, is the bad status update, at it. (At a
+                    // synchronization, while tracing is disabled, or with another IF
+                    // under iflags events: through libipt.)
+                    let same_if = !st.iflags || psb_iflag == Some(iflag);
+                    if sync || !st.enabled || !st.mode_known || !same_if {
                         return Err("two MODE.Execs in a PSB+");
                     }
-                    mode_at = pkt_at;
-                    psb_iflag = Some(iflag);
-                    mode = Some(FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?)
+                    if m != first && first == self.blocks.flow.mode {
+                        mode_at = pkt_at;
+                        mode = Some(m);
+                    }
                 }
                 Pkt::Psbend => {
                     st.psbend = Some((pkt_at, st.pos));
