@@ -172,10 +172,15 @@ fn decode_and_dump_files() {
             "decoded by: fast: 2"
         ]
     );
-    // A FUP followed by neither TIP nor TIP.PGD: the fast decoder hands the window to
-    // libipt, and the summary says so and why.
+    // A TIP.PGE with no MODE.Exec since the synchronization: the fast decoder hands the
+    // window to libipt, and the summary says so and why.
     let mut w2 = PtWriter::new();
-    w2.psb_plus(Some(0x100), None).tip_pge(base).fup(base + 1);
+    w2.psb()
+        .tsc(0x100)
+        .psbend()
+        .tip_pge(base)
+        .fup(base + 1)
+        .tip_pgd(None);
     let fup = dir.path().join("fup.pt");
     std::fs::write(&fup, &w2.buf).unwrap();
     let (ok, sum, err) = pttrace(&[
@@ -191,9 +196,9 @@ fn decode_and_dump_files() {
     assert_eq!(
         sum.lines().collect::<Vec<_>>(),
         [
-            "trace: 0 instructions, 0 gaps, 0 overflows",
-            "total: 0 instructions, 0 gaps, 0 overflows",
-            "decoded by: libipt (FUP at the end of the trace): 1"
+            "trace: 1 instruction, 0 gaps, 0 overflows",
+            "total: 1 instruction, 0 gaps, 0 overflows",
+            "decoded by: libipt (TIP.PGE with no MODE.Exec since the synchronization): 1"
         ]
     );
     // Without the image: a gap naming the file, offset and address.
