@@ -2462,8 +2462,6 @@ impl PtDecoder<'_> {
                         if let Some(item) = self.flow_fup_before_tnt(st, from, first, alone) {
                             return Ok(item);
                         }
-                    } else if alone && self.flow_fup_dropped(st.pos) {
-                        continue;
                     }
                     // The TIP or TIP.PGD of the asynchronous branch, with PADs and timing
                     // packets (MTC, CYC, TSC, TMA) before it as real hardware writes them
@@ -2473,10 +2471,27 @@ impl PtDecoder<'_> {
                     // does a MODE.Exec (an interrupt into another mode): the code up to
                     // the FUP's IP, whose blocks are built already, runs in the mode
                     // before it, the code at the TIP's target in its mode.
-                    let end = "FUP at the end of the trace";
                     // (With a TIP.PGD, they come after the disable: no code.)
-                    let mut next_at = self.flow_past_timing_at(st.pos);
-                    let mut next = Self::flow_past_timing(self.trace, st, end)?;
+                    let end = "FUP at the end of the trace";
+                    // (One bound to nothing that the end of the trace or an OVF follows:
+                    // dropped. libipt's asynchronous branch waits for its TIP, and the end
+                    // or an overflow, which drops the events waiting while tracing is
+                    // enabled, comes first; the records are those of the trace without
+                    // the FUP. Under erratum SKD007 a CYC may hide the OVF: as before.)
+                    let dropped = alone && !self.wire.skd007;
+                    let (mut next, mut next_at) =
+                        match Self::flow_past_timing_from(self.trace, st, end) {
+                            Err(_) if dropped && st.pos >= self.trace.len() => {
+                                return Ok(TraceItem::End(st.read_on))
+                            }
+                            Ok((Pkt::Ovf, at)) if dropped => {
+                                st.item_at = at;
+                                return Ok(self
+                                    .flow_rare_packet(st, Pkt::Ovf)?
+                                    .unwrap_or(TraceItem::Ovf));
+                            }
+                            next => next?,
+                        };
                     loop {
                         match next {
                             Pkt::Pip | Pkt::Vmcs => {}
@@ -2499,8 +2514,7 @@ impl PtDecoder<'_> {
                             }
                             _ => break,
                         }
-                        next_at = self.flow_past_timing_at(st.pos);
-                        next = Self::flow_past_timing(self.trace, st, end)?;
+                        (next, next_at) = Self::flow_past_timing_from(self.trace, st, end)?;
                     }
                     st.read_on = ReadOn::Nothing;
                     return match next {
@@ -2542,8 +2556,10 @@ impl PtDecoder<'_> {
     /// item, the others are read after it as usual, and the TIP then ends the asynchronous
     /// branch ([`FlowState::async_tip`]). (An indirect branch met while the bits last finds
     /// no TIP: [`Self::flow_deferred_tip`].) Where an OVF or the end of the trace comes
-    /// instead of that TIP, the bits are read as usual and the FUP is dropped (as in
-    /// [`Self::flow_fup_dropped`]).
+    /// instead of that TIP, the bits are read as usual and the FUP is dropped: libipt's
+    /// asynchronous branch waits for its TIP, and an overflow (tracing enabled: its events
+    /// are dropped) or the end comes first; the records are those of the trace without
+    /// the FUP.
     #[cold]
     #[inline(never)]
     fn flow_fup_before_tnt(
@@ -2603,21 +2619,6 @@ impl PtDecoder<'_> {
         }
         self.blocks.flow.mode = mode;
         Ok(())
-    }
-
-    /// Whether a FUP bound to nothing (the packets after it at `p`) is dropped: an OVF or
-    /// the end of the trace comes next, past PADs and timing packets. libipt's
-    /// asynchronous branch waits for its TIP, and an overflow (tracing enabled: its events
-    /// are dropped) or the end comes first; the records are those of the trace without
-    /// the FUP. (Under erratum SKD007 a CYC may hide the OVF: left as before.)
-    #[cold]
-    #[inline(never)]
-    fn flow_fup_dropped(&self, p: usize) -> bool {
-        if self.wire.skd007 {
-            return false;
-        }
-        let q = self.flow_past_timing_at(p);
-        q >= self.trace.len() || matches!(self.pkt(q), Some((Pkt::Ovf, _)))
     }
 
     /// The packets [`Self::flow_read_item`] meets rarely (events, status, what binds to a
@@ -2863,6 +2864,15 @@ impl PtDecoder<'_> {
     }
 
     fn flow_past_timing(trace: &[u8], st: &mut FlowState, end: Fallback) -> Result<Pkt, Fallback> {
+        Ok(Self::flow_past_timing_from(trace, st, end)?.0)
+    }
+
+    /// [`Self::flow_past_timing`], with where the packet starts.
+    fn flow_past_timing_from(
+        trace: &[u8],
+        st: &mut FlowState,
+        end: Fallback,
+    ) -> Result<(Pkt, usize), Fallback> {
         loop {
             let Some((next, size)) = wire::parse_with(trace, st.pos, st.wire) else {
                 return Err(end);
@@ -2873,7 +2883,7 @@ impl PtDecoder<'_> {
                 Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_) => {
                     st.clock.on_timing(next, false, st.clock_cfg)?;
                 }
-                _ => return Ok(next),
+                _ => return Ok((next, st.pos - size)),
             }
         }
     }
