@@ -1146,7 +1146,7 @@ impl PtDecoder<'_> {
                     // synchronization fails instead, at the PSBEND: through libipt, or
                     // with `--resync-on-error` at the synchronization, `flow_psb_refused`.)
                     TraceItem::Tnt | TraceItem::Tip(_) => {
-                        if st.psb_sync && self.flow_right_after_psb_timing(st) {
+                        if st.psb_sync && self.flow_right_after_psb_past(st, false) {
                             return Err("trace after a PSB+ while tracing is disabled");
                         }
                         return Err(self.flow_context_at(
@@ -1180,19 +1180,12 @@ impl PtDecoder<'_> {
     }
 
     /// Whether the last trace item read comes right after a PSB+, PADs and timing packets
-    /// between at most.
-    fn flow_right_after_psb_timing(&self, st: &FlowState) -> bool {
-        st.psbend
-            .is_some_and(|(_, p)| self.flow_past_timing_at(p) == st.item_at)
-    }
-
-    /// Whether the last trace item read comes right after a PSB+, PADs, timing packets
-    /// and MODE.Execs between at most.
-    fn flow_right_after_psb_or_mode(&self, st: &FlowState) -> bool {
+    /// between at most (and MODE.Execs, with `modes`).
+    fn flow_right_after_psb_past(&self, st: &FlowState, modes: bool) -> bool {
         st.psbend.is_some_and(|(_, mut p)| loop {
             p = self.flow_past_timing_at(p);
             match self.pkt(p) {
-                Some((Pkt::ModeExec { .. }, n)) => p += n,
+                Some((Pkt::ModeExec { .. }, n)) if modes => p += n,
                 _ => return p == st.item_at,
             }
         })
@@ -2486,9 +2479,8 @@ impl PtDecoder<'_> {
                             }
                             Ok((Pkt::Ovf, at)) if dropped => {
                                 st.item_at = at;
-                                return Ok(self
-                                    .flow_rare_packet(st, Pkt::Ovf)?
-                                    .unwrap_or(TraceItem::Ovf));
+                                st.read_on = ReadOn::Nothing;
+                                return Ok(TraceItem::Ovf);
                             }
                             next => next?,
                         };
@@ -2585,9 +2577,9 @@ impl PtDecoder<'_> {
                 (Pkt::Pad | Pkt::Tnt { .. }, size) => p += size,
                 // (Read as usual after the first TNT, the branch's time as without TNT.)
                 (Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_), size) => p += size,
+                (Pkt::Tip(_) | Pkt::TipPgd(_), _) => break Some(p),
                 // (A TIP.PGE or PSB instead: libipt's context error at it, when it is read
                 // after the bits.)
-                (Pkt::Tip(_) | Pkt::TipPgd(_), _) => break Some(p),
                 (Pkt::TipPge(_) | Pkt::Psb, _) if alone => break Some(p),
                 (Pkt::Ovf, _) if alone && !self.wire.skd007 => break None,
                 _ => return None,

@@ -420,7 +420,8 @@ impl PtDecoder<'_> {
     /// which): libipt's event decoder fails at it as its query decoder fetches it ahead,
     /// and the query decoder reports that, without IP, at the query that took the trace
     /// item before it (the last bit of its TNT, its TIP): nothing after that item ran,
-    /// neither the block waiting for trace nor code walked without trace. (libipt's
+    /// neither the block waiting for trace nor code walked without trace, but for the
+    /// code up to the FUP IP of a PSB+ passed right before it. (libipt's
     /// resync, `resync`: at a TIP.PGE while tracing is enabled it takes the enable; where
     /// a FUP waits, it fails at a TIP.PGE again, at a PSB at once.)
     #[cold]
@@ -434,7 +435,7 @@ impl PtDecoder<'_> {
     ) -> Fallback {
         // (After a PSB+ with a FUP passed right before, the code up to its IP ran first.)
         if let (super::ReadOn::Nothing, Some(ip), false) = (st.read_on, st.psb_fup, st.psb_sync) {
-            if self.flow_right_after_psb_or_mode(st) {
+            if self.flow_right_after_psb_past(st, true) {
                 st.read_on = super::ReadOn::ToFup(ip);
             }
         }
