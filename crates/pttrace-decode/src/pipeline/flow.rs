@@ -1798,14 +1798,11 @@ impl PtDecoder<'_> {
                 Err(self.flow_bad_query(st, b, st.item_at, "TIP where the code needs a TNT bit"))
             }
             TraceItem::Pge(_) => {
-                let (resync, why) = match st.async_tip {
-                    Some(_) => (
-                        ResyncFrom::FailsAgain,
-                        "a PSB or TIP.PGE where a FUP waits for its TIP",
-                    ),
-                    None => (ResyncFrom::Search, "TIP.PGE while tracing is enabled"),
-                };
-                Err(self.flow_context_ahead(st, st.item_at, resync, why))
+                if st.async_tip.is_some() {
+                    return Err(self.flow_fup_waits_at(st, st.item_at, true));
+                }
+                let why = "TIP.PGE while tracing is enabled";
+                Err(self.flow_context_ahead(st, st.item_at, ResyncFrom::Search, why))
             }
         }
     }
@@ -2471,13 +2468,13 @@ impl PtDecoder<'_> {
                     // or an overflow, which drops the events waiting while tracing is
                     // enabled, comes first; the records are those of the trace without
                     // the FUP. Under erratum SKD007 a CYC may hide the OVF: as before.)
-                    let dropped = alone && !self.wire.skd007;
+                    let plain = alone && !self.wire.skd007;
                     let (mut next, mut next_at) =
                         match Self::flow_past_timing_from(self.trace, st, end) {
-                            Err(_) if dropped && st.pos >= self.trace.len() => {
+                            Err(_) if plain && st.pos >= self.trace.len() => {
                                 return Ok(TraceItem::End(st.read_on))
                             }
-                            Ok((Pkt::Ovf, at)) if dropped => {
+                            Ok((Pkt::Ovf, at)) if plain => {
                                 st.item_at = at;
                                 st.read_on = ReadOn::Nothing;
                                 return Ok(TraceItem::Ovf);
@@ -2492,17 +2489,11 @@ impl PtDecoder<'_> {
                             }
                             // (libipt's context error, as at a TIP.PGE while tracing is
                             // enabled; after the TIP.PGE's IP.)
-                            Pkt::Psb if alone && !self.wire.skd007 => {
-                                let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
-                                let resync = ResyncFrom::Fails;
-                                return Err(self.flow_context_ahead(st, next_at, resync, why));
+                            Pkt::Psb if plain => {
+                                return Err(self.flow_fup_waits_at(st, next_at, false))
                             }
-                            Pkt::TipPge(p)
-                                if alone && !self.wire.skd007 && st.last_ip.apply(p).is_some() =>
-                            {
-                                let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
-                                let resync = ResyncFrom::FailsAgain;
-                                return Err(self.flow_context_ahead(st, next_at, resync, why));
+                            Pkt::TipPge(p) if plain && st.last_ip.apply(p).is_some() => {
+                                return Err(self.flow_fup_waits_at(st, next_at, true))
                             }
                             _ => break,
                         }
@@ -2525,9 +2516,7 @@ impl PtDecoder<'_> {
                     // (Left for `flow_psb`, which reads the PSB+.)
                     st.pos -= size;
                     if st.async_tip.is_some() || st.event_waits {
-                        let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
-                        let resync = ResyncFrom::Fails;
-                        return Err(self.flow_context_ahead(st, st.pos, resync, why));
+                        return Err(self.flow_fup_waits_at(st, st.pos, false));
                     }
                     return Ok(TraceItem::Psb);
                 }

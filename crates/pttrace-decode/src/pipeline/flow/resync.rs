@@ -515,6 +515,25 @@ impl PtDecoder<'_> {
         self.flow_bad_packet_at(st, what, st.item_at)
     }
 
+    /// A PSB (`pge`: a TIP.PGE) at `at` while an event waits for the packet it binds to
+    /// (a FUP bound to nothing for its TIP; after a resync, a MODE.TSX or PTW for its
+    /// FUP): [`Self::flow_context_ahead`]'s error, libipt's resync failing there at once
+    /// at a PSB, after the same error once more at a TIP.PGE.
+    pub(super) fn flow_fup_waits_at(
+        &mut self,
+        st: &mut FlowState,
+        at: usize,
+        pge: bool,
+    ) -> Fallback {
+        let resync = if pge {
+            ResyncFrom::FailsAgain
+        } else {
+            ResyncFrom::Fails
+        };
+        let why = "a PSB or TIP.PGE where a FUP waits for its TIP";
+        self.flow_context_ahead(st, at, resync, why)
+    }
+
     /// What libipt read since the last trace item ran before an error there: after a
     /// PSB+ with a FUP, the code up to its IP (the block waiting for trace up to it);
     /// after nothing else, nothing (`drop`: the code walked without trace dropped). False
