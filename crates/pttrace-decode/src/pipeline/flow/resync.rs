@@ -761,7 +761,6 @@ impl PtDecoder<'_> {
         };
         st.clock = st.clock.reset();
         st.cfe_ret = None;
-        st.event_waits = false;
         st.mwait = false;
         st.bound_branch = [None; 2];
         st.tsx_abort = None;
