@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
 
 use super::image::AddressSpace;
 use super::records::{ExecMode, InsnClass};
@@ -52,7 +52,7 @@ fn jmpabs(bytes: &[u8], mode: ExecMode) -> Option<InsnInfo> {
 /// A near branch's target as libipt computes it: the next instruction's address plus the
 /// displacement, in 64 bits. iced-x86 wraps it to the mode's width (16 or 32 bits); the
 /// two differ only for code near the top of a smaller address space, or beyond it.
-pub(crate) fn branch_target(insn: &iced_x86::Instruction, mode: ExecMode) -> u64 {
+pub(crate) fn branch_target(insn: &Instruction, mode: ExecMode) -> u64 {
     let target = insn.near_branch_target();
     let next = insn.next_ip();
     let disp = target.wrapping_sub(next);
@@ -75,6 +75,67 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
     }
     let mut dec = Decoder::with_ip(mode.bitness(), bytes, pc, DecoderOptions::NONE);
     let insn = dec.decode();
+    classify(&insn, bytes, mode)
+}
+
+/// The code of one segment of an address space, its instructions decoded one after the
+/// other through one iced-x86 decoder. (Making a decoder costs more than decoding an
+/// instruction with it: on a java trace, whose JIT code makes the fast decoder build
+/// many blocks, making one per instruction was a quarter of the decoding thread's
+/// machine instructions.)
+pub(crate) struct SegmentCode<'a> {
+    start: u64,
+    bytes: &'a [u8],
+    dec: Decoder<'a>,
+    /// The instruction decoded last.
+    insn: Instruction,
+    mode: ExecMode,
+}
+
+impl<'a> SegmentCode<'a> {
+    /// The code of the segment of `space` that maps `pc`, decoded in `mode`.
+    pub(crate) fn at(space: &'a AddressSpace, pc: u64, mode: ExecMode) -> Option<Self> {
+        let seg = space.find(pc)?;
+        let bytes = seg.bytes();
+        Some(SegmentCode {
+            start: seg.start,
+            bytes,
+            dec: Decoder::with_ip(mode.bitness(), bytes, seg.start, DecoderOptions::NONE),
+            insn: Instruction::default(),
+            mode,
+        })
+    }
+
+    /// Whether its bytes hold `pc`.
+    #[inline]
+    pub(crate) fn holds(&self, pc: u64) -> bool {
+        pc.wrapping_sub(self.start) < self.bytes.len() as u64
+    }
+
+    /// The instruction at `pc`: what [`decode_insn`] gives for the bytes from `pc` to the
+    /// segment's end (what [`AddressSpace::read`] reads there); `None` when the segment
+    /// has no byte at `pc` or they decode to no instruction.
+    pub(crate) fn decode(&mut self, pc: u64) -> Option<InsnInfo> {
+        let pos = usize::try_from(pc.checked_sub(self.start)?).ok()?;
+        let bytes = self.bytes.get(pos..).filter(|b| !b.is_empty())?;
+        if let Some(info) = jmpabs(bytes, self.mode) {
+            return Some(info);
+        }
+        self.dec.set_position(pos).ok()?;
+        self.dec.set_ip(pc);
+        self.dec.decode_out(&mut self.insn);
+        classify(&self.insn, bytes, self.mode)
+    }
+
+    /// The target of the near branch [`Self::decode`] decoded last, as libipt computes it.
+    pub(crate) fn last_branch_target(&self) -> u64 {
+        branch_target(&self.insn, self.mode)
+    }
+}
+
+/// [`InsnInfo`] of `insn`, decoded from the start of `bytes` in `mode`; `None` when it is
+/// invalid.
+fn classify(insn: &Instruction, bytes: &[u8], mode: ExecMode) -> Option<InsnInfo> {
     if insn.is_invalid() {
         return None;
     }
@@ -155,7 +216,7 @@ pub fn decode_insn(bytes: &[u8], pc: u64, mode: ExecMode) -> Option<InsnInfo> {
         class
     };
     let direct_target = (direct && matches!(class, InsnClass::Jump | InsnClass::Call))
-        .then(|| branch_target(&insn, mode));
+        .then(|| branch_target(insn, mode));
     Some(InsnInfo {
         size: size as u8,
         bytes: raw,
@@ -447,6 +508,64 @@ pub fn decode_at(space: &AddressSpace, pc: u64, mode: ExecMode) -> Option<InsnIn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A segment's instructions decoded one after the other through one decoder are
+    /// those [`decode_at`] decodes one at a time: at every byte offset (instruction
+    /// starts or not), up to the segment's end (instructions cut there), in each mode;
+    /// nothing outside the segment; a conditional branch's target as libipt computes it.
+    #[test]
+    fn segment_code_decodes_as_decode_at() {
+        const P: u64 = 0x40_0000;
+        // mov eax, imm32; jne -2 (rel8); call rel32; jmpabs (APX); jcc rel32; ret; and a
+        // mov eax, imm32 cut by the segment's end.
+        let code: Vec<u8> = [
+            &[0xb8, 1, 2, 3, 4][..],
+            &[0x75, 0xfe],
+            &[0xe8, 0x10, 0, 0, 0],
+            &[0xd5, 0x00, 0xa1, 1, 2, 3, 4, 5, 6, 7, 8],
+            &[0x0f, 0x85, 0xf0, 0xff, 0xff, 0xff],
+            &[0xc3],
+            &[0xb8, 1, 2],
+        ]
+        .concat();
+        let mut space = AddressSpace::new();
+        space.add_bytes("code", code.clone(), P);
+        for mode in [ExecMode::Bit64, ExecMode::Bit32, ExecMode::Bit16] {
+            let mut seg = SegmentCode::at(&space, P, mode).expect("the segment");
+            for pc in P..P + code.len() as u64 {
+                assert!(seg.holds(pc));
+                let want = decode_at(&space, pc, mode);
+                assert_eq!(seg.decode(pc), want, "{mode:?} at {pc:#x}");
+                if want.is_some_and(|i| i.class == InsnClass::CondJump) {
+                    let mut one =
+                        Decoder::with_ip(mode.bitness(), &code[(pc - P) as usize..], pc, 0);
+                    assert_eq!(seg.last_branch_target(), branch_target(&one.decode(), mode));
+                }
+            }
+            let end = P + code.len() as u64;
+            assert!(!seg.holds(end) && !seg.holds(P - 1));
+            assert_eq!(seg.decode(end), None);
+            assert!(SegmentCode::at(&space, end, mode).is_none());
+        }
+        // (Each kind of instruction above is there, as the test means.)
+        let classes: Vec<InsnClass> = [0u64, 5, 7, 12, 23, 29]
+            .iter()
+            .map(|&o| decode_at(&space, P + o, ExecMode::Bit64).map(|i| i.class))
+            .collect::<Option<_>>()
+            .expect("instructions");
+        assert_eq!(
+            classes,
+            [
+                InsnClass::Other,
+                InsnClass::CondJump,
+                InsnClass::Call,
+                InsnClass::Jump,
+                InsnClass::CondJump,
+                InsnClass::Return
+            ]
+        );
+        assert_eq!(decode_at(&space, P + 30, ExecMode::Bit64), None);
+    }
 
     /// Instructions carried to another image are those of the image they came from only:
     /// decoded for an older image (another generation), they go at the next lookup.

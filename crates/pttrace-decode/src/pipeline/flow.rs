@@ -174,14 +174,6 @@ impl FlowMode {
             FlowMode::Bit16 => ExecMode::Bit16,
         }
     }
-
-    fn bitness(self) -> u32 {
-        match self {
-            FlowMode::Bit64 => 64,
-            FlowMode::Bit32 => 32,
-            FlowMode::Bit16 => 16,
-        }
-    }
 }
 
 /// A block's key: its address, and for 32- and 16-bit code a bit no canonical 64-bit
@@ -2258,10 +2250,16 @@ impl PtDecoder<'_> {
         let mut n = 0u32;
         let flow_mode = self.blocks.flow.mode;
         let mode = flow_mode.exec_mode();
+        // The code the block's instructions are in (a direct jump or call may go to
+        // another segment's).
+        let mut code: Option<crate::insn::SegmentCode<'_>> = None;
         let (end, fall, target) = loop {
             // (Decoded here, not through the instruction cache: each block is built once
             // and keeps its records, so a cache would only hold them a second time.)
-            let decoded = crate::insn::decode_at(&space, pc, mode);
+            if !code.as_ref().is_some_and(|c| c.holds(pc)) {
+                code = crate::insn::SegmentCode::at(&space, pc, mode);
+            }
+            let decoded = code.as_mut().and_then(|c| c.decode(pc));
             // (An instruction's bytes alone decide it: later bytes do not matter.)
             let last = pc.wrapping_add(decoded.as_ref().map_or(1, |i| u64::from(i.size)) - 1);
             for p in [pc / CODE_PAGE, last / CODE_PAGE] {
@@ -2300,14 +2298,10 @@ impl PtDecoder<'_> {
                 (InsnClass::Call, None) => break (End::IndirectCall, next, 0),
                 (InsnClass::Return, _) => break (End::Return, next, 0),
                 (InsnClass::CondJump, _) => {
-                    let i = iced_x86::Decoder::with_ip(
-                        flow_mode.bitness(),
-                        &info.bytes[..usize::from(info.size).min(15)],
-                        pc,
-                        0,
-                    )
-                    .decode();
-                    break (End::Cond, next, crate::insn::branch_target(&i, mode));
+                    let Some(c) = code.as_ref() else {
+                        return Err("code not readable or not decodable");
+                    };
+                    break (End::Cond, next, c.last_branch_target());
                 }
                 (InsnClass::FarCall, _) if info.is_syscall => break (End::Syscall, next, 0),
                 // Far transfers (INT n, INT3, far call/jump/return, IRET, ERETU/ERETS,
