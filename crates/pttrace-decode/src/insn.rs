@@ -165,17 +165,24 @@ fn plain(insn: &Instruction) -> bool {
             insn.code(),
             Code::Syscall | Code::Sysenter | Code::Int_imm8 | Code::Eretu | Code::Erets
         )
-        && !matches!(
-            insn.mnemonic(),
-            Mnemonic::Ptwrite
-                | Mnemonic::Sysret
-                | Mnemonic::Sysretq
-                | Mnemonic::Sysexit
-                | Mnemonic::Sysexitq
-                | Mnemonic::Vmlaunch
-                | Mnemonic::Vmresume
-                | Mnemonic::Uiret
-        )
+        && insn.mnemonic() != Mnemonic::Ptwrite
+        && !far_return_to_libipt(insn.mnemonic())
+}
+
+/// SYSRET, SYSEXIT, the VM entries and UIRET: far returns to libipt, their target from a
+/// TIP (iced-x86's flow control says otherwise).
+#[inline]
+fn far_return_to_libipt(m: Mnemonic) -> bool {
+    matches!(
+        m,
+        Mnemonic::Sysret
+            | Mnemonic::Sysretq
+            | Mnemonic::Sysexit
+            | Mnemonic::Sysexitq
+            | Mnemonic::Vmlaunch
+            | Mnemonic::Vmresume
+            | Mnemonic::Uiret
+    )
 }
 
 /// [`InsnInfo`] of a valid `insn` ([`classify`]), whose bytes are `raw`.
@@ -193,11 +200,9 @@ fn classify_branch(insn: &Instruction, raw: [u8; 15], mode: ExecMode) -> InsnInf
     let is_syscall = matches!(insn.code(), Code::Syscall | Code::Sysenter)
         || (insn.code() == Code::Int_imm8 && insn.immediate8() == 0x80);
     let class = match insn.flow_control() {
+        // (SYSRET and SYSEXIT among these: far returns, below.)
         FlowControl::Next | FlowControl::Exception => match insn.mnemonic() {
             Mnemonic::Ptwrite => InsnClass::Ptwrite,
-            Mnemonic::Sysret | Mnemonic::Sysretq | Mnemonic::Sysexit | Mnemonic::Sysexitq => {
-                InsnClass::FarReturn
-            }
             _ => InsnClass::Other,
         },
         FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
@@ -235,21 +240,9 @@ fn classify_branch(insn: &Instruction, raw: [u8; 15], mode: ExecMode) -> InsnInf
         Code::Erets => Some("ERETS"),
         _ => None,
     };
-    // (VM entries and UIRET are far returns to libipt: their target from a TIP.)
     let class = if is_syscall {
         InsnClass::FarCall
-    } else if beyond_libipt.is_some()
-        || matches!(
-            insn.mnemonic(),
-            Mnemonic::Sysret
-                | Mnemonic::Sysretq
-                | Mnemonic::Sysexit
-                | Mnemonic::Sysexitq
-                | Mnemonic::Vmlaunch
-                | Mnemonic::Vmresume
-                | Mnemonic::Uiret
-        )
-    {
+    } else if beyond_libipt.is_some() || far_return_to_libipt(insn.mnemonic()) {
         InsnClass::FarReturn
     } else {
         class
