@@ -981,19 +981,45 @@ fn tip_to_nomap_then_tip_pge_resyncs_at_the_enable() {
     );
 }
 
-/// `l0; [%p5: ip has been suppressed]`: a FUP without IP.
+/// `l0; [%p5: ip has been suppressed]`: a FUP without IP bound to nothing (an
+/// asynchronous branch's). libipt's event decoder fails at it, having no address to
+/// branch from, and its resync fails there the same way (the records libipt 2.2's
+/// `pt_blk_resync` gives, `tests/c/libipt_resync.c` showed).
 #[test]
-fn tip_to_nomap_then_fup_without_ip_goes_to_libipt() {
+fn tip_to_nomap_then_fup_without_ip_fails_there() {
     let c = tip_to_nomap_then(|t| {
         t.raw(&[0x1d]);
         t.at().tip(0x10_0000);
     });
     let (l, p) = (&c.l, &c.t.p);
-    check_to_libipt(
-        &c,
-        &[R::I(l[0]), gap(None, p[5], "ip has been suppressed".into())],
-        "FUP without IP",
-    );
+    let off = [R::I(l[0]), gap(None, p[5], "ip has been suppressed".into())];
+    let mut on = off.to_vec();
+    on.push(gap(
+        None,
+        p[5],
+        "resync error: ip has been suppressed".into(),
+    ));
+    check_both(&c, &off, &on);
+}
+
+/// `l0`: a MODE.Exec with CS.L and CS.D both set (p4) where `jmp rax` waits for its TIP,
+/// which the fast decoder leaves to libipt: with the option too, the window is libipt's,
+/// with a warning that says why.
+#[test]
+fn a_mode_exec_with_cs_l_and_cs_d_goes_to_libipt() {
+    let (space, l) = asm(|a| {
+        a.jmp(rax)?; // l0
+        a.hlt() // l1
+    });
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.raw(&[0x99, 0x03]); // p4
+    t.at().fup(l[0]); // p5
+    t.at().tip(l[0]); // p6
+    let c = Case { t, space, l };
+    // (libipt decodes `jmp rax`; the code at its target, in the unknown mode the
+    // MODE.Exec states, is not decoded before the trace ends.)
+    check_to_libipt(&c, &[R::I(c.l[0])], "MODE.Exec with CS.L and CS.D set");
 }
 
 /// Code for the fast decoder's own errors below: `l0: jz l2; l1: nop; l2: jmp rax;
@@ -1946,4 +1972,131 @@ fn ovf_then_trace_of_code_after_a_resync() {
     let lib = decode(trace, &c.space, DecoderKind::Libipt, false);
     let mut d = decoder(trace, &c.space, DecoderKind::Fast, false);
     assert_eq!(d.by_ref().collect::<Vec<_>>(), lib);
+}
+
+/// `l0; [%p6: unknown opcode]`: an unknown opcode after an OVF, where libipt looks for
+/// the FUP the OVF binds to: its packet error at the OVF (p5), where its decoder stays;
+/// its resync fails there the same way; both then synchronize at the next PSB. (Records
+/// as libipt 2.2's `pt_blk_resync` gives them, `tests/c/libipt_resync.c` showed.)
+#[test]
+fn an_unknown_opcode_after_an_ovf_fails_at_the_ovf() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[true]); // p4
+    t.at().ovf(); // p5
+    t.raw(&[0x05]); // p6
+    t.psb_plus(l[1]); // p7..p10
+    t.at().tip_pgd(None); // p11
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let err = |what: &str| gap(None, p[5], what.into());
+    let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    let off: Vec<R> = [R::I(l[0]), err("unknown opcode")]
+        .into_iter()
+        .chain(after.clone())
+        .collect();
+    let on: Vec<R> = [
+        R::I(l[0]),
+        err("unknown opcode"),
+        err("resync error: unknown opcode"),
+    ]
+    .into_iter()
+    .chain(after)
+    .collect();
+    check_both(&c, &off, &on);
+}
+
+/// `l0; [overflow]; [%p8: expected tracing enabled event]`: an OVF bound to a FUP
+/// without IP resolves with tracing disabled in libipt's block decoder, while its event
+/// decoder takes the TNT after it as trace of code: the block decoder's next query fails
+/// (no enable) past that TNT. libipt 2.1.2's pipeline ends there; its resync goes on at
+/// the next PSB. (Records as libipt 2.2's `pt_blk_resync` gives them,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn a_fup_without_ip_after_an_ovf_resolves_it_disabled() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[true]); // p4
+    t.at().ovf(); // p5
+    t.raw(&[0x1d]); // p6
+    t.at().tnt(&[true]); // p7
+    t.psb_plus(l[1]); // p8..p11
+    t.at().tip_pgd(None); // p12
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let off = [
+        R::I(l[0]),
+        R::Rec(Record::Overflow { ip: None }),
+        gap(None, p[8], "expected tracing enabled event".into()),
+    ];
+    let on: Vec<R> = off
+        .iter()
+        .cloned()
+        .chain([R::I(l[1]), R::I(l[2]), disabled(None)])
+        .collect();
+    check_both(&c, &off, &on);
+}
+
+/// `l0; [%p8: nomap]`, then with the option: the resync search after the nomap meets
+/// two FUPs bound to nothing (p5, p6) and no TIP right after the second: libipt queues
+/// two asynchronous branches and fails at the TIP (p8) with an internal error, its
+/// resync there the same way. (Records as libipt 2.2's `pt_blk_resync` gives them,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn two_fups_after_an_error_fail_at_the_tip() {
+    let c = tip_to_nomap_then(|t| {
+        t.at().fup(ORG); // p5
+        t.at().fup(ORG + 2); // p6
+        t.at().tnt(&[true, false]); // p7
+        t.at().tip(ORG); // p8
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    let off = [R::I(l[0]), nomap(0x10_0100, p[8])];
+    let internal = "internal error: two asynchronous branches (FUPs) wait for one TIP after \
+                    an error, which libipt's decoder fails at";
+    let on: Vec<R> = off
+        .iter()
+        .cloned()
+        .chain([
+            gap(None, p[8], internal.into()),
+            gap(None, p[8], format!("resync error: {internal}")),
+        ])
+        .collect();
+    check_both(&c, &off, &on);
+}
+
+/// With the option, a TRIG with the IP bit and an instruction count (p5): libipt 2.2
+/// takes a FUP-bound TRIG's IP from its FUP and refuses a count (a bad packet there), its
+/// resync failing the same way; the next PSB then. (Records as libipt 2.2's
+/// `pt_blk_resync` gives them, `tests/c/libipt_resync.c` showed. libipt 2.1.2 knows no
+/// FUP-bound TRIG: without the option, see `trig_packets_change_no_record_and_stay_fast`.)
+#[test]
+fn a_fup_bound_trig_with_an_instruction_count_is_refused() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[true]); // p4
+    t.raw(&[0xd9, 0xc0, 1, 5, 0]); // p5: TRIG, IP and ICNTV, TRBV 1, ICNT 5
+    t.at().fup(l[2]); // p6
+    t.at().tip(l[3]); // p7
+    t.psb_plus(l[1]); // p8..p11
+    t.at().tip_pgd(None); // p12
+    let (p, trace) = (t.p.clone(), t.w.buf);
+    let what = "unknown packet: a TRIG with the IP bit and an instruction count, which \
+                libipt 2.2 refuses (the FUP after it gives the IP)";
+    let mut d = decoder(&trace, &space, DecoderKind::Fast, true);
+    assert_eq!(
+        view(&d.by_ref().collect::<Vec<_>>()),
+        [
+            R::I(l[0]),
+            gap(None, p[5], what.into()),
+            gap(None, p[5], format!("resync error: {what}")),
+            R::I(l[1]),
+            R::I(l[2]),
+            disabled(None),
+        ]
+    );
+    assert_eq!(d.decoded_by(), ("fast", None));
 }

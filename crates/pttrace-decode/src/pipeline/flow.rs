@@ -708,6 +708,11 @@ pub(crate) struct FlowState {
     /// libipt's context error (no event is carried across a PSB), a FUP goes beyond the
     /// fast decoder, an OVF drops it.
     event_waits: bool,
+    /// An overflow resolved at a FUP without IP, no trace item read since: libipt's block
+    /// decoder takes it as resolved with tracing disabled, its event decoder as enabled,
+    /// so trace of code next is libipt's "no enable" at the block decoder's next query
+    /// (not the context error of trace while tracing is disabled).
+    ovf_unplaced: bool,
     /// The CFE of an asynchronous event was read: the next FUP is its branch's, which
     /// libipt binds the event to (not a FUP bound to nothing).
     cfe_fup: bool,
@@ -865,6 +870,7 @@ impl FlowState {
             cfe_ret: None,
             cfe_fup: false,
             event_waits: false,
+            ovf_unplaced: false,
             pgd_ip: None,
             deferred_tip: None,
             psb_fup: None,
@@ -1108,6 +1114,7 @@ impl PtDecoder<'_> {
         }
         loop {
             if !st.enabled {
+                let ovf_unplaced = std::mem::take(&mut st.ovf_unplaced);
                 match self.flow_next_item(st)? {
                     TraceItem::Pge(ip) => {
                         if !st.mode_known {
@@ -1137,6 +1144,7 @@ impl PtDecoder<'_> {
                     // PSB+ of a synchronization, timing packets at most between, libipt's
                     // synchronization fails instead, at the PSBEND: through libipt, or
                     // with `--resync-on-error` at the synchronization, `flow_psb_refused`.)
+                    TraceItem::Tnt if ovf_unplaced => return Err(self.flow_no_enable(st)),
                     TraceItem::Tnt | TraceItem::Tip(_) => {
                         if st.psb_sync && self.flow_right_after_psb_past(st, false) {
                             return Err("trace after a PSB+ while tracing is disabled");
@@ -1871,6 +1879,13 @@ impl PtDecoder<'_> {
                     let why = "OVF followed by trace of code";
                     return Err(self.flow_context_at(st, st.pos - 2, why));
                 }
+                // (A packet libipt's packet decoder refuses, looking for the FUP: its
+                // error at the OVF, where its decoder stays.)
+                Pkt::Other(what)
+                    if self.trace.get(st.pos.wrapping_sub(2)..st.pos) == Some(&[0x02, 0xf3]) =>
+                {
+                    return Err(self.flow_bad_packet_at(st, what, st.pos - 2));
+                }
                 _ => return Err("OVF resolved by a packet the fast decoder leaves to libipt"),
             }
         };
@@ -1929,7 +1944,9 @@ impl PtDecoder<'_> {
             }
             return Ok(());
         };
-        let ip = st.last_ip.apply(p).ok_or("FUP without IP after OVF")?;
+        // (A FUP without IP: the overflow resolved while tracing was disabled, as libipt
+        // takes it.)
+        let ip = st.last_ip.apply(p);
         // Bound to the FUP: the timing packets up to it move the time on, and the events
         // among them (CBR, MNT) come before the overflow's, which has the OVF's time.
         let at_ovf = st.clock.now();
@@ -1940,10 +1957,13 @@ impl PtDecoder<'_> {
             }
             st.pos += size;
         }
-        self.flow_event_at(st, at_ovf, Record::Overflow { ip: Some(ip) });
+        self.flow_event_at(st, at_ovf, Record::Overflow { ip });
         // (Whether tracing was enabled before or not.)
-        st.enabled = true;
-        st.cur = self.flow_block(ip)?;
+        st.enabled = ip.is_some();
+        st.ovf_unplaced = ip.is_none();
+        if let Some(ip) = ip {
+            st.cur = self.flow_block(ip)?;
+        }
         Ok(())
     }
 
@@ -2431,7 +2451,12 @@ impl PtDecoder<'_> {
                     if st.event_waits {
                         return Err("a FUP a MODE.TSX or PTW waits for since a resync");
                     }
-                    let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
+                    let Some(from) = st.last_ip.apply(p) else {
+                        if st.tsx_abort.is_none() && !st.cfe_fup {
+                            return Err(self.flow_fup_without_ip(st));
+                        }
+                        return Err("FUP without IP");
+                    };
                     // (What follows a FUP bound to nothing, as libipt reads it, applies
                     // neither to a MODE.TSX abort's nor to the FUP of a CFE.)
                     let alone = st.tsx_abort.is_none() && !std::mem::take(&mut st.cfe_fup);
@@ -2606,6 +2631,12 @@ impl PtDecoder<'_> {
         pkt: Pkt,
     ) -> Result<Option<TraceItem>, Fallback> {
         match pkt {
+            // (With `--resync-on-error`, libipt 2.2's rule, which 2.1.2 does not know: a
+            // TRIG with the IP bit takes its IP from the FUP, so an instruction count
+            // other than 0, or none, is a bad packet.)
+            Pkt::Trig(t) if st.resync && t.ip && t.icnt != Some(0) => {
+                return Err(self.flow_bad_packet(st, resync::TRIG_WITH_ICNT));
+            }
             // A TRIG carries no control flow: stepped over (libipt through the size
             // [`crate::ipt`] teaches it). One with the IP bit is bound to the FUP
             // right after it, which gives the trigger's IP and nothing else (Intel
@@ -2885,6 +2916,7 @@ impl PtDecoder<'_> {
         sync: bool,
         at: Option<FBlock>,
     ) -> Result<Option<u64>, Fallback> {
+        st.ovf_unplaced = false;
         let mut psb_at = st.pos;
         if self.pkt(st.pos).is_some_and(|(p, _)| p == Pkt::Psb) {
             st.pos += wire::PSB.len();

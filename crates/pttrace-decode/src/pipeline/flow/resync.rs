@@ -23,13 +23,19 @@
 //!   disable as above; a MODE.Exec that changes nothing is no event to libipt: it and its
 //!   FUP are passed;
 //! - OVF: the overflow as usual (resolved by the next FUP, or tracing disabled);
-//! - PSB: a new synchronization there (libipt's `pt_blk_resync_at_sync`).
+//! - PSB: a new synchronization there (libipt's `pt_blk_resync_at_sync`);
+//! - a second FUP bound to nothing, no TIP right after it: libipt fails at the next TIP
+//!   (an internal error: two asynchronous branches wait for it), its resync too.
 //!
 //! After the errors libipt's decoder does not get past — a PSB+ passed while decoding
 //! that states another execution mode than the code's (a bad status update), a packet
-//! its packet decoder refuses, trace of code inside a PSB+ or while tracing is disabled
-//! (a context error) — its resync fails the same way (a second gap, ptxed's "resync
-//! error"), and decoding goes on at the next PSB.
+//! its packet decoder refuses (also where it looks for an OVF's FUP: at the OVF; a TRIG
+//! with the IP bit and an instruction count), trace of code inside a PSB+ or while
+//! tracing is disabled (a context error), an asynchronous branch's FUP without IP — its
+//! resync fails the same way (a second gap, ptxed's "resync error"), and decoding goes
+//! on at the next PSB. An OVF bound to a FUP without IP resolves with tracing disabled;
+//! trace of code right after it is libipt's "no enable" past it, whence the resync
+//! searches.
 //!
 //! What the fast decoder does not handle (other packets, errata) is never
 //! guessed at: before the first resynchronization of a window the window goes to libipt
@@ -52,6 +58,16 @@ const BAD_CONTEXT: &str = "unexpected packet context";
 const BAD_STATUS: &str = "bad status update";
 const BAD_OPC: &str = "unknown opcode";
 const BAD_PACKET: &str = "unknown packet";
+const IP_SUPPRESSED: &str = "ip has been suppressed";
+const NO_ENABLE: &str = "expected tracing enabled event";
+/// libipt's text (an internal error), said why.
+const TWO_FUPS: &str = "internal error: two asynchronous branches (FUPs) wait for one TIP \
+     after an error, which libipt's decoder fails at";
+/// What the fast decoder names a TRIG with the IP bit and an instruction count
+/// ([`Pkt::Other`]'s text is the gap's: libipt's bad packet, said why).
+pub(super) const TRIG_WITH_ICNT: &str =
+    "unknown packet: a TRIG with the IP bit and an instruction \
+     count, which libipt 2.2 refuses (the FUP after it gives the IP)";
 
 /// A decode error the fast decoder stopped at.
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +114,7 @@ fn packet_past_ptws(t: &[u8], mut p: usize, e: wire::WireErrata) -> (usize, Opti
 fn refused_text(what: &str) -> Option<&'static str> {
     match what {
         "unknown opcode" | "extended packet" => Some(BAD_OPC),
+        TRIG_WITH_ICNT => Some(TRIG_WITH_ICNT),
         "cbr with ratio 0" => None,
         _ => Some(BAD_PACKET),
     }
@@ -515,6 +532,44 @@ impl PtDecoder<'_> {
         self.flow_bad_packet_at(st, what, st.item_at)
     }
 
+    /// A FUP without IP bound to no event (an asynchronous branch's), just read (at
+    /// `st.item_at`): libipt's event decoder has no address to branch from and fails
+    /// there (ip suppressed), the code walked since the last trace item decoded; its
+    /// resync then fails the same way.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_fup_without_ip(&mut self, st: &mut FlowState) -> Fallback {
+        const WHY: Fallback = "FUP without IP";
+        if !self.flow_read_on_ran(st, false) {
+            return WHY;
+        }
+        st.error = Some(FlowError {
+            what: IP_SUPPRESSED,
+            ip: None,
+            offset: st.item_at,
+            resume: st.item_at,
+            resync: ResyncFrom::Fails,
+        });
+        WHY
+    }
+
+    /// A TNT packet, just read, right after an overflow resolved at a FUP without IP
+    /// (see `FlowState::ovf_unplaced`): libipt's block decoder, disabled, fails its next
+    /// query (no enable) with its event decoder past that TNT; the resync searches from
+    /// there.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_no_enable(&mut self, st: &mut FlowState) -> Fallback {
+        st.error = Some(FlowError {
+            what: NO_ENABLE,
+            ip: None,
+            offset: st.pos,
+            resume: st.pos,
+            resync: ResyncFrom::Search,
+        });
+        "trace of code after an overflow resolved at a FUP without IP"
+    }
+
     /// A PSB (`pge`: a TIP.PGE) at `at` while an event waits for the packet it binds to
     /// (a FUP bound to nothing for its TIP; after a resync, a MODE.TSX or PTW for its
     /// FUP): [`Self::flow_context_ahead`]'s error, libipt's resync failing there at once
@@ -691,7 +746,8 @@ impl PtDecoder<'_> {
                         None => {}
                     },
                     BAD_QUERY if st.bdm64 && !st.resync => return Err(why),
-                    BAD_QUERY | BAD_CONTEXT | BAD_STATUS | BAD_OPC | BAD_PACKET => {}
+                    BAD_QUERY | BAD_CONTEXT | BAD_STATUS | BAD_OPC | BAD_PACKET
+                    | TRIG_WITH_ICNT => {}
                     _ => e.offset = self.flow_past_pads(e.resume),
                 }
                 self.flow_commit(st);
@@ -753,7 +809,7 @@ impl PtDecoder<'_> {
     fn flow_sync_after(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
         // (A packet it refuses it has not read past: it searches from one byte on.)
         let held = match e.what {
-            BAD_OPC | BAD_PACKET => 1,
+            BAD_OPC | BAD_PACKET | TRIG_WITH_ICNT => 1,
             _ => self.pkt(e.offset).map_or(0, |(_, n)| n),
         };
         let Some(q) = self.flow_psb_from(e.offset + held) else {
@@ -1014,6 +1070,9 @@ impl PtDecoder<'_> {
                         from_fup = Some(from);
                         continue;
                     }
+                    if bound == Bound::No && !tip_next {
+                        return self.flow_resync_two_fups(st);
+                    }
                     return self.flow_resync_fup(st, from, bound);
                 }
                 Pkt::Ovf => {
@@ -1044,6 +1103,33 @@ impl PtDecoder<'_> {
                 _ => return Err("packet the fast decoder leaves to libipt after an error"),
             }
         }
+    }
+
+    /// A second FUP bound to nothing (just read) while the resync search's first waits for
+    /// its TIP, no TIP right after it: libipt's event decoder queues a second
+    /// asynchronous branch, and its block decoder fails at the next TIP (past TNTs, PADs
+    /// and timing packets) with an internal error, its resync there the same way.
+    /// Anything else first: beyond the fast decoder.
+    fn flow_resync_two_fups(&mut self, st: &mut FlowState) -> Result<Stop, Fallback> {
+        let mut q = st.pos;
+        loop {
+            match self.pkt(q) {
+                Some((
+                    Pkt::Pad | Pkt::Tnt { .. } | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Cyc(_),
+                    size,
+                )) => q += size,
+                Some((Pkt::Tip(_), _)) => break,
+                _ => return Err("two FUPs without TIP after an error"),
+            }
+        }
+        let e = FlowError {
+            what: TWO_FUPS,
+            ip: None,
+            offset: q,
+            resume: q,
+            resync: ResyncFrom::FailsAgain,
+        };
+        self.flow_resync(st, e)
     }
 
     /// The resync point is the FUP at `from` (just read): with a TIP or TIP.PGD after it,
