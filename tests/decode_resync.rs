@@ -2100,3 +2100,45 @@ fn a_fup_bound_trig_with_an_instruction_count_is_refused() {
     );
     assert_eq!(d.decoded_by(), ("fast", None));
 }
+
+/// `l0; [%p9: nomap]`: after the TIP to unmapped code, a MODE.Exec that changes nothing,
+/// its FUP and a PSBEND outside a PSB+ are no events to libipt 2.2: it reads on to the
+/// TIP after the TNT, where it reports the nomap. (With the option; libipt 2.2's
+/// `pt_blk_resync` showed it, `tests/c/libipt_resync.c`. Without, the window goes to
+/// libipt 2.1.2, which stops at such a FUP after a TIP.PGE.)
+#[test]
+fn a_mode_exec_that_changes_nothing_is_passed_before_a_nomap() {
+    let c = tip_to_nomap_then(|t| {
+        t.mode_exec(1); // p5
+        t.at().fup(ORG); // p6
+        t.at().psbend(); // p7
+        t.at().tnt(&[true]); // p8
+        t.at().tip(ORG); // p9
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    let mut d = decoder(&c.t.w.buf, &c.space, DecoderKind::Fast, true);
+    assert_eq!(
+        view(&d.by_ref().collect::<Vec<_>>()),
+        [R::I(l[0]), nomap(0x10_0100, p[9])]
+    );
+    assert_eq!(d.decoded_by(), ("fast", None));
+}
+
+/// `l0; [%p6: unknown opcode]`: after the TIP to unmapped code, an asynchronous branch's
+/// FUP with a packet libipt cannot decode after it: its event decoder, reading on for the
+/// branch's TIP, fails there before the code is read; its resync fails the same way.
+/// (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn an_unknown_opcode_after_a_fup_comes_before_a_nomap() {
+    let c = tip_to_nomap_then(|t| {
+        t.at().fup(ORG); // p5
+        t.raw(&[0x35]); // p6
+        t.psb_plus(ORG); // p7..p10
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    let off = [R::I(l[0]), gap(None, p[6], "unknown opcode".into())];
+    let mut on = off.to_vec();
+    on.push(gap(None, p[6], "resync error: unknown opcode".into()));
+    check_both(&c, &off, &on);
+}

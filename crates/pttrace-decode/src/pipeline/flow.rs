@@ -1322,6 +1322,16 @@ impl PtDecoder<'_> {
         }
     }
 
+    /// Whether the walk is at a block without code (a branch to unmapped code), nothing
+    /// walked since the last trace item.
+    fn flow_at_unmapped(&self, st: &FlowState) -> bool {
+        st.without_trace == 0
+            && self.queue.pushed == st.committed
+            && self
+                .flow_cur(st)
+                .is_ok_and(|b| b.end == End::Nomap && b.len == 0)
+    }
+
     /// The block the walk is at.
     #[inline(always)]
     fn flow_cur(&self, st: &FlowState) -> Result<FBlock, Fallback> {
@@ -2527,6 +2537,13 @@ impl PtDecoder<'_> {
                         Pkt::TipPgd(p) => {
                             st.pgd_ip = st.last_ip.apply(p);
                             Ok(TraceItem::Async { from, to: None })
+                        }
+                        // (A packet libipt refuses, where a branch went to unmapped code:
+                        // its event decoder, reading on for the TIP, fails there before
+                        // the code is read. Where code ran since, libipt reports it at a
+                        // later query: through libipt.)
+                        Pkt::Other(what) if plain && self.flow_at_unmapped(st) => {
+                            Err(self.flow_bad_packet_at(st, what, next_at))
                         }
                         _ => Err("FUP not followed by TIP or TIP.PGD"),
                     };

@@ -213,6 +213,15 @@ impl PtDecoder<'_> {
                 // (An asynchronous branch's the trace ends after: libipt meets the end
                 // first.)
                 Pkt::Fup(_) if !bound && p + size >= self.trace.len() => break true,
+                // (An asynchronous branch's with a packet libipt refuses after it: its
+                // event decoder, reading on for the TIP, fails there first.)
+                Pkt::Fup(_)
+                    if !bound
+                        && matches!(self.pkt(p + size), Some((Pkt::Other(what), _))
+                            if refused_text(what).is_some()) =>
+                {
+                    break true
+                }
                 Pkt::Fup(ip) => break last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
                 // (Without IP, one binds to a MOV CR3 before the code ends.)
                 Pkt::TipPgd(ip) => {
@@ -345,11 +354,15 @@ impl PtDecoder<'_> {
     /// holds the next event): past a TNT or TIP.PGD packet (and the PADs after it), at a
     /// TIP or at a FUP's TIP.PGD, at the PSBEND of a PSB+ with a FUP (its status events queued), at the end of
     /// the trace; PADs, timing packets and a FUP (waiting for its TIP) passed on the way.
-    /// `trig`: TRIGs without IP passed too (libipt 2.2 knows them). `None` elsewhere
-    /// (events libipt drains first: the fast decoder leaves those to
+    /// `resync` (libipt 2.2's resync, ptxed's `--resync-on-error`): TRIGs without IP
+    /// passed too (libipt 2.2 knows them), and a MODE.Exec that changes nothing with the
+    /// FUP it binds to (no event to libipt 2.2; libipt 2.1.2 stops at that FUP). `None`
+    /// elsewhere (events libipt drains first: the fast decoder leaves those to
     /// libipt). (Found against libipt on the mutated traces of `tests/decode_fast.rs`.)
-    fn flow_nomap_offset(&self, mut p: usize, trig: bool) -> Option<usize> {
+    fn flow_nomap_offset(&self, st: &FlowState, mut p: usize, resync: bool) -> Option<usize> {
         let mut fup = false;
+        // (A MODE.Exec that changes nothing passed: the FUP it binds to is passed too.)
+        let mut quiet_mode = false;
         loop {
             let Some((pkt, size)) = self.pkt(p) else {
                 return (p >= self.trace.len()).then_some(p);
@@ -363,7 +376,16 @@ impl PtDecoder<'_> {
                 | Pkt::Cyc(_)
                 | Pkt::Invalid => {}
                 // (libipt 2.2, whose resync `--resync-on-error` follows, knows TRIG.)
-                Pkt::Trig(t) if trig && !t.ip => {}
+                Pkt::Trig(t) if resync && !t.ip => {}
+                Pkt::ModeExec { csl, csd, iflag }
+                    if resync
+                        && st.mode_known
+                        && super::FlowMode::of(csl, csd) == Some(self.blocks.flow.mode)
+                        && !(st.iflags && st.iflag != Some(iflag)) =>
+                {
+                    quiet_mode = true;
+                }
+                Pkt::Fup(_) if quiet_mode => quiet_mode = false,
                 Pkt::Fup(_) => fup = true,
                 pkt if super::event_trace::ignored(pkt) => {}
                 Pkt::TipPgd(_) if !fup => return Some(self.flow_past_pads(p + size)),
@@ -740,7 +762,7 @@ impl PtDecoder<'_> {
                 // window goes to libipt; with it, at the next trace item).
                 match e.what {
                     _ if deferred.is_some() => {}
-                    NOMAP => match self.flow_nomap_offset(e.resume, st.resync) {
+                    NOMAP => match self.flow_nomap_offset(st, e.resume, st.resync) {
                         Some(at) => e.offset = at,
                         None if !st.resync => return Err(why),
                         None => {}
