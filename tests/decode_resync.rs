@@ -2142,3 +2142,51 @@ fn an_unknown_opcode_after_a_fup_comes_before_a_nomap() {
     on.push(gap(None, p[6], "resync error: unknown opcode".into()));
     check_both(&c, &off, &on);
 }
+
+/// `l0; [%p7: nomap]`, then with the option: the resync search meets a FUP bound to
+/// nothing, then a PSB where it waits for its TIP: libipt's context error there (it
+/// carries no event across a PSB), its resync failing; the next PSB after it then (none).
+/// (Records as libipt 2.2's `pt_blk_resync` gives them, `tests/c/libipt_resync.c`
+/// showed.)
+#[test]
+fn a_psb_where_the_resyncs_fup_waits_fails_the_resync() {
+    let c = tip_to_nomap_then(|t| {
+        t.at().fup(ORG); // p5
+        t.at().tnt(&[true]); // p6
+        t.psb_plus(ORG); // p7..p10
+        t.at().tip(ORG); // p11
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    let off = [R::I(l[0]), nomap(0x10_0100, p[7])];
+    let mut on = off.to_vec();
+    on.push(gap(
+        None,
+        p[7],
+        "resync error: unexpected packet context".into(),
+    ));
+    check_both(&c, &off, &on);
+}
+
+/// `l0; [%p6: unexpected packet context]`: after the TIP to unmapped code, an
+/// asynchronous branch's FUP and a TIP.PGE where it waits for its TIP: libipt's context
+/// error at the TIP.PGE, before the code is read; its resync meets it once more, then
+/// fails. (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn a_tip_pge_where_a_fup_waits_comes_before_a_nomap() {
+    let c = tip_to_nomap_then(|t| {
+        t.at().fup(ORG + 1); // p5
+        t.at().tip_pge(ORG); // p6
+        t.at().tip(ORG); // p7
+    });
+    let (l, p) = (&c.l, &c.t.p);
+    let context = || gap(None, p[6], "unexpected packet context".into());
+    let off = [R::I(l[0]), context()];
+    let on = [
+        R::I(l[0]),
+        context(),
+        context(),
+        gap(None, p[6], "resync error: unexpected packet context".into()),
+    ];
+    check_both(&c, &off, &on);
+}

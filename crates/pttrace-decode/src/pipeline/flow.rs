@@ -2872,9 +2872,6 @@ impl PtDecoder<'_> {
         Ok(None)
     }
 
-    /// The next packet that is no PAD or timing packet (read past it), the timing packets
-    /// before it applied to the clock: what a FUP or an event's FUP is bound to, with
-    /// what real hardware writes between them; `end` where the trace ends first.
     /// The first packet from `p` on that is no PAD or timing packet (TSC, MTC, TMA, CYC),
     /// where it starts (nothing applied: [`Self::flow_past_timing`] reads them).
     fn flow_past_timing_at(&self, mut p: usize) -> usize {
@@ -2886,6 +2883,9 @@ impl PtDecoder<'_> {
         p
     }
 
+    /// The next packet that is no PAD or timing packet (read past it), the timing packets
+    /// before it applied to the clock: what a FUP or an event's FUP is bound to, with
+    /// what real hardware writes between them; `end` where the trace ends first.
     fn flow_past_timing(trace: &[u8], st: &mut FlowState, end: Fallback) -> Result<Pkt, Fallback> {
         Ok(Self::flow_past_timing_from(trace, st, end)?.0)
     }

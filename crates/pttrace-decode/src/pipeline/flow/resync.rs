@@ -213,14 +213,16 @@ impl PtDecoder<'_> {
                 // (An asynchronous branch's the trace ends after: libipt meets the end
                 // first.)
                 Pkt::Fup(_) if !bound && p + size >= self.trace.len() => break true,
-                // (An asynchronous branch's with a packet libipt refuses after it: its
-                // event decoder, reading on for the TIP, fails there first.)
-                Pkt::Fup(_)
-                    if !bound
-                        && matches!(self.pkt(p + size), Some((Pkt::Other(what), _))
-                            if refused_text(what).is_some()) =>
-                {
-                    break true
+                // (An asynchronous branch's where the branch went to unmapped code, with
+                // a packet libipt refuses, a TIP.PGE or a PSB after it: its event decoder,
+                // reading on for the TIP, fails there first.)
+                Pkt::Fup(ip) if !bound && b.len == 0 => {
+                    let fails = match self.pkt(self.flow_past_timing_at(p + size)) {
+                        Some((Pkt::Other(what), _)) => refused_text(what).is_some(),
+                        Some((Pkt::TipPge(_) | Pkt::Psb, _)) => true,
+                        _ => false,
+                    };
+                    break fails || last.apply(ip).is_none_or(|ip| in_block(Some(ip)));
                 }
                 Pkt::Fup(ip) => break last.apply(ip).is_none_or(|ip| in_block(Some(ip))),
                 // (Without IP, one binds to a MOV CR3 before the code ends.)
@@ -1111,6 +1113,9 @@ impl PtDecoder<'_> {
                     }
                     return Ok(Stop::Segment);
                 }
+                // (Where a FUP waits for its TIP: libipt's context error, as while
+                // decoding; it carries no event across a PSB.)
+                Pkt::Psb if from_fup.is_some() => return self.flow_resync_refused(st, BAD_CONTEXT),
                 Pkt::Psb => return self.flow_sync_at(st, st.pos, true),
                 Pkt::Other(what) => {
                     // (A packet libipt cannot decode: its resync fails there, ptxed's
