@@ -2190,3 +2190,33 @@ fn a_tip_pge_where_a_fup_waits_comes_before_a_nomap() {
     ];
     check_both(&c, &off, &on);
 }
+
+/// `l0; [%p4: bad query]`: a TIP without IP where `jz` waits for its bit: libipt's query
+/// for the bit fails at the TIP (a bad query), whatever it says; libipt's resync fails at
+/// that TIP (an internal error: it resumes at no IP); both then synchronize at the next
+/// PSB. (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn a_tip_without_ip_where_a_tnt_bit_is_needed_is_a_bad_query() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.raw(&[0x0d]); // p4: TIP, IP suppressed
+    t.at().tnt(&[true]); // p5
+    t.psb_plus(l[1]); // p6..p9
+    t.at().tip_pgd(None); // p10
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let bad = gap(Some(l[0]), p[4], "trace stream does not match query".into());
+    let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    let off: Vec<R> = [R::I(l[0]), bad.clone()]
+        .into_iter()
+        .chain(after.clone())
+        .collect();
+    let internal = "resync error: internal error: a TIP without IP where libipt's resync resumes";
+    let on: Vec<R> = [R::I(l[0]), bad, gap(None, p[4], internal.into())]
+        .into_iter()
+        .chain(after)
+        .collect();
+    check_both(&c, &off, &on);
+}

@@ -2411,7 +2411,9 @@ impl PtDecoder<'_> {
                     return Ok(TraceItem::Tnt);
                 }
                 Pkt::Tip(p) => {
-                    let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
+                    let Some(ip) = st.last_ip.apply(p) else {
+                        return Err(self.flow_tip_without_ip(st));
+                    };
                     st.read_on = ReadOn::Nothing;
                     if let Some((_, from)) = st.async_tip.take() {
                         return Ok(TraceItem::Async { from, to: Some(ip) });

@@ -61,6 +61,8 @@ const BAD_PACKET: &str = "unknown packet";
 const IP_SUPPRESSED: &str = "ip has been suppressed";
 const NO_ENABLE: &str = "expected tracing enabled event";
 /// libipt's text (an internal error), said why.
+const TIP_WITHOUT_IP: &str = "internal error: a TIP without IP where libipt's resync resumes";
+/// libipt's text (an internal error), said why.
 const TWO_FUPS: &str = "internal error: two asynchronous branches (FUPs) wait for one TIP \
      after an error, which libipt's decoder fails at";
 /// What the fast decoder names a TRIG with the IP bit and an instruction count
@@ -594,6 +596,25 @@ impl PtDecoder<'_> {
         "trace of code after an overflow resolved at a FUP without IP"
     }
 
+    /// A TIP without IP, just read (at `st.item_at`), where the block waiting for trace
+    /// ends with a conditional branch (no TNT bits left, no asynchronous branch waiting):
+    /// libipt's query for the branch's bit fails there (a bad query), whatever the TIP
+    /// says. Elsewhere: through libipt.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_tip_without_ip(&mut self, st: &mut FlowState) -> Fallback {
+        const WHY: Fallback = "TIP without IP";
+        let b = match self.blocks.flow.blocks.get(st.cur as usize) {
+            Some(&b) if st.enabled && b.end == super::End::Cond => b,
+            _ => return WHY,
+        };
+        if st.tnt_n != 0 || st.async_tip.is_some() || !matches!(st.read_on, super::ReadOn::Nothing)
+        {
+            return WHY;
+        }
+        self.flow_bad_query(st, b, st.item_at, WHY)
+    }
+
     /// A PSB (`pge`: a TIP.PGE) at `at` while an event waits for the packet it binds to
     /// (a FUP bound to nothing for its TIP; after a resync, a MODE.TSX or PTW for its
     /// FUP): [`Self::flow_context_ahead`]'s error, libipt's resync failing there at once
@@ -1050,6 +1071,11 @@ impl PtDecoder<'_> {
                 }
                 Pkt::Tip(_) | Pkt::TipPgd(_) | Pkt::TipPge(_) if st.iflag_event.is_some() => {
                     return Err("an IF event not bound to a FUP after an error")
+                }
+                // (Without IP, bound to nothing: libipt's resync fails there, an
+                // internal error.)
+                Pkt::Tip(p) if p.ipc == 0 && from_fup.is_none() && !fup_only => {
+                    return self.flow_resync_refused(st, TIP_WITHOUT_IP);
                 }
                 Pkt::Tip(p) => {
                     st.pos += size;
