@@ -2220,3 +2220,38 @@ fn a_tip_without_ip_where_a_tnt_bit_is_needed_is_a_bad_query() {
         .collect();
     check_both(&c, &off, &on);
 }
+
+/// A PSB+ with two FUPs and two MODE.Execs of the same mode: libipt takes the last FUP's
+/// IP, the second MODE.Exec changes nothing; at the synchronization (p0..p5) and passed
+/// while `jmp rax` waits for its TIP (p8..p12), with and without the option. (Records as
+/// libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`, `tests/c/libipt_resync.c`
+/// showed.)
+#[test]
+fn a_psb_plus_with_two_fups_takes_the_last() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.at().fup(l[3]); // p1
+    t.mode_exec(1); // p2
+    t.at().fup(l[0]); // p3
+    t.mode_exec(1); // p4
+    t.at().psbend(); // p5
+    t.at().tnt(&[true]); // p6
+    t.at().tip(l[1]); // p7
+    t.at().psb(); // p8
+    t.at().fup(0x50_0000); // p9
+    t.at().fup(l[2]); // p10
+    t.mode_exec(1); // p11
+    t.at().psbend(); // p12
+    t.at().tip_pgd(None); // p13
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let want = [
+        R::I(l[0]),
+        R::I(l[2]),
+        R::I(l[1]),
+        R::I(l[2]),
+        disabled(None),
+    ];
+    check_both(&c, &want, &want);
+}

@@ -2976,9 +2976,6 @@ impl PtDecoder<'_> {
                     st.clock.on_timing(pkt, true, st.clock_cfg)?;
                 }
                 Pkt::Fup(p) => {
-                    if fup.is_some() {
-                        return Err("two FUPs in a PSB+");
-                    }
                     fup = Some(st.last_ip.apply(p).ok_or("PSB+ FUP without IP")?);
                     after_fup = st.pos;
                     fup_at = pkt_at;
@@ -2991,12 +2988,16 @@ impl PtDecoder<'_> {
                         mode = Some(m);
                         continue;
                     };
-                    // A second one, as libipt reads it in a PSB+ passed while the code
-                    // runs: the same mode as the first changes nothing; another, where
-                    // the first is the code's, is the bad status update, at it. (At a
-                    // synchronization, while tracing is disabled, or with another IF
-                    // under iflags events: through libipt.)
+                    // A second one, as libipt reads it: the same mode and IF as the
+                    // first change nothing; in a PSB+ passed while the code runs,
+                    // another mode, where the first is the code's, is the bad status
+                    // update, at it. (Another mode at a synchronization or while tracing
+                    // is disabled, or with another IF under iflags events: through
+                    // libipt.)
                     let same_if = !st.iflags || psb_iflag == Some(iflag);
+                    if m == first && same_if {
+                        continue;
+                    }
                     if sync || !st.enabled || !st.mode_known || !same_if {
                         return Err("two MODE.Execs in a PSB+");
                     }
