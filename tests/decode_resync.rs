@@ -2255,3 +2255,33 @@ fn a_psb_plus_with_two_fups_takes_the_last() {
     ];
     check_both(&c, &want, &want);
 }
+
+/// `l0; [%p7: unexpected packet context]`: an asynchronous branch's FUP (p4), a PSBEND
+/// outside a PSB+ (p5: libipt's event decoder passes it) and a TNT: the bits go first, as
+/// right after the FUP; the PSB where the FUP still waits for its TIP is libipt's context
+/// error, its resync failing there. (Records as libipt 2.1.2 gives them, and libipt 2.2's
+/// `pt_blk_resync`, `tests/c/libipt_resync.c` showed.)
+#[test]
+fn a_psbend_between_a_fup_and_its_tnt_is_passed() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[2]); // p4
+    t.at().psbend(); // p5
+    t.at().tnt(&[true]); // p6
+    t.psb_plus(l[1]); // p7..p10
+    t.at().tip_pgd(None); // p11
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let off = [
+        R::I(l[0]),
+        gap(None, p[7], "unexpected packet context".into()),
+    ];
+    let mut on = off.to_vec();
+    on.push(gap(
+        None,
+        p[7],
+        "resync error: unexpected packet context".into(),
+    ));
+    check_both(&c, &off, &on);
+}

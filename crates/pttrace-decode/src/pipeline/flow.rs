@@ -2472,8 +2472,12 @@ impl PtDecoder<'_> {
                     // (What follows a FUP bound to nothing, as libipt reads it, applies
                     // neither to a MODE.TSX abort's nor to the FUP of a CFE.)
                     let alone = st.tsx_abort.is_none() && !std::mem::take(&mut st.cfe_fup);
-                    // (A TNT next, past PADs: see there.)
-                    let first = self.flow_past_pads(st.pos);
+                    // (A TNT next, past PADs and PSBENDs outside a PSB+, which libipt's
+                    // event decoder passes: see there.)
+                    let mut first = self.flow_past_pads(st.pos);
+                    while let Some((Pkt::Psbend, n)) = self.pkt(first) {
+                        first = self.flow_past_pads(first + n);
+                    }
                     let tnt_next = match self.trace.get(first..) {
                         Some([2, 0xa3, ..]) => true,
                         Some([b, ..]) => short_tnt(*b),
