@@ -2285,3 +2285,50 @@ fn a_psbend_between_a_fup_and_its_tnt_is_passed() {
     ));
     check_both(&c, &off, &on);
 }
+
+/// `jmp rax` with a TNT bit left and a TSC before the TIP after the TNT packet (a deferred
+/// TIP): libipt's query decoder reads the TSC on the way to the TIP, its time the disable's
+/// after the bit is used; the fast decoder takes it so too (it handed such windows to
+/// libipt). (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn timing_packets_before_a_deferred_tip_are_its_time() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.at().tsc(100); // p1
+    t.at().fup(l[0]); // p2
+    t.mode_exec(1); // p3
+    t.at().psbend(); // p4
+    t.at().tnt(&[true, false]); // p5
+    t.at().tsc(200); // p6
+    t.at().tip(l[0]); // p7
+    t.at().tip_pgd(None); // p8
+    t.at().tsc(300); // p9
+    t.at().tip_pge(l[1]); // p10
+    t.at().tip_pgd(None); // p11
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let tsc = |tsc| {
+        R::Rec(Record::Timestamp {
+            tsc,
+            perf_time: None,
+        })
+    };
+    let want = [
+        tsc(100),
+        R::I(l[0]),
+        R::I(l[2]),
+        R::I(l[0]),
+        R::I(l[1]),
+        R::I(l[2]),
+        tsc(200),
+        disabled(None),
+        tsc(300),
+        R::Rec(Record::TraceEnabled { ip: l[1] }),
+        R::I(l[1]),
+        R::I(l[2]),
+        disabled(None),
+    ];
+    check_both(&c, &want, &want);
+}

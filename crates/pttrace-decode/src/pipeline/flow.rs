@@ -1386,7 +1386,20 @@ impl PtDecoder<'_> {
                 Some((Pkt::Tip(_), _)) if quiet_mode => {
                     return Err("deferred TIP after a MODE.Exec that changes nothing")
                 }
-                Some((Pkt::Tip(_), _)) => return Err("deferred TIP after timing packets"),
+                // (Timing packets first: libipt's query decoder reads them on the way,
+                // its time theirs from then on.)
+                Some((Pkt::Tip(payload), size)) => {
+                    let mut t = p;
+                    while t < q {
+                        let (pkt, n) = self.pkt(t).ok_or("deferred TIP after timing packets")?;
+                        st.clock.on_timing(pkt, false, st.clock_cfg)?;
+                        t += n;
+                    }
+                    let ip = st.last_ip.apply(payload).ok_or("TIP without IP")?;
+                    st.pos = q + size;
+                    st.deferred_tip = Some((q, st.pos));
+                    return Ok(TraceItem::Tip(ip));
+                }
                 // (libipt's text names what 2.1.2 does not know.)
                 Some((Pkt::Trig(_), _)) => return Err("TRIG after TNT bits at an indirect branch"),
                 _ => {}
