@@ -2332,3 +2332,43 @@ fn timing_packets_before_a_deferred_tip_are_its_time() {
     ];
     check_both(&c, &want, &want);
 }
+
+/// `l0 l2; [%p7: bad query]`: an asynchronous branch's FUP (p4), then TNT packets before
+/// its TIP, a bit of the first still left at `jmp rax`: libipt's query for the jump's
+/// target fails (the TIP is the asynchronous branch's), reported where its query decoder
+/// stands, at the next TNT packet past the PAD. Without the option the next PSB then; with
+/// it the resync resumes at the TIP, where `jz` finds no bit (a second bad query, at the
+/// PSBEND of the PSB+ after it). (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
+/// `tests/c/libipt_resync.c` showed.)
+#[test]
+fn an_indirect_branch_among_the_tnts_before_an_asynchronous_tip_is_a_bad_query() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.at().tnt(&[true, true]); // p5
+    t.at().pad(); // p6
+    t.at().tnt(&[false]); // p7
+    t.at().tip(l[0]); // p8
+    t.psb_plus(l[1]); // p9..p12
+    t.at().tip_pgd(None); // p13
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let bad = |ip: u64, at: u64| gap(Some(ip), at, "trace stream does not match query".into());
+    let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    let off: Vec<R> = [R::I(l[0]), R::I(l[2]), bad(l[2], p[7])]
+        .into_iter()
+        .chain(after.clone())
+        .collect();
+    let on: Vec<R> = [
+        R::I(l[0]),
+        R::I(l[2]),
+        bad(l[2], p[7]),
+        R::I(l[0]),
+        bad(l[0], p[12]),
+    ]
+    .into_iter()
+    .chain(after)
+    .collect();
+    check_both(&c, &off, &on);
+}

@@ -1348,21 +1348,26 @@ impl PtDecoder<'_> {
     /// that holds the bits of the branches after it; libipt reads ahead past that TNT
     /// (PADs between) to the TIP, takes its IP as the branch's target and keeps the bits.
     /// Where the next event is no TIP, libipt's query fails (block `b`'s branch: a bad
-    /// query). (Timing packets before the TIP: libipt takes them as its time; through
-    /// libipt.)
+    /// query). (Timing packets before the TIP: libipt takes them as its time.)
     #[cold]
     #[inline(never)]
     fn flow_deferred_tip(&mut self, st: &mut FlowState, b: FBlock) -> Result<TraceItem, Fallback> {
         if let Some((tip_at, _)) = st.async_tip {
-            // (Bits of a FUP's last TNT packet left: its asynchronous branch takes the TIP
-            // after them, libipt's query decoder stands at it. Of another: through
-            // libipt; so is a PSB or TIP.PGE in its place.)
+            // (Bits of a FUP's TNT packets left: its asynchronous branch takes the TIP
+            // after them, libipt's query decoder stands at the next of those packets, or
+            // at the TIP. A PSB or TIP.PGE in its place: through libipt.)
             let why = "indirect branch with the TNT bits before an asynchronous branch's TIP";
             let tip = matches!(self.pkt(tip_at), Some((Pkt::Tip(_) | Pkt::TipPgd(_), _)));
-            if st.pos != tip_at || !tip {
+            let mut q = st.pos;
+            while let Some((Pkt::Tnt { .. } | Pkt::Pad, size)) = self.pkt(q).filter(|_| q < tip_at)
+            {
+                q += size;
+            }
+            if q != tip_at || !tip {
                 return Err(why);
             }
-            return Err(self.flow_query_failed(st, b, tip_at, tip_at, why));
+            let at = self.flow_past_pads(st.pos);
+            return Err(self.flow_query_failed(st, b, at, at, why));
         }
         let mut p = st.pos;
         while let Some((Pkt::Pad, size)) = self.pkt(p) {
