@@ -2372,3 +2372,84 @@ fn an_indirect_branch_among_the_tnts_before_an_asynchronous_tip_is_a_bad_query()
     .collect();
     check_both(&c, &off, &on);
 }
+
+/// `l0 l2; [%p7: bad query]`: an asynchronous branch's FUP (p4), a CYC, TNT packets, a CYC
+/// and an unknown opcode where its TIP would be: timing packets between the FUP and its
+/// TNTs are read as usual, the bits go first, and `jmp rax`, met while a bit is left, is
+/// libipt's bad query where its query decoder stands (at the CYC past the TNT); libipt's
+/// resync then fails at the unknown opcode; both go on at the next PSB. (Records as
+/// libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`, `tests/c/libipt_resync.c`
+/// showed.)
+#[test]
+fn timing_packets_after_an_asynchronous_fup_come_before_its_tnts() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.raw(&[0x03]); // p5: CYC
+    t.at().tnt(&[true, true]); // p6
+    t.raw(&[0x03]); // p7: CYC
+    t.raw(&[0x05]); // p8: unknown opcode
+    t.psb_plus(l[1]); // p9..p12
+    t.at().tip_pgd(None); // p13
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let bad = gap(Some(l[2]), p[7], "trace stream does not match query".into());
+    let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    let off: Vec<R> = [R::I(l[0]), R::I(l[2]), bad.clone()]
+        .into_iter()
+        .chain(after.clone())
+        .collect();
+    let on: Vec<R> = [
+        R::I(l[0]),
+        R::I(l[2]),
+        bad,
+        gap(None, p[8], "resync error: unknown opcode".into()),
+    ]
+    .into_iter()
+    .chain(after)
+    .collect();
+    check_both(&c, &off, &on);
+}
+
+/// An interrupt's FUP (p5) with a TSC (p6) before the TNT packet ahead of its TIP: the TSC
+/// is read as usual, its time the asynchronous branch's; the fast decoder keeps the
+/// window (it handed it to libipt before). (Records as libipt 2.1.2 gives them.)
+#[test]
+fn a_tsc_between_an_interrupts_fup_and_its_tnt_is_the_branchs_time() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.at().tsc(100); // p1
+    t.at().fup(l[0]); // p2
+    t.mode_exec(1); // p3
+    t.at().psbend(); // p4
+    t.at().fup(l[2]); // p5
+    t.at().tsc(200); // p6
+    t.at().tnt(&[true]); // p7
+    t.at().tip(l[1]); // p8
+    t.at().tsc(300); // p9
+    t.at().tip_pgd(None); // p10
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let tsc = |tsc| {
+        R::Rec(Record::Timestamp {
+            tsc,
+            perf_time: None,
+        })
+    };
+    let want = [
+        tsc(100),
+        R::I(l[0]),
+        tsc(200),
+        R::Rec(Record::KernelXfer {
+            from: l[2],
+            to: Some(l[1]),
+        }),
+        R::I(l[1]),
+        R::I(l[2]),
+        tsc(300),
+        disabled(None),
+    ];
+    check_both(&c, &want, &want);
+}

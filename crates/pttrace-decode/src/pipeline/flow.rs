@@ -1357,9 +1357,21 @@ impl PtDecoder<'_> {
             // after them, libipt's query decoder stands at the next of those packets, or
             // at the TIP. A PSB or TIP.PGE in its place: through libipt.)
             let why = "indirect branch with the TNT bits before an asynchronous branch's TIP";
-            let tip = matches!(self.pkt(tip_at), Some((Pkt::Tip(_) | Pkt::TipPgd(_), _)));
+            let tip = match self.pkt(tip_at) {
+                Some((Pkt::Tip(_) | Pkt::TipPgd(_), _)) => true,
+                Some((Pkt::Other(what), _)) => resync::refused_text(what).is_some(),
+                _ => false,
+            };
             let mut q = st.pos;
-            while let Some((Pkt::Tnt { .. } | Pkt::Pad, size)) = self.pkt(q).filter(|_| q < tip_at)
+            while let Some((
+                Pkt::Tnt { .. }
+                | Pkt::Pad
+                | Pkt::Tsc(_)
+                | Pkt::Mtc(_)
+                | Pkt::Tma { .. }
+                | Pkt::Cyc(_),
+                size,
+            )) = self.pkt(q).filter(|_| q < tip_at)
             {
                 q += size;
             }
@@ -2490,10 +2502,14 @@ impl PtDecoder<'_> {
                     // (What follows a FUP bound to nothing, as libipt reads it, applies
                     // neither to a MODE.TSX abort's nor to the FUP of a CFE.)
                     let alone = st.tsx_abort.is_none() && !std::mem::take(&mut st.cfe_fup);
-                    // (A TNT next, past PADs and PSBENDs outside a PSB+, which libipt's
-                    // event decoder passes: see there.)
+                    // (A TNT next, past PADs, timing packets and PSBENDs outside a PSB+,
+                    // which libipt's event decoder passes: see there.)
                     let mut first = self.flow_past_pads(st.pos);
-                    while let Some((Pkt::Psbend, n)) = self.pkt(first) {
+                    while let Some((
+                        Pkt::Psbend | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_),
+                        n,
+                    )) = self.pkt(first)
+                    {
                         first = self.flow_past_pads(first + n);
                     }
                     let tnt_next = match self.trace.get(first..) {
@@ -2589,8 +2605,8 @@ impl PtDecoder<'_> {
         }
     }
 
-    /// A FUP bound to nothing (just read, from `from`; its next packet past PADs at
-    /// `first`) with TNT packets between it and its
+    /// A FUP bound to nothing (just read, from `from`; its next packet past PADs, timing
+    /// packets and PSBENDs outside a PSB+ at `first`) with TNT packets between it and its
     /// TIP or TIP.PGD (PADs among them at most): libipt's asynchronous branch waits for that
     /// TIP, and its block decoder is told of it only once the TNT bits are used up; they
     /// take the flow on first, even past the FUP's IP. So the first TNT packet is the next
@@ -2628,12 +2644,24 @@ impl PtDecoder<'_> {
                 (Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Tma { .. } | Pkt::Cyc(_), size) => p += size,
                 (Pkt::Tip(_) | Pkt::TipPgd(_), _) => break Some(p),
                 // (A TIP.PGE or PSB instead: libipt's context error at it, when it is read
-                // after the bits.)
+                // after the bits; a packet libipt refuses: its error there.)
                 (Pkt::TipPge(_) | Pkt::Psb, _) if alone => break Some(p),
+                (Pkt::Other(what), _) if alone && resync::refused_text(what).is_some() => {
+                    break Some(p)
+                }
                 (Pkt::Ovf, _) if alone && !self.wire.skd007 => break None,
                 _ => return None,
             }
         };
+        // (The timing packets before the first TNT, read as usual.)
+        let mut clock = st.clock;
+        let mut t = st.pos;
+        while t < first {
+            let (pkt, size) = self.pkt(t)?;
+            clock.on_timing(pkt, false, st.clock_cfg).ok()?;
+            t += size;
+        }
+        st.clock = clock;
         (st.tnt, st.tnt_n) = (bits, n);
         st.async_tip = tip_at.map(|at| (at, from));
         st.pos = self.flow_past_pads(first + size);

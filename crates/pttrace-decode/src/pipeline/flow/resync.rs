@@ -113,7 +113,7 @@ fn packet_past_ptws(t: &[u8], mut p: usize, e: wire::WireErrata) -> (usize, Opti
 /// libipt's error for a packet the wire parser names `what` ([`Pkt::Other`]); None for
 /// one libipt's packet decoder decodes (what its event decoder makes of it: through
 /// libipt).
-fn refused_text(what: &str) -> Option<&'static str> {
+pub(super) fn refused_text(what: &str) -> Option<&'static str> {
     match what {
         "unknown opcode" | "extended packet" => Some(BAD_OPC),
         TRIG_WITH_ICNT => Some(TRIG_WITH_ICNT),
