@@ -992,13 +992,7 @@ fn tip_to_nomap_then_fup_without_ip_fails_there() {
         t.at().tip(0x10_0000);
     });
     let (l, p) = (&c.l, &c.t.p);
-    let off = [R::I(l[0]), gap(None, p[5], "ip has been suppressed".into())];
-    let mut on = off.to_vec();
-    on.push(gap(
-        None,
-        p[5],
-        "resync error: ip has been suppressed".into(),
-    ));
+    let (off, on) = resync_fails(&[R::I(l[0])], p[5], "ip has been suppressed", &[]);
     check_both(&c, &off, &on);
 }
 
@@ -1051,6 +1045,25 @@ fn check_both(c: &Case, off: &[R], on: &[R]) {
     assert!(d.warnings().is_empty(), "{:?}", d.warnings());
 }
 
+/// A decode error (no IP) that libipt's resync does not get past: the records without
+/// the option (`before`, the gap of `what` at PT offset `at`, then `after`) and with it
+/// (the same, with its resync's "resync error" gap right after that gap).
+fn resync_fails(before: &[R], at: u64, what: &str, after: &[R]) -> (Vec<R>, Vec<R>) {
+    let err = gap(None, at, what.into());
+    let resync = gap(None, at, format!("resync error: {what}"));
+    let with = |gaps: Vec<R>| {
+        before
+            .iter()
+            .cloned()
+            .chain(gaps)
+            .chain(after.iter().cloned())
+    };
+    (
+        with(vec![err.clone()]).collect(),
+        with(vec![err, resync]).collect(),
+    )
+}
+
 /// An unknown opcode where the indirect jump waits for its TIP: libipt's packet error
 /// there (its gap), then the next PSB, with and without the option (its resync fails
 /// the same way: a second gap).
@@ -1065,20 +1078,8 @@ fn unknown_opcode_then_the_next_psb() {
     t.at().tip_pgd(None); // p10
     let c = Case { t, space, l };
     let (l, p) = (&c.l, &c.t.p);
-    let err = |what: &str| gap(None, p[5], what.into());
     let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
-    let off: Vec<R> = [R::I(l[0]), err("unknown opcode")]
-        .into_iter()
-        .chain(after.clone())
-        .collect();
-    let on: Vec<R> = [
-        R::I(l[0]),
-        err("unknown opcode"),
-        err("resync error: unknown opcode"),
-    ]
-    .into_iter()
-    .chain(after)
-    .collect();
+    let (off, on) = resync_fails(&[R::I(l[0])], p[5], "unknown opcode", &after);
     check_both(&c, &off, &on);
 }
 
@@ -1990,20 +1991,8 @@ fn an_unknown_opcode_after_an_ovf_fails_at_the_ovf() {
     t.at().tip_pgd(None); // p11
     let c = Case { t, space, l };
     let (l, p) = (&c.l, &c.t.p);
-    let err = |what: &str| gap(None, p[5], what.into());
     let after = [R::I(l[1]), R::I(l[2]), disabled(None)];
-    let off: Vec<R> = [R::I(l[0]), err("unknown opcode")]
-        .into_iter()
-        .chain(after.clone())
-        .collect();
-    let on: Vec<R> = [
-        R::I(l[0]),
-        err("unknown opcode"),
-        err("resync error: unknown opcode"),
-    ]
-    .into_iter()
-    .chain(after)
-    .collect();
+    let (off, on) = resync_fails(&[R::I(l[0])], p[5], "unknown opcode", &after);
     check_both(&c, &off, &on);
 }
 
@@ -2137,9 +2126,7 @@ fn an_unknown_opcode_after_a_fup_comes_before_a_nomap() {
         t.psb_plus(ORG); // p7..p10
     });
     let (l, p) = (&c.l, &c.t.p);
-    let off = [R::I(l[0]), gap(None, p[6], "unknown opcode".into())];
-    let mut on = off.to_vec();
-    on.push(gap(None, p[6], "resync error: unknown opcode".into()));
+    let (off, on) = resync_fails(&[R::I(l[0])], p[6], "unknown opcode", &[]);
     check_both(&c, &off, &on);
 }
 
@@ -2273,16 +2260,7 @@ fn a_psbend_between_a_fup_and_its_tnt_is_passed() {
     t.at().tip_pgd(None); // p11
     let c = Case { t, space, l };
     let (l, p) = (&c.l, &c.t.p);
-    let off = [
-        R::I(l[0]),
-        gap(None, p[7], "unexpected packet context".into()),
-    ];
-    let mut on = off.to_vec();
-    on.push(gap(
-        None,
-        p[7],
-        "resync error: unexpected packet context".into(),
-    ));
+    let (off, on) = resync_fails(&[R::I(l[0])], p[7], "unexpected packet context", &[]);
     check_both(&c, &off, &on);
 }
 
