@@ -137,7 +137,10 @@ impl<'a> SegmentCode<'a> {
 /// invalid.
 fn classify(insn: &Instruction, bytes: &[u8], mode: ExecMode) -> Option<InsnInfo> {
     if insn.is_invalid() {
-        return None;
+        return match mode {
+            ExecMode::Bit64 => invalid_in_64_bit(bytes),
+            _ => None,
+        };
     }
     let size = insn.len().min(15);
     let mut raw = [0u8; 15];
@@ -155,6 +158,82 @@ fn classify(insn: &Instruction, bytes: &[u8], mode: ExecMode) -> Option<InsnInfo
         });
     }
     Some(classify_branch(insn, raw, mode))
+}
+
+/// An instruction of an opcode that is invalid in 64-bit mode (the processor faults on
+/// it; iced-x86 decodes none) to which libipt's instruction-length decoder gives a
+/// length and which it takes as no branch, so that its decoders walk on past it:
+/// PUSH/POP of ES, CS, SS, DS, DAA, DAS, AAA, AAS, PUSHA, POPA, INTO, SALC and AAM (and
+/// 82, the alias of 80; CALL and JMP far with a pointer, 9A and EA, as no branch). Code
+/// reached by a damaged trace (a jump into the middle of an instruction) meets these;
+/// decoded as libipt decodes them, such a trace gives libipt's instructions. (D5, AAD,
+/// is left out: libipt 2.3 reads it as APX's REX2 prefix in 64-bit mode, 2.1.2 as AAD.)
+fn invalid_in_64_bit(bytes: &[u8]) -> Option<InsnInfo> {
+    let max = bytes.len().min(15);
+    // Legacy prefixes, each of which drops a REX before it; a REX right before the opcode.
+    let (mut at, mut osz, mut rex_w) = (0usize, false, false);
+    let opcode = loop {
+        let b = *bytes.get(at).filter(|_| at < max)?;
+        match b {
+            0x66 => (osz, rex_w) = (true, false),
+            0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67 | 0xf0 | 0xf2 | 0xf3 => rex_w = false,
+            0x40..=0x4f => rex_w = b & 8 != 0,
+            _ => break b,
+        }
+        at += 1;
+    };
+    at += 1;
+    let tail = match opcode {
+        0x06 | 0x07 | 0x0e | 0x16 | 0x17 | 0x1e | 0x1f | 0x27 | 0x2f | 0x37 | 0x3f | 0x60
+        | 0x61 | 0xce | 0xd6 => 0,
+        0xd4 => 1,
+        // The pointer's offset (its operand size: 16 bits with an operand-size prefix and
+        // no REX.W) and segment.
+        0x9a | 0xea => {
+            if osz && !rex_w {
+                4
+            } else {
+                6
+            }
+        }
+        // ModRM (with SIB and displacement), then an 8-bit immediate.
+        0x82 => modrm_bytes(bytes.get(at..max)?)? + 1,
+        _ => return None,
+    };
+    let size = at + tail;
+    if size > max {
+        return None;
+    }
+    let mut raw = [0u8; 15];
+    raw[..size].copy_from_slice(bytes.get(..size)?);
+    Some(InsnInfo {
+        size: size as u8,
+        bytes: raw,
+        class: InsnClass::Other,
+        direct_target: None,
+        is_syscall: false,
+        beyond_libipt: None,
+    })
+}
+
+/// Bytes of the ModRM byte at the start of `b` with its SIB byte and displacement, in
+/// 64-bit mode (32- and 64-bit addressing encode them alike); `None` when `b` is empty.
+fn modrm_bytes(b: &[u8]) -> Option<usize> {
+    let modrm = *b.first()?;
+    let (md, rm) = (modrm >> 6, modrm & 7);
+    if md == 3 {
+        return Some(1);
+    }
+    let sib = rm == 4;
+    let disp = match md {
+        1 => 1,
+        2 => 4,
+        // mod 0: RIP-relative (rm 5), or a SIB without base (its base 5).
+        _ if rm == 5 => 4,
+        _ if sib && b.get(1)? & 7 == 5 => 4,
+        _ => 0,
+    };
+    Some(1 + usize::from(sib) + disp)
 }
 
 /// Whether `insn` is no branch and none of the instructions libipt takes as one.
@@ -588,6 +667,80 @@ mod tests {
         assert!(
             plain_seen > 100_000 && other_seen > 10_000,
             "{plain_seen} {other_seen}"
+        );
+    }
+
+    /// Opcodes invalid in 64-bit mode, which iced-x86 does not decode, get libipt's
+    /// lengths as instructions of no branch; in 32-bit mode they are what iced-x86
+    /// decodes; cut by the bytes' end, or D5 (REX2 to libipt 2.3), they are none.
+    #[test]
+    fn opcodes_invalid_in_64_bit_mode_get_libipts_lengths() {
+        let cases: &[(&[u8], usize)] = &[
+            (&[0x06], 1),
+            (&[0x07], 1),
+            (&[0x0e], 1),
+            (&[0x16], 1),
+            (&[0x17], 1),
+            (&[0x1e], 1),
+            (&[0x1f], 1),
+            (&[0x27], 1),
+            (&[0x2f], 1),
+            (&[0x37], 1),
+            (&[0x3f], 1),
+            (&[0x60], 1),
+            (&[0x61], 1),
+            (&[0xce], 1),
+            (&[0xd6], 1),
+            (&[0xd4, 0x0a], 2),
+            (&[0xea, 1, 2, 3, 4, 5, 6], 7),
+            (&[0x9a, 1, 2, 3, 4, 5, 6], 7),
+            (&[0x66, 0x9a, 1, 2, 3, 4], 6),
+            (&[0x66, 0x48, 0xea, 1, 2, 3, 4, 5, 6], 9),
+            // A prefix after REX.W drops it: a 16-bit offset.
+            (&[0x48, 0x66, 0xea, 1, 2, 3, 4], 7),
+            (&[0x82, 0xc0, 0x01], 3),
+            (&[0x82, 0x00, 0x01], 3),
+            (&[0x82, 0x40, 0x08, 0x01], 4),
+            (&[0x82, 0x80, 1, 2, 3, 4, 0x01], 7),
+            (&[0x82, 0x05, 1, 2, 3, 4, 0x01], 7),
+            (&[0x82, 0x04, 0x24, 0x01], 4),
+            (&[0x82, 0x04, 0x25, 1, 2, 3, 4, 0x01], 8),
+            (&[0x82, 0x44, 0x24, 0x08, 0x01], 5),
+            (&[0x67, 0xf0, 0x2e, 0x41, 0x27], 5),
+        ];
+        for &(bytes, len) in cases {
+            let mut padded = bytes.to_vec();
+            padded.extend_from_slice(&[0x90; 4]);
+            let insn = Decoder::with_ip(64, &padded, 0x1000, 0).decode();
+            assert!(insn.is_invalid(), "{bytes:02x?} decodes in 64-bit mode");
+            let info = decode_insn(&padded, 0x1000, ExecMode::Bit64);
+            let got = info.map(|i| (i.size as usize, i.class, i.direct_target, i.is_syscall));
+            assert_eq!(
+                got,
+                Some((len, InsnClass::Other, None, false)),
+                "{bytes:02x?}"
+            );
+            assert_eq!(
+                info.map(|i| i.bytes[..len].to_vec()),
+                Some(padded[..len].to_vec())
+            );
+            // Without their last byte, they are none.
+            assert_eq!(
+                decode_insn(&bytes[..len - 1], 0x1000, ExecMode::Bit64),
+                None
+            );
+        }
+        // 32-bit mode: iced-x86's instructions (EA a far jump).
+        let far = decode_insn(&[0xea, 1, 2, 3, 4, 5, 6], 0x1000, ExecMode::Bit32);
+        assert_eq!(
+            far.map(|i| (i.size, i.class)),
+            Some((7, InsnClass::FarJump))
+        );
+        assert_eq!(decode_insn(&[0xd5, 0x0a], 0x1000, ExecMode::Bit64), None);
+        // An opcode that is not one of them.
+        assert_eq!(
+            decode_insn(&[0x0f, 0x04, 0x90], 0x1000, ExecMode::Bit64),
+            None
         );
     }
 
