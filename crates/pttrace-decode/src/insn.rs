@@ -127,6 +127,23 @@ impl<'a> SegmentCode<'a> {
         classify(&self.insn, bytes, self.mode)
     }
 
+    /// Where the segment ends (the address after its last byte), when the instruction at
+    /// `pc` has bytes beyond it: what the segment's bytes from `pc` on begin, followed by
+    /// any bytes, needs more than the segment has. (A length decoder that reads only the
+    /// segment's bytes fails there, as libipt's does.) `None` when it fits, or the bytes
+    /// begin no instruction whatever follows.
+    pub(crate) fn cut_at_end(&self, pc: u64) -> Option<u64> {
+        let pos = usize::try_from(pc.checked_sub(self.start)?).ok()?;
+        let rest = self
+            .bytes
+            .get(pos..)
+            .filter(|b| !b.is_empty() && b.len() < 15)?;
+        let mut padded = [0u8; 15];
+        padded.get_mut(..rest.len())?.copy_from_slice(rest);
+        let info = decode_insn(&padded, pc, self.mode)?;
+        (usize::from(info.size) > rest.len()).then(|| self.start + self.bytes.len() as u64)
+    }
+
     /// The target of the near branch [`Self::decode`] decoded last, as libipt computes it.
     pub(crate) fn last_branch_target(&self) -> u64 {
         branch_target(&self.insn, self.mode)
@@ -742,6 +759,43 @@ mod tests {
             decode_insn(&[0x0f, 0x04, 0x90], 0x1000, ExecMode::Bit64),
             None
         );
+    }
+
+    /// An instruction is cut by its segment's end where the bytes it begins with need more
+    /// than the segment has, whatever follows: a valid one, or one invalid in 64-bit mode
+    /// with libipt's length; not where the segment holds it, nor where the bytes begin no
+    /// instruction, nor 15 bytes or more before the end.
+    #[test]
+    fn instructions_cut_by_the_segments_end() {
+        const P: u64 = 0x40_0000;
+        let cut = |tail: &[u8], mode: ExecMode| {
+            let code = [&[0x90; 20][..], tail].concat();
+            let mut space = AddressSpace::new();
+            space.add_bytes("code", code.clone(), P);
+            let seg = SegmentCode::at(&space, P, mode).expect("the segment");
+            (seg.cut_at_end(P + 20), P + code.len() as u64)
+        };
+        for tail in [&[0x48, 0x83][..], &[0xb8, 1, 2], &[0x0f], &[0xea, 1, 2, 3]] {
+            let (got, end) = cut(tail, ExecMode::Bit64);
+            assert_eq!(got, Some(end), "{tail:02x?}");
+        }
+        for tail in [&[0x48, 0x83, 0xc0, 1][..], &[0x0f, 0x04], &[0xd5, 0x0a]] {
+            assert_eq!(cut(tail, ExecMode::Bit64).0, None, "{tail:02x?}");
+        }
+        // EA in 32-bit mode: a far jump, 7 bytes; in 16-bit mode 5.
+        assert!(cut(&[0xea, 1, 2, 3, 4], ExecMode::Bit32).0.is_some());
+        assert_eq!(cut(&[0xea, 1, 2, 3, 4], ExecMode::Bit16).0, None);
+        // Far from the end: the bytes there decide, not the end.
+        let (got, _) = cut(
+            &[0x48, 0x83, 0xc0, 1, 0x90, 0x90, 0x90, 0x90],
+            ExecMode::Bit64,
+        );
+        assert_eq!(got, None);
+        let mut space = AddressSpace::new();
+        space.add_bytes("code", [0x48, 0x83, 0xc0, 1].repeat(5), P);
+        let seg = SegmentCode::at(&space, P, ExecMode::Bit64).expect("the segment");
+        assert_eq!(seg.cut_at_end(P + 4), None);
+        assert_eq!(seg.cut_at_end(P + 21), None);
     }
 
     /// A segment's instructions decoded one after the other through one decoder are

@@ -85,6 +85,18 @@ enum End {
     /// No code at `fall` (no image covers it): libipt's nomap error when the walk gets
     /// there, unless an event binds to one of the block's instructions first.
     Nomap,
+    /// The instruction at `fall` is cut by the end of its code (no image covers the
+    /// bytes after): libipt's "unknown instruction" (its length decoder's error) as
+    /// [`End::Nomap`]'s error is met.
+    BadInsn,
+}
+
+impl End {
+    /// Whether the block stops where there is no instruction to decode.
+    #[inline]
+    fn no_code(self) -> bool {
+        matches!(self, End::Nomap | End::BadInsn)
+    }
 }
 
 /// Straight-line code up to a branch that needs trace, through direct jumps and direct
@@ -1205,7 +1217,7 @@ impl PtDecoder<'_> {
                 .ok_or("no block")?
                 .end;
             match end {
-                End::Nomap => return self.flow_nomap(st, self.flow_cur(st)?),
+                End::Nomap | End::BadInsn => return self.flow_nomap(st, self.flow_cur(st)?),
                 End::Continue => {
                     let b = self.flow_cur(st)?;
                     st.without_trace += u64::from(b.len);
@@ -1329,7 +1341,7 @@ impl PtDecoder<'_> {
             && self.queue.pushed == st.committed
             && self
                 .flow_cur(st)
-                .is_ok_and(|b| b.end == End::Nomap && b.len == 0)
+                .is_ok_and(|b| b.end.no_code() && b.len == 0)
     }
 
     /// The block the walk is at.
@@ -1722,7 +1734,7 @@ impl PtDecoder<'_> {
                 let abort = st.tsx_abort.take();
                 let bdm64 = abort.is_some_and(|a| a.0)
                     && st.bdm64
-                    && !matches!(b.end, End::Continue | End::Nomap);
+                    && !matches!(b.end, End::Continue | End::Nomap | End::BadInsn);
                 let walked = st.without_trace;
                 let (n, jumped) = match self.flow_event_index(b, from) {
                     Some(n) if !(bdm64 && walked + u64::from(n) > BDM64_STEPS) => (n, false),
@@ -2108,7 +2120,7 @@ impl PtDecoder<'_> {
     /// there before it reads the code).
     fn flow_event_index(&self, b: FBlock, ip: u64) -> Option<u32> {
         self.flow_index_of(b, ip)
-            .or((b.end == End::Nomap && b.fall == ip).then_some(b.len))
+            .or((b.end.no_code() && b.fall == ip).then_some(b.len))
     }
 
     /// The packet at `pos`, as libipt reads it on this CPU ([`wire::parse_with`]).
@@ -2276,7 +2288,7 @@ impl PtDecoder<'_> {
     fn flow_target_new(&mut self, from: u32, ip: u64, key: u64) -> Result<u32, Fallback> {
         let to = self.flow_block(ip)?;
         if let Some(b) = self.blocks.flow.blocks.get_mut(from as usize) {
-            if !matches!(b.end, End::Cond | End::Continue | End::Nomap) {
+            if !matches!(b.end, End::Cond | End::Continue | End::Nomap | End::BadInsn) {
                 (b.target, b.next[1]) = (key, to);
             }
         }
@@ -2331,6 +2343,15 @@ impl PtDecoder<'_> {
             let Some(info) = decoded else {
                 if space.read(pc, &mut [0u8; 1]) == 0 {
                     break (End::Nomap, pc, 0);
+                }
+                // An instruction its code's end cuts, nothing mapped after: libipt's
+                // length decoder fails there too (where code follows, libipt reads the
+                // rest of the instruction from it: the window goes to libipt).
+                if let Some(end) = code.as_ref().and_then(|c| c.cut_at_end(pc)) {
+                    if space.read(end, &mut [0u8; 1]) == 0 {
+                        self.blocks.flow.pages.insert(end / CODE_PAGE);
+                        break (End::BadInsn, pc, 0);
+                    }
                 }
                 return Err("code not readable or not decodable");
             };

@@ -45,12 +45,14 @@
 //!
 //! [`WindowOptions::resync_on_error`]: super::super::WindowOptions::resync_on_error
 
-use super::{FBlock, Fallback, FlowState, PtDecoder, Stop};
+use super::{End, FBlock, Fallback, FlowState, PtDecoder, Stop};
 use crate::records::{Gap, GapKind, Record};
 use crate::wire::{self, LastIp, Pkt};
 
 /// libipt's texts for the errors the fast decoder recognizes (`pt_errstr`).
 const NOMAP: &str = "no memory mapped at this address";
+/// libipt's error where its instruction-length decoder fails ([`End::BadInsn`]).
+const BAD_INSN: &str = "unknown instruction";
 const BAD_QUERY: &str = "trace stream does not match query";
 const BAD_RETCOMP: &str = "bad compressed return";
 const RETSTACK_EMPTY: &str = "compressed return without call";
@@ -134,9 +136,10 @@ enum Bound {
 }
 
 impl PtDecoder<'_> {
-    /// The flow reached a block that ends where no image has code (`b.fall`): libipt
-    /// walks the block and fails there (nomap) unless the trace ends first or the next
-    /// trace item binds to one of the block's instructions before.
+    /// The flow reached a block that ends where no image has code (`b.fall`), or an
+    /// instruction its code's end cuts: libipt walks the block and fails there (nomap,
+    /// or its length decoder's error) unless the trace ends first or the next trace item
+    /// binds to one of the block's instructions before.
     #[cold]
     #[inline(never)]
     pub(super) fn flow_nomap(
@@ -149,14 +152,18 @@ impl PtDecoder<'_> {
             return self.flow_item_at(st, b, item);
         }
         self.flow_push_block(st, b, b.len);
+        let what = match b.end {
+            End::BadInsn => BAD_INSN,
+            _ => NOMAP,
+        };
         st.error = Some(FlowError {
-            what: NOMAP,
+            what,
             ip: Some(b.fall),
             offset: self.flow_gap_offset(st, st.pos),
             resume: st.pos,
             resync: ResyncFrom::Search,
         });
-        Err(NOMAP)
+        Err(what)
     }
 
     /// Whether the trace after the block ending at unmapped code `b` ends, or its next
@@ -785,7 +792,7 @@ impl PtDecoder<'_> {
                 // window goes to libipt; with it, at the next trace item).
                 match e.what {
                     _ if deferred.is_some() => {}
-                    NOMAP => match self.flow_nomap_offset(st, e.resume, st.resync) {
+                    NOMAP | BAD_INSN => match self.flow_nomap_offset(st, e.resume, st.resync) {
                         Some(at) => e.offset = at,
                         None if !st.resync => return Err(why),
                         None => {}
@@ -1110,7 +1117,7 @@ impl PtDecoder<'_> {
                 Pkt::Fup(p) => {
                     st.pos += size;
                     let from = st.last_ip.apply(p).ok_or("FUP without IP")?;
-                    if e.what == NOMAP && e.ip == Some(from) {
+                    if (e.what == NOMAP || e.what == BAD_INSN) && e.ip == Some(from) {
                         // (libipt takes an event at the IP before reading its code.)
                         return Err("event at the address without code");
                     }
