@@ -1735,6 +1735,96 @@ fn a_mode_tsx_read_by_the_resync_makes_the_next_psb_a_context_error() {
     );
 }
 
+/// A TRIG with the IP bit and no FUP after it waits for a FUP in libipt 2.2's event
+/// queue, as a MODE.TSX does: read by the resync search before the TIP it resumes at,
+/// the next PSB is libipt's context error; met where libipt reports a nomap, it is read
+/// past (the error past the TNT after it, the resync at the TIP after that). With its FUP
+/// right after it, the resync search passes both (an event libipt's resync ignores), and
+/// nothing waits. (libipt 2.3's resync gives these records.)
+#[test]
+fn a_trig_waiting_for_its_fup_after_an_error() {
+    let trig = |t: &mut Trace| t.raw(&[0xd9, 0xc0, 1, 0, 0]); // TRIG: IP, ICNT 0
+                                                              // (libipt 2.1.2 knows no TRIG with the IP bit: without the option the window goes
+                                                              // to it; with the option the records are libipt 2.3's.)
+    let check = |c: &Case, want: &[R]| {
+        let trace = &c.t.w.buf;
+        let l = decode(trace, &c.space, DecoderKind::Libipt, false);
+        assert_eq!(decode(trace, &c.space, DecoderKind::Fast, false), l);
+        let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
+        assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), want);
+        assert_eq!(d.decoded_by(), ("fast", None));
+        assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+    };
+    let tail = |t: &mut Trace, l: &[u64]| {
+        t.psb_plus(l[0]);
+        t.at().tnt(&[N]);
+        t.at().fup(l[2]);
+        t.at().tip_pgd(None);
+        t.psb_plus(l[1]);
+        t.at().fup(l[2]);
+        t.at().tip_pgd(None);
+    };
+    // Read by the resync search.
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    trig(&mut t); // p6
+    t.at().tip(l[0]); // p7
+    t.at().tnt(&[N]); // p8
+    t.at().tip(l[0]); // p9
+    tail(&mut t, &l); // p10..p13, p14, p15, p16, p17..p20, p21, p22
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let context = |what: &str| gap(None, p[10], what.into());
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            R::I(l[2]),
+            nomap(0x10_0100, p[7]),
+            R::I(l[0]),
+            R::I(l[1]),
+            R::I(l[2]),
+            context("unexpected packet context"),
+            context("resync error: unexpected packet context"),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ],
+    );
+    // Where libipt reports the nomap: read past, with the TNT after it.
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    trig(&mut t); // p6
+    t.at().tnt(&[N, T]); // p7
+    t.at().tip(l[0]); // p8
+    t.at().tnt(&[N]); // p9
+    t.at().tip(l[0]); // p10
+    tail(&mut t, &l); // p11..
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let context = |what: &str| gap(None, p[11], what.into());
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            R::I(l[2]),
+            nomap(0x10_0100, p[8]),
+            R::I(l[0]),
+            R::I(l[1]),
+            R::I(l[2]),
+            context("unexpected packet context"),
+            context("resync error: unexpected packet context"),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ],
+    );
+}
+
 /// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
 /// decoding (after a disable; timing packets, a CBR or status in the PSB+ or not):
 /// libipt's context error at the TNT, on the fast path. At a synchronization: libipt's

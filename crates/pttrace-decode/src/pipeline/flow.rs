@@ -715,10 +715,11 @@ pub(crate) struct FlowState {
     /// A CFE of an IRET, a VM entry or a UIRET was read: the next trace item is the TIP
     /// or TIP.PGD of that instruction.
     cfe_ret: Option<CfeRet>,
-    /// After a resync at a TIP, a MODE.TSX or PTW the resync search read still waits for
-    /// its FUP: libipt 2.2's resync leaves it in its event decoder's queue. A PSB is then
-    /// libipt's context error (no event is carried across a PSB), a FUP goes beyond the
-    /// fast decoder, an OVF drops it.
+    /// After a resync at a TIP, a MODE.TSX, PTW or TRIG the resync search read still
+    /// waits for its FUP: libipt 2.2's resync leaves it in its event decoder's queue (a
+    /// TRIG with the IP bit and no FUP after it too, met anywhere with the option). A PSB
+    /// is then libipt's context error (no event is carried across a PSB), a FUP goes
+    /// beyond the fast decoder, an OVF drops it.
     event_waits: bool,
     /// An overflow resolved at a FUP without IP, no trace item read since: libipt's block
     /// decoder takes it as resolved with tracing disabled, its event decoder as enabled,
@@ -2512,7 +2513,7 @@ impl PtDecoder<'_> {
                         return Err("FUP while tracing is disabled");
                     }
                     if st.event_waits {
-                        return Err("a FUP a MODE.TSX or PTW waits for since a resync");
+                        return Err("a FUP a MODE.TSX, PTW or TRIG waits for");
                     }
                     let Some(from) = st.last_ip.apply(p) else {
                         if st.tsx_abort.is_none() && !st.cfe_fup {
@@ -2738,6 +2739,9 @@ impl PtDecoder<'_> {
                     st.pos += size;
                     st.last_ip.apply(p).ok_or("TRIG's FUP without IP")?;
                 }
+                // (With the option, as libipt 2.2: it waits in the event queue for a later
+                // FUP, as a MODE.TSX read by the resync does.)
+                Some(_) if st.resync => st.event_waits = true,
                 Some(_) => return Err("TRIG with the IP bit not followed by a FUP"),
                 None => return Err("TRIG with the IP bit at the end of the trace"),
             },

@@ -136,6 +136,13 @@ enum Bound {
 }
 
 impl PtDecoder<'_> {
+    /// Whether TRIG `t`, its next packet at `next`, is one libipt 2.2 (with the option,
+    /// `resync`) queues for a FUP to come later: the IP bit set, an instruction count of
+    /// 0 (others are a bad packet), no FUP right after it.
+    fn trig_waits(&self, resync: bool, t: wire::Trig, next: usize) -> bool {
+        resync && t.ip && t.icnt == Some(0) && !matches!(self.pkt(next), Some((Pkt::Fup(_), _)))
+    }
+
     /// The flow reached a block that ends where no image has code (`b.fall`), or an
     /// instruction its code's end cuts: libipt walks the block and fails there (nomap,
     /// or its length decoder's error) unless the trace ends first or the next trace item
@@ -211,6 +218,9 @@ impl PtDecoder<'_> {
                     p += size;
                 }
                 Pkt::Trig(t) if !t.ip => p += size,
+                // (With the option, one with the IP bit and no FUP next: libipt 2.2 queues
+                // it for a later FUP and reads on.)
+                Pkt::Trig(t) if self.trig_waits(st.resync, t, p + size) => p += size,
                 pkt if super::event_trace::ignored(pkt) => p += size,
                 Pkt::Evd { .. } | Pkt::Cfe { ip: false, .. } => {
                     events = true;
@@ -388,6 +398,7 @@ impl PtDecoder<'_> {
                 | Pkt::Invalid => {}
                 // (libipt 2.2, whose resync `--resync-on-error` follows, knows TRIG.)
                 Pkt::Trig(t) if resync && !t.ip => {}
+                Pkt::Trig(t) if self.trig_waits(resync, t, p + size) => {}
                 Pkt::ModeExec { csl, csd, iflag }
                     if resync
                         && st.mode_known
@@ -1022,6 +1033,10 @@ impl PtDecoder<'_> {
         let mut from_fup = None;
         // (An event read that binds to a FUP only: MODE.TSX, PTW with IP.)
         let mut fup_only = false;
+        // (A TRIG with the IP bit read, its FUP not yet: the FUP, bound to it, is passed
+        // with it, an event libipt's resync ignores; with none before the TIP, it waits
+        // in libipt's queue as a MODE.TSX does.)
+        let mut trig = false;
         loop {
             let Some((pkt, size)) = self.pkt(st.pos) else {
                 if st.pos >= self.trace.len() {
@@ -1036,6 +1051,15 @@ impl PtDecoder<'_> {
                 // refuses, as below.)
                 Pkt::Trig(t) if t.icnt != Some(0) => {
                     return self.flow_resync_refused(st, BAD_PACKET)
+                }
+                Pkt::Trig(_) => {
+                    trig = true;
+                    st.pos += size;
+                }
+                Pkt::Fup(p) if trig => {
+                    st.pos += size;
+                    st.last_ip.apply(p);
+                    trig = false;
                 }
                 Pkt::Ptw { ip } => {
                     if ip {
@@ -1089,7 +1113,7 @@ impl PtDecoder<'_> {
                     let ip = st.last_ip.apply(p).ok_or("TIP without IP")?;
                     // (libipt's resync leaves a MODE.TSX or PTW waiting for its FUP in its
                     // event decoder's queue.)
-                    st.event_waits |= fup_only;
+                    st.event_waits |= fup_only || trig;
                     if let Some(from) = from_fup {
                         self.flow_event(st, Record::KernelXfer { from, to: Some(ip) });
                     }
