@@ -1823,6 +1823,33 @@ fn a_trig_waiting_for_its_fup_after_an_error() {
             disabled(Some(l[2])),
         ],
     );
+    // Met while decoding.
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    trig(&mut t); // p5
+    t.at().tip(l[0]); // p6
+    t.at().tnt(&[N]); // p7
+    t.at().tip(l[0]); // p8
+    tail(&mut t, &l); // p9..
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let context = |what: &str| gap(None, p[9], what.into());
+    check(
+        &c,
+        &[
+            R::I(l[0]),
+            R::I(l[2]),
+            R::I(l[0]),
+            R::I(l[1]),
+            R::I(l[2]),
+            context("unexpected packet context"),
+            context("resync error: unexpected packet context"),
+            R::I(l[1]),
+            disabled(Some(l[2])),
+        ],
+    );
 }
 
 /// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
