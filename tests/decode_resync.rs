@@ -1852,6 +1852,81 @@ fn a_trig_waiting_for_its_fup_after_an_error() {
     );
 }
 
+/// With the option, a TRIG with an instruction count N (no IP bit) binds N instructions
+/// from where the last trace item placed the code (a PSB+'s FUP, a TIP, a TNT's branch),
+/// as libipt 2.2 reads it: short of the conditional branch that waits for trace, nothing
+/// changes; from that branch on, its query fails (a bad query at the TNT after the TRIG),
+/// then the resync. Without the option libipt 2.1.2 passes it. (libipt 2.3's resync
+/// gives these records.)
+#[test]
+fn a_trig_with_an_instruction_count_reaching_a_branch_is_a_bad_query() {
+    // Four NOPs, a JZ back to them, a NOP, a JMP RAX.
+    let code = vec![0x90, 0x90, 0x90, 0x90, 0x74, 0xfa, 0x90, 0xff, 0xe0, 0xf4];
+    let mut space = AddressSpace::new();
+    space.add_bytes("code", code, ORG);
+    let (block, jz, rest): (Vec<R>, u64, Vec<R>) = (
+        (0..5).map(|k| R::I(ORG + k)).collect(),
+        ORG + 4,
+        vec![R::I(ORG + 6), R::I(ORG + 7), disabled(None)],
+    );
+    let trig = |t: &mut Trace, n: u8| t.raw(&[0xd9, 0x40, 1, n, 0]); // TRIG: ICNT n
+    for n in [2u8, 4, 5, 7] {
+        // (anchor, the trace, the records before the TRIG's block, the TNT after it)
+        let mut cases = Vec::new();
+        // A PSB+'s FUP.
+        let mut t = Trace::default();
+        t.psb_plus(ORG); // p0..p3
+        trig(&mut t, n); // p4
+        t.at().tnt(&[T]); // p5
+        t.at().tnt(&[N]); // p6
+        t.at().tip_pgd(None); // p7
+        let tnt = t.p[5];
+        let more: Vec<R> = block.iter().chain(&rest).cloned().collect();
+        cases.push(("PSB+", t, vec![], tnt, more));
+        // A TIP.
+        let mut t = Trace::default();
+        t.psb_plus(ORG + 7); // p0..p3
+        t.at().tip(ORG); // p4
+        trig(&mut t, n); // p5
+        t.at().tnt(&[N]); // p6
+        t.at().tip_pgd(None); // p7
+        let tnt = t.p[6];
+        cases.push(("TIP", t, vec![R::I(ORG + 7)], tnt, rest.clone()));
+        // A TNT's branch.
+        let mut t = Trace::default();
+        t.psb_plus(ORG); // p0..p3
+        t.at().tnt(&[T]); // p4
+        trig(&mut t, n); // p5
+        t.at().tnt(&[N]); // p6
+        t.at().tip_pgd(None); // p7
+        let tnt = t.p[6];
+        cases.push(("TNT", t, block.clone(), tnt, rest.clone()));
+        for (anchor, t, before, tnt, after) in cases {
+            let trace = &t.w.buf;
+            let l = decode(trace, &space, DecoderKind::Libipt, false);
+            assert_eq!(decode(trace, &space, DecoderKind::Fast, false), l);
+            let passed: Vec<R> = before.iter().chain(&block).chain(&after).cloned().collect();
+            assert_eq!(view(&l), passed, "{anchor}, ICNT {n}, libipt 2.1.2");
+            let mut d = decoder(trace, &space, DecoderKind::Fast, true);
+            let on = view(&d.by_ref().collect::<Vec<_>>());
+            let want: Vec<R> = if n < 5 {
+                passed
+            } else {
+                let query = gap(Some(jz), tnt, "trace stream does not match query".into());
+                before
+                    .iter()
+                    .chain(&block)
+                    .cloned()
+                    .chain([query, disabled(None)])
+                    .collect()
+            };
+            assert_eq!(on, want, "{anchor}, ICNT {n}");
+            assert_eq!(d.decoded_by(), ("fast", None));
+            assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+        }
+    }
+}
+
 /// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
 /// decoding (after a disable; timing packets, a CBR or status in the PSB+ or not):
 /// libipt's context error at the TNT, on the fast path. At a synchronization: libipt's

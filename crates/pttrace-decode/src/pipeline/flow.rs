@@ -2745,6 +2745,14 @@ impl PtDecoder<'_> {
                 Some(_) => return Err("TRIG with the IP bit not followed by a FUP"),
                 None => return Err("TRIG with the IP bit at the end of the trace"),
             },
+            // (With the option, libipt 2.2's rule: one with an instruction count binds
+            // that many instructions past the start of the code the last trace item
+            // placed, which may lie past the branch that waits for trace.)
+            Pkt::Trig(t) if st.resync => {
+                if let Some(n) = t.icnt.filter(|&n| n > 0) {
+                    self.flow_trig_icnt(st, n)?;
+                }
+            }
             Pkt::Trig(_) => {}
             Pkt::ModeExec { csl, csd, iflag } => {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;

@@ -633,6 +633,44 @@ impl PtDecoder<'_> {
         self.flow_bad_query(st, b, st.item_at, WHY)
     }
 
+    /// A TRIG (no IP bit) with instruction count `n` read where the block the walk is at
+    /// waits for trace at its end (with `--resync-on-error`, libipt 2.2's reading):
+    /// libipt counts `n` instructions from where the last trace item placed the code (the
+    /// start of that block, or of the blocks walked without trace before it) and binds
+    /// the TRIG there. Where the count reaches the branch that waits for trace, its query
+    /// fails (a bad query where its query decoder stands: the TNT or TIP after the TRIG,
+    /// past PADs), as it does with nothing else to read. Elsewhere: through libipt.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flow_trig_icnt(&mut self, st: &mut FlowState, n: u16) -> Result<(), Fallback> {
+        const WHY: Fallback = "TRIG with an instruction count";
+        let b = match self.blocks.flow.blocks.get(st.cur as usize) {
+            Some(&b) if st.enabled => b,
+            _ => return Err(WHY),
+        };
+        if st.tnt_n != 0 || st.async_tip.is_some() || !matches!(st.read_on, super::ReadOn::Nothing)
+        {
+            return Err(WHY);
+        }
+        let insns = self
+            .flow_recs(b)
+            .iter()
+            .filter(|r| matches!(r, Record::Instruction(_)))
+            .count() as u64;
+        if u64::from(n) < st.without_trace + insns {
+            return Ok(());
+        }
+        let item = self.flow_past_pads(st.pos);
+        let traced = matches!(
+            b.end,
+            End::Cond | End::Indirect | End::IndirectCall | End::Return
+        );
+        if !traced || !matches!(self.pkt(item), Some((Pkt::Tnt { .. } | Pkt::Tip(_), _))) {
+            return Err(WHY);
+        }
+        Err(self.flow_query_failed(st, b, item, item, WHY))
+    }
+
     /// A PSB (`pge`: a TIP.PGE) at `at` while an event waits for the packet it binds to
     /// (a FUP bound to nothing for its TIP; after a resync, a MODE.TSX or PTW for its
     /// FUP): [`Self::flow_context_ahead`]'s error, libipt's resync failing there at once
