@@ -1927,6 +1927,76 @@ fn a_trig_with_an_instruction_count_reaching_a_branch_is_a_bad_query() {
     }
 }
 
+/// With the option, a MODE.Exec that changes nothing, outside a PSB+ while tracing is
+/// enabled, and the FUP right after it bind nothing (libipt 2.2 drops its event of no
+/// kind at the FUP): the code need not reach the FUP's IP, where it cannot without trace
+/// (a conditional branch or an indirect jump waits before it), and the trace goes on. The
+/// fast decoder decodes it itself (without the option the window goes to libipt 2.1.2,
+/// whose records these are too). (libipt 2.3's resync gives these records.)
+#[test]
+fn a_mode_exec_that_changes_nothing_and_its_fup_bind_nothing() {
+    let (space, l) = jz_then_jmp_rax();
+    let quiet = |t: &mut Trace, fup: u64| {
+        t.mode_exec(1);
+        t.at().fup(fup);
+    };
+    // (the trace, its records)
+    let mut cases: Vec<(Trace, Vec<R>)> = Vec::new();
+    // The indirect jump waits for its TIP; the FUP's IP is before it.
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tnt(&[T]);
+    quiet(&mut t, l[1]);
+    t.at().tip(l[0]);
+    t.at().tnt(&[N]);
+    t.at().tip_pgd(None);
+    let after = [R::I(l[0]), R::I(l[1]), R::I(l[2]), disabled(None)];
+    cases.push((
+        t,
+        [R::I(l[0]), R::I(l[2])]
+            .into_iter()
+            .chain(after.clone())
+            .collect(),
+    ));
+    // The same, with a PSBEND (a PSB+ without its PSB) after the FUP.
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    t.at().tnt(&[N]);
+    quiet(&mut t, l[0]);
+    t.at().psbend();
+    t.at().tip(l[0]);
+    t.at().tnt(&[N]);
+    t.at().tip_pgd(None);
+    let before = [R::I(l[0]), R::I(l[1]), R::I(l[2])];
+    cases.push((t, before.into_iter().chain(after.clone()).collect()));
+    // The conditional branch waits for its bit; the FUP's IP is past it.
+    let mut t = Trace::default();
+    t.psb_plus(l[0]);
+    quiet(&mut t, l[2]);
+    t.at().tnt(&[T]);
+    t.at().tip(l[0]);
+    t.at().tnt(&[N]);
+    t.at().tip_pgd(None);
+    cases.push((
+        t,
+        [R::I(l[0]), R::I(l[2])].into_iter().chain(after).collect(),
+    ));
+    for (k, (t, want)) in cases.iter().enumerate() {
+        let trace = &t.w.buf;
+        let l = decode(trace, &space, DecoderKind::Libipt, false);
+        assert_eq!(
+            decode(trace, &space, DecoderKind::Fast, false),
+            l,
+            "case {k}"
+        );
+        assert_eq!(view(&l), *want, "case {k}: libipt 2.1.2");
+        let mut d = decoder(trace, &space, DecoderKind::Fast, true);
+        assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), *want, "case {k}");
+        assert_eq!(d.decoded_by(), ("fast", None), "case {k}");
+        assert!(d.warnings().is_empty(), "case {k}: {:?}", d.warnings());
+    }
+}
+
 /// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
 /// decoding (after a disable; timing packets, a CBR or status in the PSB+ or not):
 /// libipt's context error at the TNT, on the fast path. At a synchronization: libipt's

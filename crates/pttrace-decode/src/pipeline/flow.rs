@@ -2756,7 +2756,7 @@ impl PtDecoder<'_> {
             Pkt::Trig(_) => {}
             Pkt::ModeExec { csl, csd, iflag } => {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
-                st.mode_known = true;
+                let known = std::mem::replace(&mut st.mode_known, true);
                 let if_event = st.take_iflag(iflag);
                 // (The next trace item, past timing packets: looked for only where
                 // something binds to it.)
@@ -2792,6 +2792,23 @@ impl PtDecoder<'_> {
                         return Err("MODE.Exec bound to a TIP.PGD without IP")
                     }
                     Some(Pkt::Tip(_) | Pkt::TipPgd(_)) => {}
+                    // (With the option, libipt 2.2's reading: one that changes nothing is
+                    // an event of no kind, dropped at the FUP right after it, which then
+                    // binds nothing: the code need not reach its IP.)
+                    Some(Pkt::Fup(_))
+                        if st.resync
+                            && known
+                            && mode == before
+                            && st.iflag_event.is_none()
+                            && st.async_tip.is_none()
+                            && matches!(st.read_on, ReadOn::Nothing)
+                            && matches!(self.pkt(st.pos), Some((Pkt::Fup(_), _))) =>
+                    {
+                        if let Some((Pkt::Fup(p), size)) = self.pkt(st.pos) {
+                            st.pos += size;
+                            st.last_ip.apply(p);
+                        }
+                    }
                     Some(Pkt::Fup(_)) => {
                         let end = "MODE.Exec at the end of the trace";
                         let missing = "MODE.Exec not followed by its FUP";
