@@ -1997,6 +1997,50 @@ fn a_mode_exec_that_changes_nothing_and_its_fup_bind_nothing() {
     }
 }
 
+/// With the option, a synchronization after an error at a PSB+ without MODE.Exec: libipt
+/// 2.2's mode is unknown there, and it decodes on through its block cache, whose entries
+/// keep the mode the code was decoded in. The fast decoder goes on through the blocks it
+/// built before (in their mode), as far as they reach. (libipt 2.3's resync gives these
+/// records; without the option the window goes to libipt 2.1.2.)
+#[test]
+fn a_psb_plus_without_mode_exec_after_an_error_decodes_on_through_code_met_before() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(l[0]); // p5
+    t.at().tnt(&[N]); // p6
+    t.at().tip(l[0]); // p7
+    t.raw(&[0x05]); // p8: an unknown opcode
+    t.at().psb(); // p9: a PSB+ without MODE.Exec
+    t.at().fup(l[0]); // p10
+    t.at().psbend(); // p11
+    t.at().tnt(&[T]); // p12
+    t.at().tip(l[0]); // p13
+    t.at().tnt(&[N]); // p14
+    t.at().tip_pgd(None); // p15
+    let trace = &t.w.buf;
+    let lib = decode(trace, &space, DecoderKind::Libipt, false);
+    assert_eq!(decode(trace, &space, DecoderKind::Fast, false), lib);
+    let mut d = decoder(trace, &space, DecoderKind::Fast, true);
+    let on = view(&d.by_ref().collect::<Vec<_>>());
+    let p = &t.p;
+    let walk = [R::I(l[0]), R::I(l[2]), R::I(l[0]), R::I(l[1]), R::I(l[2])];
+    let want: Vec<R> = walk
+        .iter()
+        .cloned()
+        .chain([
+            gap(None, p[8], "unknown opcode".into()),
+            gap(None, p[8], "resync error: unknown opcode".into()),
+        ])
+        .chain(walk.iter().cloned())
+        .chain([disabled(None)])
+        .collect();
+    assert_eq!(on, want);
+    assert_eq!(d.decoded_by(), ("fast", None));
+    assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+}
+
 /// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
 /// decoding (after a disable; timing packets, a CBR or status in the PSB+ or not):
 /// libipt's context error at the TNT, on the fast path. At a synchronization: libipt's

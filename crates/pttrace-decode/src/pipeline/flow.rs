@@ -130,6 +130,12 @@ pub(crate) struct FlowTable {
     /// The execution mode of the code the decoder walks (MODE.Exec's), 64-bit until a
     /// MODE.Exec says otherwise.
     mode: FlowMode,
+    /// With `--resync-on-error`, after a synchronization at a PSB+ without MODE.Exec:
+    /// libipt 2.2's mode is unknown there, and it decodes on only through its block
+    /// cache, whose entries keep the mode of the code they were decoded in. The blocks
+    /// built before (in [`FlowTable::mode`]) stand for those entries: a block not built
+    /// yet is beyond the fast decoder until a MODE.Exec.
+    cached_only: bool,
     blocks: Vec<FBlock>,
     /// The direct calls inside blocks: (the block's records up to and including the
     /// call, the return address the call pushes).
@@ -148,6 +154,10 @@ pub(crate) struct FlowTable {
     /// leave as it was for the blocks to stay ([`sideband`]).
     pages: HashSet<u64, BuildHasherDefault<AddrHasher>>,
 }
+
+/// Code met after a synchronization without MODE.Exec that the blocks built before do
+/// not hold ([`FlowTable::cached_only`]).
+const NOT_BUILT: Fallback = "code not met before the mode became unknown";
 
 /// The unit of [`FlowTable::pages`].
 const CODE_PAGE: u64 = 1 << 12;
@@ -201,6 +211,7 @@ fn mode_key(ip: u64, mode: FlowMode) -> u64 {
 
 impl ArenaTied for FlowTable {
     fn clear(&mut self) {
+        self.cached_only = false;
         self.map.clear();
         self.blocks.clear();
         self.calls.clear();
@@ -2315,6 +2326,9 @@ impl PtDecoder<'_> {
         if let Some(why) = self.sideband_failed {
             return Err(why);
         }
+        if self.blocks.flow.cached_only {
+            return Err(NOT_BUILT);
+        }
         let space = self.shared.space.try_borrow().map_err(|_| "image busy")?;
         let mut page = u64::MAX;
         let start = self.blocks.arena.len();
@@ -2705,6 +2719,7 @@ impl PtDecoder<'_> {
     ) -> Result<(), Fallback> {
         let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
         st.mode_known = true;
+        self.blocks.flow.cached_only = false;
         if st.take_iflag(iflag) {
             return Err("an IF event not bound to a FUP or TIP.PGE");
         }
@@ -2757,6 +2772,7 @@ impl PtDecoder<'_> {
             Pkt::ModeExec { csl, csd, iflag } => {
                 let mode = FlowMode::of(csl, csd).ok_or("MODE.Exec with CS.L and CS.D set")?;
                 let known = std::mem::replace(&mut st.mode_known, true);
+                self.blocks.flow.cached_only = false;
                 let if_event = st.take_iflag(iflag);
                 // (The next trace item, past timing packets: looked for only where
                 // something binds to it.)
@@ -3165,6 +3181,7 @@ impl PtDecoder<'_> {
             Some(m) => {
                 self.blocks.flow.mode = m;
                 st.mode_known = true;
+                self.blocks.flow.cached_only = false;
             }
             // (Without MODE.Exec: the mode goes on, but only 64-bit is assumed.)
             None if self.blocks.flow.mode != FlowMode::Bit64 => {
@@ -3195,12 +3212,17 @@ impl PtDecoder<'_> {
             st.ret = RetStack::new();
             match fup {
                 Some(ip) => {
-                    if mode.is_none() {
-                        return Err("no MODE.Exec at the synchronization point");
+                    const NO_MODE: Fallback = "no MODE.Exec at the synchronization point";
+                    if mode.is_none() && !st.resync {
+                        return Err(NO_MODE);
                     }
+                    self.blocks.flow.cached_only = mode.is_none();
                     st.enabled = true;
                     self.flow_blocks_anew_for_sideband();
-                    st.cur = self.flow_block(ip)?;
+                    st.cur = self.flow_block(ip).map_err(|e| match e {
+                        NOT_BUILT => NO_MODE,
+                        e => e,
+                    })?;
                 }
                 None => st.enabled = false,
             }

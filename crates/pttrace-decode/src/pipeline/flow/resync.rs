@@ -1120,6 +1120,7 @@ impl PtDecoder<'_> {
                         st.iflag_event = Some(iflag);
                         self.blocks.flow.mode = mode;
                         st.mode_known = true;
+                        self.blocks.flow.cached_only = false;
                         bound = Bound::Alone;
                     } else if mode == self.blocks.flow.mode {
                         // (One that changes no mode is no event to libipt: the FUP it
@@ -1129,6 +1130,7 @@ impl PtDecoder<'_> {
                         // (The mode of the code at the IP it binds to.)
                         self.blocks.flow.mode = mode;
                         st.mode_known = true;
+                        self.blocks.flow.cached_only = false;
                         bound = Bound::Alone;
                     }
                 }
