@@ -1997,6 +1997,74 @@ fn a_mode_exec_that_changes_nothing_and_its_fup_bind_nothing() {
     }
 }
 
+/// With the option, a MODE.TSX abort met while decoding with no FUP before the next trace
+/// item waits for a FUP in libipt 2.2's event queue (as a TRIG does): the next PSB is
+/// libipt's context error, met while decoding or by the resync search after another
+/// error (a nomap). (libipt 2.3's resync gives these records; without the option the
+/// window goes to libipt 2.1.2.)
+#[test]
+fn a_tsx_abort_without_its_fup_waits_for_one() {
+    let tail = |t: &mut Trace, l: &[u64]| {
+        t.psb_plus(l[0]);
+        t.at().tnt(&[N]);
+        t.at().fup(l[2]);
+        t.at().tip_pgd(None);
+        t.psb_plus(l[1]);
+        t.at().fup(l[2]);
+        t.at().tip_pgd(None);
+    };
+    let check = |t: &Trace, space: &AddressSpace, want: &[R]| {
+        let trace = &t.w.buf;
+        let l = decode(trace, space, DecoderKind::Libipt, false);
+        assert_eq!(decode(trace, space, DecoderKind::Fast, false), l);
+        let mut d = decoder(trace, space, DecoderKind::Fast, true);
+        assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), want);
+        assert_eq!(d.decoded_by(), ("fast", None));
+        assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+    };
+    // Met while decoding, then the next PSB.
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.mode_tsx(true, true); // p5
+    t.at().tip(l[0]); // p6
+    t.at().tnt(&[N]); // p7
+    t.at().tip(l[0]); // p8
+    tail(&mut t, &l); // p9..
+    let context = |what: &str| gap(None, t.p[9], what.into());
+    let want = [
+        R::I(l[0]),
+        R::I(l[2]),
+        R::I(l[0]),
+        R::I(l[1]),
+        R::I(l[2]),
+        context("unexpected packet context"),
+        context("resync error: unexpected packet context"),
+        R::I(l[1]),
+        disabled(Some(l[2])),
+    ];
+    check(&t, &space, &want);
+    // A nomap after it: the resync search meets the PSB.
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.mode_tsx(true, true); // p5
+    t.at().tip(0x10_0100); // p6
+    t.at().tnt(&[N]); // p7
+    tail(&mut t, &l); // p8..
+    let context = |what: &str| gap(None, t.p[8], what.into());
+    let want = [
+        R::I(l[0]),
+        R::I(l[2]),
+        nomap(0x10_0100, t.p[8]),
+        context("resync error: unexpected packet context"),
+        R::I(l[1]),
+        disabled(Some(l[2])),
+    ];
+    check(&t, &space, &want);
+}
+
 /// With the option, a synchronization after an error at a PSB+ without MODE.Exec: libipt
 /// 2.2's mode is unknown there, and it decodes on through its block cache, whose entries
 /// keep the mode the code was decoded in. The fast decoder goes on through the blocks it

@@ -2887,7 +2887,14 @@ impl PtDecoder<'_> {
                 st.tsx_abort = Some((st.event_at < st.committed, st.item_at));
                 self.flow_quiet_event(st);
                 if !matches!(self.pkt(st.pos), Some((Pkt::Fup(_), _))) {
-                    return Err("MODE.TSX abort not followed by its FUP");
+                    // (With the option, as libipt 2.2 where no FUP comes before the next
+                    // trace item: it waits in the event queue for a later FUP.)
+                    let next = self.pkt(self.flow_past_timing_at(st.pos)).map(|n| n.0);
+                    if !st.resync || matches!(next, Some(Pkt::Fup(_))) {
+                        return Err("MODE.TSX abort not followed by its FUP");
+                    }
+                    st.tsx_abort = None;
+                    st.event_waits = true;
                 }
             }
             Pkt::Exstop { ip: true } | Pkt::ModeTsx { abort: false } => {

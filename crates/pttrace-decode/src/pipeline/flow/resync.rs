@@ -1212,7 +1212,11 @@ impl PtDecoder<'_> {
                 }
                 // (Where a FUP waits for its TIP: libipt's context error, as while
                 // decoding; it carries no event across a PSB.)
-                Pkt::Psb if from_fup.is_some() => return self.flow_resync_refused(st, BAD_CONTEXT),
+                // (A FUP, or an event read before the error, waiting: libipt carries no
+                // event across a PSB.)
+                Pkt::Psb if from_fup.is_some() || st.event_waits => {
+                    return self.flow_resync_refused(st, BAD_CONTEXT)
+                }
                 Pkt::Psb => return self.flow_sync_at(st, st.pos, true),
                 Pkt::Other(what) => {
                     // (A packet libipt cannot decode: its resync fails there, ptxed's
