@@ -158,12 +158,28 @@ fn assert_equals_oracle(threads: &[Decoded]) {
         );
         let got = d.ips();
         let want = oracle_ips(&d.path, &rep_addresses(d));
-        assert_eq!(
-            got.len(),
-            want.len(),
-            "{}: instruction count",
-            d.path.display()
-        );
+        if got.len() != want.len() {
+            // (Where the two part, and the addresses around.)
+            let k = (0..got.len().min(want.len()))
+                .find(|&k| got[k] != want[k])
+                .unwrap_or(got.len().min(want.len()));
+            let around = |v: &[u64]| {
+                v.get(k.saturating_sub(3)..(k + 4).min(v.len()))
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|a| format!("{a:#x}"))
+                    .collect::<Vec<_>>()
+            };
+            panic!(
+                "{}: instruction count {} decoded, {} executed; first difference at {k}: \
+                 decoded {:?}, executed {:?}",
+                d.path.display(),
+                got.len(),
+                want.len(),
+                around(&got),
+                around(&want)
+            );
+        }
         if let Some(k) = (0..got.len()).find(|&k| got[k] != want[k]) {
             panic!(
                 "{}: instruction {k} decoded at {:#x}, executed at {:#x}",
