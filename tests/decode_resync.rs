@@ -1693,6 +1693,46 @@ fn a_first_psb_plus_with_trace_of_code_is_a_sync_error() {
     assert_eq!(d.decoded_by(), ("fast", None));
 }
 
+/// The trace after an event that waits for its FUP in libipt's event queue (in
+/// `jz_then_jmp_rax`): a PSB+ at `l[0]` (the code then runs to `l[2]`, disabled there),
+/// and a second PSB+ at `l[1]` (on to `l[2]`, disabled). Seven packets.
+fn two_psbs_after_a_waiting_event(t: &mut Trace, l: &[u64]) {
+    t.psb_plus(l[0]);
+    t.at().tnt(&[N]);
+    t.at().fup(l[2]);
+    t.at().tip_pgd(None);
+    t.psb_plus(l[1]);
+    t.at().fup(l[2]);
+    t.at().tip_pgd(None);
+}
+
+/// The records of [`two_psbs_after_a_waiting_event`] (its first PSB at offset `psb`)
+/// where an event still waits: libipt's context error at the PSB (no event is carried
+/// across a PSB), its resync failing there too, then the second PSB+'s code.
+fn context_error_then_the_next_psb(psb: u64, l: &[u64]) -> [R; 4] {
+    let context = |what: &str| gap(None, psb, what.into());
+    [
+        context("unexpected packet context"),
+        context("resync error: unexpected packet context"),
+        R::I(l[1]),
+        disabled(Some(l[2])),
+    ]
+}
+
+/// A case only `--resync-on-error` changes, where it follows libipt 2.2, which the
+/// bundled 2.1.2 does not (`what` names the case): without the option the fast
+/// decoder's records are libipt 2.1.2's (returned); with it they are `want`, decoded by
+/// the fast decoder itself, without a warning.
+fn check_with_option(trace: &[u8], space: &AddressSpace, want: &[R], what: &str) -> Vec<Record> {
+    let l = decode(trace, space, DecoderKind::Libipt, false);
+    assert_eq!(decode(trace, space, DecoderKind::Fast, false), l, "{what}");
+    let mut d = decoder(trace, space, DecoderKind::Fast, true);
+    assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), want, "{what}");
+    assert_eq!(d.decoded_by(), ("fast", None), "{what}");
+    assert!(d.warnings().is_empty(), "{what}: {:?}", d.warnings());
+    l
+}
+
 /// A MODE.TSX the resync search reads before the TIP it resumes at still waits for its
 /// FUP in libipt's event queue: the next PSB is libipt's context error (no event is
 /// carried across a PSB), its resync fails there too, then the next PSB. (libipt 2.3's
@@ -1708,64 +1748,30 @@ fn a_mode_tsx_read_by_the_resync_makes_the_next_psb_a_context_error() {
     t.at().tip(l[0]); // p7
     t.at().tnt(&[N]); // p8
     t.at().tip(l[0]); // p9
-    t.psb_plus(l[0]); // p10..p13
-    t.at().tnt(&[N]); // p14
-    t.at().fup(l[2]); // p15
-    t.at().tip_pgd(None); // p16
-    t.psb_plus(l[1]); // p17..p20
-    t.at().fup(l[2]); // p21
-    t.at().tip_pgd(None); // p22
+    two_psbs_after_a_waiting_event(&mut t, &l); // p10..p22
     let c = Case { t, space, l };
     let (l, p) = (&c.l, &c.t.p);
-    let context = |what: &str| gap(None, p[10], what.into());
-    check(
-        &c,
-        &[
-            R::I(l[0]),
-            R::I(l[2]),
-            nomap(0x10_0100, p[7]),
-            R::I(l[0]),
-            R::I(l[1]),
-            R::I(l[2]),
-            context("unexpected packet context"),
-            context("resync error: unexpected packet context"),
-            R::I(l[1]),
-            disabled(Some(l[2])),
-        ],
-    );
+    let walk = [R::I(l[0]), R::I(l[1]), R::I(l[2])];
+    let want: Vec<R> = [R::I(l[0]), R::I(l[2]), nomap(0x10_0100, p[7])]
+        .into_iter()
+        .chain(walk)
+        .chain(context_error_then_the_next_psb(p[10], l))
+        .collect();
+    check(&c, &want);
 }
 
 /// A TRIG with the IP bit and no FUP after it waits for a FUP in libipt 2.2's event
 /// queue, as a MODE.TSX does: read by the resync search before the TIP it resumes at,
-/// the next PSB is libipt's context error; met where libipt reports a nomap, it is read
-/// past (the error past the TNT after it, the resync at the TIP after that). With its FUP
-/// right after it, the resync search passes both (an event libipt's resync ignores), and
-/// nothing waits. (libipt 2.3's resync gives these records.)
+/// or while decoding, the next PSB is libipt's context error; met where libipt reports a
+/// nomap, it is read past (the error past the TNT after it, the resync at the TIP after
+/// that). (libipt 2.1.2 knows no TRIG with the IP bit: without the option the window goes
+/// to it. libipt 2.3's resync gives these records.)
 #[test]
 fn a_trig_waiting_for_its_fup_after_an_error() {
-    let trig = |t: &mut Trace| t.raw(&[0xd9, 0xc0, 1, 0, 0]); // TRIG: IP, ICNT 0
-                                                              // (libipt 2.1.2 knows no TRIG with the IP bit: without the option the window goes
-                                                              // to it; with the option the records are libipt 2.3's.)
-    let check = |c: &Case, want: &[R]| {
-        let trace = &c.t.w.buf;
-        let l = decode(trace, &c.space, DecoderKind::Libipt, false);
-        assert_eq!(decode(trace, &c.space, DecoderKind::Fast, false), l);
-        let mut d = decoder(trace, &c.space, DecoderKind::Fast, true);
-        assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), want);
-        assert_eq!(d.decoded_by(), ("fast", None));
-        assert!(d.warnings().is_empty(), "{:?}", d.warnings());
-    };
-    let tail = |t: &mut Trace, l: &[u64]| {
-        t.psb_plus(l[0]);
-        t.at().tnt(&[N]);
-        t.at().fup(l[2]);
-        t.at().tip_pgd(None);
-        t.psb_plus(l[1]);
-        t.at().fup(l[2]);
-        t.at().tip_pgd(None);
-    };
-    // Read by the resync search.
     let (space, l) = jz_then_jmp_rax();
+    let trig = |t: &mut Trace| t.raw(&[0xd9, 0xc0, 1, 0, 0]); // TRIG: IP, ICNT 0
+    let walk = [R::I(l[0]), R::I(l[1]), R::I(l[2])];
+    // Read by the resync search.
     let mut t = Trace::default();
     t.psb_plus(l[0]); // p0..p3
     t.at().tnt(&[T]); // p4
@@ -1774,27 +1780,14 @@ fn a_trig_waiting_for_its_fup_after_an_error() {
     t.at().tip(l[0]); // p7
     t.at().tnt(&[N]); // p8
     t.at().tip(l[0]); // p9
-    tail(&mut t, &l); // p10..p13, p14, p15, p16, p17..p20, p21, p22
-    let c = Case { t, space, l };
-    let (l, p) = (&c.l, &c.t.p);
-    let context = |what: &str| gap(None, p[10], what.into());
-    check(
-        &c,
-        &[
-            R::I(l[0]),
-            R::I(l[2]),
-            nomap(0x10_0100, p[7]),
-            R::I(l[0]),
-            R::I(l[1]),
-            R::I(l[2]),
-            context("unexpected packet context"),
-            context("resync error: unexpected packet context"),
-            R::I(l[1]),
-            disabled(Some(l[2])),
-        ],
-    );
+    two_psbs_after_a_waiting_event(&mut t, &l); // p10..
+    let want: Vec<R> = [R::I(l[0]), R::I(l[2]), nomap(0x10_0100, t.p[7])]
+        .into_iter()
+        .chain(walk.clone())
+        .chain(context_error_then_the_next_psb(t.p[10], &l))
+        .collect();
+    check_with_option(&t.w.buf, &space, &want, "read by the resync search");
     // Where libipt reports the nomap: read past, with the TNT after it.
-    let (space, l) = jz_then_jmp_rax();
     let mut t = Trace::default();
     t.psb_plus(l[0]); // p0..p3
     t.at().tnt(&[T]); // p4
@@ -1804,27 +1797,14 @@ fn a_trig_waiting_for_its_fup_after_an_error() {
     t.at().tip(l[0]); // p8
     t.at().tnt(&[N]); // p9
     t.at().tip(l[0]); // p10
-    tail(&mut t, &l); // p11..
-    let c = Case { t, space, l };
-    let (l, p) = (&c.l, &c.t.p);
-    let context = |what: &str| gap(None, p[11], what.into());
-    check(
-        &c,
-        &[
-            R::I(l[0]),
-            R::I(l[2]),
-            nomap(0x10_0100, p[8]),
-            R::I(l[0]),
-            R::I(l[1]),
-            R::I(l[2]),
-            context("unexpected packet context"),
-            context("resync error: unexpected packet context"),
-            R::I(l[1]),
-            disabled(Some(l[2])),
-        ],
-    );
+    two_psbs_after_a_waiting_event(&mut t, &l); // p11..
+    let want: Vec<R> = [R::I(l[0]), R::I(l[2]), nomap(0x10_0100, t.p[8])]
+        .into_iter()
+        .chain(walk.clone())
+        .chain(context_error_then_the_next_psb(t.p[11], &l))
+        .collect();
+    check_with_option(&t.w.buf, &space, &want, "where libipt reports the nomap");
     // Met while decoding.
-    let (space, l) = jz_then_jmp_rax();
     let mut t = Trace::default();
     t.psb_plus(l[0]); // p0..p3
     t.at().tnt(&[T]); // p4
@@ -1832,24 +1812,13 @@ fn a_trig_waiting_for_its_fup_after_an_error() {
     t.at().tip(l[0]); // p6
     t.at().tnt(&[N]); // p7
     t.at().tip(l[0]); // p8
-    tail(&mut t, &l); // p9..
-    let c = Case { t, space, l };
-    let (l, p) = (&c.l, &c.t.p);
-    let context = |what: &str| gap(None, p[9], what.into());
-    check(
-        &c,
-        &[
-            R::I(l[0]),
-            R::I(l[2]),
-            R::I(l[0]),
-            R::I(l[1]),
-            R::I(l[2]),
-            context("unexpected packet context"),
-            context("resync error: unexpected packet context"),
-            R::I(l[1]),
-            disabled(Some(l[2])),
-        ],
-    );
+    two_psbs_after_a_waiting_event(&mut t, &l); // p9..
+    let want: Vec<R> = [R::I(l[0]), R::I(l[2])]
+        .into_iter()
+        .chain(walk)
+        .chain(context_error_then_the_next_psb(t.p[9], &l))
+        .collect();
+    check_with_option(&t.w.buf, &space, &want, "met while decoding");
 }
 
 /// With the option, a TRIG with an instruction count N (no IP bit) binds N instructions
@@ -1902,15 +1871,9 @@ fn a_trig_with_an_instruction_count_reaching_a_branch_is_a_bad_query() {
         let tnt = t.p[6];
         cases.push(("TNT", t, block.clone(), tnt, rest.clone()));
         for (anchor, t, before, tnt, after) in cases {
-            let trace = &t.w.buf;
-            let l = decode(trace, &space, DecoderKind::Libipt, false);
-            assert_eq!(decode(trace, &space, DecoderKind::Fast, false), l);
             let passed: Vec<R> = before.iter().chain(&block).chain(&after).cloned().collect();
-            assert_eq!(view(&l), passed, "{anchor}, ICNT {n}, libipt 2.1.2");
-            let mut d = decoder(trace, &space, DecoderKind::Fast, true);
-            let on = view(&d.by_ref().collect::<Vec<_>>());
             let want: Vec<R> = if n < 5 {
-                passed
+                passed.clone()
             } else {
                 let query = gap(Some(jz), tnt, "trace stream does not match query".into());
                 before
@@ -1920,9 +1883,9 @@ fn a_trig_with_an_instruction_count_reaching_a_branch_is_a_bad_query() {
                     .chain([query, disabled(None)])
                     .collect()
             };
-            assert_eq!(on, want, "{anchor}, ICNT {n}");
-            assert_eq!(d.decoded_by(), ("fast", None));
-            assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+            let what = format!("{anchor}, ICNT {n}");
+            let l = check_with_option(&t.w.buf, &space, &want, &what);
+            assert_eq!(view(&l), passed, "{what}, libipt 2.1.2");
         }
     }
 }
@@ -1982,18 +1945,8 @@ fn a_mode_exec_that_changes_nothing_and_its_fup_bind_nothing() {
         [R::I(l[0]), R::I(l[2])].into_iter().chain(after).collect(),
     ));
     for (k, (t, want)) in cases.iter().enumerate() {
-        let trace = &t.w.buf;
-        let l = decode(trace, &space, DecoderKind::Libipt, false);
-        assert_eq!(
-            decode(trace, &space, DecoderKind::Fast, false),
-            l,
-            "case {k}"
-        );
+        let l = check_with_option(&t.w.buf, &space, want, &format!("case {k}"));
         assert_eq!(view(&l), *want, "case {k}: libipt 2.1.2");
-        let mut d = decoder(trace, &space, DecoderKind::Fast, true);
-        assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), *want, "case {k}");
-        assert_eq!(d.decoded_by(), ("fast", None), "case {k}");
-        assert!(d.warnings().is_empty(), "case {k}: {:?}", d.warnings());
     }
 }
 
@@ -2004,26 +1957,8 @@ fn a_mode_exec_that_changes_nothing_and_its_fup_bind_nothing() {
 /// window goes to libipt 2.1.2.)
 #[test]
 fn a_tsx_abort_without_its_fup_waits_for_one() {
-    let tail = |t: &mut Trace, l: &[u64]| {
-        t.psb_plus(l[0]);
-        t.at().tnt(&[N]);
-        t.at().fup(l[2]);
-        t.at().tip_pgd(None);
-        t.psb_plus(l[1]);
-        t.at().fup(l[2]);
-        t.at().tip_pgd(None);
-    };
-    let check = |t: &Trace, space: &AddressSpace, want: &[R]| {
-        let trace = &t.w.buf;
-        let l = decode(trace, space, DecoderKind::Libipt, false);
-        assert_eq!(decode(trace, space, DecoderKind::Fast, false), l);
-        let mut d = decoder(trace, space, DecoderKind::Fast, true);
-        assert_eq!(view(&d.by_ref().collect::<Vec<_>>()), want);
-        assert_eq!(d.decoded_by(), ("fast", None));
-        assert!(d.warnings().is_empty(), "{:?}", d.warnings());
-    };
-    // Met while decoding, then the next PSB.
     let (space, l) = jz_then_jmp_rax();
+    // Met while decoding, then the next PSB.
     let mut t = Trace::default();
     t.psb_plus(l[0]); // p0..p3
     t.at().tnt(&[T]); // p4
@@ -2031,20 +1966,12 @@ fn a_tsx_abort_without_its_fup_waits_for_one() {
     t.at().tip(l[0]); // p6
     t.at().tnt(&[N]); // p7
     t.at().tip(l[0]); // p8
-    tail(&mut t, &l); // p9..
-    let context = |what: &str| gap(None, t.p[9], what.into());
-    let want = [
-        R::I(l[0]),
-        R::I(l[2]),
-        R::I(l[0]),
-        R::I(l[1]),
-        R::I(l[2]),
-        context("unexpected packet context"),
-        context("resync error: unexpected packet context"),
-        R::I(l[1]),
-        disabled(Some(l[2])),
-    ];
-    check(&t, &space, &want);
+    two_psbs_after_a_waiting_event(&mut t, &l); // p9..
+    let want: Vec<R> = [R::I(l[0]), R::I(l[2]), R::I(l[0]), R::I(l[1]), R::I(l[2])]
+        .into_iter()
+        .chain(context_error_then_the_next_psb(t.p[9], &l))
+        .collect();
+    check_with_option(&t.w.buf, &space, &want, "met while decoding");
     // A nomap after it: the resync search meets the PSB.
     let mut t = Trace::default();
     t.psb_plus(l[0]); // p0..p3
@@ -2052,17 +1979,18 @@ fn a_tsx_abort_without_its_fup_waits_for_one() {
     t.mode_tsx(true, true); // p5
     t.at().tip(0x10_0100); // p6
     t.at().tnt(&[N]); // p7
-    tail(&mut t, &l); // p8..
-    let context = |what: &str| gap(None, t.p[8], what.into());
-    let want = [
+    two_psbs_after_a_waiting_event(&mut t, &l); // p8..
+    let [_, resync_error, rest @ ..] = context_error_then_the_next_psb(t.p[8], &l);
+    let want: Vec<R> = [
         R::I(l[0]),
         R::I(l[2]),
         nomap(0x10_0100, t.p[8]),
-        context("resync error: unexpected packet context"),
-        R::I(l[1]),
-        disabled(Some(l[2])),
-    ];
-    check(&t, &space, &want);
+        resync_error,
+    ]
+    .into_iter()
+    .chain(rest)
+    .collect();
+    check_with_option(&t.w.buf, &space, &want, "a nomap after it");
 }
 
 /// With the option, a synchronization after an error at a PSB+ without MODE.Exec: libipt
@@ -2087,11 +2015,6 @@ fn a_psb_plus_without_mode_exec_after_an_error_decodes_on_through_code_met_befor
     t.at().tip(l[0]); // p13
     t.at().tnt(&[N]); // p14
     t.at().tip_pgd(None); // p15
-    let trace = &t.w.buf;
-    let lib = decode(trace, &space, DecoderKind::Libipt, false);
-    assert_eq!(decode(trace, &space, DecoderKind::Fast, false), lib);
-    let mut d = decoder(trace, &space, DecoderKind::Fast, true);
-    let on = view(&d.by_ref().collect::<Vec<_>>());
     let p = &t.p;
     let walk = [R::I(l[0]), R::I(l[2]), R::I(l[0]), R::I(l[1]), R::I(l[2])];
     let want: Vec<R> = walk
@@ -2104,9 +2027,7 @@ fn a_psb_plus_without_mode_exec_after_an_error_decodes_on_through_code_met_befor
         .chain(walk.iter().cloned())
         .chain([disabled(None)])
         .collect();
-    assert_eq!(on, want);
-    assert_eq!(d.decoded_by(), ("fast", None));
-    assert!(d.warnings().is_empty(), "{:?}", d.warnings());
+    check_with_option(&t.w.buf, &space, &want, "a PSB+ without MODE.Exec");
 }
 
 /// Trace of code (a TNT) right after a PSB+ while tracing is disabled. Passed while
