@@ -24,6 +24,28 @@ pub struct InsnInfo {
     pub beyond_libipt: Option<&'static str>,
 }
 
+impl InsnInfo {
+    /// An instruction of `size` bytes (`raw`) that is no branch, none libipt takes as one.
+    fn plain(size: usize, raw: [u8; 15]) -> Self {
+        InsnInfo {
+            size: size as u8,
+            bytes: raw,
+            class: InsnClass::Other,
+            direct_target: None,
+            is_syscall: false,
+            beyond_libipt: None,
+        }
+    }
+}
+
+/// The first `size` (at most 15) bytes of `bytes`, as [`InsnInfo::bytes`] holds them;
+/// `None` when `bytes` has fewer.
+fn raw_bytes(bytes: &[u8], size: usize) -> Option<[u8; 15]> {
+    let mut raw = [0u8; 15];
+    raw.get_mut(..size)?.copy_from_slice(bytes.get(..size)?);
+    Some(raw)
+}
+
 /// JMPABS (APX): a REX2 prefix (0xD5, payload with M0 = 0 and W = 0), opcode 0xA1 and a
 /// 64-bit absolute target, 11 bytes, 64-bit mode only. iced-x86 1.22 knows no APX. The
 /// jump is direct, but Intel PT reports its target with a TIP like an indirect jump's
@@ -33,18 +55,14 @@ fn jmpabs(bytes: &[u8], mode: ExecMode) -> Option<InsnInfo> {
         return None;
     }
     match bytes {
-        [0xd5, payload, 0xa1, ..] if payload & 0x88 == 0 && bytes.len() >= 11 => {
-            let mut raw = [0u8; 15];
-            raw[..11].copy_from_slice(&bytes[..11]);
-            Some(InsnInfo {
-                size: 11,
-                bytes: raw,
-                class: InsnClass::Jump,
-                direct_target: None,
-                is_syscall: false,
-                beyond_libipt: Some("JMPABS"),
-            })
-        }
+        [0xd5, payload, 0xa1, ..] if payload & 0x88 == 0 => Some(InsnInfo {
+            size: 11,
+            bytes: raw_bytes(bytes, 11)?,
+            class: InsnClass::Jump,
+            direct_target: None,
+            is_syscall: false,
+            beyond_libipt: Some("JMPABS"),
+        }),
         _ => None,
     }
 }
@@ -160,19 +178,11 @@ fn classify(insn: &Instruction, bytes: &[u8], mode: ExecMode) -> Option<InsnInfo
         };
     }
     let size = insn.len().min(15);
-    let mut raw = [0u8; 15];
-    raw[..size].copy_from_slice(bytes.get(..size)?);
+    let raw = raw_bytes(bytes, size)?;
     // Most instructions: no branch, none of those below that are one to libipt (what
     // `classify_branch` would find for them, found sooner).
     if plain(insn) {
-        return Some(InsnInfo {
-            size: size as u8,
-            bytes: raw,
-            class: InsnClass::Other,
-            direct_target: None,
-            is_syscall: false,
-            beyond_libipt: None,
-        });
+        return Some(InsnInfo::plain(size, raw));
     }
     Some(classify_branch(insn, raw, mode))
 }
@@ -221,16 +231,7 @@ fn invalid_in_64_bit(bytes: &[u8]) -> Option<InsnInfo> {
     if size > max {
         return None;
     }
-    let mut raw = [0u8; 15];
-    raw[..size].copy_from_slice(bytes.get(..size)?);
-    Some(InsnInfo {
-        size: size as u8,
-        bytes: raw,
-        class: InsnClass::Other,
-        direct_target: None,
-        is_syscall: false,
-        beyond_libipt: None,
-    })
+    Some(InsnInfo::plain(size, raw_bytes(bytes, size)?))
 }
 
 /// Bytes of the ModRM byte at the start of `b` with its SIB byte and displacement, in
