@@ -147,6 +147,37 @@ fn rep_addresses(d: &Decoded) -> HashSet<u64> {
         .collect()
 }
 
+/// The executed instructions `want` as Intel PT counts a REP string instruction that an
+/// asynchronous event interrupted between two iterations (QEMU runs one iteration per
+/// block, and its log holds the instruction before and after the handler): not executed
+/// there (its FUP is the instruction's own address, and it runs again after the handler),
+/// as the thread's decoded records place each interruption, at the instruction it stopped
+/// before. (That the flow then resumes at that instruction is checked on its own, by
+/// [`assert_async_deliveries`].)
+fn without_interrupted_reps(want: Vec<u64>, d: &Decoded, rep: &HashSet<u64>) -> Vec<u64> {
+    let mut interrupted: HashMap<usize, u64> = HashMap::new();
+    let mut n = 0;
+    for r in &d.records {
+        match r {
+            Record::TraceDisabled { ip: Some(at) } if rep.contains(at) => {
+                interrupted.insert(n, *at);
+            }
+            _ if r.as_instruction().is_some() => n += 1,
+            _ => {}
+        }
+    }
+    let mut out = Vec::with_capacity(want.len());
+    for pc in want {
+        if interrupted.get(&out.len()) == Some(&pc) {
+            // (Once: the same position then holds the handler's first instruction.)
+            interrupted.remove(&out.len());
+            continue;
+        }
+        out.push(pc);
+    }
+    out
+}
+
 /// Every thread decodes without gaps to exactly the instructions QEMU executed.
 fn assert_equals_oracle(threads: &[Decoded]) {
     for d in threads {
@@ -157,7 +188,8 @@ fn assert_equals_oracle(threads: &[Decoded]) {
             d.gaps()
         );
         let got = d.ips();
-        let want = oracle_ips(&d.path, &rep_addresses(d));
+        let rep = rep_addresses(d);
+        let want = without_interrupted_reps(oracle_ips(&d.path, &rep), d, &rep);
         if got.len() != want.len() {
             // (Where the two part, and the addresses around.)
             let k = (0..got.len().min(want.len()))
@@ -293,6 +325,33 @@ fn signals_mid_loop_decode_with_async_markers_and_resume_where_interrupted() {
     let alarms = printed(&text(&o), "alarms");
     assert!(alarms >= 1000, "{alarms}");
     assert_async_deliveries(&prog, &out, "on_alarm", alarms);
+}
+
+/// SIGALRM between two iterations of a REP string instruction: QEMU runs each iteration
+/// as a block, so the signal interrupts the instruction before it is done; Intel PT shows
+/// it as an interruption at the REP instruction (not executed yet), which runs from the
+/// start again after the handler and counts once.
+#[test]
+fn signals_between_rep_iterations_interrupt_the_rep_instruction() {
+    let Some((_dir, prog, out, o)) = run_case(&["repalarm", "200"]) else {
+        return;
+    };
+    assert!(o.status.success(), "{}", text(&o));
+    let alarms = printed(&text(&o), "alarms");
+    assert!(alarms >= 200, "{alarms}");
+    assert_async_deliveries(&prog, &out, "on_alarm", alarms);
+    let (_, threads) = decode(&out);
+    let rep = symbol(&prog, "rep_copy_at");
+    let inside = threads[0]
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::TraceDisabled { ip: Some(at) } if *at == rep))
+        .count();
+    // (Most land inside it: 89 to 105 of about 200 in runs here.)
+    assert!(
+        inside >= 10,
+        "{inside} of {alarms} signals interrupted the copy"
+    );
 }
 
 #[test]

@@ -11,6 +11,8 @@
  *   threads   8 threads, thread i runs pt_loop(100 * (i + 1)) between getppid and gettid
  *   jit       RWX page: code written, called, rewritten at the same address, called again
  *   rep       10 rounds of rep movsb (100), rep stosq (50), cpuid and a getppid syscall
+ *   repalarm N  SIGALRM every 200 us while rep movsb copies 64 KiB at a time, until N
+ *             were handled (default 20): signals land between iterations of the copy
  *   crash     3 getppid syscalls, then a write through a null pointer (SIGSEGV)
  *   closefds P  closes every descriptor above 2 (as a subprocess child does), creates P
  *             (it gets the lowest number: one the tracer used), 20 getppid, writes a line
@@ -91,6 +93,38 @@ static void alarm_case(long want) {
     long rounds = 0;
     while (alarms < want) {
         pt_loop(10000);
+        rounds++;
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, 0);
+    printf("alarms=%ld rounds=%ld\n", alarms, rounds);
+}
+
+__attribute__((noinline)) void rep_copy(void *dst, const void *src, long n) {
+    __asm__ volatile(
+        "mov %0, %%rdi\n"
+        "mov %1, %%rsi\n"
+        "mov %2, %%rcx\n"
+        ".globl rep_copy_at\n"
+        "rep_copy_at:\n"
+        "rep movsb\n"
+        :
+        : "r"(dst), "r"(src), "r"(n)
+        : "rcx", "rsi", "rdi", "memory");
+}
+
+static void repalarm_case(long want) {
+    static char src[64 << 10], dst[64 << 10];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, 0);
+    struct itimerval it = {{0, 200}, {0, 200}};
+    setitimer(ITIMER_REAL, &it, 0);
+    long rounds = 0;
+    while (alarms < want) {
+        rep_copy(dst, src, sizeof dst);
         rounds++;
     }
     struct itimerval off = {{0, 0}, {0, 0}};
@@ -262,6 +296,8 @@ int main(int argc, char **argv) {
         threads_case();
     } else if (!strcmp(m, "jit")) {
         jit_case();
+    } else if (!strcmp(m, "repalarm")) {
+        repalarm_case(argc > 2 ? atol(argv[2]) : 20);
     } else if (!strcmp(m, "rep")) {
         rep_case();
     } else if (!strcmp(m, "closefds") && argc > 2) {
