@@ -82,21 +82,27 @@ __attribute__((noinline)) void on_alarm(int sig) {
     alarms++;
 }
 
-static void alarm_case(long want) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_alarm;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &sa, 0);
-    struct itimerval it = {{0, 200}, {0, 200}};
+/* SIGALRM to on_alarm every 200 us (on), or no more (off). */
+static void alarms_every_200us(int on) {
+    if (on) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_alarm;
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGALRM, &sa, 0);
+    }
+    struct itimerval it = {{0, on ? 200 : 0}, {0, on ? 200 : 0}};
     setitimer(ITIMER_REAL, &it, 0);
+}
+
+static void alarm_case(long want) {
+    alarms_every_200us(1);
     long rounds = 0;
     while (alarms < want) {
         pt_loop(10000);
         rounds++;
     }
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &off, 0);
+    alarms_every_200us(0);
     printf("alarms=%ld rounds=%ld\n", alarms, rounds);
 }
 
@@ -115,20 +121,13 @@ __attribute__((noinline)) void rep_copy(void *dst, const void *src, long n) {
 
 static void repalarm_case(long want) {
     static char src[64 << 10], dst[64 << 10];
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_alarm;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &sa, 0);
-    struct itimerval it = {{0, 200}, {0, 200}};
-    setitimer(ITIMER_REAL, &it, 0);
+    alarms_every_200us(1);
     long rounds = 0;
     while (alarms < want) {
         rep_copy(dst, src, sizeof dst);
         rounds++;
     }
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &off, 0);
+    alarms_every_200us(0);
     printf("alarms=%ld rounds=%ld\n", alarms, rounds);
 }
 
