@@ -1407,7 +1407,8 @@ fn fup_then_tnt_then_tip() {
 
 /// The same with a second TNT bit an indirect jump takes before the asynchronous
 /// branch's TIP: no TIP is left for it, libipt's bad query at that TIP; `--resync-on-error`
-/// goes on at the TIP's target, as libipt 2.3's resync.
+/// goes on at that asynchronous branch, from the FUP's IP to the TIP's target, as libipt
+/// 2.3's resync (its events checked: the branch, then the disable).
 #[test]
 fn fup_then_tnt_bits_an_indirect_branch_takes() {
     let (space, l) = jz_then_jmp_rax();
@@ -1425,6 +1426,7 @@ fn fup_then_tnt_bits_an_indirect_branch_takes() {
         R::I(l[0]),
         R::I(l[2]),
         bad_query(l[2], p[6]),
+        xfer(l[3], l[3]),
         disabled(Some(l[3])),
     ];
     check_both(&c, &off, &on);
@@ -2725,4 +2727,45 @@ fn a_tsc_between_an_interrupts_fup_and_its_tnt_is_the_branchs_time() {
         disabled(None),
     ];
     check_both(&c, &want, &want);
+}
+
+/// An asynchronous branch's FUP (p4) followed by a MODE.Exec that changes nothing (p5) and
+/// the FUP right after it (p6), a PSBEND outside a PSB+ (p7) and a TNT (p8) (a PSB+ that
+/// lost its PSB, in a mutated trace): with the option, libipt 2.2's event decoder drops
+/// the MODE.Exec's event of no kind at that FUP, which binds nothing, and the branch goes
+/// on waiting for its TIP. The TNT's second bit finds the indirect jump (a bad query);
+/// the resync search resumes at the TIP.PGD (p9), the asynchronous disable at the first
+/// FUP's IP; the TNT after it (p10) is a context error, where the resync fails. Without
+/// the option: libipt 2.1.2's records (the window goes to it). (Records as libipt 2.3's
+/// `pt_blk_resync` gives them, `tests/c/libipt_resync.c` showed: its instructions and
+/// errors; the disable at the first FUP's IP is its event there, checked too.)
+#[test]
+fn a_mode_exec_that_changes_nothing_and_its_fup_leave_an_asynchronous_fup_waiting() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(0x413); // p4
+    t.mode_exec(1); // p5
+    t.at().fup(l[0]); // p6
+    t.at().psbend(); // p7
+    t.at().tnt(&[T, T]); // p8
+    t.at().tip_pgd(None); // p9
+    t.at().tnt(&[N]); // p10
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let on = [
+        R::I(l[0]),
+        R::I(l[2]),
+        gap(Some(l[2]), p[9], "trace stream does not match query".into()),
+        disabled(Some(0x413)),
+        gap(None, p[10], "unexpected packet context".into()),
+        gap(
+            None,
+            p[10],
+            "resync error: unexpected packet context".into(),
+        ),
+    ];
+    let off = check_with_option(&c.t.w.buf, &c.space, &on, "FUP, MODE.Exec, FUP");
+    // (Without the option, libipt 2.1.2: the same error, then no PSB to go on at.)
+    assert_eq!(view(&off), on[..3]);
 }

@@ -1415,9 +1415,7 @@ impl PtDecoder<'_> {
             // decoder passes both, looking for the TIP.)
             let mut quiet_mode = false;
             if let Some((Pkt::ModeExec { csl, csd, iflag }, size)) = self.pkt(q) {
-                let same = st.mode_known
-                    && FlowMode::of(csl, csd) == Some(self.blocks.flow.mode)
-                    && !(st.iflags && st.iflag != Some(iflag));
+                let same = self.flow_mode_unchanged(st, csl, csd, iflag);
                 if let (true, Some((Pkt::Fup(_), fup))) = (same, self.pkt(q + size)) {
                     q = self.flow_past_timing_at(q + size + fup);
                     quiet_mode = true;
@@ -2589,6 +2587,36 @@ impl PtDecoder<'_> {
                     loop {
                         match next {
                             Pkt::Pip | Pkt::Vmcs => {}
+                            // (With the option, libipt 2.2's reading, as where no FUP
+                            // waits: a MODE.Exec that changes nothing is an event of no
+                            // kind, dropped at the FUP right after it, which binds
+                            // nothing; the asynchronous branch goes on waiting for its
+                            // TIP. A PSBEND outside a PSB+ is passed.)
+                            Pkt::ModeExec { csl, csd, iflag }
+                                if alone
+                                    && st.resync
+                                    && st.iflag_event.is_none()
+                                    && self.flow_mode_unchanged(st, csl, csd, iflag) =>
+                            {
+                                st.take_iflag(iflag);
+                                let Some((Pkt::Fup(p), size)) = self.pkt(st.pos) else {
+                                    self.flow_async_mode(st, csl, csd, iflag)?;
+                                    (next, next_at) =
+                                        Self::flow_past_timing_from(self.trace, st, end)?;
+                                    continue;
+                                };
+                                st.pos += size;
+                                st.last_ip.apply(p).ok_or("FUP without IP")?;
+                            }
+                            Pkt::Psbend if alone && st.resync => {}
+                            Pkt::Tnt { .. } if alone && st.resync => {
+                                if let Some(item) =
+                                    self.flow_fup_before_tnt(st, from, next_at, alone)
+                                {
+                                    return Ok(item);
+                                }
+                                break;
+                            }
                             Pkt::ModeExec { csl, csd, iflag } if alone => {
                                 self.flow_async_mode(st, csl, csd, iflag)?
                             }
@@ -2703,6 +2731,14 @@ impl PtDecoder<'_> {
         st.pos = self.flow_past_pads(first + size);
         st.read_on = ReadOn::Nothing;
         Some(TraceItem::Tnt)
+    }
+
+    /// Whether a MODE.Exec (`csl`, `csd`, `iflag`) read now would change nothing: the
+    /// mode known and the same, no IF event.
+    fn flow_mode_unchanged(&self, st: &FlowState, csl: bool, csd: bool, iflag: bool) -> bool {
+        st.mode_known
+            && FlowMode::of(csl, csd) == Some(self.blocks.flow.mode)
+            && !(st.iflags && st.iflag != Some(iflag))
     }
 
     /// A MODE.Exec between an asynchronous branch's FUP and its TIP or TIP.PGD: the mode
