@@ -3014,7 +3014,7 @@ fn mutated_traces_with_resync_give_libipts_resync() {
 /// Mutants of `mutated_traces_with_resync_give_libipts_resync` whose records still
 /// differ from libipt's resync: most where the fast decoder hands the window to libipt
 /// 2.1.2 or gives up at an error it does not know (an unknown opcode, a broken PSB+).
-const KNOWN_RESYNC_DIFFERENCES: usize = 3;
+const KNOWN_RESYNC_DIFFERENCES: usize = 2;
 
 /// Decoders of `trace` under `cpu` (fast, libipt), as `decoder` otherwise.
 fn decoder_cpu<'a>(

@@ -2612,9 +2612,10 @@ fn timing_packets_before_a_deferred_tip_are_its_time() {
 /// its TIP, a bit of the first still left at `jmp rax`: libipt's query for the jump's
 /// target fails (the TIP is the asynchronous branch's), reported where its query decoder
 /// stands, at the next TNT packet past the PAD. Without the option the next PSB then; with
-/// it the resync resumes at the TIP, where `jz` finds no bit (a second bad query, at the
-/// PSBEND of the PSB+ after it). (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
-/// `tests/c/libipt_resync.c` showed.)
+/// it the resync resumes at the asynchronous branch (the FUP still waits in libipt's event
+/// queue) to the TIP's target, where `jz` finds no bit (a second bad query, at the PSBEND
+/// of the PSB+ after it). (Records as libipt 2.1.2 gives them, and libipt 2.3's
+/// `pt_blk_resync`, `tests/c/libipt_resync.c` showed, its events too.)
 #[test]
 fn an_indirect_branch_among_the_tnts_before_an_asynchronous_tip_is_a_bad_query() {
     let (space, l) = jz_then_jmp_rax();
@@ -2639,6 +2640,7 @@ fn an_indirect_branch_among_the_tnts_before_an_asynchronous_tip_is_a_bad_query()
         R::I(l[0]),
         R::I(l[2]),
         bad(l[2], p[7]),
+        xfer(l[3], l[0]),
         R::I(l[0]),
         bad(l[0], p[12]),
     ]
@@ -2768,4 +2770,66 @@ fn a_mode_exec_that_changes_nothing_and_its_fup_leave_an_asynchronous_fup_waitin
     let off = check_with_option(&c.t.w.buf, &c.space, &on, "FUP, MODE.Exec, FUP");
     // (Without the option, libipt 2.1.2: the same error, then no PSB to go on at.)
     assert_eq!(view(&off), on[..3]);
+}
+
+/// An asynchronous branch's FUP read while decoding (p4), TNT bits after it, and an error
+/// before its TIP (the second bit finds `jmp rax`, and a PSB comes where the TIP would:
+/// libipt's read-ahead for that TIP fails there, a bad query): the
+/// FUP still waits in libipt's event queue, so the resync search that meets the next PSB
+/// fails there (libipt carries no event across a PSB: its context error), then the PSB+
+/// after, if any. (Records as libipt 2.3's `pt_blk_resync` gives them,
+/// `tests/c/libipt_resync.c` showed; the window went to libipt 2.1.2, which resyncs at the
+/// next PSB only.)
+#[test]
+fn a_psb_where_a_fup_read_before_the_error_waits_fails_the_resync() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.at().tnt(&[N, N]); // p5
+    t.psb_plus(l[1]); // p6..p9
+    t.at().tip_pgd(None); // p10
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let bad = gap(Some(l[2]), p[6], "trace stream does not match query".into());
+    let on = [
+        R::I(l[0]),
+        R::I(l[1]),
+        R::I(l[2]),
+        bad,
+        gap(None, p[6], "resync error: unexpected packet context".into()),
+    ];
+    let off = check_with_option(&c.t.w.buf, &c.space, &on, "a FUP waits at a PSB");
+    // (Without the option, libipt 2.1.2: the same error, then no PSB after it.)
+    assert_eq!(view(&off), on[..4]);
+}
+
+/// The same with the error before the TNT packets end (`jmp rax` meets the second, whose
+/// bits are no TIP: a bad query at the third): the FUP still waits when the resync search
+/// meets the PSB, which fails it.
+#[test]
+fn a_psb_where_a_fup_read_before_an_error_among_its_tnts_waits_fails_the_resync() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.at().tnt(&[N]); // p5
+    t.at().tnt(&[T]); // p6
+    t.at().tnt(&[T]); // p7
+    t.psb_plus(l[1]); // p8..p11
+    t.at().tip_pgd(None); // p12
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let bad = gap(Some(l[2]), p[7], "trace stream does not match query".into());
+    let on = [
+        R::I(l[0]),
+        R::I(l[1]),
+        R::I(l[2]),
+        bad,
+        gap(None, p[8], "resync error: unexpected packet context".into()),
+    ];
+    let off = check_with_option(&c.t.w.buf, &c.space, &on, "a FUP waits at a PSB");
+    // (Without the option, libipt 2.1.2: the same error, then the PSB+ after it.)
+    let next_psb = [R::I(l[1]), R::I(l[2]), disabled(None)];
+    assert_eq!(view(&off), [&on[..4], &next_psb[..]].concat());
 }

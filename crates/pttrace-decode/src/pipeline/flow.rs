@@ -1379,11 +1379,15 @@ impl PtDecoder<'_> {
         if let Some((tip_at, _)) = st.async_tip {
             // (Bits of a FUP's TNT packets left: its asynchronous branch takes the TIP
             // after them, libipt's query decoder stands at the next of those packets, or
-            // at the TIP. A PSB or TIP.PGE in its place: through libipt.)
+            // at the TIP. A TIP.PGE in its place, or a PSB without the option: through
+            // libipt.)
             let why = "indirect branch with the TNT bits before an asynchronous branch's TIP";
+            // (With the option, a PSB in the TIP's place too: libipt's read-ahead fails at
+            // it, and its resync, the FUP still waiting, fails there again.)
             let tip = match self.pkt(tip_at) {
                 Some((Pkt::Tip(_) | Pkt::TipPgd(_), _)) => true,
                 Some((Pkt::Other(what), _)) => resync::refused_text(what).is_some(),
+                Some((Pkt::Psb, _)) => st.resync,
                 _ => false,
             };
             let mut q = st.pos;

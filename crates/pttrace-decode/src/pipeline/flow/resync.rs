@@ -820,12 +820,12 @@ impl PtDecoder<'_> {
                 return r;
             };
             if let Some(mut e) = st.error.take() {
-                // (What the trace read before the error was to bind to is gone with it;
-                // but for the TIP an asynchronous branch's FUP waits for where the error
-                // is: libipt's query failed at that branch's event, where its resync
-                // resumes, see `flow_resync`.)
+                // (What the trace read before the error was to bind to is gone with it,
+                // but for an asynchronous branch's FUP whose TIP is not read yet: it
+                // still waits in libipt's event queue, for its resync, see
+                // `flow_resync`.)
                 let resume = e.resume;
-                st.async_tip = st.async_tip.filter(|a| st.resync && a.0 == resume);
+                st.async_tip = st.async_tip.filter(|a| st.resync && a.0 >= resume);
                 st.iflag_event = None;
                 st.cfe_fup = false;
                 // An error met with the bits of a deferred TIP's TNT: libipt's event
@@ -1053,7 +1053,7 @@ impl PtDecoder<'_> {
 
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        let waiting = st.async_tip.take().filter(|a| a.0 == e.resume);
+        let waiting = st.async_tip.take().filter(|a| a.0 >= e.resume);
         if e.resync != ResyncFrom::Search {
             // libipt's decoder stays failed (its status error; at a bad status update
             // its resync at that PSB+, `pt_blk_resync_at_sync`, fails the same way):
@@ -1073,8 +1073,9 @@ impl PtDecoder<'_> {
         let mut skip_fup = false;
         // (A FUP bound to nothing with no TIP right after it: libipt's asynchronous
         // branch from its IP, waiting for a TIP past the TNTs the resync ignores.)
-        // (Where the error is at the TIP or TIP.PGD such a FUP read before it waits for:
-        // libipt's resync resumes at that asynchronous branch's event, from the FUP's IP.)
+        // (One read before the error whose TIP or TIP.PGD the error came before, or at:
+        // libipt's resync resumes at that asynchronous branch's event, from the FUP's
+        // IP, and a PSB before it fails the resync.)
         let mut from_fup = waiting.map(|a| a.1);
         // (An event read that binds to a FUP only: MODE.TSX, PTW with IP.)
         let mut fup_only = false;
