@@ -2833,3 +2833,56 @@ fn a_psb_where_a_fup_read_before_an_error_among_its_tnts_waits_fails_the_resync(
     let next_psb = [R::I(l[1]), R::I(l[2]), disabled(None)];
     assert_eq!(view(&off), [&on[..4], &next_psb[..]].concat());
 }
+
+/// An OVF whose FUP search meets a packet the end of the trace cuts (a TSC's first two
+/// bytes): libipt's search meets the end there, and the overflow resolves with tracing
+/// disabled, without IP (libipt 2.1.2, and 2.3's resync: `tests/c/libipt_resync.c`
+/// showed); the fast decoder handed such windows to libipt, and after a resync left them
+/// as beyond it.
+#[test]
+fn an_ovf_before_a_packet_the_end_cuts_resolves_disabled() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().tnt(&[T]); // p4
+    t.at().tip(0x10_0100); // p5
+    t.at().ovf(); // p6
+    t.raw(&[0x19, 0x98]); // p7
+    let c = Case { t, space, l };
+    let l = &c.l;
+    let want = [
+        R::I(l[0]),
+        R::I(l[2]),
+        R::Rec(Record::Overflow { ip: None }),
+    ];
+    check_both(&c, &want, &want);
+}
+
+/// A PSB+ an OVF breaks before its MODE.Exec (a mutated trace), the OVF resolved at the
+/// FUP after it: libipt's mode is unknown there, and its instructions say so; the fast
+/// decoder, whose blocks have a mode, hands such a window to libipt (it had decoded the
+/// code as 64-bit code where the end of the trace did not send the window to libipt).
+#[test]
+fn an_ovf_resolved_before_any_mode_exec_goes_to_libipt() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.at().psb(); // p0
+    t.at().ovf(); // p1
+    t.at().fup(l[0]); // p2
+    t.at().tnt(&[T]); // p3
+    t.at().tip_pgd(None); // p4
+    let c = Case { t, space, l };
+    let l = decode(&c.t.w.buf, &c.space, DecoderKind::Libipt, false);
+    assert!(
+        l.iter()
+            .filter_map(|r| r.as_instruction())
+            .all(|i| i.mode == drpttracer::decode::ExecMode::Unknown),
+        "{l:?}"
+    );
+    for resync in [false, true] {
+        let mut d = decoder(&c.t.w.buf, &c.space, DecoderKind::Fast, resync);
+        assert_eq!(d.by_ref().collect::<Vec<_>>(), l);
+        let why = "OVF resolved at a FUP while the mode is unknown";
+        assert_eq!(d.decoded_by(), ("libipt", Some(why)));
+    }
+}

@@ -8,6 +8,10 @@
  *                               trace offset libipt reports; the block it came with; the
  *                               negated pt_error_code
  *   F <iflag> <ip>              an iflags event (with `iflags`: ptxed's --event:iflags)
+ *   V D <ip>                    tracing disabled (an asynchronous disable: where; 0: no
+ *                               IP), and ptxed's "[disabled]" after a resync without IP
+ *   V A <from> <to>             an asynchronous branch (to 0: no IP)
+ *   V O <ip>                    an overflow (0: resolved with tracing disabled)
  *   X <why>                     the decode did not end by itself (loops, time)
  *
  * Usage: libipt_resync TRACE.pt CODE.bin LOAD_ADDRESS [iflags] */
@@ -65,6 +69,25 @@ static int next_event(void)
 	struct pt_event event;
 	int status = pt_blk_event(dec, &event, sizeof(event));
 
+	if (status >= 0 && !event.status_update) {
+		switch (event.type) {
+		case ptev_disabled:
+			printf("V D %" PRIx64 "\n", event.ip_suppressed ? 0 : event.variant.disabled.ip);
+			break;
+		case ptev_async_disabled:
+			printf("V D %" PRIx64 "\n", event.variant.async_disabled.at);
+			break;
+		case ptev_async_branch:
+			printf("V A %" PRIx64 " %" PRIx64 "\n", event.variant.async_branch.from,
+			       event.ip_suppressed ? 0 : event.variant.async_branch.to);
+			break;
+		case ptev_overflow:
+			printf("V O %" PRIx64 "\n", event.ip_suppressed ? 0 : event.variant.overflow.ip);
+			break;
+		default:
+			break;
+		}
+	}
 	if (status >= 0 && event.type == ptev_iflags && !event.status_update)
 		printf("F %d %" PRIx64 "\n", event.variant.iflags.iflag,
 		       event.ip_suppressed ? 0 : event.variant.iflags.ip);
@@ -85,6 +108,9 @@ static int resync(void)
 
 	while (step()) {
 		status = pt_blk_resync(dec);
+		/* ptxed's "[disabled]" after a resync without IP. */
+		if (status >= 0 && (status & pts_ip_suppressed))
+			printf("V D 0\n");
 		if (status != -pte_event_ignored)
 			return status;
 		status = next_event();

@@ -1893,11 +1893,10 @@ impl PtDecoder<'_> {
         let mut disabled_after = None;
         let mut unknown = false;
         let fup = loop {
+            // (The end of the trace, or a packet it cuts: libipt's search for the FUP
+            // meets the end; resolved disabled.)
             let Some((pkt, size)) = self.pkt(p) else {
-                if p >= self.trace.len() {
-                    break None;
-                }
-                return Err("packet cut by the end of the trace");
+                break None;
             };
             match pkt {
                 Pkt::Pad
@@ -2013,6 +2012,11 @@ impl PtDecoder<'_> {
         // (A FUP without IP: the overflow resolved while tracing was disabled, as libipt
         // takes it.)
         let ip = st.last_ip.apply(p);
+        // (No MODE.Exec read yet, a PSB+ broken by the OVF: libipt's mode is unknown, its
+        // instructions say so.)
+        if ip.is_some() && !st.mode_known {
+            return Err("OVF resolved at a FUP while the mode is unknown");
+        }
         // Bound to the FUP: the timing packets up to it move the time on, and the events
         // among them (CBR, MNT) come before the overflow's, which has the OVF's time.
         let at_ovf = st.clock.now();
@@ -2462,11 +2466,9 @@ impl PtDecoder<'_> {
             st.item_at = st.pos;
             // (The packets libipt reads otherwise under errata SKD007 and SKZ84 are
             // rare here: checked below.)
+            // (A packet the end of the trace cuts is the end to libipt's packet decoder.)
             let Some((pkt, size)) = wire::parse(self.trace, st.pos) else {
-                if st.pos >= self.trace.len() {
-                    return Ok(TraceItem::End(st.read_on));
-                }
-                return Err("packet cut by the end of the trace");
+                return Ok(TraceItem::End(st.read_on));
             };
             st.pos += size;
             // (Trace items set `read_on` to `Nothing`; timing packets leave it; events
