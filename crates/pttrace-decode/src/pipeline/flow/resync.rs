@@ -1169,9 +1169,10 @@ impl PtDecoder<'_> {
                 }
                 Pkt::TipPgd(p) => {
                     st.pos += size;
-                    let ip = st.last_ip.apply(p);
-                    let ip = if from_fup.is_some() { from_fup } else { ip };
-                    self.flow_event(st, Record::TraceDisabled { ip });
+                    st.last_ip.apply(p);
+                    // (libipt's resync takes a disable itself, and ptxed says "[disabled]"
+                    // without IP; an asynchronous one is its event, at the FUP's IP.)
+                    self.flow_event(st, Record::TraceDisabled { ip: from_fup });
                     st.enabled = false;
                     return Ok(Stop::Segment);
                 }
