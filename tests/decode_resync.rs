@@ -2887,3 +2887,33 @@ fn an_ovf_resolved_before_any_mode_exec_goes_to_libipt() {
         assert_eq!(d.decoded_by(), ("libipt", Some(why)));
     }
 }
+
+/// An asynchronous branch's FUP (p4) whose IP the code does not reach before its TIP (p6),
+/// a TNT between: libipt's query fails at that TIP (a bad query), and its resync resumes
+/// at that branch, its current event, from the FUP's IP to the TIP's target. (Records as
+/// libipt 2.3's `pt_blk_resync` gives them, `tests/c/libipt_resync.c` showed, its events
+/// too; the fast decoder resumed at the target without the branch.)
+#[test]
+fn an_asynchronous_branch_not_reached_after_its_tnts_is_where_the_resync_resumes() {
+    let (space, l) = jz_then_jmp_rax();
+    let mut t = Trace::default();
+    t.psb_plus(l[0]); // p0..p3
+    t.at().fup(l[3]); // p4
+    t.at().tnt(&[T]); // p5
+    t.at().tip(l[1]); // p6
+    t.at().tip_pgd(None); // p7
+    let c = Case { t, space, l };
+    let (l, p) = (&c.l, &c.t.p);
+    let on = [
+        R::I(l[0]),
+        R::I(l[2]),
+        gap(Some(l[2]), p[6], "trace stream does not match query".into()),
+        xfer(l[3], l[1]),
+        R::I(l[1]),
+        R::I(l[2]),
+        disabled(None),
+    ];
+    let off = check_with_option(&c.t.w.buf, &c.space, &on, "FUP not reached");
+    // (Without the option, libipt 2.1.2: the same error, then no PSB after it.)
+    assert_eq!(view(&off), on[..3]);
+}

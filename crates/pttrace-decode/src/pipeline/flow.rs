@@ -1759,6 +1759,16 @@ impl PtDecoder<'_> {
                         // (From the MODE.TSX of an abort: libipt fails at the abort's
                         // FUP; at an interrupt's, at its TIP.)
                         let at = abort.map_or(st.item_at, |a| a.1);
+                        // (A FUP whose TNT packets came before this TIP or TIP.PGD: the
+                        // branch is libipt's current event there, where its resync
+                        // resumes, as where the FUP still waits.)
+                        let tip_here = matches!(
+                            self.pkt(st.item_at),
+                            Some((Pkt::Tip(_) | Pkt::TipPgd(_), _))
+                        );
+                        if abort.is_none() && st.resync && tip_here {
+                            st.async_tip = Some((st.item_at, from));
+                        }
                         return Err(self.flow_bad_query(
                             st,
                             b,
