@@ -1546,9 +1546,11 @@ fn fup_then_psb_or_tip_pge_is_a_context_error() {
             .chain([context("unexpected packet context")])
             .chain(end.clone())
             .collect();
+        // (At the TIP.PGE libipt's resync takes the enable, disabled until then: ptxed's
+        // `[disabled]`, then the same error.)
         let again = match psb {
             true => vec![],
-            false => vec![context("unexpected packet context")],
+            false => vec![disabled(None), context("unexpected packet context")],
         };
         let on: Vec<R> = ran
             .into_iter()
@@ -2454,9 +2456,10 @@ fn a_psb_where_the_resyncs_fup_waits_fails_the_resync() {
 
 /// `l0; [%p6: unexpected packet context]`: after the TIP to unmapped code, an
 /// asynchronous branch's FUP and a TIP.PGE where it waits for its TIP: libipt's context
-/// error at the TIP.PGE, before the code is read; its resync meets it once more, then
-/// fails. (Records as libipt 2.1.2 gives them, and libipt 2.2's `pt_blk_resync`,
-/// `tests/c/libipt_resync.c` showed.)
+/// error at the TIP.PGE, before the code is read; its resync takes the enable (ptxed's
+/// `[disabled]` until then) and meets the error once more, then fails. (Records as libipt
+/// 2.1.2 gives them, and libipt 2.3's `pt_blk_resync`, `tests/c/libipt_resync.c`
+/// showed.)
 #[test]
 fn a_tip_pge_where_a_fup_waits_comes_before_a_nomap() {
     let c = tip_to_nomap_then(|t| {
@@ -2470,6 +2473,7 @@ fn a_tip_pge_where_a_fup_waits_comes_before_a_nomap() {
     let on = [
         R::I(l[0]),
         context(),
+        disabled(None),
         context(),
         gap(None, p[6], "resync error: unexpected packet context".into()),
     ];

@@ -99,6 +99,9 @@ pub(crate) enum ResyncFrom {
     /// As `Fails`, after the same error once more: the resync finds its packet, and
     /// decoding from there fails at once.
     FailsAgain,
+    /// As `FailsAgain`, the resync at an enable (a TIP.PGE): its decoder is disabled
+    /// until the enable is taken (ptxed's `[disabled]`), then fails again.
+    FailsAgainAtEnable,
 }
 
 /// Where the first packet at or after `p` that is not a PTW starts, and that packet
@@ -682,7 +685,7 @@ impl PtDecoder<'_> {
         pge: bool,
     ) -> Fallback {
         let resync = if pge {
-            ResyncFrom::FailsAgain
+            ResyncFrom::FailsAgainAtEnable
         } else {
             ResyncFrom::Fails
         };
@@ -1058,7 +1061,13 @@ impl PtDecoder<'_> {
             // libipt's decoder stays failed (its status error; at a bad status update
             // its resync at that PSB+, `pt_blk_resync_at_sync`, fails the same way):
             // ptxed's "resync error", then it synchronizes forward, at the next PSB.
-            if e.resync == ResyncFrom::FailsAgain {
+            if e.resync == ResyncFrom::FailsAgainAtEnable {
+                self.flow_event(st, Record::TraceDisabled { ip: None });
+            }
+            if matches!(
+                e.resync,
+                ResyncFrom::FailsAgain | ResyncFrom::FailsAgainAtEnable
+            ) {
                 self.flow_gap(e.offset, e.ip, e.what.to_string());
             }
             self.flow_gap(e.offset, e.ip, format!("resync error: {}", e.what));
