@@ -2331,8 +2331,9 @@ fn a_fup_without_ip_after_an_ovf_resolves_it_disabled() {
 /// `l0; [%p8: nomap]`, then with the option: the resync search after the nomap meets
 /// two FUPs bound to nothing (p5, p6) and no TIP right after the second: libipt queues
 /// two asynchronous branches and fails at the TIP (p8) with an internal error, its
-/// resync there the same way. (Records as libipt 2.2's `pt_blk_resync` gives them,
-/// `tests/c/libipt_resync.c` showed.)
+/// resync there the same way; the first branch (from the first FUP's IP to the TIP's
+/// target) is its resync's event before that error. (Records as libipt 2.3's
+/// `pt_blk_resync` gives them, `tests/c/libipt_resync.c` showed, its events too.)
 #[test]
 fn two_fups_after_an_error_fail_at_the_tip() {
     let c = tip_to_nomap_then(|t| {
@@ -2349,6 +2350,7 @@ fn two_fups_after_an_error_fail_at_the_tip() {
         .iter()
         .cloned()
         .chain([
+            xfer(ORG, ORG),
             gap(None, p[8], internal.into()),
             gap(None, p[8], format!("resync error: {internal}")),
         ])

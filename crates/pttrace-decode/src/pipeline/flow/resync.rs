@@ -1209,8 +1209,8 @@ impl PtDecoder<'_> {
                         from_fup = Some(from);
                         continue;
                     }
-                    if bound == Bound::No && !tip_next {
-                        return self.flow_resync_two_fups(st);
+                    if let (Bound::No, false, Some(first)) = (bound, tip_next, from_fup) {
+                        return self.flow_resync_two_fups(st, first);
                     }
                     return self.flow_resync_fup(st, from, bound);
                 }
@@ -1254,20 +1254,25 @@ impl PtDecoder<'_> {
     /// A second FUP bound to nothing (just read) while the resync search's first waits for
     /// its TIP, no TIP right after it: libipt's event decoder queues a second
     /// asynchronous branch, and its block decoder fails at the next TIP (past TNTs, PADs
-    /// and timing packets) with an internal error, its resync there the same way.
-    /// Anything else first: beyond the fast decoder.
-    fn flow_resync_two_fups(&mut self, st: &mut FlowState) -> Result<Stop, Fallback> {
+    /// and timing packets) with an internal error, its resync there the same way. The
+    /// first asynchronous branch (from `from`, the first FUP's IP) to that TIP's target is
+    /// the resync's event before that error. Anything else first: beyond the fast decoder.
+    fn flow_resync_two_fups(&mut self, st: &mut FlowState, from: u64) -> Result<Stop, Fallback> {
         let mut q = st.pos;
-        loop {
+        let to = loop {
             match self.pkt(q) {
                 Some((
                     Pkt::Pad | Pkt::Tnt { .. } | Pkt::Tsc(_) | Pkt::Mtc(_) | Pkt::Cyc(_),
                     size,
                 )) => q += size,
-                Some((Pkt::Tip(_), _)) => break,
+                Some((Pkt::Tip(p), _)) => {
+                    let mut last = st.last_ip;
+                    break last.apply(p);
+                }
                 _ => return Err("two FUPs without TIP after an error"),
             }
-        }
+        };
+        self.flow_event(st, Record::KernelXfer { from, to });
         let e = FlowError {
             what: TWO_FUPS,
             ip: None,
