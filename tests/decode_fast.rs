@@ -3068,7 +3068,9 @@ fn mutated_traces_with_resync_give_libipts_resync() {
 
 /// Mutants of `mutated_traces_with_resync_give_libipts_resync` with libipt's instructions
 /// and errors whose disables, asynchronous branches or overflows still differ from those
-/// libipt's resync reports (ptxed's `[disabled]` after a resync without IP included).
+/// libipt's resync reports (ptxed's `[disabled]` after a resync without IP included): one,
+/// a window the fast decoder hands to libipt 2.1.2 (a STOP while tracing is enabled),
+/// whose resync is at the next PSB only.
 const KNOWN_RESYNC_EVENT_DIFFERENCES: usize = 1;
 
 /// Mutants of `mutated_traces_with_resync_give_libipts_resync` whose records still
