@@ -1738,6 +1738,13 @@ fn check_with_option(trace: &[u8], space: &AddressSpace, want: &[R], what: &str)
     l
 }
 
+/// [`check_with_option`] of a case whose first `n` records, an error last, are libipt
+/// 2.1.2's without the option (no PSB after the error to go on at), and `on` with it.
+fn check_error_then_resync(c: &Case, on: &[R], n: usize, what: &str) {
+    let off = check_with_option(&c.t.w.buf, &c.space, on, what);
+    assert_eq!(view(&off), on[..n], "{what}");
+}
+
 /// A MODE.TSX the resync search reads before the TIP it resumes at still waits for its
 /// FUP in libipt's event queue: the next PSB is libipt's context error (no event is
 /// carried across a PSB), its resync fails there too, then the next PSB. (libipt 2.3's
@@ -2774,9 +2781,7 @@ fn a_mode_exec_that_changes_nothing_and_its_fup_leave_an_asynchronous_fup_waitin
             "resync error: unexpected packet context".into(),
         ),
     ];
-    let off = check_with_option(&c.t.w.buf, &c.space, &on, "FUP, MODE.Exec, FUP");
-    // (Without the option, libipt 2.1.2: the same error, then no PSB to go on at.)
-    assert_eq!(view(&off), on[..3]);
+    check_error_then_resync(&c, &on, 3, "FUP, MODE.Exec, FUP");
 }
 
 /// An asynchronous branch's FUP read while decoding (p4), TNT bits after it, and an error
@@ -2806,9 +2811,7 @@ fn a_psb_where_a_fup_read_before_the_error_waits_fails_the_resync() {
         bad,
         gap(None, p[6], "resync error: unexpected packet context".into()),
     ];
-    let off = check_with_option(&c.t.w.buf, &c.space, &on, "a FUP waits at a PSB");
-    // (Without the option, libipt 2.1.2: the same error, then no PSB after it.)
-    assert_eq!(view(&off), on[..4]);
+    check_error_then_resync(&c, &on, 4, "a FUP waits at a PSB");
 }
 
 /// The same with the error before the TNT packets end (`jmp rax` meets the second, whose
@@ -2919,7 +2922,5 @@ fn an_asynchronous_branch_not_reached_after_its_tnts_is_where_the_resync_resumes
         R::I(l[2]),
         disabled(None),
     ];
-    let off = check_with_option(&c.t.w.buf, &c.space, &on, "FUP not reached");
-    // (Without the option, libipt 2.1.2: the same error, then no PSB after it.)
-    assert_eq!(view(&off), on[..3]);
+    check_error_then_resync(&c, &on, 3, "FUP not reached");
 }
