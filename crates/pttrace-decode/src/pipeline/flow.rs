@@ -2612,17 +2612,14 @@ impl PtDecoder<'_> {
                                 if alone
                                     && st.resync
                                     && st.iflag_event.is_none()
-                                    && self.flow_mode_unchanged(st, csl, csd, iflag) =>
+                                    && self.flow_mode_unchanged(st, csl, csd, iflag)
+                                    && matches!(self.pkt(st.pos), Some((Pkt::Fup(_), _))) =>
                             {
                                 st.take_iflag(iflag);
-                                let Some((Pkt::Fup(p), size)) = self.pkt(st.pos) else {
-                                    self.flow_async_mode(st, csl, csd, iflag)?;
-                                    (next, next_at) =
-                                        Self::flow_past_timing_from(self.trace, st, end)?;
-                                    continue;
-                                };
-                                st.pos += size;
-                                st.last_ip.apply(p).ok_or("FUP without IP")?;
+                                if let Some((Pkt::Fup(p), size)) = self.pkt(st.pos) {
+                                    st.pos += size;
+                                    st.last_ip.apply(p).ok_or("FUP without IP")?;
+                                }
                             }
                             Pkt::Psbend if alone && st.resync => {}
                             Pkt::Tnt { .. } if alone && st.resync => {

@@ -1056,7 +1056,8 @@ impl PtDecoder<'_> {
 
     /// Resumes after error `e` at the first packet from `e.resume` on that gives an IP.
     fn flow_resync(&mut self, st: &mut FlowState, e: FlowError) -> Result<Stop, Fallback> {
-        let waiting = st.async_tip.take().filter(|a| a.0 >= e.resume);
+        // (The error kept it only where its TIP is not read yet.)
+        let waiting = st.async_tip.take();
         if e.resync != ResyncFrom::Search {
             // libipt's decoder stays failed (its status error; at a bad status update
             // its resync at that PSB+, `pt_blk_resync_at_sync`, fails the same way):
