@@ -339,8 +339,7 @@ fn signals_between_rep_iterations_interrupt_the_rep_instruction() {
     assert!(o.status.success(), "{}", text(&o));
     let alarms = printed(&text(&o), "alarms");
     assert!(alarms >= 200, "{alarms}");
-    assert_async_deliveries(&prog, &out, "on_alarm", alarms);
-    let (_, threads) = decode(&out);
+    let threads = assert_async_deliveries(&prog, &out, "on_alarm", alarms);
     let rep = symbol(&prog, "rep_copy_at");
     let inside = threads[0]
         .records
@@ -369,8 +368,13 @@ fn signals_from_another_thread_land_in_a_tight_loop_exactly() {
 /// Each of the `delivered` runs of the handler `handler` in the main thread is an
 /// asynchronous entry (disabled at the interrupted instruction, enabled at the handler's
 /// first one, resumed exactly there after rt_sigreturn) or the first block of a window;
-/// every thread equals what QEMU executed.
-fn assert_async_deliveries(prog: &Path, out: &Path, handler: &str, delivered: usize) {
+/// every thread equals what QEMU executed. Returns the decoded threads.
+fn assert_async_deliveries(
+    prog: &Path,
+    out: &Path,
+    handler: &str,
+    delivered: usize,
+) -> Vec<Decoded> {
     let (_, threads) = decode(out);
     let d = &threads[0];
     assert_equals_oracle(&threads);
@@ -445,6 +449,7 @@ fn assert_async_deliveries(prog: &Path, out: &Path, handler: &str, delivered: us
         delivered,
         "every delivery accounted for"
     );
+    threads
 }
 
 /// Faults in code written at run time: the trace shows the instructions up to the
