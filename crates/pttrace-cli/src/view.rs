@@ -679,7 +679,7 @@ pub fn run(args: Args) -> CmdResult {
     let svg = out_dir.join("flamegraph.svg");
     // JSON and speedscope here, the folded stacks and the flame graph on a thread of
     // their own, while the Perfetto writer finishes.
-    let (written, pftrace_bytes, stacks) = std::thread::scope(|scope| {
+    let (written, pftrace_size, stacks) = std::thread::scope(|scope| {
         let stacks = scope.spawn(|| {
             write_stacks(
                 &folded,
@@ -698,14 +698,14 @@ pub fn run(args: Args) -> CmdResult {
             (&args.trace, &part),
             (merge_below, &mut || pf.kept()),
         );
-        let pftrace_bytes = pf.finish();
+        let pftrace_size = pf.finish();
         let stacks = stacks
             .join()
             .unwrap_or_else(|_| Err("view: the folded-stacks writer panicked".to_string()));
-        (written, pftrace_bytes, stacks)
+        (written, pftrace_size, stacks)
     });
     let wrote = written?;
-    let pftrace_bytes = pftrace_bytes?;
+    let pftrace_size = pftrace_size?;
     let (folded_written, svg_written) = stacks?;
     for v in &mut views {
         v.spill = None;
@@ -754,8 +754,11 @@ pub fn run(args: Args) -> CmdResult {
         "             {} ({} bytes, every call; Perfetto's own format: open in \
          ui.perfetto.dev)",
         paths.pftrace.display(),
-        pftrace_bytes
+        pftrace_size.file
     );
+    if let Some(note) = perfetto::large_trace_note(pftrace_size, &paths.pftrace) {
+        println!("             {note}");
+    }
     println!(
         "             {} (speedscope's own format, the axis in {})",
         paths.speedscope.display(),

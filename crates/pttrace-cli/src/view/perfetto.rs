@@ -51,7 +51,7 @@ pub(super) struct PfPipe {
     tx: Option<Sender<PfMsg>>,
     /// Each image's kept calls, in the order the images were handed over.
     kept: Receiver<Option<spill::Kept>>,
-    thread: Option<std::thread::JoinHandle<std::io::Result<u64>>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<pftrace::Size>>>,
     /// The file, given its name `path` once complete ([`crate::outfile`]).
     out: Option<crate::outfile::OutFile>,
     path: PathBuf,
@@ -148,8 +148,8 @@ impl PfPipe {
         self.kept.recv().ok().flatten()
     }
 
-    /// Waits for the file to be complete; its bytes.
-    pub(super) fn finish(mut self) -> Result<u64, String> {
+    /// Waits for the file to be complete; its size.
+    pub(super) fn finish(mut self) -> Result<pftrace::Size, String> {
         self.tx = None;
         let bytes = match self.thread.take().map(std::thread::JoinHandle::join) {
             Some(Ok(r)) => r.map_err(|e| format!("{}: cannot write: {e}", self.path.display()))?,
@@ -168,6 +168,36 @@ impl PfPipe {
     }
 }
 
+/// Packet bytes (inflated) from which `timeline.pftrace` may be more than the Perfetto UI
+/// holds in a browser tab: Perfetto's page on large traces puts a tab's memory at about
+/// 2 GB typically, and what a proto trace takes there at 2-4 times its uncompressed size.
+const UI_TAB_PACKETS: u64 = 512 << 20;
+
+/// What `view` says under `timeline.pftrace` (at `path`, of `size`) when the Perfetto UI
+/// may not hold it in a browser tab: how to load it natively instead.
+pub(super) fn large_trace_note(size: pftrace::Size, path: &std::path::Path) -> Option<String> {
+    if size.packets < UI_TAB_PACKETS {
+        return None;
+    }
+    let path = path.display().to_string();
+    let quoted = if path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@".contains(&b))
+    {
+        path
+    } else {
+        format!("'{}'", path.replace('\'', "'\\''"))
+    };
+    Some(format!(
+        "({} MB of packets once inflated: more than the Perfetto UI may hold in a browser \
+         tab, about 2 GB for a trace 2-4 times that size; where it runs out of memory, load \
+         the file with Perfetto's native trace_processor, `trace_processor --httpd {}`, \
+         which ui.perfetto.dev then uses)",
+        size.packets / 1_000_000,
+        crate::text::printable(&quoted)
+    ))
+}
+
 impl Drop for PfPipe {
     fn drop(&mut self) {
         // Not finished (an error): the writer stops and its file goes (never named).
@@ -184,7 +214,7 @@ fn write_pftrace<W: Write + Send + 'static>(
     mut pf: pftrace::Writer<W>,
     rx: &Receiver<PfMsg>,
     kept_tx: &Sender<Option<spill::Kept>>,
-) -> std::io::Result<u64> {
+) -> std::io::Result<pftrace::Size> {
     let mut names: Vec<String> = Vec::new();
     let mut frames: HashMap<(i32, u64), Vec<Vec<u32>>> = HashMap::new();
     let mut tracks: HashMap<(i32, i32), (u64, u64)> = HashMap::new();
@@ -389,4 +419,38 @@ fn gap<W: Write + Send + 'static>(
             category: pftrace::Named::text("gap"),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_trace_too_large_for_a_browser_tab_is_said_so_with_the_native_way_to_open_it() {
+        let size = |packets| pftrace::Size {
+            file: packets / 10,
+            packets,
+        };
+        let path = Path::new("/tmp/v/timeline.pftrace");
+        assert_eq!(large_trace_note(size((512 << 20) - 1), path), None);
+        assert_eq!(
+            large_trace_note(size(936_123_456), path).as_deref(),
+            Some(
+                "(936 MB of packets once inflated: more than the Perfetto UI may hold in a \
+                 browser tab, about 2 GB for a trace 2-4 times that size; where it runs out of \
+                 memory, load the file with Perfetto's native trace_processor, \
+                 `trace_processor --httpd /tmp/v/timeline.pftrace`, which ui.perfetto.dev then \
+                 uses)"
+            )
+        );
+        // A path the shell would split or expand is quoted for it.
+        let note = large_trace_note(size(1 << 30), Path::new("/tmp/my trace/it's.pftrace"));
+        assert!(
+            note.as_deref().is_some_and(
+                |n| n.contains("`trace_processor --httpd '/tmp/my trace/it'\\''s.pftrace'`")
+            ),
+            "{note:?}"
+        );
+    }
 }

@@ -174,6 +174,8 @@ pub struct Writer<W: Write + Send + 'static> {
     compressor: Option<Compressor<W>>,
     /// Packets written.
     pub packets: u64,
+    /// Their bytes before compression.
+    packet_bytes: u64,
     /// The interned data of `event`'s packet (its buffer kept between calls).
     interned: Msg,
 }
@@ -244,6 +246,7 @@ impl<W: Write + Send + 'static> Writer<W> {
             from_compressor: done_rx,
             compressor: Some(compressor),
             packets: 0,
+            packet_bytes: 0,
             interned: Msg::default(),
         })
     }
@@ -273,6 +276,7 @@ impl<W: Write + Send + 'static> Writer<W> {
     /// the next ones (all of them when `last`).
     fn flush_batch(&mut self, last: bool) -> io::Result<()> {
         if self.batch.fill > 0 {
+            self.packet_bytes += self.batch.fill as u64;
             let batch = self.batch.take(self.from_compressor.try_recv().ok());
             self.group.push(batch);
         }
@@ -438,16 +442,27 @@ impl<W: Write + Send + 'static> Writer<W> {
         Ok(())
     }
 
-    /// Writes what is left; the bytes of the file.
-    pub fn finish(mut self) -> io::Result<u64> {
+    /// Writes what is left; the sizes of what was written.
+    pub fn finish(mut self) -> io::Result<Size> {
         self.flush_batch(true)?;
         self.to_compressor = None;
         match self.compressor.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(Ok((_, bytes)))) => Ok(bytes),
+            Some(Ok(Ok((_, file)))) => Ok(Size {
+                file,
+                packets: self.packet_bytes,
+            }),
             Some(Ok(Err(e))) => Err(e),
             _ => Err(io::Error::other("the compressing thread panicked")),
         }
     }
+}
+
+/// What a `Trace` stream took: the bytes written, and its packets' bytes before they were
+/// compressed (what a reader inflates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    pub file: u64,
+    pub packets: u64,
 }
 
 /// Bytes of `v` as a varint.
@@ -612,7 +627,7 @@ mod tests {
         w.event(&mut seq, begin(1000)).unwrap();
         w.event(&mut seq, begin(1300)).unwrap();
         w.event(&mut seq, Event::End { ts: 1500 }).unwrap();
-        w.finish().unwrap();
+        let size = w.finish().unwrap();
         let file = out.0.lock().unwrap().clone();
         // One Trace.packet holding compressed_packets (field 50), the whole file.
         let mut i = 0;
@@ -630,6 +645,13 @@ mod tests {
         assert_eq!(read_varint(&raw, &mut j), 1 << 3 | 2);
         let first = read_varint(&raw, &mut j) as usize;
         let events = &raw[j + first..];
+        assert_eq!(
+            size,
+            Size {
+                file: file.len() as u64,
+                packets: raw.len() as u64
+            }
+        );
         #[rustfmt::skip]
         let expected: Vec<u8> = [
             // Begin at delta 0: sequence 2, a track event (slice begin, category iid 1,
