@@ -606,7 +606,8 @@ fn status_kb(field: &str) -> u64 {
 
 /// One measurement of the memory comparison, in this process: the trace made, the heap
 /// given back, the peak reset; then one decode; prints the peak resident memory above
-/// where it started, in kB.
+/// where it started, then the anonymous and the file-backed resident memory above where
+/// they started, read while the decode's decoder and output are still alive (in kB).
 fn mem_child(which: &str, variant: &str, kind: &str, mb: usize) {
     let (trace, space, params) = mem_trace(which, mb);
     let kind: DecoderKind = kind.parse().expect("decoder kind");
@@ -614,6 +615,7 @@ fn mem_child(which: &str, variant: &str, kind: &str, mb: usize) {
     unsafe { libc::malloc_trim(0) };
     std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak (clear_refs)");
     let base = status_kb("VmRSS");
+    let (anon, file) = (status_kb("RssAnon"), status_kb("RssFile"));
     let opts = WindowOptions {
         decoder: kind,
         ..Default::default()
@@ -629,73 +631,93 @@ fn mem_child(which: &str, variant: &str, kind: &str, mb: usize) {
         )
         .expect("decoder")
     };
-    let n = match variant {
+    // (Read while what the decode made is alive.)
+    let after = || {
+        (
+            status_kb("RssAnon").saturating_sub(anon),
+            status_kb("RssFile").saturating_sub(file),
+        )
+    };
+    let (n, (anon, file)) = match variant {
         "stream" => {
             let mut d = dec();
             let mut n = 0;
             while let Some(s) = d.next_slice() {
                 n += s.len();
             }
-            n
+            (n, after())
         }
-        "compact" => dec().collect_compact().len(),
-        _ => decode_parallel_compact(
-            &trace,
-            &params,
-            &space,
-            &[],
-            &ImageResolver::default(),
-            &opts,
-            2,
-        )
-        .expect("parallel decode")
-        .iter()
-        .map(|c| c.len())
-        .sum(),
+        "compact" => {
+            let c = dec().collect_compact();
+            (c.len(), after())
+        }
+        _ => {
+            let c = decode_parallel_compact(
+                &trace,
+                &params,
+                &space,
+                &[],
+                &ImageResolver::default(),
+                &opts,
+                2,
+            )
+            .expect("parallel decode");
+            (c.iter().map(|c| c.len()).sum::<usize>(), after())
+        }
     };
     std::hint::black_box(n);
-    println!("{}", status_kb("VmHWM").saturating_sub(base));
+    println!("{} {anon} {file}", status_kb("VmHWM").saturating_sub(base));
 }
 
 /// Peak memory of the fast decoder against the libipt pipeline (the decoder before it),
 /// each decode in a process of its own (median of 5), for a streamed decode (records
 /// visited, none kept), a sequential decode keeping every record (compact) and PSB-parallel
 /// decode on 2 threads. Goal: the fast decoder's peak no more than the libipt pipeline's.
+/// Split as well into the anonymous memory the decode adds (its heap and stacks) and the
+/// file-backed pages it touches (the program's own code: the two decoders run different
+/// code), each read after the decode.
 fn memory_peaks(mb: usize) {
     let exe = std::env::current_exe().expect("this benchmark's path");
     let peak = |which: &str, variant: &str, kind: &str| {
-        let mut v: Vec<u64> = (0..5)
+        let runs: Vec<[u64; 3]> = (0..5)
             .map(|_| {
                 let o = std::process::Command::new(&exe)
                     .args(["--mem-child", which, variant, kind, &mb.to_string()])
                     .output()
                     .expect("run the measuring process");
                 assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse()
-                    .unwrap_or(0)
+                let out = String::from_utf8_lossy(&o.stdout);
+                let mut v = out.split_whitespace().map(|x| x.parse().unwrap_or(0));
+                [(); 3].map(|_| v.next().unwrap_or(0))
             })
             .collect();
-        v.sort_unstable();
-        v[2]
+        [0, 1, 2].map(|k| {
+            let mut v: Vec<u64> = runs.iter().map(|r| r[k]).collect();
+            v.sort_unstable();
+            v[2]
+        })
     };
     println!();
     println!(
-        "memory: peak resident memory of the decode (kB above the process's start, median of 5)"
+        "memory: peak resident memory of the decode (kB above the process's start, median of 5); \
+         of it, after the decode: anonymous (heap, stacks) and file-backed (code pages touched)"
     );
-    println!("  trace  decode                  libipt pipeline   fast decoder   fast / libipt (goal <= 1.0)");
+    println!(
+        "  trace  decode                  libipt pipeline   fast decoder   fast / libipt (goal <= 1.0)   anonymous: libipt / fast    file-backed: libipt / fast"
+    );
     for which in ["loop", "calls"] {
         for (variant, what) in [
             ("stream", "streamed (next_slice)"),
             ("compact", "all kept (compact)"),
             ("parallel", "PSB-parallel, 2 thr."),
         ] {
-            let l = peak(which, variant, "libipt");
-            let f = peak(which, variant, "fast");
+            let [l, la, lf] = peak(which, variant, "libipt");
+            let [f, fa, ff] = peak(which, variant, "fast");
             println!(
-                "  {which:<6} {what:<23} {l:>12} kB {f:>11} kB   {:.2}",
-                f as f64 / l.max(1) as f64
+                "  {which:<6} {what:<23} {l:>12} kB {f:>11} kB   {:.2}                          \
+                 {la:>7} / {fa:>7} kB ({:.2})   {lf:>5} / {ff:>5} kB",
+                f as f64 / l.max(1) as f64,
+                fa as f64 / la.max(1) as f64
             );
         }
     }
