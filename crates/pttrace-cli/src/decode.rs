@@ -19,6 +19,7 @@ use crate::damage::Damages;
 use crate::CmdResult;
 
 /// Decoding a `pttrace run` output directory (or one of its `.ptt` files).
+mod disasm;
 mod drmemtrace;
 mod ptt;
 
@@ -326,11 +327,14 @@ struct Printer<W: Write> {
     intel: IntelFormatter,
     gas: GasFormatter,
     text: String,
+    /// The disassembly's lines made so far (they hold `syms`' or `lines`' names).
+    made: disasm::Lines,
     window: Option<u64>,
     /// Per window: its id, instructions, gaps, overflows (trace lost where the backend or
     /// the hardware wrote OVF).
     counts: Vec<(Option<u64>, u64, Vec<String>, u64)>,
-    /// Names and source lines of the current process image (trace directories).
+    /// Names and source lines of the current process image (trace directories); set
+    /// through [`Printer::set_names`].
     lines: Option<crate::names::ImageNames>,
     /// Print each instruction's source line (`--srcline`).
     srcline: bool,
@@ -343,6 +347,21 @@ struct Printer<W: Write> {
 }
 
 impl<W: Write> Printer<W> {
+    /// Names by `syms` from now on.
+    fn set_symbols(&mut self, syms: Symbols) {
+        self.syms = syms;
+        self.made.clear();
+    }
+
+    /// Names and source lines by `names` from now on; the ones before.
+    fn set_names(
+        &mut self,
+        names: Option<crate::names::ImageNames>,
+    ) -> Option<crate::names::ImageNames> {
+        self.made.clear();
+        std::mem::replace(&mut self.lines, names)
+    }
+
     /// A window was decoded by `by`.
     fn decoded(&mut self, by: String) {
         *self.decoded_by.entry(by).or_insert(0) += 1;
@@ -372,7 +391,7 @@ impl<W: Write> Printer<W> {
             self.overflows += 1;
         }
         match self.format {
-            OutFormat::Jsonl => writeln!(self.out, "{}", r.to_json()),
+            OutFormat::Jsonl => self.jsonl(r, None, false),
             OutFormat::Summary => {
                 if let Record::WindowId(w) = r {
                     self.window = Some(*w);
@@ -398,6 +417,38 @@ impl<W: Write> Printer<W> {
                 Ok(())
             }
         }
+    }
+
+    /// `r` as a line of JSON, naming thread `tid` where given, and with `srcline` the
+    /// source line of an instruction the image's names give. An instruction's line is
+    /// made once and kept ([`disasm::Lines`]).
+    fn jsonl(&mut self, r: &Record, tid: Option<i32>, srcline: bool) -> std::io::Result<()> {
+        let json = |lines: Option<&crate::names::ImageNames>| {
+            let mut v = r.to_json();
+            if let Some(o) = v.as_object_mut() {
+                if let Some(tid) = tid {
+                    o.insert("tid".into(), tid.into());
+                }
+                if let (true, Some(l), Record::Instruction(i)) = (srcline, lines, r) {
+                    if let Some(src) = l.srcline(i.pc) {
+                        o.insert("src".into(), src.into());
+                    }
+                }
+            }
+            v
+        };
+        let Record::Instruction(i) = r else {
+            return writeln!(self.out, "{}", json(self.lines.as_ref()));
+        };
+        let lines = self.lines.as_ref();
+        let line = self
+            .made
+            .line(i, tid.map_or(-1, i64::from), |line: &mut Vec<u8>| {
+                // (Writing into a vector cannot fail.)
+                let _ = serde_json::to_writer(&mut *line, &json(lines));
+                line.push(b'\n');
+            });
+        self.out.write_all(line)
     }
 
     fn disasm(&mut self, r: &Record) -> std::io::Result<()> {
@@ -434,42 +485,45 @@ impl<W: Write> Printer<W> {
                 Record::Instruction(_) => Ok(()),
             };
         };
-        let mut d = Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0);
-        let insn = d.decode();
-        self.text.clear();
-        match self.syntax {
-            Syntax::Intel => self.intel.format(&insn, &mut self.text),
-            Syntax::Att => self.gas.format(&insn, &mut self.text),
-        }
-        let bytes: String = i.encoding().iter().map(|b| format!("{b:02x} ")).collect();
-        if self.srcline {
-            if let Some(src) = self.lines.as_ref().and_then(|l| l.srcline(i.pc)) {
-                self.text.push_str("    ; ");
-                self.text.push_str(&crate::text::printable(&src));
+        let Printer {
+            made,
+            syntax,
+            intel,
+            gas,
+            text,
+            lines,
+            syms,
+            srcline,
+            out,
+            ..
+        } = self;
+        let line = made.line(i, 0, |line| {
+            let mut d = Decoder::with_ip(i.mode.bitness(), i.encoding(), i.pc, 0);
+            let insn = d.decode();
+            text.clear();
+            match syntax {
+                Syntax::Intel => intel.format(&insn, text),
+                Syntax::Att => gas.format(&insn, text),
             }
-        }
-        // The image's names where there is one (debug files, demangled), else the symbols
-        // of the files given.
-        let named = self.lines.as_ref().map(|l| l.named(i.pc));
-        let sym: Option<(&str, u64)> = match &named {
-            // No start: a PLT stub or JIT code is named as a whole; a bare address is not.
-            Some(n) if n.name.starts_with("0x") => None,
-            Some(n) => Some((&n.name, n.start.map_or(0, |s| i.pc.wrapping_sub(s)))),
-            None => self.syms.lookup(i.pc),
-        };
-        match sym {
-            Some((name, 0)) => writeln!(
-                self.out,
-                "{:016x} <{name}>  {bytes:<31} {}",
-                i.pc, self.text
-            ),
-            Some((name, off)) => writeln!(
-                self.out,
-                "{:016x} <{name}+{off:#x}>  {bytes:<31} {}",
-                i.pc, self.text
-            ),
-            None => writeln!(self.out, "{:016x}  {bytes:<31} {}", i.pc, self.text),
-        }
+            if *srcline {
+                if let Some(src) = lines.as_ref().and_then(|l| l.srcline(i.pc)) {
+                    text.push_str("    ; ");
+                    text.push_str(&crate::text::printable(&src));
+                }
+            }
+            // The image's names where there is one (debug files, demangled), else the
+            // symbols of the files given.
+            let named = lines.as_ref().map(|l| l.named(i.pc));
+            let sym: Option<(&str, u64)> = match &named {
+                // No start: a PLT stub or JIT code is named as a whole; a bare address is
+                // not.
+                Some(n) if n.name.starts_with("0x") => None,
+                Some(n) => Some((&n.name, n.start.map_or(0, |s| i.pc.wrapping_sub(s)))),
+                None => syms.lookup(i.pc),
+            };
+            disasm::format_line(line, i.pc, i.encoding(), sym, text);
+        });
+        out.write_all(line)
     }
 
     fn finish(&mut self) -> std::io::Result<()> {
@@ -577,6 +631,7 @@ pub fn run(args: Args) -> CmdResult {
         intel: IntelFormatter::new(),
         gas: GasFormatter::new(),
         text: String::new(),
+        made: disasm::Lines::new(),
         window: None,
         counts: Vec::new(),
         lines: None,
@@ -1033,6 +1088,59 @@ impl WindowDecode<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use drpttracer::decode::records::{ExecMode, InsnClass, Instruction};
+
+    #[test]
+    fn disassembly_lines_follow_the_names_they_are_printed_with() {
+        let names = |name: &str| {
+            let mut s = Symbols::new();
+            s.add(0x1000, 0x10, name);
+            s.finish();
+            s
+        };
+        let mut p = Printer {
+            drmemtrace: None,
+            out: Vec::new(),
+            format: OutFormat::Disasm,
+            syntax: Syntax::Intel,
+            syms: names("first"),
+            intel: IntelFormatter::new(),
+            gas: GasFormatter::new(),
+            text: String::new(),
+            made: disasm::Lines::new(),
+            window: None,
+            counts: Vec::new(),
+            lines: None,
+            srcline: false,
+            overflows: 0,
+            decoded_by: Default::default(),
+        };
+        let mut bytes = [0u8; 15];
+        bytes[..3].copy_from_slice(&[0x48, 0x89, 0xe7]);
+        let mov = Record::Instruction(Instruction {
+            pc: 0x1004,
+            size: 3,
+            bytes,
+            class: InsnClass::Other,
+            mode: ExecMode::Bit64,
+        });
+        p.record(&mov).unwrap();
+        p.record(&mov).unwrap();
+        p.set_symbols(names("second"));
+        p.record(&mov).unwrap();
+        p.syntax = Syntax::Att;
+        p.set_symbols(Symbols::new());
+        p.record(&mov).unwrap();
+        assert_eq!(
+            String::from_utf8(p.out).unwrap(),
+            "0000000000001004 <first+0x4>  48 89 e7                        mov rdi,rsp\n\
+             0000000000001004 <first+0x4>  48 89 e7                        mov rdi,rsp\n\
+             0000000000001004 <second+0x4>  48 89 e7                        mov rdi,rsp\n\
+             0000000000001004  48 89 e7                        mov %rsp,%rdi\n"
+        );
+    }
+
     #[test]
     fn summaries_count_in_the_singular() {
         assert_eq!(super::tally(1, 1, 1), "1 instruction, 1 gap, 1 overflow");

@@ -34,6 +34,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         intel: IntelFormatter::new(),
         gas: GasFormatter::new(),
         text: String::new(),
+        made: super::disasm::Lines::new(),
         window: None,
         counts: Vec::new(),
         lines: None,
@@ -72,12 +73,12 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             let set = shared_names.names_of((h.pid, h.nonce));
             if let Some(p) = trace.process_of(th) {
                 if args.format == OutFormat::Disasm {
-                    printer.syms = p.symbols(trace.sysroot.as_deref());
+                    printer.set_symbols(p.symbols(trace.sysroot.as_deref()));
                 }
             }
             if args.srcline || args.format == OutFormat::Disasm {
                 // One image's names serve all its threads (what they resolved stays).
-                if let (Some(n), Some(k)) = (printer.lines.take(), names_of.take()) {
+                if let (Some(n), Some(k)) = (printer.set_names(None), names_of.take()) {
                     image_names.insert(k, n);
                 }
                 let n = image_names.remove(&set).unwrap_or_else(|| {
@@ -89,7 +90,7 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     )
                     .with_code_files(shared_names.code_files(set))
                 });
-                printer.lines = Some(n);
+                printer.set_names(Some(n));
                 names_of = Some(set);
             }
             let cmd = trace
@@ -193,18 +194,9 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
                     match args.format {
                         OutFormat::Summary | OutFormat::Drmemtrace => {}
                         OutFormat::Jsonl => {
-                            let mut v = r.to_json();
-                            if let Some(o) = v.as_object_mut() {
-                                o.insert("tid".into(), h.tid.into());
-                                if let (true, Some(l), Record::Instruction(i)) =
-                                    (args.srcline, &printer.lines, &r)
-                                {
-                                    if let Some(src) = l.srcline(i.pc) {
-                                        o.insert("src".into(), src.into());
-                                    }
-                                }
-                            }
-                            writeln!(printer.out, "{v}").map_err(&mut io)?;
+                            printer
+                                .jsonl(&r, Some(h.tid), args.srcline)
+                                .map_err(&mut io)?;
                             if let Record::Instruction(i) = &r {
                                 join.of(i.pc, &mut accesses);
                                 for a in &accesses {
