@@ -347,6 +347,35 @@ struct Printer<W: Write> {
 }
 
 impl<W: Write> Printer<W> {
+    /// A printer of `format` (disassembly in `syntax`) to `out`, naming code by `syms`
+    /// until given an image's names, with source lines where `srcline`.
+    fn new(
+        out: W,
+        format: OutFormat,
+        syntax: Syntax,
+        syms: Symbols,
+        srcline: bool,
+        drmemtrace: Option<drmemtrace::SingleThread>,
+    ) -> Self {
+        Printer {
+            out,
+            format,
+            syntax,
+            syms,
+            intel: IntelFormatter::new(),
+            gas: GasFormatter::new(),
+            text: String::new(),
+            made: disasm::Lines::new(),
+            window: None,
+            counts: Vec::new(),
+            lines: None,
+            srcline,
+            overflows: 0,
+            decoded_by: Default::default(),
+            drmemtrace,
+        }
+    }
+
     /// Names by `syms` from now on.
     fn set_symbols(&mut self, syms: Symbols) {
         self.syms = syms;
@@ -622,23 +651,14 @@ pub fn run(args: Args) -> CmdResult {
         None
     };
     let stdout = std::io::stdout();
-    let mut printer = Printer {
-        drmemtrace,
-        out: BufWriter::with_capacity(1 << 16, stdout.lock()),
-        format: args.format,
-        syntax: args.syntax,
+    let mut printer = Printer::new(
+        BufWriter::with_capacity(1 << 16, stdout.lock()),
+        args.format,
+        args.syntax,
         syms,
-        intel: IntelFormatter::new(),
-        gas: GasFormatter::new(),
-        text: String::new(),
-        made: disasm::Lines::new(),
-        window: None,
-        counts: Vec::new(),
-        lines: None,
-        srcline: false,
-        overflows: 0,
-        decoded_by: Default::default(),
-    };
+        false,
+        drmemtrace,
+    );
     let total: u64 = windows.iter().map(|w| w.pt.len() as u64).sum();
     let bar = crate::progress::pt_bytes(total);
     let mut done = 0u64;
@@ -1099,23 +1119,14 @@ mod tests {
             s.finish();
             s
         };
-        let mut p = Printer {
-            drmemtrace: None,
-            out: Vec::new(),
-            format: OutFormat::Disasm,
-            syntax: Syntax::Intel,
-            syms: names("first"),
-            intel: IntelFormatter::new(),
-            gas: GasFormatter::new(),
-            text: String::new(),
-            made: disasm::Lines::new(),
-            window: None,
-            counts: Vec::new(),
-            lines: None,
-            srcline: false,
-            overflows: 0,
-            decoded_by: Default::default(),
-        };
+        let mut p = Printer::new(
+            Vec::new(),
+            OutFormat::Disasm,
+            Syntax::Intel,
+            names("first"),
+            false,
+            None,
+        );
         let mut bytes = [0u8; 15];
         bytes[..3].copy_from_slice(&[0x48, 0x89, 0xe7]);
         let mov = Record::Instruction(Instruction {

@@ -6,7 +6,6 @@ use std::path::Path;
 use drpttracer::decode::ptt_dir::{self as ptt_input, PttWindowInfo};
 use drpttracer::decode::TraceDecoder;
 use drpttracer::decode::{DecodeError, Record};
-use iced_x86::{GasFormatter, IntelFormatter};
 
 use super::{DecodeArgs, OutFormat, Printer};
 use crate::text::count;
@@ -25,23 +24,14 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
         return super::drmemtrace::write_dir(&trace, path, args);
     }
     let stdout = std::io::stdout();
-    let mut printer = Printer {
-        drmemtrace: None,
-        out: BufWriter::with_capacity(1 << 16, stdout.lock()),
-        format: args.format,
-        syntax: args.syntax,
-        syms: drpttracer::decode::Symbols::new(),
-        intel: IntelFormatter::new(),
-        gas: GasFormatter::new(),
-        text: String::new(),
-        made: super::disasm::Lines::new(),
-        window: None,
-        counts: Vec::new(),
-        lines: None,
-        srcline: args.srcline,
-        overflows: 0,
-        decoded_by: Default::default(),
-    };
+    let mut printer = Printer::new(
+        BufWriter::with_capacity(1 << 16, stdout.lock()),
+        args.format,
+        args.syntax,
+        drpttracer::decode::Symbols::new(),
+        args.srcline,
+        None,
+    );
     let symbolizer = crate::names::symbolizer(&args.debug_dir);
     let trace_dir = if path.is_dir() {
         path.to_path_buf()
