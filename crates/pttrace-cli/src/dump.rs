@@ -226,6 +226,7 @@ pub fn run(args: Args) -> CmdResult {
     let mut bad_packets: Vec<(String, u64, String)> = Vec::new();
     // OVF packets: what the hardware or the backend lost, reported as decode reports it.
     let mut overflows = 0u64;
+    let mut line = String::new();
     let mut list =
         |out: &mut BufWriter<_>, file: &str, pt: &[u8], base: u64| -> std::io::Result<()> {
             for l in list_packets_with(pt, opts) {
@@ -257,7 +258,10 @@ pub fn run(args: Args) -> CmdResult {
                         .and_then(|o| pt.get(o..o.checked_add(*size as usize)?)),
                     _ => None,
                 };
-                writeln!(out, "{}", l.ptdump_text(args.no_offset, bytes))?;
+                line.clear();
+                l.write_ptdump(&mut line, args.no_offset, bytes);
+                line.push('\n');
+                out.write_all(line.as_bytes())?;
             }
             Ok(())
         };

@@ -36,8 +36,14 @@ impl PacketLine {
     /// The line as ptdump prints it: with the offset column unless `no_offset` (ptdump's
     /// `--no-offset`), and the packet's bytes in hex when `raw` holds them (`--raw`).
     pub fn ptdump_text(&self, no_offset: bool, raw: Option<&[u8]>) -> String {
-        use std::fmt::Write;
         let mut s = String::new();
+        self.write_ptdump(&mut s, no_offset, raw);
+        s
+    }
+
+    /// [`Self::ptdump_text`] appended to `s` (a buffer a listing reuses: a line put
+    /// together through `fmt` cost some 2,700 machine instructions).
+    pub fn write_ptdump(&self, s: &mut String, no_offset: bool, raw: Option<&[u8]>) {
         match self {
             PacketLine::Packet {
                 offset,
@@ -51,39 +57,73 @@ impl PacketLine {
                 // follows (5 for its name); one space between columns.
                 let mut sep = "";
                 if !no_offset {
-                    let _ = write!(s, "{offset:016x} ");
+                    push_hex16(s, *offset);
+                    s.push(' ');
                     sep = " ";
                 }
                 if let Some(bytes) = raw.filter(|b| !b.is_empty()) {
-                    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                    let _ = write!(s, "{sep}{hex:<33}");
+                    s.push_str(sep);
+                    for &b in bytes {
+                        s.push(char::from(HEX[usize::from(b >> 4)]));
+                        s.push(char::from(HEX[usize::from(b & 0xf)]));
+                    }
+                    pad(s, 2 * bytes.len(), 33);
                     sep = " ";
                 }
-                let _ = match tracking {
+                s.push_str(sep);
+                s.push_str(name);
+                match tracking {
                     // (The name is padded only when a payload follows, as in ptdump.)
-                    Some((id, value)) if payload.is_empty() => {
-                        write!(s, "{sep}{name} {payload:<25} {id:<5}{value}")
-                    }
                     Some((id, value)) => {
-                        write!(s, "{sep}{name:<10} {payload:<25} {id:<5}{value}")
+                        if !payload.is_empty() {
+                            pad(s, name.chars().count(), 10);
+                        }
+                        s.push(' ');
+                        s.push_str(payload);
+                        pad(s, payload.chars().count(), 25);
+                        s.push(' ');
+                        s.push_str(id);
+                        pad(s, id.chars().count(), 5);
+                        s.push_str(value);
                     }
-                    None if payload.is_empty() => write!(s, "{sep}{name}"),
-                    None => write!(s, "{sep}{name:<10} {payload}"),
-                };
+                    None if payload.is_empty() => {}
+                    None => {
+                        pad(s, name.chars().count(), 10);
+                        s.push(' ');
+                        s.push_str(payload);
+                    }
+                }
             }
             PacketLine::Error {
                 offset,
                 context,
                 error,
             } => {
+                use std::fmt::Write;
                 let _ = write!(s, "[{offset:x}: {context}: {error}]");
             }
             PacketLine::Unlisted { offset, why: text }
             | PacketLine::Diagnostic { offset, text } => {
+                use std::fmt::Write;
                 let _ = write!(s, "[{offset:x}: {text}]");
             }
         }
-        s
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// `v` as 16 lowercase hexadecimal digits.
+fn push_hex16(s: &mut String, v: u64) {
+    for k in (0..16).rev() {
+        s.push(char::from(HEX[(v >> (4 * k) & 0xf) as usize]));
+    }
+}
+
+/// Spaces after a column of `len` characters up to `width` (as `fmt`'s `{:<width}`).
+fn pad(s: &mut String, len: usize, width: usize) {
+    for _ in len..width {
+        s.push(' ');
     }
 }
 
@@ -253,6 +293,75 @@ pub fn list_packets_with(trace: &[u8], opts: ListOptions) -> Vec<PacketLine> {
 mod tests {
     use super::*;
     use crate::testgen::PtWriter;
+
+    /// A packet's line as `fmt` put it together (what `write_ptdump` replaced).
+    fn by_fmt(
+        offset: u64,
+        name: &str,
+        payload: &str,
+        tracking: Option<(&str, &str)>,
+        no_offset: bool,
+        raw: Option<&[u8]>,
+    ) -> String {
+        let mut s = String::new();
+        let mut sep = "";
+        if !no_offset {
+            s += &format!("{offset:016x} ");
+            sep = " ";
+        }
+        if let Some(bytes) = raw.filter(|b| !b.is_empty()) {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            s += &format!("{sep}{hex:<33}");
+            sep = " ";
+        }
+        s += &match tracking {
+            Some((id, value)) if payload.is_empty() => {
+                format!("{sep}{name} {payload:<25} {id:<5}{value}")
+            }
+            Some((id, value)) => format!("{sep}{name:<10} {payload:<25} {id:<5}{value}"),
+            None if payload.is_empty() => format!("{sep}{name}"),
+            None => format!("{sep}{name:<10} {payload}"),
+        };
+        s
+    }
+
+    #[test]
+    fn packet_lines_are_those_fmt_made() {
+        let raws: [Option<&[u8]>; 4] = [
+            None,
+            Some(&[]),
+            Some(&[0x02, 0x43, 0x11, 0x22, 0x33, 0x44, 0x55]),
+            Some(&[0xff; 20]),
+        ];
+        let tracking = [None, Some(("cr3", "0000000012345000")), Some(("vmcs", ""))];
+        for offset in [0, 0x1234, u64::MAX] {
+            for (name, payload) in [
+                ("psb", ""),
+                ("tnt.8", "!!.!"),
+                ("fup", "3: ????????????1002"),
+                ("a-name-longer-than-10", "x"),
+                ("pip", "ü12345678901234567890123456"),
+            ] {
+                for t in tracking {
+                    for no_offset in [false, true] {
+                        for raw in raws {
+                            let line = PacketLine::Packet {
+                                offset,
+                                size: 1,
+                                name,
+                                payload: payload.to_string(),
+                                tracking: t.map(|(i, v)| (i, v.to_string())),
+                            };
+                            let mut s = "kept ".to_string();
+                            line.write_ptdump(&mut s, no_offset, raw);
+                            let want = by_fmt(offset, name, payload, t, no_offset, raw);
+                            assert_eq!(s, format!("kept {want}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn lists_packets_with_offsets_and_errors() {
