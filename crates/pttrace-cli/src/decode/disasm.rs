@@ -4,7 +4,7 @@
 //! put together through `fmt`, byte by byte, cost some 6,800 machine instructions (`sh`
 //! pipeline: 5.5 M lines, 37 G), a JSON line through `serde_json::Value` more.
 
-use drpttracer::decode::records::{InsnClass, Instruction};
+use drpttracer::decode::records::{ExecMode, InsnClass, Instruction};
 
 /// The lines made, by instruction: direct-mapped by address, each kept with the address,
 /// mode, encoding and class it was made for (code rewritten in place, as JIT compilers do,
@@ -26,7 +26,7 @@ struct Key {
     pc: u64,
     size: u8,
     bytes: [u8; 15],
-    mode: u32,
+    mode: ExecMode,
     class: InsnClass,
     context: i64,
 }
@@ -37,7 +37,7 @@ impl Key {
             pc: i.pc,
             size: i.size,
             bytes: i.bytes,
-            mode: i.mode.bitness(),
+            mode: i.mode,
             class: i.class,
             context,
         }
@@ -214,6 +214,11 @@ mod tests {
         assert!(line(&mut lines, &int3).ends_with(" #2\n"));
         let nop32 = insn(0x1000, &[0x90], ExecMode::Bit32);
         assert!(line(&mut lines, &nop32).ends_with(" #3\n"));
+        // The unknown mode, which JSON names apart from 64-bit (its code decoded as
+        // 64-bit code), too.
+        assert!(line(&mut lines, &nop).ends_with(" #4\n"));
+        let unknown = insn(0x1000, &[0x90], ExecMode::Unknown);
+        assert!(line(&mut lines, &unknown).ends_with(" #5\n"));
         // Another context (thread): a line of its own.
         let l = lines.line(&nop32, 7, |out| out.extend_from_slice(b"in 7\n"));
         assert_eq!(l, b"in 7\n");
@@ -221,7 +226,7 @@ mod tests {
         assert_eq!(l, b"in 7\n");
         // An address in the same slot replaces it; the first is made again after it.
         // (The slot held the context 7 line; the nop's context 0 is made again.)
-        assert!(line(&mut lines, &nop).ends_with(" #4\n"));
+        assert!(line(&mut lines, &nop).ends_with(" #6\n"));
         let other = insn(
             0x1000 + (SLOTS as u64) * (1 << 14),
             &[0x90],
@@ -229,10 +234,10 @@ mod tests {
         );
         let at = |pc: u64| (pc ^ (pc >> 14)) as usize % SLOTS;
         assert_eq!(at(other.pc), at(nop.pc));
-        assert!(line(&mut lines, &other).ends_with(" #5\n"));
-        assert!(line(&mut lines, &nop).ends_with(" #6\n"));
-        assert!(line(&mut lines, &nop).ends_with(" #6\n"));
+        assert!(line(&mut lines, &other).ends_with(" #7\n"));
+        assert!(line(&mut lines, &nop).ends_with(" #8\n"));
+        assert!(line(&mut lines, &nop).ends_with(" #8\n"));
         lines.clear();
-        assert!(line(&mut lines, &nop).ends_with(" #7\n"));
+        assert!(line(&mut lines, &nop).ends_with(" #9\n"));
     }
 }
