@@ -39,7 +39,8 @@ fn decode(ptt: &Path, threads: usize) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-/// Fails with the first differing line and the lines around it.
+/// Fails with the first differing line and the lines around it (`one` as `--threads 1`
+/// gives it, `many` in parallel, or any two outputs `what` names).
 fn assert_same_lines(one: &str, many: &str, what: &str) {
     if one == many {
         return;
@@ -58,8 +59,8 @@ fn assert_same_lines(one: &str, many: &str, what: &str) {
             .join("\n")
     };
     panic!(
-        "{what}: output differs from --threads 1 at line {first} ({} vs {} lines):\n\
-         --threads 1:\n{}\nparallel:\n{}",
+        "{what}: the outputs differ at line {first} ({} vs {} lines):\n\
+         first (--threads 1):\n{}\nsecond (parallel):\n{}",
         a.len(),
         b.len(),
         show(&a),
@@ -296,6 +297,34 @@ fn decode_of_one_thread_file_equals_the_directory_decode() {
             .collect();
         let file_lines: Vec<String> = decode(f, 1).lines().map(String::from).collect();
         assert!(file_lines == dir_lines, "{name}: records differ");
+    }
+    // A thread file as the input of decode and dump, named by its path and by its name
+    // alone in its directory: the same output (the name alone was not found among the
+    // directory's files, which it lists as `./NAME`).
+    let f = &files[0];
+    for cmd in [&["decode", "--format", "jsonl"][..], &["dump"]] {
+        let run = |file: &Path, cwd: &Path| {
+            let o = Command::new(pttrace())
+                .args(&cmd[..1])
+                .arg(file)
+                .args(&cmd[1..])
+                .current_dir(cwd)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr).into_owned();
+            assert!(o.status.success(), "{cmd:?} {}: {err}", file.display());
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let by_path = run(f, Path::new("/"));
+        let by_name = run(Path::new(f.file_name().unwrap()), &out);
+        assert!(!by_path.is_empty(), "{cmd:?}");
+        // (Named as given: `./NAME` and `DIR/NAME`.)
+        let dir = format!("{}/", out.display());
+        assert_same_lines(
+            &by_path.replace(&dir, ""),
+            &by_name.replace("./", ""),
+            &format!("{cmd:?} of {}, by path and by name", f.display()),
+        );
     }
     // The oracle check: both decoders on every window, the fast one decoding all of them.
     let check = |input: &[&std::ffi::OsStr]| {

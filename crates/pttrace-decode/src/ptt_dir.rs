@@ -290,7 +290,9 @@ pub fn open(path: &Path) -> Result<PttTrace, DecodeError> {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
-        (dir, Some(path.to_path_buf()))
+        // (As the directory lists it: a name without a directory is `./NAME` there.)
+        let only = path.file_name().map_or(path.to_path_buf(), |n| dir.join(n));
+        (dir, Some(only))
     };
     let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|e| err(&dir, 0, format!("cannot list the directory: {e}")))?
