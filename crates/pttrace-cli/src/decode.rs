@@ -19,8 +19,8 @@ use crate::damage::Damages;
 use crate::CmdResult;
 
 /// Decoding a `pttrace run` output directory (or one of its `.ptt` files).
-mod disasm;
 mod drmemtrace;
+mod lines;
 mod ptt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -328,7 +328,7 @@ struct Printer<W: Write> {
     gas: GasFormatter,
     text: String,
     /// The disassembly's lines made so far (they hold `syms`' or `lines`' names).
-    made: disasm::Lines,
+    made: lines::KeptLines,
     window: Option<u64>,
     /// Per window: its id, instructions, gaps, overflows (trace lost where the backend or
     /// the hardware wrote OVF).
@@ -365,7 +365,7 @@ impl<W: Write> Printer<W> {
             intel: IntelFormatter::new(),
             gas: GasFormatter::new(),
             text: String::new(),
-            made: disasm::Lines::new(),
+            made: lines::KeptLines::new(),
             window: None,
             counts: Vec::new(),
             lines: None,
@@ -450,7 +450,7 @@ impl<W: Write> Printer<W> {
 
     /// `r` as a line of JSON, naming thread `tid` where given, and with `srcline` the
     /// source line of an instruction the image's names give. An instruction's line is
-    /// made once and kept ([`disasm::Lines`]).
+    /// made once and kept ([`lines::KeptLines`]).
     fn jsonl(&mut self, r: &Record, tid: Option<i32>, srcline: bool) -> std::io::Result<()> {
         let json = |lines: Option<&crate::names::ImageNames>| {
             let mut v = r.to_json();
@@ -550,7 +550,7 @@ impl<W: Write> Printer<W> {
                 Some(n) => Some((&n.name, n.start.map_or(0, |s| i.pc.wrapping_sub(s)))),
                 None => syms.lookup(i.pc),
             };
-            disasm::format_line(line, i.pc, i.encoding(), sym, text);
+            lines::format_line(line, i.pc, i.encoding(), sym, text);
         });
         out.write_all(line)
     }

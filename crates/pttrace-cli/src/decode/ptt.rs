@@ -106,127 +106,125 @@ pub fn run(path: &Path, args: &DecodeArgs) -> CmdResult {
             let (mut t_insns, mut t_gaps, mut t_ovf) = (0u64, 0u64, 0u64);
             let mut io_err: Option<std::io::Error> = None;
             let mut carried = carriers.take(set);
-            let stats = trace.decode_thread_carrying(th, &mut carried, &mut |w: &PttWindowInfo, dec| {
-                total_windows += 1;
-                total_pt += w.pt_len as u64;
-                total_mem += w.memory.len();
-                if let Some(b) = &bar {
-                    // The window's frame in the file: PT, sideband, fixed fields.
-                    b.inc((w.pt_len + w.sideband_len + 124) as u64);
-                }
-                let flags = w.flag_names().join(",");
-                let end = if w.flags & drpttracer::format::ptt::WF_NO_SYSCALL != 0 {
-                    "cut without a syscall".to_string()
-                } else if w.flags & drpttracer::format::ptt::WF_SNAPSHOT_CUT != 0 {
-                    format!("ends at {}, not returned at the snapshot", w.syscall_name())
-                } else {
-                    format!("ends at {} = {}", w.syscall_name(), w.ret)
-                };
-                let head = format!(
-                    "window {} ({end}){}{}",
-                    w.index,
-                    if flags.is_empty() { "" } else { " flags " },
-                    flags
-                );
-                let mut io = |e: std::io::Error| {
-                    let d = DecodeError::new("stdout", 0, e.to_string());
-                    io_err = Some(e);
-                    d
-                };
-                let Some(dec) = dec else {
-                    if args.format != OutFormat::Jsonl {
-                        writeln!(printer.out, "  {head}: no PT").map_err(&mut io)?;
+            let stats =
+                trace.decode_thread_carrying(th, &mut carried, &mut |w: &PttWindowInfo, dec| {
+                    total_windows += 1;
+                    total_pt += w.pt_len as u64;
+                    total_mem += w.memory.len();
+                    if let Some(b) = &bar {
+                        // The window's frame in the file: PT, sideband, fixed fields.
+                        b.inc((w.pt_len + w.sideband_len + 124) as u64);
                     }
-                    return Ok(());
-                };
-                let (mut n, mut gaps, mut ovf) = (0u64, Vec::new(), 0u64);
-                let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
-                let mut accesses = Vec::new();
-                if args.format == OutFormat::Disasm {
-                    writeln!(printer.out, "  {head}:").map_err(&mut io)?;
-                }
-                // Notes a gap or a loss.
-                let mut note = |r: &Record| match r {
-                    Record::Gap(g) => gaps.push(g.to_string()),
-                    Record::Overflow { ip } => {
-                        ovf += 1;
-                        gaps.push(match ip {
-                            Some(ip) => format!(
-                                "overflow: trace lost, resumed at {ip:#x} (the backend \
-                                 wrote OVF; see the window's flags)"
-                            ),
-                            None => "overflow: trace lost (OVF)".to_string(),
-                        });
-                    }
-                    _ => {}
-                };
-                // (drmemtrace is written by its own module, before this loop.)
-                if matches!(args.format, OutFormat::Summary | OutFormat::Drmemtrace) {
-                    // Only counted: the decoder's slices as they are (a cached block's
-                    // instructions are not copied out one by one).
-                    dec.for_each_slice(|recs| {
-                        let mut k = 0;
-                        for r in recs {
-                            match r {
-                                Record::Instruction(_) => k += 1,
-                                other => note(other),
-                            }
+                    let flags = w.flag_names().join(",");
+                    let end = if w.flags & drpttracer::format::ptt::WF_NO_SYSCALL != 0 {
+                        "cut without a syscall".to_string()
+                    } else if w.flags & drpttracer::format::ptt::WF_SNAPSHOT_CUT != 0 {
+                        format!("ends at {}, not returned at the snapshot", w.syscall_name())
+                    } else {
+                        format!("ends at {} = {}", w.syscall_name(), w.ret)
+                    };
+                    let head = format!(
+                        "window {} ({end}){}{}",
+                        w.index,
+                        if flags.is_empty() { "" } else { " flags " },
+                        flags
+                    );
+                    let mut io = |e: std::io::Error| {
+                        let d = DecodeError::new("stdout", 0, e.to_string());
+                        io_err = Some(e);
+                        d
+                    };
+                    let Some(dec) = dec else {
+                        if args.format != OutFormat::Jsonl {
+                            writeln!(printer.out, "  {head}: no PT").map_err(&mut io)?;
                         }
-                        n += k;
-                        std::ops::ControlFlow::<()>::Continue(())
-                    });
-                }
-                for r in dec.by_ref() {
-                    match &r {
-                        Record::Instruction(_) => n += 1,
-                        other => note(other),
+                        return Ok(());
+                    };
+                    let (mut n, mut gaps, mut ovf) = (0u64, Vec::new(), 0u64);
+                    let mut join = drpttracer::decode::accesses::AccessJoin::new(&w.memory);
+                    let mut accesses = Vec::new();
+                    // (The lines of an instruction's accesses.)
+                    let mut line = Vec::new();
+                    if args.format == OutFormat::Disasm {
+                        writeln!(printer.out, "  {head}:").map_err(&mut io)?;
                     }
-                    match args.format {
-                        OutFormat::Summary | OutFormat::Drmemtrace => {}
-                        OutFormat::Jsonl => {
-                            printer
-                                .jsonl(&r, Some(h.tid), args.srcline)
-                                .map_err(&mut io)?;
-                            if let Record::Instruction(i) = &r {
-                                join.of(i.pc, &mut accesses);
-                                for a in &accesses {
-                                    writeln!(
-                                        printer.out,
-                                        "{{\"type\":\"{}\",\"addr\":\"{:#x}\",\"size\":{},\"pc\":\"{:#x}\",\"tid\":{}}}",
-                                        if a.store { "write" } else { "read" },
-                                        a.addr,
-                                        a.size(),
-                                        a.pc,
-                                        h.tid
-                                    )
-                                    .map_err(&mut io)?;
+                    // Notes a gap or a loss.
+                    let mut note = |r: &Record| match r {
+                        Record::Gap(g) => gaps.push(g.to_string()),
+                        Record::Overflow { ip } => {
+                            ovf += 1;
+                            gaps.push(match ip {
+                                Some(ip) => format!(
+                                    "overflow: trace lost, resumed at {ip:#x} (the backend \
+                                 wrote OVF; see the window's flags)"
+                                ),
+                                None => "overflow: trace lost (OVF)".to_string(),
+                            });
+                        }
+                        _ => {}
+                    };
+                    // (drmemtrace is written by its own module, before this loop.)
+                    if matches!(args.format, OutFormat::Summary | OutFormat::Drmemtrace) {
+                        // Only counted: the decoder's slices as they are (a cached block's
+                        // instructions are not copied out one by one).
+                        dec.for_each_slice(|recs| {
+                            let mut k = 0;
+                            for r in recs {
+                                match r {
+                                    Record::Instruction(_) => k += 1,
+                                    other => note(other),
                                 }
                             }
+                            n += k;
+                            std::ops::ControlFlow::<()>::Continue(())
+                        });
+                    }
+                    for r in dec.by_ref() {
+                        match &r {
+                            Record::Instruction(_) => n += 1,
+                            other => note(other),
                         }
-                        OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
+                        match args.format {
+                            OutFormat::Summary | OutFormat::Drmemtrace => {}
+                            OutFormat::Jsonl => {
+                                printer
+                                    .jsonl(&r, Some(h.tid), args.srcline)
+                                    .map_err(&mut io)?;
+                                if let Record::Instruction(i) = &r {
+                                    join.of(i.pc, &mut accesses);
+                                    if !accesses.is_empty() {
+                                        line.clear();
+                                        for a in &accesses {
+                                            super::lines::access_line(&mut line, a, h.tid);
+                                        }
+                                        printer.out.write_all(&line).map_err(&mut io)?;
+                                    }
+                                }
+                            }
+                            OutFormat::Disasm => printer.disasm(&r).map_err(&mut io)?,
+                        }
                     }
-                }
-                if let (OutFormat::Jsonl, Some(what)) = (args.format, join.left_out(w.index)) {
-                    unjoined.push((th.path.display().to_string(), what));
-                }
-                printer.decoded(super::decoded_by_text(dec.decoded_by()));
-                if args.format == OutFormat::Summary {
-                    writeln!(
-                        printer.out,
-                        "  {head}: {}, {}",
-                        super::tally(n, gaps.len() as u64 - ovf, ovf),
-                        count(w.pt_len as u64, "PT byte")
-                    )
-                    .map_err(&mut io)?;
-                    for g in &gaps {
-                        writeln!(printer.out, "    gap: {g}").map_err(&mut io)?;
+                    if let (OutFormat::Jsonl, Some(what)) = (args.format, join.left_out(w.index)) {
+                        unjoined.push((th.path.display().to_string(), what));
                     }
-                }
-                t_insns += n;
-                t_gaps += gaps.len() as u64 - ovf;
-                t_ovf += ovf;
-                Ok(())
-            });
+                    printer.decoded(super::decoded_by_text(dec.decoded_by()));
+                    if args.format == OutFormat::Summary {
+                        writeln!(
+                            printer.out,
+                            "  {head}: {}, {}",
+                            super::tally(n, gaps.len() as u64 - ovf, ovf),
+                            count(w.pt_len as u64, "PT byte")
+                        )
+                        .map_err(&mut io)?;
+                        for g in &gaps {
+                            writeln!(printer.out, "    gap: {g}").map_err(&mut io)?;
+                        }
+                    }
+                    t_insns += n;
+                    t_gaps += gaps.len() as u64 - ovf;
+                    t_ovf += ovf;
+                    Ok(())
+                });
             carriers.give_back(set, carried);
             if let Some(e) = io_err {
                 return Err(e.into());

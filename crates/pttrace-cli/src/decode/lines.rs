@@ -1,17 +1,20 @@
-//! `decode`'s instruction lines (`--format disasm`: address, symbol, bytes, disassembly;
-//! `--format jsonl`: the record as JSON), each made once per instruction and kept
-//! ([`Lines`]): a trace runs the same instructions over and over, and a disassembly line
-//! put together through `fmt`, byte by byte, cost some 6,800 machine instructions (`sh`
-//! pipeline: 5.5 M lines, 37 G), a JSON line through `serde_json::Value` more.
+//! `decode`'s lines, made without `fmt`: an instruction's (`--format disasm`: address,
+//! symbol, bytes, disassembly; `--format jsonl`: the record as JSON), made once per
+//! instruction and kept ([`KeptLines`]), and a load's or store's (`--format jsonl` of a
+//! `run --memory` trace). A trace runs the same instructions over and over, and a
+//! disassembly line put together through `fmt`, byte by byte, cost some 6,800 machine
+//! instructions (`sh` pipeline: 5.5 M lines, 37 G), a JSON line through
+//! `serde_json::Value` more.
 
 use drpttracer::decode::records::{ExecMode, InsnClass, Instruction};
+use drpttracer::format::memory::Access;
 
 /// The lines made, by instruction: direct-mapped by address, each kept with the address,
 /// mode, encoding and class it was made for (code rewritten in place, as JIT compilers do,
 /// gets a line of its own), and a context of the caller's (the thread a JSON line names).
 /// The names in a line are those of the symbols the printer had when it was made:
-/// [`Lines::clear`] when they change.
-pub(super) struct Lines {
+/// [`KeptLines::clear`] when they change.
+pub(super) struct KeptLines {
     slots: Vec<Slot>,
 }
 
@@ -48,9 +51,9 @@ impl Key {
 /// times, 2^16 3 M times; on node (570 M) 22 M and 4 M times.
 const SLOTS: usize = 1 << 16;
 
-impl Lines {
+impl KeptLines {
     pub(super) fn new() -> Self {
-        Lines { slots: Vec::new() }
+        KeptLines { slots: Vec::new() }
     }
 
     /// Forgets every line (the names they hold changed).
@@ -89,10 +92,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// `v` in lowercase hexadecimal, without leading zeros (one `0` for zero).
 fn hex(out: &mut Vec<u8>, v: u64) {
-    let digits = (64 - (v | 1).leading_zeros()).div_ceil(4);
-    for k in (0..digits).rev() {
-        out.push(HEX[(v >> (4 * k) & 0xf) as usize]);
-    }
+    out.extend_from_slice(hex_into(&mut [0; 16], v));
 }
 
 /// Appends the line of the instruction at `pc` (`encoding`, disassembled as `text`) inside
@@ -128,6 +128,45 @@ pub(super) fn format_line(
     out.push(b' ');
     out.extend_from_slice(text.as_bytes());
     out.push(b'\n');
+}
+
+/// Appends the JSON line of access `a` by thread `tid`, with its newline:
+/// `{"type":"read"|"write","addr":"0x…","size":N,"pc":"0x…","tid":T}`. (Put together in
+/// a buffer of its own, pieces of known length copied without a call each.)
+pub(super) fn access_line(out: &mut Vec<u8>, a: &Access, tid: i32) {
+    let mut b = [0u8; 128];
+    let mut n = 0;
+    let mut put = |b: &mut [u8; 128], piece: &[u8]| {
+        if let Some(to) = b.get_mut(n..n + piece.len()) {
+            to.copy_from_slice(piece);
+        }
+        n += piece.len();
+    };
+    if a.store {
+        put(&mut b, br#"{"type":"write","addr":"0x"#);
+    } else {
+        put(&mut b, br#"{"type":"read","addr":"0x"#);
+    }
+    let mut hex_digits = [0u8; 16];
+    put(&mut b, hex_into(&mut hex_digits, a.addr));
+    put(&mut b, br#"","size":"#);
+    let mut num = itoa::Buffer::new();
+    put(&mut b, num.format(a.size()).as_bytes());
+    put(&mut b, br#","pc":"0x"#);
+    put(&mut b, hex_into(&mut hex_digits, a.pc));
+    put(&mut b, br#"","tid":"#);
+    put(&mut b, num.format(tid).as_bytes());
+    put(&mut b, b"}\n");
+    out.extend_from_slice(b.get(..n).unwrap_or(&[]));
+}
+
+/// `v` in lowercase hexadecimal without leading zeros (one `0` for zero), in `digits`.
+fn hex_into(digits: &mut [u8; 16], v: u64) -> &[u8] {
+    let len = ((64 - (v | 1).leading_zeros()).div_ceil(4)) as usize;
+    for (k, d) in digits.iter_mut().rev().enumerate() {
+        *d = HEX[(v >> (4 * k) & 0xf) as usize];
+    }
+    digits.get(16 - len..).unwrap_or(&[])
 }
 
 #[cfg(test)]
@@ -182,6 +221,35 @@ mod tests {
         }
     }
 
+    #[test]
+    fn access_lines_are_those_fmt_made() {
+        for (store, addr, shift, pc, tid) in [
+            (false, 0, 0, 0, 0),
+            (true, 0x0040_080d_7e8f, 3, 0x0040_0282_8b73, 26648),
+            (false, u64::MAX, 15, u64::MAX, i32::MAX),
+            (true, 1, 4, 0x10, -1),
+        ] {
+            let a = Access {
+                pc,
+                addr,
+                size_shift: shift,
+                store,
+                again: false,
+            };
+            let mut out = b"kept ".to_vec();
+            access_line(&mut out, &a, tid);
+            let want = format!(
+                "{{\"type\":\"{}\",\"addr\":\"{:#x}\",\"size\":{},\"pc\":\"{:#x}\",\"tid\":{}}}\n",
+                if a.store { "write" } else { "read" },
+                a.addr,
+                a.size(),
+                a.pc,
+                tid
+            );
+            assert_eq!(String::from_utf8(out).unwrap(), format!("kept {want}"));
+        }
+    }
+
     fn insn(pc: u64, bytes: &[u8], mode: ExecMode) -> Instruction {
         let mut b = [0u8; 15];
         b[..bytes.len()].copy_from_slice(bytes);
@@ -196,9 +264,9 @@ mod tests {
 
     #[test]
     fn a_line_is_made_once_per_instruction_until_cleared() {
-        let mut lines = Lines::new();
+        let mut lines = KeptLines::new();
         let mut made = 0;
-        let mut line = |lines: &mut Lines, i: &Instruction| -> String {
+        let mut line = |lines: &mut KeptLines, i: &Instruction| -> String {
             let l = lines.line(i, 0, |out| {
                 made += 1;
                 format_line(out, i.pc, i.encoding(), None, &format!("#{made}"));
