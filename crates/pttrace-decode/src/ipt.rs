@@ -1107,18 +1107,36 @@ fn evd_type_name(ty: u32) -> &'static str {
 }
 
 /// ptdump's payload of an IP packet: the compression's number, then the bits the packet
-/// gives (sign-extended for sext48) with `?` for those kept from the last IP.
+/// gives (sign-extended for sext48) with `?` for those kept from the last IP. (Put
+/// together without `fmt`: `dump` makes one per IP packet.)
 fn format_ip(ip: &sys::pt_packet_ip) -> String {
     let ipc = ip.ipc;
-    match ipc {
-        sys::pt_ip_compression_pt_ipc_suppressed => format!("{ipc:x}: ????????????????"),
-        sys::pt_ip_compression_pt_ipc_update_16 => format!("{ipc:x}: ????????????{:04x}", ip.ip),
-        sys::pt_ip_compression_pt_ipc_update_32 => format!("{ipc:x}: ????????{:08x}", ip.ip),
-        sys::pt_ip_compression_pt_ipc_update_48 => format!("{ipc:x}: ????{:012x}", ip.ip),
-        sys::pt_ip_compression_pt_ipc_sext_48 => {
-            format!("{ipc:x}: {:016x}", ((ip.ip << 16) as i64 >> 16) as u64)
-        }
-        _ => format!("{ipc:x}: {:016x}", ip.ip),
+    let (unknown, digits, v) = match ipc {
+        sys::pt_ip_compression_pt_ipc_suppressed => (16, 0, 0),
+        sys::pt_ip_compression_pt_ipc_update_16 => (12, 4, ip.ip),
+        sys::pt_ip_compression_pt_ipc_update_32 => (8, 8, ip.ip),
+        sys::pt_ip_compression_pt_ipc_update_48 => (4, 12, ip.ip),
+        sys::pt_ip_compression_pt_ipc_sext_48 => (0, 16, ((ip.ip << 16) as i64 >> 16) as u64),
+        _ => (0, 16, ip.ip),
+    };
+    let mut s = String::with_capacity(24);
+    push_hex(&mut s, u64::from(ipc), 1);
+    s.push_str(": ");
+    s.extend(std::iter::repeat_n('?', unknown));
+    if digits > 0 {
+        push_hex(&mut s, v, digits);
+    }
+    s
+}
+
+/// `v` in lowercase hexadecimal, zero-padded to `width` digits (more where it needs
+/// them), as `{:0width$x}`.
+fn push_hex(s: &mut String, v: u64, width: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let len = (((64 - (v | 1).leading_zeros()).div_ceil(4)) as usize).max(width);
+    for k in (0..len).rev() {
+        let d = if k < 16 { (v >> (4 * k)) & 0xf } else { 0 };
+        s.push(char::from(HEX[d as usize]));
     }
 }
 
@@ -1157,10 +1175,17 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
             sys::pt_packet_type_ppt_tnt_8 | sys::pt_packet_type_ppt_tnt_64 => {
                 let t = p.payload.tnt;
                 let n = u32::from(t.bit_size).min(64);
-                let bits: String = (0..n)
-                    .rev()
-                    .map(|k| if (t.payload >> k) & 1 == 1 { '!' } else { '.' })
-                    .collect();
+                let mut b = [0u8; 64];
+                for (k, c) in (0..n).rev().zip(b.iter_mut()) {
+                    *c = if (t.payload >> k) & 1 == 1 {
+                        b'!'
+                    } else {
+                        b'.'
+                    };
+                }
+                let bits = std::str::from_utf8(b.get(..n as usize).unwrap_or(&[]))
+                    .unwrap_or("")
+                    .to_string();
                 let name = if p.type_ == sys::pt_packet_type_ppt_tnt_8 {
                     "tnt.8"
                 } else {
@@ -1297,6 +1322,42 @@ pub(crate) fn format_packet(p: &sys::pt_packet, raw: &[u8]) -> PacketText {
 mod tests {
     use super::*;
     use crate::config::AddrFilter;
+
+    #[test]
+    fn ip_payloads_are_those_fmt_made() {
+        let by_fmt = |ipc: sys::pt_ip_compression, ip: u64| match ipc {
+            sys::pt_ip_compression_pt_ipc_suppressed => format!("{ipc:x}: ????????????????"),
+            sys::pt_ip_compression_pt_ipc_update_16 => format!("{ipc:x}: ????????????{ip:04x}"),
+            sys::pt_ip_compression_pt_ipc_update_32 => format!("{ipc:x}: ????????{ip:08x}"),
+            sys::pt_ip_compression_pt_ipc_update_48 => format!("{ipc:x}: ????{ip:012x}"),
+            sys::pt_ip_compression_pt_ipc_sext_48 => {
+                format!("{ipc:x}: {:016x}", ((ip << 16) as i64 >> 16) as u64)
+            }
+            _ => format!("{ipc:x}: {ip:016x}"),
+        };
+        for ipc in [
+            sys::pt_ip_compression_pt_ipc_suppressed,
+            sys::pt_ip_compression_pt_ipc_update_16,
+            sys::pt_ip_compression_pt_ipc_update_32,
+            sys::pt_ip_compression_pt_ipc_update_48,
+            sys::pt_ip_compression_pt_ipc_sext_48,
+            sys::pt_ip_compression_pt_ipc_full,
+        ] {
+            for ip in [
+                0,
+                1,
+                0x1002,
+                0xffff,
+                0x1_0000,
+                0xdead_beef,
+                0x8000_0000_0000,
+                u64::MAX,
+            ] {
+                let p = sys::pt_packet_ip { ipc, ip };
+                assert_eq!(format_ip(&p), by_fmt(ipc, ip), "ipc {ipc}, ip {ip:#x}");
+            }
+        }
+    }
 
     #[test]
     fn psbs_found_on_threads_are_the_ones_found_on_one() {
