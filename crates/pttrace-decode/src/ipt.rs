@@ -1120,24 +1120,13 @@ fn format_ip(ip: &sys::pt_packet_ip) -> String {
         _ => (0, 16, ip.ip),
     };
     let mut s = String::with_capacity(24);
-    push_hex(&mut s, u64::from(ipc), 1);
+    crate::hex::push_padded(&mut s, u64::from(ipc), 1);
     s.push_str(": ");
     s.extend(std::iter::repeat_n('?', unknown));
     if digits > 0 {
-        push_hex(&mut s, v, digits);
+        crate::hex::push_padded(&mut s, v, digits);
     }
     s
-}
-
-/// `v` in lowercase hexadecimal, zero-padded to `width` digits (more where it needs
-/// them), as `{:0width$x}`.
-fn push_hex(s: &mut String, v: u64, width: usize) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let len = (((64 - (v | 1).leading_zeros()).div_ceil(4)) as usize).max(width);
-    for k in (0..len).rev() {
-        let d = if k < 16 { (v >> (4 * k)) & 0xf } else { 0 };
-        s.push(char::from(HEX[d as usize]));
-    }
 }
 
 /// An IP packet's text, with its compression and payload kept for `--lastip`.

@@ -53,6 +53,7 @@ pub mod compact;
 pub mod config;
 pub mod decoder;
 pub mod errata;
+pub mod hex;
 pub mod image;
 pub mod input;
 mod insn;

@@ -57,15 +57,14 @@ impl PacketLine {
                 // follows (5 for its name); one space between columns.
                 let mut sep = "";
                 if !no_offset {
-                    push_hex16(s, *offset);
+                    crate::hex::push_padded(s, *offset, 16);
                     s.push(' ');
                     sep = " ";
                 }
                 if let Some(bytes) = raw.filter(|b| !b.is_empty()) {
                     s.push_str(sep);
                     for &b in bytes {
-                        s.push(char::from(HEX[usize::from(b >> 4)]));
-                        s.push(char::from(HEX[usize::from(b & 0xf)]));
+                        s.extend(crate::hex::byte(b).map(char::from));
                     }
                     pad(s, 2 * bytes.len(), 33);
                     sep = " ";
@@ -108,15 +107,6 @@ impl PacketLine {
                 let _ = write!(s, "[{offset:x}: {text}]");
             }
         }
-    }
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// `v` as 16 lowercase hexadecimal digits.
-fn push_hex16(s: &mut String, v: u64) {
-    for k in (0..16).rev() {
-        s.push(char::from(HEX[(v >> (4 * k) & 0xf) as usize]));
     }
 }
 

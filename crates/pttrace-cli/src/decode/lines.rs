@@ -6,6 +6,7 @@
 //! instructions (`sh` pipeline: 5.5 M lines, 37 G), a JSON line through
 //! `serde_json::Value` more.
 
+use drpttracer::decode::hex::{byte, digits};
 use drpttracer::decode::records::{ExecMode, InsnClass, Instruction};
 use drpttracer::format::memory::Access;
 
@@ -88,11 +89,10 @@ impl KeptLines {
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
 /// `v` in lowercase hexadecimal, without leading zeros (one `0` for zero).
 fn hex(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(hex_into(&mut [0; 16], v));
+    let (d, n) = digits(v);
+    out.extend_from_slice(d.get(16 - n..).unwrap_or(&[]));
 }
 
 /// Appends the line of the instruction at `pc` (`encoding`, disassembled as `text`) inside
@@ -106,9 +106,7 @@ pub(super) fn format_line(
     sym: Option<(&str, u64)>,
     text: &str,
 ) {
-    for k in (0..16).rev() {
-        out.push(HEX[(pc >> (4 * k) & 0xf) as usize]);
-    }
+    out.extend_from_slice(&digits(pc).0);
     if let Some((name, off)) = sym {
         out.extend_from_slice(b" <");
         out.extend_from_slice(name.as_bytes());
@@ -120,7 +118,8 @@ pub(super) fn format_line(
     }
     out.extend_from_slice(b"  ");
     for &b in encoding {
-        out.extend_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)], b' ']);
+        out.extend_from_slice(&byte(b));
+        out.push(b' ');
     }
     // (The bytes' column is 31 characters wide, wider where they need it.)
     let pad = 31usize.saturating_sub(3 * encoding.len());
@@ -147,26 +146,18 @@ pub(super) fn access_line(out: &mut Vec<u8>, a: &Access, tid: i32) {
     } else {
         put(&mut b, br#"{"type":"read","addr":"0x"#);
     }
-    let mut hex_digits = [0u8; 16];
-    put(&mut b, hex_into(&mut hex_digits, a.addr));
+    let (d, len) = digits(a.addr);
+    put(&mut b, d.get(16 - len..).unwrap_or(&[]));
     put(&mut b, br#"","size":"#);
     let mut num = itoa::Buffer::new();
     put(&mut b, num.format(a.size()).as_bytes());
     put(&mut b, br#","pc":"0x"#);
-    put(&mut b, hex_into(&mut hex_digits, a.pc));
+    let (d, len) = digits(a.pc);
+    put(&mut b, d.get(16 - len..).unwrap_or(&[]));
     put(&mut b, br#"","tid":"#);
     put(&mut b, num.format(tid).as_bytes());
     put(&mut b, b"}\n");
     out.extend_from_slice(b.get(..n).unwrap_or(&[]));
-}
-
-/// `v` in lowercase hexadecimal without leading zeros (one `0` for zero), in `digits`.
-fn hex_into(digits: &mut [u8; 16], v: u64) -> &[u8] {
-    let len = ((64 - (v | 1).leading_zeros()).div_ceil(4)) as usize;
-    for (k, d) in digits.iter_mut().rev().enumerate() {
-        *d = HEX[(v >> (4 * k) & 0xf) as usize];
-    }
-    digits.get(16 - len..).unwrap_or(&[])
 }
 
 #[cfg(test)]
