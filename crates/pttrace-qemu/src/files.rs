@@ -103,23 +103,34 @@ impl Drop for TraceFile {
     }
 }
 
-/// Writes `parts` one after the other at `offset` (pwritev, resumed after short writes);
-/// returns the bytes written.
+/// Bytes one `pwritev` writes at most. A window of the QEMU backend is up to 8 MiB of PT:
+/// written in one call, the kernel here (6.18, ext4) spent 0.13-1.3 s of system time on
+/// 300 MB, against 0.08-0.09 s in calls of 1 MiB (measured with the same buffer and file).
+pub const WRITE_PIECE: usize = 1 << 20;
+
+/// Writes `parts` one after the other at `offset` (pwritev of at most [`WRITE_PIECE`]
+/// bytes, resumed after short writes); returns the bytes written.
 pub fn write_all_at(f: &File, parts: &[&[u8]], offset: u64) -> std::io::Result<u64> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = 0usize;
     while done < total {
         let mut skip = done;
+        let mut room = WRITE_PIECE;
         let mut iov = Vec::with_capacity(parts.len());
         for p in parts {
             if skip >= p.len() {
                 skip -= p.len();
                 continue;
             }
+            if room == 0 {
+                break;
+            }
+            let len = (p.len() - skip).min(room);
             iov.push(libc::iovec {
                 iov_base: p[skip..].as_ptr() as *mut c_void,
-                iov_len: p.len() - skip,
+                iov_len: len,
             });
+            room -= len;
             skip = 0;
         }
         // SAFETY: every iovec points into a live slice of `parts` for its length.
@@ -147,4 +158,35 @@ pub fn write_all_at(f: &File, parts: &[&[u8]], offset: u64) -> std::io::Result<u
         done += n as usize;
     }
     Ok(total as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parts larger than a piece, pieces ending inside parts and on their boundaries: the
+    /// file holds the parts' bytes, one after the other, from the offset on.
+    #[test]
+    fn write_all_at_writes_every_part_in_pieces() {
+        let dir = std::env::temp_dir().join(format!("pttrace-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pieces");
+        let f = File::create(&path).unwrap();
+        let big: Vec<u8> = (0..WRITE_PIECE * 5 / 2)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        let exact = vec![0xa5u8; WRITE_PIECE - 3];
+        let parts: [&[u8]; 5] = [b"abc", &exact, &big, b"", b"xyz"];
+        let n = write_all_at(&f, &parts, 5).unwrap();
+        let want: Vec<u8> = parts.concat();
+        assert_eq!(n, want.len() as u64);
+        let got = std::fs::read(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(got.len(), 5 + want.len());
+        assert!(got[..5].iter().all(|&b| b == 0));
+        assert!(
+            got[5..] == want[..],
+            "the bytes written differ from the parts"
+        );
+    }
 }
