@@ -759,3 +759,221 @@ fn returns_deeper_than_the_decoders_64_entry_stack_and_returns_across_a_psb_go_b
         ]
     );
 }
+
+/// What a worker hands the encoder, in order (as the QEMU plugin's log does).
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Block(usize),
+    /// A syscall: the window ends (`rt_sigreturn` when `sigreturn`).
+    Syscall {
+        sigreturn: bool,
+    },
+    /// The next block enters a signal handler that interrupted the thread at `rip`.
+    SignalEntry(u64),
+}
+
+/// The same steps through [`FlowEncoder::block`] alone, or with the runs of blocks through
+/// [`FlowEncoder::plain_run`] (as the QEMU worker does), windows cut past `limit` bytes: the
+/// windows, their bytes and the counters.
+fn encode_steps(
+    blocks: &[Block],
+    steps: &[Step],
+    handler: u64,
+    runs: bool,
+    limit: usize,
+) -> (Vec<(u32, Vec<u8>)>, pttrace_encoder::FlowStats) {
+    let mut enc: FlowEncoder<u32> = FlowEncoder::new(256);
+    enc.set_signal_handlers(&[handler]);
+    let mut tsc = 1000u64;
+    let mut meta = 0u32;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(&step) = steps.get(i) {
+        // (The time moves at syscalls, as the worker's does at tags.)
+        if !matches!(step, Step::Block(_)) {
+            tsc += 3;
+        }
+        let t = tsc;
+        match step {
+            Step::Block(k) => {
+                if runs {
+                    let (n, r) = enc.plain_run(
+                        |j| match steps.get(i + j) {
+                            Some(Step::Block(k)) => blocks.get(*k),
+                            _ => None,
+                        },
+                        t,
+                        limit,
+                    );
+                    if n > 0 || r.is_err() {
+                        i += n + usize::from(r.is_err());
+                        if enc.window_len() > limit {
+                            meta += 1;
+                            enc.cut(meta, &mut move || t).unwrap();
+                        }
+                        continue;
+                    }
+                }
+                enc.block(&blocks[k], &mut move || t).unwrap();
+                if enc.window_len() > limit {
+                    meta += 1;
+                    enc.cut(meta, &mut move || t).unwrap();
+                }
+            }
+            Step::Syscall { sigreturn } => {
+                enc.far_transfer().unwrap();
+                meta += 1;
+                enc.end_window(meta);
+                if sigreturn {
+                    enc.sigreturned();
+                }
+            }
+            Step::SignalEntry(rip) => enc.signal_entry(rip, Some(false)),
+        }
+        while let Some((m, pt)) = enc.ready() {
+            out.push((m, pt));
+        }
+        i += 1;
+    }
+    enc.finish();
+    while let Some((m, pt)) = enc.ready() {
+        out.push((m, pt));
+    }
+    (out, enc.stats())
+}
+
+/// The hot path of the QEMU worker ([`FlowEncoder::plain_run`]) writes the same bytes as
+/// [`FlowEncoder::block`] on random walks over blocks of every kind: branches both ways,
+/// calls and returns (compressed or not: deep recursion, returns elsewhere), indirect
+/// jumps and calls, REP iterations, signal handlers entered between blocks (with and
+/// without the signal frame's IP) and left by `rt_sigreturn`, syscalls, windows cut at a
+/// size, and a PSB+ every 256 bytes.
+#[test]
+fn plain_runs_write_what_block_by_block_writes() {
+    const N: u64 = 24;
+    let at = |k: u64| 0x40_0000 + k * 0x40;
+    // Block k spans [at(k), at(k) + 0x20); the one after a call is at(k) + 0x20, block
+    // k + N (the return site), which falls into block k + 1.
+    let mut blocks = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |m: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % m
+    };
+    for k in 0..N {
+        let (start, end) = (at(k), at(k) + 0x20);
+        let other = at(rand(N));
+        let kind = match k % 9 {
+            0 | 1 => BlockEnd::Cond { target: other },
+            2 => BlockEnd::Fall,
+            3 => BlockEnd::Direct { target: other },
+            4 => BlockEnd::Call { target: other },
+            5 => BlockEnd::Return,
+            6 => BlockEnd::Indirect,
+            7 => BlockEnd::IndirectCall,
+            _ => BlockEnd::Rep { ip: end - 2 },
+        };
+        blocks.push(Block::new(start, end, kind));
+    }
+    for k in 0..N {
+        // Return sites: from after block k to the next block's start.
+        blocks.push(Block::new(at(k) + 0x20, at(k + 1), BlockEnd::Fall));
+    }
+    // The handler (its own block, far from the rest) and the REP iteration's block.
+    let handler = 0x50_0000;
+    blocks.push(Block::new(handler, handler + 8, BlockEnd::Return));
+    let h = blocks.len() - 1;
+    for seed in 0..40u64 {
+        let mut steps = vec![];
+        let mut stack: Vec<u64> = vec![];
+        let mut cur = (seed % N) as usize;
+        let mut rng2 = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut r = move |m: u64| {
+            rng2 ^= rng2 << 13;
+            rng2 ^= rng2 >> 7;
+            rng2 ^= rng2 << 17;
+            rng2 % m
+        };
+        for _ in 0..3000 {
+            steps.push(Step::Block(cur));
+            let b = blocks[cur];
+            let roll = r(100);
+            if roll < 2 {
+                // A signal between this block and its successor: the handler runs and
+                // returns by rt_sigreturn; the flow resumes at a successor.
+                if r(2) == 0 {
+                    let rip = match b.kind {
+                        BlockEnd::Cond { target } if r(2) == 0 => target,
+                        BlockEnd::Direct { target } | BlockEnd::Call { target } => target,
+                        _ => b.end,
+                    };
+                    steps.push(Step::SignalEntry(rip));
+                }
+                steps.push(Step::Block(h));
+                steps.push(Step::Syscall { sigreturn: true });
+            } else if roll < 4 {
+                steps.push(Step::Syscall { sigreturn: false });
+            }
+            let next = match b.kind {
+                BlockEnd::Cond { target } => {
+                    if r(2) == 0 {
+                        target
+                    } else {
+                        b.end
+                    }
+                }
+                BlockEnd::Fall => b.end,
+                BlockEnd::Direct { target } => target,
+                BlockEnd::Call { target } => {
+                    stack.push(b.end);
+                    target
+                }
+                BlockEnd::IndirectCall => {
+                    stack.push(b.end);
+                    at(r(N))
+                }
+                BlockEnd::Return => match stack.pop() {
+                    Some(ret) if r(10) != 0 => ret,
+                    _ => at(r(N)),
+                },
+                BlockEnd::Rep { ip } => {
+                    if r(3) == 0 {
+                        ip
+                    } else {
+                        b.end
+                    }
+                }
+                BlockEnd::Indirect | BlockEnd::Far => at(r(N)),
+            };
+            // (A REP iteration's block starts at the REP instruction: one of its own.)
+            cur = match blocks.iter().position(|x| x.start == next) {
+                Some(k) => k,
+                None => {
+                    blocks.push(Block::new(next, b.end, b.kind));
+                    blocks.len() - 1
+                }
+            };
+        }
+        for limit in [usize::MAX, 700] {
+            let want = encode_steps(&blocks, &steps, handler, false, limit);
+            let got = encode_steps(&blocks, &steps, handler, true, limit);
+            assert!(want.0.len() > 10, "seed {seed}: {} windows", want.0.len());
+            assert_eq!(got.1, want.1, "seed {seed}, limit {limit}: counters");
+            assert_eq!(got.0.len(), want.0.len(), "seed {seed}, limit {limit}");
+            for (k, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+                assert!(
+                    g == w,
+                    "seed {seed}, limit {limit}: window {k} (meta {} / {}) differs: {} vs {} bytes\n{:02x?}\n{:02x?}",
+                    g.0,
+                    w.0,
+                    g.1.len(),
+                    w.1.len(),
+                    g.1,
+                    w.1
+                );
+            }
+        }
+    }
+}

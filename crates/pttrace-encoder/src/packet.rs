@@ -165,6 +165,22 @@ impl<S: Sink> PacketWriter<S> {
         self.sink.is_empty()
     }
 
+    /// The branch bits not written yet, oldest highest, and how many
+    /// ([`Self::set_pending_tnt`] puts them back: a caller's loop keeps them in registers
+    /// while it only adds bits).
+    #[inline(always)]
+    pub fn pending_tnt(&self) -> (u64, u8) {
+        (self.tnt, self.tnt_bits)
+    }
+
+    /// Replaces the branch bits not written yet with `bits` bits of `tnt` (fewer than
+    /// [`TNT_MAX_BITS`]; as [`Self::pending_tnt`] gave them, and more added the way
+    /// [`Self::branch`] adds them).
+    #[inline(always)]
+    pub fn set_pending_tnt(&mut self, tnt: u64, bits: u8) {
+        (self.tnt, self.tnt_bits) = (tnt, bits);
+    }
+
     /// A PSB+ is due (`psb_period` bytes since the last one).
     #[inline]
     pub fn psb_due(&self) -> bool {

@@ -487,6 +487,14 @@ impl Thread {
         let mut i = 0;
         while let Some(&w) = words.get(i) {
             if w & 7 == 0 {
+                if self.memory.is_none() && self.in_syscall.is_none() {
+                    let n = self.plain_blocks(words.get(i..).unwrap_or(&[]));
+                    if n > 0 {
+                        i += n;
+                        continue;
+                    }
+                    // (This block is not one for the hot path.)
+                }
                 // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
                 let b: &'static BlockInfo = unsafe { &*(w as *const BlockInfo) };
                 if let Some(m) = self.memory.as_mut() {
@@ -564,6 +572,49 @@ impl Thread {
                 _ => return,
             }
         }
+    }
+
+    /// The hot path of [`Self::consume`] (no memory accesses or syscall in flight: the
+    /// caller checks): the block words at the start of `words` whose blocks have their
+    /// code in this thread's file already and hold no trigger, as many as
+    /// [`FlowEncoder::plain_run`] takes, each handled as [`Self::on_block`] would. Returns
+    /// how many words it took; the word it stopped at needs [`Self::on_block`] (or is a
+    /// tag).
+    fn plain_blocks(&mut self, words: &[u64]) -> usize {
+        let (uid, cut, tsc) = (self.uid, self.cut, self.last_tsc);
+        let block = |k: usize| -> Option<&'static BlockInfo> {
+            let &w = words.get(k)?;
+            if w & 7 != 0 {
+                return None;
+            }
+            // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
+            Some(unsafe { &*(w as *const BlockInfo) })
+        };
+        let (n, r) = self.enc.plain_run(
+            |k| {
+                block(k)
+                    .filter(|b| b.owner.load(Ordering::Relaxed) == uid && b.trigger.is_none())
+                    .map(|b| &b.block)
+            },
+            tsc,
+            cut,
+        );
+        if self.oracle.is_some() {
+            // (Every block taken: another thread may have claimed one since.)
+            for k in 0..n {
+                if let Some(b) = block(k) {
+                    self.record_oracle(b, false);
+                }
+            }
+        }
+        if r.is_err() {
+            // (As `on_block`: the block it failed on is done with.)
+            return n + 1;
+        }
+        if self.enc.window_len() > cut {
+            self.cut(&mut move || tsc);
+        }
+        n
     }
 
     /// One executed block.
