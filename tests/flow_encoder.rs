@@ -760,6 +760,16 @@ fn returns_deeper_than_the_decoders_64_entry_stack_and_returns_across_a_psb_go_b
     );
 }
 
+/// A small deterministic generator (xorshift): numbers below `m`.
+fn xorshift(mut x: u64) -> impl FnMut(u64) -> u64 {
+    move |m| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    }
+}
+
 /// What a worker hands the encoder, in order (as the QEMU plugin's log does).
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -855,13 +865,7 @@ fn plain_runs_write_what_block_by_block_writes() {
     // Block k spans [at(k), at(k) + 0x20); the one after a call is at(k) + 0x20, block
     // k + N (the return site), which falls into block k + 1.
     let mut blocks = Vec::new();
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut rand = move |m: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % m
-    };
+    let mut rand = xorshift(0x2545_f491_4f6c_dd1d);
     for k in 0..N {
         let (start, end) = (at(k), at(k) + 0x20);
         let other = at(rand(N));
@@ -889,13 +893,7 @@ fn plain_runs_write_what_block_by_block_writes() {
         let mut steps = vec![];
         let mut stack: Vec<u64> = vec![];
         let mut cur = (seed % N) as usize;
-        let mut rng2 = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut r = move |m: u64| {
-            rng2 ^= rng2 << 13;
-            rng2 ^= rng2 >> 7;
-            rng2 ^= rng2 << 17;
-            rng2 % m
-        };
+        let mut r = xorshift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         for _ in 0..3000 {
             steps.push(Step::Block(cur));
             let b = blocks[cur];
