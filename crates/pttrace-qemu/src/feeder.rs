@@ -450,9 +450,8 @@ impl Feeder {
                 Vec::with_capacity(CHUNK)
             }
         };
-        // The cursor's non-temporal stores are visible to the worker before the chunk.
-        // SAFETY: sfence only orders this thread's stores.
-        unsafe { std::arch::x86_64::_mm_sfence() };
+        // (The cursor's stores are plain ones: the channel's send orders them before the
+        // chunk reaches the worker.)
         let full = std::mem::replace(&mut self.buf, next);
         if self.tx.send(Msg::Chunk(full)).is_err() {
             self.dead = true;
