@@ -212,6 +212,16 @@ struct Pending {
     fault: FaultKind,
 }
 
+/// What an ordinary transition writes ([`FlowEncoder::ordinary`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ordinary {
+    /// A TNT bit: taken or not.
+    Bit(bool),
+    /// A TIP of the next block's address.
+    Tip,
+    Nothing,
+}
+
 /// Counters of what was encoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FlowStats {
@@ -337,50 +347,29 @@ impl<'b, M> FlowEncoder<'b, M> {
         } else if s == p.fixed {
             Transition::Flow
         } else {
-            match p.kind {
-                BlockEnd::Cond { target } if s == target => {
-                    self.w.branch(true)?;
-                    Transition::Flow
-                }
-                BlockEnd::Cond { .. } if s == p.end => {
-                    self.w.branch(false)?;
-                    Transition::Flow
-                }
-                BlockEnd::Call { target } if s == target => {
-                    // (libipt keeps no return address for a call to the next instruction,
-                    // position-independent code's way to read its IP.)
-                    if target != p.end {
-                        self.rets.push(p.end);
+            match self.ordinary(p, s) {
+                Some(o) => {
+                    match o {
+                        Ordinary::Bit(taken) => self.w.branch(taken)?,
+                        Ordinary::Tip => self.w.tip(s)?,
+                        Ordinary::Nothing => {}
                     }
                     Transition::Flow
                 }
-                BlockEnd::IndirectCall => {
-                    self.rets.push(p.end);
-                    self.w.tip(s)?;
-                    Transition::Flow
-                }
-                BlockEnd::Return if self.handlers.is_empty() || !self.handlers.contains(&s) => {
-                    if !self.pending_returned && self.rets.pop_if(s) {
-                        self.w.branch(true)?;
-                    } else {
-                        if self.pending_returned {
-                            self.resume_at(s, true, false)?;
-                        }
-                        self.w.tip(s)?;
-                    }
-                    Transition::Flow
-                }
-                BlockEnd::Indirect if self.handlers.is_empty() || !self.handlers.contains(&s) => {
-                    if self.pending_returned {
+                None => match p.kind {
+                    // A pending entry's handler returned elsewhere: resolved here first.
+                    BlockEnd::Return | BlockEnd::Indirect
+                        if self.pending_returned && !self.handlers.contains(&s) =>
+                    {
                         self.resume_at(s, true, false)?;
+                        self.w.tip(s)?;
+                        Transition::Flow
                     }
-                    self.w.tip(s)?;
-                    Transition::Flow
-                }
-                // Same REP instruction, next iteration: `prev` stays the REP block.
-                BlockEnd::Rep { ip } if s == ip => return Ok(Transition::RepeatIteration),
-                BlockEnd::Rep { .. } if s == p.end => Transition::Flow,
-                _ => self.unusual(*p, b, tsc)?,
+                    // Same REP instruction, next iteration: `prev` stays the REP block.
+                    BlockEnd::Rep { ip } if s == ip => return Ok(Transition::RepeatIteration),
+                    BlockEnd::Rep { .. } if s == p.end => Transition::Flow,
+                    _ => self.unusual(*p, b, tsc)?,
+                },
             }
         };
         if self.w.psb_due() {
@@ -393,17 +382,16 @@ impl<'b, M> FlowEncoder<'b, M> {
     /// [`Self::block`] for a run of blocks on its hot path: `next(k)` gives the run's `k`-th
     /// block (`None`: the run ends before it), encoded as [`Self::block`] encodes it while
     /// a block is in flight, no signal entry waits to be resolved, and the transition is
-    /// ordinary control flow (fall-through, direct jump or call, conditional branch,
-    /// indirect call, and near return or indirect jump to other than a signal handler's
-    /// entry); `tsc` is the time a periodic PSB+ says. The run stops before the first block
+    /// the fixed successor or ordinary control flow ([`Self::ordinary`]); `tsc` is the time a periodic PSB+ says. The run stops before the first block
     /// it cannot take so ([`Self::block`] takes that one), and after the block with which
     /// the window's PT exceeds `limit` bytes. Returns how many blocks it encoded, and the
     /// error that stopped it while encoding the next one, if any (as [`Self::block`]'s).
     ///
     /// The loop keeps the block in flight and the pending branch bits in registers, and
     /// looks at the PT's length only after it writes a packet: the QEMU backend's worker
-    /// runs 51 machine instructions a block with it, 72 with [`Self::block`] alone
-    /// (callgrind, the python loop).
+    /// runs 55 machine instructions a block with it, 72 with [`Self::block`] alone
+    /// (callgrind, the python loop; 51 when this loop had its own copy of
+    /// [`Self::ordinary`]'s rules).
     #[inline(always)]
     pub fn plain_run(
         &mut self,
@@ -414,7 +402,7 @@ impl<'b, M> FlowEncoder<'b, M> {
         let Some(mut p) = self.prev else {
             return (0, Ok(()));
         };
-        if self.entry.is_some() || self.pending_returned {
+        if self.entry.is_some() {
             return (0, Ok(()));
         }
         let (mut tnt, mut bits) = self.w.pending_tnt();
@@ -428,28 +416,11 @@ impl<'b, M> FlowEncoder<'b, M> {
             let mut wrote = n == 0;
             if s != p.fixed {
                 // A branch bit; a TIP (which writes the bits before it) or nothing else.
-                let (bit, tip) = match p.kind {
-                    BlockEnd::Cond { target } if s == target => (Some(1), false),
-                    BlockEnd::Cond { .. } if s == p.end => (Some(0), false),
-                    BlockEnd::Call { target } if s == target => {
-                        if target != p.end {
-                            self.rets.push(p.end);
-                        }
-                        (None, false)
-                    }
-                    BlockEnd::Return if !self.handlers.contains(&s) => {
-                        if self.rets.pop_if(s) {
-                            (Some(1), false)
-                        } else {
-                            (None, true)
-                        }
-                    }
-                    BlockEnd::Indirect if !self.handlers.contains(&s) => (None, true),
-                    BlockEnd::IndirectCall => {
-                        self.rets.push(p.end);
-                        (None, true)
-                    }
-                    _ => break Ok(()),
+                let (bit, tip) = match self.ordinary(p, s) {
+                    Some(Ordinary::Bit(taken)) => (Some(u64::from(taken)), false),
+                    Some(Ordinary::Tip) => (None, true),
+                    Some(Ordinary::Nothing) => (None, false),
+                    None => break Ok(()),
                 };
                 if let Some(bit) = bit {
                     if bits + 1 < TNT_MAX_BITS {
@@ -494,6 +465,42 @@ impl<'b, M> FlowEncoder<'b, M> {
         // (`block` counts a block it fails on.)
         self.stats.blocks += (n + usize::from(r.is_err())) as u64;
         (n, r)
+    }
+
+    /// What ordinary control flow from `p` into a block at `s` (not `p`'s fixed successor)
+    /// writes, the decoder's return stack updated as it goes: a conditional branch either
+    /// way, a direct call (its return address pushed, but for a call to the next
+    /// instruction: libipt keeps none, position-independent code's way to read its IP), an
+    /// indirect call, and a near return or indirect jump to other than a signal handler's
+    /// entry while no handler has returned elsewhere; `None` for anything else (nothing
+    /// changed). [`Self::block`] and [`Self::plain_run`] both decide here.
+    #[inline(always)]
+    fn ordinary(&mut self, p: &Block, s: u64) -> Option<Ordinary> {
+        Some(match p.kind {
+            BlockEnd::Cond { target } if s == target => Ordinary::Bit(true),
+            BlockEnd::Cond { .. } if s == p.end => Ordinary::Bit(false),
+            BlockEnd::Call { target } if s == target => {
+                if target != p.end {
+                    self.rets.push(p.end);
+                }
+                Ordinary::Nothing
+            }
+            BlockEnd::IndirectCall => {
+                self.rets.push(p.end);
+                Ordinary::Tip
+            }
+            BlockEnd::Return if !self.pending_returned && !self.handlers.contains(&s) => {
+                if self.rets.pop_if(s) {
+                    Ordinary::Bit(true)
+                } else {
+                    Ordinary::Tip
+                }
+            }
+            BlockEnd::Indirect if !self.pending_returned && !self.handlers.contains(&s) => {
+                Ordinary::Tip
+            }
+            _ => return None,
+        })
     }
 
     #[cold]

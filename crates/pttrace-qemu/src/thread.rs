@@ -486,7 +486,7 @@ impl Thread {
         }
         let mut i = 0;
         while let Some(&w) = words.get(i) {
-            if w & 7 == 0 {
+            if let Some(b) = block_of(w) {
                 if self.memory.is_none() && self.in_syscall.is_none() {
                     let n = self.plain_blocks(words.get(i..).unwrap_or(&[]));
                     if n > 0 {
@@ -495,8 +495,6 @@ impl Thread {
                     }
                     // (This block is not one for the hot path.)
                 }
-                // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
-                let b: &'static BlockInfo = unsafe { &*(w as *const BlockInfo) };
                 if let Some(m) = self.memory.as_mut() {
                     m.block(b);
                 }
@@ -582,14 +580,7 @@ impl Thread {
     /// tag).
     fn plain_blocks(&mut self, words: &[u64]) -> usize {
         let (uid, cut, tsc) = (self.uid, self.cut, self.last_tsc);
-        let block = |k: usize| -> Option<&'static BlockInfo> {
-            let &w = words.get(k)?;
-            if w & 7 != 0 {
-                return None;
-            }
-            // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
-            Some(unsafe { &*(w as *const BlockInfo) })
-        };
+        let block = |k: usize| words.get(k).and_then(|&w| block_of(w));
         let (n, r) = self.enc.plain_run(
             |k| {
                 block(k)
@@ -728,6 +719,16 @@ impl Thread {
         self.emit(meta, Vec::new());
         self.win_tsc = rdtsc();
     }
+}
+
+/// The block descriptor a log word names, when it is one (an untagged word).
+#[inline(always)]
+fn block_of(w: u64) -> Option<&'static BlockInfo> {
+    if w & 7 != 0 {
+        return None;
+    }
+    // SAFETY: untagged entries are pointers to leaked, never freed BlockInfo.
+    Some(unsafe { &*(w as *const BlockInfo) })
 }
 
 /// The worker loop: encodes the chunks of its vCPU's log in order, answers syncs, and ends
