@@ -242,19 +242,15 @@ pub fn monotonic_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
-/// Bytes one `write` takes at most: large writes cost the kernel far more system time
-/// per byte than calls of 1 MiB (see `pttrace_qemu`'s `files::WRITE_PIECE`).
-const WRITE_PIECE: usize = 1 << 20;
-
-/// Writes all of `buf` to `fd` (in calls of at most 1 MiB, retrying on EINTR and short
-/// writes). Returns false on error.
+/// Writes all of `buf` to `fd` (in calls of at most [`pttrace_format::ptt::WRITE_PIECE`]
+/// bytes, retrying on EINTR and short writes). Returns false on error.
 pub fn write_all(fd: i32, mut buf: &[u8]) -> bool {
     while !buf.is_empty() {
         let r = sys3(
             libc::SYS_write,
             fd as u64,
             buf.as_ptr() as u64,
-            buf.len().min(WRITE_PIECE) as u64,
+            buf.len().min(pttrace_format::ptt::WRITE_PIECE) as u64,
         );
         if r == -(libc::EINTR as i64) {
             continue;
@@ -541,7 +537,7 @@ mod tests {
         use std::os::fd::AsRawFd;
         let path = std::env::temp_dir().join(format!("pttrace-raw-{}", std::process::id()));
         let f = std::fs::File::create(&path).unwrap();
-        let buf: Vec<u8> = (0..WRITE_PIECE * 2 + 12345)
+        let buf: Vec<u8> = (0..pttrace_format::ptt::WRITE_PIECE * 2 + 12345)
             .map(|i| (i % 253) as u8)
             .collect();
         assert!(write_all(f.as_raw_fd(), &buf));

@@ -43,6 +43,11 @@ pub const HEADER_SIZE: usize = 16;
 pub const FRAME_OVERHEAD: usize = 12;
 /// Largest payload a reader accepts (guards against reading garbage lengths).
 pub const MAX_PAYLOAD: usize = 1 << 30;
+/// Bytes a writer of trace files hands the kernel in one call at most. A window of the
+/// QEMU backend is up to 8 MiB of PT: written in one `pwritev`, the kernel here (6.18,
+/// ext4) spent 0.13-1.3 s of system time on 300 MB, against 0.08-0.09 s in calls of 1 MiB
+/// (measured with the same buffer and file).
+pub const WRITE_PIECE: usize = 1 << 20;
 
 /// What a file contains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 
-use pttrace_format::ptt::{self, RecordType};
+use pttrace_format::ptt::{self, RecordType, WRITE_PIECE};
 
 /// A file of the trace directory written by appending.
 pub struct TraceFile {
@@ -102,11 +102,6 @@ impl Drop for TraceFile {
         }
     }
 }
-
-/// Bytes one `pwritev` writes at most. A window of the QEMU backend is up to 8 MiB of PT:
-/// written in one call, the kernel here (6.18, ext4) spent 0.13-1.3 s of system time on
-/// 300 MB, against 0.08-0.09 s in calls of 1 MiB (measured with the same buffer and file).
-pub const WRITE_PIECE: usize = 1 << 20;
 
 /// Writes `parts` one after the other at `offset` (pwritev of at most [`WRITE_PIECE`]
 /// bytes, resumed after short writes); returns the bytes written.
